@@ -1,0 +1,8 @@
+"""Graph capture and costs: what a model computes and stores, and what a cluster can do.
+
+costmodel knows nothing of choices: it describes operators, tensors, devices and links; the planner
+decides. Public entry points are re-exported here.
+"""
+from costmodel.errors import PartitaError, InfeasibleError
+from costmodel.fingerprint import model_fingerprint
+from costmodel.models import ModelSpec, resolve_model, PRESETS

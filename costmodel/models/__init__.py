@@ -1,0 +1,146 @@
+"""Built-in model presets and the MODEL strings of DESIGN.md.
+
+`resolve_model("gpt3-175b")`, `resolve_model("gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000")`,
+`resolve_model("llama:layers=..,hidden=..,ffn=..,heads=..,kv_heads=..,vocab=..")`, or an import path
+`package.module:factory` (a callable returning `(module, example_inputs)`), each give a `ModelSpec`: a
+way to build the module (on any device, including fake/meta) and an example batch.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from costmodel.errors import PartitaError
+from costmodel.models.gpt import GPT, GPTConfig
+
+# Megatron-LM SC'21 Table 1 (REFERENCE.md): heads, hidden, layers; seq 2048, vocab 51200.
+_MEGATRON_TABLE1 = {
+    "megatron-1.7b": (24, 2304, 24),
+    "megatron-3.6b": (32, 3072, 30),
+    "megatron-7.5b": (32, 4096, 36),
+    "megatron-18b": (48, 6144, 40),
+    "megatron-39b": (64, 8192, 48),
+    "megatron-76b": (80, 10240, 60),
+    "megatron-146b": (96, 12288, 80),
+    "megatron-310b": (128, 16384, 96),
+    "megatron-530b": (128, 20480, 105),
+    "megatron-1t": (160, 25600, 128),
+}
+
+PRESETS: dict[str, GPTConfig] = {
+    "tiny-gpt": GPTConfig(layers=2, hidden=64, heads=4, vocab=256, seq=32),
+    "small-gpt": GPTConfig(layers=4, hidden=128, heads=4, vocab=512, seq=64),
+    "tiny-llama": GPTConfig(layers=2, hidden=64, heads=4, kv_heads=2, ffn=172, vocab=256, seq=32, family="llama"),
+    "gpt2-small": GPTConfig(layers=12, hidden=768, heads=12, vocab=50257, seq=1024),
+    # GPT-3 175B (Brown et al. 2020), as in Megatron-LM's GPT-3 runs.
+    "gpt3-175b": GPTConfig(layers=96, hidden=12288, heads=96, vocab=51200, seq=2048),
+    # Llama 3 (Dubey et al. 2024, Table 3): GQA with 8 KV heads, SwiGLU, RoPE, 128K vocabulary.
+    "llama3-8b": GPTConfig(layers=32, hidden=4096, ffn=14336, heads=32, kv_heads=8, vocab=128256, seq=8192, family="llama"),
+    "llama3-70b": GPTConfig(layers=80, hidden=8192, ffn=28672, heads=64, kv_heads=8, vocab=128256, seq=8192, family="llama"),
+    "llama3-405b": GPTConfig(layers=126, hidden=16384, ffn=53248, heads=128, kv_heads=8, vocab=128256, seq=8192, family="llama"),
+}
+PRESETS.update({name: GPTConfig(layers=l, hidden=h, heads=a, vocab=51200, seq=2048)
+                for name, (a, h, l) in _MEGATRON_TABLE1.items()})
+
+_FAMILY_KEYS = {
+    "gpt": {"layers", "hidden", "heads", "seq", "vocab", "ffn"},
+    "llama": {"layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads"},
+}
+
+
+@dataclass(kw_only=True)
+class ModelSpec:
+    """A model the planner can capture and the runtime can build."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    """Builds the module on the current default device (use `torch.device("meta")` or fake mode to avoid memory)."""
+    example_inputs: Callable[[int], tuple]
+    """example_inputs(batch) -> tuple of input tensors for forward."""
+    seq_len: int | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    layer_prefix: str | None = None
+    """FQN prefix of the repeated layers (e.g. "blocks"), when known; otherwise found from the graph."""
+    vocab: int | None = None
+
+    def tokens(self, batch: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """A batch of token ids of shape (batch, seq_len + 1): inputs are [:, :-1], targets [:, 1:]."""
+        assert self.vocab is not None and self.seq_len is not None
+        return torch.randint(0, self.vocab, (batch, self.seq_len + 1), generator=generator)
+
+
+def gpt_spec(name: str, cfg: GPTConfig) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        build=lambda: GPT(cfg),
+        example_inputs=lambda batch: (torch.zeros(batch, cfg.seq, dtype=torch.long),),
+        seq_len=cfg.seq,
+        config=cfg.as_dict(),
+        layer_prefix="blocks",
+        vocab=cfg.vocab,
+    )
+
+
+def _parse_family(spec: str) -> ModelSpec:
+    family, _, rest = spec.partition(":")
+    allowed = _FAMILY_KEYS[family]
+    kwargs: dict[str, int] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or key not in allowed:
+            raise PartitaError(f"bad model parameter {item!r} in {spec!r}: use key=value with keys {sorted(allowed)}")
+        try:
+            kwargs[key] = int(value)
+        except ValueError:
+            raise PartitaError(f"model parameter {key}={value!r} in {spec!r} is not an integer") from None
+    required = {"layers", "hidden", "heads", "vocab", "seq"} - kwargs.keys()
+    if required:
+        raise PartitaError(f"model {spec!r} is missing {sorted(required)}; e.g. "
+                           f"{family}:layers=4,hidden=256,heads=4,seq=128,vocab=1000")
+    try:
+        cfg = GPTConfig(family=family, **kwargs)
+    except ValueError as e:
+        raise PartitaError(f"model {spec!r}: {e}") from None
+    return gpt_spec(spec, cfg)
+
+
+def _import_factory(spec: str) -> ModelSpec:
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise PartitaError(f"cannot import model factory {spec!r}: {e}") from None
+    probe = factory()
+    if not (isinstance(probe, tuple) and len(probe) == 2 and isinstance(probe[0], nn.Module)):
+        raise PartitaError(f"model factory {spec!r} must return (nn.Module, example_inputs tuple)")
+
+    def example_inputs(batch: int):
+        inputs = factory()[1]
+        inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+        return tuple(t.expand(batch, *t.shape[1:]).clone() if isinstance(t, torch.Tensor) else t for t in inputs)
+
+    return ModelSpec(name=spec, build=lambda: factory()[0], example_inputs=example_inputs)
+
+
+def resolve_model(spec: str) -> ModelSpec:
+    """Turn a MODEL string into a ModelSpec, or raise PartitaError saying what is accepted."""
+    if spec in PRESETS:
+        return gpt_spec(spec, PRESETS[spec])
+    family = spec.partition(":")[0]
+    if family in _FAMILY_KEYS and ":" in spec:
+        return _parse_family(spec)
+    if spec.startswith("hf:"):
+        raise PartitaError(f"HuggingFace models ({spec!r}) are not supported yet; use a preset or gpt:/llama:")
+    if ":" in spec:
+        return _import_factory(spec)
+    raise PartitaError(f"unknown model {spec!r}; presets: {', '.join(sorted(PRESETS))}; "
+                       "or gpt:layers=..,hidden=..,heads=..,seq=..,vocab=.., llama:..., or package.module:factory")
+
+
+def describe_presets() -> list[tuple[str, GPTConfig]]:
+    return sorted(PRESETS.items(), key=lambda kv: kv[0])

@@ -1,0 +1,174 @@
+"""A GPT / Llama decoder written to be traced and parallelised without changes.
+
+One class covers both families: GPT (LayerNorm, GELU MLP, learned positions, biases) and Llama
+(RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention, no biases). Choices that matter for
+parallelism:
+
+- q, k, v are separate Linear layers, so a column-parallel split of each keeps whole heads on a rank;
+  head counts are read from tensor shapes (`view(b, s, -1, head_dim)`), so the same forward runs on a
+  tensor-parallel shard that holds only its rank's heads.
+- Input and output embeddings are not tied (a pipeline puts them on different stages). Megatron ties
+  them; the difference is V*h parameters and changes no FLOP count.
+- No dropout, so distributed and single-process runs are numerically comparable.
+- Sizes are read with `x.size(i)`, which torch.fx symbolic_trace can record.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, asdict
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass(kw_only=True, slots=True)
+class GPTConfig:
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int
+    seq: int
+    ffn: int = 0
+    """MLP inner size; 0 means 4 * hidden."""
+    kv_heads: int = 0
+    """Key/value heads for grouped-query attention; 0 means heads (plain multi-head attention)."""
+    family: str = "gpt"
+    """"gpt" (LayerNorm, GELU, learned positions, biases) or "llama" (RMSNorm, SwiGLU, RoPE)."""
+
+    def __post_init__(self):
+        if self.ffn == 0:
+            self.ffn = 4 * self.hidden
+        if self.kv_heads == 0:
+            self.kv_heads = self.heads
+        if self.family not in ("gpt", "llama"):
+            raise ValueError(f"family must be 'gpt' or 'llama', got {self.family!r}")
+        for name in ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        bias = cfg.family == "gpt"
+        self.head_dim = cfg.head_dim
+        self.gqa = cfg.kv_heads != cfg.heads
+        kv_dim = cfg.kv_heads * cfg.head_dim
+        self.q = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
+        self.k = nn.Linear(cfg.hidden, kv_dim, bias=bias)
+        self.v = nn.Linear(cfg.hidden, kv_dim, bias=bias)
+        self.proj = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
+
+    def forward(self, x, cos=None, sin=None):
+        b, s = x.size(0), x.size(1)
+        q = self.q(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        if cos is not None:
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa)
+        return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.swiglu = cfg.family == "llama"
+        bias = not self.swiglu
+        self.fc1 = nn.Linear(cfg.hidden, cfg.ffn, bias=bias)
+        if self.swiglu:
+            self.gate = nn.Linear(cfg.hidden, cfg.ffn, bias=False)
+        self.fc2 = nn.Linear(cfg.ffn, cfg.hidden, bias=bias)
+
+    def forward(self, x):
+        if self.swiglu:
+            return self.fc2(F.silu(self.gate(x)) * self.fc1(x))
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        norm = (lambda: RMSNorm(cfg.hidden)) if cfg.family == "llama" else (lambda: nn.LayerNorm(cfg.hidden))
+        self.ln1 = norm()
+        self.attn = Attention(cfg)
+        self.ln2 = norm()
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos=None, sin=None):
+        x = x + self.attn(self.ln1(x), cos, sin)
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer. forward(tokens[b, s]) -> logits[b, s, vocab]."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.rope = cfg.family == "llama"
+        self.tok_emb = nn.Embedding(cfg.vocab, cfg.hidden)
+        if self.rope:
+            inv = 1.0 / (10000 ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+            ang = torch.outer(torch.arange(cfg.seq, dtype=torch.float32), inv)
+            ang = torch.cat((ang, ang), dim=-1)
+            self.register_buffer("rope_cos", ang.cos(), persistent=False)
+            self.register_buffer("rope_sin", ang.sin(), persistent=False)
+        else:
+            self.pos_emb = nn.Embedding(cfg.seq, cfg.hidden)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.ln_f = RMSNorm(cfg.hidden) if self.rope else nn.LayerNorm(cfg.hidden)
+        self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """GPT-2 style init: N(0, 0.02), output projections scaled by 1/sqrt(2 * layers)."""
+        if self.tok_emb.weight.is_meta:
+            return
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * self.cfg.layers) if name.endswith(("proj.weight", "fc2.weight")) else 0.02
+                nn.init.normal_(p, mean=0.0, std=std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, tokens):
+        s = tokens.size(1)
+        x = self.tok_emb(tokens)
+        if self.rope:
+            cos, sin = self.rope_cos[:s], self.rope_sin[:s]
+            for block in self.blocks:
+                x = block(x, cos, sin)
+        else:
+            x = x + self.pos_emb(torch.arange(s, device=tokens.device))
+            for block in self.blocks:
+                x = block(x)
+        return self.head(self.ln_f(x))

@@ -1,0 +1,198 @@
+"""The Plan: the one artifact that crosses from planner to runtime.
+
+A plan is versioned JSON (`"schema": "partita.plan/1"`), keyed by module FQNs, holding the mesh, the
+stages, per-module placements, the schedule, the predicted costs and the solver facts. A hand-written
+plan has the same shape and goes through the same `Plan.from_dict` validation; loading never executes
+code (json only: no pickle, no eval).
+
+Shape (the keys scripts rely on are marked *; see DESIGN.md):
+
+    schema*      "partita.plan/1"
+    model        {"name", "fingerprint", "config"}   fingerprint = costmodel.model_fingerprint(module)
+    cluster      {"spec", "num_devices", "devices_per_node", "device"}
+    train        {"global_batch", "seq_len", "dtype", "optimizer"}
+    mesh*        {"pp", "dp", "tp"}   ranks are laid out pp-major, then dp, then tp (tp fastest)
+    schedule*    {"name", "num_microbatches", "micro_batch_size"}
+    stages       [{"index", "modules": [fqn ...], "split_at": fqn | null}]
+    blocks       [{"fqn", "stage", "sharding": "replicate" | "tensor"}]
+    placements   {module fqn: "colwise" | "rowwise"}   tensor-parallel layers; absent = replicated
+    predicted*   {"step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "peak_memory_bytes",
+                  "breakdown": {...seconds}, "memory_per_stage": [{category: bytes}]}
+    solver*      {"status", "wall_time_s", "mip_gap", ...}
+    baselines    [{"name", "predicted", "mesh", "fits"}]   (with --baselines)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, asdict
+from pathlib import Path
+from typing import Any
+
+from costmodel.errors import PartitaError
+
+SCHEMA = "partita.plan/1"
+SCHEDULES = ("1F1B", "GPipe")
+SHARDINGS = ("replicate", "tensor")
+TP_STYLES = ("colwise", "rowwise")
+
+
+class PlanError(PartitaError):
+    """A plan file that is malformed, from another schema, or does not fit the model or world size."""
+
+
+@dataclass(kw_only=True)
+class Mesh:
+    pp: int = 1
+    dp: int = 1
+    tp: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(pp, dp, tp) coordinates of a global rank; tp varies fastest."""
+        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+
+
+@dataclass(kw_only=True)
+class Schedule:
+    name: str = "1F1B"
+    num_microbatches: int = 1
+    micro_batch_size: int = 1
+
+
+@dataclass(kw_only=True)
+class Stage:
+    index: int
+    modules: list[str]
+    split_at: str | None = None
+    """The module FQN this stage begins at (a pipeline split point); None for the first stage."""
+
+
+@dataclass(kw_only=True)
+class BlockChoice:
+    fqn: str
+    stage: int
+    sharding: str = "replicate"
+
+
+@dataclass(kw_only=True)
+class Plan:
+    model: dict[str, Any]
+    cluster: dict[str, Any]
+    train: dict[str, Any]
+    mesh: Mesh
+    schedule: Schedule
+    stages: list[Stage]
+    blocks: list[BlockChoice]
+    placements: dict[str, str] = field(default_factory=dict)
+    predicted: dict[str, Any] = field(default_factory=dict)
+    solver: dict[str, Any] = field(default_factory=dict)
+    baselines: list[dict[str, Any]] = field(default_factory=list)
+    schema: str = SCHEMA
+
+    # ---- serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        out = {"schema": d.pop("schema")}
+        out.update(d)
+        if not self.baselines:
+            out.pop("baselines")
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise PlanError(f"cannot read plan {str(path)!r}: {e.strerror}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"plan {str(path)!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Plan":
+        """Validate a plan (solved or hand-written) and build it. Raises PlanError saying what is wrong."""
+        if not isinstance(data, dict):
+            raise PlanError("a plan must be a JSON object")
+        if data.get("schema") != SCHEMA:
+            raise PlanError(f"plan schema is {data.get('schema')!r}; this partita reads {SCHEMA!r}")
+        missing = [k for k in ("model", "cluster", "train", "mesh", "schedule", "stages", "blocks") if k not in data]
+        if missing:
+            raise PlanError(f"plan is missing {missing}")
+        mesh = Mesh(**_ints(data["mesh"], "mesh", ("pp", "dp", "tp")))
+        sched_raw = _obj(data["schedule"], "schedule")
+        if sched_raw.get("name") not in SCHEDULES:
+            raise PlanError(f"schedule.name is {sched_raw.get('name')!r}; accepted: {list(SCHEDULES)}")
+        schedule = Schedule(name=sched_raw["name"],
+                            **_ints(sched_raw, "schedule", ("num_microbatches", "micro_batch_size")))
+        stages = []
+        for i, s in enumerate(_list(data["stages"], "stages")):
+            s = _obj(s, f"stages[{i}]")
+            mods = _list(s.get("modules"), f"stages[{i}].modules")
+            if not all(isinstance(m, str) for m in mods) or not mods:
+                raise PlanError(f"stages[{i}].modules must be a non-empty list of module names")
+            if s.get("index") != i:
+                raise PlanError(f"stages[{i}].index must be {i}")
+            split_at = s.get("split_at")
+            if (i == 0) != (split_at is None) or (split_at is not None and not isinstance(split_at, str)):
+                raise PlanError(f"stages[{i}].split_at must be null for the first stage and a module name otherwise")
+            stages.append(Stage(index=i, modules=list(mods), split_at=split_at))
+        if len(stages) != mesh.pp:
+            raise PlanError(f"plan has {len(stages)} stages but mesh.pp = {mesh.pp}")
+        blocks = []
+        for i, b in enumerate(_list(data["blocks"], "blocks")):
+            b = _obj(b, f"blocks[{i}]")
+            if b.get("sharding") not in SHARDINGS:
+                raise PlanError(f"blocks[{i}].sharding is {b.get('sharding')!r}; accepted: {list(SHARDINGS)}")
+            if not isinstance(b.get("fqn"), str) or not isinstance(b.get("stage"), int) or not 0 <= b["stage"] < mesh.pp:
+                raise PlanError(f"blocks[{i}] needs a string fqn and a stage in [0, {mesh.pp})")
+            blocks.append(BlockChoice(fqn=b["fqn"], stage=b["stage"], sharding=b["sharding"]))
+        placements = _obj(data.get("placements", {}), "placements")
+        for fqn, style in placements.items():
+            if style not in TP_STYLES:
+                raise PlanError(f"placements[{fqn!r}] is {style!r}; accepted: {list(TP_STYLES)}")
+        if placements and mesh.tp == 1:
+            raise PlanError("plan has tensor-parallel placements but mesh.tp = 1")
+        train = _obj(data["train"], "train")
+        gb = train.get("global_batch")
+        if not isinstance(gb, int) or gb != mesh.dp * schedule.num_microbatches * schedule.micro_batch_size:
+            raise PlanError(f"train.global_batch ({gb}) must equal mesh.dp x num_microbatches x micro_batch_size "
+                            f"({mesh.dp} x {schedule.num_microbatches} x {schedule.micro_batch_size})")
+        return cls(model=_obj(data["model"], "model"), cluster=_obj(data["cluster"], "cluster"), train=train,
+                   mesh=mesh, schedule=schedule, stages=stages, blocks=blocks, placements=dict(placements),
+                   predicted=_obj(data.get("predicted", {}), "predicted"),
+                   solver=_obj(data.get("solver", {}), "solver"),
+                   baselines=_list(data.get("baselines", []), "baselines"))
+
+
+def _obj(v: Any, where: str) -> dict:
+    if not isinstance(v, dict):
+        raise PlanError(f"{where} must be a JSON object")
+    return v
+
+
+def _list(v: Any, where: str) -> list:
+    if not isinstance(v, list):
+        raise PlanError(f"{where} must be a JSON list")
+    return v
+
+
+def _ints(d: Any, where: str, keys: tuple[str, ...]) -> dict[str, int]:
+    d = _obj(d, where)
+    out = {}
+    for k in keys:
+        v = d.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise PlanError(f"{where}.{k} must be a positive integer, got {v!r}")
+        out[k] = v
+    return out

@@ -92,6 +92,11 @@ class Plan:
     baselines: list[dict[str, Any]] = field(default_factory=list)
     schema: str = SCHEMA
 
+    def explain(self) -> str:
+        """The report `partita plan` prints."""
+        from planner.explain import explain
+        return explain(self)
+
     # ---- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -144,3 +144,15 @@ def resolve_model(spec: str) -> ModelSpec:
 
 def describe_presets() -> list[tuple[str, GPTConfig]]:
     return sorted(PRESETS.items(), key=lambda kv: kv[0])
+
+
+def with_seq(spec: ModelSpec, seq: int | None) -> ModelSpec:
+    """The same model at another sequence length (presets and gpt:/llama: families only)."""
+    if seq is None or seq == spec.seq_len:
+        return spec
+    if seq <= 0:
+        raise PartitaError(f"--seq must be positive, got {seq}")
+    if not spec.config:
+        raise PartitaError(f"model {spec.name!r} has a fixed input shape; drop --seq")
+    cfg = GPTConfig(**{**spec.config, "seq": seq})
+    return gpt_spec(spec.name, cfg)

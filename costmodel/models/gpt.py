@@ -140,8 +140,9 @@ class GPT(nn.Module):
             inv = 1.0 / (10000 ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
             ang = torch.outer(torch.arange(cfg.seq, dtype=torch.float32), inv)
             ang = torch.cat((ang, ang), dim=-1)
-            self.register_buffer("rope_cos", ang.cos(), persistent=False)
-            self.register_buffer("rope_sin", ang.sin(), persistent=False)
+            dtype = torch.get_default_dtype()  # the model's dtype, so q * cos does not promote
+            self.register_buffer("rope_cos", ang.cos().to(dtype), persistent=False)
+            self.register_buffer("rope_sin", ang.sin().to(dtype), persistent=False)
         else:
             self.pos_emb = nn.Embedding(cfg.seq, cfg.hidden)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
@@ -164,7 +165,7 @@ class GPT(nn.Module):
         s = tokens.size(1)
         x = self.tok_emb(tokens)
         if self.rope:
-            cos, sin = self.rope_cos[:s], self.rope_sin[:s]
+            cos, sin = self.rope_cos.narrow(0, 0, s), self.rope_sin.narrow(0, 0, s)
             for block in self.blocks:
                 x = block(x, cos, sin)
         else:

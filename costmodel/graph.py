@@ -1,0 +1,156 @@
+"""OpGraph: the captured model as a networkx DiGraph of operators, grouped into layers.
+
+Node attributes (per traced sample): op, target, kind, module (owner FQN), group, shape, dtype,
+out_bytes, fwd_flops, bwd_flops, saved_bytes, alias, mem_bytes, params {name: numel}, param_bytes.
+Edge attribute: nbytes (the tensor that flows).
+
+Groups are the layers a pipeline can split between: the children of the repeated-layer container
+(`blocks.0`, `model.layers.3`) and the other top-level modules (`tok_emb`, `ln_f`, `head`). Nodes with no
+module (adds, views, the loss) join the group of their first grouped input, else of their first user.
+`repeated` lists the groups that are copies of one another (same operators, shapes and costs), which
+the planner exploits to keep its program small.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+_COST_KEYS = ("fwd_flops", "bwd_flops", "saved_bytes", "out_bytes", "mem_bytes", "param_bytes")
+
+
+@dataclass
+class GroupCost:
+    """Sums over one group's nodes (per traced sample)."""
+
+    name: str
+    nodes: list[str]
+    fwd_flops: int = 0
+    bwd_flops: int = 0
+    saved_bytes: int = 0
+    param_bytes: int = 0
+    param_numel: int = 0
+    out_bytes: int = 0
+    """Bytes of the group's output tensor (what a pipeline stage boundary after it sends)."""
+
+
+class OpGraph:
+    def __init__(self, *, name: str, batch: int, seq_len: int | None, dtype: str):
+        self.g = nx.DiGraph()
+        self.name, self.batch, self.seq_len, self.dtype = name, batch, seq_len, dtype
+        self.groups: list[str] = []
+        self.layer_container: str | None = None
+        self.capture_seconds = 0.0
+
+    # construction ----------------------------------------------------------------------------
+    def add_node(self, name: str, **attrs) -> None:
+        self.g.add_node(name, **attrs)
+
+    def add_edge(self, u: str, v: str, **attrs) -> None:
+        self.g.add_edge(u, v, **attrs)
+
+    def finalize(self, capture_seconds: float = 0.0) -> None:
+        self.capture_seconds = capture_seconds
+        self.layer_container = _layer_container([d["module"] for _, d in self.g.nodes(data=True)])
+        order = list(self.g.nodes)  # insertion order = the fx graph's order, a topological order
+        seen: dict[str, None] = {}
+        for n in order:
+            d = self.g.nodes[n]
+            d["group"] = _group_key(d["module"], self.layer_container)
+            d["via_user"] = False
+            if d["group"]:
+                seen.setdefault(d["group"], None)
+        self.groups = list(seen)
+        rank = {g: i for i, g in enumerate(self.groups)}
+        for n in order:  # ungrouped nodes (adds, views, the loss) join their first grouped input
+            d = self.g.nodes[n]
+            if not d["group"]:
+                ins = [self.g.nodes[p]["group"] for p in self.g.predecessors(n) if self.g.nodes[p]["group"]]
+                d["group"] = ins[0] if ins else ""
+        for n in reversed(order):  # inputs and constants: the earliest group that uses them
+            d = self.g.nodes[n]
+            if not d["group"]:
+                outs = [self.g.nodes[s]["group"] for s in self.g.successors(n) if self.g.nodes[s]["group"]]
+                d["group"] = min(outs, key=rank.__getitem__) if outs else self.groups[0]
+                d["via_user"] = True
+
+    # queries -----------------------------------------------------------------------------------
+    def nodes_of(self, group: str) -> list[str]:
+        return [n for n in self.g.nodes if self.g.nodes[n]["group"] == group]
+
+    def group_cost(self, group: str) -> GroupCost:
+        nodes = self.nodes_of(group)
+        c = GroupCost(name=group, nodes=nodes)
+        for n in nodes:
+            d = self.g.nodes[n]
+            c.fwd_flops += d["fwd_flops"]
+            c.bwd_flops += d["bwd_flops"]
+            c.saved_bytes += d["saved_bytes"]
+            c.param_bytes += d["param_bytes"]
+            c.param_numel += sum(d["params"].values())
+        c.out_bytes = self.boundary_bytes(group)
+        return c
+
+    def boundary_bytes(self, group: str) -> int:
+        """Bytes of activations leaving `group` for later groups (sent between pipeline stages)."""
+        idx = {g: i for i, g in enumerate(self.groups)}
+        total = 0
+        for n in self.nodes_of(group):
+            if any(idx[self.g.nodes[s]["group"]] > idx[group] for s in self.g.successors(n)):
+                if not self.g.nodes[n]["via_user"] and self.g.nodes[n]["op"] not in ("placeholder", "get_attr"):
+                    total += self.g.nodes[n]["out_bytes"]
+        return total
+
+    def signature(self, group: str) -> tuple:
+        return tuple((self.g.nodes[n]["kind"], self.g.nodes[n]["shape"],
+                      *(self.g.nodes[n][k] for k in _COST_KEYS)) for n in self.nodes_of(group)
+                     if not self.g.nodes[n]["via_user"])
+
+    def repeated(self) -> list[str]:
+        """The longest run of consecutive groups with identical signatures (the transformer layers)."""
+        best: list[str] = []
+        run: list[str] = []
+        prev = None
+        for grp in self.groups:
+            sig = self.signature(grp)
+            run = run + [grp] if sig == prev else [grp]
+            prev = sig
+            if len(run) > len(best):
+                best = list(run)
+        return best if len(best) > 1 else []
+
+    def totals(self) -> dict[str, int]:
+        out = {k: 0 for k in _COST_KEYS}
+        for _, d in self.g.nodes(data=True):
+            for k in _COST_KEYS:
+                out[k] += d[k]
+        out["param_numel"] = sum(sum(d["params"].values()) for _, d in self.g.nodes(data=True))
+        return out
+
+    def __len__(self) -> int:
+        return self.g.number_of_nodes()
+
+
+def _layer_container(modules: list[str]) -> str | None:
+    """The module path whose numbered children hold most operators ("blocks", "model.layers")."""
+    counts: Counter[str] = Counter()
+    for m in modules:
+        parts = m.split(".")
+        for i, p in enumerate(parts):
+            if p.isdigit() and i > 0:
+                counts[".".join(parts[:i])] += 1
+                break
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _group_key(module: str, container: str | None) -> str:
+    if not module:
+        return ""
+    if container and module.startswith(container + "."):
+        rest = module[len(container) + 1:].split(".")
+        return f"{container}.{rest[0]}"
+    base = container.rpartition(".")[0] if container else ""
+    if base and module.startswith(base + "."):
+        return base + "." + module[len(base) + 1:].split(".")[0]
+    return module.split(".")[0]

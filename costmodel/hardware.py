@@ -1,0 +1,111 @@
+"""Devices, links and clusters.
+
+Device peaks are the dense bf16/fp16 tensor-core figures of REFERENCE.md (vendor datasheets); fp32
+peaks are the vendors' non-tensor-core FP32 figures. Achievable efficiency is a property of the device
+preset (one place), not scattered through the search; `partita calibrate` replaces it with a measurement.
+
+CLUSTER strings (DESIGN.md): "8xA100-80GB" (one node of 8), "128x8xA100-80GB" (nodes x devices per
+node), "4xcpu" (local processes).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, asdict
+
+from costmodel.errors import PartitaError
+
+GB = 1e9
+GiB = 2**30
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    name: str
+    peak_flops: dict
+    """Dense peak FLOP/s by dtype ("bf16", "fp32")."""
+    memory_bytes: float
+    mem_bandwidth: float
+    """HBM (or DRAM) bytes/s."""
+    intra_node_bw: float
+    """Bytes/s one device can send to its node peers (NVLink: uni-directional total per GPU)."""
+    inter_node_bw: float
+    """Bytes/s one device can send off-node (its share of the node's NICs)."""
+    matmul_efficiency: float = 0.75
+    """Fraction of peak that large matmuls reach (cuBLAS on A100/H100 sustains ~70-80%)."""
+    intra_node_latency: float = 5e-6
+    inter_node_latency: float = 10e-6
+    host_bw: float = 25 * GB
+    """Device <-> host memory bytes/s (PCIe 4.0 x16 ~25 GB/s), for offload."""
+    reserved_bytes: float = 2 * GiB
+    """Memory not available to the plan: CUDA context, allocator fragmentation, workspaces."""
+
+    def usable_memory(self) -> float:
+        return self.memory_bytes - self.reserved_bytes
+
+    def peak(self, dtype: str) -> float:
+        return self.peak_flops["bf16" if dtype in ("bf16", "fp16") else "fp32"]
+
+
+def _gpu(name, bf16_tflops, fp32_tflops, mem_gb, hbm_gbs, nvlink_gbs, nic_gbs):
+    return Device(name=name, peak_flops={"bf16": bf16_tflops * 1e12, "fp32": fp32_tflops * 1e12},
+                  memory_bytes=mem_gb * GB, mem_bandwidth=hbm_gbs * GB, intra_node_bw=nvlink_gbs * GB,
+                  inter_node_bw=nic_gbs * GB)
+
+
+# REFERENCE.md "Hardware". Off-node bandwidth per GPU: Selene has 8 HDR HCAs (200 Gb/s = 25 GB/s) per
+# 8-GPU node; Llama 3's H100 cluster 400 Gb/s (50 GB/s) per GPU.
+DEVICES: dict[str, Device] = {d.name: d for d in [
+    _gpu("V100-16GB", 125, 15.7, 16, 900, 300, 12.5),
+    _gpu("V100-32GB", 125, 15.7, 32, 900, 300, 12.5),
+    _gpu("A100-40GB", 312, 19.5, 40, 1555, 600, 25),
+    _gpu("A100-80GB", 312, 19.5, 80, 2039, 600, 25),
+    _gpu("H100-80GB", 989, 67, 80, 3350, 900, 50),
+    _gpu("H200-141GB", 989, 67, 141, 4800, 900, 50),
+    # One CPU process of a small host, gloo over loopback. Rough defaults measured on the 2-core
+    # development machine (TORCH-NOTES.md: 64 MB all_reduce ~72 ms on 2 ranks); `partita calibrate`
+    # measures the real figures.
+    Device(name="cpu", peak_flops={"bf16": 50e9, "fp32": 100e9}, memory_bytes=4 * GiB, mem_bandwidth=10 * GB,
+           intra_node_bw=1 * GB, inter_node_bw=0.1 * GB, matmul_efficiency=0.5, intra_node_latency=5e-4,
+           inter_node_latency=1e-3, host_bw=10 * GB, reserved_bytes=0.25 * GiB),
+]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """Homogeneous nodes of identical devices. `spec` is the string or file it came from."""
+
+    nodes: int
+    devices_per_node: int
+    device: Device
+    spec: str = ""
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def describe(self) -> dict:
+        return {"spec": self.spec, "num_devices": self.num_devices, "nodes": self.nodes,
+                "devices_per_node": self.devices_per_node, "device": asdict(self.device)}
+
+
+_CLUSTER_RE = re.compile(r"^(?:(\d+)x)?(\d+)x([A-Za-z0-9][A-Za-z0-9.\-]*)$")
+
+
+def get_device(name: str) -> Device:
+    try:
+        return DEVICES[name]
+    except KeyError:
+        raise PartitaError(f"unknown device {name!r}; presets: {', '.join(DEVICES)}") from None
+
+
+def parse_cluster(spec: str) -> Cluster:
+    """'8xA100-80GB' -> 1 node of 8; '128x8xA100-80GB' -> 128 nodes of 8; '4xcpu' -> 4 processes."""
+    m = _CLUSTER_RE.match(spec.strip())
+    if not m:
+        raise PartitaError(f"malformed cluster {spec!r}; use DEVICESxNAME or NODESxDEVICESxNAME, "
+                           f"e.g. 8xA100-80GB, 128x8xA100-80GB, 4xcpu (devices: {', '.join(DEVICES)})")
+    nodes, per_node, name = int(m.group(1) or 1), int(m.group(2)), m.group(3)
+    device = get_device(name)
+    if nodes < 1 or per_node < 1:
+        raise PartitaError(f"cluster {spec!r} must have at least one node and one device per node")
+    return Cluster(nodes=nodes, devices_per_node=per_node, device=device, spec=spec)

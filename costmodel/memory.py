@@ -1,0 +1,41 @@
+"""Bytes of model state per parameter, by precision policy and optimizer.
+
+ZeRO (Rajbhandari et al. SC'20, REFERENCE.md): mixed-precision Adam keeps 2 bytes of bf16/fp16
+parameters, 2 bytes of gradients and K = 12 bytes of optimizer state (fp32 master weights, momentum,
+variance) per parameter: 16 bytes in all. In fp32, Adam keeps 4 + 4 + 8 = 16 bytes; SGD without momentum
+4 + 4.
+
+Optimizer-step traffic (bytes read + written per parameter, memory-bound): Adam reads gradient, master
+weight, momentum and variance and writes master weight, momentum, variance and the working copy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from costmodel.errors import PartitaError
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    param: int
+    grad: int
+    optimizer: int
+    step_traffic: int
+
+    @property
+    def total(self) -> int:
+        return self.param + self.grad + self.optimizer
+
+
+def state_bytes(dtype: str, optimizer: str = "adam") -> StateBytes:
+    if optimizer not in ("adam", "sgd"):
+        raise PartitaError(f"unknown optimizer {optimizer!r}; accepted: adam, sgd")
+    half = dtype in ("bf16", "fp16")
+    p = 2 if half else 4
+    if optimizer == "adam":
+        opt = 12 if half else 8   # fp32 master + m + v, or m + v
+        traffic = p + 4 * 3 + (4 * 3 if half else 4 * 2) + p
+    else:
+        opt = 4 if half else 0    # fp32 master weights only
+        traffic = 2 * p + (8 if half else 0)
+    return StateBytes(param=p, grad=p, optimizer=opt, step_traffic=traffic)

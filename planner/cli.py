@@ -1,0 +1,133 @@
+"""The `partita` command line.
+
+    partita plan --model gpt3-175b --cluster 128x8xA100-80GB --global-batch 1536 --seq 2048
+    partita plan --model tiny-gpt --cluster 4xcpu --global-batch 8 --out plan.json
+    partita explain plan.json
+    partita run plan.json --model tiny-gpt --steps 3 --verify
+    partita models
+
+A user error (unknown model, malformed cluster, a model that cannot fit, a bad plan file) prints one line
+`partita: error: ...` and exits with code 2. `run` launches torchrun on `runtime.train` in a subprocess:
+the planner never imports the runtime (DESIGN.md layering).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from costmodel.errors import PartitaError
+
+
+def _cmd_plan(args) -> int:
+    from planner.api import plan as make_plan
+    from planner.search import TrainConfig
+    from costmodel.hardware import parse_cluster
+
+    cluster = parse_cluster(args.cluster)
+    dtype = args.dtype or ("fp32" if cluster.device.name == "cpu" else "bf16")
+    train = TrainConfig(global_batch=args.global_batch, seq_len=args.seq, dtype=dtype,
+                        optimizer=args.optimizer, schedule=args.schedule)
+    progress = None
+    if not args.json and sys.stderr.isatty():
+        def progress(i, n):
+            print(f"\r  searching {i + 1}/{n} candidates", end="", file=sys.stderr, flush=True)
+    p = make_plan(args.model, cluster=cluster, train=train, progress=progress)
+    if progress:
+        print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
+    if args.out:
+        p.save(args.out)
+    if args.json:
+        sys.stdout.write(p.to_json())
+    else:
+        print(p.explain())
+        if args.out:
+            print(f"\n  plan written to {args.out}")
+    return 0
+
+
+def _cmd_explain(args) -> int:
+    from planner.plan import Plan
+    print(Plan.load(args.plan).explain())
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from planner.plan import Plan
+    plan = Plan.load(args.plan)  # validate before launching anything
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={plan.mesh.world_size}", "-m", "runtime.train", args.plan,
+           "--model", args.model, "--steps", str(args.steps)]
+    if args.verify:
+        cmd.append("--verify")
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return subprocess.call(cmd, env=env)
+
+
+def _cmd_models(args) -> int:
+    from costmodel.models import describe_presets
+    print(f"{'preset':<16} {'family':<6} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>4} {'ffn':>6} "
+          f"{'vocab':>7} {'seq':>5}")
+    for name, c in describe_presets():
+        print(f"{name:<16} {c.family:<6} {c.layers:>6} {c.hidden:>6} {c.heads:>5} {c.kv_heads:>4} {c.ffn:>6} "
+              f"{c.vocab:>7} {c.seq:>5}")
+    print("\nor a family: gpt:layers=..,hidden=..,heads=..,seq=..,vocab=..[,ffn=..]  "
+          "llama:...[,kv_heads=..]  or an import path package.module:factory")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="partita", description="Plan and run parallel training for PyTorch models.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plan", help="find the fastest plan that fits", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  partita plan --model gpt3-175b --cluster 128x8xA100-80GB --global-batch 1536 --seq 2048\n"
+                              "  partita plan --model tiny-gpt --cluster 4xcpu --global-batch 8 --out plan.json")
+    p.add_argument("--model", required=True, help="preset (see `partita models`), gpt:..., llama:..., or module:factory")
+    p.add_argument("--cluster", required=True, help="8xA100-80GB, 128x8xA100-80GB, 4xcpu ...")
+    p.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
+    p.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None,
+                   help="training precision (default: bf16 on GPUs, fp32 on cpu)")
+    p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
+    p.add_argument("--schedule", choices=["1F1B", "GPipe"], default="1F1B")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--out", help="also write the plan to this file")
+    p.set_defaults(func=_cmd_plan)
+
+    e = sub.add_parser("explain", help="print the report of a saved plan", epilog="example: partita explain plan.json")
+    e.add_argument("plan")
+    e.set_defaults(func=_cmd_explain)
+
+    r = sub.add_parser("run", help="train with a plan on local processes (torchrun)",
+                       epilog="example: partita run plan.json --model tiny-gpt --steps 3 --verify")
+    r.add_argument("plan")
+    r.add_argument("--model", required=True)
+    r.add_argument("--steps", type=int, default=10)
+    r.add_argument("--verify", action="store_true", help="also train in one process and compare the losses")
+    r.set_defaults(func=_cmd_run)
+
+    m = sub.add_parser("models", help="list the built-in model presets")
+    m.set_defaults(func=_cmd_models)
+    return ap
+
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except PartitaError as e:
+        print(f"partita: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

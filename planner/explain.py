@@ -1,0 +1,99 @@
+"""The human-readable report of a plan (what `partita plan` and `partita explain` print)."""
+from __future__ import annotations
+
+
+
+def _ranges(names: list[str]) -> str:
+    """['blocks.0', 'blocks.1', 'blocks.2', 'ln_f'] -> 'blocks.0-2, ln_f'."""
+    out: list[str] = []
+    i = 0
+    while i < len(names):
+        base, _, idx = names[i].rpartition(".")
+        j = i
+        if idx.isdigit():
+            while j + 1 < len(names):
+                b2, _, i2 = names[j + 1].rpartition(".")
+                if b2 == base and i2.isdigit() and int(i2) == int(idx) + (j + 1 - i):
+                    j += 1
+                else:
+                    break
+        out.append(names[i] if j == i else f"{names[i]}-{names[j].rpartition('.')[2]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def human_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _count(n: int) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def _bar(used: float, cap: float, width: int = 30) -> str:
+    filled = min(width, int(round(width * used / cap))) if cap > 0 else 0
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def explain(plan) -> str:
+    mesh, sched, pred = plan.mesh, plan.schedule, plan.predicted
+    model = plan.model
+    lines = []
+    params = model.get("parameters")
+    lines.append(f"partita plan  {model.get('name', '?')}"
+                 + (f" ({_count(params)} parameters)" if params else "")
+                 + f" on {plan.cluster.get('spec') or plan.cluster.get('num_devices')}"
+                 + f" ({plan.cluster.get('num_devices')} x {plan.cluster.get('device')})")
+    t = plan.train
+    lines.append(f"  train        global batch {t['global_batch']}, seq {t.get('seq_len')}, {t.get('dtype')}, "
+                 f"{t.get('optimizer')}")
+    lines.append(f"  mesh         pp={mesh.pp} x dp={mesh.dp} x tp={mesh.tp}  ({mesh.world_size} ranks; "
+                 "tp fastest, then dp, then pp)")
+    lines.append(f"  schedule     {sched.name}, {sched.num_microbatches} micro-batches of {sched.micro_batch_size}")
+    lines.append("")
+    lines.append("  stage  ranks            modules                                  sharding")
+    by_stage: dict[int, list] = {}
+    for b in plan.blocks:
+        by_stage.setdefault(b.stage, []).append(b)
+    per_stage = mesh.dp * mesh.tp
+    for st in plan.stages:
+        kinds = sorted({b.sharding for b in by_stage.get(st.index, [])})
+        n_tensor = sum(b.sharding == "tensor" for b in by_stage.get(st.index, []))
+        shard = (f"tensor-parallel x{mesh.tp} ({n_tensor} blocks), rest replicated" if "tensor" in kinds
+                 else "replicated")
+        ranks = f"{st.index * per_stage}-{(st.index + 1) * per_stage - 1}"
+        lines.append(f"  {st.index:>5}  {ranks:<15}  {_ranges(st.modules):<40} {shard}")
+    if plan.placements:
+        styles = sorted({k.split(".")[-2] + "." + k.split(".")[-1] + "=" + v for k, v in plan.placements.items()})
+        lines.append(f"  tensor-parallel layers: {', '.join(styles[:8])}{' ...' if len(styles) > 8 else ''}")
+    if pred:
+        lines.append("")
+        step = pred["step_time_s"]
+        lines.append(f"  predicted    step {step:.4g} s, {pred['tokens_per_s']:,.0f} tokens/s, "
+                     f"{pred['tflops_per_device']:.3g} TFLOP/s per device (model FLOPs), MFU {100 * pred['mfu']:.1f}%")
+        parts = pred.get("breakdown", {})
+        lines.append("  step time    " + ", ".join(f"{k[:-2].replace('_', ' ')} {v:.3g}s ({100 * v / step:.0f}%)"
+                                                   for k, v in parts.items() if v > 0))
+        cap = pred.get("memory_capacity_bytes", 0)
+        lines.append(f"  memory       per device, of {human_bytes(cap)} usable:")
+        for i, row in enumerate(pred.get("memory_per_stage", [])):
+            cats = ", ".join(f"{k} {human_bytes(v)}" for k, v in row.items() if k != "total" and v > 0)
+            lines.append(f"    stage {i:<3} {_bar(row['total'], cap)} {human_bytes(row['total']):>10}  ({cats})")
+    s = plan.solver
+    if s:
+        lines.append("")
+        gap = s.get("mip_gap")
+        lines.append(f"  solver       {s.get('status')}, gap {gap if gap is not None else 'n/a'}; "
+                     f"{s.get('candidates_solved', '?')} of {s.get('candidates', '?')} candidates solved "
+                     f"(the rest pruned by a lower bound); search {s.get('wall_time_s', 0):.2f}s, "
+                     f"capture {s.get('capture_s', 0):.2f}s ({s.get('graph_nodes', '?')} operators)")
+    for b in plan.baselines:
+        p = b.get("predicted") or {}
+        lines.append(f"  baseline     {b['name']:<24} " + (f"step {p['step_time_s']:.4g}s" if p else "does not fit"))
+    return "\n".join(lines)

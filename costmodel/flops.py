@@ -41,6 +41,7 @@ def backward_flops(op_counts: dict) -> int:
     """Backward FLOPs implied by the forward aten-op counts of one node (see module docstring)."""
     total = 0
     for op, flops in op_counts.items():
-        name = getattr(op, "_opname", None) or str(op).split(".")[-2 if "." in str(op) else -1]
+        parts = str(op).split(".")  # "aten.mm" (a packet) or "aten.mm.default" (an overload)
+        name = parts[1] if len(parts) > 1 else parts[0]
         total += flops * 5 // 2 if name in _ATTENTION_OPS else 2 * flops
     return total

@@ -1,0 +1,89 @@
+"""The planner's choices on cases built to need them, and the plans' integrity."""
+import json
+
+import numpy as np
+import pytest
+
+import planner
+from costmodel.hardware import parse_cluster
+from costmodel.memory import state_bytes
+from costmodel.models import resolve_model
+from planner.plan import Plan
+from planner.search import search
+from costmodel.errors import InfeasibleError
+
+
+def test_pure_data_parallel_when_the_model_fits_and_communication_is_cheap():
+    plan = planner.plan("megatron-1.7b", cluster="4x8xA100-80GB", train=planner.TrainConfig(global_batch=512))
+    assert (plan.mesh.pp, plan.mesh.tp, plan.mesh.dp) == (1, 1, 32)
+    assert not plan.placements
+
+
+def test_tensor_and_pipeline_parallel_when_data_parallel_cannot_fit(graph_of):
+    cluster = parse_cluster("16x8xA100-80GB")
+    train = planner.TrainConfig(global_batch=256)
+    result = search(graph_of("gpt3-175b", "bf16"), cluster, train)
+    dp_only = [c for c in result.candidates if c.pp == 1 and c.tp == 1]
+    assert dp_only and all(c.solution is None or not c.solution.feasible for c in dp_only if not c.pruned)
+    best = result.best
+    assert best.pp * best.tp > 1
+    assert best.solution.stage_mem.max() <= cluster.device.usable_memory()
+
+
+def test_tensor_parallel_when_it_is_faster_than_more_pipeline_stages():
+    plan = planner.plan("megatron-18b", cluster="32x8xA100-80GB", train=planner.TrainConfig(global_batch=1024))
+    assert plan.mesh.tp > 1
+    assert plan.placements["blocks.0.attn.q"] == "colwise" and plan.placements["blocks.0.mlp.fc2"] == "rowwise"
+
+
+def _independent_state_bytes(plan: Plan, graph) -> list[float]:
+    """Model-state bytes per stage recomputed from the plan's blocks and placements alone."""
+    sb = state_bytes(plan.train["dtype"], plan.train["optimizer"])
+    per_stage = [0.0] * plan.mesh.pp
+    for block in plan.blocks:
+        for n in graph.nodes_of(block.fqn):
+            d = graph.g.nodes[n]
+            for pname, numel in d["params"].items():
+                style = plan.placements.get(d["module"])
+                split = style == "colwise" or (style == "rowwise" and not pname.endswith("bias"))
+                per_stage[block.stage] += (numel // plan.mesh.tp if split else numel) * sb.total
+    return per_stage
+
+
+@pytest.mark.parametrize("model,cluster,batch", [("gpt3-175b", "64x8xA100-80GB", 512),
+                                                 ("megatron-39b", "8x8xA100-40GB", 256)])
+def test_plans_respect_every_devices_memory(model, cluster, batch, graph_of):
+    plan = planner.plan(model, cluster=cluster, train=planner.TrainConfig(global_batch=batch))
+    cap = parse_cluster(cluster).device.usable_memory()
+    rows = plan.predicted["memory_per_stage"]
+    assert len(rows) == plan.mesh.pp
+    assert all(r["total"] <= cap for r in rows) and plan.predicted["peak_memory_bytes"] <= cap
+    states = _independent_state_bytes(plan, graph_of(model, "bf16"))
+    for r, s in zip(rows, states):
+        assert r["parameters"] + r["gradients"] + r["optimizer"] == pytest.approx(s, rel=1e-6)
+    # stages hold every block once, contiguously, in model order
+    mods = [m for st in plan.stages for m in st.modules]
+    assert mods == graph_of(model, "bf16").groups
+
+
+def test_plan_round_trips_through_json(tmp_path):
+    plan = planner.plan("small-gpt", cluster="2x4xA100-40GB", train=planner.TrainConfig(global_batch=64))
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    again = Plan.load(path)
+    assert again.to_dict() == plan.to_dict()
+    assert again.to_json() == path.read_text()
+
+
+def test_predicted_breakdown_adds_up_to_the_step_time():
+    plan = planner.plan("megatron-39b", cluster="64x8xA100-80GB", train=planner.TrainConfig(global_batch=1536))
+    pred = plan.predicted
+    assert sum(pred["breakdown"].values()) == pytest.approx(pred["step_time_s"], rel=1e-9)
+    assert pred["tokens_per_s"] == pytest.approx(1536 * 2048 / pred["step_time_s"])
+
+
+def test_a_model_that_cannot_fit_says_what_it_needs():
+    with pytest.raises(InfeasibleError) as e:
+        planner.plan("gpt3-175b", cluster="2xA100-80GB", train=planner.TrainConfig(global_batch=8))
+    msg = str(e.value)
+    assert "no plan fits" in msg and "GiB per device" in msg and "model states" in msg

@@ -1,0 +1,67 @@
+"""The partita command line: the plan report, --json fields scripts rely on, and one-line user errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from planner.cli import main
+
+
+def partita(*args):
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_plan_json_has_the_stable_fields(capsys):
+    assert main(["plan", "--model", "gpt3-175b", "--cluster", "128x8xA100-80GB", "--global-batch", "1536",
+                 "--seq", "2048", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["schema"] == "partita.plan/1"
+    assert set(d["mesh"]) >= {"pp", "dp", "tp"} and d["mesh"]["pp"] * d["mesh"]["dp"] * d["mesh"]["tp"] == 1024
+    assert set(d["schedule"]) >= {"name", "num_microbatches", "micro_batch_size"}
+    assert set(d["predicted"]) >= {"step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "peak_memory_bytes"}
+    assert set(d["solver"]) >= {"status", "wall_time_s", "mip_gap"}
+    assert d["schedule"]["num_microbatches"] * d["schedule"]["micro_batch_size"] * d["mesh"]["dp"] == 1536
+    assert 0 < d["predicted"]["mfu"] < 1
+
+
+def test_plan_report_and_explain_agree(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["plan", "--model", "tiny-gpt", "--cluster", "4xcpu", "--global-batch", "8", "--out", str(out)]) == 0
+    report = capsys.readouterr().out
+    assert "mesh" in report and "predicted" in report and "stage" in report
+    assert main(["explain", str(out)]) == 0
+    assert capsys.readouterr().out.strip() in report
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["plan", "--model", "nope", "--cluster", "8xA100-80GB", "--global-batch", "8"], "unknown model 'nope'; presets:"),
+    (["plan", "--model", "tiny-gpt", "--cluster", "8xZ9", "--global-batch", "8"], "unknown device 'Z9'; presets:"),
+    (["plan", "--model", "tiny-gpt", "--cluster", "eight", "--global-batch", "8"], "malformed cluster 'eight'"),
+    (["plan", "--model", "gpt:layers=2,hidden=64", "--cluster", "4xcpu", "--global-batch", "8"], "is missing"),
+    (["plan", "--model", "gpt3-175b", "--cluster", "2xA100-80GB", "--global-batch", "8"], "no plan fits"),
+    (["explain", "/nonexistent/plan.json"], "cannot read plan"),
+])
+def test_user_errors_are_one_line_with_exit_code_2(args, needle):
+    r = partita(*args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("partita: error:") and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_corrupt_plan_is_refused_without_running_anything(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "partita.plan/1", "mesh": {"pp": 1, "dp": 2, "tp": 1}}')
+    r = partita("run", str(bad), "--model", "tiny-gpt", "--steps", "1")
+    assert r.returncode == 2 and "missing" in r.stderr
+    bad.write_text("__import__('os').system('echo pwned')")
+    r = partita("explain", str(bad))
+    assert r.returncode == 2 and "not valid JSON" in r.stderr and "pwned" not in r.stdout
+
+
+def test_models_lists_the_presets(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for name in ("tiny-gpt", "gpt3-175b", "llama3-405b", "megatron-1t"):
+        assert name in out

@@ -1,0 +1,57 @@
+"""The stage program's optimum equals brute-force enumeration of every assignment (many seeds)."""
+import itertools
+
+import numpy as np
+import pytest
+
+from planner.milp import StageProblem, evaluate, fits, solve_stages
+
+
+def compositions(total, parts):
+    """All ways to write total as an ordered sum of `parts` positive integers."""
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0, *cuts, total)
+        yield [bounds[i + 1] - bounds[i] for i in range(parts)]
+
+
+def brute_force(prob: StageProblem) -> float:
+    p, n_opt = prob.num_stages, len(prob.option_time)
+    best = float("inf")
+    for sizes in compositions(prob.num_layers, p):
+        per_stage = []
+        for n in sizes:  # every split of a stage's n layers over the options
+            per_stage.append([c for c in itertools.product(range(n + 1), repeat=n_opt) if sum(c) == n])
+        for choice in itertools.product(*per_stage):
+            counts = np.array(choice)
+            if fits(prob, counts):
+                best = min(best, evaluate(prob, counts))
+    return best
+
+
+def random_problem(rng, p, L, n_opt):
+    t = rng.uniform(0.5, 2.0, n_opt)
+    w = rng.uniform(1.0, 4.0, n_opt)
+    a = rng.uniform(0.1, 1.0, n_opt)
+    m = int(rng.integers(p, 3 * p + 2))
+    in_flight = np.array([min(p - s, m) for s in range(p)], dtype=float)
+    extra_t = np.zeros(p); extra_t[0] += rng.uniform(0, 1); extra_t[-1] += rng.uniform(0, 1.5)
+    extra_m = np.zeros(p); extra_m[0] += rng.uniform(0, 3); extra_m[-1] += rng.uniform(0, 3)
+    cap = float(rng.uniform(0.6, 1.2) * (w.mean() + a.mean() * p) * L / p + 3)
+    return StageProblem(num_stages=p, num_layers=L, num_microbatches=m, option_time=t, option_state=w,
+                        option_act=a, option_flush=rng.uniform(0, 0.2, n_opt), extra_time=extra_t,
+                        extra_mem=extra_m, extra_flush=np.zeros(p), in_flight=in_flight, capacity=cap,
+                        option_min_use=np.array([0] * (n_opt - 1) + [int(rng.integers(0, 2))]))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_optimum_equals_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    p = int(rng.integers(1, 4))
+    prob = random_problem(rng, p, int(rng.integers(p, 7)), int(rng.integers(1, 3)))
+    expected = brute_force(prob)
+    sol = solve_stages(prob)
+    if expected == float("inf"):
+        assert not sol.feasible
+    else:
+        assert sol.feasible and fits(prob, sol.counts)
+        assert sol.objective == pytest.approx(expected, rel=1e-6)

@@ -1,0 +1,4 @@
+"""Execution of a Plan with torch.distributed: mesh, tensor/pipeline/data parallelism, train loop, verify.
+
+Entry point: `python -m torch.distributed.run ... -m runtime.train PLAN.json --model MODEL --steps N`.
+"""

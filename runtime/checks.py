@@ -1,0 +1,58 @@
+"""Pre-flight checks of a plan against the model and the world size, before any process group exists.
+
+Each failure raises PlanError with one line saying what differs; the entry point prints it and exits 2.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from costmodel import model_fingerprint
+from costmodel.models import ModelSpec
+from planner.plan import Plan, PlanError
+
+FP32 = (None, "fp32", "float32")
+
+
+def build_meta(spec: ModelSpec) -> nn.Module:
+    """The model on the meta device: names, shapes and dtypes without memory."""
+    with torch.device("meta"):
+        return spec.build()
+
+
+def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
+    """Raise PlanError if the plan cannot run here; return notes worth printing (e.g. dtype)."""
+    m = plan.mesh
+    if world_size != m.world_size:
+        raise PlanError(f"plan is for {m.world_size} ranks (pp={m.pp} x dp={m.dp} x tp={m.tp}) "
+                        f"but WORLD_SIZE is {world_size}")
+    model = build_meta(spec)
+    want = plan.model.get("fingerprint")
+    if want is not None and want != (got := model_fingerprint(model)):
+        raise PlanError(f"plan was made for model {plan.model.get('name')!r} with fingerprint {want}, "
+                        f"but --model {spec.name} has fingerprint {got} (different parameters)")
+    seq = plan.train.get("seq_len")
+    if seq is not None and spec.seq_len is not None and seq != spec.seq_len:
+        raise PlanError(f"plan trains sequences of {seq} tokens but --model {spec.name} has seq_len {spec.seq_len}")
+    modules = dict(model.named_modules())
+    for i, stage in enumerate(plan.stages):
+        for fqn in ([stage.split_at] if stage.split_at else []) + stage.modules:
+            if fqn not in modules:
+                raise PlanError(f"stages[{i}] names module {fqn!r}, which --model {spec.name} does not have")
+    if plan.schedule.name == "1F1B" and plan.schedule.num_microbatches < m.pp:
+        raise PlanError(f"1F1B needs at least as many microbatches as stages "
+                        f"({plan.schedule.num_microbatches} < pp={m.pp})")
+    for fqn, style in plan.placements.items():
+        mod = modules.get(fqn)
+        if not isinstance(mod, nn.Linear):
+            raise PlanError(f"placements[{fqn!r}] must name an nn.Linear of --model {spec.name}, "
+                            f"found {type(mod).__name__ if mod is not None else 'nothing'}")
+        dim = mod.out_features if style == "colwise" else mod.in_features
+        if dim % m.tp:
+            raise PlanError(f"placements[{fqn!r}] = {style} splits a dimension of {dim} over tp={m.tp}, "
+                            "which does not divide it")
+    notes = []
+    if plan.train.get("dtype") not in FP32:
+        notes.append(f"note: plan dtype is {plan.train['dtype']!r}; this runtime trains in fp32, "
+                     "so measured time and memory are for fp32")
+    return notes

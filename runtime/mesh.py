@@ -1,0 +1,67 @@
+"""Process group, device and the (pp, dp, tp) DeviceMesh of a plan.
+
+The backend and device follow `torch.cuda.is_available()` (NCCL on GPU, gloo on CPU), never a flag.
+Ranks are laid out pp-major, then dp, then tp (tp fastest), as `Plan.mesh.coords(rank)` says.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from planner.plan import Plan
+
+DIMS = ("pp", "dp", "tp")
+
+
+def env_world() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from the torchrun environment; (0, 0, 1) outside torchrun."""
+    return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
+            int(os.environ.get("WORLD_SIZE", 1)))
+
+
+def select_device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+@dataclass
+class Topology:
+    """This rank's place in the plan's mesh."""
+
+    mesh: DeviceMesh
+    rank: int
+    pp: int
+    dp: int
+    tp: int
+    pp_rank: int
+    dp_rank: int
+    tp_rank: int
+    device: torch.device
+
+    def group(self, dim: str):
+        return self.mesh.get_group(dim)
+
+
+def init(plan: Plan) -> Topology:
+    """Initialise the default process group and build the plan's mesh. Call on every rank."""
+    rank, local_rank, world = env_world()
+    device = select_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend_for(device), rank=rank, world_size=world,
+                                device_id=device if device.type == "cuda" else None)
+    m = plan.mesh
+    mesh = init_device_mesh(device.type, (m.pp, m.dp, m.tp), mesh_dim_names=DIMS)
+    coords = tuple(mesh.get_local_rank(d) for d in DIMS)
+    assert coords == m.coords(rank), f"mesh layout {coords} != plan layout {m.coords(rank)} on rank {rank}"
+    return Topology(mesh=mesh, rank=rank, pp=m.pp, dp=m.dp, tp=m.tp, pp_rank=coords[0], dp_rank=coords[1],
+                    tp_rank=coords[2], device=device)

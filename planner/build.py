@@ -1,34 +1,37 @@
-"""Turn the best search candidate into a Plan: stages, per-block choices, placements, predictions."""
+"""Turn a solved search candidate into a Plan: stages, per-block choices, placements, predictions."""
 from __future__ import annotations
 
 import numpy as np
 
-from costmodel.fingerprint import model_fingerprint
-from costmodel.memory import state_bytes
 from planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
 from planner.search import Candidate, SearchResult
 
 
-def _relative(placements: dict[str, str], group: str) -> dict[str, str]:
-    return {k[len(group) + 1:]: v for k, v in placements.items()}
-
-
 def predicted(result: SearchResult, c: Candidate) -> dict:
-    """Step time, throughput, FLOP/s and memory of a solved candidate, with their breakdown."""
+    """Step time, throughput, FLOP/s and memory of a solved candidate, with their breakdown.
+
+    The breakdown follows the objective: the bottleneck stage s* paces m micro-batches (its compute,
+    tensor-parallel, ZeRO/offload-exposed and point-to-point time), the other stages' fill and drain
+    are the bubble, and the slowest stage's flush (data-parallel all-reduce, optimizer step) follows.
+    """
     sol, prob, parts = c.solution, c.problem, c.parts
     train, cluster = result.train, result.cluster
     counts = sol.counts
-    s_star = int(np.argmax(sol.stage_time))
+    opts = c.options
     m = c.num_microbatches
-    compute = counts[s_star] @ parts["compute"] + parts["e_compute"][s_star]
-    tp_comm = counts[s_star] @ parts["tpcomm"] + parts["e_tp"][s_star]
+    s_star = int(np.argmax(sol.stage_time))
+    col = lambda attr: np.array([getattr(v, attr) for v in opts] or [0.0])
+    compute = counts[s_star] @ col("compute") + parts["e_compute"][s_star]
+    tp_comm = counts[s_star] @ col("tp_comm") + parts["e_tp"][s_star]
     p2p = parts["e_p2p"][s_star]
+    hidden_exposed = counts[s_star] @ (col("time") - col("compute") - col("tp_comm")) + parts["e_zero"][s_star]
+    offload_mask = np.array([v.offload_activations for v in opts] or [False])
+    exposed_offload = counts[s_star][offload_mask] @ (col("time") - col("compute") - col("tp_comm"))[offload_mask] \
+        if offload_mask.any() else 0.0
+    zero_exposed = hidden_exposed - exposed_offload
     bubble = float(sol.stage_time.sum() - sol.stage_time[s_star])
     f_star = int(np.argmax(sol.stage_flush))
-    pre_dp, suf_dp = parts["e_dp_comm"]
-    latency = min(pre_dp, suf_dp)  # both include the per-stage latency once
-    dp_comm = counts[f_star] @ parts["dp_comm"] + latency
-    dp_comm += (pre_dp - latency if f_star == 0 else 0) + (suf_dp - latency if f_star == c.pp - 1 else 0)
+    dp_comm = float(counts[f_star] @ col("dp_comm") + parts["e_dp"][f_star])
     optimizer = float(sol.stage_flush[f_star] - dp_comm)
     step = sol.objective
     tokens = train.global_batch * (result.graph.seq_len or 1)
@@ -36,17 +39,17 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     # not counted, so plans with and without recompute compare fairly.
     model_flops = 3 * result.graph.totals()["fwd_flops"] * train.global_batch
     tflops = model_flops / step / cluster.num_devices / 1e12
-    p, g, o = parts["state_split"]
     memory = []
     for s in range(c.pp):
-        numel = float(counts[s] @ np.array([opt.param_numel for opt in c.options] or [0.0]))
-        numel += (prob.extra_mem[s] - prob.in_flight[s] * parts["e_act"][s] - parts["workspace"]) / (p + g + o)
-        act = float(counts[s] @ (prob.option_act * prob.in_flight[s]) + prob.in_flight[s] * parts["e_act"][s])
-        row = {"parameters": numel * p, "gradients": numel * g, "optimizer": numel * o,
-               "activations": act, "workspace": parts["workspace"]}
+        states = float(counts[s] @ col("state") + parts["e_state"][s])
+        act = float(counts[s] @ (col("act") * prob.in_flight[s]) + prob.in_flight[s] * parts["e_act"][s])
+        row = {"model_states": states, "activations": act, "workspace": parts["workspace"]}
         row = {k: int(round(v)) for k, v in row.items()}
         row["total"] = sum(row.values())
         memory.append(row)
+    breakdown = {"compute_s": m * compute, "tp_comm_s": m * tp_comm, "zero_comm_s": m * zero_exposed,
+                 "p2p_s": m * p2p, "bubble_s": bubble, "dp_comm_s": dp_comm, "optimizer_s": optimizer,
+                 "offload_s": m * exposed_offload}
     return {
         "step_time_s": step,
         "tokens_per_s": tokens / step,
@@ -54,32 +57,35 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "mfu": tflops * 1e12 / cluster.device.peak(train.dtype),
         "peak_memory_bytes": max(r["total"] for r in memory),
         "memory_capacity_bytes": int(cluster.device.usable_memory()),
-        "breakdown": {"compute_s": m * compute, "tp_comm_s": m * tp_comm, "p2p_s": m * p2p,
-                      "bubble_s": bubble, "dp_comm_s": float(dp_comm), "optimizer_s": optimizer,
-                      "offload_s": 0.0},
+        "breakdown": {k: float(v) for k, v in breakdown.items()},
         "memory_per_stage": memory,
     }
 
 
-def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: dict) -> Plan:
-    c = result.best
-    assert c is not None and c.solution is not None
+def _layer_choices(c: Candidate, counts_s: np.ndarray) -> list:
+    """The variants of a stage's layers in order: the first counts[0] take option 0, and so on."""
+    return [c.options[o] for o in range(len(c.options)) for _ in range(int(counts_s[o]))]
+
+
+def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: dict,
+               candidate: Candidate | None = None) -> Plan:
+    c = candidate or result.best
+    assert c is not None and c.solution is not None and c.solution.feasible
     counts = c.solution.counts
-    names = [o.name for o in c.options]
     stages, blocks, placements = [], [], {}
     start = 0
     for s in range(c.pp):
         n_s = int(counts[s].sum()) if result.layers else 0
         mine = result.layers[start:start + n_s]
-        # options in stage order: the first counts[s][0] layers take option 0, and so on
-        kinds = [names[o] for o in range(len(names)) for _ in range(int(counts[s][o]))] if result.layers else []
         modules = (result.prefix if s == 0 else []) + mine + (result.suffix if s == c.pp - 1 else [])
         stages.append(Stage(index=s, modules=modules, split_at=None if s == 0 else mine[0]))
-        for grp, kind in zip(mine, kinds):
-            blocks.append(BlockChoice(fqn=grp, stage=s, sharding=kind))
-            if kind == "tensor":
-                rel = _relative(next(o for o in c.options if o.name == "tensor").placements, result.layers[0])
-                placements.update({f"{grp}.{k}": v for k, v in rel.items()})
+        for grp, v in zip(mine, _layer_choices(c, counts[s])):
+            blocks.append(BlockChoice(fqn=grp, stage=s, sharding=v.sharding, recompute=v.recompute,
+                                      offload_activations=v.offload_activations,
+                                      offload_optimizer=v.offload_optimizer))
+            if v.sharding == "tensor":
+                ref = result.layers[0]
+                placements.update({f"{grp}.{k[len(ref) + 1:]}": style for k, style in v.base.placements.items()})
         start += n_s
     for s, extra in ((0, result.prefix), (c.pp - 1, result.suffix)):
         for grp in extra:
@@ -96,7 +102,7 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
                "optimizer": train.optimizer},
         mesh=Mesh(pp=c.pp, dp=c.dp, tp=c.tp),
         schedule=Schedule(name=train.schedule, num_microbatches=c.num_microbatches, micro_batch_size=c.micro_batch),
-        stages=stages, blocks=blocks, placements=placements,
+        stages=stages, blocks=blocks, placements=placements, zero_stage=c.zero,
         predicted=predicted(result, c),
         solver={"status": c.solution.status, "wall_time_s": result.wall_time_s, "mip_gap": c.solution.mip_gap,
                 "backend": "cvxpy+HiGHS", "candidates": len(result.candidates), "candidates_solved": len(solved),

@@ -89,7 +89,8 @@ def explain(plan) -> str:
     if s:
         lines.append("")
         gap = s.get("mip_gap")
-        lines.append(f"  solver       {s.get('status')}, gap {gap if gap is not None else 'n/a'}; "
+        gap_txt = f"{100 * gap:.2g}%" if isinstance(gap, (int, float)) else "n/a"
+        lines.append(f"  solver       {s.get('status')} (gap {gap_txt}); "
                      f"{s.get('candidates_solved', '?')} of {s.get('candidates', '?')} candidates solved "
                      f"(the rest pruned by a lower bound); search {s.get('wall_time_s', 0):.2f}s, "
                      f"capture {s.get('capture_s', 0):.2f}s ({s.get('graph_nodes', '?')} operators)")

@@ -21,13 +21,16 @@ and the program (all linear; HiGHS via cvxpy) is
                t_max >= tau_s                            for all s       add_bottleneck_constraint
                sum_o h[s,o] (W_o + k_s A_o) + M_s <= C   for all s       add_memory_constraint
                d_max >= sum_o h[s,o] D_o + F_s           for all s       add_flush_constraint
-               sum_s h[s,o] >= R_o                       for all o       add_option_use_constraint
+               sum_s sum_{o in R} h[s,o] >= 1                            add_option_use_constraint
+               sum_o h[s,o] (V_o + k_s U_o) <= H         for all s       add_host_memory_constraint
 
 E_s, M_s, F_s are the prefix/suffix costs on the first/last stage (plus each stage's transient
 workspace in M_s), P_s the point-to-point send of a stage boundary, k_s the micro-batches stage s keeps
-in flight (1F1B: min(p - s, m); GPipe: m), C the usable memory of a device. R_o is 1 for the
-tensor-parallel option on a mesh with tp > 1 (else 0): a mesh whose tp ranks split no layer would
-only duplicate work, which a smaller tp with more data parallelism does strictly better. The objective is the 1F1B
+in flight (1F1B: min(p - s, m); GPipe: m), C the usable memory of a device; V_o, U_o and H the
+same for host memory (offloaded optimizer state, offloaded activations per micro-batch, the host memory
+per device). R is the set of
+tensor-parallel options on a mesh with tp > 1 (empty otherwise): a mesh whose tp ranks split no layer
+would only duplicate work, which a smaller tp with more data parallelism does strictly better. The objective is the 1F1B
 critical path: the slowest stage paces the m - 1 steady-state micro-batches and every stage's own time
 is paid once in fill and drain, so the bubble is sum_s tau_s - t_max; the gradient all-reduce and
 optimizer step follow the pipeline flush (not overlapped, as in Megatron-LM's pipeline schedule).
@@ -38,6 +41,7 @@ counts can be laid out contiguously. With p = 1 it reduces to choosing options u
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import cvxpy as cp
@@ -60,8 +64,31 @@ class StageProblem:
     extra_flush: np.ndarray        # F_s
     in_flight: np.ndarray          # k_s
     capacity: float                # C
-    option_min_use: np.ndarray | None = None   # R_o
-    time_limit_s: float = 10.0
+    must_use: np.ndarray | None = None   # R, a boolean mask over options
+    option_host_state: np.ndarray | None = None   # V_o, bytes
+    option_host_act: np.ndarray | None = None     # U_o, bytes per micro-batch
+    host_capacity: float = float("inf")           # H
+
+    def scaled(self) -> "StageProblem":
+        """The same program in units where the capacity and the largest time are 1 (HiGHS is sensitive
+        to coefficients spanning 1e-4 s to 1e11 bytes: unscaled it reports inaccurate solutions)."""
+        t = max(float(self.option_time.max(initial=0)), float(self.extra_time.max(initial=0)),
+                float(self.option_flush.max(initial=0)), 1e-30)
+        m = self.capacity if self.capacity > 0 else 1.0
+        hm = self.host_capacity if np.isfinite(self.host_capacity) and self.host_capacity > 0 else 1.0
+        return StageProblem(
+            num_stages=self.num_stages, num_layers=self.num_layers, num_microbatches=self.num_microbatches,
+            option_time=self.option_time / t, option_state=self.option_state / m, option_act=self.option_act / m,
+            option_flush=self.option_flush / t, extra_time=self.extra_time / t, extra_mem=self.extra_mem / m,
+            extra_flush=self.extra_flush / t, in_flight=self.in_flight, capacity=self.capacity / m,
+            time_limit_s=self.time_limit_s, mip_rel_gap=self.mip_rel_gap, must_use=self.must_use,
+            option_host_state=None if self.option_host_state is None else self.option_host_state / hm,
+            option_host_act=None if self.option_host_act is None else self.option_host_act / hm,
+            host_capacity=self.host_capacity / hm)
+    time_limit_s: float = 3.0
+    mip_rel_gap: float = 5e-3
+    """Stop when the incumbent is proven within this fraction of the optimum (0: exact). 0.5% is well
+    inside the cost model's own error and keeps deep pipelines with many layer variants at ~0.1 s."""
 
 
 @dataclass
@@ -85,6 +112,8 @@ def add_layer_count_constraint(h, prob: StageProblem) -> list:
 
 
 def add_nonempty_stage_constraint(h, prob: StageProblem) -> list:
+    if prob.num_layers == 0:  # no repeated layers: a single stage holds the whole model
+        return []
     return [cp.sum(h, axis=1) >= 1]
 
 
@@ -111,13 +140,27 @@ def add_flush_constraint(h, d_max, prob: StageProblem) -> list:
 
 
 def add_option_use_constraint(h, prob: StageProblem) -> list:
-    if prob.option_min_use is None or not prob.option_min_use.any():
+    if prob.must_use is None or not prob.must_use.any():
         return []
-    return [cp.sum(h, axis=0) >= prob.option_min_use]
+    return [cp.sum(h[:, np.flatnonzero(prob.must_use)]) >= 1]
 
 
-def solve_stages(prob: StageProblem) -> StageSolution:
-    """Solve the stage program with HiGHS; returns counts and per-stage figures, or an infeasible status."""
+def add_host_memory_constraint(h, prob: StageProblem) -> list:
+    if prob.option_host_state is None or not np.isfinite(prob.host_capacity):
+        return []
+    coeff = prob.option_host_state[None, :] + prob.in_flight[:, None] * prob.option_host_act[None, :]
+    return [cp.sum(cp.multiply(h, coeff), axis=1) <= prob.host_capacity]
+
+
+def solve_stages(original: StageProblem, cutoff: float | None = None) -> StageSolution:
+    """Solve the stage program with HiGHS; returns counts and per-stage figures, or an infeasible status.
+
+    `cutoff` (seconds) is the best step time already known: branches that cannot beat it are pruned
+    (HiGHS's objective_bound), and a program with no better solution ends as "cutoff".
+    """
+    prob = original.scaled()
+    t_scale = float(original.option_time.max(initial=0)) / float(prob.option_time.max(initial=0)) \
+        if prob.option_time.max(initial=0) > 0 else 1.0
     p, n_opt = prob.num_stages, len(prob.option_time)
     h = cp.Variable((p, n_opt), integer=True, name="h")
     t_max = cp.Variable(nonneg=True, name="t_max")
@@ -129,24 +172,31 @@ def solve_stages(prob: StageProblem) -> StageSolution:
     constraints += add_memory_constraint(h, prob)
     constraints += add_flush_constraint(h, d_max, prob)
     constraints += add_option_use_constraint(h, prob)
+    constraints += add_host_memory_constraint(h, prob)
     objective = (prob.num_microbatches - 1) * t_max + cp.sum(stage_time_expr(h, prob)) + d_max
     problem = cp.Problem(cp.Minimize(objective), constraints)
     t0 = time.perf_counter()
+    opts = {"time_limit": prob.time_limit_s, "mip_rel_gap": prob.mip_rel_gap}
+    if cutoff is not None and np.isfinite(cutoff):
+        opts["objective_bound"] = cutoff / t_scale
     try:
-        problem.solve(solver=cp.HIGHS, time_limit=prob.time_limit_s)
+        with warnings.catch_warnings():  # a time-limited incumbent is expected; its gap is reported
+            warnings.simplefilter("ignore", UserWarning)
+            problem.solve(solver=cp.HIGHS, **opts)
     except cp.error.SolverError as e:  # pragma: no cover - solver crash is not a user error
         return StageSolution(status=f"solver_error: {e}", wall_time_s=time.perf_counter() - t0)
     wall = time.perf_counter() - t0
     if h.value is None or problem.status in ("infeasible", "infeasible_inaccurate"):
-        return StageSolution(status="infeasible", wall_time_s=wall)
+        return StageSolution(status="cutoff" if "objective_bound" in opts else "infeasible", wall_time_s=wall)
     counts = np.rint(h.value).astype(int)
+    prob = original
     stage_time = counts @ prob.option_time + prob.extra_time
     coeff = prob.option_state[None, :] + prob.in_flight[:, None] * prob.option_act[None, :]
     stage_mem = (counts * coeff).sum(axis=1) + prob.extra_mem
     stage_flush = counts @ prob.option_flush + prob.extra_flush
     objective = evaluate(prob, counts)
     gap = _mip_gap(problem)
-    status = "optimal" if problem.status == "optimal" else problem.status
+    status = "optimal" if problem.status == "optimal" else "time_limit"
     return StageSolution(status=status, objective=objective, counts=counts, stage_time=stage_time,
                          stage_mem=stage_mem, stage_flush=stage_flush, wall_time_s=wall, mip_gap=gap)
 
@@ -161,29 +211,35 @@ def evaluate(prob: StageProblem, counts: np.ndarray) -> float:
 def fits(prob: StageProblem, counts: np.ndarray) -> bool:
     coeff = prob.option_state[None, :] + prob.in_flight[:, None] * prob.option_act[None, :]
     mem = (counts * coeff).sum(axis=1) + prob.extra_mem
-    used = counts.sum(axis=0) >= (prob.option_min_use if prob.option_min_use is not None else 0)
-    return bool((mem <= prob.capacity * (1 + 1e-9)).all() and used.all())
+    if prob.option_host_state is not None and np.isfinite(prob.host_capacity):
+        host = (counts * (prob.option_host_state[None, :] + prob.in_flight[:, None] * prob.option_host_act[None, :])).sum(1)
+        if (host > prob.host_capacity * (1 + 1e-9)).any():
+            return False
+    used = prob.must_use is None or not prob.must_use.any() or counts[:, prob.must_use].sum() >= 1
+    return bool((mem <= prob.capacity * (1 + 1e-9)).all() and used)
 
 
-def min_memory(prob: StageProblem) -> tuple[float, np.ndarray | None]:
+def min_memory(original: StageProblem) -> tuple[float, np.ndarray | None]:
     """The least per-device memory any assignment needs, and the counts that achieve it."""
+    prob = original.scaled()
     p, n_opt = prob.num_stages, len(prob.option_time)
     h = cp.Variable((p, n_opt), integer=True)
     m_max = cp.Variable()
     cons = [h >= 0, *add_layer_count_constraint(h, prob), *add_nonempty_stage_constraint(h, prob),
-            m_max >= stage_mem_expr(h, prob), *add_option_use_constraint(h, prob)]
+            m_max >= stage_mem_expr(h, prob), *add_option_use_constraint(h, prob),
+            *add_host_memory_constraint(h, prob)]
     problem = cp.Problem(cp.Minimize(m_max), cons)
-    problem.solve(solver=cp.HIGHS, time_limit=prob.time_limit_s)
+    problem.solve(solver=cp.HIGHS, time_limit=prob.time_limit_s, mip_rel_gap=prob.mip_rel_gap)
     if m_max.value is None:
         return float("inf"), None
-    return float(m_max.value), np.rint(h.value).astype(int)
+    return float(m_max.value) * original.capacity / prob.capacity, np.rint(h.value).astype(int)
 
 
 def _mip_gap(problem: cp.Problem) -> float | None:
     stats = problem.solver_stats
     extra = getattr(stats, "extra_stats", None)
     try:
-        gap = extra.getInfo().mip_gap if extra is not None else None
+        gap = getattr(extra, "mip_gap", None)  # cvxpy hands back HiGHS's HighsInfo
     except Exception:
         gap = None
     if gap is None or not np.isfinite(gap):

@@ -14,7 +14,9 @@ Shape (the keys scripts rely on are marked *; see DESIGN.md):
     mesh*        {"pp", "dp", "tp"}   ranks are laid out pp-major, then dp, then tp (tp fastest)
     schedule*    {"name", "num_microbatches", "micro_batch_size"}
     stages       [{"index", "modules": [fqn ...], "split_at": fqn | null}]
-    blocks       [{"fqn", "stage", "sharding": "replicate" | "tensor"}]
+    blocks       [{"fqn", "stage", "sharding": "replicate" | "tensor", "recompute": "none" | "selective" |
+                  "full", "offload_activations": bool, "offload_optimizer": bool}]
+    zero_stage   0-3: ZeRO sharding of parameters, gradients and optimizer state over the dp axis
     placements   {module fqn: "colwise" | "rowwise"}   tensor-parallel layers; absent = replicated
     predicted*   {"step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "peak_memory_bytes",
                   "breakdown": {...seconds}, "memory_per_stage": [{category: bytes}]}
@@ -33,6 +35,7 @@ from costmodel.errors import PartitaError
 SCHEMA = "partita.plan/1"
 SCHEDULES = ("1F1B", "GPipe")
 SHARDINGS = ("replicate", "tensor")
+RECOMPUTE = ("none", "selective", "full")
 TP_STYLES = ("colwise", "rowwise")
 
 
@@ -75,6 +78,9 @@ class BlockChoice:
     fqn: str
     stage: int
     sharding: str = "replicate"
+    recompute: str = "none"
+    offload_activations: bool = False
+    offload_optimizer: bool = False
 
 
 @dataclass(kw_only=True)
@@ -87,6 +93,7 @@ class Plan:
     stages: list[Stage]
     blocks: list[BlockChoice]
     placements: dict[str, str] = field(default_factory=dict)
+    zero_stage: int = 0
     predicted: dict[str, Any] = field(default_factory=dict)
     solver: dict[str, Any] = field(default_factory=dict)
     baselines: list[dict[str, Any]] = field(default_factory=list)
@@ -161,13 +168,23 @@ class Plan:
                 raise PlanError(f"blocks[{i}].sharding is {b.get('sharding')!r}; accepted: {list(SHARDINGS)}")
             if not isinstance(b.get("fqn"), str) or not isinstance(b.get("stage"), int) or not 0 <= b["stage"] < mesh.pp:
                 raise PlanError(f"blocks[{i}] needs a string fqn and a stage in [0, {mesh.pp})")
-            blocks.append(BlockChoice(fqn=b["fqn"], stage=b["stage"], sharding=b["sharding"]))
+            recompute = b.get("recompute", "none")
+            if recompute not in RECOMPUTE:
+                raise PlanError(f"blocks[{i}].recompute is {recompute!r}; accepted: {list(RECOMPUTE)}")
+            flags = {k: b.get(k, False) for k in ("offload_activations", "offload_optimizer")}
+            if not all(isinstance(v, bool) for v in flags.values()):
+                raise PlanError(f"blocks[{i}].offload_activations / offload_optimizer must be true or false")
+            blocks.append(BlockChoice(fqn=b["fqn"], stage=b["stage"], sharding=b["sharding"],
+                                      recompute=recompute, **flags))
         placements = _obj(data.get("placements", {}), "placements")
         for fqn, style in placements.items():
             if style not in TP_STYLES:
                 raise PlanError(f"placements[{fqn!r}] is {style!r}; accepted: {list(TP_STYLES)}")
         if placements and mesh.tp == 1:
             raise PlanError("plan has tensor-parallel placements but mesh.tp = 1")
+        zero = data.get("zero_stage", 0)
+        if zero not in (0, 1, 2, 3) or isinstance(zero, bool):
+            raise PlanError(f"zero_stage is {zero!r}; accepted: 0, 1, 2, 3")
         train = _obj(data["train"], "train")
         gb = train.get("global_batch")
         if not isinstance(gb, int) or gb != mesh.dp * schedule.num_microbatches * schedule.micro_batch_size:
@@ -175,6 +192,7 @@ class Plan:
                             f"({mesh.dp} x {schedule.num_microbatches} x {schedule.micro_batch_size})")
         return cls(model=_obj(data["model"], "model"), cluster=_obj(data["cluster"], "cluster"), train=train,
                    mesh=mesh, schedule=schedule, stages=stages, blocks=blocks, placements=dict(placements),
+                   zero_stage=zero,
                    predicted=_obj(data.get("predicted", {}), "predicted"),
                    solver=_obj(data.get("solver", {}), "solver"),
                    baselines=_list(data.get("baselines", []), "baselines"))

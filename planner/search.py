@@ -1,14 +1,18 @@
-"""The outer search: every mesh shape and micro-batch size, each solved by the stage program.
+"""The outer search: mesh shapes, ZeRO stages and micro-batch sizes, each solved by the stage program.
 
 Candidates are meshes pp x dp x tp = number of devices with tp inside a node (tp | devices per node),
-pp <= layers, dp | global batch, and micro-batch sizes b | global_batch / dp with m = global_batch /
-(dp b) >= pp micro-batches. Each candidate gets a lower bound on its step time before it is solved,
+pp <= layers, dp | global batch, a ZeRO stage (0-3, only 0 when dp = 1), and micro-batch sizes
+b | global_batch / dp with m = global_batch / (dp b) >= pp micro-batches. Each candidate gets a lower
+bound on its step time before it is solved,
 
     LB = (m + p - 1) / p * (L * min_o T_o + E) + (L * min_o D_o + F) / p
 
 (the bottleneck is at least the average stage; the flush at least its average), and candidates are
 solved in order of LB, skipping every one whose bound is no better than the best plan found. The bound
 is valid, so pruning never loses the optimum.
+
+A `SearchSpace` restricts the choices; the baselines (planner.baselines) are searches over restricted
+spaces with the same cost model and solver, so "the plan beats the baselines" is like for like.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from costmodel.graph import OpGraph
 from costmodel.hardware import Cluster, GiB
 from costmodel.memory import state_bytes
 from planner.milp import StageProblem, StageSolution, solve_stages, min_memory
+from planner.options import HOST_MEMORY_PER_DEVICE, RECOMPUTE, Variant, cost_variant, variants
 from planner.strategies import BlockOption, replicate_option, tensor_option
 
 
@@ -50,25 +55,44 @@ class TrainConfig:
             raise PartitaError(f"schedule {self.schedule!r} not supported; accepted: 1F1B, GPipe")
 
 
+@dataclass(frozen=True, kw_only=True)
+class SearchSpace:
+    """Which choices the search may make (the full space by default)."""
+
+    name: str = "partita"
+    tp: tuple[int, ...] | None = None          # None: every divisor of the node size
+    pp: tuple[int, ...] | None = None
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    recompute: tuple[str, ...] = RECOMPUTE
+    offload: bool = True
+    min_pp: bool = False
+    """Keep only the smallest pipeline depth that fits (Megatron practice: as few stages as memory allows)."""
+
+
 @dataclass
 class Candidate:
-    """One mesh and micro-batch size, with its program and (if solved) its solution."""
+    """One mesh, ZeRO stage and micro-batch size, with its program and (if solved) its solution."""
 
     pp: int
     dp: int
     tp: int
+    zero: int
     micro_batch: int
     num_microbatches: int
     lower_bound: float
     problem: StageProblem
-    options: list[BlockOption]
-    parts: dict                     # per-option and per-stage components for the breakdown
+    options: list[Variant]
+    parts: dict                     # prefix/suffix components for the breakdown
     solution: StageSolution | None = None
     pruned: bool = False
 
     @property
     def step_time(self) -> float:
         return self.solution.objective if self.solution and self.solution.feasible else float("inf")
+
+    @property
+    def key(self) -> tuple:
+        return (self.pp, self.dp, self.tp, self.zero, self.micro_batch)
 
 
 @dataclass
@@ -82,6 +106,7 @@ class SearchResult:
     candidates: list[Candidate]
     best: Candidate | None
     wall_time_s: float
+    space: SearchSpace = field(default_factory=SearchSpace)
 
 
 def divisors(n: int) -> list[int]:
@@ -97,116 +122,127 @@ def split_model(graph: OpGraph) -> tuple[list[str], list[str], list[str]]:
     return graph.groups[:i], layers, graph.groups[j + 1:]
 
 
-def _layer_options(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> list[BlockOption]:
-    opts = [replicate_option(graph, group, cluster, tp)]
-    if tp > 1:
-        t = tensor_option(graph, group, cluster, tp)
-        if t is not None:
-            opts.append(t)
-    return opts
+class _Bases:
+    """Sharding options per tensor-parallel degree, computed once per search."""
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, prefix, layers, suffix):
+        self.graph, self.cluster = graph, cluster
+        self.prefix, self.layers, self.suffix = prefix, layers, suffix
+        self._cache: dict[int, tuple] = {}
+
+    def get(self, tp: int):
+        if tp not in self._cache:
+            g, c = self.graph, self.cluster
+            layer = []
+            if self.layers:
+                layer = [replicate_option(g, self.layers[0], c, tp)]
+                if tp > 1:
+                    t = tensor_option(g, self.layers[0], c, tp)
+                    layer = layer + [t] if t is not None else []
+            extra = lambda grp: (tp > 1 and tensor_option(g, grp, c, tp)) or replicate_option(g, grp, c, tp)
+            pre = [extra(grp) for grp in self.prefix]
+            suf = [extra(grp) for grp in self.suffix]
+            max_out = max([g.g.nodes[n]["out_bytes"] for n in g.g.nodes] or [0])
+            self._cache[tp] = (layer, pre, suf, max_out)
+        return self._cache[tp]
 
 
-def _extra_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> BlockOption:
-    """Embeddings and the head: tensor-parallel when the block allows it, else replicated."""
-    return (tp > 1 and tensor_option(graph, group, cluster, tp)) or replicate_option(graph, group, cluster, tp)
-
-
-def build_candidate(graph: OpGraph, cluster: Cluster, train: TrainConfig, prefix, layers, suffix,
-                    pp: int, dp: int, tp: int, b: int, cache: dict) -> Candidate:
+def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
+                    pp: int, dp: int, tp: int, zero: int, b: int) -> Candidate | None:
+    graph, cluster, layers = bases.graph, bases.cluster, bases.layers
     m = train.global_batch // (dp * b)
-    dev = cluster.device
     sb = state_bytes(train.dtype, train.optimizer)
-    if tp not in cache:
-        cache[tp] = (_layer_options(graph, layers[0], cluster, tp) if layers else [],
-                     [_extra_option(graph, g, cluster, tp) for g in prefix],
-                     [_extra_option(graph, g, cluster, tp) for g in suffix],
-                     max([graph.g.nodes[n]["out_bytes"] for n in graph.g.nodes] or [0]))
-    options, pre, suf, max_out = cache[tp]
+    layer_bases, pre, suf, max_out = bases.get(tp)
+    if tp > 1 and layers and not any(o.name == "tensor" for o in layer_bases):
+        return None  # the layers cannot be split over tp ranks
+    opts = variants(layer_bases, cluster, sb, zero, dp, tp, b, space.recompute, space.offload)
+    if tp > 1 and layers and not any(v.sharding == "tensor" for v in opts):
+        return None  # splitting the layers never pays on this mesh: a smaller tp does better
     dp_group = comm.group_for(cluster, dp, tp)
-    # gradients are all-reduced in buckets (DDP): the latency is paid once per stage here, the
-    # bandwidth per byte of each layer
-    dp_latency, dp_per_byte = comm.affine(comm.all_reduce, cluster, dp_group)
+    dp_latency = comm.affine(comm.all_reduce, cluster, dp_group)[0] if zero <= 1 else 0.0
 
-    def dp_comm(o: BlockOption) -> float:
-        return o.param_numel * sb.grad * dp_per_byte
-
-    def flush(o: BlockOption) -> float:
-        return dp_comm(o) + o.param_numel * sb.step_traffic / dev.mem_bandwidth
-
-    compute = np.array([(o.fwd_s + o.bwd_s) * b for o in options] or [0.0])
-    tpcomm = np.array([o.tp_comm_s(cluster, b) for o in options] or [0.0])
-    state = np.array([float(o.param_numel * sb.total) for o in options] or [0.0])
-    act = np.array([float(o.saved_bytes * b) for o in options] or [0.0])
-    fl = np.array([flush(o) for o in options] or [0.0])
-
-    e_compute, e_tp, e_p2p = np.zeros(pp), np.zeros(pp), np.zeros(pp)
-    e_state, e_act, e_flush = np.zeros(pp), np.zeros(pp), np.zeros(pp)
+    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "act", "flush", "dp", "zero")}
     for s, group_opts in ((0, pre), (pp - 1, suf)):
         for o in group_opts:
-            e_compute[s] += (o.fwd_s + o.bwd_s) * b
-            e_tp[s] += o.tp_comm_s(cluster, b)
-            e_state[s] += o.param_numel * sb.total
-            e_act[s] += o.saved_bytes * b
-            e_flush[s] += flush(o)
-    e_flush += dp_latency
+            v = cost_variant(Variant(o), cluster, sb, zero, dp, tp, b)
+            e["compute"][s] += v.compute
+            e["tp"][s] += v.tp_comm
+            e["zero"][s] += max(0.0, v.time - v.tp_comm - v.compute)
+            e["state"][s] += v.state
+            e["act"][s] += v.act
+            e["flush"][s] += v.flush
+            e["dp"][s] += v.dp_comm
+    e["flush"] += dp_latency
+    e["dp"] += dp_latency
     if pp > 1 and layers:
         across = dp * tp >= cluster.devices_per_node
-        send = comm.p2p(cluster, graph.boundary_bytes(layers[0]) * b, across)
-        e_p2p[:-1] = 2 * send  # activation forward, its gradient backward
-    in_flight = (np.array([min(pp - s, m) for s in range(pp)]) if train.schedule == "1F1B"
-                 else np.full(pp, m))
-    workspace = 2.0 * max_out * b
+        e["p2p"][:-1] = 2 * comm.p2p(cluster, graph.boundary_bytes(layers[0]) * b, across)
+    in_flight = (np.array([min(pp - s, m) for s in range(pp)]) if train.schedule == "1F1B" else np.full(pp, m))
+    # transient memory: the largest activation and its gradient, and one layer's activations being
+    # rebuilt (recompute) or reduced (backward) at a time; ZeRO-3 also gathers two layers' parameters
+    layer_act = max([o.saved_bytes for o in layer_bases] or [0]) * b
+    workspace = 2.0 * max_out * b + layer_act
+    if zero == 3 and layer_bases:
+        workspace += 2 * min(o.param_numel for o in layer_bases) * sb.param
+    extra_time = e["compute"] + e["tp"] + e["zero"] + e["p2p"]
     problem = StageProblem(
         num_stages=pp, num_layers=len(layers), num_microbatches=m,
-        option_time=compute + tpcomm, option_state=state, option_act=act, option_flush=fl,
-        extra_time=e_compute + e_tp + e_p2p, extra_mem=e_state + in_flight * e_act + workspace,
-        extra_flush=e_flush, in_flight=in_flight.astype(float), capacity=dev.usable_memory(),
-        option_min_use=np.array([1 if (tp > 1 and o.name == "tensor") else 0 for o in options] or [0]))
-    total_e = (e_compute + e_tp + e_p2p).sum()
-    lb = ((m + pp - 1) / pp * (len(layers) * (compute + tpcomm).min() + total_e)
-          + (len(layers) * fl.min() + e_flush.sum()) / pp)
-    parts = {"compute": compute, "tpcomm": tpcomm, "e_compute": e_compute, "e_tp": e_tp, "e_p2p": e_p2p,
-             "state_split": (sb.param, sb.grad, sb.optimizer), "e_act": e_act, "workspace": workspace,
-             "dp_comm": np.array([dp_comm(o) for o in options] or [0.0]),
-             "e_dp_comm": np.array([sum(dp_comm(o) for o in grp) for grp in (pre, suf)]) + dp_latency}
-    return Candidate(pp=pp, dp=dp, tp=tp, micro_batch=b, num_microbatches=m, lower_bound=lb,
-                     problem=problem, options=options, parts=parts)
+        option_time=np.array([v.time for v in opts] or [0.0]),
+        option_state=np.array([v.state for v in opts] or [0.0]),
+        option_act=np.array([v.act for v in opts] or [0.0]),
+        option_flush=np.array([v.flush for v in opts] or [0.0]),
+        extra_time=extra_time, extra_mem=e["state"] + in_flight * e["act"] + workspace,
+        extra_flush=e["flush"], in_flight=in_flight.astype(float), capacity=cluster.device.usable_memory(),
+        must_use=np.array([tp > 1 and v.sharding == "tensor" for v in opts] or [False]),
+        option_host_state=np.array([v.host_state for v in opts] or [0.0]),
+        option_host_act=np.array([v.host_act for v in opts] or [0.0]),
+        host_capacity=HOST_MEMORY_PER_DEVICE)
+    t_min = problem.option_time.min()
+    lb = ((m + pp - 1) / pp * (len(layers) * t_min + extra_time.sum())
+          + (len(layers) * problem.option_flush.min() + e["flush"].sum()) / pp)
+    return Candidate(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, num_microbatches=m, lower_bound=lb,
+                     problem=problem, options=opts, parts={**{f"e_{k}": v for k, v in e.items()},
+                                                          "workspace": workspace})
 
 
-def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig):
+def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, space: SearchSpace):
     prefix, layers, suffix = split_model(graph)
+    bases = _Bases(graph, cluster, prefix, layers, suffix)
     n = cluster.num_devices
-    cache: dict = {}
     out = []
     for tp in divisors(min(n, cluster.devices_per_node)):
-        if n % tp:
+        if n % tp or (space.tp is not None and tp not in space.tp):
             continue
         for pp in divisors(n // tp):
-            if pp > max(1, len(layers)):
+            if pp > max(1, len(layers)) or (space.pp is not None and pp not in space.pp):
                 continue
             dp = n // (tp * pp)
             if train.global_batch % dp:
                 continue
             local = train.global_batch // dp
-            for b in divisors(local):
-                m = local // b
-                if b > train.max_micro_batch or (pp > 1 and m < pp):
+            for zero in (space.zero if dp > 1 else (0,)):
+                if dp == 1 and 0 not in space.zero:
                     continue
-                c = build_candidate(graph, cluster, train, prefix, layers, suffix, pp, dp, tp, b, cache)
-                if tp > 1 and not any(o.name == "tensor" for o in c.options):
-                    continue  # the layers cannot be split over tp ranks
-                out.append(c)
+                for b in divisors(local):
+                    m = local // b
+                    if b > train.max_micro_batch or (pp > 1 and m < pp):
+                        continue
+                    c = build_candidate(bases, train, space, pp, dp, tp, zero, b)
+                    if c is not None:
+                        out.append(c)
     return prefix, layers, suffix, out
 
 
-def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None) -> SearchResult:
+def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
+           space: SearchSpace = SearchSpace(), raise_infeasible: bool = True) -> SearchResult:
     t0 = time.perf_counter()
-    prefix, layers, suffix, cands = enumerate_candidates(graph, cluster, train)
-    if not cands:
+    prefix, layers, suffix, cands = enumerate_candidates(graph, cluster, train, space)
+    if not cands and raise_infeasible:
         raise PartitaError(f"no mesh of {cluster.num_devices} devices divides global batch {train.global_batch}: "
                            f"choose a global batch divisible by the data-parallel degree (e.g. a multiple of "
                            f"{cluster.num_devices})")
-    cands.sort(key=lambda c: (c.lower_bound, c.pp, c.tp, -c.micro_batch))
+    # deterministic order: bound first, then the simplest plan
+    cands.sort(key=lambda c: (c.lower_bound, c.pp, c.tp, c.zero, -c.micro_batch))
     best: Candidate | None = None
     for i, c in enumerate(cands):
         if progress:
@@ -214,12 +250,17 @@ def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None) 
         if best is not None and c.lower_bound >= best.step_time * (1 - 1e-9):
             c.pruned = True
             continue
-        c.solution = solve_stages(c.problem)
-        if c.solution.feasible and (best is None or c.step_time < best.step_time * (1 - 1e-12)):
+        c.solution = solve_stages(c.problem, cutoff=best.step_time if best is not None else None)
+        if c.solution.feasible and (best is None or c.step_time < best.step_time * (1 - 1e-9)):
             best = c
+    if space.min_pp and best is not None:
+        fitting = [c for c in cands if c.solution is not None and c.solution.feasible]
+        shallow = min(c.pp for c in fitting)
+        best = min((c for c in fitting if c.pp == shallow), key=lambda c: c.step_time)
     result = SearchResult(graph=graph, cluster=cluster, train=train, layers=layers, prefix=prefix,
-                          suffix=suffix, candidates=cands, best=best, wall_time_s=time.perf_counter() - t0)
-    if best is None:
+                          suffix=suffix, candidates=cands, best=best, wall_time_s=time.perf_counter() - t0,
+                          space=space)
+    if best is None and raise_infeasible:
         raise InfeasibleError(explain_infeasible(result))
     return result
 
@@ -227,7 +268,8 @@ def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None) 
 def explain_infeasible(result: SearchResult) -> str:
     """The least memory per device any candidate needs, what dominates it, and what would make it fit."""
     best = (float("inf"), None, None)
-    for c in sorted(result.candidates, key=lambda c: (-c.pp * c.tp, c.micro_batch))[:12]:
+    pool = sorted(result.candidates, key=lambda c: (-c.pp * c.tp, -c.zero, c.micro_batch))[:16]
+    for c in pool:
         need, counts = min_memory(c.problem)
         if need < best[0]:
             best = (need, c, counts)
@@ -243,11 +285,11 @@ def explain_infeasible(result: SearchResult) -> str:
     act = float(counts[s] @ prob.option_act * prob.in_flight[s] + prob.in_flight[s] * c.parts["e_act"][s])
     states = float(mem[s] - act - c.parts["workspace"])
     binding = "activations" if act > states else "model states (parameters, gradients, optimizer)"
-    advice = ("activations dominate: a shorter sequence, or activation recomputation / offload"
-              if act > states else
-              "model states dominate: more devices for pipeline/tensor parallelism, or ZeRO sharding / offload")
+    advice = ("activations dominate: a shorter sequence or more tensor parallelism"
+              if act > states else "model states dominate: more devices, or devices with more memory")
     return (f"no plan fits on {result.cluster.num_devices} x {dev}: the smallest footprint needs "
             f"{need / GiB:.1f} GiB per device ({binding} bind: model states {states / GiB:.1f} GiB, activations "
-            f"{act / GiB:.1f} GiB for {int(prob.in_flight[s])} micro-batch(es) in flight, at pp={c.pp}, dp={c.dp}, "
-            f"tp={c.tp}, micro-batch {c.micro_batch}, stage {s}) but a {dev} has {cap / GiB:.1f} GiB usable; "
-            f"{advice}, or devices with more memory")
+            f"{act / GiB:.1f} GiB for {int(prob.in_flight[s])} micro-batch(es) in flight, workspace "
+            f"{c.parts['workspace'] / GiB:.1f} GiB, at pp={c.pp}, dp={c.dp}, tp={c.tp}, ZeRO-{c.zero}, micro-batch "
+            f"{c.micro_batch}, with recompute and offload considered) but a {dev} has {cap / GiB:.1f} GiB usable; "
+            f"{advice}")

@@ -12,6 +12,13 @@ A block (one group of the OpGraph: a transformer layer, an embedding, the head) 
   the sharded dim along; anything else that touches a sharded tensor (a norm over the sharded dim, a
   view that fixes the sharded size) makes the block ineligible. The block's output must end replicated.
 
+Recompute policies (what a block keeps for its backward pass; the rest is re-run in the backward):
+  none       everything autograd saves
+  selective  only what compute-bound operators (matmuls, attention) produced, plus the block's input;
+             memory-bound operators (norms, activations, elementwise) are recomputed -- cheap in time,
+             large in memory (Korthikanti et al. 2022 make the same trade for the attention core)
+  full       only the block's input; the whole forward is re-run (Chen et al. 2016)
+
 Costs per sample of micro-batch, for one rank of the tensor-parallel group (t ranks):
   compute  = sum over nodes of max(flops / (peak * efficiency), bytes / memory bandwidth), sharded
              nodes divided by t (roofline per operator)
@@ -48,6 +55,8 @@ class BlockOption:
     param_numel: int = 0           # parameters held per rank
     saved_bytes: int = 0           # activations saved per sample per rank
     placements: dict[str, str] = field(default_factory=dict)     # module fqn -> colwise/rowwise
+    saved_by_policy: dict[str, int] = field(default_factory=dict)  # recompute policy -> saved bytes per sample
+    refwd_by_policy: dict[str, float] = field(default_factory=dict)  # recompute policy -> extra seconds per sample
 
     def tp_comm_s(self, cluster: Cluster, micro_batch: int) -> float:
         group = comm.group_for(cluster, self.tp, 1)
@@ -77,7 +86,9 @@ def replicate_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> B
         fwd, bwd = fwd + f, bwd + b
         numel += sum(d["params"].values())
         saved += d["saved_bytes"]
-    return BlockOption(name="replicate", tp=tp, fwd_s=fwd, bwd_s=bwd, param_numel=numel, saved_bytes=saved)
+    opt = BlockOption(name="replicate", tp=tp, fwd_s=fwd, bwd_s=bwd, param_numel=numel, saved_bytes=saved)
+    _add_recompute_policies(opt, graph, group, cluster, set(), 1)
+    return opt
 
 
 def tensor_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> BlockOption | None:
@@ -107,9 +118,44 @@ def tensor_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> Bloc
         elif style == "colwise":
             src = next(iter(g.predecessors(n)))
             comm_bwd_inputs[src] = g.nodes[src]["out_bytes"]
-    return BlockOption(name="tensor", tp=tp, fwd_s=fwd, bwd_s=bwd, tp_comm_bytes_fwd=comm_fwd,
-                       tp_comm_bytes_bwd=list(comm_bwd_inputs.values()), param_numel=numel,
-                       saved_bytes=saved, placements=placements)
+    opt = BlockOption(name="tensor", tp=tp, fwd_s=fwd, bwd_s=bwd, tp_comm_bytes_fwd=comm_fwd,
+                      tp_comm_bytes_bwd=list(comm_bwd_inputs.values()), param_numel=numel,
+                      saved_bytes=saved, placements=placements)
+    split = sharded | {n for n in graph.nodes_of(group)
+                       if g.nodes[n]["op"] == "call_module" and g.nodes[n]["module"] in placements}
+    _add_recompute_policies(opt, graph, group, cluster, split, tp, sharded)
+    return opt
+
+
+def input_bytes(graph: OpGraph, group: str) -> int:
+    """Bytes of the activations entering `group` from earlier groups (what full recompute keeps)."""
+    g = graph.g
+    mine = set(graph.nodes_of(group))
+    srcs = {p for n in mine for p in g.predecessors(n) if p not in mine}
+    return sum(g.nodes[p]["out_bytes"] for p in srcs
+               if g.nodes[p]["op"] not in ("placeholder", "get_attr") and not g.nodes[p]["via_user"])
+
+
+def _add_recompute_policies(opt: BlockOption, graph: OpGraph, group: str, cluster: Cluster,
+                            split: set[str], tp: int, sharded: set[str] | None = None) -> None:
+    """Fill saved bytes and re-run seconds per recompute policy (see the module docstring)."""
+    sharded = split if sharded is None else sharded
+    g = graph.g
+    keep_sel = 0
+    rerun_sel = 0.0
+    for n in graph.nodes_of(group):
+        d = g.nodes[n]
+        f, _ = node_seconds(d, cluster, graph.dtype)
+        f = f / tp if n in split else f
+        saved = d["saved_bytes"] // tp if n in sharded else d["saved_bytes"]
+        if d["fwd_flops"] > 0:
+            keep_sel += saved
+        else:
+            rerun_sel += f
+    inp = input_bytes(graph, group)
+    opt.saved_by_policy = {"none": opt.saved_bytes, "selective": min(opt.saved_bytes, keep_sel + inp),
+                           "full": min(opt.saved_bytes, inp)}
+    opt.refwd_by_policy = {"none": 0.0, "selective": rerun_sel, "full": opt.fwd_s}
 
 
 def propagate_tp(graph: OpGraph, group: str, tp: int) -> tuple[set[str], dict[str, str]] | None:

@@ -40,7 +40,8 @@ def random_problem(rng, p, L, n_opt):
     return StageProblem(num_stages=p, num_layers=L, num_microbatches=m, option_time=t, option_state=w,
                         option_act=a, option_flush=rng.uniform(0, 0.2, n_opt), extra_time=extra_t,
                         extra_mem=extra_m, extra_flush=np.zeros(p), in_flight=in_flight, capacity=cap,
-                        option_min_use=np.array([0] * (n_opt - 1) + [int(rng.integers(0, 2))]))
+                        mip_rel_gap=0.0,
+                        must_use=np.array([False] * (n_opt - 1) + [bool(rng.integers(0, 2))]))
 
 
 @pytest.mark.parametrize("seed", range(40))

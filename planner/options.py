@@ -1,0 +1,155 @@
+"""Layer variants: a sharding option x a recompute policy x activation offload x optimizer offload,
+costed per rank for one candidate (tp, dp, ZeRO stage, micro-batch b).
+
+Per micro-batch time (seconds):
+    compute  = (forward + backward + recompute re-run) * b
+    overlap  = max(compute, ZeRO traffic, activation offload traffic)     (prefetched / async copies)
+    T        = overlap + tensor-parallel all-reduces (on the critical path, as in Megatron-LM)
+ZeRO traffic per micro-batch over the data-parallel group (FSDP2 semantics, what the runtime runs):
+    stage 2 (reshard after forward off): all-gather parameters once + reduce-scatter gradients
+    stage 3 (FSDP):                      all-gather in forward and again in backward + reduce-scatter
+Activation offload (save_on_cpu): the kept activations go to host in forward and back in backward,
+2 * A / host link bandwidth.
+
+Model-state bytes per rank (n parameters on this rank after tensor parallelism; ZeRO, Rajbhandari et al.
+SC'20, with p, g, o bytes per parameter of parameters, gradients, optimizer state; d = dp degree):
+    stage 0:  (p + g + o) n        stage 1:  (p + g) n + o n / d
+    stage 2:  p n + (g + o) n / d  stage 3:  (p + g + o) n / d
+Optimizer offload moves the o part to host memory; the step then runs on the CPU
+(n_opt * step traffic / HOST_MEMORY_BW) after the gradients go down and parameters come up the host link.
+
+After-flush time D (seconds): stages 0-1 all-reduce the gradients (stage 1 as reduce-scatter + all-gather,
+the same volume, 2 Psi); stages 2-3 already reduced them per micro-batch. Then the optimizer step over the
+rank's optimizer shard, memory-bound: n_opt * step traffic / memory bandwidth.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel import comm
+from costmodel.hardware import Cluster
+from costmodel.memory import StateBytes
+from planner.strategies import BlockOption
+
+RECOMPUTE = ("none", "selective", "full")
+HOST_MEMORY_PER_DEVICE = 128e9
+"""Host DRAM one device may fill with offloaded state: a DGX A100 has 1 TB for 8 GPUs (a DGX H100 2 TB)."""
+HOST_MEMORY_BW = 50e9
+"""Host DRAM bytes/s available to one device's CPU optimizer step (a DDR4/5 server socket shared by its
+GPUs); used only for optimizer offload."""
+
+
+@dataclass
+class Variant:
+    base: BlockOption
+    recompute: str = "none"
+    offload_activations: bool = False
+    offload_optimizer: bool = False
+    # costs, filled by cost_variant
+    time: float = 0.0
+    state: float = 0.0
+    act: float = 0.0
+    flush: float = 0.0
+    compute: float = 0.0
+    tp_comm: float = 0.0
+    zero_comm: float = 0.0
+    offload_traffic: float = 0.0
+    dp_comm: float = 0.0
+    host_state: float = 0.0        # bytes of optimizer state offloaded to host memory
+    host_act: float = 0.0          # bytes of activations offloaded per micro-batch
+
+    @property
+    def sharding(self) -> str:
+        return self.base.name
+
+    @property
+    def label(self) -> str:
+        parts = [self.sharding, f"recompute={self.recompute}"]
+        if self.offload_activations:
+            parts.append("offload-activations")
+        if self.offload_optimizer:
+            parts.append("offload-optimizer")
+        return " ".join(parts)
+
+
+def zero_state_bytes(n: float, sb: StateBytes, zero: int, dp: int, offload_optimizer: bool = False) -> float:
+    """Device bytes of model state for n parameters under a ZeRO stage (module docstring)."""
+    o = 0 if offload_optimizer else sb.optimizer
+    if zero == 0:
+        return (sb.param + sb.grad + o) * n
+    if zero == 1:
+        return (sb.param + sb.grad) * n + o * n / dp
+    if zero == 2:
+        return sb.param * n + (sb.grad + o) * n / dp
+    if zero == 3:
+        return (sb.param + sb.grad + o) * n / dp
+    raise ValueError(f"ZeRO stage must be 0-3, got {zero}")
+
+
+def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: int) -> Variant:
+    o, dev = v.base, cluster.device
+    n = o.param_numel
+    dp_group = comm.group_for(cluster, dp, tp)
+    v.compute = (o.fwd_s + o.bwd_s + o.refwd_by_policy[v.recompute]) * b
+    v.tp_comm = o.tp_comm_s(cluster, b)
+    if v.recompute == "full":  # the re-run forward repeats its all-reduces
+        group = comm.group_for(cluster, o.tp, 1)
+        v.tp_comm += sum(comm.all_reduce(cluster, group, x * b) for x in o.tp_comm_bytes_fwd)
+    kept = o.saved_by_policy[v.recompute] * b
+    v.offload_traffic = 2 * kept / dev.host_bw if v.offload_activations else 0.0
+    v.act = 0.0 if v.offload_activations else float(kept)
+    v.host_act = float(kept) if v.offload_activations else 0.0
+    ag = comm.all_gather(cluster, dp_group, n * sb.param)
+    rs = comm.reduce_scatter(cluster, dp_group, n * sb.grad)
+    v.zero_comm = {0: 0.0, 1: 0.0, 2: ag + rs, 3: 2 * ag + rs}[zero] if dp > 1 else 0.0
+    v.time = max(v.compute, v.zero_comm, v.offload_traffic) + v.tp_comm
+    v.state = zero_state_bytes(n, sb, zero, dp, v.offload_optimizer)
+    v.host_state = (zero_state_bytes(n, sb, zero, dp) - v.state) if v.offload_optimizer else 0.0
+    _, per_byte = comm.affine(comm.all_reduce, cluster, dp_group)
+    v.dp_comm = n * sb.grad * per_byte if zero <= 1 else 0.0
+    n_opt = n / dp if zero >= 1 else n
+    if v.offload_optimizer:
+        step = n_opt * sb.step_traffic / HOST_MEMORY_BW + n_opt * (sb.grad + sb.param) / dev.host_bw
+    else:
+        step = n_opt * sb.step_traffic / dev.mem_bandwidth
+    v.flush = v.dp_comm + step
+    return v
+
+
+def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: int,
+             allow_recompute=RECOMPUTE, allow_offload: bool = True) -> list[Variant]:
+    """Every variant of every sharding option, costed, with dominated ones removed.
+
+    With tp > 1 a replicated variant is usually dominated by a tensor-parallel one (slower, more memory)
+    and disappears; if every tensor-parallel variant is dominated instead, the mesh's tp ranks would
+    only duplicate work and the caller drops the candidate (no tensor variant is returned).
+    """
+    out: list[Variant] = []
+    for base in bases:
+        for r in allow_recompute:
+            for off_a in ((False, True) if allow_offload else (False,)):
+                if off_a and r == "full":
+                    continue  # the layer input alone: nothing worth the host link
+                for off_o in ((False, True) if allow_offload else (False,)):
+                    out.append(cost_variant(Variant(base, r, off_a, off_o), cluster, sb, zero, dp, tp, b))
+    return pareto(out)
+
+
+def pareto(vs: list[Variant]) -> list[Variant]:
+    """Drop variants no better than another in every cost (ties: keep the first)."""
+    keep: list[Variant] = []
+    for i, v in enumerate(vs):
+        a = np.array([v.time, v.state, v.act, v.flush, v.host_state, v.host_act])
+        dominated = False
+        for j, w in enumerate(vs):
+            if i == j:
+                continue
+            bvec = np.array([w.time, w.state, w.act, w.flush, w.host_state, w.host_act])
+            if (bvec <= a * (1 + 1e-12)).all() and ((bvec < a * (1 - 1e-12)).any() or j < i):
+                dominated = True
+                break
+        if not dominated:
+            keep.append(v)
+    return keep

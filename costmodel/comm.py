@@ -1,19 +1,56 @@
-"""Alpha-beta costs of collectives (Hockney model; ring algorithms, Thakur et al. 2005).
+"""Alpha-beta costs of collectives (Hockney model), with NCCL's choice between ring and tree.
 
-A ring over n ranks moving a tensor of B bytes costs
-    all-reduce:      2 (n-1) alpha + 2 (n-1)/n * B / beta
-    all-gather:      (n-1) alpha   +   (n-1)/n * B / beta      (B = the gathered, full size)
-    reduce-scatter:  (n-1) alpha   +   (n-1)/n * B / beta      (B = the full, unreduced size)
-    point-to-point:  alpha + B / beta
-where beta is the bandwidth of the slowest link on the ring. A group that spans nodes runs
-hierarchically (reduce-scatter inside each node, all-reduce across nodes on 1/k of the data, all-gather
-inside the node; k = group members per node), which is what NCCL's tree/ring choice approaches.
+Notation: n ranks in the group, B bytes (defined per collective below), alpha the latency of one
+message on a link, beta the link's bandwidth in bytes/s. A group that spans N nodes has k = n / N ranks
+on each node; intra-node links have (alpha_i, beta_i), each device's share of the NICs (alpha_e, beta_e).
+
+Ring algorithms (Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in
+MPICH", IJHPCA 19(1), 2005; the same factors are the "bus bandwidth" factors of NVIDIA's nccl-tests,
+doc/PERFORMANCE.md):
+
+    all-reduce      2 (n-1) alpha + 2 (n-1)/n * B / beta     B = the tensor each rank holds
+    all-gather        (n-1) alpha +   (n-1)/n * B / beta     B = the gathered, full size
+    reduce-scatter    (n-1) alpha +   (n-1)/n * B / beta     B = the full, unreduced size
+    all-to-all        (n-1) alpha +   (n-1)/n * B / beta     B = what each rank holds; it keeps 1/n of it
+                                                             (pairwise exchange, Thakur et al.)
+    point-to-point          alpha +             B / beta
+
+Across nodes the ring collectives run hierarchically: reduce-scatter inside each node, the collective
+across the N nodes on 1/k of the data (the k devices of a node drive their k NIC shares in parallel),
+all-gather inside the node. Phases are added, not overlapped (a conservative choice).
+
+Tree all-reduce: NCCL 2.4+ also runs all-reduce on a *double binary tree* across nodes (two
+complementary binary trees, each carrying half of the data, so every rank sends and receives about 2B in
+all: full bandwidth, logarithmic latency), with a chain through the k ranks inside each node (NVIDIA
+developer blog "Massively Scale Your Deep Learning Training with NCCL 2.4", 2019; NVIDIA/nccl issue
+545: "there are only inter-node trees, and intra-node is connected using chains"). Reduce goes up, the
+broadcast comes down, both pipelined in chunks:
+
+    tree all-reduce   2 (k-1) alpha_i + 2 B / beta_i         (chain inside the node; absent when k = 1)
+                    + 2 ceil(log2 N) alpha_e + 2 B / (k beta_e)   (double binary tree; absent when N = 1)
+
+`all_reduce` takes the faster of ring and tree for the size, as NCCL's tuner does. Inside one node
+(N = 1) the chain has the ring's latency and more traffic, so the ring always wins there, as in NCCL;
+across nodes the tree's latency grows with log2 N instead of N, so it wins for small messages on many
+nodes and the ring (whose bandwidth term is never larger) wins for large ones. The crossover is
+`all_reduce_crossover`.
+
+Broadcast (B = the tensor, from one root): the faster of a binomial tree, ceil(log2 n) (alpha + B/beta)
+(Thakur et al., short messages), and NCCL's pipelined ring, (n-1) alpha + B / beta (nccl-tests:
+bus bandwidth = algorithm bandwidth for broadcast); across nodes: among node leaders, then inside nodes.
+
+`affine` gives a (latency, seconds per byte) line for linear programs. all_reduce is piecewise (the min
+of two lines), so `affine(all_reduce, ...)` linearises one algorithm: the ring by default, which is what
+large gradient buckets use; it is exact above the crossover and an upper bound below it.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from costmodel.hardware import Cluster
+
+ALL_REDUCE_ALGORITHMS = ("auto", "ring", "tree")
 
 
 @dataclass(frozen=True)
@@ -46,9 +83,15 @@ def _ring(n: int, nbytes: float, alpha: float, beta: float, factor: float) -> fl
     return factor * (n - 1) * alpha + factor * (n - 1) / n * nbytes / beta
 
 
-def all_reduce(cluster: Cluster, group: Group, nbytes: float) -> float:
+def _log2(n: int) -> int:
+    return math.ceil(math.log2(n)) if n > 1 else 0
+
+
+# ---------------------------------------------------------------------------------------- all-reduce
+
+def ring_all_reduce(cluster: Cluster, group: Group, nbytes: float) -> float:
     d = cluster.device
-    if group.size <= 1:
+    if group.size <= 1 or nbytes <= 0:
         return 0.0
     if group.nodes == 1:
         return _ring(group.size, nbytes, d.intra_node_latency, d.intra_node_bw, 2)
@@ -60,7 +103,50 @@ def all_reduce(cluster: Cluster, group: Group, nbytes: float) -> float:
     return 2 * inside + across
 
 
+def tree_all_reduce(cluster: Cluster, group: Group, nbytes: float) -> float:
+    """NCCL's tree: a chain inside each node, a double binary tree across nodes (module docstring)."""
+    d = cluster.device
+    if group.size <= 1 or nbytes <= 0:
+        return 0.0
+    k, nodes = (group.size, 1) if group.nodes == 1 else (group.per_node, group.nodes)
+    t = 0.0
+    if k > 1:
+        t += 2 * (k - 1) * d.intra_node_latency + 2 * nbytes / d.intra_node_bw
+    if nodes > 1:
+        t += 2 * _log2(nodes) * d.inter_node_latency + 2 * nbytes / (k * d.inter_node_bw)
+    return t
+
+
+def all_reduce(cluster: Cluster, group: Group, nbytes: float, algorithm: str = "auto") -> float:
+    """Seconds to all-reduce `nbytes` on `group`: the faster of ring and tree ("auto"), or one of them."""
+    if algorithm == "ring":
+        return ring_all_reduce(cluster, group, nbytes)
+    if algorithm == "tree":
+        return tree_all_reduce(cluster, group, nbytes)
+    if algorithm != "auto":
+        raise ValueError(f"all-reduce algorithm {algorithm!r}; accepted: {', '.join(ALL_REDUCE_ALGORITHMS)}")
+    return min(ring_all_reduce(cluster, group, nbytes), tree_all_reduce(cluster, group, nbytes))
+
+
+def all_reduce_algorithm(cluster: Cluster, group: Group, nbytes: float) -> str:
+    """"ring" or "tree": which one `all_reduce` picks for this size (ring on ties)."""
+    ring, tree = ring_all_reduce(cluster, group, nbytes), tree_all_reduce(cluster, group, nbytes)
+    return "tree" if tree < ring else "ring"
+
+
+def all_reduce_crossover(cluster: Cluster, group: Group) -> float:
+    """Bytes below which the tree is faster than the ring (0 when it never is)."""
+    ring_lat, ring_pb = _line(lambda c, g, b: ring_all_reduce(c, g, b), cluster, group)
+    tree_lat, tree_pb = _line(lambda c, g, b: tree_all_reduce(c, g, b), cluster, group)
+    if tree_lat >= ring_lat or tree_pb <= ring_pb:
+        return 0.0
+    return (ring_lat - tree_lat) / (tree_pb - ring_pb)
+
+
+# ---------------------------------------------------------------------------------- other collectives
+
 def all_gather(cluster: Cluster, group: Group, nbytes: float) -> float:
+    """`nbytes` is the gathered (full) size."""
     d = cluster.device
     if group.size <= 1:
         return 0.0
@@ -71,7 +157,44 @@ def all_gather(cluster: Cluster, group: Group, nbytes: float) -> float:
             + _ring(group.nodes, nbytes / k, d.inter_node_latency, d.inter_node_bw, 1))
 
 
-reduce_scatter = all_gather  # same volume and steps in the ring model
+reduce_scatter = all_gather  # same volume and steps in the ring model; `nbytes` is the unreduced size
+
+
+def all_to_all(cluster: Cluster, group: Group, nbytes: float) -> float:
+    """Pairwise exchange: each rank holds `nbytes` and sends nbytes/n to each of the n-1 others.
+
+    Across nodes, the (k-1) peers on the node are reached over intra-node links and the n-k others over
+    the device's NIC share; the two parts are added.
+    """
+    d = cluster.device
+    n = group.size
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    k = n if group.nodes == 1 else group.per_node
+    chunk = nbytes / n
+    t = (k - 1) * (d.intra_node_latency + chunk / d.intra_node_bw)
+    if n > k:
+        t += (n - k) * (d.inter_node_latency + chunk / d.inter_node_bw)
+    return t
+
+
+def _broadcast_flat(n: int, nbytes: float, alpha: float, beta: float) -> float:
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    binomial = _log2(n) * (alpha + nbytes / beta)
+    pipelined_ring = (n - 1) * alpha + nbytes / beta
+    return min(binomial, pipelined_ring)
+
+
+def broadcast(cluster: Cluster, group: Group, nbytes: float) -> float:
+    """One root sends `nbytes` to every rank of the group."""
+    d = cluster.device
+    if group.size <= 1:
+        return 0.0
+    if group.nodes == 1:
+        return _broadcast_flat(group.size, nbytes, d.intra_node_latency, d.intra_node_bw)
+    return (_broadcast_flat(group.nodes, nbytes, d.inter_node_latency, d.inter_node_bw)
+            + _broadcast_flat(group.per_node, nbytes, d.intra_node_latency, d.intra_node_bw))
 
 
 def p2p(cluster: Cluster, nbytes: float, across_nodes: bool) -> float:
@@ -83,13 +206,27 @@ def p2p(cluster: Cluster, nbytes: float, across_nodes: bool) -> float:
     return d.intra_node_latency + nbytes / d.intra_node_bw
 
 
-def affine(collective, cluster: Cluster, group: Group) -> tuple[float, float]:
-    """(latency seconds, seconds per byte) of a collective, which is affine in the bytes it moves.
+# ------------------------------------------------------------------------------------ linear forms
 
-    Lets a linear program charge the latency once per bucket and the bandwidth per byte.
-    """
-    if group.size <= 1:
-        return 0.0, 0.0
+def _line(collective, cluster: Cluster, group: Group) -> tuple[float, float]:
     one, big = collective(cluster, group, 1.0), collective(cluster, group, 1e9 + 1.0)
     per_byte = (big - one) / 1e9
     return one - per_byte, per_byte
+
+
+def affine(collective, cluster: Cluster, group: Group, algorithm: str | None = None) -> tuple[float, float]:
+    """(latency seconds, seconds per byte) of a collective, which is affine in the bytes it moves.
+
+    Lets a linear program charge the latency once per bucket and the bandwidth per byte. For
+    `all_reduce` (piecewise: the faster of ring and tree) this is the line of one algorithm, `algorithm`
+    or by default the ring, which large gradient buckets use (exact above `all_reduce_crossover`, an
+    upper bound below it).
+    """
+    if group.size <= 1:
+        return 0.0, 0.0
+    if collective is all_reduce or algorithm is not None:
+        algo = algorithm or "ring"
+        if algo == "auto":
+            raise ValueError("affine() needs one all-reduce algorithm ('ring' or 'tree'), not 'auto'")
+        return _line(lambda c, g, b: collective(c, g, b, algorithm=algo), cluster, group)
+    return _line(collective, cluster, group)

@@ -5,12 +5,22 @@ peaks are the vendors' non-tensor-core FP32 figures. Achievable efficiency is a 
 preset (one place), not scattered through the search; `partita calibrate` replaces it with a measurement.
 
 CLUSTER strings (DESIGN.md): "8xA100-80GB" (one node of 8), "128x8xA100-80GB" (nodes x devices per
-node), "4xcpu" (local processes).
+node), "4xcpu" (local processes), or the path of a resource list (JSON/YAML, `costmodel.resources`, as
+written by `partita calibrate`), which may hold several groups of different devices.
+
+A heterogeneous cluster keeps the homogeneous view the planner uses today, chosen to be conservative:
+`device` is the field-wise worst device of all groups (`conservative_device`), `devices_per_node` the
+greatest common divisor of the groups' devices per node (so a group of that many ranks is inside one
+node of every group), `nodes` = total devices / devices_per_node, so `num_devices` is exact. The groups
+themselves are in `cluster.groups`, each a homogeneous `Cluster`, for a planner that places stages on
+different groups.
 """
 from __future__ import annotations
 
+import math
+import os
 import re
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass, asdict, fields
 
 from costmodel.errors import PartitaError
 
@@ -72,20 +82,92 @@ DEVICES: dict[str, Device] = {d.name: d for d in [
 
 @dataclass(frozen=True, kw_only=True)
 class Cluster:
-    """Homogeneous nodes of identical devices. `spec` is the string or file it came from."""
+    """Nodes of identical devices, or (with `groups`) the conservative view of several such groups.
+
+    `spec` is the string or file it came from.
+    """
 
     nodes: int
     devices_per_node: int
     device: Device
     spec: str = ""
+    groups: tuple = ()
+    """Homogeneous `Cluster`s (each with a `spec` naming the group, no groups of its own) when the
+    cluster came from a resource list; empty for a CLUSTER string (the cluster is its own one group)."""
+    inter_group_bw: float | None = None
+    """Bytes/s one device can send to a device of another group; None: the groups' inter_node_bw."""
+    inter_group_latency: float | None = None
 
     @property
     def num_devices(self) -> int:
         return self.nodes * self.devices_per_node
 
+    @property
+    def heterogeneous(self) -> bool:
+        return any(g.device != self.groups[0].device for g in self.groups)
+
+    def group_list(self) -> tuple:
+        """The homogeneous groups: `groups`, or the cluster itself."""
+        return self.groups or (self,)
+
     def describe(self) -> dict:
-        return {"spec": self.spec, "num_devices": self.num_devices, "nodes": self.nodes,
-                "devices_per_node": self.devices_per_node, "device": asdict(self.device)}
+        d = {"spec": self.spec, "num_devices": self.num_devices, "nodes": self.nodes,
+             "devices_per_node": self.devices_per_node, "device": asdict(self.device)}
+        if self.groups:
+            d["groups"] = [{"name": g.spec, "nodes": g.nodes, "devices_per_node": g.devices_per_node,
+                            "device": asdict(g.device)} for g in self.groups]
+            d["inter_group_bw"] = self.inter_group_bw
+            d["inter_group_latency"] = self.inter_group_latency
+        return d
+
+
+# Fields of Device where the conservative value is the largest (the rest: the smallest).
+_WORST_IS_MAX = {"intra_node_latency", "inter_node_latency", "reserved_bytes"}
+
+
+def conservative_device(devices, inter_group_bw: float | None = None,
+                        inter_group_latency: float | None = None) -> Device:
+    """The field-wise worst of `devices`: a lower bound of each, so a plan sized and timed for it fits
+    on every group and runs at least as fast there (up to the cost model's own error).
+
+    Peaks, memory, bandwidths and efficiency take the minimum; latencies and reserved memory the
+    maximum. With several groups the links between groups bound the off-node figures too.
+    """
+    devices = list(devices)
+    if all(d == devices[0] for d in devices) and inter_group_bw is None and inter_group_latency is None:
+        return devices[0]
+    kw = {}
+    for f in fields(Device):
+        if f.name == "name":
+            continue
+        vals = [getattr(d, f.name) for d in devices]
+        if f.name == "peak_flops":
+            kw[f.name] = {k: min(v[k] for v in vals) for k in ("bf16", "fp32")}
+        else:
+            kw[f.name] = max(vals) if f.name in _WORST_IS_MAX else min(vals)
+    if inter_group_bw is not None:
+        kw["inter_node_bw"] = min(kw["inter_node_bw"], inter_group_bw)
+    if inter_group_latency is not None:
+        kw["inter_node_latency"] = max(kw["inter_node_latency"], inter_group_latency)
+    names = list(dict.fromkeys(d.name for d in devices))
+    # One name keeps checks such as `device.name == "cpu"` meaningful when all groups share a kind.
+    name = names[0] if len(names) == 1 else "min(" + ",".join(names) + ")"
+    return Device(name=name, **kw)
+
+
+def cluster_from_groups(groups, *, inter_group_bw: float | None = None,
+                        inter_group_latency: float | None = None, spec: str = "") -> Cluster:
+    """A Cluster over homogeneous `groups` (Clusters), with the conservative homogeneous view."""
+    groups = tuple(groups)
+    if not groups:
+        raise PartitaError("a cluster needs at least one group of devices")
+    total = sum(g.num_devices for g in groups)
+    per_node = math.gcd(*(g.devices_per_node for g in groups))
+    multi = len(groups) > 1
+    device = conservative_device([g.device for g in groups], inter_group_bw if multi else None,
+                                 inter_group_latency if multi else None)
+    return Cluster(nodes=total // per_node, devices_per_node=per_node, device=device, spec=spec,
+                   groups=groups, inter_group_bw=inter_group_bw, inter_group_latency=inter_group_latency)
 
 
 _CLUSTER_RE = re.compile(r"^(?:(\d+)x)?(\d+)x([A-Za-z0-9][A-Za-z0-9.\-]*)$")
@@ -98,12 +180,23 @@ def get_device(name: str) -> Device:
         raise PartitaError(f"unknown device {name!r}; presets: {', '.join(DEVICES)}") from None
 
 
+def _is_resource_file(spec) -> bool:
+    if isinstance(spec, os.PathLike):
+        return True
+    return os.path.isfile(spec) or spec.strip().lower().endswith((".json", ".yaml", ".yml"))
+
+
 def parse_cluster(spec: str) -> Cluster:
-    """'8xA100-80GB' -> 1 node of 8; '128x8xA100-80GB' -> 128 nodes of 8; '4xcpu' -> 4 processes."""
+    """'8xA100-80GB' -> 1 node of 8; '128x8xA100-80GB' -> 128 nodes of 8; '4xcpu' -> 4 processes;
+    a path to a resource list (an existing file, or a name ending .json/.yaml/.yml) -> its Cluster."""
+    if _is_resource_file(spec):
+        from costmodel.resources import load_resources  # resources imports this module
+        return load_resources(spec)
     m = _CLUSTER_RE.match(spec.strip())
     if not m:
         raise PartitaError(f"malformed cluster {spec!r}; use DEVICESxNAME or NODESxDEVICESxNAME, "
-                           f"e.g. 8xA100-80GB, 128x8xA100-80GB, 4xcpu (devices: {', '.join(DEVICES)})")
+                           f"e.g. 8xA100-80GB, 128x8xA100-80GB, 4xcpu (devices: {', '.join(DEVICES)}), "
+                           f"or the path of a resource list (.json/.yaml, see `partita calibrate`)")
     nodes, per_node, name = int(m.group(1) or 1), int(m.group(2)), m.group(3)
     device = get_device(name)
     if nodes < 1 or per_node < 1:

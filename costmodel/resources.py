@@ -1,0 +1,231 @@
+"""Resource lists: a cluster described in a JSON or YAML file (DESIGN.md CLUSTER; written by calibrate).
+
+Schema `partita.cluster/1` (units: bytes, bytes/s, FLOP/s, seconds):
+
+    {
+      "schema": "partita.cluster/1",
+      "name": "lab",                              optional, a label
+      "groups": [                                 one or more homogeneous groups
+        {"name": "a100",                          unique
+         "nodes": 2,                              integer >= 1
+         "devices_per_node": 8,                   integer >= 1
+         "device": "A100-80GB"},                  a preset name (costmodel.hardware.DEVICES), or:
+        {"name": "box", "nodes": 1, "devices_per_node": 2,
+         "device": {
+           "name": "cpu",                         required
+           "base": "cpu",                         optional preset whose figures fill the fields left out
+           "peak_flops": {"bf16": 5e10, "fp32": 1e11},   dense peak FLOP/s by dtype
+           "memory_bytes": 4e9, "mem_bandwidth": 1e10,
+           "intra_node_bw": 1e9,                  bytes/s one device sends to its node peers
+           "inter_node_bw": 1e8,                  bytes/s one device sends off-node (its NIC share)
+           "intra_node_latency": 5e-4, "inter_node_latency": 1e-3,
+           "matmul_efficiency": 0.5,              fraction of peak large matmuls reach, in (0, 1]
+           "host_bw": 1e10,                       device <-> host bytes/s (offload)
+           "reserved_bytes": 2.5e8}}              memory the plan may not use
+      ],
+      "inter_group_bw": 1.25e10,                  optional: bytes/s per device between groups
+      "inter_group_latency": 2e-5,                optional: seconds
+      "measurements": {...}                       optional, free-form: calibrate's raw data (not read)
+    }
+
+Without `base`, a device object needs name, peak_flops, memory_bytes, mem_bandwidth, intra_node_bw and
+inter_node_bw; the other fields default as in `costmodel.hardware.Device`. Unknown keys are errors (a
+typo must not silently fall back to a default). Loading never executes code (json, yaml.safe_load).
+
+`load_resources(path)` returns a `Cluster` whose `groups` are the groups and whose homogeneous view is
+conservative (costmodel.hardware module docstring); `save_resources(cluster, path)` writes one back.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, fields
+
+from costmodel.errors import PartitaError
+from costmodel.hardware import DEVICES, Cluster, Device, cluster_from_groups
+
+SCHEMA = "partita.cluster/1"
+_TOP_KEYS = {"schema", "name", "groups", "inter_group_bw", "inter_group_latency", "measurements"}
+_GROUP_KEYS = {"name", "nodes", "devices_per_node", "device"}
+_DEVICE_FIELDS = {f.name for f in fields(Device)}
+_DEVICE_KEYS = _DEVICE_FIELDS | {"base"}
+_DEVICE_REQUIRED = ("name", "peak_flops", "memory_bytes", "mem_bandwidth", "intra_node_bw", "inter_node_bw")
+_NONNEGATIVE = {"intra_node_latency", "inter_node_latency", "reserved_bytes"}
+_YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def _fail(where: str, msg: str):
+    raise PartitaError(f"resource list: {where}: {msg}")
+
+
+def _number(where: str, value, *, positive: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        hint = " (YAML reads 1e9 as a string: write 1.0e9)" if isinstance(value, str) else ""
+        _fail(where, f"must be a number, got {value!r}{hint}")
+    if positive and value <= 0:
+        _fail(where, f"must be > 0, got {value!r}")
+    if not positive and value < 0:
+        _fail(where, f"must be >= 0, got {value!r}")
+    return float(value)
+
+
+def _integer(where: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        _fail(where, f"must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _unknown(where: str, d: dict, accepted) -> None:
+    extra = sorted(set(d) - set(accepted))
+    if extra:
+        _fail(where, f"unknown key(s) {', '.join(map(repr, extra))}; accepted: {', '.join(sorted(accepted))}")
+
+
+def _device(where: str, spec) -> Device:
+    if isinstance(spec, str):
+        if spec not in DEVICES:
+            _fail(f"{where}.device", f"unknown device preset {spec!r}; presets: {', '.join(DEVICES)}, "
+                                     f"or an object with the fields {', '.join(_DEVICE_REQUIRED)}")
+        return DEVICES[spec]
+    if not isinstance(spec, dict):
+        _fail(f"{where}.device", f"must be a preset name or an object, got {spec!r}")
+    where = f"{where}.device"
+    _unknown(where, spec, _DEVICE_KEYS)
+    base = {}
+    if "base" in spec:
+        if spec["base"] not in DEVICES:
+            _fail(f"{where}.base", f"unknown device preset {spec['base']!r}; presets: {', '.join(DEVICES)}")
+        base = asdict(DEVICES[spec["base"]])
+    missing = [k for k in _DEVICE_REQUIRED if k not in spec and k not in base]
+    if missing:
+        _fail(where, f"missing {', '.join(missing)} (give them, or a 'base' preset to start from)")
+    kw = {**base, **{k: v for k, v in spec.items() if k != "base"}}
+    if not isinstance(kw["name"], str) or not kw["name"]:
+        _fail(f"{where}.name", f"must be a non-empty string, got {kw['name']!r}")
+    peaks = kw["peak_flops"]
+    if not isinstance(peaks, dict) or set(peaks) != {"bf16", "fp32"}:
+        _fail(f"{where}.peak_flops", f"must be an object with exactly the keys bf16 and fp32, got {peaks!r}")
+    kw["peak_flops"] = {k: _number(f"{where}.peak_flops.{k}", v) for k, v in peaks.items()}
+    for k in _DEVICE_FIELDS - {"name", "peak_flops"}:
+        if k in kw:
+            kw[k] = _number(f"{where}.{k}", kw[k], positive=k not in _NONNEGATIVE)
+    if not kw.get("matmul_efficiency", 0.5) <= 1:
+        _fail(f"{where}.matmul_efficiency", f"must be in (0, 1], got {kw['matmul_efficiency']!r}")
+    if kw.get("reserved_bytes", 0) >= kw["memory_bytes"]:
+        _fail(f"{where}.reserved_bytes", f"must be less than memory_bytes ({kw['memory_bytes']:g}), "
+                                         f"got {kw['reserved_bytes']:g}")
+    return Device(**kw)
+
+
+def cluster_from_dict(d, spec: str = "") -> Cluster:
+    """Validate a resource list (already parsed) and build its Cluster."""
+    if not isinstance(d, dict):
+        _fail("top level", f"must be an object with 'schema' and 'groups', got {type(d).__name__}")
+    _unknown("top level", d, _TOP_KEYS)
+    if d.get("schema") != SCHEMA:
+        _fail("schema", f"must be {SCHEMA!r}, got {d.get('schema')!r}")
+    groups = d.get("groups")
+    if not isinstance(groups, list) or not groups:
+        _fail("groups", f"must be a non-empty list of groups, got {groups!r}")
+    out, names = [], set()
+    for i, g in enumerate(groups):
+        where = f"groups[{i}]"
+        if not isinstance(g, dict):
+            _fail(where, f"must be an object with {', '.join(sorted(_GROUP_KEYS))}, got {g!r}")
+        _unknown(where, g, _GROUP_KEYS)
+        missing = [k for k in ("name", "nodes", "devices_per_node", "device") if k not in g]
+        if missing:
+            _fail(where, f"missing {', '.join(missing)}")
+        name = g["name"]
+        if not isinstance(name, str) or not name:
+            _fail(f"{where}.name", f"must be a non-empty string, got {name!r}")
+        if name in names:
+            _fail(f"{where}.name", f"duplicate group name {name!r}")
+        names.add(name)
+        where = f"groups[{i}] ({name})"
+        out.append(Cluster(nodes=_integer(f"{where}.nodes", g["nodes"]),
+                           devices_per_node=_integer(f"{where}.devices_per_node", g["devices_per_node"]),
+                           device=_device(where, g["device"]), spec=name))
+    inter_bw = d.get("inter_group_bw")
+    inter_lat = d.get("inter_group_latency")
+    return cluster_from_groups(
+        out, spec=spec,
+        inter_group_bw=None if inter_bw is None else _number("inter_group_bw", inter_bw),
+        inter_group_latency=None if inter_lat is None else _number("inter_group_latency", inter_lat,
+                                                                    positive=False))
+
+
+def _read(path: str):
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise PartitaError(f"cluster file {path!r} not found; give an existing resource list "
+                           f"(written by `partita calibrate`) or a cluster string such as 8xA100-80GB") from None
+    except OSError as e:
+        raise PartitaError(f"cannot read cluster file {path!r}: {e.strerror}") from None
+    if path.lower().endswith(_YAML_SUFFIXES):
+        yaml = _yaml()
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise PartitaError(f"cluster file {path!r} is not valid YAML: {e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PartitaError(f"cluster file {path!r} is not valid JSON: {e}") from None
+
+
+def _yaml():
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - pyyaml is a dependency
+        raise PartitaError("YAML resource lists need pyyaml (pip install pyyaml); or write JSON") from None
+    return yaml
+
+
+def load_resources(path) -> Cluster:
+    """The Cluster a resource list file describes (JSON, or YAML by suffix)."""
+    path = os.fspath(path)
+    return cluster_from_dict(_read(path), spec=path)
+
+
+def _device_dict(device: Device):
+    if DEVICES.get(device.name) == device:
+        return device.name
+    return asdict(device)
+
+
+def cluster_to_dict(cluster: Cluster, name: str | None = None, measurements: dict | None = None) -> dict:
+    """The resource list of a Cluster (its groups, or the cluster as one group)."""
+    groups = cluster.group_list()
+    d = {"schema": SCHEMA}
+    if name:
+        d["name"] = name
+    d["groups"] = [{"name": g.spec or f"group{i}", "nodes": g.nodes, "devices_per_node": g.devices_per_node,
+                    "device": _device_dict(g.device)} for i, g in enumerate(groups)]
+    if cluster.inter_group_bw is not None:
+        d["inter_group_bw"] = cluster.inter_group_bw
+    if cluster.inter_group_latency is not None:
+        d["inter_group_latency"] = cluster.inter_group_latency
+    if measurements is not None:
+        d["measurements"] = measurements
+    return d
+
+
+def write_resources(d: dict, path) -> None:
+    """Write a resource list dict as JSON, or YAML when the path ends .yaml/.yml. Validates first."""
+    path = os.fspath(path)
+    cluster_from_dict(d)
+    text = json.dumps(d, indent=2) + "\n"
+    if path.lower().endswith(_YAML_SUFFIXES):  # through JSON: plain types only (str subclasses ...)
+        text = _yaml().safe_dump(json.loads(text), sort_keys=False)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def save_resources(cluster: Cluster, path, name: str | None = None, measurements: dict | None = None) -> dict:
+    d = cluster_to_dict(cluster, name=name, measurements=measurements)
+    write_resources(d, path)
+    return d

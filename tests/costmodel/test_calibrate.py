@@ -1,0 +1,118 @@
+"""`partita calibrate`: a quick run on 2 gloo ranks writes a resource list that parse_cluster loads, and
+its all-reduce figures agree with a direct timing of dist.all_reduce taken here."""
+import contextlib
+import io
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from costmodel import calibrate, comm
+from costmodel.hardware import parse_cluster
+
+SIZES = (2**20, 2**22, 2**24)  # 1-16 MiB: milliseconds, steadier than tiny messages on a busy machine
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("cal") / "cluster.json")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert calibrate.main(["--out", path, "--ranks", "2", "--quick"]) == 0
+    return path, out.getvalue()
+
+
+def _direct_worker(rank, world, init_file, sizes, result_path):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(init_file, world), rank=rank, world_size=world)
+    medians = []
+    for nbytes in sizes:
+        x = torch.ones(nbytes // 4)
+        dist.all_reduce(x)
+        times = []
+        for _ in range(8):
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            times.append(time.perf_counter() - t0)
+        medians.append(statistics.median(times))
+    t = torch.tensor(medians, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        with open(result_path, "w") as f:
+            json.dump(t.tolist(), f)
+    dist.destroy_process_group()
+
+
+def _direct_all_reduce_seconds(sizes) -> list[float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "t.json")
+        old = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"
+        try:
+            mp.start_processes(_direct_worker, args=(2, os.path.join(tmp, "store"), list(sizes), result), nprocs=2,
+                               join=True, start_method="spawn")
+        finally:
+            os.environ.pop("OMP_NUM_THREADS") if old is None else os.environ.__setitem__("OMP_NUM_THREADS", old)
+        with open(result) as f:
+            return json.load(f)
+
+
+def test_quick_calibration_writes_a_loadable_resource_list(calibrated):
+    path, printed = calibrated
+    cluster = parse_cluster(path)
+    assert (cluster.nodes, cluster.devices_per_node, cluster.num_devices) == (1, 2, 2)
+    d = cluster.device
+    assert d.name == "cpu" and d.peak("fp32") > 1e9 and d.peak("bf16") > 1e8
+    assert 0 < d.matmul_efficiency <= 1 and d.mem_bandwidth > 1e8 and d.intra_node_bw > 1e6
+    assert 0 <= d.intra_node_latency < 0.1 and d.usable_memory() > 0
+    raw = json.loads(open(path).read())
+    m = raw["measurements"]
+    assert m["backend"] == "gloo" and m["ranks"] == 2 and m["quick"] is True
+    assert {"matmul", "memory_copy", "collectives", "fits"} <= set(m)
+    assert set(m["collectives"]) == {*calibrate.COLLECTIVES, "p2p"}
+    assert m["wall_time_s"] < 30
+    assert "matmul fp32" in printed and "all_reduce" in printed and path in printed
+
+
+def test_measured_all_reduce_agrees_with_a_direct_timing(calibrated):
+    path, _ = calibrated
+    cluster = parse_cluster(path)
+    measured = {p["bytes"]: p["seconds"] for p in json.loads(open(path).read())["measurements"]["collectives"]
+                ["all_reduce"] if p["ranks"] == 2}
+    direct = _direct_all_reduce_seconds(SIZES)
+    # the median ratio over three sizes, so that one disturbed timing on a shared machine does not decide
+    ratios = sorted(measured[b] / t for b, t in zip(SIZES, direct))
+    assert 1 / 3 < ratios[1] < 3, (ratios, direct)
+    # the fitted device predicts them through the cost model as well
+    group = comm.group_for(cluster, 2, 1)
+    ratios = sorted(comm.all_reduce(cluster, group, b) / t for b, t in zip(SIZES, direct))
+    assert 1 / 3 < ratios[1] < 3, (ratios, direct)
+
+
+def test_fit_recovers_alpha_and_beta():
+    alpha, beta = 50e-6, 2e9
+    pts = [{"ranks": k, "bytes": b, "seconds": 2 * (k - 1) * alpha + 2 * (k - 1) / k * b / beta}
+           for k in (2, 3, 4) for b in (1e3, 1e5, 1e7)]
+    f = calibrate.fit_alpha_beta("all_reduce", pts)
+    assert f["alpha_s"] == pytest.approx(alpha) and f["beta_bytes_per_s"] == pytest.approx(beta)
+    assert f["rel_rms_error"] < 1e-9
+    # latency-free data: alpha clamps at 0, not negative
+    f = calibrate.fit_alpha_beta("p2p", [{"ranks": 2, "bytes": b, "seconds": b / beta * (1.1 if b > 1e4 else 0.9)}
+                                         for b in (1e3, 1e5, 1e7)])
+    assert f["alpha_s"] >= 0 and f["beta_bytes_per_s"] > 0
+
+
+def test_too_few_ranks_is_a_user_error(tmp_path, capsys):
+    assert calibrate.main(["--out", str(tmp_path / "c.json"), "--ranks", "1"]) == 2
+    assert "at least 2 ranks" in capsys.readouterr().err
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_default_ranks():
+    assert 2 <= calibrate.default_ranks() <= 4

@@ -1,0 +1,108 @@
+"""Tree all-reduce and the ring/tree choice, all-to-all, broadcast: hand-computed from the formulas in
+costmodel/comm.py's docstring with the A100-80GB preset (alpha_i 5 us, beta_i 600 GB/s; alpha_e 10 us,
+beta_e 25 GB/s)."""
+import pytest
+
+from costmodel import comm
+from costmodel.hardware import parse_cluster
+
+ONE_NODE = parse_cluster("8xA100-80GB")
+FOUR_NODES = parse_cluster("4x8xA100-80GB")
+BIG = parse_cluster("64x8xA100-80GB")
+
+
+def test_reference_figures_used_below():
+    d = ONE_NODE.device
+    assert (d.intra_node_latency, d.intra_node_bw, d.inter_node_latency, d.inter_node_bw) == (5e-6, 600e9, 10e-6, 25e9)
+
+
+def test_inside_a_node_the_chain_never_beats_the_ring():
+    g = comm.group_for(ONE_NODE, 8, 1)
+    # ring: 2*7*5e-6 + 2*7/8*1e6/600e9; chain "tree": 2*7*5e-6 + 2*1e6/600e9
+    assert comm.ring_all_reduce(ONE_NODE, g, 1e6) == pytest.approx(7.2916667e-5)
+    assert comm.tree_all_reduce(ONE_NODE, g, 1e6) == pytest.approx(7.3333333e-5)
+    for nbytes in (1e2, 1e6, 1e9):
+        assert comm.all_reduce_algorithm(ONE_NODE, g, nbytes) == "ring"
+    assert comm.all_reduce_crossover(ONE_NODE, g) == 0.0
+
+
+def test_double_binary_tree_across_nodes():
+    g = comm.group_for(BIG, 64, 8)  # one rank on each of 64 nodes
+    assert (g.nodes, g.per_node) == (64, 1)
+    # ring: 2*63*10e-6 + 2*63/64*B/25e9; tree: 2*log2(64)*10e-6 + 2*B/25e9
+    assert comm.ring_all_reduce(BIG, g, 1e6) == pytest.approx(1.33875e-3)
+    assert comm.tree_all_reduce(BIG, g, 1e6) == pytest.approx(2.0e-4)
+    assert comm.ring_all_reduce(BIG, g, 1e9) == pytest.approx(0.08001)
+    assert comm.tree_all_reduce(BIG, g, 1e9) == pytest.approx(0.08012)
+    assert comm.all_reduce(BIG, g, 1e6) == pytest.approx(2.0e-4)
+    assert comm.all_reduce(BIG, g, 1e9) == pytest.approx(0.08001)
+    # crossover: (1.26e-3 - 1.2e-4) / (2/25e9 - 2*63/64/25e9) = 9.12e8 bytes
+    assert comm.all_reduce_crossover(BIG, g) == pytest.approx(9.12e8)
+    assert comm.all_reduce_algorithm(BIG, g, 9.0e8) == "tree"
+    assert comm.all_reduce_algorithm(BIG, g, 9.3e8) == "ring"
+
+
+def test_tree_with_chains_inside_nodes():
+    g = comm.group_for(FOUR_NODES, 32, 1)  # 8 per node on 4 nodes
+    # ring: 2*(7*5e-6 + 7/8*1e6/600e9) + 2*3*10e-6 + 2*3/4*(1e6/8)/25e9
+    assert comm.ring_all_reduce(FOUR_NODES, g, 1e6) == pytest.approx(1.4041667e-4)
+    # tree: 2*7*5e-6 + 2*1e6/600e9 + 2*2*10e-6 + 2*1e6/(8*25e9)
+    assert comm.tree_all_reduce(FOUR_NODES, g, 1e6) == pytest.approx(1.2333333e-4)
+    assert comm.all_reduce(FOUR_NODES, g, 1e6) == pytest.approx(1.2333333e-4)
+
+
+@pytest.mark.parametrize("cluster,size,stride", [(BIG, 64, 8), (BIG, 512, 1), (FOUR_NODES, 32, 1), (BIG, 128, 4)])
+def test_tree_wins_small_ring_wins_large(cluster, size, stride):
+    g = comm.group_for(cluster, size, stride)
+    assert comm.tree_all_reduce(cluster, g, 1e3) < comm.ring_all_reduce(cluster, g, 1e3)
+    assert comm.ring_all_reduce(cluster, g, 1e10) < comm.tree_all_reduce(cluster, g, 1e10)
+    for nbytes in (1e3, 1e6, 1e8, 1e10):
+        assert comm.all_reduce(cluster, g, nbytes) == min(comm.ring_all_reduce(cluster, g, nbytes),
+                                                           comm.tree_all_reduce(cluster, g, nbytes))
+
+
+def test_affine_linearises_one_algorithm():
+    g = comm.group_for(BIG, 64, 8)
+    lat, per_byte = comm.affine(comm.all_reduce, BIG, g)
+    assert (lat, per_byte) == (pytest.approx(1.26e-3), pytest.approx(2 * 63 / 64 / 25e9))
+    cross = comm.all_reduce_crossover(BIG, g)
+    for nbytes in (cross * 1.01, 3e9):  # exact where the ring is chosen
+        assert lat + per_byte * nbytes == pytest.approx(comm.all_reduce(BIG, g, nbytes), rel=1e-9)
+    assert lat + per_byte * 1e6 > comm.all_reduce(BIG, g, 1e6)  # an upper bound below the crossover
+    t_lat, t_pb = comm.affine(comm.all_reduce, BIG, g, algorithm="tree")
+    assert (t_lat, t_pb) == (pytest.approx(1.2e-4), pytest.approx(2 / 25e9))
+    with pytest.raises(ValueError, match="one all-reduce algorithm"):
+        comm.affine(comm.all_reduce, BIG, g, algorithm="auto")
+    with pytest.raises(ValueError, match="accepted: auto, ring, tree"):
+        comm.all_reduce(BIG, g, 1e6, algorithm="halving")
+
+
+def test_all_to_all():
+    g = comm.group_for(ONE_NODE, 8, 1)
+    # 7 * (5e-6 + (8e6/8)/600e9)
+    assert comm.all_to_all(ONE_NODE, g, 8e6) == pytest.approx(4.6666667e-5)
+    two = parse_cluster("2x8xA100-80GB")
+    g16 = comm.group_for(two, 16, 1)
+    # 7 peers on the node + 8 off it, 1e6 bytes each: 7*(5e-6 + 1e6/600e9) + 8*(10e-6 + 1e6/25e9)
+    assert comm.all_to_all(two, g16, 16e6) == pytest.approx(4.4666667e-4)
+    assert comm.all_to_all(two, comm.Group(1, 1), 16e6) == 0.0
+    lat, pb = comm.affine(comm.all_to_all, two, g16)
+    assert lat + pb * 5e7 == pytest.approx(comm.all_to_all(two, g16, 5e7))
+
+
+def test_broadcast_binomial_small_pipelined_ring_large():
+    g = comm.group_for(ONE_NODE, 8, 1)
+    # binomial 3*(5e-6 + 1e3/600e9) beats the ring 7*5e-6 + 1e3/600e9
+    assert comm.broadcast(ONE_NODE, g, 1e3) == pytest.approx(1.5005e-5)
+    # ring 7*5e-6 + 1e9/600e9 beats binomial 3*(5e-6 + 1e9/600e9)
+    assert comm.broadcast(ONE_NODE, g, 1e9) == pytest.approx(1.7016667e-3)
+    g32 = comm.group_for(FOUR_NODES, 32, 1)
+    # leaders across 4 nodes, then inside: min(2*(1e-5 + 1e9/25e9), 3e-5 + 1e9/25e9) + 1.7016667e-3
+    assert comm.broadcast(FOUR_NODES, g32, 1e9) == pytest.approx(0.04003 + 1.7016667e-3)
+
+
+def test_zero_sizes_and_singletons_are_free():
+    g = comm.group_for(BIG, 64, 8)
+    for f in (comm.all_reduce, comm.ring_all_reduce, comm.tree_all_reduce, comm.all_to_all):
+        assert f(BIG, g, 0) == 0.0 and f(BIG, comm.Group(1, 1), 1e6) == 0.0
+    assert comm.broadcast(BIG, comm.Group(1, 1), 1e6) == 0.0

@@ -284,17 +284,19 @@ def calibrate(out_path, ranks: int | None = None, quick: bool = False) -> dict:
         memory = float(torch.cuda.get_device_properties(0).total_memory)
         reserved = 2 * 2**30 if memory > 4 * 2**30 else memory / 4
         host_bw = base.host_bw
+        host_memory = _physical_memory() / max(1, torch.cuda.device_count())  # offload room per GPU
         name = torch.cuda.get_device_name(0)
     else:
         memory = _physical_memory() / ranks
         reserved = min(base.reserved_bytes, memory / 4)
         host_bw = copy["bytes_per_s"]
+        host_memory = 0.0  # a CPU's memory already is host memory: nothing to offload to
         name = "cpu"
     dev = Device(name=name, peak_flops={"bf16": peak["bf16"], "fp32": peak["fp32"]}, memory_bytes=memory,
                  mem_bandwidth=copy["bytes_per_s"], intra_node_bw=ar["beta_bytes_per_s"],
                  inter_node_bw=ar["beta_bytes_per_s"], matmul_efficiency=min(1.0, efficiency),
                  intra_node_latency=ar["alpha_s"], inter_node_latency=ar["alpha_s"], host_bw=host_bw,
-                 reserved_bytes=reserved)
+                 reserved_bytes=reserved, host_memory_bytes=host_memory)
     host = os.uname().nodename if hasattr(os, "uname") else "host"
     cluster = Cluster(nodes=1, devices_per_node=ranks, device=dev, spec=host)
     measurements = {

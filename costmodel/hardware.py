@@ -48,6 +48,9 @@ class Device:
     """Device <-> host memory bytes/s (PCIe 4.0 x16 ~25 GB/s), for offload."""
     reserved_bytes: float = 2 * GiB
     """Memory not available to the plan: CUDA context, allocator fragmentation, workspaces."""
+    host_memory_bytes: float = 0.0
+    """Host DRAM this device may fill with offloaded activations and states (its share of the node's);
+    0 where the device's memory already is host memory (a CPU), which rules offload out."""
 
     def usable_memory(self) -> float:
         return self.memory_bytes - self.reserved_bytes
@@ -56,21 +59,22 @@ class Device:
         return self.peak_flops["bf16" if dtype in ("bf16", "fp16") else "fp32"]
 
 
-def _gpu(name, bf16_tflops, fp32_tflops, mem_gb, hbm_gbs, nvlink_gbs, nic_gbs):
+def _gpu(name, bf16_tflops, fp32_tflops, mem_gb, hbm_gbs, nvlink_gbs, nic_gbs, host_gb):
     return Device(name=name, peak_flops={"bf16": bf16_tflops * 1e12, "fp32": fp32_tflops * 1e12},
                   memory_bytes=mem_gb * GB, mem_bandwidth=hbm_gbs * GB, intra_node_bw=nvlink_gbs * GB,
-                  inter_node_bw=nic_gbs * GB)
+                  inter_node_bw=nic_gbs * GB, host_memory_bytes=host_gb * GB)
 
 
 # REFERENCE.md "Hardware". Off-node bandwidth per GPU: Selene has 8 HDR HCAs (200 Gb/s = 25 GB/s) per
-# 8-GPU node; Llama 3's H100 cluster 400 Gb/s (50 GB/s) per GPU.
+# 8-GPU node; Llama 3's H100 cluster 400 Gb/s (50 GB/s) per GPU. Host memory per GPU: the DGX node's
+# DRAM over its 8 GPUs (DGX-1 V100 512 GB, DGX A100 1 TB, DGX H100/H200 2 TB).
 DEVICES: dict[str, Device] = {d.name: d for d in [
-    _gpu("V100-16GB", 125, 15.7, 16, 900, 300, 12.5),
-    _gpu("V100-32GB", 125, 15.7, 32, 900, 300, 12.5),
-    _gpu("A100-40GB", 312, 19.5, 40, 1555, 600, 25),
-    _gpu("A100-80GB", 312, 19.5, 80, 2039, 600, 25),
-    _gpu("H100-80GB", 989, 67, 80, 3350, 900, 50),
-    _gpu("H200-141GB", 989, 67, 141, 4800, 900, 50),
+    _gpu("V100-16GB", 125, 15.7, 16, 900, 300, 12.5, 64),
+    _gpu("V100-32GB", 125, 15.7, 32, 900, 300, 12.5, 64),
+    _gpu("A100-40GB", 312, 19.5, 40, 1555, 600, 25, 128),
+    _gpu("A100-80GB", 312, 19.5, 80, 2039, 600, 25, 128),
+    _gpu("H100-80GB", 989, 67, 80, 3350, 900, 50, 256),
+    _gpu("H200-141GB", 989, 67, 141, 4800, 900, 50, 256),
     # One CPU process of a small host, gloo over loopback. Rough defaults measured on the 2-core
     # development machine (TORCH-NOTES.md: 64 MB all_reduce ~72 ms on 2 ranks); `partita calibrate`
     # measures the real figures.

@@ -30,7 +30,7 @@ def _spec_for(model, example_inputs) -> ModelSpec:
 
 
 def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConfig,
-                progress=None) -> tuple[SearchResult, Plan]:
+                progress=None, baselines: bool = False) -> tuple[SearchResult, Plan]:
     """Capture, cost and search; returns the search (every candidate, for notebooks) and the chosen Plan."""
     spec = with_seq(_spec_for(model, example_inputs), train.seq_len)
     cl = parse_cluster(cluster) if isinstance(cluster, str) else cluster
@@ -39,12 +39,18 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     result = search(graph, cl, train, progress=progress)
     fingerprint = _fingerprint(spec)
     p = build_plan(result, spec.name, fingerprint, spec.config)
+    if baselines:
+        from planner.baselines import run_baselines
+        p.baselines = run_baselines(graph, cl, train)
     p.solver["total_s"] = time.perf_counter() - t0
     return result, p
 
 
-def plan(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConfig, progress=None) -> Plan:
-    return plan_search(model, example_inputs, cluster=cluster, train=train, progress=progress)[1]
+def plan(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConfig, progress=None,
+         baselines: bool = False) -> Plan:
+    """Capture `model`, cost it for `cluster`, and return the fastest plan that fits (see DESIGN.md)."""
+    return plan_search(model, example_inputs, cluster=cluster, train=train, progress=progress,
+                       baselines=baselines)[1]
 
 
 def _fingerprint(spec: ModelSpec) -> str:

@@ -82,7 +82,7 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
         for grp, v in zip(mine, _layer_choices(c, counts[s])):
             blocks.append(BlockChoice(fqn=grp, stage=s, sharding=v.sharding, recompute=v.recompute,
                                       offload_activations=v.offload_activations,
-                                      offload_optimizer=v.offload_optimizer))
+                                      offload_states=v.offload_states))
             if v.sharding == "tensor":
                 ref = result.layers[0]
                 placements.update({f"{grp}.{k[len(ref) + 1:]}": style for k, style in v.base.placements.items()})

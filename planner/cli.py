@@ -34,7 +34,7 @@ def _cmd_plan(args) -> int:
     if not args.json and sys.stderr.isatty():
         def progress(i, n):
             print(f"\r  searching {i + 1}/{n} candidates", end="", file=sys.stderr, flush=True)
-    p = make_plan(args.model, cluster=cluster, train=train, progress=progress)
+    p = make_plan(args.model, cluster=cluster, train=train, progress=progress, baselines=args.baselines)
     if progress:
         print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
     if args.out:
@@ -57,14 +57,27 @@ def _cmd_explain(args) -> int:
 def _cmd_run(args) -> int:
     from planner.plan import Plan
     plan = Plan.load(args.plan)  # validate before launching anything
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    # the runtime's own pre-flight (model fingerprint, world size, module names) in one process, so a
+    # mismatch is one line and exit code 2 rather than a torchrun failure
+    check = subprocess.run([sys.executable, "-m", "runtime.train", args.plan, "--model", args.model, "--check"],
+                           env=env, capture_output=True, text=True)
+    if check.returncode != 0:
+        sys.stderr.write(check.stderr or check.stdout)
+        return 2 if check.returncode == 2 else check.returncode
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={plan.mesh.world_size}", "-m", "runtime.train", args.plan,
            "--model", args.model, "--steps", str(args.steps)]
     if args.verify:
         cmd.append("--verify")
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
     return subprocess.call(cmd, env=env)
+
+
+def _cmd_calibrate(args) -> int:
+    from costmodel.calibrate import main as calibrate_main
+    argv = ["--out", args.out] + (["--ranks", str(args.ranks)] if args.ranks else []) + (["--quick"] if args.quick else [])
+    return calibrate_main(argv)
 
 
 def _cmd_models(args) -> int:
@@ -94,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training precision (default: bf16 on GPUs, fp32 on cpu)")
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     p.add_argument("--schedule", choices=["1F1B", "GPipe"], default="1F1B")
+    p.add_argument("--baselines", action="store_true",
+                   help="also plan DDP, FSDP, Megatron TP x PP and recompute-everything under the same cost model")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--out", help="also write the plan to this file")
     p.set_defaults(func=_cmd_plan)
@@ -109,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--steps", type=int, default=10)
     r.add_argument("--verify", action="store_true", help="also train in one process and compare the losses")
     r.set_defaults(func=_cmd_run)
+
+    c = sub.add_parser("calibrate", help="measure this machine's devices and links into a resource list",
+                       epilog="example: partita calibrate --out cluster.json && "
+                              "partita plan --model tiny-gpt --cluster cluster.json --global-batch 8")
+    c.add_argument("--out", required=True, help="resource list (JSON) to write")
+    c.add_argument("--ranks", type=int, default=None, help="local ranks for the collective measurements (>= 2)")
+    c.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (~5 s)")
+    c.set_defaults(func=_cmd_calibrate)
 
     m = sub.add_parser("models", help="list the built-in model presets")
     m.set_defaults(func=_cmd_models)

@@ -94,7 +94,18 @@ def explain(plan) -> str:
                      f"{s.get('candidates_solved', '?')} of {s.get('candidates', '?')} candidates solved "
                      f"(the rest pruned by a lower bound); search {s.get('wall_time_s', 0):.2f}s, "
                      f"capture {s.get('capture_s', 0):.2f}s ({s.get('graph_nodes', '?')} operators)")
-    for b in plan.baselines:
-        p = b.get("predicted") or {}
-        lines.append(f"  baseline     {b['name']:<24} " + (f"step {p['step_time_s']:.4g}s" if p else "does not fit"))
+    if plan.baselines:
+        lines.append("")
+        lines.append("  baselines (same cost model and solver)")
+        ours = pred.get("step_time_s") if pred else None
+        for b in plan.baselines:
+            p = b.get("predicted") or {}
+            if not p:
+                lines.append(f"    {b['name']:<24} does not fit")
+                continue
+            m = b["mesh"]
+            mesh = f"pp={m['pp']} dp={m['dp']} tp={m['tp']} ZeRO-{m['zero_stage']} mb={m['micro_batch_size']}"
+            speed = f"  plan is {p['step_time_s'] / ours:.2f}x faster" if ours else ""
+            lines.append(f"    {b['name']:<24} step {p['step_time_s']:.4g}s, {p['tflops_per_device']:.3g} TFLOP/s, "
+                         f"MFU {100 * p['mfu']:.1f}%  ({mesh}){speed}")
     return "\n".join(lines)

@@ -68,6 +68,9 @@ class StageProblem:
     option_host_state: np.ndarray | None = None   # V_o, bytes
     option_host_act: np.ndarray | None = None     # U_o, bytes per micro-batch
     host_capacity: float = float("inf")           # H
+    option_rank: np.ndarray | None = None
+    """Tie-break weights (recompute / offload machinery): epsilon * sum h * rank is added to the objective
+    so that among equally fast plans the plainest wins; epsilon is far below the mip gap."""
 
     def scaled(self) -> "StageProblem":
         """The same program in units where the capacity and the largest time are 1 (HiGHS is sensitive
@@ -84,7 +87,7 @@ class StageProblem:
             time_limit_s=self.time_limit_s, mip_rel_gap=self.mip_rel_gap, must_use=self.must_use,
             option_host_state=None if self.option_host_state is None else self.option_host_state / hm,
             option_host_act=None if self.option_host_act is None else self.option_host_act / hm,
-            host_capacity=self.host_capacity / hm)
+            host_capacity=self.host_capacity / hm, option_rank=self.option_rank)
     time_limit_s: float = 3.0
     mip_rel_gap: float = 5e-3
     """Stop when the incumbent is proven within this fraction of the optimum (0: exact). 0.5% is well
@@ -174,6 +177,8 @@ def solve_stages(original: StageProblem, cutoff: float | None = None) -> StageSo
     constraints += add_option_use_constraint(h, prob)
     constraints += add_host_memory_constraint(h, prob)
     objective = (prob.num_microbatches - 1) * t_max + cp.sum(stage_time_expr(h, prob)) + d_max
+    if prob.option_rank is not None and prob.option_rank.any():
+        objective = objective + 1e-7 * cp.sum(h @ prob.option_rank) / max(1, prob.num_layers)
     problem = cp.Problem(cp.Minimize(objective), constraints)
     t0 = time.perf_counter()
     opts = {"time_limit": prob.time_limit_s, "mip_rel_gap": prob.mip_rel_gap}

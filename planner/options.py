@@ -15,8 +15,11 @@ Model-state bytes per rank (n parameters on this rank after tensor parallelism; 
 SC'20, with p, g, o bytes per parameter of parameters, gradients, optimizer state; d = dp degree):
     stage 0:  (p + g + o) n        stage 1:  (p + g) n + o n / d
     stage 2:  p n + (g + o) n / d  stage 3:  (p + g + o) n / d
-Optimizer offload moves the o part to host memory; the step then runs on the CPU
-(n_opt * step traffic / HOST_MEMORY_BW) after the gradients go down and parameters come up the host link.
+State offload (FSDP2's CPUOffloadPolicy, so ZeRO-3 only) keeps the sharded parameters, gradients and
+optimizer state in host memory: each micro-batch copies the parameter shard up and the gradient shard
+down the host link (overlapped like the all-gathers), and the optimizer step runs on the CPU
+(n / d * step traffic / HOST_MEMORY_BW). Offload is only offered on devices with their own memory
+(`Device.host_memory_bytes > 0`; a `cpu` device's memory already is host memory).
 
 After-flush time D (seconds): stages 0-1 all-reduce the gradients (stage 1 as reduce-scatter + all-gather,
 the same volume, 2 Psi); stages 2-3 already reduced them per micro-batch. Then the optimizer step over the
@@ -34,8 +37,6 @@ from costmodel.memory import StateBytes
 from planner.strategies import BlockOption
 
 RECOMPUTE = ("none", "selective", "full")
-HOST_MEMORY_PER_DEVICE = 128e9
-"""Host DRAM one device may fill with offloaded state: a DGX A100 has 1 TB for 8 GPUs (a DGX H100 2 TB)."""
 HOST_MEMORY_BW = 50e9
 """Host DRAM bytes/s available to one device's CPU optimizer step (a DDR4/5 server socket shared by its
 GPUs); used only for optimizer offload."""
@@ -46,7 +47,7 @@ class Variant:
     base: BlockOption
     recompute: str = "none"
     offload_activations: bool = False
-    offload_optimizer: bool = False
+    offload_states: bool = False
     # costs, filled by cost_variant
     time: float = 0.0
     state: float = 0.0
@@ -65,18 +66,26 @@ class Variant:
         return self.base.name
 
     @property
+    def complexity(self) -> int:
+        """How much machinery the variant needs; breaks ties between equally fast plans toward the plainest."""
+        return RECOMPUTE.index(self.recompute) + 2 * self.offload_activations + 2 * self.offload_states
+
+    @property
     def label(self) -> str:
         parts = [self.sharding, f"recompute={self.recompute}"]
         if self.offload_activations:
             parts.append("offload-activations")
-        if self.offload_optimizer:
-            parts.append("offload-optimizer")
+        if self.offload_states:
+            parts.append("offload-states")
         return " ".join(parts)
 
 
-def zero_state_bytes(n: float, sb: StateBytes, zero: int, dp: int, offload_optimizer: bool = False) -> float:
+def zero_state_bytes(n: float, sb: StateBytes, zero: int, dp: int, offload_states: bool = False) -> float:
     """Device bytes of model state for n parameters under a ZeRO stage (module docstring)."""
-    o = 0 if offload_optimizer else sb.optimizer
+    if offload_states:
+        assert zero == 3, "state offload is FSDP2's CPUOffloadPolicy: ZeRO-3 only"
+        return 0.0
+    o = sb.optimizer
     if zero == 0:
         return (sb.param + sb.grad + o) * n
     if zero == 1:
@@ -104,14 +113,16 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     ag = comm.all_gather(cluster, dp_group, n * sb.param)
     rs = comm.reduce_scatter(cluster, dp_group, n * sb.grad)
     v.zero_comm = {0: 0.0, 1: 0.0, 2: ag + rs, 3: 2 * ag + rs}[zero] if dp > 1 else 0.0
+    if v.offload_states:  # parameter shard up, gradient shard down, every micro-batch
+        v.zero_comm += n / dp * (sb.param + sb.grad) / dev.host_bw
     v.time = max(v.compute, v.zero_comm, v.offload_traffic) + v.tp_comm
-    v.state = zero_state_bytes(n, sb, zero, dp, v.offload_optimizer)
-    v.host_state = (zero_state_bytes(n, sb, zero, dp) - v.state) if v.offload_optimizer else 0.0
+    v.state = zero_state_bytes(n, sb, zero, dp, v.offload_states)
+    v.host_state = (zero_state_bytes(n, sb, zero, dp) - v.state) if v.offload_states else 0.0
     _, per_byte = comm.affine(comm.all_reduce, cluster, dp_group)
     v.dp_comm = n * sb.grad * per_byte if zero <= 1 else 0.0
     n_opt = n / dp if zero >= 1 else n
-    if v.offload_optimizer:
-        step = n_opt * sb.step_traffic / HOST_MEMORY_BW + n_opt * (sb.grad + sb.param) / dev.host_bw
+    if v.offload_states:
+        step = n_opt * sb.step_traffic / HOST_MEMORY_BW
     else:
         step = n_opt * sb.step_traffic / dev.mem_bandwidth
     v.flush = v.dp_comm + step
@@ -126,13 +137,14 @@ def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: i
     and disappears; if every tensor-parallel variant is dominated instead, the mesh's tp ranks would
     only duplicate work and the caller drops the candidate (no tensor variant is returned).
     """
+    allow_offload = allow_offload and cluster.device.host_memory_bytes > 0
     out: list[Variant] = []
     for base in bases:
         for r in allow_recompute:
             for off_a in ((False, True) if allow_offload else (False,)):
                 if off_a and r == "full":
                     continue  # the layer input alone: nothing worth the host link
-                for off_o in ((False, True) if allow_offload else (False,)):
+                for off_o in ((False, True) if allow_offload and zero == 3 else (False,)):
                     out.append(cost_variant(Variant(base, r, off_a, off_o), cluster, sb, zero, dp, tp, b))
     return pareto(out)
 

@@ -15,7 +15,9 @@ Shape (the keys scripts rely on are marked *; see DESIGN.md):
     schedule*    {"name", "num_microbatches", "micro_batch_size"}
     stages       [{"index", "modules": [fqn ...], "split_at": fqn | null}]
     blocks       [{"fqn", "stage", "sharding": "replicate" | "tensor", "recompute": "none" | "selective" |
-                  "full", "offload_activations": bool, "offload_optimizer": bool}]
+                  "full", "offload_activations": bool, "offload_states": bool}]
+                 offload_states: the block's sharded parameters, gradients and optimizer state live in
+                 host memory (FSDP2 CPUOffloadPolicy; needs zero_stage 3)
     zero_stage   0-3: ZeRO sharding of parameters, gradients and optimizer state over the dp axis
     placements   {module fqn: "colwise" | "rowwise"}   tensor-parallel layers; absent = replicated
     predicted*   {"step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "peak_memory_bytes",
@@ -80,7 +82,7 @@ class BlockChoice:
     sharding: str = "replicate"
     recompute: str = "none"
     offload_activations: bool = False
-    offload_optimizer: bool = False
+    offload_states: bool = False
 
 
 @dataclass(kw_only=True)
@@ -171,9 +173,9 @@ class Plan:
             recompute = b.get("recompute", "none")
             if recompute not in RECOMPUTE:
                 raise PlanError(f"blocks[{i}].recompute is {recompute!r}; accepted: {list(RECOMPUTE)}")
-            flags = {k: b.get(k, False) for k in ("offload_activations", "offload_optimizer")}
+            flags = {k: b.get(k, False) for k in ("offload_activations", "offload_states")}
             if not all(isinstance(v, bool) for v in flags.values()):
-                raise PlanError(f"blocks[{i}].offload_activations / offload_optimizer must be true or false")
+                raise PlanError(f"blocks[{i}].offload_activations / offload_states must be true or false")
             blocks.append(BlockChoice(fqn=b["fqn"], stage=b["stage"], sharding=b["sharding"],
                                       recompute=recompute, **flags))
         placements = _obj(data.get("placements", {}), "placements")
@@ -185,6 +187,8 @@ class Plan:
         zero = data.get("zero_stage", 0)
         if zero not in (0, 1, 2, 3) or isinstance(zero, bool):
             raise PlanError(f"zero_stage is {zero!r}; accepted: 0, 1, 2, 3")
+        if zero != 3 and any(b.offload_states for b in blocks):
+            raise PlanError("offload_states needs zero_stage 3 (FSDP2 offloads sharded states)")
         train = _obj(data["train"], "train")
         gb = train.get("global_batch")
         if not isinstance(gb, int) or gb != mesh.dp * schedule.num_microbatches * schedule.micro_batch_size:

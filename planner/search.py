@@ -27,7 +27,7 @@ from costmodel.graph import OpGraph
 from costmodel.hardware import Cluster, GiB
 from costmodel.memory import state_bytes
 from planner.milp import StageProblem, StageSolution, solve_stages, min_memory
-from planner.options import HOST_MEMORY_PER_DEVICE, RECOMPUTE, Variant, cost_variant, variants
+from planner.options import RECOMPUTE, Variant, cost_variant, variants
 from planner.strategies import BlockOption, replicate_option, tensor_option
 
 
@@ -62,7 +62,10 @@ class SearchSpace:
     name: str = "partita"
     tp: tuple[int, ...] | None = None          # None: every divisor of the node size
     pp: tuple[int, ...] | None = None
-    zero: tuple[int, ...] = (0, 1, 2, 3)
+    zero: tuple[int, ...] = (0, 2, 3)
+    """ZeRO stages to consider. Stage 1 is costed (planner.options) but not searched by default: PyTorch
+    has no native ZeRO-1 that composes with DTensor tensor parallelism and pipelining, while FSDP2 gives
+    stage 3, and stage 2 with reshard_after_forward=False."""
     recompute: tuple[str, ...] = RECOMPUTE
     offload: bool = True
     min_pp: bool = False
@@ -196,7 +199,8 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
         must_use=np.array([tp > 1 and v.sharding == "tensor" for v in opts] or [False]),
         option_host_state=np.array([v.host_state for v in opts] or [0.0]),
         option_host_act=np.array([v.host_act for v in opts] or [0.0]),
-        host_capacity=HOST_MEMORY_PER_DEVICE)
+        host_capacity=cluster.device.host_memory_bytes,
+        option_rank=np.array([v.complexity for v in opts] or [0], dtype=float))
     t_min = problem.option_time.min()
     lb = ((m + pp - 1) / pp * (len(layers) * t_min + extra_time.sum())
           + (len(layers) * problem.option_flush.min() + e["flush"].sum()) / pp)

@@ -118,6 +118,14 @@ class Plan:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
 
+    MEASURED = ("wall_time_s", "capture_s", "total_s")
+
+    def canonical_json(self) -> str:
+        """The plan without the solver's measured wall times: byte-identical for identical inputs."""
+        d = self.to_dict()
+        d["solver"] = {k: v for k, v in d["solver"].items() if k not in self.MEASURED}
+        return json.dumps(d, indent=2) + "\n"
+
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
 

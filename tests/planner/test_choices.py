@@ -62,8 +62,8 @@ def _independent_state_bytes(plan: Plan, graph) -> list[float]:
         # ZeRO (REFERENCE.md): stage 1 shards optimizer state, 2 also gradients, 3 also parameters
         shard = {0: (1, 1, 1), 1: (1, 1, plan.mesh.dp), 2: (1, plan.mesh.dp, plan.mesh.dp),
                  3: (plan.mesh.dp,) * 3}[plan.zero_stage]
-        opt = 0 if block.offload_optimizer else sb.optimizer
-        per_stage[block.stage] += numel * (sb.param / shard[0] + sb.grad / shard[1] + opt / shard[2])
+        if not block.offload_states:  # offloaded shards live in host memory
+            per_stage[block.stage] += numel * (sb.param / shard[0] + sb.grad / shard[1] + sb.optimizer / shard[2])
     return per_stage
 
 

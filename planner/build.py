@@ -29,7 +29,8 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     exposed_offload = counts[s_star][offload_mask] @ (col("time") - col("compute") - col("tp_comm"))[offload_mask] \
         if offload_mask.any() else 0.0
     zero_exposed = hidden_exposed - exposed_offload
-    bubble = float(sol.stage_time.sum() - sol.stage_time[s_star])
+    # objective = m tau* + (sum tau - tau*) / v + flush: fill and drain shrink v-fold when interleaved
+    bubble = float(sol.stage_time.sum() - sol.stage_time[s_star]) / c.virtual_stages
     f_star = int(np.argmax(sol.stage_flush))
     dp_comm = float(counts[f_star] @ col("dp_comm") + parts["e_dp"][f_star])
     optimizer = float(sol.stage_flush[f_star] - dp_comm)
@@ -72,22 +73,32 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
     c = candidate or result.best
     assert c is not None and c.solution is not None and c.solution.feasible
     counts = c.solution.counts
+    p, v = c.pp, c.virtual_stages
+    # device s holds counts[s] layers in v chunks (sizes differ by at most one); virtual stage
+    # chunk * p + s runs on device s, and layers flow through virtual stages in model order
+    per_device = [_layer_choices(c, counts[s]) if result.layers else [] for s in range(p)]
+    chunks = [[len(per_device[s]) // v + (1 if k < len(per_device[s]) % v else 0) for k in range(v)]
+              for s in range(p)]
+    taken = [0] * p
     stages, blocks, placements = [], [], {}
     start = 0
-    for s in range(c.pp):
-        n_s = int(counts[s].sum()) if result.layers else 0
-        mine = result.layers[start:start + n_s]
-        modules = (result.prefix if s == 0 else []) + mine + (result.suffix if s == c.pp - 1 else [])
-        stages.append(Stage(index=s, modules=modules, split_at=None if s == 0 else mine[0]))
-        for grp, v in zip(mine, _layer_choices(c, counts[s])):
-            blocks.append(BlockChoice(fqn=grp, stage=s, sharding=v.sharding, recompute=v.recompute,
-                                      offload_activations=v.offload_activations,
-                                      offload_states=v.offload_states))
-            if v.sharding == "tensor":
+    for index in range(p * v):
+        k, s = divmod(index, p)
+        n = chunks[s][k]
+        mine = result.layers[start:start + n]
+        choices = per_device[s][taken[s]:taken[s] + n]
+        taken[s] += n
+        modules = (result.prefix if index == 0 else []) + mine + (result.suffix if index == p * v - 1 else [])
+        stages.append(Stage(index=index, modules=modules, split_at=None if index == 0 else mine[0]))
+        for grp, var in zip(mine, choices):
+            blocks.append(BlockChoice(fqn=grp, stage=index, sharding=var.sharding, recompute=var.recompute,
+                                      offload_activations=var.offload_activations,
+                                      offload_states=var.offload_states))
+            if var.sharding == "tensor":
                 ref = result.layers[0]
-                placements.update({f"{grp}.{k[len(ref) + 1:]}": style for k, style in v.base.placements.items()})
-        start += n_s
-    for s, extra in ((0, result.prefix), (c.pp - 1, result.suffix)):
+                placements.update({f"{grp}.{key[len(ref) + 1:]}": st for key, st in var.base.placements.items()})
+        start += n
+    for s, extra in ((0, result.prefix), (p * v - 1, result.suffix)):
         for grp in extra:
             blocks.append(BlockChoice(fqn=grp, stage=s, sharding="replicate"))
     blocks.sort(key=lambda b: result.graph.groups.index(b.fqn))
@@ -101,7 +112,8 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
         train={"global_batch": train.global_batch, "seq_len": result.graph.seq_len, "dtype": train.dtype,
                "optimizer": train.optimizer},
         mesh=Mesh(pp=c.pp, dp=c.dp, tp=c.tp),
-        schedule=Schedule(name=train.schedule, num_microbatches=c.num_microbatches, micro_batch_size=c.micro_batch),
+        schedule=Schedule(name=c.schedule, num_microbatches=c.num_microbatches, micro_batch_size=c.micro_batch,
+                          virtual_stages=c.virtual_stages),
         stages=stages, blocks=blocks, placements=placements, zero_stage=c.zero,
         predicted=predicted(result, c),
         solver={"status": c.solution.status, "wall_time_s": result.wall_time_s, "mip_gap": c.solution.mip_gap,

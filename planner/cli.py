@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None,
                    help="training precision (default: bf16 on GPUs, fp32 on cpu)")
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
-    p.add_argument("--schedule", choices=["1F1B", "GPipe"], default="1F1B")
+    p.add_argument("--schedule", choices=["auto", "1F1B", "GPipe", "Interleaved1F1B"], default="auto",
+                   help="pipeline schedule (default: the planner picks 1F1B or interleaved 1F1B)")
     p.add_argument("--baselines", action="store_true",
                    help="also plan DDP, FSDP, Megatron TP x PP and recompute-everything under the same cost model")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")

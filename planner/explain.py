@@ -53,21 +53,31 @@ def explain(plan) -> str:
     t = plan.train
     lines.append(f"  train        global batch {t['global_batch']}, seq {t.get('seq_len')}, {t.get('dtype')}, "
                  f"{t.get('optimizer')}")
+    zero = {0: "replicated model states", 2: "ZeRO-2 (FSDP2, no reshard after forward)",
+            3: "ZeRO-3 (FSDP2)"}.get(plan.zero_stage, f"ZeRO-{plan.zero_stage}")
     lines.append(f"  mesh         pp={mesh.pp} x dp={mesh.dp} x tp={mesh.tp}  ({mesh.world_size} ranks; "
-                 "tp fastest, then dp, then pp)")
-    lines.append(f"  schedule     {sched.name}, {sched.num_microbatches} micro-batches of {sched.micro_batch_size}")
+                 f"tp fastest, then dp, then pp); data parallel with {zero}")
+    chunks = f", {sched.virtual_stages} model chunks per pipeline rank" if sched.virtual_stages > 1 else ""
+    lines.append(f"  schedule     {sched.name}, {sched.num_microbatches} micro-batches of {sched.micro_batch_size}{chunks}")
     lines.append("")
-    lines.append("  stage  ranks            modules                                  sharding")
+    lines.append("  stage  ranks            modules                                  sharding, recompute, offload")
     by_stage: dict[int, list] = {}
     for b in plan.blocks:
         by_stage.setdefault(b.stage, []).append(b)
     per_stage = mesh.dp * mesh.tp
     for st in plan.stages:
-        kinds = sorted({b.sharding for b in by_stage.get(st.index, [])})
-        n_tensor = sum(b.sharding == "tensor" for b in by_stage.get(st.index, []))
-        shard = (f"tensor-parallel x{mesh.tp} ({n_tensor} blocks), rest replicated" if "tensor" in kinds
-                 else "replicated")
-        ranks = f"{st.index * per_stage}-{(st.index + 1) * per_stage - 1}"
+        mine = by_stage.get(st.index, [])
+        n_tensor = sum(b.sharding == "tensor" for b in mine)
+        shard = f"TP x{mesh.tp} on {n_tensor}" if n_tensor else "replicated"
+        rec = {r: sum(b.recompute == r for b in mine) for r in ("selective", "full")}
+        extras = [f"{k} recompute x{n}" for k, n in rec.items() if n]
+        if any(b.offload_activations for b in mine):
+            extras.append(f"act. offload x{sum(b.offload_activations for b in mine)}")
+        if any(b.offload_states for b in mine):
+            extras.append(f"state offload x{sum(b.offload_states for b in mine)}")
+        shard = ", ".join([shard, *extras])
+        rank = st.index % mesh.pp
+        ranks = f"{rank * per_stage}-{(rank + 1) * per_stage - 1}"
         lines.append(f"  {st.index:>5}  {ranks:<15}  {_ranges(st.modules):<40} {shard}")
     if plan.placements:
         styles = sorted({k.split(".")[-2] + "." + k.split(".")[-1] + "=" + v for k, v in plan.placements.items()})
@@ -81,10 +91,10 @@ def explain(plan) -> str:
         lines.append("  step time    " + ", ".join(f"{k[:-2].replace('_', ' ')} {v:.3g}s ({100 * v / step:.0f}%)"
                                                    for k, v in parts.items() if v > 0))
         cap = pred.get("memory_capacity_bytes", 0)
-        lines.append(f"  memory       per device, of {human_bytes(cap)} usable:")
+        lines.append(f"  memory       per device of each pipeline rank, of {human_bytes(cap)} usable:")
         for i, row in enumerate(pred.get("memory_per_stage", [])):
             cats = ", ".join(f"{k} {human_bytes(v)}" for k, v in row.items() if k != "total" and v > 0)
-            lines.append(f"    stage {i:<3} {_bar(row['total'], cap)} {human_bytes(row['total']):>10}  ({cats})")
+            lines.append(f"    pp rank {i:<3} {_bar(row['total'], cap)} {human_bytes(row['total']):>10}  ({cats})")
     s = plan.solver
     if s:
         lines.append("")

@@ -14,9 +14,9 @@ Because layers are identical only *how many* layers of each option a stage holds
 
 and the program (all linear; HiGHS via cvxpy) is
 
-    minimise   (m - 1) * t_max + sum_s tau_s + d_max                    (1F1B / GPipe step time)
+    minimise   (m - 1/v) * t_max + sum_s tau_s / v + d_max               (pipeline step time)
     subject to sum_{s,o} h[s,o] = L                                      add_layer_count_constraint
-               sum_o h[s,o] >= 1                         for all s       add_nonempty_stage_constraint
+               sum_o h[s,o] >= v                         for all s       add_nonempty_stage_constraint
                tau_s = sum_o h[s,o] T_o + E_s + P_s      for all s       (stage time per micro-batch)
                t_max >= tau_s                            for all s       add_bottleneck_constraint
                sum_o h[s,o] (W_o + k_s A_o) + M_s <= C   for all s       add_memory_constraint
@@ -26,7 +26,8 @@ and the program (all linear; HiGHS via cvxpy) is
 
 E_s, M_s, F_s are the prefix/suffix costs on the first/last stage (plus each stage's transient
 workspace in M_s), P_s the point-to-point send of a stage boundary, k_s the micro-batches stage s keeps
-in flight (1F1B: min(p - s, m); GPipe: m), C the usable memory of a device; V_o, U_o and H the
+in flight (1F1B: min(p - s, m); GPipe: m; interleaved: the 1F1B figure times 1 + (p - 1) / (p m),
+Korthikanti et al. 2022), C the usable memory of a device; V_o, U_o and H the
 same for host memory (offloaded optimizer state, offloaded activations per micro-batch, the host memory
 per device). R is the set of
 tensor-parallel options on a mesh with tp > 1 (empty otherwise): a mesh whose tp ranks split no layer
@@ -34,6 +35,10 @@ would only duplicate work, which a smaller tp with more data parallelism does st
 critical path: the slowest stage paces the m - 1 steady-state micro-batches and every stage's own time
 is paid once in fill and drain, so the bubble is sum_s tau_s - t_max; the gradient all-reduce and
 optimizer step follow the pipeline flush (not overlapped, as in Megatron-LM's pipeline schedule).
+
+With the interleaved 1F1B schedule (Narayanan et al. SC'21) each device runs v model chunks and the
+fill/drain shrinks v-fold: the step is m t_max + (sum_s tau_s - t_max) / v; every device needs at least
+v layers (one per chunk). v = 1 is plain 1F1B.
 
 The program is exact for identical layers: any order of layers inside a stage has the same cost, and any
 counts can be laid out contiguously. With p = 1 it reduces to choosing options under the memory cap.
@@ -64,6 +69,7 @@ class StageProblem:
     extra_flush: np.ndarray        # F_s
     in_flight: np.ndarray          # k_s
     capacity: float                # C
+    virtual_stages: int = 1        # v (interleaved 1F1B); 1 for 1F1B and GPipe
     must_use: np.ndarray | None = None   # R, a boolean mask over options
     option_host_state: np.ndarray | None = None   # V_o, bytes
     option_host_act: np.ndarray | None = None     # U_o, bytes per micro-batch
@@ -81,6 +87,7 @@ class StageProblem:
         hm = self.host_capacity if np.isfinite(self.host_capacity) and self.host_capacity > 0 else 1.0
         return StageProblem(
             num_stages=self.num_stages, num_layers=self.num_layers, num_microbatches=self.num_microbatches,
+            virtual_stages=self.virtual_stages,
             option_time=self.option_time / t, option_state=self.option_state / m, option_act=self.option_act / m,
             option_flush=self.option_flush / t, extra_time=self.extra_time / t, extra_mem=self.extra_mem / m,
             extra_flush=self.extra_flush / t, in_flight=self.in_flight, capacity=self.capacity / m,
@@ -117,7 +124,7 @@ def add_layer_count_constraint(h, prob: StageProblem) -> list:
 def add_nonempty_stage_constraint(h, prob: StageProblem) -> list:
     if prob.num_layers == 0:  # no repeated layers: a single stage holds the whole model
         return []
-    return [cp.sum(h, axis=1) >= 1]
+    return [cp.sum(h, axis=1) >= prob.virtual_stages]
 
 
 def stage_time_expr(h, prob: StageProblem):
@@ -176,7 +183,8 @@ def solve_stages(original: StageProblem, cutoff: float | None = None) -> StageSo
     constraints += add_flush_constraint(h, d_max, prob)
     constraints += add_option_use_constraint(h, prob)
     constraints += add_host_memory_constraint(h, prob)
-    objective = (prob.num_microbatches - 1) * t_max + cp.sum(stage_time_expr(h, prob)) + d_max
+    v = prob.virtual_stages
+    objective = (prob.num_microbatches - 1 / v) * t_max + cp.sum(stage_time_expr(h, prob)) / v + d_max
     if prob.option_rank is not None and prob.option_rank.any():
         objective = objective + 1e-7 * cp.sum(h @ prob.option_rank) / max(1, prob.num_layers)
     problem = cp.Problem(cp.Minimize(objective), constraints)
@@ -210,7 +218,8 @@ def evaluate(prob: StageProblem, counts: np.ndarray) -> float:
     """The objective for given counts (used to check solutions and by brute-force tests)."""
     tau = counts @ prob.option_time + prob.extra_time
     flush = counts @ prob.option_flush + prob.extra_flush
-    return float((prob.num_microbatches - 1) * tau.max() + tau.sum() + flush.max())
+    v = prob.virtual_stages
+    return float((prob.num_microbatches - 1 / v) * tau.max() + tau.sum() / v + flush.max())
 
 
 def fits(prob: StageProblem, counts: np.ndarray) -> bool:

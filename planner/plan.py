@@ -12,8 +12,10 @@ Shape (the keys scripts rely on are marked *; see DESIGN.md):
     cluster      {"spec", "num_devices", "devices_per_node", "device"}
     train        {"global_batch", "seq_len", "dtype", "optimizer"}
     mesh*        {"pp", "dp", "tp"}   ranks are laid out pp-major, then dp, then tp (tp fastest)
-    schedule*    {"name", "num_microbatches", "micro_batch_size"}
-    stages       [{"index", "modules": [fqn ...], "split_at": fqn | null}]
+    schedule*    {"name", "num_microbatches", "micro_batch_size", "virtual_stages"}
+    stages       [{"index", "modules": [fqn ...], "split_at": fqn | null}]   pp x virtual_stages of them,
+                 in model order; stage i runs on pipeline rank i % pp (interleaved: rank r holds stages
+                 r, r + pp, r + 2 pp, ...)
     blocks       [{"fqn", "stage", "sharding": "replicate" | "tensor", "recompute": "none" | "selective" |
                   "full", "offload_activations": bool, "offload_states": bool}]
                  offload_states: the block's sharded parameters, gradients and optimizer state live in
@@ -35,7 +37,7 @@ from typing import Any
 from costmodel.errors import PartitaError
 
 SCHEMA = "partita.plan/1"
-SCHEDULES = ("1F1B", "GPipe")
+SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 SHARDINGS = ("replicate", "tensor")
 RECOMPUTE = ("none", "selective", "full")
 TP_STYLES = ("colwise", "rowwise")
@@ -65,6 +67,8 @@ class Schedule:
     name: str = "1F1B"
     num_microbatches: int = 1
     micro_batch_size: int = 1
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (Interleaved1F1B); 1 otherwise."""
 
 
 @dataclass(kw_only=True)
@@ -156,7 +160,11 @@ class Plan:
         if sched_raw.get("name") not in SCHEDULES:
             raise PlanError(f"schedule.name is {sched_raw.get('name')!r}; accepted: {list(SCHEDULES)}")
         schedule = Schedule(name=sched_raw["name"],
-                            **_ints(sched_raw, "schedule", ("num_microbatches", "micro_batch_size")))
+                            **_ints(sched_raw, "schedule", ("num_microbatches", "micro_batch_size")),
+                            virtual_stages=_ints({"virtual_stages": sched_raw.get("virtual_stages", 1)},
+                                                 "schedule", ("virtual_stages",))["virtual_stages"])
+        if (schedule.virtual_stages > 1) != (schedule.name == "Interleaved1F1B"):
+            raise PlanError("schedule.virtual_stages > 1 goes with Interleaved1F1B, and only with it")
         stages = []
         for i, s in enumerate(_list(data["stages"], "stages")):
             s = _obj(s, f"stages[{i}]")
@@ -169,15 +177,17 @@ class Plan:
             if (i == 0) != (split_at is None) or (split_at is not None and not isinstance(split_at, str)):
                 raise PlanError(f"stages[{i}].split_at must be null for the first stage and a module name otherwise")
             stages.append(Stage(index=i, modules=list(mods), split_at=split_at))
-        if len(stages) != mesh.pp:
-            raise PlanError(f"plan has {len(stages)} stages but mesh.pp = {mesh.pp}")
+        if len(stages) != mesh.pp * schedule.virtual_stages:
+            raise PlanError(f"plan has {len(stages)} stages but mesh.pp x schedule.virtual_stages = "
+                            f"{mesh.pp * schedule.virtual_stages}")
         blocks = []
         for i, b in enumerate(_list(data["blocks"], "blocks")):
             b = _obj(b, f"blocks[{i}]")
             if b.get("sharding") not in SHARDINGS:
                 raise PlanError(f"blocks[{i}].sharding is {b.get('sharding')!r}; accepted: {list(SHARDINGS)}")
-            if not isinstance(b.get("fqn"), str) or not isinstance(b.get("stage"), int) or not 0 <= b["stage"] < mesh.pp:
-                raise PlanError(f"blocks[{i}] needs a string fqn and a stage in [0, {mesh.pp})")
+            if not isinstance(b.get("fqn"), str) or not isinstance(b.get("stage"), int) \
+                    or not 0 <= b["stage"] < len(stages):
+                raise PlanError(f"blocks[{i}] needs a string fqn and a stage in [0, {len(stages)})")
             recompute = b.get("recompute", "none")
             if recompute not in RECOMPUTE:
                 raise PlanError(f"blocks[{i}].recompute is {recompute!r}; accepted: {list(RECOMPUTE)}")

@@ -31,6 +31,11 @@ from planner.options import RECOMPUTE, Variant, cost_variant, variants
 from planner.strategies import BlockOption, replicate_option, tensor_option
 
 
+SCHEDULE_CHOICES = ("auto", "1F1B", "GPipe", "Interleaved1F1B")
+VIRTUAL_STAGES = (2, 4)
+"""Model chunks per device tried for interleaved 1F1B."""
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     """What is trained, and how."""
@@ -42,8 +47,9 @@ class TrainConfig:
     dtype: str = "bf16"
     """"bf16" (bf16 parameters and activations, fp32 master weights) or "fp32"."""
     optimizer: str = "adam"
-    schedule: str = "1F1B"
-    """Pipeline schedule: "1F1B" or "GPipe"."""
+    schedule: str = "auto"
+    """Pipeline schedule: "auto" (the planner picks 1F1B or interleaved 1F1B), "1F1B", "GPipe" or
+    "Interleaved1F1B"."""
     max_micro_batch: int = 64
 
     def __post_init__(self):
@@ -51,8 +57,8 @@ class TrainConfig:
             raise PartitaError(f"global batch must be a positive integer, got {self.global_batch!r}")
         if self.dtype not in ("bf16", "fp32", "fp16"):
             raise PartitaError(f"dtype {self.dtype!r} not supported; accepted: bf16, fp16, fp32")
-        if self.schedule not in ("1F1B", "GPipe"):
-            raise PartitaError(f"schedule {self.schedule!r} not supported; accepted: 1F1B, GPipe")
+        if self.schedule not in SCHEDULE_CHOICES:
+            raise PartitaError(f"schedule {self.schedule!r} not supported; accepted: {', '.join(SCHEDULE_CHOICES)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +88,8 @@ class Candidate:
     zero: int
     micro_batch: int
     num_microbatches: int
+    schedule: str
+    virtual_stages: int
     lower_bound: float
     problem: StageProblem
     options: list[Variant]
@@ -95,7 +103,7 @@ class Candidate:
 
     @property
     def key(self) -> tuple:
-        return (self.pp, self.dp, self.tp, self.zero, self.micro_batch)
+        return (self.pp, self.dp, self.tp, self.zero, self.micro_batch, self.schedule, self.virtual_stages)
 
 
 @dataclass
@@ -150,8 +158,8 @@ class _Bases:
         return self._cache[tp]
 
 
-def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
-                    pp: int, dp: int, tp: int, zero: int, b: int) -> Candidate | None:
+def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
+                    zero: int, b: int, schedule: str = "1F1B", v: int = 1) -> Candidate | None:
     graph, cluster, layers = bases.graph, bases.cluster, bases.layers
     m = train.global_batch // (dp * b)
     sb = state_bytes(train.dtype, train.optimizer)
@@ -159,7 +167,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
     if tp > 1 and layers and not any(o.name == "tensor" for o in layer_bases):
         return None  # the layers cannot be split over tp ranks
     opts = variants(layer_bases, cluster, sb, zero, dp, tp, b, space.recompute, space.offload)
-    if tp > 1 and layers and not any(v.sharding == "tensor" for v in opts):
+    if tp > 1 and layers and not any(o.sharding == "tensor" for o in opts):
         return None  # splitting the layers never pays on this mesh: a smaller tp does better
     dp_group = comm.group_for(cluster, dp, tp)
     dp_latency = comm.affine(comm.all_reduce, cluster, dp_group)[0] if zero <= 1 else 0.0
@@ -167,20 +175,27 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
     e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "act", "flush", "dp", "zero")}
     for s, group_opts in ((0, pre), (pp - 1, suf)):
         for o in group_opts:
-            v = cost_variant(Variant(o), cluster, sb, zero, dp, tp, b)
-            e["compute"][s] += v.compute
-            e["tp"][s] += v.tp_comm
-            e["zero"][s] += max(0.0, v.time - v.tp_comm - v.compute)
-            e["state"][s] += v.state
-            e["act"][s] += v.act
-            e["flush"][s] += v.flush
-            e["dp"][s] += v.dp_comm
+            var = cost_variant(Variant(o), cluster, sb, zero, dp, tp, b)
+            e["compute"][s] += var.compute
+            e["tp"][s] += var.tp_comm
+            e["zero"][s] += max(0.0, var.time - var.tp_comm - var.compute)
+            e["state"][s] += var.state
+            e["act"][s] += var.act
+            e["flush"][s] += var.flush
+            e["dp"][s] += var.dp_comm
     e["flush"] += dp_latency
     e["dp"] += dp_latency
     if pp > 1 and layers:
         across = dp * tp >= cluster.devices_per_node
-        e["p2p"][:-1] = 2 * comm.p2p(cluster, graph.boundary_bytes(layers[0]) * b, across)
-    in_flight = (np.array([min(pp - s, m) for s in range(pp)]) if train.schedule == "1F1B" else np.full(pp, m))
+        send = 2 * comm.p2p(cluster, graph.boundary_bytes(layers[0]) * b, across)  # activation + its gradient
+        e["p2p"][:] = send * v  # each of a device's v chunks sends on (interleaved: the last wraps round)
+        e["p2p"][-1] = send * (v - 1)
+    if schedule == "GPipe":
+        in_flight = np.full(pp, float(m))
+    else:  # 1F1B; interleaving holds (1 + (p - 1) / (p m)) times more (Korthikanti et al. 2022)
+        in_flight = np.array([min(pp - s, m) for s in range(pp)], dtype=float)
+        if v > 1:
+            in_flight *= 1 + (pp - 1) / (pp * m)
     # transient memory: the largest activation and its gradient, and one layer's activations being
     # rebuilt (recompute) or reduced (backward) at a time; ZeRO-3 also gathers two layers' parameters
     layer_act = max([o.saved_bytes for o in layer_bases] or [0]) * b
@@ -190,21 +205,24 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
     extra_time = e["compute"] + e["tp"] + e["zero"] + e["p2p"]
     problem = StageProblem(
         num_stages=pp, num_layers=len(layers), num_microbatches=m,
-        option_time=np.array([v.time for v in opts] or [0.0]),
-        option_state=np.array([v.state for v in opts] or [0.0]),
-        option_act=np.array([v.act for v in opts] or [0.0]),
-        option_flush=np.array([v.flush for v in opts] or [0.0]),
+        option_time=np.array([o.time for o in opts] or [0.0]),
+        option_state=np.array([o.state for o in opts] or [0.0]),
+        option_act=np.array([o.act for o in opts] or [0.0]),
+        option_flush=np.array([o.flush for o in opts] or [0.0]),
         extra_time=extra_time, extra_mem=e["state"] + in_flight * e["act"] + workspace,
-        extra_flush=e["flush"], in_flight=in_flight.astype(float), capacity=cluster.device.usable_memory(),
-        must_use=np.array([tp > 1 and v.sharding == "tensor" for v in opts] or [False]),
-        option_host_state=np.array([v.host_state for v in opts] or [0.0]),
-        option_host_act=np.array([v.host_act for v in opts] or [0.0]),
+        extra_flush=e["flush"], in_flight=in_flight, capacity=cluster.device.usable_memory(),
+        virtual_stages=v,
+        must_use=np.array([tp > 1 and o.sharding == "tensor" for o in opts] or [False]),
+        option_host_state=np.array([o.host_state for o in opts] or [0.0]),
+        option_host_act=np.array([o.host_act for o in opts] or [0.0]),
         host_capacity=cluster.device.host_memory_bytes,
-        option_rank=np.array([v.complexity for v in opts] or [0], dtype=float))
+        option_rank=np.array([o.complexity for o in opts] or [0], dtype=float))
+    # (m - 1/v) t_max + sum tau / v  >=  sum tau ((m - 1/v) / p + 1 / v), as t_max >= the mean stage
     t_min = problem.option_time.min()
-    lb = ((m + pp - 1) / pp * (len(layers) * t_min + extra_time.sum())
+    lb = (((m - 1 / v) / pp + 1 / v) * (len(layers) * t_min + extra_time.sum())
           + (len(layers) * problem.option_flush.min() + e["flush"].sum()) / pp)
-    return Candidate(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, num_microbatches=m, lower_bound=lb,
+    return Candidate(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, num_microbatches=m, schedule=schedule,
+                     virtual_stages=v, lower_bound=lb,
                      problem=problem, options=opts, parts={**{f"e_{k}": v for k, v in e.items()},
                                                           "workspace": workspace})
 
@@ -231,10 +249,23 @@ def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, s
                     m = local // b
                     if b > train.max_micro_batch or (pp > 1 and m < pp):
                         continue
-                    c = build_candidate(bases, train, space, pp, dp, tp, zero, b)
-                    if c is not None:
-                        out.append(c)
+                    for schedule, v in _schedules(train.schedule, pp, m, len(layers)):
+                        c = build_candidate(bases, train, space, pp, dp, tp, zero, b, schedule, v)
+                        if c is not None:
+                            out.append(c)
     return prefix, layers, suffix, out
+
+
+def _schedules(requested: str, pp: int, m: int, layers: int) -> list[tuple[str, int]]:
+    """(schedule, virtual stages) pairs to try. Interleaving needs m divisible by pp (torch's
+    Interleaved1F1B) and at least v layers per device."""
+    if pp == 1:
+        return [("1F1B", 1)]
+    plain = [("GPipe", 1)] if requested == "GPipe" else [("1F1B", 1)]
+    inter = [("Interleaved1F1B", v) for v in VIRTUAL_STAGES if m % pp == 0 and layers >= pp * v]
+    if requested == "Interleaved1F1B":
+        return inter
+    return plain + inter if requested == "auto" else plain
 
 
 def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
@@ -246,7 +277,7 @@ def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
                            f"choose a global batch divisible by the data-parallel degree (e.g. a multiple of "
                            f"{cluster.num_devices})")
     # deterministic order: bound first, then the simplest plan
-    cands.sort(key=lambda c: (c.lower_bound, c.pp, c.tp, c.zero, -c.micro_batch))
+    cands.sort(key=lambda c: (c.lower_bound, c.pp, c.tp, c.zero, c.virtual_stages, -c.micro_batch))
     best: Candidate | None = None
     for i, c in enumerate(cands):
         if progress:

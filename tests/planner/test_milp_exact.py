@@ -18,6 +18,8 @@ def brute_force(prob: StageProblem) -> float:
     p, n_opt = prob.num_stages, len(prob.option_time)
     best = float("inf")
     for sizes in compositions(prob.num_layers, p):
+        if min(sizes) < prob.virtual_stages:
+            continue
         per_stage = []
         for n in sizes:  # every split of a stage's n layers over the options
             per_stage.append([c for c in itertools.product(range(n + 1), repeat=n_opt) if sum(c) == n])
@@ -40,7 +42,7 @@ def random_problem(rng, p, L, n_opt):
     return StageProblem(num_stages=p, num_layers=L, num_microbatches=m, option_time=t, option_state=w,
                         option_act=a, option_flush=rng.uniform(0, 0.2, n_opt), extra_time=extra_t,
                         extra_mem=extra_m, extra_flush=np.zeros(p), in_flight=in_flight, capacity=cap,
-                        mip_rel_gap=0.0,
+                        mip_rel_gap=0.0, virtual_stages=int(rng.integers(1, 3)),
                         must_use=np.array([False] * (n_opt - 1) + [bool(rng.integers(0, 2))]))
 
 

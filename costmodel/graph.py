@@ -6,7 +6,9 @@ Edge attribute: nbytes (the tensor that flows).
 
 Groups are the layers a pipeline can split between: the children of the repeated-layer container
 (`blocks.0`, `model.layers.3`) and the other top-level modules (`tok_emb`, `ln_f`, `head`). Nodes with no
-module (adds, views, the loss) join the group of their first grouped input, else of their first user.
+module (adds, views, the loss), and nodes of a module that holds the layers (the ops HF's `GPT2Model`
+runs around its blocks), join the group of their first grouped input, else of their first user.
+Linear nodes may carry `weight_layout`: "out_in" (nn.Linear) or "in_out" (transformers' Conv1D).
 `repeated` lists the groups that are copies of one another (same operators, shapes and costs), which
 the planner exploits to keep its program small.
 """
@@ -147,10 +149,17 @@ def _layer_container(modules: list[str]) -> str | None:
 def _group_key(module: str, container: str | None) -> str:
     if not module:
         return ""
+    if container and (container + ".").startswith(module + "."):
+        return ""  # ops in the forward of a module that holds the layers (HF's `transformer`, `model`)
     if container and module.startswith(container + "."):
         rest = module[len(container) + 1:].split(".")
         return f"{container}.{rest[0]}"
-    base = container.rpartition(".")[0] if container else ""
-    if base and module.startswith(base + "."):
-        return base + "." + module[len(base) + 1:].split(".")[0]
-    return module.split(".")[0]
+    # outside the layers: the child of the deepest module it shares with the container
+    # (`transformer.wte` beside `transformer.h`, `bert.embeddings` beside `bert.encoder.layer`)
+    parts = module.split(".")
+    shared = 0
+    for a, b in zip(parts, container.split(".") if container else []):
+        if a != b:
+            break
+        shared += 1
+    return ".".join(parts[:shared + 1])

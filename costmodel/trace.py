@@ -1,19 +1,31 @@
 """Capture a model into an OpGraph on fake tensors.
 
 `capture(spec)` builds the model under FakeTensorMode (no parameter memory, so a 1T-parameter model
-captures on a laptop), traces it with torch.fx.symbolic_trace together with its loss, and runs the graph
-once node by node on fake inputs of one sample. For every node it records:
+captures on a laptop), traces it together with its loss, and runs the graph once node by node on fake
+inputs of one sample. Two front ends give the fx graph:
+
+- torch.fx.symbolic_trace (here): our own presets, CNNs, most plain modules;
+- torch.export (costmodel.export_capture): HuggingFace models and anything with Python control flow on
+  shapes, which symbolic_trace cannot follow.
+
+`spec.capture` picks one ("fx", "export") or tries symbolic_trace first and torch.export second ("auto").
+Both run the same `Recorder` over their graph, so both graphs carry the same node attributes. For every
+node it records:
 
 - shapes and bytes of its output,
-- forward FLOPs (FlopCounterMode, with the CPU attention formula registered) and backward FLOPs,
+- forward FLOPs (FlopCounterMode, with the CPU attention formula registered),
+- backward FLOPs implied by each counted forward op and which of its operands require grad (a matmul
+  or convolution costs one forward-sized product per operand needing a gradient; see `_FlopCounter`), so
+  gradients a real run does not compute (the image fed to a first convolution, no-grad regions) cost
+  nothing,
 - the activation bytes autograd saves for the backward pass, observed with saved_tensors_hooks and
   attributed to the node that *produced* the saved storage (each storage counted once; parameters
   excluded) -- so a saved tensor is charged where it lives, which is what a sharding choice changes,
 - the parameters it owns, and the module path (FQN) it belongs to.
 
 Every per-sample quantity is linear in the micro-batch size, so one sample is traced and the planner
-scales. The loss (cross-entropy over the logits) is part of the graph: its saved log-softmax is often the
-largest activation of a language model.
+scales. The loss is part of the graph (cross-entropy over the logits for our presets, `spec.loss_fn`
+otherwise): its saved log-softmax is often the largest activation of a language model.
 """
 from __future__ import annotations
 
@@ -33,6 +45,7 @@ from costmodel.models import ModelSpec
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _WRAP = "model."
+_MAX_INPUTS = 6
 
 
 class _WithLoss(nn.Module):
@@ -47,11 +60,86 @@ class _WithLoss(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
 
 
+class _WithLossFn(nn.Module):
+    """model + `spec.loss_fn(model, *inputs)`. forward has fixed arity (fx cannot trace *args)."""
+
+    def __init__(self, model: nn.Module, loss_fn, n: int):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+        self.n = n
+
+    def forward(self, x0, x1=None, x2=None, x3=None, x4=None, x5=None):
+        return self.loss_fn(self.model, *(x0, x1, x2, x3, x4, x5)[:self.n])
+
+
+def wrap_for_capture(spec: ModelSpec, model: nn.Module, inputs: tuple):
+    """(module to trace, its arguments, FQN prefix its wrapper adds, concrete_args for fx).
+
+    With a `loss_fn` the loss module wraps the model; with a vocabulary the token cross-entropy does
+    (targets are zeros: values do not change costs); otherwise the bare forward is traced.
+    """
+    if spec.loss_fn is not None:
+        if not 1 <= len(inputs) <= _MAX_INPUTS:
+            raise PartitaError(f"model {spec.name!r}: example inputs must be 1 to {_MAX_INPUTS} tensors, "
+                               f"got {len(inputs)}")
+        unused = {f"x{i}": None for i in range(len(inputs), _MAX_INPUTS)}
+        return _WithLossFn(model, spec.loss_fn, len(inputs)), inputs, _WRAP, unused
+    if spec.vocab:
+        targets = torch.zeros(inputs[0].shape, dtype=torch.long)
+        return _WithLoss(model), (*inputs, targets), _WRAP, None
+    return model, inputs, "", None
+
+
 def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
-class _Recorder(fx.Interpreter):
+def _tensors(out) -> list[torch.Tensor]:
+    return [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
+
+
+_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2),
+             "convolution": (0, 1), "_convolution": (0, 1), "convolution_overrideable": (0, 1)}
+
+
+class _FlopCounter(FlopCounterMode):
+    """FlopCounterMode that also sums the backward FLOPs each counted forward op implies.
+
+    The backward of a matmul or convolution computes one product of the forward's size per operand that
+    requires grad (grad input, grad weight): the image fed to a first convolution, or a frozen weight,
+    needs none. Ops run with grad disabled have no backward. Fused attention recomputes the scores:
+    2.5x its forward (costmodel.flops). Other counted ops: 2x.
+    """
+
+    def __init__(self):
+        super().__init__(display=False)
+        self.bwd_flops = 0
+
+    def _count_flops(self, func_packet, out, args, kwargs):
+        result = super()._count_flops(func_packet, out, args, kwargs)
+        if func_packet in self.flop_registry and torch.is_grad_enabled():
+            name = func_packet.__name__
+            fwd = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
+            if name in _OPERANDS:
+                needs = sum(1 for i in _OPERANDS[name] if i < len(args) and _needs_grad(args[i]))
+                self.bwd_flops += int(fwd) * needs
+            elif any(_needs_grad(a) for a in args):
+                self.bwd_flops += int(backward_flops({func_packet: fwd}))
+        return result
+
+
+def _needs_grad(a) -> bool:
+    return isinstance(a, torch.Tensor) and a.requires_grad
+
+
+class Recorder(fx.Interpreter):
+    """Runs a graph node by node on fake tensors, recording per-node costs (see the module docstring).
+
+    Shared by both captures: `record()` runs the forward under saved_tensors_hooks and leaves per-node
+    `stats` and, through `saved_by_node()`, the saved-activation bytes each node produced.
+    """
+
     def __init__(self, gm: fx.GraphModule, param_storages: set[int]):
         super().__init__(gm)
         self.param_storages = param_storages
@@ -71,10 +159,10 @@ class _Recorder(fx.Interpreter):
     def run_node(self, n: fx.Node):
         self._current = n.name
         in_keys = {_storage_key(a) for a in n.all_input_nodes for a in [self.env[a]] if isinstance(a, torch.Tensor)}
-        with FlopCounterMode(display=False) as counter:
+        with _FlopCounter() as counter:
             out = super().run_node(n)
         counts = counter.get_flop_counts().get("Global", {})
-        tensors = [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
+        tensors = _tensors(out)
         alias = bool(tensors) and all(_storage_key(t) in in_keys for t in tensors)
         for t in tensors:
             self.producer.setdefault(_storage_key(t), n.name)
@@ -87,11 +175,36 @@ class _Recorder(fx.Interpreter):
             "dtype": str(tensors[0].dtype).replace("torch.", "") if tensors else "",
             "out_bytes": out_bytes,
             "fwd_flops": int(sum(counts.values())),
-            "bwd_flops": int(backward_flops(counts)),
+            "bwd_flops": counter.bwd_flops,
             "alias": alias,
             "mem_bytes": 0 if alias else in_bytes + out_bytes,
         }
         return out
+
+    def record(self, mode: FakeTensorMode, *args) -> None:
+        """Run the forward on fake tensors under saved-tensor hooks, filling `stats` and `saved`."""
+        with mode, torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
+            self.run(*args)
+
+    def saved_by_node(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for producer, nbytes in self.saved.values():
+            out[producer] = out.get(producer, 0) + nbytes
+        return out
+
+
+def build_fake(spec: ModelSpec, dtype: str, mode: FakeTensorMode, batch: int) -> tuple[nn.Module, tuple]:
+    """spec.build() and spec.example_inputs(batch) under fake mode, in the training dtype (Module.to()
+    cannot swap fake params, and float inputs must match the parameters)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(DTYPES[dtype])
+    try:
+        with mode:
+            model = spec.build()
+            inputs = spec.example_inputs(batch)
+    finally:
+        torch.set_default_dtype(previous)
+    return model, (inputs if isinstance(inputs, tuple) else (inputs,))
 
 
 def _owner(n: fx.Node, gm: fx.GraphModule) -> str:
@@ -113,62 +226,125 @@ def _kind(n: fx.Node, gm: fx.GraphModule) -> str:
     return n.op
 
 
+class CaptureFailed(Exception):
+    """A front end could not trace the model; `module` is the innermost module FQN being traced."""
+
+    def __init__(self, how: str, module: str | None, cls: str | None, error: BaseException):
+        super().__init__(f"{how}: {type(error).__name__}: {first_line(error)}")
+        self.how, self.module, self.cls, self.error = how, module, cls, error
+
+
+def first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return lines[0][:300] if lines else ""
+
+
+class _Tracer(fx.Tracer):
+    """symbolic_trace's tracer, remembering which module was being traced when tracing failed."""
+
+    def call_module(self, m, forward, args, kwargs):
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        except Exception as e:
+            if not hasattr(e, "_partita_module"):
+                try:
+                    e._partita_module = (self.path_of_module(m), type(m).__name__)
+                except NameError:
+                    pass
+            raise
+
+
 def capture(spec: ModelSpec, dtype: str = "fp32", batch: int = 1) -> OpGraph:
     """Trace `spec`'s model with its loss on fake tensors into an OpGraph (per-sample costs when batch=1)."""
     if dtype not in DTYPES:
         raise PartitaError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+    how = getattr(spec, "capture", "auto") or "auto"
+    if how not in ("fx", "export", "auto"):
+        raise PartitaError(f"model {spec.name!r}: capture must be 'fx', 'export' or 'auto', got {how!r}")
     register_missing_formulas()
+    failures: list[CaptureFailed] = []
+    for front in (["fx", "export"] if how == "auto" else [how]):
+        try:
+            if front == "fx":
+                return _capture_fx(spec, dtype, batch)
+            from costmodel.export_capture import capture_export  # late: it imports this module
+            return capture_export(spec, dtype, batch)
+        except CaptureFailed as f:
+            failures.append(f)
+    raise capture_error(spec, failures)
+
+
+def capture_error(spec: ModelSpec, failures: list[CaptureFailed]) -> PartitaError:
+    """One actionable message: which module (innermost FQN being traced), why, and what to try."""
+    mod, cls = next(((f.module, f.cls) for f in reversed(failures) if f.module is not None), (None, None))
+    where = f"module {mod!r} ({cls})" if mod else f"the top-level forward{f' ({cls})' if cls else ''}"
+    detail = "; ".join(str(f) for f in failures)
+    exported = [f for f in failures if f.how == "torch.export"]
+    last = failures[-1].error
+    if any(s in f"{type(f.error).__name__} {f.error}" for f in exported
+           for s in ("data-dependent", "DataDependent")):
+        reason = "its Python control flow depends on tensor values"
+        hint = ("make the control flow static (decide branches from shapes or config, not from tensor values; "
+                "or use torch.where / torch.cond)")
+    elif not exported and "cannot be used as inputs to control flow" in detail:
+        reason = "its Python control flow depends on traced values (tensor values or shapes)"
+        hint = ("capture with torch.export (ModelSpec(capture='export') or 'auto'), which follows branches on "
+                "shapes; if a branch reads tensor values, make the control flow static (torch.where / torch.cond)")
+    elif isinstance(last, TypeError) and ("argument" in str(last) or "positional" in str(last)):
+        reason = "its example inputs do not match forward()"
+        hint = "pass example inputs that match the model's forward() signature"
+    else:
+        reason = "tracing failed"
+        hint = ("make control flow static, capture with torch.export (ModelSpec(capture='export')) if only "
+                "symbolic_trace was tried, and pass example inputs matching forward()")
+    return PartitaError(f"cannot capture model {spec.name!r}: {where}: {reason} ({detail}). Try: {hint}")
+
+
+def _capture_fx(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
     t0 = time.perf_counter()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(DTYPES[dtype])  # build in the training dtype: Module.to() cannot swap fake params
-    try:
-        with mode:
-            model = spec.build()
-    finally:
-        torch.set_default_dtype(previous)
+    model, inputs = build_fake(spec, dtype, mode, batch)
     with mode:
-        wrapped = _WithLoss(model)
-        inputs = spec.example_inputs(batch)
-        targets = torch.zeros(inputs[0].shape, dtype=torch.long) if spec.vocab else None
+        root, args, strip, concrete = wrap_for_capture(spec, model, inputs)
     try:
-        gm = fx.symbolic_trace(wrapped) if targets is not None else fx.symbolic_trace(model)
-    except Exception as e:  # torch.fx raises many types; name the model and the cause
-        raise PartitaError(f"cannot capture {spec.name!r} with torch.fx.symbolic_trace: {type(e).__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else ''}. Make data-dependent control flow "
-                           "static, or give the model as a preset") from None
+        tracer = _Tracer()
+        graph_ = tracer.trace(root, concrete_args=concrete)
+        gm = fx.GraphModule(tracer.root, graph_, root.__class__.__name__)
+    except Exception as e:  # torch.fx raises many types; name the module and the cause
+        mod, cls = getattr(e, "_partita_module", (None, None))
+        if mod is not None and strip:
+            mod = mod[len(strip):] if mod.startswith(strip) else ("" if mod == strip.rstrip(".") else mod)
+        raise CaptureFailed("torch.fx.symbolic_trace", mod, cls, e) from None
     params = dict(gm.named_parameters())
     # parameters and buffers are model state, not activations: saving them costs nothing extra
     param_storages = {_storage_key(t) for t in [*params.values(), *gm.buffers()]}
-    rec = _Recorder(gm, param_storages)
-    args = (*inputs, targets) if targets is not None else inputs
-    with mode, torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
-        loss = rec.run(*args)
-    saved_by_node: dict[str, int] = {}
-    for producer, nbytes in rec.saved.values():
-        saved_by_node[producer] = saved_by_node.get(producer, 0) + nbytes
-    strip = _WRAP if targets is not None else ""
+    rec = Recorder(gm, param_storages)
+    rec.record(mode, *args)
+    saved_by_node = rec.saved_by_node()
     graph = OpGraph(name=spec.name, batch=batch, seq_len=spec.seq_len, dtype=dtype)
     owned = _params_by_node(gm)
     for n in gm.graph.nodes:
-        if n.op == "output":
-            continue
-        st = rec.stats.get(n.name, {})
+        if n.op == "output" or n.name not in rec.stats:
+            continue  # concrete (unused) arguments are never run
+        st = rec.stats[n.name]
         owner = _owner(n, gm)
         owner = owner[len(strip):] if owner.startswith(strip) else ("" if owner == strip.rstrip(".") else owner)
         pnames = owned.get(n.name, [])
+        kind = _kind(n, gm)
         graph.add_node(
-            n.name, op=n.op, target=str(n.target), kind=_kind(n, gm), module=owner,
-            shape=st.get("shape", ()), dtype=st.get("dtype", ""), out_bytes=st.get("out_bytes", 0),
-            fwd_flops=st.get("fwd_flops", 0), bwd_flops=st.get("bwd_flops", 0),
-            saved_bytes=saved_by_node.get(n.name, 0), alias=st.get("alias", False),
-            mem_bytes=st.get("mem_bytes", 0),
+            n.name, op=n.op, target=str(n.target), kind=kind, module=owner,
+            shape=st["shape"], dtype=st["dtype"], out_bytes=st["out_bytes"],
+            fwd_flops=st["fwd_flops"], bwd_flops=st["bwd_flops"],
+            saved_bytes=saved_by_node.get(n.name, 0), alias=st["alias"],
+            mem_bytes=st["mem_bytes"],
             params={p[len(strip):]: params[p].numel() for p in pnames},
             **_dim_args(n, rec.stats),
+            **({"weight_layout": "out_in"} if kind == "linear" else {}),
             param_bytes=sum(params[p].numel() * params[p].element_size() for p in pnames),
         )
         for a in n.all_input_nodes:
-            graph.add_edge(a.name, n.name, nbytes=rec.stats.get(a.name, {}).get("out_bytes", 0))
+            if a.name in rec.stats:
+                graph.add_edge(a.name, n.name, nbytes=rec.stats[a.name]["out_bytes"])
     graph.finalize(capture_seconds=time.perf_counter() - t0)
     return graph
 
@@ -186,9 +362,13 @@ def _params_by_node(gm: fx.GraphModule) -> dict[str, list[str]]:
     return owned
 
 
-def _dim_args(n: fx.Node, stats: dict) -> dict:
-    """The dims an op works along, normalised, for sharding propagation (planner.strategies)."""
-    name = getattr(n.target, "__name__", str(n.target))
+def _dim_args(n: fx.Node, stats: dict, name: str | None = None) -> dict:
+    """The dims an op works along, normalised, for sharding propagation (planner.strategies).
+
+    `name` overrides the op name read from the node (the export capture passes its normalised kind; aten
+    ops take their dims at the same argument positions as the torch functions).
+    """
+    name = name or getattr(n.target, "__name__", str(n.target))
     first = n.args[0] if n.args else None
     rank = len(stats.get(first.name, {}).get("shape", ())) if isinstance(first, fx.Node) else 0
     if isinstance(first, (list, tuple)) and first and isinstance(first[0], fx.Node):  # cat([a, b], dim)
@@ -208,6 +388,8 @@ def _dim_args(n: fx.Node, stats: dict) -> dict:
         if dim is None:
             pos = {"chunk": 2, "split": 2, "narrow": 1, "cat": 1}.get(name, 1)
             dim = n.args[pos] if len(n.args) > pos else 0
+        if isinstance(dim, (list, tuple)) and len(dim) == 1:
+            dim = dim[0]
         if isinstance(dim, int):
             out["reduce_dim"] = norm(dim)
     return out

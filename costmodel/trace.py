@@ -148,16 +148,25 @@ class Recorder(fx.Interpreter):
         self.saved: dict[int, tuple[str, int]] = {}
         self.stats: dict[str, dict] = {}
         self._current = ""
+        self._in_dropout = False
 
     def pack(self, t: torch.Tensor):
         key = _storage_key(t)
         if key not in self.param_storages and key not in self.saved:
-            self.saved[key] = (self.producer.get(key, self._current), t.untyped_storage().nbytes())
+            nbytes = t.untyped_storage().nbytes()
+            if self._in_dropout and key not in self.producer:
+                # a dropout mask: CUDA's native_dropout keeps it as bool (1 byte an element, as in
+                # Korthikanti et al.'s table); CPU PyTorch keeps it in the activation dtype. We plan for
+                # accelerators, so charge the bool.
+                nbytes = t.numel()
+            self.saved[key] = (self.producer.get(key, self._current), nbytes)
             self.keep.append(t)
         return t
 
     def run_node(self, n: fx.Node):
         self._current = n.name
+        self._in_dropout = "dropout" in str(getattr(n.target, "__name__", n.target)).lower() or (
+            n.op == "call_module" and "dropout" in type(self.module.get_submodule(n.target)).__name__.lower())
         in_keys = {_storage_key(a) for a in n.all_input_nodes for a in [self.env[a]] if isinstance(a, torch.Tensor)}
         with _FlopCounter() as counter:
             out = super().run_node(n)

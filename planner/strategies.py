@@ -14,9 +14,10 @@ A block (one group of the OpGraph: a transformer layer, an embedding, the head) 
 
 Recompute policies (what a block keeps for its backward pass; the rest is re-run in the backward):
   none       everything autograd saves
-  selective  only what compute-bound operators (matmuls, attention) produced, plus the block's input;
-             memory-bound operators (norms, activations, elementwise) are recomputed -- cheap in time,
-             large in memory (Korthikanti et al. 2022 make the same trade for the attention core)
+  selective  only what operators with parameters (linear layers, norms) and fused attention produced,
+             plus the block's input; everything else -- activations, dropout, residual adds and, when
+             attention is materialised, its core (q k^T, softmax, dropout, scores x v) -- is re-run in
+             the backward: little time for much memory (Korthikanti et al. 2022's trade, generalised)
   full       only the block's input; the whole forward is re-run (Chen et al. 2016)
 
 Costs per sample of micro-batch, for one rank of the tensor-parallel group (t ranks):
@@ -38,7 +39,8 @@ from costmodel.hardware import Cluster
 _ALIAS_OPS = {"view", "reshape", "transpose", "permute", "contiguous", "flatten", "unflatten", "expand"}
 _ELEMENTWISE = {"add", "sub", "mul", "truediv", "div", "neg", "gelu", "silu", "relu", "tanh", "sigmoid",
                 "exp", "float", "to", "type_as", "dropout", "pow", "rsqrt", "sqrt", "getitem", "iadd", "imul",
-                "softmax", "cat", "chunk", "split", "narrow"}
+                "softmax", "cat", "chunk", "split", "narrow", "masked_fill"}
+_BATCHED_MATMUL = {"matmul", "bmm", "baddbmm"}
 _LAST_DIM_OPS = {"softmax", "cat", "chunk", "split", "narrow"}  # fine unless along the sharded dim
 
 
@@ -127,6 +129,11 @@ def tensor_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> Bloc
     return opt
 
 
+def keeps_output_under_selective(d: dict) -> bool:
+    """Selective recompute keeps what parametric operators and fused attention produce (module docstring)."""
+    return bool(d["params"]) or d["kind"] == "scaled_dot_product_attention"
+
+
 def input_bytes(graph: OpGraph, group: str) -> int:
     """Bytes of the activations entering `group` from earlier groups (what full recompute keeps)."""
     g = graph.g
@@ -148,7 +155,7 @@ def _add_recompute_policies(opt: BlockOption, graph: OpGraph, group: str, cluste
         f, _ = node_seconds(d, cluster, graph.dtype)
         f = f / tp if n in split else f
         saved = d["saved_bytes"] // tp if n in sharded else d["saved_bytes"]
-        if d["fwd_flops"] > 0:
+        if keeps_output_under_selective(d):
             keep_sel += saved
         else:
             rerun_sel += f
@@ -218,6 +225,9 @@ def _carry(d: dict, sharded_ins: list[tuple[int, tuple]], other_ins: list[tuple]
         return None  # sharded inputs disagree on the (right-aligned) sharded dim
     if kind == "scaled_dot_product_attention":
         return sdim if sdim == 1 and shape[1] % tp == 0 else None  # split over heads
+    if kind in _BATCHED_MATMUL:  # q @ k^T, probs @ v: both operands split on the same batch (head) dim
+        ok = len(sharded_ins) == 2 and not other_ins and sdim < len(sshape) - 2 and len(shape) == len(sshape)
+        return sdim if ok and shape[sdim] % tp == 0 else None
     if kind in ("transpose", "permute", "view", "reshape", "flatten", "unflatten", "contiguous", "expand"):
         return _carry_shape(kind, d, sdim, sshape, shape, tp)
     if kind in _ELEMENTWISE:

@@ -9,7 +9,11 @@ parallelism:
   tensor-parallel shard that holds only its rank's heads.
 - Input and output embeddings are not tied (a pipeline puts them on different stages). Megatron ties
   them; the difference is V*h parameters and changes no FLOP count.
-- No dropout, so distributed and single-process runs are numerically comparable.
+- No dropout by default, so distributed and single-process runs are numerically comparable.
+- `attention="sdpa"` (fused, flash-style: the s x s scores are never stored) or `"math"`, the explicit
+  softmax(q k^T / sqrt(d)) v with its scores, softmax and dropout materialised -- what Megatron-LM ran
+  in 2021 (Narayanan et al. SC'21; Korthikanti et al.'s 5 a s / h activation term), used by the
+  megatron-* presets so that predictions of the published runs model the published implementation.
 - Sizes are read with `x.size(i)`, which torch.fx symbolic_trace can record.
 """
 from __future__ import annotations
@@ -35,6 +39,10 @@ class GPTConfig:
     """Key/value heads for grouped-query attention; 0 means heads (plain multi-head attention)."""
     family: str = "gpt"
     """"gpt" (LayerNorm, GELU, learned positions, biases) or "llama" (RMSNorm, SwiGLU, RoPE)."""
+    attention: str = "sdpa"
+    """"sdpa" (fused attention) or "math" (scores, softmax and dropout materialised)."""
+    dropout: float = 0.0
+    """Dropout probability after attention scores, the attention output and the MLP (GPT-2 placement)."""
 
     def __post_init__(self):
         if self.ffn == 0:
@@ -43,6 +51,10 @@ class GPTConfig:
             self.kv_heads = self.heads
         if self.family not in ("gpt", "llama"):
             raise ValueError(f"family must be 'gpt' or 'llama', got {self.family!r}")
+        if self.attention not in ("sdpa", "math"):
+            raise ValueError(f"attention must be 'sdpa' or 'math', got {self.attention!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         for name in ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -85,6 +97,11 @@ class Attention(nn.Module):
         self.k = nn.Linear(cfg.hidden, kv_dim, bias=bias)
         self.v = nn.Linear(cfg.hidden, kv_dim, bias=bias)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden, bias=bias)
+        self.math = cfg.attention == "math"
+        self.p = cfg.dropout
+        if self.math:
+            future = torch.ones(cfg.seq, cfg.seq, dtype=torch.bool).triu(1)  # True where masked out
+            self.register_buffer("future", future, persistent=False)
 
     def forward(self, x, cos=None, sin=None):
         b, s = x.size(0), x.size(1)
@@ -94,14 +111,28 @@ class Attention(nn.Module):
         if cos is not None:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa)
-        return self.proj(y.transpose(1, 2).reshape(b, s, -1))
+        if self.math:
+            y = self._math_attention(q, k, v, s)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa,
+                                               dropout_p=self.p if self.training else 0.0)
+        return F.dropout(self.proj(y.transpose(1, 2).reshape(b, s, -1)), self.p, self.training)
+
+    def _math_attention(self, q, k, v, s):
+        if self.gqa:
+            rep = q.size(1) // k.size(1)
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+        scores = scores.masked_fill(self.future.narrow(0, 0, s).narrow(1, 0, s), float("-inf"))
+        probs = F.dropout(F.softmax(scores, dim=-1), self.p, self.training)
+        return torch.matmul(probs, v)
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.swiglu = cfg.family == "llama"
+        self.p = cfg.dropout
         bias = not self.swiglu
         self.fc1 = nn.Linear(cfg.hidden, cfg.ffn, bias=bias)
         if self.swiglu:
@@ -110,8 +141,8 @@ class MLP(nn.Module):
 
     def forward(self, x):
         if self.swiglu:
-            return self.fc2(F.silu(self.gate(x)) * self.fc1(x))
-        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+            return F.dropout(self.fc2(F.silu(self.gate(x)) * self.fc1(x)), self.p, self.training)
+        return F.dropout(self.fc2(F.gelu(self.fc1(x), approximate="tanh")), self.p, self.training)
 
 
 class Block(nn.Module):

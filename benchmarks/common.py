@@ -1,0 +1,38 @@
+"""Shared helpers for the benchmarks: where results go, and how they are written."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+RESULTS = Path(os.environ.get("PARTITA_BENCH_OUT", Path(__file__).resolve().parent / "results"))
+
+
+def machine() -> dict:
+    import torch
+    return {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
+            "platform": platform.platform(), "date": time.strftime("%Y-%m-%d")}
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        return ""
+
+
+def write(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"benchmark": name, "machine": machine(), "commit": commit(), **payload},
+                               indent=2) + "\n")
+    return path
+
+
+def plot_path(name: str) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    return RESULTS / f"{name}.png"

@@ -58,7 +58,7 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "mfu": tflops * 1e12 / cluster.device.peak(train.dtype),
         "peak_memory_bytes": max(r["total"] for r in memory),
         "memory_capacity_bytes": int(cluster.device.usable_memory()),
-        "breakdown": {k: float(v) for k, v in breakdown.items()},
+        "breakdown": {k: max(0.0, float(v)) if abs(v) > 1e-12 * step else 0.0 for k, v in breakdown.items()},
         "memory_per_stage": memory,
     }
 

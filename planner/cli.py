@@ -30,27 +30,42 @@ def _cmd_plan(args) -> int:
     dtype = args.dtype or ("fp32" if cluster.device.name == "cpu" else "bf16")
     train = TrainConfig(global_batch=args.global_batch, seq_len=args.seq, dtype=dtype,
                         optimizer=args.optimizer, schedule=args.schedule)
-    progress = None
-    if not args.json and sys.stderr.isatty():
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = Console(stderr=True)
+    show = not args.json and err.is_terminal
+    with Progress(TextColumn("searching plans"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True, disable=not show) as bar:
+        task = bar.add_task("search", total=None)
+
         def progress(i, n):
-            print(f"\r  searching {i + 1}/{n} candidates", end="", file=sys.stderr, flush=True)
-    p = make_plan(args.model, cluster=cluster, train=train, progress=progress, baselines=args.baselines)
-    if progress:
-        print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
+            bar.update(task, total=n, completed=i + 1)
+
+        p = make_plan(args.model, cluster=cluster, train=train, progress=progress, baselines=args.baselines)
     if args.out:
         p.save(args.out)
     if args.json:
         sys.stdout.write(p.to_json())
     else:
-        print(p.explain())
+        from planner.explain import print_plan
+        print_plan(p)
         if args.out:
-            print(f"\n  plan written to {args.out}")
+            print(f"\nplan written to {args.out}")
     return 0
 
 
 def _cmd_explain(args) -> int:
+    from planner.explain import print_plan
     from planner.plan import Plan
-    print(Plan.load(args.plan).explain())
+    print_plan(Plan.load(args.plan))
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from planner.compare import print_comparison
+    from planner.plan import Plan
+    print_comparison(Plan.load(args.a), Plan.load(args.b), args.a, args.b)
     return 0
 
 
@@ -117,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("explain", help="print the report of a saved plan", epilog="example: partita explain plan.json")
     e.add_argument("plan")
     e.set_defaults(func=_cmd_explain)
+
+    cp = sub.add_parser("compare", help="what differs between two plans, and where the time goes in each",
+                        epilog="example: partita compare fsdp.json megatron.json")
+    cp.add_argument("a")
+    cp.add_argument("b")
+    cp.set_defaults(func=_cmd_compare)
 
     r = sub.add_parser("run", help="train with a plan on local processes (torchrun)",
                        epilog="example: partita run plan.json --model tiny-gpt --steps 3 --verify")

@@ -1,6 +1,31 @@
-"""The human-readable report of a plan (what `partita plan` and `partita explain` print)."""
+"""The human-readable report of a plan: what `partita plan` and `partita explain` print.
+
+Built from rich tables; `explain(plan)` renders them to plain text (for files, tests and notebooks) and
+`print_plan(plan, console)` prints them with colour on a terminal.
+"""
 from __future__ import annotations
 
+import io
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+CATEGORY_STYLE = {"model_states": "cyan", "activations": "magenta", "workspace": "yellow"}
+
+
+def human_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _count(n: int) -> str:
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
 
 
 def _ranges(names: list[str]) -> str:
@@ -22,45 +47,42 @@ def _ranges(names: list[str]) -> str:
     return ", ".join(out)
 
 
-def human_bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
+def _bar(row: dict, cap: float, width: int = 32) -> Text:
+    """A bar of the row's memory by category against the capacity."""
+    text = Text("[")
+    used = 0
+    for cat, style in CATEGORY_STYLE.items():
+        n = int(round(width * row.get(cat, 0) / cap)) if cap > 0 else 0
+        n = min(n, width - used)
+        text.append("#" * n, style=style)
+        used += n
+    text.append("." * (width - used) + "]")
+    return text
 
 
-def _count(n: int) -> str:
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f}{unit}"
-    return str(n)
-
-
-def _bar(used: float, cap: float, width: int = 30) -> str:
-    filled = min(width, int(round(width * used / cap))) if cap > 0 else 0
-    return "[" + "#" * filled + "." * (width - filled) + "]"
-
-
-def explain(plan) -> str:
-    mesh, sched, pred = plan.mesh, plan.schedule, plan.predicted
-    model = plan.model
-    lines = []
+def _header(plan) -> Text:
+    mesh, sched, model, t = plan.mesh, plan.schedule, plan.model, plan.train
     params = model.get("parameters")
-    lines.append(f"partita plan  {model.get('name', '?')}"
-                 + (f" ({_count(params)} parameters)" if params else "")
-                 + f" on {plan.cluster.get('spec') or plan.cluster.get('num_devices')}"
-                 + f" ({plan.cluster.get('num_devices')} x {plan.cluster.get('device')})")
-    t = plan.train
-    lines.append(f"  train        global batch {t['global_batch']}, seq {t.get('seq_len')}, {t.get('dtype')}, "
-                 f"{t.get('optimizer')}")
     zero = {0: "replicated model states", 2: "ZeRO-2 (FSDP2, no reshard after forward)",
             3: "ZeRO-3 (FSDP2)"}.get(plan.zero_stage, f"ZeRO-{plan.zero_stage}")
-    lines.append(f"  mesh         pp={mesh.pp} x dp={mesh.dp} x tp={mesh.tp}  ({mesh.world_size} ranks; "
-                 f"tp fastest, then dp, then pp); data parallel with {zero}")
     chunks = f", {sched.virtual_stages} model chunks per pipeline rank" if sched.virtual_stages > 1 else ""
-    lines.append(f"  schedule     {sched.name}, {sched.num_microbatches} micro-batches of {sched.micro_batch_size}{chunks}")
-    lines.append("")
-    lines.append("  stage  ranks            modules                                  sharding, recompute, offload")
+    lines = [
+        f"partita plan  {model.get('name', '?')}" + (f" ({_count(params)} parameters)" if params else "")
+        + f" on {plan.cluster.get('spec') or plan.cluster.get('num_devices')}"
+        + f" ({plan.cluster.get('num_devices')} x {plan.cluster.get('device')})",
+        f"  train        global batch {t['global_batch']}, seq {t.get('seq_len')}, {t.get('dtype')}, {t.get('optimizer')}",
+        f"  mesh         pp={mesh.pp} x dp={mesh.dp} x tp={mesh.tp}  ({mesh.world_size} ranks; tp fastest, then dp, "
+        f"then pp); data parallel with {zero}",
+        f"  schedule     {sched.name}, {sched.num_microbatches} micro-batches of {sched.micro_batch_size}{chunks}",
+    ]
+    return Text("\n".join(lines))
+
+
+def _stages(plan) -> Table:
+    mesh = plan.mesh
+    table = Table(title="stages", title_justify="left", show_edge=False, pad_edge=False)
+    for col in ("stage", "ranks", "modules", "sharding, recompute, offload"):
+        table.add_column(col, overflow="fold")
     by_stage: dict[int, list] = {}
     for b in plan.blocks:
         by_stage.setdefault(b.stage, []).append(b)
@@ -68,54 +90,103 @@ def explain(plan) -> str:
     for st in plan.stages:
         mine = by_stage.get(st.index, [])
         n_tensor = sum(b.sharding == "tensor" for b in mine)
-        shard = f"TP x{mesh.tp} on {n_tensor}" if n_tensor else "replicated"
-        rec = {r: sum(b.recompute == r for b in mine) for r in ("selective", "full")}
-        extras = [f"{k} recompute x{n}" for k, n in rec.items() if n]
-        if any(b.offload_activations for b in mine):
-            extras.append(f"act. offload x{sum(b.offload_activations for b in mine)}")
-        if any(b.offload_states for b in mine):
-            extras.append(f"state offload x{sum(b.offload_states for b in mine)}")
-        shard = ", ".join([shard, *extras])
+        parts = [f"TP x{mesh.tp} on {n_tensor}" if n_tensor else "replicated"]
+        for r in ("selective", "full"):
+            n = sum(b.recompute == r for b in mine)
+            if n:
+                parts.append(f"{r} recompute x{n}")
+        for flag, label in (("offload_activations", "act. offload"), ("offload_states", "state offload")):
+            n = sum(getattr(b, flag) for b in mine)
+            if n:
+                parts.append(f"{label} x{n}")
         rank = st.index % mesh.pp
-        ranks = f"{rank * per_stage}-{(rank + 1) * per_stage - 1}"
-        lines.append(f"  {st.index:>5}  {ranks:<15}  {_ranges(st.modules):<40} {shard}")
-    if plan.placements:
-        styles = sorted({k.split(".")[-2] + "." + k.split(".")[-1] + "=" + v for k, v in plan.placements.items()})
-        lines.append(f"  tensor-parallel layers: {', '.join(styles[:8])}{' ...' if len(styles) > 8 else ''}")
-    if pred:
-        lines.append("")
-        step = pred["step_time_s"]
-        lines.append(f"  predicted    step {step:.4g} s, {pred['tokens_per_s']:,.0f} tokens/s, "
-                     f"{pred['tflops_per_device']:.3g} TFLOP/s per device (model FLOPs), MFU {100 * pred['mfu']:.1f}%")
-        parts = pred.get("breakdown", {})
-        lines.append("  step time    " + ", ".join(f"{k[:-2].replace('_', ' ')} {v:.3g}s ({100 * v / step:.0f}%)"
-                                                   for k, v in parts.items() if v > 0))
-        cap = pred.get("memory_capacity_bytes", 0)
-        lines.append(f"  memory       per device of each pipeline rank, of {human_bytes(cap)} usable:")
-        for i, row in enumerate(pred.get("memory_per_stage", [])):
-            cats = ", ".join(f"{k} {human_bytes(v)}" for k, v in row.items() if k != "total" and v > 0)
-            lines.append(f"    pp rank {i:<3} {_bar(row['total'], cap)} {human_bytes(row['total']):>10}  ({cats})")
+        table.add_row(str(st.index), f"{rank * per_stage}-{(rank + 1) * per_stage - 1}", _ranges(st.modules),
+                      ", ".join(parts))
+    return table
+
+
+def _time(pred: dict) -> Table:
+    step = pred["step_time_s"]
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("where the time goes")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    for key, v in pred.get("breakdown", {}).items():
+        if v > 1e-9 * step:
+            table.add_row(key[:-2].replace("_", " "), f"{v:.4g}", f"{100 * v / step:.0f}%")
+    return table
+
+
+def _memory(pred: dict) -> Table:
+    cap = pred.get("memory_capacity_bytes", 0)
+    table = Table(title=f"memory per device of each pipeline rank ({human_bytes(cap)} usable; "
+                        "[cyan]model states[/] [magenta]activations[/] [yellow]workspace[/])",
+                  title_justify="left", show_edge=False, pad_edge=False)
+    for col in ("pp rank", "", "total", "by category"):
+        table.add_column(col)
+    for i, row in enumerate(pred.get("memory_per_stage", [])):
+        cats = ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in row.items() if k != "total" and v > 0)
+        table.add_row(str(i), _bar(row, cap), human_bytes(row["total"]), cats)
+    return table
+
+
+def _solver(plan) -> Text:
     s = plan.solver
-    if s:
-        lines.append("")
-        gap = s.get("mip_gap")
-        gap_txt = f"{100 * gap:.2g}%" if isinstance(gap, (int, float)) else "n/a"
-        lines.append(f"  solver       {s.get('status')} (gap {gap_txt}); "
-                     f"{s.get('candidates_solved', '?')} of {s.get('candidates', '?')} candidates solved "
-                     f"(the rest pruned by a lower bound); search {s.get('wall_time_s', 0):.2f}s, "
-                     f"capture {s.get('capture_s', 0):.2f}s ({s.get('graph_nodes', '?')} operators)")
+    gap = s.get("mip_gap")
+    gap_txt = f"{100 * gap:.2g}%" if isinstance(gap, (int, float)) else "n/a"
+    return Text(f"solver  {s.get('status')} (gap {gap_txt}); {s.get('candidates_solved', '?')} of "
+                f"{s.get('candidates', '?')} candidates solved (the rest pruned by a lower bound); search "
+                f"{s.get('wall_time_s', 0):.2f}s, capture {s.get('capture_s', 0):.2f}s ({s.get('graph_nodes', '?')} operators)")
+
+
+def _baselines(plan) -> Table:
+    ours = plan.predicted.get("step_time_s")
+    table = Table(title="baselines (same cost model and solver)", title_justify="left", show_edge=False,
+                  pad_edge=False)
+    for col in ("baseline", "step s", "TFLOP/s", "MFU", "mesh", "plan speed-up"):
+        table.add_column(col)
+    for b in plan.baselines:
+        p = b.get("predicted") or {}
+        if not p:
+            table.add_row(b["name"], "does not fit", "", "", "", "")
+            continue
+        m = b["mesh"]
+        table.add_row(b["name"], f"{p['step_time_s']:.4g}", f"{p['tflops_per_device']:.3g}", f"{100 * p['mfu']:.1f}%",
+                      f"pp={m['pp']} dp={m['dp']} tp={m['tp']} ZeRO-{m['zero_stage']} mb={m['micro_batch_size']}",
+                      f"{p['step_time_s'] / ours:.2f}x" if ours else "")
+    return table
+
+
+def renderables(plan) -> Group:
+    parts = [_header(plan), Text(""), _stages(plan)]
+    if plan.placements:
+        styles = sorted({".".join(k.split(".")[-2:]) + "=" + v for k, v in plan.placements.items()})
+        parts.append(Text(f"tensor-parallel layers: {', '.join(styles[:8])}{' ...' if len(styles) > 8 else ''}"))
+    if plan.predicted:
+        pred = plan.predicted
+        headline = Text(f"predicted step {pred['step_time_s']:.4g} s: {pred['tokens_per_s']:,.0f} tokens/s, "
+                        f"{pred['tflops_per_device']:.3g} TFLOP/s per device (model FLOPs), MFU {100 * pred['mfu']:.1f}%",
+                        style="bold")
+        parts += [Text(""), headline, _time(pred), Text(""), _memory(pred)]
+    if plan.solver:
+        parts += [Text(""), _solver(plan)]
     if plan.baselines:
-        lines.append("")
-        lines.append("  baselines (same cost model and solver)")
-        ours = pred.get("step_time_s") if pred else None
-        for b in plan.baselines:
-            p = b.get("predicted") or {}
-            if not p:
-                lines.append(f"    {b['name']:<24} does not fit")
-                continue
-            m = b["mesh"]
-            mesh = f"pp={m['pp']} dp={m['dp']} tp={m['tp']} ZeRO-{m['zero_stage']} mb={m['micro_batch_size']}"
-            speed = f"  plan is {p['step_time_s'] / ours:.2f}x faster" if ours else ""
-            lines.append(f"    {b['name']:<24} step {p['step_time_s']:.4g}s, {p['tflops_per_device']:.3g} TFLOP/s, "
-                         f"MFU {100 * p['mfu']:.1f}%  ({mesh}){speed}")
-    return "\n".join(lines)
+        parts += [Text(""), _baselines(plan)]
+    return Group(*parts)
+
+
+def explain(plan, width: int = 120) -> str:
+    """The report as plain text."""
+    buf = io.StringIO()
+    Console(file=buf, width=width, no_color=True, color_system=None, highlight=False).print(renderables(plan))
+    return "\n".join(line.rstrip() for line in buf.getvalue().splitlines())
+
+
+def report_console() -> Console:
+    """A console for reports: the terminal's width, or 120 columns when writing to a file or pipe."""
+    c = Console(highlight=False)
+    return c if c.is_terminal else Console(highlight=False, width=120)
+
+
+def print_plan(plan, console: Console | None = None) -> None:
+    (console or report_console()).print(renderables(plan))

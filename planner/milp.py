@@ -162,11 +162,13 @@ def add_host_memory_constraint(h, prob: StageProblem) -> list:
     return [cp.sum(cp.multiply(h, coeff), axis=1) <= prob.host_capacity]
 
 
-def solve_stages(original: StageProblem, cutoff: float | None = None) -> StageSolution:
+def solve_stages(original: StageProblem, cutoff: float | None = None, solver: str = cp.HIGHS) -> StageSolution:
     """Solve the stage program with HiGHS; returns counts and per-stage figures, or an infeasible status.
 
     `cutoff` (seconds) is the best step time already known: branches that cannot beat it are pruned
     (HiGHS's objective_bound), and a program with no better solution ends as "cutoff".
+    `solver` is the cvxpy solver name (HiGHS by default; `cp.CBC` is used by benchmarks/solver.py to
+    compare backends): CBC gets the same time limit and relative gap, and no cutoff.
     """
     prob = original.scaled()
     t_scale = float(original.option_time.max(initial=0)) / float(prob.option_time.max(initial=0)) \
@@ -189,13 +191,13 @@ def solve_stages(original: StageProblem, cutoff: float | None = None) -> StageSo
         objective = objective + 1e-7 * cp.sum(h @ prob.option_rank) / max(1, prob.num_layers)
     problem = cp.Problem(cp.Minimize(objective), constraints)
     t0 = time.perf_counter()
-    opts = {"time_limit": prob.time_limit_s, "mip_rel_gap": prob.mip_rel_gap}
-    if cutoff is not None and np.isfinite(cutoff):
+    opts = _solver_options(solver, prob)
+    if solver == cp.HIGHS and cutoff is not None and np.isfinite(cutoff):
         opts["objective_bound"] = cutoff / t_scale
     try:
         with warnings.catch_warnings():  # a time-limited incumbent is expected; its gap is reported
             warnings.simplefilter("ignore", UserWarning)
-            problem.solve(solver=cp.HIGHS, **opts)
+            problem.solve(solver=solver, **opts)
     except cp.error.SolverError as e:  # pragma: no cover - solver crash is not a user error
         return StageSolution(status=f"solver_error: {e}", wall_time_s=time.perf_counter() - t0)
     wall = time.perf_counter() - t0
@@ -212,6 +214,52 @@ def solve_stages(original: StageProblem, cutoff: float | None = None) -> StageSo
     status = "optimal" if problem.status == "optimal" else "time_limit"
     return StageSolution(status=status, objective=objective, counts=counts, stage_time=stage_time,
                          stage_mem=stage_mem, stage_flush=stage_flush, wall_time_s=wall, mip_gap=gap)
+
+
+def polish(original: StageProblem, solution: StageSolution) -> StageSolution:
+    """Among assignments no slower than `solution`, the one with the least recompute/offload machinery.
+
+    The main solve stops within mip_rel_gap and only breaks ties by a tiny epsilon, so it may keep an
+    offload or recompute that buys nothing; this second, lexicographic solve removes it.
+    """
+    if original.option_rank is None or not original.option_rank.any() or not solution.feasible:
+        return solution
+    prob = original.scaled()
+    t_scale = float(original.option_time.max(initial=0)) / float(prob.option_time.max(initial=0)) \
+        if prob.option_time.max(initial=0) > 0 else 1.0
+    p, n_opt = prob.num_stages, len(prob.option_time)
+    h = cp.Variable((p, n_opt), integer=True)
+    t_max, d_max = cp.Variable(nonneg=True), cp.Variable(nonneg=True)
+    v = prob.virtual_stages
+    step = (prob.num_microbatches - 1 / v) * t_max + cp.sum(stage_time_expr(h, prob)) / v + d_max
+    cons = [h >= 0, *add_layer_count_constraint(h, prob), *add_nonempty_stage_constraint(h, prob),
+            *add_bottleneck_constraint(h, t_max, prob), *add_memory_constraint(h, prob),
+            *add_flush_constraint(h, d_max, prob), *add_option_use_constraint(h, prob),
+            *add_host_memory_constraint(h, prob), step <= solution.objective / t_scale * (1 + 1e-9)]
+    problem = cp.Problem(cp.Minimize(cp.sum(h @ prob.option_rank)), cons)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        problem.solve(solver=cp.HIGHS, time_limit=prob.time_limit_s)
+    if h.value is None:
+        return solution
+    counts = np.rint(h.value).astype(int)
+    if not fits(original, counts) or evaluate(original, counts) > solution.objective * (1 + 1e-9):
+        return solution
+    o = original
+    coeff = o.option_state[None, :] + o.in_flight[:, None] * o.option_act[None, :]
+    return StageSolution(status=solution.status, objective=evaluate(o, counts), counts=counts,
+                         stage_time=counts @ o.option_time + o.extra_time, stage_mem=(counts * coeff).sum(1) + o.extra_mem,
+                         stage_flush=counts @ o.option_flush + o.extra_flush,
+                         wall_time_s=solution.wall_time_s, mip_gap=solution.mip_gap)
+
+
+def _solver_options(solver: str, prob: StageProblem) -> dict:
+    """The time limit and relative gap in the option names of each backend."""
+    if solver == cp.HIGHS:
+        return {"time_limit": prob.time_limit_s, "mip_rel_gap": prob.mip_rel_gap}
+    if solver == cp.CBC:
+        return {"maximumSeconds": prob.time_limit_s, "allowableFractionGap": prob.mip_rel_gap}
+    return {}
 
 
 def evaluate(prob: StageProblem, counts: np.ndarray) -> float:

@@ -26,7 +26,7 @@ from costmodel.errors import InfeasibleError, PartitaError
 from costmodel.graph import OpGraph
 from costmodel.hardware import Cluster, GiB
 from costmodel.memory import state_bytes
-from planner.milp import StageProblem, StageSolution, solve_stages, min_memory
+from planner.milp import StageProblem, StageSolution, min_memory, polish, solve_stages
 from planner.options import RECOMPUTE, Variant, cost_variant, variants
 from planner.strategies import BlockOption, replicate_option, tensor_option
 
@@ -292,6 +292,8 @@ def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
         fitting = [c for c in cands if c.solution is not None and c.solution.feasible]
         shallow = min(c.pp for c in fitting)
         best = min((c for c in fitting if c.pp == shallow), key=lambda c: c.step_time)
+    if best is not None:
+        best.solution = polish(best.problem, best.solution)
     result = SearchResult(graph=graph, cluster=cluster, train=train, layers=layers, prefix=prefix,
                           suffix=suffix, candidates=cands, best=best, wall_time_s=time.perf_counter() - t0,
                           space=space)

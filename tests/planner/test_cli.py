@@ -65,3 +65,15 @@ def test_models_lists_the_presets(capsys):
     out = capsys.readouterr().out
     for name in ("tiny-gpt", "gpt3-175b", "llama3-405b", "megatron-1t"):
         assert name in out
+
+
+def test_compare_shows_what_differs_and_where_the_time_goes(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    common = ["plan", "--model", "megatron-39b", "--cluster", "8x8xA100-80GB", "--global-batch", "512"]
+    assert main([*common, "--out", str(a), "--json"]) == 0
+    assert main([*common, "--schedule", "GPipe", "--out", str(b), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "mesh (pp x dp x tp)" in out and "where the time goes" in out and "compute" in out
+    assert "is predicted" in out and "faster" in out

@@ -72,6 +72,50 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
                candidate: Candidate | None = None) -> Plan:
     c = candidate or result.best
     assert c is not None and c.solution is not None and c.solution.feasible
+    if c.formulation == "blocks":
+        stages, blocks, placements = _block_layout(result, c)
+    else:
+        stages, blocks, placements = _counts_layout(result, c)
+    train = result.train
+    solved = [x for x in result.candidates if x.solution is not None]
+    return Plan(
+        model={"name": model_name, "fingerprint": fingerprint, "config": config,
+               "parameters": int(result.graph.totals()["param_numel"])},
+        cluster={"spec": result.cluster.spec, "num_devices": result.cluster.num_devices,
+                 "devices_per_node": result.cluster.devices_per_node, "device": result.cluster.device.name},
+        train={"global_batch": train.global_batch, "seq_len": result.graph.seq_len, "dtype": train.dtype,
+               "optimizer": train.optimizer},
+        mesh=Mesh(pp=c.pp, dp=c.dp, tp=c.tp),
+        schedule=Schedule(name=c.schedule, num_microbatches=c.num_microbatches, micro_batch_size=c.micro_batch,
+                          virtual_stages=c.virtual_stages),
+        stages=stages, blocks=blocks, placements=placements, zero_stage=c.zero,
+        predicted=predicted(result, c),
+        solver={"status": c.solution.status, "wall_time_s": result.wall_time_s, "mip_gap": c.solution.mip_gap,
+                "backend": "cvxpy+HiGHS", "formulation": c.formulation, "candidates": len(result.candidates),
+                "candidates_solved": len(solved), "capture_s": result.graph.capture_seconds,
+                "graph_nodes": len(result.graph)},
+    )
+
+
+def _block_layout(result: SearchResult, c: Candidate):
+    """Stages, block choices and placements from the general program's one-hot assignment."""
+    from planner.milp_blocks import assignment
+    stage_of, option_of = assignment(c.problem, c.solution.counts)
+    stages, blocks, placements = [], [], {}
+    for s in range(c.pp):
+        mine = [g for g, st in zip(result.graph.groups, stage_of) if st == s]
+        stages.append(Stage(index=s, modules=mine, split_at=None if s == 0 else mine[0]))
+    for grp, s, j in zip(result.graph.groups, stage_of, option_of):
+        var = c.options[j]
+        blocks.append(BlockChoice(fqn=grp, stage=int(s), sharding=var.sharding, recompute=var.recompute,
+                                  offload_activations=var.offload_activations, offload_states=var.offload_states))
+        if var.sharding == "tensor":
+            placements.update(var.base.placements)
+    return stages, blocks, placements
+
+
+def _counts_layout(result: SearchResult, c: Candidate):
+    """Stages, block choices and placements from the counting program (identical layers)."""
     counts = c.solution.counts
     p, v = c.pp, c.virtual_stages
     # device s holds counts[s] layers in v chunks (sizes differ by at most one); virtual stage
@@ -102,21 +146,4 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
         for grp in extra:
             blocks.append(BlockChoice(fqn=grp, stage=s, sharding="replicate"))
     blocks.sort(key=lambda b: result.graph.groups.index(b.fqn))
-    train = result.train
-    solved = [x for x in result.candidates if x.solution is not None]
-    return Plan(
-        model={"name": model_name, "fingerprint": fingerprint, "config": config,
-               "parameters": int(result.graph.totals()["param_numel"])},
-        cluster={"spec": result.cluster.spec, "num_devices": result.cluster.num_devices,
-                 "devices_per_node": result.cluster.devices_per_node, "device": result.cluster.device.name},
-        train={"global_batch": train.global_batch, "seq_len": result.graph.seq_len, "dtype": train.dtype,
-               "optimizer": train.optimizer},
-        mesh=Mesh(pp=c.pp, dp=c.dp, tp=c.tp),
-        schedule=Schedule(name=c.schedule, num_microbatches=c.num_microbatches, micro_batch_size=c.micro_batch,
-                          virtual_stages=c.virtual_stages),
-        stages=stages, blocks=blocks, placements=placements, zero_stage=c.zero,
-        predicted=predicted(result, c),
-        solver={"status": c.solution.status, "wall_time_s": result.wall_time_s, "mip_gap": c.solution.mip_gap,
-                "backend": "cvxpy+HiGHS", "candidates": len(result.candidates), "candidates_solved": len(solved),
-                "capture_s": result.graph.capture_seconds, "graph_nodes": len(result.graph)},
-    )
+    return stages, blocks, placements

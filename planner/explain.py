@@ -164,7 +164,8 @@ def renderables(plan) -> Group:
         parts.append(Text(f"tensor-parallel layers: {', '.join(styles[:8])}{' ...' if len(styles) > 8 else ''}"))
     if plan.predicted:
         pred = plan.predicted
-        headline = Text(f"predicted step {pred['step_time_s']:.4g} s: {pred['tokens_per_s']:,.0f} tokens/s, "
+        unit = "tokens/s" if plan.train.get("seq_len") else "samples/s"
+        headline = Text(f"predicted step {pred['step_time_s']:.4g} s: {pred['tokens_per_s']:,.0f} {unit}, "
                         f"{pred['tflops_per_device']:.3g} TFLOP/s per device (model FLOPs), MFU {100 * pred['mfu']:.1f}%",
                         style="bold")
         parts += [Text(""), headline, _time(pred), Text(""), _memory(pred)]

@@ -27,6 +27,7 @@ from costmodel.graph import OpGraph
 from costmodel.hardware import Cluster, GiB
 from costmodel.memory import state_bytes
 from planner.milp import StageProblem, StageSolution, min_memory, polish, solve_stages
+from planner.milp_blocks import BlockProblem, solve_blocks, stage_p2p
 from planner.options import RECOMPUTE, Variant, cost_variant, variants
 from planner.strategies import BlockOption, replicate_option, tensor_option
 
@@ -96,6 +97,8 @@ class Candidate:
     parts: dict                     # prefix/suffix components for the breakdown
     solution: StageSolution | None = None
     pruned: bool = False
+    formulation: str = "counts"
+    """"counts" (planner.milp: identical layers) or "blocks" (planner.milp_blocks: any chain)."""
 
     @property
     def step_time(self) -> float:
@@ -227,9 +230,72 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
                                                           "workspace": workspace})
 
 
+HEAVY_EXTRAS = 1 / 3
+"""Use the general per-block program when the groups outside the repeated run hold more than this share of
+the forward FLOPs (an encoder beside a decoder, a CNN's stages): pinning them to the first and last
+stage would unbalance the pipeline."""
+
+
+def use_block_program(graph: OpGraph, prefix, layers, suffix) -> bool:
+    if not layers:
+        return len(graph.groups) > 1
+    total = graph.totals()["fwd_flops"] or 1
+    extra = sum(graph.group_cost(g).fwd_flops for g in (*prefix, *suffix))
+    return extra > HEAVY_EXTRAS * total
+
+
+def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
+                          zero: int, b: int, schedule: str = "1F1B") -> Candidate | None:
+    """A candidate for the general program: every group is a block with its own variants."""
+    graph, cluster = bases.graph, bases.cluster
+    m = train.global_batch // (dp * b)
+    sb = state_bytes(train.dtype, train.optimizer)
+    opts: list[Variant] = []
+    block_of: list[int] = []
+    for i, grp in enumerate(graph.groups):
+        mine = [replicate_option(graph, grp, cluster, tp)]
+        if tp > 1:
+            t = tensor_option(graph, grp, cluster, tp)
+            mine += [t] if t is not None else []
+        vs = variants(mine, cluster, sb, zero, dp, tp, b, space.recompute, space.offload)
+        opts += vs
+        block_of += [i] * len(vs)
+    must = np.array([tp > 1 and o.sharding == "tensor" for o in opts])
+    if tp > 1 and not must.any():
+        return None
+    dp_group = comm.group_for(cluster, dp, tp)
+    latency = comm.affine(comm.all_reduce, cluster, dp_group)[0] if zero <= 1 else 0.0
+    across = dp * tp >= cluster.devices_per_node
+    boundary = np.array([2 * comm.p2p(cluster, graph.boundary_bytes(g) * b, across) for g in graph.groups[:-1]])
+    in_flight = (np.full(pp, float(m)) if schedule == "GPipe"
+                 else np.array([min(pp - s, m) for s in range(pp)], dtype=float))
+    max_out = max([graph.g.nodes[n]["out_bytes"] for n in graph.g.nodes] or [0])
+    workspace = 2.0 * max_out * b + max(o.base.saved_bytes for o in opts) * b
+    if zero == 3:
+        workspace += 2 * max(o.base.param_numel for o in opts) * sb.param
+    col = lambda attr: np.array([getattr(o, attr) for o in opts], dtype=float)
+    problem = BlockProblem(
+        num_stages=pp, num_microbatches=m, block_of=np.array(block_of), time=col("time"), state=col("state"),
+        act=col("act"), flush=col("flush"), boundary_time=boundary, in_flight=in_flight,
+        capacity=cluster.device.usable_memory(), workspace=workspace, flush_latency=latency,
+        host_state=col("host_state"), host_act=col("host_act"), host_capacity=cluster.device.host_memory_bytes,
+        must_use=must, rank=col("complexity"))
+    per_block_min = [problem.time[problem.block_of == i].min() for i in range(problem.num_blocks)]
+    per_block_flush = [problem.flush[problem.block_of == i].min() for i in range(problem.num_blocks)]
+    lb = (m + pp - 1) / pp * sum(per_block_min) + (sum(per_block_flush) + pp * latency) / pp
+    zeros = np.zeros(pp)
+    parts = {"e_compute": zeros, "e_tp": zeros, "e_zero": zeros, "e_p2p": zeros.copy(), "e_state": zeros,
+             "e_act": zeros, "e_flush": zeros + latency, "e_dp": zeros + latency, "workspace": workspace}
+    return Candidate(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, num_microbatches=m, schedule=schedule,
+                     virtual_stages=1, lower_bound=lb, problem=problem, options=opts, parts=parts,
+                     formulation="blocks")
+
+
 def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, space: SearchSpace):
     prefix, layers, suffix = split_model(graph)
     bases = _Bases(graph, cluster, prefix, layers, suffix)
+    if use_block_program(graph, prefix, layers, suffix):
+        return [], [], [], _enumerate_blocks(bases, cluster, train, space)
     n = cluster.num_devices
     out = []
     for tp in divisors(min(n, cluster.devices_per_node)):
@@ -254,6 +320,33 @@ def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, s
                         if c is not None:
                             out.append(c)
     return prefix, layers, suffix, out
+
+
+def _enumerate_blocks(bases: _Bases, cluster: Cluster, train: TrainConfig, space: SearchSpace) -> list[Candidate]:
+    n, blocks = cluster.num_devices, len(bases.graph.groups)
+    out = []
+    for tp in divisors(min(n, cluster.devices_per_node)):
+        if n % tp or (space.tp is not None and tp not in space.tp):
+            continue
+        for pp in divisors(n // tp):
+            if pp > blocks or (space.pp is not None and pp not in space.pp):
+                continue
+            dp = n // (tp * pp)
+            if train.global_batch % dp:
+                continue
+            local = train.global_batch // dp
+            for zero in (space.zero if dp > 1 else (0,)):
+                for b in divisors(local):
+                    m = local // b
+                    if b > train.max_micro_batch or (pp > 1 and m < pp):
+                        continue
+                    schedule = "GPipe" if train.schedule == "GPipe" and pp > 1 else "1F1B"
+                    if train.schedule == "Interleaved1F1B" and pp > 1:
+                        continue  # interleaving is planned for repeated layers only
+                    c = build_block_candidate(bases, train, space, pp, dp, tp, zero, b, schedule)
+                    if c is not None:
+                        out.append(c)
+    return out
 
 
 def _schedules(requested: str, pp: int, m: int, layers: int) -> list[tuple[str, int]]:
@@ -285,14 +378,20 @@ def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
         if best is not None and c.lower_bound >= best.step_time * (1 - 1e-9):
             c.pruned = True
             continue
-        c.solution = solve_stages(c.problem, cutoff=best.step_time if best is not None else None)
+        cutoff = best.step_time if best is not None else None
+        if c.formulation == "blocks":
+            c.solution = solve_blocks(c.problem, cutoff=cutoff)
+            if c.solution.feasible:
+                c.parts["e_p2p"] = stage_p2p(c.problem, c.solution.counts)
+        else:
+            c.solution = solve_stages(c.problem, cutoff=cutoff)
         if c.solution.feasible and (best is None or c.step_time < best.step_time * (1 - 1e-9)):
             best = c
     if space.min_pp and best is not None:
         fitting = [c for c in cands if c.solution is not None and c.solution.feasible]
         shallow = min(c.pp for c in fitting)
         best = min((c for c in fitting if c.pp == shallow), key=lambda c: c.step_time)
-    if best is not None:
+    if best is not None and best.formulation == "counts":
         best.solution = polish(best.problem, best.solution)
     result = SearchResult(graph=graph, cluster=cluster, train=train, layers=layers, prefix=prefix,
                           suffix=suffix, candidates=cands, best=best, wall_time_s=time.perf_counter() - t0,
@@ -305,7 +404,8 @@ def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
 def explain_infeasible(result: SearchResult) -> str:
     """The least memory per device any candidate needs, what dominates it, and what would make it fit."""
     best = (float("inf"), None, None)
-    pool = sorted(result.candidates, key=lambda c: (-c.pp * c.tp, -c.zero, c.micro_batch))[:16]
+    pool = sorted((c for c in result.candidates if c.formulation == "counts"),
+                  key=lambda c: (-c.pp * c.tp, -c.zero, c.micro_batch))[:16]
     for c in pool:
         need, counts = min_memory(c.problem)
         if need < best[0]:

@@ -104,3 +104,23 @@ def test_a_model_that_cannot_fit_says_what_it_needs():
         planner.plan("gpt3-175b", cluster="2xA100-80GB", train=planner.TrainConfig(global_batch=8))
     msg = str(e.value)
     assert "no plan fits" in msg and "GiB per device" in msg and "model states" in msg
+
+
+def test_models_without_one_repeated_run_use_the_general_program():
+    """A CNN (stages of different blocks) is planned block by block, contiguously, every block placed once."""
+    plan = planner.plan("resnet:depth=50", cluster="2x8xA100-80GB", train=planner.TrainConfig(global_batch=256))
+    assert plan.solver["formulation"] == "blocks"
+    order = [m for st in plan.stages for m in st.modules]
+    assert order == [b.fqn for b in plan.blocks] and len(set(order)) == len(order)
+
+
+def test_general_program_splits_an_encoder_decoder_into_a_pipeline():
+    from costmodel.models import resolve_model
+    from costmodel.trace import capture
+    from planner.search import SearchSpace, search
+    graph = capture(resolve_model("hf:t5:num_layers=4,num_decoder_layers=4,d_model=256,d_ff=1024"), dtype="bf16")
+    result = search(graph, parse_cluster("2xA100-80GB"), planner.TrainConfig(global_batch=8),
+                    space=SearchSpace(pp=(2,)))
+    c = result.best
+    assert c.formulation == "blocks" and c.pp == 2
+    assert c.solution.stage_time.min() > 0  # both stages hold work

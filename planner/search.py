@@ -296,40 +296,23 @@ def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, s
     bases = _Bases(graph, cluster, prefix, layers, suffix)
     if use_block_program(graph, prefix, layers, suffix):
         return [], [], [], _enumerate_blocks(bases, cluster, train, space)
-    n = cluster.num_devices
     out = []
-    for tp in divisors(min(n, cluster.devices_per_node)):
-        if n % tp or (space.tp is not None and tp not in space.tp):
-            continue
-        for pp in divisors(n // tp):
-            if pp > max(1, len(layers)) or (space.pp is not None and pp not in space.pp):
-                continue
-            dp = n // (tp * pp)
-            if train.global_batch % dp:
-                continue
-            local = train.global_batch // dp
-            for zero in (space.zero if dp > 1 else (0,)):
-                if dp == 1 and 0 not in space.zero:
-                    continue
-                for b in divisors(local):
-                    m = local // b
-                    if b > train.max_micro_batch or (pp > 1 and m < pp):
-                        continue
-                    for schedule, v in _schedules(train.schedule, pp, m, len(layers)):
-                        c = build_candidate(bases, train, space, pp, dp, tp, zero, b, schedule, v)
-                        if c is not None:
-                            out.append(c)
+    for pp, dp, tp, zero, b, m in _meshes(cluster, train, space, max(1, len(layers))):
+        for schedule, v in _schedules(train.schedule, pp, m, len(layers)):
+            c = build_candidate(bases, train, space, pp, dp, tp, zero, b, schedule, v)
+            if c is not None:
+                out.append(c)
     return prefix, layers, suffix, out
 
 
-def _enumerate_blocks(bases: _Bases, cluster: Cluster, train: TrainConfig, space: SearchSpace) -> list[Candidate]:
-    n, blocks = cluster.num_devices, len(bases.graph.groups)
-    out = []
+def _meshes(cluster: Cluster, train: TrainConfig, space: SearchSpace, max_pp: int):
+    """Every (pp, dp, tp, ZeRO stage, micro-batch size, micro-batches) the search considers."""
+    n = cluster.num_devices
     for tp in divisors(min(n, cluster.devices_per_node)):
         if n % tp or (space.tp is not None and tp not in space.tp):
             continue
         for pp in divisors(n // tp):
-            if pp > blocks or (space.pp is not None and pp not in space.pp):
+            if pp > max_pp or (space.pp is not None and pp not in space.pp):
                 continue
             dp = n // (tp * pp)
             if train.global_batch % dp:
@@ -338,14 +321,19 @@ def _enumerate_blocks(bases: _Bases, cluster: Cluster, train: TrainConfig, space
             for zero in (space.zero if dp > 1 else (0,)):
                 for b in divisors(local):
                     m = local // b
-                    if b > train.max_micro_batch or (pp > 1 and m < pp):
-                        continue
-                    schedule = "GPipe" if train.schedule == "GPipe" and pp > 1 else "1F1B"
-                    if train.schedule == "Interleaved1F1B" and pp > 1:
-                        continue  # interleaving is planned for repeated layers only
-                    c = build_block_candidate(bases, train, space, pp, dp, tp, zero, b, schedule)
-                    if c is not None:
-                        out.append(c)
+                    if b <= train.max_micro_batch and (pp == 1 or m >= pp):
+                        yield pp, dp, tp, zero, b, m
+
+
+def _enumerate_blocks(bases: _Bases, cluster: Cluster, train: TrainConfig, space: SearchSpace) -> list[Candidate]:
+    out = []
+    for pp, dp, tp, zero, b, m in _meshes(cluster, train, space, len(bases.graph.groups)):
+        if train.schedule == "Interleaved1F1B" and pp > 1:
+            continue  # interleaving is planned for repeated layers only
+        schedule = "GPipe" if train.schedule == "GPipe" and pp > 1 else "1F1B"
+        c = build_block_candidate(bases, train, space, pp, dp, tp, zero, b, schedule)
+        if c is not None:
+            out.append(c)
     return out
 
 

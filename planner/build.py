@@ -17,22 +17,25 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     sol, prob, parts = c.solution, c.problem, c.parts
     train, cluster = result.train, result.cluster
     counts = sol.counts
-    opts = c.options
     m = c.num_microbatches
     s_star = int(np.argmax(sol.stage_time))
-    col = lambda attr: np.array([getattr(v, attr) for v in opts] or [0.0])
-    compute = counts[s_star] @ col("compute") + parts["e_compute"][s_star]
-    tp_comm = counts[s_star] @ col("tp_comm") + parts["e_tp"][s_star]
+    stage_opts = parts.get("stage_options")  # heterogeneous clusters: each stage's own costs
+
+    def col(attr, s=None):
+        opts = stage_opts[s] if stage_opts is not None and s is not None else c.options
+        return np.array([getattr(v, attr) for v in opts] or [0.0])
+    compute = counts[s_star] @ col("compute", s_star) + parts["e_compute"][s_star]
+    tp_comm = counts[s_star] @ col("tp_comm", s_star) + parts["e_tp"][s_star]
     p2p = parts["e_p2p"][s_star]
-    hidden_exposed = counts[s_star] @ (col("time") - col("compute") - col("tp_comm")) + parts["e_zero"][s_star]
-    offload_mask = np.array([v.offload_activations for v in opts] or [False])
-    exposed_offload = counts[s_star][offload_mask] @ (col("time") - col("compute") - col("tp_comm"))[offload_mask] \
-        if offload_mask.any() else 0.0
+    exposed = col("time", s_star) - col("compute", s_star) - col("tp_comm", s_star)
+    hidden_exposed = counts[s_star] @ exposed + parts["e_zero"][s_star]
+    offload_mask = np.array([v.offload_activations for v in c.options] or [False])
+    exposed_offload = counts[s_star][offload_mask] @ exposed[offload_mask] if offload_mask.any() else 0.0
     zero_exposed = hidden_exposed - exposed_offload
     # objective = m tau* + (sum tau - tau*) / v + flush: fill and drain shrink v-fold when interleaved
     bubble = float(sol.stage_time.sum() - sol.stage_time[s_star]) / c.virtual_stages
     f_star = int(np.argmax(sol.stage_flush))
-    dp_comm = float(counts[f_star] @ col("dp_comm") + parts["e_dp"][f_star])
+    dp_comm = float(counts[f_star] @ col("dp_comm", f_star) + parts["e_dp"][f_star])
     optimizer = float(sol.stage_flush[f_star] - dp_comm)
     step = sol.objective
     tokens = train.global_batch * (result.graph.seq_len or 1)
@@ -42,8 +45,8 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     tflops = model_flops / step / cluster.num_devices / 1e12
     memory = []
     for s in range(c.pp):
-        states = float(counts[s] @ col("state") + parts["e_state"][s])
-        act = float(counts[s] @ (col("act") * prob.in_flight[s]) + prob.in_flight[s] * parts["e_act"][s])
+        states = float(counts[s] @ col("state", s) + parts["e_state"][s])
+        act = float(counts[s] @ (col("act", s) * prob.in_flight[s]) + prob.in_flight[s] * parts["e_act"][s])
         row = {"model_states": states, "activations": act, "workspace": parts["workspace"]}
         row = {k: int(round(v)) for k, v in row.items()}
         row["total"] = sum(row.values())
@@ -55,11 +58,14 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "step_time_s": step,
         "tokens_per_s": tokens / step,
         "tflops_per_device": tflops,
-        "mfu": tflops * 1e12 / cluster.device.peak(train.dtype),
+        # against the cluster's own peaks (on a heterogeneous list: the sum over its groups)
+        "mfu": model_flops / step / sum(g.num_devices * g.device.peak(train.dtype) for g in cluster.group_list()),
         "peak_memory_bytes": max(r["total"] for r in memory),
-        "memory_capacity_bytes": int(cluster.device.usable_memory()),
+        "memory_capacity_bytes": int(np.min(prob.capacity)),
         "breakdown": {k: max(0.0, float(v)) if abs(v) > 1e-12 * step else 0.0 for k, v in breakdown.items()},
         "memory_per_stage": memory,
+        **({"memory_capacity_per_stage": [int(x) for x in np.broadcast_to(prob.capacity, (c.pp,))]}
+           if np.ndim(prob.capacity) else {}),
     }
 
 
@@ -82,7 +88,10 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
         model={"name": model_name, "fingerprint": fingerprint, "config": config,
                "parameters": int(result.graph.totals()["param_numel"])},
         cluster={"spec": result.cluster.spec, "num_devices": result.cluster.num_devices,
-                 "devices_per_node": result.cluster.devices_per_node, "device": result.cluster.device.name},
+                 "devices_per_node": result.cluster.devices_per_node, "device": result.cluster.device.name,
+                 **({"groups": [{"name": g.spec, "num_devices": g.num_devices, "device": g.device.name}
+                                for g in result.cluster.groups], "stage_groups": c.parts["stage_groups"]}
+                    if "stage_groups" in c.parts else {})},
         train={"global_batch": train.global_batch, "seq_len": result.graph.seq_len, "dtype": train.dtype,
                "optimizer": train.optimizer},
         mesh=Mesh(pp=c.pp, dp=c.dp, tp=c.tp),

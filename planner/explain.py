@@ -69,7 +69,8 @@ def _header(plan) -> Text:
     lines = [
         f"partita plan  {model.get('name', '?')}" + (f" ({_count(params)} parameters)" if params else "")
         + f" on {plan.cluster.get('spec') or plan.cluster.get('num_devices')}"
-        + f" ({plan.cluster.get('num_devices')} x {plan.cluster.get('device')})",
+        + (f" ({' + '.join(str(g['num_devices']) + ' x ' + g['device'] for g in plan.cluster['groups'])})"
+           if plan.cluster.get("groups") else f" ({plan.cluster.get('num_devices')} x {plan.cluster.get('device')})"),
         f"  train        global batch {t['global_batch']}, seq {t.get('seq_len')}, {t.get('dtype')}, {t.get('optimizer')}",
         f"  mesh         pp={mesh.pp} x dp={mesh.dp} x tp={mesh.tp}  ({mesh.world_size} ranks; tp fastest, then dp, "
         f"then pp); data parallel with {zero}",
@@ -81,7 +82,8 @@ def _header(plan) -> Text:
 def _stages(plan) -> Table:
     mesh = plan.mesh
     table = Table(title="stages", title_justify="left", show_edge=False, pad_edge=False)
-    for col in ("stage", "ranks", "modules", "sharding, recompute, offload"):
+    groups = plan.cluster.get("stage_groups")
+    for col in ("stage", "ranks", *(("devices",) if groups else ()), "modules", "sharding, recompute, offload"):
         table.add_column(col, overflow="fold")
     by_stage: dict[int, list] = {}
     for b in plan.blocks:
@@ -100,8 +102,9 @@ def _stages(plan) -> Table:
             if n:
                 parts.append(f"{label} x{n}")
         rank = st.index % mesh.pp
-        table.add_row(str(st.index), f"{rank * per_stage}-{(rank + 1) * per_stage - 1}", _ranges(st.modules),
-                      ", ".join(parts))
+        where = (groups[rank],) if groups else ()
+        table.add_row(str(st.index), f"{rank * per_stage}-{(rank + 1) * per_stage - 1}", *where,
+                      _ranges(st.modules), ", ".join(parts))
     return table
 
 
@@ -119,14 +122,16 @@ def _time(pred: dict) -> Table:
 
 def _memory(pred: dict) -> Table:
     cap = pred.get("memory_capacity_bytes", 0)
-    table = Table(title=f"memory per device of each pipeline rank ({human_bytes(cap)} usable; "
+    caps = pred.get("memory_capacity_per_stage") or [cap] * len(pred.get("memory_per_stage", []))
+    usable = human_bytes(cap) if len(set(caps)) <= 1 else "per stage: " + ", ".join(human_bytes(c) for c in caps)
+    table = Table(title=f"memory per device of each pipeline rank ({usable} usable; "
                         "[cyan]model states[/] [magenta]activations[/] [yellow]workspace[/])",
                   title_justify="left", show_edge=False, pad_edge=False)
     for col in ("pp rank", "", "total", "by category"):
         table.add_column(col)
     for i, row in enumerate(pred.get("memory_per_stage", [])):
         cats = ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in row.items() if k != "total" and v > 0)
-        table.add_row(str(i), _bar(row, cap), human_bytes(row["total"]), cats)
+        table.add_row(str(i), _bar(row, caps[i]), human_bytes(row["total"]), cats)
     return table
 
 

@@ -40,6 +40,10 @@ With the interleaved 1F1B schedule (Narayanan et al. SC'21) each device runs v m
 fill/drain shrinks v-fold: the step is m t_max + (sum_s tau_s - t_max) / v; every device needs at least
 v layers (one per chunk). v = 1 is plain 1F1B.
 
+Heterogeneous clusters (resource lists with groups of different devices): stage s runs on the devices
+of one group, so T, W, A, D may be given per stage (arrays of shape (p, options)) and C per stage; the
+program is otherwise unchanged.
+
 The program is exact for identical layers: any order of layers inside a stage has the same cost, and any
 counts can be laid out contiguously. With p = 1 it reduces to choosing options under the memory cap.
 """
@@ -83,8 +87,9 @@ class StageProblem:
         to coefficients spanning 1e-4 s to 1e11 bytes: unscaled it reports inaccurate solutions)."""
         t = max(float(self.option_time.max(initial=0)), float(self.extra_time.max(initial=0)),
                 float(self.option_flush.max(initial=0)), 1e-30)
-        m = self.capacity if self.capacity > 0 else 1.0
-        hm = self.host_capacity if np.isfinite(self.host_capacity) and self.host_capacity > 0 else 1.0
+        m = float(np.max(self.capacity)) if np.max(self.capacity) > 0 else 1.0
+        hmax = float(np.max(self.host_capacity))
+        hm = hmax if np.isfinite(hmax) and hmax > 0 else 1.0
         return StageProblem(
             num_stages=self.num_stages, num_layers=self.num_layers, num_microbatches=self.num_microbatches,
             virtual_stages=self.virtual_stages,
@@ -127,8 +132,19 @@ def add_nonempty_stage_constraint(h, prob: StageProblem) -> list:
     return [cp.sum(h, axis=1) >= prob.virtual_stages]
 
 
+def per_stage(prob: StageProblem, a: np.ndarray) -> np.ndarray:
+    """An option cost as a (stages x options) matrix: per-stage costs as given, shared ones repeated."""
+    a = np.asarray(a, dtype=float)
+    return a if a.ndim == 2 else np.broadcast_to(a, (prob.num_stages, a.shape[-1]))
+
+
+def mem_coeff(prob: StageProblem) -> np.ndarray:
+    """W[s,o] + k_s A[s,o]."""
+    return per_stage(prob, prob.option_state) + prob.in_flight[:, None] * per_stage(prob, prob.option_act)
+
+
 def stage_time_expr(h, prob: StageProblem):
-    return h @ prob.option_time + prob.extra_time
+    return cp.sum(cp.multiply(h, per_stage(prob, prob.option_time)), axis=1) + prob.extra_time
 
 
 def add_bottleneck_constraint(h, t_max, prob: StageProblem) -> list:
@@ -136,9 +152,7 @@ def add_bottleneck_constraint(h, t_max, prob: StageProblem) -> list:
 
 
 def stage_mem_expr(h, prob: StageProblem):
-    # per-stage coefficient W_o + k_s A_o: an (s, o) matrix
-    coeff = prob.option_state[None, :] + prob.in_flight[:, None] * prob.option_act[None, :]
-    return cp.sum(cp.multiply(h, coeff), axis=1) + prob.extra_mem
+    return cp.sum(cp.multiply(h, mem_coeff(prob)), axis=1) + prob.extra_mem
 
 
 def add_memory_constraint(h, prob: StageProblem) -> list:
@@ -146,7 +160,7 @@ def add_memory_constraint(h, prob: StageProblem) -> list:
 
 
 def add_flush_constraint(h, d_max, prob: StageProblem) -> list:
-    return [d_max >= h @ prob.option_flush + prob.extra_flush]
+    return [d_max >= cp.sum(cp.multiply(h, per_stage(prob, prob.option_flush)), axis=1) + prob.extra_flush]
 
 
 def add_option_use_constraint(h, prob: StageProblem) -> list:
@@ -156,9 +170,9 @@ def add_option_use_constraint(h, prob: StageProblem) -> list:
 
 
 def add_host_memory_constraint(h, prob: StageProblem) -> list:
-    if prob.option_host_state is None or not np.isfinite(prob.host_capacity):
+    if prob.option_host_state is None or not np.all(np.isfinite(prob.host_capacity)):
         return []
-    coeff = prob.option_host_state[None, :] + prob.in_flight[:, None] * prob.option_host_act[None, :]
+    coeff = per_stage(prob, prob.option_host_state) + prob.in_flight[:, None] * per_stage(prob, prob.option_host_act)
     return [cp.sum(cp.multiply(h, coeff), axis=1) <= prob.host_capacity]
 
 
@@ -173,7 +187,7 @@ def solve_stages(original: StageProblem, cutoff: float | None = None, solver: st
     prob = original.scaled()
     t_scale = float(original.option_time.max(initial=0)) / float(prob.option_time.max(initial=0)) \
         if prob.option_time.max(initial=0) > 0 else 1.0
-    p, n_opt = prob.num_stages, len(prob.option_time)
+    p, n_opt = prob.num_stages, prob.option_time.shape[-1]
     h = cp.Variable((p, n_opt), integer=True, name="h")
     t_max = cp.Variable(nonneg=True, name="t_max")
     d_max = cp.Variable(nonneg=True, name="d_max")
@@ -205,10 +219,7 @@ def solve_stages(original: StageProblem, cutoff: float | None = None, solver: st
         return StageSolution(status="cutoff" if "objective_bound" in opts else "infeasible", wall_time_s=wall)
     counts = np.rint(h.value).astype(int)
     prob = original
-    stage_time = counts @ prob.option_time + prob.extra_time
-    coeff = prob.option_state[None, :] + prob.in_flight[:, None] * prob.option_act[None, :]
-    stage_mem = (counts * coeff).sum(axis=1) + prob.extra_mem
-    stage_flush = counts @ prob.option_flush + prob.extra_flush
+    stage_time, stage_mem, stage_flush = stage_figures(prob, counts)
     objective = evaluate(prob, counts)
     gap = _mip_gap(problem)
     status = "optimal" if problem.status == "optimal" else "time_limit"
@@ -227,7 +238,7 @@ def polish(original: StageProblem, solution: StageSolution) -> StageSolution:
     prob = original.scaled()
     t_scale = float(original.option_time.max(initial=0)) / float(prob.option_time.max(initial=0)) \
         if prob.option_time.max(initial=0) > 0 else 1.0
-    p, n_opt = prob.num_stages, len(prob.option_time)
+    p, n_opt = prob.num_stages, prob.option_time.shape[-1]
     h = cp.Variable((p, n_opt), integer=True)
     t_max, d_max = cp.Variable(nonneg=True), cp.Variable(nonneg=True)
     v = prob.virtual_stages
@@ -246,10 +257,9 @@ def polish(original: StageProblem, solution: StageSolution) -> StageSolution:
     if not fits(original, counts) or evaluate(original, counts) > solution.objective * (1 + 1e-9):
         return solution
     o = original
-    coeff = o.option_state[None, :] + o.in_flight[:, None] * o.option_act[None, :]
+    tau, mem, flush = stage_figures(o, counts)
     return StageSolution(status=solution.status, objective=evaluate(o, counts), counts=counts,
-                         stage_time=counts @ o.option_time + o.extra_time, stage_mem=(counts * coeff).sum(1) + o.extra_mem,
-                         stage_flush=counts @ o.option_flush + o.extra_flush,
+                         stage_time=tau, stage_mem=mem, stage_flush=flush,
                          wall_time_s=solution.wall_time_s, mip_gap=solution.mip_gap)
 
 
@@ -262,19 +272,26 @@ def _solver_options(solver: str, prob: StageProblem) -> dict:
     return {}
 
 
+def stage_figures(prob: StageProblem, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(stage time, stage memory, stage flush) of an assignment."""
+    tau = (counts * per_stage(prob, prob.option_time)).sum(1) + prob.extra_time
+    mem = (counts * mem_coeff(prob)).sum(1) + prob.extra_mem
+    flush = (counts * per_stage(prob, prob.option_flush)).sum(1) + prob.extra_flush
+    return tau, mem, flush
+
+
 def evaluate(prob: StageProblem, counts: np.ndarray) -> float:
     """The objective for given counts (used to check solutions and by brute-force tests)."""
-    tau = counts @ prob.option_time + prob.extra_time
-    flush = counts @ prob.option_flush + prob.extra_flush
+    tau, _, flush = stage_figures(prob, counts)
     v = prob.virtual_stages
     return float((prob.num_microbatches - 1 / v) * tau.max() + tau.sum() / v + flush.max())
 
 
 def fits(prob: StageProblem, counts: np.ndarray) -> bool:
-    coeff = prob.option_state[None, :] + prob.in_flight[:, None] * prob.option_act[None, :]
-    mem = (counts * coeff).sum(axis=1) + prob.extra_mem
-    if prob.option_host_state is not None and np.isfinite(prob.host_capacity):
-        host = (counts * (prob.option_host_state[None, :] + prob.in_flight[:, None] * prob.option_host_act[None, :])).sum(1)
+    _, mem, _ = stage_figures(prob, counts)
+    if prob.option_host_state is not None and np.all(np.isfinite(prob.host_capacity)):
+        host = (counts * (per_stage(prob, prob.option_host_state)
+                          + prob.in_flight[:, None] * per_stage(prob, prob.option_host_act))).sum(1)
         if (host > prob.host_capacity * (1 + 1e-9)).any():
             return False
     used = prob.must_use is None or not prob.must_use.any() or counts[:, prob.must_use].sum() >= 1
@@ -284,7 +301,7 @@ def fits(prob: StageProblem, counts: np.ndarray) -> bool:
 def min_memory(original: StageProblem) -> tuple[float, np.ndarray | None]:
     """The least per-device memory any assignment needs, and the counts that achieve it."""
     prob = original.scaled()
-    p, n_opt = prob.num_stages, len(prob.option_time)
+    p, n_opt = prob.num_stages, prob.option_time.shape[-1]
     h = cp.Variable((p, n_opt), integer=True)
     m_max = cp.Variable()
     cons = [h >= 0, *add_layer_count_constraint(h, prob), *add_nonempty_stage_constraint(h, prob),
@@ -294,7 +311,8 @@ def min_memory(original: StageProblem) -> tuple[float, np.ndarray | None]:
     problem.solve(solver=cp.HIGHS, time_limit=prob.time_limit_s, mip_rel_gap=prob.mip_rel_gap)
     if m_max.value is None:
         return float("inf"), None
-    return float(m_max.value) * original.capacity / prob.capacity, np.rint(h.value).astype(int)
+    return float(m_max.value) * float(np.max(original.capacity)) / float(np.max(prob.capacity)), \
+        np.rint(h.value).astype(int)
 
 
 def _mip_gap(problem: cp.Problem) -> float | None:

@@ -130,7 +130,7 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
 
 
 def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: int,
-             allow_recompute=RECOMPUTE, allow_offload: bool = True) -> list[Variant]:
+             allow_recompute=RECOMPUTE, allow_offload: bool = True, prune: bool = True) -> list[Variant]:
     """Every variant of every sharding option, costed, with dominated ones removed.
 
     With tp > 1 a replicated variant is usually dominated by a tensor-parallel one (slower, more memory)
@@ -146,12 +146,16 @@ def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: i
                     continue  # the layer input alone: nothing worth the host link
                 for off_o in ((False, True) if allow_offload and zero == 3 else (False,)):
                     out.append(cost_variant(Variant(base, r, off_a, off_o), cluster, sb, zero, dp, tp, b))
-    return pareto(out)
+    return pareto(out) if prune else out
 
 
 def pareto(vs: list[Variant]) -> list[Variant]:
     """Drop variants no better than another in every cost (ties: keep the first)."""
-    keep: list[Variant] = []
+    return [vs[i] for i in pareto_indices(vs)]
+
+
+def pareto_indices(vs: list[Variant]) -> list[int]:
+    keep: list[int] = []
     for i, v in enumerate(vs):
         a = np.array([v.time, v.state, v.act, v.flush, v.host_state, v.host_act])
         dominated = False
@@ -163,5 +167,5 @@ def pareto(vs: list[Variant]) -> list[Variant]:
                 dominated = True
                 break
         if not dominated:
-            keep.append(v)
+            keep.append(i)
     return keep

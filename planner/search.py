@@ -28,7 +28,7 @@ from costmodel.hardware import Cluster, GiB
 from costmodel.memory import state_bytes
 from planner.milp import StageProblem, StageSolution, min_memory, polish, solve_stages
 from planner.milp_blocks import BlockProblem, solve_blocks, stage_p2p
-from planner.options import RECOMPUTE, Variant, cost_variant, variants
+from planner.options import RECOMPUTE, Variant, cost_variant, pareto_indices, variants
 from planner.strategies import BlockOption, replicate_option, tensor_option
 
 
@@ -143,6 +143,16 @@ class _Bases:
         self.graph, self.cluster = graph, cluster
         self.prefix, self.layers, self.suffix = prefix, layers, suffix
         self._cache: dict[int, tuple] = {}
+        self._others: dict[int, "_Bases"] = {}
+
+    def for_cluster(self, cluster: Cluster) -> "_Bases":
+        """The same model's options costed on another (group's) devices."""
+        if cluster is self.cluster:
+            return self
+        key = id(cluster)
+        if key not in self._others:
+            self._others[key] = _Bases(self.graph, cluster, self.prefix, self.layers, self.suffix)
+        return self._others[key]
 
     def get(self, tp: int):
         if tp not in self._cache:
@@ -230,6 +240,116 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
                                                           "workspace": workspace})
 
 
+def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
+                           zero: int, b: int, stage_groups: list[Cluster]) -> Candidate | None:
+    """A candidate on a heterogeneous cluster: stage s runs on the devices of stage_groups[s].
+
+    Every stage offers the same variants (the union of each group's Pareto-optimal ones), each costed on
+    its own group's devices and links; capacities are per stage; a boundary between two groups is sent
+    over the inter-group link.
+    """
+    graph, layers = bases.graph, bases.layers
+    m = train.global_batch // (dp * b)
+    sb = state_bytes(train.dtype, train.optimizer)
+    distinct = list({id(gc): gc for gc in stage_groups}.values())  # Clusters hold dicts: not hashable
+    full, extras = {}, {}
+    for gc in distinct:
+        gb = bases.for_cluster(gc)
+        layer_bases, pre, suf, _ = gb.get(tp)
+        if tp > 1 and not any(o.name == "tensor" for o in layer_bases):
+            return None
+        full[id(gc)] = variants(layer_bases, gc, sb, zero, dp, tp, b, space.recompute, space.offload, prune=False)
+        extras[id(gc)] = (pre, suf)
+    keep = sorted(set().union(*(pareto_indices(full[id(gc)]) for gc in distinct)))
+    by_stage = [[full[id(gc)][i] for i in keep] for gc in stage_groups]
+    opts = by_stage[0]
+    if tp > 1 and not any(o.sharding == "tensor" for o in opts):
+        return None
+    mat = lambda attr: np.array([[getattr(o, attr) for o in row] for row in by_stage])
+    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "act", "flush", "dp", "zero")}
+    for s, which in ((0, 0), (pp - 1, 1)):
+        gc = stage_groups[s]
+        for o in extras[id(gc)][which]:
+            var = cost_variant(Variant(o), gc, sb, zero, dp, tp, b)
+            e["compute"][s] += var.compute
+            e["tp"][s] += var.tp_comm
+            e["zero"][s] += max(0.0, var.time - var.tp_comm - var.compute)
+            e["state"][s] += var.state
+            e["act"][s] += var.act
+            e["flush"][s] += var.flush
+            e["dp"][s] += var.dp_comm
+    for s, gc in enumerate(stage_groups):
+        latency = comm.affine(comm.all_reduce, gc, comm.group_for(gc, dp, tp))[0] if zero <= 1 else 0.0
+        e["flush"][s] += latency
+        e["dp"][s] += latency
+    boundary = graph.boundary_bytes(layers[0]) * b
+    cl = bases.cluster
+    for s in range(pp - 1):
+        if stage_groups[s] is stage_groups[s + 1]:
+            gc = stage_groups[s]
+            e["p2p"][s] = 2 * comm.p2p(gc, boundary, dp * tp >= gc.devices_per_node)
+        else:
+            bw = cl.inter_group_bw or min(stage_groups[s].device.inter_node_bw, stage_groups[s + 1].device.inter_node_bw)
+            lat = cl.inter_group_latency or max(stage_groups[s].device.inter_node_latency,
+                                                stage_groups[s + 1].device.inter_node_latency)
+            e["p2p"][s] = 2 * (lat + boundary / bw)
+    in_flight = (np.full(pp, float(m)) if train.schedule == "GPipe"
+                 else np.array([min(pp - s, m) for s in range(pp)], dtype=float))
+    max_out = max([graph.g.nodes[n]["out_bytes"] for n in graph.g.nodes] or [0])
+    workspace = 2.0 * max_out * b + max(o.base.saved_bytes for o in opts) * b
+    if zero == 3:
+        workspace += 2 * min(o.base.param_numel for o in opts) * sb.param
+    extra_time = e["compute"] + e["tp"] + e["zero"] + e["p2p"]
+    problem = StageProblem(
+        num_stages=pp, num_layers=len(layers), num_microbatches=m, option_time=mat("time"),
+        option_state=mat("state"), option_act=mat("act"), option_flush=mat("flush"), extra_time=extra_time,
+        extra_mem=e["state"] + in_flight * e["act"] + workspace, extra_flush=e["flush"], in_flight=in_flight,
+        capacity=np.array([gc.device.usable_memory() for gc in stage_groups]),
+        must_use=np.array([tp > 1 and o.sharding == "tensor" for o in opts]),
+        option_host_state=mat("host_state"), option_host_act=mat("host_act"),
+        host_capacity=np.array([gc.device.host_memory_bytes for gc in stage_groups]),
+        option_rank=np.array([o.complexity for o in opts], dtype=float))
+    lb = ((m + pp - 1) / pp * (len(layers) * problem.option_time.min() + extra_time.sum())
+          + (len(layers) * problem.option_flush.min() + e["flush"].sum()) / pp)
+    return Candidate(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, num_microbatches=m,
+                     schedule="GPipe" if train.schedule == "GPipe" and pp > 1 else "1F1B", virtual_stages=1,
+                     lower_bound=lb, problem=problem, options=opts,
+                     parts={**{f"e_{k}": v for k, v in e.items()}, "workspace": workspace, "stage_options": by_stage,
+                            "stage_groups": [gc.spec for gc in stage_groups]})
+
+
+def _enumerate_hetero(bases: _Bases, cluster: Cluster, train: TrainConfig, space: SearchSpace) -> list[Candidate]:
+    """Meshes whose dp x tp block divides every group: group g hosts n_g / (dp tp) consecutive stages,
+    in the resource list's order or reversed (which group takes the first, memory-hungriest stage)."""
+    import math
+    groups = list(cluster.groups)
+    sizes = [g.num_devices for g in groups]
+    node = math.gcd(*(g.devices_per_node for g in groups))
+    out = []
+    for d in divisors(math.gcd(*sizes)):
+        for tp in divisors(min(d, node)):
+            if d % tp or (space.tp is not None and tp not in space.tp):
+                continue
+            dp = d // tp
+            pp = sum(n // d for n in sizes)
+            if pp > max(1, len(bases.layers)) or (space.pp is not None and pp not in space.pp):
+                continue
+            if train.global_batch % dp:
+                continue
+            local = train.global_batch // dp
+            for order in (groups, groups[::-1]):
+                stage_groups = [g for g in order for _ in range(g.num_devices // d)]
+                for zero in (space.zero if dp > 1 else (0,)):
+                    for b in divisors(local):
+                        m = local // b
+                        if b > train.max_micro_batch or (pp > 1 and m < pp):
+                            continue
+                        c = build_hetero_candidate(bases, train, space, pp, dp, tp, zero, b, stage_groups)
+                        if c is not None:
+                            out.append(c)
+    return out
+
+
 HEAVY_EXTRAS = 1 / 3
 """Use the general per-block program when the groups outside the repeated run hold more than this share of
 the forward FLOPs (an encoder beside a decoder, a CNN's stages): pinning them to the first and last
@@ -295,7 +415,10 @@ def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, s
     prefix, layers, suffix = split_model(graph)
     bases = _Bases(graph, cluster, prefix, layers, suffix)
     if use_block_program(graph, prefix, layers, suffix):
+        # (a heterogeneous cluster is planned on its conservative device view here)
         return [], [], [], _enumerate_blocks(bases, cluster, train, space)
+    if cluster.groups and cluster.heterogeneous:
+        return prefix, layers, suffix, _enumerate_hetero(bases, cluster, train, space)
     out = []
     for pp, dp, tp, zero, b, m in _meshes(cluster, train, space, max(1, len(layers))):
         for schedule, v in _schedules(train.schedule, pp, m, len(layers)):

@@ -124,3 +124,23 @@ def test_general_program_splits_an_encoder_decoder_into_a_pipeline():
     c = result.best
     assert c.formulation == "blocks" and c.pp == 2
     assert c.solution.stage_time.min() > 0  # both stages hold work
+
+
+def test_heterogeneous_resource_list_balances_stages_by_device_speed_and_memory(tmp_path):
+    import json
+    spec = {"schema": "partita.cluster/1", "inter_group_bw": 12.5e9, "groups": [
+        {"name": "fast", "nodes": 2, "devices_per_node": 8, "device": "A100-80GB"},
+        {"name": "slow", "nodes": 2, "devices_per_node": 8, "device": "V100-32GB"}]}
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(spec))
+    plan = planner.plan("megatron-3.6b", cluster=str(path), train=planner.TrainConfig(global_batch=256))
+    groups = plan.cluster["stage_groups"]
+    assert plan.mesh.pp >= 2 and set(groups) == {"fast", "slow"}
+    layers = {g: 0 for g in groups}
+    for b in plan.blocks:
+        if b.fqn.startswith("blocks."):
+            layers[groups[b.stage % plan.mesh.pp]] += 1
+    assert layers["fast"] > layers["slow"]  # an A100 does ~2.5x a V100's bf16 work
+    for row, cap in zip(plan.predicted["memory_per_stage"], plan.predicted["memory_capacity_per_stage"]):
+        assert row["total"] <= cap
+    assert 0 < plan.predicted["mfu"] < 1

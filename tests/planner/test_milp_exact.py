@@ -15,7 +15,7 @@ def compositions(total, parts):
 
 
 def brute_force(prob: StageProblem) -> float:
-    p, n_opt = prob.num_stages, len(prob.option_time)
+    p, n_opt = prob.num_stages, prob.option_time.shape[-1]
     best = float("inf")
     for sizes in compositions(prob.num_layers, p):
         if min(sizes) < prob.virtual_stages:
@@ -44,6 +44,30 @@ def random_problem(rng, p, L, n_opt):
                         extra_mem=extra_m, extra_flush=np.zeros(p), in_flight=in_flight, capacity=cap,
                         mip_rel_gap=0.0, virtual_stages=int(rng.integers(1, 3)),
                         must_use=np.array([False] * (n_opt - 1) + [bool(rng.integers(0, 2))]))
+
+
+def heterogeneous(rng, prob: StageProblem) -> StageProblem:
+    """The same program with per-stage speeds and capacities (stages on different device groups)."""
+    p = prob.num_stages
+    speed = rng.uniform(0.5, 2.0, (p, 1))
+    prob.option_time = prob.option_time[None, :] * speed
+    prob.option_state = np.broadcast_to(prob.option_state, (p, len(prob.option_state))).copy()
+    prob.capacity = prob.capacity * rng.uniform(0.7, 1.3, p)
+    return prob
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_optimum_equals_brute_force_with_per_stage_costs(seed):
+    rng = np.random.default_rng(1000 + seed)
+    p = int(rng.integers(1, 4))
+    prob = heterogeneous(rng, random_problem(rng, p, int(rng.integers(p, 7)), int(rng.integers(1, 3))))
+    expected = brute_force(prob)
+    sol = solve_stages(prob)
+    if expected == float("inf"):
+        assert not sol.feasible
+    else:
+        assert sol.feasible and fits(prob, sol.counts)
+        assert sol.objective == pytest.approx(expected, rel=1e-6)
 
 
 @pytest.mark.parametrize("seed", range(40))

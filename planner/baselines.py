@@ -39,7 +39,9 @@ def run_baselines(graph: OpGraph, cluster: Cluster, train: TrainConfig) -> list[
         result = search(graph, cluster, train, space=space, raise_infeasible=False)
         c = result.best
         if c is None:
-            out.append({"name": space.name, "fits": False, "mesh": None, "predicted": None})
+            why = ("does not fit in memory" if result.candidates else
+                   "no mesh: the global batch does not divide over its data-parallel ranks")
+            out.append({"name": space.name, "fits": False, "mesh": None, "predicted": None, "why": why})
             continue
         out.append({"name": space.name, "fits": True,
                     "mesh": {"pp": c.pp, "dp": c.dp, "tp": c.tp, "zero_stage": c.zero,

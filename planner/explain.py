@@ -153,7 +153,7 @@ def _baselines(plan) -> Table:
     for b in plan.baselines:
         p = b.get("predicted") or {}
         if not p:
-            table.add_row(b["name"], "does not fit", "", "", "", "")
+            table.add_row(b["name"], b.get("why", "does not fit"), "", "", "", "")
             continue
         m = b["mesh"]
         table.add_row(b["name"], f"{p['step_time_s']:.4g}", f"{p['tflops_per_device']:.3g}", f"{100 * p['mfu']:.1f}%",

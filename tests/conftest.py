@@ -14,3 +14,22 @@ def captured(name: str, dtype: str = "fp32"):
 @pytest.fixture
 def graph_of():
     return captured
+
+
+def measured_saved_bytes(model, run) -> int:
+    """Bytes autograd saves for backward while `run()` executes a real forward (each storage once;
+    parameters and buffers excluded) -- the quantity the cost model predicts as saved_bytes."""
+    import torch
+
+    state = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        key = t.untyped_storage().data_ptr()
+        if key not in state:
+            seen[key] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run()
+    return sum(seen.values())

@@ -7,6 +7,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from costmodel.flops import register_missing_formulas
 from costmodel.models import resolve_model, PRESETS
 from costmodel.trace import capture
+from tests.conftest import measured_saved_bytes
 
 
 def _real_run(name):
@@ -34,18 +35,7 @@ def test_flops_equal_flop_counter_on_a_real_run(name, graph_of):
 @pytest.mark.parametrize("name", ["tiny-gpt", "tiny-llama"])
 def test_saved_activation_bytes_equal_saved_tensor_hooks(name, graph_of):
     model, x, y = _real_run(name)
-    params = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}
-    seen = {}
-
-    def pack(t):
-        key = t.untyped_storage().data_ptr()
-        if key not in params:
-            seen[key] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten(0, 1))
-    measured = sum(seen.values())
+    measured = measured_saved_bytes(model, lambda: F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten(0, 1)))
     predicted = graph_of(name).totals()["saved_bytes"]
     assert measured > 0
     assert abs(predicted - measured) / measured <= 0.02, (predicted, measured)

@@ -13,6 +13,7 @@ from costmodel.errors import PartitaError
 from costmodel.flops import register_missing_formulas
 from costmodel.models import ModelSpec, resolve_model
 from costmodel.trace import capture
+from tests.conftest import measured_saved_bytes
 
 CNNS = ["tiny-resnet", "resnet:depth=50,width=16,image=64,classes=10"]
 
@@ -43,18 +44,7 @@ def test_flops_equal_flop_counter_on_a_real_run(name, graph_of):
 @pytest.mark.parametrize("name", CNNS)
 def test_saved_activation_bytes_match_saved_tensor_hooks(name, graph_of):
     spec, model, images, labels = _real(name)
-    state = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}
-    seen = {}
-
-    def pack(t):
-        key = t.untyped_storage().data_ptr()
-        if key not in state:
-            seen[key] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        spec.loss_fn(model, images, labels)
-    measured = sum(seen.values())
+    measured = measured_saved_bytes(model, lambda: spec.loss_fn(model, images, labels))
     predicted = graph_of(name).totals()["saved_bytes"]
     assert abs(predicted - measured) / measured <= 0.02, (predicted, measured)
 

@@ -18,6 +18,7 @@ from costmodel.models import ModelSpec, resolve_model, with_seq  # noqa: E402
 from costmodel.models.hf import parse  # noqa: E402
 from costmodel.trace import capture  # noqa: E402
 from planner.strategies import tensor_option  # noqa: E402
+from tests.conftest import measured_saved_bytes
 
 HF = ["hf:gpt2", "hf:llama", "hf:bert", "hf:t5"]
 _ATTRS = {"op", "target", "kind", "module", "group", "shape", "dtype", "out_bytes", "fwd_flops", "bwd_flops",
@@ -59,18 +60,7 @@ def test_saved_activation_bytes_match_saved_tensor_hooks(name, graph_of):
     spec = resolve_model(name)
     model = _real_model(spec)
     batch = _real_batch(spec, model)
-    state = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}
-    seen = {}
-
-    def pack(t):
-        key = t.untyped_storage().data_ptr()
-        if key not in state:
-            seen[key] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        spec.loss_fn(model, *batch)
-    measured = sum(seen.values())
+    measured = measured_saved_bytes(model, lambda: spec.loss_fn(model, *batch))
     predicted = graph_of(name).totals()["saved_bytes"]
     assert measured > 0
     assert abs(predicted - measured) / measured <= 0.02, (predicted, measured)

@@ -106,10 +106,10 @@ def test_verify_fails_when_gradients_are_not_synchronised(tmp_path):
     assert out is not None and out["max_abs_diff"] > 1e-5
 
 
-def _direct(tmp_path: Path, plan: dict, model="tiny-gpt", **env):
+def _direct(tmp_path: Path, plan: dict, model="tiny-gpt", *args: str, **env):
     """The entry point without torchrun (WORLD_SIZE unset = 1): the checks run before any process group."""
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    cmd = [sys.executable, "-m", "runtime.train", str(tmp_path / "plan.json"), "--model", model, "--steps", "1"]
+    cmd = [sys.executable, "-m", "runtime.train", str(tmp_path / "plan.json"), "--model", model, "--steps", "1", *args]
     return subprocess.run(cmd, cwd=ROOT, env=_env(**env), capture_output=True, text=True, timeout=120)
 
 

@@ -1,0 +1,78 @@
+"""Every notebook in notebooks/ runs top to bottom in a fresh kernel, so none can rot.
+
+The kernel is this interpreter (a kernel spec written to a temporary directory, nothing installed
+globally), with the working directory notebooks/. A cell error fails the test with the cell's traceback.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+pytest.importorskip("matplotlib")
+
+from jupyter_client.kernelspec import KernelSpecManager  # noqa: E402  (after the skips)
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+SLOW = {"plan_and_run_tiny.ipynb"}  # launches torchrun twice over: ~20 s or more on 2 cores
+TIMEOUT_S = 300                     # per cell; the notebooks aim for under a minute in all
+
+
+def kernel_manager_for_this_python(tmp_dir: Path):
+    """A kernel manager whose kernel is `sys.executable -m ipykernel_launcher` (no global kernel spec)."""
+    from ipykernel.kernelspec import write_kernel_spec
+    from jupyter_client.manager import KernelManager
+
+    write_kernel_spec(str(tmp_dir / "partita-test"))
+    ksm = KernelSpecManager(kernel_dirs=[str(tmp_dir)])
+    return KernelManager(kernel_name="partita-test", kernel_spec_manager=ksm)
+
+
+def run_notebook(path: Path, tmp_dir: Path, cwd: Path | None = None) -> "nbformat.NotebookNode":
+    nb = nbformat.read(path, as_version=4)
+    env_mpl = os.environ.get("MPLBACKEND")
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    try:
+        client = nbclient.NotebookClient(nb, timeout=TIMEOUT_S, km=kernel_manager_for_this_python(tmp_dir),
+                                         resources={"metadata": {"path": str(cwd or path.parent)}})
+        client.execute()
+    finally:
+        if env_mpl is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = env_mpl
+    return nb
+
+
+def _params():
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        marks = [pytest.mark.slow] if path.name in SLOW else []
+        yield pytest.param(path, id=path.stem, marks=marks)
+
+
+def test_notebooks_exist():
+    names = {p.name for p in NOTEBOOKS.glob("*.ipynb")}
+    assert {"explore_gpt.ipynb", "explore_llama.ipynb", "plan_and_run_tiny.ipynb"} <= names
+
+
+@pytest.mark.parametrize("path", list(_params()))
+def test_notebook_runs(path: Path, tmp_path: Path):
+    nb = run_notebook(path, tmp_path)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors  # execute() raises CellExecutionError first; this guards allow_errors changes
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.stem)
+def test_notebook_stored_without_outputs(path: Path):
+    """Notebooks are committed clean: the tests execute them, so outputs would only add stale images."""
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert not cell.get("outputs") and cell.get("execution_count") is None, \
+                f"{path.name} has stored outputs: clear them (jupyter nbconvert --clear-output --inplace)"

@@ -1,20 +1,27 @@
 """Apply a plan to the user's module and run this rank's share of one training step.
 
-- pp == 1: the user's module runs as written; tp layers are sharded in place (runtime.tp); data
-  parallelism is DDP when tp == 1, else gradients are averaged over the dp group by hand; with
-  num_microbatches > 1 gradients are accumulated over contiguous microbatches, each loss divided by
-  their number, so gradients equal those of the full batch.
-- pp > 1: the module is split into stages (runtime.pp), tp applied inside this rank's stage, the plan's
-  schedule runs the microbatches, and gradients are averaged over the dp group.
+`parallelize` applies, in place and by module FQN, to the whole model (pp == 1) or to this rank's
+pipeline stage (pp > 1): each block's recompute and activation offload (runtime.blocks), the tensor-
+parallel layers (runtime.tp), then ZeRO 2/3 as FSDP2 units over the dp axis (runtime.fsdp) -- or, with
+zero_stage 0, bf16 autocast when the plan trains in bf16 (runtime.precision).
 
-Test hook: PARTITA_TEST_SKIP_GRAD_SYNC=1 skips the data-parallel gradient averaging (a deliberately
-wrong run, so tests can check that --verify catches it).
+- pp == 1: the user's module runs as written. Data parallelism is FSDP (zero_stage 2/3), else DDP when
+  tp == 1, else gradients are averaged over the dp group by hand; with num_microbatches > 1 gradients are
+  accumulated over contiguous microbatches, each loss divided by their number, so gradients equal those
+  of the full batch.
+- pp > 1: the module is split into stages (runtime.pp), this rank's stage parallelized as above, the
+  plan's schedule runs the microbatches, and gradients are averaged over the dp group (by FSDP, or by
+  hand).
+
+Test hook: PARTITA_TEST_SKIP_GRAD_SYNC=1 skips the data-parallel gradient averaging of DDP and of the
+by-hand path (a deliberately wrong run, so tests can check that --verify catches it).
 """
 from __future__ import annotations
 
 import contextlib
 import os
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -24,9 +31,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from planner.plan import Plan
 from runtime import pp as pipeline_parallel
+from runtime.blocks import apply_block_choices, blocks_in
 from runtime.data import microbatches
+from runtime.fsdp import apply_fsdp, sharded
 from runtime.memory import local
 from runtime.mesh import Topology
+from runtime.precision import autocast_forward, describe, train_dtype
 from runtime.recipe import lm_loss
 from runtime.tp import apply_tp
 
@@ -51,16 +61,66 @@ def average_grads(params: list[torch.Tensor], group, size: int) -> None:
             g.copy_(avg)
 
 
+@dataclass
+class Applied:
+    """What `parallelize` did to this rank's module; printed with the run report and in --losses-out."""
+
+    recompute: dict[str, str] = field(default_factory=dict)
+    offload_activations: list[str] = field(default_factory=list)
+    offload_states: list[str] = field(default_factory=list)
+    tp_layers: int = 0
+    fsdp_units: int = 0
+    reshard_after_forward: bool | None = None
+    precision: str = ""
+    local_params: int = 0
+    """Elements of the parameter shards this rank holds."""
+
+    def summary(self) -> str:
+        parts = [f"FSDP2 x{self.fsdp_units} units (reshard after forward: {self.reshard_after_forward})"
+                 if self.fsdp_units else "no FSDP"]
+        if self.tp_layers:
+            parts.append(f"{self.tp_layers} tensor-parallel layers")
+        for mode in ("full", "selective"):
+            if names := [f for f, m in self.recompute.items() if m == mode]:
+                parts.append(f"recompute {mode}: {', '.join(names)}")
+        for what in ("offload_activations", "offload_states"):
+            if names := getattr(self, what):
+                parts.append(f"{what.replace('_', ' ')}: {', '.join(names)}")
+        return "; ".join(parts)
+
+
+def parallelize(module: nn.Module, plan: Plan, topo: Topology, stage: int | None = None) -> Applied:
+    """Apply the plan to `module` (the model, or pipeline stage `stage`) in place, as the module docstring
+    says. With FSDP (`Applied.fsdp_units` > 0) FSDP also reduces the gradients over dp."""
+    blocks = blocks_in(module, plan, stage)
+    apply_block_choices(module, blocks)
+    done = Applied(recompute={f: b.recompute for f, b in blocks.items() if b.recompute != "none"},
+                   offload_activations=[f for f, b in blocks.items() if b.offload_activations])
+    if topo.tp > 1:
+        done.tp_layers = apply_tp(module, plan.placements, topo.mesh["tp"])
+    dtype = train_dtype(plan)
+    if sharded(plan):
+        done.fsdp_units = apply_fsdp(module, blocks, plan.zero_stage, topo.mesh["dp"], dtype,
+                                     stage_root=stage is not None)
+        done.reshard_after_forward = plan.zero_stage == 3
+        done.offload_states = [f for f, b in blocks.items() if b.offload_states]
+    else:
+        autocast_forward(module, dtype, topo.device)
+    done.precision = describe(dtype, done.fsdp_units > 0)
+    done.local_params = sum(local(p).numel() for p in module.parameters())
+    return done
+
+
 class LocalExecutor:
     """pp == 1: one module per rank (tensor- and/or data-parallel), optional gradient accumulation."""
 
     def __init__(self, model: nn.Module, plan: Plan, topo: Topology):
         self.topo, self.n_micro = topo, plan.schedule.num_microbatches
-        if topo.tp > 1:
-            apply_tp(model, plan.placements, topo.mesh["tp"])
+        self.applied = parallelize(model, plan, topo)
+        self.fsdp = self.applied.fsdp_units > 0
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.ddp = None
-        if topo.dp > 1 and topo.tp == 1:
+        if topo.dp > 1 and topo.tp == 1 and not self.fsdp:
             self.ddp = DDP(model, process_group=topo.group("dp"),
                            device_ids=[topo.device.index] if topo.device.type == "cuda" else None)
         self.module = self.ddp if self.ddp is not None else model
@@ -78,7 +138,7 @@ class LocalExecutor:
                 loss = lm_loss(self.module(x), y) / self.n_micro
                 loss.backward()
             total += loss.detach()
-        if self.topo.dp > 1 and self.ddp is None and not skip_grad_sync():
+        if self.topo.dp > 1 and self.ddp is None and not self.fsdp and not skip_grad_sync():
             average_grads(self.params, self.topo.group("dp"), self.topo.dp)
         return total
 
@@ -91,8 +151,8 @@ class PipelineExecutor:
         example = torch.zeros(plan.schedule.micro_batch_size, seq_len, dtype=torch.long, device=topo.device)
         pipe = pipeline_parallel.split(model, plan, example)
         stage_module = pipe.get_stage_module(topo.pp_rank)
-        if topo.tp > 1:
-            apply_tp(stage_module, plan.placements, topo.mesh["tp"])
+        self.applied = parallelize(stage_module, plan, topo, stage=topo.pp_rank)
+        self.fsdp = self.applied.fsdp_units > 0
         self.stage, self.schedule = pipeline_parallel.build_schedule(
             pipe, plan, topo.pp_rank, topo.device, topo.group("pp"), lm_loss)
         self.params = [p for p in stage_module.parameters() if p.requires_grad]
@@ -105,7 +165,7 @@ class PipelineExecutor:
         args = (inputs,) if self.first else ()
         kwargs = {"target": targets, "losses": losses, "return_outputs": False} if self.last else {}
         self.schedule.step(*args, **kwargs)
-        if self.topo.dp > 1 and not skip_grad_sync():
+        if self.topo.dp > 1 and not self.fsdp and not skip_grad_sync():
             average_grads(self.params, self.topo.group("dp"), self.topo.dp)
         if not losses:
             return torch.zeros((), device=self.topo.device)

@@ -10,8 +10,10 @@ import torch.nn as nn
 from costmodel import model_fingerprint
 from costmodel.models import ModelSpec
 from planner.plan import Plan, PlanError
-
-FP32 = (None, "fp32", "float32")
+from runtime.fsdp import sharded
+from runtime.pp import SCHEDULES
+from runtime.recipe import OPTIMIZERS
+from runtime.precision import describe, train_dtype
 
 
 def build_meta(spec: ModelSpec) -> nn.Module:
@@ -39,6 +41,9 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
         for fqn in ([stage.split_at] if stage.split_at else []) + stage.modules:
             if fqn not in modules:
                 raise PlanError(f"stages[{i}] names module {fqn!r}, which --model {spec.name} does not have")
+    if plan.schedule.name not in SCHEDULES or plan.schedule.virtual_stages > 1:
+        raise PlanError(f"schedule {plan.schedule.name} (virtual_stages {plan.schedule.virtual_stages}) is not "
+                        f"executed by this runtime, which runs {' and '.join(SCHEDULES)} with one stage per rank")
     if plan.schedule.name == "1F1B" and plan.schedule.num_microbatches < m.pp:
         raise PlanError(f"1F1B needs at least as many microbatches as stages "
                         f"({plan.schedule.num_microbatches} < pp={m.pp})")
@@ -51,8 +56,36 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
         if dim % m.tp:
             raise PlanError(f"placements[{fqn!r}] = {style} splits a dimension of {dim} over tp={m.tp}, "
                             "which does not divide it")
-    notes = []
-    if plan.train.get("dtype") not in FP32:
-        notes.append(f"note: plan dtype is {plan.train['dtype']!r}; this runtime trains in fp32, "
-                     "so measured time and memory are for fp32")
-    return notes
+    check_blocks(plan, modules, spec.name)
+    optimizer_name(plan)
+    fsdp, dtype = sharded(plan), train_dtype(plan)
+    return [] if dtype == torch.float32 else [describe(dtype, fsdp)]
+
+
+def optimizer_name(plan: Plan) -> str:
+    """The plan's optimizer ("adam" when unset); PlanError for one the runtime does not build."""
+    name = plan.train.get("optimizer") or "adam"
+    if name not in OPTIMIZERS:
+        raise PlanError(f"train.optimizer is {name!r}; this runtime builds {' and '.join(OPTIMIZERS)}")
+    return name
+
+
+def check_blocks(plan: Plan, modules: dict[str, nn.Module], model: str) -> None:
+    """Each block names a module once, on the stage that runs it, with choices this runtime executes."""
+    owner = {fqn: s.index for s in plan.stages for fqn in s.modules}
+    seen = set()
+    for i, b in enumerate(plan.blocks):
+        if b.fqn not in modules:
+            raise PlanError(f"blocks[{i}] names module {b.fqn!r}, which --model {model} does not have")
+        if b.fqn in seen:
+            raise PlanError(f"blocks[{i}] names module {b.fqn!r} a second time")
+        seen.add(b.fqn)
+        if not b.fqn and plan.mesh.pp > 1:
+            raise PlanError(f"blocks[{i}] names the whole model, which a pipeline of {plan.mesh.pp} stages splits")
+        parts = b.fqn.split(".")
+        listed = [owner[a] for a in (".".join(parts[:k]) for k in range(len(parts), 0, -1)) if a in owner]
+        if listed and listed[0] != b.stage:
+            raise PlanError(f"blocks[{i}] puts {b.fqn!r} on stage {b.stage}, but stages[{listed[0]}] holds it")
+        if b.offload_activations and b.recompute == "full":
+            raise PlanError(f"blocks[{i}] ({b.fqn!r}) offloads activations under full recompute, which keeps only "
+                            "the block's input (still in use): nothing to offload; use recompute none or selective")

@@ -2,8 +2,10 @@
 
 On GPU: `torch.cuda.max_memory_allocated`. On CPU there is no allocator counter, so the number is
 *tracked*: bytes of this rank's parameters + gradients + optimizer state (local shards) plus the peak
-of live saved-for-backward tensors seen by `saved_tensors_hooks` (deduplicated by storage; parameters
-excluded). It leaves out temporaries that autograd does not save and communication buffers.
+of live saved-for-backward tensors seen by `saved_tensors_hooks` (deduplicated by storage; parameters,
+and FSDP's gathered parameters and their views, excluded). It leaves out temporaries that autograd does
+not save, communication buffers, and what a block hands to its own hooks instead (checkpointed blocks
+keep their tensors out of sight; offloaded ones keep them in host memory).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from collections import defaultdict
 from typing import Iterable
 
 import torch
+import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 CPU_METHOD = "tracked: parameters + gradients + optimizer state + peak live saved activations"
@@ -48,6 +51,8 @@ class SavedActivations:
         self._hooks = None
 
     def _pack(self, t):
+        if isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter):
+            return t, None
         try:
             ptr, nbytes = _storage(t)
         except (RuntimeError, NotImplementedError):  # a tensor without storage: not counted

@@ -14,6 +14,7 @@ import torch.nn as nn
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, SplitPoint, pipeline
 
 from planner.plan import Plan, PlanError
+from runtime.blocks import blocks_in
 
 SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}
 
@@ -27,6 +28,8 @@ def split(model: nn.Module, plan: Plan, example_microbatch: torch.Tensor):
     if pipe.num_stages != len(plan.stages):
         raise PlanError(f"splitting at {list(spec)} gave {pipe.num_stages} stages, the plan has {len(plan.stages)}")
     check_ownership(pipe, plan, model)
+    for i in range(pipe.num_stages):  # on every rank, so that all of them stop if one stage would
+        blocks_in(pipe.get_stage_module(i), plan, i)
     return pipe
 
 

@@ -21,6 +21,15 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
 
 
-def make_optimizer(params: Iterable[torch.Tensor], lr: float) -> torch.optim.Optimizer:
-    """AdamW without weight decay. foreach=False: DTensor and plain parameters may be mixed (TORCH-NOTES)."""
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=False)
+OPTIMIZERS = ("adam", "sgd")
+"""The plan's `train["optimizer"]` values, as costmodel.memory costs them."""
+
+
+def make_optimizer(params: Iterable[torch.Tensor], lr: float, name: str = "adam") -> torch.optim.Optimizer:
+    """"adam": AdamW without weight decay; "sgd": SGD without momentum (no optimizer state, as the planner
+    costs it). foreach=False: DTensor and plain parameters may be mixed (TORCH-NOTES)."""
+    if name == "adam":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=False)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.0, foreach=False)
+    raise ValueError(f"optimizer {name!r}; accepted: {list(OPTIMIZERS)}")

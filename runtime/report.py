@@ -18,6 +18,8 @@ class RunResult:
     max_abs_diff: float | None = None
     tolerance: float | None = None
     notes: list[str] = field(default_factory=list)
+    applied: dict = field(default_factory=dict)
+    """What the runtime applied on rank 0 (runtime.apply.Applied); pp > 1: pipeline stage 0's share."""
 
     @property
     def step_time_s(self) -> float:
@@ -30,7 +32,7 @@ class RunResult:
                 "max_abs_diff": self.max_abs_diff, "step_time_s": self.step_time_s,
                 "step_times_s": self.step_times, "tokens_per_s": self.tokens_per_step / self.step_time_s,
                 "peak_memory_bytes": self.peak_memory_bytes, "memory_method": self.memory_method,
-                "peak_rss_bytes": self.peak_rss_bytes}
+                "peak_rss_bytes": self.peak_rss_bytes, "applied": self.applied}
 
 
 def _mib(b) -> str:
@@ -43,6 +45,8 @@ def _fmt(v, fmt: str, unit: str = "") -> str:
 
 def render(r: RunResult, header: str, predicted: dict) -> str:
     lines = [header, *r.notes]
+    if r.applied:
+        lines.append(f"applied on rank 0: {r.applied['summary']}")
     ref = r.reference_losses
     lines.append("step  loss" + ("          reference     |diff|" if ref else ""))
     for i, loss in enumerate(r.losses):

@@ -11,10 +11,12 @@ worker makes torchrun itself exit non-zero (torchrun's own code is 1).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
 import time
+from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
@@ -23,9 +25,10 @@ from costmodel import PartitaError, resolve_model
 from planner.plan import Plan
 from runtime import memory
 from runtime.apply import make_executor
-from runtime.checks import preflight
+from runtime.checks import optimizer_name, preflight
 from runtime.data import SyntheticTokens
 from runtime.mesh import Topology, env_world, init
+from runtime.precision import train_dtype
 from runtime.recipe import build_model, make_optimizer
 from runtime.report import RunResult, render
 from runtime.verify import TOLERANCE, compare, reference_losses
@@ -59,12 +62,13 @@ def _allreduce(values: list[float], op, device) -> list[float]:
 
 
 def train(plan: Plan, spec, topo: Topology, steps: int, seed: int, lr: float) -> RunResult:
-    """Train `steps` steps under the plan on this rank; every rank returns the same RunResult."""
+    """Train `steps` steps under the plan on this rank; every rank returns the same RunResult, except
+    `applied`, which says what this rank's executor applied."""
     data = SyntheticTokens(spec, plan.train["global_batch"], seed)
     model = build_model(spec, seed).to(topo.device)
     executor = make_executor(model, plan, topo, spec.seq_len)
     del model
-    opt = make_optimizer(executor.params, lr)
+    opt = make_optimizer(executor.params, lr, optimizer_name(plan))
     saved = memory.SavedActivations(executor.params)
     if topo.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(topo.device)
@@ -90,7 +94,8 @@ def train(plan: Plan, spec, topo: Topology, steps: int, seed: int, lr: float) ->
     maxed = _allreduce(times + [peak, memory.peak_rss_bytes()], dist.ReduceOp.MAX, topo.device)
     return RunResult(losses=local_losses, step_times=maxed[:steps], peak_memory_bytes=int(maxed[steps]),
                      memory_method=method, peak_rss_bytes=int(maxed[steps + 1]),
-                     tokens_per_step=plan.train["global_batch"] * spec.seq_len)
+                     tokens_per_step=plan.train["global_batch"] * spec.seq_len,
+                     applied={**asdict(executor.applied), "summary": executor.applied.summary()})
 
 
 def run(args: argparse.Namespace, plan: Plan, spec, notes: list[str]) -> int:
@@ -103,15 +108,17 @@ def run(args: argparse.Namespace, plan: Plan, spec, notes: list[str]) -> int:
         if args.verify:
             if topo.rank == 0:
                 data = SyntheticTokens(spec, plan.train["global_batch"], args.seed)
-                result.reference_losses = reference_losses(spec, data, args.steps, args.seed, args.lr, topo.device)
-                result.tolerance = TOLERANCE[torch.float32]
+                result.reference_losses = reference_losses(spec, data, args.steps, args.seed, args.lr, topo.device,
+                                                           optimizer_name(plan))
+                result.tolerance = TOLERANCE[train_dtype(plan)]
                 result.max_abs_diff, ok = compare(result.losses, result.reference_losses, result.tolerance)
                 code.fill_(0 if ok else 1)
             dist.broadcast(code, src=0)
         if topo.rank == 0:
             m = plan.mesh
             header = (f"partita run: {spec.name} on {m.world_size} rank(s) (pp={m.pp} dp={m.dp} tp={m.tp}, "
-                      f"{plan.schedule.name} x{plan.schedule.num_microbatches} microbatches), "
+                      f"{plan.schedule.name} x{plan.schedule.num_microbatches} microbatches, zero_stage "
+                      f"{plan.zero_stage}, {plan.train.get('dtype') or 'fp32'}, {optimizer_name(plan)}), "
                       f"{dist.get_backend()}/{topo.device.type}, global batch {plan.train['global_batch']} "
                       f"x {spec.seq_len} tokens, {args.steps} steps")
             print(render(result, header, plan.predicted), flush=True)
@@ -124,6 +131,7 @@ def run(args: argparse.Namespace, plan: Plan, spec, notes: list[str]) -> int:
             print(f"partita: error: {e}", file=sys.stderr, flush=True)
         return 2
     finally:
+        gc.collect()  # free FSDP state (reference cycles) while its process groups still exist
         dist.destroy_process_group()
 
 

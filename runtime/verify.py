@@ -13,10 +13,10 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-3}
 
 
 def reference_losses(spec: ModelSpec, data: SyntheticTokens, steps: int, seed: int, lr: float,
-                     device: torch.device) -> list[float]:
+                     device: torch.device, optimizer: str = "adam") -> list[float]:
     """Full-batch training in one process: same init, batches and optimizer as the distributed run."""
     model = build_model(spec, seed).to(device)
-    opt = make_optimizer(model.parameters(), lr)
+    opt = make_optimizer(model.parameters(), lr, optimizer)
     losses = []
     for k in range(steps):
         inputs, targets = (t.to(device) for t in data.batch(k))

@@ -6,5 +6,20 @@
     print(plan.explain())
 """
 from planner.plan import Plan, PlanError, SCHEMA
-from planner.search import TrainConfig
-from planner.api import plan, plan_search
+
+# The solver stack (cvxpy, HiGHS) loads on first use, so the runtime's ranks, which only read Plans,
+# do not pay for it.
+_LAZY = {"TrainConfig": "planner.search", "SearchSpace": "planner.search", "plan_search": "planner.api"}
+
+
+def plan(*args, **kwargs):
+    """Capture a model, cost it for a cluster, and return the fastest plan that fits (planner.api.plan)."""
+    from planner.api import plan as _plan
+    return _plan(*args, **kwargs)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'planner' has no attribute {name!r}")

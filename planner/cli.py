@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", required=True, help="8xA100-80GB, 128x8xA100-80GB, 4xcpu ...")
     p.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
-    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None,
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                    help="training precision (default: bf16 on GPUs, fp32 on cpu)")
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     p.add_argument("--schedule", choices=["auto", "1F1B", "GPipe", "Interleaved1F1B"], default="auto",

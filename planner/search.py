@@ -56,8 +56,9 @@ class TrainConfig:
     def __post_init__(self):
         if not isinstance(self.global_batch, int) or self.global_batch < 1:
             raise PartitaError(f"global batch must be a positive integer, got {self.global_batch!r}")
-        if self.dtype not in ("bf16", "fp32", "fp16"):
-            raise PartitaError(f"dtype {self.dtype!r} not supported; accepted: bf16, fp16, fp32")
+        if self.dtype not in ("bf16", "fp32"):
+            raise PartitaError(f"dtype {self.dtype!r} not supported; accepted: bf16, fp32 (fp16 would need loss "
+                               "scaling, which the runtime does not do)")
         if self.schedule not in SCHEDULE_CHOICES:
             raise PartitaError(f"schedule {self.schedule!r} not supported; accepted: {', '.join(SCHEDULE_CHOICES)}")
 

@@ -8,6 +8,7 @@ only when something is drawn, so `import planner.viz` needs nothing beyond the p
     plot_candidates(points, chosen=plan)            # scatter, Pareto front marked
     plot_timeline(plan_timeline(plan, result))      # the plan's pipeline schedule as a Gantt chart
     plot_memory(plan)                               # memory per pipeline rank by category vs capacity
+    replan(result, plan, cluster="16x8xA100-80GB")  # the same captured model on another cluster
 
 The schedule simulator replays each pipeline rank's order of forward (F) and backward (B) passes under
 their data dependencies: F of micro-batch i on virtual stage k needs F of i on stage k - 1; B of i on k
@@ -31,11 +32,12 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from costmodel.hardware import GiB
-from planner.build import predicted
+from costmodel.hardware import Cluster, GiB, parse_cluster
+from planner.build import build_plan, predicted
 from planner.milp import solve_stages
+from planner.milp_blocks import solve_blocks, stage_p2p
 from planner.plan import Plan
-from planner.search import Candidate, SearchResult
+from planner.search import Candidate, SearchResult, TrainConfig, search
 
 CATEGORY_COLORS = {"model_states": "#4C72B0", "activations": "#DD8452", "workspace": "#8C8C8C"}
 PASS_COLORS = {"F": "#4C72B0", "B": "#DD8452", "flush": "#B0B0B0"}
@@ -81,12 +83,23 @@ def candidate_points(result: SearchResult, *, solve_pruned: bool = True, time_li
         if done or not solve_pruned:
             continue
         for c in sorted(cands, key=lambda c: c.lower_bound)[:tries]:
-            sol = solve_stages(replace(c.problem, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap))
-            if sol.feasible:
-                points.append(_point(result, replace(c, solution=sol, pruned=False), searched=False))
+            solved = _solve_copy(c, time_limit_s, mip_rel_gap)
+            if solved is not None:
+                points.append(_point(result, solved, searched=False))
                 break
     points.sort(key=lambda p: (p.step_time_s, p.peak_memory_bytes))
     return points
+
+
+def _solve_copy(c: Candidate, time_limit_s: float, mip_rel_gap: float) -> Candidate | None:
+    """A solved copy of `c` (either stage program, as the search would solve it), or None if infeasible."""
+    problem = replace(c.problem, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap)
+    if c.formulation == "blocks":
+        sol = solve_blocks(problem)
+        parts = {**c.parts, "e_p2p": stage_p2p(problem, sol.counts)} if sol.feasible else c.parts
+    else:
+        sol, parts = solve_stages(problem), c.parts
+    return replace(c, solution=sol, parts=parts, pruned=False) if sol.feasible else None
 
 
 def _point(result: SearchResult, c: Candidate, searched: bool) -> Point:
@@ -215,7 +228,7 @@ def simulate_pipeline(schedule: str, num_microbatches: int, fwd: Sequence[float]
     return Timeline(schedule=schedule, num_stages=p, num_microbatches=m, virtual_stages=v, passes=passes)
 
 
-def stage_times(result: SearchResult, c: Candidate) -> tuple[np.ndarray, np.ndarray]:
+def stage_times(c: Candidate) -> tuple[np.ndarray, np.ndarray]:
     """Forward and backward seconds per micro-batch of each pipeline rank of a solved candidate.
 
     The planner's per-rank time (solution.stage_time: compute, tensor-parallel and exposed ZeRO
@@ -226,18 +239,20 @@ def stage_times(result: SearchResult, c: Candidate) -> tuple[np.ndarray, np.ndar
         raise ValueError("candidate has no feasible solution")
     tau = np.asarray(c.solution.stage_time, dtype=float)
     share = np.full(c.pp, 1 / 3)
-    if c.options:
-        counts = c.solution.counts
-        fwd = counts @ np.array([o.base.fwd_s * c.micro_batch for o in c.options])
-        whole = counts @ np.array([o.compute for o in c.options])
-        share = np.where(whole > 0, fwd / np.where(whole > 0, whole, 1.0), share)
+    stage_options = c.parts.get("stage_options") or [c.options] * c.pp  # per stage on heterogeneous clusters
+    for s, opts in enumerate(stage_options):
+        if opts:
+            counts = c.solution.counts[s]
+            fwd = counts @ np.array([o.base.fwd_s * c.micro_batch for o in opts])
+            whole = counts @ np.array([o.compute for o in opts])
+            share[s] = fwd / whole if whole > 0 else share[s]
     f = tau * share
     return f, tau - f
 
 
-def candidate_timeline(result: SearchResult, c: Candidate) -> Timeline:
+def candidate_timeline(c: Candidate) -> Timeline:
     """The simulated schedule of a solved candidate, with its flush and the planner's step time."""
-    f, b = stage_times(result, c)
+    f, b = stage_times(c)
     tl = simulate_pipeline(c.schedule, c.num_microbatches, f, b, c.virtual_stages)
     tl.flush_s = np.asarray(c.solution.stage_flush, dtype=float)
     tl.predicted_step_s = c.step_time
@@ -256,7 +271,23 @@ def find_candidate(plan: Plan, result: SearchResult) -> Candidate:
 
 def plan_timeline(plan: Plan, result: SearchResult) -> Timeline:
     """The plan's schedule (stages, micro-batches, chunks) with the per-stage times the planner predicted."""
-    return candidate_timeline(result, find_candidate(plan, result))
+    return candidate_timeline(find_candidate(plan, result))
+
+
+# ---- what-if -----------------------------------------------------------------------------------
+
+def replan(result: SearchResult, plan: Plan, *, cluster: str | Cluster | None = None,
+           train: TrainConfig | None = None) -> tuple[SearchResult, Plan]:
+    """The same captured model searched again for another cluster or global batch, without capturing it
+    again (capture is most of a plan's time for large models). Returns what planner.plan_search would
+    (without baselines). The sequence length and dtype are the capture's, so they cannot change here."""
+    cl = result.cluster if cluster is None else parse_cluster(cluster) if isinstance(cluster, str) else cluster
+    train = train or result.train
+    if train.seq_len not in (None, result.graph.seq_len) or train.dtype != result.train.dtype:
+        raise ValueError(f"replan reuses the graph captured at seq {result.graph.seq_len} in {result.train.dtype}; "
+                         "for another sequence length or dtype call planner.plan_search")
+    new = search(result.graph, cl, train)
+    return new, build_plan(new, plan.model["name"], plan.model.get("fingerprint", ""), plan.model.get("config", {}))
 
 
 # ---- tables ------------------------------------------------------------------------------------
@@ -372,9 +403,12 @@ def plot_timeline(tl: Timeline, *, ax=None, title: str | None = None, label_micr
     return ax
 
 
-def _memory_of(x) -> tuple[list[dict], float | None]:
+def _memory_of(x) -> tuple[list[dict], list[float | None]]:
+    """Memory rows per pipeline rank and each rank's usable capacity (per stage on heterogeneous clusters)."""
     pred = x.predicted if isinstance(x, Plan) else x
-    return pred["memory_per_stage"], pred.get("memory_capacity_bytes")
+    rows = pred["memory_per_stage"]
+    caps = pred.get("memory_capacity_per_stage") or [pred.get("memory_capacity_bytes")] * len(rows)
+    return rows, caps
 
 
 def plot_memory(plans, *, ax=None, title: str | None = None):
@@ -383,12 +417,15 @@ def plot_memory(plans, *, ax=None, title: str | None = None):
     `plans` is a Plan, a predicted dict (planner.build.predicted), or {label: either} to set side by side."""
     ax = _axes(ax)
     items = plans.items() if isinstance(plans, dict) and "memory_per_stage" not in plans else [("", plans)]
-    ticks, labels, capacity, x = [], [], None, 0
+    ticks, labels, x = [], [], 0
     seen: set[str] = set()
     for name, item in items:
-        rows, cap = _memory_of(item)
-        capacity = capacity or cap
-        for r, row in enumerate(rows):
+        rows, caps = _memory_of(item)
+        for r, (row, cap) in enumerate(zip(rows, caps)):
+            if cap:
+                ax.hlines(cap / GiB, x - 0.45, x + 0.45, color="crimson", ls="--", lw=1.2,
+                          label="usable memory" if "capacity" not in seen else None)
+                seen.add("capacity")
             bottom = 0.0
             for cat, value in row.items():
                 if cat == "total":
@@ -401,8 +438,6 @@ def plot_memory(plans, *, ax=None, title: str | None = None):
             labels.append(f"{name}\nrank {r}" if name else f"pp rank {r}")
             x += 1
         x += 0.5
-    if capacity:
-        ax.axhline(capacity / GiB, color="crimson", ls="--", lw=1, label="usable memory")
     ax.set_xticks(ticks, labels, fontsize=8)
     ax.set_ylabel("predicted memory per device (GiB)")
     ax.set_title(title or "memory per device, by category")
@@ -421,7 +456,8 @@ def plot_baselines(plan: Plan, *, metric: str = "step_time_s", ax=None, title: s
     bars = ax.bar(range(len(names)), values, color=colors)
     for bar, b in zip(bars[1:], plan.baselines):
         if not b["fits"]:
-            ax.text(bar.get_x() + bar.get_width() / 2, 0, "does not fit", rotation=90, ha="center",
+            why = b.get("why") or "does not fit"
+            ax.text(bar.get_x() + bar.get_width() / 2, 0, f" {why}"[:40], rotation=90, ha="center",
                     va="bottom", fontsize=8)
     for bar, val in zip(bars, values):
         if val:

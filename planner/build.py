@@ -151,8 +151,13 @@ def _counts_layout(result: SearchResult, c: Candidate):
                 ref = result.layers[0]
                 placements.update({f"{grp}.{key[len(ref) + 1:]}": st for key, st in var.base.placements.items()})
         start += n
+    extra_options = c.parts.get("extra_options", {})
     for s, extra in ((0, result.prefix), (p * v - 1, result.suffix)):
         for grp in extra:
-            blocks.append(BlockChoice(fqn=grp, stage=s, sharding="replicate"))
+            option = extra_options.get(grp)  # embeddings, head: the option the candidate was costed with
+            sharding = option.name if option is not None else "replicate"
+            blocks.append(BlockChoice(fqn=grp, stage=s, sharding=sharding))
+            if sharding == "tensor":
+                placements.update(option.placements)
     blocks.sort(key=lambda b: result.graph.groups.index(b.fqn))
     return stages, blocks, placements

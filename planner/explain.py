@@ -184,7 +184,8 @@ def renderables(plan) -> Group:
 def explain(plan, width: int = 120) -> str:
     """The report as plain text."""
     buf = io.StringIO()
-    Console(file=buf, width=width, no_color=True, color_system=None, highlight=False).print(renderables(plan))
+    Console(file=buf, width=width, no_color=True, color_system=None, highlight=False,
+            force_jupyter=False).print(renderables(plan))
     return "\n".join(line.rstrip() for line in buf.getvalue().splitlines())
 
 

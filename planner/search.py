@@ -183,6 +183,8 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     opts = variants(layer_bases, cluster, sb, zero, dp, tp, b, space.recompute, space.offload)
     if tp > 1 and layers and not any(o.sharding == "tensor" for o in opts):
         return None  # splitting the layers never pays on this mesh: a smaller tp does better
+    if tp > 1 and not layers and not any(o.name == "tensor" for o in (*pre, *suf)):
+        return None  # nothing to split: the tp ranks would duplicate all work
     dp_group = comm.group_for(cluster, dp, tp)
     dp_latency = comm.affine(comm.all_reduce, cluster, dp_group)[0] if zero <= 1 else 0.0
 
@@ -206,10 +208,13 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         e["p2p"][-1] = send * (v - 1)
     if schedule == "GPipe":
         in_flight = np.full(pp, float(m))
-    else:  # 1F1B; interleaving holds (1 + (p - 1) / (p m)) times more (Korthikanti et al. 2022)
+    elif v > 1:
+        # interleaved 1F1B: rank s warms up 2 (p - s - 1) + (v - 1) p chunk forwards before its first
+        # backward, so it holds that many + 1 chunks, each 1/v of the stage's activations; on rank 0 this
+        # is p (1 + (p - 1) / (p v)), Korthikanti et al.'s factor (their m is the chunk count v)
+        in_flight = np.array([min(m, (2 * (pp - s - 1) + (v - 1) * pp + 1) / v) for s in range(pp)])
+    else:  # 1F1B: rank s holds p - s micro-batches
         in_flight = np.array([min(pp - s, m) for s in range(pp)], dtype=float)
-        if v > 1:
-            in_flight *= 1 + (pp - 1) / (pp * m)
     # transient memory: the largest activation and its gradient, and one layer's activations being
     # rebuilt (recompute) or reduced (backward) at a time; ZeRO-3 also gathers two layers' parameters
     layer_act = max([o.saved_bytes for o in layer_bases] or [0]) * b
@@ -237,8 +242,10 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
           + (len(layers) * problem.option_flush.min() + e["flush"].sum()) / pp)
     return Candidate(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, num_microbatches=m, schedule=schedule,
                      virtual_stages=v, lower_bound=lb,
-                     problem=problem, options=opts, parts={**{f"e_{k}": v for k, v in e.items()},
-                                                          "workspace": workspace})
+                     problem=problem, options=opts, parts={**{f"e_{k}": x for k, x in e.items()},
+                                                          "workspace": workspace,
+                                                          "extra_options": dict(zip((*bases.prefix, *bases.suffix),
+                                                                                    (*pre, *suf)))})
 
 
 def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
@@ -316,7 +323,10 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
                      schedule="GPipe" if train.schedule == "GPipe" and pp > 1 else "1F1B", virtual_stages=1,
                      lower_bound=lb, problem=problem, options=opts,
                      parts={**{f"e_{k}": v for k, v in e.items()}, "workspace": workspace, "stage_options": by_stage,
-                            "stage_groups": [gc.spec for gc in stage_groups]})
+                            "stage_groups": [gc.spec for gc in stage_groups],
+                            "extra_options": dict(zip((*bases.prefix, *bases.suffix),
+                                                      (*extras[id(stage_groups[0])][0],
+                                                       *extras[id(stage_groups[-1])][1])))})
 
 
 def _enumerate_hetero(bases: _Bases, cluster: Cluster, train: TrainConfig, space: SearchSpace) -> list[Candidate]:

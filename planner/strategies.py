@@ -200,9 +200,10 @@ def propagate_tp(graph: OpGraph, group: str, tp: int) -> tuple[set[str], dict[st
         if out_dim is None:
             return None
         dim[n] = out_dim
-    # the block's outputs (to later groups) must be replicated
+    # the block's outputs (to later groups, or the model's own outputs) must be replicated
     for n in nodes:
-        if n in dim and any(s not in in_group for s in g.successors(n)):
+        succ = list(g.successors(n))
+        if n in dim and (not succ or any(s not in in_group for s in succ)):
             return None
     if not placements:
         return None

@@ -124,7 +124,12 @@ def _parse_family(spec: str) -> ModelSpec:
 
 
 def _import_factory(spec: str) -> ModelSpec:
+    """`package.module:factory`, a callable returning (module, example inputs) with a leading batch dim."""
+    import os
+    import sys
     module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:  # as `python -m` would: a user's module in the working directory
+        sys.path.insert(0, os.getcwd())
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
@@ -132,11 +137,13 @@ def _import_factory(spec: str) -> ModelSpec:
     probe = factory()
     if not (isinstance(probe, tuple) and len(probe) == 2 and isinstance(probe[0], nn.Module)):
         raise PartitaError(f"model factory {spec!r} must return (nn.Module, example_inputs tuple)")
+    inputs = probe[1] if isinstance(probe[1], tuple) else (probe[1],)
+    if not all(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] >= 1 for t in inputs):
+        raise PartitaError(f"model factory {spec!r}: example inputs must be tensors with a leading batch dimension")
+    sample = tuple(t[:1] for t in inputs)  # one sample; the planner scales per-sample costs
 
     def example_inputs(batch: int):
-        inputs = factory()[1]
-        inputs = inputs if isinstance(inputs, tuple) else (inputs,)
-        return tuple(t.expand(batch, *t.shape[1:]).clone() if isinstance(t, torch.Tensor) else t for t in inputs)
+        return tuple(t.expand(batch, *t.shape[1:]).clone() for t in sample)
 
     return ModelSpec(name=spec, build=lambda: factory()[0], example_inputs=example_inputs)
 

@@ -144,3 +144,25 @@ def test_heterogeneous_resource_list_balances_stages_by_device_speed_and_memory(
     for row, cap in zip(plan.predicted["memory_per_stage"], plan.predicted["memory_capacity_per_stage"]):
         assert row["total"] <= cap
     assert 0 < plan.predicted["mfu"] < 1
+
+
+def test_a_model_with_nothing_to_split_gets_no_tensor_parallel_ranks():
+    import torch
+    import torch.nn as nn
+    plan = planner.plan(nn.Sequential(nn.Linear(64, 64)), (torch.randn(4, 64),), cluster="8xA100-80GB",
+                        train=planner.TrainConfig(global_batch=64))
+    assert plan.mesh.tp == 1 and not plan.placements
+
+
+def test_interleaved_plans_count_the_activations_the_schedule_keeps_in_flight(graph_of):
+    """Rank s of an interleaved 1F1B warms up 2 (p - s - 1) + (v - 1) p chunks: it holds that + 1 chunks,
+    each 1/v of its activations (rank 0: p (1 + (p - 1) / (p v)), Korthikanti et al.)."""
+    from planner.search import _Bases, build_candidate, split_model
+    graph = graph_of("megatron-39b", "bf16")
+    bases = _Bases(graph, parse_cluster("8x8xA100-80GB"), *split_model(graph))
+    p, v, m = 4, 2, 16
+    c = build_candidate(bases, planner.TrainConfig(global_batch=256), SearchSpace(), p, 16, 1, 0, 1,
+                        "Interleaved1F1B", v)
+    expected = [(2 * (p - s - 1) + (v - 1) * p + 1) / v for s in range(p)]
+    assert list(c.problem.in_flight) == pytest.approx(expected)
+    assert c.problem.in_flight[0] == pytest.approx(p * (1 + (p - 1) / (p * v)))

@@ -97,6 +97,24 @@ def measure_matmul(sizes, dtypes=("fp32", "bf16"), budget_s: float = 0.1, device
     return out
 
 
+def measure_op_latency(device=None, layers: int = 64, repeats: int = 5) -> float:
+    """Seconds each operator of a training step costs beyond its arithmetic: forward and backward through
+    a chain of tiny Linear + GELU modules (module call, dispatch, autograd engine), divided by the
+    launches the cost model charges for them (planner.strategies: 1 forward + 2 backward per operator)."""
+    import torch
+    import torch.nn as nn
+    model = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(8, 8), nn.GELU())]).to(device)
+    x = torch.ones(4, 8, device=device)
+    times = []
+    for _ in range(repeats + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        model(x).sum().backward()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:]) / (2 * layers * 3)
+
+
 def measure_copy(nbytes: int, device=None, repeats: int = 5) -> dict:
     """Memory bandwidth of a large copy, read + write: 2 * bytes / seconds (best of `repeats`)."""
     import torch
@@ -170,6 +188,15 @@ def _worker(rank: int, world: int, init_file: str, message_bytes: list, reps: in
     dist.init_process_group("nccl" if cuda else "gloo", store=dist.FileStore(init_file, world),
                             rank=rank, world_size=world)
     results: dict = {}
+    # every rank multiplies at once: a rank's share of the host when all of them compute (ranks may
+    # outnumber cores), the rate the planner should charge; the slowest rank's rate
+    n = 512
+    a = torch.randn(n, n, device=device)
+    dist.barrier()
+    t = _time_collective(lambda: torch.mm(a, a), 20, device)
+    rate = torch.tensor([2 * n ** 3 / t], dtype=torch.float64, device=device)
+    dist.all_reduce(rate, op=dist.ReduceOp.MIN)
+    results["concurrent_matmul"] = [{"ranks": world, "n": n, "flops_per_s": float(rate.item())}]
     for k in range(2, world + 1):
         group = dist.new_group(list(range(k)))
         if rank < k:
@@ -274,9 +301,15 @@ def calibrate(out_path, ranks: int | None = None, quick: bool = False) -> dict:
     finally:
         torch.set_num_threads(threads)
     coll = measure_collectives(ranks, s["message_bytes"], s["reps"])
+    concurrent = coll["results"].pop("concurrent_matmul")[0]
     fits = {kind: fit_alpha_beta(kind, pts) for kind, pts in coll["results"].items() if pts}
 
     peak = {dt: max(r["flops_per_s"] for r in rows) for dt, rows in matmul.items()}
+    # a rank's share when all ranks compute at once (below 1 when ranks outnumber cores)
+    alone = next((r["flops_per_s"] for r in matmul["fp32"] if r["n"] == concurrent["n"]), peak["fp32"])
+    share = min(1.0, concurrent["flops_per_s"] / alone)
+    peak = {dt: v * share for dt, v in peak.items()}
+    op_latency = measure_op_latency(device)
     efficiency = statistics.mean(r["flops_per_s"] / peak["fp32"] for r in matmul["fp32"])
     ar = fits["all_reduce"]
     base = DEVICES["cpu"]
@@ -296,13 +329,14 @@ def calibrate(out_path, ranks: int | None = None, quick: bool = False) -> dict:
                  mem_bandwidth=copy["bytes_per_s"], intra_node_bw=ar["beta_bytes_per_s"],
                  inter_node_bw=ar["beta_bytes_per_s"], matmul_efficiency=min(1.0, efficiency),
                  intra_node_latency=ar["alpha_s"], inter_node_latency=ar["alpha_s"], host_bw=host_bw,
-                 reserved_bytes=reserved, host_memory_bytes=host_memory)
+                 reserved_bytes=reserved, host_memory_bytes=host_memory, op_latency=op_latency / share)
     host = os.uname().nodename if hasattr(os, "uname") else "host"
     cluster = Cluster(nodes=1, devices_per_node=ranks, device=dev, spec=host)
     measurements = {
         "host": host, "torch": str(torch.__version__), "backend": coll["backend"], "ranks": ranks,
         "quick": quick, "threads_per_rank": 1, "wall_time_s": None,
         "matmul": matmul, "memory_copy": copy, "collectives": coll["results"], "fits": fits,
+        "concurrent_matmul": concurrent, "compute_share_per_rank": share, "op_latency_alone_s": op_latency,
         "notes": "inter_node_* repeat the loopback figures: one host, off-node links not measured",
     }
     d = cluster_to_dict(cluster, name=f"calibrated {host}", measurements=measurements)

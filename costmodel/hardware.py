@@ -48,6 +48,9 @@ class Device:
     """Device <-> host memory bytes/s (PCIe 4.0 x16 ~25 GB/s), for offload."""
     reserved_bytes: float = 2 * GiB
     """Memory not available to the plan: CUDA context, allocator fragmentation, workspaces."""
+    op_latency: float = 5e-6
+    """Seconds every operator costs beyond its FLOPs and bytes: a CUDA kernel launch (~5 us), or PyTorch's
+    eager dispatch on CPU (tens of us, measured by `partita calibrate`). Dominates small models."""
     host_memory_bytes: float = 0.0
     """Host DRAM this device may fill with offloaded activations and states (its share of the node's);
     0 where the device's memory already is host memory (a CPU), which rules offload out."""
@@ -80,7 +83,7 @@ DEVICES: dict[str, Device] = {d.name: d for d in [
     # measures the real figures.
     Device(name="cpu", peak_flops={"bf16": 50e9, "fp32": 100e9}, memory_bytes=4 * GiB, mem_bandwidth=10 * GB,
            intra_node_bw=1 * GB, inter_node_bw=0.1 * GB, matmul_efficiency=0.5, intra_node_latency=5e-4,
-           inter_node_latency=1e-3, host_bw=10 * GB, reserved_bytes=0.25 * GiB),
+           inter_node_latency=1e-3, host_bw=10 * GB, reserved_bytes=0.25 * GiB, op_latency=2e-5),
 ]}
 
 

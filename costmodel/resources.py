@@ -51,7 +51,7 @@ _GROUP_KEYS = {"name", "nodes", "devices_per_node", "device"}
 _DEVICE_FIELDS = {f.name for f in fields(Device)}
 _DEVICE_KEYS = _DEVICE_FIELDS | {"base"}
 _DEVICE_REQUIRED = ("name", "peak_flops", "memory_bytes", "mem_bandwidth", "intra_node_bw", "inter_node_bw")
-_NONNEGATIVE = {"host_memory_bytes", "intra_node_latency", "inter_node_latency", "reserved_bytes"}
+_NONNEGATIVE = {"op_latency", "host_memory_bytes", "intra_node_latency", "inter_node_latency", "reserved_bytes"}
 _YAML_SUFFIXES = (".yaml", ".yml")
 
 

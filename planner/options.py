@@ -2,7 +2,7 @@
 costed per rank for one candidate (tp, dp, ZeRO stage, micro-batch b).
 
 Per micro-batch time (seconds):
-    compute  = (forward + backward + recompute re-run) * b
+    compute  = (forward + backward + recompute re-run) * b + operator launches (Device.op_latency each)
     overlap  = max(compute, ZeRO traffic, activation offload traffic)     (prefetched / async copies)
     T        = overlap + tensor-parallel all-reduces (on the critical path, as in Megatron-LM)
 ZeRO traffic per micro-batch over the data-parallel group (FSDP2 semantics, what the runtime runs):
@@ -101,7 +101,8 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     o, dev = v.base, cluster.device
     n = o.param_numel
     dp_group = comm.group_for(cluster, dp, tp)
-    v.compute = (o.fwd_s + o.bwd_s + o.refwd_by_policy[v.recompute]) * b
+    v.compute = (o.fwd_s + o.bwd_s + o.refwd_by_policy[v.recompute]) * b \
+        + o.launch_s + o.relaunch_by_policy.get(v.recompute, 0.0)
     v.tp_comm = o.tp_comm_s(cluster, b)
     if v.recompute == "full":  # the re-run forward repeats its all-reduces
         group = comm.group_for(cluster, o.tp, 1)

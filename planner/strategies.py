@@ -57,6 +57,8 @@ class BlockOption:
     param_numel: int = 0           # parameters held per rank
     saved_bytes: int = 0           # activations saved per sample per rank
     placements: dict[str, str] = field(default_factory=dict)     # module fqn -> colwise/rowwise
+    launch_s: float = 0.0          # operator launch latency per micro-batch (forward + backward), not per sample
+    relaunch_by_policy: dict[str, float] = field(default_factory=dict)  # launches of a recompute re-run
     saved_by_policy: dict[str, int] = field(default_factory=dict)  # recompute policy -> saved bytes per sample
     refwd_by_policy: dict[str, float] = field(default_factory=dict)  # recompute policy -> extra seconds per sample
 
@@ -67,7 +69,17 @@ class BlockOption:
 
     def time_s(self, cluster: Cluster, micro_batch: int) -> float:
         """Forward + backward seconds for one micro-batch, TP communication included (not overlapped)."""
-        return (self.fwd_s + self.bwd_s) * micro_batch + self.tp_comm_s(cluster, micro_batch)
+        return (self.fwd_s + self.bwd_s) * micro_batch + self.launch_s + self.tp_comm_s(cluster, micro_batch)
+
+
+def launches(d: dict) -> int:
+    """Kernels a node launches in forward (a view launches none)."""
+    return 0 if d["alias"] or (d["fwd_flops"] == 0 and d["mem_bytes"] == 0) else 1
+
+
+BACKWARD_LAUNCHES = 2
+"""Kernels the backward of a launching node takes (its input and weight gradients, or an elementwise
+gradient and its accumulation)."""
 
 
 def node_seconds(d: dict, cluster: Cluster, dtype: str) -> tuple[float, float]:
@@ -91,6 +103,9 @@ def replicate_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> B
     opt = BlockOption(name="replicate", tp=tp, fwd_s=fwd, bwd_s=bwd, param_numel=numel, saved_bytes=saved)
     _add_recompute_policies(opt, graph, group, cluster, set(), 1)
     return opt
+
+
+
 
 
 def tensor_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> BlockOption | None:
@@ -160,6 +175,12 @@ def _add_recompute_policies(opt: BlockOption, graph: OpGraph, group: str, cluste
         else:
             rerun_sel += f
     inp = input_bytes(graph, group)
+    lat = cluster.device.op_latency
+    fwd_launch = sum(launches(g.nodes[n]) for n in graph.nodes_of(group)) * lat
+    sel_launch = sum(launches(g.nodes[n]) for n in graph.nodes_of(group)
+                     if not keeps_output_under_selective(g.nodes[n])) * lat
+    opt.launch_s = fwd_launch * (1 + BACKWARD_LAUNCHES)
+    opt.relaunch_by_policy = {"none": 0.0, "selective": sel_launch, "full": fwd_launch}
     opt.saved_by_policy = {"none": opt.saved_bytes, "selective": min(opt.saved_bytes, keep_sel + inp),
                            "full": min(opt.saved_bytes, inp)}
     opt.refwd_by_policy = {"none": 0.0, "selective": rerun_sel, "full": opt.fwd_s}

@@ -74,16 +74,30 @@ def _cmd_run(args) -> int:
     plan = Plan.load(args.plan)  # validate before launching anything
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
-    # the runtime's own pre-flight (model fingerprint, world size, module names) in one process, so a
-    # mismatch is one line and exit code 2 rather than a torchrun failure
-    check = subprocess.run([sys.executable, "-m", "runtime.train", args.plan, "--model", args.model, "--check"],
+    # torchrun's restarts on its shared rendezvous store would see the failed attempt's keys (pytorch#135712):
+    # give every attempt a fresh store
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    flags = ["--model", args.model, "--steps", str(args.steps)]
+    for name in ("data", "data_dtype", "checkpoint_dir", "checkpoint_every", "seed", "lr", "losses_out"):
+        value = getattr(args, name)
+        if value is not None:
+            flags += ["--" + name.replace("_", "-"), str(value)]
+    if args.resume:
+        flags.append("--resume")
+    if args.max_restarts:
+        flags += ["--max-restarts", str(args.max_restarts)]
+    # the runtime's own pre-flight (model fingerprint, world size, module names, data file, the checkpoint
+    # --resume would load) in one process, so a mismatch is one line and exit code 2 rather than a
+    # torchrun failure
+    check = subprocess.run([sys.executable, "-m", "runtime.train", args.plan, *flags, "--check"],
                            env=env, capture_output=True, text=True)
     if check.returncode != 0:
         sys.stderr.write(check.stderr or check.stdout)
         return 2 if check.returncode == 2 else check.returncode
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={plan.mesh.world_size}", "-m", "runtime.train", args.plan,
-           "--model", args.model, "--steps", str(args.steps)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.mesh.world_size}"]
+    if args.max_restarts:
+        cmd.append(f"--max-restarts={args.max_restarts}")
+    cmd += ["-m", "runtime.train", args.plan, *flags]
     if args.verify:
         cmd.append("--verify")
     return subprocess.call(cmd, env=env)
@@ -140,11 +154,29 @@ def build_parser() -> argparse.ArgumentParser:
     cp.set_defaults(func=_cmd_compare)
 
     r = sub.add_parser("run", help="train with a plan on local processes (torchrun)",
-                       epilog="example: partita run plan.json --model tiny-gpt --steps 3 --verify")
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  partita run plan.json --model tiny-gpt --steps 3 --verify\n"
+                              "  partita run plan.json --model tiny-gpt --steps 100 --data tokens.bin "
+                              "--checkpoint-dir ckpt --checkpoint-every 10 --max-restarts 2")
     r.add_argument("plan")
     r.add_argument("--model", required=True)
     r.add_argument("--steps", type=int, default=10)
     r.add_argument("--verify", action="store_true", help="also train in one process and compare the losses")
+    r.add_argument("--data", metavar="FILE", help="token file (.npy, or raw little-endian uint16/uint32 tokens); "
+                   "default: synthetic batches")
+    r.add_argument("--data-dtype", choices=["uint16", "uint32"], default=None,
+                   help="token type of a raw --data file (default uint16)")
+    r.add_argument("--checkpoint-dir", metavar="DIR", help="where DCP checkpoints are written and resumed from")
+    r.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="save a checkpoint after every N steps and after the last")
+    r.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in DIR "
+                   "(under this plan, whatever plan wrote it)")
+    r.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                   help="torchrun restarts the job up to K times after a failure; it resumes from the latest "
+                        "checkpoint")
+    r.add_argument("--seed", type=int, default=None)
+    r.add_argument("--lr", type=float, default=None)
+    r.add_argument("--losses-out", metavar="FILE", help="write losses, reference, step time and memory as JSON")
     r.set_defaults(func=_cmd_run)
 
     c = sub.add_parser("calibrate", help="measure this machine's devices and links into a resource list",

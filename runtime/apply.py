@@ -9,9 +9,12 @@ zero_stage 0, bf16 autocast when the plan trains in bf16 (runtime.precision).
   tp == 1, else gradients are averaged over the dp group by hand; with num_microbatches > 1 gradients are
   accumulated over contiguous microbatches, each loss divided by their number, so gradients equal those
   of the full batch.
-- pp > 1: the module is split into stages (runtime.pp), this rank's stage parallelized as above, the
-  plan's schedule runs the microbatches, and gradients are averaged over the dp group (by FSDP, or by
-  hand).
+- pp > 1: the module is split into stages (runtime.pp), this rank's stage (or, interleaved, stages)
+  parallelized as above, the plan's schedule runs the microbatches, and gradients are averaged over the
+  dp group (by FSDP, or by hand).
+
+Each executor exposes `modules` (the user's module or this rank's stage modules, unwrapped: their
+parameter and state-dict names are the user's FQNs, which checkpoints rely on) and `params`.
 
 Test hook: PARTITA_TEST_SKIP_GRAD_SYNC=1 skips the data-parallel gradient averaging of DDP and of the
 by-hand path (a deliberately wrong run, so tests can check that --verify catches it).
@@ -29,15 +32,16 @@ import torch.nn as nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from costmodel.models import ModelSpec
 from planner.plan import Plan
 from runtime import pp as pipeline_parallel
 from runtime.blocks import apply_block_choices, blocks_in
-from runtime.data import microbatches
+from runtime.data import split_batch
 from runtime.fsdp import apply_fsdp, sharded
 from runtime.memory import local
 from runtime.mesh import Topology
 from runtime.precision import autocast_forward, describe, train_dtype
-from runtime.recipe import lm_loss
+from runtime.recipe import LossFn, lm_loss, loss_for
 from runtime.tp import apply_tp
 
 
@@ -74,6 +78,21 @@ class Applied:
     precision: str = ""
     local_params: int = 0
     """Elements of the parameter shards this rank holds."""
+
+    @classmethod
+    def merge(cls, parts: list["Applied"]) -> "Applied":
+        """One record for the several pipeline stages a rank runs (interleaved schedules)."""
+        if len(parts) == 1:
+            return parts[0]
+        out = cls(reshard_after_forward=parts[0].reshard_after_forward, precision=parts[0].precision)
+        for a in parts:
+            out.recompute.update(a.recompute)
+            out.offload_activations += a.offload_activations
+            out.offload_states += a.offload_states
+            out.tp_layers += a.tp_layers
+            out.fsdp_units += a.fsdp_units
+            out.local_params += a.local_params
+        return out
 
     def summary(self) -> str:
         parts = [f"FSDP2 x{self.fsdp_units} units (reshard after forward: {self.reshard_after_forward})"
@@ -114,10 +133,11 @@ def parallelize(module: nn.Module, plan: Plan, topo: Topology, stage: int | None
 class LocalExecutor:
     """pp == 1: one module per rank (tensor- and/or data-parallel), optional gradient accumulation."""
 
-    def __init__(self, model: nn.Module, plan: Plan, topo: Topology):
-        self.topo, self.n_micro = topo, plan.schedule.num_microbatches
+    def __init__(self, model: nn.Module, plan: Plan, topo: Topology, loss: LossFn):
+        self.topo, self.n_micro, self.loss = topo, plan.schedule.num_microbatches, loss
         self.applied = parallelize(model, plan, topo)
         self.fsdp = self.applied.fsdp_units > 0
+        self.modules = [model]
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.ddp = None
         if topo.dp > 1 and topo.tp == 1 and not self.fsdp:
@@ -126,16 +146,15 @@ class LocalExecutor:
         self.module = self.ddp if self.ddp is not None else model
         self.holds_loss = topo.tp_rank == 0
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def step(self, batch: tuple) -> torch.Tensor:
         """Forward and backward of this rank's batch; returns its mean loss (detached)."""
         total = torch.zeros((), device=self.topo.device)
-        xs, ys = microbatches(inputs, self.n_micro), microbatches(targets, self.n_micro)
-        for i, (x, y) in enumerate(zip(xs, ys)):
+        for i, mb in enumerate(split_batch(batch, self.n_micro)):
             last = i == self.n_micro - 1
             sync = self.ddp is not None and last and not skip_grad_sync()
             ctx = self.ddp.no_sync() if self.ddp is not None and not sync else contextlib.nullcontext()
             with ctx:
-                loss = lm_loss(self.module(x), y) / self.n_micro
+                loss = self.loss(self.module, mb) / self.n_micro
                 loss.backward()
             total += loss.detach()
         if self.topo.dp > 1 and self.ddp is None and not self.fsdp and not skip_grad_sync():
@@ -144,23 +163,27 @@ class LocalExecutor:
 
 
 class PipelineExecutor:
-    """pp > 1: this rank runs one pipeline stage under the plan's schedule."""
+    """pp > 1: this rank runs its pipeline stage(s) -- one, or virtual_stages of them for interleaved
+    1F1B -- under the plan's schedule. Token LMs only (the last stage computes lm_loss)."""
 
     def __init__(self, model: nn.Module, plan: Plan, topo: Topology, seq_len: int):
         self.topo = topo
         example = torch.zeros(plan.schedule.micro_batch_size, seq_len, dtype=torch.long, device=topo.device)
         pipe = pipeline_parallel.split(model, plan, example)
-        stage_module = pipe.get_stage_module(topo.pp_rank)
-        self.applied = parallelize(stage_module, plan, topo, stage=topo.pp_rank)
+        self.stage_indices = pipeline_parallel.local_stages(plan, topo.pp_rank)
+        self.modules = [pipe.get_stage_module(i) for i in self.stage_indices]
+        self.applied = Applied.merge([parallelize(m, plan, topo, stage=i)
+                                      for m, i in zip(self.modules, self.stage_indices)])
         self.fsdp = self.applied.fsdp_units > 0
-        self.stage, self.schedule = pipeline_parallel.build_schedule(
-            pipe, plan, topo.pp_rank, topo.device, topo.group("pp"), lm_loss)
-        self.params = [p for p in stage_module.parameters() if p.requires_grad]
-        self.first, self.last = topo.pp_rank == 0, topo.pp_rank == topo.pp - 1
+        self.stages, self.schedule = pipeline_parallel.build_schedule(
+            pipe, plan, self.stage_indices, topo.device, topo.group("pp"), lm_loss)
+        self.params = [p for m in self.modules for p in m.parameters() if p.requires_grad]
+        self.first, self.last = 0 in self.stage_indices, len(plan.stages) - 1 in self.stage_indices
         self.holds_loss = self.last and topo.tp_rank == 0
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def step(self, batch: tuple) -> torch.Tensor:
         """Run the schedule on this rank's batch; returns its mean loss on the last stage, else 0."""
+        inputs, targets = batch
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.first else ()
         kwargs = {"target": targets, "losses": losses, "return_outputs": False} if self.last else {}
@@ -172,8 +195,11 @@ class PipelineExecutor:
         return torch.stack([l.detach() for l in losses]).mean()
 
 
-def make_executor(model: nn.Module, plan: Plan, topo: Topology, seq_len: int) -> LocalExecutor | PipelineExecutor:
-    """The executor for this rank; `seq_len` shapes the example microbatch the pipeline is traced with."""
-    if topo.pp > 1:
-        return PipelineExecutor(model, plan, topo, seq_len)
-    return LocalExecutor(model, plan, topo)
+Executor = LocalExecutor | PipelineExecutor
+
+
+def make_executor(model: nn.Module, plan: Plan, topo: Topology, spec: ModelSpec) -> Executor:
+    """The executor for this rank; a pipeline is traced with one example microbatch of spec.seq_len tokens."""
+    if len(plan.stages) > 1:
+        return PipelineExecutor(model, plan, topo, spec.seq_len)
+    return LocalExecutor(model, plan, topo, loss_for(spec))

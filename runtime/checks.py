@@ -11,7 +11,7 @@ from costmodel import model_fingerprint
 from costmodel.models import ModelSpec
 from planner.plan import Plan, PlanError
 from runtime.fsdp import sharded
-from runtime.pp import SCHEDULES
+from runtime.pp import SCHEDULES, check_schedule
 from runtime.recipe import OPTIMIZERS
 from runtime.precision import describe, train_dtype
 
@@ -41,12 +41,13 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
         for fqn in ([stage.split_at] if stage.split_at else []) + stage.modules:
             if fqn not in modules:
                 raise PlanError(f"stages[{i}] names module {fqn!r}, which --model {spec.name} does not have")
-    if plan.schedule.name not in SCHEDULES or plan.schedule.virtual_stages > 1:
-        raise PlanError(f"schedule {plan.schedule.name} (virtual_stages {plan.schedule.virtual_stages}) is not "
-                        f"executed by this runtime, which runs {' and '.join(SCHEDULES)} with one stage per rank")
-    if plan.schedule.name == "1F1B" and plan.schedule.num_microbatches < m.pp:
-        raise PlanError(f"1F1B needs at least as many microbatches as stages "
-                        f"({plan.schedule.num_microbatches} < pp={m.pp})")
+    if plan.schedule.name not in SCHEDULES:
+        raise PlanError(f"schedule {plan.schedule.name} is not executed by this runtime, which runs "
+                        f"{', '.join(SCHEDULES)}")
+    check_schedule(plan)
+    if len(plan.stages) > 1 and spec.loss_fn is not None:
+        raise PlanError(f"model {spec.name!r} computes its own loss (loss_fn), which this runtime does not split "
+                        "into pipeline stages (the last stage needs logits and targets): use a plan with pp=1")
     for fqn, style in plan.placements.items():
         mod = modules.get(fqn)
         if not isinstance(mod, nn.Linear):

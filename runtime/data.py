@@ -1,36 +1,38 @@
-"""Synthetic token batches whose order depends only on (seed, step, global batch size).
+"""Training batches whose content depends only on (seed, step, global batch): never on the world size or plan.
 
-The global batch of step k is `spec.tokens(global_batch, Generator().manual_seed(seed * 1_000_003 + k))`
-(k counts from 0); inputs are tokens[:, :-1], targets tokens[:, 1:]. A data-parallel rank takes its
-contiguous slice of the global batch and microbatches are contiguous slices of that, so neither the
-world size nor the plan changes which sample is trained on at which step.
+A batch is a tuple of tensors, each with the sample dimension first; a data-parallel rank takes its
+contiguous slice of the global batch (`shard`), and microbatches are contiguous slices of that
+(`microbatches`), the same split torch.distributed.pipelining makes. How a batch is made from a model:
+
+- token LMs (`spec.vocab` set, no `spec.loss_fn`; our GPT/Llama presets): `(inputs, targets)`, both
+  [global_batch, seq_len], from windows of seq_len + 1 tokens: inputs = window[:, :-1], targets =
+  window[:, 1:]. The loss is runtime.recipe.lm_loss on the logits.
+- models with their own loss (`spec.loss_fn`; HuggingFace `hf:` specs, CNNs): the structure of the spec's
+  example batch (`spec.example_inputs(batch)`). Every integer tensor of shape [batch, seq_len] holds the
+  same window of seq_len tokens (an HF causal LM's labels are its input_ids: the model shifts them);
+  other integer tensors get random ids below the model's class count, float tensors standard normals.
+  The loss is `spec.loss_fn(module, *batch)`.
+
+Sources:
+- `SyntheticTokens`: random tokens from `torch.Generator().manual_seed(seed * 1_000_003 + step)`; for
+  token LMs exactly `spec.tokens(global_batch, generator)`.
+- `TokenFile` (`--data FILE`): a 1-D token array read through numpy memmap -- `.npy` (any integer
+  dtype), or raw little-endian uint16 (default) / uint32 (`--data-dtype uint32`), e.g. a file written
+  with `np.memmap` or `array.tofile()`. At step k the global batch's window start offsets are drawn
+  uniformly from numpy's PCG64 seeded by SeedSequence([seed, k]); a rank reads only its own rows.
 """
 from __future__ import annotations
 
+import os
+from typing import Any
+
+import numpy as np
 import torch
 
+from costmodel.errors import PartitaError
 from costmodel.models import ModelSpec
 
-
-class SyntheticTokens:
-    def __init__(self, spec: ModelSpec, global_batch: int, seed: int = 0):
-        if spec.vocab is None or spec.seq_len is None:
-            raise ValueError(f"model {spec.name!r} has no vocab/seq_len, so synthetic tokens cannot be made")
-        self.spec, self.global_batch, self.seed = spec, global_batch, seed
-
-    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets) of the whole global batch at `step`, each [global_batch, seq_len]."""
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        tokens = self.spec.tokens(self.global_batch, gen)
-        return tokens[:, :-1], tokens[:, 1:]
-
-    def shard(self, step: int, dp_rank: int, dp: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The contiguous slice of the global batch that data-parallel rank `dp_rank` of `dp` trains on."""
-        if self.global_batch % dp:
-            raise ValueError(f"global batch {self.global_batch} is not divisible by dp={dp}")
-        n = self.global_batch // dp
-        inputs, targets = self.batch(step)
-        return inputs[dp_rank * n:(dp_rank + 1) * n], targets[dp_rank * n:(dp_rank + 1) * n]
+Batch = tuple  # of tensors, sample dimension first
 
 
 def microbatches(t: torch.Tensor, n: int) -> list[torch.Tensor]:
@@ -39,3 +41,199 @@ def microbatches(t: torch.Tensor, n: int) -> list[torch.Tensor]:
         raise ValueError(f"batch of {t.size(0)} is not divisible into {n} microbatches")
     return list(t.tensor_split(n))
 
+
+def split_batch(batch: Batch, n: int) -> list[Batch]:
+    """The `n` contiguous microbatches of a batch tuple."""
+    return list(zip(*(microbatches(t, n) for t in batch)))
+
+
+def _bound(spec: ModelSpec, key: str) -> int | None:
+    v = spec.config.get(key) if isinstance(spec.config, dict) else None
+    return v if isinstance(v, int) and v > 0 else None
+
+
+class Layout:
+    """How a batch of `n` samples is made from token windows (module docstring)."""
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+        if spec.loss_fn is None:
+            if spec.vocab is None or spec.seq_len is None:
+                raise PartitaError(f"model {spec.name!r} has neither a vocabulary and sequence length (token "
+                                   "data) nor a loss_fn with example inputs: the runtime cannot make batches for it")
+            self.kind, self.window, self.vocab = "lm", spec.seq_len + 1, spec.vocab
+            self.slots: list[tuple[str, Any]] = []
+            return
+        self.kind = "example"
+        template = spec.example_inputs(1)
+        template = template if isinstance(template, tuple) else (template,)
+        seq, self.slots = spec.seq_len, []
+        for t in template:
+            if not isinstance(t, torch.Tensor):
+                raise PartitaError(f"model {spec.name!r}: example input {type(t).__name__} is not a tensor")
+            if not t.dtype.is_floating_point and seq is not None and tuple(t.shape) == (1, seq):
+                self.slots.append(("tokens", t.dtype))
+            elif not t.dtype.is_floating_point:
+                self.slots.append(("ids", (t.dtype, tuple(t.shape[1:]))))
+            else:
+                self.slots.append(("normal", (t.dtype, tuple(t.shape[1:]))))
+        self.window = seq if any(k == "tokens" for k, _ in self.slots) else None
+        self.vocab = spec.vocab or _bound(spec, "vocab_size")
+        if self.window is not None and self.vocab is None:
+            raise PartitaError(f"model {spec.name!r} takes token ids but gives no vocabulary size "
+                               "(spec.vocab or config['vocab_size'])")
+        self.classes = _bound(spec, "classes") or _bound(spec, "num_labels") or self.vocab
+        if any(k == "ids" for k, _ in self.slots) and self.classes is None:
+            raise PartitaError(f"model {spec.name!r} takes integer inputs but gives no bound for them")
+
+    @property
+    def token_only(self) -> bool:
+        """Whether every tensor of a batch comes from the token window (so a token file can feed it)."""
+        return self.kind == "lm" or (self.window is not None and all(k == "tokens" for k, _ in self.slots))
+
+    def assemble(self, window: torch.Tensor | None, n: int, gen: torch.Generator | None) -> Batch:
+        """The batch of `n` samples from token windows [n, self.window] (int64); `gen` draws the rest."""
+        if self.kind == "lm":
+            return window[:, :-1], window[:, 1:]
+        out = []
+        for kind, info in self.slots:
+            if kind == "tokens":
+                out.append(window.to(info))
+            elif kind == "ids":
+                dtype, shape = info
+                out.append(torch.randint(0, self.classes, (n, *shape), generator=gen).to(dtype))
+            else:
+                dtype, shape = info
+                out.append(torch.randn((n, *shape), generator=gen).to(dtype))
+        return tuple(out)
+
+
+class _Source:
+    """batch(step): the global batch; shard(step, dp_rank, dp): a data-parallel rank's contiguous slice."""
+
+    layout: Layout
+    global_batch: int
+
+    def rows(self, step: int, start: int, stop: int) -> Batch:
+        raise NotImplementedError
+
+    def batch(self, step: int) -> Batch:
+        return self.rows(step, 0, self.global_batch)
+
+    def shard(self, step: int, dp_rank: int, dp: int) -> Batch:
+        if self.global_batch % dp:
+            raise ValueError(f"global batch {self.global_batch} is not divisible by dp={dp}")
+        n = self.global_batch // dp
+        return self.rows(step, dp_rank * n, (dp_rank + 1) * n)
+
+    def describe(self) -> dict:
+        raise NotImplementedError
+
+
+class SyntheticTokens(_Source):
+    def __init__(self, spec: ModelSpec, global_batch: int, seed: int = 0):
+        self.spec, self.global_batch, self.seed = spec, global_batch, seed
+        try:
+            self.layout = Layout(spec)
+        except PartitaError as e:
+            raise ValueError(str(e)) from None
+
+    def rows(self, step: int, start: int, stop: int) -> Batch:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        lay = self.layout
+        if lay.kind == "lm":
+            window = self.spec.tokens(self.global_batch, gen)
+        else:
+            window = (torch.randint(0, lay.vocab, (self.global_batch, lay.window), generator=gen)
+                      if lay.window is not None else None)
+        full = lay.assemble(window, self.global_batch, gen)
+        return tuple(t[start:stop] for t in full)
+
+    def describe(self) -> dict:
+        return {"kind": "synthetic", "seed": self.seed}
+
+
+DTYPES = {"uint16": "<u2", "uint32": "<u4"}
+
+
+class TokenFile(_Source):
+    """A token file read with numpy memmap (module docstring). Raises PartitaError, one line, for a file
+    that is missing, empty, too short for one sample, not 1-D integers, or holds ids beyond the vocabulary."""
+
+    def __init__(self, path: str | os.PathLike, spec: ModelSpec, global_batch: int, seed: int = 0,
+                 dtype: str | None = None, check_all: bool = True):
+        self.path, self.spec, self.global_batch, self.seed = str(path), spec, global_batch, seed
+        self.layout = Layout(spec)
+        if not self.layout.token_only:
+            raise PartitaError(f"--data holds token ids, but model {spec.name!r} also takes non-token inputs")
+        self.tokens = self._open(dtype)
+        self.window = self.layout.window
+        if len(self.tokens) < self.window:
+            raise PartitaError(f"token file {self.path} holds {len(self.tokens)} tokens; one sample needs "
+                               f"{self.window}")
+        if check_all:
+            self._check_range()
+
+    def _open(self, dtype: str | None) -> np.ndarray:
+        if not os.path.isfile(self.path):
+            raise PartitaError(f"token file {self.path} does not exist")
+        try:
+            if self.path.endswith(".npy"):
+                if dtype is not None:
+                    raise PartitaError(f"--data-dtype applies to raw token files; {self.path} is .npy "
+                                       "(its header gives the dtype)")
+                arr = np.load(self.path, mmap_mode="r", allow_pickle=False)
+            else:
+                if dtype is not None and dtype not in DTYPES:
+                    raise PartitaError(f"--data-dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+                np_dtype = np.dtype(DTYPES[dtype or "uint16"])
+                size = os.path.getsize(self.path)
+                if size == 0 or size % np_dtype.itemsize:
+                    raise PartitaError(f"token file {self.path} has {size} bytes, not a whole number of "
+                                       f"{dtype or 'uint16'} tokens")
+                arr = np.memmap(self.path, dtype=np_dtype, mode="r")
+        except PartitaError:
+            raise
+        except (ValueError, OSError) as e:
+            raise PartitaError(f"token file {self.path} cannot be read as a numpy token array: {e}") from None
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise PartitaError(f"token file {self.path} holds a {arr.ndim}-D {arr.dtype} array; "
+                               "a 1-D integer token array is needed")
+        return arr
+
+    def _check_range(self, chunk: int = 1 << 24) -> None:
+        lo, hi = 0, 0
+        for i in range(0, len(self.tokens), chunk):
+            part = self.tokens[i:i + chunk]
+            lo, hi = min(lo, int(part.min())), max(hi, int(part.max()))
+        if lo < 0 or hi >= self.layout.vocab:
+            raise PartitaError(f"token file {self.path} holds token id {hi if hi >= self.layout.vocab else lo}, "
+                               f"outside model {self.spec.name!r}'s vocabulary of {self.layout.vocab}")
+
+    def starts(self, step: int) -> np.ndarray:
+        """Start offsets of the global batch's windows at `step`: a function of (seed, step, global batch)."""
+        gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed & 0xFFFFFFFF, step])))
+        return gen.integers(0, len(self.tokens) - self.window + 1, size=self.global_batch)
+
+    def rows(self, step: int, start: int, stop: int) -> Batch:
+        offsets = self.starts(step)[start:stop]
+        window = torch.from_numpy(np.stack([np.asarray(self.tokens[o:o + self.window], dtype=np.int64)
+                                            for o in offsets]))
+        return self.layout.assemble(window, stop - start, None)
+
+    def describe(self) -> dict:
+        return {"kind": "file", "path": os.path.abspath(self.path), "tokens": len(self.tokens),
+                "dtype": str(self.tokens.dtype), "seed": self.seed}
+
+
+def make_data(spec: ModelSpec, global_batch: int, seed: int = 0, path: str | None = None,
+              dtype: str | None = None, check_all: bool = True) -> _Source:
+    """The run's data source: the token file at `path`, else synthetic data for the model."""
+    if path is not None:
+        return TokenFile(path, spec, global_batch, seed, dtype, check_all)
+    if dtype is not None:
+        raise PartitaError("--data-dtype needs --data")
+    try:
+        return SyntheticTokens(spec, global_batch, seed)
+    except ValueError as e:
+        raise PartitaError(str(e)) from None

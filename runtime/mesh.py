@@ -52,13 +52,45 @@ class Topology:
         return self.mesh.get_group(dim)
 
 
-def init(plan: Plan) -> Topology:
-    """Initialise the default process group and build the plan's mesh. Call on every rank."""
+def _store(rank: int, world: int):
+    """The store for the default process group, or None for init_process_group's own env:// rendezvous.
+
+    - one process without torchrun (no MASTER_ADDR): an in-memory store;
+    - a torchrun restart on the agent's shared TCPStore (TORCHELASTIC_USE_AGENT_STORE=True, torch's
+      default since 2.5): the store outlives the attempts, and the previous attempt's keys (gloo/NCCL
+      addresses) would be read as this attempt's, so ranks connect to dead peers (pytorch#135712). Keys
+      are prefixed by the restart count, which torchrun gives every worker of a node alike. Multi-node
+      elastic jobs should set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a fresh store per attempt; partita's
+      launchers do) since restart counts may differ between nodes.
+    """
+    if world == 1 and "MASTER_ADDR" not in os.environ:
+        return dist.HashStore()
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store, _, _ = next(dist.rendezvous("env://", rank, world))
+        return dist.PrefixStore(f"partita/attempt_{attempt}", store)
+    return None
+
+
+def init_default() -> torch.device:
+    """Initialise the default process group (once) from the torchrun environment; returns this rank's
+    device. A single process started without torchrun (no MASTER_ADDR) gets a one-rank group on an
+    in-memory store."""
     rank, local_rank, world = env_world()
     device = select_device(local_rank)
     if not dist.is_initialized():
-        dist.init_process_group(backend_for(device), rank=rank, world_size=world,
-                                device_id=device if device.type == "cuda" else None)
+        kw = {"device_id": device} if device.type == "cuda" else {}
+        store = _store(rank, world)
+        if store is not None:
+            kw["store"] = store
+        dist.init_process_group(backend_for(device), rank=rank, world_size=world, **kw)
+    return device
+
+
+def init(plan: Plan) -> Topology:
+    """Initialise the default process group (if needed) and build the plan's mesh. Call on every rank."""
+    rank = env_world()[0]
+    device = init_default()
     m = plan.mesh
     mesh = init_device_mesh(device.type, (m.pp, m.dp, m.tp), mesh_dim_names=DIMS)
     coords = tuple(mesh.get_local_rank(d) for d in DIMS)

@@ -1,8 +1,11 @@
-"""Pipeline parallelism: split the user's module at the plan's FQNs and run a 1F1B or GPipe schedule.
+"""Pipeline parallelism: split the user's module at the plan's FQNs and run a 1F1B, GPipe or interleaved
+1F1B schedule.
 
 `torch.distributed.pipelining.pipeline()` traces the module (torch.export) with one example
 microbatch and splits it with `SplitPoint.BEGINNING` at each stage's `split_at`; stage modules keep
-the original parameter FQNs, so tensor parallelism can still be applied by name.
+the original parameter FQNs, so tensor parallelism can still be applied by name. With interleaved 1F1B
+the plan has pp x virtual_stages stages in model order and pipeline rank r holds stages r, r + pp, ...
+(`local_stages`): one PipelineStage each, all driven by one ScheduleInterleaved1F1B.
 """
 from __future__ import annotations
 
@@ -11,12 +14,33 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
-from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, SplitPoint, pipeline
+from torch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, SplitPoint,
+                                          pipeline)
 
 from planner.plan import Plan, PlanError
 from runtime.blocks import blocks_in
 
-SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}
+SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe, "Interleaved1F1B": ScheduleInterleaved1F1B}
+
+
+def local_stages(plan: Plan, pp_rank: int) -> list[int]:
+    """Indices of the stages pipeline rank `pp_rank` runs: pp_rank, pp_rank + pp, ... (plan.py)."""
+    return list(range(pp_rank, len(plan.stages), plan.mesh.pp))
+
+
+def check_schedule(plan: Plan) -> None:
+    """PlanError if torch's schedule cannot run the plan's microbatches and stages."""
+    s, pp = plan.schedule, plan.mesh.pp
+    if s.name == "1F1B" and s.num_microbatches < pp:
+        raise PlanError(f"1F1B needs at least as many microbatches as stages ({s.num_microbatches} < pp={pp})")
+    if s.name == "Interleaved1F1B":
+        if pp < 2:
+            raise PlanError(f"Interleaved1F1B (virtual_stages {s.virtual_stages}) needs pp >= 2; "
+                            "with pp=1 use a plain 1F1B plan")
+        rounds = max(1, s.num_microbatches // pp)  # torch's ScheduleInterleaved1F1B
+        if s.num_microbatches % rounds:
+            raise PlanError(f"Interleaved1F1B runs microbatches in rounds of pp={pp}: num_microbatches "
+                            f"{s.num_microbatches} must be a multiple of {rounds} (e.g. a multiple of pp)")
 
 
 def split(model: nn.Module, plan: Plan, example_microbatch: torch.Tensor):
@@ -45,13 +69,16 @@ def check_ownership(pipe, plan: Plan, model: nn.Module) -> None:
                                     f"split_at points puts {name!r} on stage {where[0] if where else '?'}")
 
 
-def build_schedule(pipe, plan: Plan, stage_index: int, device: torch.device, group,
+def build_schedule(pipe, plan: Plan, stage_indices: list[int], device: torch.device, group,
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
-    """This rank's PipelineStage and the plan's schedule over it.
+    """This rank's PipelineStages (one per index) and the plan's schedule over them.
 
     Gradients are scaled by 1/num_microbatches (scale_grads), so with a per-microbatch mean loss they
     equal those of the mean loss over the whole (data-parallel rank's) batch.
     """
-    stage = pipe.build_stage(stage_index, device, group=group)
-    cls = SCHEDULES[plan.schedule.name]
-    return stage, cls(stage, n_microbatches=plan.schedule.num_microbatches, loss_fn=loss_fn, scale_grads=True)
+    stages = [pipe.build_stage(i, device, group=group) for i in stage_indices]
+    cls, n = SCHEDULES[plan.schedule.name], plan.schedule.num_microbatches
+    if cls is ScheduleInterleaved1F1B:
+        return stages, cls(stages, n_microbatches=n, loss_fn=loss_fn, scale_grads=True)
+    assert len(stages) == 1, stage_indices
+    return stages, cls(stages[0], n_microbatches=n, loss_fn=loss_fn, scale_grads=True)

@@ -1,7 +1,7 @@
 """What is trained, shared by the distributed run and the single-process reference: init, loss, optimizer."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.nn as nn
@@ -19,6 +19,19 @@ def build_model(spec: ModelSpec, seed: int) -> nn.Module:
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over every token of the batch."""
     return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+
+
+LossFn = Callable[[nn.Module, tuple], torch.Tensor]
+
+
+def loss_for(spec: ModelSpec) -> LossFn:
+    """loss(module, batch) of a model (runtime.data says how its batches look): the spec's own
+    `loss_fn(module, *batch)` (e.g. a HuggingFace model's loss), else `lm_loss(module(inputs), targets)`.
+    Either is the mean over the batch's samples, so microbatch losses average to the batch's."""
+    if spec.loss_fn is not None:
+        fn = spec.loss_fn
+        return lambda module, batch: fn(module, *batch)
+    return lambda module, batch: lm_loss(module(batch[0]), batch[1])
 
 
 OPTIMIZERS = ("adam", "sgd")

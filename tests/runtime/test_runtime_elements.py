@@ -139,14 +139,45 @@ def test_preflight_refuses_what_is_not_executed(over, msg):
     assert "\n" not in str(e.value)
 
 
-def test_preflight_refuses_interleaved_schedules():
+STAGES = {  # tiny-gpt in 4 or 2 pipeline stages: (stages, {block: stage})
+    4: ([{"index": 0, "modules": ["tok_emb", "pos_emb"], "split_at": None},
+         {"index": 1, "modules": ["blocks.0"], "split_at": "blocks.0"},
+         {"index": 2, "modules": ["blocks.1"], "split_at": "blocks.1"},
+         {"index": 3, "modules": ["ln_f", "head"], "split_at": "ln_f"}], {"blocks.0": 1, "blocks.1": 2}),
+    2: ([{"index": 0, "modules": ["tok_emb", "pos_emb", "blocks.0"], "split_at": None},
+         {"index": 1, "modules": ["blocks.1", "ln_f", "head"], "split_at": "blocks.1"}], {"blocks.0": 0, "blocks.1": 1}),
+}
+
+
+def interleaved_plan(pp=2, v=2, micro=2) -> dict:
+    """tiny-gpt under Interleaved1F1B: pp x v stages, stage i on pipeline rank i % pp."""
+    stages, owner = STAGES[pp * v]
     d = plan_dict(dp=1)
-    d.update(mesh={"pp": 1, "dp": 1, "tp": 1},
-             schedule={"name": "Interleaved1F1B", "num_microbatches": 1, "micro_batch_size": 2, "virtual_stages": 2},
-             stages=[{"index": 0, "modules": ["tok_emb", "pos_emb", "blocks.0"], "split_at": None},
-                     {"index": 1, "modules": ["blocks.1", "ln_f", "head"], "split_at": "blocks.1"}])
-    with pytest.raises(PlanError, match="Interleaved1F1B .* not executed"):
-        preflight(Plan.from_dict(d), GPT, 1)
+    d.update(mesh={"pp": pp, "dp": 1, "tp": 1}, train={"global_batch": micro, "dtype": "fp32"}, stages=stages,
+             schedule={"name": "Interleaved1F1B", "num_microbatches": micro, "micro_batch_size": 1, "virtual_stages": v},
+             blocks=[{"fqn": f, "stage": s, "sharding": "replicate"} for f, s in owner.items()])
+    return d
+
+
+def test_preflight_accepts_interleaved_schedules_torch_can_run():
+    assert preflight(Plan.from_dict(interleaved_plan()), GPT, 2) == []
+    assert preflight(Plan.from_dict(interleaved_plan(micro=4)), GPT, 2) == []
+    with pytest.raises(PlanError, match="num_microbatches 5 must be a multiple of 2"):
+        preflight(Plan.from_dict(interleaved_plan(micro=5)), GPT, 2)
+    with pytest.raises(PlanError, match="Interleaved1F1B .* needs pp >= 2"):
+        preflight(Plan.from_dict(interleaved_plan(pp=1, v=2)), GPT, 1)
+
+
+def test_preflight_refuses_to_pipeline_a_model_with_its_own_loss():
+    hf = resolve_model("hf:llama")
+    d = {"schema": "partita.plan/1", "model": {"name": "hf:llama"}, "cluster": {},
+         "train": {"global_batch": 2}, "mesh": {"pp": 2, "dp": 1, "tp": 1},
+         "schedule": {"name": "1F1B", "num_microbatches": 2, "micro_batch_size": 1},
+         "stages": [{"index": 0, "modules": ["model.embed_tokens", "model.layers.0"], "split_at": None},
+                    {"index": 1, "modules": ["model.layers.1", "model.norm", "lm_head"], "split_at": "model.layers.1"}],
+         "blocks": []}
+    with pytest.raises(PlanError, match="computes its own loss .* use a plan with pp=1"):
+        preflight(Plan.from_dict(d), hf, 2)
 
 
 def test_preflight_checks_block_names_and_stages():

@@ -1,0 +1,289 @@
+"""Checkpoints with torch.distributed.checkpoint (DCP): saved under one plan, loadable under any other.
+
+Layout of `--checkpoint-dir DIR`:
+
+    DIR/step-00000004/          a complete checkpoint after 4 optimizer steps
+        __0_0.distcp ...        DCP shards, one file per rank
+        .metadata               DCP's index (global shapes, which file holds which chunk)
+        partita.json            manifest: format, step, model fingerprint, train config, seed, data, the
+                                plan it was saved under, and the size of every file above
+    DIR/.step-00000006.tmp/     a save in progress (or one that crashed): never read
+
+What is saved: the model state dict under "model.<fqn>" and each parameter's optimizer state under
+"optim.<param fqn>.<key>" (AdamW's step, exp_avg, exp_avg_sq), keyed by the user's FQNs whatever the plan
+(FSDP2 and tensor-parallel parameters as DTensors, pipeline stages each their own names, data-parallel
+replicas once), so DCP reshards on load: a checkpoint of 4 ranks under one mesh loads into 2 ranks under
+another, or into one process. The step is the data position too (batches depend on (seed, step) only).
+Hyperparameters (lr, betas) come from the run's flags and plan, not from the checkpoint.
+
+Atomic save: every rank writes into the temporary directory beside the target; once DCP has finished
+(all shards and .metadata), rank 0 writes the manifest into it and renames it to `step-<k>`. A crash at
+any point before the rename leaves only a `.tmp` directory, which resume ignores (and the next save
+removes), so the last complete checkpoint stays intact. `latest()` is the complete checkpoint with the
+highest step. DIR must be one directory for all ranks (a shared filesystem across nodes).
+
+Before the first step, `validate` checks a checkpoint against the model and plan -- manifest readable,
+fingerprint equal, every file present at its recorded size, DCP's metadata readable (through a
+restricted unpickler that admits only DCP's own metadata classes), every model tensor present with its
+shape, the same optimizer -- and raises CheckpointError (one line) otherwise.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.nn as nn
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+from costmodel.errors import PartitaError
+
+FORMAT = "partita.checkpoint/1"
+MANIFEST = "partita.json"
+_STEP = re.compile(r"^step-(\d{8})$")
+_TMP = re.compile(r"^\.step-(\d{8})\.tmp$")
+
+
+class CheckpointError(PartitaError):
+    """A checkpoint that is missing files, corrupt, or was written for another model or optimizer."""
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+    manifest: dict
+
+
+def step_dir(root: str | os.PathLike, step: int) -> Path:
+    return Path(root) / f"step-{step:08d}"
+
+
+def tmp_dir(root: str | os.PathLike, step: int) -> Path:
+    return Path(root) / f".step-{step:08d}.tmp"
+
+
+def latest(root: str | os.PathLike) -> Path | None:
+    """The complete checkpoint directory with the highest step in `root`, or None."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    found = sorted((int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP.match(p.name)))
+    return found[-1][1] if found else None
+
+
+def incomplete(root: str | os.PathLike) -> list[Path]:
+    """Temporary directories of saves that never finished."""
+    root = Path(root)
+    return sorted(p for p in root.iterdir() if p.is_dir() and _TMP.match(p.name)) if root.is_dir() else []
+
+
+# ---- reading and validating ----------------------------------------------------------------------
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's .metadata is a pickle: admit DCP's own metadata classes and the torch values they hold only."""
+
+    _ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+                ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
+                ("builtins", "set"), ("builtins", "frozenset")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module.startswith("torch.distributed.checkpoint.") or (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
+                                                                         torch.memory_format)):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP metadata")
+
+
+def read_metadata(path: Path) -> Metadata:
+    try:
+        with open(path / ".metadata", "rb") as f:
+            md = _MetadataUnpickler(f).load()
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} has no DCP .metadata file") from None
+    except Exception as e:  # garbage: any unpickling failure
+        raise CheckpointError(f"checkpoint {path}: DCP .metadata is unreadable ({type(e).__name__}: {e})") from None
+    if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict):
+        raise CheckpointError(f"checkpoint {path}: .metadata is not DCP metadata")
+    return md
+
+
+def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """Read a checkpoint directory's manifest; CheckpointError if it is missing or garbage."""
+    path = Path(path)
+    m = _STEP.match(path.name)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} has no {MANIFEST}: not a complete partita checkpoint") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is not valid JSON ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is not a {FORMAT} manifest")
+    step = manifest.get("step")
+    if not isinstance(step, int) or step < 1 or (m is not None and int(m.group(1)) != step):
+        raise CheckpointError(f"checkpoint {path}: manifest step {step!r} does not match the directory")
+    if not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"checkpoint {path}: manifest has no file list")
+    return Checkpoint(path=path, step=step, manifest=manifest)
+
+
+def validate(ckpt: Checkpoint, model: nn.Module, fingerprint: str, model_name: str, optimizer: str,
+             steps: int, train: dict, data: dict | None = None) -> tuple[Metadata, list[str]]:
+    """Check `ckpt` against the model to train (`model` may be on the meta device) before any step.
+    Returns DCP's metadata and notes worth printing; raises CheckpointError with one line."""
+    path, man = ckpt.path, ckpt.manifest
+    got = (man.get("model") or {}).get("fingerprint")
+    if got != fingerprint:
+        raise CheckpointError(f"checkpoint {path} was written for model {(man.get('model') or {}).get('name')!r} "
+                              f"(fingerprint {got}), but --model {model_name} has fingerprint {fingerprint}")
+    for name, size in man["files"].items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint {path} is missing file {name}")
+        if f.stat().st_size != size:
+            raise CheckpointError(f"checkpoint {path}: file {name} has {f.stat().st_size} bytes, "
+                                  f"the checkpoint recorded {size} (truncated or overwritten)")
+    md = read_metadata(path)
+    for info in (md.storage_data or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if rel is not None and not (path / rel).is_file():
+            raise CheckpointError(f"checkpoint {path} is missing file {rel}")
+    for key, t in model.state_dict().items():
+        entry = md.state_dict_metadata.get(f"model.{key}")
+        if not isinstance(entry, TensorStorageMetadata):
+            raise CheckpointError(f"checkpoint {path} holds no tensor for {key!r} of --model {model_name}")
+        if tuple(entry.size) != tuple(t.shape):
+            raise CheckpointError(f"checkpoint {path} holds {key!r} of shape {tuple(entry.size)}, --model "
+                                  f"{model_name} has {tuple(t.shape)}")
+    saved_opt = (man.get("train") or {}).get("optimizer")
+    if saved_opt != optimizer:
+        raise CheckpointError(f"checkpoint {path} holds {saved_opt} optimizer state; the plan trains with {optimizer}")
+    if ckpt.step >= steps:
+        raise CheckpointError(f"checkpoint {path} is at step {ckpt.step}; --steps {steps} leaves nothing to train")
+    notes = []
+    for key in ("global_batch", "seq_len"):
+        was, now = (man.get("train") or {}).get(key), train.get(key)
+        if was != now:
+            notes.append(f"note: checkpoint trained with {key} {was}, this run uses {now}")
+    was = man.get("data")
+    if data is not None and was is not None and was != data:
+        notes.append(f"note: the batches differ from those the checkpoint trained on (then {_data(was)}, now "
+                     f"{_data(data)}), so the run does not continue the checkpoint's trajectory")
+    return md, notes
+
+
+def _data(d: dict) -> str:
+    where = d.get("path") if d.get("kind") == "file" else "synthetic"
+    return f"{where}, seed {d.get('seed')}"
+
+
+# ---- saving and loading --------------------------------------------------------------------------
+
+def _names(modules: list[nn.Module]) -> dict[int, str]:
+    return {id(p): n for m in modules for n, p in m.named_parameters()}
+
+
+def model_state(modules: list[nn.Module]) -> dict[str, torch.Tensor]:
+    return {f"model.{k}": v for m in modules for k, v in m.state_dict().items()}
+
+
+def train_state(modules: list[nn.Module], optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """What this rank contributes to a checkpoint: its model state and its parameters' optimizer state."""
+    state = model_state(modules)
+    names = _names(modules)
+    for p, st in optimizer.state.items():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                state[f"optim.{names[id(p)]}.{k}"] = v
+    return state
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _commit(tmp: Path, final: Path, manifest: dict) -> None:
+    """Rank 0: write the manifest into `tmp` and rename it to `final` (replacing an older one)."""
+    manifest = {**manifest, "files": {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}}
+    part = tmp / (MANIFEST + ".part")
+    with open(part, "w") as f:
+        json.dump(manifest, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    part.rename(tmp / MANIFEST)
+    _fsync_dir(tmp)
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+    tmp.rename(final)
+    _fsync_dir(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save(root: str | os.PathLike, step: int, modules: list[nn.Module], optimizer: torch.optim.Optimizer,
+         manifest: dict, rank: int, faults=None) -> Path:
+    """Collective: every rank writes its share; returns the committed directory."""
+    root = Path(root)
+    tmp, final = tmp_dir(root, step), step_dir(root, step)
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    dist.barrier()
+    dcp.save(train_state(modules, optimizer), storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
+    dist.barrier()
+    if faults is not None:
+        faults.exit_during_save(step)
+    if rank == 0:
+        _commit(tmp, final, {"format": FORMAT, "step": step, "saved_at": time.time(), **manifest})
+    dist.barrier()
+    return final
+
+
+def load(ckpt: Checkpoint, md: Metadata, modules: list[nn.Module], params: list[torch.Tensor],
+         optimizer: torch.optim.Optimizer) -> None:
+    """Collective: fill this rank's model shards and optimizer state from the checkpoint, in place.
+
+    Optimizer state is created for each local parameter the checkpoint holds state of, with the
+    parameter's placement (DTensor or plain), and DCP reads into it the chunks this rank needs."""
+    state = model_state(modules)
+    names = _names(modules)
+    saved: dict[str, dict[str, TensorStorageMetadata]] = {}
+    for key, entry in md.state_dict_metadata.items():
+        if key.startswith("optim.") and isinstance(entry, TensorStorageMetadata):
+            fqn, _, k = key[len("optim."):].rpartition(".")
+            saved.setdefault(fqn, {})[k] = entry
+    for p in params:
+        fqn = names[id(p)]
+        for k, entry in saved.get(fqn, {}).items():
+            dtype = entry.properties.dtype
+            if tuple(entry.size) == tuple(p.shape):
+                target = torch.zeros_like(p, dtype=dtype, requires_grad=False)
+            else:
+                target = torch.zeros(tuple(entry.size), dtype=dtype)
+            optimizer.state[p][k] = target
+            state[f"optim.{fqn}.{k}"] = target
+    dcp.load(state, storage_reader=dcp.FileSystemReader(ckpt.path))

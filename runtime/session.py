@@ -1,0 +1,237 @@
+"""One training run under a plan: shared by the `runtime.train` entry point and the Python API (runtime.api).
+
+`prepare` runs on every rank before any process group exists: the plan's pre-flight checks, the data
+source, the fault switch, and the checkpoint to resume from (validated), so a bad plan, data file or
+checkpoint stops the run with one line before the first step. `execute` trains inside the process
+group: build and parallelize the model, load the checkpoint, run the steps, save checkpoints, stop on a
+non-finite loss, measure, and (--verify) compare with single-process training.
+
+Each step: forward and backward of this rank's data-parallel slice (runtime.apply), the loss averaged
+over dp (one all-reduce), a non-finite loss stops the run before the optimizer step (NonFiniteLoss),
+then the optimizer step. With `checkpoint_every` N > 0 a checkpoint is saved after every N-th step and
+after the last (runtime.checkpoint).
+
+Resuming: with `resume`, or on a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) when a checkpoint
+directory is given, training continues from the latest complete checkpoint there (from step 0 if there
+is none yet). Batches depend only on (seed, step), so the continued run sees the batches the
+uninterrupted one would have, whatever the plan and world size.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from costmodel import PartitaError, model_fingerprint
+from costmodel.models import ModelSpec
+from planner.plan import Plan
+from runtime import checkpoint as ckpt
+from runtime import memory
+from runtime.apply import make_executor
+from runtime.checks import build_meta, optimizer_name, preflight
+from runtime.data import make_data
+from runtime.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
+from runtime.mesh import Topology, init
+from runtime.precision import train_dtype
+from runtime.recipe import build_model, make_optimizer
+from runtime.report import RunResult, render
+from runtime.verify import TOLERANCE, checksum, compare, param_stats, reference_run
+
+EXIT_OK, EXIT_VERIFY, EXIT_ERROR, EXIT_NONFINITE = 0, 1, 2, 3
+
+class NonFiniteLoss(PartitaError):
+    """The loss of a step is NaN or infinite; the run stops before that step's optimizer update."""
+
+    def __init__(self, step: int, value: float, last_checkpoint: str | None):
+        kept = f"; the last good checkpoint is {last_checkpoint}" if last_checkpoint else "; no checkpoint was saved"
+        super().__init__(f"loss is {value} at step {step}: training stopped before that step's optimizer "
+                         f"update{kept}")
+        self.step = step
+
+
+@dataclass
+class RunOptions:
+    steps: int = 10
+    seed: int = 0
+    lr: float = 1e-3
+    verify: bool = False
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    max_restarts: int = 0
+    data: str | None = None
+    data_dtype: str | None = None
+    losses_out: str | None = None
+    print_report: bool = True
+
+
+@dataclass
+class Prepared:
+    notes: list[str] = field(default_factory=list)
+    data: object = None
+    resume: ckpt.Checkpoint | None = None
+    metadata: object = None
+    attempt: int = 0
+
+
+def attempt_number() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int) -> Prepared:
+    """Every check that can fail before training (PartitaError, one line). No process group needed."""
+    if opts.steps < 1:
+        raise PartitaError("--steps must be at least 1")
+    if opts.checkpoint_every < 0:
+        raise PartitaError("--checkpoint-every must be >= 0")
+    if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
+        raise PartitaError(f"{'--resume' if opts.resume else '--checkpoint-every'} needs --checkpoint-dir")
+    prep = Prepared(notes=preflight(plan, spec, world), attempt=attempt_number())
+    prep.data = make_data(spec, plan.train["global_batch"], opts.seed, opts.data, opts.data_dtype)
+    parse_faults(os.environ.get(FAULT_ENV))
+    if opts.max_restarts and not opts.checkpoint_dir:
+        prep.notes.append("note: --max-restarts without --checkpoint-dir: a restarted attempt trains from step 0")
+    elastic = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
+    if opts.max_restarts and elastic is not None and int(elastic) != opts.max_restarts:
+        prep.notes.append(f"note: --max-restarts {opts.max_restarts}, but torchrun allows {elastic} restarts")
+    if opts.resume or (prep.attempt > 0 and opts.checkpoint_dir):
+        found = ckpt.latest(opts.checkpoint_dir)
+        if found is None:
+            prep.notes.append(f"no checkpoint in {opts.checkpoint_dir} yet: training from step 0")
+        else:
+            prep.resume = ckpt.open_checkpoint(found)
+            meta = build_meta(spec)
+            prep.metadata, more = ckpt.validate(prep.resume, meta, model_fingerprint(meta), spec.name,
+                                                optimizer_name(plan), opts.steps, plan.train, prep.data.describe())
+            prep.notes += more
+    return prep
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _allreduce(values: list[float], op, device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+def _manifest(plan: Plan, spec: ModelSpec, opts: RunOptions, data, fingerprint: str) -> dict:
+    return {"model": {"name": spec.name, "fingerprint": fingerprint},
+            "train": {"global_batch": plan.train["global_batch"], "seq_len": spec.seq_len,
+                      "optimizer": optimizer_name(plan), "dtype": plan.train.get("dtype") or "fp32", "lr": opts.lr},
+            "seed": opts.seed, "data": data.describe(), "world_size": plan.mesh.world_size,
+            "plan": {"mesh": asdict(plan.mesh), "zero_stage": plan.zero_stage, "schedule": asdict(plan.schedule)}}
+
+
+def _header(plan: Plan, spec: ModelSpec, opts: RunOptions, topo: Topology, data) -> str:
+    m, s = plan.mesh, plan.schedule
+    sched = s.name + (f" v={s.virtual_stages}" if s.virtual_stages > 1 else "")
+    src = data.describe()
+    where = f"tokens of {src['path']}" if src["kind"] == "file" else "synthetic data"
+    return (f"partita run: {spec.name} on {m.world_size} rank(s) (pp={m.pp} dp={m.dp} tp={m.tp}, "
+            f"{sched} x{s.num_microbatches} microbatches, zero_stage {plan.zero_stage}, "
+            f"{plan.train.get('dtype') or 'fp32'}, {optimizer_name(plan)}), {dist.get_backend()}/{topo.device.type}, "
+            f"global batch {plan.train['global_batch']} x {spec.seq_len} tokens ({where}), {opts.steps} steps")
+
+
+def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tuple[RunResult, int]:
+    """Train under the plan on this rank (every rank calls it); returns (result, exit code: 0, or 1 when
+    --verify found a difference). Raises NonFiniteLoss, or PartitaError raised alike on every rank."""
+    topo = init(plan)
+    data, dtype, opt_name = prep.data, train_dtype(plan), optimizer_name(plan)
+    notes = list(prep.notes)
+    if topo.rank == 0 and opts.checkpoint_dir:
+        for stale in ckpt.incomplete(opts.checkpoint_dir):
+            shutil.rmtree(stale, ignore_errors=True)
+            notes.append(f"removed {stale}: a checkpoint save that never finished")
+    model = build_model(spec, seed=opts.seed).to(topo.device)
+    fingerprint = model_fingerprint(model)
+    names = [(n, p.shape) for n, p in model.named_parameters()]
+    executor = make_executor(model, plan, topo, spec)
+    del model
+    opt = make_optimizer(executor.params, opts.lr, opt_name)
+    start, last_good = 0, None
+    if prep.resume is not None:
+        ckpt.load(prep.resume, prep.metadata, executor.modules, executor.params, opt)
+        start, last_good = prep.resume.step, str(prep.resume.path)
+    faults = Faults(topo.rank, opts.checkpoint_dir)
+    manifest = _manifest(plan, spec, opts, data, fingerprint)
+    saved = memory.SavedActivations(executor.params)
+    if topo.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(topo.device)
+    losses, times, state, saves, save_time = [], [], 0, [], 0.0
+    for k in range(start, opts.steps):
+        step = k + 1
+        batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
+        _sync(topo.device)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with saved:
+            loss = executor.step(batch)
+        faults.exit_during_step(step)
+        if faults.nan_at(step):
+            loss = loss * float("nan")
+        held = loss if executor.holds_loss else torch.zeros_like(loss)
+        dist.all_reduce(held)  # one holder per dp rank: the sum over them / dp is the global mean
+        value = held.item() / topo.dp
+        if not math.isfinite(value):
+            raise NonFiniteLoss(step, value, last_good)
+        opt.step()
+        losses.append(value)
+        _sync(topo.device)
+        times.append(time.perf_counter() - t0)
+        state = max(state, memory.state_bytes(executor.params, opt))
+        if opts.checkpoint_every and (step % opts.checkpoint_every == 0 or step == opts.steps):
+            t1 = time.perf_counter()
+            last_good = str(ckpt.save(opts.checkpoint_dir, step, executor.modules, opt, manifest, topo.rank, faults))
+            save_time += time.perf_counter() - t1
+            saves.append(last_good)
+    n = len(times)
+    if topo.device.type == "cuda":
+        peak, method = torch.cuda.max_memory_allocated(topo.device), memory.GPU_METHOD
+    else:
+        peak, method = state + saved.peak, memory.CPU_METHOD
+    maxed = _allreduce(times + [peak, memory.peak_rss_bytes()], dist.ReduceOp.MAX, topo.device)
+    seq = spec.seq_len or 1
+    result = RunResult(losses=losses, step_times=maxed[:n], peak_memory_bytes=int(maxed[n]), memory_method=method,
+                       peak_rss_bytes=int(maxed[n + 1]), tokens_per_step=plan.train["global_batch"] * seq,
+                       applied={**asdict(executor.applied), "summary": executor.applied.summary()},
+                       notes=notes, first_step=start, resumed_from=str(prep.resume.path) if prep.resume else None,
+                       attempt=prep.attempt, checkpoints=saves, checkpoint_time_s=save_time)
+    reference = None
+    code = torch.zeros((), dtype=torch.long, device=topo.device)
+    if opts.verify and topo.rank == 0:
+        ref_losses, reference = reference_run(spec, data, opts.steps, opts.seed, opts.lr, topo.device, opt_name)
+        result.reference_losses = ref_losses[start:]
+        result.reference_param_checksum = checksum(reference)
+        result.tolerance = TOLERANCE[dtype]
+        result.max_abs_diff, _ = compare(result.losses, result.reference_losses, result.tolerance)
+    coords = {"dp": topo.dp_rank, "tp": topo.tp_rank}
+    result.param_checksum, result.param_max_abs_diff = param_stats(
+        executor.modules, coords, names, reference, topo.device, compare_params=opts.verify)
+    if opts.verify:  # rank 0's verdict and reference on every rank
+        shared = torch.zeros(3 + len(losses), dtype=torch.float64, device=topo.device)
+        if topo.rank == 0:
+            shared[:3] = torch.tensor([result.max_abs_diff, result.tolerance, result.reference_param_checksum])
+            shared[3:] = torch.tensor(result.reference_losses, dtype=torch.float64)
+        dist.broadcast(shared, src=0)
+        vals = shared.tolist()
+        result.max_abs_diff, result.tolerance, result.reference_param_checksum = vals[:3]
+        result.reference_losses = vals[3:]
+        code.fill_(EXIT_OK if result.verified else EXIT_VERIFY)
+    if topo.rank == 0:
+        if opts.print_report:
+            print(render(result, _header(plan, spec, opts, topo, data), plan.predicted), flush=True)
+        if opts.losses_out:
+            import json
+            with open(opts.losses_out, "w") as f:
+                json.dump(result.to_json(), f, indent=2)
+    return result, int(code.item())

@@ -1,0 +1,42 @@
+"""A user's training script, run by test_hf_and_api.py under torchrun (2 ranks) in one launch.
+
+It creates the process group itself (so `runtime.run` and `runtime.plan_and_run` use it and leave it
+alone), plans a HuggingFace Llama on rank 0 with `runtime.plan_and_run`, then runs the given plan files
+with `runtime.run` on the user's own module builder, each with --verify's comparison. Every rank writes
+what it got to OUT.rank<r>.json.
+
+    python -m torch.distributed.run --nproc-per-node 2 tests/e2e/api_job.py OUT PLAN.json ...
+"""
+import json
+import sys
+
+import torch.distributed as dist
+
+import runtime
+from costmodel import resolve_model
+from runtime.mesh import init_default
+
+
+def summary(result) -> dict:
+    return {"verified": result.verified, "max_abs_diff": result.max_abs_diff, "losses": result.losses,
+            "reference_losses": result.reference_losses, "param_max_abs_diff": result.param_max_abs_diff,
+            "applied": result.applied["summary"], "tokens_per_s": result.tokens_per_s}
+
+
+def main(out: str, plans: list[str]) -> None:
+    init_default()
+    results = {}
+    result = runtime.plan_and_run("hf:llama", "2xcpu", {"global_batch": 4, "dtype": "fp32"}, steps=3, verify=True,
+                                  plan_out=out + ".plan.json")
+    results["plan_and_run"] = summary(result)
+    build = resolve_model("hf:llama").build  # the user's module: transformers' LlamaForCausalLM, unchanged
+    for path in plans:
+        results[path] = summary(runtime.run(path, build, steps=3, verify=True))
+    assert dist.is_initialized()  # still the script's group
+    with open(f"{out}.rank{dist.get_rank()}.json", "w") as f:
+        json.dump(results, f, indent=2)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])

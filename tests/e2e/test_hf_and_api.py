@@ -1,0 +1,73 @@
+"""HuggingFace models (hf:llama, built from its config) planned and run under data parallelism (DDP),
+FSDP (ZeRO-3) and tensor parallelism, and the Python API (runtime.plan_and_run, runtime.run), all in one
+torchrun launch of a user script (api_job.py) on 2 gloo ranks; fp32 losses within 1e-5 of one process.
+
+The TP, FSDP and DDP plans come from the planner itself (its search restricted to each mesh), so they
+also show what planner.strategies makes of Llama: q/k/v/gate/up column-parallel, o/down row-parallel.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from costmodel import resolve_model
+from costmodel.hardware import parse_cluster
+from costmodel.trace import capture
+from planner.api import _fingerprint
+from planner.build import build_plan
+from planner.plan import Plan
+from planner.search import SearchSpace, TrainConfig, search
+from test_plans_match_single_process import ROOT, _env
+
+SPACES = {  # the planner's search restricted to one kind of parallelism on 2 CPU ranks
+    "tp": SearchSpace(tp=(2,), pp=(1,), zero=(0,), recompute=("none",), offload=False),
+    "fsdp": SearchSpace(tp=(1,), pp=(1,), zero=(3,), recompute=("none",), offload=False),
+    "ddp": SearchSpace(tp=(1,), pp=(1,), zero=(0,), recompute=("none",), offload=False),
+}
+
+
+@pytest.fixture(scope="module")
+def hf_plans(tmp_path_factory) -> dict[str, Plan]:
+    spec = resolve_model("hf:llama")
+    graph = capture(spec, dtype="fp32")
+    train, cluster = TrainConfig(global_batch=4, dtype="fp32"), parse_cluster("2xcpu")
+    return {name: build_plan(search(graph, cluster, train, space=space), spec.name, _fingerprint(spec), spec.config)
+            for name, space in SPACES.items()}
+
+
+def test_planner_shards_llama_megatron_style(hf_plans):
+    tp = hf_plans["tp"]
+    assert (tp.mesh.tp, tp.mesh.dp, tp.mesh.pp) == (2, 1, 1) and tp.placements
+    for fqn, style in tp.placements.items():
+        want = "rowwise" if fqn.endswith(("o_proj", "down_proj")) else "colwise"
+        assert style == want and fqn.rsplit(".", 1)[1] in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                            "up_proj", "down_proj"), (fqn, style)
+    assert hf_plans["fsdp"].zero_stage == 3 and hf_plans["fsdp"].mesh.dp == 2
+    assert hf_plans["ddp"].zero_stage == 0 and hf_plans["ddp"].mesh.dp == 2
+
+
+def test_hf_llama_and_the_python_api_under_torchrun(tmp_path, hf_plans):
+    paths = []
+    for name, plan in hf_plans.items():
+        plan.save(tmp_path / f"{name}.json")
+        paths.append(str(tmp_path / f"{name}.json"))
+    out = str(tmp_path / "out")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(ROOT / "tests" / "e2e" / "api_job.py"), out, *paths]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0].keys() == ranks[1].keys() == {"plan_and_run", *paths}
+    for key, res in ranks[0].items():
+        assert res["verified"] is True and res["max_abs_diff"] <= 1e-5, (key, res)
+        assert len(res["losses"]) == 3 and 6.0 < res["losses"][0] < 7.5  # ~ln(1024): random tokens
+        assert ranks[1][key]["losses"] == res["losses"] and ranks[1][key]["verified"] is True
+        print(f"{key.rsplit('/', 1)[-1]}: max_abs_diff={res['max_abs_diff']:.2e} ({res['applied']})")
+    applied = {name: ranks[0][p]["applied"] for name, p in zip(hf_plans, paths)}
+    assert "tensor-parallel layers" in applied["tp"] and "FSDP2" in applied["fsdp"] and applied["ddp"] == "no FSDP"
+    planned = Plan.load(out + ".plan.json")  # rank 0's plan, as every rank received it
+    assert planned.model["name"] == "hf:llama" and planned.mesh.world_size == 2
+    assert f"partita run: hf:llama on 2 rank(s)" in proc.stdout and proc.stdout.count("verify: max |loss") == 4

@@ -14,7 +14,8 @@ RESULTS = Path(os.environ.get("PARTITA_BENCH_OUT", Path(__file__).resolve().pare
 def machine() -> dict:
     import torch
     return {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
-            "platform": platform.platform(), "date": time.strftime("%Y-%m-%d")}
+            "platform": platform.platform(), "date": time.strftime("%Y-%m-%d"),
+            "load_average_at_write": list(os.getloadavg())}  # other work on the machine skews timings
 
 
 def commit() -> str:

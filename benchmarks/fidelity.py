@@ -1,0 +1,302 @@
+"""Cost-model fidelity on this machine: predicted against measured step time and peak memory.
+
+1. Calibrate this machine (`costmodel.calibrate.calibrate(path, ranks=R)`, the code behind `partita
+   calibrate --ranks R`) for R = 2 and R = 4 ranks: a calibrated device is one rank's share of the host
+   while R ranks compute at once, so plans on W ranks use the calibration made with max(2, W) ranks (the
+   resource list a user would write for that run). `--cluster FILE` uses one resource list for all.
+2. For each (tp, pp, world size) in PLANS, plan a small GPT with the planner's own machinery on that
+   many of the calibrated devices: `planner.search.search` restricted to that mesh (ZeRO 0, no
+   recompute or offload, 1F1B; the search still picks the micro-batch size) and
+   `planner.build.build_plan`, so each plan's `predicted` comes from the real cost model. fp32.
+3. Run each plan with torchrun on gloo (`python -m torch.distributed.run --standalone --nproc-per-node W
+   -m runtime.train plan.json --model M --steps N --losses-out out.json`) and set its measured step time
+   (median of steps 2..N, each step the slowest rank's) and peak memory (the runtime's, see
+   runtime/memory.py) beside the prediction.
+
+Reported: per plan, and over plans the median absolute step-time error, the Spearman rank correlation
+of predicted and measured step times, and the median and largest absolute memory error. Targets:
+rank correlation >= 0.9, median step-time error <= 20%, memory error <= 5%.
+
+    python -m benchmarks.fidelity [--cluster FILE] [--steps N]   # writes results/fidelity.json and .png
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import common
+from benchmarks.common import plot_path, write
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=2048"
+GLOBAL_BATCH = 8
+STEPS = 10
+PLANS = [  # (tp, pp, world size); dp = world / (tp pp)
+    (1, 1, 1),
+    (1, 1, 2), (2, 1, 2), (1, 2, 2),
+    (1, 1, 4), (4, 1, 4), (1, 4, 4), (2, 1, 4), (1, 2, 4), (2, 2, 4),
+]
+TARGETS = {"spearman_min": 0.9, "median_step_time_error_max": 0.20, "memory_error_max": 0.05}
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation: Pearson's correlation of the ranks (ties get their mean rank)."""
+    def ranks(v):
+        order = sorted(range(len(v)), key=v.__getitem__)
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else float("nan")
+
+
+def calibrated_cluster(resources: dict, devices: int):
+    """The calibrated resource list with `devices` devices on its one node (measured figures unchanged)."""
+    from costmodel.resources import cluster_from_dict
+    d = copy.deepcopy(resources)
+    d["groups"][0]["devices_per_node"] = devices
+    return cluster_from_dict(d, spec=f"{devices}x calibrated cpu")
+
+
+def make_plans(resources, model: str = MODEL, plans=PLANS, global_batch: int = GLOBAL_BATCH) -> list:
+    """(tp, pp, world, Plan) for each mesh, each solved by the planner under the calibrated cost model.
+    `resources` is a resource list (dict) or a function world size -> resource list."""
+    pick = resources if callable(resources) else (lambda world: resources)
+    from costmodel import model_fingerprint
+    from costmodel.models import resolve_model
+    from costmodel.trace import capture
+    from planner.build import build_plan
+    from planner.search import SearchSpace, TrainConfig, search
+    from runtime.checks import build_meta
+    spec = resolve_model(model)
+    graph = capture(spec, dtype="fp32")
+    fingerprint = model_fingerprint(build_meta(spec))
+    train = TrainConfig(global_batch=global_batch, dtype="fp32", schedule="1F1B")
+    out = []
+    for tp, pp, world in plans:
+        space = SearchSpace(name=f"tp{tp} pp{pp}", tp=(tp,), pp=(pp,), zero=(0,), recompute=("none",), offload=False)
+        result = search(graph, calibrated_cluster(pick(world), world), train, space=space)
+        out.append((tp, pp, world, build_plan(result, spec.name, fingerprint, spec.config)))
+    return out
+
+
+def run_plan(plan, world: int, model: str, steps: int, workdir: Path) -> dict:
+    """torchrun the plan; returns runtime.train's --losses-out JSON and the launch's wall time."""
+    m = plan.mesh
+    stem = f"pp{m.pp}-dp{m.dp}-tp{m.tp}"
+    plan_file, out_file = workdir / f"{stem}.plan.json", workdir / f"{stem}.out.json"
+    plan.save(plan_file)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
+           "-m", "runtime.train", str(plan_file), "--model", model, "--steps", str(steps),
+           "--losses-out", str(out_file)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0 or not out_file.exists():
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return {**json.loads(out_file.read_text()), "launch_wall_s": wall, "load_average_1min_at_launch": load}
+
+
+def compare(tp: int, pp: int, world: int, plan, out: dict) -> dict:
+    pred = plan.predicted
+    timed = out["step_times_s"][1:]
+    measured_t = statistics.median(timed)
+    stage = max(pred["memory_per_stage"], key=lambda r: r["total"])
+    return {
+        "mesh": {"pp": plan.mesh.pp, "dp": plan.mesh.dp, "tp": plan.mesh.tp, "world": world},
+        "schedule": {"name": plan.schedule.name, "num_microbatches": plan.schedule.num_microbatches,
+                     "micro_batch_size": plan.schedule.micro_batch_size},
+        "predicted_step_time_s": pred["step_time_s"], "measured_step_time_s": measured_t,
+        "measured_step_time_mean_s": out["step_time_s"], "measured_step_times_s": out["step_times_s"],
+        "step_time_error": pred["step_time_s"] / measured_t - 1,
+        "predicted_breakdown": pred["breakdown"],
+        "predicted_peak_memory_bytes": pred["peak_memory_bytes"], "measured_peak_memory_bytes": out["peak_memory_bytes"],
+        "memory_error": pred["peak_memory_bytes"] / out["peak_memory_bytes"] - 1,
+        "predicted_memory_largest_stage": stage,
+        "memory_error_without_workspace": (stage["model_states"] + stage["activations"]) / out["peak_memory_bytes"] - 1,
+        "memory_method": out["memory_method"], "peak_rss_bytes": out["peak_rss_bytes"],
+        "launch_wall_s": out["launch_wall_s"], "load_average_1min_at_launch": out["load_average_1min_at_launch"],
+    }
+
+
+def summarise(rows: list[dict]) -> dict:
+    pred = [r["predicted_step_time_s"] for r in rows]
+    meas = [r["measured_step_time_s"] for r in rows]
+    t_err = [abs(r["step_time_error"]) for r in rows]
+    m_err = [abs(r["memory_error"]) for r in rows]
+    rho = spearman(pred, meas)
+    by_world = {}
+    for w in sorted({r["mesh"]["world"] for r in rows}):
+        errs = [r["step_time_error"] for r in rows if r["mesh"]["world"] == w]
+        by_world[str(w)] = {"plans": len(errs), "median_step_time_error": statistics.median(errs)}
+    s = {
+        "plans": len(rows), "spearman_step_time": rho,
+        "median_abs_step_time_error": statistics.median(t_err), "max_abs_step_time_error": max(t_err),
+        "median_abs_memory_error": statistics.median(m_err), "max_abs_memory_error": max(m_err),
+        "median_abs_memory_error_without_workspace": statistics.median(abs(r["memory_error_without_workspace"])
+                                                                       for r in rows),
+        "step_time_error_by_world_size": by_world,
+    }
+    s["targets"] = {
+        "spearman >= 0.9": {"value": rho, "passed": rho >= TARGETS["spearman_min"]},
+        "median step-time error <= 20%": {"value": s["median_abs_step_time_error"],
+                                          "passed": s["median_abs_step_time_error"] <= TARGETS["median_step_time_error_max"]},
+        "memory error <= 5% (median over plans)": {"value": s["median_abs_memory_error"],
+                                                   "passed": s["median_abs_memory_error"] <= TARGETS["memory_error_max"]},
+        "memory error <= 5% (every plan)": {"value": s["max_abs_memory_error"],
+                                            "passed": s["max_abs_memory_error"] <= TARGETS["memory_error_max"]},
+        "memory error <= 5%, predicted model states + activations only (what the runtime counts; median)": {
+            "value": s["median_abs_memory_error_without_workspace"],
+            "passed": s["median_abs_memory_error_without_workspace"] <= TARGETS["memory_error_max"]},
+    }
+    return s
+
+
+def notes(rows: list[dict], summary: dict, calibrations: dict) -> list[str]:
+    """What the numbers say about where the error comes from (every figure computed from the data)."""
+    cpus = os.cpu_count() or 1
+    out = [f"measured memory is {rows[0]['memory_method']} (runtime/memory.py): no allocator counter exists on "
+           "CPU, so temporaries autograd does not save and communication buffers are not counted"]
+    ws = [r["predicted_memory_largest_stage"]["workspace"] / r["predicted_peak_memory_bytes"] for r in rows]
+    without = [abs(r["memory_error_without_workspace"]) for r in rows]
+    out.append(f"the predicted peak adds a transient workspace (largest activation + its gradient + one layer's "
+               f"activations; planner/search.py) of {100 * min(ws):.0f}-{100 * max(ws):.0f}% of the peak, which the "
+               f"runtime's tracked figure cannot see; the predicted model states + activations alone are within "
+               f"{100 * statistics.median(without):.1f}% (median; largest {100 * max(without):.1f}%) of the measured")
+    for w, e in summary["step_time_error_by_world_size"].items():
+        out.append(f"world size {w}: median step-time error {100 * e['median_step_time_error']:+.0f}% "
+                   f"({e['plans']} plans; negative = predicted faster than measured)")
+    for ranks, res in sorted(calibrations.items()):
+        dev, meas = res["groups"][0]["device"], res.get("measurements", {})
+        line = (f"calibration with {ranks} ranks: fp32 {dev['peak_flops']['fp32'] / 1e9:.0f} GFLOP/s per rank")
+        if "compute_share_per_rank" in meas:
+            line += f" (a rank's share while all compute: {meas['compute_share_per_rank']:.2f})"
+        if "op_latency" in dev:
+            line += f", {dev['op_latency'] * 1e6:.0f} us per operator launch"
+        line += (f", all-reduce latency {dev['intra_node_latency'] * 1e6:.0f} us and bandwidth "
+                 f"{dev['intra_node_bw'] / 1e9:.2f} GB/s")
+        out.append(line)
+    if max(r["mesh"]["world"] for r in rows) > cpus:
+        out.append(f"this machine has {cpus} cores: ranks beyond that (OMP_NUM_THREADS=1 each) time-share the "
+                   "cores, so timings of 4-rank plans depend on how the OS schedules them and on any other load "
+                   f"(load average before/after the runs is recorded)")
+    tp = [r["step_time_error"] for r in rows if r["mesh"]["tp"] > 1]
+    rest = [r["step_time_error"] for r in rows if r["mesh"]["tp"] == 1]
+    if tp and rest:
+        out.append(f"tensor-parallel plans: median step-time error {100 * statistics.median(tp):+.0f}% against "
+                   f"{100 * statistics.median(rest):+.0f}% for the others; TP issues several small gloo collectives "
+                   "per layer (forward and backward), each paying gloo's latency and DTensor's Python dispatch")
+    return out
+
+
+def run(cluster_file: str | None = None, steps: int = STEPS, model: str = MODEL, plans=PLANS,
+        global_batch: int = GLOBAL_BATCH) -> dict:
+    t0 = time.perf_counter()
+    load_before = os.getloadavg()
+    files: dict[int, str] = {}
+    if cluster_file is None:
+        from costmodel.calibrate import calibrate
+        common.RESULTS.mkdir(parents=True, exist_ok=True)
+        for ranks in sorted({max(2, w) for _, _, w in plans}):
+            files[ranks] = str(common.RESULTS / f"fidelity_cluster_{ranks}ranks.json")
+            calibrate(files[ranks], ranks=ranks, quick=False)
+            print(f"calibrated this machine for {ranks} ranks: {files[ranks]} [{time.perf_counter() - t0:.1f} s]",
+                  flush=True)
+    else:
+        files = {max(2, w): cluster_file for _, _, w in plans}
+    calibrations = {ranks: json.loads(Path(f).read_text()) for ranks, f in files.items()}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="partita-fidelity-") as tmp:
+        for tp, pp, world, plan in make_plans(lambda w: calibrations[max(2, w)], model, plans, global_batch):
+            out = run_plan(plan, world, model, steps, Path(tmp))
+            rows.append(compare(tp, pp, world, plan, out))
+            r = rows[-1]
+            print(f"pp={r['mesh']['pp']} dp={r['mesh']['dp']} tp={r['mesh']['tp']} (W={world}, "
+                  f"{r['schedule']['num_microbatches']}x{r['schedule']['micro_batch_size']}): step "
+                  f"{r['predicted_step_time_s'] * 1e3:6.1f} ms predicted / {r['measured_step_time_s'] * 1e3:6.1f} ms "
+                  f"measured ({100 * r['step_time_error']:+5.0f}%), memory {r['predicted_peak_memory_bytes'] / 2**20:6.1f} / "
+                  f"{r['measured_peak_memory_bytes'] / 2**20:6.1f} MiB ({100 * r['memory_error']:+5.1f}%)", flush=True)
+    summary = summarise(rows)
+    rel = lambda f: os.path.relpath(f, ROOT) if f.startswith(str(ROOT)) else f
+    return {"model": model, "global_batch": global_batch, "steps": steps, "dtype": "fp32",
+            "cluster_files": {str(r): rel(f) for r, f in files.items()},
+            "calibrated_devices": {str(r): c["groups"][0]["device"] for r, c in calibrations.items()},
+            "plans": rows, "summary": summary, "notes": notes(rows, summary, calibrations),
+            "load_average": {"before": load_before, "after": os.getloadavg()},
+            "benchmark_wall_s": time.perf_counter() - t0}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.fidelity", description=__doc__.split("\n")[0])
+    ap.add_argument("--cluster", help="a calibrated resource list to reuse (default: calibrate now)")
+    ap.add_argument("--steps", type=int, default=STEPS)
+    args = ap.parse_args(argv)
+    payload = run(args.cluster, args.steps)
+    path = write("fidelity", payload)
+    for name, t in payload["summary"]["targets"].items():
+        print(f"  {name}: {t['value']:.3f} {'PASS' if t['passed'] else 'FAIL'}")
+    print(f"wrote {path}")
+    try:
+        _plot(payload)
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+    return 0
+
+
+def _plot(payload: dict) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = payload["plans"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, key, unit, scale in ((ax1, "step_time_s", "ms", 1e3), (ax2, "peak_memory_bytes", "MiB", 1 / 2**20)):
+        xs = [r[f"measured_{key}"] * scale for r in rows]
+        ys = [r[f"predicted_{key}"] * scale for r in rows]
+        colours = [{1: "C0", 2: "C1", 4: "C2"}.get(r["mesh"]["world"], "C3") for r in rows]
+        ax.scatter(xs, ys, c=colours)
+        if key == "peak_memory_bytes":  # hollow: the predicted parts the runtime counts (no workspace)
+            parts = [(r["predicted_memory_largest_stage"]["model_states"]
+                      + r["predicted_memory_largest_stage"]["activations"]) * scale for r in rows]
+            ax.scatter(xs, parts, facecolors="none", edgecolors=colours, label="states + activations only")
+            ax.legend(fontsize=7, loc="lower right")
+        for r, x, y in zip(rows, xs, ys):
+            m = r["mesh"]
+            ax.annotate(f"pp{m['pp']}dp{m['dp']}tp{m['tp']}", (x, y), fontsize=7, textcoords="offset points",
+                        xytext=(3, 3))
+        lo, hi = min(xs + ys) * 0.8, max(xs + ys) * 1.2
+        ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel(f"measured, {unit}")
+        ax.set_ylabel(f"predicted, {unit}")
+    s = payload["summary"]
+    ax1.set_title(f"step time (Spearman {s['spearman_step_time']:.2f}, median |err| "
+                  f"{100 * s['median_abs_step_time_error']:.0f}%)\nblue W=1, orange W=2, green W=4", fontsize=9)
+    ax2.set_title(f"peak memory (median |err| {100 * s['median_abs_memory_error']:.1f}%)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(plot_path("fidelity"), dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -172,6 +172,19 @@ class _Bases:
         return self._cache[tp]
 
 
+def _add_extra_costs(e: dict, s: int, options, cluster: Cluster, sb, zero: int, dp: int, tp: int, b: int) -> None:
+    """Charge the prefix or suffix blocks (embeddings, head) of stage s to the per-stage arrays `e`."""
+    for o in options:
+        var = cost_variant(Variant(o), cluster, sb, zero, dp, tp, b)
+        e["compute"][s] += var.compute
+        e["tp"][s] += var.tp_comm
+        e["zero"][s] += max(0.0, var.time - var.tp_comm - var.compute)
+        e["state"][s] += var.state
+        e["act"][s] += var.act
+        e["flush"][s] += var.flush
+        e["dp"][s] += var.dp_comm
+
+
 def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
                     zero: int, b: int, schedule: str = "1F1B", v: int = 1) -> Candidate | None:
     graph, cluster, layers = bases.graph, bases.cluster, bases.layers
@@ -190,15 +203,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
 
     e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "act", "flush", "dp", "zero")}
     for s, group_opts in ((0, pre), (pp - 1, suf)):
-        for o in group_opts:
-            var = cost_variant(Variant(o), cluster, sb, zero, dp, tp, b)
-            e["compute"][s] += var.compute
-            e["tp"][s] += var.tp_comm
-            e["zero"][s] += max(0.0, var.time - var.tp_comm - var.compute)
-            e["state"][s] += var.state
-            e["act"][s] += var.act
-            e["flush"][s] += var.flush
-            e["dp"][s] += var.dp_comm
+        _add_extra_costs(e, s, group_opts, cluster, sb, zero, dp, tp, b)
     e["flush"] += dp_latency
     e["dp"] += dp_latency
     if pp > 1 and layers:
@@ -276,16 +281,7 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
     mat = lambda attr: np.array([[getattr(o, attr) for o in row] for row in by_stage])
     e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "act", "flush", "dp", "zero")}
     for s, which in ((0, 0), (pp - 1, 1)):
-        gc = stage_groups[s]
-        for o in extras[id(gc)][which]:
-            var = cost_variant(Variant(o), gc, sb, zero, dp, tp, b)
-            e["compute"][s] += var.compute
-            e["tp"][s] += var.tp_comm
-            e["zero"][s] += max(0.0, var.time - var.tp_comm - var.compute)
-            e["state"][s] += var.state
-            e["act"][s] += var.act
-            e["flush"][s] += var.flush
-            e["dp"][s] += var.dp_comm
+        _add_extra_costs(e, s, extras[id(stage_groups[s])][which], stage_groups[s], sb, zero, dp, tp, b)
     for s, gc in enumerate(stage_groups):
         latency = comm.affine(comm.all_reduce, gc, comm.group_for(gc, dp, tp))[0] if zero <= 1 else 0.0
         e["flush"][s] += latency

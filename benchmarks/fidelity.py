@@ -196,6 +196,12 @@ def notes(rows: list[dict], summary: dict, calibrations: dict) -> list[str]:
         line += (f", all-reduce latency {dev['intra_node_latency'] * 1e6:.0f} us and bandwidth "
                  f"{dev['intra_node_bw'] / 1e9:.2f} GB/s")
         out.append(line)
+        share, bound = meas.get("compute_share_per_rank"), min(1.0, cpus / ranks)
+        if share is not None and share > 1.05 * bound:
+            out.append(f"the {ranks}-rank calibration credits each rank {share:.2f} of a core, but {ranks} "
+                       f"single-threaded ranks on {cpus} cores can have at most {bound:.2f} each: the share is "
+                       "measured from per-matmul times while all ranks run, and time a rank spends descheduled "
+                       "between matmuls does not show in them, so the cost model charges these ranks too little")
     if max(r["mesh"]["world"] for r in rows) > cpus:
         out.append(f"this machine has {cpus} cores: ranks beyond that (OMP_NUM_THREADS=1 each) time-share the "
                    "cores, so timings of 4-rank plans depend on how the OS schedules them and on any other load "

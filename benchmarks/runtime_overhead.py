@@ -184,6 +184,10 @@ def _plot(payload: dict) -> None:
     ax1.legend(fontsize=8)
     ax1.set_title(f"same training, gloo, fp32 ({payload['model']}, batch {payload['global_batch']})", fontsize=8)
     ax2.bar(x, [r["ratio"] for r in rows], color=["C2" if r["passed"] else "C3" for r in rows])
+    lo = [r["ratio"] - min(r["per_round_ratio"]) for r in rows]
+    hi = [max(r["per_round_ratio"]) - r["ratio"] for r in rows]
+    ax2.errorbar(x, [r["ratio"] for r in rows], yerr=[[max(0, v) for v in lo], [max(0, v) for v in hi]], fmt="none",
+                 ecolor="black", capsize=3, lw=0.8, label="range of per-round ratios")
     ax2.axhline(payload["target_ratio"], color="grey", ls="--", lw=0.8, label=f"target {payload['target_ratio']}")
     ax2.axhline(1.0, color="black", lw=0.5)
     ax2.set_xticks(list(x), labels, fontsize=8)

@@ -37,3 +37,20 @@ def write(name: str, payload: dict) -> Path:
 def plot_path(name: str) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     return RESULTS / f"{name}.png"
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (benchmarks write PNGs, never open windows)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def try_plot(plot, payload) -> None:
+    """Draw a benchmark's plot; without matplotlib, say so and keep the JSON."""
+    import sys
+    try:
+        plot(payload)
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)

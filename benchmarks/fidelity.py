@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from benchmarks import common
-from benchmarks.common import plot_path, write
+from benchmarks.common import plot_path, pyplot, try_plot, write
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=2048"
@@ -262,17 +262,12 @@ def main(argv=None) -> int:
     for name, t in payload["summary"]["targets"].items():
         print(f"  {name}: {t['value']:.3f} {'PASS' if t['passed'] else 'FAIL'}")
     print(f"wrote {path}")
-    try:
-        _plot(payload)
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    try_plot(_plot, payload)
     return 0
 
 
 def _plot(payload: dict) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     rows = payload["plans"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     for ax, key, unit, scale in ((ax1, "step_time_s", "ms", 1e3), (ax2, "peak_memory_bytes", "MiB", 1 / 2**20)):

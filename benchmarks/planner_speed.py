@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import plot_path, write
+from benchmarks.common import plot_path, pyplot, try_plot, write
 from benchmarks.table1 import ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,17 +157,12 @@ def main(argv=None) -> int:
     payload["benchmark_wall_s"] = time.perf_counter() - t0
     path = write("planner_speed", payload)
     print(f"summary: {payload['summary']}\nwrote {path}")
-    try:
-        _plot(payload)
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    try_plot(_plot, payload)
     return 0
 
 
 def _plot(payload: dict) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     rows = payload["by_model"]
     layers = [r["layers"] for r in rows]

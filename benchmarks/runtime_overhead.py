@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import plot_path, write
+from benchmarks.common import plot_path, pyplot, try_plot, write
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=2048"
@@ -162,17 +162,12 @@ def main(argv=None) -> int:
     payload = run(steps=args.steps, rounds=args.rounds)
     path = write("runtime_overhead", payload)
     print(f"summary: {payload['summary']}\nwrote {path}")
-    try:
-        _plot(payload)
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    try_plot(_plot, payload)
     return 0
 
 
 def _plot(payload: dict) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     rows = payload["configs"]
     labels = [f"{r['kind']}\n{r['world']} ranks" for r in rows]
     x = range(len(rows))

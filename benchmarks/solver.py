@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import plot_path, write
+from benchmarks.common import plot_path, pyplot, try_plot, write
 from planner.milp import StageProblem, evaluate, fits, solve_stages
 
 INSTANCES = 500
@@ -234,17 +234,12 @@ def main(argv=None) -> int:
     payload = run(args.instances, cbc=not args.no_cbc)
     path = write("solver", payload)
     print(f"wrote {path}")
-    try:
-        _plot(payload)
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    try_plot(_plot, payload)
     return 0
 
 
 def _plot(payload: dict) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for t in payload["solve_times"]:
         xs = np.sort(t["seconds"])

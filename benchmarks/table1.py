@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import time
 
-from benchmarks.common import plot_path, write
+from benchmarks.common import plot_path, pyplot, try_plot, write
 from costmodel.hardware import parse_cluster
 from costmodel.models import PRESETS
 from costmodel.trace import capture
@@ -94,17 +94,12 @@ def main(argv=None) -> int:
                "plan_at_least_as_fast_as_published": all(r["plan_speedup_vs_published"] >= 1 for r in rows)}
     path = write("table1", {"rows": rows, "summary": summary})
     print(f"summary: {summary}\nwrote {path}")
-    try:
-        _plot(rows)
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    try_plot(_plot, rows)
     return 0
 
 
 def _plot(rows):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     names = [r["model"].replace("megatron-", "") for r in rows]
     x = range(len(rows))
     fig, ax = plt.subplots(figsize=(9, 4))

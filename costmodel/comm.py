@@ -39,6 +39,18 @@ Broadcast (B = the tensor, from one root): the faster of a binomial tree, ceil(l
 (Thakur et al., short messages), and NCCL's pipelined ring, (n-1) alpha + B / beta (nccl-tests:
 bus bandwidth = algorithm bandwidth for broadcast); across nodes: among node leaders, then inside nodes.
 
+In a training step each message step also pays the device's `sync_latency` (costmodel.hardware.Device):
+the ranks come from computing, so the peer's communication thread must be woken -- with more ranks than
+cores, scheduled -- before the message moves, which a back-to-back timing (what `partita calibrate` fits
+alpha and beta to) never sees. Every form above therefore uses
+
+    alpha = Device.intra_node_latency + Device.sync_latency      (inside a node)
+    alpha = Device.inter_node_latency + Device.sync_latency      (across nodes)
+
+e.g. an in-step ring all-reduce inside a node costs 2 (n-1) (alpha_i + sync) + 2 (n-1)/n B / beta_i and a
+point-to-point transfer alpha_i + sync + B / beta_i. sync_latency is 0 for the GPU presets (NCCL kernels
+queue on the stream behind the compute that precedes them).
+
 `affine` gives a (latency, seconds per byte) line for linear programs. all_reduce is piecewise (the min
 of two lines), so `affine(all_reduce, ...)` linearises one algorithm: the ring by default, which is what
 large gradient buckets use; it is exact above the crossover and an upper bound below it.
@@ -77,6 +89,16 @@ def group_for(cluster: Cluster, size: int, stride: int) -> Group:
     return Group(size, min(per_node, size))
 
 
+def alpha_intra(d) -> float:
+    """In-step latency of one message step between devices of a node (module docstring)."""
+    return d.intra_node_latency + d.sync_latency
+
+
+def alpha_inter(d) -> float:
+    """In-step latency of one message step between nodes (module docstring)."""
+    return d.inter_node_latency + d.sync_latency
+
+
 def _ring(n: int, nbytes: float, alpha: float, beta: float, factor: float) -> float:
     if n <= 1 or nbytes <= 0:
         return 0.0
@@ -94,12 +116,12 @@ def ring_all_reduce(cluster: Cluster, group: Group, nbytes: float) -> float:
     if group.size <= 1 or nbytes <= 0:
         return 0.0
     if group.nodes == 1:
-        return _ring(group.size, nbytes, d.intra_node_latency, d.intra_node_bw, 2)
+        return _ring(group.size, nbytes, alpha_intra(d), d.intra_node_bw, 2)
     k = group.per_node
     # Each device's NIC share carries 1/k of the data in the inter-node phase; the k devices of a node
     # use their k NIC shares in parallel.
-    inside = _ring(k, nbytes, d.intra_node_latency, d.intra_node_bw, 1)
-    across = _ring(group.nodes, nbytes / k, d.inter_node_latency, d.inter_node_bw, 2)
+    inside = _ring(k, nbytes, alpha_intra(d), d.intra_node_bw, 1)
+    across = _ring(group.nodes, nbytes / k, alpha_inter(d), d.inter_node_bw, 2)
     return 2 * inside + across
 
 
@@ -111,9 +133,9 @@ def tree_all_reduce(cluster: Cluster, group: Group, nbytes: float) -> float:
     k, nodes = (group.size, 1) if group.nodes == 1 else (group.per_node, group.nodes)
     t = 0.0
     if k > 1:
-        t += 2 * (k - 1) * d.intra_node_latency + 2 * nbytes / d.intra_node_bw
+        t += 2 * (k - 1) * alpha_intra(d) + 2 * nbytes / d.intra_node_bw
     if nodes > 1:
-        t += 2 * _log2(nodes) * d.inter_node_latency + 2 * nbytes / (k * d.inter_node_bw)
+        t += 2 * _log2(nodes) * alpha_inter(d) + 2 * nbytes / (k * d.inter_node_bw)
     return t
 
 
@@ -151,10 +173,10 @@ def all_gather(cluster: Cluster, group: Group, nbytes: float) -> float:
     if group.size <= 1:
         return 0.0
     if group.nodes == 1:
-        return _ring(group.size, nbytes, d.intra_node_latency, d.intra_node_bw, 1)
+        return _ring(group.size, nbytes, alpha_intra(d), d.intra_node_bw, 1)
     k = group.per_node
-    return (_ring(k, nbytes, d.intra_node_latency, d.intra_node_bw, 1)
-            + _ring(group.nodes, nbytes / k, d.inter_node_latency, d.inter_node_bw, 1))
+    return (_ring(k, nbytes, alpha_intra(d), d.intra_node_bw, 1)
+            + _ring(group.nodes, nbytes / k, alpha_inter(d), d.inter_node_bw, 1))
 
 
 reduce_scatter = all_gather  # same volume and steps in the ring model; `nbytes` is the unreduced size
@@ -172,9 +194,9 @@ def all_to_all(cluster: Cluster, group: Group, nbytes: float) -> float:
         return 0.0
     k = n if group.nodes == 1 else group.per_node
     chunk = nbytes / n
-    t = (k - 1) * (d.intra_node_latency + chunk / d.intra_node_bw)
+    t = (k - 1) * (alpha_intra(d) + chunk / d.intra_node_bw)
     if n > k:
-        t += (n - k) * (d.inter_node_latency + chunk / d.inter_node_bw)
+        t += (n - k) * (alpha_inter(d) + chunk / d.inter_node_bw)
     return t
 
 
@@ -192,9 +214,9 @@ def broadcast(cluster: Cluster, group: Group, nbytes: float) -> float:
     if group.size <= 1:
         return 0.0
     if group.nodes == 1:
-        return _broadcast_flat(group.size, nbytes, d.intra_node_latency, d.intra_node_bw)
-    return (_broadcast_flat(group.nodes, nbytes, d.inter_node_latency, d.inter_node_bw)
-            + _broadcast_flat(group.per_node, nbytes, d.intra_node_latency, d.intra_node_bw))
+        return _broadcast_flat(group.size, nbytes, alpha_intra(d), d.intra_node_bw)
+    return (_broadcast_flat(group.nodes, nbytes, alpha_inter(d), d.inter_node_bw)
+            + _broadcast_flat(group.per_node, nbytes, alpha_intra(d), d.intra_node_bw))
 
 
 def p2p(cluster: Cluster, nbytes: float, across_nodes: bool) -> float:
@@ -202,8 +224,8 @@ def p2p(cluster: Cluster, nbytes: float, across_nodes: bool) -> float:
     if nbytes <= 0:
         return 0.0
     if across_nodes:
-        return d.inter_node_latency + nbytes / d.inter_node_bw
-    return d.intra_node_latency + nbytes / d.intra_node_bw
+        return alpha_inter(d) + nbytes / d.inter_node_bw
+    return alpha_intra(d) + nbytes / d.intra_node_bw
 
 
 # ------------------------------------------------------------------------------------ linear forms

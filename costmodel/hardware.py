@@ -54,6 +54,31 @@ class Device:
     host_memory_bytes: float = 0.0
     """Host DRAM this device may fill with offloaded activations and states (its share of the node's);
     0 where the device's memory already is host memory (a CPU), which rules offload out."""
+    sync_latency: float = 0.0
+    """Seconds each message step of a collective (each of a ring all-reduce's 2 (n-1) steps, a
+    point-to-point transfer) costs inside a training step on top of the back-to-back latency alpha
+    (costmodel.comm uses alpha + sync_latency): the ranks arrive from computing, so the peer's
+    communication thread must be woken -- with more ranks than cores, scheduled -- before the message
+    moves. `partita calibrate` measures it on CPU from what one small collective adds to a loop of
+    compute bursts on all ranks (calibrate.measure_in_step, calibrate.sync_latency). 0 for the GPU
+    presets: NCCL kernels queue on the stream behind the compute that precedes them."""
+    sharded_op_latency: float = 0.0
+    """Seconds an operator on DTensors costs beyond `op_latency`: DTensor's Python dispatch (sharding
+    propagation lookup, unwrapping and wrapping local tensors), paid per operator the planner counts
+    (planner.strategies: forward and backward launches of every node run on DTensors, and the optimizer's
+    operators on DTensor parameters). `partita calibrate` measures it on CPU, where it is on the critical
+    path. 0 for the GPU presets: the host dispatches ahead of the GPU, so it hides behind kernels that
+    run longer than it does (large-model training)."""
+    sharded_param_latency: float = 0.0
+    """Seconds an optimizer step costs per parameter held as a DTensor, beyond its memory traffic: the
+    runtime's AdamW (foreach=False) runs a handful of operators per parameter, each dispatched by DTensor
+    (tensor-parallel weights; every parameter under FSDP). Measured by `partita calibrate` as above; 0
+    for the GPU presets."""
+    redistribute_latency: float = 0.0
+    """Seconds each tensor-parallel collective costs the CPU beyond the collective itself: it is a DTensor
+    redistribution (planning, functional-collective launch, wrapping the result, its autograd node),
+    charged once per forward or backward collective of a tensor-parallel block (planner.strategies).
+    Measured by `partita calibrate` (calibrate.measure_dtensor); 0 for the GPU presets."""
 
     def usable_memory(self) -> float:
         return self.memory_bytes - self.reserved_bytes
@@ -129,7 +154,8 @@ class Cluster:
 
 
 # Fields of Device where the conservative value is the largest (the rest: the smallest).
-_WORST_IS_MAX = {"intra_node_latency", "inter_node_latency", "reserved_bytes"}
+_WORST_IS_MAX = {"intra_node_latency", "inter_node_latency", "reserved_bytes", "op_latency", "sync_latency",
+                 "sharded_op_latency", "sharded_param_latency", "redistribute_latency"}
 
 
 def conservative_device(devices, inter_group_bw: float | None = None,

@@ -21,7 +21,12 @@ Schema `partita.cluster/1` (units: bytes, bytes/s, FLOP/s, seconds):
            "intra_node_latency": 5e-4, "inter_node_latency": 1e-3,
            "matmul_efficiency": 0.5,              fraction of peak large matmuls reach, in (0, 1]
            "host_bw": 1e10,                       device <-> host bytes/s (offload)
-           "reserved_bytes": 2.5e8}}              memory the plan may not use
+           "reserved_bytes": 2.5e8,               memory the plan may not use
+           "op_latency": 6e-6,                    seconds per operator launch
+           "sync_latency": 8e-4,                  in-step seconds per collective message step
+           "sharded_op_latency": 1e-4,            DTensor dispatch seconds per launch
+           "sharded_param_latency": 6e-5,         DTensor seconds per parameter per optimizer step
+           "redistribute_latency": 1.5e-4}}       DTensor seconds per tensor-parallel collective
       ],
       "inter_group_bw": 1.25e10,                  optional: bytes/s per device between groups
       "inter_group_latency": 2e-5,                optional: seconds
@@ -29,7 +34,9 @@ Schema `partita.cluster/1` (units: bytes, bytes/s, FLOP/s, seconds):
     }
 
 Without `base`, a device object needs name, peak_flops, memory_bytes, mem_bandwidth, intra_node_bw and
-inter_node_bw; the other fields default as in `costmodel.hardware.Device`. Unknown keys are errors (a
+inter_node_bw; the other fields default as in `costmodel.hardware.Device` (lists written before a field
+existed load with its default: 0 for the CPU-side overheads sync_latency, sharded_op_latency,
+sharded_param_latency and redistribute_latency). Unknown keys are errors (a
 typo must not silently fall back to a default). Loading never executes code (json, yaml.safe_load).
 
 `load_resources(path)` returns a `Cluster` whose `groups` are the groups and whose homogeneous view is
@@ -51,7 +58,8 @@ _GROUP_KEYS = {"name", "nodes", "devices_per_node", "device"}
 _DEVICE_FIELDS = {f.name for f in fields(Device)}
 _DEVICE_KEYS = _DEVICE_FIELDS | {"base"}
 _DEVICE_REQUIRED = ("name", "peak_flops", "memory_bytes", "mem_bandwidth", "intra_node_bw", "inter_node_bw")
-_NONNEGATIVE = {"op_latency", "host_memory_bytes", "intra_node_latency", "inter_node_latency", "reserved_bytes"}
+_NONNEGATIVE = {"op_latency", "host_memory_bytes", "intra_node_latency", "inter_node_latency", "reserved_bytes",
+                "sync_latency", "sharded_op_latency", "sharded_param_latency", "redistribute_latency"}
 _YAML_SUFFIXES = (".yaml", ".yml")
 
 

@@ -49,7 +49,8 @@ def run_row(name, tp, pp, gpus, batch, published) -> dict:
     ours = search(graph, cluster, train)
     best = predicted(ours, ours.best)
     plan_s = time.perf_counter() - t0
-    pub_space = SearchSpace(name="published", tp=(tp,), pp=(pp,), zero=(0,), recompute=("full",), offload=False)
+    pub_space = SearchSpace(name="published", tp=(tp,), pp=(pp,), zero=(0,), recompute=("full",), offload=False,
+                            sequence_parallel=(False,))  # SP came after this paper (Korthikanti et al. 2022)
     pub_train = TrainConfig(global_batch=batch, schedule="Interleaved1F1B" if pp > 1 else "1F1B")
     pub = search(graph, cluster, pub_train, space=pub_space, raise_infeasible=False)
     if pub.best is None and pp > 1:  # interleaving needs m divisible by pp; fall back to 1F1B

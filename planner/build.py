@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
-from planner.search import Candidate, SearchResult
+from planner.search import Candidate, SearchResult, stage_memory
+from planner.strategies import SPLIT
 
 
 def predicted(result: SearchResult, c: Candidate) -> dict:
@@ -43,14 +44,7 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     # not counted, so plans with and without recompute compare fairly.
     model_flops = 3 * result.graph.totals()["fwd_flops"] * train.global_batch
     tflops = model_flops / step / cluster.num_devices / 1e12
-    memory = []
-    for s in range(c.pp):
-        states = float(counts[s] @ col("state", s) + parts["e_state"][s])
-        act = float(counts[s] @ (col("act", s) * prob.in_flight[s]) + prob.in_flight[s] * parts["e_act"][s])
-        row = {"model_states": states, "activations": act, "workspace": parts["workspace"]}
-        row = {k: int(round(v)) for k, v in row.items()}
-        row["total"] = sum(row.values())
-        memory.append(row)
+    memory = [stage_memory(c, s) for s in range(c.pp)]
     breakdown = {"compute_s": m * compute, "tp_comm_s": m * tp_comm, "zero_comm_s": m * zero_exposed,
                  "p2p_s": m * p2p, "bubble_s": bubble, "dp_comm_s": dp_comm, "optimizer_s": optimizer,
                  "offload_s": m * exposed_offload}
@@ -117,8 +111,9 @@ def _block_layout(result: SearchResult, c: Candidate):
     for grp, s, j in zip(result.graph.groups, stage_of, option_of):
         var = c.options[j]
         blocks.append(BlockChoice(fqn=grp, stage=int(s), sharding=var.sharding, recompute=var.recompute,
-                                  offload_activations=var.offload_activations, offload_states=var.offload_states))
-        if var.sharding == "tensor":
+                                  offload_activations=var.offload_activations, offload_states=var.offload_states,
+                                  zero_stage=var.zero))
+        if var.sharding in SPLIT:
             placements.update(var.base.placements)
     return stages, blocks, placements
 
@@ -146,8 +141,8 @@ def _counts_layout(result: SearchResult, c: Candidate):
         for grp, var in zip(mine, choices):
             blocks.append(BlockChoice(fqn=grp, stage=index, sharding=var.sharding, recompute=var.recompute,
                                       offload_activations=var.offload_activations,
-                                      offload_states=var.offload_states))
-            if var.sharding == "tensor":
+                                      offload_states=var.offload_states, zero_stage=var.zero))
+            if var.sharding in SPLIT:
                 ref = result.layers[0]
                 placements.update({f"{grp}.{key[len(ref) + 1:]}": st for key, st in var.base.placements.items()})
         start += n
@@ -157,7 +152,7 @@ def _counts_layout(result: SearchResult, c: Candidate):
             option = extra_options.get(grp)  # embeddings, head: the option the candidate was costed with
             sharding = option.name if option is not None else "replicate"
             blocks.append(BlockChoice(fqn=grp, stage=s, sharding=sharding))
-            if sharding == "tensor":
+            if sharding in SPLIT:
                 placements.update(option.placements)
     blocks.sort(key=lambda b: result.graph.groups.index(b.fqn))
     return stages, blocks, placements

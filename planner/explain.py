@@ -91,8 +91,10 @@ def _stages(plan) -> Table:
     per_stage = mesh.dp * mesh.tp
     for st in plan.stages:
         mine = by_stage.get(st.index, [])
-        n_tensor = sum(b.sharding == "tensor" for b in mine)
-        parts = [f"TP x{mesh.tp} on {n_tensor}" if n_tensor else "replicated"]
+        n_tensor = sum(b.sharding in ("tensor", "sequence") for b in mine)
+        n_seq = sum(b.sharding == "sequence" for b in mine)
+        parts = [f"TP x{mesh.tp} on {n_tensor}" + (" (sequence parallel)" if n_seq else "") if n_tensor
+                 else "replicated"]
         for r in ("selective", "full"):
             n = sum(b.recompute == r for b in mine)
             if n:
@@ -101,6 +103,9 @@ def _stages(plan) -> Table:
             n = sum(getattr(b, flag) for b in mine)
             if n:
                 parts.append(f"{label} x{n}")
+        n = sum(b.zero_stage == 2 for b in mine)
+        if n:
+            parts.append(f"kept gathered (ZeRO-2) x{n}")
         rank = st.index % mesh.pp
         where = (groups[rank],) if groups else ()
         table.add_row(str(st.index), f"{rank * per_stage}-{(rank + 1) * per_stage - 1}", *where,
@@ -130,7 +135,9 @@ def _memory(pred: dict) -> Table:
     for col in ("pp rank", "", "total", "by category"):
         table.add_column(col)
     for i, row in enumerate(pred.get("memory_per_stage", [])):
-        cats = ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in row.items() if k != "total" and v > 0)
+        cats = ", ".join(f"{k.replace('_', ' ')} {human_bytes(row[k])}" for k in CATEGORY_STYLE if row.get(k, 0) > 0)
+        if row.get("phase") and row["phase"] != "forward/backward":
+            cats += f" (peak at the {row['phase']})"
         table.add_row(str(i), _bar(row, caps[i]), human_bytes(row["total"]), cats)
     return table
 
@@ -162,11 +169,30 @@ def _baselines(plan) -> Table:
     return table
 
 
+def placement_summary(placements: dict[str, str]) -> str:
+    """'attn.q=colwise, ..., ln1=sequence (x96); head=vocab, tok_emb=vocab': modules of repeated blocks
+    named once with the count of blocks, by their path below the block's index."""
+    per_block: dict[str, set] = {}
+    single: list[str] = []
+    for fqn, style in sorted(placements.items()):
+        parts = fqn.split(".")
+        idx = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+        if idx is None:
+            single.append(f"{fqn}={style}")
+        else:
+            rest = ".".join(parts[idx + 1:]) or parts[idx - 1]
+            per_block.setdefault(f"{rest}={style}", set()).add(".".join(parts[:idx + 1]))
+    counts = {len(v) for v in per_block.values()}
+    inner = ", ".join(per_block)
+    if per_block:
+        inner += f" (x{counts.pop()} blocks)" if len(counts) == 1 else ""
+    return "; ".join(x for x in (inner, ", ".join(single)) if x)
+
+
 def renderables(plan) -> Group:
     parts = [_header(plan), Text(""), _stages(plan)]
     if plan.placements:
-        styles = sorted({".".join(k.split(".")[-2:]) + "=" + v for k, v in plan.placements.items()})
-        parts.append(Text(f"tensor-parallel layers: {', '.join(styles[:8])}{' ...' if len(styles) > 8 else ''}"))
+        parts.append(Text(f"tensor-parallel layers: {placement_summary(plan.placements)}"))
     if plan.predicted:
         pred = plan.predicted
         unit = "tokens/s" if plan.train.get("seq_len") else "samples/s"

@@ -20,6 +20,7 @@ and the program (all linear; HiGHS via cvxpy) is
                tau_s = sum_o h[s,o] T_o + E_s + P_s      for all s       (stage time per micro-batch)
                t_max >= tau_s                            for all s       add_bottleneck_constraint
                sum_o h[s,o] (W_o + k_s A_o) + M_s <= C   for all s       add_memory_constraint
+               sum_o h[s,o] X^q_so + Y^q_s <= C          for all s, q    (the other memory phases q)
                d_max >= sum_o h[s,o] D_o + F_s           for all s       add_flush_constraint
                sum_s sum_{o in R} h[s,o] >= 1                            add_option_use_constraint
                sum_o h[s,o] (V_o + k_s U_o) <= H         for all s       add_host_memory_constraint
@@ -44,6 +45,14 @@ Heterogeneous clusters (resource lists with groups of different devices): stage 
 of one group, so T, W, A, D may be given per stage (arrays of shape (p, options)) and C per stage; the
 program is otherwise unchanged.
 
+Memory is checked at each moment a peak can occur (the phases q of a step; planner.search builds them).
+The main constraint above is the forward/backward peak, where W_o leaves out the gradients when a stage
+reaches its first backward before any gradient exists; other phases (the optimizer step; a recomputed
+layer being rebuilt) have coefficients X^q and constants Y^q of their own. A phase may be *gated* by a
+set of options G^q (recompute): it binds on stage s only if s holds one of them, through a binary
+y_s >= h[s,o] / L for o in G^q and a big-M relaxation  sum_o h X^q + Y^q <= C + (1 - y_s) M^q.
+A stage's predicted memory is the largest phase that applies to it.
+
 The program is exact for identical layers: any order of layers inside a stage has the same cost, and any
 counts can be laid out contiguously. With p = 1 it reduces to choosing options under the memory cap.
 """
@@ -55,6 +64,20 @@ from dataclasses import dataclass, field
 
 import cvxpy as cp
 import numpy as np
+
+
+@dataclass
+class MemoryPhase:
+    """Another moment of the step at which a stage's memory peaks (module docstring)."""
+
+    name: str
+    coeff: np.ndarray              # X[s, o] (or X[o]): bytes per layer of option o
+    const: np.ndarray              # Y[s]: bytes
+    gate: np.ndarray | None = None # options whose presence on a stage makes the phase bind there
+    parts: dict = field(default_factory=dict)   # per-stage constants by category, for the report
+
+    def scaled(self, m: float) -> "MemoryPhase":
+        return MemoryPhase(self.name, np.asarray(self.coeff) / m, np.asarray(self.const) / m, self.gate, self.parts)
 
 
 @dataclass
@@ -78,6 +101,9 @@ class StageProblem:
     option_host_state: np.ndarray | None = None   # V_o, bytes
     option_host_act: np.ndarray | None = None     # U_o, bytes per micro-batch
     host_capacity: float = float("inf")           # H
+    phases: list = field(default_factory=list)     # MemoryPhase, beyond the main one
+    option_grad: np.ndarray | None = None          # G_o: the gradient bytes within W_o
+    grads_absent: np.ndarray | None = None         # chi_s = 1: no gradient yet at stage s's main peak
     option_rank: np.ndarray | None = None
     """Tie-break weights (recompute / offload machinery): epsilon * sum h * rank is added to the objective
     so that among equally fast plans the plainest wins; epsilon is far below the mip gap."""
@@ -99,7 +125,9 @@ class StageProblem:
             time_limit_s=self.time_limit_s, mip_rel_gap=self.mip_rel_gap, must_use=self.must_use,
             option_host_state=None if self.option_host_state is None else self.option_host_state / hm,
             option_host_act=None if self.option_host_act is None else self.option_host_act / hm,
-            host_capacity=self.host_capacity / hm, option_rank=self.option_rank)
+            host_capacity=self.host_capacity / hm, option_rank=self.option_rank,
+            phases=[q.scaled(m) for q in self.phases],
+            option_grad=None if self.option_grad is None else self.option_grad / m, grads_absent=self.grads_absent)
     time_limit_s: float = 3.0
     mip_rel_gap: float = 5e-3
     """Stop when the incumbent is proven within this fraction of the optimum (0: exact). 0.5% is well
@@ -139,8 +167,11 @@ def per_stage(prob: StageProblem, a: np.ndarray) -> np.ndarray:
 
 
 def mem_coeff(prob: StageProblem) -> np.ndarray:
-    """W[s,o] + k_s A[s,o]."""
-    return per_stage(prob, prob.option_state) + prob.in_flight[:, None] * per_stage(prob, prob.option_act)
+    """W[s,o] - chi_s G[s,o] + k_s A[s,o] (the main, forward/backward phase)."""
+    coeff = per_stage(prob, prob.option_state) + prob.in_flight[:, None] * per_stage(prob, prob.option_act)
+    if prob.option_grad is not None and prob.grads_absent is not None:
+        coeff = coeff - np.asarray(prob.grads_absent, dtype=float)[:, None] * per_stage(prob, prob.option_grad)
+    return coeff
 
 
 def stage_time_expr(h, prob: StageProblem):
@@ -155,8 +186,29 @@ def stage_mem_expr(h, prob: StageProblem):
     return cp.sum(cp.multiply(h, mem_coeff(prob)), axis=1) + prob.extra_mem
 
 
-def add_memory_constraint(h, prob: StageProblem) -> list:
-    return [stage_mem_expr(h, prob) <= prob.capacity]
+def phase_mem_expr(h, q: MemoryPhase, prob: StageProblem):
+    return cp.sum(cp.multiply(h, per_stage(prob, q.coeff)), axis=1) + q.const
+
+
+def _gate(h, q: MemoryPhase, prob: StageProblem) -> tuple[list, object, np.ndarray]:
+    """(constraints, y, big M): y_s = 1 when stage s holds an option of q.gate."""
+    y = cp.Variable(prob.num_stages, boolean=True)
+    big = per_stage(prob, q.coeff).max(axis=1) * max(prob.num_layers, 1) + q.const
+    gated = np.flatnonzero(q.gate)
+    return [y >= cp.sum(h[:, gated], axis=1) / max(prob.num_layers, 1)], y, np.maximum(big, 0)
+
+
+def add_memory_constraint(h, prob: StageProblem, bound=None) -> list:
+    """Every phase's memory within the capacity (or within `bound`, a variable, for min_memory)."""
+    cap = prob.capacity if bound is None else bound
+    cons = [stage_mem_expr(h, prob) <= cap]
+    for q in prob.phases:
+        if q.gate is None:
+            cons.append(phase_mem_expr(h, q, prob) <= cap)
+        elif q.gate.any():
+            extra, y, big = _gate(h, q, prob)
+            cons += extra + [phase_mem_expr(h, q, prob) <= cap + cp.multiply(1 - y, big)]
+    return cons
 
 
 def add_flush_constraint(h, d_max, prob: StageProblem) -> list:
@@ -275,9 +327,20 @@ def _solver_options(solver: str, prob: StageProblem) -> dict:
 def stage_figures(prob: StageProblem, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(stage time, stage memory, stage flush) of an assignment."""
     tau = (counts * per_stage(prob, prob.option_time)).sum(1) + prob.extra_time
-    mem = (counts * mem_coeff(prob)).sum(1) + prob.extra_mem
+    mem = phase_memory(prob, counts).max(axis=0)
     flush = (counts * per_stage(prob, prob.option_flush)).sum(1) + prob.extra_flush
     return tau, mem, flush
+
+
+def phase_memory(prob: StageProblem, counts: np.ndarray) -> np.ndarray:
+    """Memory of each stage in each phase (main phase first), -inf where a gated phase does not apply."""
+    rows = [(counts * mem_coeff(prob)).sum(1) + prob.extra_mem]
+    for q in prob.phases:
+        mem = (counts * per_stage(prob, q.coeff)).sum(1) + q.const
+        if q.gate is not None:
+            mem = np.where(counts[:, q.gate].sum(1) > 0 if q.gate.any() else False, mem, -np.inf)
+        rows.append(mem)
+    return np.array(rows)
 
 
 def evaluate(prob: StageProblem, counts: np.ndarray) -> float:
@@ -305,7 +368,7 @@ def min_memory(original: StageProblem) -> tuple[float, np.ndarray | None]:
     h = cp.Variable((p, n_opt), integer=True)
     m_max = cp.Variable()
     cons = [h >= 0, *add_layer_count_constraint(h, prob), *add_nonempty_stage_constraint(h, prob),
-            m_max >= stage_mem_expr(h, prob), *add_option_use_constraint(h, prob),
+            *add_memory_constraint(h, prob, bound=m_max), *add_option_use_constraint(h, prob),
             *add_host_memory_constraint(h, prob)]
     problem = cp.Problem(cp.Minimize(m_max), cons)
     problem.solve(solver=cp.HIGHS, time_limit=prob.time_limit_s, mip_rel_gap=prob.mip_rel_gap)

@@ -15,6 +15,9 @@ Model-state bytes per rank (n parameters on this rank after tensor parallelism; 
 SC'20, with p, g, o bytes per parameter of parameters, gradients, optimizer state; d = dp degree):
     stage 0:  (p + g + o) n        stage 1:  (p + g) n + o n / d
     stage 2:  p n + (g + o) n / d  stage 3:  (p + g + o) n / d
+In a ZeRO-3 candidate each layer may instead keep its parameters gathered from forward to backward
+(stage 2 for that layer alone: p n (1 - 1/d) more bytes, one all-gather fewer per micro-batch), so the
+program trades memory for exposed communication layer by layer.
 State offload (FSDP2's CPUOffloadPolicy, so ZeRO-3 only) keeps the sharded parameters, gradients and
 optimizer state in host memory: each micro-batch copies the parameter shard up and the gradient shard
 down the host link (overlapped like the all-gathers), and the optimizer step runs on the CPU
@@ -23,7 +26,8 @@ down the host link (overlapped like the all-gathers), and the optimizer step run
 
 After-flush time D (seconds): stages 0-1 all-reduce the gradients (stage 1 as reduce-scatter + all-gather,
 the same volume, 2 Psi); stages 2-3 already reduced them per micro-batch. Then the optimizer step over the
-rank's optimizer shard, memory-bound: n_opt * step traffic / memory bandwidth.
+rank's optimizer shard, memory-bound: n_opt * step traffic / memory bandwidth, plus
+Device.sharded_param_latency per parameter tensor held as a DTensor.
 """
 from __future__ import annotations
 
@@ -48,9 +52,13 @@ class Variant:
     recompute: str = "none"
     offload_activations: bool = False
     offload_states: bool = False
+    zero: int | None = None
+    """The block's own ZeRO stage in a sharded candidate (2 beside a candidate's 3: FSDP2's
+    reshard_after_forward=False for this block alone); None: the candidate's."""
     # costs, filled by cost_variant
     time: float = 0.0
     state: float = 0.0
+    grad: float = 0.0              # of `state`, the gradient bytes (absent until the first backward)
     act: float = 0.0
     flush: float = 0.0
     compute: float = 0.0
@@ -68,7 +76,8 @@ class Variant:
     @property
     def complexity(self) -> int:
         """How much machinery the variant needs; breaks ties between equally fast plans toward the plainest."""
-        return RECOMPUTE.index(self.recompute) + 2 * self.offload_activations + 2 * self.offload_states
+        return (RECOMPUTE.index(self.recompute) + 2 * self.offload_activations + 2 * self.offload_states
+                + (self.zero is not None))
 
     @property
     def label(self) -> str:
@@ -77,6 +86,8 @@ class Variant:
             parts.append("offload-activations")
         if self.offload_states:
             parts.append("offload-states")
+        if self.zero is not None:
+            parts.append(f"zero-{self.zero}")
         return " ".join(parts)
 
 
@@ -100,13 +111,13 @@ def zero_state_bytes(n: float, sb: StateBytes, zero: int, dp: int, offload_state
 def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: int) -> Variant:
     o, dev = v.base, cluster.device
     n = o.param_numel
+    zero = zero if v.zero is None else v.zero
     dp_group = comm.group_for(cluster, dp, tp)
     v.compute = (o.fwd_s + o.bwd_s + o.refwd_by_policy[v.recompute]) * b \
         + o.launch_s + o.relaunch_by_policy.get(v.recompute, 0.0)
     v.tp_comm = o.tp_comm_s(cluster, b)
-    if v.recompute == "full":  # the re-run forward repeats its all-reduces
-        group = comm.group_for(cluster, o.tp, 1)
-        v.tp_comm += sum(comm.all_reduce(cluster, group, x * b) for x in o.tp_comm_bytes_fwd)
+    if v.recompute == "full":  # the re-run forward repeats its collectives
+        v.tp_comm += o.tp_fwd_comm_s(cluster, b)
     kept = o.saved_by_policy[v.recompute] * b
     v.offload_traffic = 2 * kept / dev.host_bw if v.offload_activations else 0.0
     v.act = 0.0 if v.offload_activations else float(kept)
@@ -118,6 +129,7 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
         v.zero_comm += n / dp * (sb.param + sb.grad) / dev.host_bw
     v.time = max(v.compute, v.zero_comm, v.offload_traffic) + v.tp_comm
     v.state = zero_state_bytes(n, sb, zero, dp, v.offload_states)
+    v.grad = 0.0 if v.offload_states else sb.grad * n / (dp if zero >= 2 else 1)
     v.host_state = (zero_state_bytes(n, sb, zero, dp) - v.state) if v.offload_states else 0.0
     _, per_byte = comm.affine(comm.all_reduce, cluster, dp_group)
     v.dp_comm = n * sb.grad * per_byte if zero <= 1 else 0.0
@@ -126,7 +138,10 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
         step = n_opt * sb.step_traffic / HOST_MEMORY_BW
     else:
         step = n_opt * sb.step_traffic / dev.mem_bandwidth
-    v.flush = v.dp_comm + step
+    # each parameter held as a DTensor (tensor-parallel ones; all of them under FSDP) costs the optimizer
+    # DTensor's dispatch of its per-parameter operators: Device.sharded_param_latency
+    dtensors = o.param_tensors if zero >= 2 and dp > 1 else o.dtensor_params
+    v.flush = v.dp_comm + step + dtensors * dev.sharded_param_latency
     return v
 
 
@@ -147,6 +162,8 @@ def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: i
                     continue  # the layer input alone: nothing worth the host link
                 for off_o in ((False, True) if allow_offload and zero == 3 else (False,)):
                     out.append(cost_variant(Variant(base, r, off_a, off_o), cluster, sb, zero, dp, tp, b))
+                if zero == 3 and dp > 1:  # this block alone kept gathered from forward to backward
+                    out.append(cost_variant(Variant(base, r, off_a, zero=2), cluster, sb, zero, dp, tp, b))
     return pareto(out) if prune else out
 
 

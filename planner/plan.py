@@ -16,12 +16,17 @@ Shape (the keys scripts rely on are marked *; see DESIGN.md):
     stages       [{"index", "modules": [fqn ...], "split_at": fqn | null}]   pp x virtual_stages of them,
                  in model order; stage i runs on pipeline rank i % pp (interleaved: rank r holds stages
                  r, r + pp, r + 2 pp, ...)
-    blocks       [{"fqn", "stage", "sharding": "replicate" | "tensor", "recompute": "none" | "selective" |
+    blocks       [{"fqn", "stage", "sharding": "replicate" | "tensor" | "sequence", "recompute": "none" | "selective" |
                   "full", "offload_activations": bool, "offload_states": bool}]
                  offload_states: the block's sharded parameters, gradients and optimizer state live in
-                 host memory (FSDP2 CPUOffloadPolicy; needs zero_stage 3)
+                 host memory (FSDP2 CPUOffloadPolicy; needs zero_stage 3); optional "zero_stage": 2 | 3,
+                 the block's own stage in a sharded plan (2: parameters stay gathered forward to backward)
     zero_stage   0-3: ZeRO sharding of parameters, gradients and optimizer state over the dp axis
-    placements   {module fqn: "colwise" | "rowwise"}   tensor-parallel layers; absent = replicated
+    placements   {module fqn: "colwise" | "rowwise" | "sequence" | "vocab"}   tensor-parallel modules;
+                 absent = replicated. colwise/rowwise: Megatron TP on an nn.Linear; sequence: a norm runs
+                 sequence-parallel (Korthikanti et al. 2022), its block's residual stream sharded on the
+                 sequence; vocab: an nn.Embedding split by vocabulary rows, or the LM head split by
+                 vocabulary columns with a parallel cross-entropy (rules: runtime/tp.py)
     predicted*   {"step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "peak_memory_bytes",
                   "breakdown": {...seconds}, "memory_per_stage": [{category: bytes}]}
     solver*      {"status", "wall_time_s", "mip_gap", ...}
@@ -38,9 +43,9 @@ from costmodel.errors import PartitaError
 
 SCHEMA = "partita.plan/1"
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
-SHARDINGS = ("replicate", "tensor")
+SHARDINGS = ("replicate", "tensor", "sequence")
 RECOMPUTE = ("none", "selective", "full")
-TP_STYLES = ("colwise", "rowwise")
+TP_STYLES = ("colwise", "rowwise", "sequence", "vocab")
 
 
 class PlanError(PartitaError):
@@ -87,6 +92,9 @@ class BlockChoice:
     recompute: str = "none"
     offload_activations: bool = False
     offload_states: bool = False
+    zero_stage: int | None = None
+    """This block's own ZeRO stage, 2 or 3, where it differs from the plan's (a sharded plan may keep some
+    blocks' parameters gathered from forward to backward); None: the plan's zero_stage."""
 
 
 @dataclass(kw_only=True)
@@ -113,6 +121,9 @@ class Plan:
     # ---- serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        for b in d["blocks"]:
+            if b["zero_stage"] is None:
+                del b["zero_stage"]
         out = {"schema": d.pop("schema")}
         out.update(d)
         if not self.baselines:
@@ -194,8 +205,11 @@ class Plan:
             flags = {k: b.get(k, False) for k in ("offload_activations", "offload_states")}
             if not all(isinstance(v, bool) for v in flags.values()):
                 raise PlanError(f"blocks[{i}].offload_activations / offload_states must be true or false")
+            own_zero = b.get("zero_stage")
+            if own_zero is not None and (own_zero not in (2, 3) or isinstance(own_zero, bool)):
+                raise PlanError(f"blocks[{i}].zero_stage is {own_zero!r}; accepted: 2, 3 (or absent: the plan's)")
             blocks.append(BlockChoice(fqn=b["fqn"], stage=b["stage"], sharding=b["sharding"],
-                                      recompute=recompute, **flags))
+                                      recompute=recompute, zero_stage=own_zero, **flags))
         placements = _obj(data.get("placements", {}), "placements")
         for fqn, style in placements.items():
             if style not in TP_STYLES:
@@ -207,6 +221,8 @@ class Plan:
             raise PlanError(f"zero_stage is {zero!r}; accepted: 0, 1, 2, 3")
         if zero != 3 and any(b.offload_states for b in blocks):
             raise PlanError("offload_states needs zero_stage 3 (FSDP2 offloads sharded states)")
+        if zero not in (2, 3) and any(b.zero_stage is not None for b in blocks):
+            raise PlanError(f"a block's own zero_stage needs a sharded plan (zero_stage 2 or 3), not {zero}")
         train = _obj(data["train"], "train")
         gb = train.get("global_batch")
         if not isinstance(gb, int) or gb != mesh.dp * schedule.num_microbatches * schedule.micro_batch_size:

@@ -26,10 +26,11 @@ from costmodel.errors import InfeasibleError, PartitaError
 from costmodel.graph import OpGraph
 from costmodel.hardware import Cluster, GiB
 from costmodel.memory import state_bytes
-from planner.milp import StageProblem, StageSolution, min_memory, polish, solve_stages
+from planner.milp import (MemoryPhase, StageProblem, StageSolution, min_memory, per_stage, phase_memory, polish,
+                          solve_stages)
 from planner.milp_blocks import BlockProblem, solve_blocks, stage_p2p
 from planner.options import RECOMPUTE, Variant, cost_variant, pareto_indices, variants
-from planner.strategies import BlockOption, replicate_option, tensor_option
+from planner.strategies import SPLIT, BlockOption, replicate_option, sequence_option, tensor_option
 
 
 SCHEDULE_CHOICES = ("auto", "1F1B", "GPipe", "Interleaved1F1B")
@@ -76,6 +77,10 @@ class SearchSpace:
     stage 3, and stage 2 with reshard_after_forward=False."""
     recompute: tuple[str, ...] = RECOMPUTE
     offload: bool = True
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    """With tp > 1: plain Megatron tensor parallelism (False) and/or with sequence parallelism (True), a
+    choice per candidate (every layer of a candidate has the same activation layout, so no layer pays a
+    resharding of its neighbour's output; the embeddings and head pay theirs, planner.strategies)."""
     min_pp: bool = False
     """Keep only the smallest pipeline depth that fits (Megatron practice: as few stages as memory allows)."""
 
@@ -98,6 +103,7 @@ class Candidate:
     parts: dict                     # prefix/suffix components for the breakdown
     solution: StageSolution | None = None
     pruned: bool = False
+    sequence_parallel: bool = False
     formulation: str = "counts"
     """"counts" (planner.milp: identical layers) or "blocks" (planner.milp_blocks: any chain)."""
 
@@ -107,7 +113,8 @@ class Candidate:
 
     @property
     def key(self) -> tuple:
-        return (self.pp, self.dp, self.tp, self.zero, self.micro_batch, self.schedule, self.virtual_stages)
+        return (self.pp, self.dp, self.tp, self.zero, self.micro_batch, self.schedule, self.virtual_stages,
+                self.sequence_parallel)
 
 
 @dataclass
@@ -155,21 +162,36 @@ class _Bases:
             self._others[key] = _Bases(self.graph, cluster, self.prefix, self.layers, self.suffix)
         return self._others[key]
 
-    def get(self, tp: int):
-        if tp not in self._cache:
+    def get(self, tp: int, sp: bool = False):
+        """(layer options, prefix options, suffix options, largest activation) for tp ranks, with
+        sequence parallelism or without. Under sequence parallelism the layers' only option is the
+        sequence-parallel split (a replicated layer would gather its input and slice its output)."""
+        if (tp, sp) not in self._cache:
             g, c = self.graph, self.cluster
             layer = []
             if self.layers:
-                layer = [replicate_option(g, self.layers[0], c, tp)]
-                if tp > 1:
-                    t = tensor_option(g, self.layers[0], c, tp)
-                    layer = layer + [t] if t is not None else []
-            extra = lambda grp: (tp > 1 and tensor_option(g, grp, c, tp)) or replicate_option(g, grp, c, tp)
+                if sp:
+                    o = sequence_option(g, self.layers[0], c, tp)
+                    layer = [o] if o is not None else []
+                else:
+                    layer = [replicate_option(g, self.layers[0], c, tp)]
+                    if tp > 1:
+                        t = tensor_option(g, self.layers[0], c, tp)
+                        layer = layer + [t] if t is not None else []
+            split = sequence_option if sp else tensor_option
+            extra = lambda grp: (tp > 1 and split(g, grp, c, tp)) or replicate_option(g, grp, c, tp)
             pre = [extra(grp) for grp in self.prefix]
             suf = [extra(grp) for grp in self.suffix]
             max_out = max([g.g.nodes[n]["out_bytes"] for n in g.g.nodes] or [0])
-            self._cache[tp] = (layer, pre, suf, max_out)
-        return self._cache[tp]
+            self._cache[(tp, sp)] = (layer, pre, suf, max_out)
+        return self._cache[(tp, sp)]
+
+
+def step_sync(cluster: Cluster) -> float:
+    """Seconds of the one collective every training step issues whatever the plan: the runtime
+    all-reduces the step's loss (one fp32 scalar) over all ranks before the optimizer step
+    (runtime/session.py), t = comm.all_reduce(all devices, 4 bytes); 0 on one device."""
+    return comm.all_reduce(cluster, comm.group_for(cluster, cluster.num_devices, 1), 4)
 
 
 def _add_extra_costs(e: dict, s: int, options, cluster: Cluster, sb, zero: int, dp: int, tp: int, b: int) -> None:
@@ -180,35 +202,40 @@ def _add_extra_costs(e: dict, s: int, options, cluster: Cluster, sb, zero: int, 
         e["tp"][s] += var.tp_comm
         e["zero"][s] += max(0.0, var.time - var.tp_comm - var.compute)
         e["state"][s] += var.state
+        e["grad"][s] += var.grad
         e["act"][s] += var.act
         e["flush"][s] += var.flush
         e["dp"][s] += var.dp_comm
 
 
 def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
-                    zero: int, b: int, schedule: str = "1F1B", v: int = 1) -> Candidate | None:
+                    zero: int, b: int, schedule: str = "1F1B", v: int = 1, sp: bool = False) -> Candidate | None:
     graph, cluster, layers = bases.graph, bases.cluster, bases.layers
     m = train.global_batch // (dp * b)
     sb = state_bytes(train.dtype, train.optimizer)
-    layer_bases, pre, suf, max_out = bases.get(tp)
-    if tp > 1 and layers and not any(o.name == "tensor" for o in layer_bases):
+    layer_bases, pre, suf, max_out = bases.get(tp, sp)
+    if tp > 1 and layers and not any(o.name in SPLIT for o in layer_bases):
         return None  # the layers cannot be split over tp ranks
     opts = variants(layer_bases, cluster, sb, zero, dp, tp, b, space.recompute, space.offload)
-    if tp > 1 and layers and not any(o.sharding == "tensor" for o in opts):
+    if tp > 1 and layers and not any(o.sharding in SPLIT for o in opts):
         return None  # splitting the layers never pays on this mesh: a smaller tp does better
-    if tp > 1 and not layers and not any(o.name == "tensor" for o in (*pre, *suf)):
+    if tp > 1 and not layers and not any(o.name in SPLIT for o in (*pre, *suf)):
         return None  # nothing to split: the tp ranks would duplicate all work
     dp_group = comm.group_for(cluster, dp, tp)
     dp_latency = comm.affine(comm.all_reduce, cluster, dp_group)[0] if zero <= 1 else 0.0
 
-    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "act", "flush", "dp", "zero")}
+    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "grad", "act", "flush", "dp", "zero")}
     for s, group_opts in ((0, pre), (pp - 1, suf)):
         _add_extra_costs(e, s, group_opts, cluster, sb, zero, dp, tp, b)
-    e["flush"] += dp_latency
-    e["dp"] += dp_latency
+    e["flush"] += dp_latency + step_sync(cluster)
+    e["dp"] += dp_latency + step_sync(cluster)
+    if sp and layers:
+        e["tp"] += _edge_reshards(bases, pre, suf, b, pp)
     if pp > 1 and layers:
         across = dp * tp >= cluster.devices_per_node
-        send = 2 * comm.p2p(cluster, graph.boundary_bytes(layers[0]) * b, across)  # activation + its gradient
+        # activation + its gradient; sequence-sharded activations go as each rank's 1/t shard
+        sent = graph.boundary_bytes(layers[0]) * b / (tp if sp else 1)
+        send = 2 * comm.p2p(cluster, sent, across)
         e["p2p"][:] = send * v  # each of a device's v chunks sends on (interleaved: the last wraps round)
         e["p2p"][-1] = send * (v - 1)
     if schedule == "GPipe":
@@ -220,12 +247,9 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         in_flight = np.array([min(m, (2 * (pp - s - 1) + (v - 1) * pp + 1) / v) for s in range(pp)])
     else:  # 1F1B: rank s holds p - s micro-batches
         in_flight = np.array([min(pp - s, m) for s in range(pp)], dtype=float)
-    # transient memory: the largest activation and its gradient, and one layer's activations being
-    # rebuilt (recompute) or reduced (backward) at a time; ZeRO-3 also gathers two layers' parameters
-    layer_act = max([o.saved_bytes for o in layer_bases] or [0]) * b
-    workspace = 2.0 * max_out * b + layer_act
-    if zero == 3 and layer_bases:
-        workspace += 2 * min(o.param_numel for o in layer_bases) * sb.param
+    gathered = 2 * min(o.param_numel for o in layer_bases) * sb.param if zero == 3 and layer_bases else 0.0
+    main_mem, phases, workspace = memory_phases(bases, opts, e, in_flight, m, b, pp, tp, zero, dp, sb, sp,
+                                                suf, gathered)
     extra_time = e["compute"] + e["tp"] + e["zero"] + e["p2p"]
     problem = StageProblem(
         num_stages=pp, num_layers=len(layers), num_microbatches=m,
@@ -233,10 +257,11 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         option_state=np.array([o.state for o in opts] or [0.0]),
         option_act=np.array([o.act for o in opts] or [0.0]),
         option_flush=np.array([o.flush for o in opts] or [0.0]),
-        extra_time=extra_time, extra_mem=e["state"] + in_flight * e["act"] + workspace,
+        extra_time=extra_time, extra_mem=main_mem,
         extra_flush=e["flush"], in_flight=in_flight, capacity=cluster.device.usable_memory(),
-        virtual_stages=v,
-        must_use=np.array([tp > 1 and o.sharding == "tensor" for o in opts] or [False]),
+        virtual_stages=v, phases=phases, option_grad=np.array([o.grad for o in opts] or [0.0]),
+        grads_absent=grads_absent(m, in_flight, zero, dp, tp),
+        must_use=np.array([tp > 1 and o.sharding in SPLIT for o in opts] or [False]),
         option_host_state=np.array([o.host_state for o in opts] or [0.0]),
         option_host_act=np.array([o.host_act for o in opts] or [0.0]),
         host_capacity=cluster.device.host_memory_bytes,
@@ -246,11 +271,127 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     lb = (((m - 1 / v) / pp + 1 / v) * (len(layers) * t_min + extra_time.sum())
           + (len(layers) * problem.option_flush.min() + e["flush"].sum()) / pp)
     return Candidate(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, num_microbatches=m, schedule=schedule,
-                     virtual_stages=v, lower_bound=lb,
+                     virtual_stages=v, lower_bound=lb, sequence_parallel=sp,
                      problem=problem, options=opts, parts={**{f"e_{k}": x for k, x in e.items()},
                                                           "workspace": workspace,
                                                           "extra_options": dict(zip((*bases.prefix, *bases.suffix),
                                                                                     (*pre, *suf)))})
+
+
+def grads_absent(m: int, in_flight: np.ndarray, zero: int, dp: int, tp: int) -> np.ndarray:
+    """chi_s = 1 where stage s peaks before any gradient exists: its first backward comes before its
+    micro-batches run out (m <= k_s) and a step starts with none -- but not under DDP (the runtime's
+    choice for zero <= 1, dp > 1, tp = 1 and one stage), whose gradient buckets, the gradients'
+    storage, live on."""
+    if zero <= 1 and dp > 1 and tp == 1 and len(in_flight) == 1:
+        return np.zeros(len(in_flight))
+    return (m <= in_flight).astype(float)
+
+
+def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.ndarray, m: int, b: int, pp: int,
+                  tp: int, zero: int, dp: int, sb, sp: bool, suf: list[BlockOption],
+                  gathered: float) -> tuple[np.ndarray, list[MemoryPhase], np.ndarray]:
+    """Each stage's memory at the moments it can peak (planner.milp's phases); returns the main phase's
+    constant per stage, the other phases, and the main phase's transient workspace per stage.
+
+    forward/backward (main): model states, less the gradients while none exist yet (chi_s = 1 when the
+        stage's first backward comes before its micro-batches run out, m <= k_s: a step starts with
+        none; but never under DDP, whose gradient buckets live through the run), + k_s micro-batches of activations + the gradient arriving at the stage's output: on the
+        last stage the logits and their gradient (2 x the largest output, / tp when the head is split
+        over the vocabulary) and, with pp > 1, the logits of the earlier micro-batches (the pipeline
+        schedule returns every micro-batch's output); elsewhere the gradient of the boundary activation
+        (/ tp when sequence-sharded); + ZeRO-3's two gathered layers.
+    rebuild (binds only on stages holding a recomputed layer): all model states + activations + the
+        boundary gradient + one layer's re-run activations (its "none" saved bytes less its policy's).
+    optimizer step: all model states + 2 x the largest parameter (the step's fp32 temporaries, a
+        per-tensor step as the runtime's optimizers take on CPU; foreach steps on GPUs hold more).
+    Measured on this machine's allocator (runtime.memory.AllocatorTrace; benchmarks/fidelity.py).
+    """
+    graph = bases.graph
+    g = graph.g
+    logits = max([d["out_bytes"] for _, d in g.nodes(data=True)] or [0]) * b
+    head_split = any(st == "vocab" for o in suf for st in o.placements.values() if o.name in SPLIT)
+    logits_per_rank = logits / (tp if head_split else 1)
+    boundary = graph.boundary_bytes(bases.layers[0]) * b / (tp if sp else 1) if bases.layers else 0.0
+    arriving = np.full(pp, float(boundary))
+    arriving[-1] = 2 * logits_per_rank + (m - 1) * logits_per_rank * (pp > 1)
+    chi = grads_absent(m, in_flight, zero, dp, tp)
+    workspace = arriving + gathered
+    main = e["state"] - chi * e["grad"] + in_flight * e["act"] + workspace
+    states = np.array([o.state for o in opts] or [0.0])
+    act = np.array([o.act for o in opts] or [0.0])
+    largest = max([max(d["params"].values(), default=0) for _, d in g.nodes(data=True)] or [0])
+    step_tmp = 2 * 4 * largest / (dp if zero >= 2 else 1)
+    phases = [MemoryPhase("optimizer step", states, e["state"] + step_tmp,
+                          parts={"model_states": e["state"], "activations": np.zeros(pp),
+                                 "workspace": np.full(pp, step_tmp)})]
+    rec = np.array([o.recompute != "none" for o in opts] or [False])
+    if rec.any():
+        rebuild = max((o.base.saved_by_policy["none"] - o.base.saved_by_policy[o.recompute]) * b
+                      for o in opts if o.recompute != "none")
+        ws = boundary + rebuild + gathered
+        phases.append(MemoryPhase("recompute", states + in_flight[:, None] * act[None, :],
+                                  e["state"] + in_flight * e["act"] + ws, gate=rec,
+                                  parts={"model_states": e["state"], "activations": in_flight * e["act"],
+                                         "workspace": np.full(pp, ws)}))
+    return main, phases, workspace
+
+
+def stage_memory(c: Candidate, s: int, counts: np.ndarray | None = None) -> dict:
+    """Stage s's predicted peak by category, at the phase where it peaks (memory_phases), for the
+    candidate's solution or for `counts`."""
+    prob, parts = c.problem, c.parts
+    counts = c.solution.counts if counts is None else counts
+    if c.formulation == "blocks":  # one phase: model states, activations in flight, a fixed workspace
+        states = float(counts[s] @ prob.state + parts["e_state"][s])
+        act = float(counts[s] @ (prob.act * prob.in_flight[s]) + prob.in_flight[s] * parts["e_act"][s])
+        row = {k: int(round(v)) for k, v in (("model_states", states), ("activations", act),
+                                              ("workspace", prob.workspace))}
+        return {**row, "total": sum(row.values()), "phase": "forward/backward"}
+    phases = phase_memory(prob, counts)[:, s]
+    q = int(np.argmax(phases))
+    total = float(phases[q])
+    workspace = np.broadcast_to(parts["workspace"], (c.pp,))[s] if q == 0 else prob.phases[q - 1].parts["workspace"][s]
+    state = per_stage(prob, prob.option_state)[s]
+    if q == 0:
+        act = float(counts[s] @ (per_stage(prob, prob.option_act)[s] * prob.in_flight[s])
+                    + prob.in_flight[s] * parts["e_act"][s])
+        states = total - act - workspace
+    else:
+        states = float(counts[s] @ state + parts["e_state"][s])
+        act = total - states - workspace
+    row = {k: int(round(v)) for k, v in (("model_states", states), ("activations", act), ("workspace", workspace))}
+    row["total"] = sum(row.values())
+    row["phase"] = "forward/backward" if q == 0 else prob.phases[q - 1].name
+    return row
+
+
+def _edge_reshards(bases: _Bases, pre: list[BlockOption], suf: list[BlockOption], b: int, pp: int) -> np.ndarray:
+    """Per-stage seconds, per micro-batch, of resharding where a group left replicated (layout "R": an
+    embedding or head that cannot be split) exchanges activations with a sequence-sharded one ("S").
+    By costmodel.reshard's rules R -> S is a local slice whose backward all-gathers the gradient, and
+    S -> R an all-gather in forward whose backward is a slice: one all-gather over the tp group of each
+    activation crossing such an edge of the graph, charged to the stage holding the embedding or head."""
+    tp = next(iter((*pre, *suf))).tp if (pre or suf) else 1
+    key = ("edges", tp)
+    if key not in bases._cache:  # bytes per sample crossing R/S edges, at the first and at the last stage
+        layout = {grp: o.layout for grp, o in zip((*bases.prefix, *bases.suffix), (*pre, *suf))}
+        g = bases.graph.g
+        first, last = [], []
+        for n, d in g.nodes(data=True):
+            if d["op"] in ("placeholder", "get_attr") or d["via_user"] or not d["out_bytes"]:
+                continue
+            src = d["group"]
+            for dst in {g.nodes[x]["group"] for x in g.successors(n)} - {src}:
+                if layout.get(src, "S") != layout.get(dst, "S"):
+                    (first if src in bases.prefix or dst in bases.prefix else last).append(d["out_bytes"])
+        bases._cache[key] = (first, last)
+    first, last = bases._cache[key]
+    group = comm.group_for(bases.cluster, tp, 1)
+    out = np.zeros(pp)
+    out[0] += sum(comm.all_gather(bases.cluster, group, x * b) for x in first)
+    out[-1] += sum(comm.all_gather(bases.cluster, group, x * b) for x in last)
+    return out
 
 
 def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
@@ -269,21 +410,22 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
     for gc in distinct:
         gb = bases.for_cluster(gc)
         layer_bases, pre, suf, _ = gb.get(tp)
-        if tp > 1 and not any(o.name == "tensor" for o in layer_bases):
+        if tp > 1 and not any(o.name in SPLIT for o in layer_bases):
             return None
         full[id(gc)] = variants(layer_bases, gc, sb, zero, dp, tp, b, space.recompute, space.offload, prune=False)
         extras[id(gc)] = (pre, suf)
     keep = sorted(set().union(*(pareto_indices(full[id(gc)]) for gc in distinct)))
     by_stage = [[full[id(gc)][i] for i in keep] for gc in stage_groups]
     opts = by_stage[0]
-    if tp > 1 and not any(o.sharding == "tensor" for o in opts):
+    if tp > 1 and not any(o.sharding in SPLIT for o in opts):
         return None
     mat = lambda attr: np.array([[getattr(o, attr) for o in row] for row in by_stage])
-    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "act", "flush", "dp", "zero")}
+    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "grad", "act", "flush", "dp", "zero")}
     for s, which in ((0, 0), (pp - 1, 1)):
         _add_extra_costs(e, s, extras[id(stage_groups[s])][which], stage_groups[s], sb, zero, dp, tp, b)
     for s, gc in enumerate(stage_groups):
         latency = comm.affine(comm.all_reduce, gc, comm.group_for(gc, dp, tp))[0] if zero <= 1 else 0.0
+        latency += step_sync(bases.cluster)
         e["flush"][s] += latency
         e["dp"][s] += latency
     boundary = graph.boundary_bytes(layers[0]) * b
@@ -309,7 +451,7 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
         option_state=mat("state"), option_act=mat("act"), option_flush=mat("flush"), extra_time=extra_time,
         extra_mem=e["state"] + in_flight * e["act"] + workspace, extra_flush=e["flush"], in_flight=in_flight,
         capacity=np.array([gc.device.usable_memory() for gc in stage_groups]),
-        must_use=np.array([tp > 1 and o.sharding == "tensor" for o in opts]),
+        must_use=np.array([tp > 1 and o.sharding in SPLIT for o in opts]),
         option_host_state=mat("host_state"), option_host_act=mat("host_act"),
         host_capacity=np.array([gc.device.host_memory_bytes for gc in stage_groups]),
         option_rank=np.array([o.complexity for o in opts], dtype=float))
@@ -387,11 +529,12 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
         vs = variants(mine, cluster, sb, zero, dp, tp, b, space.recompute, space.offload)
         opts += vs
         block_of += [i] * len(vs)
-    must = np.array([tp > 1 and o.sharding == "tensor" for o in opts])
+    must = np.array([tp > 1 and o.sharding in SPLIT for o in opts])
     if tp > 1 and not must.any():
         return None
     dp_group = comm.group_for(cluster, dp, tp)
     latency = comm.affine(comm.all_reduce, cluster, dp_group)[0] if zero <= 1 else 0.0
+    latency += step_sync(cluster)
     across = dp * tp >= cluster.devices_per_node
     boundary = np.array([2 * comm.p2p(cluster, graph.boundary_bytes(g) * b, across) for g in graph.groups[:-1]])
     in_flight = (np.full(pp, float(m)) if schedule == "GPipe"
@@ -429,9 +572,10 @@ def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, s
     out = []
     for pp, dp, tp, zero, b, m in _meshes(cluster, train, space, max(1, len(layers))):
         for schedule, v in _schedules(train.schedule, pp, m, len(layers)):
-            c = build_candidate(bases, train, space, pp, dp, tp, zero, b, schedule, v)
-            if c is not None:
-                out.append(c)
+            for sp in (space.sequence_parallel if tp > 1 else (False,)):
+                c = build_candidate(bases, train, space, pp, dp, tp, zero, b, schedule, v, sp)
+                if c is not None:
+                    out.append(c)
     return prefix, layers, suffix, out
 
 
@@ -488,7 +632,8 @@ def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
                            f"choose a global batch divisible by the data-parallel degree (e.g. a multiple of "
                            f"{cluster.num_devices})")
     # deterministic order: bound first, then the simplest plan
-    cands.sort(key=lambda c: (c.lower_bound, c.pp, c.tp, c.zero, c.virtual_stages, -c.micro_batch))
+    cands.sort(key=lambda c: (c.lower_bound, c.pp, c.tp, c.zero, c.virtual_stages, -c.micro_batch,
+                              c.sequence_parallel))
     best: Candidate | None = None
     for i, c in enumerate(cands):
         if progress:
@@ -534,17 +679,15 @@ def explain_infeasible(result: SearchResult) -> str:
     if c is None:
         return f"no plan fits on {result.cluster.num_devices} x {dev}"
     prob = c.problem
-    mem = (counts * (prob.option_state[None, :] + prob.in_flight[:, None] * prob.option_act[None, :])).sum(1) \
-        + prob.extra_mem
-    s = int(np.argmax(mem))
-    act = float(counts[s] @ prob.option_act * prob.in_flight[s] + prob.in_flight[s] * c.parts["e_act"][s])
-    states = float(mem[s] - act - c.parts["workspace"])
+    s = int(np.argmax(phase_memory(prob, counts).max(axis=0)))
+    row = stage_memory(c, s, counts)
+    act, states, workspace = row["activations"], row["model_states"], row["workspace"]
     binding = "activations" if act > states else "model states (parameters, gradients, optimizer)"
     advice = ("activations dominate: a shorter sequence or more tensor parallelism"
               if act > states else "model states dominate: more devices, or devices with more memory")
     return (f"no plan fits on {result.cluster.num_devices} x {dev}: the smallest footprint needs "
             f"{need / GiB:.1f} GiB per device ({binding} bind: model states {states / GiB:.1f} GiB, activations "
             f"{act / GiB:.1f} GiB for {int(prob.in_flight[s])} micro-batch(es) in flight, workspace "
-            f"{c.parts['workspace'] / GiB:.1f} GiB, at pp={c.pp}, dp={c.dp}, tp={c.tp}, ZeRO-{c.zero}, micro-batch "
+            f"{workspace / GiB:.1f} GiB (at the {row['phase']}), at pp={c.pp}, dp={c.dp}, tp={c.tp}, ZeRO-{c.zero}, micro-batch "
             f"{c.micro_batch}, with recompute and offload considered) but a {dev} has {cap / GiB:.1f} GiB usable; "
             f"{advice}")

@@ -4,7 +4,17 @@ A block (one group of the OpGraph: a transformer layer, an embedding, the head) 
 
 - "replicate": every rank of the tensor-parallel group computes the whole block (t = 1 is the plain
   data-parallel case), or
-- "tensor": Megatron-style tensor parallelism (Shoeybi et al. 2019). Which Linear is column- and which
+- "tensor": Megatron-style tensor parallelism (Shoeybi et al. 2019), or
+- "sequence": the same split with Megatron sequence parallelism (Korthikanti et al. 2022): what "tensor"
+  leaves replicated (norms, dropout, residual adds: every position-wise op on [batch, seq, ...]) is split
+  over the sequence instead, so its compute and saved activations are divided by t as well; the block
+  takes and hands on its activations sharded on the sequence dim (layout "S" rather than "R").
+
+"tensor" and "sequence" also split token embeddings and the loss over the vocabulary (Megatron's
+vocab-parallel embedding and cross-entropy): a token Embedding's table is sharded by rows (each rank
+looks up its rows, an all-reduce sums the partial outputs), and a Linear whose vocabulary-sharded output
+reaches a cross_entropy keeps it sharded; the loss then needs three all-reduces of one float per token
+(the row max, the sum of exponentials and the target logit). Which Linear is column- and which
   is row-parallel is not looked up by name: it is derived by propagating a sharding through the block's
   graph. A Linear fed a replicated tensor becomes column-parallel (its output sharded on the last dim);
   a Linear fed a tensor sharded on its last dim becomes row-parallel (output partial, summed by an
@@ -24,9 +34,16 @@ Costs per sample of micro-batch, for one rank of the tensor-parallel group (t ra
   compute  = sum over nodes of max(flops / (peak * efficiency), bytes / memory bandwidth), sharded
              nodes divided by t (roofline per operator)
   tp comm  = one all-reduce of each row-parallel output in forward, and of each distinct input of the
-             column-parallel layers in backward (Megatron's g and f operators)
+             column-parallel layers in backward (Megatron's g and f operators; the runtime's DTensor layers
+             reduce each column-parallel layer's input gradient separately: BlockOption.tp_comm_s); under sequence
+             parallelism each all-reduce becomes a reduce-scatter and its mirror an all-gather: forward
+             all-gather of each column-parallel input and reduce-scatter of each row-parallel output,
+             backward the reverse (the same ring bytes, twice the latency)
   memory   = parameters of column/row layers divided by t (row-parallel biases replicated), saved
-             activations produced by sharded nodes divided by t, the rest whole.
+             activations produced by sharded nodes divided by t, the rest whole. Under sequence
+             parallelism the rest is divided by t too, except the input a column-parallel layer keeps:
+             PyTorch's ColwiseParallel saves the all-gathered (whole) tensor, where Megatron-LM keeps
+             the shard and gathers again in the backward (Korthikanti's 34 s b h / t counts the shard).
 """
 from __future__ import annotations
 
@@ -48,7 +65,7 @@ _LAST_DIM_OPS = {"softmax", "cat", "chunk", "split", "narrow"}  # fine unless al
 class BlockOption:
     """One way to run one block, costed per sample (multiply by micro-batch size)."""
 
-    name: str                      # "replicate" | "tensor"
+    name: str                      # "replicate" | "tensor" | "sequence"
     tp: int
     fwd_s: float                   # forward compute seconds per sample
     bwd_s: float                   # backward compute seconds per sample
@@ -61,15 +78,47 @@ class BlockOption:
     relaunch_by_policy: dict[str, float] = field(default_factory=dict)  # launches of a recompute re-run
     saved_by_policy: dict[str, int] = field(default_factory=dict)  # recompute policy -> saved bytes per sample
     refwd_by_policy: dict[str, float] = field(default_factory=dict)  # recompute policy -> extra seconds per sample
+    tp_gather_fwd: list[int] = field(default_factory=list)   # sequence parallel: all-gather sizes (whole tensor)
+    tp_scatter_fwd: list[int] = field(default_factory=list)  # sequence parallel: reduce-scatter sizes
+    tp_gather_bwd: list[int] = field(default_factory=list)
+    tp_scatter_bwd: list[int] = field(default_factory=list)
+    layout: str = "R"              # activations entering and leaving: "R" replicated, "S" sequence-sharded
+    tp_reduce_each_bwd: list[int] | None = None  # backward all-reduces as the runtime issues them (below)
+    param_tensors: int = 0         # parameter tensors held per rank (each costs the optimizer a few operators)
+    dtensor_params: int = 0        # of which DTensors (Device.sharded_param_latency each per optimizer step)
+
+    def _comm_s(self, cluster: Cluster, micro_batch: int, reduce: list, gather: list, scatter: list) -> float:
+        """The collectives' seconds (costmodel.comm), each also a DTensor redistribution on the CPU:
+        + (number of collectives) x Device.redistribute_latency."""
+        group = comm.group_for(cluster, self.tp, 1)
+        b = micro_batch
+        calls = len(reduce) + len(gather) + len(scatter) if self.tp > 1 else 0
+        return (sum(comm.all_reduce(cluster, group, x * b) for x in reduce)
+                + sum(comm.all_gather(cluster, group, x * b) for x in gather)
+                + sum(comm.reduce_scatter(cluster, group, x * b) for x in scatter)
+                + calls * cluster.device.redistribute_latency)
+
+    def tp_fwd_comm_s(self, cluster: Cluster, micro_batch: int) -> float:
+        """Tensor-parallel communication of the forward alone (what a recompute re-run repeats)."""
+        return self._comm_s(cluster, micro_batch, self.tp_comm_bytes_fwd, self.tp_gather_fwd, self.tp_scatter_fwd)
 
     def tp_comm_s(self, cluster: Cluster, micro_batch: int) -> float:
-        group = comm.group_for(cluster, self.tp, 1)
-        return sum(comm.all_reduce(cluster, group, b * micro_batch)
-                   for b in (*self.tp_comm_bytes_fwd, *self.tp_comm_bytes_bwd))
+        """Forward and backward tensor-parallel communication. The backward all-reduces are
+        `tp_reduce_each_bwd` when set: the runtime's column-parallel layers (DTensor ColwiseParallel on a
+        plain, replicated input) each all-reduce their own input gradient, so q, k and v reading one
+        tensor issue three all-reduces of it where Megatron's f operator issues one
+        (`tp_comm_bytes_bwd`, one per distinct input)."""
+        bwd = self.tp_comm_bytes_bwd if self.tp_reduce_each_bwd is None else self.tp_reduce_each_bwd
+        return self.tp_fwd_comm_s(cluster, micro_batch) + self._comm_s(
+            cluster, micro_batch, bwd, self.tp_gather_bwd, self.tp_scatter_bwd)
 
     def time_s(self, cluster: Cluster, micro_batch: int) -> float:
         """Forward + backward seconds for one micro-batch, TP communication included (not overlapped)."""
         return (self.fwd_s + self.bwd_s) * micro_batch + self.launch_s + self.tp_comm_s(cluster, micro_batch)
+
+
+SPLIT = ("tensor", "sequence")
+"""Option names that split a block over the tensor-parallel ranks."""
 
 
 def launches(d: dict) -> int:
@@ -100,7 +149,8 @@ def replicate_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> B
         fwd, bwd = fwd + f, bwd + b
         numel += sum(d["params"].values())
         saved += d["saved_bytes"]
-    opt = BlockOption(name="replicate", tp=tp, fwd_s=fwd, bwd_s=bwd, param_numel=numel, saved_bytes=saved)
+    opt = BlockOption(name="replicate", tp=tp, fwd_s=fwd, bwd_s=bwd, param_numel=numel, saved_bytes=saved,
+                      param_tensors=sum(len(graph.g.nodes[n]["params"]) for n in graph.nodes_of(group)))
     _add_recompute_policies(opt, graph, group, cluster, set(), 1)
     return opt
 
@@ -110,43 +160,153 @@ def replicate_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> B
 
 def tensor_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> BlockOption | None:
     """The Megatron-style split of `group` over `tp` ranks, or None when the block cannot be split."""
-    roles = propagate_tp(graph, group, tp)
+    return _split_option(graph, group, cluster, tp, sequence=False)
+
+
+def sequence_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> BlockOption | None:
+    """The Megatron split with sequence parallelism (module docstring), or None when `group` cannot run
+    it: an op outside the tensor-parallel regions that mixes positions, or a sequence not divisible by tp."""
+    return _split_option(graph, group, cluster, tp, sequence=True)
+
+
+def _split_option(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequence: bool) -> BlockOption | None:
+    roles = propagate_tp(graph, group, tp, allow_empty=sequence)
     if roles is None:
         return None
     sharded, placements = roles
     g = graph.g
+    seq = sequence_split(graph, group, tp, sharded, placements) if sequence else set()
+    if seq is None or (sequence and not seq and not placements):
+        return None
+    # a cross_entropy of vocabulary-sharded logits: its softmax is sharded too (output replicated)
+    loss = {n for n in graph.nodes_of(group) if g.nodes[n]["kind"] == "cross_entropy"
+            and next(iter(g.predecessors(n))) in sharded}
+    sharded = sharded | loss
     fwd = bwd = 0.0
     numel = saved = 0
-    comm_fwd: list[int] = []
-    comm_bwd_inputs: dict[str, int] = {}
+    reduce_fwd: list[int] = []
+    gather_fwd: list[int] = []
+    scatter_fwd: list[int] = []
+    col_inputs: dict[str, int] = {}
+    col_each: list[int] = []  # the input of every column-parallel layer (BlockOption.tp_comm_s)
     for n in graph.nodes_of(group):
         d = g.nodes[n]
         f, b = node_seconds(d, cluster, graph.dtype)
-        style = placements.get(d["module"]) if d["op"] == "call_module" else None
-        split = n in sharded or style is not None
+        style = placements.get(d["module"]) if d["kind"] in ("linear", "embedding") else None
+        split = n in sharded or n in seq or (style is not None and d["kind"] == "linear")
         fwd += f / tp if split else f
         bwd += b / tp if split else b
-        saved += d["saved_bytes"] // tp if n in sharded else d["saved_bytes"]
+        saved += _saved_share(g, n, tp, sharded, seq, placements)
         for pname, pn in d["params"].items():
             replicated_bias = style == "rowwise" and pname.endswith("bias")
             numel += pn // tp if style and not replicated_bias else pn
-        if style == "rowwise":
-            comm_fwd.append(d["out_bytes"])
-        elif style == "colwise":
+        if style == "rowwise" or (style == "vocab" and d["kind"] == "embedding"):
+            (scatter_fwd if sequence else reduce_fwd).append(d["out_bytes"])
+        elif style in ("colwise", "vocab"):
             src = next(iter(g.predecessors(n)))
-            comm_bwd_inputs[src] = g.nodes[src]["out_bytes"]
-    opt = BlockOption(name="tensor", tp=tp, fwd_s=fwd, bwd_s=bwd, tp_comm_bytes_fwd=comm_fwd,
-                      tp_comm_bytes_bwd=list(comm_bwd_inputs.values()), param_numel=numel,
-                      saved_bytes=saved, placements=placements)
-    split = sharded | {n for n in graph.nodes_of(group)
-                       if g.nodes[n]["op"] == "call_module" and g.nodes[n]["module"] in placements}
-    _add_recompute_policies(opt, graph, group, cluster, split, tp, sharded)
+            col_inputs[src] = g.nodes[src]["out_bytes"]
+            col_each.append(g.nodes[src]["out_bytes"])
+        elif n in loss:
+            tokens = g.nodes[next(iter(g.predecessors(n)))]["shape"][0]
+            reduce_fwd += [4 * tokens] * 3  # vocab-parallel loss: row max, sum of exps, target logit (fp32)
+    rows_out = [g.nodes[n]["out_bytes"] for n in graph.nodes_of(group)
+                if g.nodes[n]["kind"] == "linear" and placements.get(g.nodes[n]["module"]) == "rowwise"]
+    opt = BlockOption(name="sequence" if sequence else "tensor", tp=tp, fwd_s=fwd, bwd_s=bwd,
+                      tp_comm_bytes_fwd=reduce_fwd, param_numel=numel, saved_bytes=saved, placements=placements,
+                      layout="S" if sequence else "R")
+    if sequence:
+        opt.tp_gather_fwd, opt.tp_scatter_fwd = list(col_inputs.values()), scatter_fwd
+        opt.tp_scatter_bwd, opt.tp_gather_bwd = list(col_inputs.values()), rows_out
+    else:
+        opt.tp_comm_bytes_bwd = list(col_inputs.values())
+        opt.tp_reduce_each_bwd = col_each
+    split_nodes = sharded | seq | {n for n in graph.nodes_of(group)
+                                   if g.nodes[n]["kind"] == "linear" and g.nodes[n]["module"] in placements}
+    # nodes the runtime runs on DTensors (Device.sharded_op_latency per launch): the placed Linears and
+    # Embeddings, under sequence parallelism all that is split over the sequence, and what a vocab
+    # head's sharded logits pass through to the loss-parallel loss; their parameters are DTensors
+    on_dtensors = seq | loss | {n for n in graph.nodes_of(group) if g.nodes[n]["kind"] in ("linear", "embedding")
+                                and g.nodes[n]["module"] in placements}
+    for n in loss:
+        p = next(iter(g.predecessors(n)))
+        while p in sharded and g.nodes[p]["kind"] != "linear":
+            on_dtensors.add(p)
+            p = next(iter(g.predecessors(p)))
+    opt.param_tensors = sum(len(g.nodes[n]["params"]) for n in graph.nodes_of(group))
+    opt.dtensor_params = sum(len(g.nodes[n]["params"]) for n in graph.nodes_of(group)
+                             if g.nodes[n]["module"] in placements)
+    # (under sequence parallelism the block's input arrives sharded: recompute keeps 1/t of it)
+    _add_recompute_policies(opt, graph, group, cluster, split_nodes, tp, sharded | seq, tp if sequence else 1,
+                            dtensor_nodes=on_dtensors)
     return opt
 
 
-def keeps_output_under_selective(d: dict) -> bool:
-    """Selective recompute keeps what parametric operators and fused attention produce (module docstring)."""
-    return bool(d["params"]) or d["kind"] == "scaled_dot_product_attention"
+def _saved_share(g, n: str, tp: int, sharded: set[str], seq: set[str], placements: dict[str, str]) -> int:
+    """Bytes node n's output and its own saved tensors cost one rank (module docstring, memory)."""
+    d = g.nodes[n]
+    if n in sharded:
+        return d["saved_bytes"] // tp
+    if n not in seq:
+        return d["saved_bytes"]
+    # a column-parallel layer fed by n keeps the all-gathered, whole tensor
+    feeds_col = any(g.nodes[s]["kind"] == "linear" and placements.get(g.nodes[s]["module"]) in ("colwise", "vocab")
+                    for s in g.successors(n))
+    if feeds_col and d["saved_bytes"] >= d["out_bytes"]:
+        return d["out_bytes"] + (d["saved_bytes"] - d["out_bytes"]) // tp
+    return d["saved_bytes"] // tp
+
+
+NORM_KINDS = {"layernorm", "layer_norm", "rmsnorm", "rms_norm"}
+_POSITIONWISE = (_ELEMENTWISE - _LAST_DIM_OPS) | NORM_KINDS | {"mean", "sum", "embedding", "dropout"}
+
+
+def sequence_split(graph: OpGraph, group: str, tp: int, sharded: set[str],
+                   placements: dict[str, str]) -> set[str] | None:
+    """Nodes outside the tensor-parallel regions that sequence parallelism splits over the sequence:
+    those whose output is laid out [batch, seq, ...]. None if one of them mixes positions (it would
+    need the whole sequence) or the sequence does not divide by tp. Norm modules among them get the
+    placement "sequence" (added to `placements`)."""
+    g = graph.g
+    seq_len = graph.seq_len
+    if not seq_len or seq_len % tp:
+        return None
+    out: set[str] = set()
+    mine = set(graph.nodes_of(group))
+    flows: set[str] = set()  # nodes carrying the activations (not buffers such as a causal mask)
+    for n in graph.nodes_of(group):
+        d = g.nodes[n]
+        if d["shape"] and any((p in flows) or (p not in mine and g.nodes[p]["op"] != "get_attr")
+                              for p in g.predecessors(n)):
+            flows.add(n)
+        shape = d["shape"]
+        if (n in sharded or n not in flows or d["op"] in ("placeholder", "get_attr") or len(shape) < 2
+                or shape[1] != seq_len):
+            continue
+        if d["kind"] == "linear" and d["module"] in placements:
+            continue
+        kind = d["kind"]
+        if kind in _LAST_DIM_OPS or kind in ("mean", "sum"):
+            if d.get("reduce_dim") not in (None, len(shape) - 1, -1):
+                return None
+        elif kind not in _POSITIONWISE and kind not in _ALIAS_OPS:
+            return None
+        if kind in _ALIAS_OPS and not any(len(g.nodes[p]["shape"]) >= 2 and g.nodes[p]["shape"][1] == seq_len
+                                         for p in g.predecessors(n)):
+            return None  # a view that makes a sequence dim out of something else
+        out.add(n)
+        if kind in NORM_KINDS or kind == "mean":
+            placements[d["module"]] = "sequence"
+    return out
+
+
+def keeps_output_under_selective(d: dict, takes_param: bool = False) -> bool:
+    """Selective recompute keeps what parametric operators and fused attention produce (module docstring),
+    as runtime/recompute.py does: an operator with parameters is a module owning them (Linear, LayerNorm,
+    Embedding) or an op fed a parameter directly (`takes_param`: the `x * weight` of a hand-written
+    RMSNorm); a parameter itself (get_attr), an input, or a view or cast of parameters alone keeps nothing."""
+    if d["op"] in ("placeholder", "get_attr"):
+        return False
+    return bool(d["params"]) or takes_param or d["kind"] == "scaled_dot_product_attention"
 
 
 def input_bytes(graph: OpGraph, group: str) -> int:
@@ -159,26 +319,50 @@ def input_bytes(graph: OpGraph, group: str) -> int:
 
 
 def _add_recompute_policies(opt: BlockOption, graph: OpGraph, group: str, cluster: Cluster,
-                            split: set[str], tp: int, sharded: set[str] | None = None) -> None:
-    """Fill saved bytes and re-run seconds per recompute policy (see the module docstring)."""
+                            split: set[str], tp: int, sharded: set[str] | None = None, input_div: int = 1,
+                            dtensor_nodes: set[str] = frozenset()) -> None:
+    """Fill saved bytes, launch latency and re-run seconds per recompute policy (see the module docstring).
+
+    Launch latency: each launch (`launches`, forward; BACKWARD_LAUNCHES more in backward) costs
+    Device.op_latency, plus Device.sharded_op_latency for a node in `dtensor_nodes` (run on DTensors)."""
     sharded = split if sharded is None else sharded
     g = graph.g
+    # Parameters, and what is computed from parameters alone (a transpose or cast of a weight), are
+    # weights: an op fed one (and an activation) counts as an operator with parameters.
+    weights = {p for n in graph.nodes_of(group) for p in g.predecessors(n)
+               if g.nodes[p]["op"] == "get_attr" and g.nodes[p]["params"]}
+    for n in graph.nodes_of(group):  # graph order is topological
+        ins = list(g.predecessors(n))
+        if g.nodes[n]["op"] != "placeholder" and ins and all(p in weights for p in ins):
+            weights.add(n)
+
+    def kept(n: str) -> bool:
+        ins = list(g.predecessors(n))
+        return n not in weights and keeps_output_under_selective(g.nodes[n], any(p in weights for p in ins))
+
     keep_sel = 0
     rerun_sel = 0.0
     for n in graph.nodes_of(group):
         d = g.nodes[n]
         f, _ = node_seconds(d, cluster, graph.dtype)
         f = f / tp if n in split else f
-        saved = d["saved_bytes"] // tp if n in sharded else d["saved_bytes"]
-        if keeps_output_under_selective(d):
-            keep_sel += saved
+        div = tp if n in sharded else 1
+        if kept(n):
+            # the checkpoint caches every output of a kept op, whether or not autograd saves it (an
+            # attention or MLP output projection feeding only a residual add): `saved_bytes` holds what
+            # autograd saves of what the op produced (its output, if saved, and internals such as a
+            # norm's statistics); an output smaller than that is taken to be among it, else added
+            saved, out = d["saved_bytes"], 0 if d["alias"] else d["out_bytes"]
+            keep_sel += (saved if saved >= out else saved + out) // div
         else:
             rerun_sel += f
-    inp = input_bytes(graph, group)
-    lat = cluster.device.op_latency
-    fwd_launch = sum(launches(g.nodes[n]) for n in graph.nodes_of(group)) * lat
-    sel_launch = sum(launches(g.nodes[n]) for n in graph.nodes_of(group)
-                     if not keeps_output_under_selective(g.nodes[n])) * lat
+    inp = input_bytes(graph, group) // input_div
+    dev = cluster.device
+
+    def lat(n: str) -> float:
+        return launches(g.nodes[n]) * (dev.op_latency + (dev.sharded_op_latency if n in dtensor_nodes else 0.0))
+    fwd_launch = sum(lat(n) for n in graph.nodes_of(group))
+    sel_launch = sum(lat(n) for n in graph.nodes_of(group) if not kept(n))
     opt.launch_s = fwd_launch * (1 + BACKWARD_LAUNCHES)
     opt.relaunch_by_policy = {"none": 0.0, "selective": sel_launch, "full": fwd_launch}
     opt.saved_by_policy = {"none": opt.saved_bytes, "selective": min(opt.saved_bytes, keep_sel + inp),
@@ -186,11 +370,12 @@ def _add_recompute_policies(opt: BlockOption, graph: OpGraph, group: str, cluste
     opt.refwd_by_policy = {"none": 0.0, "selective": rerun_sel, "full": opt.fwd_s}
 
 
-def propagate_tp(graph: OpGraph, group: str, tp: int) -> tuple[set[str], dict[str, str]] | None:
+def propagate_tp(graph: OpGraph, group: str, tp: int,
+                 allow_empty: bool = False) -> tuple[set[str], dict[str, str]] | None:
     """Propagate a tensor-parallel sharding through `group`; see the module docstring.
 
-    Returns (nodes whose outputs are sharded, {module fqn: "colwise" | "rowwise"}), or None if the block
-    cannot be split over `tp` ranks.
+    Returns (nodes whose outputs are sharded, {module fqn: "colwise" | "rowwise" | "vocab"}), or None if
+    the block cannot be split over `tp` ranks (or has nothing to split, unless `allow_empty`).
     """
     g = graph.g
     nodes = graph.nodes_of(group)
@@ -201,6 +386,15 @@ def propagate_tp(graph: OpGraph, group: str, tp: int) -> tuple[set[str], dict[st
         d = g.nodes[n]
         shape = d["shape"]
         ins = [p for p in g.predecessors(n) if p in dim]
+        if d["kind"] == "embedding" and not ins and _token_embedding(d, g, n, tp):
+            placements[d["module"]] = "vocab"  # rows sharded; the partial lookups are summed: replicated
+            continue
+        if d["kind"] == "cross_entropy" and ins:
+            logits = next(iter(g.predecessors(n)))
+            if ins != [logits] or dim[logits] != len(g.nodes[logits]["shape"]) - 1:
+                return None
+            _mark_vocab_head(g, logits, dim, placements)
+            continue  # the loss of vocab-sharded logits: replicated (module docstring)
         if d["kind"] == "linear":
             weight = [p for p in d["params"] if p.endswith("weight")]
             out_f, in_f = _linear_dims(d, g, n)
@@ -226,9 +420,30 @@ def propagate_tp(graph: OpGraph, group: str, tp: int) -> tuple[set[str], dict[st
         succ = list(g.successors(n))
         if n in dim and (not succ or any(s not in in_group for s in succ)):
             return None
-    if not placements:
+    if not placements and not allow_empty:
         return None
     return set(dim), placements
+
+
+def _token_embedding(d: dict, g, n: str, tp: int) -> bool:
+    """An Embedding looked up by the model's token input (not positions), whose rows divide by tp."""
+    weight = [pn for name, pn in d["params"].items() if name.endswith("weight")]
+    hidden = d["shape"][-1] if d["shape"] else 0
+    if not weight or not hidden or (weight[0] // hidden) % tp:
+        return False
+    return any(g.nodes[p]["op"] == "placeholder" for p in g.predecessors(n))
+
+
+def _mark_vocab_head(g, logits: str, dim: dict, placements: dict[str, str]) -> None:
+    """The column-parallel Linear whose vocabulary-sharded output reaches the loss becomes "vocab"."""
+    n = logits
+    while g.nodes[n]["kind"] != "linear":
+        ins = [p for p in g.predecessors(n) if p in dim]
+        if not ins:
+            return
+        n = ins[0]
+    if placements.get(g.nodes[n]["module"]) == "colwise":
+        placements[g.nodes[n]["module"]] = "vocab"
 
 
 def _linear_dims(d: dict, g, n: str) -> tuple[int, int]:

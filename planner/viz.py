@@ -261,8 +261,9 @@ def candidate_timeline(c: Candidate) -> Timeline:
 
 def find_candidate(plan: Plan, result: SearchResult) -> Candidate:
     """The solved candidate of `result` the plan was built from."""
+    sequence_parallel = any(b.sharding == "sequence" for b in plan.blocks)
     key = (plan.mesh.pp, plan.mesh.dp, plan.mesh.tp, plan.zero_stage, plan.schedule.micro_batch_size,
-           plan.schedule.name, plan.schedule.virtual_stages)
+           plan.schedule.name, plan.schedule.virtual_stages, sequence_parallel)
     for c in ([result.best] if result.best is not None else []) + result.candidates:
         if c.key == key and c.solution is not None and c.solution.feasible:
             return c
@@ -428,7 +429,7 @@ def plot_memory(plans, *, ax=None, title: str | None = None):
                 seen.add("capacity")
             bottom = 0.0
             for cat, value in row.items():
-                if cat == "total":
+                if cat in ("total", "phase"):
                     continue
                 ax.bar(x, value / GiB, bottom=bottom, color=CATEGORY_COLORS.get(cat),
                        label=cat.replace("_", " ") if cat not in seen else None)

@@ -50,3 +50,24 @@ def test_selective_recompute_drops_the_attention_core(graph_of):
     opt = replicate_option(graph, "blocks.3", parse_cluster("8xA100-80GB"), 1)
     assert opt.saved_by_policy["selective"] < s * h * 34
     assert opt.refwd_by_policy["none"] == 0 < opt.refwd_by_policy["selective"] < opt.refwd_by_policy["full"]
+
+
+@pytest.mark.parametrize("name", ["megatron-1.7b", "megatron-18b"])
+def test_korthikanti_sequence_parallel_rows(name, graph_of):
+    """Korthikanti et al. 2022, Table 2: TP + sequence parallel  (s b h / t)(34 + 5 a s / h), and full
+    recompute keeps the layer input, sequence-sharded: 2 s b h / t. Ours add what PyTorch's
+    ColwiseParallel keeps that Megatron-LM does not: the all-gathered (whole) outputs of the two
+    LayerNorms that feed column-parallel layers, 2 x 2 s b h (1 - 1/t), where Megatron keeps the shard
+    and gathers again in the backward; plus the LayerNorm statistics, sharded like everything else."""
+    from planner.strategies import sequence_option
+    graph, s, h, a = _layer(graph_of, name)
+    cluster = parse_cluster("8xA100-80GB")
+    for t in (2, 4, 8):
+        sp = sequence_option(graph, "blocks.3", cluster, t)
+        paper = s * h / t * (34 + 5 * a * s / h)
+        gathered = 2 * 2 * s * h * (1 - 1 / t)
+        stats = 2 * 2 * 2 * s / t
+        assert sp.saved_by_policy["none"] == pytest.approx(paper + gathered + stats, rel=1e-9), t
+        assert sp.saved_by_policy["full"] == 2 * s * h // t
+        tp = tensor_option(graph, "blocks.3", cluster, t)
+        assert sp.param_numel == tp.param_numel and sp.fwd_s < tp.fwd_s  # norms and dropout split too

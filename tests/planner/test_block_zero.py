@@ -1,0 +1,42 @@
+"""A ZeRO-3 plan may keep some blocks' parameters gathered from forward to backward (their own ZeRO-2):
+one all-gather fewer per micro-batch for p n (1 - 1/d) more bytes, decided layer by layer by the program."""
+import dataclasses
+
+import pytest
+
+from costmodel.hardware import DEVICES, Cluster, GiB
+from planner.build import predicted
+from planner.search import SearchSpace, TrainConfig, search
+
+SPACE = SearchSpace(pp=(1,), tp=(1,), zero=(3,), recompute=("none",), offload=False)
+
+
+def slow_network(memory_bytes: float) -> Cluster:
+    """8 single-A100 nodes on a slow network: ZeRO-3's all-gathers are exposed at micro-batch 1."""
+    dev = dataclasses.replace(DEVICES["A100-80GB"], inter_node_bw=0.3e9, memory_bytes=memory_bytes,
+                              host_memory_bytes=0, reserved_bytes=0)
+    return Cluster(nodes=8, devices_per_node=1, device=dev, spec="slow-network")
+
+
+def layer_zero(c) -> dict:
+    out: dict = {}
+    for o, n in zip(c.options, c.solution.counts.sum(0)):
+        if n:
+            out[o.zero] = out.get(o.zero, 0) + int(n)
+    return out
+
+
+def test_memory_decides_how_many_layers_stay_gathered(graph_of):
+    g = graph_of("small-gpt", "bf16")
+    roomy = search(g, slow_network(8 * GiB), TrainConfig(global_batch=8), space=SPACE)
+    layers = len(roomy.layers)
+    assert layer_zero(roomy.best) == {2: layers}  # communication-bound, memory to spare: all gathered
+    kept = next(o for o in roomy.best.options if o.zero == 2)
+    resharded = next(o for o in roomy.best.options if o.zero is None and o.base is kept.base)
+    assert kept.zero_comm < resharded.zero_comm and kept.state > resharded.state
+    delta = kept.state - resharded.state
+    peak = predicted(roomy, roomy.best)["peak_memory_bytes"]
+    tight = search(g, slow_network(peak - 1.5 * delta), TrainConfig(global_batch=8), space=SPACE)
+    mix = layer_zero(tight.best)
+    assert mix == {2: layers - 2, None: 2}, mix  # two layers resharded free the 1.5 layers' worth asked
+    assert tight.best.step_time > roomy.best.step_time

@@ -13,6 +13,11 @@ zero_stage 0, bf16 autocast when the plan trains in bf16 (runtime.precision).
   parallelized as above, the plan's schedule runs the microbatches, and gradients are averaged over the
   dp group (by FSDP, or by hand).
 
+Tensor parallelism (runtime.tp) adds two things to a step: with a vocab-parallel LM head, forward and
+backward run inside `loss_parallel()` (the loss comes back as a plain tensor, recipe.lm_loss); after the
+backward, DTensor gradients are given their parameters' placements (`settle_grads`: the Partial gradients
+of sequence-parallel norms summed over tp) before any dp averaging and the optimizer.
+
 Each executor exposes `modules` (the user's module or this rank's stage modules, unwrapped: their
 parameter and state-dict names are the user's FQNs, which checkpoints rely on) and `params`.
 
@@ -42,7 +47,7 @@ from runtime.memory import local
 from runtime.mesh import Topology
 from runtime.precision import autocast_forward, describe, train_dtype
 from runtime.recipe import LossFn, lm_loss, loss_for
-from runtime.tp import apply_tp
+from runtime.tp import apply_tp, loss_context, plain, settle_grads, vocab_head
 
 
 def skip_grad_sync() -> bool:
@@ -141,10 +146,13 @@ class LocalExecutor:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.ddp = None
         if topo.dp > 1 and topo.tp == 1 and not self.fsdp:
-            self.ddp = DDP(model, process_group=topo.group("dp"),
+            # gradients as views of DDP's buckets: one copy of the gradients, not two (the buckets live
+            # for the whole run; planner.search.memory_phases counts them from the first step on)
+            self.ddp = DDP(model, process_group=topo.group("dp"), gradient_as_bucket_view=True,
                            device_ids=[topo.device.index] if topo.device.type == "cuda" else None)
         self.module = self.ddp if self.ddp is not None else model
         self.holds_loss = topo.tp_rank == 0
+        self.loss_parallel = topo.tp > 1 and vocab_head(plan.placements, model)
 
     def step(self, batch: tuple) -> torch.Tensor:
         """Forward and backward of this rank's batch; returns its mean loss (detached)."""
@@ -153,10 +161,11 @@ class LocalExecutor:
             last = i == self.n_micro - 1
             sync = self.ddp is not None and last and not skip_grad_sync()
             ctx = self.ddp.no_sync() if self.ddp is not None and not sync else contextlib.nullcontext()
-            with ctx:
-                loss = self.loss(self.module, mb) / self.n_micro
+            with ctx, loss_context(self.loss_parallel):
+                loss = plain(self.loss(self.module, mb)) / self.n_micro
                 loss.backward()
             total += loss.detach()
+        settle_grads(self.params)
         if self.topo.dp > 1 and self.ddp is None and not self.fsdp and not skip_grad_sync():
             average_grads(self.params, self.topo.group("dp"), self.topo.dp)
         return total
@@ -180,6 +189,7 @@ class PipelineExecutor:
         self.params = [p for m in self.modules for p in m.parameters() if p.requires_grad]
         self.first, self.last = 0 in self.stage_indices, len(plan.stages) - 1 in self.stage_indices
         self.holds_loss = self.last and topo.tp_rank == 0
+        self.loss_parallel = topo.tp > 1 and any(vocab_head(plan.placements, m) for m in self.modules)
 
     def step(self, batch: tuple) -> torch.Tensor:
         """Run the schedule on this rank's batch; returns its mean loss on the last stage, else 0."""
@@ -187,7 +197,9 @@ class PipelineExecutor:
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.first else ()
         kwargs = {"target": targets, "losses": losses, "return_outputs": False} if self.last else {}
-        self.schedule.step(*args, **kwargs)
+        with loss_context(self.loss_parallel):
+            self.schedule.step(*args, **kwargs)
+        settle_grads(self.params)
         if self.topo.dp > 1 and not self.fsdp and not skip_grad_sync():
             average_grads(self.params, self.topo.group("dp"), self.topo.dp)
         if not losses:

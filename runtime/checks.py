@@ -13,6 +13,7 @@ from planner.plan import Plan, PlanError
 from runtime.fsdp import sharded
 from runtime.pp import SCHEDULES, check_schedule
 from runtime.recipe import OPTIMIZERS
+from runtime.tp import is_norm
 from runtime.precision import describe, train_dtype
 
 
@@ -48,19 +49,73 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
     if len(plan.stages) > 1 and spec.loss_fn is not None:
         raise PlanError(f"model {spec.name!r} computes its own loss (loss_fn), which this runtime does not split "
                         "into pipeline stages (the last stage needs logits and targets): use a plan with pp=1")
-    for fqn, style in plan.placements.items():
-        mod = modules.get(fqn)
-        if not isinstance(mod, nn.Linear):
-            raise PlanError(f"placements[{fqn!r}] must name an nn.Linear of --model {spec.name}, "
-                            f"found {type(mod).__name__ if mod is not None else 'nothing'}")
-        dim = mod.out_features if style == "colwise" else mod.in_features
-        if dim % m.tp:
-            raise PlanError(f"placements[{fqn!r}] = {style} splits a dimension of {dim} over tp={m.tp}, "
-                            "which does not divide it")
+    check_placements(plan, model, spec)
     check_blocks(plan, modules, spec.name)
     optimizer_name(plan)
     fsdp, dtype = sharded(plan), train_dtype(plan)
     return [] if dtype == torch.float32 else [describe(dtype, fsdp)]
+
+
+def _what(mod: nn.Module | None) -> str:
+    return type(mod).__name__ if mod is not None else "nothing"
+
+
+def check_placements(plan: Plan, model: nn.Module, spec: ModelSpec) -> None:
+    """Each placement names a module of the kind its style shards, with dimensions tp divides
+    (runtime/tp.py states the rules)."""
+    modules, tp = dict(model.named_modules()), plan.mesh.tp
+    last = [f for f, m in modules.items() if any(True for _ in m.parameters(recurse=False))][-1:]
+    owners: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(name)
+    for fqn, style in plan.placements.items():
+        mod = modules.get(fqn)
+        where = f"placements[{fqn!r}] = {style}"
+        if style in ("colwise", "rowwise"):
+            if not isinstance(mod, nn.Linear):
+                raise PlanError(f"placements[{fqn!r}] must name an nn.Linear of --model {spec.name}, "
+                                f"found {_what(mod)}")
+            dims = [(mod.out_features if style == "colwise" else mod.in_features, "a dimension")]
+        elif style == "sequence":
+            if mod is None or not is_norm(mod):
+                raise PlanError(f"{where} needs a norm (LayerNorm or RMSNorm) of --model {spec.name}, "
+                                f"found {_what(mod)}")
+            _check_sequence_block(plan, modules, fqn)
+            dims = [(spec.seq_len or plan.train.get("seq_len") or 0, "the sequence")]
+        elif isinstance(mod, nn.Embedding):  # vocab
+            dims = [(mod.num_embeddings, "the vocabulary")]
+        elif isinstance(mod, nn.Linear):
+            if [fqn] != last:
+                raise PlanError(f"{where} is for the LM head, the model's last layer (its output is the logits "
+                                f"the loss reads), but --model {spec.name}'s last layer is {last[0]!r}")
+            dims = [(mod.out_features, "the vocabulary")]
+        else:
+            raise PlanError(f"{where} needs an nn.Embedding or the LM head nn.Linear of --model {spec.name}, "
+                            f"found {_what(mod)}")
+        for dim, what in dims:
+            if dim % tp:
+                raise PlanError(f"{where} splits {what} of {dim} over tp={tp}, which does not divide it")
+        for name, p in mod.named_parameters(prefix=fqn):
+            if len(tied := owners.get(id(p), [])) > 1:
+                other = next(n for n in tied if n != name)
+                raise PlanError(f"{where} would shard {name!r}, which is tied to {other!r} (the same tensor); "
+                                "sharding one would untie them: leave both replicated")
+
+
+def _check_sequence_block(plan: Plan, modules: dict[str, nn.Module], fqn: str) -> None:
+    """A module holding a "sequence" norm runs sequence-parallel (runtime/tp.py, rule 2): all its norms must be
+    "sequence", and row-parallel layers must put its sublayers' outputs on the sequence shards."""
+    parent = fqn.rpartition(".")[0]
+    if not parent:
+        return
+    others = [f"{parent}.{n}" for n, c in modules[parent].named_children()
+              if is_norm(c) and plan.placements.get(f"{parent}.{n}") != "sequence"]
+    if others:
+        raise PlanError(f"placements[{fqn!r}] = sequence makes {parent!r} sequence-parallel (its residual stream "
+                        f"is sharded on the sequence), so its norm {others[0]!r} must be 'sequence' too")
+    if not any(f.startswith(parent + ".") and s == "rowwise" for f, s in plan.placements.items()):
+        raise PlanError(f"placements[{fqn!r}] = sequence makes {parent!r} sequence-parallel, but no rowwise layer "
+                        "in it reduce-scatters its sublayers' outputs onto the sequence shards of its residual stream")
 
 
 def optimizer_name(plan: Plan) -> str:

@@ -4,7 +4,7 @@ Each block of the plan present in the module (the whole model, or one pipeline s
 innermost first, then the module itself is the root unit holding what no block holds -- as torchtitan
 applies FSDP per transformer block and per pipeline stage. zero_stage 3 reshards parameters after the
 forward (gathered again for the backward); zero_stage 2 keeps them gathered from forward to backward
-(`reshard_after_forward=False`); both reduce-scatter gradients, so each rank keeps its shard of gradients
+(`reshard_after_forward=False`), per block where the block has its own zero_stage; both reduce-scatter gradients, so each rank keeps its shard of gradients
 and optimizer state. Tensor-parallel parameters (DTensors on the "tp" axis of the same mesh) become 2-D
 (dp, tp) shards. A block with `offload_states` gets CPUOffloadPolicy (runtime.offload); bf16 plans get
 MixedPrecisionPolicy (runtime.precision). zero_stage 1 is refused by the pre-flight checks.
@@ -36,7 +36,9 @@ def apply_fsdp(module: nn.Module, blocks: dict[str, BlockChoice], zero_stage: in
     reshard = zero_stage == 3
     order = sorted((fqn for fqn in blocks if fqn), key=lambda f: -f.count("."))  # children before parents
     for fqn in order:
-        fully_shard(module.get_submodule(fqn), mesh=dp_mesh, reshard_after_forward=reshard,
+        own = blocks[fqn].zero_stage  # a block's own stage: 2 keeps its parameters gathered after forward
+        fully_shard(module.get_submodule(fqn), mesh=dp_mesh,
+                    reshard_after_forward=reshard if own is None else own == 3,
                     mp_policy=fsdp_policy(dtype), offload_policy=state_policy(blocks[fqn].offload_states))
     root = blocks.get("")
     fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=fsdp_policy(dtype, stage_root),

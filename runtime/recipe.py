@@ -6,6 +6,7 @@ from typing import Callable, Iterable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from costmodel.models import ModelSpec
 
@@ -17,8 +18,14 @@ def build_model(spec: ModelSpec, seed: int) -> nn.Module:
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over every token of the batch."""
-    return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+    """Mean cross-entropy over every token of the batch, as a plain tensor.
+
+    The logits of a vocab-parallel head (runtime.tp) are a DTensor sharded on the vocabulary: inside
+    `loss_parallel()`, which the executor enters around forward and backward, the cross-entropy is then
+    computed on the shards (Megatron's vocab-parallel cross-entropy) and the loss is a replicated DTensor,
+    returned here as the plain tensor it equals on every tp rank."""
+    loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
 LossFn = Callable[[nn.Module, tuple], torch.Tensor]

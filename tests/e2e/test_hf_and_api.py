@@ -42,9 +42,17 @@ def test_planner_shards_llama_megatron_style(hf_plans):
     tp = hf_plans["tp"]
     assert (tp.mesh.tp, tp.mesh.dp, tp.mesh.pp) == (2, 1, 1) and tp.placements
     for fqn, style in tp.placements.items():
+        name = fqn.rsplit(".", 1)[1]
+        if name in ("embed_tokens", "lm_head"):  # split over the vocabulary
+            assert style == "vocab", (fqn, style)
+            continue
+        if style == "sequence":  # norms of a sequence-parallel plan
+            assert name in ("input_layernorm", "post_attention_layernorm", "norm"), (fqn, style)
+            continue
         want = "rowwise" if fqn.endswith(("o_proj", "down_proj")) else "colwise"
-        assert style == want and fqn.rsplit(".", 1)[1] in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                            "up_proj", "down_proj"), (fqn, style)
+        assert style == want and name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                          "up_proj", "down_proj"), (fqn, style)
+    assert tp.placements.get("model.embed_tokens") == "vocab"
     assert hf_plans["fsdp"].zero_stage == 3 and hf_plans["fsdp"].mesh.dp == 2
     assert hf_plans["ddp"].zero_stage == 0 and hf_plans["ddp"].mesh.dp == 2
 

@@ -54,9 +54,10 @@ OFFLOAD = {"blocks.0": {"offload_activations": True},
            "blocks.1": {"recompute": "selective", "offload_activations": True}}
 
 CASES = [  # ranks, model, plan kwargs, what rank 0 must report as applied
-    pytest.param(2, "tiny-gpt", dict(zero=3, dp=2, choices={"blocks.1": {"offload_states": True}}),
+    pytest.param(2, "tiny-gpt", dict(zero=3, dp=2, choices={"blocks.1": {"offload_states": True},
+                                                             "blocks.0": {"zero_stage": 2}}),
                  dict(fsdp_units=3, reshard_after_forward=True, offload_states=["blocks.1"],
-                      local_params=n_params("tiny-gpt") // 2), id="zero3-dp2-offload-states"),
+                      local_params=n_params("tiny-gpt") // 2), id="zero3-dp2-offload-states-block0-zero2"),
     pytest.param(2, "tiny-gpt", dict(zero=2, dp=2, micro=2, choices=FULL_SEL),
                  dict(fsdp_units=3, reshard_after_forward=False, recompute={"blocks.0": "full", "blocks.1": "selective"}),
                  id="zero2-dp2-accum2-recompute-full-selective"),

@@ -2,16 +2,12 @@
 pre-flight checks of the per-block elements (one process)."""
 import pytest
 import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from costmodel import resolve_model
 from planner.plan import Plan, PlanError
 from runtime.apply import parallelize
 from runtime.checks import preflight
-from runtime.mesh import Topology
 from runtime.data import SyntheticTokens
 from runtime.recipe import build_model, lm_loss
 from test_recompute_offload import OpCounter  # sibling test module
@@ -36,18 +32,7 @@ def plan_dict(dp=2, tp=1, zero=3, dtype="fp32", placements=None, optimizer="adam
                        for f in ("tok_emb", "blocks.0", "blocks.1", "head")]}
 
 
-@pytest.fixture
-def topo():
-    """A Topology on a fake process group (rank 0 of dp x tp): real meshes, no real communication."""
-    def make(dp, tp):
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=dp * tp)
-        mesh = init_device_mesh("cpu", (1, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-        return Topology(mesh=mesh, rank=0, pp=1, dp=dp, tp=tp, pp_rank=0, dp_rank=0, tp_rank=0,
-                        device=torch.device("cpu"))
-    yield make
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
+# (the `topo` fixture: tests/runtime/conftest.py)
 
 def unit(module):
     return fully_shard.state(module)._fsdp_param_group
@@ -81,6 +66,18 @@ def test_zero2_keeps_parameters_gathered_after_forward(topo):
     applied = parallelize(model, Plan.from_dict(plan_dict(zero=2)), topo(2, 1))
     assert applied.reshard_after_forward is False
     assert all(unit(model.get_submodule(f)).post_forward_mesh_info is None for f in ("", "blocks.0", "head"))
+
+
+def test_a_block_of_a_zero3_plan_can_keep_its_parameters_gathered(topo):
+    """A block's own zero_stage 2 in a ZeRO-3 plan: that block alone is not resharded after forward."""
+    model = build_model(GPT, 0)
+    parallelize(model, Plan.from_dict(plan_dict(zero=3, **{"blocks.0": {"zero_stage": 2}})), topo(2, 1))
+    assert unit(model.blocks[0]).post_forward_mesh_info is None
+    assert unit(model.blocks[1]).post_forward_mesh_info is not None
+    with pytest.raises(PlanError, match="zero_stage"):
+        Plan.from_dict(plan_dict(zero=0, dp=1, **{"blocks.0": {"zero_stage": 2}}))
+    with pytest.raises(PlanError, match="zero_stage is 1"):
+        Plan.from_dict(plan_dict(zero=3, **{"blocks.0": {"zero_stage": 1}}))
 
 
 def test_zero3_with_tp_shards_weights_over_both_axes(topo):

@@ -18,6 +18,7 @@ uninterrupted one would have, whatever the plan and world size.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -68,6 +69,9 @@ class RunOptions:
     data_dtype: str | None = None
     losses_out: str | None = None
     print_report: bool = True
+    memory_trace: bool = True
+    """On CPU, measure the peak memory of a training step with the allocator trace (`_measure_step`):
+    one extra step after the run, whose effects are undone. Off: the tracked figure (runtime/memory.py)."""
 
 
 @dataclass
@@ -121,6 +125,76 @@ def _allreduce(values: list[float], op, device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=op)
     return t.tolist()
+
+
+class _Snapshot:
+    """Parameters, buffers, gradients, optimizer state and the RNG state of this rank, put back by `restore`."""
+
+    def __init__(self, executor, opt: torch.optim.Optimizer):
+        with torch.no_grad():
+            tensors = [*executor.params, *(b for m in executor.modules for b in m.buffers())]
+            self.tensors = [(t, memory.local(t).detach().clone()) for t in tensors]
+            self.grads = [(p, p.grad) for p in executor.params]
+            self.state = {p: {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in st.items()}
+                          for p, st in opt.state.items()}
+        self.opt, self.rng = opt, torch.get_rng_state()
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for t, saved in self.tensors:
+                memory.local(t).copy_(saved)
+        for p, g in self.grads:
+            p.grad = g
+        for p in list(self.opt.state):
+            if p in self.state:
+                self.opt.state[p] = self.state[p]
+            else:
+                del self.opt.state[p]
+        torch.set_rng_state(self.rng)
+
+
+def _ddp_bucket_bytes(executor) -> int:
+    """Bytes of DDP's gradient buckets (allocated when DDP is built, so before any traced step)."""
+    ddp = getattr(executor, "ddp", None)
+    if ddp is None:
+        return 0
+    try:
+        info = ddp._get_ddp_logging_data()
+    except (AttributeError, RuntimeError):  # a private API: without it the buckets go uncounted
+        return 0
+    sizes = str(info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes") or "")
+    return sum(int(b) for b in sizes.replace(",", " ").split())
+
+
+def _measure_step(executor, opt: torch.optim.Optimizer, data, topo: Topology, k: int,
+                  warm: bool) -> memory.StepMemory:
+    """One more training step (forward, backward, loss reduce, optimizer) on the batch of step k + 1, after
+    the run, under the allocator trace (runtime.memory.trace_training_step); every rank takes it. The
+    parameters, buffers, gradients, optimizer state and RNG state are put back afterwards, so the run's
+    results are those of its reported steps, and the timed steps never run under the profiler. `warm`:
+    fewer than two steps ran, so one untraced step goes first (DDP rebuilds its buckets in its second
+    step; pipeline stages allocate their buffers in the first)."""
+    snapshot = _Snapshot(executor, opt)
+
+    def one(trace=None):
+        phase = trace.phase if trace is not None else (lambda name: contextlib.nullcontext())
+        with phase("data"):
+            batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
+        with phase("step"):
+            loss = executor.step(batch)
+        with phase("loss"):
+            held = loss if executor.holds_loss else torch.zeros_like(loss)
+            dist.all_reduce(held)
+        with phase("optimizer"):
+            opt.step()
+
+    try:
+        if warm:
+            opt.zero_grad(set_to_none=True)
+            one()
+        return memory.trace_training_step(one, executor.params, opt, executor.modules, _ddp_bucket_bytes(executor))
+    finally:
+        snapshot.restore()
 
 
 def _manifest(plan: Plan, spec: ModelSpec, opts: RunOptions, data, fingerprint: str) -> dict:
@@ -195,17 +269,26 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
             save_time += time.perf_counter() - t1
             saves.append(last_good)
     n = len(times)
+    tracked, step_memory, rss = state + saved.peak, None, memory.peak_rss_bytes()  # RSS before the extra step
     if topo.device.type == "cuda":
         peak, method = torch.cuda.max_memory_allocated(topo.device), memory.GPU_METHOD
+    elif opts.memory_trace and n:
+        step_memory = _measure_step(executor, opt, data, topo, opts.steps - 1, warm=n < 2)
+        step_memory.tracked_bytes = tracked
+        peak, method = step_memory.peak_bytes, memory.ALLOCATOR_METHOD
     else:
-        peak, method = state + saved.peak, memory.CPU_METHOD
-    maxed = _allreduce(times + [peak, memory.peak_rss_bytes()], dist.ReduceOp.MAX, topo.device)
+        peak, method = tracked, memory.CPU_METHOD
+    maxed = _allreduce(times + [peak, rss, tracked], dist.ReduceOp.MAX, topo.device)
     seq = spec.seq_len or 1
     result = RunResult(losses=losses, step_times=maxed[:n], peak_memory_bytes=int(maxed[n]), memory_method=method,
                        peak_rss_bytes=int(maxed[n + 1]), tokens_per_step=plan.train["global_batch"] * seq,
                        applied={**asdict(executor.applied), "summary": executor.applied.summary()},
                        notes=notes, first_step=start, resumed_from=str(prep.resume.path) if prep.resume else None,
                        attempt=prep.attempt, checkpoints=saves, checkpoint_time_s=save_time)
+    # beside RunResult's fields (runtime/report.py): the tracked figure (largest rank), and this rank's
+    # allocator breakdown of the traced step (None when the figure is not the allocator's)
+    result.tracked_memory_bytes = int(maxed[n + 2])
+    result.memory_detail = step_memory.as_dict() if step_memory is not None else None
     reference = None
     code = torch.zeros((), dtype=torch.long, device=topo.device)
     if opts.verify and topo.rank == 0:
@@ -233,5 +316,6 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
         if opts.losses_out:
             import json
             with open(opts.losses_out, "w") as f:
-                json.dump(result.to_json(), f, indent=2)
+                json.dump({**result.to_json(), "tracked_memory_bytes": result.tracked_memory_bytes,
+                           "memory_detail": result.memory_detail}, f, indent=2)
     return result, int(code.item())

@@ -298,13 +298,14 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
         stage's first backward comes before its micro-batches run out, m <= k_s: a step starts with
         none; but never under DDP, whose gradient buckets live through the run), + k_s micro-batches of activations + the gradient arriving at the stage's output: on the
         last stage the logits and their gradient (2 x the largest output, / tp when the head is split
-        over the vocabulary) and, with pp > 1, the logits of the earlier micro-batches (the pipeline
-        schedule returns every micro-batch's output); elsewhere the gradient of the boundary activation
-        (/ tp when sequence-sharded); + ZeRO-3's two gathered layers.
+        over the vocabulary); elsewhere the gradient of the boundary activation (/ tp when
+        sequence-sharded); + ZeRO-3's two gathered layers; + once gradients exist, a second gradient
+        of the stage's largest parameter (computed whole, then accumulated into the one held).
     rebuild (binds only on stages holding a recomputed layer): all model states + activations + the
         boundary gradient + one layer's re-run activations (its "none" saved bytes less its policy's).
-    optimizer step: all model states + 2 x the largest parameter (the step's fp32 temporaries, a
-        per-tensor step as the runtime's optimizers take on CPU; foreach steps on GPUs hold more).
+    optimizer step: all model states + 2 x the largest parameter's local shard (the step's fp32
+        temporaries, a per-tensor step as the runtime's optimizers take on CPU; foreach steps on GPUs
+        hold more).
     Measured on this machine's allocator (runtime.memory.AllocatorTrace; benchmarks/fidelity.py).
     """
     graph = bases.graph
@@ -314,14 +315,25 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
     logits_per_rank = logits / (tp if head_split else 1)
     boundary = graph.boundary_bytes(bases.layers[0]) * b / (tp if sp else 1) if bases.layers else 0.0
     arriving = np.full(pp, float(boundary))
-    arriving[-1] = 2 * logits_per_rank + (m - 1) * logits_per_rank * (pp > 1)
+    arriving[-1] = 2 * logits_per_rank
     chi = grads_absent(m, in_flight, zero, dp, tp)
-    workspace = arriving + gathered
+    # a weight's gradient is computed whole, then added to the one held: once gradients exist, the
+    # stage's largest parameter has a second, transient gradient (first stage: the embedding; last: the
+    # head; between: a layer's largest weight)
+    big = lambda groups: max([max(g.nodes[n]["params"].values(), default=0)
+                              for grp in groups for n in graph.nodes_of(grp)] or [0])
+    in_layer = big(bases.layers[:1])
+    per_stage_param = np.full(pp, float(in_layer))
+    per_stage_param[0] = max(in_layer, big(bases.prefix))
+    per_stage_param[-1] = max(per_stage_param[-1], big(bases.suffix))
+    accumulate = (1 - chi) * sb.grad * per_stage_param / tp
+    workspace = arriving + gathered + accumulate
     main = e["state"] - chi * e["grad"] + in_flight * e["act"] + workspace
     states = np.array([o.state for o in opts] or [0.0])
     act = np.array([o.act for o in opts] or [0.0])
     largest = max([max(d["params"].values(), default=0) for _, d in g.nodes(data=True)] or [0])
-    step_tmp = 2 * 4 * largest / (dp if zero >= 2 else 1)
+    # (the largest parameters -- embeddings, head, layer weights -- are the ones tensor parallelism splits)
+    step_tmp = 2 * 4 * largest / (dp if zero >= 2 else 1) / tp
     phases = [MemoryPhase("optimizer step", states, e["state"] + step_tmp,
                           parts={"model_states": e["state"], "activations": np.zeros(pp),
                                  "workspace": np.full(pp, step_tmp)})]

@@ -234,7 +234,9 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     if pp > 1 and layers:
         across = dp * tp >= cluster.devices_per_node
         # activation + its gradient; sequence-sharded activations go as each rank's 1/t shard
-        sent = graph.boundary_bytes(layers[0]) * b / (tp if sp else 1)
+        if "boundary" not in bases._cache:
+            bases._cache["boundary"] = graph.boundary_bytes(layers[0])
+        sent = bases._cache["boundary"] * b / (tp if sp else 1)
         send = 2 * comm.p2p(cluster, sent, across)
         e["p2p"][:] = send * v  # each of a device's v chunks sends on (interleaved: the last wraps round)
         e["p2p"][-1] = send * (v - 1)
@@ -310,28 +312,34 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
     """
     graph = bases.graph
     g = graph.g
-    logits = max([d["out_bytes"] for _, d in g.nodes(data=True)] or [0]) * b
+    if "memory" not in bases._cache:  # per-graph constants, computed once per search
+        big = lambda groups: max([max(g.nodes[n]["params"].values(), default=0)
+                                  for grp in groups for n in graph.nodes_of(grp)] or [0])
+        bases._cache["memory"] = dict(
+            out=max([d["out_bytes"] for _, d in g.nodes(data=True)] or [0]),
+            param=max([max(d["params"].values(), default=0) for _, d in g.nodes(data=True)] or [0]),
+            layer=big(bases.layers[:1]), prefix=big(bases.prefix), suffix=big(bases.suffix),
+            boundary=graph.boundary_bytes(bases.layers[0]) if bases.layers else 0)
+    k = bases._cache["memory"]
+    logits = k["out"] * b
     head_split = any(st == "vocab" for o in suf for st in o.placements.values() if o.name in SPLIT)
     logits_per_rank = logits / (tp if head_split else 1)
-    boundary = graph.boundary_bytes(bases.layers[0]) * b / (tp if sp else 1) if bases.layers else 0.0
+    boundary = k["boundary"] * b / (tp if sp else 1)
     arriving = np.full(pp, float(boundary))
     arriving[-1] = 2 * logits_per_rank
     chi = grads_absent(m, in_flight, zero, dp, tp)
     # a weight's gradient is computed whole, then added to the one held: once gradients exist, the
     # stage's largest parameter has a second, transient gradient (first stage: the embedding; last: the
     # head; between: a layer's largest weight)
-    big = lambda groups: max([max(g.nodes[n]["params"].values(), default=0)
-                              for grp in groups for n in graph.nodes_of(grp)] or [0])
-    in_layer = big(bases.layers[:1])
-    per_stage_param = np.full(pp, float(in_layer))
-    per_stage_param[0] = max(in_layer, big(bases.prefix))
-    per_stage_param[-1] = max(per_stage_param[-1], big(bases.suffix))
+    per_stage_param = np.full(pp, float(k["layer"]))
+    per_stage_param[0] = max(k["layer"], k["prefix"])
+    per_stage_param[-1] = max(per_stage_param[-1], k["suffix"])
     accumulate = (1 - chi) * sb.grad * per_stage_param / tp
     workspace = arriving + gathered + accumulate
     main = e["state"] - chi * e["grad"] + in_flight * e["act"] + workspace
     states = np.array([o.state for o in opts] or [0.0])
     act = np.array([o.act for o in opts] or [0.0])
-    largest = max([max(d["params"].values(), default=0) for _, d in g.nodes(data=True)] or [0])
+    largest = k["param"]
     # (the largest parameters -- embeddings, head, layer weights -- are the ones tensor parallelism splits)
     step_tmp = 2 * 4 * largest / (dp if zero >= 2 else 1) / tp
     phases = [MemoryPhase("optimizer step", states, e["state"] + step_tmp,

@@ -30,7 +30,10 @@ On GPU: `torch.cuda.max_memory_allocated`. On CPU there is no allocator counter;
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import resource
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -127,6 +130,20 @@ class MemoryEvent:
     """The allocator's running count of profiled bytes after this event (orders events; see `_ordered`)."""
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null for the block (C++ writes that Python's sys.stderr cannot catch)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 class AllocatorTrace:
     """Context manager recording every CPU allocation and free while it is active (module docstring).
 
@@ -153,11 +170,13 @@ class AllocatorTrace:
     def __enter__(self) -> "AllocatorTrace":
         from torch.profiler import ProfilerActivity, profile
         self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        self._profiler.__enter__()
+        with _quiet_stderr():  # Kineto prints a "profiler_start" line to the process's stderr
+            self._profiler.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._profiler.__exit__(*exc)
+        with _quiet_stderr():
+            self._profiler.__exit__(*exc)
         tree = self._profiler.profiler.kineto_results.experimental_event_tree()
         self._profiler = None
         self.events, self.in_order = _ordered(_allocations(tree))

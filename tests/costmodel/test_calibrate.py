@@ -38,6 +38,7 @@ def _direct_worker(rank, world, init_file, sizes, result_path):
         dist.all_reduce(x)
         times = []
         for _ in range(8):
+            dist.barrier()  # both ranks start together: the time is the collective's, not the skew's
             t0 = time.perf_counter()
             dist.all_reduce(x)
             times.append(time.perf_counter() - t0)

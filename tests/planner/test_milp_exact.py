@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from planner.milp import StageProblem, evaluate, fits, solve_stages
+from planner.milp import MemoryPhase, StageProblem, evaluate, fits, solve_stages
 
 
 def compositions(total, parts):
@@ -56,11 +56,7 @@ def heterogeneous(rng, prob: StageProblem) -> StageProblem:
     return prob
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_optimum_equals_brute_force_with_per_stage_costs(seed):
-    rng = np.random.default_rng(1000 + seed)
-    p = int(rng.integers(1, 4))
-    prob = heterogeneous(rng, random_problem(rng, p, int(rng.integers(p, 7)), int(rng.integers(1, 3))))
+def assert_solves_like_brute_force(prob: StageProblem) -> None:
     expected = brute_force(prob)
     sol = solve_stages(prob)
     if expected == float("inf"):
@@ -68,6 +64,39 @@ def test_optimum_equals_brute_force_with_per_stage_costs(seed):
     else:
         assert sol.feasible and fits(prob, sol.counts)
         assert sol.objective == pytest.approx(expected, rel=1e-6)
+
+
+def with_phases(rng, prob: StageProblem) -> StageProblem:
+    """The same program with gradients absent at some stages' main peak, an ungated phase (an optimizer
+    step: states only) and a phase gated by the last option (a recompute rebuild), as planner.search
+    builds them."""
+    p, n_opt = prob.num_stages, prob.option_time.shape[-1]
+    w = np.asarray(prob.option_state, dtype=float)
+    prob.option_grad = w * rng.uniform(0.1, 0.4, n_opt)
+    prob.grads_absent = (rng.uniform(size=p) < 0.5).astype(float)
+    gate = np.zeros(n_opt, dtype=bool)
+    gate[-1] = True
+    prob.phases = [MemoryPhase("optimizer step", w, prob.extra_mem + rng.uniform(0, 2, p)),
+                   MemoryPhase("recompute", w + prob.in_flight[:, None] * prob.option_act[None, :],
+                               prob.extra_mem + rng.uniform(1, 4, p), gate=gate)]
+    return prob
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_optimum_equals_brute_force_with_memory_phases(seed):
+    """Every phase is a memory constraint; a gated one binds only on stages holding a gated option
+    (binary y_s with a big-M): the program agrees with enumeration checked by `fits`."""
+    rng = np.random.default_rng(2000 + seed)
+    p = int(rng.integers(1, 4))
+    assert_solves_like_brute_force(with_phases(rng, random_problem(rng, p, int(rng.integers(p, 7)), 2)))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_optimum_equals_brute_force_with_per_stage_costs(seed):
+    rng = np.random.default_rng(1000 + seed)
+    p = int(rng.integers(1, 4))
+    prob = heterogeneous(rng, random_problem(rng, p, int(rng.integers(p, 7)), int(rng.integers(1, 3))))
+    assert_solves_like_brute_force(prob)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -75,10 +104,4 @@ def test_optimum_equals_brute_force(seed):
     rng = np.random.default_rng(seed)
     p = int(rng.integers(1, 4))
     prob = random_problem(rng, p, int(rng.integers(p, 7)), int(rng.integers(1, 3)))
-    expected = brute_force(prob)
-    sol = solve_stages(prob)
-    if expected == float("inf"):
-        assert not sol.feasible
-    else:
-        assert sol.feasible and fits(prob, sol.counts)
-        assert sol.objective == pytest.approx(expected, rel=1e-6)
+    assert_solves_like_brute_force(prob)

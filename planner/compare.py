@@ -6,6 +6,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.explain import human_bytes, report_console
+from planner.strategies import SPLIT
 
 
 def _facts(plan) -> dict[str, str]:
@@ -18,7 +19,7 @@ def _facts(plan) -> dict[str, str]:
         "ZeRO stage": str(plan.zero_stage),
         "schedule": s.name + (f" (v={s.virtual_stages})" if s.virtual_stages > 1 else ""),
         "micro-batches x size": f"{s.num_microbatches} x {s.micro_batch_size}",
-        "tensor-parallel blocks": str(sum(b.sharding in ("tensor", "sequence") for b in plan.blocks)),
+        "tensor-parallel blocks": str(sum(b.sharding in SPLIT for b in plan.blocks)),
         "recompute none/selective/full": f"{rec['none']}/{rec['selective']}/{rec['full']}",
         "activation-offloaded blocks": str(sum(b.offload_activations for b in plan.blocks)),
         "state-offloaded blocks": str(sum(b.offload_states for b in plan.blocks)),

@@ -11,6 +11,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from planner.strategies import SPLIT
+
 CATEGORY_STYLE = {"model_states": "cyan", "activations": "magenta", "workspace": "yellow"}
 
 
@@ -91,7 +93,7 @@ def _stages(plan) -> Table:
     per_stage = mesh.dp * mesh.tp
     for st in plan.stages:
         mine = by_stage.get(st.index, [])
-        n_tensor = sum(b.sharding in ("tensor", "sequence") for b in mine)
+        n_tensor = sum(b.sharding in SPLIT for b in mine)
         n_seq = sum(b.sharding == "sequence" for b in mine)
         parts = [f"TP x{mesh.tp} on {n_tensor}" + (" (sequence parallel)" if n_seq else "") if n_tensor
                  else "replicated"]

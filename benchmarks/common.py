@@ -39,6 +39,16 @@ def plot_path(name: str) -> Path:
     return RESULTS / f"{name}.png"
 
 
+def save_figure(fig, name: str, dpi: int = 110) -> Path:
+    """Lay out `fig`, write it to results/<name>.png and release it."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    path = plot_path(name)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def pyplot():
     """matplotlib.pyplot on the file-only Agg backend (benchmarks write PNGs, never open windows)."""
     import matplotlib

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from benchmarks import common
-from benchmarks.common import plot_path, pyplot, try_plot, write
+from benchmarks.common import pyplot, save_figure, try_plot, write
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=2048"
@@ -305,9 +305,7 @@ def _plot(payload: dict) -> None:
     ax1.set_title(f"step time (Spearman {s['spearman_step_time']:.2f}, median |err| "
                   f"{100 * s['median_abs_step_time_error']:.0f}%)\nblue W=1, orange W=2, green W=4", fontsize=9)
     ax2.set_title(f"peak memory (median |err| {100 * s['median_abs_memory_error']:.1f}%)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(plot_path("fidelity"), dpi=110)
-    plt.close(fig)
+    save_figure(fig, "fidelity")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import plot_path, pyplot, try_plot, write
+from benchmarks.common import pyplot, save_figure, try_plot, write
 from benchmarks.table1 import ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,9 +189,7 @@ def _plot(payload: dict) -> None:
     ax2.set_ylabel("seconds")
     ax2.set_title("planning time against cluster size")
     ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(plot_path("planner_speed"), dpi=110)
-    plt.close(fig)
+    save_figure(fig, "planner_speed")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import plot_path, pyplot, try_plot, write
+from benchmarks.common import pyplot, save_figure, try_plot, write
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=2048"
@@ -188,9 +188,7 @@ def _plot(payload: dict) -> None:
     ax2.set_xticks(list(x), labels, fontsize=8)
     ax2.set_ylabel("partita / hand-written")
     ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(plot_path("runtime_overhead"), dpi=110)
-    plt.close(fig)
+    save_figure(fig, "runtime_overhead")
 
 
 if __name__ == "__main__":

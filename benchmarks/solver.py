@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from benchmarks.common import plot_path, pyplot, try_plot, write
+from benchmarks.common import pyplot, save_figure, try_plot, write
 from planner.milp import StageProblem, evaluate, fits, solve_stages
 
 INSTANCES = 500
@@ -264,9 +264,7 @@ def _plot(payload: dict) -> None:
     else:
         ax2.text(0.5, 0.5, "CBC not installed", ha="center", va="center")
         ax2.set_axis_off()
-    fig.tight_layout()
-    fig.savefig(plot_path("solver"), dpi=110)
-    plt.close(fig)
+    save_figure(fig, "solver")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import time
 
-from benchmarks.common import plot_path, pyplot, try_plot, write
+from benchmarks.common import pyplot, save_figure, try_plot, write
 from costmodel.hardware import parse_cluster
 from costmodel.models import PRESETS
 from costmodel.trace import capture
@@ -112,8 +112,7 @@ def _plot(rows):
     ax.set_ylabel("model TFLOP/s per A100")
     ax.set_title("Megatron-LM Table 1 configurations (model FLOPs)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(plot_path("table1"), dpi=120)
+    save_figure(fig, "table1", dpi=120)
 
 
 if __name__ == "__main__":

@@ -117,7 +117,8 @@ def real_candidates(model: str, cluster: str, global_batch: int):
     from costmodel.hardware import parse_cluster
     from costmodel.models import resolve_model
     from costmodel.trace import capture
-    from planner.search import SearchSpace, TrainConfig, enumerate_candidates
+    from planner.search import SearchSpace, TrainConfig
+    from planner.candidates import enumerate_candidates
     graph = capture(resolve_model(model), dtype="bf16")
     *_, cands = enumerate_candidates(graph, parse_cluster(cluster), TrainConfig(global_batch=global_batch),
                                      SearchSpace())

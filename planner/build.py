@@ -4,7 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
-from planner.search import Candidate, SearchResult, stage_memory
+from planner.candidates import Candidate
+from planner.search import SearchResult
+from planner.phases import stage_memory
 from planner.strategies import SPLIT
 
 

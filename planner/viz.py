@@ -37,7 +37,8 @@ from planner.build import build_plan, predicted
 from planner.milp import solve_stages
 from planner.milp_blocks import solve_blocks, stage_p2p
 from planner.plan import Plan
-from planner.search import Candidate, SearchResult, TrainConfig, search
+from planner.candidates import Candidate
+from planner.search import SearchResult, TrainConfig, search
 
 CATEGORY_COLORS = {"model_states": "#4C72B0", "activations": "#DD8452", "workspace": "#8C8C8C"}
 PASS_COLORS = {"F": "#4C72B0", "B": "#DD8452", "flush": "#B0B0B0"}

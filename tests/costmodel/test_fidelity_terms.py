@@ -180,7 +180,8 @@ def test_sharded_param_latency_is_paid_per_dtensor_parameter_per_step(graph_of):
 # ---------------------------------------------------------------------------------------- a step
 
 def test_every_step_pays_one_loss_all_reduce_over_all_ranks(graph_of):
-    from planner.search import SearchSpace, TrainConfig, _Bases, build_candidate, split_model, step_sync
+    from planner.search import SearchSpace, TrainConfig
+    from planner.candidates import _Bases, build_candidate, split_model, step_sync
     g = graph_of(MODEL)
     s = 6e-4
     base, slow = _cluster(4), _cluster(4, sync_latency=s)

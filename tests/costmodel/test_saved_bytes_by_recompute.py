@@ -30,7 +30,7 @@ import torch
 from costmodel.hardware import parse_cluster
 from costmodel.models import resolve_model
 from planner.plan import BlockChoice
-from planner.search import split_model
+from planner.candidates import split_model
 from planner.strategies import replicate_option
 from runtime.blocks import apply_block_choices
 from runtime.data import make_data

@@ -168,7 +168,7 @@ def test_a_model_with_nothing_to_split_gets_no_tensor_parallel_ranks():
 def test_interleaved_plans_count_the_activations_the_schedule_keeps_in_flight(graph_of):
     """Rank s of an interleaved 1F1B warms up 2 (p - s - 1) + (v - 1) p chunks: it holds that + 1 chunks,
     each 1/v of its activations (rank 0: p (1 + (p - 1) / (p v)), Korthikanti et al.)."""
-    from planner.search import _Bases, build_candidate, split_model
+    from planner.candidates import _Bases, build_candidate, split_model
     graph = graph_of("megatron-39b", "bf16")
     bases = _Bases(graph, parse_cluster("8x8xA100-80GB"), *split_model(graph))
     p, v, m = 4, 2, 16

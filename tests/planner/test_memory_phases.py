@@ -5,7 +5,9 @@ import pytest
 from costmodel.hardware import parse_cluster
 from costmodel.memory import state_bytes
 from planner.milp import phase_memory
-from planner.search import SearchSpace, TrainConfig, _Bases, build_candidate, split_model, stage_memory
+from planner.search import SearchSpace, TrainConfig
+from planner.candidates import _Bases, build_candidate, split_model
+from planner.phases import stage_memory
 
 SB = state_bytes("fp32", "adam")
 

@@ -5,7 +5,8 @@ import pytest
 
 from costmodel import comm
 from costmodel.hardware import parse_cluster
-from planner.search import SearchSpace, TrainConfig, _Bases, _edge_reshards, build_candidate, search, split_model
+from planner.search import SearchSpace, TrainConfig, search
+from planner.candidates import _Bases, _edge_reshards, build_candidate, split_model
 from planner.strategies import replicate_option, sequence_option, tensor_option
 
 CLUSTER = parse_cluster("8xA100-80GB")

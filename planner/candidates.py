@@ -1,0 +1,430 @@
+"""Candidates: one mesh, ZeRO stage, micro-batch size and schedule, turned into a stage program.
+
+`build_candidate` costs every layer variant for the candidate (planner.options), charges the blocks
+outside the repeated layers (embeddings, head) to the first and last stage, adds pipeline sends and
+resharding, builds the memory phases (planner.phases) and a lower bound on the step time,
+
+    LB = ((m - 1/v) / p + 1/v) * (L * min_o T_o + E) + (L * min_o D_o + F) / p
+
+(the bottleneck is at least the average stage; the flush at least its average), which the search
+(planner.search) uses to prune. Heterogeneous clusters (`build_hetero_candidate`) and irregular graphs
+(`build_block_candidate`, planner.milp_blocks) have their own builders.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel import comm
+from costmodel.graph import OpGraph
+from costmodel.hardware import Cluster
+from costmodel.memory import state_bytes
+from planner.milp import StageProblem, StageSolution
+from planner.milp_blocks import BlockProblem
+from planner.options import Variant, cost_variant, pareto_indices, variants
+from planner.phases import grads_absent, memory_phases
+from planner.space import SearchSpace, TrainConfig, _meshes, _schedules, divisors
+from planner.strategies import SPLIT, BlockOption, replicate_option, sequence_option, tensor_option
+
+
+@dataclass
+class Candidate:
+    """One mesh, ZeRO stage and micro-batch size, with its program and (if solved) its solution."""
+
+    pp: int
+    dp: int
+    tp: int
+    zero: int
+    micro_batch: int
+    num_microbatches: int
+    schedule: str
+    virtual_stages: int
+    lower_bound: float
+    problem: StageProblem
+    options: list[Variant]
+    parts: dict                     # prefix/suffix components for the breakdown
+    solution: StageSolution | None = None
+    pruned: bool = False
+    sequence_parallel: bool = False
+    formulation: str = "counts"
+    """"counts" (planner.milp: identical layers) or "blocks" (planner.milp_blocks: any chain)."""
+
+    @property
+    def step_time(self) -> float:
+        return self.solution.objective if self.solution and self.solution.feasible else float("inf")
+
+    @property
+    def key(self) -> tuple:
+        return (self.pp, self.dp, self.tp, self.zero, self.micro_batch, self.schedule, self.virtual_stages,
+                self.sequence_parallel)
+
+
+def split_model(graph: OpGraph) -> tuple[list[str], list[str], list[str]]:
+    """(prefix groups, repeated layers, suffix groups)."""
+    layers = graph.repeated()
+    if not layers:
+        return list(graph.groups), [], []
+    i, j = graph.groups.index(layers[0]), graph.groups.index(layers[-1])
+    return graph.groups[:i], layers, graph.groups[j + 1:]
+
+
+class _Bases:
+    """Sharding options per tensor-parallel degree, computed once per search."""
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, prefix, layers, suffix):
+        self.graph, self.cluster = graph, cluster
+        self.prefix, self.layers, self.suffix = prefix, layers, suffix
+        self._cache: dict[int, tuple] = {}
+        self._others: dict[int, "_Bases"] = {}
+
+    def for_cluster(self, cluster: Cluster) -> "_Bases":
+        """The same model's options costed on another (group's) devices."""
+        if cluster is self.cluster:
+            return self
+        key = id(cluster)
+        if key not in self._others:
+            self._others[key] = _Bases(self.graph, cluster, self.prefix, self.layers, self.suffix)
+        return self._others[key]
+
+    def get(self, tp: int, sp: bool = False):
+        """(layer options, prefix options, suffix options, largest activation) for tp ranks, with
+        sequence parallelism or without. Under sequence parallelism the layers' only option is the
+        sequence-parallel split (a replicated layer would gather its input and slice its output)."""
+        if (tp, sp) not in self._cache:
+            g, c = self.graph, self.cluster
+            layer = []
+            if self.layers:
+                if sp:
+                    o = sequence_option(g, self.layers[0], c, tp)
+                    layer = [o] if o is not None else []
+                else:
+                    layer = [replicate_option(g, self.layers[0], c, tp)]
+                    if tp > 1:
+                        t = tensor_option(g, self.layers[0], c, tp)
+                        layer = layer + [t] if t is not None else []
+            split = sequence_option if sp else tensor_option
+            extra = lambda grp: (tp > 1 and split(g, grp, c, tp)) or replicate_option(g, grp, c, tp)
+            pre = [extra(grp) for grp in self.prefix]
+            suf = [extra(grp) for grp in self.suffix]
+            max_out = max([g.g.nodes[n]["out_bytes"] for n in g.g.nodes] or [0])
+            self._cache[(tp, sp)] = (layer, pre, suf, max_out)
+        return self._cache[(tp, sp)]
+
+
+def step_sync(cluster: Cluster) -> float:
+    """Seconds of the one collective every training step issues whatever the plan: the runtime
+    all-reduces the step's loss (one fp32 scalar) over all ranks before the optimizer step
+    (runtime/session.py), t = comm.all_reduce(all devices, 4 bytes); 0 on one device."""
+    return comm.all_reduce(cluster, comm.group_for(cluster, cluster.num_devices, 1), 4)
+
+
+def _add_extra_costs(e: dict, s: int, options, cluster: Cluster, sb, zero: int, dp: int, tp: int, b: int) -> None:
+    """Charge the prefix or suffix blocks (embeddings, head) of stage s to the per-stage arrays `e`."""
+    for o in options:
+        var = cost_variant(Variant(o), cluster, sb, zero, dp, tp, b)
+        e["compute"][s] += var.compute
+        e["tp"][s] += var.tp_comm
+        e["zero"][s] += max(0.0, var.time - var.tp_comm - var.compute)
+        e["state"][s] += var.state
+        e["grad"][s] += var.grad
+        e["act"][s] += var.act
+        e["flush"][s] += var.flush
+        e["dp"][s] += var.dp_comm
+
+
+def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
+                    zero: int, b: int, schedule: str = "1F1B", v: int = 1, sp: bool = False) -> Candidate | None:
+    graph, cluster, layers = bases.graph, bases.cluster, bases.layers
+    m = train.global_batch // (dp * b)
+    sb = state_bytes(train.dtype, train.optimizer)
+    layer_bases, pre, suf, max_out = bases.get(tp, sp)
+    if tp > 1 and layers and not any(o.name in SPLIT for o in layer_bases):
+        return None  # the layers cannot be split over tp ranks
+    opts = variants(layer_bases, cluster, sb, zero, dp, tp, b, space.recompute, space.offload)
+    if tp > 1 and layers and not any(o.sharding in SPLIT for o in opts):
+        return None  # splitting the layers never pays on this mesh: a smaller tp does better
+    if tp > 1 and not layers and not any(o.name in SPLIT for o in (*pre, *suf)):
+        return None  # nothing to split: the tp ranks would duplicate all work
+    dp_group = comm.group_for(cluster, dp, tp)
+    dp_latency = comm.affine(comm.all_reduce, cluster, dp_group)[0] if zero <= 1 else 0.0
+
+    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "grad", "act", "flush", "dp", "zero")}
+    for s, group_opts in ((0, pre), (pp - 1, suf)):
+        _add_extra_costs(e, s, group_opts, cluster, sb, zero, dp, tp, b)
+    e["flush"] += dp_latency + step_sync(cluster)
+    e["dp"] += dp_latency + step_sync(cluster)
+    if sp and layers:
+        e["tp"] += _edge_reshards(bases, pre, suf, b, pp)
+    if pp > 1 and layers:
+        across = dp * tp >= cluster.devices_per_node
+        # activation + its gradient; sequence-sharded activations go as each rank's 1/t shard
+        if "boundary" not in bases._cache:
+            bases._cache["boundary"] = graph.boundary_bytes(layers[0])
+        sent = bases._cache["boundary"] * b / (tp if sp else 1)
+        send = 2 * comm.p2p(cluster, sent, across)
+        e["p2p"][:] = send * v  # each of a device's v chunks sends on (interleaved: the last wraps round)
+        e["p2p"][-1] = send * (v - 1)
+    if schedule == "GPipe":
+        in_flight = np.full(pp, float(m))
+    elif v > 1:
+        # interleaved 1F1B: rank s warms up 2 (p - s - 1) + (v - 1) p chunk forwards before its first
+        # backward, so it holds that many + 1 chunks, each 1/v of the stage's activations; on rank 0 this
+        # is p (1 + (p - 1) / (p v)), Korthikanti et al.'s factor (their m is the chunk count v)
+        in_flight = np.array([min(m, (2 * (pp - s - 1) + (v - 1) * pp + 1) / v) for s in range(pp)])
+    else:  # 1F1B: rank s holds p - s micro-batches
+        in_flight = np.array([min(pp - s, m) for s in range(pp)], dtype=float)
+    gathered = 2 * min(o.param_numel for o in layer_bases) * sb.param if zero == 3 and layer_bases else 0.0
+    main_mem, phases, workspace = memory_phases(bases, opts, e, in_flight, m, b, pp, tp, zero, dp, sb, sp,
+                                                suf, gathered)
+    extra_time = e["compute"] + e["tp"] + e["zero"] + e["p2p"]
+    problem = StageProblem(
+        num_stages=pp, num_layers=len(layers), num_microbatches=m,
+        option_time=np.array([o.time for o in opts] or [0.0]),
+        option_state=np.array([o.state for o in opts] or [0.0]),
+        option_act=np.array([o.act for o in opts] or [0.0]),
+        option_flush=np.array([o.flush for o in opts] or [0.0]),
+        extra_time=extra_time, extra_mem=main_mem,
+        extra_flush=e["flush"], in_flight=in_flight, capacity=cluster.device.usable_memory(),
+        virtual_stages=v, phases=phases, option_grad=np.array([o.grad for o in opts] or [0.0]),
+        grads_absent=grads_absent(m, in_flight, zero, dp, tp),
+        must_use=np.array([tp > 1 and o.sharding in SPLIT for o in opts] or [False]),
+        option_host_state=np.array([o.host_state for o in opts] or [0.0]),
+        option_host_act=np.array([o.host_act for o in opts] or [0.0]),
+        host_capacity=cluster.device.host_memory_bytes,
+        option_rank=np.array([o.complexity for o in opts] or [0], dtype=float))
+    # (m - 1/v) t_max + sum tau / v  >=  sum tau ((m - 1/v) / p + 1 / v), as t_max >= the mean stage
+    t_min = problem.option_time.min()
+    lb = (((m - 1 / v) / pp + 1 / v) * (len(layers) * t_min + extra_time.sum())
+          + (len(layers) * problem.option_flush.min() + e["flush"].sum()) / pp)
+    return Candidate(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, num_microbatches=m, schedule=schedule,
+                     virtual_stages=v, lower_bound=lb, sequence_parallel=sp,
+                     problem=problem, options=opts, parts={**{f"e_{k}": x for k, x in e.items()},
+                                                          "workspace": workspace,
+                                                          "extra_options": dict(zip((*bases.prefix, *bases.suffix),
+                                                                                    (*pre, *suf)))})
+
+
+def _edge_reshards(bases: _Bases, pre: list[BlockOption], suf: list[BlockOption], b: int, pp: int) -> np.ndarray:
+    """Per-stage seconds, per micro-batch, of resharding where a group left replicated (layout "R": an
+    embedding or head that cannot be split) exchanges activations with a sequence-sharded one ("S").
+    By costmodel.reshard's rules R -> S is a local slice whose backward all-gathers the gradient, and
+    S -> R an all-gather in forward whose backward is a slice: one all-gather over the tp group of each
+    activation crossing such an edge of the graph, charged to the stage holding the embedding or head."""
+    tp = next(iter((*pre, *suf))).tp if (pre or suf) else 1
+    key = ("edges", tp)
+    if key not in bases._cache:  # bytes per sample crossing R/S edges, at the first and at the last stage
+        layout = {grp: o.layout for grp, o in zip((*bases.prefix, *bases.suffix), (*pre, *suf))}
+        g = bases.graph.g
+        first, last = [], []
+        for n, d in g.nodes(data=True):
+            if d["op"] in ("placeholder", "get_attr") or d["via_user"] or not d["out_bytes"]:
+                continue
+            src = d["group"]
+            for dst in {g.nodes[x]["group"] for x in g.successors(n)} - {src}:
+                if layout.get(src, "S") != layout.get(dst, "S"):
+                    (first if src in bases.prefix or dst in bases.prefix else last).append(d["out_bytes"])
+        bases._cache[key] = (first, last)
+    first, last = bases._cache[key]
+    group = comm.group_for(bases.cluster, tp, 1)
+    out = np.zeros(pp)
+    out[0] += sum(comm.all_gather(bases.cluster, group, x * b) for x in first)
+    out[-1] += sum(comm.all_gather(bases.cluster, group, x * b) for x in last)
+    return out
+
+
+def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
+                           zero: int, b: int, stage_groups: list[Cluster]) -> Candidate | None:
+    """A candidate on a heterogeneous cluster: stage s runs on the devices of stage_groups[s].
+
+    Every stage offers the same variants (the union of each group's Pareto-optimal ones), each costed on
+    its own group's devices and links; capacities are per stage; a boundary between two groups is sent
+    over the inter-group link.
+    """
+    graph, layers = bases.graph, bases.layers
+    m = train.global_batch // (dp * b)
+    sb = state_bytes(train.dtype, train.optimizer)
+    distinct = list({id(gc): gc for gc in stage_groups}.values())  # Clusters hold dicts: not hashable
+    full, extras = {}, {}
+    for gc in distinct:
+        gb = bases.for_cluster(gc)
+        layer_bases, pre, suf, _ = gb.get(tp)
+        if tp > 1 and not any(o.name in SPLIT for o in layer_bases):
+            return None
+        full[id(gc)] = variants(layer_bases, gc, sb, zero, dp, tp, b, space.recompute, space.offload, prune=False)
+        extras[id(gc)] = (pre, suf)
+    keep = sorted(set().union(*(pareto_indices(full[id(gc)]) for gc in distinct)))
+    by_stage = [[full[id(gc)][i] for i in keep] for gc in stage_groups]
+    opts = by_stage[0]
+    if tp > 1 and not any(o.sharding in SPLIT for o in opts):
+        return None
+    mat = lambda attr: np.array([[getattr(o, attr) for o in row] for row in by_stage])
+    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "grad", "act", "flush", "dp", "zero")}
+    for s, which in ((0, 0), (pp - 1, 1)):
+        _add_extra_costs(e, s, extras[id(stage_groups[s])][which], stage_groups[s], sb, zero, dp, tp, b)
+    for s, gc in enumerate(stage_groups):
+        latency = comm.affine(comm.all_reduce, gc, comm.group_for(gc, dp, tp))[0] if zero <= 1 else 0.0
+        latency += step_sync(bases.cluster)
+        e["flush"][s] += latency
+        e["dp"][s] += latency
+    boundary = graph.boundary_bytes(layers[0]) * b
+    cl = bases.cluster
+    for s in range(pp - 1):
+        if stage_groups[s] is stage_groups[s + 1]:
+            gc = stage_groups[s]
+            e["p2p"][s] = 2 * comm.p2p(gc, boundary, dp * tp >= gc.devices_per_node)
+        else:
+            bw = cl.inter_group_bw or min(stage_groups[s].device.inter_node_bw, stage_groups[s + 1].device.inter_node_bw)
+            lat = cl.inter_group_latency or max(stage_groups[s].device.inter_node_latency,
+                                                stage_groups[s + 1].device.inter_node_latency)
+            e["p2p"][s] = 2 * (lat + boundary / bw)
+    in_flight = (np.full(pp, float(m)) if train.schedule == "GPipe"
+                 else np.array([min(pp - s, m) for s in range(pp)], dtype=float))
+    max_out = max([graph.g.nodes[n]["out_bytes"] for n in graph.g.nodes] or [0])
+    workspace = 2.0 * max_out * b + max(o.base.saved_bytes for o in opts) * b
+    if zero == 3:
+        workspace += 2 * min(o.base.param_numel for o in opts) * sb.param
+    extra_time = e["compute"] + e["tp"] + e["zero"] + e["p2p"]
+    problem = StageProblem(
+        num_stages=pp, num_layers=len(layers), num_microbatches=m, option_time=mat("time"),
+        option_state=mat("state"), option_act=mat("act"), option_flush=mat("flush"), extra_time=extra_time,
+        extra_mem=e["state"] + in_flight * e["act"] + workspace, extra_flush=e["flush"], in_flight=in_flight,
+        capacity=np.array([gc.device.usable_memory() for gc in stage_groups]),
+        must_use=np.array([tp > 1 and o.sharding in SPLIT for o in opts]),
+        option_host_state=mat("host_state"), option_host_act=mat("host_act"),
+        host_capacity=np.array([gc.device.host_memory_bytes for gc in stage_groups]),
+        option_rank=np.array([o.complexity for o in opts], dtype=float))
+    lb = ((m + pp - 1) / pp * (len(layers) * problem.option_time.min() + extra_time.sum())
+          + (len(layers) * problem.option_flush.min() + e["flush"].sum()) / pp)
+    return Candidate(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, num_microbatches=m,
+                     schedule="GPipe" if train.schedule == "GPipe" and pp > 1 else "1F1B", virtual_stages=1,
+                     lower_bound=lb, problem=problem, options=opts,
+                     parts={**{f"e_{k}": v for k, v in e.items()}, "workspace": workspace, "stage_options": by_stage,
+                            "stage_groups": [gc.spec for gc in stage_groups],
+                            "extra_options": dict(zip((*bases.prefix, *bases.suffix),
+                                                      (*extras[id(stage_groups[0])][0],
+                                                       *extras[id(stage_groups[-1])][1])))})
+
+
+def _enumerate_hetero(bases: _Bases, cluster: Cluster, train: TrainConfig, space: SearchSpace) -> list[Candidate]:
+    """Meshes whose dp x tp block divides every group: group g hosts n_g / (dp tp) consecutive stages,
+    in the resource list's order or reversed (which group takes the first, memory-hungriest stage)."""
+    import math
+    groups = list(cluster.groups)
+    sizes = [g.num_devices for g in groups]
+    node = math.gcd(*(g.devices_per_node for g in groups))
+    out = []
+    for d in divisors(math.gcd(*sizes)):
+        for tp in divisors(min(d, node)):
+            if d % tp or (space.tp is not None and tp not in space.tp):
+                continue
+            dp = d // tp
+            pp = sum(n // d for n in sizes)
+            if pp > max(1, len(bases.layers)) or (space.pp is not None and pp not in space.pp):
+                continue
+            if train.global_batch % dp:
+                continue
+            local = train.global_batch // dp
+            for order in (groups, groups[::-1]):
+                stage_groups = [g for g in order for _ in range(g.num_devices // d)]
+                for zero in (space.zero if dp > 1 else (0,)):
+                    for b in divisors(local):
+                        m = local // b
+                        if b > train.max_micro_batch or (pp > 1 and m < pp):
+                            continue
+                        c = build_hetero_candidate(bases, train, space, pp, dp, tp, zero, b, stage_groups)
+                        if c is not None:
+                            out.append(c)
+    return out
+
+
+HEAVY_EXTRAS = 1 / 3
+"""Use the general per-block program when the groups outside the repeated run hold more than this share of
+the forward FLOPs (an encoder beside a decoder, a CNN's stages): pinning them to the first and last
+stage would unbalance the pipeline."""
+
+
+def use_block_program(graph: OpGraph, prefix, layers, suffix) -> bool:
+    if not layers:
+        return len(graph.groups) > 1
+    total = graph.totals()["fwd_flops"] or 1
+    extra = sum(graph.group_cost(g).fwd_flops for g in (*prefix, *suffix))
+    return extra > HEAVY_EXTRAS * total
+
+
+def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
+                          zero: int, b: int, schedule: str = "1F1B") -> Candidate | None:
+    """A candidate for the general program: every group is a block with its own variants."""
+    graph, cluster = bases.graph, bases.cluster
+    m = train.global_batch // (dp * b)
+    sb = state_bytes(train.dtype, train.optimizer)
+    opts: list[Variant] = []
+    block_of: list[int] = []
+    for i, grp in enumerate(graph.groups):
+        mine = [replicate_option(graph, grp, cluster, tp)]
+        if tp > 1:
+            t = tensor_option(graph, grp, cluster, tp)
+            mine += [t] if t is not None else []
+        vs = variants(mine, cluster, sb, zero, dp, tp, b, space.recompute, space.offload)
+        opts += vs
+        block_of += [i] * len(vs)
+    must = np.array([tp > 1 and o.sharding in SPLIT for o in opts])
+    if tp > 1 and not must.any():
+        return None
+    dp_group = comm.group_for(cluster, dp, tp)
+    latency = comm.affine(comm.all_reduce, cluster, dp_group)[0] if zero <= 1 else 0.0
+    latency += step_sync(cluster)
+    across = dp * tp >= cluster.devices_per_node
+    boundary = np.array([2 * comm.p2p(cluster, graph.boundary_bytes(g) * b, across) for g in graph.groups[:-1]])
+    in_flight = (np.full(pp, float(m)) if schedule == "GPipe"
+                 else np.array([min(pp - s, m) for s in range(pp)], dtype=float))
+    max_out = max([graph.g.nodes[n]["out_bytes"] for n in graph.g.nodes] or [0])
+    workspace = 2.0 * max_out * b + max(o.base.saved_bytes for o in opts) * b
+    if zero == 3:
+        workspace += 2 * max(o.base.param_numel for o in opts) * sb.param
+    col = lambda attr: np.array([getattr(o, attr) for o in opts], dtype=float)
+    problem = BlockProblem(
+        num_stages=pp, num_microbatches=m, block_of=np.array(block_of), time=col("time"), state=col("state"),
+        act=col("act"), flush=col("flush"), boundary_time=boundary, in_flight=in_flight,
+        capacity=cluster.device.usable_memory(), workspace=workspace, flush_latency=latency,
+        host_state=col("host_state"), host_act=col("host_act"), host_capacity=cluster.device.host_memory_bytes,
+        must_use=must, rank=col("complexity"))
+    per_block_min = [problem.time[problem.block_of == i].min() for i in range(problem.num_blocks)]
+    per_block_flush = [problem.flush[problem.block_of == i].min() for i in range(problem.num_blocks)]
+    lb = (m + pp - 1) / pp * sum(per_block_min) + (sum(per_block_flush) + pp * latency) / pp
+    zeros = np.zeros(pp)
+    parts = {"e_compute": zeros, "e_tp": zeros, "e_zero": zeros, "e_p2p": zeros.copy(), "e_state": zeros,
+             "e_act": zeros, "e_flush": zeros + latency, "e_dp": zeros + latency, "workspace": workspace}
+    return Candidate(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, num_microbatches=m, schedule=schedule,
+                     virtual_stages=1, lower_bound=lb, problem=problem, options=opts, parts=parts,
+                     formulation="blocks")
+
+
+def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, space: SearchSpace):
+    prefix, layers, suffix = split_model(graph)
+    bases = _Bases(graph, cluster, prefix, layers, suffix)
+    if use_block_program(graph, prefix, layers, suffix):
+        # (a heterogeneous cluster is planned on its conservative device view here)
+        return [], [], [], _enumerate_blocks(bases, cluster, train, space)
+    if cluster.groups and cluster.heterogeneous:
+        return prefix, layers, suffix, _enumerate_hetero(bases, cluster, train, space)
+    out = []
+    for pp, dp, tp, zero, b, m in _meshes(cluster, train, space, max(1, len(layers))):
+        for schedule, v in _schedules(train.schedule, pp, m, len(layers)):
+            for sp in (space.sequence_parallel if tp > 1 else (False,)):
+                c = build_candidate(bases, train, space, pp, dp, tp, zero, b, schedule, v, sp)
+                if c is not None:
+                    out.append(c)
+    return prefix, layers, suffix, out
+
+
+def _enumerate_blocks(bases: _Bases, cluster: Cluster, train: TrainConfig, space: SearchSpace) -> list[Candidate]:
+    out = []
+    for pp, dp, tp, zero, b, m in _meshes(cluster, train, space, len(bases.graph.groups)):
+        if train.schedule == "Interleaved1F1B" and pp > 1:
+            continue  # interleaving is planned for repeated layers only
+        schedule = "GPipe" if train.schedule == "GPipe" and pp > 1 else "1F1B"
+        c = build_block_candidate(bases, train, space, pp, dp, tp, zero, b, schedule)
+        if c is not None:
+            out.append(c)
+    return out

@@ -65,6 +65,10 @@ from dataclasses import dataclass, field
 import cvxpy as cp
 import numpy as np
 
+from planner.highs import silence_banner
+
+silence_banner()  # before any solve: the banner would land on `partita plan --json`'s stdout
+
 
 @dataclass
 class MemoryPhase:

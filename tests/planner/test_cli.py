@@ -77,3 +77,12 @@ def test_compare_shows_what_differs_and_where_the_time_goes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "mesh (pp x dp x tp)" in out and "where the time goes" in out and "compute" in out
     assert "is predicted" in out and "faster" in out
+
+
+def test_plan_json_stdout_is_only_the_json_object():
+    """In a fresh process (where a solver could print its banner at the C level, as highspy 1.16 does on
+    the first solve), `--json` writes the JSON object and nothing else to stdout."""
+    r = partita("plan", "--model", "tiny-gpt", "--cluster", "2xcpu", "--global-batch", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["schema"] == "partita.plan/1" and d["mesh"]["pp"] * d["mesh"]["dp"] * d["mesh"]["tp"] == 2

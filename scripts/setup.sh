@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install partita with its test extra. Development and CI pin the CPU
-# build of torch 2.13.0 (a local wheel on our machines); pyproject.toml itself accepts any recent torch.
+# Create .venv (if missing) and install partita with its test extra. Development and CI install the exact
+# versions of constraints.txt (torch 2.13.0, the CPU build: a local wheel on our machines), so every machine
+# resolves the same set; pyproject.toml itself keeps ranges for users.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -8,9 +9,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.partita-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
-  .venv/bin/python -m pip install --quiet "torch==2.13.0"
-  .venv/bin/python -m pip install --quiet -e ".[test]"
+  .venv/bin/python -m pip install --quiet -c constraints.txt "torch==2.13.0"
+  .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test]"
   touch "$stamp"
 fi

@@ -312,15 +312,24 @@ def measure_in_step(rank: int, world: int, device, burst_s: float = 20e-3, reps:
         dist.barrier()
         return time.perf_counter() - t
 
-    def in_step(coll) -> tuple[float, float]:
+    def in_step(coll) -> tuple[float | None, float]:
+        # A difference of two wall times: under load the median can come out <= 0, an impossible cost.
+        # Take more pairs (up to IN_STEP_ROUNDS rounds of `reps`) until the median is positive; if it
+        # never is, the machine was too noisy to see this collective: None, never a negative figure.
         diffs = []
-        for _ in range(reps):
-            base = loop(None)
-            diffs.append((loop(coll) - base) / iters)
+        for _ in range(IN_STEP_ROUNDS):
+            for _ in range(reps):
+                base = loop(None)
+                diffs.append((loop(coll) - base) / iters)
+            flag = torch.tensor([statistics.median(diffs)], dtype=torch.float64, device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # every rank takes the same decision
+            if float(flag) > 0:
+                break
         hot = _time_collective(coll, max(10, 2 * iters), device)
         pair = torch.tensor([statistics.median(diffs), hot], dtype=torch.float64, device=device)
         dist.all_reduce(pair, op=dist.ReduceOp.MAX)
-        return float(pair[0]), float(pair[1])
+        t = float(pair[0])
+        return (t if t > 0 else None), float(pair[1])
 
     out: dict = {"burst_s": mms * float(per.item()), "matmuls_per_burst": mms, "bytes": nbytes,
                  "all_reduce": [], "p2p": []}
@@ -334,7 +343,7 @@ def measure_in_step(rank: int, world: int, device, burst_s: float = 20e-3, reps:
         for kind in ("all_reduce", "all_gather", "reduce_scatter"):
             t, hot = in_step(_collective_fn(kind, k, nbytes, mine, device))
             out[kind].append({"ranks": k, "groups": world // k, "bytes": _effective_bytes(nbytes, k), "in_step_s": t,
-                              "back_to_back_s": hot, "sync_s": max(0.0, t - hot)})
+                              "back_to_back_s": hot, "sync_s": None if t is None else max(0.0, t - hot)})
     buf = torch.ones(max(1, nbytes // 4), device=device)
     if world % 2 == 0:
         peer, turn = rank ^ 1, [0]
@@ -347,10 +356,12 @@ def measure_in_step(rank: int, world: int, device, burst_s: float = 20e-3, reps:
                 dist.recv(buf, src=peer)
         t, hot = in_step(one_way)
         out["p2p"].append({"ranks": 2, "groups": world // 2, "bytes": buf.numel() * 4, "in_step_s": t,
-                           "back_to_back_s": hot, "sync_s": max(0.0, t - hot)})
+                           "back_to_back_s": hot, "sync_s": None if t is None else max(0.0, t - hot)})
     return out
 
 
+IN_STEP_ROUNDS = 3
+"""Rounds of `reps` loop pairs measure_in_step takes at most before it calls a collective unmeasurable."""
 DTENSOR_LAYERS = 8
 LAUNCHES_PER_NODE = 3
 """Launches the planner counts per node and training step: 1 forward + planner.strategies.BACKWARD_LAUNCHES
@@ -547,6 +558,8 @@ def sync_latency(in_step: dict, fits: dict) -> float:
         for r in in_step.get(kind, []):
             if fit is None:
                 continue
+            if r["in_step_s"] is None:  # too noisy to measure (measure_in_step)
+                continue
             fa, fb = _FORMS[kind](r["ranks"])
             h = fa * fit["alpha_s"] + fb * r["bytes"] / fit["beta_bytes_per_s"]
             estimates.append((r["in_step_s"] - h) / fa)
@@ -647,6 +660,12 @@ def summary(d: dict, out_path: str) -> str:
     for kind, f in m["fits"].items():
         lines.append(f"  {kind:<15} alpha {f['alpha_s'] * 1e6:8.1f} us   beta {f['beta_bytes_per_s'] / 1e9:7.2f} GB/s"
                      f"   (rel. rms error {f['rel_rms_error']:.0%})")
+    rows = [r for kind_rows in m["in_step_collectives"].values() if isinstance(kind_rows, list) for r in kind_rows]
+    noisy = [r for r in rows if r["in_step_s"] is None]
+    if noisy:
+        lines.append(f"  warning: the machine was too noisy to measure {len(noisy)} of {len(rows)} in-step collective "
+                     f"costs (their difference of wall times stayed <= 0); sync latency is the median of the rest "
+                     f"({dev['sync_latency'] * 1e6:.0f} us). Re-run on a quieter machine for a firmer figure.")
     lines.append(f"  wrote {out_path}: {m['ranks']} x {dev['name']} "
                  f"(use it as: partita plan --cluster {out_path} ...)")
     return "\n".join(lines)

@@ -83,9 +83,10 @@ def test_quick_calibration_writes_a_loadable_resource_list(calibrated):
     assert 0 <= d.sharded_param_latency < 0.1 and 0 <= d.redistribute_latency < 0.1
     rows = m["in_step_collectives"]
     assert {r["ranks"] for r in rows["all_reduce"]} == {2} and len(rows["p2p"]) == 1
-    # one timing is a difference of two loops' wall times and may be ~0 under load; over the rows a
-    # collective inside a step costs time
-    assert statistics.median(r["in_step_s"] for kind in ("all_reduce", "p2p") for r in rows[kind]) > 0
+    # one timing is a difference of two loops' wall times and may be ~0 under load: calibrate retries, and
+    # what it records is a positive cost or None (too noisy), never an impossible negative figure
+    timed = [r["in_step_s"] for kind in ("all_reduce", "p2p") for r in rows[kind]]
+    assert all(t is None or t > 0 for t in timed) and any(t is not None for t in timed)
     assert d.sync_latency == pytest.approx(calibrate.sync_latency(rows, m["fits"]))
     assert {"op_latency_s", "param_latency_s", "redistribute_latency_s", "redistribute"} <= set(m["dtensor"])
     assert m["wall_time_s"] < 30

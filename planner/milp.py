@@ -151,7 +151,36 @@ class StageSolution:
 
     @property
     def feasible(self) -> bool:
+        """True only for a complete assignment within every bound (the solvers check it: `plan_errors`)."""
         return self.counts is not None
+
+
+TIME_LIMIT_NO_INCUMBENT = "time_limit_no_incumbent"
+"""Status of a solve stopped by its time limit before it found any assignment. (HiGHS then still hands
+back values for the variables, which are not a solution: all zeros, no layer placed.)"""
+CUTOFF = "cutoff"
+"""Status of a solve with a cutoff that found no assignment better than it (not better than the
+incumbent plan; infeasible programs solved with a cutoff end here too)."""
+FEASIBILITY_RTOL = 1e-6
+"""Relative slack when checking a solver's rounded assignment against the memory capacities: HiGHS
+meets each row to a feasibility tolerance of 1e-7 on the scaled program (capacity 1), and rounding
+counts that are integral to 1e-6 moves a row by about as much; 1e-6 of 80 GB is 80 kB."""
+
+
+def no_solution_status(solver_status: str, cutoff_given: bool) -> str:
+    """The status of a solve whose result is not a plan (no assignment, or one that `is_plan` rejects).
+
+    cvxpy reports HiGHS's kTimeLimit as "user_limit" (so are the iteration, solution and objective
+    limits, none of which is set here) and hands back whatever the variables hold: the time limit with
+    no incumbent. HiGHS ends a program with nothing below its objective bound as "infeasible", which
+    with a cutoff means no assignment beats the incumbent. An "optimal" assignment that breaks a bound
+    after rounding is a numerically inaccurate solve.
+    """
+    if solver_status == "user_limit":
+        return TIME_LIMIT_NO_INCUMBENT
+    if solver_status in ("infeasible", "infeasible_inaccurate"):
+        return CUTOFF if cutoff_given else "infeasible"
+    return "inaccurate" if solver_status in ("optimal", "optimal_inaccurate") else solver_status
 
 
 def add_layer_count_constraint(h, prob: StageProblem) -> list:
@@ -233,12 +262,17 @@ def add_host_memory_constraint(h, prob: StageProblem) -> list:
 
 
 def solve_stages(original: StageProblem, cutoff: float | None = None, solver: str = cp.HIGHS) -> StageSolution:
-    """Solve the stage program with HiGHS; returns counts and per-stage figures, or an infeasible status.
+    """Solve the stage program with HiGHS; returns counts and per-stage figures, or a status saying why not.
 
     `cutoff` (seconds) is the best step time already known: branches that cannot beat it are pruned
-    (HiGHS's objective_bound), and a program with no better solution ends as "cutoff".
+    (HiGHS's objective_bound, in HiGHS's own units: `highs_objective_bound`), and a program with no
+    solution better than it ends as "cutoff" (CUTOFF), never as "optimal" with a worse one.
+    Only a complete assignment within every bound is returned (`plan_errors`); a solve stopped by its
+    time limit before any incumbent is TIME_LIMIT_NO_INCUMBENT with no counts. Otherwise the status is
+    the solver's: "optimal" (within mip_rel_gap) or "time_limit" (an incumbent; its gap in mip_gap).
     `solver` is the cvxpy solver name (HiGHS by default; `cp.CBC` is used by benchmarks/solver.py to
-    compare backends): CBC gets the same time limit and relative gap, and no cutoff.
+    compare backends): CBC gets the same time limit and relative gap, and no cutoff (its result is still
+    checked against it).
     """
     prob = original.scaled()
     t_scale = float(original.option_time.max(initial=0)) / float(prob.option_time.max(initial=0)) \
@@ -262,8 +296,11 @@ def solve_stages(original: StageProblem, cutoff: float | None = None, solver: st
     problem = cp.Problem(cp.Minimize(objective), constraints)
     t0 = time.perf_counter()
     opts = _solver_options(solver, prob)
-    if solver == cp.HIGHS and cutoff is not None and np.isfinite(cutoff):
-        opts["objective_bound"] = cutoff / t_scale
+    bounded = cutoff is not None and bool(np.isfinite(cutoff))
+    if solver == cp.HIGHS and bounded:
+        rank = prob.option_rank if prob.option_rank is not None and prob.option_rank.any() else np.zeros(1)
+        opts["objective_bound"] = highs_objective_bound(cutoff / t_scale, float(np.sum(prob.extra_time)) / v,
+                                                        1e-7 * float(rank.max()))
     try:
         with warnings.catch_warnings():  # a time-limited incumbent is expected; its gap is reported
             warnings.simplefilter("ignore", UserWarning)
@@ -271,12 +308,14 @@ def solve_stages(original: StageProblem, cutoff: float | None = None, solver: st
     except cp.error.SolverError as e:  # pragma: no cover - solver crash is not a user error
         return StageSolution(status=f"solver_error: {e}", wall_time_s=time.perf_counter() - t0)
     wall = time.perf_counter() - t0
-    if h.value is None or problem.status in ("infeasible", "infeasible_inaccurate"):
-        return StageSolution(status="cutoff" if "objective_bound" in opts else "infeasible", wall_time_s=wall)
-    counts = np.rint(h.value).astype(int)
+    counts = np.rint(h.value).astype(int) if h.value is not None and has_incumbent(problem) else None
+    if counts is None or plan_errors(original, counts):
+        return StageSolution(status=no_solution_status(problem.status, bounded), wall_time_s=wall)
     prob = original
-    stage_time, stage_mem, stage_flush = stage_figures(prob, counts)
     objective = evaluate(prob, counts)
+    if bounded and objective >= cutoff * (1 - 1e-9):  # found, but no better than the incumbent
+        return StageSolution(status=CUTOFF, wall_time_s=wall)
+    stage_time, stage_mem, stage_flush = stage_figures(prob, counts)
     gap = _mip_gap(problem)
     status = "optimal" if problem.status == "optimal" else "time_limit"
     return StageSolution(status=status, objective=objective, counts=counts, stage_time=stage_time,
@@ -307,16 +346,37 @@ def polish(original: StageProblem, solution: StageSolution) -> StageSolution:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         problem.solve(solver=cp.HIGHS, time_limit=prob.time_limit_s)
-    if h.value is None:
+    if h.value is None or not has_incumbent(problem):
         return solution
     counts = np.rint(h.value).astype(int)
-    if not fits(original, counts) or evaluate(original, counts) > solution.objective * (1 + 1e-9):
+    if plan_errors(original, counts) or evaluate(original, counts) > solution.objective * (1 + 1e-9):
         return solution
     o = original
     tau, mem, flush = stage_figures(o, counts)
     return StageSolution(status=solution.status, objective=evaluate(o, counts), counts=counts,
                          stage_time=tau, stage_mem=mem, stage_flush=flush,
                          wall_time_s=solution.wall_time_s, mip_gap=solution.mip_gap)
+
+
+def highs_objective_bound(cutoff: float, constant: float, tie_break: float) -> float:
+    """HiGHS's objective_bound for a cutoff, all in the scaled program's time units.
+
+    cvxpy hands HiGHS the objective without its constant term and adds that back itself (an offset),
+    while HiGHS compares objective_bound with its own objective. The stage program's constant is
+    sum_s E_s / v (each stage's fixed time, stage_time_expr, paid once in fill and drain), so a cutoff
+    c on the step time is the bound c - sum_s E_s / v; passing c itself let through assignments up to
+    sum_s E_s / v slower than the incumbent, which then ended "optimal". The tie-break term
+    eps * sum h rank <= `tie_break` is added so that a plan faster than c is never cut by it.
+    """
+    return cutoff - constant + tie_break
+
+
+def has_incumbent(problem: cp.Problem) -> bool:
+    """False when the solver says it has no primal solution (HiGHS's primal_solution_status: 2 is
+    feasible); cvxpy still fills the variables then. True when the solver does not say (CBC)."""
+    extra = getattr(problem.solver_stats, "extra_stats", None)
+    status = getattr(extra, "primal_solution_status", None)
+    return status is None or int(status) == 2
 
 
 def _solver_options(solver: str, prob: StageProblem) -> dict:
@@ -354,15 +414,45 @@ def evaluate(prob: StageProblem, counts: np.ndarray) -> float:
     return float((prob.num_microbatches - 1 / v) * tau.max() + tau.sum() / v + flush.max())
 
 
-def fits(prob: StageProblem, counts: np.ndarray) -> bool:
+def fits(prob: StageProblem, counts: np.ndarray, rtol: float = 1e-9) -> bool:
+    """Every memory phase and the host memory within capacity (to a relative `rtol`), and a
+    tensor-parallel option used where one must be."""
     _, mem, _ = stage_figures(prob, counts)
     if prob.option_host_state is not None and np.all(np.isfinite(prob.host_capacity)):
         host = (counts * (per_stage(prob, prob.option_host_state)
                           + prob.in_flight[:, None] * per_stage(prob, prob.option_host_act))).sum(1)
-        if (host > prob.host_capacity * (1 + 1e-9)).any():
+        if (host > prob.host_capacity * (1 + rtol)).any():
             return False
     used = prob.must_use is None or not prob.must_use.any() or counts[:, prob.must_use].sum() >= 1
-    return bool((mem <= prob.capacity * (1 + 1e-9)).all() and used)
+    return bool((mem <= prob.capacity * (1 + rtol)).all() and used)
+
+
+def assignment_errors(prob: StageProblem, counts: np.ndarray) -> list[str]:
+    """Why `counts` is not a complete assignment; empty when it is one: h >= 0 of shape (stages,
+    options) placing every layer, sum_{s,o} h[s,o] = L, with no stage holding fewer than v layers
+    (when L > 0)."""
+    shape = (prob.num_stages, prob.option_time.shape[-1])
+    if counts.shape != shape:
+        return [f"counts have shape {counts.shape}, not (stages, options) = {shape}"]
+    errors = []
+    if (counts < 0).any():
+        errors.append("negative layer counts")
+    if int(counts.sum()) != prob.num_layers:
+        errors.append(f"{int(counts.sum())} of {prob.num_layers} layers placed")
+    short = np.flatnonzero(counts.sum(axis=1) < prob.virtual_stages) if prob.num_layers else []
+    if len(short):
+        errors.append(f"stage(s) {', '.join(map(str, short))} hold fewer than {prob.virtual_stages} layer(s)")
+    return errors
+
+
+def plan_errors(prob: StageProblem, counts: np.ndarray) -> list[str]:
+    """Why `counts` is not a plan of the stage program; empty when it is one: a complete assignment
+    (`assignment_errors`) that `fits` (every memory phase and the host memory within capacity, up to
+    FEASIBILITY_RTOL, and a tensor-parallel option used on a tp > 1 mesh)."""
+    errors = assignment_errors(prob, counts)
+    if not errors and not fits(prob, counts, rtol=FEASIBILITY_RTOL):
+        errors.append("memory over capacity (device or host), or no tensor-parallel layer on a tp > 1 mesh")
+    return errors
 
 
 def min_memory(original: StageProblem) -> tuple[float, np.ndarray | None]:
@@ -376,7 +466,7 @@ def min_memory(original: StageProblem) -> tuple[float, np.ndarray | None]:
             *add_host_memory_constraint(h, prob)]
     problem = cp.Problem(cp.Minimize(m_max), cons)
     problem.solve(solver=cp.HIGHS, time_limit=prob.time_limit_s, mip_rel_gap=prob.mip_rel_gap)
-    if m_max.value is None:
+    if m_max.value is None or not has_incumbent(problem) or assignment_errors(original, np.rint(h.value).astype(int)):
         return float("inf"), None
     return float(m_max.value) * float(np.max(original.capacity)) / float(np.max(prob.capacity)), \
         np.rint(h.value).astype(int)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import cvxpy as cp
 import numpy as np
 
-from planner.milp import StageSolution
+from planner.milp import CUTOFF, FEASIBILITY_RTOL, StageSolution, has_incumbent, no_solution_status
 
 
 @dataclass
@@ -72,7 +72,14 @@ def _selector(prob: BlockProblem) -> np.ndarray:
 
 
 def solve_blocks(prob: BlockProblem, cutoff: float | None = None) -> StageSolution:
-    """Solve with HiGHS. `counts` in the result is z transposed: (stages x options), 0/1."""
+    """Solve with HiGHS. `counts` in the result is z transposed: (stages x options), 0/1.
+
+    As planner.milp.solve_stages: only a complete assignment within every bound is returned
+    (`block_plan_errors`); a solve stopped by its time limit before any incumbent ends as
+    TIME_LIMIT_NO_INCUMBENT, and one with nothing better than `cutoff` as CUTOFF, both without counts.
+    (The objective has no constant term, so the cutoff is HiGHS's objective_bound as it is, plus the
+    largest tie-break term so that no faster plan is cut by it.)
+    """
     p, J, B = prob.num_stages, len(prob.block_of), prob.num_blocks
     t_scale = max(float(prob.time.max(initial=0)), float(prob.boundary_time.max(initial=0)), 1e-30)
     m_scale = prob.capacity if prob.capacity > 0 else 1.0
@@ -107,17 +114,21 @@ def solve_blocks(prob: BlockProblem, cutoff: float | None = None) -> StageSoluti
     if prob.rank is not None and prob.rank.any():
         objective = objective + 1e-7 * cp.sum(z.T @ prob.rank) / max(1, B)
     opts = {"time_limit": prob.time_limit_s, "mip_rel_gap": prob.mip_rel_gap}
-    if cutoff is not None and np.isfinite(cutoff):
-        opts["objective_bound"] = cutoff / t_scale
+    bounded = cutoff is not None and bool(np.isfinite(cutoff))
+    if bounded:
+        tie_break = 1e-7 * float(prob.rank.max()) if prob.rank is not None and prob.rank.any() else 0.0
+        opts["objective_bound"] = cutoff / t_scale + tie_break
     problem = cp.Problem(cp.Minimize(objective), cons)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         problem.solve(solver=cp.HIGHS, **opts)
     wall = time.perf_counter() - t0
-    if z.value is None or problem.status in ("infeasible", "infeasible_inaccurate"):
-        return StageSolution(status="cutoff" if "objective_bound" in opts else "infeasible", wall_time_s=wall)
-    counts = np.rint(z.value).astype(int).T
+    counts = np.rint(z.value).astype(int).T if z.value is not None and has_incumbent(problem) else None
+    if counts is None or block_plan_errors(prob, counts):
+        return StageSolution(status=no_solution_status(problem.status, bounded), wall_time_s=wall)
+    if bounded and evaluate_blocks(prob, counts) >= cutoff * (1 - 1e-9):  # no better than the incumbent
+        return StageSolution(status=CUTOFF, wall_time_s=wall)
     extra = getattr(problem.solver_stats, "extra_stats", None)
     gap = getattr(extra, "mip_gap", None)
     gap = float(gap) if gap is not None and np.isfinite(gap) else (0.0 if problem.status == "optimal" else None)
@@ -159,13 +170,38 @@ def evaluate_blocks(prob: BlockProblem, counts: np.ndarray) -> float:
     return float((prob.num_microbatches - 1) * tau.max() + tau.sum() + flush.max())
 
 
-def fits_blocks(prob: BlockProblem, counts: np.ndarray) -> bool:
-    if (stage_memory(prob, counts) > prob.capacity * (1 + 1e-9)).any():
+def fits_blocks(prob: BlockProblem, counts: np.ndarray, rtol: float = 1e-9) -> bool:
+    if (stage_memory(prob, counts) > prob.capacity * (1 + rtol)).any():
         return False
     if prob.host_state is not None and np.isfinite(prob.host_capacity):
         host = (counts * (prob.host_state[None, :] + prob.in_flight[:, None] * prob.host_act[None, :])).sum(1)
-        if (host > prob.host_capacity * (1 + 1e-9)).any():
+        if (host > prob.host_capacity * (1 + rtol)).any():
             return False
     if prob.must_use is not None and prob.must_use.any() and counts[:, prob.must_use].sum() < 1:
         return False
     return True
+
+
+def block_plan_errors(prob: BlockProblem, counts: np.ndarray) -> list[str]:
+    """Why a (stages x options) 0/1 matrix is not a plan of the block program; empty when it is one.
+    A plan runs every block i on exactly one option and stage (sum_{j in i} sum_s z[j,s] = 1), leaves
+    no stage empty, keeps stages in order along the chain (contiguity), and `fits_blocks` (memory and
+    host memory within capacity up to FEASIBILITY_RTOL, a tensor-parallel option used where required)."""
+    shape = (prob.num_stages, len(prob.block_of))
+    if counts.shape != shape:
+        return [f"counts have shape {counts.shape}, not (stages, options) = {shape}"]
+    if ((counts != 0) & (counts != 1)).any():
+        return ["assignment entries other than 0 and 1"]
+    per_block = counts.sum(axis=0) @ _selector(prob).T
+    errors = []
+    if (per_block != 1).any():
+        errors.append(f"{int((per_block == 1).sum())} of {prob.num_blocks} blocks placed exactly once")
+        return errors  # stage order below needs one stage per block
+    if (counts.sum(axis=1) < 1).any():
+        errors.append(f"stage(s) {', '.join(map(str, np.flatnonzero(counts.sum(axis=1) < 1)))} hold no block")
+    stage, _ = assignment(prob, counts)
+    if (np.diff(stage) < 0).any():
+        errors.append("a block runs on an earlier stage than the block before it")
+    if not fits_blocks(prob, counts, rtol=FEASIBILITY_RTOL):
+        errors.append("memory over capacity (device or host), or no tensor-parallel block on a tp > 1 mesh")
+    return errors

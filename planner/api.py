@@ -1,18 +1,28 @@
-"""One call: planner.plan(model, cluster=..., train=TrainConfig(...)) -> Plan."""
+"""One call: planner.plan(model, cluster=..., train=TrainConfig(...)) -> Plan.
+
+What-if: fixed choices restrict the search and leave the rest searched, given as a SearchSpace or as
+keywords naming its fields (a single value fixes it):
+
+    planner.plan("gpt3-175b", cluster="128x8xA100-80GB", train=TrainConfig(global_batch=1536),
+                 tp=8, pp=16, dp=8, recompute="full")
+"""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch.nn as nn
 
 from costmodel import ModelSpec, model_fingerprint, resolve_model
-from costmodel.errors import PartitaError
+from costmodel.errors import InfeasibleError, PartitaError
 from costmodel.hardware import Cluster, parse_cluster
 from costmodel.models import with_seq
 from costmodel.trace import capture
 from planner.build import build_plan
+from planner.candidates import split_model, use_block_program
 from planner.plan import Plan
 from planner.search import SearchResult, TrainConfig, search
+from planner.space import FIXABLE, SearchSpace, check_space, describe_fixed
 
 
 def _spec_for(model, example_inputs) -> ModelSpec:
@@ -30,15 +40,33 @@ def _spec_for(model, example_inputs) -> ModelSpec:
 
 
 def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConfig,
-                progress=None, baselines: bool = False) -> tuple[SearchResult, Plan]:
-    """Capture, cost and search; returns the search (every candidate, for notebooks) and the chosen Plan."""
+                progress=None, baselines: bool = False, space: SearchSpace | None = None,
+                **fixed) -> tuple[SearchResult, Plan]:
+    """Capture, cost and search; returns the search (every candidate, for notebooks) and the chosen Plan.
+
+    `space` and the keywords `fixed` (SearchSpace fields: tp, pp, dp, zero, recompute, offload,
+    sequence_parallel, micro_batch, virtual_stages) restrict the search; a restriction no configuration
+    meets raises PartitaError saying why, before any solving, and one that does not fit in memory an
+    InfeasibleError with the memory it needs."""
+    space = _space_for(space, fixed)
     spec = with_seq(_spec_for(model, example_inputs), train.seq_len)
     cl = parse_cluster(cluster) if isinstance(cluster, str) else cluster
     t0 = time.perf_counter()
     graph = capture(spec, dtype=train.dtype)
-    result = search(graph, cl, train, progress=progress)
+    prefix, layers, suffix = split_model(graph)
+    blocks = use_block_program(graph, prefix, layers, suffix)
+    check_space(cl, train, space, max_pp=len(graph.groups) if blocks else max(1, len(layers)),
+                layers=0 if blocks else len(layers), seq=graph.seq_len)
+    try:
+        result = search(graph, cl, train, progress=progress, space=space)
+    except InfeasibleError as e:
+        if not space.fixed():
+            raise
+        raise InfeasibleError(f"with {describe_fixed(space)} fixed, {e}") from None
     fingerprint = _fingerprint(spec)
     p = build_plan(result, spec.name, fingerprint, spec.config)
+    if space.fixed():
+        p.solver["fixed"] = {k: list(v) if isinstance(v, tuple) else v for k, v in space.fixed().items()}
     if baselines:
         from planner.baselines import run_baselines
         p.baselines = run_baselines(graph, cl, train)
@@ -47,10 +75,20 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
 
 
 def plan(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConfig, progress=None,
-         baselines: bool = False) -> Plan:
-    """Capture `model`, cost it for `cluster`, and return the fastest plan that fits (see DESIGN.md)."""
+         baselines: bool = False, space: SearchSpace | None = None, **fixed) -> Plan:
+    """Capture `model`, cost it for `cluster`, and return the fastest plan that fits (see DESIGN.md),
+    within `space` and the fixed choices (plan_search): `plan(..., tp=8, pp=16, zero=0)`."""
     return plan_search(model, example_inputs, cluster=cluster, train=train, progress=progress,
-                       baselines=baselines)[1]
+                       baselines=baselines, space=space, **fixed)[1]
+
+
+def _space_for(space: SearchSpace | None, fixed: dict) -> SearchSpace:
+    """`space` (default: the full space) with the keyword restrictions applied over it."""
+    unknown = sorted(set(fixed) - set(FIXABLE))
+    if unknown:
+        raise TypeError(f"plan() got unexpected keyword argument(s) {', '.join(unknown)}; "
+                        f"the choices it fixes are {', '.join(FIXABLE)}")
+    return dataclasses.replace(space or SearchSpace(), **fixed)
 
 
 def _fingerprint(spec: ModelSpec) -> str:

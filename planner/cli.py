@@ -2,6 +2,7 @@
 
     partita plan --model gpt3-175b --cluster 128x8xA100-80GB --global-batch 1536 --seq 2048
     partita plan --model tiny-gpt --cluster 4xcpu --global-batch 8 --out plan.json
+    partita plan --model gpt3-175b --cluster 128x8xA100-80GB --global-batch 1536 --tp 8 --pp 16 --recompute full
     partita explain plan.json
     partita run plan.json --model tiny-gpt --steps 3 --verify
     partita models
@@ -30,6 +31,7 @@ def _cmd_plan(args) -> int:
     dtype = args.dtype or ("fp32" if cluster.device.name == "cpu" else "bf16")
     train = TrainConfig(global_batch=args.global_batch, seq_len=args.seq, dtype=dtype,
                         optimizer=args.optimizer, schedule=args.schedule)
+    space = _space_from_args(args)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -42,7 +44,8 @@ def _cmd_plan(args) -> int:
         def progress(i, n):
             bar.update(task, total=n, completed=i + 1)
 
-        p = make_plan(args.model, cluster=cluster, train=train, progress=progress, baselines=args.baselines)
+        p = make_plan(args.model, cluster=cluster, train=train, progress=progress, baselines=args.baselines,
+                      space=space)
     if args.out:
         p.save(args.out)
     if args.json:
@@ -53,6 +56,18 @@ def _cmd_plan(args) -> int:
         if args.out:
             print(f"\nplan written to {args.out}")
     return 0
+
+
+def _space_from_args(args):
+    """The what-if flags as a SearchSpace: each given flag fixes its choice, the rest stay searched."""
+    from planner.space import SearchSpace
+    fixed = {name: (getattr(args, name),) for name in ("tp", "pp", "dp", "zero", "recompute", "micro_batch",
+                                                       "virtual_stages") if getattr(args, name) is not None}
+    if args.sequence_parallel is not None:
+        fixed["sequence_parallel"] = (args.sequence_parallel == "on",)
+    if args.offload is not None:
+        fixed["offload"] = args.offload == "on"
+    return SearchSpace(**fixed)
 
 
 def _cmd_explain(args) -> int:
@@ -116,9 +131,29 @@ def _cmd_models(args) -> int:
     for name, c in describe_presets():
         print(f"{name:<16} {c.family:<6} {c.layers:>6} {c.hidden:>6} {c.heads:>5} {c.kv_heads:>4} {c.ffn:>6} "
               f"{c.vocab:>7} {c.seq:>5}")
-    print("\nor a family: gpt:layers=..,hidden=..,heads=..,seq=..,vocab=..[,ffn=..]  "
-          "llama:...[,kv_heads=..]  or an import path package.module:factory")
+    print("\nor a family: gpt:layers=..,hidden=..,heads=..,seq=..,vocab=..[,ffn=..][,kv_heads=..]"
+          "[,attention=sdpa|math][,dropout=0.1]  llama:... (the same keys)  or an import path package.module:factory")
     return 0
+
+
+def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
+    w = p.add_argument_group("what-if (each flag fixes one decision; the others are still searched)")
+    w.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree (divides the devices per node)")
+    w.add_argument("--pp", type=int, metavar="N", help="pipeline stages")
+    w.add_argument("--dp", type=int, metavar="N", help="data-parallel degree (tp x pp x dp = number of devices)")
+    w.add_argument("--zero", type=int, choices=[0, 2, 3], help="ZeRO stage (2 and 3 need dp > 1)")
+    w.add_argument("--recompute", choices=["none", "selective", "full"],
+                   help="activation recompute policy of every layer")
+    w.add_argument("--sequence-parallel", choices=["on", "off"],
+                   help="Megatron sequence parallelism in the tensor-parallel layers (on needs tp > 1)")
+    w.add_argument("--micro-batch", type=int, metavar="N", help="samples per micro-batch per data-parallel rank")
+    w.add_argument("--schedule", choices=["auto", "1F1B", "GPipe", "Interleaved1F1B"], default="auto",
+                   help="pipeline schedule (default auto: the planner picks 1F1B or interleaved 1F1B)")
+    w.add_argument("--virtual-stages", type=int, metavar="N",
+                   help="model chunks per device: N > 1 is interleaved 1F1B with N chunks, 1 no interleaving")
+    w.add_argument("--offload", choices=["on", "off"],
+                   help="off: nothing offloaded to host memory; on: offload allowed and searched per layer "
+                        "(the default; forcing every layer to offload is rarely feasible)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,16 +162,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="find the fastest plan that fits", formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  partita plan --model gpt3-175b --cluster 128x8xA100-80GB --global-batch 1536 --seq 2048\n"
-                              "  partita plan --model tiny-gpt --cluster 4xcpu --global-batch 8 --out plan.json")
-    p.add_argument("--model", required=True, help="preset (see `partita models`), gpt:..., llama:..., or module:factory")
+                              "  partita plan --model tiny-gpt --cluster 4xcpu --global-batch 8 --out plan.json\n"
+                              "  # what-if: price the configuration you run today beside partita's plan\n"
+                              "  partita plan --model gpt3-175b --cluster 128x8xA100-80GB --global-batch 1536 "
+                              "--tp 8 --pp 16 --dp 8 --recompute full --out mine.json\n"
+                              "  partita plan --model gpt3-175b --cluster 128x8xA100-80GB --global-batch 1536 "
+                              "--out best.json\n"
+                              "  partita compare mine.json best.json")
+    p.add_argument("--model", required=True, help="preset (see `partita models`), gpt:key=value,... or llama:... "
+                   "(keys layers, hidden, heads, vocab, seq, ffn, kv_heads, attention=sdpa|math, dropout), "
+                   "hf:..., resnet:..., or module:factory")
     p.add_argument("--cluster", required=True, help="8xA100-80GB, 128x8xA100-80GB, 4xcpu ...")
     p.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                    help="training precision (default: bf16 on GPUs, fp32 on cpu)")
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
-    p.add_argument("--schedule", choices=["auto", "1F1B", "GPipe", "Interleaved1F1B"], default="auto",
-                   help="pipeline schedule (default: the planner picks 1F1B or interleaved 1F1B)")
+    _add_what_if_flags(p)
     p.add_argument("--baselines", action="store_true",
                    help="also plan DDP, FSDP, Megatron TP x PP and recompute-everything under the same cost model")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")

@@ -18,10 +18,10 @@ from costmodel.errors import InfeasibleError, PartitaError
 from costmodel.graph import OpGraph
 from costmodel.hardware import Cluster, GiB
 from planner.candidates import Candidate, enumerate_candidates
-from planner.milp import min_memory, phase_memory, polish, solve_stages
+from planner.milp import TIME_LIMIT_NO_INCUMBENT, min_memory, phase_memory, polish, solve_stages
 from planner.milp_blocks import solve_blocks, stage_p2p
 from planner.phases import stage_memory
-from planner.space import SearchSpace, TrainConfig
+from planner.space import SearchSpace, TrainConfig, no_candidates_reason
 
 
 @dataclass
@@ -43,16 +43,43 @@ def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
     t0 = time.perf_counter()
     prefix, layers, suffix, cands = enumerate_candidates(graph, cluster, train, space)
     if not cands and raise_infeasible:
-        raise PartitaError(f"no mesh of {cluster.num_devices} devices divides global batch {train.global_batch}: "
-                           f"choose a global batch divisible by the data-parallel degree (e.g. a multiple of "
-                           f"{cluster.num_devices})")
+        raise PartitaError(no_candidates_reason(cluster, train, space))
     # deterministic order: bound first, then the simplest plan
     cands.sort(key=lambda c: (c.lower_bound, c.pp, c.tp, c.zero, c.virtual_stages, -c.micro_batch,
                               c.sequence_parallel))
+    step = _Progress(progress, len(cands))
+    if space.min_pp:
+        best = _shallowest_that_fits(cands, step)
+    else:
+        best = _fastest(cands, step)
+    if best is not None and best.formulation == "counts":
+        best.solution = polish(best.problem, best.solution)
+    result = SearchResult(graph=graph, cluster=cluster, train=train, layers=layers, prefix=prefix,
+                          suffix=suffix, candidates=cands, best=best, wall_time_s=time.perf_counter() - t0,
+                          space=space)
+    if best is None and raise_infeasible:
+        raise InfeasibleError(_timed_out(result) + explain_infeasible(result))
+    return result
+
+
+class _Progress:
+    """Calls progress(i, n) once per candidate, in the order they are considered."""
+
+    def __init__(self, progress, total: int):
+        self.progress, self.total, self.done = progress, total, 0
+
+    def __call__(self) -> None:
+        if self.progress:
+            self.progress(self.done, self.total)
+        self.done += 1
+
+
+def _fastest(cands: list[Candidate], step: _Progress) -> Candidate | None:
+    """The fastest candidate that fits: solve in order of lower bound (cands is sorted), each with the best
+    step time so far as its cutoff, and skip (prune) every candidate whose bound is no better."""
     best: Candidate | None = None
-    for i, c in enumerate(cands):
-        if progress:
-            progress(i, len(cands))
+    for c in cands:
+        step()
         if best is not None and c.lower_bound >= best.step_time * (1 - 1e-9):
             c.pruned = True
             continue
@@ -65,18 +92,40 @@ def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
             c.solution = solve_stages(c.problem, cutoff=cutoff)
         if c.solution.feasible and (best is None or c.step_time < best.step_time * (1 - 1e-9)):
             best = c
-    if space.min_pp and best is not None:
-        fitting = [c for c in cands if c.solution is not None and c.solution.feasible]
-        shallow = min(c.pp for c in fitting)
-        best = min((c for c in fitting if c.pp == shallow), key=lambda c: c.step_time)
-    if best is not None and best.formulation == "counts":
-        best.solution = polish(best.problem, best.solution)
-    result = SearchResult(graph=graph, cluster=cluster, train=train, layers=layers, prefix=prefix,
-                          suffix=suffix, candidates=cands, best=best, wall_time_s=time.perf_counter() - t0,
-                          space=space)
-    if best is None and raise_infeasible:
-        raise InfeasibleError(explain_infeasible(result))
-    return result
+    return best
+
+
+def _shallowest_that_fits(cands: list[Candidate], step: _Progress) -> Candidate | None:
+    """SearchSpace.min_pp: the fastest candidate at the smallest pipeline depth that fits.
+
+    Depths are tried in increasing order, each searched like the full space (`_fastest`, bound pruning
+    only among candidates of that depth), and the first depth with a feasible candidate ends the search;
+    deeper candidates are not solved (marked pruned). Pruning across depths would be wrong here: a
+    deeper pipeline's lower bound can beat every shallower candidate's, so shallower ones that fit would
+    never be solved (megatron-76b on 128 x 8 A100s at global batch 1792 came out pp=4 while pp=2 fits).
+    """
+    depths = sorted({c.pp for c in cands})
+    for k, pp in enumerate(depths):
+        best = _fastest([c for c in cands if c.pp == pp], step)
+        if best is not None:
+            for c in cands:
+                if c.pp in depths[k + 1:]:
+                    c.pruned = True
+                    step()
+            return best
+    return None
+
+
+def _timed_out(result: SearchResult) -> str:
+    """What to say when some candidates were stopped by the solver's time limit with no assignment."""
+    solved = [c for c in result.candidates if c.solution is not None]
+    stopped = [c for c in solved if c.solution.status == TIME_LIMIT_NO_INCUMBENT]
+    if not stopped:
+        return ""
+    limit = max(c.problem.time_limit_s for c in stopped)
+    return (f"{len(stopped)} of {len(solved)} solved candidates hit the solver's time limit ({limit:g} s per "
+            f"candidate, StageProblem.time_limit_s) before finding any assignment, so they may fit: rerun on a "
+            f"less loaded machine or with a longer time limit. ")
 
 
 def explain_infeasible(result: SearchResult) -> str:
@@ -104,5 +153,12 @@ def explain_infeasible(result: SearchResult) -> str:
             f"{need / GiB:.1f} GiB per device ({binding} bind: model states {states / GiB:.1f} GiB, activations "
             f"{act / GiB:.1f} GiB for {int(prob.in_flight[s])} micro-batch(es) in flight, workspace "
             f"{workspace / GiB:.1f} GiB (at the {row['phase']}), at pp={c.pp}, dp={c.dp}, tp={c.tp}, ZeRO-{c.zero}, micro-batch "
-            f"{c.micro_batch}, with recompute and offload considered) but a {dev} has {cap / GiB:.1f} GiB usable; "
+            f"{c.micro_batch}, with {_considered(result.space)}) but a {dev} has {cap / GiB:.1f} GiB usable; "
             f"{advice}")
+
+
+def _considered(space: SearchSpace) -> str:
+    if len(space.recompute) > 1 and space.offload:
+        return "recompute and offload considered"
+    rec = "recompute considered" if len(space.recompute) > 1 else f"recompute={space.recompute[0]}"
+    return f"{rec}, " + ("offload considered" if space.offload else "no offload")

@@ -3,10 +3,15 @@ enumeration of meshes (pp x dp x tp, ZeRO stage, micro-batch size) and pipeline 
 
 Meshes are pp x dp x tp = number of devices with tp inside a node (tp | devices per node), pp <= layers,
 dp | global batch, a ZeRO stage (0-3, only 0 when dp = 1), and micro-batch sizes b | global_batch / dp
-with m = global_batch / (dp b) >= pp micro-batches.
+with m = global_batch / (dp b) >= pp micro-batches, each within the SearchSpace's restrictions.
+
+What-if (DESIGN.md): a user fixes some choices (SearchSpace fields, `partita plan --tp/--pp/...`) and the
+rest are searched; `check_space` walks the same constraints one by one before any solving and names, in
+one line, the first that a fixed configuration breaks.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from costmodel.errors import PartitaError
@@ -47,23 +52,86 @@ class TrainConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class SearchSpace:
-    """Which choices the search may make (the full space by default)."""
+    """Which choices the search may make (the full space by default).
+
+    Each restriction is the set of values the search may take (a single value is shorthand for a set of
+    one: `SearchSpace(tp=2, zero=3)`); None means searched. Fixing some choices and searching the rest is
+    how a user prices the configuration they run today beside partita's own plan (DESIGN.md, what-if):
+    `check_space` says in one line why a fixed configuration cannot run.
+    """
 
     name: str = "partita"
-    tp: tuple[int, ...] | None = None          # None: every divisor of the node size
+    tp: tuple[int, ...] | None = None
+    """Tensor-parallel degrees; None: every divisor of the node size (tensor parallelism stays in a node).
+    A fixed degree is priced even where splitting the layers never pays (a searched one is then dropped)."""
     pp: tuple[int, ...] | None = None
+    """Pipeline stages; None: every degree up to the number of layers."""
+    dp: tuple[int, ...] | None = None
+    """Data-parallel degrees; None: whatever tp x pp leaves of the devices (dp = devices / (tp pp))."""
     zero: tuple[int, ...] = (0, 2, 3)
     """ZeRO stages to consider. Stage 1 is costed (planner.options) but not searched by default: PyTorch
     has no native ZeRO-1 that composes with DTensor tensor parallelism and pipelining, while FSDP2 gives
-    stage 3, and stage 2 with reshard_after_forward=False."""
+    stage 3, and stage 2 with reshard_after_forward=False. ZeRO shards over data-parallel ranks, so a
+    dp = 1 mesh (where every stage is stage 0) is considered only when 0 is in the set."""
     recompute: tuple[str, ...] = RECOMPUTE
+    """Activation recompute policies ("none", "selective", "full") a layer may take; one value fixes every
+    layer's policy."""
     offload: bool = True
+    """True: offload variants (activations to host, FSDP2 CPU offload of ZeRO-3 states) are allowed and
+    searched per layer, alongside not offloading; False: nothing is offloaded. (Forcing every layer to
+    offload is rarely feasible and is not what a user pricing their setup means by "offload on".)"""
     sequence_parallel: tuple[bool, ...] = (False, True)
     """With tp > 1: plain Megatron tensor parallelism (False) and/or with sequence parallelism (True), a
     choice per candidate (every layer of a candidate has the same activation layout, so no layer pays a
-    resharding of its neighbour's output; the embeddings and head pay theirs, planner.strategies)."""
+    resharding of its neighbour's output; the embeddings and head pay theirs, planner.strategies).
+    Without False, tp = 1 meshes are not considered (sequence parallelism splits over the tp ranks)."""
+    micro_batch: tuple[int, ...] | None = None
+    """Micro-batch sizes b (samples per micro-batch per data-parallel rank); None: every divisor of
+    global_batch / dp up to TrainConfig.max_micro_batch (a fixed size may exceed that cap)."""
+    virtual_stages: tuple[int, ...] | None = None
+    """Model chunks per device: 1 is no interleaving, v > 1 interleaved 1F1B with v chunks (so a set
+    without 1 implies TrainConfig.schedule "Interleaved1F1B", and pp > 1); None: 1 and VIRTUAL_STAGES as
+    the schedule allows."""
     min_pp: bool = False
     """Keep only the smallest pipeline depth that fits (Megatron practice: as few stages as memory allows)."""
+
+    def __post_init__(self):
+        for name in ("tp", "pp", "dp", "zero", "recompute", "sequence_parallel", "micro_batch", "virtual_stages"):
+            object.__setattr__(self, name, _as_tuple(getattr(self, name)))
+        for name in ("tp", "pp", "dp", "micro_batch", "virtual_stages"):
+            values = getattr(self, name)
+            if values is not None and (not values or not all(_is_int(x) and x >= 1 for x in values)):
+                got = values[0] if len(values) == 1 else values
+                raise PartitaError(f"{name.replace('_', '-')} must be a positive integer, got {got!r}")
+        if not self.zero or not all(_is_int(z) and z in ZERO_STAGES for z in self.zero):
+            raise PartitaError(f"zero must be ZeRO stages among {ZERO_STAGES}, got {self.zero!r}")
+        if not self.recompute or not all(r in RECOMPUTE for r in self.recompute):
+            raise PartitaError(f"recompute must be policies among {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        if not self.sequence_parallel or not all(isinstance(s, bool) for s in self.sequence_parallel):
+            raise PartitaError(f"sequence_parallel must be True and/or False, got {self.sequence_parallel!r}")
+        if not isinstance(self.offload, bool):
+            raise PartitaError(f"offload must be True (allowed, searched) or False (none), got {self.offload!r}")
+
+    def fixed(self) -> dict:
+        """The choices this space restricts, relative to the full space: {field: values}."""
+        full = SearchSpace()
+        return {f: getattr(self, f) for f in FIXABLE if getattr(self, f) != getattr(full, f)}
+
+
+ZERO_STAGES = (0, 1, 2, 3)
+FIXABLE = ("tp", "pp", "dp", "zero", "recompute", "offload", "sequence_parallel", "micro_batch", "virtual_stages")
+"""The SearchSpace fields a user fixes (planner.api.plan keywords, `partita plan` flags)."""
+
+
+def _as_tuple(v):
+    """A set of values as a tuple: a list becomes a tuple, a single value a tuple of one; None stays."""
+    if v is None or isinstance(v, tuple):
+        return v
+    return tuple(v) if isinstance(v, list) else (v,)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def divisors(n: int) -> list[int]:
@@ -80,23 +148,158 @@ def _meshes(cluster: Cluster, train: TrainConfig, space: SearchSpace, max_pp: in
             if pp > max_pp or (space.pp is not None and pp not in space.pp):
                 continue
             dp = n // (tp * pp)
-            if train.global_batch % dp:
+            if train.global_batch % dp or (space.dp is not None and dp not in space.dp):
                 continue
+            if tp == 1 and False not in space.sequence_parallel:
+                continue  # sequence parallelism splits over tp ranks
             local = train.global_batch // dp
-            for zero in (space.zero if dp > 1 else (0,)):
+            for zero in (space.zero if dp > 1 else (0,) if 0 in space.zero else ()):
                 for b in divisors(local):
                     m = local // b
-                    if b <= train.max_micro_batch and (pp == 1 or m >= pp):
+                    if _micro_batch_allowed(b, train, space) and (pp == 1 or m >= pp):
                         yield pp, dp, tp, zero, b, m
 
 
-def _schedules(requested: str, pp: int, m: int, layers: int) -> list[tuple[str, int]]:
-    """(schedule, virtual stages) pairs to try. Interleaving needs m divisible by pp (torch's
-    Interleaved1F1B) and at least v layers per device."""
+def _micro_batch_allowed(b: int, train: TrainConfig, space: SearchSpace) -> bool:
+    return b <= train.max_micro_batch if space.micro_batch is None else b in space.micro_batch
+
+
+def _schedules(requested: str, pp: int, m: int, layers: int,
+               virtual: tuple[int, ...] | None = None) -> list[tuple[str, int]]:
+    """(schedule, virtual stages) pairs to try, v among `virtual` (None: 1 and VIRTUAL_STAGES).
+    Interleaving needs m divisible by pp (torch's Interleaved1F1B) and at least v layers per device."""
+    plain_ok = virtual is None or 1 in virtual
     if pp == 1:
-        return [("1F1B", 1)]
-    plain = [("GPipe", 1)] if requested == "GPipe" else [("1F1B", 1)]
-    inter = [("Interleaved1F1B", v) for v in VIRTUAL_STAGES if m % pp == 0 and layers >= pp * v]
+        return [("1F1B", 1)] if plain_ok else []
+    plain = ([("GPipe", 1)] if requested == "GPipe" else [("1F1B", 1)]) if plain_ok else []
+    tried = VIRTUAL_STAGES if virtual is None else tuple(v for v in virtual if v > 1)
+    inter = [("Interleaved1F1B", v) for v in tried if m % pp == 0 and layers >= pp * v]
     if requested == "Interleaved1F1B":
         return inter
     return plain + inter if requested == "auto" else plain
+
+
+def describe_fixed(space: SearchSpace) -> str:
+    """The space's fixed choices as a user wrote them: "tp=2, pp=2, zero=3, recompute=full"."""
+    show = lambda v: "on" if v is True else "off" if v is False else str(v)
+    return ", ".join(f"{name.replace('_', '-')}={'|'.join(map(show, v)) if isinstance(v, tuple) else show(v)}"
+                     for name, v in space.fixed().items())
+
+
+def check_space(cluster: Cluster, train: TrainConfig, space: SearchSpace, *, max_pp: int, layers: int,
+                seq: int | None) -> None:
+    """Raise PartitaError, one line saying why, when the fixed choices of `space` leave no mesh and
+    schedule to price -- before any solving. `max_pp`: the most stages the model splits into; `layers`:
+    its repeated layers (0 when it is not a stack of them: no interleaving); `seq`: tokens per sample
+    (None: not a sequence model). Whether a configuration fits in memory is the search's to say."""
+    why = _why_nothing(cluster, train, space, max_pp, layers, seq)
+    homogeneous = not (cluster.groups and cluster.heterogeneous)
+    if why is None and homogeneous and not any(_schedules(train.schedule, pp, m, layers, space.virtual_stages)
+                                               for pp, dp, tp, zero, b, m in _meshes(cluster, train, space, max_pp)):
+        why = f"no mesh of the {cluster.num_devices} devices has {describe_fixed(space) or 'the requested choices'}"
+    if why:
+        raise PartitaError(why)
+
+
+def no_candidates_reason(cluster: Cluster, train: TrainConfig, space: SearchSpace) -> str:
+    """Why a search found no candidate although check_space passed (or was not asked)."""
+    fixed_tp = space.tp is not None and min(space.tp) > 1
+    if fixed_tp:
+        sp = " with sequence parallelism" if False not in space.sequence_parallel else ""
+        return (f"the model's layers cannot be split over tp={'|'.join(map(str, space.tp))} tensor-parallel "
+                f"ranks{sp} (their heads or hidden sizes are not divisible by it): choose another --tp")
+    return (f"no mesh of {cluster.num_devices} devices divides global batch {train.global_batch}"
+            + (f" with {describe_fixed(space)}" if space.fixed() else "")
+            + f": choose a global batch divisible by the data-parallel degree (e.g. a multiple of "
+            f"{cluster.num_devices})")
+
+
+def _why_nothing(cluster, train, space, max_pp, layers, seq) -> str | None:
+    """The funnel of _meshes and _schedules, constraint by constraint, naming the first that leaves
+    nothing; None when something is left."""
+    v = space.virtual_stages
+    if v is not None and 1 not in v and train.schedule in ("1F1B", "GPipe"):
+        return (f"virtual stages {'|'.join(map(str, v))} interleave model chunks, which is the Interleaved1F1B "
+                f"schedule, not {train.schedule}")
+    if v is not None and set(v) == {1} and train.schedule == "Interleaved1F1B":
+        return "the Interleaved1F1B schedule needs more than one virtual stage per device (virtual stages > 1)"
+    if cluster.groups and cluster.heterogeneous:  # enumerated by groups (planner.candidates)
+        if False not in space.sequence_parallel:
+            return "sequence parallelism is not planned on heterogeneous clusters"
+        if (v is not None and 1 not in v) or train.schedule == "Interleaved1F1B":
+            return "interleaved 1F1B is not planned on heterogeneous clusters"
+        return None
+    n, node, gb = cluster.num_devices, cluster.devices_per_node, train.global_batch
+    one = lambda name: getattr(space, name)[0] if getattr(space, name) and len(getattr(space, name)) == 1 else None
+    tp, pp, dp = one("tp"), one("pp"), one("dp")
+    if tp is not None and tp > node:
+        return f"tp={tp} exceeds the {node} devices per node (tensor parallelism stays inside a node)"
+    if tp is not None and node % tp:
+        return f"tp={tp} does not divide the {node} devices per node (tensor parallelism stays inside a node)"
+    for name, x in (("pp", pp), ("dp", dp)):
+        if x is not None and (x > n or n % x):
+            return f"{name}={x} does not divide the {n} devices"
+    shapes = [(t, p, n // (t * p)) for t in divisors(node) for p in divisors(n // t)]
+    shapes = [s for s in shapes if all(getattr(space, k) is None or x in getattr(space, k)
+                                       for k, x in zip(("tp", "pp", "dp"), s))]
+    if not shapes:
+        named = [(k, x) for k, x in (("tp", tp), ("pp", pp), ("dp", dp)) if x is not None]
+        prod = math.prod(x for _, x in named)
+        expr = f"{' x '.join(k for k, _ in named)} = {' x '.join(str(x) for _, x in named)} = {prod}"
+        if len(named) == 3:
+            return f"{expr}, but the cluster has {n} devices"
+        if named and n % prod:
+            return f"{expr} does not divide the {n} devices"
+        return f"no tp x pp x dp mesh of the {n} devices has {describe_fixed(space)}"
+    if not (kept := [s for s in shapes if s[1] <= max_pp]):
+        p = min(s[1] for s in shapes)
+        return (f"pp={p} exceeds the model's {max_pp} layers (a pipeline stage holds at least one)" if pp else
+                f"{describe_fixed(space)} leaves pp={p} pipeline stages, more than the model's {max_pp} layers")
+    if not (shapes := [s for s in kept if gb % s[2] == 0]):
+        d = min(s[2] for s in kept)
+        return (f"dp={d} does not divide the global batch {gb}: choose a global batch divisible by the "
+                f"data-parallel degree (e.g. a multiple of {d})")
+    if 0 not in space.zero and not (shapes := [s for s in shapes if s[2] > 1]):
+        return (f"ZeRO-{min(space.zero)} shards model states over data-parallel ranks and needs dp > 1, "
+                f"but the fixed choices ({describe_fixed(space)}) leave dp=1")
+    if False not in space.sequence_parallel:
+        if not (before := [s for s in shapes if s[0] > 1]):
+            return "sequence parallelism splits activations over tensor-parallel ranks and needs tp > 1"
+        if seq and not (shapes := [s for s in before if seq % s[0] == 0]):
+            return (f"sequence parallelism splits the {seq}-token sequence over tp ranks, and {seq} is not "
+                    f"divisible by tp={'|'.join(str(t) for t in sorted({s[0] for s in before}))}")
+    runs = [(t, p, d, b, gb // d // b) for t, p, d in shapes for b in divisors(gb // d)
+            if _micro_batch_allowed(b, train, space)]
+    if not runs:
+        t, p, d = shapes[0]
+        return (f"micro-batch {'|'.join(map(str, space.micro_batch))} does not divide global batch / dp = "
+                f"{gb} / {d} = {gb // d} samples per data-parallel rank")
+    if not (piped := [r for r in runs if r[1] == 1 or r[4] >= r[1]]):
+        return _fewest(runs)
+    if not any(_schedules(train.schedule, p, m, layers, v) for t, p, d, b, m in piped):
+        return _why_no_interleaving(piped, layers, v)
+    return None
+
+
+def _fewest(runs) -> str:
+    """Every run has fewer micro-batches than stages: the closest one, as a message."""
+    t, p, d, b, m = max(runs, key=lambda r: r[4] / r[1])
+    return (f"global batch / (dp x micro-batch) = {d * b * m} / ({d} x {b}) = {m} micro-batch(es), fewer than the "
+            f"pp={p} pipeline stages (a pipeline needs at least one micro-batch per stage)")
+
+
+def _why_no_interleaving(runs, layers: int, v: tuple[int, ...] | None) -> str:
+    piped = [r for r in runs if r[1] > 1]
+    if not piped:
+        return "interleaved 1F1B needs pipeline stages (pp > 1)"
+    if layers == 0:
+        return "interleaved 1F1B is planned only for models that are a stack of repeated layers"
+    chunks = min((x for x in v or VIRTUAL_STAGES if x > 1), default=2)
+    divisible = [r for r in piped if r[4] % r[1] == 0]
+    if not divisible:
+        t, p, d, b, m = piped[0]
+        return (f"interleaved 1F1B needs the number of micro-batches divisible by pp: {m} micro-batches "
+                f"over pp={p} stages")
+    p = min(r[1] for r in divisible)
+    return (f"interleaving {chunks} model chunks per device over pp={p} stages needs at least {p * chunks} "
+            f"layers; the model has {layers}")

@@ -1,7 +1,8 @@
 """Built-in model presets and the MODEL strings of DESIGN.md.
 
 `resolve_model("gpt3-175b")`, `resolve_model("gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000")`,
-`resolve_model("llama:layers=..,hidden=..,ffn=..,heads=..,kv_heads=..,vocab=..")`, or an import path
+`resolve_model("llama:layers=..,hidden=..,ffn=..,heads=..,kv_heads=..,vocab=..")` (every GPTConfig field is
+a key: layers, hidden, heads, vocab, seq, ffn, kv_heads, attention=sdpa|math, dropout), or an import path
 `package.module:factory` (a callable returning `(module, example_inputs)`), HuggingFace models built from
 their config classes (`hf:gpt2`, `hf:llama:num_hidden_layers=4,hidden_size=256`; models/hf.py) and
 ResNet-style CNNs (`tiny-resnet`, `resnet50`, `resnet:depth=..`; models/cnn.py), each give a `ModelSpec`: a
@@ -9,6 +10,7 @@ way to build the module (on any device, including fake/meta), an example batch, 
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -51,10 +53,11 @@ PRESETS: dict[str, GPTConfig] = {
 PRESETS.update({name: GPTConfig(layers=l, hidden=h, heads=a, vocab=51200, seq=2048, attention="math", dropout=0.1)
                 for name, (a, h, l) in _MEGATRON_TABLE1.items()})
 
-_FAMILY_KEYS = {
-    "gpt": {"layers", "hidden", "heads", "seq", "vocab", "ffn"},
-    "llama": {"layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads"},
-}
+_FAMILY_KEYS = {family: tuple(f.name for f in dataclasses.fields(GPTConfig) if f.name != "family")
+                for family in ("gpt", "llama")}
+"""The keys of a `gpt:` / `llama:` MODEL string: every GPTConfig field but the family, which the prefix names."""
+_CHOICES = {"attention": ("sdpa", "math")}
+_REQUIRED = ("layers", "hidden", "heads", "vocab", "seq")
 
 
 @dataclass(kw_only=True)
@@ -99,22 +102,39 @@ def gpt_spec(name: str, cfg: GPTConfig) -> ModelSpec:
     )
 
 
+def _family_value(spec: str, key: str, value: str):
+    """`value` parsed as GPTConfig's field `key` is typed (int, float, or one of a few strings)."""
+    is_float = "float" in str({f.name: f.type for f in dataclasses.fields(GPTConfig)}[key])
+    value = value.strip()
+    if key in _CHOICES:
+        if value not in _CHOICES[key]:
+            raise PartitaError(f"model parameter {key}={value!r} in {spec!r}: accepted values "
+                               f"{'|'.join(_CHOICES[key])}")
+        return value
+    try:
+        return float(value) if is_float else int(value)
+    except ValueError:
+        raise PartitaError(f"model parameter {key}={value!r} in {spec!r} is not "
+                           f"{'a number' if is_float else 'an integer'}") from None
+
+
 def _parse_family(spec: str) -> ModelSpec:
+    """`gpt:key=value,...` or `llama:...` with every GPTConfig field as a key, each parsed by its type."""
     family, _, rest = spec.partition(":")
     allowed = _FAMILY_KEYS[family]
-    kwargs: dict[str, int] = {}
+    kwargs: dict = {}
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or key not in allowed:
-            raise PartitaError(f"bad model parameter {item!r} in {spec!r}: use key=value with keys {sorted(allowed)}")
-        try:
-            kwargs[key] = int(value)
-        except ValueError:
-            raise PartitaError(f"model parameter {key}={value!r} in {spec!r} is not an integer") from None
-    required = {"layers", "hidden", "heads", "vocab", "seq"} - kwargs.keys()
+            raise PartitaError(f"bad model parameter {item!r} in {spec!r}: use key=value with keys "
+                               f"{', '.join(allowed)} (attention={'|'.join(_CHOICES['attention'])})")
+        if key in kwargs:
+            raise PartitaError(f"model parameter {key!r} is given twice in {spec!r}")
+        kwargs[key] = _family_value(spec, key, value)
+    required = [k for k in _REQUIRED if k not in kwargs]
     if required:
-        raise PartitaError(f"model {spec!r} is missing {sorted(required)}; e.g. "
+        raise PartitaError(f"model {spec!r} is missing {required}; e.g. "
                            f"{family}:layers=4,hidden=256,heads=4,seq=128,vocab=1000")
     try:
         cfg = GPTConfig(family=family, **kwargs)
@@ -164,8 +184,9 @@ def resolve_model(spec: str) -> ModelSpec:
     if ":" in spec:
         return _import_factory(spec)
     raise PartitaError(f"unknown model {spec!r}; presets: {', '.join(sorted(PRESETS))}, "
-                       f"{', '.join(sorted(CNN_PRESETS))}; or gpt:layers=..,hidden=..,heads=..,seq=..,vocab=.., "
-                       "llama:..., resnet:depth=..,width=..,image=..,classes=.., hf:gpt2|llama|bert|t5[:key=value,...], "
+                       f"{', '.join(sorted(CNN_PRESETS))}; or gpt:layers=..,hidden=..,heads=..,seq=..,vocab=.."
+                       "[,ffn=..,kv_heads=..,attention=sdpa|math,dropout=..], llama:... (the same keys), "
+                       "resnet:depth=..,width=..,image=..,classes=.., hf:gpt2|llama|bert|t5[:key=value,...], "
                        "or package.module:factory")
 
 

@@ -1,0 +1,154 @@
+"""What-if: `partita plan` flags (and planner.plan's SearchSpace / keywords) fix decisions and leave the
+rest searched; a fixed configuration that cannot run is one line saying why, before any solving."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+import planner
+from costmodel.errors import InfeasibleError, PartitaError
+from planner.cli import main
+from planner.space import SearchSpace
+
+MODEL = "gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000"
+DEEP = "gpt:layers=8,hidden=256,heads=8,seq=128,vocab=1000"
+PLAN = ["plan", "--model", MODEL, "--cluster", "8xA100-80GB", "--global-batch", "16"]
+
+
+def plan_json(capsys, *flags, base=PLAN) -> dict:
+    assert main([*base, "--json", *flags]) == 0
+    out = capsys.readouterr().out
+    return json.loads(out)  # stdout is the JSON object and nothing else
+
+
+def layer_blocks(d: dict) -> list[dict]:
+    return [b for b in d["blocks"] if b["fqn"].startswith("blocks.")]
+
+
+@pytest.mark.parametrize("flags,check", [
+    (["--tp", "2", "--pp", "2"], lambda d: (d["mesh"]["tp"], d["mesh"]["pp"], d["mesh"]["dp"]) == (2, 2, 2)),
+    (["--dp", "8", "--micro-batch", "2"],
+     lambda d: d["mesh"]["dp"] == 8 and d["schedule"]["micro_batch_size"] == 2),
+    (["--zero", "3"], lambda d: d["zero_stage"] == 3 and d["mesh"]["dp"] > 1),
+    (["--zero", "0", "--offload", "off"],
+     lambda d: d["zero_stage"] == 0 and not any(b.get("offload_activations") or b.get("offload_states")
+                                                 for b in d["blocks"])),
+    (["--recompute", "full"], lambda d: {b["recompute"] for b in layer_blocks(d)} == {"full"}),
+    (["--recompute", "none"], lambda d: {b["recompute"] for b in layer_blocks(d)} == {"none"}),
+    (["--sequence-parallel", "on"],
+     lambda d: d["mesh"]["tp"] > 1 and {b["sharding"] for b in layer_blocks(d)} == {"sequence"}),
+    (["--pp", "2", "--virtual-stages", "2"],
+     lambda d: d["schedule"]["name"] == "Interleaved1F1B" and d["schedule"]["virtual_stages"] == 2),
+    (["--pp", "2", "--virtual-stages", "1"],
+     lambda d: d["schedule"]["name"] == "1F1B" and d["schedule"]["virtual_stages"] == 1),
+    (["--pp", "2", "--schedule", "GPipe"], lambda d: d["schedule"]["name"] == "GPipe"),
+    (["--tp", "8"], lambda d: d["mesh"]["tp"] == 8),  # priced as asked, though it never pays here
+])
+def test_flags_fix_their_decision(capsys, flags, check):
+    d = plan_json(capsys, *flags)
+    assert check(d), (flags, d["mesh"], d["schedule"], d["zero_stage"])
+    assert d["solver"]["fixed"]  # the plan records what the user fixed
+    assert d["mesh"]["pp"] * d["mesh"]["dp"] * d["mesh"]["tp"] == 8
+
+
+def test_an_unrestricted_plan_records_nothing_fixed(capsys):
+    assert "fixed" not in plan_json(capsys)["solver"]
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--tp", "16"], "tp=16 exceeds the 8 devices per node"),
+    (["--tp", "3"], "tp=3 does not divide the 8 devices per node"),
+    (["--tp", "2", "--pp", "2", "--dp", "4"], "tp x pp x dp = 2 x 2 x 4 = 16, but the cluster has 8 devices"),
+    (["--tp", "4", "--pp", "4"], "tp x pp = 4 x 4 = 16 does not divide the 8 devices"),
+    (["--pp", "8"], "pp=8 exceeds the model's 4 layers"),
+    (["--dp", "3"], "dp=3 does not divide the 8 devices"),
+    (["--dp", "4", "--micro-batch", "3"], "micro-batch 3 does not divide global batch / dp = 16 / 4 = 4"),
+    (["--pp", "4", "--dp", "2", "--micro-batch", "4"], "2 micro-batch(es), fewer than the pp=4 pipeline stages"),
+    (["--tp", "8", "--dp", "1", "--zero", "3"], "ZeRO-3 shards model states over data-parallel ranks and needs dp > 1"),
+    (["--tp", "1", "--sequence-parallel", "on"], "sequence parallelism splits activations over tensor-parallel ranks"),
+    (["--pp", "4", "--virtual-stages", "2"], "interleaving 2 model chunks per device over pp=4 stages needs at least"),
+    (["--pp", "1", "--virtual-stages", "2"], "interleaved 1F1B needs pipeline stages (pp > 1)"),
+    (["--virtual-stages", "4", "--schedule", "1F1B"], "which is the Interleaved1F1B schedule, not 1F1B"),
+    (["--virtual-stages", "1", "--schedule", "Interleaved1F1B"], "needs more than one virtual stage"),
+    (["--tp", "0"], "tp must be a positive integer, got 0"),
+])
+def test_an_impossible_fixed_config_is_one_line_before_any_solving(capsys, monkeypatch, flags, needle):
+    import planner.api
+    monkeypatch.setattr(planner.api, "search", lambda *a, **k: pytest.fail("searched an impossible config"))
+    assert main([*PLAN, *flags]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("partita: error:") and needle in lines[0], captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("model,batch,flags,needle", [
+    (DEEP, "12", ["--pp", "2", "--dp", "4", "--virtual-stages", "2"],
+     "needs the number of micro-batches divisible by pp: 3 micro-batches over pp=2"),
+    ("gpt:layers=4,hidden=256,heads=8,seq=100,vocab=1000", "16", ["--tp", "8", "--sequence-parallel", "on"],
+     "100 is not divisible by tp=8"),
+])
+def test_impossible_interleaving_and_sequence_splits(capsys, model, batch, flags, needle):
+    assert main(["plan", "--model", model, "--cluster", "8xA100-80GB", "--global-batch", batch, *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_a_tp_the_layers_cannot_take_is_named(capsys):
+    assert main(["plan", "--model", "gpt:layers=2,hidden=64,heads=4,seq=32,vocab=256", "--cluster", "8xA100-80GB",
+                 "--global-batch", "8", "--tp", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot be split over tp=8" in err[0], err
+
+
+def test_a_fixed_config_that_does_not_fit_says_how_much_memory_it_needs():
+    """In a subprocess, as a user sees it: exit code 2 and one line with the memory needed and available."""
+    r = subprocess.run([sys.executable, "-m", "planner.cli", "plan", "--model", "megatron-7.5b", "--cluster",
+                        "8xA100-80GB", "--global-batch", "16", "--tp", "1", "--pp", "1", "--zero", "0",
+                        "--recompute", "none", "--offload", "off"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("partita: error: with tp=1, pp=1, zero=0, recompute=none, "
+                                                   "offload=off fixed, no plan fits"), r.stderr
+    assert "GiB per device" in lines[0] and "GiB usable" in lines[0] and "recompute=none, no offload" in lines[0]
+
+
+TRAIN = planner.TrainConfig(global_batch=16)
+
+
+def test_the_api_takes_the_same_restrictions_as_keywords_or_a_space():
+    p = planner.plan(MODEL, cluster="8xA100-80GB", train=TRAIN, tp=2, pp=2, recompute="full")
+    assert (p.mesh.tp, p.mesh.pp) == (2, 2)
+    assert {b.recompute for b in p.blocks if b.fqn.startswith("blocks.")} == {"full"}
+    p = planner.plan(MODEL, cluster="8xA100-80GB", train=TRAIN, space=SearchSpace(zero=(3,)), micro_batch=1)
+    assert p.zero_stage == 3 and p.schedule.micro_batch_size == 1
+    assert p.solver["fixed"] == {"zero": [3], "micro_batch": [1]}
+
+
+def test_the_api_refuses_impossible_restrictions():
+    with pytest.raises(PartitaError, match=r"tp x pp x dp = 2 x 2 x 4 = 16, but the cluster has 8 devices"):
+        planner.plan(MODEL, cluster="8xA100-80GB", train=TRAIN, tp=2, pp=2, dp=4)
+    with pytest.raises(InfeasibleError, match="no plan fits"):
+        planner.plan("megatron-7.5b", cluster="8xA100-80GB", train=TRAIN, space=SearchSpace(tp=1, pp=1, zero=0))
+    with pytest.raises(TypeError, match="the choices it fixes are tp, pp, dp"):
+        planner.plan(MODEL, cluster="8xA100-80GB", train=TRAIN, cp=2)
+
+
+def test_search_space_fields_normalise_and_validate():
+    s = SearchSpace(tp=2, dp=[4], zero=3, recompute="full", sequence_parallel=True, micro_batch=2, virtual_stages=1)
+    assert (s.tp, s.dp, s.zero, s.recompute, s.sequence_parallel, s.micro_batch, s.virtual_stages) == \
+        ((2,), (4,), (3,), ("full",), (True,), (2,), (1,))
+    assert SearchSpace().fixed() == {} and SearchSpace(pp=None).pp is None
+    assert SearchSpace(offload=False).fixed() == {"offload": False}
+    for bad in (dict(tp=0), dict(pp=()), dict(zero=5), dict(recompute="some"), dict(sequence_parallel="on"),
+                dict(offload="on"), dict(micro_batch=1.5)):
+        with pytest.raises(PartitaError):
+            SearchSpace(**bad)
+
+
+def test_the_baseline_spaces_are_unchanged_by_the_new_fields():
+    from costmodel.hardware import parse_cluster
+    from planner.baselines import baseline_spaces
+    for s in baseline_spaces(parse_cluster("4x8xA100-80GB")):
+        assert s.dp is None and s.micro_batch is None and s.virtual_stages is None

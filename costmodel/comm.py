@@ -89,6 +89,23 @@ def group_for(cluster: Cluster, size: int, stride: int) -> Group:
     return Group(size, min(per_node, size))
 
 
+def beta_intra(d) -> float:
+    """Bytes/s a collective moves per device and direction inside a node: the link's per-direction peak
+    times what NCCL achieves of it (Device.intra_link_efficiency)."""
+    return d.intra_node_bw * d.intra_link_efficiency
+
+
+def beta_inter(cluster: Cluster, nodes: int = 2) -> float:
+    """Bytes/s per device and direction across nodes, for a group spanning `nodes` nodes: the NIC share
+    times its achieved fraction (Device.inter_link_efficiency), divided by the pod oversubscription when
+    the group spans more nodes than one pod holds (Cluster.nodes_per_pod)."""
+    d = cluster.device
+    beta = d.inter_node_bw * d.inter_link_efficiency
+    if cluster.nodes_per_pod and nodes > cluster.nodes_per_pod:
+        beta /= cluster.pod_oversubscription
+    return beta
+
+
 def alpha_intra(d) -> float:
     """In-step latency of one message step between devices of a node (module docstring)."""
     return d.intra_node_latency + d.sync_latency
@@ -116,12 +133,12 @@ def ring_all_reduce(cluster: Cluster, group: Group, nbytes: float) -> float:
     if group.size <= 1 or nbytes <= 0:
         return 0.0
     if group.nodes == 1:
-        return _ring(group.size, nbytes, alpha_intra(d), d.intra_node_bw, 2)
+        return _ring(group.size, nbytes, alpha_intra(d), beta_intra(d), 2)
     k = group.per_node
     # Each device's NIC share carries 1/k of the data in the inter-node phase; the k devices of a node
     # use their k NIC shares in parallel.
-    inside = _ring(k, nbytes, alpha_intra(d), d.intra_node_bw, 1)
-    across = _ring(group.nodes, nbytes / k, alpha_inter(d), d.inter_node_bw, 2)
+    inside = _ring(k, nbytes, alpha_intra(d), beta_intra(d), 1)
+    across = _ring(group.nodes, nbytes / k, alpha_inter(d), beta_inter(cluster, group.nodes), 2)
     return 2 * inside + across
 
 
@@ -133,9 +150,9 @@ def tree_all_reduce(cluster: Cluster, group: Group, nbytes: float) -> float:
     k, nodes = (group.size, 1) if group.nodes == 1 else (group.per_node, group.nodes)
     t = 0.0
     if k > 1:
-        t += 2 * (k - 1) * alpha_intra(d) + 2 * nbytes / d.intra_node_bw
+        t += 2 * (k - 1) * alpha_intra(d) + 2 * nbytes / beta_intra(d)
     if nodes > 1:
-        t += 2 * _log2(nodes) * alpha_inter(d) + 2 * nbytes / (k * d.inter_node_bw)
+        t += 2 * _log2(nodes) * alpha_inter(d) + 2 * nbytes / (k * beta_inter(cluster, nodes))
     return t
 
 
@@ -173,13 +190,21 @@ def all_gather(cluster: Cluster, group: Group, nbytes: float) -> float:
     if group.size <= 1:
         return 0.0
     if group.nodes == 1:
-        return _ring(group.size, nbytes, alpha_intra(d), d.intra_node_bw, 1)
+        return _ring(group.size, nbytes, alpha_intra(d), beta_intra(d), 1)
     k = group.per_node
-    return (_ring(k, nbytes, alpha_intra(d), d.intra_node_bw, 1)
-            + _ring(group.nodes, nbytes / k, alpha_inter(d), d.inter_node_bw, 1))
+    return (_ring(k, nbytes, alpha_intra(d), beta_intra(d), 1)
+            + _ring(group.nodes, nbytes / k, alpha_inter(d), beta_inter(cluster, group.nodes), 1))
 
 
 reduce_scatter = all_gather  # same volume and steps in the ring model; `nbytes` is the unreduced size
+
+
+def off_node_bytes(cluster: Cluster, group: Group, nbytes: float) -> float:
+    """Bytes one device sends off its node in a hierarchical all-gather or reduce-scatter of `nbytes`
+    (the inter-node ring on 1/k of the data: (N-1)/N * B/k); 0 inside one node."""
+    if group.size <= 1 or group.nodes <= 1 or nbytes <= 0:
+        return 0.0
+    return (group.nodes - 1) / group.nodes * nbytes / group.per_node
 
 
 def all_to_all(cluster: Cluster, group: Group, nbytes: float) -> float:
@@ -194,9 +219,9 @@ def all_to_all(cluster: Cluster, group: Group, nbytes: float) -> float:
         return 0.0
     k = n if group.nodes == 1 else group.per_node
     chunk = nbytes / n
-    t = (k - 1) * (alpha_intra(d) + chunk / d.intra_node_bw)
+    t = (k - 1) * (alpha_intra(d) + chunk / beta_intra(d))
     if n > k:
-        t += (n - k) * (alpha_inter(d) + chunk / d.inter_node_bw)
+        t += (n - k) * (alpha_inter(d) + chunk / beta_inter(cluster, group.nodes))
     return t
 
 
@@ -214,9 +239,9 @@ def broadcast(cluster: Cluster, group: Group, nbytes: float) -> float:
     if group.size <= 1:
         return 0.0
     if group.nodes == 1:
-        return _broadcast_flat(group.size, nbytes, alpha_intra(d), d.intra_node_bw)
-    return (_broadcast_flat(group.nodes, nbytes, alpha_inter(d), d.inter_node_bw)
-            + _broadcast_flat(group.per_node, nbytes, alpha_intra(d), d.intra_node_bw))
+        return _broadcast_flat(group.size, nbytes, alpha_intra(d), beta_intra(d))
+    return (_broadcast_flat(group.nodes, nbytes, alpha_inter(d), beta_inter(cluster, group.nodes))
+            + _broadcast_flat(group.per_node, nbytes, alpha_intra(d), beta_intra(d)))
 
 
 def p2p(cluster: Cluster, nbytes: float, across_nodes: bool) -> float:
@@ -224,8 +249,8 @@ def p2p(cluster: Cluster, nbytes: float, across_nodes: bool) -> float:
     if nbytes <= 0:
         return 0.0
     if across_nodes:
-        return alpha_inter(d) + nbytes / d.inter_node_bw
-    return alpha_intra(d) + nbytes / d.intra_node_bw
+        return alpha_inter(d) + nbytes / beta_inter(cluster)
+    return alpha_intra(d) + nbytes / beta_intra(d)
 
 
 # ------------------------------------------------------------------------------------ linear forms

@@ -37,11 +37,27 @@ class Device:
     mem_bandwidth: float
     """HBM (or DRAM) bytes/s."""
     intra_node_bw: float
-    """Bytes/s one device can send to its node peers (NVLink: uni-directional total per GPU)."""
+    """Bytes/s one device can send to its node peers, one direction (NVLink: the per-direction figure of
+    REFERENCE.md, half the two-way total a datasheet headlines)."""
     inter_node_bw: float
-    """Bytes/s one device can send off-node (its share of the node's NICs)."""
+    """Bytes/s one device can send off-node, one direction (its share of the node's NICs)."""
     matmul_efficiency: float = 0.75
-    """Fraction of peak that large matmuls reach (cuBLAS on A100/H100 sustains ~70-80%)."""
+    """Fraction of peak that large, aligned GEMMs reach (costmodel.kernels: e_max)."""
+    gemm_half_dim: float = 0.0
+    """GEMM dimension at which that dimension alone halves the efficiency (costmodel.kernels:
+    s(x) = x / (x + gemm_half_dim)); 0: every GEMM at matmul_efficiency whatever its shape."""
+    attention_efficiency: float = 0.0
+    """Fraction of peak fused attention (FlashAttention-style SDPA) reaches, forward and backward
+    together; 0: matmul_efficiency."""
+    mem_efficiency: float = 1.0
+    """Fraction of mem_bandwidth memory-bound kernels achieve."""
+    intra_link_efficiency: float = 1.0
+    """Fraction of intra_node_bw a collective achieves (nccl-tests bus bandwidth / link peak)."""
+    inter_link_efficiency: float = 1.0
+    """Fraction of inter_node_bw a collective achieves across nodes."""
+    overlap_slowdown: float = 0.0
+    """Compute slows by this fraction of the time a collective runs beside it (costmodel.streams): NCCL
+    kernels take SMs and HBM bandwidth from the GEMMs they overlap."""
     intra_node_latency: float = 5e-6
     inter_node_latency: float = 10e-6
     host_bw: float = 25 * GB
@@ -87,22 +103,44 @@ class Device:
         return self.peak_flops["bf16" if dtype in ("bf16", "fp16") else "fp32"]
 
 
-def _gpu(name, bf16_tflops, fp32_tflops, mem_gb, hbm_gbs, nvlink_gbs, nic_gbs, host_gb):
+def _gpu(name, bf16_tflops, fp32_tflops, mem_gb, hbm_gbs, nvlink_gbs, nic_gbs, host_gb, kernels):
     return Device(name=name, peak_flops={"bf16": bf16_tflops * 1e12, "fp32": fp32_tflops * 1e12},
                   memory_bytes=mem_gb * GB, mem_bandwidth=hbm_gbs * GB, intra_node_bw=nvlink_gbs * GB,
-                  inter_node_bw=nic_gbs * GB, host_memory_bytes=host_gb * GB)
+                  inter_node_bw=nic_gbs * GB, host_memory_bytes=host_gb * GB, **kernels)
 
 
-# REFERENCE.md "Hardware". Off-node bandwidth per GPU: Selene has 8 HDR HCAs (200 Gb/s = 25 GB/s) per
-# 8-GPU node; Llama 3's H100 cluster 400 Gb/s (50 GB/s) per GPU. Host memory per GPU: the DGX node's
-# DRAM over its 8 GPUs (DGX-1 V100 512 GB, DGX A100 1 TB, DGX H100/H200 2 TB).
+# How kernels and links run on each GPU generation: one set per generation, for every model and every
+# configuration (benchmarks.published checks them against published runs; no per-model factor).
+# - matmul_efficiency: cuBLAS bf16 on large aligned GEMMs (A100: ~80% of 312 TFLOP/s; H100 SXM:
+#   ~70% of 989, its tensor cores outrunning what HBM and power sustain);
+# - gemm_half_dim: the size at which one GEMM dimension halves that (tile and wave quantisation,
+#   costmodel.kernels);
+# - attention_efficiency: FlashAttention-2 (Dao 2023): ~50-70% of A100 peak forward, less backward;
+#   ~35-45% of H100's (FlashAttention-3, Shah et al. 2024, reaches 75% with Hopper-specific code that
+#   PyTorch's SDPA does not use by default);
+# - mem_efficiency: achievable HBM bandwidth for elementwise kernels (~80% of the datasheet);
+# - link efficiencies: nccl-tests bus bandwidth against the per-direction peak (NVLink ~75-80%,
+#   InfiniBand/RoCE ~80-90% at training scale);
+# - overlap_slowdown: compute stretch while NCCL kernels run beside it (T3, Pati et al. ASPLOS'24:
+#   concurrent GEMMs and collectives slow each other by tens of percent).
+_VOLTA = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.45, mem_efficiency=0.8,
+              intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=0.15)
+_AMPERE = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.55, mem_efficiency=0.8,
+               intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=0.15)
+_HOPPER = dict(matmul_efficiency=0.70, gemm_half_dim=128, attention_efficiency=0.40, mem_efficiency=0.8,
+               intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=0.15)
+
+# REFERENCE.md "Hardware": NVLink per direction (150 / 300 / 450 GB/s). Off-node bandwidth per GPU:
+# Selene has 8 HDR HCAs (200 Gb/s = 25 GB/s) per 8-GPU node; Llama 3's H100 cluster 400 Gb/s (50 GB/s)
+# per GPU. Host memory per GPU: the DGX node's DRAM over its 8 GPUs (DGX-1 V100 512 GB, DGX A100 1 TB,
+# DGX H100/H200 2 TB).
 DEVICES: dict[str, Device] = {d.name: d for d in [
-    _gpu("V100-16GB", 125, 15.7, 16, 900, 300, 12.5, 64),
-    _gpu("V100-32GB", 125, 15.7, 32, 900, 300, 12.5, 64),
-    _gpu("A100-40GB", 312, 19.5, 40, 1555, 600, 25, 128),
-    _gpu("A100-80GB", 312, 19.5, 80, 2039, 600, 25, 128),
-    _gpu("H100-80GB", 989, 67, 80, 3350, 900, 50, 256),
-    _gpu("H200-141GB", 989, 67, 141, 4800, 900, 50, 256),
+    _gpu("V100-16GB", 125, 15.7, 16, 900, 150, 12.5, 64, _VOLTA),
+    _gpu("V100-32GB", 125, 15.7, 32, 900, 150, 12.5, 64, _VOLTA),
+    _gpu("A100-40GB", 312, 19.5, 40, 1555, 300, 25, 128, _AMPERE),
+    _gpu("A100-80GB", 312, 19.5, 80, 2039, 300, 25, 128, _AMPERE),
+    _gpu("H100-80GB", 989, 67, 80, 3350, 450, 50, 256, _HOPPER),
+    _gpu("H200-141GB", 989, 67, 141, 4800, 450, 50, 256, _HOPPER),
     # One CPU process of a small host, gloo over loopback. Rough defaults measured on the 2-core
     # development machine (TORCH-NOTES.md: 64 MB all_reduce ~72 ms on 2 ranks); `partita calibrate`
     # measures the real figures.
@@ -129,6 +167,12 @@ class Cluster:
     inter_group_bw: float | None = None
     """Bytes/s one device can send to a device of another group; None: the groups' inter_node_bw."""
     inter_group_latency: float | None = None
+    nodes_per_pod: int = 0
+    """Nodes under one leaf/spine pod of a fat tree with full bandwidth inside it; 0: one flat,
+    non-blocking fabric."""
+    pod_oversubscription: float = 1.0
+    """Ratio of a pod's node-facing to its uplink bandwidth (2.0: a 2:1 oversubscribed pod): a collective
+    whose group spans pods runs its inter-node phase at inter_node_bw / this (costmodel.comm)."""
 
     @property
     def num_devices(self) -> int:
@@ -145,6 +189,8 @@ class Cluster:
     def describe(self) -> dict:
         d = {"spec": self.spec, "num_devices": self.num_devices, "nodes": self.nodes,
              "devices_per_node": self.devices_per_node, "device": asdict(self.device)}
+        if self.nodes_per_pod:
+            d["nodes_per_pod"], d["pod_oversubscription"] = self.nodes_per_pod, self.pod_oversubscription
         if self.groups:
             d["groups"] = [{"name": g.spec, "nodes": g.nodes, "devices_per_node": g.devices_per_node,
                             "device": asdict(g.device)} for g in self.groups]
@@ -154,7 +200,7 @@ class Cluster:
 
 
 # Fields of Device where the conservative value is the largest (the rest: the smallest).
-_WORST_IS_MAX = {"intra_node_latency", "inter_node_latency", "reserved_bytes", "op_latency", "sync_latency",
+_WORST_IS_MAX = {"gemm_half_dim", "overlap_slowdown", "intra_node_latency", "inter_node_latency", "reserved_bytes", "op_latency", "sync_latency",
                  "sharded_op_latency", "sharded_param_latency", "redistribute_latency"}
 
 

@@ -20,6 +20,12 @@ Schema `partita.cluster/1` (units: bytes, bytes/s, FLOP/s, seconds):
            "inter_node_bw": 1e8,                  bytes/s one device sends off-node (its NIC share)
            "intra_node_latency": 5e-4, "inter_node_latency": 1e-3,
            "matmul_efficiency": 0.5,              fraction of peak large matmuls reach, in (0, 1]
+           "gemm_half_dim": 96,                   GEMM size halving that (costmodel.kernels); 0: none
+           "attention_efficiency": 0.5,           fused attention's fraction of peak; 0: matmul's
+           "mem_efficiency": 0.8,                 achieved fraction of mem_bandwidth, in (0, 1]
+           "intra_link_efficiency": 0.8,          achieved fraction of intra_node_bw, in (0, 1]
+           "inter_link_efficiency": 0.85,         achieved fraction of inter_node_bw, in (0, 1]
+           "overlap_slowdown": 0.15,              compute stretch while collectives overlap it
            "host_bw": 1e10,                       device <-> host bytes/s (offload)
            "reserved_bytes": 2.5e8,               memory the plan may not use
            "op_latency": 6e-6,                    seconds per operator launch
@@ -30,6 +36,8 @@ Schema `partita.cluster/1` (units: bytes, bytes/s, FLOP/s, seconds):
       ],
       "inter_group_bw": 1.25e10,                  optional: bytes/s per device between groups
       "inter_group_latency": 2e-5,                optional: seconds
+      "nodes_per_pod": 32,                        optional: nodes under one full-bandwidth pod
+      "pod_oversubscription": 2.0,                optional (with nodes_per_pod): uplink oversubscription, >= 1
       "measurements": {...}                       optional, free-form: calibrate's raw data (not read)
     }
 
@@ -47,18 +55,19 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 
 from costmodel.errors import PartitaError
 from costmodel.hardware import DEVICES, Cluster, Device, cluster_from_groups
 
 SCHEMA = "partita.cluster/1"
-_TOP_KEYS = {"schema", "name", "groups", "inter_group_bw", "inter_group_latency", "measurements"}
+_TOP_KEYS = {"schema", "name", "groups", "inter_group_bw", "inter_group_latency", "nodes_per_pod",
+             "pod_oversubscription", "measurements"}
 _GROUP_KEYS = {"name", "nodes", "devices_per_node", "device"}
 _DEVICE_FIELDS = {f.name for f in fields(Device)}
 _DEVICE_KEYS = _DEVICE_FIELDS | {"base"}
 _DEVICE_REQUIRED = ("name", "peak_flops", "memory_bytes", "mem_bandwidth", "intra_node_bw", "inter_node_bw")
-_NONNEGATIVE = {"op_latency", "host_memory_bytes", "intra_node_latency", "inter_node_latency", "reserved_bytes",
+_NONNEGATIVE = {"gemm_half_dim", "attention_efficiency", "overlap_slowdown", "op_latency", "host_memory_bytes", "intra_node_latency", "inter_node_latency", "reserved_bytes",
                 "sync_latency", "sharded_op_latency", "sharded_param_latency", "redistribute_latency"}
 _YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -118,8 +127,11 @@ def _device(where: str, spec) -> Device:
     for k in _DEVICE_FIELDS - {"name", "peak_flops"}:
         if k in kw:
             kw[k] = _number(f"{where}.{k}", kw[k], positive=k not in _NONNEGATIVE)
-    if not kw.get("matmul_efficiency", 0.5) <= 1:
-        _fail(f"{where}.matmul_efficiency", f"must be in (0, 1], got {kw['matmul_efficiency']!r}")
+    for k in ("matmul_efficiency", "mem_efficiency", "intra_link_efficiency", "inter_link_efficiency"):
+        if not kw.get(k, 0.5) <= 1:
+            _fail(f"{where}.{k}", f"must be in (0, 1], got {kw[k]!r}")
+    if not 0 <= kw.get("attention_efficiency", 0) <= 1:
+        _fail(f"{where}.attention_efficiency", f"must be in [0, 1] (0: matmul_efficiency), got {kw['attention_efficiency']!r}")
     if kw.get("reserved_bytes", 0) >= kw["memory_bytes"]:
         _fail(f"{where}.reserved_bytes", f"must be less than memory_bytes ({kw['memory_bytes']:g}), "
                                          f"got {kw['reserved_bytes']:g}")
@@ -157,11 +169,21 @@ def cluster_from_dict(d, spec: str = "") -> Cluster:
                            device=_device(where, g["device"]), spec=name))
     inter_bw = d.get("inter_group_bw")
     inter_lat = d.get("inter_group_latency")
-    return cluster_from_groups(
+    pods = {}
+    if "nodes_per_pod" in d:
+        pods["nodes_per_pod"] = _integer("nodes_per_pod", d["nodes_per_pod"])
+        ratio = _number("pod_oversubscription", d.get("pod_oversubscription", 1.0))
+        if ratio < 1:
+            _fail("pod_oversubscription", f"must be >= 1 (node-facing over uplink bandwidth), got {ratio!r}")
+        pods["pod_oversubscription"] = ratio
+    elif "pod_oversubscription" in d:
+        _fail("pod_oversubscription", "needs nodes_per_pod (how many nodes one pod holds)")
+    out = [replace(g, **pods) for g in out]
+    return replace(cluster_from_groups(
         out, spec=spec,
         inter_group_bw=None if inter_bw is None else _number("inter_group_bw", inter_bw),
         inter_group_latency=None if inter_lat is None else _number("inter_group_latency", inter_lat,
-                                                                    positive=False))
+                                                                    positive=False)), **pods)
 
 
 def _read(path: str):
@@ -217,6 +239,8 @@ def cluster_to_dict(cluster: Cluster, name: str | None = None, measurements: dic
         d["inter_group_bw"] = cluster.inter_group_bw
     if cluster.inter_group_latency is not None:
         d["inter_group_latency"] = cluster.inter_group_latency
+    if cluster.nodes_per_pod:
+        d["nodes_per_pod"], d["pod_oversubscription"] = cluster.nodes_per_pod, cluster.pod_oversubscription
     if measurements is not None:
         d["measurements"] = measurements
     return d

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from costmodel import comm
 from costmodel.graph import OpGraph
 from costmodel.hardware import Cluster
+from costmodel.kernels import NodeTime, node_time
 
 _ALIAS_OPS = {"view", "reshape", "transpose", "permute", "contiguous", "flatten", "unflatten", "expand"}
 _ELEMENTWISE = {"add", "sub", "mul", "truediv", "div", "neg", "gelu", "silu", "relu", "tanh", "sigmoid",
@@ -75,6 +76,8 @@ class BlockOption:
     saved_bytes: int = 0           # activations saved per sample per rank
     placements: dict[str, str] = field(default_factory=dict)     # module fqn -> colwise/rowwise
     launch_s: float = 0.0          # operator launch latency per micro-batch (forward + backward), not per sample
+    fixed_s: float = 0.0           # GEMMs' per-micro-batch seconds (costmodel.kernels: t(b) = b t_1 + fixed)
+    refixed_by_policy: dict[str, float] = field(default_factory=dict)  # the fixed seconds a re-run repeats
     relaunch_by_policy: dict[str, float] = field(default_factory=dict)  # launches of a recompute re-run
     saved_by_policy: dict[str, int] = field(default_factory=dict)  # recompute policy -> saved bytes per sample
     refwd_by_policy: dict[str, float] = field(default_factory=dict)  # recompute policy -> extra seconds per sample
@@ -114,7 +117,8 @@ class BlockOption:
 
     def time_s(self, cluster: Cluster, micro_batch: int) -> float:
         """Forward + backward seconds for one micro-batch, TP communication included (not overlapped)."""
-        return (self.fwd_s + self.bwd_s) * micro_batch + self.launch_s + self.tp_comm_s(cluster, micro_batch)
+        return ((self.fwd_s + self.bwd_s) * micro_batch + self.fixed_s + self.launch_s
+                + self.tp_comm_s(cluster, micro_batch))
 
 
 SPLIT = ("tensor", "sequence")
@@ -131,26 +135,32 @@ BACKWARD_LAUNCHES = 2
 gradient and its accumulation)."""
 
 
-def node_seconds(d: dict, cluster: Cluster, dtype: str) -> tuple[float, float]:
-    """Roofline forward and backward seconds of one node (per traced sample)."""
-    dev = cluster.device
-    flop_rate = dev.peak(dtype) * dev.matmul_efficiency
-    fwd = max(d["fwd_flops"] / flop_rate, d["mem_bytes"] / dev.mem_bandwidth)
-    bwd = max(d["bwd_flops"] / flop_rate, 2 * d["mem_bytes"] / dev.mem_bandwidth)
-    return fwd, bwd
+def node_seconds(d: dict, cluster: Cluster, dtype: str, tp: int = 1, style: str | None = None,
+                 split: bool = False) -> NodeTime:
+    """Seconds of one node for one rank of the tensor-parallel group (costmodel.kernels: by kernel kind
+    and shape): per traced sample, and per micro-batch. A column-parallel (or vocabulary-split) Linear
+    works on N / t output features, a row-parallel one on K / t input features; any other node in
+    `split` does 1/t of the same-shaped work."""
+    if tp > 1 and style in ("colwise", "vocab") and d["kind"] == "linear":
+        return node_time(d, cluster.device, dtype, n_div=tp)
+    if tp > 1 and style == "rowwise" and d["kind"] == "linear":
+        return node_time(d, cluster.device, dtype, k_div=tp)
+    return node_time(d, cluster.device, dtype, share=1 / tp if split and tp > 1 else 1.0)
 
 
 def replicate_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> BlockOption:
     fwd = bwd = 0.0
     numel = saved = 0
+    fixed = 0.0
     for n in graph.nodes_of(group):
         d = graph.g.nodes[n]
-        f, b = node_seconds(d, cluster, graph.dtype)
-        fwd, bwd = fwd + f, bwd + b
+        t = node_seconds(d, cluster, graph.dtype)
+        fwd, bwd, fixed = fwd + t.fwd, bwd + t.bwd, fixed + t.fixed_fwd + t.fixed_bwd
         numel += sum(d["params"].values())
         saved += d["saved_bytes"]
     opt = BlockOption(name="replicate", tp=tp, fwd_s=fwd, bwd_s=bwd, param_numel=numel, saved_bytes=saved,
-                      param_tensors=sum(len(graph.g.nodes[n]["params"]) for n in graph.nodes_of(group)))
+                      param_tensors=sum(len(graph.g.nodes[n]["params"]) for n in graph.nodes_of(group)),
+                      fixed_s=fixed)
     _add_recompute_policies(opt, graph, group, cluster, set(), 1)
     return opt
 
@@ -189,13 +199,13 @@ def _split_option(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequenc
     scatter_fwd: list[int] = []
     col_inputs: dict[str, int] = {}
     col_each: list[int] = []  # the input of every column-parallel layer (BlockOption.tp_comm_s)
+    fixed = 0.0
     for n in graph.nodes_of(group):
         d = g.nodes[n]
-        f, b = node_seconds(d, cluster, graph.dtype)
         style = placements.get(d["module"]) if d["kind"] in ("linear", "embedding") else None
         split = n in sharded or n in seq or (style is not None and d["kind"] == "linear")
-        fwd += f / tp if split else f
-        bwd += b / tp if split else b
+        t = node_seconds(d, cluster, graph.dtype, tp, style, split)
+        fwd, bwd, fixed = fwd + t.fwd, bwd + t.bwd, fixed + t.fixed_fwd + t.fixed_bwd
         saved += _saved_share(g, n, tp, sharded, seq, placements)
         for pname, pn in d["params"].items():
             replicated_bias = style == "rowwise" and pname.endswith("bias")
@@ -213,7 +223,7 @@ def _split_option(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequenc
                 if g.nodes[n]["kind"] == "linear" and placements.get(g.nodes[n]["module"]) == "rowwise"]
     opt = BlockOption(name="sequence" if sequence else "tensor", tp=tp, fwd_s=fwd, bwd_s=bwd,
                       tp_comm_bytes_fwd=reduce_fwd, param_numel=numel, saved_bytes=saved, placements=placements,
-                      layout="S" if sequence else "R")
+                      layout="S" if sequence else "R", fixed_s=fixed)
     if sequence:
         opt.tp_gather_fwd, opt.tp_scatter_fwd = list(col_inputs.values()), scatter_fwd
         opt.tp_scatter_bwd, opt.tp_gather_bwd = list(col_inputs.values()), rows_out
@@ -237,7 +247,7 @@ def _split_option(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequenc
                              if g.nodes[n]["module"] in placements)
     # (under sequence parallelism the block's input arrives sharded: recompute keeps 1/t of it)
     _add_recompute_policies(opt, graph, group, cluster, split_nodes, tp, sharded | seq, tp if sequence else 1,
-                            dtensor_nodes=on_dtensors)
+                            dtensor_nodes=on_dtensors, placements=placements)
     return opt
 
 
@@ -320,12 +330,13 @@ def input_bytes(graph: OpGraph, group: str) -> int:
 
 def _add_recompute_policies(opt: BlockOption, graph: OpGraph, group: str, cluster: Cluster,
                             split: set[str], tp: int, sharded: set[str] | None = None, input_div: int = 1,
-                            dtensor_nodes: set[str] = frozenset()) -> None:
+                            dtensor_nodes: set[str] = frozenset(), placements: dict[str, str] | None = None) -> None:
     """Fill saved bytes, launch latency and re-run seconds per recompute policy (see the module docstring).
 
     Launch latency: each launch (`launches`, forward; BACKWARD_LAUNCHES more in backward) costs
     Device.op_latency, plus Device.sharded_op_latency for a node in `dtensor_nodes` (run on DTensors)."""
     sharded = split if sharded is None else sharded
+    placements = placements or {}
     g = graph.g
     # Parameters, and what is computed from parameters alone (a transpose or cast of a weight), are
     # weights: an op fed one (and an activation) counts as an operator with parameters.
@@ -341,11 +352,13 @@ def _add_recompute_policies(opt: BlockOption, graph: OpGraph, group: str, cluste
         return n not in weights and keeps_output_under_selective(g.nodes[n], any(p in weights for p in ins))
 
     keep_sel = 0
-    rerun_sel = 0.0
+    rerun_sel = fixed_sel = fixed_all = 0.0
     for n in graph.nodes_of(group):
         d = g.nodes[n]
-        f, _ = node_seconds(d, cluster, graph.dtype)
-        f = f / tp if n in split else f
+        style = placements.get(d["module"]) if d["kind"] in ("linear", "embedding") else None
+        t = node_seconds(d, cluster, graph.dtype, tp, style, n in split)
+        f = t.fwd
+        fixed_all += t.fixed_fwd
         div = tp if n in sharded else 1
         if kept(n):
             # the checkpoint caches every output of a kept op, whether or not autograd saves it (an
@@ -356,6 +369,7 @@ def _add_recompute_policies(opt: BlockOption, graph: OpGraph, group: str, cluste
             keep_sel += (saved if saved >= out else saved + out) // div
         else:
             rerun_sel += f
+            fixed_sel += t.fixed_fwd
     inp = input_bytes(graph, group) // input_div
     dev = cluster.device
 
@@ -368,6 +382,7 @@ def _add_recompute_policies(opt: BlockOption, graph: OpGraph, group: str, cluste
     opt.saved_by_policy = {"none": opt.saved_bytes, "selective": min(opt.saved_bytes, keep_sel + inp),
                            "full": min(opt.saved_bytes, inp)}
     opt.refwd_by_policy = {"none": 0.0, "selective": rerun_sel, "full": opt.fwd_s}
+    opt.refixed_by_policy = {"none": 0.0, "selective": fixed_sel, "full": fixed_all}
 
 
 def propagate_tp(graph: OpGraph, group: str, tp: int,

@@ -1,19 +1,52 @@
 """Tree all-reduce and the ring/tree choice, all-to-all, broadcast: hand-computed from the formulas in
-costmodel/comm.py's docstring with the A100-80GB preset (alpha_i 5 us, beta_i 600 GB/s; alpha_e 10 us,
-beta_e 25 GB/s)."""
+costmodel/comm.py's docstring with a reference device (alpha_i 5 us, beta_i 600 GB/s; alpha_e 10 us,
+beta_e 25 GB/s; links at their full figures), so the numbers below are the formulas' own."""
+from dataclasses import replace
+
 import pytest
 
 from costmodel import comm
 from costmodel.hardware import parse_cluster
 
-ONE_NODE = parse_cluster("8xA100-80GB")
-FOUR_NODES = parse_cluster("4x8xA100-80GB")
-BIG = parse_cluster("64x8xA100-80GB")
+
+def _reference(spec):
+    c = parse_cluster(spec)
+    return replace(c, device=replace(c.device, intra_node_bw=600e9, intra_link_efficiency=1.0,
+                                     inter_link_efficiency=1.0))
+
+
+ONE_NODE = _reference("8xA100-80GB")
+FOUR_NODES = _reference("4x8xA100-80GB")
+BIG = _reference("64x8xA100-80GB")
 
 
 def test_reference_figures_used_below():
     d = ONE_NODE.device
     assert (d.intra_node_latency, d.intra_node_bw, d.inter_node_latency, d.inter_node_bw) == (5e-6, 600e9, 10e-6, 25e9)
+    assert (comm.beta_intra(d), comm.beta_inter(ONE_NODE)) == (600e9, 25e9)
+
+
+def test_links_run_at_their_achieved_fraction_of_the_per_direction_peak():
+    """Presets take NVLink per direction (REFERENCE.md: A100 300 GB/s, H100 450 GB/s, not the two-way
+    totals) and a collective moves bytes at the link efficiency's share of it."""
+    for spec, nvlink in (("8xA100-80GB", 300e9), ("8xH100-80GB", 450e9), ("8xV100-32GB", 150e9)):
+        c = parse_cluster(spec)
+        d = c.device
+        assert d.intra_node_bw == nvlink and 0.5 < d.intra_link_efficiency < 1 and 0.5 < d.inter_link_efficiency < 1
+        assert comm.beta_intra(d) == pytest.approx(nvlink * d.intra_link_efficiency)
+        g = comm.group_for(c, 8, 1)
+        big = 8e9  # bandwidth-bound: the time is the bytes over the achieved bandwidth
+        assert comm.all_gather(c, g, big) == pytest.approx(7 / 8 * big / comm.beta_intra(d), rel=1e-2)
+
+
+def test_an_oversubscribed_pod_slows_groups_that_leave_it():
+    c = replace(parse_cluster("64x8xA100-80GB"), nodes_per_pod=16, pod_oversubscription=2.0)
+    inside = comm.group_for(c, 16, 8)   # one rank on each of 16 nodes: one pod
+    across = comm.group_for(c, 32, 8)   # 32 nodes: two pods
+    assert comm.beta_inter(c, inside.nodes) == 2 * comm.beta_inter(c, across.nodes)
+    flat = parse_cluster("64x8xA100-80GB")
+    assert comm.all_gather(c, inside, 1e9) == pytest.approx(comm.all_gather(flat, inside, 1e9))
+    assert comm.all_gather(c, across, 1e9) > 1.8 * comm.all_gather(flat, across, 1e9)
 
 
 def test_inside_a_node_the_chain_never_beats_the_ring():
@@ -81,7 +114,7 @@ def test_all_to_all():
     g = comm.group_for(ONE_NODE, 8, 1)
     # 7 * (5e-6 + (8e6/8)/600e9)
     assert comm.all_to_all(ONE_NODE, g, 8e6) == pytest.approx(4.6666667e-5)
-    two = parse_cluster("2x8xA100-80GB")
+    two = _reference("2x8xA100-80GB")
     g16 = comm.group_for(two, 16, 1)
     # 7 peers on the node + 8 off it, 1e6 bytes each: 7*(5e-6 + 1e6/600e9) + 8*(10e-6 + 1e6/25e9)
     assert comm.all_to_all(two, g16, 16e6) == pytest.approx(4.4666667e-4)

@@ -29,7 +29,7 @@ def test_ring_all_reduce_inside_a_node():
     d = c.device
     g = comm.group_for(c, 8, 1)
     t = comm.all_reduce(c, g, 1e9)
-    assert t == pytest.approx(2 * 7 * d.intra_node_latency + 2 * 7 / 8 * 1e9 / d.intra_node_bw)
+    assert t == pytest.approx(2 * 7 * d.intra_node_latency + 2 * 7 / 8 * 1e9 / comm.beta_intra(d))
     assert comm.all_gather(c, g, 1e9) == pytest.approx(t / 2)
 
 

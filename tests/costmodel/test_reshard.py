@@ -153,12 +153,12 @@ def test_times_use_the_mesh_axis_group():
     shape, mesh = (4096, 4096), (2, 8)  # axis 0 crosses nodes (stride 8), axis 1 inside a node
     inside = reshard(shape, [R, P], [R, R], mesh, itemsize=2, cluster=c)
     b = 4096 * 4096 * 2
-    assert inside.time_s == pytest.approx(2 * 7 * d.intra_node_latency + 2 * 7 / 8 * b / d.intra_node_bw)
+    assert inside.time_s == pytest.approx(2 * 7 * d.intra_node_latency + 2 * 7 / 8 * b / comm.beta_intra(d))
     across = reshard(shape, [P, R], [R, R], mesh, itemsize=2, cluster=c)
-    assert across.time_s == pytest.approx(2 * d.inter_node_latency + b / d.inter_node_bw)
+    assert across.time_s == pytest.approx(2 * d.inter_node_latency + b / comm.beta_inter(c))
     gather = reshard(shape, [R, S(0)], [R, R], mesh, itemsize=2, cluster=c)
     assert gather.time_s == pytest.approx(comm.all_gather(c, comm.group_for(c, 8, 1), b))
-    assert gather.time_s == pytest.approx(7 * d.intra_node_latency + 7 / 8 * b / d.intra_node_bw)
+    assert gather.time_s == pytest.approx(7 * d.intra_node_latency + 7 / 8 * b / comm.beta_intra(d))
 
 
 @pytest.mark.parametrize("bad,needle", [

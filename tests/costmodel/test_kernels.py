@@ -1,0 +1,75 @@
+"""Compute by kernel kind and shape (costmodel.kernels): GEMMs on a shape-dependent roofline, fused
+attention at its own efficiency, everything else memory-bound."""
+from dataclasses import replace
+
+import pytest
+
+from costmodel.hardware import DEVICES
+from costmodel.kernels import node_time, saturation
+from planner.strategies import replicate_option, tensor_option
+from costmodel.hardware import parse_cluster
+
+A100 = DEVICES["A100-80GB"]
+
+
+def linear(m, n, k):
+    return {"kind": "linear", "shape": (1, m, n), "fwd_flops": 2 * m * n * k, "bwd_flops": 4 * m * n * k,
+            "mem_bytes": 2 * (m * k + m * n)}
+
+
+def test_a_large_gemm_runs_near_the_device_efficiency_and_a_small_dimension_slows_it():
+    big = node_time(linear(8192, 12288, 12288), A100, "bf16")
+    rate = 2 * 8192 * 12288 * 12288 / (big.fwd + big.fixed_fwd)
+    assert 0.9 * A100.matmul_efficiency < rate / A100.peak("bf16") < A100.matmul_efficiency
+    # the same FLOPs with K = 128 (an attention head's width) run well below it
+    thin = node_time(linear(8192, 12288, 128), A100, "bf16")
+    thin_rate = 2 * 8192 * 12288 * 128 / (thin.fwd + thin.fixed_fwd)
+    assert thin_rate < 0.6 * rate
+    # the backward's two products have the same three sizes: the same efficiency, twice the FLOPs
+    assert big.bwd == pytest.approx(2 * big.fwd)
+
+
+def test_a_tensor_parallel_shard_is_less_than_t_times_faster():
+    whole = node_time(linear(2048, 2304, 2304), A100, "bf16")
+    col = node_time(linear(2048, 2304, 2304), A100, "bf16", n_div=8)
+    row = node_time(linear(2048, 2304, 2304), A100, "bf16", k_div=8)
+    for shard in (col, row):
+        assert whole.fwd / 8 < shard.fwd < whole.fwd
+    assert col.fwd == pytest.approx(row.fwd)  # s(N) s(K) is symmetric
+
+
+def test_linear_time_is_affine_in_the_micro_batch():
+    """t(b) = b t_1 + fixed: the per-micro-batch term is what the token dimension's saturation adds."""
+    one = node_time(linear(512, 4096, 4096), A100, "bf16")
+    for b in (1, 2, 8):
+        direct = 2 * b * 512 * 4096 * 4096 / (A100.peak("bf16") * A100.matmul_efficiency * saturation(b * 512, A100.gemm_half_dim)
+                                              * saturation(4096, A100.gemm_half_dim) ** 2)
+        assert b * one.fwd + one.fixed_fwd == pytest.approx(direct)
+
+
+def test_attention_and_memory_bound_kernels():
+    att = {"kind": "scaled_dot_product_attention", "shape": (1, 32, 2048, 128), "fwd_flops": 1e12,
+           "bwd_flops": 2.5e12, "mem_bytes": 1e8}
+    t = node_time(att, A100, "bf16")
+    assert t.fwd == pytest.approx(1e12 / (A100.peak("bf16") * A100.attention_efficiency))
+    norm = {"kind": "layernorm", "shape": (1, 2048, 4096), "fwd_flops": 0, "bwd_flops": 0, "mem_bytes": 4e7}
+    t = node_time(norm, A100, "bf16")
+    assert t.fwd == pytest.approx(4e7 / (A100.mem_bandwidth * A100.mem_efficiency)) and t.bwd == pytest.approx(2 * t.fwd)
+
+
+def test_a_device_without_shape_curve_runs_every_gemm_at_one_efficiency():
+    flat = replace(A100, gemm_half_dim=0.0)
+    for dims in ((8192, 12288, 12288), (64, 64, 64)):
+        t = node_time(linear(*dims), flat, "bf16")
+        assert t.fixed_fwd == 0
+        assert t.fwd == pytest.approx(2 * dims[0] * dims[1] * dims[2] / (A100.peak("bf16") * A100.matmul_efficiency))
+
+
+def test_block_options_carry_the_shape_effect(graph_of):
+    """A transformer layer split 8 ways costs each rank more than 1/8 of the whole on a GPU preset."""
+    g = graph_of("small-gpt")
+    c = parse_cluster("8xA100-80GB")
+    whole = replicate_option(g, "blocks.0", c, 1)
+    split = tensor_option(g, "blocks.0", c, 4)
+    assert split.fwd_s + split.fixed_s / 2 > (whole.fwd_s + whole.fixed_s / 2) / 4
+    assert whole.fixed_s > 0 and split.refixed_by_policy["full"] > 0 and split.refixed_by_policy["none"] == 0

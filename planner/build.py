@@ -13,9 +13,13 @@ from planner.strategies import SPLIT
 def predicted(result: SearchResult, c: Candidate) -> dict:
     """Step time, throughput, FLOP/s and memory of a solved candidate, with their breakdown.
 
-    The breakdown follows the objective: the bottleneck stage s* paces m micro-batches (its compute,
-    tensor-parallel, ZeRO/offload-exposed and point-to-point time), the other stages' fill and drain
-    are the bubble, and the slowest stage's flush (data-parallel all-reduce, optimizer step) follows.
+    The breakdown follows the objective: the bottleneck stage s* paces m micro-batches (its compute, the
+    compute's slowdown while collectives overlap it ("contention"), and the communication no compute
+    covers: tensor-parallel, ZeRO, offload, point-to-point -- costmodel.streams), the other stages' fill
+    and drain are the bubble, and the slowest stage's flush (the data-parallel all-reduce's exposed part,
+    the optimizer step) follows; the breakdown adds up to the step time. `exposed_comm_s` sums its exposed
+    kinds; `hidden_comm_s` (not part of the step) is communication that ran beside compute, costing
+    only its contention.
     """
     sol, prob, parts = c.solution, c.problem, c.parts
     train, cluster = result.train, result.cluster
@@ -27,19 +31,30 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     def col(attr, s=None):
         opts = stage_opts[s] if stage_opts is not None and s is not None else c.options
         return np.array([getattr(v, attr) for v in opts] or [0.0])
-    compute = counts[s_star] @ col("compute", s_star) + parts["e_compute"][s_star]
-    tp_comm = counts[s_star] @ col("tp_comm", s_star) + parts["e_tp"][s_star]
+    n = counts[s_star]
+
+    def timing(kind: str) -> np.ndarray:  # per option: seconds of `kind` in its stream timing
+        opts = stage_opts[s_star] if stage_opts is not None else c.options
+        get = {"contention": lambda t: t.contention, "hidden": lambda t: t.hidden,
+               "zero": lambda t: t.exposed["zero"], "offload": lambda t: t.exposed["offload"]}[kind]
+        return np.array([get(v.timing) if v.timing is not None else 0.0 for v in opts] or [0.0])
+    compute = n @ col("compute", s_star) + parts["e_compute"][s_star]
+    tp_comm = n @ col("tp_comm", s_star) + parts["e_tp"][s_star]
     p2p = parts["e_p2p"][s_star]
-    exposed = col("time", s_star) - col("compute", s_star) - col("tp_comm", s_star)
-    hidden_exposed = counts[s_star] @ exposed + parts["e_zero"][s_star]
-    offload_mask = np.array([v.offload_activations for v in c.options] or [False])
-    exposed_offload = counts[s_star][offload_mask] @ exposed[offload_mask] if offload_mask.any() else 0.0
-    zero_exposed = hidden_exposed - exposed_offload
+    contention = n @ timing("contention")
+    # the blocks outside the layers (embeddings, head) and each stage's first gathers / last
+    # reduce-scatter are in e_zero: exposed ZeRO traffic (and their small contention)
+    zero_exposed = n @ timing("zero") + parts["e_zero"][s_star]
+    exposed_offload = n @ timing("offload")
+    hidden = n @ timing("hidden")
     # objective = m tau* + (sum tau - tau*) / v + flush: fill and drain shrink v-fold when interleaved
     bubble = float(sol.stage_time.sum() - sol.stage_time[s_star]) / c.virtual_stages
     f_star = int(np.argmax(sol.stage_flush))
-    dp_comm = float(counts[f_star] @ col("dp_comm", f_star) + parts["e_dp"][f_star])
-    optimizer = float(sol.stage_flush[f_star] - dp_comm)
+    fn = counts[f_star]
+    dp_comm = float(fn @ col("dp_exposed", f_star) + parts["e_dp"][f_star])
+    dp_contention = float(fn @ col("dp_contention", f_star))
+    dp_hidden = float(fn @ (col("dp_comm", f_star) - col("dp_exposed", f_star)))
+    optimizer = float(sol.stage_flush[f_star] - dp_comm - dp_contention)
     step = sol.objective
     tokens = train.global_batch * (result.graph.seq_len or 1)
     # Model FLOPs (Korthikanti et al. 2022): forward + backward = 3x the forward FLOPs, recomputation
@@ -47,9 +62,11 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     model_flops = 3 * result.graph.totals()["fwd_flops"] * train.global_batch
     tflops = model_flops / step / cluster.num_devices / 1e12
     memory = [stage_memory(c, s) for s in range(c.pp)]
-    breakdown = {"compute_s": m * compute, "tp_comm_s": m * tp_comm, "zero_comm_s": m * zero_exposed,
-                 "p2p_s": m * p2p, "bubble_s": bubble, "dp_comm_s": dp_comm, "optimizer_s": optimizer,
-                 "offload_s": m * exposed_offload}
+    breakdown = {"compute_s": m * compute, "contention_s": m * contention + dp_contention,
+                 "tp_comm_s": m * tp_comm, "zero_comm_s": m * zero_exposed, "offload_s": m * exposed_offload,
+                 "p2p_s": m * p2p, "bubble_s": bubble, "dp_comm_s": dp_comm, "optimizer_s": optimizer}
+    breakdown = {k: max(0.0, float(v)) if abs(v) > 1e-12 * step else 0.0 for k, v in breakdown.items()}
+    exposed_comm = sum(breakdown[k] for k in ("tp_comm_s", "zero_comm_s", "offload_s", "p2p_s", "dp_comm_s"))
     return {
         "step_time_s": step,
         "tokens_per_s": tokens / step,
@@ -58,11 +75,36 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "mfu": model_flops / step / sum(g.num_devices * g.device.peak(train.dtype) for g in cluster.group_list()),
         "peak_memory_bytes": max(r["total"] for r in memory),
         "memory_capacity_bytes": int(np.min(prob.capacity)),
-        "breakdown": {k: max(0.0, float(v)) if abs(v) > 1e-12 * step else 0.0 for k, v in breakdown.items()},
+        "exposed_comm_s": exposed_comm,
+        "hidden_comm_s": max(0.0, float(m * hidden + dp_hidden)),
+        "assumptions": assumptions(cluster, train.dtype),
+        "breakdown": breakdown,
         "memory_per_stage": memory,
         **({"memory_capacity_per_stage": [int(x) for x in np.broadcast_to(prob.capacity, (c.pp,))]}
            if np.ndim(prob.capacity) else {}),
     }
+
+
+def assumptions(cluster, dtype: str) -> list[str]:
+    """The cost model's parameters in force for this cluster, in words (explain prints them)."""
+    d = cluster.device
+    peak = d.peak(dtype) / 1e12
+    out = [f"{d.name}: {peak:g} TFLOP/s dense {dtype} peak; large GEMMs at {100 * d.matmul_efficiency:.0f}% of it"
+           + (f", each GEMM dimension x scaling that by x / (x + {d.gemm_half_dim:g})" if d.gemm_half_dim else
+              ", whatever their shape"),
+           f"fused attention at {100 * (d.attention_efficiency or d.matmul_efficiency):.0f}% of peak; memory-bound "
+           f"ops at {100 * d.mem_efficiency:.0f}% of {d.mem_bandwidth / 1e9:g} GB/s; {d.op_latency * 1e6:g} us per "
+           "kernel launch",
+           f"links per direction: {d.intra_node_bw / 1e9:g} GB/s in a node at {100 * d.intra_link_efficiency:.0f}%, "
+           f"{d.inter_node_bw / 1e9:g} GB/s per device across nodes at {100 * d.inter_link_efficiency:.0f}%"
+           + (f", / {cluster.pod_oversubscription:g} beyond a pod of {cluster.nodes_per_pod} nodes"
+              if cluster.nodes_per_pod else "")
+           + "; ring or tree all-reduce, whichever is faster; hierarchical across nodes",
+           "overlap: FSDP gathers prefetch one layer ahead and hide behind that layer's compute in the same "
+           "direction; each stage's first gathers and last reduce-scatter are exposed; DDP buckets overlap the "
+           "backward (one stage, no TP) but the last; tensor-parallel collectives and pipeline sends are exposed",
+           f"compute slows by {100 * d.overlap_slowdown:.0f}% of the time a collective overlaps it"]
+    return out
 
 
 def _layer_choices(c: Candidate, counts_s: np.ndarray) -> list:

@@ -24,7 +24,7 @@ from planner.milp import StageProblem, StageSolution
 from planner.milp_blocks import BlockProblem
 from planner.options import Variant, cost_variant, pareto_indices, variants
 from planner.phases import grads_absent, memory_phases
-from planner.space import SearchSpace, TrainConfig, _meshes, _schedules, divisors
+from planner.space import SearchSpace, TrainConfig, _meshes, _micro_batch_allowed, _schedules, divisors
 from planner.strategies import SPLIT, BlockOption, replicate_option, sequence_option, tensor_option
 
 
@@ -112,6 +112,10 @@ class _Bases:
         return self._cache[(tp, sp)]
 
 
+DDP_BUCKET_BYTES = 25 * 2**20
+"""torch DistributedDataParallel's default bucket_cap_mb (25 MiB)."""
+
+
 def step_sync(cluster: Cluster) -> float:
     """Seconds of the one collective every training step issues whatever the plan: the runtime
     all-reduces the step's loss (one fp32 scalar) over all ranks before the optimizer step
@@ -119,10 +123,12 @@ def step_sync(cluster: Cluster) -> float:
     return comm.all_reduce(cluster, comm.group_for(cluster, cluster.num_devices, 1), 4)
 
 
-def _add_extra_costs(e: dict, s: int, options, cluster: Cluster, sb, zero: int, dp: int, tp: int, b: int) -> None:
-    """Charge the prefix or suffix blocks (embeddings, head) of stage s to the per-stage arrays `e`."""
+def _add_extra_costs(e: dict, s: int, options, cluster: Cluster, sb, zero: int, dp: int, tp: int, b: int,
+                     ddp_overlap: bool = False) -> None:
+    """Charge the prefix or suffix blocks (embeddings, head) of stage s to the per-stage arrays `e`
+    ("zero": what the stream model exposes of their ZeRO and offload traffic, and its contention)."""
     for o in options:
-        var = cost_variant(Variant(o), cluster, sb, zero, dp, tp, b)
+        var = cost_variant(Variant(o), cluster, sb, zero, dp, tp, b, ddp_overlap)
         e["compute"][s] += var.compute
         e["tp"][s] += var.tp_comm
         e["zero"][s] += max(0.0, var.time - var.tp_comm - var.compute)
@@ -141,9 +147,15 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     layer_bases, pre, suf, max_out = bases.get(tp, sp)
     if tp > 1 and layers and not any(o.name in SPLIT for o in layer_bases):
         return None  # the layers cannot be split over tp ranks
-    opts = variants(layer_bases, cluster, sb, zero, dp, tp, b, space.recompute, space.offload)
+    # the runtime's DDP (one stage, no tensor parallelism) reduces gradient buckets during the backward
+    ddp = zero <= 1 and dp > 1 and tp == 1 and pp == 1
+    opts = variants(layer_bases, cluster, sb, zero, dp, tp, b, space.recompute, space.offload, ddp_overlap=ddp)
     if tp > 1 and layers and not any(o.sharding in SPLIT for o in opts):
-        return None  # splitting the layers never pays on this mesh: a smaller tp does better
+        if space.tp is None:
+            return None  # splitting the layers never pays on this mesh: a smaller tp does better
+        # a fixed tp is priced as asked (what-if), even where a smaller one would do better
+        opts = variants([o for o in layer_bases if o.name in SPLIT], cluster, sb, zero, dp, tp, b,
+                        space.recompute, space.offload, ddp_overlap=ddp)
     if tp > 1 and not layers and not any(o.name in SPLIT for o in (*pre, *suf)):
         return None  # nothing to split: the tp ranks would duplicate all work
     dp_group = comm.group_for(cluster, dp, tp)
@@ -151,9 +163,17 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
 
     e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "grad", "act", "flush", "dp", "zero")}
     for s, group_opts in ((0, pre), (pp - 1, suf)):
-        _add_extra_costs(e, s, group_opts, cluster, sb, zero, dp, tp, b)
+        _add_extra_costs(e, s, group_opts, cluster, sb, zero, dp, tp, b, ddp)
     e["flush"] += dp_latency + step_sync(cluster)
     e["dp"] += dp_latency + step_sync(cluster)
+    if ddp:  # the last bucket has no backward left to hide behind (DDP's default bucket: 25 MB)
+        grads = sum(o.param_numel for o in (*pre, *suf)) + len(layers) * layer_bases[0].param_numel if layers else 0
+        last = comm.all_reduce(cluster, dp_group, min(DDP_BUCKET_BYTES, grads * sb.grad / pp))
+        e["flush"] += last
+        e["dp"] += last
+    if zero >= 2 and dp > 1 and opts:
+        # each stage's first gathers and last reduce-scatter, per micro-batch (costmodel.streams.edge_exposed)
+        e["zero"] += max(o.zero_comm for o in opts)
     if sp and layers:
         e["tp"] += _edge_reshards(bases, pre, suf, b, pp)
     if pp > 1 and layers:
@@ -322,15 +342,15 @@ def _enumerate_hetero(bases: _Bases, cluster: Cluster, train: TrainConfig, space
             pp = sum(n // d for n in sizes)
             if pp > max(1, len(bases.layers)) or (space.pp is not None and pp not in space.pp):
                 continue
-            if train.global_batch % dp:
+            if train.global_batch % dp or (space.dp is not None and dp not in space.dp):
                 continue
             local = train.global_batch // dp
             for order in (groups, groups[::-1]):
                 stage_groups = [g for g in order for _ in range(g.num_devices // d)]
-                for zero in (space.zero if dp > 1 else (0,)):
+                for zero in (space.zero if dp > 1 else (0,) if 0 in space.zero else ()):
                     for b in divisors(local):
                         m = local // b
-                        if b > train.max_micro_batch or (pp > 1 and m < pp):
+                        if not _micro_batch_allowed(b, train, space) or (pp > 1 and m < pp):
                             continue
                         c = build_hetero_candidate(bases, train, space, pp, dp, tp, zero, b, stage_groups)
                         if c is not None:
@@ -410,7 +430,7 @@ def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, s
         return prefix, layers, suffix, _enumerate_hetero(bases, cluster, train, space)
     out = []
     for pp, dp, tp, zero, b, m in _meshes(cluster, train, space, max(1, len(layers))):
-        for schedule, v in _schedules(train.schedule, pp, m, len(layers)):
+        for schedule, v in _schedules(train.schedule, pp, m, len(layers), space.virtual_stages):
             for sp in (space.sequence_parallel if tp > 1 else (False,)):
                 c = build_candidate(bases, train, space, pp, dp, tp, zero, b, schedule, v, sp)
                 if c is not None:

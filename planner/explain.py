@@ -121,10 +121,21 @@ def _time(pred: dict) -> Table:
     table.add_column("where the time goes")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
+    hidden = pred.get("hidden_comm_s", 0.0)
     for key, v in pred.get("breakdown", {}).items():
         if v > 1e-9 * step:
-            table.add_row(key[:-2].replace("_", " "), f"{v:.4g}", f"{100 * v / step:.0f}%")
+            table.add_row(_TIME_LABELS.get(key, key[:-2].replace("_", " ")), f"{v:.4g}", f"{100 * v / step:.0f}%")
+    if "exposed_comm_s" in pred:
+        table.add_section()
+        table.add_row("exposed communication", f"{pred['exposed_comm_s']:.4g}", f"{100 * pred['exposed_comm_s'] / step:.0f}%")
+        table.add_row("hidden behind compute", f"{hidden:.4g}", "(not in the step)")
     return table
+
+
+_TIME_LABELS = {"compute_s": "compute", "contention_s": "compute slowed by overlapped comm",
+                "tp_comm_s": "tp comm (exposed)", "zero_comm_s": "zero comm (exposed)",
+                "offload_s": "offload copies (exposed)", "p2p_s": "pipeline p2p (exposed)",
+                "bubble_s": "pipeline bubble", "dp_comm_s": "dp all-reduce (exposed)", "optimizer_s": "optimizer"}
 
 
 def _memory(pred: dict) -> Table:
@@ -202,6 +213,9 @@ def renderables(plan) -> Group:
                         f"{pred['tflops_per_device']:.3g} TFLOP/s per device (model FLOPs), MFU {100 * pred['mfu']:.1f}%",
                         style="bold")
         parts += [Text(""), headline, _time(pred), Text(""), _memory(pred)]
+        if pred.get("assumptions"):
+            parts += [Text(""), Text("assumptions in force (costmodel.kernels, costmodel.streams, costmodel.comm):")]
+            parts += [Text(f"  - {a}") for a in pred["assumptions"]]
     if plan.solver:
         parts += [Text(""), _solver(plan)]
     if plan.baselines:

@@ -1,15 +1,19 @@
 """Layer variants: a sharding option x a recompute policy x activation offload x optimizer offload,
 costed per rank for one candidate (tp, dp, ZeRO stage, micro-batch b).
 
-Per micro-batch time (seconds):
-    compute  = (forward + backward + recompute re-run) * b + operator launches (Device.op_latency each)
-    overlap  = max(compute, ZeRO traffic, activation offload traffic)     (prefetched / async copies)
-    T        = overlap + tensor-parallel all-reduces (on the critical path, as in Megatron-LM)
+Per micro-batch time (seconds), the stream model of costmodel.streams:
+    compute  = forward C_f and backward C_b (+ a recompute re-run), each b * per-sample seconds + the
+               per-micro-batch GEMM and launch seconds (costmodel.kernels, Device.op_latency)
+    T        = window_f + window_b + tensor-parallel collectives (on the critical path, as in Megatron-LM)
+where each window runs its compute beside the ZeRO all-gathers / reduce-scatters of that direction and
+the host-link copies of that direction, exposes what compute does not cover, and stretches compute
+while they overlap (Device.overlap_slowdown).
 ZeRO traffic per micro-batch over the data-parallel group (FSDP2 semantics, what the runtime runs):
-    stage 2 (reshard after forward off): all-gather parameters once + reduce-scatter gradients
-    stage 3 (FSDP):                      all-gather in forward and again in backward + reduce-scatter
-Activation offload (save_on_cpu): the kept activations go to host in forward and back in backward,
-2 * A / host link bandwidth.
+    stage 2 (reshard after forward off): all-gather parameters before the forward + reduce-scatter
+    stage 3 (FSDP):                      all-gather before the forward and again before the backward
+                                         + reduce-scatter
+Activation offload (save_on_cpu): the kept activations go to host during the forward (A / host link
+bandwidth) and come back during the backward; the NIC's off-node bytes share that link.
 
 Model-state bytes per rank (n parameters on this rank after tensor parallelism; ZeRO, Rajbhandari et al.
 SC'20, with p, g, o bytes per parameter of parameters, gradients, optimizer state; d = dp degree):
@@ -25,9 +29,11 @@ down the host link (overlapped like the all-gathers), and the optimizer step run
 (`Device.host_memory_bytes > 0`; a `cpu` device's memory already is host memory).
 
 After-flush time D (seconds): stages 0-1 all-reduce the gradients (stage 1 as reduce-scatter + all-gather,
-the same volume, 2 Psi); stages 2-3 already reduced them per micro-batch. Then the optimizer step over the
-rank's optimizer shard, memory-bound: n_opt * step traffic / memory bandwidth, plus
-Device.sharded_param_latency per parameter tensor held as a DTensor.
+the same volume, 2 Psi) -- all of it after the flush, or (DDP, `ddp_overlap`) in buckets during the last
+micro-batch's backward, exposed only where it outlasts the layer's backward compute; stages 2-3 already
+reduced them per micro-batch. Then the optimizer step over the rank's optimizer shard, memory-bound:
+n_opt * step traffic / achievable memory bandwidth, plus Device.sharded_param_latency per parameter
+tensor held as a DTensor.
 """
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel import comm
+from costmodel import comm, streams
 from costmodel.hardware import Cluster
 from costmodel.memory import StateBytes
 from planner.strategies import BlockOption
@@ -68,6 +74,10 @@ class Variant:
     dp_comm: float = 0.0
     host_state: float = 0.0        # bytes of optimizer state offloaded to host memory
     host_act: float = 0.0          # bytes of activations offloaded per micro-batch
+    timing: "streams.LayerTiming | None" = None  # where `time` goes (costmodel.streams)
+    dp_exposed: float = 0.0        # of `flush`: the data-parallel all-reduce no backward compute covers
+    dp_contention: float = 0.0     # of `flush`: compute slowed by the all-reduce it overlaps
+    step: float = 0.0              # of `flush`: the optimizer step
 
     @property
     def sharding(self) -> str:
@@ -108,45 +118,80 @@ def zero_state_bytes(n: float, sb: StateBytes, zero: int, dp: int, offload_state
     raise ValueError(f"ZeRO stage must be 0-3, got {zero}")
 
 
-def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: int) -> Variant:
+def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: int,
+                 ddp_overlap: bool = False) -> Variant:
+    """Cost one variant for one micro-batch of b samples on one rank (module docstring); the time is the
+    stream model's (costmodel.streams). `ddp_overlap`: the data-parallel all-reduce (ZeRO-0/1) runs in
+    buckets during the last micro-batch's backward (the runtime's DDP), rather than after the flush."""
     o, dev = v.base, cluster.device
     n = o.param_numel
     zero = zero if v.zero is None else v.zero
     dp_group = comm.group_for(cluster, dp, tp)
-    v.compute = (o.fwd_s + o.bwd_s + o.refwd_by_policy[v.recompute]) * b \
-        + o.launch_s + o.relaunch_by_policy.get(v.recompute, 0.0)
+    flops = o.fwd_s + o.bwd_s
+    per_mb = o.fixed_s + o.launch_s  # per micro-batch seconds, split like the per-sample ones
+    fwd = o.fwd_s * b + (per_mb * o.fwd_s / flops if flops else per_mb / 3)
+    rerun = o.refwd_by_policy[v.recompute] * b + o.refixed_by_policy.get(v.recompute, 0.0) \
+        + o.relaunch_by_policy.get(v.recompute, 0.0)
+    bwd = o.bwd_s * b + per_mb - (fwd - o.fwd_s * b) + rerun
+    v.compute = fwd + bwd
     v.tp_comm = o.tp_comm_s(cluster, b)
     if v.recompute == "full":  # the re-run forward repeats its collectives
         v.tp_comm += o.tp_fwd_comm_s(cluster, b)
     kept = o.saved_by_policy[v.recompute] * b
-    v.offload_traffic = 2 * kept / dev.host_bw if v.offload_activations else 0.0
     v.act = 0.0 if v.offload_activations else float(kept)
     v.host_act = float(kept) if v.offload_activations else 0.0
-    ag = comm.all_gather(cluster, dp_group, n * sb.param)
-    rs = comm.reduce_scatter(cluster, dp_group, n * sb.grad)
-    v.zero_comm = {0: 0.0, 1: 0.0, 2: ag + rs, 3: 2 * ag + rs}[zero] if dp > 1 else 0.0
-    if v.offload_states:  # parameter shard up, gradient shard down, every micro-batch
-        v.zero_comm += n / dp * (sb.param + sb.grad) / dev.host_bw
-    v.time = max(v.compute, v.zero_comm, v.offload_traffic) + v.tp_comm
+    ag = comm.all_gather(cluster, dp_group, n * sb.param) if dp > 1 else 0.0
+    rs = comm.reduce_scatter(cluster, dp_group, n * sb.grad) if dp > 1 else 0.0
+    gather_fwd = ag if zero >= 2 else 0.0          # ZeRO-2 (reshard_after_forward off): gathered once
+    gather_bwd = ag if zero == 3 else 0.0          # ZeRO-3: again before the backward
+    scatter = rs if zero >= 2 else 0.0
+    out = back = 0.0
+    if v.offload_activations:
+        out = back = kept / dev.host_bw
+    if v.offload_states:  # parameter shard up before the forward, gradient shard down after the backward
+        out += n / dp * sb.param / dev.host_bw
+        back += n / dp * sb.grad / dev.host_bw
+    nic_f = nic_b = 0.0
+    if out or back:  # the NIC's off-node bytes cross the same PCIe switch as the host copies
+        nic_f = comm.off_node_bytes(cluster, dp_group, n * sb.param) / dev.host_bw if gather_fwd else 0.0
+        nic_b = (comm.off_node_bytes(cluster, dp_group, n * sb.param) * (gather_bwd > 0)
+                 + comm.off_node_bytes(cluster, dp_group, n * sb.grad) * (scatter > 0)) / dev.host_bw
+    timing = streams.layer_timing(streams.LayerStreams(
+        compute_fwd=fwd, compute_bwd=bwd, tp=v.tp_comm, gather_fwd=gather_fwd, gather_bwd=gather_bwd,
+        scatter_bwd=scatter, offload_out=out, offload_in=back, nic_fwd=nic_f, nic_bwd=nic_b),
+        dev.overlap_slowdown)
+    v.timing = timing
+    v.time = timing.total
+    v.zero_comm = gather_fwd + gather_bwd + scatter
+    v.offload_traffic = out + back
     v.state = zero_state_bytes(n, sb, zero, dp, v.offload_states)
     v.grad = 0.0 if v.offload_states else sb.grad * n / (dp if zero >= 2 else 1)
     v.host_state = (zero_state_bytes(n, sb, zero, dp) - v.state) if v.offload_states else 0.0
-    _, per_byte = comm.affine(comm.all_reduce, cluster, dp_group)
-    v.dp_comm = n * sb.grad * per_byte if zero <= 1 else 0.0
+    ar = 0.0
+    if zero <= 1 and dp > 1:
+        _, per_byte = comm.affine(comm.all_reduce, cluster, dp_group)
+        ar = n * sb.grad * per_byte
+    v.dp_comm = ar
+    v.dp_exposed, v.dp_contention = ar, 0.0
+    if ddp_overlap and ar:
+        # buckets overlap the last micro-batch's backward of this layer (costmodel.streams)
+        v.dp_exposed, v.dp_contention = streams.bucketed_all_reduce(ar, bwd, dev.overlap_slowdown)
     n_opt = n / dp if zero >= 1 else n
     if v.offload_states:
         step = n_opt * sb.step_traffic / HOST_MEMORY_BW
     else:
-        step = n_opt * sb.step_traffic / dev.mem_bandwidth
+        step = n_opt * sb.step_traffic / (dev.mem_bandwidth * dev.mem_efficiency)
     # each parameter held as a DTensor (tensor-parallel ones; all of them under FSDP) costs the optimizer
     # DTensor's dispatch of its per-parameter operators: Device.sharded_param_latency
     dtensors = o.param_tensors if zero >= 2 and dp > 1 else o.dtensor_params
-    v.flush = v.dp_comm + step + dtensors * dev.sharded_param_latency
+    v.step = step + dtensors * dev.sharded_param_latency
+    v.flush = v.dp_exposed + v.dp_contention + v.step
     return v
 
 
 def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: int,
-             allow_recompute=RECOMPUTE, allow_offload: bool = True, prune: bool = True) -> list[Variant]:
+             allow_recompute=RECOMPUTE, allow_offload: bool = True, prune: bool = True,
+             ddp_overlap: bool = False) -> list[Variant]:
     """Every variant of every sharding option, costed, with dominated ones removed.
 
     With tp > 1 a replicated variant is usually dominated by a tensor-parallel one (slower, more memory)
@@ -161,9 +206,9 @@ def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: i
                 if off_a and r == "full":
                     continue  # the layer input alone: nothing worth the host link
                 for off_o in ((False, True) if allow_offload and zero == 3 else (False,)):
-                    out.append(cost_variant(Variant(base, r, off_a, off_o), cluster, sb, zero, dp, tp, b))
+                    out.append(cost_variant(Variant(base, r, off_a, off_o), cluster, sb, zero, dp, tp, b, ddp_overlap))
                 if zero == 3 and dp > 1:  # this block alone kept gathered from forward to backward
-                    out.append(cost_variant(Variant(base, r, off_a, zero=2), cluster, sb, zero, dp, tp, b))
+                    out.append(cost_variant(Variant(base, r, off_a, zero=2), cluster, sb, zero, dp, tp, b, ddp_overlap))
     return pareto(out) if prune else out
 
 
@@ -173,14 +218,23 @@ def pareto(vs: list[Variant]) -> list[Variant]:
 
 
 def pareto_indices(vs: list[Variant]) -> list[int]:
+    """Indices of the variants no other variant dominates (ties: the first is kept).
+
+    A variant dominates another when it is no worse in every cost the stage program charges per layer
+    (planner.milp) and better in one: time T, state W, state less gradients W - G (the forward/backward
+    peak of a stage that reaches its first backward before any gradient exists charges W - G + k A,
+    planner.phases), activations A, flush D, host state V and host activations U. W - G is compared, not
+    G: at the same W, more gradient bytes mean less memory at that peak.
+    """
+    costs = lambda v: np.array([v.time, v.state, v.state - v.grad, v.act, v.flush, v.host_state, v.host_act])
     keep: list[int] = []
     for i, v in enumerate(vs):
-        a = np.array([v.time, v.state, v.act, v.flush, v.host_state, v.host_act])
+        a = costs(v)
         dominated = False
         for j, w in enumerate(vs):
             if i == j:
                 continue
-            bvec = np.array([w.time, w.state, w.act, w.flush, w.host_state, w.host_act])
+            bvec = costs(w)
             if (bvec <= a * (1 + 1e-12)).all() and ((bvec < a * (1 - 1e-12)).any() or j < i):
                 dominated = True
                 break

@@ -28,7 +28,8 @@ Shape (the keys scripts rely on are marked *; see DESIGN.md):
                  sequence; vocab: an nn.Embedding split by vocabulary rows, or the LM head split by
                  vocabulary columns with a parallel cross-entropy (rules: runtime/tp.py)
     predicted*   {"step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "peak_memory_bytes",
-                  "breakdown": {...seconds}, "memory_per_stage": [{category: bytes}]}
+                  "exposed_comm_s", "hidden_comm_s", "breakdown": {...seconds, adding up to the step},
+                  "memory_per_stage": [{category: bytes}], "assumptions": [str]}
     solver*      {"status", "wall_time_s", "mip_gap", ...}
     baselines    [{"name", "predicted", "mesh", "fits"}]   (with --baselines)
 """

@@ -57,9 +57,9 @@ from costmodel.kernels import NodeTime, node_time
 _ALIAS_OPS = {"view", "reshape", "transpose", "permute", "contiguous", "flatten", "unflatten", "expand"}
 _ELEMENTWISE = {"add", "sub", "mul", "truediv", "div", "neg", "gelu", "silu", "relu", "tanh", "sigmoid",
                 "exp", "float", "to", "type_as", "dropout", "pow", "rsqrt", "sqrt", "getitem", "iadd", "imul",
-                "softmax", "cat", "chunk", "split", "narrow", "masked_fill"}
+                "softmax", "scaled_masked_softmax", "cat", "chunk", "split", "narrow", "masked_fill"}
 _BATCHED_MATMUL = {"matmul", "bmm", "baddbmm"}
-_LAST_DIM_OPS = {"softmax", "cat", "chunk", "split", "narrow"}  # fine unless along the sharded dim
+_LAST_DIM_OPS = {"softmax", "scaled_masked_softmax", "cat", "chunk", "split", "narrow"}  # fine unless along the sharded dim
 
 
 @dataclass

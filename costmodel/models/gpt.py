@@ -11,7 +11,8 @@ parallelism:
   them; the difference is V*h parameters and changes no FLOP count.
 - No dropout by default, so distributed and single-process runs are numerically comparable.
 - `attention="sdpa"` (fused, flash-style: the s x s scores are never stored) or `"math"`, the explicit
-  softmax(q k^T / sqrt(d)) v with its scores, softmax and dropout materialised -- what Megatron-LM ran
+  softmax(q k^T / sqrt(d)) v with its scores, softmax and dropout materialised, the scale, mask and
+  softmax in one fused kernel (`scaled_masked_softmax`) -- what Megatron-LM ran
   in 2021 (Narayanan et al. SC'21; Korthikanti et al.'s 5 a s / h activation term), used by the
   megatron-* presets so that predictions of the published runs model the published implementation.
 - Sizes are read with `x.size(i)`, which torch.fx symbolic_trace can record.
@@ -122,10 +123,21 @@ class Attention(nn.Module):
         if self.gqa:
             rep = q.size(1) // k.size(1)
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
-        scores = scores.masked_fill(self.future.narrow(0, 0, s).narrow(1, 0, s), float("-inf"))
-        probs = F.dropout(F.softmax(scores, dim=-1), self.p, self.training)
-        return torch.matmul(probs, v)
+        scores = torch.matmul(q, k.transpose(-2, -1))
+        probs = scaled_masked_softmax(scores, self.future.narrow(0, 0, s).narrow(1, 0, s), 1.0 / math.sqrt(self.head_dim))
+        return torch.matmul(F.dropout(probs, self.p, self.training), v)
+
+
+def scaled_masked_softmax(scores, mask, scale: float):
+    """softmax(scores * scale) with the positions where `mask` is True set to -inf, along the last dim.
+
+    Megatron-LM runs this as one kernel (FusedScaleMaskSoftmax: read the scores, write the
+    probabilities); wrapped as one fx node (torch.fx.wrap below), so the cost model prices its memory
+    traffic once, as that kernel moves it. Eager PyTorch runs the three operators, same numbers."""
+    return F.softmax(scores.mul(scale).masked_fill(mask, float("-inf")), dim=-1)
+
+
+torch.fx.wrap("scaled_masked_softmax")
 
 
 class MLP(nn.Module):

@@ -103,16 +103,16 @@ class Device:
         return self.peak_flops["bf16" if dtype in ("bf16", "fp16") else "fp32"]
 
 
-def _gpu(name, bf16_tflops, fp32_tflops, mem_gb, hbm_gbs, nvlink_gbs, nic_gbs, host_gb, kernels):
+def _gpu(name, bf16_tflops, fp32_tflops, mem_mib, hbm_gbs, nvlink_gbs, nic_gbs, host_gb, host_link_gbs, kernels):
     return Device(name=name, peak_flops={"bf16": bf16_tflops * 1e12, "fp32": fp32_tflops * 1e12},
-                  memory_bytes=mem_gb * GB, mem_bandwidth=hbm_gbs * GB, intra_node_bw=nvlink_gbs * GB,
-                  inter_node_bw=nic_gbs * GB, host_memory_bytes=host_gb * GB, **kernels)
+                  memory_bytes=mem_mib * 2**20, mem_bandwidth=hbm_gbs * GB, intra_node_bw=nvlink_gbs * GB,
+                  inter_node_bw=nic_gbs * GB, host_memory_bytes=host_gb * GB, host_bw=host_link_gbs * GB, **kernels)
 
 
 # How kernels and links run on each GPU generation: one set per generation, for every model and every
 # configuration (benchmarks.published checks them against published runs; no per-model factor).
-# - matmul_efficiency: cuBLAS bf16 on large aligned GEMMs (A100: ~80% of 312 TFLOP/s; H100 SXM:
-#   ~70% of 989, its tensor cores outrunning what HBM and power sustain);
+# - matmul_efficiency: cuBLAS bf16 on large aligned GEMMs as sustained in training (A100: ~80% of
+#   312 TFLOP/s; H100 SXM: ~60-65% of 989 -- ~600-650 TFLOP/s at its 700 W power limit);
 # - gemm_half_dim: the size at which one GEMM dimension halves that (tile and wave quantisation,
 #   costmodel.kernels);
 # - attention_efficiency: FlashAttention-2 (Dao 2023): ~50-70% of A100 peak forward, less backward;
@@ -127,20 +127,25 @@ _VOLTA = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.4
               intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=0.15)
 _AMPERE = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.55, mem_efficiency=0.8,
                intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=0.15)
-_HOPPER = dict(matmul_efficiency=0.70, gemm_half_dim=128, attention_efficiency=0.40, mem_efficiency=0.8,
+_HOPPER = dict(matmul_efficiency=0.62, gemm_half_dim=128, attention_efficiency=0.40, mem_efficiency=0.8,
                intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=0.15)
 
-# REFERENCE.md "Hardware": NVLink per direction (150 / 300 / 450 GB/s). Off-node bandwidth per GPU:
+# REFERENCE.md "Hardware": NVLink per direction (150 / 300 / 450 GB/s). Memory as the driver reports it
+# (nvidia-smi's total, MiB): the "80GB" of A100-80GB is 80 GiB (81920 MiB), H100-80GB 81559 MiB,
+# H200 143771 MiB, A100-40GB 40960 MiB, V100 16160 / 32510 MiB. Host link per GPU (offload copies): the
+# DGX/HGX boards pair two GPUs (and their NICs) behind one PCIe switch with one x16 uplink to the CPU,
+# so when every GPU offloads each gets half of it: PCIe 3.0 (DGX-1) ~16 GB/s -> 8, PCIe 4.0 (A100)
+# ~25 GB/s -> 12.5, PCIe 5.0 (H100/H200) ~50 GB/s -> 25. Off-node bandwidth per GPU:
 # Selene has 8 HDR HCAs (200 Gb/s = 25 GB/s) per 8-GPU node; Llama 3's H100 cluster 400 Gb/s (50 GB/s)
 # per GPU. Host memory per GPU: the DGX node's DRAM over its 8 GPUs (DGX-1 V100 512 GB, DGX A100 1 TB,
 # DGX H100/H200 2 TB).
 DEVICES: dict[str, Device] = {d.name: d for d in [
-    _gpu("V100-16GB", 125, 15.7, 16, 900, 150, 12.5, 64, _VOLTA),
-    _gpu("V100-32GB", 125, 15.7, 32, 900, 150, 12.5, 64, _VOLTA),
-    _gpu("A100-40GB", 312, 19.5, 40, 1555, 300, 25, 128, _AMPERE),
-    _gpu("A100-80GB", 312, 19.5, 80, 2039, 300, 25, 128, _AMPERE),
-    _gpu("H100-80GB", 989, 67, 80, 3350, 450, 50, 256, _HOPPER),
-    _gpu("H200-141GB", 989, 67, 141, 4800, 450, 50, 256, _HOPPER),
+    _gpu("V100-16GB", 125, 15.7, 16160, 900, 150, 12.5, 64, 8, _VOLTA),
+    _gpu("V100-32GB", 125, 15.7, 32510, 900, 150, 12.5, 64, 8, _VOLTA),
+    _gpu("A100-40GB", 312, 19.5, 40960, 1555, 300, 25, 128, 12.5, _AMPERE),
+    _gpu("A100-80GB", 312, 19.5, 81920, 2039, 300, 25, 128, 12.5, _AMPERE),
+    _gpu("H100-80GB", 989, 67, 81559, 3350, 450, 50, 256, 25, _HOPPER),
+    _gpu("H200-141GB", 989, 67, 143771, 4800, 450, 50, 256, 25, _HOPPER),
     # One CPU process of a small host, gloo over loopback. Rough defaults measured on the 2-core
     # development machine (TORCH-NOTES.md: 64 MB all_reduce ~72 ms on 2 ranks); `partita calibrate`
     # measures the real figures.

@@ -21,7 +21,7 @@ def test_bad_cluster_strings_say_what_is_accepted(bad):
 def test_reference_peaks():
     assert DEVICES["A100-80GB"].peak("bf16") == 312e12
     assert DEVICES["H100-80GB"].peak("bf16") == 989e12
-    assert DEVICES["V100-32GB"].memory_bytes == 32e9
+    assert DEVICES["V100-32GB"].memory_bytes == 32510 * 2**20  # nvidia-smi total, MiB
 
 
 def test_ring_all_reduce_inside_a_node():

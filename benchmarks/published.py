@@ -1,0 +1,352 @@
+"""partita's cost model against every published LLM-training measurement we could find, each priced in
+its exact published configuration (benchmarks.published_data: sources, citations, what was skipped).
+
+For every row: build the model as a `gpt:` / `llama:` family string, capture it once (bf16, fake
+tensors; cached per model string), and search a SearchSpace restricted to the published choices -- tp,
+pp, dp, ZeRO stage, micro-batch, virtual stages, recompute policy, sequence parallelism, no offload --
+on f"{nodes}x8x{GPU}" with the costmodel.hardware preset (plus any hardware fact the source publishes
+for its GPU, `Row.device_overrides`). Where the source leaves a choice out, the search picks it (the
+row's notes say which). The prediction is converted to the published metric:
+
+    tokens_per_s_per_gpu     global batch x seq / predicted step time / GPUs
+    model_tflops_per_gpu     planner.build.predicted's tflops_per_device (model FLOPs of the graph)
+    hardware_tflops_per_gpu  the same x 96 (1 + s/6h + V/16lh) / (72 (1 + s/6h + V/12lh)), Megatron's
+                             full-recompute count over model FLOPs (REFERENCE.md; as benchmarks.table1)
+    iteration_s              predicted step time
+
+error = predicted / measured - 1, published whatever it is; no per-row or per-model factor exists.
+`speed_error` puts every row on one scale: predicted speed / measured speed - 1 (positive: the cost
+model is optimistic).
+
+    python -m benchmarks.published                   # writes benchmarks/results/published.json and .png
+    python -m benchmarks.published --source torchtitan --source bloom-176b    # a subset, printed only
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from collections import Counter
+
+from benchmarks.common import pyplot, save_figure, try_plot, write
+from benchmarks.published_data import (HARDWARE_TFLOPS, ITERATION, MODEL_TFLOPS, ROWS, SKIPPED, TOKENS, Model, Row)
+from costmodel.errors import PartitaError
+from costmodel.graph import OpGraph
+from costmodel.hardware import Cluster, GiB, parse_cluster
+from costmodel.models import resolve_model
+from costmodel.trace import capture
+from planner.build import predicted
+from planner.search import SearchResult, explain_infeasible, search
+from planner.space import SearchSpace, TrainConfig
+
+TARGET_MEDIAN, TARGET_MAX = 0.10, 0.25
+"""Targets for the cost model (not for this benchmark to force): median and max |error|."""
+NEEDED_SPACE_FIELDS = ("dp", "micro_batch", "virtual_stages")
+UNBOUNDED_MEMORY = 1e15
+"""Device bytes for the memory-lifted diagnostic of rows the memory model rejects (`_unbounded`)."""
+
+
+# ------------------------------------------------------------------------------------ model and cluster
+
+def model_string(model: Model, seq: int) -> str:
+    """The MODEL string of `model` at `seq` tokens, every GPTConfig field spelled out."""
+    fields = {"layers": model.layers, "hidden": model.hidden, "heads": model.heads, "vocab": model.vocab, "seq": seq,
+              "ffn": model.ffn or 4 * model.hidden}
+    if model.family == "llama" or model.kv_heads:
+        fields["kv_heads"] = model.kv_heads or model.heads
+    extra = {"attention": model.attention} if model.attention != "sdpa" else {}
+    extra |= {"dropout": model.dropout} if model.dropout else {}
+    return f"{model.family}:" + ",".join(f"{k}={v}" for k, v in {**fields, **extra}.items())
+
+
+def model_spec(model: Model, seq: int):
+    """The ModelSpec of `model` at `seq` tokens, through its MODEL string (what a user would type)."""
+    return resolve_model(model_string(model, seq))
+
+
+def cluster_for(row: Row) -> Cluster:
+    if row.gpus % 8:
+        raise PartitaError(f"{row.gpus} GPUs are not whole 8-GPU nodes")
+    cluster = parse_cluster(f"{row.gpus // 8}x8x{row.hardware}")
+    if row.device_overrides:
+        device = dataclasses.replace(cluster.device, **dict(row.device_overrides))
+        cluster = dataclasses.replace(cluster, device=device)
+    return cluster
+
+
+def published_space(row: Row) -> SearchSpace:
+    """The search space of exactly the published configuration (None where the source is silent)."""
+    missing = [f for f in NEEDED_SPACE_FIELDS if f not in SearchSpace.__dataclass_fields__]
+    if missing:
+        raise PartitaError(f"benchmarks.published needs SearchSpace fields {', '.join(missing)} (planner/space.py) "
+                           "to fix the published configuration; without them the rows cannot be priced as published")
+    return SearchSpace(
+        name="published", tp=(row.tp,), pp=(row.pp,), dp=(row.dp,), zero=row.zero, recompute=row.recompute,
+        offload=False, sequence_parallel=(row.sequence_parallel,),
+        micro_batch=None if row.micro_batch is None else (row.micro_batch,),
+        virtual_stages=None if row.virtual_stages is None else (row.virtual_stages,))
+
+
+def train_for(row: Row) -> TrainConfig:
+    return TrainConfig(global_batch=row.global_batch, seq_len=row.seq, dtype="bf16", schedule=row.schedule)
+
+
+def hardware_over_model(model: Model, seq: int) -> float:
+    """Megatron's full-recompute FLOPs over model FLOPs, 96 (1 + s/6h + V/16lh) / (72 (1 + s/6h + V/12lh))
+    (Narayanan et al. SC'21; Korthikanti et al. 2022; REFERENCE.md)."""
+    s, h, l, v = seq, model.hidden, model.layers, model.vocab
+    return 96 * (1 + s / (6 * h) + v / (16 * l * h)) / (72 * (1 + s / (6 * h) + v / (12 * l * h)))
+
+
+# -------------------------------------------------------------------------------------------- pricing
+
+def predicted_metric(row: Row, pred: dict) -> float:
+    metric = row.table.metric
+    if metric == TOKENS:
+        return pred["tokens_per_s"] / row.gpus
+    if metric == MODEL_TFLOPS:
+        return pred["tflops_per_device"]
+    if metric == HARDWARE_TFLOPS:
+        return pred["tflops_per_device"] * hardware_over_model(row.model, row.seq)
+    if metric == ITERATION:
+        return pred["step_time_s"]
+    raise PartitaError(f"unknown metric {metric!r}")
+
+
+def row_key(row: Row) -> str:
+    return f"{row.table.source}/{row.model.name}/s{row.seq}/{row.hardware}x{row.gpus}/gb{row.global_batch}"
+
+
+def _config(row: Row) -> dict:
+    return {"tp": row.tp, "pp": row.pp, "dp": row.dp, "zero": list(row.zero), "sharding": row.sharding,
+            "micro_batch": row.micro_batch, "global_batch": row.global_batch, "seq": row.seq,
+            "recompute": list(row.recompute), "sequence_parallel": row.sequence_parallel, "schedule": row.schedule,
+            "virtual_stages": row.virtual_stages, "precision": row.table.precision, "framework": row.table.framework,
+            **({"device_overrides": dict(row.device_overrides)} if row.device_overrides else {})}
+
+
+def _plan(result: SearchResult) -> dict:
+    c = result.best
+    per_option = c.solution.counts.sum(0)
+    layers = Counter()
+    for option, n in zip(c.options, per_option):
+        layers[option.recompute] += int(round(float(n)))
+    return {"tp": c.tp, "pp": c.pp, "dp": c.dp, "zero": c.zero, "micro_batch": c.micro_batch,
+            "num_microbatches": c.num_microbatches, "schedule": c.schedule, "virtual_stages": c.virtual_stages,
+            "sequence_parallel": c.sequence_parallel, "recompute_layers": dict(layers)}
+
+
+def _errors(row: Row, value: float) -> tuple[float, float]:
+    """(error on the published metric, speed error: predicted speed / measured speed - 1)."""
+    error = value / row.value - 1
+    return error, (row.value / value - 1) if row.table.metric == ITERATION else error
+
+
+def _unbounded(row: Row, graph: OpGraph) -> dict:
+    """A diagnostic for a row the memory model rejects although it ran: its predicted time on the same
+    cluster with device memory lifted (UNBOUNDED_MEMORY), so the time model is still checked. Never
+    counted as "priced as published"."""
+    cluster = cluster_for(row)
+    cluster = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, memory_bytes=UNBOUNDED_MEMORY))
+    result = search(graph, cluster, train_for(row), space=published_space(row), raise_infeasible=False)
+    if result.best is None:
+        return {"value": None, "reason": "no configuration even without a memory limit"}
+    pred = predicted(result, result.best)
+    value = predicted_metric(row, pred)
+    error, speed = _errors(row, value)
+    return {"metric": row.table.metric, "value": value, "error": error, "speed_error": speed,
+            "peak_memory_gib": pred["peak_memory_bytes"] / GiB,
+            "capacity_gib": cluster_for(row).device.usable_memory() / GiB, "plan": _plan(result)}
+
+
+def _no_candidate(row: Row, graph: OpGraph) -> str:
+    """Why the published configuration admits no candidate at all (planner.space.check_space's sentence)."""
+    from planner.candidates import split_model
+    from planner.space import check_space
+    layers = split_model(graph)[1]
+    try:
+        check_space(cluster_for(row), train_for(row), published_space(row), max_pp=max(1, len(layers)),
+                    layers=len(layers), seq=graph.seq_len)
+    except PartitaError as e:
+        return str(e)
+    return "no candidate: the published mesh, batch and schedule admit no configuration"
+
+
+def price(row: Row, graphs: dict[str, OpGraph] | None = None) -> dict:
+    """Price one published row; `graphs` caches captures per model string across rows."""
+    t0 = time.perf_counter()
+    graphs = {} if graphs is None else graphs
+    name = model_string(row.model, row.seq)
+    if name not in graphs:
+        graphs[name] = capture(model_spec(row.model, row.seq), dtype="bf16")
+    graph = graphs[name]
+    notes = [n for n in (row.table.notes, row.model.notes, row.notes) if n]
+    out = {"key": row_key(row), "source": row.table.source, "citation": row.table.citation, "model": row.model.name,
+           "model_string": name, "hardware": row.hardware, "gpus": row.gpus, "config": _config(row),
+           "measured": {"metric": row.table.metric, "value": row.value}, "predicted": None, "error": None,
+           "speed_error": None, "notes": notes}
+    t1 = time.perf_counter()
+    result = search(graph, cluster_for(row), train_for(row), space=published_space(row), raise_infeasible=False)
+    out["search_s"] = time.perf_counter() - t1
+    if result.best is None:
+        out["not_priced"] = explain_infeasible(result) if result.candidates else _no_candidate(row, graph)
+        if result.candidates:  # the run did fit on the real GPU: price its time with the memory limit lifted
+            out["predicted_if_memory_unbounded"] = _unbounded(row, graph)
+        out["price_s"] = time.perf_counter() - t0
+        return out
+    pred = predicted(result, result.best)
+    value = predicted_metric(row, pred)
+    out["predicted"] = {"metric": row.table.metric, "value": value}
+    out["error"], out["speed_error"] = _errors(row, value)
+    out["plan"] = _plan(result)
+    out["breakdown"] = {"step_time_s": pred["step_time_s"], **pred["breakdown"], "mfu": pred["mfu"],
+                        "peak_memory_gib": pred["peak_memory_bytes"] / GiB,
+                        "memory_capacity_gib": pred["memory_capacity_bytes"] / GiB}
+    out["price_s"] = time.perf_counter() - t0
+    return out
+
+
+# -------------------------------------------------------------------------------------------- summary
+
+def _stats(errors: list[float]) -> dict:
+    a = [abs(e) for e in errors]
+    return {"median_abs_error": statistics.median(a) if a else None, "max_abs_error": max(a) if a else None,
+            "within_10pct": sum(x <= 0.10 for x in a) / len(a) if a else None,
+            "within_25pct": sum(x <= 0.25 for x in a) / len(a) if a else None}
+
+
+def summarize(rows: list[dict], wall_s: float) -> dict:
+    priced = [r for r in rows if r["error"] is not None]
+    per_source = {}
+    for source in dict.fromkeys(r["source"] for r in rows):
+        mine = [r for r in rows if r["source"] == source]
+        ok = [r for r in mine if r["error"] is not None]
+        per_source[source] = {"count": len(mine), "priced": len(ok), **_stats([r["error"] for r in ok]),
+                              "median_speed_error": statistics.median(r["speed_error"] for r in ok) if ok else None}
+    overall = _stats([r["error"] for r in priced])
+    lifted = [r["predicted_if_memory_unbounded"] for r in rows
+              if (r.get("predicted_if_memory_unbounded") or {}).get("error") is not None]
+    worst = sorted(priced, key=lambda r: -abs(r["error"]))[:8]
+    return {
+        "rows": len(rows), "priced": len(priced), "sources": len(per_source), **overall,
+        "median_speed_error": statistics.median(r["speed_error"] for r in priced) if priced else None,
+        "count_per_source": {s: v["count"] for s, v in per_source.items()},
+        "per_source": per_source,
+        "targets": {"median_abs_error": TARGET_MEDIAN, "max_abs_error": TARGET_MAX,
+                    "met": bool(priced) and len(priced) == len(rows) and overall["median_abs_error"] <= TARGET_MEDIAN
+                    and overall["max_abs_error"] <= TARGET_MAX,
+                    "note": "met only if every row is priced (a row the memory model rejects is a miss) and the "
+                            "priced rows meet both targets"},
+        "worst": [{"key": r["key"], "error": r["error"], "measured": r["measured"], "predicted": r["predicted"],
+                   "plan": r["plan"], "breakdown": r["breakdown"]} for r in worst],
+        "not_priced": [{"key": r["key"], "reason": r["not_priced"]} for r in rows if r["error"] is None],
+        "time_model_with_memory_lifted": {
+            "note": "rows the memory model rejects although they ran, re-priced with device memory lifted; with "
+                    "the priced rows, this checks the time model alone (not the headline)",
+            "rows": len(priced) + len(lifted), "lifted": len(lifted),
+            **_stats([r["error"] for r in priced] + [x["error"] for x in lifted])},
+        "skipped": [dataclasses.asdict(s) for s in SKIPPED],
+        "sign": "error = predicted / measured - 1 on the published metric; speed_error = predicted speed / "
+                "measured speed - 1 (positive: predicted faster than measured)",
+        "wall_s": wall_s, "captures": len({r["model_string"] for r in rows}),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+def _config_text(r: dict) -> str:
+    c, p = r["config"], r.get("plan") or {}
+    mb = c["micro_batch"] if c["micro_batch"] is not None else f"({p.get('micro_batch', '?')})"
+    rc = "/".join(c["recompute"]) if len(c["recompute"]) < 3 else "(search)"
+    sp = " SP" if c["sequence_parallel"] else ""
+    return f"tp{c['tp']} pp{c['pp']} dp{c['dp']} Z{'|'.join(map(str, c['zero']))} mb{mb} {rc}{sp}"
+
+
+def _print_row(r: dict) -> None:
+    pred = r["predicted"]["value"] if r["predicted"] else float("nan")
+    err = f"{100 * r['error']:+6.1f}%" if r["error"] is not None else "  n/a  "
+    print(f"{r['source']:<16} {r['model']:<14} s{r['config']['seq']:<6} {r['hardware']:<9} x{r['gpus']:<5} "
+          f"{_config_text(r):<38} {r['measured']['metric']:<23} {r['measured']['value']:>9.4g} {pred:>9.4g} {err}"
+          + (_not_priced_text(r) if r["error"] is None else ""), flush=True)
+
+
+def _not_priced_text(r: dict) -> str:
+    lifted = r.get("predicted_if_memory_unbounded") or {}
+    also = ""
+    if lifted.get("error") is not None:
+        also = (f" [memory lifted: {lifted['value']:.4g}, {100 * lifted['error']:+.1f}%, needs "
+                f"{lifted['peak_memory_gib']:.0f} of {lifted['capacity_gib']:.0f} GiB]")
+    return f"  NOT PRICED{also}: {r['not_priced'][:90]}"
+
+
+def _num(x, fmt: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.published", description=__doc__.split("\n")[0])
+    ap.add_argument("--source", action="append", help="price only rows of this source (repeatable); prints, "
+                                                      "writes nothing")
+    args = ap.parse_args(argv)
+    selected = [r for r in ROWS if not args.source or r.table.source in args.source]
+    if not selected:
+        ap.error(f"no rows for {args.source}; sources: {', '.join(dict.fromkeys(r.table.source for r in ROWS))}")
+    t0 = time.perf_counter()
+    graphs: dict[str, OpGraph] = {}
+    print(f"{'source':<16} {'model':<14} {'seq':<7} {'GPU':<9} {'GPUs':<6} {'config (published; (searched))':<38} "
+          f"{'metric':<23} {'measured':>9} {'predicted':>9}  error")
+    rows = []
+    for row in selected:
+        rows.append(price(row, graphs))
+        _print_row(rows[-1])
+    summary = summarize(rows, time.perf_counter() - t0)
+    print(f"rows {summary['rows']} (priced {summary['priced']}) from {summary['sources']} sources; median |error| "
+          f"{_num(summary['median_abs_error'])}, max {_num(summary['max_abs_error'])} (targets {TARGET_MEDIAN}, "
+          f"{TARGET_MAX}); {summary['wall_s']:.0f} s")
+    t = summary["time_model_with_memory_lifted"]
+    print(f"time model alone ({t['rows']} rows, {t['lifted']} of them with memory lifted): median |error| "
+          f"{_num(t['median_abs_error'])}, max {_num(t['max_abs_error'])}")
+    for s, v in summary["per_source"].items():
+        print(f"  {s:<18} {v['count']:>4} rows  median |error| {_num(v['median_abs_error'])}  max "
+              f"{_num(v['max_abs_error'])}  median speed error {_num(v['median_speed_error'], '+.3f')}  "
+              f"not priced {v['count'] - v['priced']}")
+    if args.source:
+        return 0
+    path = write("published", {"rows": rows, "summary": summary})
+    print(f"wrote {path}")
+    try_plot(_plot, rows)
+    return 0
+
+
+def _plot(rows: list[dict]) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    sources = list(dict.fromkeys(r["source"] for r in rows))
+    x = 0
+    for i, s in enumerate(sources):
+        mine = [r for r in rows if r["source"] == s]
+        priced = [(j, 1 + r["speed_error"]) for j, r in enumerate(mine) if r["speed_error"] is not None]
+        lifted = [(j, 1 + r["predicted_if_memory_unbounded"]["speed_error"]) for j, r in enumerate(mine)
+                  if (r.get("predicted_if_memory_unbounded") or {}).get("speed_error") is not None]
+        ax.scatter([x + j for j, _ in priced], [v for _, v in priced], s=10, color=f"C{i}",
+                   label=f"{s} ({len(priced)}/{len(mine)})")
+        ax.scatter([x + j for j, _ in lifted], [v for _, v in lifted], s=12, facecolors="none", edgecolors=f"C{i}",
+                   lw=0.6)
+        x += len(mine) + 3
+    ax.scatter([], [], s=12, facecolors="none", edgecolors="k", lw=0.6,
+               label="not priced (memory model rejects): time with memory lifted")
+    for lo, hi, a in ((0.9, 1.1, 0.18), (0.75, 1.25, 0.08)):
+        ax.axhspan(lo, hi, color="grey", alpha=a, lw=0)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([])
+    ax.set_ylabel("predicted speed / measured speed")
+    ax.set_title("partita's cost model on published training runs, priced as published (bands: +-10%, +-25%; "
+                 "legend: priced/rows)", fontsize=10)
+    ax.legend(fontsize=7, ncol=3, loc="lower left")
+    save_figure(fig, "published", dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""benchmarks.published keeps working: the published data meets the benchmark's requirements and is
+self-consistent, and pricing a row yields a plan in exactly the published configuration, in the
+published metric. (The benchmark itself: `python -m benchmarks.published`.)"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import published  # noqa: E402
+from benchmarks.published_data import (HARDWARE_TFLOPS, METRICS, ROWS, SKIPPED, TOKENS, Model, Row,  # noqa: E402
+                                       Table)
+from costmodel.hardware import DEVICES  # noqa: E402
+from planner.options import RECOMPUTE  # noqa: E402
+
+
+def test_data_meets_the_benchmark_requirements():
+    sources = {r.table.source for r in ROWS}
+    assert len(ROWS) >= 20 and len(sources) >= 4
+    assert any(3 in r.zero and len(r.zero) == 1 and r.dp == r.gpus and r.gpus >= 64 for r in ROWS), \
+        "an FSDP / ZeRO-3 run on 64 or more GPUs"
+    assert any(r.hardware.startswith("H100") for r in ROWS)
+    assert not any("fp8" in r.table.precision.lower() for r in ROWS)
+    assert SKIPPED and all(s.reason for s in SKIPPED)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=published.row_key)
+def test_every_row_is_a_consistent_published_configuration(row):
+    assert row.tp * row.pp * row.dp == row.gpus
+    assert row.global_batch % row.dp == 0
+    local = row.global_batch // row.dp
+    if row.micro_batch is not None:
+        assert local % row.micro_batch == 0 and (row.pp == 1 or local // row.micro_batch >= row.pp)
+    assert row.table.metric in METRICS and row.value > 0 and row.table.citation
+    assert row.hardware in DEVICES and row.gpus % 8 == 0
+    assert row.zero and set(row.zero) <= {0, 1, 2, 3} and (row.dp > 1 or row.zero == (0,))
+    assert row.recompute and set(row.recompute) <= set(RECOMPUTE)
+    assert row.schedule in ("1F1B", "Interleaved1F1B", "auto")
+    assert row.pp > 1 or row.virtual_stages == 1
+    assert row.model.hidden % row.model.heads == 0 and row.seq > 0
+    assert not row.sequence_parallel or row.tp > 1
+
+
+def test_model_string_spells_out_the_published_dimensions():
+    m = Model(name="x", family="llama", layers=2, hidden=64, heads=4, kv_heads=2, vocab=256, ffn=172)
+    assert published.model_string(m, 32) == "llama:layers=2,hidden=64,heads=4,vocab=256,seq=32,ffn=172,kv_heads=2"
+    g = Model(name="y", family="gpt", layers=2, hidden=64, heads=4, vocab=256, attention="math", dropout=0.1)
+    spec = published.model_spec(g, 32)
+    assert spec.config["attention"] == "math" and spec.config["dropout"] == 0.1 and spec.config["ffn"] == 256
+    assert spec.seq_len == 32 and spec.config["layers"] == 2
+
+
+def test_hardware_over_model_is_table1s_conversion():
+    from benchmarks.table1 import hardware_over_model
+    m = next(r.model for r in ROWS if r.model.name == "megatron-1.7b")
+    assert published.hardware_over_model(m, 2048) == pytest.approx(hardware_over_model("megatron-1.7b"))
+    assert published.hardware_over_model(m, 2048) == pytest.approx(1 / 0.76, rel=0.02)  # REFERENCE.md
+
+
+def _cheapest_fsdp_row() -> Row:
+    fsdp = [r for r in ROWS if r.zero == (3,) and r.tp == r.pp == 1 and r.micro_batch is not None]
+    return min(fsdp, key=lambda r: (r.model.layers * r.model.hidden ** 2, r.seq, r.gpus))
+
+
+def _assert_priced_as_published(row: Row, out: dict):
+    assert out["error"] is not None, out.get("not_priced")
+    plan = out["plan"]
+    assert (plan["tp"], plan["pp"], plan["dp"]) == (row.tp, row.pp, row.dp)
+    assert plan["zero"] in row.zero
+    if row.micro_batch is not None:
+        assert plan["micro_batch"] == row.micro_batch
+    if row.virtual_stages is not None:
+        assert plan["virtual_stages"] == row.virtual_stages
+    assert plan["sequence_parallel"] == row.sequence_parallel
+    assert set(plan["recompute_layers"]) <= set(row.recompute)
+    assert out["predicted"]["metric"] == out["measured"]["metric"] == row.table.metric
+    assert math.isfinite(out["error"]) and out["error"] == pytest.approx(
+        out["predicted"]["value"] / row.value - 1)
+
+
+def test_pricing_a_published_fsdp_row_keeps_its_configuration_and_metric():
+    row = _cheapest_fsdp_row()
+    out = published.price(row)
+    _assert_priced_as_published(row, out)
+    assert row.table.metric == TOKENS
+    bd = out["breakdown"]
+    assert out["predicted"]["value"] == pytest.approx(row.global_batch * row.seq / bd["step_time_s"] / row.gpus)
+
+
+def test_pricing_a_pipelined_tensor_parallel_row_on_a_tiny_model():
+    tiny = Model(name="tiny", family="gpt", layers=4, hidden=64, heads=4, vocab=256, attention="math", dropout=0.1)
+    table = Table(source="test", citation="synthetic", metric=HARDWARE_TFLOPS)
+    row = Row(table=table, model=tiny, seq=32, hardware="A100-80GB", gpus=16, tp=2, pp=2, dp=4, zero=(1,),
+              micro_batch=2, global_batch=64, recompute=("full",), schedule="Interleaved1F1B", virtual_stages=2,
+              sequence_parallel=True, value=100.0)
+    out = published.price(row)
+    _assert_priced_as_published(row, out)
+    assert out["plan"]["schedule"] == "Interleaved1F1B"
+    assert out["plan"]["recompute_layers"] == {"full": 4}
+
+
+def test_device_overrides_change_only_the_published_fields():
+    row = next(r for r in ROWS if r.device_overrides)
+    cluster = published.cluster_for(row)
+    preset = DEVICES[row.hardware]
+    for field, value in row.device_overrides:
+        assert getattr(cluster.device, field) == value
+    same = {f.name for f in dataclasses.fields(preset)} - {f for f, _ in row.device_overrides}
+    assert all(getattr(cluster.device, f) == getattr(preset, f) for f in same)
+    assert cluster.num_devices == row.gpus
+
+
+def test_summary_statistics_and_counts():
+    rows = [{"source": "a", "error": 0.1, "speed_error": 0.1, "key": "a1", "model_string": "m1",
+             "measured": {}, "predicted": {}, "plan": {}, "breakdown": {}},
+            {"source": "a", "error": -0.3, "speed_error": 0.4, "key": "a2", "model_string": "m1",
+             "measured": {}, "predicted": {}, "plan": {}, "breakdown": {}},
+            {"source": "b", "error": None, "speed_error": None, "key": "b1", "model_string": "m2",
+             "not_priced": "does not fit"}]
+    s = published.summarize(rows, wall_s=1.0)
+    assert s["rows"] == 3 and s["priced"] == 2 and s["count_per_source"] == {"a": 2, "b": 1}
+    assert s["median_abs_error"] == pytest.approx(0.2) and s["max_abs_error"] == pytest.approx(0.3)
+    assert s["worst"][0]["key"] == "a2" and s["not_priced"] == [{"key": "b1", "reason": "does not fit"}]
+    assert s["targets"]["met"] is False and s["captures"] == 2

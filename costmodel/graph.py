@@ -79,7 +79,14 @@ class OpGraph:
 
     # queries -----------------------------------------------------------------------------------
     def nodes_of(self, group: str) -> list[str]:
-        return [n for n in self.g.nodes if self.g.nodes[n]["group"] == group]
+        """The nodes of `group` in graph order (indexed once per graph: the planner asks thousands of times)."""
+        index = self.__dict__.get("_by_group")
+        if index is None or index[0] != self.g.number_of_nodes():
+            by_group: dict[str, list[str]] = {}
+            for n, d in self.g.nodes(data=True):
+                by_group.setdefault(d.get("group", ""), []).append(n)
+            index = self._by_group = (self.g.number_of_nodes(), by_group)
+        return list(index[1].get(group, []))
 
     def group_cost(self, group: str) -> GroupCost:
         nodes = self.nodes_of(group)

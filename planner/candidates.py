@@ -149,7 +149,12 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         return None  # the layers cannot be split over tp ranks
     # the runtime's DDP (one stage, no tensor parallelism) reduces gradient buckets during the backward
     ddp = zero <= 1 and dp > 1 and tp == 1 and pp == 1
-    opts = variants(layer_bases, cluster, sb, zero, dp, tp, b, space.recompute, space.offload, ddp_overlap=ddp)
+    # the same variants serve every pipeline depth and schedule of this (tp, dp, ZeRO, b): costed once
+    key = ("variants", tp, sp, zero, dp, b, space.recompute, space.offload, ddp, train.dtype, train.optimizer)
+    if key not in bases._cache:
+        bases._cache[key] = variants(layer_bases, cluster, sb, zero, dp, tp, b, space.recompute, space.offload,
+                                     ddp_overlap=ddp)
+    opts = bases._cache[key]
     if tp > 1 and layers and not any(o.sharding in SPLIT for o in opts):
         if space.tp is None:
             return None  # splitting the layers never pays on this mesh: a smaller tp does better

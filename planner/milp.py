@@ -322,6 +322,11 @@ def solve_stages(original: StageProblem, cutoff: float | None = None, solver: st
                          stage_mem=stage_mem, stage_flush=stage_flush, wall_time_s=wall, mip_gap=gap)
 
 
+POLISH_TIME_LIMIT_S = 0.5
+"""The tie-breaking solve only simplifies a plan already found (its incumbent is checked no slower): it gets
+a short time limit, and on a deep pipeline with many options returns the best simplification found."""
+
+
 def polish(original: StageProblem, solution: StageSolution) -> StageSolution:
     """Among assignments no slower than `solution`, the one with the least recompute/offload machinery.
 
@@ -345,7 +350,7 @@ def polish(original: StageProblem, solution: StageSolution) -> StageSolution:
     problem = cp.Problem(cp.Minimize(cp.sum(h @ prob.option_rank)), cons)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        problem.solve(solver=cp.HIGHS, time_limit=prob.time_limit_s)
+        problem.solve(solver=cp.HIGHS, time_limit=min(prob.time_limit_s, POLISH_TIME_LIMIT_S))
     if h.value is None or not has_incumbent(problem):
         return solution
     counts = np.rint(h.value).astype(int)

@@ -226,18 +226,14 @@ def pareto_indices(vs: list[Variant]) -> list[int]:
     planner.phases), activations A, flush D, host state V and host activations U. W - G is compared, not
     G: at the same W, more gradient bytes mean less memory at that peak.
     """
-    costs = lambda v: np.array([v.time, v.state, v.state - v.grad, v.act, v.flush, v.host_state, v.host_act])
-    keep: list[int] = []
-    for i, v in enumerate(vs):
-        a = costs(v)
-        dominated = False
-        for j, w in enumerate(vs):
-            if i == j:
-                continue
-            bvec = costs(w)
-            if (bvec <= a * (1 + 1e-12)).all() and ((bvec < a * (1 - 1e-12)).any() or j < i):
-                dominated = True
-                break
-        if not dominated:
-            keep.append(i)
-    return keep
+    if not vs:
+        return []
+    c = np.array([[v.time, v.state, v.state - v.grad, v.act, v.flush, v.host_state, v.host_act] for v in vs])
+    # no_worse[j, i]: j is no worse than i in every cost; better[j, i]: strictly better in one
+    no_worse = (c[:, None, :] <= c[None, :, :] * (1 + 1e-12)).all(axis=2)
+    better = (c[:, None, :] < c[None, :, :] * (1 - 1e-12)).any(axis=2)
+    n = len(vs)
+    earlier = np.tri(n, n, -1, dtype=bool).T  # earlier[j, i]: j < i (a tie keeps the first)
+    dominates = no_worse & (better | earlier)
+    np.fill_diagonal(dominates, False)
+    return [i for i in range(n) if not dominates[:, i].any()]

@@ -9,6 +9,9 @@ run as the runtime runs ranks: OMP_NUM_THREADS=1):
   A CPU has no datasheet peak to hold against, so `peak_flops[dtype]` is the best rate measured and
   `matmul_efficiency` the mean over sizes of fp32 rate / fp32 peak: peak x efficiency is then the
   typical measured rate, which is what the cost model charges (`planner.strategies.node_seconds`).
+  On a GPU the bf16 sizes are fitted to costmodel.kernels' GEMM curve instead (`fit_gemm_curve`:
+  matmul_efficiency and gemm_half_dim), and overlap_slowdown keeps the published default; on a CPU
+  overlap_slowdown is 1 (gloo's threads compute-share the cores: overlapped traffic is not free).
 - memory bandwidth: a large copy, counted as read + write (2 x bytes / seconds), best of a few.
   On CPU the same figure is `host_bw` (offload is a copy within host memory).
 - collectives over gloo (NCCL when torch.cuda.is_available()) among 2..N local ranks (spawned with
@@ -537,6 +540,24 @@ def fit_alpha_beta(kind: str, points: list[dict]) -> dict:
             "form": kind}
 
 
+def fit_gemm_curve(rows: list[dict], peak: float) -> dict:
+    """Device.gemm_half_dim and matmul_efficiency from square n x n matmuls (costmodel.kernels: the rate
+    of an n^3 GEMM is peak e_max s(n)^3, s(n) = n / (n + x_half)): least squares on log rate over a grid
+    of x_half, e_max from the largest sizes' fit. `rows` are measure_matmul's {"n", "flops_per_s"};
+    `peak` the FLOP/s the efficiency is a fraction of. Returns gemm_half_dim, and e_max under the key
+    matmul_efficiency_of_measured_peak."""
+    ns = np.array([r["n"] for r in rows], dtype=float)
+    rate = np.array([r["flops_per_s"] for r in rows], dtype=float)
+    best = (float("inf"), 0.0, 1.0)
+    for half in np.concatenate([[0.0], np.geomspace(1, 4096, 97)]):
+        s3 = (ns / (ns + half)) ** 3
+        log_e = float(np.mean(np.log(rate / (peak * s3))))
+        err = float(np.sum((np.log(peak * np.exp(log_e) * s3) - np.log(rate)) ** 2))
+        if err < best[0] - 1e-12:
+            best = (err, float(half), float(np.exp(log_e)))
+    return {"gemm_half_dim": best[1], "matmul_efficiency_of_measured_peak": min(1.0, best[2])}
+
+
 def sync_latency(in_step: dict, fits: dict) -> float:
     """Device.sync_latency from `measure_in_step`'s rows and the back-to-back alpha-beta `fits`.
 
@@ -601,6 +622,12 @@ def calibrate(out_path, ranks: int | None = None, quick: bool = False) -> dict:
     peak = {dt: v * share for dt, v in peak.items()}
     op_latency = measure_op_latency(device)
     efficiency = statistics.mean(r["flops_per_s"] / peak["fp32"] for r in matmul["fp32"])
+    if cuda:  # the GEMM curve of costmodel.kernels, from the bf16 sizes measured on this GPU
+        gemm_fit = fit_gemm_curve(matmul["bf16"], peak["bf16"])
+        efficiency = gemm_fit.pop("matmul_efficiency_of_measured_peak")
+        gemm_fit["overlap_slowdown"] = DEVICES["A100-80GB"].overlap_slowdown  # published default; not measured
+    else:  # one efficiency for every GEMM (a CPU's curve is not a GPU's); gloo's threads share the cores
+        gemm_fit = {"overlap_slowdown": 1.0}
     ar = fits["all_reduce"]
     base = DEVICES["cpu"]
     if cuda:
@@ -624,7 +651,8 @@ def calibrate(out_path, ranks: int | None = None, quick: bool = False) -> dict:
                  sync_latency=0.0 if cuda else sync_latency(in_step, fits),
                  sharded_op_latency=0.0 if cuda else dtensor["op_latency_s"],
                  sharded_param_latency=0.0 if cuda else dtensor["param_latency_s"],
-                 redistribute_latency=0.0 if cuda else dtensor["redistribute_latency_s"])
+                 redistribute_latency=0.0 if cuda else dtensor["redistribute_latency_s"],
+                 **gemm_fit)
     host = os.uname().nodename if hasattr(os, "uname") else "host"
     cluster = Cluster(nodes=1, devices_per_node=ranks, device=dev, spec=host)
     measurements = {

@@ -73,3 +73,16 @@ def test_block_options_carry_the_shape_effect(graph_of):
     split = tensor_option(g, "blocks.0", c, 4)
     assert split.fwd_s + split.fixed_s / 2 > (whole.fwd_s + whole.fixed_s / 2) / 4
     assert whole.fixed_s > 0 and split.refixed_by_policy["full"] > 0 and split.refixed_by_policy["none"] == 0
+
+
+def test_calibrate_fits_the_gemm_curve_it_is_given():
+    """`partita calibrate` on a GPU fits e_max and x_half to square matmuls; synthetic rates from known
+    parameters come back."""
+    from costmodel.calibrate import fit_gemm_curve
+    peak, e, half = 300e12, 0.8, 128.0
+    rows = [{"n": n, "flops_per_s": peak * e * (n / (n + half)) ** 3} for n in (256, 512, 1024, 2048, 4096, 8192)]
+    fit = fit_gemm_curve(rows, peak)
+    assert fit["gemm_half_dim"] == pytest.approx(half, rel=0.05)
+    assert fit["matmul_efficiency_of_measured_peak"] == pytest.approx(e, rel=0.02)
+    flat = fit_gemm_curve([{"n": n, "flops_per_s": 0.5 * peak} for n in (256, 1024, 4096)], peak)
+    assert flat["gemm_half_dim"] == 0.0 and flat["matmul_efficiency_of_measured_peak"] == pytest.approx(0.5)

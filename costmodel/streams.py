@@ -20,10 +20,13 @@ In each window, with busy = max(NCCL lane, host lane) and the device's `overlap_
 (NCCL kernels take SMs and HBM bandwidth from the GEMMs they overlap, so compute stretches while a
 collective runs beside it):
 
-    window  = max(C + kappa min(C, busy), busy)
-    exposed = window - C - kappa min(C, busy)      (communication no compute covers)
-    contention = kappa min(C, busy)                 (compute slowed by what it hides)
-    hidden  = NCCL lane + host lane - exposed       (communication that cost no time)
+    window  = max(C, busy) + kappa min(C, busy)
+    exposed = max(0, busy - C)                      (communication no compute covers)
+    contention = kappa min(C, busy)                 (the time both streams run at once, slowed)
+    hidden  = NCCL lane + host lane - exposed       (communication that cost no time but contention)
+
+kappa = 0 is perfect overlap, max(C, busy); kappa = 1 is none, C + busy (a CPU, whose collectives run on
+the cores that compute: the `cpu` preset and `partita calibrate` on a CPU).
 
 and the layer costs  T = window_f + window_b + TP, where tensor-parallel collectives (Megatron's
 all-reduces, sequence parallelism's gathers and scatters) sit on the critical path: the next GEMM needs
@@ -96,12 +99,10 @@ def window(compute: float, nccl: float, host: float, slowdown: float) -> Window:
     """One direction's window: compute beside an NCCL lane and a host-link lane (module docstring)."""
     busy = max(nccl, host)
     contention = slowdown * min(compute, busy)
-    seconds = max(compute + contention, busy)
-    exposed = seconds - compute - contention
-    if exposed <= 1e-12 * seconds:  # rounding of max(C + kappa C, busy) - C - kappa C
-        exposed = 0.0
+    seconds = max(compute, busy) + contention
+    exposed = max(0.0, busy - compute)
     binding = "compute" if exposed <= 0 else ("zero" if nccl >= host else "offload")
-    return Window(seconds, max(0.0, exposed), contention, max(0.0, nccl + host - max(0.0, exposed)), binding)
+    return Window(seconds, exposed, contention, max(0.0, nccl + host - exposed), binding)
 
 
 def layer_timing(s: LayerStreams, slowdown: float) -> LayerTiming:
@@ -125,4 +126,4 @@ def bucketed_all_reduce(all_reduce: float, compute_bwd: float, slowdown: float) 
     compute (DDP's buckets, module docstring): what the compute does not cover, and the compute's
     stretch while the all-reduce runs beside it."""
     contention = slowdown * min(compute_bwd, all_reduce)
-    return max(0.0, all_reduce - compute_bwd - contention), contention
+    return max(0.0, all_reduce - compute_bwd), contention

@@ -14,8 +14,8 @@ def test_communication_shorter_than_compute_hides_and_costs_only_contention():
 
 def test_communication_longer_than_compute_is_exposed():
     w = window(compute=2.0, nccl=5.0, host=1.0, slowdown=K)
-    assert w.seconds == pytest.approx(5.0) and w.binding == "zero"
-    assert w.exposed == pytest.approx(5.0 - 2.0 - K * 2.0) and w.contention == pytest.approx(K * 2.0)
+    assert w.seconds == pytest.approx(5.0 + K * 2.0) and w.binding == "zero"
+    assert w.exposed == pytest.approx(5.0 - 2.0) and w.contention == pytest.approx(K * 2.0)
     # the whole lane time is accounted for: exposed + hidden = what the lanes carried
     assert w.exposed + w.hidden == pytest.approx(6.0)
 
@@ -51,7 +51,16 @@ def test_tensor_parallel_collectives_stay_on_the_critical_path():
 def test_ddp_buckets_overlap_the_backward():
     assert bucketed_all_reduce(1.0, 3.0, K) == (0.0, pytest.approx(K))
     exposed, contention = bucketed_all_reduce(4.0, 3.0, K)
-    assert exposed == pytest.approx(4.0 - 3.0 - K * 3.0) and contention == pytest.approx(K * 3.0)
+    assert exposed == pytest.approx(4.0 - 3.0) and contention == pytest.approx(K * 3.0)
+
+
+@pytest.mark.parametrize("compute,comm", [(3.0, 1.0), (1.0, 3.0)])
+def test_no_overlap_at_full_slowdown_and_perfect_overlap_at_none(compute, comm):
+    """kappa = 1 (a CPU: collectives run on the computing cores) is serial, kappa = 0 perfect overlap."""
+    assert window(compute, comm, 0.0, 1.0).seconds == pytest.approx(compute + comm)
+    assert window(compute, comm, 0.0, 0.0).seconds == pytest.approx(max(compute, comm))
+    exposed, contention = bucketed_all_reduce(comm, compute, 1.0)
+    assert exposed + contention == pytest.approx(comm)
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-MODULES = ["common", "table1", "planner_speed", "solver", "fidelity", "runtime_overhead", "run_all",
-           "handwritten.loop"]
+MODULES = ["common", "table1", "planner_speed", "solver", "fidelity", "runtime_overhead", "published", "examples",
+           "run_all", "report", "handwritten.loop"]
 
 
 @pytest.fixture

@@ -1,0 +1,69 @@
+"""The READMEs' benchmark figures are what benchmarks/results/*.json render (`python -m benchmarks.report`):
+a number typed into a generated section, or a results file rewritten without rerunning the report, fails
+here. No benchmark runs; this reads the JSON files only."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import report  # noqa: E402
+
+
+def test_readmes_match_the_results_files():
+    found = report.problems(ROOT, report.load(ROOT / "benchmarks" / "results"))
+    assert not found, "; ".join(found) + " -- run python -m benchmarks.report"
+
+
+def _published(error: float) -> dict:
+    row = {"key": "src-x/model-y", "source": "src-x", "model": "model-y", "hardware": "H100-80GB", "gpus": 8,
+           "config": {}, "measured": {"metric": "tokens_per_s_per_gpu", "value": 1000.0},
+           "predicted": {"metric": "tokens_per_s_per_gpu", "value": 1000.0 * (1 + error)}, "error": error}
+    unpriced = {**row, "key": "src-x/too-big", "predicted": None, "error": None, "predicted_if_memory_unbounded": {}}
+    return {"commit": "abc1234", "machine": {"date": "2026-01-02", "cpus": 2}, "rows": [row, unpriced],
+            "summary": {"targets": {"median_abs_error": 0.10, "max_abs_error": 0.25, "met": False}}}
+
+
+def test_the_renderer_puts_the_results_values_into_the_section():
+    text = report.render("published", {"published": _published(0.1234)})
+    assert "| src-x | 1 / 2 | 12.3% | 12.3% |" in text  # per-source row, computed where the summary lacks it
+    assert "`src-x/model-y`: measured 1000 tokens/s per GPU, predicted 1123 (+12.3%)" in text
+    assert "1 of the 2 rows" in text and "count as misses" in text and "commit abc1234" in text
+    assert "target <= 10%: not met" in text and "targets are not met" in text
+    assert report.render("published", {"published": None}).startswith("No results yet")
+
+
+def test_check_names_a_section_whose_number_was_retyped(tmp_path, monkeypatch, capsys):
+    for readme in report.READMES:
+        (tmp_path / readme).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / readme, tmp_path / readme)
+    readme = tmp_path / "README.md"
+    body = report.sections(readme.read_text())["runtime_overhead"]
+    readme.write_text(readme.read_text().replace(body, body.replace("Target <=", "Target <= 9", 1)))
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    assert report.main(["--check"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "README.md: section runtime_overhead differs" in err
+    assert report.main([]) == 0 and report.main(["--check"]) == 0  # rewriting restores it
+    assert readme.read_text() == (ROOT / "README.md").read_text()
+
+
+def test_a_missing_or_repeated_marker_is_reported(tmp_path):
+    (tmp_path / "benchmarks").mkdir()
+    block = f"{report.START.format('run_all')}\nx\n{report.END.format('run_all')}\n"
+    (tmp_path / "README.md").write_text("no markers\n")
+    (tmp_path / "benchmarks" / "README.md").write_text(block + block)
+    found = report.problems(tmp_path, {})
+    assert any("README.md: section table1 has no markers" in p for p in found)
+    assert any("section run_all appears twice" in p for p in found)
+
+
+@pytest.mark.parametrize("name", list(report.RENDERERS))
+def test_every_section_renders_from_the_results_files(name):
+    assert report.render(name, report.load(ROOT / "benchmarks" / "results")).strip()

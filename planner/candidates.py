@@ -171,9 +171,12 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         _add_extra_costs(e, s, group_opts, cluster, sb, zero, dp, tp, b, ddp)
     e["flush"] += dp_latency + step_sync(cluster)
     e["dp"] += dp_latency + step_sync(cluster)
-    if ddp:  # the last bucket has no backward left to hide behind (DDP's default bucket: 25 MB)
+    if ddp:
+        # the last bucket (DDP's default: 25 MiB) has no backward left to hide behind: the layers' windows
+        # charged it only kappa t (their contention), so exposing it adds (1 - kappa) t
         grads = sum(o.param_numel for o in (*pre, *suf)) + len(layers) * layer_bases[0].param_numel if layers else 0
-        last = comm.all_reduce(cluster, dp_group, min(DDP_BUCKET_BYTES, grads * sb.grad / pp))
+        last = comm.all_reduce(cluster, dp_group, min(DDP_BUCKET_BYTES, grads * sb.grad / pp)) \
+            * (1 - cluster.device.overlap_slowdown)
         e["flush"] += last
         e["dp"] += last
     if zero >= 2 and dp > 1 and opts:

@@ -153,7 +153,7 @@ def above_published(plan) -> str:
                f"tensor parallelism {plan.mesh.tp}-way" + (" (its collectives inside one node)" if plan.mesh.tp > 1 else ""),
                f"{recomputed} of {len(plan.blocks)} blocks fully recomputed"]
     return (f"MFU {100 * pred['mfu']:.1f}% is above the {100 * PUBLISHED_MFU:.0f}% no published A100/H100 LLM run "
-            f"exceeds (51-58%): it rests on " + "; ".join(reasons) + " -- a prediction, not a measurement.")
+            f"exceeds (51-58%); it rests on: " + "; ".join(reasons) + " -- a prediction, not a measurement.")
 
 
 _TIME_LABELS = {"compute_s": "compute", "contention_s": "compute slowed by overlapped comm",

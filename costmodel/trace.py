@@ -342,7 +342,10 @@ def _capture_fx(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
         if mod is not None and strip:
             mod = mod[len(strip):] if mod.startswith(strip) else ("" if mod == strip.rstrip(".") else mod)
         raise CaptureFailed("torch.fx.symbolic_trace", mod, cls, e) from None
-    params = dict(gm.named_parameters())
+    # every name a parameter has (a tied weight has two, `head.weight` and `tok_emb.weight`); its numel and
+    # bytes are counted once, on the first name named_parameters() gives it (`_counted_params`)
+    params = dict(gm.named_parameters(remove_duplicate=False))
+    first = _first_names(gm)
     # parameters and buffers are model state, not activations: saving them costs nothing extra
     param_storages = {_storage_key(t) for t in [*params.values(), *gm.buffers()]}
     rec = Recorder(gm, param_storages)
@@ -364,16 +367,27 @@ def _capture_fx(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
             fwd_flops=st["fwd_flops"], bwd_flops=st["bwd_flops"],
             saved_bytes=saved_by_node.get(n.name, 0), alias=st["alias"],
             mem_bytes=st["mem_bytes"],
-            params={p[len(strip):]: params[p].numel() for p in pnames},
+            params={p[len(strip):]: params[p].numel() for p in pnames if first[p] == p},
             **_dim_args(n, rec.stats),
             **({"weight_layout": "out_in"} if kind == "linear" else {}),
-            param_bytes=sum(params[p].numel() * params[p].element_size() for p in pnames),
+            param_bytes=sum(params[p].numel() * params[p].element_size() for p in pnames if first[p] == p),
+            **({"tied": {p[len(strip):]: first[p][len(strip):] for p in pnames if first[p] != p}}
+               if any(first[p] != p for p in pnames) else {}),
         )
         for a in n.all_input_nodes:
             if a.name in rec.stats:
                 graph.add_edge(a.name, n.name, nbytes=rec.stats[a.name]["out_bytes"])
     graph.finalize(capture_seconds=time.perf_counter() - t0)
     return graph
+
+
+def _first_names(gm: fx.GraphModule) -> dict[str, str]:
+    """Each parameter name -> the first name of the same tensor (itself, unless the weight is tied)."""
+    first: dict[int, str] = {}
+    out = {}
+    for name, p in gm.named_parameters(remove_duplicate=False):
+        out[name] = first.setdefault(id(p), name)
+    return out
 
 
 def _params_by_node(gm: fx.GraphModule) -> dict[str, list[str]]:

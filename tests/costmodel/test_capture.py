@@ -80,3 +80,34 @@ def test_large_model_captures_without_memory():
     grown_gb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 2**20
     assert g.totals()["param_numel"] > 175e9
     assert grown_gb < 2.0
+
+
+def test_a_tied_weight_is_captured_and_counted_once():
+    """`head.weight = emb.weight` (GPT-2, small Llamas, many user models) crashed fx capture with
+    KeyError: 'head.weight'. The shared tensor is counted once, on its first name; the head's node
+    records the tie."""
+    import torch
+    import torch.nn as nn
+    from costmodel.models import ModelSpec
+    from costmodel.trace import capture
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(100, 16)
+            self.blocks = nn.ModuleList([nn.Linear(16, 16) for _ in range(2)])
+            self.head = nn.Linear(16, 100, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, x):
+            h = self.emb(x)
+            for b in self.blocks:
+                h = b(h)
+            return self.head(h)
+
+    spec = ModelSpec(name="tied", build=Tied, example_inputs=lambda b: (torch.zeros(b, 8, dtype=torch.long),),
+                     capture="fx")
+    g = capture(spec)
+    assert g.totals()["param_numel"] == sum(p.numel() for p in Tied().parameters()) == 1600 + 2 * 272
+    head = next(d for _, d in g.g.nodes(data=True) if d["module"] == "head" and d["op"] == "call_module")
+    assert head["params"] == {} and head["tied"] == {"head.weight": "emb.weight"}

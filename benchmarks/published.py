@@ -86,7 +86,9 @@ def published_space(row: Row) -> SearchSpace:
         name="published", tp=(row.tp,), pp=(row.pp,), dp=(row.dp,), zero=row.zero, recompute=row.recompute,
         offload=False, sequence_parallel=(row.sequence_parallel,),
         micro_batch=None if row.micro_batch is None else (row.micro_batch,),
-        virtual_stages=None if row.virtual_stages is None else (row.virtual_stages,))
+        virtual_stages=None if row.virtual_stages is None else (row.virtual_stages,),
+        # Megatron-LM's pipeline sends use its scatter/gather (SC'21 §4.1); DeepSpeed's pipeline engine does not
+        p2p_scatter_gather=row.table.framework.startswith("Megatron-LM"))
 
 
 def train_for(row: Row) -> TrainConfig:

@@ -191,6 +191,8 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
             bases._cache["boundary"] = graph.boundary_bytes(layers[0])
         sent = bases._cache["boundary"] * b / (tp if sp else 1)
         send = 2 * comm.p2p(cluster, sent, across)
+        if space.p2p_scatter_gather and tp > 1 and not sp:  # 1/t each, then an all-gather inside the tp group
+            send = 2 * (comm.p2p(cluster, sent / tp, across) + comm.all_gather(cluster, comm.group_for(cluster, tp, 1), sent))
         e["p2p"][:] = send * v  # each of a device's v chunks sends on (interleaved: the last wraps round)
         e["p2p"][-1] = send * (v - 1)
     if schedule == "GPipe":

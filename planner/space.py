@@ -94,6 +94,11 @@ class SearchSpace:
     the schedule allows."""
     min_pp: bool = False
     """Keep only the smallest pipeline depth that fits (Megatron practice: as few stages as memory allows)."""
+    p2p_scatter_gather: bool = False
+    """Price pipeline sends as Megatron-LM runs them with tensor parallelism (Narayanan et al. SC'21, §4.1,
+    scatter/gather): each of the t ranks sends 1/t of the boundary activation and the receiving ranks
+    all-gather it over the node's links. partita's runtime sends whole tensors (1/t only under sequence
+    parallelism), so this is off except when pricing a Megatron-LM configuration (benchmarks)."""
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp", "zero", "recompute", "sequence_parallel", "micro_batch", "virtual_stages"):

@@ -30,7 +30,7 @@ import sys
 import time
 from collections import Counter
 
-from benchmarks.common import pyplot, save_figure, try_plot, write
+from benchmarks.common import hardware_over_model as common_ratio, pyplot, save_figure, try_plot, write
 from benchmarks.published_data import (HARDWARE_TFLOPS, ITERATION, MODEL_TFLOPS, ROWS, SKIPPED, TOKENS, Model, Row)
 from costmodel.errors import PartitaError
 from costmodel.graph import OpGraph
@@ -96,10 +96,8 @@ def train_for(row: Row) -> TrainConfig:
 
 
 def hardware_over_model(model: Model, seq: int) -> float:
-    """Megatron's full-recompute FLOPs over model FLOPs, 96 (1 + s/6h + V/16lh) / (72 (1 + s/6h + V/12lh))
-    (Narayanan et al. SC'21; Korthikanti et al. 2022; REFERENCE.md)."""
-    s, h, l, v = seq, model.hidden, model.layers, model.vocab
-    return 96 * (1 + s / (6 * h) + v / (16 * l * h)) / (72 * (1 + s / (6 * h) + v / (12 * l * h)))
+    """Megatron's full-recompute FLOPs over model FLOPs for `model` at `seq` tokens (benchmarks.common)."""
+    return common_ratio(seq, model.hidden, model.layers, model.vocab)
 
 
 # -------------------------------------------------------------------------------------------- pricing

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import time
 
-from benchmarks.common import pyplot, save_figure, try_plot, write
+from benchmarks.common import hardware_over_model as common_ratio, pyplot, save_figure, try_plot, write
 from costmodel.hardware import parse_cluster
 from costmodel.models import PRESETS
 from costmodel.trace import capture
@@ -35,10 +35,9 @@ ROWS = [
 
 
 def hardware_over_model(name: str) -> float:
-    """Full-recompute hardware FLOPs over model FLOPs: 96 (1 + s/6h + V/16lh) / (72 (1 + s/6h + V/12lh))."""
+    """Full-recompute hardware FLOPs over model FLOPs of a megatron-* preset (benchmarks.common)."""
     c = PRESETS[name]
-    s, h, l, v = c.seq, c.hidden, c.layers, c.vocab
-    return 96 * (1 + s / (6 * h) + v / (16 * l * h)) / (72 * (1 + s / (6 * h) + v / (12 * l * h)))
+    return common_ratio(c.seq, c.hidden, c.layers, c.vocab)
 
 
 def run_row(name, tp, pp, gpus, batch, published) -> dict:

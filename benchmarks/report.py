@@ -181,7 +181,7 @@ def table1(results: dict) -> str:
     rows, speedups = [], []
     for r in d["rows"]:
         pub, plan, pred = r["published"], r["plan"], r.get("published_config_predicted")
-        speedup = plan["tflops_model"] / pred["tflops_model"] if pred else None
+        speedup = r.get("plan_speedup_vs_published_config_predicted")
         speedups.append(speedup)
         rows.append([r["model"].removeprefix("megatron-"), f"TP{pub['tp']} PP{pub['pp']}", f"{pub['tflops_hw']:.0f}",
                      f"{pred['tflops_hw']:.0f} ({pct(pred['error'], sign=True)})" if pred else "no plan fits",
@@ -380,8 +380,8 @@ def _brief_solver(d: dict) -> str:
 
 def _brief_table1(d: dict) -> str:
     s = d.get("summary", {})
-    speed = [r["plan"]["tflops_model"] / r["published_config_predicted"]["tflops_model"] for r in d["rows"]
-             if r.get("published_config_predicted")]
+    speed = [r["plan_speedup_vs_published_config_predicted"] for r in d["rows"]
+             if "plan_speedup_vs_published_config_predicted" in r]
     return (f"the {len(d['rows'])} published configurations predicted within "
             f"{pct(s.get('max_abs_error_published_config'))} (median |error| "
             f"{pct(s.get('median_abs_error_published_config'))}); partita's plan at least as fast as the published "

@@ -85,6 +85,8 @@ class LayerTiming:
     tp: float
     exposed: dict = field(default_factory=dict)
     """Exposed seconds by kind: "tp", "zero", "offload"."""
+    lanes: LayerStreams | None = None
+    """The work it was priced from."""
 
     @property
     def hidden(self) -> float:
@@ -113,12 +115,14 @@ def layer_timing(s: LayerStreams, slowdown: float) -> LayerTiming:
     for w in (f, b):
         if w.binding != "compute":
             exposed[w.binding] += w.exposed
-    return LayerTiming(total=f.seconds + b.seconds + s.tp, forward=f, backward=b, tp=s.tp, exposed=exposed)
+    return LayerTiming(total=f.seconds + b.seconds + s.tp, forward=f, backward=b, tp=s.tp, exposed=exposed,
+                       lanes=s)
 
 
-def edge_exposed(gather_fwd: float, gather_bwd: float, scatter_bwd: float) -> float:
-    """Seconds per stage and micro-batch no window covers: the first gathers and the last reduce-scatter."""
-    return gather_fwd + gather_bwd + scatter_bwd
+def edge_exposed(s: LayerStreams) -> float:
+    """Seconds per stage and micro-batch no window covers, for a stage of layers like `s`: the first
+    layer's gathers and the last reduce-scatter."""
+    return s.gather_fwd + s.gather_bwd + s.scatter_bwd
 
 
 def bucketed_all_reduce(all_reduce: float, compute_bwd: float, slowdown: float) -> tuple[float, float]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel import comm
+from costmodel import comm, streams
 from costmodel.graph import OpGraph
 from costmodel.hardware import Cluster
 from costmodel.memory import state_bytes
@@ -180,8 +180,8 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         e["flush"] += last
         e["dp"] += last
     if zero >= 2 and dp > 1 and opts:
-        # each stage's first gathers and last reduce-scatter, per micro-batch (costmodel.streams.edge_exposed)
-        e["zero"] += max(o.zero_comm for o in opts)
+        # each stage's first gathers and last reduce-scatter, per micro-batch
+        e["zero"] += max(streams.edge_exposed(o.timing.lanes) for o in opts)
     if sp and layers:
         e["tp"] += _edge_reshards(bases, pre, suf, b, pp)
     if pp > 1 and layers:

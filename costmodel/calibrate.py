@@ -592,7 +592,7 @@ def sync_latency(in_step: dict, fits: dict) -> float:
 def calibrate(out_path, ranks: int | None = None, quick: bool = False) -> dict:
     """Measure this machine, write its resource list to `out_path` (JSON or YAML) and return it."""
     import torch
-    from costmodel.hardware import DEVICES, Cluster, Device
+    from costmodel.hardware import DEVICES, GPU_OVERLAP_SLOWDOWN, Cluster, Device
     from costmodel.resources import cluster_to_dict, write_resources
 
     ranks = default_ranks() if ranks is None else ranks
@@ -625,7 +625,7 @@ def calibrate(out_path, ranks: int | None = None, quick: bool = False) -> dict:
     if cuda:  # the GEMM curve of costmodel.kernels, from the bf16 sizes measured on this GPU
         gemm_fit = fit_gemm_curve(matmul["bf16"], peak["bf16"])
         efficiency = gemm_fit.pop("matmul_efficiency_of_measured_peak")
-        gemm_fit["overlap_slowdown"] = DEVICES["A100-80GB"].overlap_slowdown  # published default; not measured
+        gemm_fit["overlap_slowdown"] = GPU_OVERLAP_SLOWDOWN  # the presets' published default; not measured
     else:  # one efficiency for every GEMM (a CPU's curve is not a GPU's); gloo's threads share the cores
         gemm_fit = {"overlap_slowdown": 1.0}
     ar = fits["all_reduce"]

@@ -123,12 +123,14 @@ def _gpu(name, bf16_tflops, fp32_tflops, mem_mib, hbm_gbs, nvlink_gbs, nic_gbs, 
 #   InfiniBand/RoCE ~80-90% at training scale);
 # - overlap_slowdown: compute stretch while NCCL kernels run beside it (T3, Pati et al. ASPLOS'24:
 #   concurrent GEMMs and collectives slow each other by tens of percent).
+GPU_OVERLAP_SLOWDOWN = 0.15
+"""Device.overlap_slowdown of every GPU preset, and what `partita calibrate` keeps on a GPU (not measured)."""
 _VOLTA = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.45, mem_efficiency=0.8,
-              intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=0.15)
+              intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
 _AMPERE = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.55, mem_efficiency=0.8,
-               intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=0.15)
+               intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
 _HOPPER = dict(matmul_efficiency=0.62, gemm_half_dim=128, attention_efficiency=0.40, mem_efficiency=0.8,
-               intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=0.15)
+               intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
 
 # REFERENCE.md "Hardware": NVLink per direction (150 / 300 / 450 GB/s). Memory as the driver reports it
 # (nvidia-smi's total, MiB): the "80GB" of A100-80GB is 80 GiB (81920 MiB), H100-80GB 81559 MiB,

@@ -98,7 +98,7 @@ def node_time(d: dict, device, dtype: str, *, share: float = 1.0,
         n, k = n / n_div, k / k_div
         half = device.gemm_half_dim
         rate = peak * e_max * saturation(n, half) * saturation(k, half)
-        f_share = share / (n_div * k_div) if (n_div > 1 or k_div > 1) else share
+        f_share = share / (n_div * k_div)
         fwd_flops, bwd_flops = d["fwd_flops"] * f_share, d["bwd_flops"] * f_share
         if d["kind"] in GEMM_KINDS:
             # t(b) = b F1 / rate + F1 x_half / (M1 rate): per sample, then per micro-batch

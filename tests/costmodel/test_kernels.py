@@ -6,7 +6,7 @@ import pytest
 
 from costmodel.hardware import DEVICES
 from costmodel.kernels import node_time, saturation
-from planner.strategies import replicate_option, tensor_option
+from planner.strategies import node_seconds, replicate_option, tensor_option
 from costmodel.hardware import parse_cluster
 
 A100 = DEVICES["A100-80GB"]
@@ -66,13 +66,19 @@ def test_a_device_without_shape_curve_runs_every_gemm_at_one_efficiency():
 
 
 def test_block_options_carry_the_shape_effect(graph_of):
-    """A transformer layer split 8 ways costs each rank more than 1/8 of the whole on a GPU preset."""
+    """The planner's per-node times (planner.strategies.node_seconds) carry the curve: a column-parallel
+    Linear of a small layer split 4 ways costs each rank more than 1/4 of the whole; without the curve
+    exactly 1/4. The per-micro-batch GEMM term reaches the block options and their recompute re-runs."""
     g = graph_of("small-gpt")
     c = parse_cluster("8xA100-80GB")
-    whole = replicate_option(g, "blocks.0", c, 1)
-    split = tensor_option(g, "blocks.0", c, 4)
-    assert split.fwd_s + split.fixed_s / 2 > (whole.fwd_s + whole.fixed_s / 2) / 4
-    assert whole.fixed_s > 0 and split.refixed_by_policy["full"] > 0 and split.refixed_by_policy["none"] == 0
+    flat = replace(c, device=replace(c.device, gemm_half_dim=0.0))
+    fc1 = next(d for _, d in g.g.nodes(data=True) if d["kind"] == "linear" and d["module"] == "blocks.0.mlp.fc1")
+    whole, shard = node_seconds(fc1, c, "bf16"), node_seconds(fc1, c, "bf16", 4, "colwise")
+    assert shard.fwd > 1.1 * whole.fwd / 4
+    assert node_seconds(fc1, flat, "bf16", 4, "colwise").fwd == pytest.approx(node_seconds(fc1, flat, "bf16").fwd / 4)
+    rep, split = replicate_option(g, "blocks.0", c, 1), tensor_option(g, "blocks.0", c, 4)
+    assert rep.fixed_s > 0 and split.refixed_by_policy["full"] > 0 and split.refixed_by_policy["none"] == 0
+    assert replicate_option(g, "blocks.0", flat, 1).fixed_s == 0
 
 
 def test_calibrate_fits_the_gemm_curve_it_is_given():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import torch
 import torch.nn as nn
 
 from costmodel import ModelSpec, model_fingerprint, resolve_model
@@ -92,6 +93,7 @@ def _space_for(space: SearchSpace | None, fixed: dict) -> SearchSpace:
 
 
 def _fingerprint(spec: ModelSpec) -> str:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    """The fingerprint the runtime checks, from the model built the same way (runtime.checks.build_meta:
+    on the meta device, ~10x faster than under fake mode)."""
+    with torch.device("meta"):
         return model_fingerprint(spec.build())

@@ -84,7 +84,7 @@ def published_space(row: Row) -> SearchSpace:
                            "to fix the published configuration; without them the rows cannot be priced as published")
     return SearchSpace(
         name="published", tp=(row.tp,), pp=(row.pp,), dp=(row.dp,), zero=row.zero, recompute=row.recompute,
-        offload=False, sequence_parallel=(row.sequence_parallel,),
+        offload=False, sequence_parallel=(True, False) if row.sequence_parallel is None else (row.sequence_parallel,),
         micro_batch=None if row.micro_batch is None else (row.micro_batch,),
         virtual_stages=None if row.virtual_stages is None else (row.virtual_stages,),
         # Megatron-LM's pipeline sends use its scatter/gather (SC'21 §4.1); DeepSpeed's pipeline engine does not
@@ -260,7 +260,8 @@ def _config_text(r: dict) -> str:
     c, p = r["config"], r.get("plan") or {}
     mb = c["micro_batch"] if c["micro_batch"] is not None else f"({p.get('micro_batch', '?')})"
     rc = "/".join(c["recompute"]) if len(c["recompute"]) < 3 else "(search)"
-    sp = " SP" if c["sequence_parallel"] else ""
+    sp = " SP" if c["sequence_parallel"] else (" (SP)" if c["sequence_parallel"] is None and p.get("sequence_parallel")
+                                              else "")
     return f"tp{c['tp']} pp{c['pp']} dp{c['dp']} Z{'|'.join(map(str, c['zero']))} mb{mb} {rc}{sp}"
 
 

@@ -9,7 +9,7 @@ Conventions:
   source states it; several when it does not (the search picks among them, and the row's notes say so).
   FSDP FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2; HYBRID_SHARD (HSDP) has no partita equivalent and is
   priced as ZeRO-3 over all ranks (noted per row).
-- `micro_batch` / `virtual_stages` None: not published, chosen by the search (noted).
+- `micro_batch` / `virtual_stages` / `sequence_parallel` None: not published, chosen by the search (noted).
 - `schedule`: "1F1B", "Interleaved1F1B", or "auto" when the source does not say (the search picks).
 - attention "sdpa": fused / flash kernels (scores never stored); "math": Megatron-LM's 2021-22 attention
   with the s x s scores, softmax and dropout materialised.
@@ -96,7 +96,8 @@ class Row:
     micro_batch: int | None
     global_batch: int
     recompute: tuple[str, ...]
-    sequence_parallel: bool = False
+    sequence_parallel: bool | None = False
+    """None: the source does not say; the search chooses."""
     schedule: str = "1F1B"
     value: float
     """The measurement, in `table.metric` units."""
@@ -520,14 +521,15 @@ LLAMA3_T4 = Table(
     citation="Llama Team, The Llama 3 Herd of Models, arXiv 2407.21783, Table 4 (rows without context "
              "parallelism)",
     metric=MODEL_TFLOPS, framework="Meta's 4D parallelism (FSDP + TP + PP)",
-    notes="micro-batch, virtual stages and activation recompute not published: chosen by the search; the "
+    notes="micro-batch, virtual stages, activation recompute and sequence parallelism not published: chosen by "
+          "the search; the "
           "paper's interleaved schedule puts one layer fewer on the first and last stages")
 LLAMA31_405B = Model(name="llama3.1-405b", family="llama", layers=126, hidden=16384, heads=128, kv_heads=8,
                      vocab=128256, ffn=53248)
 _L3 = dict(table=LLAMA3_T4, model=LLAMA31_405B, seq=8192, hardware="H100-80GB", tp=8, pp=16, zero=(2,),
            sharding="FSDP without resharding parameters after forward (optimizer states and gradients sharded)",
            micro_batch=None, global_batch=2048, recompute=UNSTATED_RECOMPUTE, schedule="Interleaved1F1B",
-           virtual_stages=None)
+           virtual_stages=None, sequence_parallel=None)
 LLAMA3_ROWS = [
     Row(**_L3, gpus=8192, dp=64, value=430, notes="batch size per DP rank 32"),
     Row(**_L3, gpus=16384, dp=128, value=400, notes="batch size per DP rank 16"),

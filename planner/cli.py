@@ -5,6 +5,7 @@
     partita plan --model gpt3-175b --cluster 128x8xA100-80GB --global-batch 1536 --tp 8 --pp 16 --recompute full
     partita explain plan.json
     partita run plan.json --model tiny-gpt --steps 3 --verify
+    partita export plan.json --to slurm --model tiny-gpt --partition gpu --time 01:00:00 --out train.sbatch
     partita models
 
 A user error (unknown model, malformed cluster, a model that cannot fit, a bad plan file) prints one line
@@ -118,6 +119,35 @@ def _cmd_run(args) -> int:
     return subprocess.call(cmd, env=env)
 
 
+def _cmd_export(args) -> int:
+    from planner.export import ExportError, SlurmOptions, export
+    from planner.plan import Plan
+    plan = Plan.load(args.plan)
+    slurm_flags = ("model", "steps", "gpus_per_node", "partition", "time", "account", "job_name", "port", "data",
+                   "checkpoint_dir", "checkpoint_every", "max_restarts")
+    if args.to != "slurm":
+        given = [name for name in slurm_flags if getattr(args, name) is not None]
+        if given:
+            raise ExportError(f"{', '.join('--' + n.replace('_', '-') for n in given)} apply to --to slurm only")
+    slurm = None
+    if args.to == "slurm" and args.model is not None:
+        values = {name: getattr(args, name) for name in slurm_flags if getattr(args, name) is not None}
+        slurm = SlurmOptions(python=sys.executable, **values)
+    text = export(plan, args.to, plan_path=os.path.abspath(args.plan), slurm=slurm)
+    if not args.out:
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.out, "w") as f:
+            f.write(text)
+        if args.to == "slurm":
+            os.chmod(args.out, 0o755)
+    except OSError as e:
+        raise ExportError(f"cannot write {args.out!r}: {e.strerror}") from None
+    print(f"{args.to} export written to {args.out}")
+    return 0
+
+
 def _cmd_calibrate(args) -> int:
     from costmodel.calibrate import main as calibrate_main
     argv = ["--out", args.out] + (["--ranks", str(args.ranks)] if args.ranks else []) + (["--quick"] if args.quick else [])
@@ -220,6 +250,33 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--lr", type=float, default=None)
     r.add_argument("--losses-out", metavar="FILE", help="write losses, reference, step time and memory as JSON")
     r.set_defaults(func=_cmd_run)
+
+    from planner.export import FORMATS
+    x = sub.add_parser("export", help="translate a plan into a SLURM batch script, Megatron-LM arguments or a "
+                       "torchtitan config", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  partita export plan.json --to slurm --model tiny-gpt --steps 100 "
+                              "--partition gpu --time 02:00:00 --out train.sbatch && sbatch train.sbatch\n"
+                              "  partita export plan.json --to megatron\n"
+                              "  partita export plan.json --to torchtitan --out overrides.toml\n"
+                              "what has no equivalent in the target is said in a '# partita:' comment")
+    x.add_argument("plan")
+    x.add_argument("--to", required=True, choices=list(FORMATS))
+    x.add_argument("--out", metavar="FILE", help="write to FILE instead of standard output")
+    xs = x.add_argument_group("--to slurm (the script runs runtime.train under torchrun on every node)")
+    xs.add_argument("--model", help="MODEL to train (required for slurm)")
+    xs.add_argument("--steps", type=int, metavar="N", help="training steps (default 10)")
+    xs.add_argument("--gpus-per-node", type=int, metavar="G",
+                    help="processes per node (default: the plan's devices per node)")
+    xs.add_argument("--partition", metavar="P")
+    xs.add_argument("--time", metavar="T", help="time limit, e.g. 04:00:00")
+    xs.add_argument("--account", metavar="A")
+    xs.add_argument("--job-name", metavar="NAME", help="default partita")
+    xs.add_argument("--port", type=int, help="rendezvous port on the first node (default 29500)")
+    xs.add_argument("--data", metavar="FILE", help="token file for runtime.train (as in `partita run`)")
+    xs.add_argument("--checkpoint-dir", metavar="DIR", help="DCP checkpoints (a path every node can write)")
+    xs.add_argument("--checkpoint-every", type=int, metavar="N", help="save a checkpoint after every N steps")
+    xs.add_argument("--max-restarts", type=int, metavar="K", help="torchrun restarts after a failure")
+    x.set_defaults(func=_cmd_export)
 
     c = sub.add_parser("calibrate", help="measure this machine's devices and links into a resource list",
                        epilog="example: partita calibrate --out cluster.json && "

@@ -1,0 +1,309 @@
+"""`partita export`: a plan as a SLURM batch script, Megatron-LM arguments or torchtitan config overrides.
+
+Each output is parsed back (argparse with Megatron-LM's flag names, tomllib, bash) and checked against the
+plan's own numbers, so a broken mapping fails here rather than on a cluster."""
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+import planner
+from costmodel.errors import PartitaError
+from planner.cli import main
+from planner.export import ExportError, SlurmOptions, export, layers_per_stage, to_megatron, to_slurm, to_torchtitan
+from planner.plan import Plan
+
+SMALL = "gpt:layers=4,hidden=128,heads=4,seq=64,vocab=512"
+
+
+@pytest.fixture(scope="module")
+def interleaved():
+    """megatron-1.7b on 2 nodes x 8: tp=2, pp=2 with 2 virtual stages each, full recompute, no ZeRO."""
+    return planner.plan("megatron-1.7b", cluster="2x8xA100-80GB", train=planner.TrainConfig(global_batch=32),
+                        tp=2, pp=2, virtual_stages=2, recompute="full", zero=0, sequence_parallel=True)
+
+
+@pytest.fixture(scope="module")
+def sharded():
+    """A small model with ZeRO-3 data parallelism over 8 devices, selective recompute, no pipeline."""
+    return planner.plan(SMALL, cluster="2x4xA100-80GB", train=planner.TrainConfig(global_batch=32),
+                        tp=1, pp=1, zero=3, recompute="selective", micro_batch=2)
+
+
+@pytest.fixture(scope="module")
+def piped():
+    """A small model on 2 stages (1F1B), tp=2, no recompute."""
+    return planner.plan(SMALL, cluster="2x4xA100-80GB", train=planner.TrainConfig(global_batch=16),
+                        tp=2, pp=2, virtual_stages=1, zero=0, recompute="none", offload=False)
+
+
+def edited(plan: Plan, edit) -> Plan:
+    """A copy of the plan changed by `edit(dict)`, validated like any hand-written plan."""
+    d = json.loads(plan.to_json())
+    edit(d)
+    return Plan.from_dict(d)
+
+
+# ---- Megatron-LM --------------------------------------------------------------------------------------
+
+def megatron_parser() -> argparse.ArgumentParser:
+    """The Megatron-LM flags the export may write (names as in megatron/training/arguments.py); an unknown
+    or misspelled flag makes parse_args fail."""
+    p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    for flag in ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--num-query-groups",
+                 "--seq-length", "--max-position-embeddings", "--tensor-model-parallel-size",
+                 "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage", "--micro-batch-size",
+                 "--global-batch-size", "--recompute-num-layers"):
+        p.add_argument(flag, type=int)
+    for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--group-query-attention"):
+        p.add_argument(flag, action="store_true")
+    p.add_argument("--recompute-granularity", choices=["full", "selective"])
+    p.add_argument("--recompute-method", choices=["uniform", "block"])
+    p.add_argument("--pipeline-model-parallel-layout")
+    p.add_argument("--optimizer", choices=["adam", "sgd"])
+    return p
+
+
+def megatron_args(text: str) -> tuple[argparse.Namespace, list[str]]:
+    """Parsed arguments and the comment lines."""
+    lines = text.splitlines()
+    args = [tok for line in lines if not line.startswith("#") for tok in shlex.split(line)]
+    return megatron_parser().parse_args(args), [line for line in lines if line.startswith("#")]
+
+
+def test_megatron_args_carry_the_plans_degrees_batch_and_recompute(interleaved):
+    p = interleaved
+    a, comments = megatron_args(to_megatron(p))
+    assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size) == (2, 2)
+    assert p.mesh.world_size // (a.tensor_model_parallel_size * a.pipeline_model_parallel_size) == p.mesh.dp == 4
+    assert a.num_layers == 24 and a.hidden_size == 2304 and a.num_attention_heads == 24 and a.seq_length == 2048
+    assert a.num_layers_per_virtual_pipeline_stage == 24 // (2 * 2) == layers_per_stage(p)[0]
+    assert a.micro_batch_size == p.schedule.micro_batch_size and a.global_batch_size == 32
+    assert a.global_batch_size == a.micro_batch_size * p.schedule.num_microbatches * p.mesh.dp
+    assert a.sequence_parallel and a.bf16 and not a.use_distributed_optimizer
+    assert (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == ("full", "uniform", 1)
+    assert a.pipeline_model_parallel_layout is None
+    assert not [c for c in comments if c.startswith("# partita:")]  # everything in this plan maps
+
+
+def test_megatron_sharding_and_selective_recompute(sharded):
+    a, comments = megatron_args(to_megatron(sharded))
+    assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size) == (1, 1)
+    assert a.micro_batch_size == 2 and a.global_batch_size == 32
+    assert a.recompute_granularity == "selective" and a.recompute_method is None and a.recompute_num_layers is None
+    assert a.use_distributed_optimizer and not a.sequence_parallel
+    assert any(c.startswith("# partita: ZeRO-") and "has no Megatron-LM equivalent" in c for c in comments), comments
+
+
+def move_first_layer_back(d: dict) -> None:
+    """Stage 1's first layer moves to stage 0 (an uneven split)."""
+    first = d["stages"][1]["modules"].pop(0)
+    d["stages"][0]["modules"].append(first)
+    d["stages"][1]["split_at"] = d["stages"][1]["modules"][0]
+    next(b for b in d["blocks"] if b["fqn"] == first)["stage"] = 0
+
+
+def expand_layout(layout: str) -> list[str]:
+    return [re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), stage) for stage in layout.split("|")]
+
+
+def test_uneven_stages_become_a_pipeline_layout(interleaved):
+    p = edited(interleaved, move_first_layer_back)
+    counts = layers_per_stage(p)
+    assert counts == [7, 5, 6, 6]
+    a, comments = megatron_args(to_megatron(p))
+    stages = expand_layout(a.pipeline_model_parallel_layout)
+    assert [s.count("t") for s in stages] == counts
+    assert stages[0].startswith("E") and stages[-1].endswith("L") and "".join(stages).count("E") == 1
+    assert a.num_layers_per_virtual_pipeline_stage is None  # the layout already says it
+    assert any("uneven stages" in c for c in comments)
+
+
+def test_what_megatron_cannot_express_is_a_comment_not_dropped(piped):
+    def edit(d):
+        d["schedule"]["name"] = "GPipe"
+        layers = [b for b in d["blocks"] if b["fqn"].startswith("blocks.")]
+        layers[0]["recompute"] = "full"  # one full layer in stage 0, none in stage 1
+        layers[-1]["offload_activations"] = True
+    a, comments = megatron_args(to_megatron(edited(piped, edit)))
+    notes = [c for c in comments if c.startswith("# partita:")]
+    assert any("GPipe" in c for c in notes) and any("activation offload" in c for c in notes)
+    assert any("mixed recompute" in c for c in notes), notes
+    assert all("has no Megatron-LM equivalent:" in c for c in notes)
+    # the stages with the most full layers still get them: block recompute of that many layers per stage
+    assert (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == ("full", "block", 1)
+
+
+# ---- torchtitan ---------------------------------------------------------------------------------------
+
+def test_torchtitan_toml_carries_the_plans_degrees(interleaved):
+    p = interleaved
+    t = tomllib.loads(to_torchtitan(p))
+    par, tr = t["parallelism"], t["training"]
+    assert par["data_parallel_shard_degree"] * par["data_parallel_replicate_degree"] * par["tensor_parallel_degree"] \
+        * par["pipeline_parallel_degree"] == p.mesh.world_size == 16
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (4, 1)  # no ZeRO: DDP
+    assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"]) == (2, 2)
+    assert par["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert par["pipeline_parallel_microbatch_size"] == p.schedule.micro_batch_size
+    assert par["enable_async_tensor_parallel"] is False and par["context_parallel_degree"] == 1
+    assert par["module_fqns_per_model_part"] == [s.modules for s in p.stages]
+    assert len(par["module_fqns_per_model_part"]) == 2 * 2  # pp x virtual stages
+    assert t["activation_checkpoint"] == {"mode": "full"}
+    # a pipeline splits each data-parallel rank's batch into micro-batches
+    assert tr["global_batch_size"] == 32 and tr["local_batch_size"] * p.mesh.dp == 32
+    assert tr["local_batch_size"] // par["pipeline_parallel_microbatch_size"] == p.schedule.num_microbatches
+    assert tr["seq_len"] == 2048 and tr["mixed_precision_param"] == "bfloat16"
+
+
+def test_torchtitan_fsdp_and_gradient_accumulation(sharded):
+    p = sharded
+    t = tomllib.loads(to_torchtitan(p))
+    par, tr = t["parallelism"], t["training"]
+    assert (par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"]) == (8, 1)
+    assert par["fsdp_reshard_after_forward"] in ("always", "never")
+    assert par["pipeline_parallel_degree"] == 1 and "pipeline_parallel_schedule" not in par
+    # without a pipeline partita accumulates gradients over micro-batches: torchtitan does when global > local x dp
+    assert tr["local_batch_size"] == 2 and tr["global_batch_size"] // (tr["local_batch_size"] * 8) == \
+        p.schedule.num_microbatches
+    assert t["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+
+
+@pytest.mark.parametrize("zero,shard,replicate,reshard", [(2, 2, 1, "never"), (3, 2, 1, "always"), (0, 1, 2, None)])
+def test_torchtitan_zero_stages(piped, zero, shard, replicate, reshard):
+    p = edited(piped, lambda d: d.update(zero_stage=zero))
+    par = tomllib.loads(to_torchtitan(p))["parallelism"]
+    assert (par["data_parallel_shard_degree"], par["data_parallel_replicate_degree"]) == (shard, replicate)
+    assert par.get("fsdp_reshard_after_forward") == reshard
+
+
+@pytest.mark.parametrize("name", ["1F1B", "GPipe"])
+def test_torchtitan_schedule_names(piped, name):
+    p = edited(piped, lambda d: d["schedule"].update(name=name))
+    assert tomllib.loads(to_torchtitan(p))["parallelism"]["pipeline_parallel_schedule"] == name
+
+
+def test_torchtitan_every_nth_layer_and_offload(sharded):
+    def edit(d):
+        layers = [b for b in d["blocks"] if b["fqn"].startswith("blocks.")]
+        for i, b in enumerate(layers):
+            b["recompute"] = "full" if i % 2 == 0 else "none"
+            b["offload_activations"] = i == 0
+    text = to_torchtitan(edited(sharded, edit))
+    t = tomllib.loads(text)
+    assert t["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "2"}  # 2 of 4 layers
+    assert "# partita: activation offload to host memory (blocks.0) has no torchtitan equivalent" in text
+
+
+# ---- SLURM --------------------------------------------------------------------------------------------
+
+def sbatch(text: str) -> dict[str, str]:
+    return dict(line[len("#SBATCH --"):].split("=", 1) for line in text.splitlines() if line.startswith("#SBATCH"))
+
+
+def test_slurm_script_has_the_plans_nodes_and_runs_torchrun_per_node(interleaved, tmp_path):
+    text = to_slurm(interleaved, "/shared/plans/plan.json",
+                    SlurmOptions(model="megatron-1.7b", steps=50, partition="gpu", time="02:00:00", account="proj"))
+    s = sbatch(text)
+    nodes = interleaved.mesh.world_size // interleaved.cluster["devices_per_node"]
+    assert int(s["nodes"]) == nodes == 2 and s["gpus-per-node"] == "8" and s["ntasks-per-node"] == "1"
+    assert (s["partition"], s["time"], s["account"]) == ("gpu", "02:00:00", "proj")
+    run = text[text.index("srun "):].replace("\\\n", " ")
+    torchrun = shlex.split(run.splitlines()[0])
+    assert torchrun[torchrun.index("--nproc-per-node") + 1] == "8"
+    assert torchrun[torchrun.index("--rdzv-backend") + 1] == "c10d"
+    assert "runtime.train" in torchrun and "--model" in torchrun and "--steps" in torchrun
+    assert "PLAN=/shared/plans/plan.json" in text.splitlines()
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+
+
+def test_slurm_script_runs_under_fake_slurm(interleaved, tmp_path):
+    """The script with stand-ins for scontrol, srun and python: what srun is asked to start on each node."""
+    plan = tmp_path / "plan.json"
+    interleaved.save(plan)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    log = tmp_path / "calls"
+    (bin_ / "scontrol").write_text("#!/bin/sh\necho gpu-a17; echo gpu-a18\n")
+    (bin_ / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {log}\n')
+    (bin_ / "fakepython").write_text("#!/bin/sh\nexit 0\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(to_slurm(interleaved, str(plan), SlurmOptions(model="megatron-1.7b", steps=3, port=29555)))
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "PYTHON": str(bin_ / "fakepython"),
+           "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu-a[17-18]", "SLURM_JOB_ID": "4242"}
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    argv = log.read_text().splitlines()
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "gpu-a17:29555"
+    assert argv[argv.index("--rdzv-id") + 1] == "4242" and argv[argv.index("--nnodes") + 1] == "2"
+    assert argv[argv.index("runtime.train") + 1] == str(plan)
+    # a job with the wrong number of nodes stops before starting anything
+    r = subprocess.run(["bash", str(script)], env={**env, "SLURM_NNODES": "3"}, capture_output=True, text=True)
+    assert r.returncode == 2 and "needs 2 node(s), this job has 3" in r.stderr
+
+
+def test_slurm_nodes_follow_gpus_per_node_and_cpu_plans_ask_no_gpus(piped):
+    text = to_slurm(piped, "p.json", SlurmOptions(model=SMALL, gpus_per_node=2))
+    assert sbatch(text)["nodes"] == "4" and "priced for 4 devices per node" in text
+    cpu = edited(piped, lambda d: d["cluster"].update(spec="2x4xcpu", device="cpu"))
+    s = sbatch(to_slurm(cpu, "p.json", SlurmOptions(model=SMALL)))
+    assert s["nodes"] == "2" and "gpus-per-node" not in s
+
+
+@pytest.mark.parametrize("edit,opts,needle", [
+    (lambda d: d["cluster"].update(groups=[{"name": "1x8xA100-80GB"}, {"name": "1x8xV100-32GB"}]), {},
+     "heterogeneous (1x8xA100-80GB, 1x8xV100-32GB), not nodes x devices"),
+    (lambda d: None, {"gpus_per_node": 3}, "the plan's 8 ranks are not whole nodes of 3 devices"),
+    (lambda d: d["cluster"].update(num_devices=16), {}, "mesh uses 8 ranks but its cluster"),
+    (lambda d: d["cluster"].pop("devices_per_node"), {}, "give --gpus-per-node G"),
+])
+def test_slurm_refuses_plans_that_are_not_whole_nodes(piped, edit, opts, needle):
+    with pytest.raises(ExportError, match=re.escape(needle)):
+        to_slurm(edited(piped, edit), "p.json", SlurmOptions(model=SMALL, **opts))
+
+
+# ---- the command line ---------------------------------------------------------------------------------
+
+def test_export_through_the_cli(piped, tmp_path):
+    plan = tmp_path / "plan.json"
+    piped.save(plan)
+    r = subprocess.run([sys.executable, "-m", "planner.cli", "export", str(plan), "--to", "torchtitan"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert tomllib.loads(r.stdout)["parallelism"]["tensor_parallel_degree"] == 2
+    assert r.stdout == export(piped, "torchtitan")
+
+
+def test_export_cli_writes_files_and_refuses_bad_input(piped, tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    piped.save(plan)
+    out = tmp_path / "train.sbatch"
+    assert main(["export", str(plan), "--to", "slurm", "--model", SMALL, "--out", str(out)]) == 0
+    assert f"PLAN={plan}" in out.read_text() and os.access(out, os.X_OK)
+    capsys.readouterr()
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for argv, needle in ((["export", str(bad), "--to", "megatron"], "is not valid JSON"),
+                         (["export", str(plan), "--to", "slurm"], "--to slurm needs --model"),
+                         (["export", str(plan), "--to", "megatron", "--model", SMALL], "--model apply to --to slurm")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("partita: error:") and needle in err[0], err
+    with pytest.raises(SystemExit) as e:
+        main(["export", str(plan), "--to", "deepspeed"])
+    assert e.value.code == 2 and "invalid choice: 'deepspeed'" in capsys.readouterr().err
+
+
+def test_export_names_an_unknown_format():
+    with pytest.raises(PartitaError, match="unknown export format 'deepspeed'"):
+        export(None, "deepspeed")

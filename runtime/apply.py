@@ -21,13 +21,13 @@ of sequence-parallel norms summed over tp) before any dp averaging and the optim
 Each executor exposes `modules` (the user's module or this rank's stage modules, unwrapped: their
 parameter and state-dict names are the user's FQNs, which checkpoints rely on) and `params`.
 
-Test hook: PARTITA_TEST_SKIP_GRAD_SYNC=1 skips the data-parallel gradient averaging of DDP and of the
-by-hand path (a deliberately wrong run, so tests can check that --verify catches it).
+The data-parallel gradient sync is DDP's (built here as `DDP`) or `average_grads`'s: the negative tests of
+--verify replace these two names in a worker they start themselves (tests/runtime/injected_bugs.py); no
+switch in this module turns the sync off.
 """
 from __future__ import annotations
 
 import contextlib
-import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -48,10 +48,6 @@ from runtime.mesh import Topology
 from runtime.precision import autocast_forward, describe, train_dtype
 from runtime.recipe import LossFn, lm_loss, loss_for
 from runtime.tp import apply_tp, loss_context, plain, settle_grads, vocab_head
-
-
-def skip_grad_sync() -> bool:
-    return os.environ.get("PARTITA_TEST_SKIP_GRAD_SYNC") == "1"
 
 
 @torch.no_grad()
@@ -159,14 +155,14 @@ class LocalExecutor:
         total = torch.zeros((), device=self.topo.device)
         for i, mb in enumerate(split_batch(batch, self.n_micro)):
             last = i == self.n_micro - 1
-            sync = self.ddp is not None and last and not skip_grad_sync()
+            sync = self.ddp is not None and last
             ctx = self.ddp.no_sync() if self.ddp is not None and not sync else contextlib.nullcontext()
             with ctx, loss_context(self.loss_parallel):
                 loss = plain(self.loss(self.module, mb)) / self.n_micro
                 loss.backward()
             total += loss.detach()
         settle_grads(self.params)
-        if self.topo.dp > 1 and self.ddp is None and not self.fsdp and not skip_grad_sync():
+        if self.topo.dp > 1 and self.ddp is None and not self.fsdp:
             average_grads(self.params, self.topo.group("dp"), self.topo.dp)
         return total
 
@@ -200,7 +196,7 @@ class PipelineExecutor:
         with loss_context(self.loss_parallel):
             self.schedule.step(*args, **kwargs)
         settle_grads(self.params)
-        if self.topo.dp > 1 and not self.fsdp and not skip_grad_sync():
+        if self.topo.dp > 1 and not self.fsdp:
             average_grads(self.params, self.topo.group("dp"), self.topo.dp)
         if not losses:
             return torch.zeros((), device=self.topo.device)

@@ -11,6 +11,11 @@ over dp (one all-reduce), a non-finite loss stops the run before the optimizer s
 then the optimizer step. With `checkpoint_every` N > 0 a checkpoint is saved after every N-th step and
 after the last (runtime.checkpoint).
 
+--verify (runtime.verify): every rank trains, rank 0 also trains the unpartitioned reference, and the run's
+losses and final parameters are compared with it; a bf16 run also gets an fp32 verification pass of the
+same layout (`_verification_pass`), which is what is judged tightly. Every rank computes the same checks
+(the reference's losses are broadcast, parameter differences all-reduced), so all return the same code.
+
 Resuming: with `resume`, or on a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) when a checkpoint
 directory is given, training continues from the latest complete checkpoint there (from step 0 if there
 is none yet). Batches depend only on (seed, step), so the continued run sees the batches the
@@ -19,6 +24,8 @@ uninterrupted one would have, whatever the plan and world size.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gc
 import math
 import os
 import shutil
@@ -41,7 +48,8 @@ from runtime.mesh import Topology, init
 from runtime.precision import train_dtype
 from runtime.recipe import build_model, make_optimizer
 from runtime.report import RunResult, render
-from runtime.verify import TOLERANCE, checksum, compare, param_stats, reference_run
+from runtime.verify import (PARAM_TOLERANCE, TOLERANCE, VERIFY_DTYPE, Check, compare, failures, loss_check,
+                            param_check, param_stats, reference_run)
 
 EXIT_OK, EXIT_VERIFY, EXIT_ERROR, EXIT_NONFINITE = 0, 1, 2, 3
 
@@ -72,6 +80,42 @@ class RunOptions:
     memory_trace: bool = True
     """On CPU, measure the peak memory of a training step with the allocator trace (`_measure_step`):
     one extra step after the run, whose effects are undone. Off: the tracked figure (runtime/memory.py)."""
+
+
+@dataclass
+class CheckedResult(RunResult):
+    """A RunResult with --verify's checks (runtime.verify.Check): `verified` is whether all of them passed."""
+
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def verified(self) -> bool | None:
+        if self.reference_losses is None:
+            return None
+        return all(c.passed for c in self.checks) if self.checks else super().verified
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "checks": [c.as_dict() for c in self.checks]}
+
+    @property
+    def failure(self) -> str:
+        """One line naming what diverged ("verify FAILED: ..."), or "" when every check passed."""
+        return failures(self.checks)
+
+    def report_lines(self) -> list[str]:
+        """The checks beyond the run's losses (which `render` prints) and the verdict, naming what diverged."""
+        if self.reference_losses is None:
+            return []
+        elementwise = ([f"verify: max |parameter - reference| = {self.param_max_abs_diff:.2e} (elementwise, "
+                        "reported, not judged)"] if self.param_max_abs_diff is not None else [])
+        return elementwise + [c.line() for c in self.checks[1:]] + [failures(self.checks) or "verify: OK"]
+
+    def for_render(self) -> RunResult:
+        """The plain RunResult `render` takes: its verify line is the run's loss check alone, and the
+        parameter differences are printed by `report_lines`."""
+        plain = RunResult(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RunResult)})
+        plain.param_max_abs_diff = None
+        return plain
 
 
 @dataclass
@@ -119,6 +163,13 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int) -> Prepar
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _reduce_loss(executor, loss: torch.Tensor, topo: Topology) -> float:
+    """The step's global mean loss on every rank: one holder per dp rank, the sum over them / dp."""
+    held = loss if executor.holds_loss else torch.zeros_like(loss)
+    dist.all_reduce(held)
+    return held.item() / topo.dp
 
 
 def _allreduce(values: list[float], op, device) -> list[float]:
@@ -220,7 +271,7 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
     """Train under the plan on this rank (every rank calls it); returns (result, exit code: 0, or 1 when
     --verify found a difference). Raises NonFiniteLoss, or PartitaError raised alike on every rank."""
     topo = init(plan)
-    data, dtype, opt_name = prep.data, train_dtype(plan), optimizer_name(plan)
+    data, opt_name = prep.data, optimizer_name(plan)
     notes = list(prep.notes)
     if topo.rank == 0 and opts.checkpoint_dir:
         for stale in ckpt.incomplete(opts.checkpoint_dir):
@@ -234,7 +285,8 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
     opt = make_optimizer(executor.params, opts.lr, opt_name)
     start, last_good = 0, None
     if prep.resume is not None:
-        ckpt.load(prep.resume, prep.metadata, executor.modules, executor.params, opt)
+        if note := ckpt.load(prep.resume, prep.metadata, executor.modules, executor.params, opt):
+            notes.append(note)
         start, last_good = prep.resume.step, str(prep.resume.path)
     faults = Faults(topo.rank, opts.checkpoint_dir)
     manifest = _manifest(plan, spec, opts, data, fingerprint)
@@ -253,9 +305,7 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
         faults.exit_during_step(step)
         if faults.nan_at(step):
             loss = loss * float("nan")
-        held = loss if executor.holds_loss else torch.zeros_like(loss)
-        dist.all_reduce(held)  # one holder per dp rank: the sum over them / dp is the global mean
-        value = held.item() / topo.dp
+        value = _reduce_loss(executor, loss, topo)
         if not math.isfinite(value):
             raise NonFiniteLoss(step, value, last_good)
         opt.step()
@@ -280,42 +330,94 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
         peak, method = tracked, memory.CPU_METHOD
     maxed = _allreduce(times + [peak, rss, tracked], dist.ReduceOp.MAX, topo.device)
     seq = spec.seq_len or 1
-    result = RunResult(losses=losses, step_times=maxed[:n], peak_memory_bytes=int(maxed[n]), memory_method=method,
-                       peak_rss_bytes=int(maxed[n + 1]), tokens_per_step=plan.train["global_batch"] * seq,
-                       applied={**asdict(executor.applied), "summary": executor.applied.summary()},
-                       notes=notes, first_step=start, resumed_from=str(prep.resume.path) if prep.resume else None,
-                       attempt=prep.attempt, checkpoints=saves, checkpoint_time_s=save_time)
+    result = CheckedResult(losses=losses, step_times=maxed[:n], peak_memory_bytes=int(maxed[n]), memory_method=method,
+                           peak_rss_bytes=int(maxed[n + 1]), tokens_per_step=plan.train["global_batch"] * seq,
+                           applied={**asdict(executor.applied), "summary": executor.applied.summary()},
+                           notes=notes, first_step=start, resumed_from=str(prep.resume.path) if prep.resume else None,
+                           attempt=prep.attempt, checkpoints=saves, checkpoint_time_s=save_time)
     # beside RunResult's fields (runtime/report.py): the tracked figure (largest rank), and this rank's
     # allocator breakdown of the traced step (None when the figure is not the allocator's)
     result.tracked_memory_bytes = int(maxed[n + 2])
     result.memory_detail = step_memory.as_dict() if step_memory is not None else None
-    reference = None
-    code = torch.zeros((), dtype=torch.long, device=topo.device)
-    if opts.verify and topo.rank == 0:
-        ref_losses, reference = reference_run(spec, data, opts.steps, opts.seed, opts.lr, topo.device, opt_name)
-        result.reference_losses = ref_losses[start:]
-        result.reference_param_checksum = checksum(reference)
-        result.tolerance = TOLERANCE[dtype]
-        result.max_abs_diff, _ = compare(result.losses, result.reference_losses, result.tolerance)
-    coords = {"dp": topo.dp_rank, "tp": topo.tp_rank}
-    result.param_checksum, result.param_max_abs_diff = param_stats(
-        executor.modules, coords, names, reference, topo.device, compare_params=opts.verify)
-    if opts.verify:  # rank 0's verdict and reference on every rank
-        shared = torch.zeros(3 + len(losses), dtype=torch.float64, device=topo.device)
-        if topo.rank == 0:
-            shared[:3] = torch.tensor([result.max_abs_diff, result.tolerance, result.reference_param_checksum])
-            shared[3:] = torch.tensor(result.reference_losses, dtype=torch.float64)
-        dist.broadcast(shared, src=0)
-        vals = shared.tolist()
-        result.max_abs_diff, result.tolerance, result.reference_param_checksum = vals[:3]
-        result.reference_losses = vals[3:]
-        code.fill_(EXIT_OK if result.verified else EXIT_VERIFY)
+    code = EXIT_OK
+    if opts.verify:
+        reference = _verify(result, plan, spec, opts, data, topo, executor, names)
+        if train_dtype(plan) != VERIFY_DTYPE:
+            del executor, opt, saved  # the pass builds its own copy of the model
+            gc.collect()
+            result.checks += _verification_pass(plan, spec, opts, data, topo, names, *reference)
+        code = EXIT_OK if result.verified else EXIT_VERIFY
+    else:
+        result.param_checksum = param_stats(executor.modules, _coords(topo), names, None, topo.device,
+                                            compare_params=False).checksum
     if topo.rank == 0:
         if opts.print_report:
-            print(render(result, _header(plan, spec, opts, topo, data), plan.predicted), flush=True)
+            print("\n".join([render(result.for_render(), _header(plan, spec, opts, topo, data), plan.predicted),
+                             *result.report_lines()]), flush=True)
         if opts.losses_out:
             import json
             with open(opts.losses_out, "w") as f:
                 json.dump({**result.to_json(), "tracked_memory_bytes": result.tracked_memory_bytes,
                            "memory_detail": result.memory_detail}, f, indent=2)
-    return result, int(code.item())
+    return result, code
+
+
+def _coords(topo: Topology) -> dict[str, int]:
+    return {"dp": topo.dp_rank, "tp": topo.tp_rank}
+
+
+def _verify(result: CheckedResult, plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo: Topology,
+            executor, names: list) -> tuple:
+    """--verify's checks of the run itself, on every rank: rank 0 trains the reference; the run's losses
+    and final parameters are compared with it (judged when the run is in VERIFY_DTYPE; a run in another
+    dtype then gets `_verification_pass`, runtime.verify's docstring says why). Fills `result.checks`;
+    returns (reference model, initial model, reference losses) for the pass (the models on rank 0 only)."""
+    dtype, start, device = train_dtype(plan), result.first_step, topo.device
+    reference = initial = None
+    shared = torch.zeros(1 + opts.steps, dtype=torch.float64, device=device)
+    if topo.rank == 0:
+        initial = build_model(spec, opts.seed).to(device)
+        ref_losses, reference = reference_run(spec, data, opts.steps, opts.seed, opts.lr, device,
+                                              optimizer_name(plan))
+        shared[0] = sum(p.detach().double().sum() for p in reference.parameters())
+        shared[1:] = torch.tensor(ref_losses, dtype=torch.float64)
+    dist.broadcast(shared, src=0)  # the reference's checksum and losses on every rank
+    ref_losses = shared[1:].tolist()
+    result.reference_param_checksum = float(shared[0])
+    result.reference_losses = ref_losses[start:]
+    result.tolerance = TOLERANCE[dtype]
+    result.max_abs_diff, _ = compare(result.losses, result.reference_losses, result.tolerance)
+    stats = param_stats(executor.modules, _coords(topo), names, reference, device, compare_params=True,
+                        initial=initial)
+    result.param_checksum, result.param_max_abs_diff = stats.checksum, stats.max_abs_diff
+    judged = dtype == VERIFY_DTYPE
+    run = "" if judged else f"{_DTYPE_NAMES.get(dtype, str(dtype))} run, "
+    result.checks = [loss_check(f"{run}losses", result.losses, result.reference_losses, result.tolerance, start),
+                     param_check(f"{run}parameters after step {opts.steps}", stats.relative,
+                                 PARAM_TOLERANCE if judged else None)]
+    return reference, initial, ref_losses
+
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _verification_pass(plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo: Topology, names: list,
+                       reference, initial, ref_losses: list[float]) -> list[Check]:
+    """The plan's layout trained in VERIFY_DTYPE from the same init on the same batches (steps 1..steps, no
+    checkpoints, no faults), judged against the reference: losses and final parameters."""
+    verify_plan = dataclasses.replace(plan, train={**plan.train, "dtype": _DTYPE_NAMES[VERIFY_DTYPE]})
+    model = build_model(spec, seed=opts.seed).to(topo.device)
+    executor = make_executor(model, verify_plan, topo, spec)
+    del model
+    opt = make_optimizer(executor.params, opts.lr, optimizer_name(plan))
+    losses = []
+    for k in range(opts.steps):
+        batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
+        opt.zero_grad(set_to_none=True)
+        losses.append(_reduce_loss(executor, executor.step(batch), topo))
+        opt.step()
+    stats = param_stats(executor.modules, _coords(topo), names, reference, topo.device, compare_params=True,
+                        initial=initial)
+    what = f"{_DTYPE_NAMES[VERIFY_DTYPE]} pass of the same layout"
+    return [loss_check(f"{what}, losses", losses, ref_losses, TOLERANCE[VERIFY_DTYPE]),
+            param_check(f"{what}, parameters after step {opts.steps}", stats.relative, PARAM_TOLERANCE)]

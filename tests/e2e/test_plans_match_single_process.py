@@ -56,8 +56,7 @@ def make_plan(model: str = "tiny-gpt", *, pp=1, dp=1, tp=1, micro=1, mb=2, sched
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "PARTITA_TEST_SKIP_GRAD_SYNC"}
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
 
 
 def launch(tmp_path: Path, plan: dict, ranks: int, model: str = "tiny-gpt", env: dict | None = None):
@@ -99,11 +98,19 @@ def test_plan_matches_single_process(tmp_path, ranks, model, kw):
 
 
 def test_verify_fails_when_gradients_are_not_synchronised(tmp_path):
-    """A deliberately wrong run (dp gradients never averaged) must make --verify and torchrun fail."""
-    proc, out = launch(tmp_path, make_plan(dp=2), 2, env={"PARTITA_TEST_SKIP_GRAD_SYNC": "1"})
+    """A deliberately wrong run (dp gradients never averaged: the test worker tests/runtime/injected_bugs.py
+    patches the runtime, then runs runtime.train) must make --verify and torchrun fail, naming what diverged.
+    More injected bugs, in bf16 too: tests/runtime/test_verify_injected_bugs.py."""
+    plan_file, out_file = tmp_path / "plan.json", tmp_path / "out.json"
+    plan_file.write_text(json.dumps(make_plan(dp=2)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(ROOT / "tests" / "runtime" / "injected_bugs.py"), "skip-dp-grad-sync", "train", str(plan_file),
+           "--model", "tiny-gpt", "--steps", str(STEPS), "--verify", "--losses-out", str(out_file)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
-    assert "FAILED" in proc.stdout
-    assert out is not None and out["max_abs_diff"] > 1e-5
+    assert f"verify FAILED: losses, step {STEPS}" in proc.stdout and "parameters after step" in proc.stdout
+    out = json.loads(out_file.read_text())
+    assert out["verified"] is False and out["max_abs_diff"] > 1e-5
 
 
 def _direct(tmp_path: Path, plan: dict, model="tiny-gpt", *args: str, **env):

@@ -35,3 +35,32 @@ def test_reference_is_deterministic():
     a = reference_losses(spec, data, 3, seed=0, lr=1e-2, device=torch.device("cpu"))
     b = reference_losses(spec, data, 3, seed=0, lr=1e-2, device=torch.device("cpu"))
     assert a == b and len(a) == 3 and all(math.isfinite(x) for x in a)
+
+
+def test_a_failed_check_names_the_step_or_the_parameter():
+    from runtime.verify import failures, loss_check, param_check
+
+    ok = loss_check("losses", [5.5, 5.4], [5.5, 5.4 + 5e-6], TOL)
+    bad = loss_check("losses", [5.5, 5.4, 5.3], [5.5, 5.4 + 3e-5, 5.3], TOL)
+    assert ok.passed and not bad.passed and bad.worst == "step 2"
+    assert loss_check("losses", [5.4, 5.3], [5.4, 5.3 + 3e-5], TOL, first_step=2).worst == "step 4"
+    assert not loss_check("losses", [math.nan], [1.0], TOL).passed
+    p = param_check("parameters after step 3", {"a.weight": 1e-4, "b.bias": 0.5, "c": math.nan}, 2e-2)
+    assert not p.passed and p.worst == "'c'" and p.diff == math.inf  # a NaN is the worst, never skipped
+    p = param_check("parameters after step 3", {"a.weight": 1e-4, "b.bias": 0.5}, 2e-2)
+    assert p.worst == "'b.bias'" and "FAILED" in p.line()
+    assert failures([ok, p]) == "verify FAILED: parameters after step 3, 'b.bias' (5.00e-01 > 2e-02)"
+    assert failures([ok]) == ""
+    reported = param_check("bf16 run, parameters", {"a": 9.0}, None)
+    assert reported.passed and "reported, not judged" in reported.line()
+
+
+def test_parameter_differences_are_scaled_by_the_whole_models_update():
+    from runtime.verify import ParamStats
+
+    # tensor "noise" was not updated by the reference (a zero gradient): its own update would divide
+    # noise by noise; the whole model's update RMS (here 1e-3 per element) is the scale
+    s = ParamStats(0.0, gap={"w": 2e-3 * 10, "noise": 1e-6}, update={"w": 1e-3 * 10, "noise": 0.0},
+                   numel={"w": 100, "noise": 4})
+    rel = s.relative
+    assert math.isclose(rel["w"], 2.0 / math.sqrt(100 / 104)) and rel["noise"] < 1e-3

@@ -246,8 +246,7 @@ def _launch(tmp_path: Path, ranks: int, plans: dict[str, dict]) -> dict:
     out = tmp_path / "out.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
            __file__, str(out), *map(str, files)]
-    env = {**{k: v for k, v in os.environ.items() if k != "PARTITA_TEST_SKIP_GRAD_SYNC"},
-           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return {Path(k).stem: v for k, v in json.loads(out.read_text()).items()}

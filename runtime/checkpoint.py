@@ -16,6 +16,12 @@ replicas once), so DCP reshards on load: a checkpoint of 4 ranks under one mesh 
 another, or into one process. The step is the data position too (batches depend on (seed, step) only).
 Hyperparameters (lr, betas) come from the run's flags and plan, not from the checkpoint.
 
+Each rank's random number generators are saved too, under "rng.rank<R>.cpu" (torch's default CPU
+generator) and "rng.rank<R>.cuda" (the current CUDA device's, when there is one), and restored on resume
+when the checkpoint was written by as many ranks -- so a model with dropout draws the masks an
+uninterrupted run would have drawn, and resumes bit-exactly. Under another world size the ranks' draws
+do not correspond, and the generators are left as seeded (`load` says so).
+
 Atomic save: every rank writes into the temporary directory beside the target; once DCP has finished
 (all shards and .metadata), rank 0 writes the manifest into it and renames it to `step-<k>`. A crash at
 any point before the rename leaves only a `.tmp` directory, which resume ignores (and the next save
@@ -198,6 +204,22 @@ def model_state(modules: list[nn.Module]) -> dict[str, torch.Tensor]:
     return {f"model.{k}": v for m in modules for k, v in m.state_dict().items()}
 
 
+def rng_state(rank: int) -> dict[str, torch.Tensor]:
+    """This rank's generator states (uint8 tensors on the CPU), keyed as the checkpoint stores them."""
+    state = {f"rng.rank{rank}.cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state[f"rng.rank{rank}.cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
+    return state
+
+
+def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    for key, value in state.items():
+        if key.endswith(".cpu"):
+            torch.set_rng_state(value)
+        else:
+            torch.cuda.set_rng_state(value, torch.cuda.current_device())
+
+
 def train_state(modules: list[nn.Module], optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     """What this rank contributes to a checkpoint: its model state and its parameters' optimizer state."""
     state = model_state(modules)
@@ -253,7 +275,8 @@ def save(root: str | os.PathLike, step: int, modules: list[nn.Module], optimizer
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     dist.barrier()
-    dcp.save(train_state(modules, optimizer), storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
+    state = {**train_state(modules, optimizer), **rng_state(rank)}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
     dist.barrier()
     if faults is not None:
         faults.exit_during_save(step)
@@ -264,8 +287,9 @@ def save(root: str | os.PathLike, step: int, modules: list[nn.Module], optimizer
 
 
 def load(ckpt: Checkpoint, md: Metadata, modules: list[nn.Module], params: list[torch.Tensor],
-         optimizer: torch.optim.Optimizer) -> None:
-    """Collective: fill this rank's model shards and optimizer state from the checkpoint, in place.
+         optimizer: torch.optim.Optimizer) -> str | None:
+    """Collective: fill this rank's model shards and optimizer state from the checkpoint, in place, and
+    restore this rank's generators (module docstring). Returns a note when the generators were not restored.
 
     Optimizer state is created for each local parameter the checkpoint holds state of, with the
     parameter's placement (DTensor or plain), and DCP reads into it the chunks this rank needs."""
@@ -286,4 +310,17 @@ def load(ckpt: Checkpoint, md: Metadata, modules: list[nn.Module], params: list[
                 target = torch.zeros(tuple(entry.size), dtype=dtype)
             optimizer.state[p][k] = target
             state[f"optim.{fqn}.{k}"] = target
-    dcp.load(state, storage_reader=dcp.FileSystemReader(ckpt.path))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    rng, note = {}, None
+    if ckpt.manifest.get("world_size") != world:
+        note = (f"note: {ckpt.path} was written by {ckpt.manifest.get('world_size')} ranks, this run has {world}: "
+                "random number generators restart from the seed (dropout masks differ from an uninterrupted run)")
+    else:
+        for key, value in rng_state(rank).items():
+            if key in md.state_dict_metadata:
+                rng[key] = torch.empty_like(value)
+        if f"rng.rank{rank}.cpu" not in rng:
+            note = f"note: {ckpt.path} holds no generator state: dropout masks differ from an uninterrupted run"
+    dcp.load({**state, **rng}, storage_reader=dcp.FileSystemReader(ckpt.path))
+    _set_rng_state(rng)
+    return note

@@ -87,7 +87,20 @@ def _cmd_compare(args) -> int:
 
 def _cmd_run(args) -> int:
     from planner.plan import Plan
+    # values argparse cannot refuse by type: one line, exit code 2, before anything is launched
+    for name, value, least in (("--steps", args.steps, 1), ("--checkpoint-every", args.checkpoint_every, 0),
+                               ("--max-restarts", args.max_restarts, 0), ("--nnodes", args.nnodes, 1)):
+        if value is not None and value < least:
+            raise PartitaError(f"{name} must be {'at least 1' if least else '>= 0'}")
+    if args.nnodes > 1 and not args.rdzv_endpoint:
+        raise PartitaError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
     plan = Plan.load(args.plan)  # validate before launching anything
+    world = plan.mesh.world_size
+    if world % args.nnodes:
+        fits = ", ".join(str(n) for n in range(1, world + 1) if world % n == 0)
+        raise PartitaError(f"the plan is for {world} ranks, which {args.nnodes} nodes cannot share equally "
+                           f"(processes per node = world size / nnodes): use --nnodes {fits}")
+    nproc = world // args.nnodes
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     # torchrun's restarts on its shared rendezvous store would see the failed attempt's keys (pytorch#135712):
@@ -102,20 +115,21 @@ def _cmd_run(args) -> int:
         flags.append("--resume")
     if args.max_restarts:
         flags += ["--max-restarts", str(args.max_restarts)]
-    # the runtime's own pre-flight (model fingerprint, world size, module names, data file, the checkpoint
-    # --resume would load) in one process, so a mismatch is one line and exit code 2 rather than a
+    launcher = ["--nproc-per-node", str(nproc), "--nnodes", str(args.nnodes)]
+    # the runtime's own pre-flight (model fingerprint, world size nproc x nnodes, module names, data file, the
+    # checkpoint --resume would load) in one process, so a mismatch is one line and exit code 2 rather than a
     # torchrun failure
-    check = subprocess.run([sys.executable, "-m", "runtime.train", args.plan, *flags, "--check"],
+    check = subprocess.run([sys.executable, "-m", "runtime.train", args.plan, *flags, *launcher, "--check"],
                            env=env, capture_output=True, text=True)
     if check.returncode != 0:
         sys.stderr.write(check.stderr or check.stdout)
         return 2 if check.returncode == 2 else check.returncode
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={plan.mesh.world_size}"]
-    if args.max_restarts:
-        cmd.append(f"--max-restarts={args.max_restarts}")
-    cmd += ["-m", "runtime.train", args.plan, *flags]
-    if args.verify:
-        cmd.append("--verify")
+    if args.rdzv_endpoint:
+        launcher += ["--rdzv-endpoint", args.rdzv_endpoint, *(["--rdzv-id", args.rdzv_id] if args.rdzv_id else [])]
+    # runtime.train with launcher flags runs torchrun's agent for this node (standalone on one node, c10d
+    # rendezvous across nodes) and reports the first failing rank as one line
+    cmd = [sys.executable, "-m", "runtime.train", args.plan, *flags, *(["--verify"] if args.verify else []),
+           *launcher]
     return subprocess.call(cmd, env=env)
 
 
@@ -225,11 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("b")
     cp.set_defaults(func=_cmd_compare)
 
-    r = sub.add_parser("run", help="train with a plan on local processes (torchrun)",
+    r = sub.add_parser("run", help="train with a plan on local processes or several nodes (torchrun)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  partita run plan.json --model tiny-gpt --steps 3 --verify\n"
                               "  partita run plan.json --model tiny-gpt --steps 100 --data tokens.bin "
-                              "--checkpoint-dir ckpt --checkpoint-every 10 --max-restarts 2")
+                              "--checkpoint-dir ckpt --checkpoint-every 10 --max-restarts 2\n"
+                              "  # on each of 2 nodes (node0 is one of them):\n"
+                              "  partita run plan.json --model tiny-gpt --steps 100 --nnodes 2 "
+                              "--rdzv-endpoint node0:29400 --rdzv-id job42")
     r.add_argument("plan")
     r.add_argument("--model", required=True)
     r.add_argument("--steps", type=int, default=10)
@@ -249,6 +266,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--lr", type=float, default=None)
     r.add_argument("--losses-out", metavar="FILE", help="write losses, reference, step time and memory as JSON")
+    n = r.add_argument_group("several nodes (run the same command on every node; processes per node = the "
+                             "plan's world size / N)")
+    n.add_argument("--nnodes", type=int, default=1, metavar="N", help="number of nodes (default 1)")
+    n.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous endpoint: a free port on one of "
+                   "the nodes, the same on every node")
+    n.add_argument("--rdzv-id", metavar="ID", help="job id, the same on every node (default: partita)")
+    n.add_argument("--node-rank", type=int, metavar="R", help="accepted for batch scripts; c10d rendezvous "
+                   "numbers the nodes as they join, so it does not change which ranks a node runs")
     r.set_defaults(func=_cmd_run)
 
     from planner.export import FORMATS

@@ -5,6 +5,8 @@
     result = runtime.plan_and_run("hf:llama", "2xcpu", {"global_batch": 4, "dtype": "fp32"}, steps=10)
     # from anywhere: spawn torchrun on runtime.train and wait for it
     code = runtime.launch("plan.json", "tiny-gpt", steps=100, verify=True, checkpoint_dir="ckpt")
+    # the same on each of several nodes (c10d rendezvous; processes per node = world size / nnodes)
+    code = runtime.launch("plan.json", "tiny-gpt", steps=100, nnodes=2, rdzv_endpoint="node0:29400")
 
 `run` and `plan_and_run` initialise the default process group from the torchrun environment if none
 exists (and destroy it again at the end); a group the caller created is used and left alone, so one
@@ -17,9 +19,12 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,8 +35,8 @@ import torch.nn as nn
 from costmodel import PartitaError, resolve_model
 from costmodel.models import ModelSpec
 from planner.plan import Plan
-from runtime.mesh import env_world, init_default
-from runtime.report import RunResult
+from runtime.mesh import agree_on_attempt, env_world, init_default
+from runtime.report import RunResult, first_failure, read_failure, show_library_warnings_once
 from runtime.session import RunOptions, execute, prepare
 
 ModelArg = str | ModelSpec | Callable[[], nn.Module]
@@ -94,9 +99,11 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset: str 
                       data=str(dataset) if dataset is not None else None, data_dtype=data_dtype,
                       losses_out=losses_out, print_report=print_report)
     world = dist.get_world_size() if dist.is_initialized() else env_world()[2]
-    prep = prepare(p, spec, opts, world)
+    show_library_warnings_once(dist.get_rank() if dist.is_initialized() else env_world()[0])
     own = not dist.is_initialized()
     try:
+        agree_on_attempt()  # several nodes with restarts: the same attempt number on every rank
+        prep = prepare(p, spec, opts, world)
         result, _ = execute(p, spec, opts, prep)
         return result
     finally:
@@ -162,32 +169,164 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | None = None, *,
-           max_restarts: int = 0, env: dict | None = None, **flags) -> int:
-    """Spawn `torchrun --standalone` on runtime.train for the plan at `plan_path` and wait; returns its exit
-    code. `nproc` defaults to the plan's world size; `max_restarts` goes to torchrun and runtime.train;
-    other keywords are runtime.train flags (verify=True, checkpoint_dir="ckpt", checkpoint_every=2,
-    resume=True, data="tokens.bin", losses_out="out.json", seed=..., lr=...)."""
-    from runtime.train import build_parser
-    known = {a.dest for a in build_parser()._actions}
-    unknown = sorted(k for k in flags if k not in known or k in ("plan", "model", "steps", "help"))
+def procs_per_node(world: int, nnodes: int) -> int:
+    """Worker processes per node: the plan's world size shared equally by the nodes."""
+    if nnodes < 1:
+        raise PartitaError("--nnodes must be at least 1")
+    if world % nnodes:
+        fits = ", ".join(str(n) for n in range(1, world + 1) if world % n == 0)
+        raise PartitaError(f"the plan is for {world} ranks, which {nnodes} nodes cannot share equally "
+                           f"(processes per node = world size / nnodes): use --nnodes {fits}")
+    return world // nnodes
+
+
+def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | None = None, *, nnodes: int = 1,
+           rdzv_endpoint: str | None = None, rdzv_id: str | None = None, max_restarts: int = 0,
+           env: dict | None = None, **flags) -> int:
+    """Start torchrun on runtime.train for the plan at `plan_path` on this node and wait; returns its exit
+    code (0; 1 --verify failed; 2 plan/data/checkpoint does not fit; 3 NaN loss; else 1). A failing rank's
+    message is printed once, as `partita: error: rank R: ...` on stderr.
+
+    One node: `nproc` defaults to the plan's world size. Several nodes: call it with the same arguments on
+    every node, `nnodes=N, rdzv_endpoint="host:port"` (c10d rendezvous on a port of one of the nodes) and
+    optionally `rdzv_id` (one per job); `nproc` defaults to world size / nnodes. `max_restarts` goes to
+    torchrun and runtime.train; other keywords are runtime.train flags (verify=True, checkpoint_dir="ckpt",
+    checkpoint_every=2, resume=True, data="tokens.bin", losses_out="out.json", seed=..., lr=...). Raises
+    PartitaError for a value that cannot run (steps < 1, nnodes not dividing the world size) before any
+    process starts."""
+    from runtime.train import LAUNCHER_FLAGS, argument_errors, build_parser
+    parser = build_parser()
+    known = {a.dest for a in parser._actions} - set(LAUNCHER_FLAGS) - {"plan", "model", "steps", "help", "check",
+                                                                       "max_restarts"}
+    unknown = sorted(k for k in flags if k not in known)
     if unknown:
         raise TypeError(f"launch() got flags runtime.train does not take: {', '.join(unknown)}")
-    nproc = nproc or Plan.load(plan_path).mesh.world_size
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    nproc = nproc or procs_per_node(Plan.load(plan_path).mesh.world_size, nnodes)
+    argv = [str(plan_path), "--model", model, "--steps", str(steps), "--nproc-per-node", str(nproc),
+            "--nnodes", str(nnodes)]
+    if rdzv_endpoint:
+        argv += ["--rdzv-endpoint", rdzv_endpoint, *(["--rdzv-id", rdzv_id] if rdzv_id else [])]
     if max_restarts:
-        cmd.append(f"--max-restarts={max_restarts}")
-    cmd += ["-m", "runtime.train", str(plan_path), "--model", model, "--steps", str(steps)]
-    if max_restarts:
-        cmd += ["--max-restarts", str(max_restarts)]
+        argv += ["--max-restarts", str(max_restarts)]
     for key, value in flags.items():
         if value is True:
-            cmd.append(_flag(key))
+            argv.append(_flag(key))
         elif value is not None and value is not False:
-            cmd += [_flag(key), str(value)]
+            argv += [_flag(key), str(value)]
+    errors = argument_errors(parser.parse_args(argv))
+    if errors:
+        raise PartitaError(errors[0])
     full_env = {**os.environ, **(env or {})}
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    full_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # a fresh store per attempt (runtime.mesh)
     root = str(Path(__file__).resolve().parents[1])  # so `-m runtime.train` resolves from a source checkout
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, full_env.get("PYTHONPATH")]))
-    return subprocess.call(cmd, env=full_env)
+    return subprocess.call([sys.executable, "-m", "runtime.train", *argv], env=full_env)
+
+
+# ---- torchrun's agent in this process (python -m runtime.train ... --nproc-per-node W) ------------------------
+
+_TORCHRUN_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
+
+
+class _AgentLog(logging.Filter):
+    """Keeps torchrun's own log lines (worker exit codes, SIGTERMs, rendezvous chatter) off the console, where
+    the launcher reports failures itself; a restart after a failure becomes one line naming the rank."""
+
+    def __init__(self, log_dir: str):
+        super().__init__()
+        self.log_dir = log_dir
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(_TORCHRUN_LOGGERS):
+            return True
+        if "will restart worker group" in str(record.msg) and "attempts left" in str(record.msg):
+            left = (f" ({record.args[2]} of {record.args[3]} restarts left)"
+                    if isinstance(record.args, tuple) and len(record.args) == 4 else "")
+            failures = _attempt_failures(self.log_dir)
+            what = first_failure(failures).line() if failures else "a worker failed"
+            print(f"partita: {what}; torchrun restarts the workers{left}", file=sys.stderr, flush=True)
+        return False
+
+
+def _attempt_failures(log_dir: str) -> list:
+    """The failures the workers of this node's latest attempt wrote (log_dir/<run>/attempt_<k>/<local>/error.json)."""
+    attempts = sorted(Path(log_dir).glob("*/attempt_*"), key=lambda p: int(p.name.split("_")[-1]))
+    if not attempts:
+        return []
+    return [read_failure(int(f.parent.name), 1, str(f), f.stat().st_mtime) for f in attempts[-1].glob("*/error.json")]
+
+
+def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint: str | None = None,
+          rdzv_id: str | None = None, max_restarts: int = 0) -> int:
+    """Run torchrun's elastic agent for this node in this process on `python -m runtime.train WORKER_ARGV`
+    and return the exit code: 0, or the first failing worker's (1 if it died by a signal).
+
+    One node: `--standalone`. Several: c10d rendezvous at `rdzv_endpoint` (the same command on every
+    node). The workers write their errors into torchrun's per-worker error files (runtime.report) in a log
+    directory of this launcher; the first failure is printed as one line, `partita: error: rank R: ...`
+    (with the path of its traceback for an unexpected exception; that directory is then kept)."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from runtime.train import AGENT_ENV
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # a fresh rendezvous store per attempt (runtime.mesh._store; pytorch#135712); needed across nodes
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    os.environ[AGENT_ENV] = "1"
+    log_dir = tempfile.mkdtemp(prefix="partita-torchrun-")
+    argv = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
+            f"--log-dir={log_dir}"]
+    if rdzv_endpoint:
+        argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id or 'partita'}"]
+    else:
+        argv.append("--standalone")
+    argv += ["-m", "runtime.train", *worker_argv]
+    quiet = _AgentLog(log_dir)
+    handlers = [h for name in ("torch.distributed", "torch", "") for h in logging.getLogger(name).handlers]
+    for h in handlers:
+        h.addFilter(quiet)
+    restarts_log = logging.getLogger("torch.distributed.elastic.agent.server.api")
+    level = restarts_log.level
+    restarts_log.setLevel(logging.INFO)  # the restart notice is an INFO record
+    keep = False
+    try:
+        torchrun.run(torchrun.parse_args(argv))
+        return 0
+    except ChildFailedError as e:
+        first = first_failure([read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file) else None,
+                                            f.timestamp) for rank, f in e.failures.items()])
+        keep = first.trace is not None
+        where = f" (traceback: {first.error_file})" if keep else ""
+        print(f"partita: error: {first.line()}{where}", file=sys.stderr, flush=True)
+        return first.exitcode if first.exitcode > 0 else 1
+    except Exception as e:  # the agent itself: rendezvous timeout, unreachable endpoint, a signal
+        print(f"partita: error: torchrun: {type(e).__name__}: {e}".strip().splitlines()[0], file=sys.stderr, flush=True)
+        return 1
+    finally:
+        for h in handlers:
+            h.removeFilter(quiet)
+        restarts_log.setLevel(level)
+        if not keep:
+            shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def agent_main(args, argv: list[str]) -> int:
+    """runtime.train's launcher mode: torchrun's agent for this node on the same command minus the launcher
+    flags (runtime.train.LAUNCHER_FLAGS)."""
+    from runtime.train import LAUNCHER_FLAGS, build_parser
+    try:
+        nnodes = args.nnodes or 1
+        nproc = args.nproc_per_node or procs_per_node(Plan.load(args.plan).mesh.world_size, nnodes)
+    except PartitaError as e:
+        print(f"partita: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    worker = [args.plan]
+    for action in build_parser()._actions:
+        if action.dest in ("help", "plan", *LAUNCHER_FLAGS) or not action.option_strings:
+            continue
+        value = getattr(args, action.dest)
+        if value is True:
+            worker.append(action.option_strings[0])
+        elif value is not None and value is not False:
+            worker += [action.option_strings[0], str(value)]
+    return agent(worker, nproc, nnodes=nnodes, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
+                 max_restarts=args.max_restarts)

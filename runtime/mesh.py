@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from costmodel import PartitaError
 from planner.plan import Plan
 
 DIMS = ("pp", "dp", "tp")
@@ -60,8 +61,9 @@ def _store(rank: int, world: int):
       default since 2.5): the store outlives the attempts, and the previous attempt's keys (gloo/NCCL
       addresses) would be read as this attempt's, so ranks connect to dead peers (pytorch#135712). Keys
       are prefixed by the restart count, which torchrun gives every worker of a node alike. Multi-node
-      elastic jobs should set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a fresh store per attempt; partita's
-      launchers do) since restart counts may differ between nodes.
+      elastic jobs need TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a fresh store per attempt; partita's
+      launchers set it, and `agree_on_attempt` refuses to start without it) since restart counts may
+      differ between nodes.
     """
     if world == 1 and "MASTER_ADDR" not in os.environ:
         return dist.HashStore()
@@ -70,6 +72,28 @@ def _store(rank: int, world: int):
         store, _, _ = next(dist.rendezvous("env://", rank, world))
         return dist.PrefixStore(f"partita/attempt_{attempt}", store)
     return None
+
+
+def agree_on_attempt() -> None:
+    """Multi-node elastic jobs: make TORCHELASTIC_RESTART_COUNT the same on every rank (the largest).
+
+    torchrun's agents count restarts per node: a node whose workers failed counts one, a node restarted
+    only because another node re-joined the rendezvous does not. Whether an attempt resumes from a
+    checkpoint (runtime.session) and whether an injected fault fires (runtime.faults) follow this count,
+    so every rank must read the same value. One all-reduce on the default group, which this initialises.
+    A no-op on one node, or without restarts."""
+    world = env_world()[2]
+    if int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world:
+        return
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) == 0:
+        return
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        raise PartitaError("restarts across nodes need a fresh rendezvous store per attempt: set "
+                           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node (partita run does)")
+    device = init_default()
+    count = torch.tensor([int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)], device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = str(int(count.item()))
 
 
 def init_default() -> torch.device:

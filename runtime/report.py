@@ -110,3 +110,109 @@ def render(r: RunResult, header: str, predicted: dict) -> str:
         verdict = "OK" if r.verified else "FAILED"
         lines.append(f"verify: max |loss - reference| = {r.max_abs_diff:.2e} (tolerance {r.tolerance:.0e}): {verdict}")
     return "\n".join(lines)
+
+
+# ---- failures of ranks, as one line for the user ------------------------------------------------------------
+# A worker that fails writes its message into torchrun's per-worker error file (TORCHELASTIC_ERROR_FILE, in
+# the JSON shape of torch.distributed.elastic's ErrorHandler, so torchrun's own report reads it too), with its
+# global rank and a fine-grained time beside it. partita's launcher (runtime.api.agent) reads the files of the
+# failed workers and prints the first failure as `partita: error: rank R: <message>`.
+
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+KILLED_BY_AGENT = (15, 9)  # SIGTERM, SIGKILL: how torchrun stops the other workers once one has failed
+
+
+def write_error_file(rank: int, message: str, trace: str | None = None, exitcode: int = 1) -> None:
+    """Record this worker's failure where torchrun looks for it (no-op outside torchrun). `exitcode`: the
+    code the worker is about to exit with (torchrun may stop it with SIGTERM before it does)."""
+    import json
+    import os
+    import time
+    path = os.environ.get(ERROR_FILE_ENV)
+    if not path:
+        return
+    now = time.time()
+    data = {"message": {"message": message,
+                        "extraInfo": {"py_callstack": trace or message, "timestamp": str(int(now)),
+                                      "partita": {"rank": rank, "time": now, "exitcode": exitcode}}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:  # the directory went away (the agent is shutting down): nothing to report to
+        pass
+
+
+@dataclass
+class RankFailure:
+    rank: int
+    exitcode: int
+    """The worker's exit code (negative: the signal that ended it), or the one it was about to exit with."""
+    message: str
+    """One line: the worker's own message, or how it ended (exit code, signal)."""
+    time: float
+    trace: str | None = None
+    """The traceback of an unexpected exception (None for partita's own errors)."""
+    error_file: str | None = None
+    """Set when the worker wrote one (it said what went wrong)."""
+
+    @property
+    def secondary(self) -> bool:
+        """Stopped by torchrun after another worker failed: SIGTERM/SIGKILL, and no message of its own."""
+        return self.error_file is None and self.exitcode < 0 and -self.exitcode in KILLED_BY_AGENT
+
+    def line(self) -> str:
+        return f"rank {self.rank}: {self.message}"
+
+
+def read_failure(rank: int, exitcode: int, error_file: str | None, noticed: float) -> RankFailure:
+    """What a failed worker said in its error file, or how it ended when it wrote none. `noticed`: when
+    torchrun saw it end (for ordering workers that wrote no file)."""
+    import json
+    import signal
+    data = None
+    if error_file:
+        try:
+            with open(error_file) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            data = None
+    msg = data.get("message") if isinstance(data, dict) else None
+    if isinstance(msg, dict):
+        info = msg.get("extraInfo") or {}
+        ours = info.get("partita") or {}
+        text = str(msg.get("message", "")).strip().splitlines()
+        trace = info.get("py_callstack")
+        code = exitcode if exitcode > 0 else int(ours.get("exitcode", exitcode))
+        return RankFailure(rank=int(ours.get("rank", rank)), exitcode=code,
+                           message=text[-1] if text else f"exited with code {exitcode}",
+                           time=float(ours.get("time", info.get("timestamp", noticed))),
+                           trace=trace if trace and trace != msg.get("message") else None, error_file=error_file)
+    if exitcode < 0:
+        try:
+            how = f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            how = f"killed by signal {-exitcode}"
+    else:
+        how = f"exited with code {exitcode}"
+    return RankFailure(rank=rank, exitcode=exitcode, message=how, time=noticed)
+
+
+def first_failure(failures: list[RankFailure]) -> RankFailure:
+    """The failure that started it: the earliest, leaving out workers torchrun stopped because of it."""
+    primary = [f for f in failures if not f.secondary] or failures
+    return min(primary, key=lambda f: (f.time, f.rank))
+
+
+REPEATED_WARNINGS = r"(torch|transformers)(\.|$)"
+"""Modules whose warnings every rank raises alike (the same library code runs on every rank)."""
+
+
+def show_library_warnings_once(rank: int) -> None:
+    """Library warnings (torch, transformers) on rank 0 only: every rank runs the same code and would print
+    the same lines W times (FSDP2's "returned a view tensor" warning, deprecations). Rank 0 still shows each
+    once; a warning raised only on another rank's pipeline stage is not shown. The user's own warnings stay."""
+    import warnings
+    if rank > 0:
+        warnings.filterwarnings("ignore", module=REPEATED_WARNINGS)
+        # attributed to the caller's module (stacklevel=2): matched by its text as well
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")

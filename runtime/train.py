@@ -6,6 +6,12 @@
         [--checkpoint-dir DIR [--checkpoint-every N] [--resume]] [--max-restarts K]
     python -m runtime.train PLAN.json --model MODEL --check   # pre-flight checks only, no processes
     python -m runtime.train PLAN.json --model MODEL ...       # a one-rank plan runs without torchrun too
+    python -m runtime.train PLAN.json --model MODEL ... --nproc-per-node W \\
+        [--nnodes N --rdzv-endpoint HOST:PORT [--rdzv-id ID]]  # starts torchrun on itself (runtime.api.agent)
+
+With the launcher flags (--nproc-per-node, --nnodes, --rdzv-endpoint) this process is torchrun's agent for
+this node (what `partita run` and runtime.api.launch start): the workers' failures reach the user as one
+line, `partita: error: rank R: <message>`, and the exit code is the first failing worker's.
 
 Checkpoints (runtime.checkpoint): with --checkpoint-every N, a DCP checkpoint is written atomically to
 DIR/step-<k> after every N-th step and after the last; --resume continues from the latest complete one
@@ -30,8 +36,9 @@ import torch.distributed as dist
 from costmodel import PartitaError, resolve_model
 from planner.plan import Plan
 from runtime.data import DTYPES
-from runtime.mesh import env_world
-from runtime.session import EXIT_ERROR, EXIT_NONFINITE, NonFiniteLoss, RunOptions, execute, prepare
+from runtime.mesh import agree_on_attempt, env_world
+from runtime.report import show_library_warnings_once, write_error_file
+from runtime.session import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, NonFiniteLoss, RunOptions, execute, prepare
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,14 +62,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in DIR")
     p.add_argument("--max-restarts", type=int, default=0, metavar="K",
                    help="torchrun's --max-restarts: a restarted attempt resumes from the latest checkpoint")
+    g = p.add_argument_group("launcher (this process becomes torchrun's agent for this node)")
+    g.add_argument("--nproc-per-node", type=int, metavar="W", help="worker processes on this node "
+                   "(default: the plan's world size / --nnodes)")
+    g.add_argument("--nnodes", type=int, metavar="N", help="nodes, each running this same command")
+    g.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous endpoint, the same on every node")
+    g.add_argument("--rdzv-id", metavar="ID", help="job id, the same on every node (default: partita)")
     return p
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = build_parser()
-    args = p.parse_args(argv)
+LAUNCHER_FLAGS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id")
+
+
+def argument_errors(args: argparse.Namespace) -> list[str]:
+    """Values argparse cannot refuse by type alone."""
+    errors = []
     if args.steps < 1:
-        p.error("--steps must be at least 1")
+        errors.append("--steps must be at least 1")
+    if args.checkpoint_every < 0:
+        errors.append("--checkpoint-every must be >= 0")
+    if args.max_restarts < 0:
+        errors.append("--max-restarts must be >= 0")
+    for name in ("nproc_per_node", "nnodes"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            errors.append(f"--{name.replace('_', '-')} must be at least 1")
+    if (args.nnodes or 1) > 1 and not args.rdzv_endpoint and not args.check:
+        errors.append(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    return errors
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    errors = argument_errors(args)
+    if errors:  # one line, no usage text: these reach users through `partita run` and runtime.api.launch
+        print(f"partita: error: {errors[0]}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_ERROR)
     return args
 
 
@@ -73,24 +108,54 @@ def options(args: argparse.Namespace) -> RunOptions:
                       data_dtype=args.data_dtype, losses_out=args.losses_out)
 
 
-def _error(rank: int, e: Exception) -> None:
-    if rank == 0:
+AGENT_ENV = "PARTITA_AGENT"
+"""Set (to 1) by partita's launcher for its workers: a failing worker only writes its error file, and the
+launcher prints the first failure once."""
+
+
+def _error(rank: int, e: Exception | str, code: int = EXIT_ERROR) -> int:
+    write_error_file(rank, str(e), exitcode=code)
+    if rank == 0 and not os.environ.get(AGENT_ENV):
         print(f"partita: error: {e}", file=sys.stderr, flush=True)
+    return code
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if not args.check and any(getattr(args, name) is not None for name in LAUNCHER_FLAGS):
+        from runtime.api import agent_main
+        return agent_main(args, argv)
+    rank = env_world()[0]
+    try:
+        return _worker(args)
+    except Exception as e:  # unexpected (a bug, a dead peer): the traceback goes into the error file
+        import traceback
+        write_error_file(rank, f"{type(e).__name__}: {e}".strip().splitlines()[0], traceback.format_exc())
+        if not os.environ.get(AGENT_ENV):
+            raise
+        return 1
+    finally:
+        gc.collect()  # free FSDP state (reference cycles) while its process groups still exist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _worker(args: argparse.Namespace) -> int:
     rank, _, world = env_world()
+    show_library_warnings_once(rank)
     opts = options(args)
     try:
         plan = Plan.load(args.plan)
         spec = resolve_model(args.model)
         if args.check and "WORLD_SIZE" not in os.environ:
-            world = plan.mesh.world_size  # checking a plan outside torchrun: the world size is not known
+            # checking a plan outside torchrun: the launcher's world size if given, else the plan's
+            world = (args.nproc_per_node * (args.nnodes or 1) if args.nproc_per_node else plan.mesh.world_size)
+        if not args.check:
+            agree_on_attempt()
         prep = prepare(plan, spec, opts, world)
     except PartitaError as e:
-        _error(rank, e)
-        return EXIT_ERROR
+        return _error(rank, e)
     if args.check:
         if rank == 0:
             print(f"plan {args.plan} fits --model {args.model} on {world} rank(s)"
@@ -99,17 +164,14 @@ def main(argv=None) -> int:
                 print(note)
         return 0
     try:
-        return execute(plan, spec, opts, prep)[1]
+        result, code = execute(plan, spec, opts, prep)
+        if code != EXIT_OK:  # --verify: the report (rank 0) shows the curves; the error file says why
+            write_error_file(rank, result.failure, exitcode=code)  # the same line on every rank
+        return code
     except NonFiniteLoss as e:  # raised on every rank at the same step
-        _error(rank, e)
-        return EXIT_NONFINITE
+        return _error(rank, e, EXIT_NONFINITE)
     except PartitaError as e:  # raised identically on every rank (e.g. the split contradicts the plan)
-        _error(rank, e)
-        return EXIT_ERROR
-    finally:
-        gc.collect()  # free FSDP state (reference cycles) while its process groups still exist
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        return _error(rank, e)
 
 
 if __name__ == "__main__":

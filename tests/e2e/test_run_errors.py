@@ -1,0 +1,95 @@
+"""Failures reach the user as one line: a rank's error (`partita: error: rank R: ...`) instead of torchrun's
+report, and argument errors before anything is launched (exit code 2, no usage text)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from costmodel import PartitaError
+from planner import cli
+from runtime import report
+from test_plans_match_single_process import ROOT, _env, make_plan
+
+
+def partita(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def plan4(tmp_path):
+    path = tmp_path / "plan4.json"
+    path.write_text(json.dumps(make_plan(dp=2, tp=2)))
+    return path
+
+
+def test_a_wrong_launch_prints_the_first_failing_rank_once(plan4):
+    """A 4-rank plan started on 2 processes: every rank refuses it; the user sees one line naming a rank, not
+    torchrun's report, and the workers' exit code (2: the plan does not fit the world size)."""
+    code = f"import sys, runtime; sys.exit(runtime.launch({str(plan4)!r}, 'tiny-gpt', 2, nproc=2))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(("partita: error: rank 0: ", "partita: error: rank 1: ")), lines
+    assert lines[0].endswith("plan is for 4 ranks (pp=1 x dp=2 x tp=2) but WORLD_SIZE is 2"), lines
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "--steps must be at least 1"),
+    (["--steps", "2", "--checkpoint-every", "-1"], "--checkpoint-every must be >= 0"),
+    (["--steps", "2", "--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
+    (["--steps", "2", "--nnodes", "3", "--rdzv-endpoint", "127.0.0.1:1"],
+     "the plan is for 4 ranks, which 3 nodes cannot share equally (processes per node = world size / nnodes): "
+     "use --nnodes 1, 2, 4"),
+])
+def test_argument_errors_are_one_line_before_anything_is_launched(plan4, monkeypatch, capsys, args, message):
+    def no_process(*a, **k):
+        raise AssertionError(f"launched {a[0] if a else k}")
+    monkeypatch.setattr(cli.subprocess, "run", no_process)
+    monkeypatch.setattr(cli.subprocess, "call", no_process)
+    assert cli.main(["run", str(plan4), "--model", "tiny-gpt", *args]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"partita: error: {message}"), lines
+
+
+def test_steps_0_from_the_command_line_is_one_line_and_exit_code_2(plan4):
+    proc = partita("run", str(plan4), "--model", "tiny-gpt", "--steps", "0", timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["partita: error: --steps must be at least 1"], proc.stderr
+    assert "usage" not in proc.stderr + proc.stdout
+
+
+def test_launch_refuses_steps_0_before_starting_processes(plan4, monkeypatch):
+    import runtime.api
+    monkeypatch.setattr(runtime.api.subprocess, "call", lambda *a, **k: pytest.fail("torchrun was started"))
+    with pytest.raises(PartitaError, match="--steps must be at least 1"):
+        runtime.api.launch(plan4, "tiny-gpt", 0)
+    with pytest.raises(PartitaError, match="3 nodes cannot share equally"):
+        runtime.api.launch(plan4, "tiny-gpt", 2, nnodes=3, rdzv_endpoint="127.0.0.1:1")
+
+
+def test_the_first_failure_is_the_earliest_that_torchrun_did_not_stop_itself(tmp_path, monkeypatch):
+    """Error files as workers write them (runtime.report.write_error_file), read back as the launcher does."""
+    files = {}
+    for rank, message in ((2, "RuntimeError: Connection closed by peer"), (1, "plan is for 4 ranks")):
+        files[rank] = tmp_path / f"{rank}.json"
+        monkeypatch.setenv(report.ERROR_FILE_ENV, str(files[rank]))
+        report.write_error_file(rank, message, trace="Traceback ..." if rank == 2 else None, exitcode=rank)
+    t2 = json.loads(files[2].read_text())["message"]["extraInfo"]["partita"]["time"]
+    failures = [report.read_failure(0, -15, None, t2 - 5),  # SIGTERM from torchrun: not the cause
+                report.read_failure(2, 1, str(files[2]), 0),
+                report.read_failure(1, 2, str(files[1]), 0)]
+    first = report.first_failure(failures)
+    assert first.line() == "rank 2: RuntimeError: Connection closed by peer" and first.trace == "Traceback ..."
+    assert failures[0].secondary and failures[0].message == "killed by SIGTERM"
+    assert failures[2].trace is None and failures[2].exitcode == 2
+    # stopped by torchrun after writing its error file: the code it was about to exit with
+    assert report.read_failure(1, -15, str(files[1]), 0).exitcode == 1
+    died = report.read_failure(3, 1, None, t2 - 1)  # os._exit: no file, noticed before rank 2 wrote its own
+    assert report.first_failure(failures + [died]).line() == "rank 3: exited with code 1"

@@ -23,7 +23,7 @@ from planner.build import build_plan
 from planner.candidates import split_model, use_block_program
 from planner.plan import Plan
 from planner.search import SearchResult, TrainConfig, search
-from planner.space import FIXABLE, SearchSpace, check_space, describe_fixed
+from planner.space import FIXABLE, SearchSpace, _ByDevice, check_space, describe_fixed
 
 
 def _spec_for(model, example_inputs) -> ModelSpec:
@@ -52,6 +52,8 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     space = _space_for(space, fixed)
     spec = with_seq(_spec_for(model, example_inputs), train.seq_len)
     cl = parse_cluster(cluster) if isinstance(cluster, str) else cluster
+    if isinstance(train.dtype, _ByDevice):  # no dtype given: the device kind's, as the CLI chooses it
+        train = dataclasses.replace(train, dtype=default_dtype(cl))
     t0 = time.perf_counter()
     graph = capture(spec, dtype=train.dtype)
     prefix, layers, suffix = split_model(graph)
@@ -81,6 +83,12 @@ def plan(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConf
     within `space` and the fixed choices (plan_search): `plan(..., tp=8, pp=16, zero=0)`."""
     return plan_search(model, example_inputs, cluster=cluster, train=train, progress=progress,
                        baselines=baselines, space=space, **fixed)[1]
+
+
+def default_dtype(cluster: Cluster) -> str:
+    """The training dtype when none is given: fp32 on CPUs (no fast bf16 there, and the runtime's fp32
+    numerics are what `--verify` checks), bf16 on accelerators (mixed precision, as they train)."""
+    return "fp32" if all(g.device.name == "cpu" for g in cluster.group_list()) else "bf16"
 
 
 def _space_for(space: SearchSpace | None, fixed: dict) -> SearchSpace:

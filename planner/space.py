@@ -24,6 +24,15 @@ VIRTUAL_STAGES = (2, 4)
 """Model chunks per device tried for interleaved 1F1B."""
 
 
+class _ByDevice(str):
+    """TrainConfig's dtype when none is given: "bf16" to code that reads it, and replaced by the cluster's
+    default (planner.api.default_dtype: fp32 on CPU, bf16 on accelerators, as the CLI does) when planning
+    through planner.api."""
+
+
+BY_DEVICE = _ByDevice("bf16")
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     """What is trained, and how."""
@@ -32,8 +41,9 @@ class TrainConfig:
     """Samples per optimizer step, over all data-parallel replicas and micro-batches."""
     seq_len: int | None = None
     """Tokens per sample; None keeps the model's own."""
-    dtype: str = "bf16"
-    """"bf16" (bf16 parameters and activations, fp32 master weights) or "fp32"."""
+    dtype: str = BY_DEVICE
+    """"bf16" (bf16 parameters and activations, fp32 master weights) or "fp32". Not given: by the
+    cluster's device kind when planned through planner.api (fp32 on CPU, bf16 on accelerators; `BY_DEVICE`)."""
     optimizer: str = "adam"
     schedule: str = "auto"
     """Pipeline schedule: "auto" (the planner picks 1F1B or interleaved 1F1B), "1F1B", "GPipe" or

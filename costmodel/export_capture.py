@@ -25,6 +25,8 @@ accounting), and normalises what differs from a symbolic_trace graph:
 - Nodes without outputs (`_assert_tensor_metadata` and other checks) and the subgraphs of higher-order
   ops (a `torch.no_grad()` region becomes one `wrap_with_set_grad_enabled` node) are not nodes.
 - A call_module node keeps its ATen op in `aten` ("aten.linear.default", "aten.addmm.default").
+- Grouped GEMMs of mixture-of-experts layers (`_grouped_mm`, transformers' `grouped_mm_fallback`) are
+  kind "grouped_mm" with `groups` = the number of experts (the weight's leading dimension).
 """
 from __future__ import annotations
 
@@ -51,7 +53,7 @@ _KIND = {"_unsafe_view": "view", "alias": "view", "unsqueeze": "view", "squeeze"
          "t": "transpose", "_softmax": "softmax", "_log_softmax": "log_softmax", "slice": "narrow",
          "split_with_sizes": "split", "_to_copy": "to", "native_dropout": "dropout",
          "layer_norm": "layernorm", "native_layer_norm": "layernorm", "true_divide": "div",
-         "cross_entropy_loss": "cross_entropy"}
+         "cross_entropy_loss": "cross_entropy", "_grouped_mm": "grouped_mm", "grouped_mm_fallback": "grouped_mm"}
 _SIZE_AGNOSTIC_VIEWS = {"alias", "unsqueeze", "squeeze"}  # "view" kinds that fix no size: no infer_dim_at
 
 
@@ -104,7 +106,7 @@ def _export(root: nn.Module, args: tuple, mode: FakeTensorMode, strip: str, hf: 
     try:
         with mode, contextlib.ExitStack() as ctx:
             if hf:
-                ctx.enter_context(_hf_context())
+                ctx.enter_context(_hf_context(root))
             ctx.enter_context(_quiet_export_logs())
             ctx.enter_context(contextlib.redirect_stderr(err))
             ep = torch.export.export(root, args, strict=False)
@@ -137,9 +139,9 @@ def _quiet_export_logs():
             lg.setLevel(level)
 
 
-def _hf_context():
+def _hf_context(root: nn.Module):
     from costmodel.models.hf import export_context
-    return export_context()
+    return export_context(root)
 
 
 def capture_export(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
@@ -150,8 +152,8 @@ def capture_export(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
     with mode:
         root, args, strip, _ = wrap_for_capture(spec, model, inputs)
     root.train()
-    from costmodel.models.hf import is_hf_model
-    ep = _export(root, args, mode, strip, is_hf_model(model))
+    from costmodel.models.hf import contains_hf_model
+    ep = _export(root, args, mode, strip, contains_hf_model(model))  # bare, or inside the user's wrapper
     gm = ep.graph_module
 
     # the export graph's inputs: model state (by the user's names) and the example batch ------------
@@ -234,7 +236,8 @@ def capture_export(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
         graph.add_node(name, shape=st["shape"], dtype=st["dtype"], out_bytes=st["out_bytes"],
                        fwd_flops=st["fwd_flops"], bwd_flops=st["bwd_flops"],
                        saved_bytes=saved_by_node.get(name, 0), alias=st["alias"],
-                       params=params, param_bytes=sum(param_bytes[p] for p in params), **attrs)
+                       params=params, param_bytes=sum(param_bytes[p] for p in params),
+                       **({"uncosted": st["uncosted"]} if st["uncosted"] else {}), **attrs)
         emitted.add(name)
 
     def emit_state(s: str) -> None:
@@ -272,6 +275,9 @@ def capture_export(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
             dims = _dim_args(n, rec.stats, dim_name) if dim_name else {}
             if _aten_name(n) == "t":
                 dims = {"dims": (0, 1)}
+            if kind == "grouped_mm":  # one GEMM per expert: costmodel.kernels prices each on its rows
+                weight = rec.stats.get(getattr(n.args[1], "name", ""), {}).get("shape", ())
+                dims = {"groups": weight[0]} if len(weight) == 3 else {}
             add(n.name, op=n.op, target=str(n.target), kind=kind, module=owners.get(n.name, ("", None))[0],
                 mem_bytes=st["mem_bytes"], **dims)
         for a in n.all_input_nodes:

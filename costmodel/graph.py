@@ -9,6 +9,7 @@ Groups are the layers a pipeline can split between: the children of the repeated
 module (adds, views, the loss), and nodes of a module that holds the layers (the ops HF's `GPT2Model`
 runs around its blocks), join the group of their first grouped input, else of their first user.
 Linear nodes may carry `weight_layout`: "out_in" (nn.Linear) or "in_out" (transformers' Conv1D).
+A node that ran an operator whose FLOPs cannot be counted names it in `uncosted` (`uncosted_ops()`).
 `repeated` lists the groups that are copies of one another (same operators, shapes and costs), which
 the planner exploits to keep its program small.
 """
@@ -136,6 +137,15 @@ class OpGraph:
                 out[k] += d[k]
         out["param_numel"] = sum(sum(d["params"].values()) for _, d in self.g.nodes(data=True))
         return out
+
+    def uncosted_ops(self) -> dict[str, int]:
+        """Operators run without a FLOP count although they compute (costmodel.flops.is_uncosted), each
+        with the number of nodes that ran it: their time is priced by the bytes they move only."""
+        out: dict[str, int] = {}
+        for _, d in self.g.nodes(data=True):
+            for op in d.get("uncosted", ()):
+                out[op] = out.get(op, 0) + 1
+        return dict(sorted(out.items()))
 
     def __len__(self) -> int:
         return self.g.number_of_nodes()

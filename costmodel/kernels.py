@@ -25,6 +25,10 @@ For a Linear the token dimension M grows with the micro-batch b: with M = b M_1,
 charges once per micro-batch like a kernel launch. A batched matmul's M is the sequence, independent
 of b, so its efficiency is fixed per sample.
 
+A grouped GEMM (a mixture-of-experts layer's experts, `groups` = E) is E such products, each on its
+expert's rows: M = routed rows / E under balanced routing, so it scales with the micro-batch as a
+Linear does.
+
 Fused attention (scaled_dot_product_attention: FlashAttention-style kernels): F / (peak * e_attn),
 `Device.attention_efficiency` (FlashAttention-2, Dao 2023: 50-73% of A100 peak forward, less in
 backward; on H100 FlashAttention-2 reaches 35-50% of the dense peak).
@@ -43,7 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-GEMM_KINDS = {"linear"}
+GEMM_KINDS = {"linear", "grouped_mm"}
 BATCHED_GEMM_KINDS = {"matmul", "bmm", "baddbmm"}
 ATTENTION_KINDS = {"scaled_dot_product_attention"}
 
@@ -71,7 +75,10 @@ def gemm_dims(d: dict) -> tuple[float, float, float, float] | None:
     shape, flops = d.get("shape") or (), d.get("fwd_flops", 0)
     if not flops or len(shape) < 2:
         return None
-    if d["kind"] in GEMM_KINDS:
+    if d["kind"] == "grouped_mm":  # one GEMM per expert, each on its share of the routed rows
+        groups = d.get("groups") or 1
+        m, n, batch = math.prod(shape[:-1]) / groups, shape[-1], groups
+    elif d["kind"] in GEMM_KINDS:
         m, n, batch = math.prod(shape[:-1]), shape[-1], 1
     elif d["kind"] in BATCHED_GEMM_KINDS:
         m, n, batch = shape[-2], shape[-1], math.prod(shape[:-2])

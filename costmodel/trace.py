@@ -39,7 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from costmodel.errors import PartitaError
-from costmodel.flops import backward_flops, register_missing_formulas
+from costmodel.flops import PRODUCT_OPERANDS, backward_flops, is_uncosted, register_missing_formulas
 from costmodel.graph import OpGraph
 from costmodel.models import ModelSpec
 from costmodel.replicate import SHALLOW, pair_nodes
@@ -100,32 +100,39 @@ def _tensors(out) -> list[torch.Tensor]:
     return [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
 
 
-_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2),
-             "convolution": (0, 1), "_convolution": (0, 1), "convolution_overrideable": (0, 1)}
-
-
 class _FlopCounter(FlopCounterMode):
     """FlopCounterMode that also sums the backward FLOPs each counted forward op implies.
 
     The backward of a matmul or convolution computes one product of the forward's size per operand that
     requires grad (grad input, grad weight): the image fed to a first convolution, or a frozen weight,
     needs none. Ops run with grad disabled have no backward. Fused attention recomputes the scores:
-    2.5x its forward (costmodel.flops). Other counted ops: 2x.
+    2.5x its forward (costmodel.flops). Other counted ops: 2x. Ops with FLOPs it cannot count
+    (`costmodel.flops.is_uncosted`) are named in `uncosted`.
     """
 
-    def __init__(self):
+    def __init__(self, node_op=None, node_grads: tuple[bool, ...] = ()):
         super().__init__(display=False)
         self.bwd_flops = 0
+        self.uncosted: set[str] = set()
+        # An export graph's node is one op. A custom op with its own autograd formula (transformers'
+        # grouped_mm_fallback) runs its forward with grad disabled and detached operands, so which operands
+        # need gradients is read from the node's inputs, outside the op.
+        self.node_op, self.node_grads = node_op, node_grads
 
     def _count_flops(self, func_packet, out, args, kwargs):
         result = super()._count_flops(func_packet, out, args, kwargs)
-        if func_packet in self.flop_registry and torch.is_grad_enabled():
+        if func_packet not in self.flop_registry and is_uncosted(func_packet, out):
+            self.uncosted.add(str(func_packet))
+        outer = func_packet is self.node_op
+        if func_packet in self.flop_registry and (torch.is_grad_enabled() or outer):
+            def needs(i: int) -> bool:
+                return (self.node_grads[i] if i < len(self.node_grads) else False) if outer else (
+                    i < len(args) and _needs_grad(args[i]))
             name = func_packet.__name__
             fwd = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
-            if name in _OPERANDS:
-                needs = sum(1 for i in _OPERANDS[name] if i < len(args) and _needs_grad(args[i]))
-                self.bwd_flops += int(fwd) * needs
-            elif any(_needs_grad(a) for a in args):
+            if name in PRODUCT_OPERANDS:
+                self.bwd_flops += int(fwd) * sum(1 for i in PRODUCT_OPERANDS[name] if needs(i))
+            elif any(needs(i) for i in range(len(args))):
                 self.bwd_flops += int(backward_flops({func_packet: fwd}))
         return result
 
@@ -169,7 +176,11 @@ class Recorder(fx.Interpreter):
         self._in_dropout = "dropout" in str(getattr(n.target, "__name__", n.target)).lower() or (
             n.op == "call_module" and "dropout" in type(self.module.get_submodule(n.target)).__name__.lower())
         in_keys = {_storage_key(a) for a in n.all_input_nodes for a in [self.env[a]] if isinstance(a, torch.Tensor)}
-        with _FlopCounter() as counter:
+        node_op, node_grads = None, ()
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and torch.is_grad_enabled():
+            node_op = n.target.overloadpacket
+            node_grads = tuple(isinstance(a, fx.Node) and _needs_grad(self.env.get(a)) for a in n.args)
+        with _FlopCounter(node_op, node_grads) as counter:
             out = super().run_node(n)
         counts = counter.get_flop_counts().get("Global", {})
         tensors = _tensors(out)
@@ -188,6 +199,7 @@ class Recorder(fx.Interpreter):
             "bwd_flops": counter.bwd_flops,
             "alias": alias,
             "mem_bytes": 0 if alias else in_bytes + out_bytes,
+            "uncosted": tuple(sorted(counter.uncosted)),
         }
         return out
 
@@ -431,6 +443,7 @@ def _capture_fx(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
             param_bytes=sum(params[p].numel() * params[p].element_size() for p in pnames if first[p] == p),
             **({"tied": {p[len(strip):]: first[p][len(strip):] for p in pnames if first[p] != p}}
                if any(first[p] != p for p in pnames) else {}),
+            **({"uncosted": st["uncosted"]} if st["uncosted"] else {}),
         )
         for a in n.all_input_nodes:
             if a.name in stats:

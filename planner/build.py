@@ -78,6 +78,8 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "exposed_comm_s": exposed_comm,
         "hidden_comm_s": max(0.0, float(m * hidden + dp_hidden)),
         "assumptions": assumptions(cluster, train.dtype),
+        # operators that compute but have no FLOP formula (costmodel.flops): priced by their bytes only
+        "uncosted_ops": result.graph.uncosted_ops(),
         "breakdown": breakdown,
         "memory_per_stage": memory,
         **({"memory_capacity_per_stage": [int(x) for x in np.broadcast_to(prob.capacity, (c.pp,))]}

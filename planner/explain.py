@@ -241,6 +241,8 @@ def renderables(plan) -> Group:
         if why:
             parts.append(Text(why, style="yellow"))
         parts += [_time(pred), Text(""), _memory(pred)]
+        if pred.get("uncosted_ops"):
+            parts += [Text(""), uncosted_line(pred["uncosted_ops"])]
         if pred.get("assumptions"):
             parts += [Text(""), Text("assumptions in force (costmodel.kernels, costmodel.streams, costmodel.comm):")]
             parts += [Text(f"  - {a}") for a in pred["assumptions"]]
@@ -249,6 +251,13 @@ def renderables(plan) -> Group:
     if plan.baselines:
         parts += [Text(""), _baselines(plan)]
     return Group(*parts)
+
+
+def uncosted_line(ops: dict[str, int]) -> Text:
+    """The operators the cost model ran without a FLOP count (their compute is missing from the step)."""
+    listed = ", ".join(f"{op} ({n} node{'s' if n != 1 else ''})" for op, n in ops.items())
+    return Text(f"uncosted operators: {listed} -- no FLOP formula, priced by the bytes they move only; "
+                "the predicted step time is a lower bound", style="yellow")
 
 
 def explain(plan, width: int = 120) -> str:

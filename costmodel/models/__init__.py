@@ -148,7 +148,13 @@ def _parse_family(spec: str) -> ModelSpec:
 
 
 def _import_factory(spec: str) -> ModelSpec:
-    """`package.module:factory`, a callable returning (module, example inputs) with a leading batch dim."""
+    """`package.module:factory`, a callable returning (module, example inputs) with a leading batch dim.
+
+    Planning never allocates the model: the factory is probed (for the inputs' shapes and dtypes) on the
+    meta device, or under FakeTensorMode if its code reads tensor values, and capture builds it the same
+    way (costmodel.trace.build_fake). Only `build()` outside those modes -- the runtime -- makes real
+    parameters. Example inputs are zeros of the probed shapes and dtypes (values do not change costs).
+    """
     import os
     import sys
     module_name, _, attr = spec.partition(":")
@@ -158,18 +164,38 @@ def _import_factory(spec: str) -> ModelSpec:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
         raise PartitaError(f"cannot import model factory {spec!r}: {e}") from None
-    probe = factory()
+    probe = _probe_without_memory(factory, spec)
     if not (isinstance(probe, tuple) and len(probe) == 2 and isinstance(probe[0], nn.Module)):
         raise PartitaError(f"model factory {spec!r} must return (nn.Module, example_inputs tuple)")
     inputs = probe[1] if isinstance(probe[1], tuple) else (probe[1],)
     if not all(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] >= 1 for t in inputs):
         raise PartitaError(f"model factory {spec!r}: example inputs must be tensors with a leading batch dimension")
-    sample = tuple(t[:1] for t in inputs)  # one sample; the planner scales per-sample costs
+    sample = tuple((tuple(t.shape[1:]), t.dtype) for t in inputs)  # one sample; the planner scales per-sample costs
+    del probe, inputs
 
     def example_inputs(batch: int):
-        return tuple(t.expand(batch, *t.shape[1:]).clone() for t in sample)
+        return tuple(torch.zeros(batch, *shape, dtype=dtype) for shape, dtype in sample)
 
     return ModelSpec(name=spec, build=lambda: factory()[0], example_inputs=example_inputs)
+
+
+def _probe_without_memory(factory: Callable, spec: str):
+    """factory() on the meta device; if its code needs tensor values, under FakeTensorMode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    try:
+        with torch.device("meta"):
+            return factory()
+    except PartitaError:
+        raise
+    except Exception as meta_error:  # noqa: BLE001 -- e.g. `.item()` of a meta tensor: fake tensors allow more
+        try:
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                return factory()
+        except Exception as e:  # noqa: BLE001 -- the user's code
+            first = (lambda x: f"{type(x).__name__}: {(str(x).strip().splitlines() or [''])[0][:200]}")
+            raise PartitaError(f"model factory {spec!r} fails when called without allocating memory (meta device: "
+                               f"{first(meta_error)}; fake tensors: {first(e)}); build the module from shapes "
+                               "and config, not from tensor values") from None
 
 
 def resolve_model(spec: str) -> ModelSpec:
@@ -190,7 +216,8 @@ def resolve_model(spec: str) -> ModelSpec:
     raise PartitaError(f"unknown model {spec!r}; presets: {', '.join(sorted(PRESETS))}, "
                        f"{', '.join(sorted(CNN_PRESETS))}; or gpt:layers=..,hidden=..,heads=..,seq=..,vocab=.."
                        "[,ffn=..,kv_heads=..,attention=sdpa|math,dropout=..], llama:... (the same keys), "
-                       "resnet:depth=..,width=..,image=..,classes=.., hf:gpt2|llama|bert|t5[:key=value,...], "
+                       "resnet:depth=..,width=..,image=..,classes=.., hf:FAMILY[:key=value,...] (any transformers "
+                       "model type: gpt2, llama, mistral, mixtral, qwen2, bert, t5, ...), "
                        "or package.module:factory")
 
 

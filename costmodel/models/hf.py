@@ -3,20 +3,30 @@
     hf:gpt2                                       GPT2LMHeadModel, small defaults
     hf:llama:num_hidden_layers=4,hidden_size=256  LlamaForCausalLM with overrides
     hf:bert  /  hf:t5                             BertForMaskedLM / T5ForConditionalGeneration
+    hf:mistral, hf:mixtral, hf:qwen2, hf:phi3 ... any transformers model type, at its config's defaults
 
 Overrides are attributes of the config class (`GPT2Config`, `LlamaConfig`, `BertConfig`, `T5Config`),
 parsed as int, float, bool (true/false) or none, else kept as strings; plus `seq`, the tokens per sample.
-Defaults are small, so captures and tests are fast: 2 layers, hidden 128, 4 heads, vocabulary 1024,
-64 tokens. `use_cache` is always off (training). Dropout is off unless overridden (as in our own presets
-and Llama's defaults; on CPU a dropout inside attention would also switch SDPA to its math kernel, which
-materialises the s x s scores that GPU flash kernels never store). Position tables grow to `seq` when it
+For gpt2, llama, bert and t5 the defaults are small, so captures and tests are fast: 2 layers, hidden 128,
+4 heads, vocabulary 1024, 64 tokens. Any other model type transformers knows (`hf:FAMILY`, FAMILY as in
+`AutoConfig.for_model`) is built from `AutoConfig.for_model(FAMILY, **overrides)` at that config's own
+defaults (`hf:mixtral` is Mixtral-8x7B; planning captures on fake tensors, so its size costs no memory),
+with the first head transformers has for it: causal LM (AutoModelForCausalLM), else sequence-to-sequence
+LM, else masked LM. A config that rejects the overrides, an override the config does not have, or a
+special token id outside the vocabulary is one PartitaError line naming the key; a default special token
+id outside an overridden (smaller) vocabulary becomes its last id.
+
+`use_cache` is always off (training). For the four small families dropout is off unless overridden (as in
+our own presets and Llama's defaults; on CPU a dropout inside attention would also switch SDPA to its math
+kernel, which materialises the s x s scores that GPU flash kernels never store); other families keep their
+config's dropout. Position tables grow to `seq` when it
 exceeds them. Tied input/output embeddings keep each model's HF default (GPT-2, BERT, T5 tie; Llama
 does not); a tied weight is counted once, at its first use.
 
 Loss and example batch (`example_inputs(batch)` = (input_ids, labels), both [batch, seq], token ids):
 
-- causal LMs (gpt2, llama): labels = the inputs; the model shifts them and takes the mean next-token
-  cross-entropy (HF's `ForCausalLMLoss`).
+- causal LMs (gpt2, llama, mistral, mixtral, ...): labels = the inputs; the model shifts them and takes the
+  mean next-token cross-entropy (HF's `ForCausalLMLoss`).
 - bert: masked-LM cross-entropy over the vocabulary at every position (BertForMaskedLM with labels).
   A real MLM batch labels ~15% of positions (-100 elsewhere); the logits, FLOPs and saved log-softmax
   are those of all positions either way, so costs do not depend on the masking rate. No attention mask:
@@ -67,6 +77,34 @@ _ARCHS: dict[str, _Arch] = {
 }
 _LOSS_TYPE = {"causal": "ForCausalLM", "mlm": "ForMaskedLM", "seq2seq": "ForConditionalGeneration"}
 DEFAULT_SEQ = 64
+_POSITIONS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
+"""Config attributes that may hold a position-table size, in the order they are looked for."""
+_SIZE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+              "num_key_value_heads", "vocab_size", "num_local_experts", "num_experts", "num_experts_per_tok")
+"""Config attributes recorded in a plan's model config when the family has them."""
+_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
+def _arch(family: str, spec: str) -> _Arch:
+    """The config class, head and task of a transformers model type: one of the four with small defaults,
+    else whatever AutoConfig knows, with its first head among causal LM, seq2seq LM and masked LM."""
+    if family in _ARCHS:
+        return _ARCHS[family]
+    from transformers.models.auto import modeling_auto as ma
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    examples = "hf:gpt2, hf:llama, hf:mistral, hf:mixtral, hf:qwen2, hf:bert, hf:t5"
+    if family not in CONFIG_MAPPING_NAMES:
+        raise PartitaError(f"unknown HuggingFace model type {family!r} in {spec!r}; accepted: {examples} or any "
+                           "other transformers model type (as AutoConfig.for_model takes it), with optional "
+                           ":key=value,... overrides")
+    heads = (("causal", ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+             ("seq2seq", ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES),
+             ("mlm", ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES))
+    for task, mapping in heads:
+        if family in mapping:
+            return _Arch(CONFIG_MAPPING_NAMES[family], mapping[family], task, None)
+    raise PartitaError(f"HuggingFace model type {family!r} ({spec!r}) has no causal-LM, sequence-to-sequence LM or "
+                       f"masked-LM head in transformers, which is what partita trains; e.g. {examples}")
 
 
 def _transformers():
@@ -95,50 +133,85 @@ def parse(spec: str) -> tuple[str, dict[str, Any]]:
     """'hf:llama:num_hidden_layers=4,hidden_size=256' -> ('llama', {'num_hidden_layers': 4, ...})."""
     _, _, rest = spec.partition(":")
     arch, _, items = rest.partition(":")
-    if arch not in _ARCHS:
-        raise PartitaError(f"unknown HuggingFace model {spec!r}; accepted: "
-                           f"{', '.join('hf:' + a for a in _ARCHS)}, with optional :key=value,... overrides")
+    arch = arch.strip()
+    if not arch:
+        raise PartitaError(f"model {spec!r} names no HuggingFace model type: use hf:FAMILY[:key=value,...], "
+                           "e.g. hf:llama:num_hidden_layers=4")
     overrides: dict[str, Any] = {}
     for item in filter(None, (s.strip() for s in items.split(","))):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise PartitaError(f"bad model parameter {item!r} in {spec!r}: use key=value, "
-                               f"e.g. hf:{arch}:{next(iter(_ARCHS[arch].defaults))}=4")
+                               f"e.g. hf:{arch}:num_hidden_layers=4")
+        if key.strip() in overrides:
+            raise PartitaError(f"model parameter {key.strip()!r} is given twice in {spec!r}")
         overrides[key.strip()] = _value(value)
     return arch, overrides
 
 
 def _config(arch: str, overrides: dict[str, Any], spec: str):
     tf = _transformers()
-    a = _ARCHS[arch]
-    cls = getattr(tf, a.config)
+    a = _arch(arch, spec)
     kw = {k: v for k, v in overrides.items() if k != "seq"}
-    probe = cls()
+    make = getattr(tf, a.config) if arch in _ARCHS else functools.partial(tf.AutoConfig.for_model, arch)
+    probe = make()
     unknown = sorted(k for k in kw if not hasattr(probe, k))
     if unknown:
+        known = [k for k in (*a.defaults, *_SIZE_KEYS) if hasattr(probe, k)]
         raise PartitaError(f"model {spec!r}: {a.config} has no attribute {', '.join(map(repr, unknown))}; "
-                           f"e.g. {', '.join(sorted(a.defaults))}")
+                           f"use its attributes, e.g. {', '.join(sorted(set(known)))}")
     if kw.get("use_cache"):
         raise PartitaError(f"model {spec!r}: use_cache must stay false (training captures no KV cache)")
     seq = overrides.get("seq", DEFAULT_SEQ)
-    if not isinstance(seq, int) or seq <= 1:
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq <= 1:
         raise PartitaError(f"model {spec!r}: seq must be an integer > 1, got {seq!r}")
     merged = {**a.defaults, **kw, "use_cache": False}
-    if a.positions is not None:
-        if a.positions in kw and kw[a.positions] < seq:
-            raise PartitaError(f"model {spec!r}: seq={seq} exceeds {a.positions}={kw[a.positions]}")
-        merged[a.positions] = max(merged[a.positions], seq)
-    vocab = merged["vocab_size"]
-    for tok in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
-        default = merged.get(tok, getattr(probe, tok, None))
-        if tok not in kw and isinstance(default, int) and default >= vocab:
-            merged[tok] = vocab - 1  # GPT-2's 50256 would fall outside a small vocabulary
+    positions = a.positions if arch in _ARCHS else next(
+        (p for p in _POSITIONS if isinstance(getattr(probe, p, None), int) and not isinstance(getattr(probe, p), bool)),
+        None)
+    if positions is not None:
+        given = kw.get(positions)
+        if isinstance(given, int) and given < seq:
+            raise PartitaError(f"model {spec!r}: seq={seq} exceeds {positions}={given}; raise {positions} or "
+                               "lower seq")
+        merged[positions] = max(merged.get(positions, getattr(probe, positions)), seq)
+    vocab = merged.get("vocab_size", getattr(probe, "vocab_size", None))
+    if isinstance(vocab, int):
+        for tok in _TOKENS:
+            if tok in kw:
+                if isinstance(kw[tok], int) and not 0 <= kw[tok] < vocab:
+                    raise PartitaError(f"model {spec!r}: {tok}={kw[tok]} is outside the vocabulary "
+                                       f"(vocab_size={vocab}); give {tok} below {vocab}, or none")
+                continue
+            default = merged.get(tok, getattr(probe, tok, None))
+            if isinstance(default, int) and default >= vocab:
+                merged[tok] = vocab - 1  # GPT-2's 50256 or Phi-3's 32000 would fall outside a small vocabulary
     try:
-        cfg = cls(**merged)
-    except (ValueError, TypeError) as e:
-        raise PartitaError(f"model {spec!r}: {a.config}: {e}") from None
+        cfg = make(**merged)
+    except Exception as e:  # noqa: BLE001 -- transformers' validators raise ValueError, TypeError, StrictDataclass*
+        raise PartitaError(f"model {spec!r}: {a.config} rejects the configuration: {_reason(e)}"
+                           f"{_culprits(e, kw)}") from None
     cfg._attn_implementation = "sdpa"
     return cfg, seq
+
+
+def _reason(e: BaseException) -> str:
+    """The innermost sentence of a (possibly multi-line) validation error."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    line = lines[-1] if lines else type(e).__name__
+    for prefix in ("ValueError: ", "TypeError: ", "AssertionError: "):
+        line = line.removeprefix(prefix)
+    return line[:300].rstrip(".")
+
+
+def _culprits(e: BaseException, kw: dict[str, Any]) -> str:
+    """'; change hidden_size=130 or num_attention_heads=4' for the overrides the message is about."""
+    text = str(e).lower()
+    named = [k for k, v in kw.items() if k.lower() in text or k.replace("_", " ").lower() in text
+             or (not isinstance(v, bool) and f"({v})".lower() in text)]
+    if named:
+        return "; change " + " or ".join(f"{k}={kw[k]}" for k in named)
+    return "; change the overrides" if kw else ""
 
 
 def hf_loss(names: tuple[str, ...], model: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
@@ -154,12 +227,17 @@ def hf_spec(spec: str, seq: int | None = None):
     if seq is not None:
         overrides = {**overrides, "seq": seq}
     cfg, seq = _config(arch, overrides, spec)
-    a = _ARCHS[arch]
+    a = _arch(arch, spec)
     model_cls = getattr(_transformers(), a.model)
     loss_type = _LOSS_TYPE[a.task]
 
     def build() -> nn.Module:
-        model = model_cls(cfg)
+        try:
+            model = model_cls(cfg)
+        except Exception as e:  # noqa: BLE001 -- a config the class's constructor cannot build
+            given = {k: v for k, v in overrides.items() if k != "seq"}
+            raise PartitaError(f"model {spec!r}: {a.model} cannot be built from this configuration: "
+                               f"{_reason(e)}{_culprits(e, given)}") from None
         model.loss_type = loss_type
         return model
 
@@ -167,7 +245,8 @@ def hf_spec(spec: str, seq: int | None = None):
         ids = torch.zeros(batch, seq, dtype=torch.long)
         return ids, ids.clone()
 
-    sizes = {k: getattr(cfg, k) for k in sorted(a.defaults) if isinstance(getattr(cfg, k, None), (int, float))}
+    keys = sorted({*a.defaults, *_SIZE_KEYS, *(k for k in overrides if k != "seq")})
+    sizes = {k: getattr(cfg, k) for k in keys if isinstance(getattr(cfg, k, None), (int, float))}
     return ModelSpec(
         name=spec, build=build, example_inputs=example_inputs, seq_len=seq,
         config={"family": "hf", "arch": arch, "model": a.model, "task": a.task, "seq": seq,
@@ -181,8 +260,14 @@ def is_hf_model(model: nn.Module) -> bool:
     return any(c.__module__.startswith("transformers.") for c in type(model).__mro__)
 
 
+def contains_hf_model(model: nn.Module) -> bool:
+    """Whether `model` is, or holds anywhere inside it, a transformers module (a user's wrapper or factory
+    module holding an HF model gets the same capture patches as the bare model)."""
+    return any(is_hf_model(m) for m in model.modules())
+
+
 @contextlib.contextmanager
-def export_context():
+def export_context(root: nn.Module | None = None):
     """Trace what eager training runs on an unpadded, unpacked batch.
 
     Eager HF code inspects tensor values to skip building attention masks (no padding: SDPA's is_causal
@@ -192,6 +277,16 @@ def export_context():
     the saved bytes and hide the head structure. Here the mask helpers answer as they do in eager mode
     for such a batch. Only attributes that exist are patched, so a transformers release without them
     still captures, just with its traced masks.
+
+    For the configs of the transformers modules inside `root` (wherever they sit in the user's module),
+    while capturing:
+    - `use_cache` is off: training builds no KV cache (a factory's model keeps its config's default, True).
+    - mixture-of-experts layers run transformers' "grouped_mm" experts path. Its "eager" path loops over
+      the experts a batch hits (`nonzero`) and gathers each expert's tokens: shapes that depend on the
+      routing, which torch.export cannot follow on fake tensors. "grouped_mm" sorts the tokens x top-k
+      routed rows by expert and runs one grouped GEMM over them: the same rows through the same experts
+      (FLOPs = tokens x k x one expert's, costmodel.flops), static shapes, and the dispatch (sort, gather)
+      and combine (weighted sum) as memory-bound ops. It is also transformers' default where it can run.
     """
     try:
         import transformers.masking_utils as mu
@@ -203,4 +298,31 @@ def export_context():
             stack.enter_context(mock.patch.object(mu, "is_torchdynamo_exporting", lambda: False))
         if hasattr(mu, "find_packed_sequence_indices"):
             stack.enter_context(mock.patch.object(mu, "find_packed_sequence_indices", lambda *a, **k: None))
+        for cfg in _hf_configs(root):
+            stack.enter_context(_patched(cfg, "use_cache", False, lambda v: bool(v)))
+            stack.enter_context(_patched(cfg, "_experts_implementation", "grouped_mm", lambda v: v == "eager"))
         yield
+
+
+def _hf_configs(root: nn.Module | None) -> list:
+    """The distinct transformers configs held by modules of `root`."""
+    seen: dict[int, Any] = {}
+    for m in (root.modules() if root is not None else ()):
+        cfg = getattr(m, "config", None)
+        if is_hf_model(m) and cfg is not None and type(cfg).__module__.startswith("transformers."):
+            seen.setdefault(id(cfg), cfg)
+    return list(seen.values())
+
+
+@contextlib.contextmanager
+def _patched(obj, attr: str, value, when):
+    """Set `obj.attr = value` for the duration when `when(current)` holds, then restore it."""
+    if not hasattr(obj, attr) or not when(getattr(obj, attr)):
+        yield
+        return
+    old = getattr(obj, attr)
+    setattr(obj, attr, value)
+    try:
+        yield
+    finally:
+        setattr(obj, attr, old)

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="plan.json", help="where to save the plan")
     args = ap.parse_args(argv)
 
-    train = planner.TrainConfig(global_batch=args.global_batch, seq_len=args.seq)  # bf16 with Adam by default
+    train = planner.TrainConfig(global_batch=args.global_batch, seq_len=args.seq)  # Adam; bf16 on GPUs, fp32 on CPUs by default
     plan = planner.plan(args.model, cluster=args.cluster, train=train)
     print(plan.explain())
 

@@ -29,9 +29,9 @@ def _cmd_plan(args) -> int:
     from costmodel.hardware import parse_cluster
 
     cluster = parse_cluster(args.cluster)
-    dtype = args.dtype or ("fp32" if cluster.device.name == "cpu" else "bf16")
-    train = TrainConfig(global_batch=args.global_batch, seq_len=args.seq, dtype=dtype,
-                        optimizer=args.optimizer, schedule=args.schedule)
+    # no --dtype: TrainConfig's default, which planner.api resolves by device kind (api.default_dtype)
+    train = TrainConfig(global_batch=args.global_batch, seq_len=args.seq, optimizer=args.optimizer,
+                        schedule=args.schedule, **({"dtype": args.dtype} if args.dtype else {}))
     space = _space_from_args(args)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

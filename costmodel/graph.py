@@ -44,6 +44,8 @@ class OpGraph:
         self.name, self.batch, self.seq_len, self.dtype = name, batch, seq_len, dtype
         self.groups: list[str] = []
         self.layer_container: str | None = None
+        """The stack of layers holding most operators; `layer_containers` lists every stack."""
+        self.layer_containers: list[str] = []
         self.capture_seconds = 0.0
 
     # construction ----------------------------------------------------------------------------
@@ -55,12 +57,13 @@ class OpGraph:
 
     def finalize(self, capture_seconds: float = 0.0) -> None:
         self.capture_seconds = capture_seconds
-        self.layer_container = _layer_container([d["module"] for _, d in self.g.nodes(data=True)])
+        self.layer_containers = _layer_containers([d["module"] for _, d in self.g.nodes(data=True)])
+        self.layer_container = self.layer_containers[0] if self.layer_containers else None
         order = list(self.g.nodes)  # insertion order = the fx graph's order, a topological order
         seen: dict[str, None] = {}
         for n in order:
             d = self.g.nodes[n]
-            d["group"] = _group_key(d["module"], self.layer_container)
+            d["group"] = _group_key(d["module"], self.layer_containers)
             d["via_user"] = False
             if d["group"]:
                 seen.setdefault(d["group"], None)
@@ -151,32 +154,43 @@ class OpGraph:
         return self.g.number_of_nodes()
 
 
-def _layer_container(modules: list[str]) -> str | None:
-    """The module path whose numbered children hold most operators ("blocks", "model.layers")."""
+def _layer_containers(modules: list[str]) -> list[str]:
+    """Module paths whose numbered children are the layers ("blocks", "model.layers"), the one holding most
+    operators first. An encoder-decoder has two stacks ("encoder.block", "decoder.block"): each layer of
+    either is a group, so a pipeline can split inside the encoder as well as the decoder. A stack nested in a
+    layer (MoE experts) is not one: only the first numbered part of a path counts."""
     counts: Counter[str] = Counter()
+    children: dict[str, set[str]] = {}
     for m in modules:
         parts = m.split(".")
         for i, p in enumerate(parts):
             if p.isdigit() and i > 0:
-                counts[".".join(parts[:i])] += 1
+                container = ".".join(parts[:i])
+                counts[container] += 1
+                children.setdefault(container, set()).add(p)
                 break
-    return counts.most_common(1)[0][0] if counts else None
+    ranked = [c for c, _ in counts.most_common()]
+    return ranked[:1] + [c for c in ranked[1:] if len(children[c]) > 1]
 
 
-def _group_key(module: str, container: str | None) -> str:
+def _group_key(module: str, containers: list[str]) -> str:
     if not module:
         return ""
-    if container and (container + ".").startswith(module + "."):
-        return ""  # ops in the forward of a module that holds the layers (HF's `transformer`, `model`)
-    if container and module.startswith(container + "."):
-        rest = module[len(container) + 1:].split(".")
-        return f"{container}.{rest[0]}"
-    # outside the layers: the child of the deepest module it shares with the container
+    for c in containers:
+        if (c + ".").startswith(module + "."):
+            return ""  # ops in the forward of a module that holds layers (HF's `transformer`, `model`)
+        if module.startswith(c + "."):
+            return f"{c}.{module[len(c) + 1:].split('.')[0]}"
+    # outside the layers: the child of the deepest module it shares with a stack
     # (`transformer.wte` beside `transformer.h`, `bert.embeddings` beside `bert.encoder.layer`)
     parts = module.split(".")
-    shared = 0
-    for a, b in zip(parts, container.split(".") if container else []):
-        if a != b:
-            break
-        shared += 1
-    return ".".join(parts[:shared + 1])
+
+    def shared(container: str) -> int:
+        n = 0
+        for a, b in zip(parts, container.split(".")):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    return ".".join(parts[:max(map(shared, containers), default=0) + 1])

@@ -157,3 +157,15 @@ def test_bf16_capture_holds_bf16_parameters(graph_of):
     g = graph_of("hf:llama", "bf16")
     assert g.totals()["param_bytes"] == 2 * g.totals()["param_numel"]
     assert g.totals()["fwd_flops"] == graph_of("hf:llama").totals()["fwd_flops"]
+
+
+def test_an_encoder_decoder_has_a_group_per_layer_of_both_stacks():
+    """T5's encoder layers are groups of their own, as the decoder's are, so a pipeline stage boundary can
+    fall inside the encoder (before, the encoder was one group: only the stack with most operators was)."""
+    g = capture(resolve_model("hf:t5"))
+    assert set(g.layer_containers) == {"encoder.block", "decoder.block"}
+    for stack in ("encoder.block", "decoder.block"):
+        layers = [grp for grp in g.groups if grp.startswith(stack + ".")]
+        assert len(layers) == 2 and all(g.group_cost(grp).fwd_flops > 0 for grp in layers)
+    order = g.groups
+    assert order.index("encoder.block.1") < order.index("decoder.block.0")  # graph order: encoder first

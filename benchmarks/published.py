@@ -58,6 +58,7 @@ def model_string(model: Model, seq: int) -> str:
         fields["kv_heads"] = model.kv_heads or model.heads
     extra = {"attention": model.attention} if model.attention != "sdpa" else {}
     extra |= {"dropout": model.dropout} if model.dropout else {}
+    extra |= {"loss": model.loss} if model.loss != "plain" else {}
     return f"{model.family}:" + ",".join(f"{k}={v}" for k, v in {**fields, **extra}.items())
 
 

@@ -54,6 +54,8 @@ class Model:
     """0: heads (multi-head attention)."""
     attention: str = "sdpa"
     dropout: float = 0.0
+    loss: str = "plain"
+    """"fused": a fused cross-entropy kernel (keeps the logits, no fp32 copies); costmodel.losses."""
     notes: str = ""
     """Where the published architecture differs from the partita family it is priced as."""
 
@@ -216,15 +218,17 @@ LLMF_A100_40 = Table(source="llm-foundry", citation=_LLMF.format("A100 40GB with
 MP_DEFAULT = "Composer MP mode DEFAULT: bf16 parameters, fp32 gradient reduce-scatter (partita prices bf16 gradients)"
 MP_PURE = "Composer MP mode PURE: bf16 parameters, gradients and buffers"
 
-MPT_125M = Model(name="mpt-125m", family="gpt", layers=12, hidden=768, heads=12, vocab=50368)
-MPT_350M = Model(name="mpt-350m", family="gpt", layers=24, hidden=1024, heads=16, vocab=50368)
-MPT_760M = Model(name="mpt-760m", family="gpt", layers=24, hidden=1536, heads=12, vocab=50368)
-MPT_1B = Model(name="mpt-1b", family="gpt", layers=24, hidden=2048, heads=16, vocab=50368)
-MPT_3B = Model(name="mpt-3b", family="gpt", layers=32, hidden=2560, heads=20, vocab=50368)
-MPT_7B = Model(name="mpt-7b", family="gpt", layers=32, hidden=4096, heads=32, vocab=50368)
-MPT_13B = Model(name="mpt-13b", family="gpt", layers=40, hidden=5120, heads=40, vocab=50368)
-MPT_30B = Model(name="mpt-30b", family="gpt", layers=48, hidden=7168, heads=56, vocab=50368)
-MPT_70B = Model(name="mpt-70b", family="gpt", layers=80, hidden=8192, heads=64, vocab=50368)
+# llm-foundry's ComposerMPTCausalLM takes `loss_fn: fused_crossentropy` unless told otherwise
+# (llmfoundry/models/mpt/modeling_mpt.py: flash-attn's xentropy CrossEntropyLoss): loss="fused".
+MPT_125M = Model(name="mpt-125m", family="gpt", layers=12, hidden=768, heads=12, vocab=50368, loss="fused")
+MPT_350M = Model(name="mpt-350m", family="gpt", layers=24, hidden=1024, heads=16, vocab=50368, loss="fused")
+MPT_760M = Model(name="mpt-760m", family="gpt", layers=24, hidden=1536, heads=12, vocab=50368, loss="fused")
+MPT_1B = Model(name="mpt-1b", family="gpt", layers=24, hidden=2048, heads=16, vocab=50368, loss="fused")
+MPT_3B = Model(name="mpt-3b", family="gpt", layers=32, hidden=2560, heads=20, vocab=50368, loss="fused")
+MPT_7B = Model(name="mpt-7b", family="gpt", layers=32, hidden=4096, heads=32, vocab=50368, loss="fused")
+MPT_13B = Model(name="mpt-13b", family="gpt", layers=40, hidden=5120, heads=40, vocab=50368, loss="fused")
+MPT_30B = Model(name="mpt-30b", family="gpt", layers=48, hidden=7168, heads=56, vocab=50368, loss="fused")
+MPT_70B = Model(name="mpt-70b", family="gpt", layers=80, hidden=8192, heads=64, vocab=50368, loss="fused")
 
 LLMF_ROWS = [
     Row(table=LLMF_H100_LARGE, model=MPT_70B, seq=2048, hardware="H100-80GB", gpus=512, dp=512, zero=(3,), sharding="FULL_SHARD", micro_batch=8, global_batch=4096, recompute=FULL, value=1007, notes=MP_DEFAULT),

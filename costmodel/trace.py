@@ -41,8 +41,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from costmodel.errors import PartitaError
 from costmodel.flops import PRODUCT_OPERANDS, backward_flops, is_uncosted, register_missing_formulas
 from costmodel.graph import OpGraph
+from costmodel.losses import cross_entropy
 from costmodel.models import ModelSpec
 from costmodel.replicate import SHALLOW, pair_nodes
+
+fx.wrap("cross_entropy")  # the fused loss is one node, as its kernel is one launch
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _WRAP = "model."
@@ -50,14 +53,19 @@ _MAX_INPUTS = 6
 
 
 class _WithLoss(nn.Module):
-    """model + token cross-entropy, so the loss's saved tensors and FLOPs are captured too."""
+    """model + token cross-entropy, so the loss's saved tensors and FLOPs are captured too: PyTorch's on
+    fp32 logits, or the fused kernel's (costmodel.losses, one fx node named cross_entropy like PyTorch's,
+    so the planner shards it with a vocabulary-parallel head the same way)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, loss: str = "plain"):
         super().__init__()
         self.model = model
+        self.fused = loss == "fused"
 
     def forward(self, tokens, targets):
         logits = self.model(tokens)
+        if self.fused:
+            return cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1))
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
 
 
@@ -88,7 +96,7 @@ def wrap_for_capture(spec: ModelSpec, model: nn.Module, inputs: tuple):
         return _WithLossFn(model, spec.loss_fn, len(inputs)), inputs, _WRAP, unused
     if spec.vocab:
         targets = torch.zeros(inputs[0].shape, dtype=torch.long)
-        return _WithLoss(model), (*inputs, targets), _WRAP, None
+        return _WithLoss(model, spec.config.get("loss", "plain")), (*inputs, targets), _WRAP, None
     return model, inputs, "", None
 
 

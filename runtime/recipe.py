@@ -8,6 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from costmodel.losses import cross_entropy as fused_cross_entropy
 from costmodel.models import ModelSpec
 
 
@@ -17,13 +18,17 @@ def build_model(spec: ModelSpec, seed: int) -> nn.Module:
     return spec.build().float()
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, fused: bool = False) -> torch.Tensor:
     """Mean cross-entropy over every token of the batch, as a plain tensor.
 
-    The logits of a vocab-parallel head (runtime.tp) are a DTensor sharded on the vocabulary: inside
-    `loss_parallel()`, which the executor enters around forward and backward, the cross-entropy is then
-    computed on the shards (Megatron's vocab-parallel cross-entropy) and the loss is a replicated DTensor,
-    returned here as the plain tensor it equals on every tp rank."""
+    `fused`: the model's `loss="fused"` (costmodel.losses): the same loss and gradient computed as a fused
+    kernel would, keeping the logits rather than fp32 copies of them. The logits of a vocab-parallel head
+    (runtime.tp) are a DTensor sharded on the vocabulary: inside `loss_parallel()`, which the executor
+    enters around forward and backward, the cross-entropy is then computed on the shards (Megatron's
+    vocab-parallel cross-entropy, whichever `fused` says) and the loss is a replicated DTensor, returned
+    here as the plain tensor it equals on every tp rank."""
+    if fused and not isinstance(logits, DTensor):
+        return fused_cross_entropy(logits.flatten(0, -2), targets.flatten())
     loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
     return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
@@ -38,7 +43,8 @@ def loss_for(spec: ModelSpec) -> LossFn:
     if spec.loss_fn is not None:
         fn = spec.loss_fn
         return lambda module, batch: fn(module, *batch)
-    return lambda module, batch: lm_loss(module(batch[0]), batch[1])
+    fused = spec.config.get("loss") == "fused"
+    return lambda module, batch: lm_loss(module(batch[0]), batch[1], fused)
 
 
 OPTIMIZERS = ("adam", "sgd")

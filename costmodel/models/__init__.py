@@ -56,7 +56,7 @@ PRESETS.update({name: GPTConfig(layers=l, hidden=h, heads=a, vocab=51200, seq=20
 _FAMILY_KEYS = {family: tuple(f.name for f in dataclasses.fields(GPTConfig) if f.name != "family")
                 for family in ("gpt", "llama")}
 """The keys of a `gpt:` / `llama:` MODEL string: every GPTConfig field but the family, which the prefix names."""
-_CHOICES = {"attention": ("sdpa", "math")}
+_CHOICES = {"attention": ("sdpa", "math"), "loss": ("plain", "fused")}
 _REQUIRED = ("layers", "hidden", "heads", "vocab", "seq")
 
 

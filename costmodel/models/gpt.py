@@ -44,6 +44,9 @@ class GPTConfig:
     """"sdpa" (fused attention) or "math" (scores, softmax and dropout materialised)."""
     dropout: float = 0.0
     """Dropout probability after attention scores, the attention output and the MLP (GPT-2 placement)."""
+    loss: str = "plain"
+    """Token cross-entropy: "plain" (F.cross_entropy on fp32 logits) or "fused" (one kernel keeping only the
+    logits, as llm-foundry and Liger train; costmodel.losses)."""
 
     def __post_init__(self):
         if self.ffn == 0:
@@ -54,6 +57,8 @@ class GPTConfig:
             raise ValueError(f"family must be 'gpt' or 'llama', got {self.family!r}")
         if self.attention not in ("sdpa", "math"):
             raise ValueError(f"attention must be 'sdpa' or 'math', got {self.attention!r}")
+        if self.loss not in ("plain", "fused"):
+            raise ValueError(f"loss must be 'plain' or 'fused', got {self.loss!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         for name in ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads"):

@@ -1,0 +1,35 @@
+"""A model with loss=fused trains under a data-parallel plan with the fused cross-entropy on every rank
+and in the single-process reference (runtime.recipe.lm_loss), and matches it under --verify."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from costmodel.models import resolve_model
+from runtime.recipe import loss_for
+from test_plans_match_single_process import ROOT, _env
+
+MODEL = "gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32,loss=fused"
+
+
+def test_the_runtime_trains_with_the_fused_loss(tmp_path, monkeypatch):
+    import costmodel.losses as losses
+    calls = []
+    real = losses._FusedCrossEntropy.apply
+    monkeypatch.setattr(losses._FusedCrossEntropy, "apply", lambda *a: calls.append(1) or real(*a))
+    import torch
+    spec = resolve_model(MODEL)
+    loss = loss_for(spec)(spec.build(), (torch.zeros(2, 32, dtype=torch.long), torch.zeros(2, 32, dtype=torch.long)))
+    assert calls and loss.ndim == 0  # the recipe's loss for this model is the fused one
+
+    plan, out = tmp_path / "plan.json", tmp_path / "out.json"
+    run = [sys.executable, "-m", "planner.cli"]
+    made = subprocess.run([*run, "plan", "--model", MODEL, "--cluster", "2xcpu", "--global-batch", "4", "--dp", "2",
+                           "--out", str(plan)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    proc = subprocess.run([*run, "run", str(plan), "--model", MODEL, "--steps", "2", "--verify", "--losses-out",
+                           str(out)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads(out.read_text())
+    assert len(res["losses"]) == 2 and res["max_abs_diff"] <= 1e-5, res

@@ -260,15 +260,18 @@ def published(results: dict) -> str:
     text = (f"Over all {o['sources']} sources: median |error| {pct(o['median'])} "
             f"({_verdict(o['median'], t.get('median_abs_error'))} for the priced rows), max |error| {pct(o['max'])} "
             f"({_verdict(o['max'], t.get('max_abs_error'))}). ")
-    text += (f"{memory} of the {o['rows']} rows ran as published but their configuration does not fit partita's "
-             "memory model; they are not priced and count as misses"
+    one = memory == 1
+    text += (f"{memory} of the {o['rows']} rows ran as published but {'its' if one else 'their'} configuration "
+             f"does not fit partita's memory model; {'it is' if one else 'they are'} not priced and "
+             f"count{'s' if one else ''} as {'a miss' if one else 'misses'}"
              + (f" (and {other} more are not priced for another reason, listed in `summary.not_priced`)"
                 if other else "")
              + ", so the targets " + ("are met." if t.get("met") else "are not met." if "met" in t
                                       else "are not judged."))
     lifted = d.get("summary", {}).get("time_model_with_memory_lifted") or {}
     if lifted.get("lifted"):
-        text += (f" With memory lifted for those {lifted['lifted']} rows, the time model alone misses by "
+        which = "that row" if lifted["lifted"] == 1 else f"those {lifted['lifted']} rows"
+        text += (f" With memory lifted for {which}, the time model alone misses by "
                  f"{pct(lifted.get('median_abs_error'))} at the median and {pct(lifted.get('max_abs_error'))} at most "
                  f"over {lifted['rows']} rows.")
     worst = d.get("summary", {}).get("worst") or sorted((r for r in rows if r.get("error") is not None),

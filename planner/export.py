@@ -3,10 +3,12 @@
 Pure functions from a loaded Plan to text; nothing here runs, imports the runtime or touches the network.
 
 - `to_slurm`: a bash batch script for `sbatch`. `#SBATCH --nodes` = plan world size / devices per node,
-  one task per node, and on every node `srun` starts torchrun (`python -m torch.distributed.run`) with a
-  c10d rendezvous on the job's first node, which starts `runtime.train` on the plan (as `partita run` does
-  on one machine). The plan's path is written into the script, so the plan must be readable at that path
-  on every node (a shared filesystem).
+  one task per node; after a one-process pre-flight check (`runtime.train ... --check`), `srun` starts
+  `python -m runtime.train PLAN ... --nproc-per-node G --nnodes N --rdzv-endpoint HEAD:PORT --rdzv-id JOB`
+  on every node: runtime.train's launcher mode, torchrun's agent for its node with a c10d rendezvous on
+  the job's first node (as `partita run --nnodes` does), which reports the first failing rank as one line.
+  The plan's path is written into the script, so the plan must be readable at that path on every node
+  (a shared filesystem).
 - `to_megatron`: Megatron-LM command-line arguments, one per line (names checked against
   megatron/training/arguments.py and the config dataclasses it builds arguments from):
     mesh tp, pp                     --tensor-model-parallel-size, --pipeline-model-parallel-size (dp is
@@ -174,7 +176,8 @@ def _train_flags(opts: SlurmOptions) -> list[str]:
 
 def to_slurm(plan: Plan, plan_path: str, opts: SlurmOptions) -> str:
     """The sbatch script that trains `plan` (saved at `plan_path`, absolute or relative to the directory
-    `sbatch` is run from) with one torchrun per node and a c10d rendezvous on the first node."""
+    `sbatch` is run from) with runtime.train's launcher (torchrun's agent) on every node and a c10d
+    rendezvous on the first node."""
     if opts.steps < 1:
         raise ExportError(f"--steps must be at least 1, got {opts.steps}")
     nodes, per_node = slurm_nodes(plan, opts.gpus_per_node)
@@ -187,7 +190,6 @@ def to_slurm(plan: Plan, plan_path: str, opts: SlurmOptions) -> str:
     sbatch.append(f"--output={opts.job_name}-%j.out")
     q = shlex.quote
     flags = " ".join(q(f) for f in _train_flags(opts))
-    restarts = f" --max-restarts={opts.max_restarts}" if opts.max_restarts else ""
     lines = [
         "#!/bin/bash",
         f"# partita plan {plan_path} as a SLURM job: {nodes} node(s) x {per_node} {device} = "
@@ -210,18 +212,17 @@ def to_slurm(plan: Plan, plan_path: str, opts: SlurmOptions) -> str:
         'if [ ! -r "$PLAN" ]; then',
         '    echo "partita: error: cannot read plan $PLAN on $(hostname)" >&2; exit 2',
         "fi",
-        'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        'export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"',
-        "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1  # a fresh rendezvous store for each restart",
+        # sed reads every name (head would exit early: SIGPIPE to scontrol, which pipefail makes fatal)
+        'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
         "",
         "# pre-flight in one process: plan, model, data and world size agree (one line and exit 2 if not)",
-        f'"$PYTHON" -m runtime.train "$PLAN" {flags} --check',
+        f'"$PYTHON" -m runtime.train "$PLAN" {flags} --nproc-per-node {per_node} --nnodes "$SLURM_NNODES" --check',
         "",
-        "# one torchrun per node; they meet at the first node",
-        f'srun --ntasks-per-node=1 "$PYTHON" -m torch.distributed.run --nnodes "$SLURM_NNODES" '
-        f'--nproc-per-node {per_node}{restarts} \\',
-        '    --rdzv-backend c10d --rdzv-endpoint "$HEAD_NODE:$PORT" --rdzv-id "$SLURM_JOB_ID" \\',
-        f'    -m runtime.train "$PLAN" {flags}',
+        "# on every node runtime.train is torchrun's agent for its processes (c10d rendezvous at the first node,",
+        "# a fresh rendezvous store per restart); the first failing rank is one line on stderr",
+        f'srun --ntasks-per-node=1 "$PYTHON" -m runtime.train "$PLAN" {flags} \\',
+        f'    --nproc-per-node {per_node} --nnodes "$SLURM_NNODES" --rdzv-endpoint "$HEAD_NODE:$PORT" '
+        '--rdzv-id "$SLURM_JOB_ID"',
     ]
     return "\n".join(lines) + "\n"
 

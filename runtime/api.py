@@ -37,7 +37,7 @@ from costmodel.models import ModelSpec
 from planner.plan import Plan
 from runtime.mesh import agree_on_attempt, env_world, init_default
 from runtime.report import RunResult, first_failure, read_failure, show_library_warnings_once
-from runtime.session import RunOptions, execute, prepare
+from runtime.session import RunOptions, at_seq_len, execute, prepare
 
 ModelArg = str | ModelSpec | Callable[[], nn.Module]
 
@@ -57,11 +57,12 @@ def model_spec(model: ModelArg, name: str | None = None, *, example_inputs=None,
     A `model_fn` keeps what the model called `name` (a MODEL string, e.g. the plan's model name) says
     about batches and loss -- only the module comes from `model_fn` -- unless `example_inputs`
     (batch -> tuple of tensors) and `loss_fn` (module, *batch -> loss) are given; `vocab` bounds token
-    ids in the example batch."""
+    ids in the example batch. `seq_len` (the plan's): a MODEL string's model is built at that length
+    (runtime.session.at_seq_len), a given ModelSpec is taken as it is."""
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):
-        return resolve_model(model)
+        return at_seq_len(resolve_model(model), seq_len)
     if isinstance(model, nn.Module) or not callable(model):
         raise PartitaError("model_fn must build the module (a callable returning an nn.Module), or be a MODEL "
                            f"string or ModelSpec; got {type(model).__name__}")
@@ -72,7 +73,7 @@ def model_spec(model: ModelArg, name: str | None = None, *, example_inputs=None,
         except PartitaError:
             base = None
     if base is not None:
-        return dataclasses.replace(base, build=model)
+        return dataclasses.replace(at_seq_len(base, seq_len), build=model)
     if example_inputs is None or loss_fn is None:
         raise PartitaError(f"model {name!r} is not a MODEL string the runtime knows: pass example_inputs "
                            "(batch -> tuple of tensors) and loss_fn (module, *batch -> scalar loss)")

@@ -4,7 +4,8 @@ A batch is a tuple of tensors, each with the sample dimension first; a data-para
 contiguous slice of the global batch (`shard`), and microbatches are contiguous slices of that
 (`microbatches`), the same split torch.distributed.pipelining makes. How a batch is made from a model:
 
-- token LMs (`spec.vocab` set, no `spec.loss_fn`; our GPT/Llama presets): `(inputs, targets)`, both
+- token LMs (`spec.vocab` set, no `spec.loss_fn`; our GPT/Llama presets, and `package.module:factory`
+  models with one [batch, seq] integer input and a vocabulary): `(inputs, targets)`, both
   [global_batch, seq_len], from windows of seq_len + 1 tokens: inputs = window[:, :-1], targets =
   window[:, 1:]. The loss is runtime.recipe.lm_loss on the logits.
 - models with their own loss (`spec.loss_fn`; HuggingFace `hf:` specs, CNNs): the structure of the spec's
@@ -58,9 +59,13 @@ class Layout:
     def __init__(self, spec: ModelSpec):
         self.spec = spec
         if spec.loss_fn is None:
-            if spec.vocab is None or spec.seq_len is None:
-                raise PartitaError(f"model {spec.name!r} has neither a vocabulary and sequence length (token "
-                                   "data) nor a loss_fn with example inputs: the runtime cannot make batches for it")
+            if spec.vocab is None:
+                raise PartitaError(f"model {spec.name!r} gives no loss_fn and no vocabulary size (neither "
+                                   "model.config.vocab_size nor a vocab_size attribute): the runtime trains a model "
+                                   "without its own loss as a token LM (one [batch, seq] integer input -> logits)")
+            if spec.seq_len is None:
+                raise PartitaError(f"model {spec.name!r} has a vocabulary but no sequence length: the runtime "
+                                   "cannot make its token batches")
             self.kind, self.window, self.vocab = "lm", spec.seq_len + 1, spec.vocab
             self.slots: list[tuple[str, Any]] = []
             return

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from costmodel import PartitaError, model_fingerprint
-from costmodel.models import ModelSpec
+from costmodel.models import ModelSpec, with_seq
 from planner.plan import Plan
 from runtime import checkpoint as ckpt
 from runtime import memory
@@ -44,7 +44,7 @@ from runtime.apply import make_executor
 from runtime.checks import build_meta, optimizer_name, preflight
 from runtime.data import make_data
 from runtime.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
-from runtime.mesh import Topology, init
+from runtime.mesh import Topology, backend_for, init
 from runtime.precision import train_dtype
 from runtime.recipe import build_model, make_optimizer
 from runtime.report import RunResult, render
@@ -125,10 +125,42 @@ class Prepared:
     resume: ckpt.Checkpoint | None = None
     metadata: object = None
     attempt: int = 0
+    device_note: str | None = None
+    """The plan was priced for another kind of device (`device_note`): printed by rank 0 before training,
+    and kept in the report's notes."""
 
 
 def attempt_number() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def at_seq_len(spec: ModelSpec, seq: int | None) -> ModelSpec:
+    """The model at the plan's sequence length `seq` (its `train.seq_len`), the one source of it: a MODEL
+    string names a model whose default length may differ from the `--seq` it was planned at (presets,
+    gpt:/llama: families, hf: models). A model of fixed shape is returned as it is; the pre-flight check
+    then names the mismatch."""
+    if seq is None or spec.seq_len is None or seq == spec.seq_len:
+        return spec
+    try:
+        return with_seq(spec, seq)
+    except PartitaError:
+        return spec
+
+
+def device_note(plan: Plan, world: int, device: torch.device | None = None) -> str | None:
+    """One line when the plan was priced for another kind of device than the one this run uses (a GPU
+    plan on CPU processes, or a CPU plan on GPUs): its predicted step time and memory are of that device."""
+    planned = plan.cluster.get("device")
+    if not planned:
+        return None
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if (planned == "cpu") == (device.type == "cpu"):
+        return None
+    count = plan.cluster.get("num_devices") or plan.mesh.world_size
+    here = (f"{world} CPU process(es) ({backend_for(device)})" if device.type == "cpu"
+            else f"{world} GPU(s) ({torch.cuda.get_device_name(device)}, {backend_for(device)})")
+    return (f"note: this plan was made for {count} x {planned}; running it on {here}: its predicted step time "
+            "does not apply here")
 
 
 def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int) -> Prepared:
@@ -140,6 +172,7 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int) -> Prepar
     if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
         raise PartitaError(f"{'--resume' if opts.resume else '--checkpoint-every'} needs --checkpoint-dir")
     prep = Prepared(notes=preflight(plan, spec, world), attempt=attempt_number())
+    prep.device_note = device_note(plan, world)
     prep.data = make_data(spec, plan.train["global_batch"], opts.seed, opts.data, opts.data_dtype)
     parse_faults(os.environ.get(FAULT_ENV))
     if opts.max_restarts and not opts.checkpoint_dir:
@@ -272,7 +305,9 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
     --verify found a difference). Raises NonFiniteLoss, or PartitaError raised alike on every rank."""
     topo = init(plan)
     data, opt_name = prep.data, optimizer_name(plan)
-    notes = list(prep.notes)
+    notes = list(prep.notes) + ([prep.device_note] if prep.device_note else [])
+    if topo.rank == 0 and opts.print_report and prep.device_note:
+        print(prep.device_note, flush=True)  # before training: the report comes after it
     if topo.rank == 0 and opts.checkpoint_dir:
         for stale in ckpt.incomplete(opts.checkpoint_dir):
             shutil.rmtree(stale, ignore_errors=True)

@@ -9,6 +9,10 @@
     python -m runtime.train PLAN.json --model MODEL ... --nproc-per-node W \\
         [--nnodes N --rdzv-endpoint HOST:PORT [--rdzv-id ID]]  # starts torchrun on itself (runtime.api.agent)
 
+--model is built at the plan's sequence length (train.seq_len): `partita plan --seq 32` and then `run` with the
+same MODEL string train 32-token sequences, whatever length the string itself names. A plan priced for another
+kind of device (GPUs, run here on CPU processes, or the reverse) says so in one line before training.
+
 With the launcher flags (--nproc-per-node, --nnodes, --rdzv-endpoint) this process is torchrun's agent for
 this node (what `partita run` and runtime.api.launch start): the workers' failures reach the user as one
 line, `partita: error: rank R: <message>`, and the exit code is the first failing worker's.
@@ -38,7 +42,8 @@ from planner.plan import Plan
 from runtime.data import DTYPES
 from runtime.mesh import agree_on_attempt, env_world
 from runtime.report import show_library_warnings_once, write_error_file
-from runtime.session import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, NonFiniteLoss, RunOptions, execute, prepare
+from runtime.session import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, NonFiniteLoss, RunOptions, at_seq_len,
+                             execute, prepare)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,7 +152,7 @@ def _worker(args: argparse.Namespace) -> int:
     opts = options(args)
     try:
         plan = Plan.load(args.plan)
-        spec = resolve_model(args.model)
+        spec = at_seq_len(resolve_model(args.model), plan.train.get("seq_len"))
         if args.check and "WORLD_SIZE" not in os.environ:
             # checking a plan outside torchrun: the launcher's world size if given, else the plan's
             world = (args.nproc_per_node * (args.nnodes or 1) if args.nproc_per_node else plan.mesh.world_size)
@@ -160,7 +165,7 @@ def _worker(args: argparse.Namespace) -> int:
         if rank == 0:
             print(f"plan {args.plan} fits --model {args.model} on {world} rank(s)"
                   + (f"; would resume from {prep.resume.path}" if prep.resume else ""))
-            for note in prep.notes:
+            for note in prep.notes + ([prep.device_note] if prep.device_note else []):
                 print(note)
         return 0
     try:

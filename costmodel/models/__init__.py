@@ -154,6 +154,9 @@ def _import_factory(spec: str) -> ModelSpec:
     meta device, or under FakeTensorMode if its code reads tensor values, and capture builds it the same
     way (costmodel.trace.build_fake). Only `build()` outside those modes -- the runtime -- makes real
     parameters. Example inputs are zeros of the probed shapes and dtypes (values do not change costs).
+
+    A token model -- one integer input [batch, seq] and a vocabulary (`_token_vocab`) -- gets `vocab` and
+    `seq_len`, so it is planned and trained as the presets are: token cross-entropy over its logits.
     """
     import os
     import sys
@@ -171,12 +174,28 @@ def _import_factory(spec: str) -> ModelSpec:
     if not all(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] >= 1 for t in inputs):
         raise PartitaError(f"model factory {spec!r}: example inputs must be tensors with a leading batch dimension")
     sample = tuple((tuple(t.shape[1:]), t.dtype) for t in inputs)  # one sample; the planner scales per-sample costs
+    vocab = _token_vocab(probe[0])
+    tokens = (dict(vocab=vocab, seq_len=sample[0][0][0]) if vocab is not None and len(sample) == 1
+              and len(sample[0][0]) == 1 and not sample[0][1].is_floating_point else {})
     del probe, inputs
 
     def example_inputs(batch: int):
         return tuple(torch.zeros(batch, *shape, dtype=dtype) for shape, dtype in sample)
 
-    return ModelSpec(name=spec, build=lambda: factory()[0], example_inputs=example_inputs)
+    return ModelSpec(name=spec, build=lambda: factory()[0], example_inputs=example_inputs, **tokens)
+
+
+def _token_vocab(module: nn.Module) -> int | None:
+    """The vocabulary of a module that maps token ids to logits: `module.config.vocab_size` or a `vocab_size`
+    attribute. None for a module whose config says it returns a dict-like output (HuggingFace's
+    `return_dict`), whose logits are not its output."""
+    config = getattr(module, "config", None)
+    if getattr(config, "return_dict", False):
+        return None
+    for value in (getattr(config, "vocab_size", None), getattr(module, "vocab_size", None)):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def _probe_without_memory(factory: Callable, spec: str):

@@ -207,18 +207,21 @@ def sbatch(text: str) -> dict[str, str]:
     return dict(line[len("#SBATCH --"):].split("=", 1) for line in text.splitlines() if line.startswith("#SBATCH"))
 
 
-def test_slurm_script_has_the_plans_nodes_and_runs_torchrun_per_node(interleaved, tmp_path):
+def test_slurm_script_has_the_plans_nodes_and_runs_the_launcher_per_node(interleaved, tmp_path):
     text = to_slurm(interleaved, "/shared/plans/plan.json",
-                    SlurmOptions(model="megatron-1.7b", steps=50, partition="gpu", time="02:00:00", account="proj"))
+                    SlurmOptions(model="megatron-1.7b", steps=50, partition="gpu", time="02:00:00", account="proj",
+                                 max_restarts=2))
     s = sbatch(text)
     nodes = interleaved.mesh.world_size // interleaved.cluster["devices_per_node"]
     assert int(s["nodes"]) == nodes == 2 and s["gpus-per-node"] == "8" and s["ntasks-per-node"] == "1"
     assert (s["partition"], s["time"], s["account"]) == ("gpu", "02:00:00", "proj")
     run = text[text.index("srun "):].replace("\\\n", " ")
-    torchrun = shlex.split(run.splitlines()[0])
-    assert torchrun[torchrun.index("--nproc-per-node") + 1] == "8"
-    assert torchrun[torchrun.index("--rdzv-backend") + 1] == "c10d"
-    assert "runtime.train" in torchrun and "--model" in torchrun and "--steps" in torchrun
+    launcher = shlex.split(run.splitlines()[0])
+    # runtime.train itself is torchrun's agent on each node (its launcher mode), not torch.distributed.run
+    assert launcher[launcher.index("-m") + 1] == "runtime.train" and "torch.distributed.run" not in text
+    assert launcher[launcher.index("--nproc-per-node") + 1] == "8"
+    assert launcher[launcher.index("--max-restarts") + 1] == "2"
+    assert "--model" in launcher and "--steps" in launcher
     assert "PLAN=/shared/plans/plan.json" in text.splitlines()
     script = tmp_path / "job.sbatch"
     script.write_text(text)
@@ -226,15 +229,20 @@ def test_slurm_script_has_the_plans_nodes_and_runs_torchrun_per_node(interleaved
 
 
 def test_slurm_script_runs_under_fake_slurm(interleaved, tmp_path):
-    """The script with stand-ins for scontrol, srun and python: what srun is asked to start on each node."""
+    """The script with stand-ins for scontrol, srun and python: what the pre-flight check and srun are asked to
+    start on each node."""
     plan = tmp_path / "plan.json"
     interleaved.save(plan)
     bin_ = tmp_path / "bin"
     bin_.mkdir()
-    log = tmp_path / "calls"
-    (bin_ / "scontrol").write_text("#!/bin/sh\necho gpu-a17; echo gpu-a18\n")
+    log, checks = tmp_path / "calls", tmp_path / "checks"
+    # a long node list (more than a pipe holds): the script must read it all, or scontrol dies of SIGPIPE
+    (bin_ / "scontrol").write_text("#!/bin/sh\necho gpu-a17; echo gpu-a18; seq -f gpu-b%g 20000\n")
     (bin_ / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {log}\n')
-    (bin_ / "fakepython").write_text("#!/bin/sh\nexit 0\n")
+    # the stand-in python records the pre-flight call and fails it when FAIL_CHECK is set, as runtime.train would
+    (bin_ / "fakepython").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {checks}\n'
+                                     'if [ -n "$FAIL_CHECK" ]; then\n'
+                                     '    echo "partita: error: $FAIL_CHECK" >&2; exit 2\nfi\n')
     for f in bin_.iterdir():
         f.chmod(0o755)
     script = tmp_path / "job.sbatch"
@@ -244,12 +252,74 @@ def test_slurm_script_runs_under_fake_slurm(interleaved, tmp_path):
     r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     argv = log.read_text().splitlines()
+    assert argv[:2] == ["--ntasks-per-node=1", str(bin_ / "fakepython")]  # one launcher per node
+    assert argv[argv.index("-m") + 1] == "runtime.train" and argv[argv.index("runtime.train") + 1] == str(plan)
     assert argv[argv.index("--rdzv-endpoint") + 1] == "gpu-a17:29555"
     assert argv[argv.index("--rdzv-id") + 1] == "4242" and argv[argv.index("--nnodes") + 1] == "2"
-    assert argv[argv.index("runtime.train") + 1] == str(plan)
+    assert argv[argv.index("--nproc-per-node") + 1] == "8" and argv[argv.index("--model") + 1] == "megatron-1.7b"
+    # the pre-flight check ran first, in one process, for the job's world size (2 nodes x 8)
+    check = checks.read_text().splitlines()
+    assert check[-1] == "--check" and check[check.index("runtime.train") + 1] == str(plan)
+    assert (check[check.index("--nnodes") + 1], check[check.index("--nproc-per-node") + 1]) == ("2", "8")
+    assert "--rdzv-endpoint" not in check
+    # a failing pre-flight stops the job with its one line, before srun starts anything
+    log.unlink()
+    r = subprocess.run(["bash", str(script)], env={**env, "FAIL_CHECK": "plan is for 16 ranks"}, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == ["partita: error: plan is for 16 ranks"]
+    assert not log.exists()
     # a job with the wrong number of nodes stops before starting anything
     r = subprocess.run(["bash", str(script)], env={**env, "SLURM_NNODES": "3"}, capture_output=True, text=True)
     assert r.returncode == 2 and "needs 2 node(s), this job has 3" in r.stderr
+    assert not log.exists()
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cpu_job(tmp_path_factory):
+    """A 2-process CPU plan of tiny-gpt as a SLURM script on one node, with stand-ins for scontrol and srun that
+    run the node's command here (the real python, the real launcher, gloo)."""
+    tmp = tmp_path_factory.mktemp("slurm")
+    plan = tmp / "plan.json"
+    planner.plan("tiny-gpt", cluster="2xcpu", train=planner.TrainConfig(global_batch=4)).save(plan)
+    bin_ = tmp / "bin"
+    bin_.mkdir()
+    (bin_ / "scontrol").write_text("#!/bin/sh\necho 127.0.0.1\n")
+    (bin_ / "srun").write_text('#!/bin/sh\nshift\nexec "$@"\n')  # drops --ntasks-per-node=1; this is the node
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    script = tmp / "job.sbatch"
+    script.write_text(to_slurm(Plan.load(plan), str(plan), SlurmOptions(model="tiny-gpt", steps=1,
+                                                                       python=sys.executable, port=_free_port())))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "PYTHONPATH": root, "OMP_NUM_THREADS": "1",
+           "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "77"}
+    env.pop("PYTHON", None)
+    return script, env
+
+
+def test_slurm_script_trains_through_the_launcher_on_a_cpu_node(cpu_job):
+    script, env = cpu_job
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300, cwd=script.parent)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "partita run: tiny-gpt on 2 rank(s)" in r.stdout and "step time" in r.stdout, r.stdout
+
+
+def test_a_failing_rank_under_the_slurm_script_is_one_line(cpu_job):
+    """Every rank's loss turns NaN at step 1: the launcher prints the first failing rank once and exits 3."""
+    script, env = cpu_job
+    r = subprocess.run(["bash", str(script)], env={**env, "PARTITA_FAULT": "nan,step=1"}, capture_output=True,
+                       text=True, timeout=300, cwd=script.parent)
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("partita: error: rank "), r.stderr
+    assert "loss is nan at step 1" in lines[0], lines
 
 
 def test_slurm_nodes_follow_gpus_per_node_and_cpu_plans_ask_no_gpus(piped):

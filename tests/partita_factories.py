@@ -1,0 +1,69 @@
+"""A user's own model as `package.module:factory` MODEL strings (DESIGN.md), for tests: plain PyTorch, no partita code.
+
+    partita plan --model partita_factories:token_lm ...      # with tests/ on sys.path (or as the working directory)
+
+Token models (ids [batch, seq] -> logits [batch, seq, vocab]): `token_lm` states its vocabulary in a `vocab_size`
+attribute and has an LM head nn.Linear; `tied_lm` reuses the embedding's weight as its head (no LM head
+nn.Linear to read the vocabulary from) and states it in `model.config.vocab_size`, as HuggingFace-style models
+do; `tied_lm_without_vocab` is the same model stating it nowhere.
+"""
+from types import SimpleNamespace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+VOCAB, SEQ, HIDDEN = 96, 16, 32
+
+
+class Block(nn.Module):
+    """A pre-norm residual MLP block."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(hidden)
+        self.up = nn.Linear(hidden, 4 * hidden)
+        self.down = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class TokenLM(nn.Module):
+    def __init__(self, vocab_size: int = VOCAB, hidden: int = HIDDEN, layers: int = 2):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.embed = nn.Embedding(vocab_size, hidden)
+        self.layers = nn.ModuleList(Block(hidden) for _ in range(layers))
+        self.norm = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab_size, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x))
+
+
+def token_lm():
+    return TokenLM(), (torch.zeros(2, SEQ, dtype=torch.long),)
+
+
+class TiedLM(nn.Module):
+    def __init__(self, vocab: int = VOCAB, hidden: int = HIDDEN):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.block = Block(hidden)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.block(self.embed(ids)) @ self.embed.weight.t()
+
+
+def tied_lm():
+    model = TiedLM()
+    model.config = SimpleNamespace(vocab_size=VOCAB)
+    return model, (torch.zeros(2, SEQ, dtype=torch.long),)
+
+
+def tied_lm_without_vocab():
+    return TiedLM(), (torch.zeros(2, SEQ, dtype=torch.long),)

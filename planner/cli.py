@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("plan")
     x.add_argument("--to", required=True, choices=list(FORMATS))
     x.add_argument("--out", metavar="FILE", help="write to FILE instead of standard output")
-    xs = x.add_argument_group("--to slurm (the script runs runtime.train under torchrun on every node)")
+    xs = x.add_argument_group("--to slurm (the script starts runtime.train's torchrun launcher on every node)")
     xs.add_argument("--model", help="MODEL to train (required for slurm)")
     xs.add_argument("--steps", type=int, metavar="N", help="training steps (default 10)")
     xs.add_argument("--gpus-per-node", type=int, metavar="G",

@@ -5,6 +5,7 @@ import numpy as np
 
 from planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
 from planner.candidates import Candidate
+from planner.executable import ZERO_STAGES, pipeline_refusal_for
 from planner.search import SearchResult
 from planner.phases import stage_memory
 from planner.strategies import SPLIT
@@ -82,6 +83,7 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "uncosted_ops": result.graph.uncosted_ops(),
         "breakdown": breakdown,
         "memory_per_stage": memory,
+        **tied_charges(c),
         **({"memory_capacity_per_stage": [int(x) for x in np.broadcast_to(prob.capacity, (c.pp,))]}
            if np.ndim(prob.capacity) else {}),
     }
@@ -142,8 +144,27 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
         solver={"status": c.solution.status, "wall_time_s": result.wall_time_s, "mip_gap": c.solution.mip_gap,
                 "backend": "cvxpy+HiGHS", "formulation": c.formulation, "candidates": len(result.candidates),
                 "candidates_solved": len(solved), "capture_s": result.graph.capture_seconds,
-                "graph_nodes": len(result.graph)},
+                "graph_nodes": len(result.graph), **pipeline_note(result, c)},
     )
+
+
+def tied_charges(c: Candidate) -> dict:
+    """{"tied_weights": [...]}: the tied weights the candidate holds on two stages (planner.candidates
+    `_charge_tied`): names, stages, gradient bytes and the all-reduce seconds charged per step; {} if none."""
+    tied = c.parts.get("tied") or []
+    return {"tied_weights": [{k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in t.items()}
+                             for t in tied]} if tied else {}
+
+
+def pipeline_note(result: SearchResult, c: Candidate) -> dict:
+    """What planner.executable says of the plan: {"pipeline": why} when a one-stage plan was not allowed
+    pipeline stages, {"not_executed": why} for a ZeRO stage priced (what-if) that the runtime does not run."""
+    why = pipeline_refusal_for(result.graph.name) if c.pp == 1 else None
+    out = {"pipeline": f"not planned: {why}"} if why else {}
+    if c.zero not in ZERO_STAGES:
+        out["not_executed"] = (f"ZeRO-{c.zero} is priced but not executed by partita's runtime (it runs ZeRO "
+                               f"{', '.join(map(str, ZERO_STAGES))})")
+    return out
 
 
 def _block_layout(result: SearchResult, c: Candidate):

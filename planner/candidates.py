@@ -12,17 +12,20 @@ resharding, builds the memory phases (planner.phases) and a lower bound on the s
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from costmodel import comm, streams
+from costmodel.errors import PartitaError
 from costmodel.graph import OpGraph
 from costmodel.hardware import Cluster
 from costmodel.memory import state_bytes
+from planner.executable import pipeline_refusal_for, tied_parameters
 from planner.milp import StageProblem, StageSolution
 from planner.milp_blocks import BlockProblem
-from planner.options import Variant, cost_variant, pareto_indices, variants
+from planner.options import Variant, cost_variant, pareto_indices, variants, zero_state_bytes
 from planner.phases import grads_absent, memory_phases
 from planner.space import SearchSpace, TrainConfig, _meshes, _micro_batch_allowed, _schedules, divisors
 from planner.strategies import SPLIT, BlockOption, replicate_option, sequence_option, tensor_option
@@ -169,6 +172,9 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "grad", "act", "flush", "dp", "zero")}
     for s, group_opts in ((0, pre), (pp - 1, suf)):
         _add_extra_costs(e, s, group_opts, cluster, sb, zero, dp, tp, b, ddp)
+    if "tied" not in bases._cache:
+        bases._cache["tied"] = tied_across_stages(graph, bases.prefix, bases.suffix)
+    tied = _charge_tied(e, bases._cache["tied"], bases.suffix, cluster, sb, zero, dp, tp, pp)
     e["flush"] += dp_latency + step_sync(cluster)
     e["dp"] += dp_latency + step_sync(cluster)
     if ddp:
@@ -230,7 +236,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     return Candidate(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, num_microbatches=m, schedule=schedule,
                      virtual_stages=v, lower_bound=lb, sequence_parallel=sp,
                      problem=problem, options=opts, parts={**{f"e_{k}": x for k, x in e.items()},
-                                                          "workspace": workspace,
+                                                          "workspace": workspace, "tied": tied,
                                                           "extra_options": dict(zip((*bases.prefix, *bases.suffix),
                                                                                     (*pre, *suf)))})
 
@@ -419,18 +425,24 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
         capacity=cluster.device.usable_memory(), workspace=workspace, flush_latency=latency,
         host_state=col("host_state"), host_act=col("host_act"), host_capacity=cluster.device.host_memory_bytes,
         must_use=must, rank=col("complexity"))
+    if "tied_blocks" not in bases._cache:
+        bases._cache["tied_blocks"] = tied_across_stages(graph, graph.groups[:1], graph.groups[-1:])
+    tied = _charge_tied_blocks(problem, bases._cache["tied_blocks"], graph.groups, cluster, sb, zero, dp, tp, pp)
     per_block_min = [problem.time[problem.block_of == i].min() for i in range(problem.num_blocks)]
     per_block_flush = [problem.flush[problem.block_of == i].min() for i in range(problem.num_blocks)]
     lb = (m + pp - 1) / pp * sum(per_block_min) + (sum(per_block_flush) + pp * latency) / pp
     zeros = np.zeros(pp)
     parts = {"e_compute": zeros, "e_tp": zeros, "e_zero": zeros, "e_p2p": zeros.copy(), "e_state": zeros,
-             "e_act": zeros, "e_flush": zeros + latency, "e_dp": zeros + latency, "workspace": workspace}
+             "e_act": zeros, "e_flush": zeros + latency, "e_dp": zeros + latency, "workspace": workspace,
+             "tied": tied}
+    parts["e_dp"][-1] += sum(t["allreduce_s"] for t in tied)  # the breakdown's share of the last stage's flush
     return Candidate(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, num_microbatches=m, schedule=schedule,
                      virtual_stages=1, lower_bound=lb, problem=problem, options=opts, parts=parts,
                      formulation="blocks")
 
 
 def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, space: SearchSpace):
+    space = executable_space(graph, space)
     prefix, layers, suffix = split_model(graph)
     bases = _Bases(graph, cluster, prefix, layers, suffix)
     if use_block_program(graph, prefix, layers, suffix):
@@ -457,4 +469,109 @@ def _enumerate_blocks(bases: _Bases, cluster: Cluster, train: TrainConfig, space
         c = build_block_candidate(bases, train, space, pp, dp, tp, zero, b, schedule)
         if c is not None:
             out.append(c)
+    return out
+
+
+def executable_space(graph: OpGraph, space: SearchSpace) -> SearchSpace:
+    """`space` within what the runtime executes (planner.executable): pp=1 only for a model a pipeline
+    cannot run; PartitaError, one line, when the user fixed pp > 1 for such a model."""
+    why = pipeline_refusal_for(graph.name)
+    if why is None or space.pp == (1,):
+        return space
+    if space.pp is not None and 1 not in space.pp:
+        raise PartitaError(f"pp={'|'.join(map(str, space.pp))} cannot run: {why}")
+    return dataclasses.replace(space, pp=(1,))
+
+
+@dataclass(frozen=True)
+class TiedWeight:
+    """A parameter held under two names whose owners are groups of the graph (a tied embedding and head)."""
+
+    first: str
+    """The name the capture counts it under (costmodel.trace: the first name), and its group."""
+    second: str
+    first_group: str
+    second_group: str
+    numel: int
+
+
+def tied_weights(graph: OpGraph) -> list[TiedWeight]:
+    """Every tied parameter of the graph (node attribute `tied`: {second name: first name})."""
+    numel, group_of = {}, {}
+    for _, d in graph.g.nodes(data=True):
+        for name, n in d.get("params", {}).items():
+            numel.setdefault(name, n)
+            group_of.setdefault(name, d["group"])
+    out = {}
+    for _, d in graph.g.nodes(data=True):
+        for second, first in d.get("tied", {}).items():
+            if first in numel and second not in out:
+                out[second] = TiedWeight(first, second, group_of[first], d["group"], numel[first])
+    if not out:  # a torch.export capture records no ties: read them from the model the graph names
+        group_of_module = {}
+        for _, d in graph.g.nodes(data=True):
+            group_of_module.setdefault(d["module"], d["group"])
+        for first, second, n in tied_parameters(graph.name):
+            owner = group_of_module.get(second.rpartition(".")[0])
+            if first in group_of and owner is not None:
+                out[second] = TiedWeight(first, second, group_of[first], owner, n)
+    return list(out.values())
+
+
+def tied_across_stages(graph: OpGraph, first_stage: list[str], last_stage: list[str]) -> list[TiedWeight]:
+    """The tied weights with one owner among the groups a pipeline puts on its first stage and the other
+    among those on its last (Megatron's embedding group: input embedding and LM head). Ties within a stage
+    cost nothing; ties into the repeated layers (whose stage the solver picks) are not charged."""
+    first, last = set(first_stage), set(last_stage)
+    return [t for t in tied_weights(graph)
+            if (t.first_group in first and t.second_group in last) or (t.first_group in last and t.second_group in first)]
+
+
+def _tied_terms(t: TiedWeight, cluster: Cluster, sb, zero: int, dp: int, tp: int, pp: int) -> dict:
+    """The second copy's model state and grad bytes and the per-step all-reduce of its gradient (summing the
+    two stages' gradients before the optimizer step, runtime/pp.py) between pipeline ranks 0 and pp - 1 of
+    the same (dp, tp) coordinate: pp - 1 pipeline ranks apart, each dp x tp ranks wide. Under ZeRO 2/3
+    the gradient is each dp rank's shard. Tied weights are replicated over tp (runtime/checks.py)."""
+    grad_bytes = t.numel * sb.grad / (dp if zero >= 2 else 1)
+    seconds = comm.all_reduce(cluster, comm.group_for(cluster, 2, (pp - 1) * dp * tp), grad_bytes)
+    return {"params": [t.first, t.second], "numel": t.numel, "pp_ranks": [0, pp - 1], "grad_bytes": grad_bytes,
+            "allreduce_s": seconds, "state_bytes": zero_state_bytes(t.numel, sb, zero, dp)}
+
+
+def _charge_tied(e: dict, tied: list[TiedWeight], last_stage: list[str], cluster: Cluster, sb, zero: int, dp: int,
+                 tp: int, pp: int) -> list[dict]:
+    """Charge each tied weight split over the first and last stage (pp > 1) to the per-stage arrays `e`:
+    the second copy's state and gradient on the stage that holds no copy in the capture's count (the one
+    of its second owner), the gradient all-reduce once per step in the last stage's flush (and its
+    data-parallel-comm share of the breakdown). Returns what was charged (Candidate.parts["tied"])."""
+    if pp <= 1:
+        return []
+    out = []
+    for t in tied:
+        terms = _tied_terms(t, cluster, sb, zero, dp, tp, pp)
+        copy_stage = pp - 1 if t.second_group in last_stage else 0
+        e["state"][copy_stage] += terms["state_bytes"]
+        e["grad"][copy_stage] += terms["grad_bytes"]
+        e["flush"][pp - 1] += terms["allreduce_s"]
+        e["dp"][pp - 1] += terms["allreduce_s"]
+        out.append(terms)
+    return out
+
+
+def _charge_tied_blocks(problem: BlockProblem, tied: list[TiedWeight], groups: list[str], cluster: Cluster, sb,
+                        zero: int, dp: int, tp: int, pp: int) -> list[dict]:
+    """`_charge_tied` for the general program: a tied weight whose owners are the first and the last group
+    (on the first and last stage whatever the solver decides; `tied_across_stages` of those two groups)
+    charges its copy's state to the options of the owner the capture did not count it at, and the
+    gradient all-reduce to the last group's flush (the last stage's)."""
+    if pp <= 1:
+        return []
+    out = []
+    last = problem.block_of == len(groups) - 1
+    for t in tied:
+        terms = _tied_terms(t, cluster, sb, zero, dp, tp, pp)
+        copy = problem.block_of == (0 if t.first_group == groups[-1] else len(groups) - 1)
+        problem.state[copy] += terms["state_bytes"]
+        problem.flush[last] += terms["allreduce_s"]
+        out.append(terms)
     return out

@@ -243,6 +243,7 @@ def renderables(plan) -> Group:
         parts += [_time(pred), Text(""), _memory(pred)]
         if pred.get("uncosted_ops"):
             parts += [Text(""), uncosted_line(pred["uncosted_ops"])]
+        parts += executable_lines(plan)
         if pred.get("assumptions"):
             parts += [Text(""), Text("assumptions in force (costmodel.kernels, costmodel.streams, costmodel.comm):")]
             parts += [Text(f"  - {a}") for a in pred["assumptions"]]
@@ -258,6 +259,24 @@ def uncosted_line(ops: dict[str, int]) -> Text:
     listed = ", ".join(f"{op} ({n} node{'s' if n != 1 else ''})" for op, n in ops.items())
     return Text(f"uncosted operators: {listed} -- no FLOP formula, priced by the bytes they move only; "
                 "the predicted step time is a lower bound", style="yellow")
+
+
+def executable_lines(plan) -> list[Text]:
+    """Tied weights held on two pipeline stages with their charged gradient all-reduce, and why a model was
+    planned without a pipeline (planner.executable)."""
+    out = []
+    for t in plan.predicted.get("tied_weights") or []:
+        a, b = t["params"]
+        first, last = t["pp_ranks"]
+        out.append(Text(f"tied weight {a} = {b} on pipeline ranks {first} and {last}: each holds a copy "
+                        f"(+{human_bytes(t['state_bytes'])} model states); gradient all-reduce of "
+                        f"{human_bytes(t['grad_bytes'])} between them, {t['allreduce_s']:.4g} s per step, "
+                        "charged to the last stage"))
+    if plan.solver.get("pipeline"):
+        out.append(Text(f"pipeline {plan.solver['pipeline']}", style="yellow"))
+    if plan.solver.get("not_executed"):
+        out.append(Text(plan.solver["not_executed"], style="yellow"))
+    return [Text(""), *out] if out else []
 
 
 def explain(plan, width: int = 120) -> str:

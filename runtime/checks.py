@@ -9,9 +9,10 @@ import torch.nn as nn
 
 from costmodel import model_fingerprint
 from costmodel.models import ModelSpec
+from planner import executable
 from planner.plan import Plan, PlanError
 from runtime.fsdp import sharded
-from runtime.pp import SCHEDULES, check_schedule
+from runtime.pp import check_schedule
 from runtime.recipe import OPTIMIZERS
 from runtime.tp import is_norm
 from runtime.precision import describe, train_dtype
@@ -42,18 +43,29 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
         for fqn in ([stage.split_at] if stage.split_at else []) + stage.modules:
             if fqn not in modules:
                 raise PlanError(f"stages[{i}] names module {fqn!r}, which --model {spec.name} does not have")
-    if plan.schedule.name not in SCHEDULES:
-        raise PlanError(f"schedule {plan.schedule.name} is not executed by this runtime, which runs "
-                        f"{', '.join(SCHEDULES)}")
-    check_schedule(plan)
-    if len(plan.stages) > 1 and spec.loss_fn is not None:
-        raise PlanError(f"model {spec.name!r} computes its own loss (loss_fn), which this runtime does not split "
-                        "into pipeline stages (the last stage needs logits and targets): use a plan with pp=1")
+    check_executable(plan, spec, model)
     check_placements(plan, model, spec)
     check_blocks(plan, modules, spec.name)
     optimizer_name(plan)
     fsdp, dtype = sharded(plan), train_dtype(plan)
     return [] if dtype == torch.float32 else [describe(dtype, fsdp)]
+
+
+def check_executable(plan: Plan, spec: ModelSpec, model: nn.Module) -> None:
+    """The plan within what this runtime executes, as planner.executable states it (the planner plans
+    within the same limits): its schedule, its ZeRO stage, and a pipeline only for a model a pipeline runs.
+    A `package.module:factory` token model gets its vocabulary and sequence length here (from its embedding
+    and example batch: the factory's ModelSpec records neither), so its batches are token windows."""
+    if spec.loss_fn is None and not spec.vocab and (shape := executable.token_model_shape(spec, model)):
+        spec.vocab, spec.seq_len = shape
+    if len(plan.stages) > 1 and (why := executable.pipeline_refusal(spec)):
+        raise PlanError(why)
+    if plan.schedule.name not in executable.SCHEDULES:
+        raise PlanError(f"schedule {plan.schedule.name} is not executed by this runtime, which runs "
+                        f"{', '.join(executable.SCHEDULES)}")
+    check_schedule(plan)
+    if plan.zero_stage not in executable.ZERO_STAGES:
+        sharded(plan)  # its one-line refusal
 
 
 def _what(mod: nn.Module | None) -> str:

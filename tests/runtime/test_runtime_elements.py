@@ -1,5 +1,7 @@
 """ZeRO/FSDP, state offload and precision applied by `parallelize` on a fake process group, and the
 pre-flight checks of the per-block elements (one process)."""
+import dataclasses
+
 import pytest
 import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
@@ -166,15 +168,20 @@ def test_preflight_accepts_interleaved_schedules_torch_can_run():
 
 
 def test_preflight_refuses_to_pipeline_a_model_with_its_own_loss():
+    """A HuggingFace causal LM is pipelined (its last stage computes HF's loss from the logits,
+    planner.executable); a user's loss_fn(module, *batch) is not, in the planner's words."""
     hf = resolve_model("hf:llama")
+    user = dataclasses.replace(hf, name="user-llama", config={},
+                               loss_fn=lambda module, ids, labels: module(input_ids=ids, labels=labels).loss)
     d = {"schema": "partita.plan/1", "model": {"name": "hf:llama"}, "cluster": {},
          "train": {"global_batch": 2}, "mesh": {"pp": 2, "dp": 1, "tp": 1},
          "schedule": {"name": "1F1B", "num_microbatches": 2, "micro_batch_size": 1},
          "stages": [{"index": 0, "modules": ["model.embed_tokens", "model.layers.0"], "split_at": None},
                     {"index": 1, "modules": ["model.layers.1", "model.norm", "lm_head"], "split_at": "model.layers.1"}],
          "blocks": []}
+    assert preflight(Plan.from_dict(d), hf, 2) == []
     with pytest.raises(PlanError, match="computes its own loss .* use a plan with pp=1"):
-        preflight(Plan.from_dict(d), hf, 2)
+        preflight(Plan.from_dict(d), user, 2)
 
 
 def test_preflight_checks_block_names_and_stages():

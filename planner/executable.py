@@ -1,0 +1,137 @@
+"""What the runtime executes, stated once as data and functions: the planner generates candidates inside
+these limits and the runtime's pre-flight checks (runtime/checks.py) refuse plans outside them, with the
+same words, so a plan the planner makes is never one the runtime refuses. The planner cannot import the
+runtime (costmodel <- planner <- runtime), so this module lives here and the runtime imports it.
+
+- Schedules: `SCHEDULES` (torch.distributed.pipelining's 1F1B, GPipe, interleaved 1F1B).
+- ZeRO: `ZERO_STAGES` -- 0 (DDP or hand-averaged gradients), 2 and 3 (FSDP2); stage 1 is costed by the
+  planner (what-if) but not executed.
+- Pipelines (`pipeline_refusal`): a pipeline's first stage is fed the batch's token ids and its last stage
+  computes the loss from its output and the batch's second tensor. That is possible for
+  - token LMs (our presets, gpt:/llama: families; a `package.module:factory` token model: one integer
+    input [batch, seq], an nn.Embedding, an LM head as its last nn.Linear): mean token cross-entropy;
+  - HuggingFace causal LMs (`hf:gpt2`, `hf:llama`, ...): the last stage outputs the logits and the loss is
+    HF's shifted next-token cross-entropy (`hf_causal_loss`); masked LMs (`hf:bert`): cross-entropy at
+    every position (the runtime's batches label every position).
+  It is not for models with any other `loss_fn(module, *batch)`: such a function calls the module and
+  computes the loss in one piece of user code the pipeline cannot cut in two; nor for sequence-to-
+  sequence models (t5), whose forward also needs the decoder inputs; nor for our CNN classifiers, whose
+  BatchNorm would see micro-batches (`PIPELINE_KINDS`). The planner plans them with pp=1 and says why (`pipeline_refusal_for`); the runtime
+  refuses a hand-written pp>1 plan for them.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from costmodel.errors import PartitaError
+from costmodel.models import ModelSpec, resolve_model
+
+SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
+"""Pipeline schedules the runtime runs (runtime/pp.py maps each to torch's class)."""
+ZERO_STAGES = (0, 2, 3)
+"""ZeRO stages the runtime executes (runtime/fsdp.py)."""
+
+PIPELINE_KINDS = ("lm", "hf-causal", "hf-mlm")
+"""Model kinds a pipeline runs (module docstring); `model_kind` names the others "own-loss", "seq2seq",
+"classifier" (our CNNs: a last stage could compute their cross-entropy, but BatchNorm over micro-batches
+is not BatchNorm over the batch) and "no-batches"."""
+
+
+def hf_causal_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """HuggingFace's causal-LM loss from the logits (its `ForCausalLMLoss` on unpadded labels): position t
+    predicts token t + 1; the mean cross-entropy over the batch's (seq - 1) x batch predictions."""
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
+
+
+def token_model_shape(spec: ModelSpec, module: nn.Module | None = None) -> tuple[int, int] | None:
+    """(vocab, seq_len) of a model without a loss_fn or vocabulary of its own (a `package.module:factory`)
+    that is a token LM: one integer example input [batch, seq], a first nn.Embedding of `vocab` rows, and
+    a last nn.Linear with `vocab` outputs (the LM head). None otherwise. `module`: the model (built on the
+    meta device when not given)."""
+    if spec.loss_fn is not None:
+        return None
+    inputs = spec.example_inputs(1)
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    if len(inputs) != 1 or inputs[0].dtype.is_floating_point or inputs[0].dim() != 2:
+        return None
+    if module is None:
+        with torch.device("meta"):
+            module = spec.build()
+    embeddings = [m for m in module.modules() if isinstance(m, nn.Embedding)]
+    linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+    if not embeddings or not linears or linears[-1].out_features != embeddings[0].num_embeddings:
+        return None
+    return embeddings[0].num_embeddings, int(inputs[0].shape[1])
+
+
+def model_kind(spec: ModelSpec) -> str:
+    """"lm", "hf-causal", "hf-mlm", "seq2seq", "classifier", "own-loss" or "no-batches" (PIPELINE_KINDS)."""
+    if spec.loss_fn is None:
+        if spec.vocab and spec.seq_len:
+            return "lm"
+        return "lm" if token_model_shape(spec) is not None else "no-batches"
+    cfg = spec.config if isinstance(spec.config, dict) else {}
+    if cfg.get("family") == "hf":
+        return {"causal": "hf-causal", "mlm": "hf-mlm"}.get(cfg.get("task"), "seq2seq")
+    from costmodel.models.cnn import classification_loss
+    return "classifier" if spec.loss_fn is classification_loss else "own-loss"
+
+
+_WHY = {
+    "own-loss": "computes its own loss (loss_fn), which a pipeline cannot split: the function calls the model "
+                "and computes the loss in one piece, while a pipeline's last stage must compute the loss from "
+                "its output and the targets (done for token LMs and HuggingFace causal/masked LMs)",
+    "seq2seq": "is a sequence-to-sequence model, whose forward takes the decoder inputs besides the token ids, "
+               "while a pipeline's first stage is fed the token ids alone",
+    "classifier": "is an image classifier whose BatchNorm layers normalise over each micro-batch a pipeline "
+                  "runs, so it would not train as one process does (measured: losses 0.15 apart at step 2)",
+    "no-batches": "has neither a vocabulary and sequence length nor a loss_fn, so the runtime cannot make its "
+                  "batches",
+}
+
+
+def pipeline_refusal(spec: ModelSpec) -> str | None:
+    """None when a pipeline (pp > 1) runs `spec`; else one line saying why not."""
+    kind = model_kind(spec)
+    if kind in PIPELINE_KINDS:
+        return None
+    return f"model {spec.name!r} {_WHY[kind]}: use a plan with pp=1"
+
+
+@functools.lru_cache(maxsize=64)
+def pipeline_refusal_for(name: str) -> str | None:
+    """`pipeline_refusal` of the model a plan names (the runtime rebuilds it from that MODEL string). A name
+    that is no MODEL string (a module or ModelSpec given to planner.plan as an object) is run with the
+    module and loss_fn the user passes to runtime.run, which a pipeline cannot split: refused too."""
+    try:
+        spec = resolve_model(name)
+    except PartitaError:
+        return (f"model {name!r} is not a MODEL string the runtime can rebuild, so it runs with the loss_fn "
+                "given at run time, which a pipeline cannot split: use a plan with pp=1")
+    return pipeline_refusal(spec)
+
+
+@functools.lru_cache(maxsize=64)
+def tied_parameters(name: str) -> tuple[tuple[str, str, int], ...]:
+    """(first name, other name, numel) of each parameter the model named `name` holds under two names, from
+    the model built on the meta device; () for a name that is no MODEL string or a model captured with
+    symbolic_trace. (The planner reads ties from the captured graph; a torch.export capture records none,
+    so it asks here.)"""
+    try:
+        spec = resolve_model(name)
+        if spec.capture == "fx":  # symbolic_trace captures record their ties themselves
+            return ()
+        with torch.device("meta"):
+            model = spec.build()
+    except Exception:  # noqa: BLE001 -- no model to read: no ties known
+        return ()
+    first: dict[int, str] = {}
+    out = []
+    for pname, p in model.named_parameters(remove_duplicate=False):
+        if first.setdefault(id(p), pname) != pname:
+            out.append((first[id(p)], pname, p.numel()))
+    return tuple(out)

@@ -1,0 +1,40 @@
+"""runtime.pp.split on models with their own loss, in one process (no process group: the Pipe's stage modules
+run one after the other): the stages' output is the model's logits and the pipeline's loss computed from
+them equals the model's own loss; tied parameters are found on both stages that use them."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from costmodel import resolve_model
+from planner.api import plan
+from planner.space import TrainConfig
+from runtime import pp
+from runtime.recipe import build_model
+
+MODELS = ["hf:gpt2:n_layer=2,n_embd=64,n_head=4,vocab_size=128",  # tied wte / lm_head
+          "hf:llama",                                              # rotary embedding, untied
+          "hf:bert"]                                               # masked LM; two ties (decoder weight, bias)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_pipeline_loss_from_the_last_stage_equals_the_models_own_loss(name):
+    spec = resolve_model(name)
+    p = plan(spec, cluster="2xcpu", train=TrainConfig(global_batch=4, dtype="fp32"), pp=2)
+    model = build_model(spec, seed=0)
+    torch.manual_seed(1)
+    ids = torch.randint(0, spec.config["vocab_size"], spec.example_inputs(2)[0].shape)
+    batch = (ids, ids)  # labels = the inputs, as runtime.data makes HF batches
+    want = spec.loss_fn(model, *batch)
+    pipe = pp.split(model, p, torch.zeros(p.schedule.micro_batch_size, spec.seq_len, dtype=torch.long))
+    assert "forward" not in model.__dict__  # the tracing forward is gone again
+    out = pipe.get_stage_module(0)(batch[0])
+    out = pipe.get_stage_module(1)(*(out if isinstance(out, tuple) else (out,)))
+    loss_fn = getattr(pipe, pp.PIPE_LOSS)
+    assert loss_fn is not None
+    torch.testing.assert_close(loss_fn(out, batch[1]), want, rtol=1e-5, atol=1e-6)
+    for names in getattr(pipe, pp.PIPE_TIED):
+        holders = [i for i in range(2) if set(names) & {n for n, _ in pipe.get_stage_module(i).named_parameters(
+            remove_duplicate=False)}]
+        if names[0].endswith(("wte.weight", "word_embeddings.weight")):
+            assert holders == [0, 1], names  # embedding on stage 0, LM head on stage 1: two copies

@@ -105,7 +105,7 @@ class _Bases:
                     layer = [replicate_option(g, self.layers[0], c, tp)]
                     if tp > 1:
                         t = tensor_option(g, self.layers[0], c, tp)
-                        layer = layer + [t] if t is not None else []
+                        layer = layer + ([t] if t is not None else [])
             split = sequence_option if sp else tensor_option
             extra = lambda grp: (tp > 1 and split(g, grp, c, tp)) or replicate_option(g, grp, c, tp)
             pre = [extra(grp) for grp in self.prefix]

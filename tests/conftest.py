@@ -1,4 +1,5 @@
 import functools
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,17 @@ def captured(name: str, dtype: str = "fp32"):
 @pytest.fixture
 def graph_of():
     return captured
+
+
+E2E = str(Path(__file__).resolve().parent / "e2e")
+
+
+@pytest.fixture
+def two_tower(monkeypatch):
+    """MODEL string of a user's factory model that is not one stack of identical layers (two towers of
+    blocks, a tied head; tests/e2e/two_tower.py): the planner's general block program, pipelines allowed."""
+    monkeypatch.syspath_prepend(E2E)
+    return "two_tower:factory"
 
 
 def measured_saved_bytes(model, run) -> int:

@@ -151,9 +151,14 @@ def test_simulate_rejects_bad_input():
 # ---- a real search -----------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
-def _search(model: str = "small-gpt"):
-    """small-gpt: identical layers (planner.milp); tiny-resnet: a chain of unlike blocks (planner.milp_blocks)."""
+def _cached_search(model: str):
     return planner.plan_search(model, cluster="4xcpu", train=TrainConfig(global_batch=16, dtype="fp32"))
+
+
+@pytest.fixture
+def search_of(two_tower):
+    """small-gpt: identical layers (planner.milp); two-tower: unlike blocks (planner.milp_blocks)."""
+    return lambda model: _cached_search(two_tower if model == "two-tower" else model)
 
 
 def test_planner_in_flight_matches_the_simulated_interleaved_schedule():
@@ -169,9 +174,9 @@ def test_planner_in_flight_matches_the_simulated_interleaved_schedule():
     assert checked
 
 
-@pytest.mark.parametrize("model", ["small-gpt", "tiny-resnet"])
-def test_candidate_points_cover_the_plan_and_leave_the_search_untouched(model):
-    result, plan = _search(model)
+@pytest.mark.parametrize("model", ["small-gpt", "two-tower"])
+def test_candidate_points_cover_the_plan_and_leave_the_search_untouched(model, search_of):
+    result, plan = search_of(model)
     before = [(c.solution is None, c.pruned) for c in result.candidates]
     points = viz.candidate_points(result)
     assert [(c.solution is None, c.pruned) for c in result.candidates] == before
@@ -182,9 +187,9 @@ def test_candidate_points_cover_the_plan_and_leave_the_search_untouched(model):
     assert {p.candidate.pp for p in points} > {1}
 
 
-@pytest.mark.parametrize("model,formulation", [("small-gpt", "counts"), ("tiny-resnet", "blocks")])
-def test_timelines_reproduce_the_planner_step_time(model, formulation):
-    result, plan = _search(model)
+@pytest.mark.parametrize("model,formulation", [("small-gpt", "counts"), ("two-tower", "blocks")])
+def test_timelines_reproduce_the_planner_step_time(model, formulation, search_of):
+    result, plan = search_of(model)
     assert result.best.formulation == formulation
     tl = viz.plan_timeline(plan, result)
     assert (tl.num_stages, tl.num_microbatches, tl.virtual_stages) == \
@@ -201,7 +206,7 @@ def test_timelines_reproduce_the_planner_step_time(model, formulation):
 
 
 def test_find_candidate_rejects_a_plan_from_another_search():
-    result, plan = _search()
+    result, plan = _cached_search("small-gpt")
     other = planner.plan("tiny-gpt", cluster="2xcpu", train=TrainConfig(global_batch=8, dtype="fp32"))
     if (other.mesh.pp, other.mesh.dp, other.mesh.tp) != (plan.mesh.pp, plan.mesh.dp, plan.mesh.tp):
         with pytest.raises(ValueError, match="no solved candidate"):
@@ -209,7 +214,7 @@ def test_find_candidate_rejects_a_plan_from_another_search():
 
 
 def test_replan_equals_planning_from_scratch():
-    result, plan = _search()
+    result, plan = _cached_search("small-gpt")
     train = TrainConfig(global_batch=8, dtype="fp32")
     _, again = viz.replan(result, plan, cluster="2xcpu", train=train)
     fresh = planner.plan("small-gpt", cluster="2xcpu", train=train)
@@ -219,7 +224,7 @@ def test_replan_equals_planning_from_scratch():
 
 
 def test_summary_table():
-    _, plan = _search()
+    _, plan = _cached_search("small-gpt")
     row = viz.plan_summary(plan)
     assert row["devices"] == 4 and row["mesh"] == f"{plan.mesh.pp}x{plan.mesh.dp}x{plan.mesh.tp}"
     text = viz.format_table([row, row])
@@ -231,7 +236,7 @@ def test_plots_draw(tmp_path):
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    result, plan = _search()
+    result, plan = _cached_search("small-gpt")
     points = viz.candidate_points(result)
     try:
         viz.plot_candidates(points, chosen=plan)

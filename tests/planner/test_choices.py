@@ -10,7 +10,7 @@ from costmodel.memory import state_bytes
 from costmodel.models import resolve_model
 from planner.plan import Plan
 from planner.search import SearchSpace, search
-from costmodel.errors import InfeasibleError
+from costmodel.errors import InfeasibleError, PartitaError
 
 
 def test_pure_data_parallel_when_the_model_fits_and_communication_is_cheap():
@@ -125,16 +125,23 @@ def test_models_without_one_repeated_run_use_the_general_program():
     assert order == [b.fqn for b in plan.blocks] and len(set(order)) == len(order)
 
 
-def test_general_program_splits_an_encoder_decoder_into_a_pipeline():
+def test_general_program_splits_unlike_blocks_into_a_pipeline(two_tower):
     from costmodel.models import resolve_model
     from costmodel.trace import capture
     from planner.search import SearchSpace, search
-    graph = capture(resolve_model("hf:t5:num_layers=4,num_decoder_layers=4,d_model=256,d_ff=1024"), dtype="bf16")
+    graph = capture(resolve_model(two_tower), dtype="bf16")
     result = search(graph, parse_cluster("2xA100-80GB"), planner.TrainConfig(global_batch=8),
                     space=SearchSpace(pp=(2,)))
     c = result.best
     assert c.formulation == "blocks" and c.pp == 2
     assert c.solution.stage_time.min() > 0  # both stages hold work
+
+
+def test_an_encoder_decoder_pipeline_is_refused_with_the_runtimes_reason():
+    """The runtime does not pipeline seq2seq models (planner.executable): a fixed pp=2 is one line."""
+    with pytest.raises(PartitaError, match="pp=2 cannot run: .* sequence-to-sequence"):
+        planner.plan("hf:t5:num_layers=4,num_decoder_layers=4,d_model=256,d_ff=1024", cluster="2xA100-80GB",
+                     train=planner.TrainConfig(global_batch=8), pp=2)
 
 
 def test_heterogeneous_resource_list_balances_stages_by_device_speed_and_memory(tmp_path):

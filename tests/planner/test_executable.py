@@ -29,12 +29,6 @@ GPT2 = "hf:gpt2:n_layer=4,n_embd=64,n_head=4,vocab_size=128"
 FP32 = dict(dtype="fp32")
 
 
-@pytest.fixture
-def two_tower(monkeypatch):
-    monkeypatch.syspath_prepend(E2E)
-    return "two_tower:factory"
-
-
 class _TokenModel(nn.Module):
     def __init__(self):
         super().__init__()

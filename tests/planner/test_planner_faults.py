@@ -95,9 +95,10 @@ def test_search_whose_solves_all_hit_the_time_limit_finds_no_plan(monkeypatch):
     assert solved and all(c.solution.status == TIME_LIMIT_NO_INCUMBENT for c in solved)
 
 
-def test_block_program_time_limit_without_incumbent_is_not_a_plan():
-    """A CNN is planned with the per-block program (planner.milp_blocks): 4 stages of 11 blocks."""
-    cands = candidates_of("tiny-resnet", "1x4xA100-80GB", 16)
+def test_block_program_time_limit_without_incumbent_is_not_a_plan(two_tower):
+    """A model that is not one stack of identical layers is planned with the per-block program
+    (planner.milp_blocks): 4 stages of its 7 blocks."""
+    cands = candidates_of(two_tower, "1x4xA100-80GB", 16)
     c = max((c for c in cands if c.formulation == "blocks"), key=lambda c: (c.pp, len(c.problem.block_of)))
     assert c.pp == 4 and c.problem.num_blocks > c.pp
     sol = solve_blocks(replace(c.problem, time_limit_s=NO_TIME))

@@ -57,6 +57,19 @@ _KIND = {"_unsafe_view": "view", "alias": "view", "unsqueeze": "view", "squeeze"
 _SIZE_AGNOSTIC_VIEWS = {"alias", "unsqueeze", "squeeze"}  # "view" kinds that fix no size: no infer_dim_at
 
 
+def _tied_names(mod: nn.Module, path: str, taken: list[tuple]) -> dict[str, str]:
+    """{this module's name for a parameter: the name it was captured under} for each parameter `mod` holds
+    under another module's name (a tied weight: torch.export lifts it once, under its first name), as
+    symbolic_trace captures record it (node attribute `tied`)."""
+    local = {id(t): name for name, t in mod.named_parameters(recurse=False)}
+    out = {}
+    for target, t, is_param in taken:
+        mine = f"{path}.{local[id(t)]}" if path and id(t) in local else None
+        if is_param and mine is not None and mine != target:
+            out[mine] = target
+    return out
+
+
 def _is_conv1d(m: nn.Module) -> bool:
     """transformers.pytorch_utils.Conv1D: a linear layer with its weight stored [in, out]."""
     return type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers.")
@@ -267,9 +280,10 @@ def capture_export(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
             kind = "linear" if conv1d else type(mod).__name__.lower()
             own_bytes = sum(state[s][1].numel() * state[s][1].element_size() for s in taken)
             extra = {"weight_layout": "in_out" if conv1d else "out_in"} if kind == "linear" else {}
+            tied = _tied_names(mod, path, [state[s] for s in taken])
             add(n.name, op="call_module", target=path, kind=kind, module=path,
                 mem_bytes=0 if st["alias"] else max(0, st["mem_bytes"] - own_bytes),
-                params=take_params(taken), aten=str(n.target), **extra)
+                params=take_params(taken), aten=str(n.target), **extra, **({"tied": tied} if tied else {}))
         else:
             kind, dim_name = _normalised_kind(n)
             dims = _dim_args(n, rec.stats, dim_name) if dim_name else {}

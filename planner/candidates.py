@@ -22,7 +22,7 @@ from costmodel.errors import PartitaError
 from costmodel.graph import OpGraph
 from costmodel.hardware import Cluster
 from costmodel.memory import state_bytes
-from planner.executable import pipeline_refusal_for, tied_parameters
+from planner.executable import pipeline_refusal_for
 from planner.milp import StageProblem, StageSolution
 from planner.milp_blocks import BlockProblem
 from planner.options import Variant, cost_variant, pareto_indices, variants, zero_state_bytes
@@ -507,14 +507,6 @@ def tied_weights(graph: OpGraph) -> list[TiedWeight]:
         for second, first in d.get("tied", {}).items():
             if first in numel and second not in out:
                 out[second] = TiedWeight(first, second, group_of[first], d["group"], numel[first])
-    if not out:  # a torch.export capture records no ties: read them from the model the graph names
-        group_of_module = {}
-        for _, d in graph.g.nodes(data=True):
-            group_of_module.setdefault(d["module"], d["group"])
-        for first, second, n in tied_parameters(graph.name):
-            owner = group_of_module.get(second.rpartition(".")[0])
-            if first in group_of and owner is not None:
-                out[second] = TiedWeight(first, second, group_of[first], owner, n)
     return list(out.values())
 
 

@@ -115,23 +115,3 @@ def pipeline_refusal_for(name: str) -> str | None:
     return pipeline_refusal(spec)
 
 
-@functools.lru_cache(maxsize=64)
-def tied_parameters(name: str) -> tuple[tuple[str, str, int], ...]:
-    """(first name, other name, numel) of each parameter the model named `name` holds under two names, from
-    the model built on the meta device; () for a name that is no MODEL string or a model captured with
-    symbolic_trace. (The planner reads ties from the captured graph; a torch.export capture records none,
-    so it asks here.)"""
-    try:
-        spec = resolve_model(name)
-        if spec.capture == "fx":  # symbolic_trace captures record their ties themselves
-            return ()
-        with torch.device("meta"):
-            model = spec.build()
-    except Exception:  # noqa: BLE001 -- no model to read: no ties known
-        return ()
-    first: dict[int, str] = {}
-    out = []
-    for pname, p in model.named_parameters(remove_duplicate=False):
-        if first.setdefault(id(p), pname) != pname:
-            out.append((first[id(p)], pname, p.numel()))
-    return tuple(out)

@@ -169,7 +169,7 @@ class LocalExecutor:
 
 class PipelineExecutor:
     """pp > 1: this rank runs its pipeline stage(s) -- one, or virtual_stages of them for interleaved
-    1F1B -- under the plan's schedule. Token LMs only (the last stage computes lm_loss)."""
+    1F1B -- under the plan's schedule. The last stage computes the loss from the logits (runtime.pp)."""
 
     def __init__(self, model: nn.Module, plan: Plan, topo: Topology, seq_len: int):
         self.topo = topo

@@ -169,3 +169,13 @@ def test_an_encoder_decoder_has_a_group_per_layer_of_both_stacks():
         assert len(layers) == 2 and all(g.group_cost(grp).fwd_flops > 0 for grp in layers)
     order = g.groups
     assert order.index("encoder.block.1") < order.index("decoder.block.0")  # graph order: encoder first
+
+
+def test_torch_export_capture_records_a_tied_head_as_symbolic_trace_does():
+    """GPT-2's LM head is its token embedding: torch.export lifts the tensor once, and the head's node
+    records the tie (the planner charges a tied weight split over pipeline stages from it)."""
+    g = capture(resolve_model("hf:gpt2:n_layer=2,n_embd=64,n_head=4"))
+    ties = [d["tied"] for _, d in g.g.nodes(data=True) if d.get("tied")]
+    assert ties == [{"lm_head.weight": "transformer.wte.weight"}]
+    counted = [n for _, d in g.g.nodes(data=True) for n in d["params"]]
+    assert "transformer.wte.weight" in counted and "lm_head.weight" not in counted  # its bytes once

@@ -175,6 +175,10 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int) -> Prepar
     prep.device_note = device_note(plan, world)
     prep.data = make_data(spec, plan.train["global_batch"], opts.seed, opts.data, opts.data_dtype)
     parse_faults(os.environ.get(FAULT_ENV))
+    if opts.verify and (p := dropout_probability(spec)):
+        prep.notes.append(f"note: the model has dropout (p={p:g}): a parallel layout draws its random masks in "
+                          "another order than one process, so --verify can fail on a correct plan; verify with "
+                          "dropout off")
     if opts.max_restarts and not opts.checkpoint_dir:
         prep.notes.append("note: --max-restarts without --checkpoint-dir: a restarted attempt trains from step 0")
     elastic = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
@@ -191,6 +195,21 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int) -> Prepar
                                                 optimizer_name(plan), opts.steps, plan.train, prep.data.describe())
             prep.notes += more
     return prep
+
+
+def dropout_probability(spec: ModelSpec) -> float:
+    """The largest dropout probability the model trains with: a `dropout` in its config (gpt:/llama:
+    families), an nn.Dropout module (user modules), or a *drop* probability of a HuggingFace config
+    (dropout, attention_dropout, resid_pdrop ...); 0 when none."""
+    found = [float(spec.config.get("dropout") or 0.0)]
+    for m in build_meta(spec).modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            found.append(m.p)
+        config = getattr(m, "config", None)
+        if config is not None and hasattr(config, "to_dict"):
+            found += [v for k, v in config.to_dict().items()
+                      if "drop" in k and isinstance(v, float) and not isinstance(v, bool) and v < 1.0]
+    return max(found)
 
 
 def _sync(device: torch.device) -> None:

@@ -88,3 +88,33 @@ def test_tied_copies_under_fsdp_on_a_pp2_dp2_mesh_match_one_process(tmp_path, mo
     proc = subprocess.run(cmd, cwd=ROOT, env=_env_with_factory(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verify: OK" in proc.stdout and "FSDP2" in proc.stdout
+
+
+_T = "num_hidden_layers=2,hidden_size=128,num_attention_heads=4,vocab_size=512"
+_D = f"{_T},intermediate_size=256,num_key_value_heads=2"
+FAMILIES = [f"hf:mistral:{_D}", f"hf:qwen2:{_D}", f"hf:phi3:{_D}", f"hf:gemma:{_D},head_dim=32",
+            f"hf:gpt_neox:{_T},intermediate_size=256", f"hf:opt:{_T},ffn_dim=256,word_embed_proj_dim=128,dropout=0.0",  # OPT defaults to dropout 0.1
+            f"hf:mixtral:{_D},num_local_experts=4,num_experts_per_tok=2"]
+
+
+@pytest.mark.slow
+def test_every_causal_family_runs_a_two_stage_pipeline_like_one_process(tmp_path):
+    """Issue 12's families (tiny configs), each planned with pp=2 and trained 3 steps under --verify in one
+    launch of 2 CPU processes."""
+    train = TrainConfig(global_batch=4, seq_len=32, dtype="fp32")
+    args = []
+    for i, model in enumerate(FAMILIES):
+        p = plan(model, cluster="2xcpu", train=train, pp=2)
+        assert p.mesh.pp == 2 and len(p.stages) == 2, model
+        p.save(tmp_path / f"plan{i}.json")
+        args += [str(tmp_path / f"plan{i}.json"), model]
+    out = str(tmp_path / "out")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(ROOT / "tests" / "e2e" / "pipeline_job.py"), out, *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "out.rank0.json").read_text())
+    for model in FAMILIES:
+        res = results[model]
+        assert res["verified"] is True and res["max_abs_diff"] <= 1e-5, (model, res)
+        assert res["losses"][1] != res["losses"][0], model

@@ -64,3 +64,14 @@ def test_parameter_differences_are_scaled_by_the_whole_models_update():
                    numel={"w": 100, "noise": 4})
     rel = s.relative
     assert math.isclose(rel["w"], 2.0 / math.sqrt(100 / 104)) and rel["noise"] < 1e-3
+
+
+def test_a_model_with_dropout_is_said_before_verify_compares_it():
+    """With dropout a parallel layout draws masks in another order than the one-process reference, so a
+    correct plan can fail --verify (OPT's default 0.1 did at pp=2): the run says so before training."""
+    from costmodel.models import resolve_model
+    from runtime.session import dropout_probability
+    assert dropout_probability(resolve_model("gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32,dropout=0.1")) == 0.1
+    assert dropout_probability(resolve_model("hf:opt:num_hidden_layers=2,hidden_size=64,num_attention_heads=4,"
+                                             "ffn_dim=128,word_embed_proj_dim=64")) == 0.1
+    assert dropout_probability(resolve_model("tiny-gpt")) == 0.0

@@ -1,15 +1,15 @@
 """Cost-model fidelity on this machine: predicted against measured step time and peak memory.
 
-1. Calibrate this machine (`costmodel.calibrate.calibrate(path, ranks=R)`, the code behind `partita
+1. Calibrate this machine (`partita.costmodel.calibrate.calibrate(path, ranks=R)`, the code behind `partita
    calibrate --ranks R`) for R = 2 and R = 4 ranks: a calibrated device is one rank's share of the host
    while R ranks compute at once, so plans on W ranks use the calibration made with max(2, W) ranks (the
    resource list a user would write for that run). `--cluster FILE` uses one resource list for all.
 2. For each (tp, pp, world size) in PLANS, plan a small GPT with the planner's own machinery on that
-   many of the calibrated devices: `planner.search.search` restricted to that mesh (ZeRO 0, no
+   many of the calibrated devices: `partita.planner.search.search` restricted to that mesh (ZeRO 0, no
    recompute or offload, 1F1B; the search still picks the micro-batch size) and
-   `planner.build.build_plan`, so each plan's `predicted` comes from the real cost model. fp32.
+   `partita.planner.build.build_plan`, so each plan's `predicted` comes from the real cost model. fp32.
 3. Run each plan with torchrun on gloo (`python -m torch.distributed.run --standalone --nproc-per-node W
-   -m runtime.train plan.json --model M --steps N --losses-out out.json`) and set its measured step time
+   -m partita.runtime.train plan.json --model M --steps N --losses-out out.json`) and set its measured step time
    (median of steps 2..N, each step the slowest rank's) and peak memory (the runtime's, see
    runtime/memory.py) beside the prediction.
 
@@ -78,7 +78,7 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 def calibrated_cluster(resources: dict, devices: int):
     """The calibrated resource list with `devices` devices on its one node (measured figures unchanged)."""
-    from costmodel.resources import cluster_from_dict
+    from partita.costmodel.resources import cluster_from_dict
     d = copy.deepcopy(resources)
     d["groups"][0]["devices_per_node"] = devices
     return cluster_from_dict(d, spec=f"{devices}x calibrated cpu")
@@ -88,12 +88,12 @@ def make_plans(resources, model: str = MODEL, plans=PLANS, global_batch: int = G
     """(tp, pp, world, Plan) for each mesh, each solved by the planner under the calibrated cost model.
     `resources` is a resource list (dict) or a function world size -> resource list."""
     pick = resources if callable(resources) else (lambda world: resources)
-    from costmodel import model_fingerprint
-    from costmodel.models import resolve_model
-    from costmodel.trace import capture
-    from planner.build import build_plan
-    from planner.search import SearchSpace, TrainConfig, search
-    from runtime.checks import build_meta
+    from partita.costmodel import model_fingerprint
+    from partita.costmodel.models import resolve_model
+    from partita.costmodel.trace import capture
+    from partita.planner.build import build_plan
+    from partita.planner.search import SearchSpace, TrainConfig, search
+    from partita.runtime.checks import build_meta
     spec = resolve_model(model)
     graph = capture(spec, dtype="fp32")
     fingerprint = model_fingerprint(build_meta(spec))
@@ -113,7 +113,7 @@ def run_plan(plan, world: int, model: str, steps: int, workdir: Path) -> dict:
     plan_file, out_file = workdir / f"{stem}.plan.json", workdir / f"{stem}.out.json"
     plan.save(plan_file)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-           "-m", "runtime.train", str(plan_file), "--model", model, "--steps", str(steps),
+           "-m", "partita.runtime.train", str(plan_file), "--model", model, "--steps", str(steps),
            "--losses-out", str(out_file)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     load = os.getloadavg()[0]
@@ -231,7 +231,7 @@ def run(cluster_file: str | None = None, steps: int = STEPS, model: str = MODEL,
     if reuse and cluster_file is None and all(f.exists() for f in wanted.values()):
         files = {ranks: str(f) for ranks, f in wanted.items()}
     elif cluster_file is None:
-        from costmodel.calibrate import calibrate
+        from partita.costmodel.calibrate import calibrate
         common.RESULTS.mkdir(parents=True, exist_ok=True)
         for ranks in sorted({max(2, w) for _, _, w in plans}):
             files[ranks] = str(common.RESULTS / f"fidelity_cluster_{ranks}ranks.json")

@@ -1,7 +1,7 @@
 """How long planning takes: capture + costs + search, against model size and against cluster size.
 
 Every configuration is planned in a fresh Python process (so nothing, graph capture included, is
-cached between them) through `planner.api.plan_search`, the call behind `partita plan`; the process
+cached between them) through `partita.planner.api.plan_search`, the call behind `partita plan`; the process
 reports its own split (imports, capture, search, MILP time summed over the candidates solved, how many
 candidates there were and how many were solved rather than pruned by the lower bound), and the parent
 times the whole process from launch to exit.
@@ -10,7 +10,7 @@ times the whole process from launch to exit.
   (benchmarks.table1.ROWS);
 - cluster size: gpt3-175b on 64 .. 4096 A100-80GB (global batch 1536, seq 2048), llama3-405b on
   1,024 .. 16,384 H100-80GB (global batch 2048);
-- headline targets, timed as a user runs them (`python -m planner.cli plan ... --json`, the `partita`
+- headline targets, timed as a user runs them (`python -m partita.planner.cli plan ... --json`, the `partita`
   console script's module, in a fresh process, wall time from launch to exit, `REPEATS` times):
   gpt3-175b on 1024 A100-80GB under 30 s, llama3-405b on 16,384 H100-80GB under 60 s.
 
@@ -48,8 +48,8 @@ def _env() -> dict:
 
 def worker(model: str, cluster: str, global_batch: int, seq: int | None) -> dict:
     """Plan once in this process and return the split of its time (the parent adds the process wall)."""
-    from planner.api import plan_search
-    from planner.search import TrainConfig
+    from partita.planner.api import plan_search
+    from partita.planner.search import TrainConfig
     t1 = time.perf_counter()
     result, plan = plan_search(model, cluster=cluster, train=TrainConfig(global_batch=global_batch, seq_len=seq))
     t2 = time.perf_counter()
@@ -85,8 +85,8 @@ def measure(model: str, cluster: str, global_batch: int, seq: int | None = None,
 
 def headline(name: str, model: str, cluster: str, global_batch: int, seq: int | None, target: float,
              repeats: int = REPEATS) -> dict:
-    """`python -m planner.cli plan ... --json` in a fresh process, timed from launch to exit."""
-    cmd = [sys.executable, "-m", "planner.cli", "plan", "--model", model, "--cluster", cluster,
+    """`python -m partita.planner.cli plan ... --json` in a fresh process, timed from launch to exit."""
+    cmd = [sys.executable, "-m", "partita.planner.cli", "plan", "--model", model, "--cluster", cluster,
            "--global-batch", str(global_batch), "--json"] + (["--seq", str(seq)] if seq else [])
     walls, solver = [], {}
     for _ in range(repeats):

@@ -32,14 +32,14 @@ from collections import Counter
 
 from benchmarks.common import hardware_over_model as common_ratio, pyplot, save_figure, try_plot, write
 from benchmarks.published_data import (HARDWARE_TFLOPS, ITERATION, MODEL_TFLOPS, ROWS, SKIPPED, TOKENS, Model, Row)
-from costmodel.errors import PartitaError
-from costmodel.graph import OpGraph
-from costmodel.hardware import Cluster, GiB, parse_cluster
-from costmodel.models import resolve_model
-from costmodel.trace import capture
-from planner.build import predicted
-from planner.search import SearchResult, explain_infeasible, search
-from planner.space import SearchSpace, TrainConfig
+from partita.costmodel.errors import PartitaError
+from partita.costmodel.graph import OpGraph
+from partita.costmodel.hardware import Cluster, GiB, parse_cluster
+from partita.costmodel.models import resolve_model
+from partita.costmodel.trace import capture
+from partita.planner.build import predicted
+from partita.planner.search import SearchResult, explain_infeasible, search
+from partita.planner.space import SearchSpace, TrainConfig
 
 TARGET_MEDIAN, TARGET_MAX = 0.10, 0.25
 """Targets for the cost model (not for this benchmark to force): median and max |error|."""
@@ -164,8 +164,8 @@ def _unbounded(row: Row, graph: OpGraph) -> dict:
 
 def _no_candidate(row: Row, graph: OpGraph) -> str:
     """Why the published configuration admits no candidate at all (planner.space.check_space's sentence)."""
-    from planner.candidates import split_model
-    from planner.space import check_space
+    from partita.planner.candidates import split_model
+    from partita.planner.space import check_space
     layers = split_model(graph)[1]
     try:
         check_space(cluster_for(row), train_for(row), published_space(row), max_pp=max(1, len(layers)),

@@ -82,7 +82,7 @@ class Row:
     model: Model
     seq: int
     hardware: str
-    """costmodel.hardware preset the GPU is priced as: A100-40GB, A100-80GB, H100-80GB."""
+    """partita.costmodel.hardware preset the GPU is priced as: A100-40GB, A100-80GB, H100-80GB."""
     device_overrides: tuple[tuple[str, float], ...] = ()
     """(Device field, value) pairs the source publishes for its GPU where they differ from the preset
     (e.g. a 96 GB H100 variant); empty: the preset as it is."""

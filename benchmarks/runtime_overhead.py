@@ -1,7 +1,7 @@
 """What partita's runtime costs over hand-written PyTorch: the same training, side by side.
 
 For DDP, FSDP2 (ZeRO-3, `fully_shard` per transformer block) and DTensor tensor parallelism, on 2 and 4
-gloo ranks, the hand-written script in benchmarks/handwritten/ and `python -m runtime.train` with the
+gloo ranks, the hand-written script in benchmarks/handwritten/ and `python -m partita.runtime.train` with the
 equivalent plan train the same model (same init, same token batches, same AdamW, fp32) for the same
 steps. Each launch is a fresh torchrun; the pair is launched alternately, ROUNDS times (A B, then B A, then A B ...
 so neither side always goes first). Both time a step the same way (zero_grad to the loss all-reduced and
@@ -40,10 +40,10 @@ def make_plan(model: str, kind: str, world: int, global_batch: int) -> dict:
     ZeRO-3 and each transformer block an FSDP unit) or tensor-parallel (q/k/v/fc1 colwise, proj/fc2
     rowwise)."""
     import torch.nn as nn
-    from costmodel import model_fingerprint
-    from costmodel.models import resolve_model
-    from planner.plan import Plan
-    from runtime.checks import build_meta
+    from partita.costmodel import model_fingerprint
+    from partita.costmodel.models import resolve_model
+    from partita.planner.plan import Plan
+    from partita.runtime.checks import build_meta
     spec = resolve_model(model)
     meta = build_meta(spec)
     dp, tp = (1, world) if kind == "tp" else (world, 1)
@@ -86,7 +86,7 @@ def launch(side: str, kind: str, world: int, model: str, steps: int, global_batc
     else:
         plan_file = workdir / f"plan-{kind}-{world}.json"
         plan_file.write_text(json.dumps(make_plan(model, kind, world, global_batch)))
-        cmd = torchrun + ["-m", "runtime.train", str(plan_file), "--model", model, "--steps", str(steps),
+        cmd = torchrun + ["-m", "partita.runtime.train", str(plan_file), "--model", model, "--steps", str(steps),
                           "--losses-out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     if proc.returncode != 0 or not out.exists():

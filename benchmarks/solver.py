@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from benchmarks.common import pyplot, save_figure, try_plot, write
-from planner.milp import StageProblem, evaluate, fits, solve_stages
+from partita.planner.milp import StageProblem, evaluate, fits, solve_stages
 
 INSTANCES = 500
 CBC_STRIDE = 8
@@ -114,11 +114,11 @@ def exactness(instances: int = INSTANCES, seed: int = 0) -> dict:
 # --------------------------------------------------------------------- (b) real programs, (c) CBC
 
 def real_candidates(model: str, cluster: str, global_batch: int):
-    from costmodel.hardware import parse_cluster
-    from costmodel.models import resolve_model
-    from costmodel.trace import capture
-    from planner.search import SearchSpace, TrainConfig
-    from planner.candidates import enumerate_candidates
+    from partita.costmodel.hardware import parse_cluster
+    from partita.costmodel.models import resolve_model
+    from partita.costmodel.trace import capture
+    from partita.planner.search import SearchSpace, TrainConfig
+    from partita.planner.candidates import enumerate_candidates
     graph = capture(resolve_model(model), dtype="bf16")
     *_, cands = enumerate_candidates(graph, parse_cluster(cluster), TrainConfig(global_batch=global_batch),
                                      SearchSpace())

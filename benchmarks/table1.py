@@ -17,12 +17,12 @@ import sys
 import time
 
 from benchmarks.common import hardware_over_model as common_ratio, pyplot, save_figure, try_plot, write
-from costmodel.hardware import parse_cluster
-from costmodel.models import PRESETS
-from costmodel.trace import capture
-from costmodel.models import resolve_model
-from planner.build import predicted
-from planner.search import SearchSpace, TrainConfig, search
+from partita.costmodel.hardware import parse_cluster
+from partita.costmodel.models import PRESETS
+from partita.costmodel.trace import capture
+from partita.costmodel.models import resolve_model
+from partita.planner.build import predicted
+from partita.planner.search import SearchSpace, TrainConfig, search
 
 # name, TP, PP, GPUs, batch, published TFLOP/s per GPU (REFERENCE.md)
 ROWS = [

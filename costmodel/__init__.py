@@ -3,6 +3,6 @@
 costmodel knows nothing of choices: it describes operators, tensors, devices and links; the planner
 decides. Public entry points are re-exported here.
 """
-from costmodel.errors import PartitaError, InfeasibleError
-from costmodel.fingerprint import model_fingerprint
-from costmodel.models import ModelSpec, resolve_model, PRESETS
+from partita.costmodel.errors import PartitaError, InfeasibleError
+from partita.costmodel.fingerprint import model_fingerprint
+from partita.costmodel.models import ModelSpec, resolve_model, PRESETS

@@ -1,6 +1,6 @@
 """`partita calibrate`: measure this machine and write a resource list (costmodel.resources) for it.
 
-    python -m costmodel.calibrate --out cluster.json [--ranks N] [--quick]
+    python -m partita.costmodel.calibrate --out cluster.json [--ranks N] [--quick]
 
 What is measured, and how it becomes the device of the resource list (one device = one rank process,
 run as the runtime runs ranks: OMP_NUM_THREADS=1):
@@ -8,7 +8,7 @@ run as the runtime runs ranks: OMP_NUM_THREADS=1):
 - matmul: n x n @ n x n for a few n, fp32 and bf16 (CUDA: on the GPU), median of repeats, 2 n^3 FLOPs.
   A CPU has no datasheet peak to hold against, so `peak_flops[dtype]` is the best rate measured and
   `matmul_efficiency` the mean over sizes of fp32 rate / fp32 peak: peak x efficiency is then the
-  typical measured rate, which is what the cost model charges (`planner.strategies.node_seconds`).
+  typical measured rate, which is what the cost model charges (`partita.planner.strategies.node_seconds`).
   On a GPU the bf16 sizes are fitted to costmodel.kernels' GEMM curve instead (`fit_gemm_curve`:
   matmul_efficiency and gemm_half_dim), and overlap_slowdown keeps the published default; on a CPU
   overlap_slowdown is 1 (gloo's threads compute-share the cores: overlapped traffic is not free).
@@ -51,7 +51,7 @@ import time
 
 import numpy as np
 
-from costmodel.errors import PartitaError
+from partita.costmodel.errors import PartitaError
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 # (latency factor, bandwidth factor) of the ring forms in costmodel.comm, for k ranks and B bytes
@@ -592,8 +592,8 @@ def sync_latency(in_step: dict, fits: dict) -> float:
 def calibrate(out_path, ranks: int | None = None, quick: bool = False) -> dict:
     """Measure this machine, write its resource list to `out_path` (JSON or YAML) and return it."""
     import torch
-    from costmodel.hardware import DEVICES, GPU_OVERLAP_SLOWDOWN, Cluster, Device
-    from costmodel.resources import cluster_to_dict, write_resources
+    from partita.costmodel.hardware import DEVICES, GPU_OVERLAP_SLOWDOWN, Cluster, Device
+    from partita.costmodel.resources import cluster_to_dict, write_resources
 
     ranks = default_ranks() if ranks is None else ranks
     if ranks < 2:

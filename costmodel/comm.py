@@ -60,7 +60,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from costmodel.hardware import Cluster
+from partita.costmodel.hardware import Cluster
 
 ALL_REDUCE_ALGORITHMS = ("auto", "ring", "tree")
 

@@ -3,7 +3,7 @@
 HuggingFace models (and any module whose Python control flow reads shapes) do not trace with
 torch.fx.symbolic_trace; torch.export (non-strict) runs their forward on fake tensors and records an
 ATen-level fx graph whose nodes carry `nn_module_stack`. This module exports the model with its loss,
-runs that graph with the shared `costmodel.trace.Recorder` (same FLOP, backward-FLOP and saved-tensor
+runs that graph with the shared `partita.costmodel.trace.Recorder` (same FLOP, backward-FLOP and saved-tensor
 accounting), and normalises what differs from a symbolic_trace graph:
 
 - Parameters, buffers and constants are graph inputs in an export graph. The op of a leaf module with
@@ -42,9 +42,9 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export.graph_signature import InputKind
 
-from costmodel.graph import OpGraph
-from costmodel.models import ModelSpec
-from costmodel.trace import CaptureFailed, Recorder, _dim_args, _storage_key, build_fake, wrap_for_capture
+from partita.costmodel.graph import OpGraph
+from partita.costmodel.models import ModelSpec
+from partita.costmodel.trace import CaptureFailed, Recorder, _dim_args, _storage_key, build_fake, wrap_for_capture
 
 _LEAF_TYPES = (nn.Linear, nn.Embedding, nn.EmbeddingBag, nn.LayerNorm, nn.GroupNorm,
                nn.modules.batchnorm._NormBase, nn.modules.conv._ConvNd, *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()))
@@ -153,7 +153,7 @@ def _quiet_export_logs():
 
 
 def _hf_context(root: nn.Module):
-    from costmodel.models.hf import export_context
+    from partita.costmodel.models.hf import export_context
     return export_context(root)
 
 
@@ -165,7 +165,7 @@ def capture_export(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
     with mode:
         root, args, strip, _ = wrap_for_capture(spec, model, inputs)
     root.train()
-    from costmodel.models.hf import contains_hf_model
+    from partita.costmodel.models.hf import contains_hf_model
     ep = _export(root, args, mode, strip, contains_hf_model(model))  # bare, or inside the user's wrapper
     gm = ep.graph_module
 

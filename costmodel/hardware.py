@@ -5,7 +5,7 @@ peaks are the vendors' non-tensor-core FP32 figures. Achievable efficiency is a 
 preset (one place), not scattered through the search; `partita calibrate` replaces it with a measurement.
 
 CLUSTER strings (DESIGN.md): "8xA100-80GB" (one node of 8), "128x8xA100-80GB" (nodes x devices per
-node), "4xcpu" (local processes), or the path of a resource list (JSON/YAML, `costmodel.resources`, as
+node), "4xcpu" (local processes), or the path of a resource list (JSON/YAML, `partita.costmodel.resources`, as
 written by `partita calibrate`), which may hold several groups of different devices.
 
 A heterogeneous cluster keeps the homogeneous view the planner uses today, chosen to be conservative:
@@ -22,7 +22,7 @@ import os
 import re
 from dataclasses import dataclass, asdict, fields
 
-from costmodel.errors import PartitaError
+from partita.costmodel.errors import PartitaError
 
 GB = 1e9
 GiB = 2**30
@@ -278,7 +278,7 @@ def parse_cluster(spec: str) -> Cluster:
     """'8xA100-80GB' -> 1 node of 8; '128x8xA100-80GB' -> 128 nodes of 8; '4xcpu' -> 4 processes;
     a path to a resource list (an existing file, or a name ending .json/.yaml/.yml) -> its Cluster."""
     if _is_resource_file(spec):
-        from costmodel.resources import load_resources  # resources imports this module
+        from partita.costmodel.resources import load_resources  # resources imports this module
         return load_resources(spec)
     m = _CLUSTER_RE.match(spec.strip())
     if not m:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from costmodel.errors import PartitaError
+from partita.costmodel.errors import PartitaError
 
 
 @dataclass(frozen=True)

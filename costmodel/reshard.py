@@ -22,7 +22,7 @@ On CPU (gloo has no all-to-all in DTensor) DTensor replaces S(i) -> S(j) by an a
 chunk: pass `alltoall=False` to cost that path. DTensor merges consecutive same-kind collectives into
 one over a flattened mesh only when the user flattened the mesh; this model does not merge.
 
-Times come from `costmodel.comm` on the mesh axis's group (ranks laid out row-major over the mesh,
+Times come from `partita.costmodel.comm` on the mesh axis's group (ranks laid out row-major over the mesh,
 node-major over the cluster).
 """
 from __future__ import annotations
@@ -32,9 +32,9 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from costmodel import comm
-from costmodel.errors import PartitaError
-from costmodel.hardware import Cluster
+from partita.costmodel import comm
+from partita.costmodel.errors import PartitaError
+from partita.costmodel.hardware import Cluster
 
 
 @dataclass(frozen=True)

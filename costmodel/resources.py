@@ -42,7 +42,7 @@ Schema `partita.cluster/1` (units: bytes, bytes/s, FLOP/s, seconds):
     }
 
 Without `base`, a device object needs name, peak_flops, memory_bytes, mem_bandwidth, intra_node_bw and
-inter_node_bw; the other fields default as in `costmodel.hardware.Device` (lists written before a field
+inter_node_bw; the other fields default as in `partita.costmodel.hardware.Device` (lists written before a field
 existed load with its default: 0 for the CPU-side overheads sync_latency, sharded_op_latency,
 sharded_param_latency and redistribute_latency). Unknown keys are errors (a
 typo must not silently fall back to a default). Loading never executes code (json, yaml.safe_load).
@@ -57,8 +57,8 @@ import math
 import os
 from dataclasses import asdict, fields, replace
 
-from costmodel.errors import PartitaError
-from costmodel.hardware import DEVICES, Cluster, Device, cluster_from_groups
+from partita.costmodel.errors import PartitaError
+from partita.costmodel.hardware import DEVICES, Cluster, Device, cluster_from_groups
 
 SCHEMA = "partita.cluster/1"
 _TOP_KEYS = {"schema", "name", "groups", "inter_group_bw", "inter_group_latency", "nodes_per_pod",

@@ -38,12 +38,12 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from costmodel.errors import PartitaError
-from costmodel.flops import PRODUCT_OPERANDS, backward_flops, is_uncosted, register_missing_formulas
-from costmodel.graph import OpGraph
-from costmodel.losses import cross_entropy
-from costmodel.models import ModelSpec
-from costmodel.replicate import SHALLOW, pair_nodes
+from partita.costmodel.errors import PartitaError
+from partita.costmodel.flops import PRODUCT_OPERANDS, backward_flops, is_uncosted, register_missing_formulas
+from partita.costmodel.graph import OpGraph
+from partita.costmodel.losses import cross_entropy
+from partita.costmodel.models import ModelSpec
+from partita.costmodel.replicate import SHALLOW, pair_nodes
 
 fx.wrap("cross_entropy")  # the fused loss is one node, as its kernel is one launch
 
@@ -115,7 +115,7 @@ class _FlopCounter(FlopCounterMode):
     requires grad (grad input, grad weight): the image fed to a first convolution, or a frozen weight,
     needs none. Ops run with grad disabled have no backward. Fused attention recomputes the scores:
     2.5x its forward (costmodel.flops). Other counted ops: 2x. Ops with FLOPs it cannot count
-    (`costmodel.flops.is_uncosted`) are named in `uncosted`.
+    (`partita.costmodel.flops.is_uncosted`) are named in `uncosted`.
     """
 
     def __init__(self, node_op=None, node_grads: tuple[bool, ...] = ()):
@@ -347,7 +347,7 @@ def capture(spec: ModelSpec, dtype: str = "fp32", batch: int = 1) -> OpGraph:
         try:
             if front == "fx":
                 return _capture_fx(spec, dtype, batch)
-            from costmodel.export_capture import capture_export  # late: it imports this module
+            from partita.costmodel.export_capture import capture_export  # late: it imports this module
             return capture_export(spec, dtype, batch)
         except CaptureFailed as f:
             failures.append(f)

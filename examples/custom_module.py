@@ -1,7 +1,7 @@
 """Your own nn.Module, planned by import path: `build()` returns (module, example inputs).
 
     # from the repository root (the console script does not put the working directory on sys.path,
-    # hence PYTHONPATH=.; `python -m planner.cli plan ...` works without it)
+    # hence PYTHONPATH=.; `python -m partita.planner.cli plan ...` works without it)
     PYTHONPATH=. partita plan --model examples.custom_module:build --cluster 8xA100-80GB --global-batch 256
     python examples/custom_module.py                   # the same from the Python API
 
@@ -57,10 +57,10 @@ def build() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 
 def main() -> int:
-    import planner
+    import partita
 
     module, inputs = build()
-    plan = planner.plan(module, inputs, cluster="8xA100-80GB", train=planner.TrainConfig(global_batch=256))
+    plan = partita.plan(module, inputs, cluster="8xA100-80GB", train=partita.TrainConfig(global_batch=256))
     print(plan.explain())
     return 0
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-import planner
+import partita
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,12 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="plan.json", help="where to save the plan")
     args = ap.parse_args(argv)
 
-    train = planner.TrainConfig(global_batch=args.global_batch, seq_len=args.seq)  # Adam; bf16 on GPUs, fp32 on CPUs by default
-    plan = planner.plan(args.model, cluster=args.cluster, train=train)
+    train = partita.TrainConfig(global_batch=args.global_batch, seq_len=args.seq)  # Adam; bf16 on GPUs, fp32 on CPUs by default
+    plan = partita.plan(args.model, cluster=args.cluster, train=train)
     print(plan.explain())
 
     plan.save(args.out)
-    again = planner.Plan.load(args.out)  # validated on load; JSON only, nothing is executed
+    again = partita.Plan.load(args.out)  # validated on load; JSON only, nothing is executed
     assert again.to_dict() == plan.to_dict()
 
     # the keys scripts may rely on (DESIGN.md): mesh, schedule, predicted, solver

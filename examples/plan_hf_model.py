@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-import planner
+import partita
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,8 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="also save the plan as JSON")
     args = ap.parse_args(argv)
 
-    train = planner.TrainConfig(global_batch=args.global_batch)  # the sequence length comes from the model
-    plan = planner.plan(args.model, cluster=args.cluster, train=train)
+    train = partita.TrainConfig(global_batch=args.global_batch)  # the sequence length comes from the model
+    plan = partita.plan(args.model, cluster=args.cluster, train=train)
     print(plan.explain())
     if args.out:
         plan.save(args.out)

@@ -12,5 +12,5 @@ trap 'rm -rf "$work"' EXIT
 
 "$PARTITA" plan --model tiny-gpt --cluster 2xcpu --global-batch 8 --out "$work/plan.json"
 echo
-# partita run launches: python -m torch.distributed.run --standalone --nproc-per-node 2 -m runtime.train ...
+# partita run launches: python -m torch.distributed.run --standalone --nproc-per-node 2 -m partita.runtime.train ...
 OMP_NUM_THREADS=1 "$PARTITA" run "$work/plan.json" --model tiny-gpt --steps "$STEPS" --verify

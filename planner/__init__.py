@@ -1,20 +1,20 @@
 """Decisions: which devices, stages, shardings and schedule a model trains with.
 
-    import planner
+    import partita.planner as planner
     plan = planner.plan("gpt3-175b", cluster="128x8xA100-80GB",
                         train=planner.TrainConfig(global_batch=1536, seq_len=2048))
     print(plan.explain())
 """
-from planner.plan import Plan, PlanError, SCHEMA
+from partita.planner.plan import Plan, PlanError, SCHEMA
 
 # The solver stack (cvxpy, HiGHS) loads on first use, so the runtime's ranks, which only read Plans,
 # do not pay for it.
-_LAZY = {"TrainConfig": "planner.search", "SearchSpace": "planner.search", "plan_search": "planner.api"}
+_LAZY = {"TrainConfig": "partita.planner.search", "SearchSpace": "partita.planner.search", "plan_search": "partita.planner.api"}
 
 
 def plan(*args, **kwargs):
     """Capture a model, cost it for a cluster, and return the fastest plan that fits (planner.api.plan)."""
-    from planner.api import plan as _plan
+    from partita.planner.api import plan as _plan
     return _plan(*args, **kwargs)
 
 

@@ -14,16 +14,16 @@ import time
 import torch
 import torch.nn as nn
 
-from costmodel import ModelSpec, model_fingerprint, resolve_model
-from costmodel.errors import InfeasibleError, PartitaError
-from costmodel.hardware import Cluster, parse_cluster
-from costmodel.models import with_seq
-from costmodel.trace import capture
-from planner.build import build_plan
-from planner.candidates import split_model, use_block_program
-from planner.plan import Plan
-from planner.search import SearchResult, TrainConfig, search
-from planner.space import FIXABLE, SearchSpace, _ByDevice, check_space, describe_fixed
+from partita.costmodel import ModelSpec, model_fingerprint, resolve_model
+from partita.costmodel.errors import InfeasibleError, PartitaError
+from partita.costmodel.hardware import Cluster, parse_cluster
+from partita.costmodel.models import with_seq
+from partita.costmodel.trace import capture
+from partita.planner.build import build_plan
+from partita.planner.candidates import split_model, use_block_program
+from partita.planner.plan import Plan
+from partita.planner.search import SearchResult, TrainConfig, search
+from partita.planner.space import FIXABLE, SearchSpace, _ByDevice, check_space, describe_fixed
 
 
 def _spec_for(model, example_inputs) -> ModelSpec:
@@ -71,7 +71,7 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     if space.fixed():
         p.solver["fixed"] = {k: list(v) if isinstance(v, tuple) else v for k, v in space.fixed().items()}
     if baselines:
-        from planner.baselines import run_baselines
+        from partita.planner.baselines import run_baselines
         p.baselines = run_baselines(graph, cl, train)
     p.solver["total_s"] = time.perf_counter() - t0
     return result, p

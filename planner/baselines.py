@@ -15,10 +15,10 @@ relative gap, 0.5%).
 """
 from __future__ import annotations
 
-from costmodel.graph import OpGraph
-from costmodel.hardware import Cluster
-from planner.build import predicted
-from planner.search import SearchSpace, TrainConfig, search
+from partita.costmodel.graph import OpGraph
+from partita.costmodel.hardware import Cluster
+from partita.planner.build import predicted
+from partita.planner.search import SearchSpace, TrainConfig, search
 
 
 def baseline_spaces(cluster: Cluster) -> list[SearchSpace]:

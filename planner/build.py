@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
-from planner.candidates import Candidate
-from planner.executable import ZERO_STAGES, pipeline_refusal_for
-from planner.search import SearchResult
-from planner.phases import stage_memory
-from planner.strategies import SPLIT
+from partita.planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
+from partita.planner.candidates import Candidate
+from partita.planner.executable import ZERO_STAGES, pipeline_refusal_for
+from partita.planner.search import SearchResult
+from partita.planner.phases import stage_memory
+from partita.planner.strategies import SPLIT
 
 
 def predicted(result: SearchResult, c: Candidate) -> dict:
@@ -169,7 +169,7 @@ def pipeline_note(result: SearchResult, c: Candidate) -> dict:
 
 def _block_layout(result: SearchResult, c: Candidate):
     """Stages, block choices and placements from the general program's one-hot assignment."""
-    from planner.milp_blocks import assignment
+    from partita.planner.milp_blocks import assignment
     stage_of, option_of = assignment(c.problem, c.solution.counts)
     stages, blocks, placements = [], [], {}
     for s in range(c.pp):

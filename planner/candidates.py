@@ -17,18 +17,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel import comm, streams
-from costmodel.errors import PartitaError
-from costmodel.graph import OpGraph
-from costmodel.hardware import Cluster
-from costmodel.memory import state_bytes
-from planner.executable import pipeline_refusal_for
-from planner.milp import StageProblem, StageSolution
-from planner.milp_blocks import BlockProblem
-from planner.options import Variant, cost_variant, pareto_indices, variants, zero_state_bytes
-from planner.phases import grads_absent, memory_phases
-from planner.space import SearchSpace, TrainConfig, _meshes, _micro_batch_allowed, _schedules, divisors
-from planner.strategies import SPLIT, BlockOption, replicate_option, sequence_option, tensor_option
+from partita.costmodel import comm, streams
+from partita.costmodel.errors import PartitaError
+from partita.costmodel.graph import OpGraph
+from partita.costmodel.hardware import Cluster
+from partita.costmodel.memory import state_bytes
+from partita.planner.executable import pipeline_refusal_for
+from partita.planner.milp import StageProblem, StageSolution
+from partita.planner.milp_blocks import BlockProblem
+from partita.planner.options import Variant, cost_variant, pareto_indices, variants, zero_state_bytes
+from partita.planner.phases import grads_absent, memory_phases
+from partita.planner.space import SearchSpace, TrainConfig, _meshes, _micro_batch_allowed, _schedules, divisors
+from partita.planner.strategies import SPLIT, BlockOption, replicate_option, sequence_option, tensor_option
 
 
 @dataclass

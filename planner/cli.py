@@ -9,7 +9,7 @@
     partita models
 
 A user error (unknown model, malformed cluster, a model that cannot fit, a bad plan file) prints one line
-`partita: error: ...` and exits with code 2. `run` launches torchrun on `runtime.train` in a subprocess:
+`partita: error: ...` and exits with code 2. `run` launches torchrun on `partita.runtime.train` in a subprocess:
 the planner never imports the runtime (DESIGN.md layering).
 """
 from __future__ import annotations
@@ -20,13 +20,13 @@ import os
 import subprocess
 import sys
 
-from costmodel.errors import PartitaError
+from partita.costmodel.errors import PartitaError
 
 
 def _cmd_plan(args) -> int:
-    from planner.api import plan as make_plan
-    from planner.search import TrainConfig
-    from costmodel.hardware import parse_cluster
+    from partita.planner.api import plan as make_plan
+    from partita.planner.search import TrainConfig
+    from partita.costmodel.hardware import parse_cluster
 
     cluster = parse_cluster(args.cluster)
     # no --dtype: TrainConfig's default, which planner.api resolves by device kind (api.default_dtype)
@@ -52,7 +52,7 @@ def _cmd_plan(args) -> int:
     if args.json:
         sys.stdout.write(p.to_json())
     else:
-        from planner.explain import print_plan
+        from partita.planner.explain import print_plan
         print_plan(p)
         if args.out:
             print(f"\nplan written to {args.out}")
@@ -61,7 +61,7 @@ def _cmd_plan(args) -> int:
 
 def _space_from_args(args):
     """The what-if flags as a SearchSpace: each given flag fixes its choice, the rest stay searched."""
-    from planner.space import SearchSpace
+    from partita.planner.space import SearchSpace
     fixed = {name: (getattr(args, name),) for name in ("tp", "pp", "dp", "zero", "recompute", "micro_batch",
                                                        "virtual_stages") if getattr(args, name) is not None}
     if args.sequence_parallel is not None:
@@ -72,21 +72,21 @@ def _space_from_args(args):
 
 
 def _cmd_explain(args) -> int:
-    from planner.explain import print_plan
-    from planner.plan import Plan
+    from partita.planner.explain import print_plan
+    from partita.planner.plan import Plan
     print_plan(Plan.load(args.plan))
     return 0
 
 
 def _cmd_compare(args) -> int:
-    from planner.compare import print_comparison
-    from planner.plan import Plan
+    from partita.planner.compare import print_comparison
+    from partita.planner.plan import Plan
     print_comparison(Plan.load(args.a), Plan.load(args.b), args.a, args.b)
     return 0
 
 
 def _cmd_run(args) -> int:
-    from planner.plan import Plan
+    from partita.planner.plan import Plan
     # values argparse cannot refuse by type: one line, exit code 2, before anything is launched
     for name, value, least in (("--steps", args.steps, 1), ("--checkpoint-every", args.checkpoint_every, 0),
                                ("--max-restarts", args.max_restarts, 0), ("--nnodes", args.nnodes, 1)):
@@ -119,7 +119,7 @@ def _cmd_run(args) -> int:
     # the runtime's own pre-flight (model fingerprint, world size nproc x nnodes, module names, data file, the
     # checkpoint --resume would load) in one process, so a mismatch is one line and exit code 2 rather than a
     # torchrun failure
-    check = subprocess.run([sys.executable, "-m", "runtime.train", args.plan, *flags, *launcher, "--check"],
+    check = subprocess.run([sys.executable, "-m", "partita.runtime.train", args.plan, *flags, *launcher, "--check"],
                            env=env, capture_output=True, text=True)
     if check.returncode != 0:
         sys.stderr.write(check.stderr or check.stdout)
@@ -128,14 +128,14 @@ def _cmd_run(args) -> int:
         launcher += ["--rdzv-endpoint", args.rdzv_endpoint, *(["--rdzv-id", args.rdzv_id] if args.rdzv_id else [])]
     # runtime.train with launcher flags runs torchrun's agent for this node (standalone on one node, c10d
     # rendezvous across nodes) and reports the first failing rank as one line
-    cmd = [sys.executable, "-m", "runtime.train", args.plan, *flags, *(["--verify"] if args.verify else []),
+    cmd = [sys.executable, "-m", "partita.runtime.train", args.plan, *flags, *(["--verify"] if args.verify else []),
            *launcher]
     return subprocess.call(cmd, env=env)
 
 
 def _cmd_export(args) -> int:
-    from planner.export import ExportError, SlurmOptions, export
-    from planner.plan import Plan
+    from partita.planner.export import ExportError, SlurmOptions, export
+    from partita.planner.plan import Plan
     plan = Plan.load(args.plan)
     slurm_flags = ("model", "steps", "gpus_per_node", "partition", "time", "account", "job_name", "port", "data",
                    "checkpoint_dir", "checkpoint_every", "max_restarts")
@@ -163,13 +163,13 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_calibrate(args) -> int:
-    from costmodel.calibrate import main as calibrate_main
+    from partita.costmodel.calibrate import main as calibrate_main
     argv = ["--out", args.out] + (["--ranks", str(args.ranks)] if args.ranks else []) + (["--quick"] if args.quick else [])
     return calibrate_main(argv)
 
 
 def _cmd_models(args) -> int:
-    from costmodel.models import describe_presets
+    from partita.costmodel.models import describe_presets
     print(f"{'preset':<16} {'family':<6} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>4} {'ffn':>6} "
           f"{'vocab':>7} {'seq':>5}")
     for name, c in describe_presets():
@@ -276,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "numbers the nodes as they join, so it does not change which ranks a node runs")
     r.set_defaults(func=_cmd_run)
 
-    from planner.export import FORMATS
+    from partita.planner.export import FORMATS
     x = sub.add_parser("export", help="translate a plan into a SLURM batch script, Megatron-LM arguments or a "
                        "torchtitan config", formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  partita export plan.json --to slurm --model tiny-gpt --steps 100 "

@@ -5,8 +5,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from planner.explain import human_bytes, report_console
-from planner.strategies import SPLIT
+from partita.planner.explain import human_bytes, report_console
+from partita.planner.strategies import SPLIT
 
 
 def _facts(plan) -> dict[str, str]:

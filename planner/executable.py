@@ -27,8 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from costmodel.errors import PartitaError
-from costmodel.models import ModelSpec, resolve_model
+from partita.costmodel.errors import PartitaError
+from partita.costmodel.models import ModelSpec, resolve_model
 
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 """Pipeline schedules the runtime runs (runtime/pp.py maps each to torch's class)."""
@@ -77,7 +77,7 @@ def model_kind(spec: ModelSpec) -> str:
     cfg = spec.config if isinstance(spec.config, dict) else {}
     if cfg.get("family") == "hf":
         return {"causal": "hf-causal", "mlm": "hf-mlm"}.get(cfg.get("task"), "seq2seq")
-    from costmodel.models.cnn import classification_loss
+    from partita.costmodel.models.cnn import classification_loss
     return "classifier" if spec.loss_fn is classification_loss else "own-loss"
 
 

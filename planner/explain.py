@@ -11,7 +11,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from planner.strategies import SPLIT
+from partita.planner.strategies import SPLIT
 
 CATEGORY_STYLE = {"model_states": "cyan", "activations": "magenta", "workspace": "yellow"}
 

@@ -3,8 +3,8 @@
 Pure functions from a loaded Plan to text; nothing here runs, imports the runtime or touches the network.
 
 - `to_slurm`: a bash batch script for `sbatch`. `#SBATCH --nodes` = plan world size / devices per node,
-  one task per node; after a one-process pre-flight check (`runtime.train ... --check`), `srun` starts
-  `python -m runtime.train PLAN ... --nproc-per-node G --nnodes N --rdzv-endpoint HEAD:PORT --rdzv-id JOB`
+  one task per node; after a one-process pre-flight check (`partita.runtime.train ... --check`), `srun` starts
+  `python -m partita.runtime.train PLAN ... --nproc-per-node G --nnodes N --rdzv-endpoint HEAD:PORT --rdzv-id JOB`
   on every node: runtime.train's launcher mode, torchrun's agent for its node with a c10d rendezvous on
   the job's first node (as `partita run --nnodes` does), which reports the first failing rank as one line.
   The plan's path is written into the script, so the plan must be readable at that path on every node
@@ -47,8 +47,8 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from costmodel.errors import PartitaError
-from planner.plan import BlockChoice, Plan
+from partita.costmodel.errors import PartitaError
+from partita.planner.plan import BlockChoice, Plan
 
 FORMATS = ("slurm", "megatron", "torchtitan")
 
@@ -216,11 +216,11 @@ def to_slurm(plan: Plan, plan_path: str, opts: SlurmOptions) -> str:
         'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
         "",
         "# pre-flight in one process: plan, model, data and world size agree (one line and exit 2 if not)",
-        f'"$PYTHON" -m runtime.train "$PLAN" {flags} --nproc-per-node {per_node} --nnodes "$SLURM_NNODES" --check',
+        f'"$PYTHON" -m partita.runtime.train "$PLAN" {flags} --nproc-per-node {per_node} --nnodes "$SLURM_NNODES" --check',
         "",
         "# on every node runtime.train is torchrun's agent for its processes (c10d rendezvous at the first node,",
         "# a fresh rendezvous store per restart); the first failing rank is one line on stderr",
-        f'srun --ntasks-per-node=1 "$PYTHON" -m runtime.train "$PLAN" {flags} \\',
+        f'srun --ntasks-per-node=1 "$PYTHON" -m partita.runtime.train "$PLAN" {flags} \\',
         f'    --nproc-per-node {per_node} --nnodes "$SLURM_NNODES" --rdzv-endpoint "$HEAD_NODE:$PORT" '
         '--rdzv-id "$SLURM_JOB_ID"',
     ]

@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 import cvxpy as cp
 import numpy as np
 
-from planner.highs import silence_banner
+from partita.planner.highs import silence_banner
 
 silence_banner()  # before any solve: the banner would land on `partita plan --json`'s stdout
 

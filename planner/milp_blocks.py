@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import cvxpy as cp
 import numpy as np
 
-from planner.milp import CUTOFF, FEASIBILITY_RTOL, StageSolution, has_incumbent, no_solution_status
+from partita.planner.milp import CUTOFF, FEASIBILITY_RTOL, StageSolution, has_incumbent, no_solution_status
 
 
 @dataclass

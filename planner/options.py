@@ -41,10 +41,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel import comm, streams
-from costmodel.hardware import Cluster
-from costmodel.memory import StateBytes
-from planner.strategies import BlockOption
+from partita.costmodel import comm, streams
+from partita.costmodel.hardware import Cluster
+from partita.costmodel.memory import StateBytes
+from partita.planner.strategies import BlockOption
 
 RECOMPUTE = ("none", "selective", "full")
 HOST_MEMORY_BW = 50e9

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from planner.milp import MemoryPhase, per_stage, phase_memory
-from planner.strategies import SPLIT, BlockOption
+from partita.planner.milp import MemoryPhase, per_stage, phase_memory
+from partita.planner.strategies import SPLIT, BlockOption
 
 if TYPE_CHECKING:
-    from planner.candidates import Candidate, _Bases
-    from planner.options import Variant
+    from partita.planner.candidates import Candidate, _Bases
+    from partita.planner.options import Variant
 
 
 def grads_absent(m: int, in_flight: np.ndarray, zero: int, dp: int, tp: int) -> np.ndarray:

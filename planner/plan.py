@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Any
 
-from costmodel.errors import PartitaError
+from partita.costmodel.errors import PartitaError
 
 SCHEMA = "partita.plan/1"
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
@@ -116,7 +116,7 @@ class Plan:
 
     def explain(self) -> str:
         """The report `partita plan` prints."""
-        from planner.explain import explain
+        from partita.planner.explain import explain
         return explain(self)
 
     # ---- serialisation -------------------------------------------------------------------------

@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from costmodel.errors import InfeasibleError, PartitaError
-from costmodel.graph import OpGraph
-from costmodel.hardware import Cluster, GiB
-from planner.candidates import Candidate, enumerate_candidates
-from planner.milp import TIME_LIMIT_NO_INCUMBENT, min_memory, phase_memory, polish, solve_stages
-from planner.milp_blocks import solve_blocks, stage_p2p
-from planner.phases import stage_memory
-from planner.space import SearchSpace, TrainConfig, no_candidates_reason
+from partita.costmodel.errors import InfeasibleError, PartitaError
+from partita.costmodel.graph import OpGraph
+from partita.costmodel.hardware import Cluster, GiB
+from partita.planner.candidates import Candidate, enumerate_candidates
+from partita.planner.milp import TIME_LIMIT_NO_INCUMBENT, min_memory, phase_memory, polish, solve_stages
+from partita.planner.milp_blocks import solve_blocks, stage_p2p
+from partita.planner.phases import stage_memory
+from partita.planner.space import SearchSpace, TrainConfig, no_candidates_reason
 
 
 @dataclass

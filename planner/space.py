@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from costmodel.errors import PartitaError
-from costmodel.hardware import Cluster
-from planner.options import RECOMPUTE
+from partita.costmodel.errors import PartitaError
+from partita.costmodel.hardware import Cluster
+from partita.planner.options import RECOMPUTE
 
 
 SCHEDULE_CHOICES = ("auto", "1F1B", "GPipe", "Interleaved1F1B")

@@ -49,10 +49,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from costmodel import comm
-from costmodel.graph import OpGraph
-from costmodel.hardware import Cluster
-from costmodel.kernels import NodeTime, node_time
+from partita.costmodel import comm
+from partita.costmodel.graph import OpGraph
+from partita.costmodel.hardware import Cluster
+from partita.costmodel.kernels import NodeTime, node_time
 
 _ALIAS_OPS = {"view", "reshape", "transpose", "permute", "contiguous", "flatten", "unflatten", "expand"}
 _ELEMENTWISE = {"add", "sub", "mul", "truediv", "div", "neg", "gelu", "silu", "relu", "tanh", "sigmoid",

@@ -32,13 +32,13 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from costmodel.hardware import Cluster, GiB, parse_cluster
-from planner.build import build_plan, predicted
-from planner.milp import solve_stages
-from planner.milp_blocks import solve_blocks, stage_p2p
-from planner.plan import Plan
-from planner.candidates import Candidate
-from planner.search import SearchResult, TrainConfig, search
+from partita.costmodel.hardware import Cluster, GiB, parse_cluster
+from partita.planner.build import build_plan, predicted
+from partita.planner.milp import solve_stages
+from partita.planner.milp_blocks import solve_blocks, stage_p2p
+from partita.planner.plan import Plan
+from partita.planner.candidates import Candidate
+from partita.planner.search import SearchResult, TrainConfig, search
 
 CATEGORY_COLORS = {"model_states": "#4C72B0", "activations": "#DD8452", "workspace": "#8C8C8C"}
 PASS_COLORS = {"F": "#4C72B0", "B": "#DD8452", "flush": "#B0B0B0"}

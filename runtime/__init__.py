@@ -2,11 +2,11 @@
 parallelism, ZeRO 2/3 (FSDP2), recompute, offload, bf16, train loop, DCP checkpoints and restarts, token-file
 data, verify.
 
-Entry point: `python -m torch.distributed.run ... -m runtime.train PLAN.json --model MODEL --steps N`.
+Entry point: `python -m torch.distributed.run ... -m partita.runtime.train PLAN.json --model MODEL --steps N`.
 Python API (runtime.api): `run(plan, model_fn, dataset=None, steps=100, ...)` inside a torchrun job,
 `launch(plan_path, model, steps, nproc=None, **flags)` to spawn one, and `plan_and_run(model, cluster,
 train, steps, ...)` to plan on rank 0 and train on all ranks.
 """
-from runtime.api import launch, plan_and_run, run
+from partita.runtime.api import launch, plan_and_run, run
 
 __all__ = ["run", "launch", "plan_and_run"]

@@ -32,12 +32,12 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from costmodel import PartitaError, resolve_model
-from costmodel.models import ModelSpec
-from planner.plan import Plan
-from runtime.mesh import agree_on_attempt, env_world, init_default
-from runtime.report import RunResult, first_failure, read_failure, show_library_warnings_once
-from runtime.session import RunOptions, at_seq_len, execute, prepare
+from partita.costmodel import PartitaError, resolve_model
+from partita.costmodel.models import ModelSpec
+from partita.planner.plan import Plan
+from partita.runtime.mesh import agree_on_attempt, env_world, init_default
+from partita.runtime.report import RunResult, first_failure, read_failure, show_library_warnings_once
+from partita.runtime.session import RunOptions, at_seq_len, execute, prepare
 
 ModelArg = str | ModelSpec | Callable[[], nn.Module]
 
@@ -142,8 +142,8 @@ def plan_and_run(model: ModelArg, cluster: Any = None, train: Any = None, steps:
         text = None
         if dist.get_rank() == 0:
             try:
-                import planner  # lazily: only rank 0 loads the solver stack
-                from planner.search import TrainConfig
+                import partita.planner as planner  # lazily: only rank 0 loads the solver stack
+                from partita.planner.search import TrainConfig
                 cfg = train if isinstance(train, TrainConfig) else TrainConfig(**(train or {}))
                 spec = model_spec(model, model if isinstance(model, str) else None,
                                   example_inputs=example_inputs, loss_fn=loss_fn)
@@ -195,7 +195,7 @@ def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | No
     checkpoint_every=2, resume=True, data="tokens.bin", losses_out="out.json", seed=..., lr=...). Raises
     PartitaError for a value that cannot run (steps < 1, nnodes not dividing the world size) before any
     process starts."""
-    from runtime.train import LAUNCHER_FLAGS, argument_errors, build_parser
+    from partita.runtime.train import LAUNCHER_FLAGS, argument_errors, build_parser
     parser = build_parser()
     known = {a.dest for a in parser._actions} - set(LAUNCHER_FLAGS) - {"plan", "model", "steps", "help", "check",
                                                                        "max_restarts"}
@@ -218,12 +218,12 @@ def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | No
     if errors:
         raise PartitaError(errors[0])
     full_env = {**os.environ, **(env or {})}
-    root = str(Path(__file__).resolve().parents[1])  # so `-m runtime.train` resolves from a source checkout
+    root = str(Path(__file__).resolve().parents[1])  # so `-m partita.runtime.train` resolves from a source checkout
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, full_env.get("PYTHONPATH")]))
-    return subprocess.call([sys.executable, "-m", "runtime.train", *argv], env=full_env)
+    return subprocess.call([sys.executable, "-m", "partita.runtime.train", *argv], env=full_env)
 
 
-# ---- torchrun's agent in this process (python -m runtime.train ... --nproc-per-node W) ------------------------
+# ---- torchrun's agent in this process (python -m partita.runtime.train ... --nproc-per-node W) ------------------------
 
 _TORCHRUN_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
 
@@ -258,7 +258,7 @@ def _attempt_failures(log_dir: str) -> list:
 
 def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint: str | None = None,
           rdzv_id: str | None = None, max_restarts: int = 0) -> int:
-    """Run torchrun's elastic agent for this node in this process on `python -m runtime.train WORKER_ARGV`
+    """Run torchrun's elastic agent for this node in this process on `python -m partita.runtime.train WORKER_ARGV`
     and return the exit code: 0, or the first failing worker's (1 if it died by a signal).
 
     One node: `--standalone`. Several: c10d rendezvous at `rdzv_endpoint` (the same command on every
@@ -268,7 +268,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from runtime.train import AGENT_ENV
+    from partita.runtime.train import AGENT_ENV
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # a fresh rendezvous store per attempt (runtime.mesh._store; pytorch#135712); needed across nodes
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
@@ -280,7 +280,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
         argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id or 'partita'}"]
     else:
         argv.append("--standalone")
-    argv += ["-m", "runtime.train", *worker_argv]
+    argv += ["-m", "partita.runtime.train", *worker_argv]
     quiet = _AgentLog(log_dir)
     handlers = [h for name in ("torch.distributed", "torch", "") for h in logging.getLogger(name).handlers]
     for h in handlers:
@@ -311,9 +311,9 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
 
 
 def agent_main(args, argv: list[str]) -> int:
-    """runtime.train's launcher mode: torchrun's agent for this node on the same command minus the launcher
+    """partita.runtime.train's launcher mode: torchrun's agent for this node on the same command minus the launcher
     flags (runtime.train.LAUNCHER_FLAGS)."""
-    from runtime.train import LAUNCHER_FLAGS, build_parser
+    from partita.runtime.train import LAUNCHER_FLAGS, build_parser
     try:
         nnodes = args.nnodes or 1
         nproc = args.nproc_per_node or procs_per_node(Plan.load(args.plan).mesh.world_size, nnodes)

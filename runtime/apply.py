@@ -37,17 +37,17 @@ import torch.nn as nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from costmodel.models import ModelSpec
-from planner.plan import Plan
-from runtime import pp as pipeline_parallel
-from runtime.blocks import apply_block_choices, blocks_in
-from runtime.data import split_batch
-from runtime.fsdp import apply_fsdp, sharded
-from runtime.memory import local
-from runtime.mesh import Topology
-from runtime.precision import autocast_forward, describe, train_dtype
-from runtime.recipe import LossFn, lm_loss, loss_for
-from runtime.tp import apply_tp, loss_context, plain, settle_grads, vocab_head
+from partita.costmodel.models import ModelSpec
+from partita.planner.plan import Plan
+from partita.runtime import pp as pipeline_parallel
+from partita.runtime.blocks import apply_block_choices, blocks_in
+from partita.runtime.data import split_batch
+from partita.runtime.fsdp import apply_fsdp, sharded
+from partita.runtime.memory import local
+from partita.runtime.mesh import Topology
+from partita.runtime.precision import autocast_forward, describe, train_dtype
+from partita.runtime.recipe import LossFn, lm_loss, loss_for
+from partita.runtime.tp import apply_tp, loss_context, plain, settle_grads, vocab_head
 
 
 @torch.no_grad()

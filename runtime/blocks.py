@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from planner.plan import BlockChoice, Plan, PlanError
-from runtime.offload import offload_activations
-from runtime.recompute import recompute
-from runtime.wrap import wrap_forward
+from partita.planner.plan import BlockChoice, Plan, PlanError
+from partita.runtime.offload import offload_activations
+from partita.runtime.recompute import recompute
+from partita.runtime.wrap import wrap_forward
 
 
 def blocks_in(module: nn.Module, plan: Plan, stage: int | None = None) -> dict[str, BlockChoice]:

@@ -51,7 +51,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from costmodel.errors import PartitaError
+from partita.costmodel.errors import PartitaError
 
 FORMAT = "partita.checkpoint/1"
 MANIFEST = "partita.json"

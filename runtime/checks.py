@@ -7,15 +7,15 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from costmodel import model_fingerprint
-from costmodel.models import ModelSpec
-from planner import executable
-from planner.plan import Plan, PlanError
-from runtime.fsdp import sharded
-from runtime.pp import check_schedule
-from runtime.recipe import OPTIMIZERS
-from runtime.tp import is_norm
-from runtime.precision import describe, train_dtype
+from partita.costmodel import model_fingerprint
+from partita.costmodel.models import ModelSpec
+from partita.planner import executable
+from partita.planner.plan import Plan, PlanError
+from partita.runtime.fsdp import sharded
+from partita.runtime.pp import check_schedule
+from partita.runtime.recipe import OPTIMIZERS
+from partita.runtime.tp import is_norm
+from partita.runtime.precision import describe, train_dtype
 
 
 def build_meta(spec: ModelSpec) -> nn.Module:

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from costmodel.errors import PartitaError
-from costmodel.models import ModelSpec
+from partita.costmodel.errors import PartitaError
+from partita.costmodel.models import ModelSpec
 
 Batch = tuple  # of tensors, sample dimension first
 

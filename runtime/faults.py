@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from costmodel.errors import PartitaError
+from partita.costmodel.errors import PartitaError
 
 ENV = "PARTITA_FAULT"
 KINDS = ("exit", "save", "nan")

@@ -16,9 +16,9 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
-from planner.plan import BlockChoice, Plan, PlanError
-from runtime.offload import state_policy
-from runtime.precision import fsdp_policy
+from partita.planner.plan import BlockChoice, Plan, PlanError
+from partita.runtime.offload import state_policy
+from partita.runtime.precision import fsdp_policy
 
 
 def sharded(plan: Plan) -> bool:

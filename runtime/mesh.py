@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from costmodel import PartitaError
-from planner.plan import Plan
+from partita.costmodel import PartitaError
+from partita.planner.plan import Plan
 
 DIMS = ("pp", "dp", "tp")
 

@@ -22,10 +22,10 @@ import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 from torch.utils.checkpoint import SelectiveCheckpointContext
 
-from planner.plan import PlanError
-from runtime.memory import local
-from runtime.recompute import run_checkpointed, selective_contexts, tensors
-from runtime.wrap import Around, within
+from partita.planner.plan import PlanError
+from partita.runtime.memory import local
+from partita.runtime.recompute import run_checkpointed, selective_contexts, tensors
+from partita.runtime.wrap import Around, within
 
 
 def pin() -> bool:

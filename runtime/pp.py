@@ -34,11 +34,11 @@ from torch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe, ScheduleI
                                           pipeline)
 from torch.distributed.tensor import DTensor
 
-from planner import executable
-from planner.plan import Plan, PlanError
-from runtime.blocks import blocks_in
-from runtime.memory import local
-from runtime.recipe import lm_loss
+from partita.planner import executable
+from partita.planner.plan import Plan, PlanError
+from partita.runtime.blocks import blocks_in
+from partita.runtime.memory import local
+from partita.runtime.recipe import lm_loss
 
 SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe, "Interleaved1F1B": ScheduleInterleaved1F1B}
 assert tuple(SCHEDULES) == executable.SCHEDULES, "runtime/pp.py and planner/executable.py must list the same schedules"
@@ -82,7 +82,7 @@ def _is_hf(model: nn.Module) -> bool:
 def _logits_forward(model: nn.Module):
     """While tracing: `model(input_ids)` returns the HF model's logits (no loss, no cache), traced as
     eager training runs (costmodel.models.hf.export_context)."""
-    from costmodel.models.hf import export_context
+    from partita.costmodel.models.hf import export_context
     cls_forward = type(model).forward
 
     def logits(input_ids):

@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from planner.plan import Plan, PlanError
-from runtime.wrap import within, wrap_forward
+from partita.planner.plan import Plan, PlanError
+from partita.runtime.wrap import within, wrap_forward
 
 DTYPES = {None: torch.float32, "fp32": torch.float32, "float32": torch.float32,
           "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}

@@ -8,8 +8,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from costmodel.losses import cross_entropy as fused_cross_entropy
-from costmodel.models import ModelSpec
+from partita.costmodel.losses import cross_entropy as fused_cross_entropy
+from partita.costmodel.models import ModelSpec
 
 
 def build_model(spec: ModelSpec, seed: int) -> nn.Module:

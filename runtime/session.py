@@ -1,4 +1,4 @@
-"""One training run under a plan: shared by the `runtime.train` entry point and the Python API (runtime.api).
+"""One training run under a plan: shared by the `partita.runtime.train` entry point and the Python API (runtime.api).
 
 `prepare` runs on every rank before any process group exists: the plan's pre-flight checks, the data
 source, the fault switch, and the checkpoint to resume from (validated), so a bad plan, data file or
@@ -35,20 +35,20 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
-from costmodel import PartitaError, model_fingerprint
-from costmodel.models import ModelSpec, with_seq
-from planner.plan import Plan
-from runtime import checkpoint as ckpt
-from runtime import memory
-from runtime.apply import make_executor
-from runtime.checks import build_meta, optimizer_name, preflight
-from runtime.data import make_data
-from runtime.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
-from runtime.mesh import Topology, backend_for, init
-from runtime.precision import train_dtype
-from runtime.recipe import build_model, make_optimizer
-from runtime.report import RunResult, render
-from runtime.verify import (PARAM_TOLERANCE, TOLERANCE, VERIFY_DTYPE, Check, compare, failures, loss_check,
+from partita.costmodel import PartitaError, model_fingerprint
+from partita.costmodel.models import ModelSpec, with_seq
+from partita.planner.plan import Plan
+from partita.runtime import checkpoint as ckpt
+from partita.runtime import memory
+from partita.runtime.apply import make_executor
+from partita.runtime.checks import build_meta, optimizer_name, preflight
+from partita.runtime.data import make_data
+from partita.runtime.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
+from partita.runtime.mesh import Topology, backend_for, init
+from partita.runtime.precision import train_dtype
+from partita.runtime.recipe import build_model, make_optimizer
+from partita.runtime.report import RunResult, render
+from partita.runtime.verify import (PARAM_TOLERANCE, TOLERANCE, VERIFY_DTYPE, Check, compare, failures, loss_check,
                             param_check, param_stats, reference_run)
 
 EXIT_OK, EXIT_VERIFY, EXIT_ERROR, EXIT_NONFINITE = 0, 1, 2, 3

@@ -1,12 +1,12 @@
 """Entry point: train a model under a plan, report measured cost beside the prediction, optionally verify.
 
-    python -m torch.distributed.run --standalone --nproc-per-node W [--max-restarts K] -m runtime.train \\
+    python -m torch.distributed.run --standalone --nproc-per-node W [--max-restarts K] -m partita.runtime.train \\
         PLAN.json --model MODEL --steps N [--verify] [--seed S] [--lr LR] [--losses-out FILE] \\
         [--data FILE [--data-dtype uint16|uint32]] \\
         [--checkpoint-dir DIR [--checkpoint-every N] [--resume]] [--max-restarts K]
-    python -m runtime.train PLAN.json --model MODEL --check   # pre-flight checks only, no processes
-    python -m runtime.train PLAN.json --model MODEL ...       # a one-rank plan runs without torchrun too
-    python -m runtime.train PLAN.json --model MODEL ... --nproc-per-node W \\
+    python -m partita.runtime.train PLAN.json --model MODEL --check   # pre-flight checks only, no processes
+    python -m partita.runtime.train PLAN.json --model MODEL ...       # a one-rank plan runs without torchrun too
+    python -m partita.runtime.train PLAN.json --model MODEL ... --nproc-per-node W \\
         [--nnodes N --rdzv-endpoint HOST:PORT [--rdzv-id ID]]  # starts torchrun on itself (runtime.api.agent)
 
 --model is built at the plan's sequence length (train.seq_len): `partita plan --seq 32` and then `run` with the
@@ -37,17 +37,17 @@ import sys
 
 import torch.distributed as dist
 
-from costmodel import PartitaError, resolve_model
-from planner.plan import Plan
-from runtime.data import DTYPES
-from runtime.mesh import agree_on_attempt, env_world
-from runtime.report import show_library_warnings_once, write_error_file
-from runtime.session import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, NonFiniteLoss, RunOptions, at_seq_len,
+from partita.costmodel import PartitaError, resolve_model
+from partita.planner.plan import Plan
+from partita.runtime.data import DTYPES
+from partita.runtime.mesh import agree_on_attempt, env_world
+from partita.runtime.report import show_library_warnings_once, write_error_file
+from partita.runtime.session import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, NonFiniteLoss, RunOptions, at_seq_len,
                              execute, prepare)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m runtime.train", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m partita.runtime.train", description=__doc__.split("\n")[0])
     p.add_argument("plan", help="plan JSON (partita.plan/1)")
     p.add_argument("--model", required=True, help="model preset or MODEL string, e.g. tiny-gpt")
     p.add_argument("--steps", type=int, default=10)
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     if not args.check and any(getattr(args, name) is not None for name in LAUNCHER_FLAGS):
-        from runtime.api import agent_main
+        from partita.runtime.api import agent_main
         return agent_main(args, argv)
     rank = env_world()[0]
     try:

@@ -44,8 +44,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Shard
 
-from costmodel.models import ModelSpec
-from runtime.recipe import build_model, loss_for, make_optimizer
+from partita.costmodel.models import ModelSpec
+from partita.runtime.recipe import build_model, loss_for, make_optimizer
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-3}
 """Largest |loss - reference loss| a run in this dtype may show against the fp32 reference."""

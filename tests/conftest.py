@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.models import resolve_model
-from costmodel.trace import capture
+from partita.costmodel.models import resolve_model
+from partita.costmodel.trace import capture
 
 
 @functools.lru_cache(maxsize=None)

@@ -2,7 +2,7 @@
 
 Run under torchrun: `python -m torch.distributed.run --standalone --nproc-per-node W -m
 benchmarks.handwritten.ddp --model M --global-batch B --steps N --out out.json`. Trains exactly what
-`runtime.train` trains -- the same model built with the same seed, the same synthetic token batches
+`partita.runtime.train` trains -- the same model built with the same seed, the same synthetic token batches
 (a torch.Generator seeded with seed * 1_000_003 + step, each data-parallel rank taking its contiguous
 slice), AdamW(lr, weight_decay=0, foreach=False), mean token cross-entropy -- and times each step the
 same way: from zero_grad to the loss all-reduced and read back, the slowest rank's time per step.
@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from costmodel.models import resolve_model
+from partita.costmodel.models import resolve_model
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -18,8 +18,8 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from costmodel.errors import PartitaError
-from costmodel.models.gpt import GPT, GPTConfig
+from partita.costmodel.errors import PartitaError
+from partita.costmodel.models.gpt import GPT, GPTConfig
 
 # Megatron-LM SC'21 Table 1 (REFERENCE.md): heads, hidden, layers; seq 2048, vocab 51200.
 _MEGATRON_TABLE1 = {
@@ -225,9 +225,9 @@ def resolve_model(spec: str) -> ModelSpec:
     if family in _FAMILY_KEYS and ":" in spec:
         return _parse_family(spec)
     if spec.startswith("hf:"):
-        from costmodel.models.hf import hf_spec  # imports transformers: only when asked for
+        from partita.costmodel.models.hf import hf_spec  # imports transformers: only when asked for
         return hf_spec(spec)
-    from costmodel.models.cnn import CNN_PRESETS, cnn_spec  # late: cnn.py builds ModelSpecs
+    from partita.costmodel.models.cnn import CNN_PRESETS, cnn_spec  # late: cnn.py builds ModelSpecs
     if spec in CNN_PRESETS or spec.startswith("resnet:"):
         return cnn_spec(spec)
     if ":" in spec:

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from costmodel.errors import PartitaError
+from partita.costmodel.errors import PartitaError
 
 _DEPTHS = {18: ((2, 2, 2, 2), False), 34: ((3, 4, 6, 3), False), 50: ((3, 4, 6, 3), True),
            101: ((3, 4, 23, 3), True), 152: ((3, 8, 36, 3), True)}
@@ -174,7 +174,7 @@ _FAMILY_KEYS = ("depth", "width", "image", "classes")
 
 
 def resnet_spec(name: str, cfg: ResNetConfig):
-    from costmodel.models import ModelSpec
+    from partita.costmodel.models import ModelSpec
 
     def example_inputs(batch: int):
         # images in the default dtype (the capture sets it to the training dtype), labels as class ids

@@ -49,7 +49,7 @@ from unittest import mock
 import torch
 import torch.nn as nn
 
-from costmodel.errors import PartitaError
+from partita.costmodel.errors import PartitaError
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,7 @@ def hf_loss(names: tuple[str, ...], model: nn.Module, *inputs: torch.Tensor) -> 
 
 def hf_spec(spec: str, seq: int | None = None):
     """A ModelSpec for an `hf:` MODEL string (see the module docstring)."""
-    from costmodel.models import ModelSpec
+    from partita.costmodel.models import ModelSpec
 
     arch, overrides = parse(spec)
     if seq is not None:

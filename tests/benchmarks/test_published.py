@@ -17,8 +17,8 @@ if str(ROOT) not in sys.path:
 from benchmarks import published  # noqa: E402
 from benchmarks.published_data import (HARDWARE_TFLOPS, METRICS, ROWS, SKIPPED, TOKENS, Model, Row,  # noqa: E402
                                        Table)
-from costmodel.hardware import DEVICES  # noqa: E402
-from planner.options import RECOMPUTE  # noqa: E402
+from partita.costmodel.hardware import DEVICES  # noqa: E402
+from partita.planner.options import RECOMPUTE  # noqa: E402
 
 
 def test_data_meets_the_benchmark_requirements():

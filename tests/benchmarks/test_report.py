@@ -34,7 +34,7 @@ def test_the_renderer_puts_the_results_values_into_the_section():
     text = report.render("published", {"published": _published(0.1234)})
     assert "| src-x | 1 / 2 | 12.3% | 12.3% |" in text  # per-source row, computed where the summary lacks it
     assert "`src-x/model-y`: measured 1000 tokens/s per GPU, predicted 1123 (+12.3%)" in text
-    assert "1 of the 2 rows" in text and "count as misses" in text and "commit abc1234" in text
+    assert "1 of the 2 rows" in text and "counts as a miss" in text and "commit abc1234" in text
     assert "target <= 10%: not met" in text and "targets are not met" in text
     assert report.render("published", {"published": None}).startswith("No results yet")
 

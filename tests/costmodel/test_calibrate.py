@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from costmodel import calibrate, comm
-from costmodel.hardware import parse_cluster
+from partita.costmodel import calibrate, comm
+from partita.costmodel.hardware import parse_cluster
 
 SIZES = (2**20, 2**22, 2**24)  # 1-16 MiB: milliseconds, steadier than tiny messages on a busy machine
 

@@ -4,9 +4,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from costmodel.flops import register_missing_formulas
-from costmodel.models import resolve_model, PRESETS
-from costmodel.trace import capture
+from partita.costmodel.flops import register_missing_formulas
+from partita.costmodel.models import resolve_model, PRESETS
+from partita.costmodel.trace import capture
 from tests.conftest import measured_saved_bytes
 
 
@@ -88,8 +88,8 @@ def test_a_tied_weight_is_captured_and_counted_once():
     records the tie."""
     import torch
     import torch.nn as nn
-    from costmodel.models import ModelSpec
-    from costmodel.trace import capture
+    from partita.costmodel.models import ModelSpec
+    from partita.costmodel.trace import capture
 
     class Tied(nn.Module):
         def __init__(self):

@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from costmodel import comm
-from costmodel.hardware import parse_cluster
+from partita.costmodel import comm
+from partita.costmodel.hardware import parse_cluster
 
 
 def _reference(spec):

@@ -1,8 +1,8 @@
 import pytest
 
-from costmodel import comm
-from costmodel.errors import PartitaError
-from costmodel.hardware import DEVICES, parse_cluster
+from partita.costmodel import comm
+from partita.costmodel.errors import PartitaError
+from partita.costmodel.hardware import DEVICES, parse_cluster
 
 
 def test_cluster_strings():

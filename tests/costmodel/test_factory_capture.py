@@ -8,13 +8,13 @@ import textwrap
 import pytest
 from torch._subclasses.fake_tensor import FakeTensor
 
-from costmodel.models import resolve_model
-from planner.api import plan
-from planner.space import TrainConfig
+from partita.costmodel.models import resolve_model
+from partita.planner.api import plan
+from partita.planner.space import TrainConfig
 
 _RECORDING_FACTORY = '''
 import torch
-from costmodel.models.gpt import GPT, GPTConfig
+from partita.costmodel.models.gpt import GPT, GPTConfig
 
 CALLS = []  # (default device, parameter device, parameter is a FakeTensor) per call
 
@@ -47,7 +47,7 @@ def test_planning_a_factory_allocates_no_parameters_but_the_runtime_build_does(t
 
 _BIG_FACTORY = '''
 import torch
-from costmodel.models.gpt import GPT, GPTConfig
+from partita.costmodel.models.gpt import GPT, GPTConfig
 
 def factory():  # 0.87B parameters: 3.5 GB if allocated in fp32
     model = GPT(GPTConfig(layers=16, hidden=2048, heads=16, vocab=32000, seq=128))
@@ -57,8 +57,8 @@ def factory():  # 0.87B parameters: 3.5 GB if allocated in fp32
 _MEASURE = '''
 import json, resource, sys
 sys.path.insert(0, sys.argv[1])
-from planner.api import plan
-from planner.space import TrainConfig
+from partita.planner.api import plan
+from partita.planner.space import TrainConfig
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 p = plan("partita_big_factory:factory", cluster="8xA100-80GB", train=TrainConfig(global_batch=8))
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 import torch
 
-from costmodel.errors import PartitaError
-from costmodel.models import resolve_model
-from costmodel.models.gpt import GPTConfig
+from partita.costmodel.errors import PartitaError
+from partita.costmodel.models import resolve_model
+from partita.costmodel.models.gpt import GPTConfig
 
 
 def test_every_gptconfig_field_is_a_key():
@@ -58,7 +58,7 @@ def test_bad_family_strings_are_one_clear_line(spec, needle):
 
 
 def test_the_listings_name_the_keys(capsys):
-    from planner.cli import main
+    from partita.planner.cli import main
     assert main(["models"]) == 0
     out = capsys.readouterr().out
     assert "attention=sdpa|math" in out and "dropout=" in out and "kv_heads" in out

@@ -14,12 +14,12 @@ import json
 
 import pytest
 
-from costmodel import calibrate, comm
-from costmodel.hardware import DEVICES, Cluster, conservative_device
-from costmodel.memory import state_bytes
-from costmodel.resources import SCHEMA, cluster_from_dict, cluster_to_dict
-from planner.options import Variant, cost_variant
-from planner.strategies import BACKWARD_LAUNCHES, launches, replicate_option, sequence_option, tensor_option
+from partita.costmodel import calibrate, comm
+from partita.costmodel.hardware import DEVICES, Cluster, conservative_device
+from partita.costmodel.memory import state_bytes
+from partita.costmodel.resources import SCHEMA, cluster_from_dict, cluster_to_dict
+from partita.planner.options import Variant, cost_variant
+from partita.planner.strategies import BACKWARD_LAUNCHES, launches, replicate_option, sequence_option, tensor_option
 
 MODEL = "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128"
 CPU = DEVICES["cpu"]
@@ -180,8 +180,8 @@ def test_sharded_param_latency_is_paid_per_dtensor_parameter_per_step(graph_of):
 # ---------------------------------------------------------------------------------------- a step
 
 def test_every_step_pays_one_loss_all_reduce_over_all_ranks(graph_of):
-    from planner.search import SearchSpace, TrainConfig
-    from planner.candidates import _Bases, build_candidate, split_model, step_sync
+    from partita.planner.search import SearchSpace, TrainConfig
+    from partita.planner.candidates import _Bases, build_candidate, split_model, step_sync
     g = graph_of(MODEL)
     s = 6e-4
     base, slow = _cluster(4), _cluster(4, sync_latency=s)
@@ -196,7 +196,7 @@ def test_every_step_pays_one_loss_all_reduce_over_all_ranks(graph_of):
     # one stage, no TP: the runtime's DDP, whose buckets overlap the backward but the last (25 MiB)
     extra = sum(cost_variant(Variant(o), base, state_bytes("fp32", "adam"), 0, 4, 1, 2, ddp_overlap=True).flush
                 for o in c.parts["extra_options"].values())
-    from planner.candidates import DDP_BUCKET_BYTES
+    from partita.planner.candidates import DDP_BUCKET_BYTES
     grads = 4 * sum(sum(d["params"].values()) for _, d in g.g.nodes(data=True))
     last = comm.all_reduce(base, comm.group_for(base, 4, 1), min(DDP_BUCKET_BYTES, grads)) \
         * (1 - base.device.overlap_slowdown)

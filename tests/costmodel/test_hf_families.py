@@ -10,12 +10,12 @@ from torch.utils.flop_counter import FlopCounterMode
 
 pytest.importorskip("transformers")
 
-from costmodel.errors import PartitaError  # noqa: E402
-from costmodel.flops import register_missing_formulas  # noqa: E402
-from costmodel.models import resolve_model  # noqa: E402
-from costmodel.trace import capture  # noqa: E402
-from planner.api import plan_search  # noqa: E402
-from planner.space import TrainConfig  # noqa: E402
+from partita.costmodel.errors import PartitaError  # noqa: E402
+from partita.costmodel.flops import register_missing_formulas  # noqa: E402
+from partita.costmodel.models import resolve_model  # noqa: E402
+from partita.costmodel.trace import capture  # noqa: E402
+from partita.planner.api import plan_search  # noqa: E402
+from partita.planner.space import TrainConfig  # noqa: E402
 
 _TINY = "num_hidden_layers=2,hidden_size=128,num_attention_heads=4,vocab_size=512"
 _DECODER = f"{_TINY},intermediate_size=256,num_key_value_heads=2"

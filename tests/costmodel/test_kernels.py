@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import pytest
 
-from costmodel.hardware import DEVICES
-from costmodel.kernels import node_time, saturation
-from planner.strategies import node_seconds, replicate_option, tensor_option
-from costmodel.hardware import parse_cluster
+from partita.costmodel.hardware import DEVICES
+from partita.costmodel.kernels import node_time, saturation
+from partita.planner.strategies import node_seconds, replicate_option, tensor_option
+from partita.costmodel.hardware import parse_cluster
 
 A100 = DEVICES["A100-80GB"]
 
@@ -84,7 +84,7 @@ def test_block_options_carry_the_shape_effect(graph_of):
 def test_calibrate_fits_the_gemm_curve_it_is_given():
     """`partita calibrate` on a GPU fits e_max and x_half to square matmuls; synthetic rates from known
     parameters come back."""
-    from costmodel.calibrate import fit_gemm_curve
+    from partita.costmodel.calibrate import fit_gemm_curve
     peak, e, half = 300e12, 0.8, 128.0
     rows = [{"n": n, "flops_per_s": peak * e * (n / (n + half)) ** 3} for n in (256, 512, 1024, 2048, 4096, 8192)]
     fit = fit_gemm_curve(rows, peak)

@@ -1,12 +1,12 @@
-"""costmodel.losses: the fused cross-entropy equals PyTorch's (loss and gradient) and is captured with
+"""partita.costmodel.losses: the fused cross-entropy equals PyTorch's (loss and gradient) and is captured with
 the fused kernel's memory: the logits kept, not fp32 copies of them."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from costmodel import losses
-from costmodel.models import resolve_model
-from costmodel.trace import capture
+from partita.costmodel import losses
+from partita.costmodel.models import resolve_model
+from partita.costmodel.trace import capture
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
@@ -40,6 +40,6 @@ def test_a_fused_loss_keeps_the_logits_not_fp32_copies():
 
 
 def test_an_unknown_loss_is_one_line_naming_the_choices():
-    from costmodel.errors import PartitaError
+    from partita.costmodel.errors import PartitaError
     with pytest.raises(PartitaError, match="plain.*fused"):
         resolve_model("gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32,loss=chunked")

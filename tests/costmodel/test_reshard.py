@@ -16,10 +16,10 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from costmodel import comm
-from costmodel.errors import PartitaError
-from costmodel.hardware import parse_cluster
-from costmodel.reshard import P, R, S, local_shape, placement, reshard
+from partita.costmodel import comm
+from partita.costmodel.errors import PartitaError
+from partita.costmodel.hardware import parse_cluster
+from partita.costmodel.reshard import P, R, S, local_shape, placement, reshard
 
 WORLD = 8
 

@@ -27,15 +27,15 @@ the policy: -260 B of 629 kB (tiny-gpt), -4 B (tiny-llama), -484 B of 4.3 MB (hf
 import pytest
 import torch
 
-from costmodel.hardware import parse_cluster
-from costmodel.models import resolve_model
-from planner.plan import BlockChoice
-from planner.candidates import split_model
-from planner.strategies import replicate_option
-from runtime.blocks import apply_block_choices
-from runtime.data import make_data
-from runtime.memory import measure_live_bytes
-from runtime.recipe import build_model, loss_for
+from partita.costmodel.hardware import parse_cluster
+from partita.costmodel.models import resolve_model
+from partita.planner.plan import BlockChoice
+from partita.planner.candidates import split_model
+from partita.planner.strategies import replicate_option
+from partita.runtime.blocks import apply_block_choices
+from partita.runtime.data import make_data
+from partita.runtime.memory import measure_live_bytes
+from partita.runtime.recipe import build_model, loss_for
 from tests.conftest import captured, measured_saved_bytes
 
 MODELS = ["tiny-gpt", "tiny-llama", "hf:gpt2"]

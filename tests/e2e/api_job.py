@@ -1,8 +1,8 @@
 """A user's training script, run by test_hf_and_api.py under torchrun (2 ranks) in one launch.
 
-It creates the process group itself (so `runtime.run` and `runtime.plan_and_run` use it and leave it
-alone), plans a HuggingFace Llama on rank 0 with `runtime.plan_and_run`, then runs the given plan files
-with `runtime.run` on the user's own module builder, each with --verify's comparison. Every rank writes
+It creates the process group itself (so `partita.runtime.run` and `partita.runtime.plan_and_run` use it and leave it
+alone), plans a HuggingFace Llama on rank 0 with `partita.runtime.plan_and_run`, then runs the given plan files
+with `partita.runtime.run` on the user's own module builder, each with --verify's comparison. Every rank writes
 what it got to OUT.rank<r>.json.
 
     python -m torch.distributed.run --nproc-per-node 2 tests/e2e/api_job.py OUT PLAN.json ...
@@ -12,9 +12,9 @@ import sys
 
 import torch.distributed as dist
 
-import runtime
-from costmodel import resolve_model
-from runtime.mesh import init_default
+import partita.runtime as runtime
+from partita.costmodel import resolve_model
+from partita.runtime.mesh import init_default
 
 
 def summary(result) -> dict:

@@ -1,5 +1,5 @@
 """Run under torchrun by test_pipeline_tied_and_own_loss.py: each (plan file, MODEL) pair trains 3 steps with
-`runtime.run(..., verify=True)` in this one launch (one process group), and every rank writes what it got
+`partita.runtime.run(..., verify=True)` in this one launch (one process group), and every rank writes what it got
 to OUT.rank<r>.json.
 
     python -m torch.distributed.run --nproc-per-node 2 tests/e2e/pipeline_job.py OUT PLAN.json MODEL ...
@@ -9,8 +9,8 @@ import sys
 
 import torch.distributed as dist
 
-import runtime
-from runtime.mesh import init_default
+import partita.runtime as runtime
+from partita.runtime.mesh import init_default
 
 
 def main(out: str, pairs: list[str]) -> None:

@@ -2,13 +2,13 @@
 --verify: the losses equal single-process training. Slow (8 ranks time-share 2 cores, ~30-60 s)."""
 import pytest
 
-import planner
-from costmodel.hardware import parse_cluster
-from costmodel.models import resolve_model
-from costmodel.trace import capture
-from planner.api import _fingerprint
-from planner.build import build_plan
-from planner.search import SearchSpace, search
+import partita.planner as planner
+from partita.costmodel.hardware import parse_cluster
+from partita.costmodel.models import resolve_model
+from partita.costmodel.trace import capture
+from partita.planner.api import _fingerprint
+from partita.planner.build import build_plan
+from partita.planner.search import SearchSpace, search
 from tests.e2e.test_plans_match_single_process import assert_matches, launch
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import runtime
+import partita.runtime as runtime
 from test_plan_elements import element_plan  # sibling test module
 from test_plans_match_single_process import ROOT, _env, make_plan
 
@@ -26,7 +26,7 @@ def torchrun(tmp_path: Path, name: str, plan: dict, ranks: int, *args: str, rest
     plan_file.write_text(json.dumps(plan))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
            *([f"--max-restarts={restarts}"] if restarts else []),
-           "-m", "runtime.train", str(plan_file), "--model", model, "--losses-out", str(out), *args]
+           "-m", "partita.runtime.train", str(plan_file), "--model", model, "--losses-out", str(out), *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(**(env or {})), capture_output=True, text=True, timeout=300)
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
@@ -61,7 +61,7 @@ def test_resume_on_another_plan_and_world_size_then_stop_on_nan(tmp_path):
           f"param diff {out_b['param_max_abs_diff']:.2e}")
 
     (tmp_path / "c.json").write_text(json.dumps(make_plan(micro=2, mb=4)))
-    proc = subprocess.run([sys.executable, "-m", "runtime.train", str(tmp_path / "c.json"), "--model", "tiny-gpt",
+    proc = subprocess.run([sys.executable, "-m", "partita.runtime.train", str(tmp_path / "c.json"), "--model", "tiny-gpt",
                            "--steps", "5", "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--resume"],
                           cwd=ROOT, env=_env(PARTITA_FAULT="nan,step=4"), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr

@@ -6,15 +6,15 @@ import json
 import subprocess
 import sys
 
-from costmodel.models import resolve_model
-from runtime.recipe import loss_for
+from partita.costmodel.models import resolve_model
+from partita.runtime.recipe import loss_for
 from test_plans_match_single_process import ROOT, _env
 
 MODEL = "gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32,loss=fused"
 
 
 def test_the_runtime_trains_with_the_fused_loss(tmp_path, monkeypatch):
-    import costmodel.losses as losses
+    import partita.costmodel.losses as losses
     calls = []
     real = losses._FusedCrossEntropy.apply
     monkeypatch.setattr(losses._FusedCrossEntropy, "apply", lambda *a: calls.append(1) or real(*a))
@@ -24,7 +24,7 @@ def test_the_runtime_trains_with_the_fused_loss(tmp_path, monkeypatch):
     assert calls and loss.ndim == 0  # the recipe's loss for this model is the fused one
 
     plan, out = tmp_path / "plan.json", tmp_path / "out.json"
-    run = [sys.executable, "-m", "planner.cli"]
+    run = [sys.executable, "-m", "partita.planner.cli"]
     made = subprocess.run([*run, "plan", "--model", MODEL, "--cluster", "2xcpu", "--global-batch", "4", "--dp", "2",
                            "--out", str(plan)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stderr

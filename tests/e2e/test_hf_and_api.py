@@ -13,13 +13,13 @@ import sys
 
 import pytest
 
-from costmodel import resolve_model
-from costmodel.hardware import parse_cluster
-from costmodel.trace import capture
-from planner.api import _fingerprint
-from planner.build import build_plan
-from planner.plan import Plan
-from planner.search import SearchSpace, TrainConfig, search
+from partita.costmodel import resolve_model
+from partita.costmodel.hardware import parse_cluster
+from partita.costmodel.trace import capture
+from partita.planner.api import _fingerprint
+from partita.planner.build import build_plan
+from partita.planner.plan import Plan
+from partita.planner.search import SearchSpace, TrainConfig, search
 from test_plans_match_single_process import ROOT, _env
 
 SPACES = {  # the planner's search restricted to one kind of parallelism on 2 CPU ranks

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from planner.plan import Plan
+from partita.planner.plan import Plan
 from test_plans_match_single_process import ROOT, _env, make_plan
 
 GPT4 = "gpt:layers=4,hidden=64,heads=4,seq=32,vocab=256"
@@ -27,7 +27,7 @@ def test_partita_run_interleaved_1f1b_on_a_token_file(tmp_path):
     np.random.default_rng(0).integers(0, 256, size=20_000).astype("<u2").tofile(tmp_path / "tokens.bin")
     (tmp_path / "plan.json").write_text(json.dumps(interleaved_plan()))
     ck, out = tmp_path / "ck", tmp_path / "out.json"
-    cmd = [sys.executable, "-m", "planner.cli", "run", str(tmp_path / "plan.json"), "--model", GPT4, "--steps", "4",
+    cmd = [sys.executable, "-m", "partita.planner.cli", "run", str(tmp_path / "plan.json"), "--model", GPT4, "--steps", "4",
            "--verify", "--data", str(tmp_path / "tokens.bin"), "--checkpoint-dir", str(ck), "--checkpoint-every", "2",
            "--losses-out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)

@@ -38,7 +38,7 @@ def two_nodes(tmp_path: Path, plan: dict, *args: str, env: dict | None = None, n
     procs, files = [], []
     for node in range(2):
         out, err = open(tmp_path / f"node{node}.out", "w+"), open(tmp_path / f"node{node}.err", "w+")
-        cmd = [sys.executable, "-m", "planner.cli", "run", str(plan_file), "--model", "tiny-gpt", *args,
+        cmd = [sys.executable, "-m", "partita.planner.cli", "run", str(plan_file), "--model", "tiny-gpt", *args,
                "--nnodes", "2", "--rdzv-endpoint", endpoint, "--rdzv-id", job,
                "--losses-out", str(tmp_path / f"node{node}.json")]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=_env(**(env or {}), **node_env[node]), stdout=out, stderr=err, text=True))

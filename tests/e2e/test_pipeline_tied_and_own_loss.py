@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from planner.api import plan
-from planner.space import TrainConfig
+from partita.planner.api import plan
+from partita.planner.space import TrainConfig
 from test_plans_match_single_process import ROOT, _env
 
 E2E = str(ROOT / "tests" / "e2e")
@@ -66,7 +66,7 @@ def test_hf_gpt2_planned_at_global_batch_7_on_4_ranks_runs_with_verify(tmp_path)
     assert p.mesh.pp == 4  # the tied wte/lm_head copies are on pipeline ranks 0 and 3 only
     p.save(tmp_path / "plan.json")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m",
-           "runtime.train", str(tmp_path / "plan.json"), "--model", model, "--steps", "3", "--verify"]
+           "partita.runtime.train", str(tmp_path / "plan.json"), "--model", model, "--steps", "3", "--verify"]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verify: OK" in proc.stdout
@@ -84,7 +84,7 @@ def test_tied_copies_under_fsdp_on_a_pp2_dp2_mesh_match_one_process(tmp_path, mo
     assert tied["grad_bytes"] == 96 * 32 * 4 / 2  # each dp rank's gradient shard
     p.save(tmp_path / "plan.json")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m",
-           "runtime.train", str(tmp_path / "plan.json"), "--model", TWO_TOWER, "--steps", "3", "--verify"]
+           "partita.runtime.train", str(tmp_path / "plan.json"), "--model", TWO_TOWER, "--steps", "3", "--verify"]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env_with_factory(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verify: OK" in proc.stdout and "FSDP2" in proc.stdout

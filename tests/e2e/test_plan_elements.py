@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from costmodel import resolve_model
-from planner.plan import Plan
-from runtime.checks import build_meta
-from runtime.verify import TOLERANCE
+from partita.costmodel import resolve_model
+from partita.planner.plan import Plan
+from partita.runtime.checks import build_meta
+from partita.runtime.verify import TOLERANCE
 from test_plans_match_single_process import _direct, _one_line, launch, make_plan  # sibling test module
 
 BF16_TOL = TOLERANCE[torch.bfloat16]

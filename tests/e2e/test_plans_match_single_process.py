@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch.nn as nn
 
-from costmodel import model_fingerprint, resolve_model
-from planner.plan import Plan
-from runtime.checks import build_meta
+from partita.costmodel import model_fingerprint, resolve_model
+from partita.planner.plan import Plan
+from partita.runtime.checks import build_meta
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -64,7 +64,7 @@ def launch(tmp_path: Path, plan: dict, ranks: int, model: str = "tiny-gpt", env:
     plan_file, out = tmp_path / "plan.json", tmp_path / "out.json"
     plan_file.write_text(json.dumps(plan))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-           "-m", "runtime.train", str(plan_file), "--model", model, "--steps", str(STEPS), "--verify",
+           "-m", "partita.runtime.train", str(plan_file), "--model", model, "--steps", str(STEPS), "--verify",
            "--losses-out", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(**(env or {})), capture_output=True, text=True, timeout=300)
     return proc, (json.loads(out.read_text()) if out.exists() else None)
@@ -116,7 +116,7 @@ def test_verify_fails_when_gradients_are_not_synchronised(tmp_path):
 def _direct(tmp_path: Path, plan: dict, model="tiny-gpt", *args: str, **env):
     """The entry point without torchrun (WORLD_SIZE unset = 1): the checks run before any process group."""
     (tmp_path / "plan.json").write_text(json.dumps(plan))
-    cmd = [sys.executable, "-m", "runtime.train", str(tmp_path / "plan.json"), "--model", model, "--steps", "1", *args]
+    cmd = [sys.executable, "-m", "partita.runtime.train", str(tmp_path / "plan.json"), "--model", model, "--steps", "1", *args]
     return subprocess.run(cmd, cwd=ROOT, env=_env(**env), capture_output=True, text=True, timeout=120)
 
 

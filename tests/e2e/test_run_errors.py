@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from costmodel import PartitaError
-from planner import cli
-from runtime import report
+from partita.costmodel import PartitaError
+from partita.planner import cli
+from partita.runtime import report
 from test_plans_match_single_process import ROOT, _env, make_plan
 
 
 def partita(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=ROOT, env=_env(), capture_output=True,
+    return subprocess.run([sys.executable, "-m", "partita.planner.cli", *args], cwd=ROOT, env=_env(), capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -66,7 +66,8 @@ def test_steps_0_from_the_command_line_is_one_line_and_exit_code_2(plan4):
 
 
 def test_launch_refuses_steps_0_before_starting_processes(plan4, monkeypatch):
-    import runtime.api
+    import partita.runtime.api
+    from partita import runtime
     monkeypatch.setattr(runtime.api.subprocess, "call", lambda *a, **k: pytest.fail("torchrun was started"))
     with pytest.raises(PartitaError, match="--steps must be at least 1"):
         runtime.api.launch(plan4, "tiny-gpt", 0)

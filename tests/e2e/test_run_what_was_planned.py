@@ -6,7 +6,7 @@
   that states its vocabulary nowhere is one line;
 - a plan priced for GPUs says so in one line before it trains on CPU processes.
 
-Real `python -m planner.cli` processes, 2 gloo ranks.
+Real `python -m partita.planner.cli` processes, 2 gloo ranks.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.plan import Plan
-from runtime.session import device_note
+from partita.planner.plan import Plan
+from partita.runtime.session import device_note
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTE = "note: this plan was made for"
@@ -27,7 +27,7 @@ NOTE = "note: this plan was made for"
 def partita(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     # ROOT first: tests/ holds folders named like the packages (tests/costmodel ...)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "partita.planner.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -109,9 +109,9 @@ def test_the_device_note_compares_device_kinds(tmp_path):
 
 
 def test_the_python_api_builds_a_model_string_at_the_plans_seq():
-    """runtime.run's model resolution (runtime.api.model_spec with the plan's seq_len): the MODEL string's own
+    """partita.runtime.run's model resolution (runtime.api.model_spec with the plan's seq_len): the MODEL string's own
     length gives way to the plan's, and a user's model_fn keeps its module with the plan's batches."""
-    from runtime.api import model_spec
+    from partita.runtime.api import model_spec
     string = "gpt:layers=2,hidden=64,heads=4,vocab=128,seq=64"
     spec = model_spec(string, seq_len=32)
     assert spec.seq_len == 32 and spec.tokens(2).shape == (2, 33)

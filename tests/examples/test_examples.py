@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.plan import Plan
+from partita.planner.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -45,7 +45,7 @@ def test_plan_hf_model_plans_a_transformers_llama(tmp_path):
 
 def test_custom_module_planned_by_import_path_from_the_cli():
     partita = Path(sys.executable).with_name("partita")
-    cmd = [str(partita)] if partita.exists() else [sys.executable, "-m", "planner.cli"]
+    cmd = [str(partita)] if partita.exists() else [sys.executable, "-m", "partita.planner.cli"]
     proc = run(cmd + ["plan", "--model", "examples.custom_module:build", "--cluster", "8xA100-80GB",
                       "--global-batch", "256", "--json"], PYTHONPATH=str(ROOT))
     plan = json.loads(proc.stdout)

@@ -1,4 +1,4 @@
-"""planner.viz: the data behind the notebooks' pictures (Pareto front, schedule simulator, candidate points).
+"""partita.planner.viz: the data behind the notebooks' pictures (Pareto front, schedule simulator, candidate points).
 
 The simulator is checked against the closed forms the planner's objective is built on (planner.milp):
 with p equal stages and m micro-batches, 1F1B and GPipe take (m + p - 1)(f + b), interleaving with v
@@ -12,9 +12,9 @@ import itertools
 import numpy as np
 import pytest
 
-import planner
-from planner import TrainConfig, viz
-from planner.build import predicted
+import partita.planner as planner
+from partita.planner import TrainConfig, viz
+from partita.planner.build import predicted
 
 
 # ---- Pareto front ------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-import planner
-from planner.baselines import baseline_spaces
+import partita.planner as planner
+from partita.planner.baselines import baseline_spaces
 
 GAP = 5e-3  # the solver's relative optimality gap (planner.milp.StageProblem.mip_rel_gap)
 
@@ -27,7 +27,7 @@ def test_plan_is_never_predicted_slower_than_a_baseline_that_fits(model, cluster
 
 
 def test_megatron_baseline_uses_a_whole_node_of_tensor_parallelism_and_full_recompute():
-    from costmodel.hardware import parse_cluster
+    from partita.costmodel.hardware import parse_cluster
     spaces = {s.name: s for s in baseline_spaces(parse_cluster("4x8xA100-80GB"))}
     meg = spaces["Megatron TP8 x PP"]
     assert meg.tp == (8,) and meg.recompute == ("full",) and meg.zero == (0,) and meg.min_pp

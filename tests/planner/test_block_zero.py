@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
-from costmodel.hardware import DEVICES, Cluster, GiB
-from planner.build import predicted
-from planner.search import SearchSpace, TrainConfig, search
+from partita.costmodel.hardware import DEVICES, Cluster, GiB
+from partita.planner.build import predicted
+from partita.planner.search import SearchSpace, TrainConfig, search
 
 SPACE = SearchSpace(pp=(1,), tp=(1,), zero=(3,), recompute=("none",), offload=False)
 

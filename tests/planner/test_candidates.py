@@ -1,8 +1,8 @@
-"""planner.candidates: the layer options a tensor-parallel degree offers."""
-from costmodel.hardware import parse_cluster
-from costmodel.models import resolve_model
-from costmodel.trace import capture
-from planner.candidates import _Bases, split_model
+"""partita.planner.candidates: the layer options a tensor-parallel degree offers."""
+from partita.costmodel.hardware import parse_cluster
+from partita.costmodel.models import resolve_model
+from partita.costmodel.trace import capture
+from partita.planner.candidates import _Bases, split_model
 
 
 def test_a_layer_tp_cannot_split_keeps_its_replicated_option():

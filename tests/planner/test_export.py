@@ -13,11 +13,11 @@ import tomllib
 
 import pytest
 
-import planner
-from costmodel.errors import PartitaError
-from planner.cli import main
-from planner.export import ExportError, SlurmOptions, export, layers_per_stage, to_megatron, to_slurm, to_torchtitan
-from planner.plan import Plan
+import partita.planner as planner
+from partita.costmodel.errors import PartitaError
+from partita.planner.cli import main
+from partita.planner.export import ExportError, SlurmOptions, export, layers_per_stage, to_megatron, to_slurm, to_torchtitan
+from partita.planner.plan import Plan
 
 SMALL = "gpt:layers=4,hidden=128,heads=4,seq=64,vocab=512"
 
@@ -218,7 +218,7 @@ def test_slurm_script_has_the_plans_nodes_and_runs_the_launcher_per_node(interle
     run = text[text.index("srun "):].replace("\\\n", " ")
     launcher = shlex.split(run.splitlines()[0])
     # runtime.train itself is torchrun's agent on each node (its launcher mode), not torch.distributed.run
-    assert launcher[launcher.index("-m") + 1] == "runtime.train" and "torch.distributed.run" not in text
+    assert launcher[launcher.index("-m") + 1] == "partita.runtime.train" and "torch.distributed.run" not in text
     assert launcher[launcher.index("--nproc-per-node") + 1] == "8"
     assert launcher[launcher.index("--max-restarts") + 1] == "2"
     assert "--model" in launcher and "--steps" in launcher
@@ -253,13 +253,13 @@ def test_slurm_script_runs_under_fake_slurm(interleaved, tmp_path):
     assert r.returncode == 0, r.stderr
     argv = log.read_text().splitlines()
     assert argv[:2] == ["--ntasks-per-node=1", str(bin_ / "fakepython")]  # one launcher per node
-    assert argv[argv.index("-m") + 1] == "runtime.train" and argv[argv.index("runtime.train") + 1] == str(plan)
+    assert argv[argv.index("-m") + 1] == "partita.runtime.train" and argv[argv.index("partita.runtime.train") + 1] == str(plan)
     assert argv[argv.index("--rdzv-endpoint") + 1] == "gpu-a17:29555"
     assert argv[argv.index("--rdzv-id") + 1] == "4242" and argv[argv.index("--nnodes") + 1] == "2"
     assert argv[argv.index("--nproc-per-node") + 1] == "8" and argv[argv.index("--model") + 1] == "megatron-1.7b"
     # the pre-flight check ran first, in one process, for the job's world size (2 nodes x 8)
     check = checks.read_text().splitlines()
-    assert check[-1] == "--check" and check[check.index("runtime.train") + 1] == str(plan)
+    assert check[-1] == "--check" and check[check.index("partita.runtime.train") + 1] == str(plan)
     assert (check[check.index("--nnodes") + 1], check[check.index("--nproc-per-node") + 1]) == ("2", "8")
     assert "--rdzv-endpoint" not in check
     # a failing pre-flight stops the job with its one line, before srun starts anything
@@ -347,7 +347,7 @@ def test_slurm_refuses_plans_that_are_not_whole_nodes(piped, edit, opts, needle)
 def test_export_through_the_cli(piped, tmp_path):
     plan = tmp_path / "plan.json"
     piped.save(plan)
-    r = subprocess.run([sys.executable, "-m", "planner.cli", "export", str(plan), "--to", "torchtitan"],
+    r = subprocess.run([sys.executable, "-m", "partita.planner.cli", "export", str(plan), "--to", "torchtitan"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert tomllib.loads(r.stdout)["parallelism"]["tensor_parallel_degree"] == 2

@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from planner.milp_blocks import BlockProblem, evaluate_blocks, fits_blocks, solve_blocks
+from partita.planner.milp_blocks import BlockProblem, evaluate_blocks, fits_blocks, solve_blocks
 
 
 def random_blocks(rng, p, B):

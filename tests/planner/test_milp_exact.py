@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from planner.milp import MemoryPhase, StageProblem, evaluate, fits, solve_stages
+from partita.planner.milp import MemoryPhase, StageProblem, evaluate, fits, solve_stages
 
 
 def compositions(total, parts):

@@ -2,10 +2,10 @@
 boundary activation and the receivers all-gather it inside the node (SearchSpace.p2p_scatter_gather)."""
 import pytest
 
-from costmodel import comm
-from costmodel.hardware import parse_cluster
-from planner.candidates import _Bases, build_candidate, split_model
-from planner.space import SearchSpace, TrainConfig
+from partita.costmodel import comm
+from partita.costmodel.hardware import parse_cluster
+from partita.planner.candidates import _Bases, build_candidate, split_model
+from partita.planner.space import SearchSpace, TrainConfig
 
 
 def _p2p(g, cluster, space, sp=False):

@@ -10,19 +10,19 @@ from functools import lru_cache
 
 import pytest
 
-import planner.search as search_module
-from costmodel.hardware import parse_cluster
-from costmodel.memory import state_bytes
-from costmodel.models import resolve_model
-from costmodel.trace import capture
-from planner.baselines import baseline_spaces
-from planner.candidates import enumerate_candidates
-from planner.milp import evaluate, fits, polish, solve_stages
-from planner.milp_blocks import fits_blocks, solve_blocks
-from planner.options import Variant, cost_variant, pareto_indices
-from planner.search import search
-from planner.space import SearchSpace, TrainConfig
-from planner.strategies import replicate_option
+import partita.planner.search as search_module
+from partita.costmodel.hardware import parse_cluster
+from partita.costmodel.memory import state_bytes
+from partita.costmodel.models import resolve_model
+from partita.costmodel.trace import capture
+from partita.planner.baselines import baseline_spaces
+from partita.planner.candidates import enumerate_candidates
+from partita.planner.milp import evaluate, fits, polish, solve_stages
+from partita.planner.milp_blocks import fits_blocks, solve_blocks
+from partita.planner.options import Variant, cost_variant, pareto_indices
+from partita.planner.search import search
+from partita.planner.space import SearchSpace, TrainConfig
+from partita.planner.strategies import replicate_option
 
 GPT48 = "gpt:layers=48,hidden=256,heads=4,seq=128,vocab=1000"
 """48 small layers: many integer counts per stage, so HiGHS has work left when the time limit is tiny."""

@@ -3,11 +3,11 @@ communicates, and how the search uses them."""
 import numpy as np
 import pytest
 
-from costmodel import comm
-from costmodel.hardware import parse_cluster
-from planner.search import SearchSpace, TrainConfig, search
-from planner.candidates import _Bases, _edge_reshards, build_candidate, split_model
-from planner.strategies import replicate_option, sequence_option, tensor_option
+from partita.costmodel import comm
+from partita.costmodel.hardware import parse_cluster
+from partita.planner.search import SearchSpace, TrainConfig, search
+from partita.planner.candidates import _Bases, _edge_reshards, build_candidate, split_model
+from partita.planner.strategies import replicate_option, sequence_option, tensor_option
 
 CLUSTER = parse_cluster("8xA100-80GB")
 

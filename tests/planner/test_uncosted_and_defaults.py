@@ -5,10 +5,10 @@ import json
 import torch
 import torch.nn as nn
 
-from planner.api import plan
-from planner.cli import main
-from planner.explain import explain
-from planner.space import TrainConfig
+from partita.planner.api import plan
+from partita.planner.cli import main
+from partita.planner.explain import explain
+from partita.planner.space import TrainConfig
 
 
 @torch.library.custom_op("partita_test::opaque_mix", mutates_args=())

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-import planner
-from costmodel.errors import InfeasibleError, PartitaError
-from planner.cli import main
-from planner.space import SearchSpace
+import partita.planner as planner
+from partita.costmodel.errors import InfeasibleError, PartitaError
+from partita.planner.cli import main
+from partita.planner.space import SearchSpace
 
 MODEL = "gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000"
 DEEP = "gpt:layers=8,hidden=256,heads=8,seq=128,vocab=1000"
@@ -74,7 +74,8 @@ def test_an_unrestricted_plan_records_nothing_fixed(capsys):
     (["--tp", "0"], "tp must be a positive integer, got 0"),
 ])
 def test_an_impossible_fixed_config_is_one_line_before_any_solving(capsys, monkeypatch, flags, needle):
-    import planner.api
+    import partita.planner.api
+    from partita import planner
     monkeypatch.setattr(planner.api, "search", lambda *a, **k: pytest.fail("searched an impossible config"))
     assert main([*PLAN, *flags]) == 2
     captured = capsys.readouterr()
@@ -104,7 +105,7 @@ def test_a_tp_the_layers_cannot_take_is_named(capsys):
 
 def test_a_fixed_config_that_does_not_fit_says_how_much_memory_it_needs():
     """In a subprocess, as a user sees it: exit code 2 and one line with the memory needed and available."""
-    r = subprocess.run([sys.executable, "-m", "planner.cli", "plan", "--model", "megatron-7.5b", "--cluster",
+    r = subprocess.run([sys.executable, "-m", "partita.planner.cli", "plan", "--model", "megatron-7.5b", "--cluster",
                         "8xA100-80GB", "--global-batch", "16", "--tp", "1", "--pp", "1", "--zero", "0",
                         "--recompute", "none", "--offload", "off"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stdout == ""
@@ -148,7 +149,7 @@ def test_search_space_fields_normalise_and_validate():
 
 
 def test_the_baseline_spaces_are_unchanged_by_the_new_fields():
-    from costmodel.hardware import parse_cluster
-    from planner.baselines import baseline_spaces
+    from partita.costmodel.hardware import parse_cluster
+    from partita.planner.baselines import baseline_spaces
     for s in baseline_spaces(parse_cluster("4x8xA100-80GB")):
         assert s.dp is None and s.micro_batch is None and s.virtual_stages is None

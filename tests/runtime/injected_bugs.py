@@ -26,7 +26,7 @@ BUGS = ("none", "skip-dp-grad-sync", "drop-tp-input-grad-reduce")
 
 
 def skip_dp_grad_sync() -> None:
-    import runtime.apply as apply
+    import partita.runtime.apply as apply
 
     class NoSyncDDP(apply.DDP):
         def __init__(self, *args, **kwargs):
@@ -40,7 +40,7 @@ def skip_dp_grad_sync() -> None:
 def drop_tp_input_grad_reduce() -> None:
     from torch.distributed.tensor import DTensor, Replicate
 
-    from runtime import tp
+    from partita.runtime import tp
 
     original = tp.Colwise._prepare_input_fn
 
@@ -64,11 +64,11 @@ def inject(bug: str) -> None:
 
 
 def run_plans(out: str, steps: int, plans: list[str]) -> None:
-    """runtime.run(verify=True) on each plan in one process group; rank 0 writes the summaries."""
+    """partita.runtime.run(verify=True) on each plan in one process group; rank 0 writes the summaries."""
     import torch.distributed as dist
 
-    import runtime
-    from runtime.mesh import init_default
+    import partita.runtime as runtime
+    from partita.runtime.mesh import init_default
 
     init_default()
     results = {}
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
     bug, mode, rest = argv[0], argv[1], argv[2:]
     inject(bug)
     if mode == "train":
-        from runtime.train import main as train_main
+        from partita.runtime.train import main as train_main
         return train_main(rest)
     if mode == "plans":
         run_plans(rest[0], int(rest[1]), rest[2:])

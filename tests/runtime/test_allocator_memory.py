@@ -14,13 +14,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from costmodel import resolve_model
-from planner.plan import Plan
-from runtime import apply as runtime_apply
-from runtime.memory import (ALLOCATOR_METHOD, CPU_METHOD, AllocatorTrace, MemoryEvent, _ordered,
+from partita.costmodel import resolve_model
+from partita.planner.plan import Plan
+from partita.runtime import apply as runtime_apply
+from partita.runtime.memory import (ALLOCATOR_METHOD, CPU_METHOD, AllocatorTrace, MemoryEvent, _ordered,
                             measure_live_bytes)
-from runtime.recipe import build_model
-from runtime.session import RunOptions, execute, prepare
+from partita.runtime.recipe import build_model
+from partita.runtime.session import RunOptions, execute, prepare
 from tests.conftest import captured
 from tests.costmodel.test_saved_bytes_by_recompute import predicted_saved_bytes
 from tests.e2e.test_plans_match_single_process import make_plan
@@ -194,9 +194,9 @@ def test_the_planners_peak_is_the_allocators_within_five_percent(runs):
     """The planner's predicted peak (planner.search.memory_phases: model states less the gradients not
     yet made, the activations, the logits and their gradient) against the allocator's, for the same
     one-process plan."""
-    from costmodel.hardware import parse_cluster
-    from planner.build import predicted
-    from planner.search import SearchSpace, TrainConfig, search
+    from partita.costmodel.hardware import parse_cluster
+    from partita.planner.build import predicted
+    from partita.planner.search import SearchSpace, TrainConfig, search
     traced, _, _ = runs
     space = SearchSpace(pp=(1,), tp=(1,), zero=(0,), recompute=("none",), offload=False)
     result = search(captured("tiny-gpt"), parse_cluster("1xcpu"),

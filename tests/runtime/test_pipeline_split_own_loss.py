@@ -1,4 +1,4 @@
-"""runtime.pp.split on models with their own loss, in one process (no process group: the Pipe's stage modules
+"""partita.runtime.pp.split on models with their own loss, in one process (no process group: the Pipe's stage modules
 run one after the other): the stages' output is the model's logits and the pipeline's loss computed from
 them equals the model's own loss; tied parameters are found on both stages that use them."""
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from costmodel import resolve_model
-from planner.api import plan
-from planner.space import TrainConfig
-from runtime import pp
-from runtime.recipe import build_model
+from partita.costmodel import resolve_model
+from partita.planner.api import plan
+from partita.planner.space import TrainConfig
+from partita.runtime import pp
+from partita.runtime.recipe import build_model
 
 MODELS = ["hf:gpt2:n_layer=2,n_embd=64,n_head=4,vocab_size=128",  # tied wte / lm_head
           "hf:llama",                                              # rotary embedding, untied

@@ -10,15 +10,16 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import runtime.offload
-from costmodel import resolve_model
-from costmodel.models.gpt import GPT as GPTModel, GPTConfig
-from planner.plan import Plan
-from runtime.blocks import apply_block_choices, blocks_in
-from runtime.data import SyntheticTokens
-from runtime.memory import SavedActivations
-from runtime.recipe import build_model, lm_loss
-from runtime.recompute import SelectivePolicy
+import partita.runtime.offload
+from partita import runtime
+from partita.costmodel import resolve_model
+from partita.costmodel.models.gpt import GPT as GPTModel, GPTConfig
+from partita.planner.plan import Plan
+from partita.runtime.blocks import apply_block_choices, blocks_in
+from partita.runtime.data import SyntheticTokens
+from partita.runtime.memory import SavedActivations
+from partita.runtime.recipe import build_model, lm_loss
+from partita.runtime.recompute import SelectivePolicy
 
 GPT = resolve_model("tiny-gpt")
 BLOCKS = ("blocks.0", "blocks.1")

@@ -8,12 +8,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from costmodel import resolve_model
-from planner.plan import Plan, PlanError
-from runtime import pp as pipeline_parallel
-from runtime.checks import preflight
-from runtime.recipe import build_model
-from runtime.tp import apply_tp, styles
+from partita.costmodel import resolve_model
+from partita.planner.plan import Plan, PlanError
+from partita.runtime import pp as pipeline_parallel
+from partita.runtime.checks import preflight
+from partita.runtime.recipe import build_model
+from partita.runtime.tp import apply_tp, styles
 
 
 def plan_dict(**over) -> dict:

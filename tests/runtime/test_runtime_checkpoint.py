@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-import runtime
-from costmodel import PartitaError, resolve_model
-from planner.plan import Plan
-from runtime import checkpoint as ckpt
-from runtime.faults import Faults, parse
-from runtime.session import NonFiniteLoss, RunOptions, prepare
+import partita.runtime as runtime
+from partita.costmodel import PartitaError, resolve_model
+from partita.planner.plan import Plan
+from partita.runtime import checkpoint as ckpt
+from partita.runtime.faults import Faults, parse
+from partita.runtime.session import NonFiniteLoss, RunOptions, prepare
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
@@ -150,7 +150,7 @@ def test_corrupt_checkpoint_exits_2_with_one_line(saved, tmp_path):
     root = copy(saved, tmp_path)
     (root / "step-00000004" / "__0_0.distcp").unlink()
     (tmp_path / "plan.json").write_text(json.dumps(make_plan(micro=2)))
-    proc = subprocess.run([sys.executable, "-m", "runtime.train", str(tmp_path / "plan.json"), "--model", "tiny-gpt",
+    proc = subprocess.run([sys.executable, "-m", "partita.runtime.train", str(tmp_path / "plan.json"), "--model", "tiny-gpt",
                            "--steps", "6", "--checkpoint-dir", str(root), "--resume"],
                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""

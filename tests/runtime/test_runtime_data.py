@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from costmodel import resolve_model
-from runtime.data import SyntheticTokens, microbatches
+from partita.costmodel import resolve_model
+from partita.runtime.data import SyntheticTokens, microbatches
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,12 @@ import pytest
 import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
-from costmodel import resolve_model
-from planner.plan import Plan, PlanError
-from runtime.apply import parallelize
-from runtime.checks import preflight
-from runtime.data import SyntheticTokens
-from runtime.recipe import build_model, lm_loss
+from partita.costmodel import resolve_model
+from partita.planner.plan import Plan, PlanError
+from partita.runtime.apply import parallelize
+from partita.runtime.checks import preflight
+from partita.runtime.data import SyntheticTokens
+from partita.runtime.recipe import build_model, lm_loss
 from test_recompute_offload import OpCounter  # sibling test module
 
 GPT = resolve_model("tiny-gpt")

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from costmodel import PartitaError, resolve_model
-from runtime.data import SyntheticTokens, TokenFile, make_data, split_batch
+from partita.costmodel import PartitaError, resolve_model
+from partita.runtime.data import SyntheticTokens, TokenFile, make_data, split_batch
 
 GPT = resolve_model("tiny-gpt")  # vocab 256, seq 32
 VOCAB, SEQ = GPT.vocab, GPT.seq_len

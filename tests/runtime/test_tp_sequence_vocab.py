@@ -58,9 +58,9 @@ def plan_dict(model: str = "tiny-gpt", *, sequence=False, vocab=False, pp=1, dp=
 
 # ---- one process, fake process group ------------------------------------------------------------
 def _model_and_plan(name: str, **kw):
-    from costmodel import resolve_model
-    from planner.plan import Plan
-    from runtime.recipe import build_model
+    from partita.costmodel import resolve_model
+    from partita.planner.plan import Plan
+    from partita.runtime.recipe import build_model
 
     spec = resolve_model(name)
     return spec, build_model(spec, 0), Plan.from_dict(plan_dict(name, **kw))
@@ -70,7 +70,7 @@ def _model_and_plan(name: str, **kw):
 def test_parameters_are_sharded_as_the_styles_say(topo, name):
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    from runtime.apply import parallelize
+    from partita.runtime.apply import parallelize
 
     spec, model, plan = _model_and_plan(name, sequence=True, vocab=True)
     applied = parallelize(model, plan, topo(1, 2))
@@ -91,7 +91,7 @@ def test_parameters_are_sharded_as_the_styles_say(topo, name):
 
 
 def _styles(name: str, **kw):
-    from runtime.tp import styles
+    from partita.runtime.tp import styles
 
     _, model, plan = _model_and_plan(name, **kw)
     return styles(plan.placements, model)
@@ -100,7 +100,7 @@ def _styles(name: str, **kw):
 def test_layout_rule_hands_sequence_shards_only_to_modules_that_take_them():
     from torch.distributed.tensor import Replicate, Shard
 
-    from runtime.tp import GatherSequence, SequenceBlock, SequenceNorm, VocabEmbedding
+    from partita.runtime.tp import GatherSequence, SequenceBlock, SequenceNorm, VocabEmbedding
 
     gpt = _styles("tiny-gpt", sequence=True, vocab=True)
     llama = _styles("tiny-llama", sequence=True, vocab=True)
@@ -124,11 +124,11 @@ def test_layout_rule_hands_sequence_shards_only_to_modules_that_take_them():
 def test_layout_rule_on_pipeline_stages():
     """Outlined copies (InterpreterModules) are recognised as embeddings and norms; a stage's last block
     gathers what it sends on."""
-    from costmodel import resolve_model
-    from planner.plan import Plan
-    from runtime import pp as pipeline_parallel
-    from runtime.recipe import build_model
-    from runtime.tp import SequenceBlock, SequenceNorm, VocabEmbedding, styles
+    from partita.costmodel import resolve_model
+    from partita.planner.plan import Plan
+    from partita.runtime import pp as pipeline_parallel
+    from partita.runtime.recipe import build_model
+    from partita.runtime.tp import SequenceBlock, SequenceNorm, VocabEmbedding, styles
 
     spec = resolve_model("tiny-llama")
     plan = Plan.from_dict(plan_dict("tiny-llama", sequence=True, vocab=True, pp=2, micro=2))
@@ -152,9 +152,9 @@ def test_sequence_and_vocab_parallelism_communicate_like_megatron(topo):
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from runtime.apply import parallelize
-    from runtime.recipe import lm_loss
-    from runtime.tp import loss_context, settle_grads
+    from partita.runtime.apply import parallelize
+    from partita.runtime.recipe import lm_loss
+    from partita.runtime.tp import loss_context, settle_grads
 
     spec, model, plan = _model_and_plan("tiny-llama", sequence=True, vocab=True)
     parallelize(model, plan, topo(1, 2))
@@ -182,9 +182,9 @@ def test_executor_runs_the_loss_vocab_parallel_and_settles_gradients(topo):
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from runtime.apply import LocalExecutor
-    from runtime.data import SyntheticTokens
-    from runtime.recipe import loss_for
+    from partita.runtime.apply import LocalExecutor
+    from partita.runtime.data import SyntheticTokens
+    from partita.runtime.recipe import loss_for
 
     spec, model, plan = _model_and_plan("tiny-llama", sequence=True, vocab=True)
     executor = LocalExecutor(model, plan, topo(1, 2), loss_for(spec))
@@ -206,9 +206,9 @@ def test_executor_runs_the_loss_vocab_parallel_and_settles_gradients(topo):
     ({"blocks.0.ln1": "sequence", "blocks.0.ln2": "sequence"}, r"'blocks.0' sequence-parallel, but no rowwise"),
 ])
 def test_preflight_refuses_bad_placements(placed, msg):
-    from costmodel import resolve_model
-    from planner.plan import Plan, PlanError
-    from runtime.checks import preflight
+    from partita.costmodel import resolve_model
+    from partita.planner.plan import Plan, PlanError
+    from partita.runtime.checks import preflight
 
     with pytest.raises(PlanError, match=msg) as e:
         preflight(Plan.from_dict(plan_dict(placed=placed)), resolve_model("tiny-gpt"), 2)
@@ -218,16 +218,16 @@ def test_preflight_refuses_bad_placements(placed, msg):
 @pytest.mark.parametrize("placed,msg", [({"ln_f": "sequence"}, "splits the sequence of 32 over tp=3"),
                                         ({"tok_emb": "vocab"}, "splits the vocabulary of 256 over tp=3")])
 def test_preflight_refuses_what_tp_does_not_divide(placed, msg):
-    from costmodel import resolve_model
-    from planner.plan import Plan, PlanError
-    from runtime.checks import preflight
+    from partita.costmodel import resolve_model
+    from partita.planner.plan import Plan, PlanError
+    from partita.runtime.checks import preflight
 
     with pytest.raises(PlanError, match=msg):
         preflight(Plan.from_dict(plan_dict(placed=placed, tp=3)), resolve_model("tiny-gpt"), 3)
 
 
 def test_plan_accepts_the_new_styles_only_with_tp():
-    from planner.plan import Plan, PlanError
+    from partita.planner.plan import Plan, PlanError
 
     assert Plan.from_dict(plan_dict(sequence=True, vocab=True)).placements["ln_f"] == "sequence"
     with pytest.raises(PlanError, match="tensor-parallel placements but mesh.tp = 1"):
@@ -285,8 +285,8 @@ def test_sequence_and_vocab_compose_with_zero3_and_pipelining(tmp_path):
 
 def main(out: str, plans: list[str]) -> None:
     """The torchrun job: run each plan with --verify in this one process group; rank 0 writes summaries."""
-    import runtime
-    from runtime.mesh import init_default
+    import partita.runtime as runtime
+    from partita.runtime.mesh import init_default
 
     init_default()
     results = {}

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.verify import PARAM_TOLERANCE, TOLERANCE
+from partita.runtime.verify import PARAM_TOLERANCE, TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("injected_bugs.py")

@@ -11,7 +11,7 @@ runtime (costmodel <- planner <- runtime), so this module lives here and the run
   - token LMs (our presets, gpt:/llama: families; a `package.module:factory` token model: one integer
     input [batch, seq], an nn.Embedding, an LM head as its last nn.Linear): mean token cross-entropy;
   - HuggingFace causal LMs (`hf:gpt2`, `hf:llama`, ...): the last stage outputs the logits and the loss is
-    HF's shifted next-token cross-entropy (`hf_causal_loss`); masked LMs (`hf:bert`): cross-entropy at
+    HF's shifted next-token cross-entropy (runtime.recipe.hf_causal_loss); masked LMs (`hf:bert`): cross-entropy at
     every position (the runtime's batches label every position).
   It is not for models with any other `loss_fn(module, *batch)`: such a function calls the module and
   computes the loss in one piece of user code the pipeline cannot cut in two; nor for sequence-to-
@@ -25,7 +25,6 @@ import functools
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.models import ModelSpec, resolve_model
@@ -39,12 +38,6 @@ PIPELINE_KINDS = ("lm", "hf-causal", "hf-mlm")
 """Model kinds a pipeline runs (module docstring); `model_kind` names the others "own-loss", "seq2seq",
 "classifier" (our CNNs: a last stage could compute their cross-entropy, but BatchNorm over micro-batches
 is not BatchNorm over the batch) and "no-batches"."""
-
-
-def hf_causal_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """HuggingFace's causal-LM loss from the logits (its `ForCausalLMLoss` on unpadded labels): position t
-    predicts token t + 1; the mean cross-entropy over the batch's (seq - 1) x batch predictions."""
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
 
 
 def token_model_shape(spec: ModelSpec, module: nn.Module | None = None) -> tuple[int, int] | None:

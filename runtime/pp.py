@@ -11,7 +11,7 @@ Models with their own loss (planner.executable says which a pipeline runs): a Hu
 LM is traced with a forward that returns its logits (`_logits_forward`, with the capture's patches of
 costmodel.models.hf so the trace follows eager training), and the last stage's loss is computed from
 those logits and the batch's labels: HF's shifted next-token cross-entropy for a causal LM
-(planner.executable.hf_causal_loss), the plain token cross-entropy for a masked LM (every position
+(runtime.recipe.hf_causal_loss), the plain token cross-entropy for a masked LM (every position
 labelled). `split` records that loss on the Pipe (`PIPE_LOSS`), and `build_schedule` uses it.
 
 Tied weights across stages (Megatron's embedding group): a parameter held under two names whose users land
@@ -38,7 +38,7 @@ from partita.planner import executable
 from partita.planner.plan import Plan, PlanError
 from partita.runtime.blocks import blocks_in
 from partita.runtime.memory import local
-from partita.runtime.recipe import lm_loss
+from partita.runtime.recipe import hf_causal_loss, lm_loss
 
 SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe, "Interleaved1F1B": ScheduleInterleaved1F1B}
 assert tuple(SCHEDULES) == executable.SCHEDULES, "runtime/pp.py and planner/executable.py must list the same schedules"
@@ -71,7 +71,7 @@ def check_schedule(plan: Plan) -> None:
 def _hf_loss(model: nn.Module):
     """The pipeline loss of a HuggingFace LM (module docstring), or None for any other module."""
     kind = getattr(model, "loss_type", None) if _is_hf(model) else None
-    return {"ForCausalLM": executable.hf_causal_loss, "ForMaskedLM": lm_loss}.get(kind)
+    return {"ForCausalLM": hf_causal_loss, "ForMaskedLM": lm_loss}.get(kind)
 
 
 def _is_hf(model: nn.Module) -> bool:

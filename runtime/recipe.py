@@ -33,6 +33,13 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, fused: bool = False) ->
     return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
+def hf_causal_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """HuggingFace's causal-LM loss from the logits (its `ForCausalLMLoss` on unpadded labels): position t
+    predicts token t + 1; the mean cross-entropy over the batch's (seq - 1) x batch predictions. A
+    pipeline's last stage computes it (runtime.pp), as the model would with labels."""
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
+
+
 LossFn = Callable[[nn.Module, tuple], torch.Tensor]
 
 

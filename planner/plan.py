@@ -11,7 +11,10 @@ Shape (the keys scripts rely on are marked *; see DESIGN.md):
     model        {"name", "fingerprint", "config"}   fingerprint = costmodel.model_fingerprint(module)
     cluster      {"spec", "num_devices", "devices_per_node", "device"}
     train        {"global_batch", "seq_len", "dtype", "optimizer"}
-    mesh*        {"pp", "dp", "tp"}   ranks are laid out pp-major, then dp, then tp (tp fastest)
+    mesh*        {"pp", "dp", "cp", "tp", "ep"}   ranks are laid out pp-major, then dp, then cp, then tp (tp
+                 fastest); cp (context parallelism) splits every sequence over cp ranks; ep (expert
+                 parallelism) shards each MoE layer's experts over ep consecutive dp ranks (ep divides dp;
+                 it adds no ranks). cp and ep are optional and 1 when absent (plans written before them)
     schedule*    {"name", "num_microbatches", "micro_batch_size", "virtual_stages"}
     stages       [{"index", "modules": [fqn ...], "split_at": fqn | null}]   pp x virtual_stages of them,
                  in model order; stage i runs on pipeline rank i % pp (interleaved: rank r holds stages
@@ -57,15 +60,25 @@ class PlanError(PartitaError):
 class Mesh:
     pp: int = 1
     dp: int = 1
+    cp: int = 1
+    """Context parallelism: each sequence split over cp ranks (attention gathers keys and values)."""
     tp: int = 1
+    ep: int = 1
+    """Expert parallelism: MoE experts sharded over ep consecutive dp ranks; a divisor of dp, adds no ranks."""
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
 
-    def coords(self, rank: int) -> tuple[int, int, int]:
-        """(pp, dp, tp) coordinates of a global rank; tp varies fastest."""
-        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+    def coords(self, rank: int) -> tuple[int, int, int, int]:
+        """(pp, dp, cp, tp) coordinates of a global rank; tp varies fastest, then cp, then dp."""
+        return (rank // (self.dp * self.cp * self.tp), (rank // (self.cp * self.tp)) % self.dp,
+                (rank // self.tp) % self.cp, rank % self.tp)
+
+    def ep_coords(self, rank: int) -> tuple[int, int]:
+        """(group, index) of a rank's expert-parallel group: dp ranks 0..ep-1 form group 0, and so on."""
+        dp_rank = self.coords(rank)[1]
+        return dp_rank // self.ep, dp_rank % self.ep
 
 
 @dataclass(kw_only=True)
@@ -167,7 +180,12 @@ class Plan:
         missing = [k for k in ("model", "cluster", "train", "mesh", "schedule", "stages", "blocks") if k not in data]
         if missing:
             raise PlanError(f"plan is missing {missing}")
-        mesh = Mesh(**_ints(data["mesh"], "mesh", ("pp", "dp", "tp")))
+        mesh_raw = _obj(data["mesh"], "mesh")
+        mesh = Mesh(**_ints(mesh_raw, "mesh", ("pp", "dp", "tp")),
+                    **_ints({k: mesh_raw.get(k, 1) for k in ("cp", "ep")}, "mesh", ("cp", "ep")))
+        if mesh.dp % mesh.ep:
+            raise PlanError(f"mesh.ep ({mesh.ep}) must divide mesh.dp ({mesh.dp}): experts are sharded over "
+                            f"data-parallel ranks")
         sched_raw = _obj(data["schedule"], "schedule")
         if sched_raw.get("name") not in SCHEDULES:
             raise PlanError(f"schedule.name is {sched_raw.get('name')!r}; accepted: {list(SCHEDULES)}")

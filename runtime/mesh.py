@@ -1,7 +1,7 @@
-"""Process group, device and the (pp, dp, tp) DeviceMesh of a plan.
+"""Process group, device and the (pp, dp, cp, tp) DeviceMesh of a plan.
 
 The backend and device follow `torch.cuda.is_available()` (NCCL on GPU, gloo on CPU), never a flag.
-Ranks are laid out pp-major, then dp, then tp (tp fastest), as `Plan.mesh.coords(rank)` says.
+Ranks are laid out pp-major, then dp, then cp, then tp (tp fastest), as `Plan.mesh.coords(rank)` says.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from partita.costmodel import PartitaError
 from partita.planner.plan import Plan
 
-DIMS = ("pp", "dp", "tp")
+DIMS = ("pp", "dp", "cp", "tp")
 
 
 def env_world() -> tuple[int, int, int]:
@@ -48,6 +48,8 @@ class Topology:
     dp_rank: int
     tp_rank: int
     device: torch.device
+    cp: int = 1
+    cp_rank: int = 0
 
     def group(self, dim: str):
         return self.mesh.get_group(dim)
@@ -116,8 +118,8 @@ def init(plan: Plan) -> Topology:
     rank = env_world()[0]
     device = init_default()
     m = plan.mesh
-    mesh = init_device_mesh(device.type, (m.pp, m.dp, m.tp), mesh_dim_names=DIMS)
+    mesh = init_device_mesh(device.type, (m.pp, m.dp, m.cp, m.tp), mesh_dim_names=DIMS)
     coords = tuple(mesh.get_local_rank(d) for d in DIMS)
     assert coords == m.coords(rank), f"mesh layout {coords} != plan layout {m.coords(rank)} on rank {rank}"
     return Topology(mesh=mesh, rank=rank, pp=m.pp, dp=m.dp, tp=m.tp, pp_rank=coords[0], dp_rank=coords[1],
-                    tp_rank=coords[2], device=device)
+                    tp_rank=coords[3], device=device, cp=m.cp, cp_rank=coords[2])

@@ -28,8 +28,9 @@ collective runs beside it):
 kappa = 0 is perfect overlap, max(C, busy); kappa = 1 is none, C + busy (a CPU, whose collectives run on
 the cores that compute: the `cpu` preset and `partita calibrate` on a CPU).
 
-and the layer costs  T = window_f + window_b + TP, where tensor-parallel collectives (Megatron's
-all-reduces, sequence parallelism's gathers and scatters) sit on the critical path: the next GEMM needs
+and the layer costs  T = window_f + window_b + TP + CP + EP, where tensor-parallel collectives
+(Megatron's all-reduces, sequence parallelism's gathers and scatters), context parallelism's K/V gathers
+and expert parallelism's all-to-alls (planner.cp_ep) sit on the critical path: the next operator needs
 their result.
 
 Per stage and micro-batch, what no window covers (`edge_exposed`): the first layer's forward gather and
@@ -57,6 +58,10 @@ class LayerStreams:
     compute_bwd: float
     """Backward compute, a recompute re-run included."""
     tp: float = 0.0
+    cp: float = 0.0
+    """Context parallelism's K/V all-gathers and reduce-scatters (planner.cp_ep): critical path, like tp."""
+    ep: float = 0.0
+    """Expert parallelism's all-to-all dispatch and combine (planner.cp_ep): critical path, like tp."""
     gather_fwd: float = 0.0
     gather_bwd: float = 0.0
     scatter_bwd: float = 0.0
@@ -84,7 +89,7 @@ class LayerTiming:
     backward: Window
     tp: float
     exposed: dict = field(default_factory=dict)
-    """Exposed seconds by kind: "tp", "zero", "offload"."""
+    """Exposed seconds by kind: "tp", "cp", "ep", "zero", "offload"."""
     lanes: LayerStreams | None = None
     """The work it was priced from."""
 
@@ -111,12 +116,12 @@ def layer_timing(s: LayerStreams, slowdown: float) -> LayerTiming:
     """The layer's seconds per micro-batch and where they go (module docstring)."""
     f = window(s.compute_fwd, s.gather_fwd, s.offload_out + s.nic_fwd, slowdown)
     b = window(s.compute_bwd, s.gather_bwd + s.scatter_bwd, s.offload_in + s.nic_bwd, slowdown)
-    exposed = {"tp": s.tp, "zero": 0.0, "offload": 0.0}
+    exposed = {"tp": s.tp, "cp": s.cp, "ep": s.ep, "zero": 0.0, "offload": 0.0}
     for w in (f, b):
         if w.binding != "compute":
             exposed[w.binding] += w.exposed
-    return LayerTiming(total=f.seconds + b.seconds + s.tp, forward=f, backward=b, tp=s.tp, exposed=exposed,
-                       lanes=s)
+    return LayerTiming(total=f.seconds + b.seconds + s.tp + s.cp + s.ep, forward=f, backward=b, tp=s.tp,
+                       exposed=exposed, lanes=s)
 
 
 def edge_exposed(s: LayerStreams) -> float:

@@ -5,6 +5,7 @@ import numpy as np
 
 from partita.planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
 from partita.planner.candidates import Candidate
+from partita.planner.cp_ep import EP_IMBALANCE
 from partita.planner.executable import ZERO_STAGES, pipeline_refusal_for
 from partita.planner.search import SearchResult
 from partita.planner.phases import stage_memory
@@ -41,6 +42,7 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         return np.array([get(v.timing) if v.timing is not None else 0.0 for v in opts] or [0.0])
     compute = n @ col("compute", s_star) + parts["e_compute"][s_star]
     tp_comm = n @ col("tp_comm", s_star) + parts["e_tp"][s_star]
+    cp_comm, ep_comm = n @ col("cp_comm", s_star), n @ col("ep_comm", s_star)
     p2p = parts["e_p2p"][s_star]
     contention = n @ timing("contention")
     # the blocks outside the layers (embeddings, head) and each stage's first gathers / last
@@ -64,10 +66,12 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     tflops = model_flops / step / cluster.num_devices / 1e12
     memory = [stage_memory(c, s) for s in range(c.pp)]
     breakdown = {"compute_s": m * compute, "contention_s": m * contention + dp_contention,
-                 "tp_comm_s": m * tp_comm, "zero_comm_s": m * zero_exposed, "offload_s": m * exposed_offload,
+                 "tp_comm_s": m * tp_comm, "cp_comm_s": m * cp_comm, "ep_comm_s": m * ep_comm,
+                 "zero_comm_s": m * zero_exposed, "offload_s": m * exposed_offload,
                  "p2p_s": m * p2p, "bubble_s": bubble, "dp_comm_s": dp_comm, "optimizer_s": optimizer}
     breakdown = {k: max(0.0, float(v)) if abs(v) > 1e-12 * step else 0.0 for k, v in breakdown.items()}
-    exposed_comm = sum(breakdown[k] for k in ("tp_comm_s", "zero_comm_s", "offload_s", "p2p_s", "dp_comm_s"))
+    exposed_comm = sum(breakdown[k] for k in ("tp_comm_s", "cp_comm_s", "ep_comm_s", "zero_comm_s", "offload_s",
+                                              "p2p_s", "dp_comm_s"))
     return {
         "step_time_s": step,
         "tokens_per_s": tokens / step,
@@ -78,7 +82,7 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "memory_capacity_bytes": int(np.min(prob.capacity)),
         "exposed_comm_s": exposed_comm,
         "hidden_comm_s": max(0.0, float(m * hidden + dp_hidden)),
-        "assumptions": assumptions(cluster, train.dtype),
+        "assumptions": assumptions(cluster, train.dtype) + parallelism_assumptions(c),
         # operators that compute but have no FLOP formula (costmodel.flops): priced by their bytes only
         "uncosted_ops": result.graph.uncosted_ops(),
         "breakdown": breakdown,
@@ -87,6 +91,20 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         **({"memory_capacity_per_stage": [int(x) for x in np.broadcast_to(prob.capacity, (c.pp,))]}
            if np.ndim(prob.capacity) else {}),
     }
+
+
+def parallelism_assumptions(c: Candidate) -> list[str]:
+    """What the plan's context and expert parallelism are priced by (planner.cp_ep), in words."""
+    out = []
+    if c.cp > 1:
+        out.append(f"context parallelism: each sequence in {2 * c.cp} chunks, a head and a tail chunk per cp rank "
+                   "(balanced causal attention); every layer all-gathers K and V over its cp ranks and "
+                   "reduce-scatters their gradients, exposed (Llama 3's all-gather form)")
+    if c.ep > 1:
+        out.append(f"expert parallelism: all-to-all dispatch and combine of every MoE layer, exposed; the busiest "
+                   f"rank's expert GEMMs take {EP_IMBALANCE:g}x their balanced time (load-imbalance factor: the "
+                   "Switch Transformer's capacity factor)")
+    return out
 
 
 def assumptions(cluster, dtype: str) -> list[str]:
@@ -136,7 +154,7 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
                     if "stage_groups" in c.parts else {})},
         train={"global_batch": train.global_batch, "seq_len": result.graph.seq_len, "dtype": train.dtype,
                "optimizer": train.optimizer},
-        mesh=Mesh(pp=c.pp, dp=c.dp, tp=c.tp),
+        mesh=Mesh(pp=c.pp, dp=c.dp, cp=c.cp, tp=c.tp, ep=c.ep),
         schedule=Schedule(name=c.schedule, num_microbatches=c.num_microbatches, micro_batch_size=c.micro_batch,
                           virtual_stages=c.virtual_stages),
         stages=stages, blocks=blocks, placements=placements, zero_stage=c.zero,

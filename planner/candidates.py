@@ -22,6 +22,7 @@ from partita.costmodel.errors import PartitaError
 from partita.costmodel.graph import OpGraph
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.memory import state_bytes
+from partita.planner.cp_ep import cp_refusal, default_cp, default_ep, ep_refusal, experts_of
 from partita.planner.executable import pipeline_refusal_for
 from partita.planner.milp import StageProblem, StageSolution
 from partita.planner.milp_blocks import BlockProblem
@@ -50,6 +51,10 @@ class Candidate:
     solution: StageSolution | None = None
     pruned: bool = False
     sequence_parallel: bool = False
+    cp: int = 1
+    """Context-parallel ranks per sequence (planner.cp_ep); the mesh has pp x dp x cp x tp ranks."""
+    ep: int = 1
+    """Expert-parallel ranks per MoE layer's experts, among the dp ranks (planner.cp_ep)."""
     formulation: str = "counts"
     """"counts" (planner.milp: identical layers) or "blocks" (planner.milp_blocks: any chain)."""
 
@@ -60,7 +65,7 @@ class Candidate:
     @property
     def key(self) -> tuple:
         return (self.pp, self.dp, self.tp, self.zero, self.micro_batch, self.schedule, self.virtual_stages,
-                self.sequence_parallel)
+                self.sequence_parallel, self.cp, self.ep)
 
 
 def split_model(graph: OpGraph) -> tuple[list[str], list[str], list[str]]:
@@ -143,9 +148,14 @@ def _add_extra_costs(e: dict, s: int, options, cluster: Cluster, sb, zero: int, 
 
 
 def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
-                    zero: int, b: int, schedule: str = "1F1B", v: int = 1, sp: bool = False) -> Candidate | None:
+                    zero: int, b: int, schedule: str = "1F1B", v: int = 1, sp: bool = False, cp: int = 1,
+                    ep: int = 1) -> Candidate | None:
     graph, cluster, layers = bases.graph, bases.cluster, bases.layers
     m = train.global_batch // (dp * b)
+    mesh_dp, micro_batch = dp, b
+    # context parallelism (planner.cp_ep): a rank runs b / cp samples' worth of every sequence, and the
+    # dp x cp ranks holding the same parameters shard and reduce them as data-parallel ranks do
+    dp, b = dp * cp, (b / cp if cp > 1 else b)
     sb = state_bytes(train.dtype, train.optimizer)
     layer_bases, pre, suf, max_out = bases.get(tp, sp)
     if tp > 1 and layers and not any(o.name in SPLIT for o in layer_bases):
@@ -153,17 +163,18 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     # the runtime's DDP (one stage, no tensor parallelism) reduces gradient buckets during the backward
     ddp = zero <= 1 and dp > 1 and tp == 1 and pp == 1
     # the same variants serve every pipeline depth and schedule of this (tp, dp, ZeRO, b): costed once
-    key = ("variants", tp, sp, zero, dp, b, space.recompute, space.offload, ddp, train.dtype, train.optimizer)
+    key = ("variants", tp, sp, zero, dp, b, space.recompute, space.offload, ddp, train.dtype, train.optimizer,
+           cp, ep)
     if key not in bases._cache:
         bases._cache[key] = variants(layer_bases, cluster, sb, zero, dp, tp, b, space.recompute, space.offload,
-                                     ddp_overlap=ddp)
+                                     ddp_overlap=ddp, cp=cp, ep=ep)
     opts = bases._cache[key]
     if tp > 1 and layers and not any(o.sharding in SPLIT for o in opts):
         if space.tp is None:
             return None  # splitting the layers never pays on this mesh: a smaller tp does better
         # a fixed tp is priced as asked (what-if), even where a smaller one would do better
         opts = variants([o for o in layer_bases if o.name in SPLIT], cluster, sb, zero, dp, tp, b,
-                        space.recompute, space.offload, ddp_overlap=ddp)
+                        space.recompute, space.offload, ddp_overlap=ddp, cp=cp, ep=ep)
     if tp > 1 and not layers and not any(o.name in SPLIT for o in (*pre, *suf)):
         return None  # nothing to split: the tp ranks would duplicate all work
     dp_group = comm.group_for(cluster, dp, tp)
@@ -233,8 +244,8 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     t_min = problem.option_time.min()
     lb = (((m - 1 / v) / pp + 1 / v) * (len(layers) * t_min + extra_time.sum())
           + (len(layers) * problem.option_flush.min() + e["flush"].sum()) / pp)
-    return Candidate(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, num_microbatches=m, schedule=schedule,
-                     virtual_stages=v, lower_bound=lb, sequence_parallel=sp,
+    return Candidate(pp=pp, dp=mesh_dp, tp=tp, zero=zero, micro_batch=micro_batch, num_microbatches=m,
+                     schedule=schedule, virtual_stages=v, lower_bound=lb, sequence_parallel=sp, cp=cp, ep=ep,
                      problem=problem, options=opts, parts={**{f"e_{k}": x for k, x in e.items()},
                                                           "workspace": workspace, "tied": tied,
                                                           "extra_options": dict(zip((*bases.prefix, *bases.suffix),
@@ -451,18 +462,24 @@ def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, s
     if cluster.groups and cluster.heterogeneous:
         return prefix, layers, suffix, _enumerate_hetero(bases, cluster, train, space)
     out = []
-    for pp, dp, tp, zero, b, m in _meshes(cluster, train, space, max(1, len(layers))):
+    experts = experts_of(graph, layers[0]) if layers else None
+    cps = space.cp or default_cp(graph.seq_len, cp_refusal(graph, layers, 2) is None)
+    for pp, dp, tp, zero, b, m, cp in _meshes(cluster, train, space, max(1, len(layers)), cps):
+        eps = [e for e in (space.ep or default_ep(experts, dp)) if ep_refusal(experts, dp, e) is None]
+        if cp > 1:  # the runtime composes cp with ...
+            eps = [e for e in eps if e == 1]
         for schedule, v in _schedules(train.schedule, pp, m, len(layers), space.virtual_stages):
             for sp in (space.sequence_parallel if tp > 1 else (False,)):
-                c = build_candidate(bases, train, space, pp, dp, tp, zero, b, schedule, v, sp)
-                if c is not None:
-                    out.append(c)
+                for ep in eps:
+                    c = build_candidate(bases, train, space, pp, dp, tp, zero, b, schedule, v, sp, cp, ep)
+                    if c is not None:
+                        out.append(c)
     return prefix, layers, suffix, out
 
 
 def _enumerate_blocks(bases: _Bases, cluster: Cluster, train: TrainConfig, space: SearchSpace) -> list[Candidate]:
     out = []
-    for pp, dp, tp, zero, b, m in _meshes(cluster, train, space, len(bases.graph.groups)):
+    for pp, dp, tp, zero, b, m, _ in _meshes(cluster, train, space, len(bases.graph.groups)):
         if train.schedule == "Interleaved1F1B" and pp > 1:
             continue  # interleaving is planned for repeated layers only
         schedule = "GPipe" if train.schedule == "GPipe" and pp > 1 else "1F1B"
@@ -474,7 +491,15 @@ def _enumerate_blocks(bases: _Bases, cluster: Cluster, train: TrainConfig, space
 
 def executable_space(graph: OpGraph, space: SearchSpace) -> SearchSpace:
     """`space` within what the runtime executes (planner.executable): pp=1 only for a model a pipeline
-    cannot run; PartitaError, one line, when the user fixed pp > 1 for such a model."""
+    cannot run; PartitaError, one line, when the user fixed pp > 1 for such a model, or a cp or ep the
+    model cannot run (planner.cp_ep)."""
+    _, layers, _ = split_model(graph)
+    for cp in sorted(space.cp or ()):
+        if (why := cp_refusal(graph, layers, cp)) is not None:
+            raise PartitaError(f"cp={cp} cannot run: {why}")
+    if space.ep and max(space.ep) > 1 and (layers and experts_of(graph, layers[0])) is None:
+        raise PartitaError(f"ep={max(space.ep)} cannot run: expert parallelism shards mixture-of-experts "
+                           "layers, and this model has none")
     why = pipeline_refusal_for(graph.name)
     if why is None or space.pp == (1,):
         return space

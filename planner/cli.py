@@ -62,8 +62,9 @@ def _cmd_plan(args) -> int:
 def _space_from_args(args):
     """The what-if flags as a SearchSpace: each given flag fixes its choice, the rest stay searched."""
     from partita.planner.space import SearchSpace
-    fixed = {name: (getattr(args, name),) for name in ("tp", "pp", "dp", "zero", "recompute", "micro_batch",
-                                                       "virtual_stages") if getattr(args, name) is not None}
+    fixed = {name: (getattr(args, name),) for name in ("tp", "pp", "dp", "cp", "ep", "zero", "recompute",
+                                                       "micro_batch", "virtual_stages")
+             if getattr(args, name) is not None}
     if args.sequence_parallel is not None:
         fixed["sequence_parallel"] = (args.sequence_parallel == "on",)
     if args.offload is not None:
@@ -184,7 +185,12 @@ def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
     w = p.add_argument_group("what-if (each flag fixes one decision; the others are still searched)")
     w.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree (divides the devices per node)")
     w.add_argument("--pp", type=int, metavar="N", help="pipeline stages")
-    w.add_argument("--dp", type=int, metavar="N", help="data-parallel degree (tp x pp x dp = number of devices)")
+    w.add_argument("--dp", type=int, metavar="N",
+                   help="data-parallel degree (tp x pp x dp x cp = number of devices)")
+    w.add_argument("--cp", type=int, metavar="N",
+                   help="context-parallel degree: each sequence split over N ranks (long sequences)")
+    w.add_argument("--ep", type=int, metavar="N",
+                   help="expert-parallel degree: each MoE layer's experts sharded over N of the dp ranks")
     w.add_argument("--zero", type=int, choices=[0, 2, 3], help="ZeRO stage (2 and 3 need dp > 1)")
     w.add_argument("--recompute", choices=["none", "selective", "full"],
                    help="activation recompute policy of every layer")

@@ -74,8 +74,13 @@ def _header(plan) -> Text:
         + (f" ({' + '.join(str(g['num_devices']) + ' x ' + g['device'] for g in plan.cluster['groups'])})"
            if plan.cluster.get("groups") else f" ({plan.cluster.get('num_devices')} x {plan.cluster.get('device')})"),
         f"  train        global batch {t['global_batch']}, seq {t.get('seq_len')}, {t.get('dtype')}, {t.get('optimizer')}",
-        f"  mesh         pp={mesh.pp} x dp={mesh.dp} x tp={mesh.tp}  ({mesh.world_size} ranks; tp fastest, then dp, "
-        f"then pp); data parallel with {zero}",
+        (f"  mesh         pp={mesh.pp} x dp={mesh.dp} x tp={mesh.tp}  ({mesh.world_size} ranks; tp fastest, then dp, "
+         f"then pp); data parallel with {zero}" if mesh.cp == 1 else
+         f"  mesh         pp={mesh.pp} x dp={mesh.dp} x cp={mesh.cp} x tp={mesh.tp}  ({mesh.world_size} ranks; tp "
+         f"fastest, then cp, then dp, then pp); each sequence split over {mesh.cp} context-parallel ranks; data "
+         f"parallel over dp x cp with {zero}"),
+        *([f"  experts      each MoE layer's experts sharded over ep={mesh.ep} of the data-parallel ranks "
+           f"(all-to-all dispatch and combine)"] if mesh.ep > 1 else []),
         f"  schedule     {sched.name}, {sched.num_microbatches} micro-batches of {sched.micro_batch_size}{chunks}",
     ]
     return Text("\n".join(lines))
@@ -90,7 +95,7 @@ def _stages(plan) -> Table:
     by_stage: dict[int, list] = {}
     for b in plan.blocks:
         by_stage.setdefault(b.stage, []).append(b)
-    per_stage = mesh.dp * mesh.tp
+    per_stage = mesh.dp * mesh.cp * mesh.tp
     for st in plan.stages:
         mine = by_stage.get(st.index, [])
         n_tensor = sum(b.sharding in SPLIT for b in mine)
@@ -147,7 +152,8 @@ def above_published(plan) -> str:
     share = lambda *keys: 100 * sum(bd.get(k, 0.0) for k in keys) / step
     recomputed = sum(b.recompute == "full" for b in plan.blocks)
     reasons = [f"compute is {share('compute_s'):.0f}% of the step (kernels at the device's calibrated rates)",
-               f"exposed communication only {share('tp_comm_s', 'zero_comm_s', 'offload_s', 'p2p_s', 'dp_comm_s'):.0f}%"
+               f"exposed communication only "
+               f"{share('tp_comm_s', 'cp_comm_s', 'ep_comm_s', 'zero_comm_s', 'offload_s', 'p2p_s', 'dp_comm_s'):.0f}%"
                + (f" ({pred.get('hidden_comm_s', 0):.3g} s hidden behind compute)" if pred.get("hidden_comm_s") else ""),
                f"pipeline bubble {share('bubble_s'):.0f}%" if plan.mesh.pp > 1 else "no pipeline bubble (pp=1)",
                f"tensor parallelism {plan.mesh.tp}-way" + (" (its collectives inside one node)" if plan.mesh.tp > 1 else ""),
@@ -157,7 +163,8 @@ def above_published(plan) -> str:
 
 
 _TIME_LABELS = {"compute_s": "compute", "contention_s": "compute slowed by overlapped comm",
-                "tp_comm_s": "tp comm (exposed)", "zero_comm_s": "zero comm (exposed)",
+                "tp_comm_s": "tp comm (exposed)", "cp_comm_s": "cp K/V gathers (exposed)",
+                "ep_comm_s": "ep all-to-all (exposed)", "zero_comm_s": "zero comm (exposed)",
                 "offload_s": "offload copies (exposed)", "p2p_s": "pipeline p2p (exposed)",
                 "bubble_s": "pipeline bubble", "dp_comm_s": "dp all-reduce (exposed)", "optimizer_s": "optimizer"}
 

@@ -44,6 +44,7 @@ import numpy as np
 from partita.costmodel import comm, streams
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.memory import StateBytes
+from partita.planner.cp_ep import EP_IMBALANCE, cp_comm, ep_comm
 from partita.planner.strategies import BlockOption
 
 RECOMPUTE = ("none", "selective", "full")
@@ -69,6 +70,8 @@ class Variant:
     flush: float = 0.0
     compute: float = 0.0
     tp_comm: float = 0.0
+    cp_comm: float = 0.0           # context parallelism's K/V gathers (planner.cp_ep), on the critical path
+    ep_comm: float = 0.0           # expert parallelism's all-to-alls (planner.cp_ep), on the critical path
     zero_comm: float = 0.0
     offload_traffic: float = 0.0
     dp_comm: float = 0.0
@@ -118,65 +121,91 @@ def zero_state_bytes(n: float, sb: StateBytes, zero: int, dp: int, offload_state
     raise ValueError(f"ZeRO stage must be 0-3, got {zero}")
 
 
-def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: int,
-                 ddp_overlap: bool = False) -> Variant:
+def _expert_split(o: BlockOption, dp: int, ep: int) -> tuple[float, float, int]:
+    """(dense parameters, expert parameters on this rank, ranks holding the same experts): with ep > 1 a
+    rank holds 1/ep of a MoE layer's experts, shared with the dp / ep ranks of the same ep index."""
+    if ep <= 1 or o.experts is None:
+        return float(o.param_numel), 0.0, dp
+    return float(o.param_numel - o.experts.numel), o.experts.numel / ep, dp // ep
+
+
+def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: float,
+                 ddp_overlap: bool = False, cp: int = 1, ep: int = 1) -> Variant:
     """Cost one variant for one micro-batch of b samples on one rank (module docstring); the time is the
     stream model's (costmodel.streams). `ddp_overlap`: the data-parallel all-reduce (ZeRO-0/1) runs in
-    buckets during the last micro-batch's backward (the runtime's DDP), rather than after the flush."""
+    buckets during the last micro-batch's backward (the runtime's DDP), rather than after the flush.
+    Context parallelism (`cp`, planner.cp_ep): the caller passes dp x cp as `dp` and b / cp as `b` (a
+    rank's share of the samples); this adds the K/V gathers. Expert parallelism (`ep`): expert
+    parameters 1/ep per rank, their all-to-alls and the busiest rank's imbalance."""
     o, dev = v.base, cluster.device
-    n = o.param_numel
+    n_dense, n_expert, edp = _expert_split(o, dp, ep)
     zero = zero if v.zero is None else v.zero
     dp_group = comm.group_for(cluster, dp, tp)
+    edp_group = comm.group_for(cluster, edp, ep * tp)
     flops = o.fwd_s + o.bwd_s
     per_mb = o.fixed_s + o.launch_s  # per micro-batch seconds, split like the per-sample ones
     fwd = o.fwd_s * b + (per_mb * o.fwd_s / flops if flops else per_mb / 3)
     rerun = o.refwd_by_policy[v.recompute] * b + o.refixed_by_policy.get(v.recompute, 0.0) \
         + o.relaunch_by_policy.get(v.recompute, 0.0)
     bwd = o.bwd_s * b + per_mb - (fwd - o.fwd_s * b) + rerun
+    if n_expert and o.experts.flops_share:  # the busiest rank's experts pace the all-to-all
+        fwd, bwd = (x * (1 + (EP_IMBALANCE - 1) * o.experts.flops_share) for x in (fwd, bwd))
     v.compute = fwd + bwd
     v.tp_comm = o.tp_comm_s(cluster, b)
     if v.recompute == "full":  # the re-run forward repeats its collectives
         v.tp_comm += o.tp_fwd_comm_s(cluster, b)
+    kv = o.kv_bytes * b * cp  # the K and V of the rank's whole sequences
+    v.cp_comm = cp_comm(cluster, kv, cp, tp, v.recompute)
+    v.ep_comm = ep_comm(cluster, o.experts.dispatch_bytes * b, ep, tp, cp, v.recompute) if n_expert else 0.0
     kept = o.saved_by_policy[v.recompute] * b
+    if cp > 1 and v.recompute != "full":  # the gathered K and V are saved for the backward
+        kept += kv * (cp - 1) / cp
     v.act = 0.0 if v.offload_activations else float(kept)
     v.host_act = float(kept) if v.offload_activations else 0.0
-    ag = comm.all_gather(cluster, dp_group, n * sb.param) if dp > 1 else 0.0
-    rs = comm.reduce_scatter(cluster, dp_group, n * sb.grad) if dp > 1 else 0.0
+    ag = (comm.all_gather(cluster, dp_group, n_dense * sb.param) if dp > 1 else 0.0) \
+        + (comm.all_gather(cluster, edp_group, n_expert * sb.param) if edp > 1 else 0.0)
+    rs = (comm.reduce_scatter(cluster, dp_group, n_dense * sb.grad) if dp > 1 else 0.0) \
+        + (comm.reduce_scatter(cluster, edp_group, n_expert * sb.grad) if edp > 1 else 0.0)
     gather_fwd = ag if zero >= 2 else 0.0          # ZeRO-2 (reshard_after_forward off): gathered once
     gather_bwd = ag if zero == 3 else 0.0          # ZeRO-3: again before the backward
     scatter = rs if zero >= 2 else 0.0
+    shard = n_dense / dp + n_expert / edp          # parameters this rank holds fully sharded
     out = back = 0.0
     if v.offload_activations:
         out = back = kept / dev.host_bw
     if v.offload_states:  # parameter shard up before the forward, gradient shard down after the backward
-        out += n / dp * sb.param / dev.host_bw
-        back += n / dp * sb.grad / dev.host_bw
+        out += shard * sb.param / dev.host_bw
+        back += shard * sb.grad / dev.host_bw
     nic_f = nic_b = 0.0
     if out or back:  # the NIC's off-node bytes cross the same PCIe switch as the host copies
-        nic_f = comm.off_node_bytes(cluster, dp_group, n * sb.param) / dev.host_bw if gather_fwd else 0.0
-        nic_b = (comm.off_node_bytes(cluster, dp_group, n * sb.param) * (gather_bwd > 0)
-                 + comm.off_node_bytes(cluster, dp_group, n * sb.grad) * (scatter > 0)) / dev.host_bw
+        off = lambda nbytes: (comm.off_node_bytes(cluster, dp_group, n_dense * nbytes)
+                              + comm.off_node_bytes(cluster, edp_group, n_expert * nbytes)) / dev.host_bw
+        nic_f = off(sb.param) if gather_fwd else 0.0
+        nic_b = off(sb.param) * (gather_bwd > 0) + off(sb.grad) * (scatter > 0)
     timing = streams.layer_timing(streams.LayerStreams(
-        compute_fwd=fwd, compute_bwd=bwd, tp=v.tp_comm, gather_fwd=gather_fwd, gather_bwd=gather_bwd,
-        scatter_bwd=scatter, offload_out=out, offload_in=back, nic_fwd=nic_f, nic_bwd=nic_b),
-        dev.overlap_slowdown)
+        compute_fwd=fwd, compute_bwd=bwd, tp=v.tp_comm, cp=v.cp_comm, ep=v.ep_comm, gather_fwd=gather_fwd,
+        gather_bwd=gather_bwd, scatter_bwd=scatter, offload_out=out, offload_in=back, nic_fwd=nic_f,
+        nic_bwd=nic_b), dev.overlap_slowdown)
     v.timing = timing
     v.time = timing.total
     v.zero_comm = gather_fwd + gather_bwd + scatter
     v.offload_traffic = out + back
-    v.state = zero_state_bytes(n, sb, zero, dp, v.offload_states)
-    v.grad = 0.0 if v.offload_states else sb.grad * n / (dp if zero >= 2 else 1)
-    v.host_state = (zero_state_bytes(n, sb, zero, dp) - v.state) if v.offload_states else 0.0
+    full = zero_state_bytes(n_dense, sb, zero, dp) + zero_state_bytes(n_expert, sb, zero, edp)
+    v.state = 0.0 if v.offload_states else full
+    v.grad = 0.0 if v.offload_states else sb.grad * (n_dense / (dp if zero >= 2 else 1)
+                                                    + n_expert / (edp if zero >= 2 else 1))
+    v.host_state = full if v.offload_states else 0.0
     ar = 0.0
     if zero <= 1 and dp > 1:
-        _, per_byte = comm.affine(comm.all_reduce, cluster, dp_group)
-        ar = n * sb.grad * per_byte
+        ar = n_dense * sb.grad * comm.affine(comm.all_reduce, cluster, dp_group)[1]
+        if edp > 1:
+            ar += n_expert * sb.grad * comm.affine(comm.all_reduce, cluster, edp_group)[1]
     v.dp_comm = ar
     v.dp_exposed, v.dp_contention = ar, 0.0
     if ddp_overlap and ar:
         # buckets overlap the last micro-batch's backward of this layer (costmodel.streams)
         v.dp_exposed, v.dp_contention = streams.bucketed_all_reduce(ar, bwd, dev.overlap_slowdown)
-    n_opt = n / dp if zero >= 1 else n
+    n_opt = shard if zero >= 1 else n_dense + n_expert
     if v.offload_states:
         step = n_opt * sb.step_traffic / HOST_MEMORY_BW
     else:
@@ -189,9 +218,9 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     return v
 
 
-def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: int,
+def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: float,
              allow_recompute=RECOMPUTE, allow_offload: bool = True, prune: bool = True,
-             ddp_overlap: bool = False) -> list[Variant]:
+             ddp_overlap: bool = False, cp: int = 1, ep: int = 1) -> list[Variant]:
     """Every variant of every sharding option, costed, with dominated ones removed.
 
     With tp > 1 a replicated variant is usually dominated by a tensor-parallel one (slower, more memory)
@@ -206,9 +235,11 @@ def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: i
                 if off_a and r == "full":
                     continue  # the layer input alone: nothing worth the host link
                 for off_o in ((False, True) if allow_offload and zero == 3 else (False,)):
-                    out.append(cost_variant(Variant(base, r, off_a, off_o), cluster, sb, zero, dp, tp, b, ddp_overlap))
+                    out.append(cost_variant(Variant(base, r, off_a, off_o), cluster, sb, zero, dp, tp, b, ddp_overlap,
+                                            cp, ep))
                 if zero == 3 and dp > 1:  # this block alone kept gathered from forward to backward
-                    out.append(cost_variant(Variant(base, r, off_a, zero=2), cluster, sb, zero, dp, tp, b, ddp_overlap))
+                    out.append(cost_variant(Variant(base, r, off_a, zero=2), cluster, sb, zero, dp, tp, b, ddp_overlap,
+                                            cp, ep))
     return pareto(out) if prune else out
 
 

@@ -77,7 +77,13 @@ class SearchSpace:
     pp: tuple[int, ...] | None = None
     """Pipeline stages; None: every degree up to the number of layers."""
     dp: tuple[int, ...] | None = None
-    """Data-parallel degrees; None: whatever tp x pp leaves of the devices (dp = devices / (tp pp))."""
+    """Data-parallel degrees; None: whatever tp x pp x cp leaves of the devices (dp = devices / (tp pp cp))."""
+    cp: tuple[int, ...] | None = None
+    """Context-parallel degrees (each sequence split over cp ranks, planner.cp_ep); None: 1, and for
+    sequences of cp_ep.CP_SEARCH_MIN_SEQ tokens or more the powers of two cp_ep.default_cp gives."""
+    ep: tuple[int, ...] | None = None
+    """Expert-parallel degrees (a MoE layer's experts sharded over ep of the dp ranks, planner.cp_ep);
+    None: 1 for dense models, and for MoE models every divisor of dp and of the expert count up to 8."""
     zero: tuple[int, ...] = (0, 2, 3)
     """ZeRO stages to consider. Stage 1 is costed (planner.options) but not searched by default: PyTorch
     has no native ZeRO-1 that composes with DTensor tensor parallelism and pipelining, while FSDP2 gives
@@ -111,9 +117,10 @@ class SearchSpace:
     parallelism), so this is off except when pricing a Megatron-LM configuration (benchmarks)."""
 
     def __post_init__(self):
-        for name in ("tp", "pp", "dp", "zero", "recompute", "sequence_parallel", "micro_batch", "virtual_stages"):
+        for name in ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "sequence_parallel", "micro_batch",
+                     "virtual_stages"):
             object.__setattr__(self, name, _as_tuple(getattr(self, name)))
-        for name in ("tp", "pp", "dp", "micro_batch", "virtual_stages"):
+        for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages"):
             values = getattr(self, name)
             if values is not None and (not values or not all(_is_int(x) and x >= 1 for x in values)):
                 got = values[0] if len(values) == 1 else values
@@ -134,7 +141,8 @@ class SearchSpace:
 
 
 ZERO_STAGES = (0, 1, 2, 3)
-FIXABLE = ("tp", "pp", "dp", "zero", "recompute", "offload", "sequence_parallel", "micro_batch", "virtual_stages")
+FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "offload", "sequence_parallel", "micro_batch",
+           "virtual_stages")
 """The SearchSpace fields a user fixes (planner.api.plan keywords, `partita plan` flags)."""
 
 
@@ -153,8 +161,9 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _meshes(cluster: Cluster, train: TrainConfig, space: SearchSpace, max_pp: int):
-    """Every (pp, dp, tp, ZeRO stage, micro-batch size, micro-batches) the search considers."""
+def _meshes(cluster: Cluster, train: TrainConfig, space: SearchSpace, max_pp: int, cps: tuple[int, ...] = (1,)):
+    """Every (pp, dp, tp, ZeRO stage, micro-batch size, micro-batches, cp) the search considers, cp among
+    `cps` (the caller's: the space's fixed degrees or cp_ep.default_cp)."""
     n = cluster.num_devices
     for tp in divisors(min(n, cluster.devices_per_node)):
         if n % tp or (space.tp is not None and tp not in space.tp):
@@ -162,17 +171,20 @@ def _meshes(cluster: Cluster, train: TrainConfig, space: SearchSpace, max_pp: in
         for pp in divisors(n // tp):
             if pp > max_pp or (space.pp is not None and pp not in space.pp):
                 continue
-            dp = n // (tp * pp)
-            if train.global_batch % dp or (space.dp is not None and dp not in space.dp):
-                continue
-            if tp == 1 and False not in space.sequence_parallel:
-                continue  # sequence parallelism splits over tp ranks
-            local = train.global_batch // dp
-            for zero in (space.zero if dp > 1 else (0,) if 0 in space.zero else ()):
-                for b in divisors(local):
-                    m = local // b
-                    if _micro_batch_allowed(b, train, space) and (pp == 1 or m >= pp):
-                        yield pp, dp, tp, zero, b, m
+            for cp in cps:
+                if (n // (tp * pp)) % cp:
+                    continue
+                dp = n // (tp * pp * cp)
+                if train.global_batch % dp or (space.dp is not None and dp not in space.dp):
+                    continue
+                if tp == 1 and False not in space.sequence_parallel:
+                    continue  # sequence parallelism splits over tp ranks
+                local = train.global_batch // dp
+                for zero in (space.zero if dp * cp > 1 else (0,) if 0 in space.zero else ()):
+                    for b in divisors(local):
+                        m = local // b
+                        if _micro_batch_allowed(b, train, space) and (pp == 1 or m >= pp):
+                            yield pp, dp, tp, zero, b, m, cp
 
 
 def _micro_batch_allowed(b: int, train: TrainConfig, space: SearchSpace) -> bool:
@@ -210,7 +222,8 @@ def check_space(cluster: Cluster, train: TrainConfig, space: SearchSpace, *, max
     why = _why_nothing(cluster, train, space, max_pp, layers, seq)
     homogeneous = not (cluster.groups and cluster.heterogeneous)
     if why is None and homogeneous and not any(_schedules(train.schedule, pp, m, layers, space.virtual_stages)
-                                               for pp, dp, tp, zero, b, m in _meshes(cluster, train, space, max_pp)):
+                                               for pp, dp, tp, zero, b, m, cp
+                                               in _meshes(cluster, train, space, max_pp, space.cp or (1,))):
         why = f"no mesh of the {cluster.num_devices} devices has {describe_fixed(space) or 'the requested choices'}"
     if why:
         raise PartitaError(why)
@@ -243,10 +256,15 @@ def _why_nothing(cluster, train, space, max_pp, layers, seq) -> str | None:
             return "sequence parallelism is not planned on heterogeneous clusters"
         if (v is not None and 1 not in v) or train.schedule == "Interleaved1F1B":
             return "interleaved 1F1B is not planned on heterogeneous clusters"
+        if (space.cp and max(space.cp) > 1) or (space.ep and max(space.ep) > 1):
+            return "context and expert parallelism are not planned on heterogeneous clusters"
         return None
     n, node, gb = cluster.num_devices, cluster.devices_per_node, train.global_batch
     one = lambda name: getattr(space, name)[0] if getattr(space, name) and len(getattr(space, name)) == 1 else None
     tp, pp, dp = one("tp"), one("pp"), one("dp")
+    cp = one("cp") or 1
+    if cp > 1 and (n % cp or cp > n):
+        return f"cp={cp} does not divide the {n} devices"
     if tp is not None and tp > node:
         return f"tp={tp} exceeds the {node} devices per node (tensor parallelism stays inside a node)"
     if tp is not None and node % tp:
@@ -254,14 +272,15 @@ def _why_nothing(cluster, train, space, max_pp, layers, seq) -> str | None:
     for name, x in (("pp", pp), ("dp", dp)):
         if x is not None and (x > n or n % x):
             return f"{name}={x} does not divide the {n} devices"
-    shapes = [(t, p, n // (t * p)) for t in divisors(node) for p in divisors(n // t)]
+    shapes = [(t, p, n // (t * p * cp)) for t in divisors(node) for p in divisors(n // t) if (n // (t * p)) % cp == 0]
     shapes = [s for s in shapes if all(getattr(space, k) is None or x in getattr(space, k)
                                        for k, x in zip(("tp", "pp", "dp"), s))]
     if not shapes:
-        named = [(k, x) for k, x in (("tp", tp), ("pp", pp), ("dp", dp)) if x is not None]
+        named = [(k, x) for k, x in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp if cp > 1 else None))
+                 if x is not None]
         prod = math.prod(x for _, x in named)
         expr = f"{' x '.join(k for k, _ in named)} = {' x '.join(str(x) for _, x in named)} = {prod}"
-        if len(named) == 3:
+        if len(named) >= 3 and all(x is not None for x in (tp, pp, dp)):
             return f"{expr}, but the cluster has {n} devices"
         if named and n % prod:
             return f"{expr} does not divide the {n} devices"

@@ -53,6 +53,7 @@ from partita.costmodel import comm
 from partita.costmodel.graph import OpGraph
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.kernels import NodeTime, node_time
+from partita.planner.cp_ep import Experts, attention_kv_bytes, experts_of
 
 _ALIAS_OPS = {"view", "reshape", "transpose", "permute", "contiguous", "flatten", "unflatten", "expand"}
 _ELEMENTWISE = {"add", "sub", "mul", "truediv", "div", "neg", "gelu", "silu", "relu", "tanh", "sigmoid",
@@ -89,6 +90,8 @@ class BlockOption:
     tp_reduce_each_bwd: list[int] | None = None  # backward all-reduces as the runtime issues them (below)
     param_tensors: int = 0         # parameter tensors held per rank (each costs the optimizer a few operators)
     dtensor_params: int = 0        # of which DTensors (Device.sharded_param_latency each per optimizer step)
+    kv_bytes: int = 0              # keys and values entering fused attention, per sample per rank (planner.cp_ep)
+    experts: Experts | None = None  # a mixture-of-experts layer's experts (planner.cp_ep), None when dense
 
     def _comm_s(self, cluster: Cluster, micro_batch: int, reduce: list, gather: list, scatter: list) -> float:
         """The collectives' seconds (costmodel.comm), each also a DTensor redistribution on the CPU:
@@ -162,6 +165,7 @@ def replicate_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> B
                       param_tensors=sum(len(graph.g.nodes[n]["params"]) for n in graph.nodes_of(group)),
                       fixed_s=fixed)
     _add_recompute_policies(opt, graph, group, cluster, set(), 1)
+    opt.kv_bytes, opt.experts = attention_kv_bytes(graph, group), experts_of(graph, group)
     return opt
 
 
@@ -246,6 +250,7 @@ def _split_option(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequenc
     opt.dtensor_params = sum(len(g.nodes[n]["params"]) for n in graph.nodes_of(group)
                              if g.nodes[n]["module"] in placements)
     # (under sequence parallelism the block's input arrives sharded: recompute keeps 1/t of it)
+    opt.kv_bytes, opt.experts = attention_kv_bytes(graph, group) // tp, experts_of(graph, group)
     _add_recompute_policies(opt, graph, group, cluster, split_nodes, tp, sharded | seq, tp if sequence else 1,
                             dtensor_nodes=on_dtensors, placements=placements)
     return opt

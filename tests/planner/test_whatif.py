@@ -132,8 +132,8 @@ def test_the_api_refuses_impossible_restrictions():
         planner.plan(MODEL, cluster="8xA100-80GB", train=TRAIN, tp=2, pp=2, dp=4)
     with pytest.raises(InfeasibleError, match="no plan fits"):
         planner.plan("megatron-7.5b", cluster="8xA100-80GB", train=TRAIN, space=SearchSpace(tp=1, pp=1, zero=0))
-    with pytest.raises(TypeError, match="the choices it fixes are tp, pp, dp"):
-        planner.plan(MODEL, cluster="8xA100-80GB", train=TRAIN, cp=2)
+    with pytest.raises(TypeError, match="the choices it fixes are tp, pp, dp, cp, ep"):
+        planner.plan(MODEL, cluster="8xA100-80GB", train=TRAIN, sp=2)
 
 
 def test_search_space_fields_normalise_and_validate():

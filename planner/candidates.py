@@ -466,7 +466,7 @@ def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, s
     cps = space.cp or default_cp(graph.seq_len, cp_refusal(graph, layers, 2) is None)
     for pp, dp, tp, zero, b, m, cp in _meshes(cluster, train, space, max(1, len(layers)), cps):
         eps = [e for e in (space.ep or default_ep(experts, dp)) if ep_refusal(experts, dp, e) is None]
-        if cp > 1:  # the runtime composes cp with ...
+        if cp > 1:  # not combined: expert groups would have to span dp x cp ranks (cp_ep.ep_comm prices dp only)
             eps = [e for e in eps if e == 1]
         for schedule, v in _schedules(train.schedule, pp, m, len(layers), space.virtual_stages):
             for sp in (space.sequence_parallel if tp > 1 else (False,)):

@@ -31,7 +31,11 @@ Linear does.
 
 Fused attention (scaled_dot_product_attention: FlashAttention-style kernels): F / (peak * e_attn),
 `Device.attention_efficiency` (FlashAttention-2, Dao 2023: 50-73% of A100 peak forward, less in
-backward; on H100 FlashAttention-2 reaches 35-50% of the dense peak).
+backward; on H100 FlashAttention-2 reaches 35-50% of the dense peak). F is the full s x s product
+(torch's formula, and the model FLOPs MFU counts); a causal kernel skips the score blocks above the
+diagonal, so it runs CAUSAL_SHARE of F (FlashAttention-2 Sec. 3.1.1, "causal masking": blocks with all
+column indices above the row indices are skipped, about half of them at long sequences; its Fig. 5-6
+count causal TFLOP/s on half the FLOPs).
 
 Everything else (norms, activations, residual adds, softmax, dropout, casts): memory-bound, bytes at
 the achievable fraction of HBM bandwidth (`Device.mem_efficiency`; STREAM-like copies reach ~80-90% of
@@ -50,6 +54,8 @@ from dataclasses import dataclass
 GEMM_KINDS = {"linear", "grouped_mm"}
 BATCHED_GEMM_KINDS = {"matmul", "bmm", "baddbmm"}
 ATTENTION_KINDS = {"scaled_dot_product_attention"}
+CAUSAL_SHARE = 0.5
+"""Of a causal attention's full s x s FLOPs, the share a FlashAttention-style kernel computes."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,7 @@ def node_time(d: dict, device, dtype: str, *, share: float = 1.0,
         return NodeTime(fwd_flops / rate, bwd_flops / rate)
     fwd_flops, bwd_flops = d["fwd_flops"] * share, d["bwd_flops"] * share
     if d["kind"] in ATTENTION_KINDS and fwd_flops:
-        rate = peak * (device.attention_efficiency or e_max)
+        rate = peak * (device.attention_efficiency or e_max) / (CAUSAL_SHARE if d.get("causal") else 1.0)
         return NodeTime(fwd_flops / rate, bwd_flops / rate)
     bw = device.mem_bandwidth * device.mem_efficiency
     mem = d["mem_bytes"] * share

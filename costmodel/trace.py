@@ -185,8 +185,9 @@ class Recorder(fx.Interpreter):
             n.op == "call_module" and "dropout" in type(self.module.get_submodule(n.target)).__name__.lower())
         in_keys = {_storage_key(a) for a in n.all_input_nodes for a in [self.env[a]] if isinstance(a, torch.Tensor)}
         node_op, node_grads = None, ()
-        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and torch.is_grad_enabled():
-            node_op = n.target.overloadpacket
+        target = getattr(n.target, "custom_op", n.target)  # a wrapped function running one op (gpt.grouped_mm)
+        if n.op == "call_function" and isinstance(target, torch._ops.OpOverload) and torch.is_grad_enabled():
+            node_op = target.overloadpacket
             node_grads = tuple(isinstance(a, fx.Node) and _needs_grad(self.env.get(a)) for a in n.args)
         with _FlopCounter(node_op, node_grads) as counter:
             out = super().run_node(n)
@@ -500,6 +501,16 @@ def _dim_args(n: fx.Node, stats: dict, name: str | None = None) -> dict:
     elif name == "permute":
         perm = n.args[1] if len(n.args) == 2 and isinstance(n.args[1], (list, tuple)) else n.args[1:]
         out["perm"] = tuple(norm(i) for i in perm)
+    elif name == "grouped_mm" and len(n.args) > 1 and isinstance(n.args[1], fx.Node):
+        weight = stats.get(n.args[1].name, {}).get("shape", ())  # one GEMM per expert (costmodel.kernels)
+        out.update({"groups": weight[0]} if len(weight) == 3 else {})
+    elif name == "scaled_dot_product_attention":
+        # is_causal: F.scaled_dot_product_attention's 6th argument; an aten overload says where in its schema
+        schema = getattr(n.target, "_schema", None)
+        names = [a.name for a in schema.arguments] if schema is not None else []
+        at = names.index("is_causal") if "is_causal" in names else 5
+        causal = n.kwargs.get("is_causal", n.args[at] if len(n.args) > at else False)
+        out.update({"causal": True} if causal is True else {})
     elif name in ("view", "reshape"):
         sizes = n.args[1] if len(n.args) == 2 and isinstance(n.args[1], (list, tuple)) else n.args[1:]
         out["infer_dim_at"] = next((i for i, v in enumerate(sizes) if isinstance(v, int) and v == -1), -1)

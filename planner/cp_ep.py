@@ -81,21 +81,23 @@ class Experts:
 
 
 def experts_of(graph: OpGraph, group: str) -> Experts | None:
-    """The experts of `group` (grouped GEMMs, costmodel.flops), or None for a dense layer. The dispatched
-    rows are the smallest activation a grouped GEMM reads (the hidden-wide one); the expert parameters
-    are those named `experts` (transformers' MoE blocks, partita's MoE preset)."""
+    """The experts of `group` (grouped GEMMs, costmodel.flops), or None for a dense layer. A grouped GEMM
+    reads tokens x k rows, so the dispatched bytes are k x the layer's output (hidden-wide) per sample; the
+    expert parameters are those named `experts` (transformers' MoE blocks, partita's MoE preset)."""
     g = graph.g
     grouped = [n for n in graph.nodes_of(group) if g.nodes[n]["kind"] == "grouped_mm"]
     if not grouped:
         return None
-    rows = [g.edges[p, n]["nbytes"] for n in grouped for p in g.predecessors(n)
+    rows = [g.nodes[p]["shape"][0] for n in grouped for p in g.predecessors(n)
             if len(g.nodes[p]["shape"] or ()) == 2 and not g.nodes[p]["params"] and g.nodes[p]["kind"] != "get_attr"]
+    tokens = graph.batch * (graph.seq_len or 1)
+    top_k = max(rows or [0]) / tokens  # the routed rows are tokens x k
     owners = [n for n in graph.nodes_of(group) if any("experts" in k.split(".") for k in g.nodes[n]["params"])]
     params = {k: v for n in owners for k, v in g.nodes[n]["params"].items() if "experts" in k.split(".")}
     count = min((g.nodes[n]["shape"][0] for n in owners if len(g.nodes[n]["shape"] or ()) == 3), default=1)
     flops = lambda nodes: sum(g.nodes[n]["fwd_flops"] + g.nodes[n]["bwd_flops"] for n in nodes)
     total = flops(graph.nodes_of(group))
-    return Experts(dispatch_bytes=min(rows or [0]) // max(1, graph.batch), count=count, numel=sum(params.values()),
+    return Experts(dispatch_bytes=int(top_k * graph.boundary_bytes(group) / graph.batch), count=count, numel=sum(params.values()),
                    tensors=len(params), flops_share=flops(grouped) / total if total else 0.0)
 
 

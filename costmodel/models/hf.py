@@ -149,13 +149,18 @@ def parse(spec: str) -> tuple[str, dict[str, Any]]:
     return arch, overrides
 
 
+_READ_IF_SET = ("head_dim",)
+"""Attributes transformers' modeling code reads with getattr(config, key, default) although some configs
+lack them (Qwen3-MoE's attention: head_dim, default hidden_size / num_attention_heads)."""
+
+
 def _config(arch: str, overrides: dict[str, Any], spec: str):
     tf = _transformers()
     a = _arch(arch, spec)
     kw = {k: v for k, v in overrides.items() if k != "seq"}
     make = getattr(tf, a.config) if arch in _ARCHS else functools.partial(tf.AutoConfig.for_model, arch)
     probe = make()
-    unknown = sorted(k for k in kw if not hasattr(probe, k))
+    unknown = sorted(k for k in kw if not hasattr(probe, k) and k not in _READ_IF_SET)
     if unknown:
         known = [k for k in (*a.defaults, *_SIZE_KEYS) if hasattr(probe, k)]
         raise PartitaError(f"model {spec!r}: {a.config} has no attribute {', '.join(map(repr, unknown))}; "

@@ -51,7 +51,9 @@ UNBOUNDED_MEMORY = 1e15
 # ------------------------------------------------------------------------------------ model and cluster
 
 def model_string(model: Model, seq: int) -> str:
-    """The MODEL string of `model` at `seq` tokens, every GPTConfig field spelled out."""
+    """The MODEL string of `model` at `seq` tokens, every GPTConfig field spelled out (or its own string)."""
+    if model.string:
+        return f"{model.string},seq={seq}"
     fields = {"layers": model.layers, "hidden": model.hidden, "heads": model.heads, "vocab": model.vocab, "seq": seq,
               "ffn": model.ffn or 4 * model.hidden}
     if model.family == "llama" or model.kv_heads:
@@ -84,7 +86,8 @@ def published_space(row: Row) -> SearchSpace:
         raise PartitaError(f"benchmarks.published needs SearchSpace fields {', '.join(missing)} (planner/space.py) "
                            "to fix the published configuration; without them the rows cannot be priced as published")
     return SearchSpace(
-        name="published", tp=(row.tp,), pp=(row.pp,), dp=(row.dp,), zero=row.zero, recompute=row.recompute,
+        name="published", tp=(row.tp,), pp=(row.pp,), dp=(row.dp,), cp=(row.cp,), ep=(row.ep,), zero=row.zero,
+        recompute=row.recompute,
         offload=False, sequence_parallel=(True, False) if row.sequence_parallel is None else (row.sequence_parallel,),
         micro_batch=None if row.micro_batch is None else (row.micro_batch,),
         virtual_stages=None if row.virtual_stages is None else (row.virtual_stages,),
@@ -121,7 +124,7 @@ def row_key(row: Row) -> str:
 
 
 def _config(row: Row) -> dict:
-    return {"tp": row.tp, "pp": row.pp, "dp": row.dp, "zero": list(row.zero), "sharding": row.sharding,
+    return {"tp": row.tp, "pp": row.pp, "dp": row.dp, "cp": row.cp, "ep": row.ep, "zero": list(row.zero), "sharding": row.sharding,
             "micro_batch": row.micro_batch, "global_batch": row.global_batch, "seq": row.seq,
             "recompute": list(row.recompute), "sequence_parallel": row.sequence_parallel, "schedule": row.schedule,
             "virtual_stages": row.virtual_stages, "precision": row.table.precision, "framework": row.table.framework,
@@ -263,7 +266,8 @@ def _config_text(r: dict) -> str:
     rc = "/".join(c["recompute"]) if len(c["recompute"]) < 3 else "(search)"
     sp = " SP" if c["sequence_parallel"] else (" (SP)" if c["sequence_parallel"] is None and p.get("sequence_parallel")
                                               else "")
-    return f"tp{c['tp']} pp{c['pp']} dp{c['dp']} Z{'|'.join(map(str, c['zero']))} mb{mb} {rc}{sp}"
+    extra = "".join(f" {k}{c[k]}" for k in ("cp", "ep") if c.get(k, 1) > 1)
+    return f"tp{c['tp']} pp{c['pp']} dp{c['dp']}{extra} Z{'|'.join(map(str, c['zero']))} mb{mb} {rc}{sp}"
 
 
 def _print_row(r: dict) -> None:

@@ -58,6 +58,10 @@ class Model:
     """"fused": a fused cross-entropy kernel (keeps the logits, no fp32 copies); costmodel.losses."""
     notes: str = ""
     """Where the published architecture differs from the partita family it is priced as."""
+    string: str = ""
+    """A MODEL string used as given (with `,seq=N` appended) for an architecture the gpt/llama families
+    cannot express, e.g. `hf:qwen3_moe:...` (built from its transformers config, never downloaded); "": the
+    family string from the fields above."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,6 +94,10 @@ class Row:
     tp: int = 1
     pp: int = 1
     dp: int
+    cp: int = 1
+    """Context-parallel ranks per sequence (each sequence split over them)."""
+    ep: int = 1
+    """Expert-parallel ranks (a MoE layer's experts sharded over them, among the dp ranks)."""
     virtual_stages: int | None = 1
     """Model chunks per device (1: no interleaving); None: not published."""
     zero: tuple[int, ...]
@@ -522,9 +530,8 @@ TORCHTITAN_ROWS = [
 # BF16; "TFLOPs/GPU" = model FLOPs (BF16 MFU 43% / 41% against 989 TFLOP/s).
 LLAMA3_T4 = Table(
     source="llama3-paper",
-    citation="Llama Team, The Llama 3 Herd of Models, arXiv 2407.21783, Table 4 (rows without context "
-             "parallelism)",
-    metric=MODEL_TFLOPS, framework="Meta's 4D parallelism (FSDP + TP + PP)",
+    citation="Llama Team, The Llama 3 Herd of Models, arXiv 2407.21783, Table 4",
+    metric=MODEL_TFLOPS, framework="Meta's 4D parallelism (FSDP + TP + PP, and CP at 128k tokens)",
     notes="micro-batch, virtual stages, activation recompute and sequence parallelism not published: chosen by "
           "the search; the "
           "paper's interleaved schedule puts one layer fewer on the first and last stages")
@@ -584,8 +591,46 @@ MTNLG_ROWS = [
     Row(**_MT, gpus=3360, dp=12, value=44.4, notes="113 TFLOP/s per GPU"),
 ]
 
+# ---------------------------------------------------------------------------------------------------
+# Llama 3, Table 4 row 3: the 128k-token stage with context parallelism (all-gather K/V, 2 x cp chunks).
+# The row as transcribed: "16,384 | 8 | 16 | 16 | 8 | 131,072 | 16 | 16M | 380 | 38%" (GPUs, TP, CP, PP, DP,
+# sequence, batch size per DP, tokens per batch, TFLOP/s per GPU, BF16 MFU); one transcription prints DP 4,
+# but only DP 8 fits 16,384 GPUs and 16M tokens (8 x 16 x 131,072).
+LLAMA3_CP_ROWS = [
+    Row(**{**_L3, "seq": 131072, "global_batch": 128}, gpus=16384, cp=16, dp=8, value=380,
+        notes="Table 4 row 3 (context parallelism 16, seq 131072, 16 sequences per DP rank); whether the run "
+              "used document masks is not stated (priced as plain causal attention)"),
+]
+
+# ---------------------------------------------------------------------------------------------------
+# NeMo AutoModel, docs/performance-summary.md @ 8d9bfb90e (2025-10-08, unchanged since), "System: DGX-H100,
+# Precision: BF16": "| Qwen3 MoE 30B | 8 | 512 | 4 | 4 | 16 | 4096 | 1 | 1 | 1 | 8 | - | 8 | TE + DeepEP |
+# 21.773 | 277 | 12,040 |" (GPUs, GBS, MBS, LBS, GA, seq, TP, PP, CP, EP, VP, FSDP, kernels, step s, model
+# TFLOP/s, tokens/s per GPU). Config examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml: FSDP2 with
+# reshard_after_forward False (ZeRO-2 by this file's convention), experts sharded by EP 8 (outside FSDP),
+# every decoder block activation-checkpointed, mixed precision reducing in fp32, fake_balanced_gate on.
+AUTOMODEL = Table(
+    source="nemo-automodel",
+    citation="NVIDIA-NeMo/Automodel docs/performance-summary.md @ 8d9bfb90e and "
+             "examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml",
+    metric=TOKENS, framework="NeMo AutoModel (FSDP2 + expert parallelism, DeepEP, Transformer Engine kernels)",
+    notes="routing forced to balance (fake_balanced_gate): the load-imbalance factor still applies as "
+          "stated; DeepEP and TE kernels priced as the preset's all-to-all and kernels")
+QWEN3_30B_A3B = Model(name="qwen3-30b-a3b", family="hf", layers=48, hidden=2048, heads=32, vocab=151936,
+                      kv_heads=4,
+                      string="hf:qwen3_moe:num_hidden_layers=48,hidden_size=2048,num_attention_heads=32,"
+                             "num_key_value_heads=4,head_dim=128,num_experts=128,num_experts_per_tok=8,"
+                             "moe_intermediate_size=768,vocab_size=151936,norm_topk_prob=true",
+                      notes="128 experts, top-8, expert ffn 768, QK-norm, head_dim 128 (heads x head_dim = 2 x "
+                            "hidden): transformers' Qwen3-MoE built from its config")
+AUTOMODEL_ROWS = [
+    Row(table=AUTOMODEL, model=QWEN3_30B_A3B, seq=4096, hardware="H100-80GB", gpus=8, tp=1, pp=1, dp=8, ep=8,
+        zero=(2,), sharding="FSDP2, reshard_after_forward False; experts by EP", micro_batch=4, global_batch=512,
+        recompute=FULL, value=12040, notes="21.773 s per step, 277 model TFLOP/s per GPU"),
+]
+
 ROWS: list[Row] = (MEGATRON_T1_ROWS + KORTHIKANTI_T5_ROWS + LLMF_ROWS + FMS_ROWS + TORCHTITAN_ROWS + LLAMA3_ROWS
-                   + BLOOM_ROWS + MTNLG_ROWS)
+                   + BLOOM_ROWS + MTNLG_ROWS + LLAMA3_CP_ROWS + AUTOMODEL_ROWS)
 
 # ---------------------------------------------------------------------------------------------------
 SKIPPED = [
@@ -602,8 +647,19 @@ SKIPPED = [
     Skipped(source="NVIDIA/NeMo", what="docs/source/performance/performance_summary.md (24.07, all versions "
                                        "stored) and performance_long_sequence.md",
             reason="every pre-training and fine-tuning row is FP8"),
-    Skipped(source="llama3-paper", what="Table 4 row 3 (16,384 GPUs, CP 16, seq 131072, 380 TFLOP/s)",
-            reason="context parallelism is not priced"),
+    Skipped(source="megatron-moe-modelzoo",
+            what="yanring/Megatron-MoE-ModelZoo best_practice/qwen3/readme.md: Qwen3-235B-A22B BF16 rows (256 H100, "
+                 "TP 2-4 with EP 8-32, expert TP 1) and the long-context rows (CP 2-8 with EP 8)",
+            reason="Megatron's MoE parallel folding runs the experts without tensor parallelism (ETP 1) over EP x "
+                   "EDP ranks that span dp x tp, which partita's mesh (ep inside dp, tp on every layer) cannot "
+                   "express; cp and ep together are not planned"),
+    Skipped(source="megatron-lm-moe",
+            what="megatron/core/transformer/moe/README.md: Mixtral 8x7B 438 / 468 TFLOP/s (MCore v0.8 / v0.9)",
+            reason="the README does not tie the figure to a parallel configuration (its mapping table is a "
+                   "reference, not the measured run)"),
+    Skipped(source="nemo-automodel", what="DeepSeek V3 671B and Kimi K2 (256 / 1024 H100, EP 32-64)",
+            reason="their first layers are dense and the rest MoE, so the planner's block program (irregular "
+                   "layers) prices them, which does not price expert parallelism yet"),
     Skipped(source="opt-175b", what="OPT-175B, 147 TFLOP/s per GPU on 992 A100-80GB (FSDP + Megatron TP 8)",
             reason="the FLOP count behind 147 TFLOP/s (model or hardware) and the micro-batch are not stated, "
                    "and a 2M-token batch does not split evenly over 124 data-parallel replicas: the exact "

@@ -103,6 +103,8 @@ def node_time(d: dict, device, dtype: str, *, share: float = 1.0,
     (`n_div`), a row-parallel one K (`k_div`); other sharded nodes (heads, sequence) do 1/t of the
     same-shaped work (`share` = 1/t, no change of efficiency).
     """
+    if d.get("op") in ("get_attr", "placeholder"):
+        return NodeTime(0.0, 0.0)  # reading a parameter, buffer or input launches no kernel
     peak = device.peak(dtype)
     e_max = device.matmul_efficiency
     dims = gemm_dims(d)

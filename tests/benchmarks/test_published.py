@@ -33,7 +33,8 @@ def test_data_meets_the_benchmark_requirements():
 
 @pytest.mark.parametrize("row", ROWS, ids=published.row_key)
 def test_every_row_is_a_consistent_published_configuration(row):
-    assert row.tp * row.pp * row.dp == row.gpus
+    assert row.tp * row.pp * row.dp * row.cp == row.gpus
+    assert row.dp % row.ep == 0 and (row.cp == 1 or row.seq % (2 * row.cp) == 0)
     assert row.global_batch % row.dp == 0
     local = row.global_batch // row.dp
     if row.micro_batch is not None:
@@ -45,6 +46,7 @@ def test_every_row_is_a_consistent_published_configuration(row):
     assert row.schedule in ("1F1B", "Interleaved1F1B", "auto")
     assert row.pp > 1 or row.virtual_stages == 1
     assert row.model.hidden % row.model.heads == 0 and row.seq > 0
+    assert row.model.family in ("gpt", "llama") or row.model.string.startswith(f"{row.model.family}:")
     assert not row.sequence_parallel or row.tp > 1
 
 
@@ -55,6 +57,12 @@ def test_model_string_spells_out_the_published_dimensions():
     spec = published.model_spec(g, 32)
     assert spec.config["attention"] == "math" and spec.config["dropout"] == 0.1 and spec.config["ffn"] == 256
     assert spec.seq_len == 32 and spec.config["layers"] == 2
+
+
+def test_a_model_string_is_used_as_given_at_the_row_sequence():
+    m = Model(name="z", family="hf", layers=2, hidden=64, heads=4, vocab=256,
+              string="hf:llama:num_hidden_layers=2,hidden_size=64,num_attention_heads=4,vocab_size=256")
+    assert published.model_string(m, 128).endswith(",seq=128") and published.model_spec(m, 128).seq_len == 128
 
 
 def test_hardware_over_model_is_table1s_conversion():

@@ -107,3 +107,11 @@ def test_a_causal_attention_kernel_computes_half_the_scores(graph_of):
         g = graph_of(model)
         flags = {bool(d.get("causal")) for _, d in g.g.nodes(data=True) if d["kind"] == "scaled_dot_product_attention"}
         assert flags == {expected}, model
+
+
+def test_reading_a_parameter_costs_no_kernel():
+    # transformers' MoE experts are 3-d parameters read by get_attr: their bytes are the GEMM's to read
+    experts = {"kind": "get_attr", "op": "get_attr", "shape": (128, 1536, 2048), "fwd_flops": 0, "bwd_flops": 0,
+               "mem_bytes": 805306368}
+    assert node_time(experts, A100, "bf16") == node_time({**experts, "mem_bytes": 0}, A100, "bf16")
+    assert node_time(experts, A100, "bf16").fwd == 0

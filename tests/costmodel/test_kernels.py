@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from partita.costmodel.hardware import DEVICES
-from partita.costmodel.kernels import node_time, saturation
+from partita.costmodel.kernels import CAUSAL_SHARE, node_time, saturation
 from partita.planner.strategies import node_seconds, replicate_option, tensor_option
 from partita.costmodel.hardware import parse_cluster
 
@@ -94,11 +94,11 @@ def test_calibrate_fits_the_gemm_curve_it_is_given():
     assert flat["gemm_half_dim"] == 0.0 and flat["matmul_efficiency_of_measured_peak"] == pytest.approx(0.5)
 
 
-def test_a_causal_attention_kernel_computes_half_the_scores(graph_of):
+def test_a_causal_attention_is_priced_at_its_causal_share(graph_of):
     attn = {"kind": "scaled_dot_product_attention", "shape": (1, 16, 4096, 128), "fwd_flops": 4 * 16 * 4096**2 * 128,
             "bwd_flops": 10 * 16 * 4096**2 * 128, "mem_bytes": 0}
     full, causal = node_time(attn, A100, "bf16"), node_time({**attn, "causal": True}, A100, "bf16")
-    assert causal.fwd == pytest.approx(full.fwd / 2) and causal.bwd == pytest.approx(full.bwd / 2)
+    assert causal.fwd == pytest.approx(full.fwd * CAUSAL_SHARE) and causal.bwd == pytest.approx(full.bwd * CAUSAL_SHARE)
     # capture records it: the presets' attention is causal (is_causal=True), HF llama's too, BERT's not
     for model, expected in (("tiny-llama", True), ("hf:llama:num_hidden_layers=1,hidden_size=64,num_attention_heads=4,"
                                                    "vocab_size=128,intermediate_size=128", True),

@@ -5,6 +5,12 @@ parameters, 2 bytes of gradients and K = 12 bytes of optimizer state (fp32 maste
 variance) per parameter: 16 bytes in all. In fp32, Adam keeps 4 + 4 + 8 = 16 bytes; SGD without momentum
 4 + 4.
 
+Gradient communication (`grad_comm`, bytes per parameter on the wire): 4 whatever the precision, as
+partita's runtime reduces gradients in fp32 -- FSDP2's MixedPrecisionPolicy(reduce_dtype=fp32) under
+ZeRO-2/3, and the fp32 gradients of autocast's fp32 parameters under ZeRO-0 (runtime.precision). So do
+Megatron-LM in bf16 (fp32 main_grad all-reduce), torchtitan's FSDP2 default and Composer's DEFAULT mixed
+precision.
+
 Optimizer-step traffic (bytes read + written per parameter, memory-bound): Adam reads gradient, master
 weight, momentum and variance and writes master weight, momentum, variance and the working copy.
 """
@@ -21,6 +27,8 @@ class StateBytes:
     grad: int
     optimizer: int
     step_traffic: int
+    grad_comm: int = 4
+    """Bytes per parameter a gradient all-reduce or reduce-scatter sends (module docstring)."""
 
     @property
     def total(self) -> int:

@@ -6,7 +6,7 @@ import numpy as np
 from partita.planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
 from partita.planner.candidates import Candidate
 from partita.planner.cp_ep import EP_IMBALANCE
-from partita.planner.executable import ZERO_STAGES, pipeline_refusal_for
+from partita.planner.executable import ZERO_STAGES, composition_refusal, cp_refusal_for, pipeline_refusal_for
 from partita.planner.search import SearchResult
 from partita.planner.phases import stage_memory
 from partita.planner.strategies import SPLIT
@@ -182,6 +182,9 @@ def pipeline_note(result: SearchResult, c: Candidate) -> dict:
     if c.zero not in ZERO_STAGES:
         out["not_executed"] = (f"ZeRO-{c.zero} is priced but not executed by partita's runtime (it runs ZeRO "
                                f"{', '.join(map(str, ZERO_STAGES))})")
+    why = composition_refusal(c.pp, c.tp, c.cp, c.ep) or (cp_refusal_for(result.graph.name) if c.cp > 1 else None)
+    if why:  # a what-if the user fixed (planner.candidates keeps such candidates only then)
+        out["not_executed"] = f"priced as asked but not executed: {why}"
     return out
 
 

@@ -23,7 +23,7 @@ from partita.costmodel.graph import OpGraph
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.memory import state_bytes
 from partita.planner.cp_ep import cp_refusal, default_cp, default_ep, ep_refusal, experts_of
-from partita.planner.executable import pipeline_refusal_for
+from partita.planner.executable import composition_refusal, cp_refusal_for, pipeline_refusal_for
 from partita.planner.milp import StageProblem, StageSolution
 from partita.planner.milp_blocks import BlockProblem
 from partita.planner.options import Variant, cost_variant, pareto_indices, variants, zero_state_bytes
@@ -192,7 +192,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         # the last bucket (DDP's default: 25 MiB) has no backward left to hide behind: the layers' windows
         # charged it only kappa t (their contention), so exposing it adds (1 - kappa) t
         grads = sum(o.param_numel for o in (*pre, *suf)) + len(layers) * layer_bases[0].param_numel if layers else 0
-        last = comm.all_reduce(cluster, dp_group, min(DDP_BUCKET_BYTES, grads * sb.grad / pp)) \
+        last = comm.all_reduce(cluster, dp_group, min(DDP_BUCKET_BYTES, grads * sb.grad_comm / pp)) \
             * (1 - cluster.device.overlap_slowdown)
         e["flush"] += last
         e["dp"] += last
@@ -463,11 +463,12 @@ def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, s
         return prefix, layers, suffix, _enumerate_hetero(bases, cluster, train, space)
     out = []
     experts = experts_of(graph, layers[0]) if layers else None
-    cps = space.cp or default_cp(graph.seq_len, cp_refusal(graph, layers, 2) is None)
+    cps = space.cp or default_cp(graph.seq_len, cp_refusal(graph, layers, 2) is None and
+                                 cp_refusal_for(graph.name) is None)
     for pp, dp, tp, zero, b, m, cp in _meshes(cluster, train, space, max(1, len(layers)), cps):
-        eps = [e for e in (space.ep or default_ep(experts, dp)) if ep_refusal(experts, dp, e) is None]
-        if cp > 1:  # not combined: expert groups would have to span dp x cp ranks (cp_ep.ep_comm prices dp only)
-            eps = [e for e in eps if e == 1]
+        eps = [e for e in (space.ep or default_ep(experts, dp)) if ep_refusal(experts, dp, e) is None
+               and (cp == 1 or e == 1)]  # cp with ep: expert groups would span dp x cp ranks (not priced)
+        eps = [e for e in eps if _runs_or_fixed(space, pp, tp, cp, e)]
         for schedule, v in _schedules(train.schedule, pp, m, len(layers), space.virtual_stages):
             for sp in (space.sequence_parallel if tp > 1 else (False,)):
                 for ep in eps:
@@ -475,6 +476,16 @@ def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, s
                     if c is not None:
                         out.append(c)
     return prefix, layers, suffix, out
+
+
+def _runs_or_fixed(space: SearchSpace, pp: int, tp: int, cp: int, ep: int) -> bool:
+    """Whether the runtime runs this composition of axes (planner.executable), or the user fixed every axis
+    in it (a what-if priced as asked, with a plan note): the search never picks one the runtime refuses."""
+    if composition_refusal(pp, tp, cp, ep) is None:
+        return True
+    fixed = lambda axis, v: getattr(space, axis) is not None and v in getattr(space, axis) \
+        and 1 not in getattr(space, axis)
+    return all(fixed(k, v) for k, v in (("pp", pp), ("tp", tp), ("cp", cp), ("ep", ep)) if v > 1)
 
 
 def _enumerate_blocks(bases: _Bases, cluster: Cluster, train: TrainConfig, space: SearchSpace) -> list[Candidate]:
@@ -549,7 +560,7 @@ def _tied_terms(t: TiedWeight, cluster: Cluster, sb, zero: int, dp: int, tp: int
     two stages' gradients before the optimizer step, runtime/pp.py) between pipeline ranks 0 and pp - 1 of
     the same (dp, tp) coordinate: pp - 1 pipeline ranks apart, each dp x tp ranks wide. Under ZeRO 2/3
     the gradient is each dp rank's shard. Tied weights are replicated over tp (runtime/checks.py)."""
-    grad_bytes = t.numel * sb.grad / (dp if zero >= 2 else 1)
+    grad_bytes = t.numel * sb.grad_comm / (dp if zero >= 2 else 1)
     seconds = comm.all_reduce(cluster, comm.group_for(cluster, 2, (pp - 1) * dp * tp), grad_bytes)
     return {"params": [t.first, t.second], "numel": t.numel, "pp_ranks": [0, pp - 1], "grad_bytes": grad_bytes,
             "allreduce_s": seconds, "state_bytes": zero_state_bytes(t.numel, sb, zero, dp)}

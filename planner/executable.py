@@ -108,3 +108,40 @@ def pipeline_refusal_for(name: str) -> str | None:
     return pipeline_refusal(spec)
 
 
+
+
+# Context and expert parallelism (runtime/cp.py, runtime/ep.py): what composes with what.
+CP_RUNS_WITH = ("dp", "tp")
+"""Axes context parallelism runs beside (with ZeRO 0/2/3): not pipelines (a stage is a traced graph, which
+has no cp attention), not expert parallelism."""
+EP_RUNS_WITH = ("dp",)
+"""Axes expert parallelism runs beside (with ZeRO 0/2/3): not tp, pp or cp (a pipeline stage is a traced
+graph, so the experts' dispatch would not apply)."""
+
+
+def composition_refusal(pp: int, tp: int, cp: int, ep: int) -> str | None:
+    """One line when the runtime does not run this combination of cp / ep with the other axes; else None."""
+    sizes = {"pp": pp, "tp": tp, "cp": cp, "ep": ep}
+    for axis, runs_with in (("cp", CP_RUNS_WITH), ("ep", EP_RUNS_WITH)):
+        if sizes[axis] > 1:
+            other = [f"{k}={v}" for k, v in sizes.items() if k != axis and k not in runs_with and v > 1]
+            if other:
+                return (f"{axis}={sizes[axis]} with {' and '.join(other)} is not run by partita's runtime: "
+                        f"{'context' if axis == 'cp' else 'expert'} parallelism runs beside "
+                        f"{' and '.join(runs_with)} (and ZeRO) only")
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def cp_refusal_for(name: str) -> str | None:
+    """None when the runtime runs context parallelism for the model a plan names: partita's own GPT and
+    Llama models (presets, gpt:/llama: families), whose attention it splits; else one line."""
+    try:
+        spec = resolve_model(name)
+    except PartitaError:
+        spec = None
+    cfg = spec.config if spec is not None and isinstance(spec.config, dict) else {}
+    if cfg.get("family") in ("gpt", "llama") and spec.loss_fn is None:
+        return None
+    return (f"context parallelism runs for partita's GPT and Llama models (presets such as tiny-gpt and "
+            f"tiny-llama, gpt:... and llama:... families); model {name!r} is not one")

@@ -164,8 +164,8 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     v.host_act = float(kept) if v.offload_activations else 0.0
     ag = (comm.all_gather(cluster, dp_group, n_dense * sb.param) if dp > 1 else 0.0) \
         + (comm.all_gather(cluster, edp_group, n_expert * sb.param) if edp > 1 else 0.0)
-    rs = (comm.reduce_scatter(cluster, dp_group, n_dense * sb.grad) if dp > 1 else 0.0) \
-        + (comm.reduce_scatter(cluster, edp_group, n_expert * sb.grad) if edp > 1 else 0.0)
+    rs = (comm.reduce_scatter(cluster, dp_group, n_dense * sb.grad_comm) if dp > 1 else 0.0) \
+        + (comm.reduce_scatter(cluster, edp_group, n_expert * sb.grad_comm) if edp > 1 else 0.0)
     gather_fwd = ag if zero >= 2 else 0.0          # ZeRO-2 (reshard_after_forward off): gathered once
     gather_bwd = ag if zero == 3 else 0.0          # ZeRO-3: again before the backward
     scatter = rs if zero >= 2 else 0.0
@@ -181,7 +181,7 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
         off = lambda nbytes: (comm.off_node_bytes(cluster, dp_group, n_dense * nbytes)
                               + comm.off_node_bytes(cluster, edp_group, n_expert * nbytes)) / dev.host_bw
         nic_f = off(sb.param) if gather_fwd else 0.0
-        nic_b = off(sb.param) * (gather_bwd > 0) + off(sb.grad) * (scatter > 0)
+        nic_b = off(sb.param) * (gather_bwd > 0) + off(sb.grad_comm) * (scatter > 0)
     timing = streams.layer_timing(streams.LayerStreams(
         compute_fwd=fwd, compute_bwd=bwd, tp=v.tp_comm, cp=v.cp_comm, ep=v.ep_comm, gather_fwd=gather_fwd,
         gather_bwd=gather_bwd, scatter_bwd=scatter, offload_out=out, offload_in=back, nic_fwd=nic_f,
@@ -197,9 +197,9 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     v.host_state = full if v.offload_states else 0.0
     ar = 0.0
     if zero <= 1 and dp > 1:
-        ar = n_dense * sb.grad * comm.affine(comm.all_reduce, cluster, dp_group)[1]
+        ar = n_dense * sb.grad_comm * comm.affine(comm.all_reduce, cluster, dp_group)[1]
         if edp > 1:
-            ar += n_expert * sb.grad * comm.affine(comm.all_reduce, cluster, edp_group)[1]
+            ar += n_expert * sb.grad_comm * comm.affine(comm.all_reduce, cluster, edp_group)[1]
     v.dp_comm = ar
     v.dp_exposed, v.dp_contention = ar, 0.0
     if ddp_overlap and ar:

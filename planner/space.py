@@ -293,7 +293,7 @@ def _why_nothing(cluster, train, space, max_pp, layers, seq) -> str | None:
         d = min(s[2] for s in kept)
         return (f"dp={d} does not divide the global batch {gb}: choose a global batch divisible by the "
                 f"data-parallel degree (e.g. a multiple of {d})")
-    if 0 not in space.zero and not (shapes := [s for s in shapes if s[2] > 1]):
+    if 0 not in space.zero and not (shapes := [s for s in shapes if s[2] * cp > 1]):
         return (f"ZeRO-{min(space.zero)} shards model states over data-parallel ranks and needs dp > 1, "
                 f"but the fixed choices ({describe_fixed(space)}) leave dp=1")
     if False not in space.sequence_parallel:

@@ -65,8 +65,9 @@ def _independent_state_bytes(plan: Plan, graph) -> tuple[list[float], list[float
         shard = {0: (1, 1, 1), 1: (1, 1, plan.mesh.dp), 2: (1, plan.mesh.dp, plan.mesh.dp),
                  3: (plan.mesh.dp,) * 3}[block.zero_stage or plan.zero_stage]
         if not block.offload_states:  # offloaded shards live in host memory
-            per_stage[block.stage] += numel * (sb.param / shard[0] + sb.grad / shard[1] + sb.optimizer / shard[2])
-            grads[block.stage] += numel * sb.grad / shard[1]
+            rank = block.stage % plan.mesh.pp  # interleaved: stage i runs on pipeline rank i % pp
+            per_stage[rank] += numel * (sb.param / shard[0] + sb.grad / shard[1] + sb.optimizer / shard[2])
+            grads[rank] += numel * sb.grad / shard[1]
     return per_stage, grads
 
 

@@ -7,7 +7,8 @@ backward is two matmuls of the same size (grad input, grad weight), so 2x; fused
 scores, 5 batched matmuls against 2 forward, so 2.5x.
 
 Grouped GEMMs (mixture-of-experts layers: `aten._grouped_mm`, and transformers' CPU fallback custom op
-`transformers::grouped_mm_fallback`) have no formula in torch either. Their rows are the routed tokens,
+`transformers::grouped_mm_fallback`, and partita's own `partita::grouped_mm` of the tiny-moe preset) have no
+formula in torch either. Their rows are the routed tokens,
 sorted by expert: with top-k routing each token is processed by k experts, so the rows are tokens x k
 and the FLOPs 2 (tokens k) K N -- k times one expert's GEMM per token, never x E (the Switch Transformer,
 Fedus et al. 2022, Sec. 2.1: the cost of a token is that of the experts it is routed to; Mixtral, Jiang et
@@ -43,13 +44,15 @@ def register_missing_formulas() -> None:
             return fc.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
     if hasattr(aten, "_grouped_mm") and aten._grouped_mm not in fc.flop_registry:
         fc.register_flop_formula(aten._grouped_mm)(_grouped_mm_flop)
-    hf_ops = getattr(torch.ops, "transformers", None)
-    if hf_ops is not None and _has_op(hf_ops, "grouped_mm_fallback"):
-        fwd, bwd = hf_ops.grouped_mm_fallback, None
+    for namespace, name in (("transformers", "grouped_mm_fallback"), ("partita", "grouped_mm")):
+        ops = getattr(torch.ops, namespace, None)  # partita's: costmodel.models.gpt (the MoE preset's experts)
+        if ops is None or not _has_op(ops, name):
+            continue
+        fwd = getattr(ops, name)
         if fwd not in fc.flop_registry:
             fc.register_flop_formula(fwd)(_grouped_mm_flop)
-        if _has_op(hf_ops, "grouped_mm_fallback_backward"):
-            bwd = hf_ops.grouped_mm_fallback_backward
+        if _has_op(ops, name + "_backward"):
+            bwd = getattr(ops, name + "_backward")
             if bwd not in fc.flop_registry:
                 fc.register_flop_formula(bwd)(_grouped_mm_backward_flop)
 
@@ -88,7 +91,7 @@ _ATTENTION_OPS = {"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_pr
 # Operand positions whose gradients a product's backward computes (one forward-sized product each).
 PRODUCT_OPERANDS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2),
                     "convolution": (0, 1), "_convolution": (0, 1), "convolution_overrideable": (0, 1),
-                    "_grouped_mm": (0, 1), "grouped_mm_fallback": (0, 1)}
+                    "_grouped_mm": (0, 1), "grouped_mm_fallback": (0, 1), "grouped_mm": (0, 1)}
 
 
 def backward_flops(op_counts: dict) -> int:

@@ -2,7 +2,8 @@
 
 `resolve_model("gpt3-175b")`, `resolve_model("gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000")`,
 `resolve_model("llama:layers=..,hidden=..,ffn=..,heads=..,kv_heads=..,vocab=..")` (every GPTConfig field is
-a key: layers, hidden, heads, vocab, seq, ffn, kv_heads, attention=sdpa|math, dropout), or an import path
+a key: layers, hidden, heads, vocab, seq, ffn, kv_heads, attention=sdpa|math, dropout, and experts, top_k
+for a mixture of experts), or an import path
 `package.module:factory` (a callable returning `(module, example_inputs)`), HuggingFace models built from
 their config classes (`hf:gpt2`, `hf:llama:num_hidden_layers=4,hidden_size=256`; models/hf.py) and
 ResNet-style CNNs (`tiny-resnet`, `resnet50`, `resnet:depth=..`; models/cnn.py), each give a `ModelSpec`: a
@@ -39,6 +40,9 @@ PRESETS: dict[str, GPTConfig] = {
     "tiny-gpt": GPTConfig(layers=2, hidden=64, heads=4, vocab=256, seq=32),
     "small-gpt": GPTConfig(layers=4, hidden=128, heads=4, vocab=512, seq=64),
     "tiny-llama": GPTConfig(layers=2, hidden=64, heads=4, kv_heads=2, ffn=172, vocab=256, seq=32, family="llama"),
+    # partita's own mixture of experts: Mixtral-style top-2 routing over 4 SwiGLU experts per block (gpt.MoE)
+    "tiny-moe": GPTConfig(layers=2, hidden=64, heads=4, kv_heads=2, ffn=96, vocab=256, seq=32, family="llama",
+                          experts=4, top_k=2),
     "gpt2-small": GPTConfig(layers=12, hidden=768, heads=12, vocab=50257, seq=1024),
     # GPT-3 175B (Brown et al. 2020), as in Megatron-LM's GPT-3 runs.
     "gpt3-175b": GPTConfig(layers=96, hidden=12288, heads=96, vocab=51200, seq=2048),
@@ -235,6 +239,7 @@ def resolve_model(spec: str) -> ModelSpec:
     raise PartitaError(f"unknown model {spec!r}; presets: {', '.join(sorted(PRESETS))}, "
                        f"{', '.join(sorted(CNN_PRESETS))}; or gpt:layers=..,hidden=..,heads=..,seq=..,vocab=.."
                        "[,ffn=..,kv_heads=..,attention=sdpa|math,dropout=..], llama:... (the same keys), "
+                       "llama:...,experts=..,top_k=.. (a mixture of experts), "
                        "resnet:depth=..,width=..,image=..,classes=.., hf:FAMILY[:key=value,...] (any transformers "
                        "model type: gpt2, llama, mistral, mixtral, qwen2, bert, t5, ...), "
                        "or package.module:factory")

@@ -47,6 +47,11 @@ class GPTConfig:
     loss: str = "plain"
     """Token cross-entropy: "plain" (F.cross_entropy on fp32 logits) or "fused" (one kernel keeping only the
     logits, as llm-foundry and Liger train; costmodel.losses)."""
+    experts: int = 0
+    """Mixture of experts: every block's MLP is `MoE` with this many SwiGLU experts (llama family); 0 means the
+    dense MLP."""
+    top_k: int = 2
+    """Experts each token is routed to (with `experts` > 0)."""
 
     def __post_init__(self):
         if self.ffn == 0:
@@ -68,6 +73,17 @@ class GPTConfig:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
+        self._check_experts()
+
+    def _check_experts(self):
+        if self.experts < 0:
+            raise ValueError(f"experts must be 0 (a dense MLP) or positive, got {self.experts}")
+        if not self.experts:
+            return
+        if self.family != "llama":
+            raise ValueError(f"experts={self.experts} needs family 'llama' (SwiGLU experts), got {self.family!r}")
+        if not 1 <= self.top_k <= self.experts:
+            raise ValueError(f"top_k must be between 1 and experts ({self.experts}), got {self.top_k}")
 
     @property
     def head_dim(self) -> int:
@@ -93,6 +109,10 @@ def _rotate_half(x):
 
 
 class Attention(nn.Module):
+    context = None
+    """None: causal attention over the tokens forward receives. Under context parallelism the runtime sets
+    an object whose `attend(attn, q, k, v)` attends over the whole sequence (runtime/cp.py)."""
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         bias = cfg.family == "gpt"
@@ -117,7 +137,9 @@ class Attention(nn.Module):
         if cos is not None:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-        if self.math:
+        if self.context is not None:
+            y = self.context.attend(self, q, k, v)
+        elif self.math:
             y = self._math_attention(q, k, v, s)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.gqa,
@@ -162,6 +184,111 @@ class MLP(nn.Module):
         return F.dropout(self.fc2(F.gelu(self.fc1(x), approximate="tanh")), self.p, self.training)
 
 
+@torch.library.custom_op("partita::grouped_mm", mutates_args=())
+def _grouped_mm(rows: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    out = rows.new_zeros(rows.size(0), weight.size(2))
+    start = 0
+    for g, end in enumerate(offs.tolist()):  # one product per group: exact in any dtype, on any device
+        if end > start:
+            torch.mm(rows[start:end], weight[g], out=out[start:end])
+        start = end
+    return out
+
+
+@_grouped_mm.register_fake
+def _(rows, weight, offs):
+    return rows.new_empty(rows.size(0), weight.size(2))
+
+
+@torch.library.custom_op("partita::grouped_mm_backward", mutates_args=())
+def _grouped_mm_backward(rows: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor,
+                         grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    grad_rows, grad_weight = torch.zeros_like(rows), torch.zeros_like(weight)
+    start = 0
+    for g, end in enumerate(offs.tolist()):
+        if end > start:
+            torch.mm(grad[start:end], weight[g].T, out=grad_rows[start:end])
+            torch.mm(rows[start:end].T, grad[start:end], out=grad_weight[g])
+        start = end
+    return grad_rows, grad_weight
+
+
+@_grouped_mm_backward.register_fake
+def _(rows, weight, offs, grad):
+    return torch.empty_like(rows), torch.empty_like(weight)
+
+
+def _grouped_mm_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+    ctx.offs = inputs[2]
+
+
+def _grouped_mm_grad(ctx, grad):
+    rows, weight = ctx.saved_tensors
+    grad_rows, grad_weight = torch.ops.partita.grouped_mm_backward(rows, weight, ctx.offs, grad.contiguous())
+    return grad_rows, grad_weight, None
+
+
+_grouped_mm.register_autograd(_grouped_mm_grad, setup_context=_grouped_mm_setup)
+
+
+def grouped_mm(rows, weight, offs):
+    """rows [S, K] sorted by group, weight [G, K, N], offs [G] (cumulative row ends, int32) -> [S, N]: group g
+    multiplies its rows by weight[g] (as torch._grouped_mm, whose CPU and fake kernels want bf16 or aligned
+    shapes). One fx node (torch.fx.wrap below) of kind "grouped_mm" running one custom op,
+    `partita::grouped_mm`, which the cost model prices as the routed rows (tokens x k) through one expert
+    each (costmodel.flops), its backward as two such products."""
+    return torch.ops.partita.grouped_mm(rows.to(weight.dtype), weight, offs)
+
+
+grouped_mm.custom_op = torch.ops.partita.grouped_mm.default
+"""The one operator this function runs: costmodel.trace reads which of its operands need gradients there."""
+torch.fx.wrap("grouped_mm")
+
+
+class MoEExperts(nn.Module):
+    """`num_experts` SwiGLU experts stored as HuggingFace's MixtralExperts stores them -- gate_up_proj
+    [E, 2 ffn, hidden] (gate rows first), down_proj [E, hidden, ffn] -- with its forward signature
+    (hidden_states [T, h], top_k_index [T, k], top_k_weights [T, k]) -> [T, h], so expert parallelism
+    (runtime/ep.py) treats both alike. The routed rows are sorted by expert and run as two grouped GEMMs:
+    static shapes, which symbolic_trace and fake tensors follow."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.num_experts = cfg.experts
+        self.gate_up_proj = nn.Parameter(torch.empty(cfg.experts, 2 * cfg.ffn, cfg.hidden))
+        self.down_proj = nn.Parameter(torch.empty(cfg.experts, cfg.hidden, cfg.ffn))
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        k = top_k_index.size(-1)
+        ids, perm = torch.sort(top_k_index.reshape(-1))
+        token = perm // k
+        counts = torch.histc(ids.float(), bins=self.num_experts, min=0, max=self.num_experts - 1)
+        offs = torch.cumsum(counts, dim=0, dtype=torch.int32)
+        gate, up = grouped_mm(hidden_states[token], self.gate_up_proj.transpose(1, 2), offs).chunk(2, dim=-1)
+        out = grouped_mm(F.silu(gate) * up, self.down_proj.transpose(1, 2), offs)
+        out = out * top_k_weights.reshape(-1)[perm].unsqueeze(-1)
+        return torch.zeros_like(hidden_states).index_add(0, token, out)
+
+
+class MoE(nn.Module):
+    """Mixture-of-experts MLP, as Mixtral's: a router Linear(h, E), softmax over the experts, each token through
+    its top k experts weighted by their renormalised probabilities."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.top_k, self.p = cfg.top_k, cfg.dropout
+        self.router = nn.Linear(cfg.hidden, cfg.experts, bias=False)
+        self.experts = MoEExperts(cfg)
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.size(-1))
+        probs = F.softmax(self.router(flat).float(), dim=-1)
+        weights, index = torch.topk(probs, self.top_k, dim=-1)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        return F.dropout(self.experts(flat, index, weights).view_as(x), self.p, self.training)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -169,7 +296,7 @@ class Block(nn.Module):
         self.ln1 = norm()
         self.attn = Attention(cfg)
         self.ln2 = norm()
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg) if cfg.experts else MLP(cfg)
 
     def forward(self, x, cos=None, sin=None):
         x = x + self.attn(self.ln1(x), cos, sin)
@@ -178,6 +305,10 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     """Decoder-only transformer. forward(tokens[b, s]) -> logits[b, s, vocab]."""
+
+    positions = None
+    """None: the tokens forward receives are at positions 0..s-1. Under context parallelism the runtime sets
+    the global positions of this rank's tokens (a LongTensor of s; runtime/cp.py)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -204,7 +335,7 @@ class GPT(nn.Module):
             return
         for name, p in self.named_parameters():
             if p.dim() >= 2:
-                std = 0.02 / math.sqrt(2 * self.cfg.layers) if name.endswith(("proj.weight", "fc2.weight")) else 0.02
+                std = 0.02 / math.sqrt(2 * self.cfg.layers) if name.endswith(("proj.weight", "fc2.weight", "down_proj")) else 0.02
                 nn.init.normal_(p, mean=0.0, std=std)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
@@ -213,11 +344,15 @@ class GPT(nn.Module):
         s = tokens.size(1)
         x = self.tok_emb(tokens)
         if self.rope:
-            cos, sin = self.rope_cos.narrow(0, 0, s), self.rope_sin.narrow(0, 0, s)
+            if self.positions is None:
+                cos, sin = self.rope_cos.narrow(0, 0, s), self.rope_sin.narrow(0, 0, s)
+            else:
+                cos, sin = self.rope_cos[self.positions], self.rope_sin[self.positions]
             for block in self.blocks:
                 x = block(x, cos, sin)
         else:
-            x = x + self.pos_emb(torch.arange(s, device=tokens.device))
+            pos = torch.arange(s, device=tokens.device) if self.positions is None else self.positions
+            x = x + self.pos_emb(pos)
             for block in self.blocks:
                 x = block(x)
         return self.head(self.ln_f(x))

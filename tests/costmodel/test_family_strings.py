@@ -13,10 +13,11 @@ from partita.costmodel.models.gpt import GPTConfig
 def test_every_gptconfig_field_is_a_key():
     keys = {f.name for f in dataclasses.fields(GPTConfig)} - {"family"}
     spec = resolve_model("llama:layers=3,hidden=64,heads=4,vocab=300,seq=48,ffn=100,kv_heads=2,attention=math,"
-                         "dropout=0.25,loss=fused")
+                         "dropout=0.25,loss=fused,experts=4,top_k=1")
     assert set(spec.config) - {"family"} == keys
     assert spec.config == {"layers": 3, "hidden": 64, "heads": 4, "vocab": 300, "seq": 48, "ffn": 100,
-                           "kv_heads": 2, "family": "llama", "attention": "math", "dropout": 0.25, "loss": "fused"}
+                           "kv_heads": 2, "family": "llama", "attention": "math", "dropout": 0.25, "loss": "fused",
+                           "experts": 4, "top_k": 1}
     assert isinstance(spec.config["dropout"], float) and isinstance(spec.config["layers"], int)
 
 

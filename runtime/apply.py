@@ -40,6 +40,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from partita.costmodel.models import ModelSpec
 from partita.planner.plan import Plan
 from partita.runtime import pp as pipeline_parallel
+from partita.runtime import cp as context_parallel
+from partita.runtime import ep as expert_parallel
 from partita.runtime.blocks import apply_block_choices, blocks_in
 from partita.runtime.data import split_batch
 from partita.runtime.fsdp import apply_fsdp, sharded
@@ -79,6 +81,8 @@ class Applied:
     precision: str = ""
     local_params: int = 0
     """Elements of the parameter shards this rank holds."""
+    expert_layers: int = 0
+    """Mixture-of-experts layers whose experts are sharded over the ep group (runtime.ep)."""
 
     @classmethod
     def merge(cls, parts: list["Applied"]) -> "Applied":
@@ -98,6 +102,8 @@ class Applied:
     def summary(self) -> str:
         parts = [f"FSDP2 x{self.fsdp_units} units (reshard after forward: {self.reshard_after_forward})"
                  if self.fsdp_units else "no FSDP"]
+        if self.expert_layers:
+            parts.append(f"{self.expert_layers} expert-parallel MoE layers")
         if self.tp_layers:
             parts.append(f"{self.tp_layers} tensor-parallel layers")
         for mode in ("full", "selective"):
@@ -116,11 +122,13 @@ def parallelize(module: nn.Module, plan: Plan, topo: Topology, stage: int | None
     apply_block_choices(module, blocks)
     done = Applied(recompute={f: b.recompute for f, b in blocks.items() if b.recompute != "none"},
                    offload_activations=[f for f, b in blocks.items() if b.offload_activations])
+    if plan.mesh.ep > 1:
+        done.expert_layers = expert_parallel.apply(module, plan, topo)
     if topo.tp > 1:
         done.tp_layers = apply_tp(module, plan.placements, topo.mesh["tp"])
     dtype = train_dtype(plan)
     if sharded(plan):
-        done.fsdp_units = apply_fsdp(module, blocks, plan.zero_stage, topo.mesh["dp"], dtype,
+        done.fsdp_units = apply_fsdp(module, blocks, plan.zero_stage, context_parallel.replica_mesh(topo), dtype,
                                      stage_root=stage is not None)
         done.reshard_after_forward = plan.zero_stage == 3
         done.offload_states = [f for f, b in blocks.items() if b.offload_states]
@@ -136,15 +144,18 @@ class LocalExecutor:
 
     def __init__(self, model: nn.Module, plan: Plan, topo: Topology, loss: LossFn):
         self.topo, self.n_micro, self.loss = topo, plan.schedule.num_microbatches, loss
+        self.cp = context_parallel.install(model, topo)  # None unless cp > 1
+        replicas = context_parallel.replica_mesh(topo)  # dp, or dp x cp: the gradient-averaging ranks
+        self.replicas, self.n_replicas = replicas.get_group(), replicas.size()
         self.applied = parallelize(model, plan, topo)
         self.fsdp = self.applied.fsdp_units > 0
         self.modules = [model]
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.ddp = None
-        if topo.dp > 1 and topo.tp == 1 and not self.fsdp:
+        if self.n_replicas > 1 and topo.tp == 1 and not self.fsdp:
             # gradients as views of DDP's buckets: one copy of the gradients, not two (the buckets live
             # for the whole run; planner.search.memory_phases counts them from the first step on)
-            self.ddp = DDP(model, process_group=topo.group("dp"), gradient_as_bucket_view=True,
+            self.ddp = DDP(model, process_group=self.replicas, gradient_as_bucket_view=True,
                            device_ids=[topo.device.index] if topo.device.type == "cuda" else None)
         self.module = self.ddp if self.ddp is not None else model
         self.holds_loss = topo.tp_rank == 0
@@ -153,6 +164,8 @@ class LocalExecutor:
     def step(self, batch: tuple) -> torch.Tensor:
         """Forward and backward of this rank's batch; returns its mean loss (detached)."""
         total = torch.zeros((), device=self.topo.device)
+        if self.cp is not None:
+            batch = self.cp.shard(batch)
         for i, mb in enumerate(split_batch(batch, self.n_micro)):
             last = i == self.n_micro - 1
             sync = self.ddp is not None and last
@@ -162,8 +175,9 @@ class LocalExecutor:
                 loss.backward()
             total += loss.detach()
         settle_grads(self.params)
-        if self.topo.dp > 1 and self.ddp is None and not self.fsdp:
-            average_grads(self.params, self.topo.group("dp"), self.topo.dp)
+        if self.n_replicas > 1 and self.ddp is None and not self.fsdp:
+            average_grads(self.params, self.replicas, self.n_replicas)
+        expert_parallel.sync_expert_grads(self.params)
         return total
 
 

@@ -11,6 +11,8 @@ from partita.costmodel import model_fingerprint
 from partita.costmodel.models import ModelSpec
 from partita.planner import executable
 from partita.planner.plan import Plan, PlanError
+from partita.runtime import cp as context_parallel
+from partita.runtime import ep as expert_parallel
 from partita.runtime.fsdp import sharded
 from partita.runtime.pp import check_schedule
 from partita.runtime.recipe import OPTIMIZERS
@@ -28,7 +30,8 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
     """Raise PlanError if the plan cannot run here; return notes worth printing (e.g. dtype)."""
     m = plan.mesh
     if world_size != m.world_size:
-        raise PlanError(f"plan is for {m.world_size} ranks (pp={m.pp} x dp={m.dp} x tp={m.tp}) "
+        cp = f" x cp={m.cp}" if m.cp > 1 else ""
+        raise PlanError(f"plan is for {m.world_size} ranks (pp={m.pp} x dp={m.dp}{cp} x tp={m.tp}) "
                         f"but WORLD_SIZE is {world_size}")
     model = build_meta(spec)
     want = plan.model.get("fingerprint")
@@ -43,6 +46,8 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
         for fqn in ([stage.split_at] if stage.split_at else []) + stage.modules:
             if fqn not in modules:
                 raise PlanError(f"stages[{i}] names module {fqn!r}, which --model {spec.name} does not have")
+    context_parallel.check_plan(plan, spec, model)
+    expert_parallel.check_plan(plan, spec, model)
     check_executable(plan, spec, model)
     check_placements(plan, model, spec)
     check_blocks(plan, modules, spec.name)

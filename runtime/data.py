@@ -2,7 +2,9 @@
 
 A batch is a tuple of tensors, each with the sample dimension first; a data-parallel rank takes its
 contiguous slice of the global batch (`shard`), and microbatches are contiguous slices of that
-(`microbatches`), the same split torch.distributed.pipelining makes. How a batch is made from a model:
+(`microbatches`), the same split torch.distributed.pipelining makes. Under context parallelism (cp > 1)
+the cp ranks of a dp rank share its slice and each keeps two chunks of every sequence (`context_shard`).
+How a batch is made from a model:
 
 - token LMs (`spec.vocab` set, no `spec.loss_fn`; our GPT/Llama presets, and `package.module:factory`
   models with one [batch, seq] integer input and a vocabulary): `(inputs, targets)`, both
@@ -46,6 +48,26 @@ def microbatches(t: torch.Tensor, n: int) -> list[torch.Tensor]:
 def split_batch(batch: Batch, n: int) -> list[Batch]:
     """The `n` contiguous microbatches of a batch tuple."""
     return list(zip(*(microbatches(t, n) for t in batch)))
+
+
+def context_positions(seq: int, cp: int, cp_rank: int) -> torch.Tensor:
+    """The global positions of the tokens context-parallel rank `cp_rank` of `cp` holds: the sequence is cut
+    into 2 * cp equal chunks and the rank takes chunks cp_rank and 2 * cp - 1 - cp_rank (one near the head,
+    one near the tail, so every rank does the same causal-attention work), in that order."""
+    if seq % (2 * cp):
+        raise ValueError(f"sequence of {seq} tokens is not divisible into 2 x cp = {2 * cp} chunks")
+    c = seq // (2 * cp)
+    head, tail = cp_rank * c, (2 * cp - 1 - cp_rank) * c
+    return torch.cat((torch.arange(head, head + c), torch.arange(tail, tail + c)))
+
+
+def context_shard(batch: Batch, cp: int, cp_rank: int) -> Batch:
+    """A context-parallel rank's part of a token-LM batch: every tensor ([batch, seq], inputs and the already
+    shifted targets) at the positions `context_positions` gives, along the sequence dimension."""
+    if cp == 1:
+        return batch
+    idx = context_positions(batch[0].size(1), cp, cp_rank).to(batch[0].device)
+    return tuple(t.index_select(1, idx) for t in batch)
 
 
 def _bound(spec: ModelSpec, key: str) -> int | None:

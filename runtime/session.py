@@ -39,6 +39,7 @@ from partita.costmodel import PartitaError, model_fingerprint
 from partita.costmodel.models import ModelSpec, with_seq
 from partita.planner.plan import Plan
 from partita.runtime import checkpoint as ckpt
+from partita.runtime import ep as expert_parallel
 from partita.runtime import memory
 from partita.runtime.apply import make_executor
 from partita.runtime.checks import build_meta, optimizer_name, preflight
@@ -172,6 +173,7 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int) -> Prepar
     if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
         raise PartitaError(f"{'--resume' if opts.resume else '--checkpoint-every'} needs --checkpoint-dir")
     prep = Prepared(notes=preflight(plan, spec, world), attempt=attempt_number())
+    prep.notes += expert_parallel.check_run(plan, spec, opts.checkpoint_dir, opts.verify)
     prep.device_note = device_note(plan, world)
     prep.data = make_data(spec, plan.train["global_batch"], opts.seed, opts.data, opts.data_dtype)
     parse_faults(os.environ.get(FAULT_ENV))
@@ -218,10 +220,11 @@ def _sync(device: torch.device) -> None:
 
 
 def _reduce_loss(executor, loss: torch.Tensor, topo: Topology) -> float:
-    """The step's global mean loss on every rank: one holder per dp rank, the sum over them / dp."""
+    """The step's global mean loss on every rank: one holder per (dp, cp) rank -- each cp rank's loss is the
+    mean over its equal share of the tokens (runtime.cp) --, the sum over them / (dp x cp)."""
     held = loss if executor.holds_loss else torch.zeros_like(loss)
     dist.all_reduce(held)
-    return held.item() / topo.dp
+    return held.item() / (topo.dp * topo.cp)
 
 
 def _allreduce(values: list[float], op, device) -> list[float]:
@@ -313,7 +316,7 @@ def _header(plan: Plan, spec: ModelSpec, opts: RunOptions, topo: Topology, data)
     sched = s.name + (f" v={s.virtual_stages}" if s.virtual_stages > 1 else "")
     src = data.describe()
     where = f"tokens of {src['path']}" if src["kind"] == "file" else "synthetic data"
-    return (f"partita run: {spec.name} on {m.world_size} rank(s) (pp={m.pp} dp={m.dp} tp={m.tp}, "
+    return (f"partita run: {spec.name} on {m.world_size} rank(s) (pp={m.pp} dp={m.dp}{f' ep={m.ep}' if m.ep > 1 else ''}{f' cp={m.cp}' if m.cp > 1 else ''} tp={m.tp}, "
             f"{sched} x{s.num_microbatches} microbatches, zero_stage {plan.zero_stage}, "
             f"{plan.train.get('dtype') or 'fp32'}, {optimizer_name(plan)}), {dist.get_backend()}/{topo.device.type}, "
             f"global batch {plan.train['global_batch']} x {spec.seq_len} tokens ({where}), {opts.steps} steps")
@@ -417,7 +420,7 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
 
 
 def _coords(topo: Topology) -> dict[str, int]:
-    return {"dp": topo.dp_rank, "tp": topo.tp_rank}
+    return {"dp": topo.dp_rank, "cp": topo.cp_rank, "tp": topo.tp_rank}  # cp ranks hold replicas (runtime.cp)
 
 
 def _verify(result: CheckedResult, plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo: Topology,

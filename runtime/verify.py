@@ -43,8 +43,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.placement_types import _StridedShard  # FSDP2's dp shard of a tp-sharded dim
 
 from partita.costmodel.models import ModelSpec
+from partita.runtime import ep as expert_parallel
 from partita.runtime.recipe import build_model, loss_for, make_optimizer
 
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-3}
@@ -153,13 +155,16 @@ def checksum(model: nn.Module) -> float:
 
 
 def _counted_here(p: torch.Tensor, coords: dict[str, int]) -> bool:
-    """Whether this rank's copy of `p` counts towards the checksum: along each of the dp and tp axes,
-    either `p` is sharded over it or this rank is its first coordinate."""
+    """Whether this rank's copy of `p` counts towards the checksum: along each of the dp, cp and tp axes,
+    either `p` is sharded over it (also over a flattened mesh axis such as "dp_cp", runtime.cp) or this rank
+    is its first coordinate."""
     names, placements = (), ()
+    coords = expert_parallel.checksum_coords(p, coords)  # an expert shard counts on ep group 0
     if isinstance(p, DTensor):
         names, placements = p.device_mesh.mesh_dim_names or (), p.placements
     for axis, coord in coords.items():
-        sharded = axis in names and isinstance(placements[names.index(axis)], Shard)
+        sharded = any(axis in name.split("_") and isinstance(pl, (Shard, _StridedShard))
+                      for name, pl in zip(names, placements))
         if not sharded and coord != 0:
             return False
     return True
@@ -219,7 +224,7 @@ def param_stats(modules: list[nn.Module], coords: dict[str, int], names: list[tu
         dist.broadcast(buf, src=0)
         if name in local:
             p = local[name]
-            full = p.full_tensor() if isinstance(p, DTensor) else p
+            full = expert_parallel.full_tensor(p)  # DTensors and expert shards gathered
             delta = full.detach().double() - buf.double()
             worst = torch.maximum(worst, delta.abs().max())
             gap[i] = delta.norm()

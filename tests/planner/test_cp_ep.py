@@ -92,3 +92,18 @@ def test_ep_planned_as_asked_and_refused_for_dense_models():
         planner.plan("tiny-llama", cluster="1x2xcpu", train=TrainConfig(global_batch=2), ep=2)
     with pytest.raises(PartitaError, match="mesh.ep"):
         planner.Plan.from_dict({**p.to_dict(), "mesh": {**p.to_dict()["mesh"], "ep": 3}})
+
+
+def test_the_search_stays_inside_what_the_runtime_runs_and_a_fixed_what_if_says_so():
+    # searched: cp never meets pp (runtime/cp.py cannot split a pipeline stage's traced attention)
+    p = planner.plan("llama3-8b", cluster="8x8xH100-80GB", train=LONG, cp=4)
+    assert p.mesh.pp == 1 and "not_executed" not in p.solver
+    # fixed by the user, as a published run was: priced, and the plan says the runtime will not run it
+    q = planner.plan("llama3-8b", cluster="8x8xH100-80GB", train=LONG, cp=4, pp=2, tp=8)
+    assert (q.mesh.cp, q.mesh.pp) == (4, 2)
+    assert "cp=4 with pp=2 is not run by partita's runtime" in q.solver["not_executed"]
+    # a model whose attention the runtime does not split: never searched, priced when fixed
+    hf = "hf:llama:num_hidden_layers=2,hidden_size=64,num_attention_heads=4,vocab_size=256,intermediate_size=128,seq=32768"
+    assert planner.plan(hf, cluster="1x8xH100-80GB", train=TrainConfig(global_batch=8)).mesh.cp == 1
+    fixed = planner.plan(hf, cluster="1x8xH100-80GB", train=TrainConfig(global_batch=8), cp=2)
+    assert fixed.mesh.cp == 2 and "partita's GPT and Llama models" in fixed.solver["not_executed"]

@@ -5,14 +5,13 @@ whole plans under --verify: tests/e2e/test_cp_runs.py."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from spawned import spawned_json
 
 from partita.costmodel.models.gpt import GPT, GPTConfig
 from partita.runtime import cp as context_parallel
@@ -142,17 +141,7 @@ def _worker(rank: int, world: int, store_path: str, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def gathered_attention() -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "out.json")
-        old = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = "1"
-        try:
-            mp.start_processes(_worker, args=(2, os.path.join(tmp, "store"), out), nprocs=2, join=True,
-                               start_method="spawn")
-        finally:
-            os.environ.pop("OMP_NUM_THREADS") if old is None else os.environ.__setitem__("OMP_NUM_THREADS", old)
-        with open(out) as f:
-            return json.load(f)
+    return spawned_json(_worker)
 
 
 @pytest.mark.parametrize("name", CONFIGS)

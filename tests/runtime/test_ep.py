@@ -6,14 +6,13 @@ modules it refuses. Runs of whole plans under --verify: tests/e2e/test_ep_runs.p
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from spawned import spawned_json
 
 from partita.costmodel.models.gpt import MoE, MoEExperts, GPTConfig
 from partita.planner.plan import Mesh, PlanError
@@ -127,17 +126,7 @@ def _worker(rank: int, world: int, store: str, out: str):
 @pytest.fixture(scope="module")
 def ep_runs() -> list[dict]:
     pytest.importorskip("transformers")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "out.json")
-        old = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = "1"
-        try:
-            mp.start_processes(_worker, args=(2, os.path.join(tmp, "store"), out), nprocs=2, join=True,
-                               start_method="spawn")
-        finally:
-            os.environ.pop("OMP_NUM_THREADS") if old is None else os.environ.__setitem__("OMP_NUM_THREADS", old)
-        with open(out) as f:
-            return json.load(f)
+    return spawned_json(_worker)
 
 
 @pytest.mark.parametrize("case", CASES)

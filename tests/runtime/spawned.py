@@ -1,0 +1,24 @@
+"""Run a test's worker in spawned gloo processes and read back what rank 0 wrote (tests/runtime)."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import torch.multiprocessing as mp
+
+
+def spawned_json(worker, nprocs: int = 2):
+    """Call `worker(rank, nprocs, store_path, out_path)` in `nprocs` spawned processes with OMP_NUM_THREADS=1
+    (the workers meet on a FileStore at store_path) and return the JSON written to out_path."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        old = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"
+        try:
+            mp.start_processes(worker, args=(nprocs, os.path.join(tmp, "store"), out), nprocs=nprocs, join=True,
+                               start_method="spawn")
+        finally:
+            os.environ.pop("OMP_NUM_THREADS") if old is None else os.environ.__setitem__("OMP_NUM_THREADS", old)
+        with open(out) as f:
+            return json.load(f)

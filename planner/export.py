@@ -96,7 +96,9 @@ def _no_equivalent(tool: str, what: str, why: str) -> str:
 
 def _mesh_line(plan: Plan) -> str:
     m, s = plan.mesh, plan.schedule
-    return (f"# mesh pp={m.pp} x dp={m.dp} x tp={m.tp} = {m.world_size} ranks; schedule {s.name}, "
+    cp = f" x cp={m.cp}" if m.cp > 1 else ""
+    ep = f" (ep={m.ep} of the dp ranks)" if m.ep > 1 else ""
+    return (f"# mesh pp={m.pp} x dp={m.dp}{cp} x tp={m.tp} = {m.world_size} ranks{ep}; schedule {s.name}, "
             f"{s.num_microbatches} micro-batch(es) of {s.micro_batch_size}"
             + (f", {s.virtual_stages} virtual stages per rank" if s.virtual_stages > 1 else ""))
 
@@ -372,11 +374,15 @@ def to_megatron(plan: Plan) -> str:
     out.note(f"{MEGATRON} arguments for partita plan of {plan.model.get('name', '?')} on "
              f"{plan.cluster.get('spec', '?')}")
     out.note(_mesh_line(plan))
-    out.note(f"data parallel {plan.mesh.dp} = world size / (tp pp): {MEGATRON} derives it from the ranks it "
+    out.note(f"data parallel {plan.mesh.dp} = world size / (tp pp cp): {MEGATRON} derives it from the ranks it "
              "is started on")
     _megatron_model(plan, out)
     out.arg("--tensor-model-parallel-size", plan.mesh.tp)
     out.arg("--pipeline-model-parallel-size", plan.mesh.pp)
+    if plan.mesh.cp > 1:
+        out.arg("--context-parallel-size", plan.mesh.cp)
+    if plan.mesh.ep > 1:
+        out.arg("--expert-model-parallel-size", plan.mesh.ep)
     _megatron_pipeline(plan, out)
     _megatron_tensor(plan, out)
     out.arg("--micro-batch-size", plan.schedule.micro_batch_size)
@@ -428,7 +434,9 @@ def _torchtitan_parallelism(plan: Plan, notes: _Args) -> dict:
         par["module_fqns_per_model_part"] = [list(st.modules) for st in plan.stages]
         notes.note("module_fqns_per_model_part holds the plan's module names; torchtitan's own models name them "
                    "differently (tok_embeddings, layers.N, norm, output): rename to the model torchtitan trains")
-    par["context_parallel_degree"] = 1
+    par["context_parallel_degree"] = m.cp
+    if m.ep > 1:  # torchtitan borrows expert ranks from the data-parallel (shard) ranks, as partita does
+        par["expert_parallel_degree"] = m.ep
     return par
 
 

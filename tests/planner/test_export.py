@@ -59,7 +59,8 @@ def megatron_parser() -> argparse.ArgumentParser:
     for flag in ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--num-query-groups",
                  "--seq-length", "--max-position-embeddings", "--tensor-model-parallel-size",
                  "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage", "--micro-batch-size",
-                 "--global-batch-size", "--recompute-num-layers"):
+                 "--global-batch-size", "--recompute-num-layers", "--context-parallel-size",
+                 "--expert-model-parallel-size"):
         p.add_argument(flag, type=int)
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--group-query-attention"):
         p.add_argument(flag, action="store_true")
@@ -377,3 +378,17 @@ def test_export_cli_writes_files_and_refuses_bad_input(piped, tmp_path, capsys):
 def test_export_names_an_unknown_format():
     with pytest.raises(PartitaError, match="unknown export format 'deepspeed'"):
         export(None, "deepspeed")
+
+
+def test_context_and_expert_parallel_degrees_are_exported():
+    cp = planner.plan("llama3-8b", cluster="8x8xH100-80GB",
+                      train=planner.TrainConfig(global_batch=64, seq_len=131072), cp=4)
+    par = tomllib.loads(to_torchtitan(cp))["parallelism"]
+    assert par["context_parallel_degree"] == 4
+    assert par["data_parallel_shard_degree"] * par["data_parallel_replicate_degree"] * par["tensor_parallel_degree"] \
+        * par["pipeline_parallel_degree"] * par["context_parallel_degree"] == cp.mesh.world_size
+    args, _ = megatron_args(to_megatron(cp))
+    assert args.context_parallel_size == 4
+    ep = edited(cp, lambda d: d["mesh"].update(ep=2))
+    assert tomllib.loads(to_torchtitan(ep))["parallelism"]["expert_parallel_degree"] == 2
+    assert megatron_args(to_megatron(ep))[0].expert_model_parallel_size == 2

@@ -284,6 +284,22 @@ def published(results: dict) -> str:
         items.append(f"- `{w['key']}`: measured {w['measured']['value']:.4g} {METRICS.get(metric, metric)}, predicted "
                      f"{w['predicted']['value']:.4g} ({pct(w['error'], sign=True)})")
     out.append("\n".join(items))
+    split = [r for r in rows if r["config"].get("cp", 1) > 1 or r["config"].get("ep", 1) > 1]
+    if split:
+        out.append(paragraph("Rows with context or expert parallelism:"))
+        lines = []
+        for r in split:
+            c, metric = r["config"], r["measured"]["metric"]
+            how = " ".join(f"{k}{c[k]}" for k in ("tp", "pp", "dp", "cp", "ep") if c.get(k, 1) > 1)
+            if r.get("predicted"):
+                got = f"predicted {r['predicted']['value']:.4g} ({pct(r['error'], sign=True)})"
+            else:
+                lifted = r.get("predicted_if_memory_unbounded") or {}
+                got = "not priced: " + r.get("not_priced", "").split(":")[0] + (
+                    f" (memory lifted: {lifted['value']:.4g}, {pct(lifted['error'], sign=True)})" if lifted else "")
+            lines.append(f"- `{r['key']}` ({how}): measured {r['measured']['value']:.4g} "
+                         f"{METRICS.get(metric, metric)}, {got}")
+        out.append("\n".join(lines))
     return "\n\n".join(out)
 
 

@@ -74,8 +74,6 @@ class Experts:
     """Experts per layer (the expert weights' leading dimension)."""
     numel: int
     """Expert parameters (all experts)."""
-    tensors: int
-    """Expert parameter tensors."""
     flops_share: float
     """The grouped GEMMs' share of the layer's forward and backward FLOPs."""
 
@@ -98,7 +96,7 @@ def experts_of(graph: OpGraph, group: str) -> Experts | None:
     flops = lambda nodes: sum(g.nodes[n]["fwd_flops"] + g.nodes[n]["bwd_flops"] for n in nodes)
     total = flops(graph.nodes_of(group))
     return Experts(dispatch_bytes=int(top_k * graph.boundary_bytes(group) / graph.batch), count=count, numel=sum(params.values()),
-                   tensors=len(params), flops_share=flops(grouped) / total if total else 0.0)
+                   flops_share=flops(grouped) / total if total else 0.0)
 
 
 def cp_comm(cluster: Cluster, kv_bytes: float, cp: int, tp: int, recompute: str) -> float:

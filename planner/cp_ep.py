@@ -60,8 +60,10 @@ def attention_kv_bytes(graph: OpGraph, group: str) -> int:
 
 def has_math_attention(graph: OpGraph, group: str) -> bool:
     """Whether `group` mixes positions outside fused attention (explicit scores: `attention="math"`),
-    which the runtime's context parallelism does not split."""
-    return any("softmax" in graph.g.nodes[n]["kind"] for n in graph.nodes_of(group))
+    which the runtime's context parallelism does not split: a softmax over [batch, heads, s, s] scores (a
+    MoE router's softmax over [tokens, experts] is not one)."""
+    return any("softmax" in graph.g.nodes[n]["kind"] and len(graph.g.nodes[n]["shape"] or ()) == 4
+               for n in graph.nodes_of(group))
 
 
 @dataclass(frozen=True)

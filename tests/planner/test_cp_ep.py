@@ -107,3 +107,9 @@ def test_the_search_stays_inside_what_the_runtime_runs_and_a_fixed_what_if_says_
     assert planner.plan(hf, cluster="1x8xH100-80GB", train=TrainConfig(global_batch=8)).mesh.cp == 1
     fixed = planner.plan(hf, cluster="1x8xH100-80GB", train=TrainConfig(global_batch=8), cp=2)
     assert fixed.mesh.cp == 2 and "partita's GPT and Llama models" in fixed.solver["not_executed"]
+
+
+def test_a_moe_routers_softmax_is_not_explicit_attention():
+    # tiny-moe attends with sdpa; its router's softmax over experts must not read as attention=math
+    p = planner.plan("tiny-moe", cluster="1x2xcpu", train=TrainConfig(global_batch=2), cp=2)
+    assert p.mesh.cp == 2 and "not_executed" not in p.solver

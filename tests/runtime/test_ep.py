@@ -120,6 +120,9 @@ def _worker(rank: int, world: int, store: str, out: str):
     if rank == 0:
         with open(out, "w") as f:
             json.dump(gathered, f)
+    # every rank's collectives done before any tears down: a gloo group destroyed while a peer still
+    # talks on it aborts the peer ("terminate called without an active exception", seen once in CI)
+    dist.barrier()
     dist.destroy_process_group()
 
 

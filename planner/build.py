@@ -57,7 +57,11 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     dp_comm = float(fn @ col("dp_exposed", f_star) + parts["e_dp"][f_star])
     dp_contention = float(fn @ col("dp_contention", f_star))
     dp_hidden = float(fn @ (col("dp_comm", f_star) - col("dp_exposed", f_star)))
-    optimizer = float(sol.stage_flush[f_star] - dp_comm - dp_contention)
+    # a pipelined stage's once-per-step ZeRO traffic (planner.options): exposed, and its contention
+    zero_flush = float(fn @ col("zero_flush_exposed", f_star) + parts.get("e_zero_flush", np.zeros(c.pp))[f_star])
+    zero_flush_contention = float(fn @ col("zero_flush_contention", f_star))
+    zero_flush_hidden = float(fn @ col("zero_flush_hidden", f_star))
+    optimizer = float(sol.stage_flush[f_star] - dp_comm - dp_contention - zero_flush - zero_flush_contention)
     step = sol.objective
     tokens = train.global_batch * (result.graph.seq_len or 1)
     # Model FLOPs (Korthikanti et al. 2022): forward + backward = 3x the forward FLOPs, recomputation
@@ -65,9 +69,9 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     model_flops = 3 * result.graph.totals()["fwd_flops"] * train.global_batch
     tflops = model_flops / step / cluster.num_devices / 1e12
     memory = [stage_memory(c, s) for s in range(c.pp)]
-    breakdown = {"compute_s": m * compute, "contention_s": m * contention + dp_contention,
+    breakdown = {"compute_s": m * compute, "contention_s": m * contention + dp_contention + zero_flush_contention,
                  "tp_comm_s": m * tp_comm, "cp_comm_s": m * cp_comm, "ep_comm_s": m * ep_comm,
-                 "zero_comm_s": m * zero_exposed, "offload_s": m * exposed_offload,
+                 "zero_comm_s": m * zero_exposed + zero_flush, "offload_s": m * exposed_offload,
                  "p2p_s": m * p2p, "bubble_s": bubble, "dp_comm_s": dp_comm, "optimizer_s": optimizer}
     breakdown = {k: max(0.0, float(v)) if abs(v) > 1e-12 * step else 0.0 for k, v in breakdown.items()}
     exposed_comm = sum(breakdown[k] for k in ("tp_comm_s", "cp_comm_s", "ep_comm_s", "zero_comm_s", "offload_s",
@@ -81,7 +85,7 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "peak_memory_bytes": max(r["total"] for r in memory),
         "memory_capacity_bytes": int(np.min(prob.capacity)),
         "exposed_comm_s": exposed_comm,
-        "hidden_comm_s": max(0.0, float(m * hidden + dp_hidden)),
+        "hidden_comm_s": max(0.0, float(m * hidden + dp_hidden + zero_flush_hidden)),
         "assumptions": assumptions(cluster, train.dtype) + parallelism_assumptions(c),
         # operators that compute but have no FLOP formula (costmodel.flops): priced by their bytes only
         "uncosted_ops": result.graph.uncosted_ops(),
@@ -94,8 +98,13 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
 
 
 def parallelism_assumptions(c: Candidate) -> list[str]:
-    """What the plan's context and expert parallelism are priced by (planner.cp_ep), in words."""
+    """What the plan's pipelined ZeRO, context and expert parallelism are priced by (planner.options,
+    planner.cp_ep), in words."""
     out = []
+    if c.pp > 1 and c.zero >= 2 and c.dp * c.cp > 1:
+        out.append("pipeline with FSDP (torch.distributed.pipelining): each stage keeps its parameters gathered and "
+                   "accumulates whole fp32 gradients over the micro-batches, reduce-scattered once per step after its "
+                   "last backward (exposed)" + ("; ZeRO-3 re-gathers before each backward" if c.zero == 3 else ""))
     if c.cp > 1:
         out.append(f"context parallelism: each sequence in {2 * c.cp} chunks, a head and a tail chunk per cp rank "
                    "(balanced causal attention); every layer all-gathers K and V over its cp ranks and "

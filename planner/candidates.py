@@ -132,11 +132,12 @@ def step_sync(cluster: Cluster) -> float:
 
 
 def _add_extra_costs(e: dict, s: int, options, cluster: Cluster, sb, zero: int, dp: int, tp: int, b: int,
-                     ddp_overlap: bool = False) -> None:
+                     ddp_overlap: bool = False, pipelined: bool = False) -> None:
     """Charge the prefix or suffix blocks (embeddings, head) of stage s to the per-stage arrays `e`
-    ("zero": what the stream model exposes of their ZeRO and offload traffic, and its contention)."""
+    ("zero": what the stream model exposes of their ZeRO and offload traffic, and its contention;
+    "zero_flush": the same of the ZeRO traffic a pipelined stage issues once per step)."""
     for o in options:
-        var = cost_variant(Variant(o), cluster, sb, zero, dp, tp, b, ddp_overlap)
+        var = cost_variant(Variant(o), cluster, sb, zero, dp, tp, b, ddp_overlap, pipelined=pipelined)
         e["compute"][s] += var.compute
         e["tp"][s] += var.tp_comm
         e["zero"][s] += max(0.0, var.time - var.tp_comm - var.compute)
@@ -144,6 +145,7 @@ def _add_extra_costs(e: dict, s: int, options, cluster: Cluster, sb, zero: int, 
         e["grad"][s] += var.grad
         e["act"][s] += var.act
         e["flush"][s] += var.flush
+        e["zero_flush"][s] += var.zero_flush_exposed + var.zero_flush_contention
         e["dp"][s] += var.dp_comm
 
 
@@ -163,26 +165,28 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     # the runtime's DDP (one stage, no tensor parallelism) reduces gradient buckets during the backward
     ddp = zero <= 1 and dp > 1 and tp == 1 and pp == 1
     # the same variants serve every pipeline depth and schedule of this (tp, dp, ZeRO, b): costed once
+    # (a pipeline stage syncs its ZeRO gradients once per step: options.py)
     key = ("variants", tp, sp, zero, dp, b, space.recompute, space.offload, ddp, train.dtype, train.optimizer,
-           cp, ep)
+           cp, ep, pp > 1)
     if key not in bases._cache:
         bases._cache[key] = variants(layer_bases, cluster, sb, zero, dp, tp, b, space.recompute, space.offload,
-                                     ddp_overlap=ddp, cp=cp, ep=ep)
+                                     ddp_overlap=ddp, cp=cp, ep=ep, pipelined=pp > 1)
     opts = bases._cache[key]
     if tp > 1 and layers and not any(o.sharding in SPLIT for o in opts):
         if space.tp is None:
             return None  # splitting the layers never pays on this mesh: a smaller tp does better
         # a fixed tp is priced as asked (what-if), even where a smaller one would do better
         opts = variants([o for o in layer_bases if o.name in SPLIT], cluster, sb, zero, dp, tp, b,
-                        space.recompute, space.offload, ddp_overlap=ddp, cp=cp, ep=ep)
+                        space.recompute, space.offload, ddp_overlap=ddp, cp=cp, ep=ep, pipelined=pp > 1)
     if tp > 1 and not layers and not any(o.name in SPLIT for o in (*pre, *suf)):
         return None  # nothing to split: the tp ranks would duplicate all work
     dp_group = comm.group_for(cluster, dp, tp)
     dp_latency = comm.affine(comm.all_reduce, cluster, dp_group)[0] if zero <= 1 else 0.0
 
-    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "grad", "act", "flush", "dp", "zero")}
+    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "grad", "act", "flush", "dp", "zero",
+                                   "zero_flush")}
     for s, group_opts in ((0, pre), (pp - 1, suf)):
-        _add_extra_costs(e, s, group_opts, cluster, sb, zero, dp, tp, b, ddp)
+        _add_extra_costs(e, s, group_opts, cluster, sb, zero, dp, tp, b, ddp, pp > 1)
     if "tied" not in bases._cache:
         bases._cache["tied"] = tied_across_stages(graph, bases.prefix, bases.suffix)
     tied = _charge_tied(e, bases._cache["tied"], bases.suffix, cluster, sb, zero, dp, tp, pp)
@@ -221,7 +225,9 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         in_flight = np.array([min(m, (2 * (pp - s - 1) + (v - 1) * pp + 1) / v) for s in range(pp)])
     else:  # 1F1B: rank s holds p - s micro-batches
         in_flight = np.array([min(pp - s, m) for s in range(pp)], dtype=float)
-    gathered = 2 * min(o.param_numel for o in layer_bases) * sb.param if zero == 3 and layer_bases else 0.0
+    # ZeRO-3's two layers gathered at a time (in a pipeline the states already count them all gathered)
+    gathered = 2 * min(o.param_numel for o in layer_bases) * sb.param \
+        if zero == 3 and layer_bases and not (pp > 1 and dp > 1) else 0.0
     main_mem, phases, workspace = memory_phases(bases, opts, e, in_flight, m, b, pp, tp, zero, dp, sb, sp,
                                                 suf, gathered)
     extra_time = e["compute"] + e["tp"] + e["zero"] + e["p2p"]
@@ -298,7 +304,8 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
         layer_bases, pre, suf, _ = gb.get(tp)
         if tp > 1 and not any(o.name in SPLIT for o in layer_bases):
             return None
-        full[id(gc)] = variants(layer_bases, gc, sb, zero, dp, tp, b, space.recompute, space.offload, prune=False)
+        full[id(gc)] = variants(layer_bases, gc, sb, zero, dp, tp, b, space.recompute, space.offload, prune=False,
+                                pipelined=pp > 1)
         extras[id(gc)] = (pre, suf)
     keep = sorted(set().union(*(pareto_indices(full[id(gc)]) for gc in distinct)))
     by_stage = [[full[id(gc)][i] for i in keep] for gc in stage_groups]
@@ -306,9 +313,11 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
     if tp > 1 and not any(o.sharding in SPLIT for o in opts):
         return None
     mat = lambda attr: np.array([[getattr(o, attr) for o in row] for row in by_stage])
-    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "grad", "act", "flush", "dp", "zero")}
+    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "grad", "act", "flush", "dp", "zero",
+                                   "zero_flush")}
     for s, which in ((0, 0), (pp - 1, 1)):
-        _add_extra_costs(e, s, extras[id(stage_groups[s])][which], stage_groups[s], sb, zero, dp, tp, b)
+        _add_extra_costs(e, s, extras[id(stage_groups[s])][which], stage_groups[s], sb, zero, dp, tp, b,
+                         pipelined=pp > 1)
     for s, gc in enumerate(stage_groups):
         latency = comm.affine(comm.all_reduce, gc, comm.group_for(gc, dp, tp))[0] if zero <= 1 else 0.0
         latency += step_sync(bases.cluster)
@@ -329,7 +338,7 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
                  else np.array([min(pp - s, m) for s in range(pp)], dtype=float))
     max_out = max([graph.g.nodes[n]["out_bytes"] for n in graph.g.nodes] or [0])
     workspace = 2.0 * max_out * b + max(o.base.saved_bytes for o in opts) * b
-    if zero == 3:
+    if zero == 3 and not (pp > 1 and dp > 1):  # (a pipeline's states count every layer gathered)
         workspace += 2 * min(o.base.param_numel for o in opts) * sb.param
     extra_time = e["compute"] + e["tp"] + e["zero"] + e["p2p"]
     problem = StageProblem(
@@ -412,7 +421,7 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
         if tp > 1:
             t = tensor_option(graph, grp, cluster, tp)
             mine += [t] if t is not None else []
-        vs = variants(mine, cluster, sb, zero, dp, tp, b, space.recompute, space.offload)
+        vs = variants(mine, cluster, sb, zero, dp, tp, b, space.recompute, space.offload, pipelined=pp > 1)
         opts += vs
         block_of += [i] * len(vs)
     must = np.array([tp > 1 and o.sharding in SPLIT for o in opts])
@@ -427,7 +436,7 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
                  else np.array([min(pp - s, m) for s in range(pp)], dtype=float))
     max_out = max([graph.g.nodes[n]["out_bytes"] for n in graph.g.nodes] or [0])
     workspace = 2.0 * max_out * b + max(o.base.saved_bytes for o in opts) * b
-    if zero == 3:
+    if zero == 3 and not (pp > 1 and dp > 1):  # (a pipeline's states count every layer gathered)
         workspace += 2 * max(o.base.param_numel for o in opts) * sb.param
     col = lambda attr: np.array([getattr(o, attr) for o in opts], dtype=float)
     problem = BlockProblem(
@@ -443,7 +452,8 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
     per_block_flush = [problem.flush[problem.block_of == i].min() for i in range(problem.num_blocks)]
     lb = (m + pp - 1) / pp * sum(per_block_min) + (sum(per_block_flush) + pp * latency) / pp
     zeros = np.zeros(pp)
-    parts = {"e_compute": zeros, "e_tp": zeros, "e_zero": zeros, "e_p2p": zeros.copy(), "e_state": zeros,
+    parts = {"e_compute": zeros, "e_tp": zeros, "e_zero": zeros, "e_zero_flush": zeros, "e_p2p": zeros.copy(),
+             "e_state": zeros,
              "e_act": zeros, "e_flush": zeros + latency, "e_dp": zeros + latency, "workspace": workspace,
              "tied": tied}
     parts["e_dp"][-1] += sum(t["allreduce_s"] for t in tied)  # the breakdown's share of the last stage's flush

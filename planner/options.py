@@ -12,6 +12,18 @@ ZeRO traffic per micro-batch over the data-parallel group (FSDP2 semantics, what
     stage 2 (reshard after forward off): all-gather parameters before the forward + reduce-scatter
     stage 3 (FSDP):                      all-gather before the forward and again before the backward
                                          + reduce-scatter
+In a pipeline (`pipelined`: pp > 1) the stage is an FSDP2 module driven by torch.distributed.pipelining,
+which turns gradient sync and resharding after backward off for every micro-batch but the last
+(PipelineStage.backward_maybe_with_nosync, perform_reduce_grad): gradients accumulate unsharded, in
+FSDP2's reduce dtype (fp32), and are reduce-scattered once per step after the stage's last backward;
+parameters a backward gathered stay gathered, so in steady 1F1B a forward (which follows a backward)
+finds them gathered. Per micro-batch that leaves stage 3 one all-gather (before the backward; stage 2
+none); once per step, in the flush D, the first forward's all-gather (its window: what that
+forward's compute does not cover, and the contention) and the whole reduce-scatter (exposed: on the
+first stage nothing runs after it). Memory: the stage's parameters gathered, p n, and its fp32
+gradient accumulators, 4 n (absent until the first backward), + o n / d -- stage 3 saves no memory
+over stage 2 here, and costs a gather per micro-batch more. (ZeRO-3's forward gathers during the
+1F1B warm-up, up to pp - s of them, are not charged.)
 Activation offload (save_on_cpu): the kept activations go to host during the forward (A / host link
 bandwidth) and come back during the backward; the NIC's off-node bytes share that link.
 
@@ -31,7 +43,7 @@ down the host link (overlapped like the all-gathers), and the optimizer step run
 After-flush time D (seconds): stages 0-1 all-reduce the gradients (stage 1 as reduce-scatter + all-gather,
 the same volume, 2 Psi) -- all of it after the flush, or (DDP, `ddp_overlap`) in buckets during the last
 micro-batch's backward, exposed only where it outlasts the layer's backward compute; stages 2-3 already
-reduced them per micro-batch. Then the optimizer step over the rank's optimizer shard, memory-bound:
+reduced them per micro-batch (a pipeline: once per step, above). Then the optimizer step over the rank's optimizer shard, memory-bound:
 n_opt * step traffic / achievable memory bandwidth, plus Device.sharded_param_latency per parameter
 tensor held as a DTensor.
 """
@@ -81,6 +93,21 @@ class Variant:
     dp_exposed: float = 0.0        # of `flush`: the data-parallel all-reduce no backward compute covers
     dp_contention: float = 0.0     # of `flush`: compute slowed by the all-reduce it overlaps
     step: float = 0.0              # of `flush`: the optimizer step
+    zero_first: "streams.Window | None" = None  # of `flush` (pipelined): the step's first forward gather
+    zero_scatter: float = 0.0      # of `flush` (pipelined): the step's one reduce-scatter, exposed
+
+    @property
+    def zero_flush_exposed(self) -> float:
+        """Of `flush`: the ZeRO traffic a pipelined stage issues once per step and no compute covers."""
+        return (self.zero_first.exposed if self.zero_first else 0.0) + self.zero_scatter
+
+    @property
+    def zero_flush_contention(self) -> float:
+        return self.zero_first.contention if self.zero_first else 0.0
+
+    @property
+    def zero_flush_hidden(self) -> float:
+        return self.zero_first.hidden if self.zero_first else 0.0
 
     @property
     def sharding(self) -> str:
@@ -130,13 +157,15 @@ def _expert_split(o: BlockOption, dp: int, ep: int) -> tuple[float, float, int]:
 
 
 def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: float,
-                 ddp_overlap: bool = False, cp: int = 1, ep: int = 1) -> Variant:
+                 ddp_overlap: bool = False, cp: int = 1, ep: int = 1, pipelined: bool = False) -> Variant:
     """Cost one variant for one micro-batch of b samples on one rank (module docstring); the time is the
     stream model's (costmodel.streams). `ddp_overlap`: the data-parallel all-reduce (ZeRO-0/1) runs in
     buckets during the last micro-batch's backward (the runtime's DDP), rather than after the flush.
     Context parallelism (`cp`, planner.cp_ep): the caller passes dp x cp as `dp` and b / cp as `b` (a
     rank's share of the samples); this adds the K/V gathers. Expert parallelism (`ep`): expert
-    parameters 1/ep per rank, their all-to-alls and the busiest rank's imbalance."""
+    parameters 1/ep per rank, their all-to-alls and the busiest rank's imbalance. `pipelined`: the layer
+    sits in a pipeline stage (pp > 1), whose ZeRO traffic and gradients follow torch.distributed.pipelining
+    (module docstring)."""
     o, dev = v.base, cluster.device
     n_dense, n_expert, edp = _expert_split(o, dp, ep)
     zero = zero if v.zero is None else v.zero
@@ -166,16 +195,23 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
         + (comm.all_gather(cluster, edp_group, n_expert * sb.param) if edp > 1 else 0.0)
     rs = (comm.reduce_scatter(cluster, dp_group, n_dense * sb.grad_comm) if dp > 1 else 0.0) \
         + (comm.reduce_scatter(cluster, edp_group, n_expert * sb.grad_comm) if edp > 1 else 0.0)
-    gather_fwd = ag if zero >= 2 else 0.0          # ZeRO-2 (reshard_after_forward off): gathered once
+    pipe_fsdp = pipelined and zero >= 2 and dp > 1  # sync once per step (module docstring)
+    gather_fwd = ag if zero >= 2 and not pipe_fsdp else 0.0  # ZeRO-2 (reshard_after_forward off): once
     gather_bwd = ag if zero == 3 else 0.0          # ZeRO-3: again before the backward
-    scatter = rs if zero >= 2 else 0.0
+    scatter = rs if zero >= 2 and not pipe_fsdp else 0.0
     shard = n_dense / dp + n_expert / edp          # parameters this rank holds fully sharded
     out = back = 0.0
     if v.offload_activations:
         out = back = kept / dev.host_bw
-    if v.offload_states:  # parameter shard up before the forward, gradient shard down after the backward
-        out += shard * sb.param / dev.host_bw
-        back += shard * sb.grad / dev.host_bw
+    if v.offload_states:  # parameter shard up before each gather, gradient shard down after each scatter
+        back += shard * sb.param / dev.host_bw if pipe_fsdp and gather_bwd else 0.0
+        out += 0.0 if pipe_fsdp else shard * sb.param / dev.host_bw
+        back += 0.0 if pipe_fsdp else shard * sb.grad / dev.host_bw
+    v.zero_first, v.zero_scatter = None, 0.0
+    if pipe_fsdp:  # once per step: the first forward's gathers, then one reduce-scatter after the last backward
+        v.zero_first = streams.window(fwd, ag, shard * sb.param / dev.host_bw if v.offload_states else 0.0,
+                                      dev.overlap_slowdown)
+        v.zero_scatter = rs + (shard * sb.grad / dev.host_bw if v.offload_states else 0.0)
     nic_f = nic_b = 0.0
     if out or back:  # the NIC's off-node bytes cross the same PCIe switch as the host copies
         off = lambda nbytes: (comm.off_node_bytes(cluster, dp_group, n_dense * nbytes)
@@ -195,6 +231,9 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     v.grad = 0.0 if v.offload_states else sb.grad * (n_dense / (dp if zero >= 2 else 1)
                                                     + n_expert / (edp if zero >= 2 else 1))
     v.host_state = full if v.offload_states else 0.0
+    if pipe_fsdp:  # parameters gathered and fp32 gradient accumulators, whole, beside the sharded optimizer
+        v.grad = sb.grad_comm * (n_dense + n_expert)
+        v.state = sb.param * (n_dense + n_expert) + v.grad + (0.0 if v.offload_states else sb.optimizer * shard)
     ar = 0.0
     if zero <= 1 and dp > 1:
         ar = n_dense * sb.grad_comm * comm.affine(comm.all_reduce, cluster, dp_group)[1]
@@ -214,13 +253,13 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     # DTensor's dispatch of its per-parameter operators: Device.sharded_param_latency
     dtensors = o.param_tensors if zero >= 2 and dp > 1 else o.dtensor_params
     v.step = step + dtensors * dev.sharded_param_latency
-    v.flush = v.dp_exposed + v.dp_contention + v.step
+    v.flush = v.dp_exposed + v.dp_contention + v.step + v.zero_flush_exposed + v.zero_flush_contention
     return v
 
 
 def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: float,
              allow_recompute=RECOMPUTE, allow_offload: bool = True, prune: bool = True,
-             ddp_overlap: bool = False, cp: int = 1, ep: int = 1) -> list[Variant]:
+             ddp_overlap: bool = False, cp: int = 1, ep: int = 1, pipelined: bool = False) -> list[Variant]:
     """Every variant of every sharding option, costed, with dominated ones removed.
 
     With tp > 1 a replicated variant is usually dominated by a tensor-parallel one (slower, more memory)
@@ -236,10 +275,10 @@ def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: i
                     continue  # the layer input alone: nothing worth the host link
                 for off_o in ((False, True) if allow_offload and zero == 3 else (False,)):
                     out.append(cost_variant(Variant(base, r, off_a, off_o), cluster, sb, zero, dp, tp, b, ddp_overlap,
-                                            cp, ep))
+                                            cp, ep, pipelined))
                 if zero == 3 and dp > 1:  # this block alone kept gathered from forward to backward
                     out.append(cost_variant(Variant(base, r, off_a, zero=2), cluster, sb, zero, dp, tp, b, ddp_overlap,
-                                            cp, ep))
+                                            cp, ep, pipelined))
     return pareto(out) if prune else out
 
 

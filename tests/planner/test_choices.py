@@ -64,10 +64,17 @@ def _independent_state_bytes(plan: Plan, graph) -> tuple[list[float], list[float
         # ZeRO (REFERENCE.md): stage 1 shards optimizer state, 2 also gradients, 3 also parameters
         shard = {0: (1, 1, 1), 1: (1, 1, plan.mesh.dp), 2: (1, plan.mesh.dp, plan.mesh.dp),
                  3: (plan.mesh.dp,) * 3}[block.zero_stage or plan.zero_stage]
+        zero = block.zero_stage or plan.zero_stage
         if not block.offload_states:  # offloaded shards live in host memory
             rank = block.stage % plan.mesh.pp  # interleaved: stage i runs on pipeline rank i % pp
-            per_stage[rank] += numel * (sb.param / shard[0] + sb.grad / shard[1] + sb.optimizer / shard[2])
-            grads[rank] += numel * sb.grad / shard[1]
+            if plan.mesh.pp > 1 and zero >= 2 and plan.mesh.dp > 1:
+                # torch.distributed.pipelining keeps an FSDP stage's parameters gathered and its gradients
+                # whole, accumulated in fp32, until the step's last backward
+                per_stage[rank] += numel * (sb.param + sb.grad_comm + sb.optimizer / plan.mesh.dp)
+                grads[rank] += numel * sb.grad_comm
+            else:
+                per_stage[rank] += numel * (sb.param / shard[0] + sb.grad / shard[1] + sb.optimizer / shard[2])
+                grads[rank] += numel * sb.grad / shard[1]
     return per_stage, grads
 
 

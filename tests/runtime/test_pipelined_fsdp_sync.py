@@ -1,0 +1,77 @@
+"""What the planner prices for ZeRO inside a pipeline (planner/options.py) is what the runtime does: a
+pipeline stage under FSDP2 reduce-scatters its gradients once per step, not once per micro-batch, and
+ZeRO-2 gathers its parameters once per step (one 4-process gloo job, pp=2 x dp=2, 4 micro-batches)."""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+from spawned import spawned_json
+
+import partita
+from partita import runtime
+from partita.planner.space import TrainConfig
+
+MODEL = "tiny-gpt"
+MICRO = 4
+STEPS = (3, 4)  # one step more; (the first two steps of a run also count the stages' shape inference)
+
+
+def _plan(zero: int) -> dict:
+    plan = partita.plan(MODEL, cluster="4xcpu", train=TrainConfig(global_batch=2 * MICRO),
+                        pp=2, dp=2, tp=1, zero=zero, micro_batch=1, recompute="none", offload=False)
+    d = plan.to_dict()
+    assert (d["mesh"]["pp"], d["zero_stage"], d["schedule"]["num_microbatches"]) == (2, zero, MICRO)
+    return d
+
+
+def _worker(rank: int, world: int, store_path: str, out: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))  # runtime.mesh reads them
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    counts = {"reduce_scatter": 0, "all_gather": 0}
+    plain_rs, plain_ag = dist.reduce_scatter_single, dist.all_gather_single
+
+    def rs(*a, **k):
+        counts["reduce_scatter"] += 1
+        return plain_rs(*a, **k)
+
+    def ag(*a, **k):
+        counts["all_gather"] += 1
+        return plain_ag(*a, **k)
+    dist.reduce_scatter_single, dist.all_gather_single = rs, ag
+    rows = {}
+    try:
+        for zero in (2, 3):
+            for steps in STEPS:
+                counts.update(reduce_scatter=0, all_gather=0)
+                runtime.run(_plan(zero), MODEL, steps=steps, print_report=False)
+                rows[f"zero{zero}-steps{steps}"] = dict(counts)
+    finally:
+        dist.reduce_scatter_single, dist.all_gather_single = plain_rs, plain_ag
+    every = [None] * world
+    dist.all_gather_object(every, rows)
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(every, f)
+
+
+def test_a_pipeline_stage_under_fsdp_syncs_gradients_once_per_step():
+    every = spawned_json(_worker, nprocs=4)
+    for rank, rows in enumerate(every):
+        for zero in (2, 3):
+            one, two = (rows[f"zero{zero}-steps{n}"] for n in STEPS)
+            # what one more step adds: the stage's FSDP units each reduce-scatter once, not once per
+            # micro-batch (the planner's pricing); the runtime's FSDP2 units are the stage's blocks + its root
+            rs_step = two["reduce_scatter"] - one["reduce_scatter"]
+            ag_step = two["all_gather"] - one["all_gather"]
+            assert 0 < rs_step < MICRO, (rank, zero, rows)
+            if zero == 2:  # parameters stay gathered through the step: one gather per unit
+                assert ag_step == rs_step, (rank, rows)
+            else:  # ZeRO-3: gathered again before backwards, at most once per micro-batch and unit (+ the first)
+                assert rs_step < ag_step <= (MICRO + 1) * rs_step, (rank, rows)

@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 
 from partita.costmodel import calibrate, comm
 from partita.costmodel.hardware import parse_cluster
+from tests.runtime.spawned import teardown
 
 SIZES = (2**20, 2**22, 2**24)  # 1-16 MiB: milliseconds, steadier than tiny messages on a busy machine
 
@@ -48,7 +49,7 @@ def _direct_worker(rank, world, init_file, sizes, result_path):
     if rank == 0:
         with open(result_path, "w") as f:
             json.dump(t.tolist(), f)
-    dist.destroy_process_group()
+    teardown()  # every rank's collectives done before any tears down
 
 
 def _direct_all_reduce_seconds(sizes) -> list[float]:

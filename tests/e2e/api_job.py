@@ -15,6 +15,7 @@ import torch.distributed as dist
 import partita.runtime as runtime
 from partita.costmodel import resolve_model
 from partita.runtime.mesh import init_default
+from tests.runtime.spawned import teardown  # PYTHONPATH has the repo root (the tests' _env)
 
 
 def summary(result) -> dict:
@@ -35,7 +36,7 @@ def main(out: str, plans: list[str]) -> None:
     assert dist.is_initialized()  # still the script's group
     with open(f"{out}.rank{dist.get_rank()}.json", "w") as f:
         json.dump(results, f, indent=2)
-    dist.destroy_process_group()
+    teardown()  # every rank's collectives done before any tears down
 
 
 if __name__ == "__main__":

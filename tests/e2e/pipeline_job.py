@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 import partita.runtime as runtime
 from partita.runtime.mesh import init_default
+from tests.runtime.spawned import teardown  # PYTHONPATH has the repo root (the tests' _env)
 
 
 def main(out: str, pairs: list[str]) -> None:
@@ -22,7 +23,7 @@ def main(out: str, pairs: list[str]) -> None:
                           "max_abs_diff": r.max_abs_diff, "param_max_abs_diff": r.param_max_abs_diff}
     with open(f"{out}.rank{dist.get_rank()}.json", "w") as f:
         json.dump(results, f, indent=2)
-    dist.destroy_process_group()
+    teardown()  # every rank's collectives done before any tears down
 
 
 if __name__ == "__main__":

@@ -85,6 +85,7 @@ def _worker(spec: str) -> None:
 
     import partita.runtime as runtime
     from partita.runtime.mesh import init_default
+    from tests.runtime.spawned import teardown
 
     init_default()
     job, results = json.loads(Path(spec).read_text()), {}
@@ -100,7 +101,7 @@ def _worker(spec: str) -> None:
             "checks": [c.as_dict() for c in r.checks]}
     if dist.get_rank() == 0:
         Path(job["out"]).write_text(json.dumps(results, indent=2))
-    dist.destroy_process_group()
+    teardown()  # every rank's collectives done before any tears down
 
 
 def launch_runs(tmp_path: Path, ranks: int, runs: dict[str, tuple]) -> dict:

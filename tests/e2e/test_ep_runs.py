@@ -156,6 +156,7 @@ def _worker(out: str, steps: int, runs: list[str]) -> None:
     import partita.runtime as runtime
     from partita.runtime import ep
     from partita.runtime.mesh import init_default
+    from tests.runtime.spawned import teardown
 
     init_default()
     from torch.distributed.fsdp import FSDPModule
@@ -173,7 +174,7 @@ def _worker(out: str, steps: int, runs: list[str]) -> None:
     ep.sync_expert_grads, FSDPModule.set_gradient_divide_factor = right, divide
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(results, indent=2))
-    dist.destroy_process_group()
+    teardown()  # every rank's collectives done before any tears down
 
 
 if __name__ == "__main__":

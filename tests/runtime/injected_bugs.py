@@ -67,6 +67,8 @@ def run_plans(out: str, steps: int, plans: list[str]) -> None:
     """partita.runtime.run(verify=True) on each plan in one process group; rank 0 writes the summaries."""
     import torch.distributed as dist
 
+    from spawned import teardown
+
     import partita.runtime as runtime
     from partita.runtime.mesh import init_default
 
@@ -80,7 +82,7 @@ def run_plans(out: str, steps: int, plans: list[str]) -> None:
                                     "checks": [c.as_dict() for c in r.checks]}
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(results, indent=2))
-    dist.destroy_process_group()
+    teardown()
 
 
 def main(argv: list[str]) -> int:

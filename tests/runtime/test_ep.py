@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from spawned import spawned_json
+from spawned import spawned_json, teardown
 
 from partita.costmodel.models.gpt import MoE, MoEExperts, GPTConfig
 from partita.planner.plan import Mesh, PlanError
@@ -120,10 +120,7 @@ def _worker(rank: int, world: int, store: str, out: str):
     if rank == 0:
         with open(out, "w") as f:
             json.dump(gathered, f)
-    # every rank's collectives done before any tears down: a gloo group destroyed while a peer still
-    # talks on it aborts the peer ("terminate called without an active exception", seen once in CI)
-    dist.barrier()
-    dist.destroy_process_group()
+    teardown()  # every rank's collectives done before any tears down (spawned.teardown)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from spawned import spawned_json
+from spawned import spawned_json, teardown
 
 import partita
 from partita import runtime
@@ -54,8 +54,7 @@ def _worker(rank: int, world: int, store_path: str, out: str) -> None:
         dist.reduce_scatter_single, dist.all_gather_single = plain_rs, plain_ag
     every = [None] * world
     dist.all_gather_object(every, rows)
-    dist.barrier()
-    dist.destroy_process_group()
+    teardown()
     if rank == 0:
         with open(out, "w") as f:
             json.dump(every, f)

@@ -18,6 +18,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from spawned import teardown
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
 LINEARS = {"attn.q": "colwise", "attn.k": "colwise", "attn.v": "colwise", "attn.proj": "rowwise",
@@ -299,7 +301,7 @@ def main(out: str, plans: list[str]) -> None:
                          "seconds": time.perf_counter() - t0}
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(results, indent=2))
-    dist.destroy_process_group()
+    teardown()
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import torch.nn as nn
 from partita.costmodel import PartitaError, resolve_model
 from partita.costmodel.models import ModelSpec
 from partita.planner.plan import Plan
-from partita.runtime.mesh import agree_on_attempt, env_world, init_default
+from partita.runtime.mesh import agree_on_attempt, env_world, init_default, teardown
 from partita.runtime.report import RunResult, first_failure, read_failure, show_library_warnings_once
 from partita.runtime.session import RunOptions, at_seq_len, execute, prepare
 
@@ -102,16 +102,17 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset: str 
     world = dist.get_world_size() if dist.is_initialized() else env_world()[2]
     show_library_warnings_once(dist.get_rank() if dist.is_initialized() else env_world()[0])
     own = not dist.is_initialized()
+    ok = False
     try:
         agree_on_attempt()  # several nodes with restarts: the same attempt number on every rank
         prep = prepare(p, spec, opts, world)
         result, _ = execute(p, spec, opts, prep)
+        ok = True
         return result
     finally:
         if own:
             gc.collect()  # free FSDP state (reference cycles) while its process groups still exist
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            teardown(ok)
 
 
 def _broadcast_text(text: str | None) -> str:
@@ -137,6 +138,7 @@ def plan_and_run(model: ModelArg, cluster: Any = None, train: Any = None, steps:
     GPUs); `train`: a planner.TrainConfig or a dict of its fields. The plan travels to
     the other ranks as JSON text; `plan_out` also writes it (rank 0). Other keywords go to `run`."""
     own = not dist.is_initialized()
+    ok = False
     init_default()
     try:
         text = None
@@ -158,12 +160,14 @@ def plan_and_run(model: ModelArg, cluster: Any = None, train: Any = None, steps:
         data = json.loads(_broadcast_text(text))
         if "error" in data and "schema" not in data:
             raise PartitaError(f"planning failed: {data['error']}")
-        return run(Plan.from_dict(data), model, dataset, steps, example_inputs=example_inputs, loss_fn=loss_fn,
-                   **run_kwargs)
+        result = run(Plan.from_dict(data), model, dataset, steps, example_inputs=example_inputs, loss_fn=loss_fn,
+                     **run_kwargs)
+        ok = True
+        return result
     finally:
-        if own and dist.is_initialized():
+        if own:
             gc.collect()
-            dist.destroy_process_group()
+            teardown(ok)
 
 
 def _flag(name: str) -> str:

@@ -113,6 +113,21 @@ def init_default() -> torch.device:
     return device
 
 
+def teardown(ok: bool = True) -> None:
+    """Destroy the default process group (if any). After a run that ended normally on this rank, gloo ranks
+    first wait for each other: a rank that closes its connections while a peer still finishes the last
+    collective over them aborts that peer (SIGABRT). Not after an error: the peers may be gone or stuck
+    elsewhere; a peer already gone makes the barrier fail at once, and that is ignored."""
+    if not dist.is_initialized():
+        return
+    if ok and dist.get_backend() == "gloo":
+        try:
+            dist.barrier()
+        except Exception:  # noqa: BLE001 -- a peer that ended with an error: nothing left to protect
+            pass
+    dist.destroy_process_group()
+
+
 def init(plan: Plan) -> Topology:
     """Initialise the default process group (if needed) and build the plan's mesh. Call on every rank."""
     rank = env_world()[0]

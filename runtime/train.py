@@ -35,12 +35,11 @@ import gc
 import os
 import sys
 
-import torch.distributed as dist
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.planner.plan import Plan
 from partita.runtime.data import DTYPES
-from partita.runtime.mesh import agree_on_attempt, env_world
+from partita.runtime.mesh import agree_on_attempt, env_world, teardown
 from partita.runtime.report import show_library_warnings_once, write_error_file
 from partita.runtime.session import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, NonFiniteLoss, RunOptions, at_seq_len,
                              execute, prepare)
@@ -132,8 +131,10 @@ def main(argv=None) -> int:
         from partita.runtime.api import agent_main
         return agent_main(args, argv)
     rank = env_world()[0]
+    code = 1
     try:
-        return _worker(args)
+        code = _worker(args)
+        return code
     except Exception as e:  # unexpected (a bug, a dead peer): the traceback goes into the error file
         import traceback
         write_error_file(rank, f"{type(e).__name__}: {e}".strip().splitlines()[0], traceback.format_exc())
@@ -142,8 +143,7 @@ def main(argv=None) -> int:
         return 1
     finally:
         gc.collect()  # free FSDP state (reference cycles) while its process groups still exist
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        teardown(ok=code == 0)
 
 
 def _worker(args: argparse.Namespace) -> int:

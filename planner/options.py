@@ -24,6 +24,12 @@ first stage nothing runs after it). Memory: the stage's parameters gathered, p n
 gradient accumulators, 4 n (absent until the first backward), + o n / d -- stage 3 saves no memory
 over stage 2 here, and costs a gather per micro-batch more. (ZeRO-3's forward gathers during the
 1F1B warm-up, up to pp - s of them, are not charged.)
+Every micro-batch of such a stage adds its gradients into the fp32 accumulators, a memory-bound kernel
+per parameter tensor on the compute stream (FSDPParam.accumulate_unsharded_grad_if_needed): it reads
+the new gradient (p bytes) and reads and writes the accumulator (2 x 4) -- n (p + 8) bytes at the
+achievable HBM bandwidth. Not charged: autograd's in-place accumulation of ZeRO-0/1 gradients over
+micro-batches (Megatron-LM fuses it into the weight-gradient GEMM, gradient_accumulation_fusion, and
+its published rows are priced so; partita's runtime does not fuse it).
 Activation offload (save_on_cpu): the kept activations go to host during the forward (A / host link
 bandwidth) and come back during the backward; the NIC's off-node bytes share that link.
 
@@ -93,6 +99,7 @@ class Variant:
     dp_exposed: float = 0.0        # of `flush`: the data-parallel all-reduce no backward compute covers
     dp_contention: float = 0.0     # of `flush`: compute slowed by the all-reduce it overlaps
     step: float = 0.0              # of `flush`: the optimizer step
+    accumulate: float = 0.0        # of `compute` (pipelined FSDP): adding a micro-batch's gradients into fp32 ones
     zero_first: "streams.Window | None" = None  # of `flush` (pipelined): the step's first forward gather
     zero_scatter: float = 0.0      # of `flush` (pipelined): the step's one reduce-scatter, exposed
 
@@ -179,6 +186,12 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     bwd = o.bwd_s * b + per_mb - (fwd - o.fwd_s * b) + rerun
     if n_expert and o.experts.flops_share:  # the busiest rank's experts pace the all-to-all
         fwd, bwd = (x * (1 + (EP_IMBALANCE - 1) * o.experts.flops_share) for x in (fwd, bwd))
+    pipe_fsdp = pipelined and zero >= 2 and dp > 1  # (module docstring)
+    v.accumulate = 0.0
+    if pipe_fsdp:  # each micro-batch's gradients are added into the fp32 accumulators: a memory-bound kernel
+        v.accumulate = (n_dense + n_expert) * (sb.grad + 2 * sb.grad_comm) / (dev.mem_bandwidth * dev.mem_efficiency) \
+            + o.param_tensors * dev.op_latency
+        bwd += v.accumulate
     v.compute = fwd + bwd
     v.tp_comm = o.tp_comm_s(cluster, b)
     if v.recompute == "full":  # the re-run forward repeats its collectives
@@ -195,7 +208,6 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
         + (comm.all_gather(cluster, edp_group, n_expert * sb.param) if edp > 1 else 0.0)
     rs = (comm.reduce_scatter(cluster, dp_group, n_dense * sb.grad_comm) if dp > 1 else 0.0) \
         + (comm.reduce_scatter(cluster, edp_group, n_expert * sb.grad_comm) if edp > 1 else 0.0)
-    pipe_fsdp = pipelined and zero >= 2 and dp > 1  # sync once per step (module docstring)
     gather_fwd = ag if zero >= 2 and not pipe_fsdp else 0.0  # ZeRO-2 (reshard_after_forward off): once
     gather_bwd = ag if zero == 3 else 0.0          # ZeRO-3: again before the backward
     scatter = rs if zero >= 2 and not pipe_fsdp else 0.0

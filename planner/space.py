@@ -21,7 +21,15 @@ from partita.planner.options import RECOMPUTE
 
 SCHEDULE_CHOICES = ("auto", "1F1B", "GPipe", "Interleaved1F1B")
 VIRTUAL_STAGES = (2, 4)
-"""Model chunks per device tried for interleaved 1F1B."""
+"""Model chunks per device tried for interleaved 1F1B, beside the deepest the layers allow (deepest_virtual)."""
+MAX_VIRTUAL_STAGES = 8
+
+
+def deepest_virtual(pp: int, layers: int) -> int:
+    """The most model chunks per device (up to MAX_VIRTUAL_STAGES) that still give every chunk a layer: the
+    smallest bubble interleaving reaches, (pp - 1) / (m v) of a stage's work (Narayanan et al. SC'21), at
+    the price of v x the point-to-point sends."""
+    return min(MAX_VIRTUAL_STAGES, layers // pp) if pp > 1 else 1
 
 
 class _ByDevice(str):
@@ -193,13 +201,14 @@ def _micro_batch_allowed(b: int, train: TrainConfig, space: SearchSpace) -> bool
 
 def _schedules(requested: str, pp: int, m: int, layers: int,
                virtual: tuple[int, ...] | None = None) -> list[tuple[str, int]]:
-    """(schedule, virtual stages) pairs to try, v among `virtual` (None: 1 and VIRTUAL_STAGES).
+    """(schedule, virtual stages) pairs to try, v among `virtual` (None: 1, VIRTUAL_STAGES and the deepest).
     Interleaving needs m divisible by pp (torch's Interleaved1F1B) and at least v layers per device."""
     plain_ok = virtual is None or 1 in virtual
     if pp == 1:
         return [("1F1B", 1)] if plain_ok else []
     plain = ([("GPipe", 1)] if requested == "GPipe" else [("1F1B", 1)]) if plain_ok else []
-    tried = VIRTUAL_STAGES if virtual is None else tuple(v for v in virtual if v > 1)
+    tried = (tuple(sorted({*VIRTUAL_STAGES, deepest_virtual(pp, layers)} - {1})) if virtual is None
+             else tuple(v for v in virtual if v > 1))
     inter = [("Interleaved1F1B", v) for v in tried if m % pp == 0 and layers >= pp * v]
     if requested == "Interleaved1F1B":
         return inter

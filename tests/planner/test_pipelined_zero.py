@@ -37,6 +37,11 @@ def test_a_pipelined_stage_syncs_its_gradients_once_per_step(layer, zero):
     assert piped.grad == pytest.approx(4 * n)
     assert piped.state == pytest.approx(sb.param * n + 4 * n + sb.optimizer * n / 8)
     assert flat.state < piped.state
+    # each micro-batch adds its bf16 gradients into the fp32 accumulators: n (2 + 2 x 4) bytes through HBM
+    dev = cluster.device
+    assert piped.accumulate == pytest.approx(n * 10 / (dev.mem_bandwidth * dev.mem_efficiency)
+                                             + layer.param_tensors * dev.op_latency)
+    assert piped.compute == pytest.approx(flat.compute + piped.accumulate) and flat.accumulate == 0
 
 
 def test_the_pipeline_reduce_scatter_does_not_grow_with_the_micro_batches():
@@ -49,3 +54,14 @@ def test_the_pipeline_reduce_scatter_does_not_grow_with_the_micro_batches():
         return p.predicted["breakdown"]["zero_comm_s"]
     few, many = zero_s(16), zero_s(32)
     assert few > 0 and many == pytest.approx(few, rel=1e-6)
+
+
+def test_interleaving_is_also_tried_as_deep_as_the_layers_allow():
+    """Besides v = 2 and 4, the deepest interleaving that gives every chunk a layer (up to 8): the smallest
+    bubble, the one a 126-layer model on 16 stages (Llama 3 405B) reaches with v = 7."""
+    from partita.planner.space import _schedules, deepest_virtual
+    assert deepest_virtual(16, 126) == 7 and deepest_virtual(8, 96) == 8 and deepest_virtual(1, 96) == 1
+    tried = [v for s, v in _schedules("auto", 16, 32, 126) if s == "Interleaved1F1B"]
+    assert tried == [2, 4, 7]
+    assert [v for s, v in _schedules("auto", 4, 8, 8) if s == "Interleaved1F1B"] == [2]  # 2 layers per device
+    assert [v for _, v in _schedules("auto", 16, 32, 126, (4,))] == [4]  # a fixed --virtual-stages is kept

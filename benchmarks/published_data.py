@@ -223,8 +223,8 @@ LLMF_A100_80 = Table(source="llm-foundry", citation=_LLMF.format("A100 80GB with
                      metric=TOKENS, framework="Composer FSDP, torch 1.13", notes=_LLMF_NOTES)
 LLMF_A100_40 = Table(source="llm-foundry", citation=_LLMF.format("A100 40GB with 1600 Gbps node-node interconnect (RoCE)"),
                      metric=TOKENS, framework="Composer FSDP, torch 1.13", notes=_LLMF_NOTES)
-MP_DEFAULT = "Composer MP mode DEFAULT: bf16 parameters, fp32 gradient reduce-scatter (partita prices bf16 gradients)"
-MP_PURE = "Composer MP mode PURE: bf16 parameters, gradients and buffers"
+MP_DEFAULT = "Composer MP mode DEFAULT: bf16 parameters, fp32 gradient reduce-scatter (as partita prices it)"
+MP_PURE = "Composer MP mode PURE: bf16 parameters, gradients and buffers (partita prices an fp32 reduce-scatter)"
 
 # llm-foundry's ComposerMPTCausalLM takes `loss_fn: fused_crossentropy` unless told otherwise
 # (llmfoundry/models/mpt/modeling_mpt.py: flash-attn's xentropy CrossEntropyLoss): loss="fused".

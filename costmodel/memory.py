@@ -11,6 +11,10 @@ ZeRO-2/3, and the fp32 gradients of autocast's fp32 parameters under ZeRO-0 (run
 Megatron-LM in bf16 (fp32 main_grad all-reduce), torchtitan's FSDP2 default and Composer's DEFAULT mixed
 precision.
 
+Gathered parameters (`shard_copy`): where FSDP keeps a layer's parameters gathered (ZeRO-2, a pipeline
+stage), its sharded parameter stays too. In mixed precision that shard is the fp32 master, already
+among the optimizer's 12 bytes; in fp32 it is one more p-byte copy of 1/d of the parameters.
+
 Optimizer-step traffic (bytes read + written per parameter, memory-bound): Adam reads gradient, master
 weight, momentum and variance and writes master weight, momentum, variance and the working copy.
 """
@@ -29,6 +33,8 @@ class StateBytes:
     step_traffic: int
     grad_comm: int = 4
     """Bytes per parameter a gradient all-reduce or reduce-scatter sends (module docstring)."""
+    shard_copy: int = 0
+    """Bytes per parameter of the sharded parameter FSDP keeps beside a gathered one (module docstring)."""
 
     @property
     def total(self) -> int:
@@ -46,4 +52,4 @@ def state_bytes(dtype: str, optimizer: str = "adam") -> StateBytes:
     else:
         opt = 4 if half else 0    # fp32 master weights only
         traffic = 2 * p + (8 if half else 0)
-    return StateBytes(param=p, grad=p, optimizer=opt, step_traffic=traffic)
+    return StateBytes(param=p, grad=p, optimizer=opt, step_traffic=traffic, shard_copy=0 if half else p)

@@ -21,7 +21,7 @@ finds them gathered. Per micro-batch that leaves stage 3 one all-gather (before 
 none); once per step, in the flush D, the first forward's all-gather (its window: what that
 forward's compute does not cover, and the contention) and the whole reduce-scatter (exposed: on the
 first stage nothing runs after it). Memory: the stage's parameters gathered, p n, and its fp32
-gradient accumulators, 4 n (absent until the first backward), + o n / d -- stage 3 saves no memory
+gradient accumulators, 4 n (absent until the first backward), + (o + c) n / d -- stage 3 saves no memory
 over stage 2 here, and costs a gather per micro-batch more. (ZeRO-3's forward gathers during the
 1F1B warm-up, up to pp - s of them, are not charged.)
 Every micro-batch of such a stage adds its gradients into the fp32 accumulators, a memory-bound kernel
@@ -36,7 +36,8 @@ bandwidth) and come back during the backward; the NIC's off-node bytes share tha
 Model-state bytes per rank (n parameters on this rank after tensor parallelism; ZeRO, Rajbhandari et al.
 SC'20, with p, g, o bytes per parameter of parameters, gradients, optimizer state; d = dp degree):
     stage 0:  (p + g + o) n        stage 1:  (p + g) n + o n / d
-    stage 2:  p n + (g + o) n / d  stage 3:  (p + g + o) n / d
+    stage 2:  p n + (g + o + c) n / d  stage 3:  (p + g + o) n / d
+(c: the sharded parameter beside the gathered one, in fp32 only: costmodel.memory's shard_copy)
 In a ZeRO-3 candidate each layer may instead keep its parameters gathered from forward to backward
 (stage 2 for that layer alone: p n (1 - 1/d) more bytes, one all-gather fewer per micro-batch), so the
 program trades memory for exposed communication layer by layer.
@@ -148,8 +149,8 @@ def zero_state_bytes(n: float, sb: StateBytes, zero: int, dp: int, offload_state
         return (sb.param + sb.grad + o) * n
     if zero == 1:
         return (sb.param + sb.grad) * n + o * n / dp
-    if zero == 2:
-        return sb.param * n + (sb.grad + o) * n / dp
+    if zero == 2:  # (the sharded parameter stays beside the gathered one: costmodel.memory)
+        return sb.param * n + (sb.grad + o + (sb.shard_copy if dp > 1 else 0)) * n / dp
     if zero == 3:
         return (sb.param + sb.grad + o) * n / dp
     raise ValueError(f"ZeRO stage must be 0-3, got {zero}")
@@ -245,7 +246,8 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     v.host_state = full if v.offload_states else 0.0
     if pipe_fsdp:  # parameters gathered and fp32 gradient accumulators, whole, beside the sharded optimizer
         v.grad = sb.grad_comm * (n_dense + n_expert)
-        v.state = sb.param * (n_dense + n_expert) + v.grad + (0.0 if v.offload_states else sb.optimizer * shard)
+        v.state = sb.param * (n_dense + n_expert) + v.grad \
+            + (0.0 if v.offload_states else (sb.optimizer + sb.shard_copy) * shard)
     ar = 0.0
     if zero <= 1 and dp > 1:
         ar = n_dense * sb.grad_comm * comm.affine(comm.all_reduce, cluster, dp_group)[1]

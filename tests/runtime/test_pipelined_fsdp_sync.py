@@ -1,6 +1,7 @@
 """What the planner prices for ZeRO inside a pipeline (planner/options.py) is what the runtime does: a
 pipeline stage under FSDP2 reduce-scatters its gradients once per step, not once per micro-batch, and
-ZeRO-2 gathers its parameters once per step (one 4-process gloo job, pp=2 x dp=2, 4 micro-batches)."""
+ZeRO-2 gathers its parameters once per step; the memory that holds them and whole gradients is the
+predicted one (one 4-process gloo job, pp=2 x dp=2, 4 micro-batches)."""
 from __future__ import annotations
 
 import json
@@ -48,8 +49,10 @@ def _worker(rank: int, world: int, store_path: str, out: str) -> None:
         for zero in (2, 3):
             for steps in STEPS:
                 counts.update(reduce_scatter=0, all_gather=0)
-                runtime.run(_plan(zero), MODEL, steps=steps, print_report=False)
-                rows[f"zero{zero}-steps{steps}"] = dict(counts)
+                plan = _plan(zero)
+                result = runtime.run(plan, MODEL, steps=steps, print_report=False)
+                rows[f"zero{zero}-steps{steps}"] = dict(counts, memory=result.peak_memory_bytes,
+                                                        predicted=plan["predicted"]["peak_memory_bytes"])
     finally:
         dist.reduce_scatter_single, dist.all_gather_single = plain_rs, plain_ag
     every = [None] * world
@@ -74,3 +77,6 @@ def test_a_pipeline_stage_under_fsdp_syncs_gradients_once_per_step():
                 assert ag_step == rs_step, (rank, rows)
             else:  # ZeRO-3: gathered again before backwards, at most once per micro-batch and unit (+ the first)
                 assert rs_step < ag_step <= (MICRO + 1) * rs_step, (rank, rows)
+            # and the memory it holds for that (parameters gathered, whole fp32 gradients; the allocator's
+            # peak of the largest rank against the planner's largest stage)
+            assert abs(two["predicted"] / two["memory"] - 1) <= 0.05, (zero, two)

@@ -51,6 +51,8 @@ def test_the_pipeline_reduce_scatter_does_not_grow_with_the_micro_batches():
                          pp=2, dp=4, tp=1, zero=2, micro_batch=1, recompute="none", offload=False)
         assert p.mesh.pp == 2 and p.zero_stage == 2 and p.schedule.num_microbatches == batch // 4
         assert any("reduce-scattered once per step" in a for a in p.predicted["assumptions"])
+        # the once-per-step traffic is in the breakdown, which still adds up to the step
+        assert sum(p.predicted["breakdown"].values()) == pytest.approx(p.predicted["step_time_s"], rel=1e-9)
         return p.predicted["breakdown"]["zero_comm_s"]
     few, many = zero_s(16), zero_s(32)
     assert few > 0 and many == pytest.approx(few, rel=1e-6)

@@ -15,9 +15,17 @@ doc/PERFORMANCE.md):
                                                              (pairwise exchange, Thakur et al.)
     point-to-point          alpha +             B / beta
 
-Across nodes the ring collectives run hierarchically: reduce-scatter inside each node, the collective
-across the N nodes on 1/k of the data (the k devices of a node drive their k NIC shares in parallel),
-all-gather inside the node. Phases are added, not overlapped (a conservative choice).
+Across nodes the ring collectives' bandwidth is priced hierarchically: reduce-scatter inside each node,
+the collective across the N nodes on 1/k of the data (the k devices of a node drive their k NIC shares
+in parallel), all-gather inside the node; phases are added, not overlapped (a conservative choice).
+Their latency is that of NCCL's ring, which passes every rank of the group: n - 1 message steps (2 (n - 1)
+for all-reduce), N - 1 (2 (N - 1)) of them between nodes -- the hop counts of NCCL's own tuning model
+(src/graph/tuning.cc, nsteps and nInterSteps) -- so
+
+    ring latency across nodes   f ((n - N) alpha_i + (N - 1) alpha_e),   f = 2 for all-reduce, 1 otherwise
+
+where two nested rings would count only (k - 1) + (N - 1) steps: on 64 nodes of 8 ranks, 70 instead
+of 511.
 
 Tree all-reduce: NCCL 2.4+ also runs all-reduce on a *double binary tree* across nodes (two
 complementary binary trees, each carrying half of the data, so every rank sends and receives about 2B in
@@ -137,9 +145,14 @@ def ring_all_reduce(cluster: Cluster, group: Group, nbytes: float) -> float:
     k = group.per_node
     # Each device's NIC share carries 1/k of the data in the inter-node phase; the k devices of a node
     # use their k NIC shares in parallel.
-    inside = _ring(k, nbytes, alpha_intra(d), beta_intra(d), 1)
-    across = _ring(group.nodes, nbytes / k, alpha_inter(d), beta_inter(cluster, group.nodes), 2)
-    return 2 * inside + across
+    inside = _ring(k, nbytes, 0.0, beta_intra(d), 1)
+    across = _ring(group.nodes, nbytes / k, 0.0, beta_inter(cluster, group.nodes), 2)
+    return 2 * inside + across + _ring_latency(d, group, 2)
+
+
+def _ring_latency(d, group: Group, factor: int) -> float:
+    """NCCL's ring latency across nodes: f (n - 1) steps, f (N - 1) of them between nodes (module docstring)."""
+    return factor * ((group.size - group.nodes) * alpha_intra(d) + (group.nodes - 1) * alpha_inter(d))
 
 
 def tree_all_reduce(cluster: Cluster, group: Group, nbytes: float) -> float:
@@ -187,13 +200,13 @@ def all_reduce_crossover(cluster: Cluster, group: Group) -> float:
 def all_gather(cluster: Cluster, group: Group, nbytes: float) -> float:
     """`nbytes` is the gathered (full) size."""
     d = cluster.device
-    if group.size <= 1:
+    if group.size <= 1 or nbytes <= 0:
         return 0.0
     if group.nodes == 1:
         return _ring(group.size, nbytes, alpha_intra(d), beta_intra(d), 1)
     k = group.per_node
-    return (_ring(k, nbytes, alpha_intra(d), beta_intra(d), 1)
-            + _ring(group.nodes, nbytes / k, alpha_inter(d), beta_inter(cluster, group.nodes), 1))
+    return (_ring(k, nbytes, 0.0, beta_intra(d), 1)
+            + _ring(group.nodes, nbytes / k, 0.0, beta_inter(cluster, group.nodes), 1) + _ring_latency(d, group, 1))
 
 
 reduce_scatter = all_gather  # same volume and steps in the ring model; `nbytes` is the unreduced size

@@ -77,11 +77,15 @@ def test_double_binary_tree_across_nodes():
 
 def test_tree_with_chains_inside_nodes():
     g = comm.group_for(FOUR_NODES, 32, 1)  # 8 per node on 4 nodes
-    # ring: 2*(7*5e-6 + 7/8*1e6/600e9) + 2*3*10e-6 + 2*3/4*(1e6/8)/25e9
-    assert comm.ring_all_reduce(FOUR_NODES, g, 1e6) == pytest.approx(1.4041667e-4)
+    # ring: NCCL's ring latency passes all 32 ranks, 2 (32 - 4) steps inside nodes and 2 (4 - 1) between
+    # them, 2*(28*5e-6 + 3*10e-6); bandwidth 2*7/8*1e6/600e9 + 2*3/4*(1e6/8)/25e9
+    assert comm.ring_all_reduce(FOUR_NODES, g, 1e6) == pytest.approx(3.5041667e-4)
     # tree: 2*7*5e-6 + 2*1e6/600e9 + 2*2*10e-6 + 2*1e6/(8*25e9)
     assert comm.tree_all_reduce(FOUR_NODES, g, 1e6) == pytest.approx(1.2333333e-4)
     assert comm.all_reduce(FOUR_NODES, g, 1e6) == pytest.approx(1.2333333e-4)
+    # all-gather: (32 - 4) steps inside nodes and 3 between, on the same bandwidth terms (factor 1)
+    assert comm.all_gather(FOUR_NODES, g, 1e6) == pytest.approx(28 * 5e-6 + 3 * 10e-6 + 7 / 8 * 1e6 / 600e9
+                                                               + 3 / 4 * (1e6 / 8) / 25e9)
 
 
 @pytest.mark.parametrize("cluster,size,stride", [(BIG, 64, 8), (BIG, 512, 1), (FOUR_NODES, 32, 1), (BIG, 128, 4)])

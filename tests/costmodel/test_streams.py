@@ -91,5 +91,5 @@ def test_zero3_gathers_are_exposed_where_a_layer_computes_for_less_time_than_it_
     (t_fast, z_fast, k_fast, h_fast, c_fast), (t_slow, z_slow, k_slow, h_slow, c_slow) = out
     assert k_fast > 0 and h_fast > 0            # hidden gathers still slow the compute beside them
     # the slow network's gathers are exposed: more than its 4x (what the fast one hid shows too)
-    assert z_slow > 5 * max(z_fast, 1e-3)
+    assert z_slow > 4.5 * max(z_fast, 1e-3)
     assert t_slow > 1.3 * t_fast and c_slow == pytest.approx(c_fast)

@@ -7,6 +7,7 @@ from partita.planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
 from partita.planner.candidates import Candidate
 from partita.planner.cp_ep import EP_IMBALANCE
 from partita.planner.executable import ZERO_STAGES, composition_refusal, cp_refusal_for, pipeline_refusal_for
+from partita.planner.options import pipelined_fsdp
 from partita.planner.search import SearchResult
 from partita.planner.phases import stage_memory
 from partita.planner.strategies import SPLIT
@@ -101,7 +102,7 @@ def parallelism_assumptions(c: Candidate) -> list[str]:
     """What the plan's pipelined ZeRO, context and expert parallelism are priced by (planner.options,
     planner.cp_ep), in words."""
     out = []
-    if c.pp > 1 and c.zero >= 2 and c.dp * c.cp > 1:
+    if pipelined_fsdp(c.pp > 1, c.zero, c.dp * c.cp):
         out.append("pipeline with FSDP (torch.distributed.pipelining): each stage keeps its parameters gathered and "
                    "accumulates whole fp32 gradients over the micro-batches, reduce-scattered once per step after its "
                    "last backward (exposed)" + ("; ZeRO-3 re-gathers before each backward" if c.zero == 3 else ""))

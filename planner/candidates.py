@@ -26,7 +26,7 @@ from partita.planner.cp_ep import cp_refusal, default_cp, default_ep, ep_refusal
 from partita.planner.executable import composition_refusal, cp_refusal_for, pipeline_refusal_for
 from partita.planner.milp import StageProblem, StageSolution
 from partita.planner.milp_blocks import BlockProblem
-from partita.planner.options import Variant, cost_variant, pareto_indices, variants, zero_state_bytes
+from partita.planner.options import Variant, cost_variant, pareto_indices, pipelined_fsdp, variants, zero_state_bytes
 from partita.planner.phases import grads_absent, memory_phases
 from partita.planner.space import SearchSpace, TrainConfig, _meshes, _micro_batch_allowed, _schedules, divisors
 from partita.planner.strategies import SPLIT, BlockOption, replicate_option, sequence_option, tensor_option
@@ -145,7 +145,7 @@ def _add_extra_costs(e: dict, s: int, options, cluster: Cluster, sb, zero: int, 
         e["grad"][s] += var.grad
         e["act"][s] += var.act
         e["flush"][s] += var.flush
-        e["zero_flush"][s] += var.zero_flush_exposed + var.zero_flush_contention
+        e["zero_flush"][s] += var.zero_flush
         e["dp"][s] += var.dp_comm
 
 
@@ -227,7 +227,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         in_flight = np.array([min(pp - s, m) for s in range(pp)], dtype=float)
     # ZeRO-3's two layers gathered at a time (in a pipeline the states already count them all gathered)
     gathered = 2 * min(o.param_numel for o in layer_bases) * sb.param \
-        if zero == 3 and layer_bases and not (pp > 1 and dp > 1) else 0.0
+        if zero == 3 and layer_bases and not pipelined_fsdp(pp > 1, zero, dp) else 0.0
     main_mem, phases, workspace = memory_phases(bases, opts, e, in_flight, m, b, pp, tp, zero, dp, sb, sp,
                                                 suf, gathered)
     extra_time = e["compute"] + e["tp"] + e["zero"] + e["p2p"]
@@ -338,7 +338,7 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
                  else np.array([min(pp - s, m) for s in range(pp)], dtype=float))
     max_out = max([graph.g.nodes[n]["out_bytes"] for n in graph.g.nodes] or [0])
     workspace = 2.0 * max_out * b + max(o.base.saved_bytes for o in opts) * b
-    if zero == 3 and not (pp > 1 and dp > 1):  # (a pipeline's states count every layer gathered)
+    if zero == 3 and not pipelined_fsdp(pp > 1, zero, dp):  # (a pipeline's states count every layer gathered)
         workspace += 2 * min(o.base.param_numel for o in opts) * sb.param
     extra_time = e["compute"] + e["tp"] + e["zero"] + e["p2p"]
     problem = StageProblem(
@@ -436,7 +436,7 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
                  else np.array([min(pp - s, m) for s in range(pp)], dtype=float))
     max_out = max([graph.g.nodes[n]["out_bytes"] for n in graph.g.nodes] or [0])
     workspace = 2.0 * max_out * b + max(o.base.saved_bytes for o in opts) * b
-    if zero == 3 and not (pp > 1 and dp > 1):  # (a pipeline's states count every layer gathered)
+    if zero == 3 and not pipelined_fsdp(pp > 1, zero, dp):  # (a pipeline's states count every layer gathered)
         workspace += 2 * max(o.base.param_numel for o in opts) * sb.param
     col = lambda attr: np.array([getattr(o, attr) for o in opts], dtype=float)
     problem = BlockProblem(

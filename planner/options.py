@@ -105,6 +105,11 @@ class Variant:
     zero_scatter: float = 0.0      # of `flush` (pipelined): the step's one reduce-scatter, exposed
 
     @property
+    def zero_flush(self) -> float:
+        """Of `flush`: a pipelined stage's once-per-step ZeRO traffic, exposed and contention."""
+        return self.zero_flush_exposed + self.zero_flush_contention
+
+    @property
     def zero_flush_exposed(self) -> float:
         """Of `flush`: the ZeRO traffic a pipelined stage issues once per step and no compute covers."""
         return (self.zero_first.exposed if self.zero_first else 0.0) + self.zero_scatter
@@ -137,6 +142,12 @@ class Variant:
         if self.zero is not None:
             parts.append(f"zero-{self.zero}")
         return " ".join(parts)
+
+
+def pipelined_fsdp(in_pipeline: bool, zero: int, dp: int) -> bool:
+    """True where torch.distributed.pipelining drives an FSDP stage (ZeRO-2/3 over more than one
+    data-parallel rank): gradients synced once per step, parameters kept gathered (module docstring)."""
+    return in_pipeline and zero >= 2 and dp > 1
 
 
 def zero_state_bytes(n: float, sb: StateBytes, zero: int, dp: int, offload_states: bool = False) -> float:
@@ -187,7 +198,7 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     bwd = o.bwd_s * b + per_mb - (fwd - o.fwd_s * b) + rerun
     if n_expert and o.experts.flops_share:  # the busiest rank's experts pace the all-to-all
         fwd, bwd = (x * (1 + (EP_IMBALANCE - 1) * o.experts.flops_share) for x in (fwd, bwd))
-    pipe_fsdp = pipelined and zero >= 2 and dp > 1  # (module docstring)
+    pipe_fsdp = pipelined_fsdp(pipelined, zero, dp)
     v.accumulate = 0.0
     if pipe_fsdp:  # each micro-batch's gradients are added into the fp32 accumulators: a memory-bound kernel
         v.accumulate = (n_dense + n_expert) * (sb.grad + 2 * sb.grad_comm) / (dev.mem_bandwidth * dev.mem_efficiency) \
@@ -216,10 +227,11 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     out = back = 0.0
     if v.offload_activations:
         out = back = kept / dev.host_bw
-    if v.offload_states:  # parameter shard up before each gather, gradient shard down after each scatter
-        back += shard * sb.param / dev.host_bw if pipe_fsdp and gather_bwd else 0.0
-        out += 0.0 if pipe_fsdp else shard * sb.param / dev.host_bw
-        back += 0.0 if pipe_fsdp else shard * sb.grad / dev.host_bw
+    if v.offload_states and not pipe_fsdp:  # parameter shard up before the forward, gradient shard down after
+        out += shard * sb.param / dev.host_bw
+        back += shard * sb.grad / dev.host_bw
+    elif v.offload_states and gather_bwd:  # pipelined ZeRO-3: the shard goes up before each backward's gather
+        back += shard * sb.param / dev.host_bw
     v.zero_first, v.zero_scatter = None, 0.0
     if pipe_fsdp:  # once per step: the first forward's gathers, then one reduce-scatter after the last backward
         v.zero_first = streams.window(fwd, ag, shard * sb.param / dev.host_bw if v.offload_states else 0.0,
@@ -267,7 +279,7 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     # DTensor's dispatch of its per-parameter operators: Device.sharded_param_latency
     dtensors = o.param_tensors if zero >= 2 and dp > 1 else o.dtensor_params
     v.step = step + dtensors * dev.sharded_param_latency
-    v.flush = v.dp_exposed + v.dp_contention + v.step + v.zero_flush_exposed + v.zero_flush_contention
+    v.flush = v.dp_exposed + v.dp_contention + v.step + v.zero_flush
     return v
 
 

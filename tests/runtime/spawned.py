@@ -1,21 +1,15 @@
 """Run a test's worker in spawned gloo processes and read back what rank 0 wrote (tests/runtime); and
-`teardown`, how every multi-process test worker (spawned here or launched by torchrun) ends its group."""
+`teardown`, how every multi-process test worker (spawned here or launched by torchrun) ends its group:
+the runtime's (runtime.mesh.teardown), every rank's collectives done before any tears down."""
 from __future__ import annotations
 
 import json
 import os
 import tempfile
 
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def teardown() -> None:
-    """Wait for every rank on the default group, then destroy it. Every rank's collectives are done before
-    any tears down: a gloo group destroyed while a peer still talks on it aborts the peer ("terminate called
-    without an active exception", seen once in CI)."""
-    dist.barrier()
-    dist.destroy_process_group()
+from partita.runtime.mesh import teardown  # noqa: F401 -- the runtime's own: barrier (gloo), then destroy
 
 
 def spawned_json(worker, nprocs: int = 2):

@@ -48,7 +48,10 @@ class Device:
     s(x) = x / (x + gemm_half_dim)); 0: every GEMM at matmul_efficiency whatever its shape."""
     attention_efficiency: float = 0.0
     """Fraction of peak fused attention (FlashAttention-style SDPA) reaches, forward and backward
-    together; 0: matmul_efficiency."""
+    together, on sequences far above `attention_half_seq`; 0: matmul_efficiency."""
+    attention_half_seq: float = 0.0
+    """Query length at which fused attention runs at half of attention_efficiency (costmodel.kernels:
+    s(seq) = seq / (seq + attention_half_seq)); 0: every sequence at attention_efficiency."""
     mem_efficiency: float = 1.0
     """Fraction of mem_bandwidth memory-bound kernels achieve."""
     intra_link_efficiency: float = 1.0
@@ -117,7 +120,13 @@ def _gpu(name, bf16_tflops, fp32_tflops, mem_mib, hbm_gbs, nvlink_gbs, nic_gbs, 
 #   costmodel.kernels);
 # - attention_efficiency: FlashAttention-2 (Dao 2023): ~50-70% of A100 peak forward, less backward;
 #   ~35-45% of H100's (FlashAttention-3, Shah et al. 2024, reaches 75% with Hopper-specific code that
-#   PyTorch's SDPA does not use by default);
+#   PyTorch's SDPA does not use by default), on long sequences;
+# - attention_half_seq: the query length at which fused attention runs at half that -- a kernel's fixed
+#   work per query block (loading it, rescaling, writing it out, the causal diagonal computed whole) is
+#   amortised over the key blocks it streams, so throughput rises with sequence length (FlashAttention-2,
+#   Dao 2023, its A100 and H100 benchmark figures over 512 to 16k tokens). Fitted, one value per generation, to llm-foundry's sequence sweeps (512 to
+#   65536 tokens of the same models on the same GPUs, benchmarks.published); Volta has no published
+#   fused-attention run here and takes Ampere's curve;
 # - mem_efficiency: achievable HBM bandwidth for elementwise kernels (~80% of the datasheet);
 # - link efficiencies: nccl-tests bus bandwidth against the per-direction peak (NVLink ~75-80%,
 #   InfiniBand/RoCE ~80-90% at training scale);
@@ -125,11 +134,11 @@ def _gpu(name, bf16_tflops, fp32_tflops, mem_mib, hbm_gbs, nvlink_gbs, nic_gbs, 
 #   concurrent GEMMs and collectives slow each other by tens of percent).
 GPU_OVERLAP_SLOWDOWN = 0.15
 """Device.overlap_slowdown of every GPU preset, and what `partita calibrate` keeps on a GPU (not measured)."""
-_VOLTA = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.45, mem_efficiency=0.8,
+_VOLTA = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.45, attention_half_seq=1536, mem_efficiency=0.8,
               intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
-_AMPERE = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.55, mem_efficiency=0.8,
+_AMPERE = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.65, attention_half_seq=1536, mem_efficiency=0.8,
                intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
-_HOPPER = dict(matmul_efficiency=0.62, gemm_half_dim=128, attention_efficiency=0.40, mem_efficiency=0.8,
+_HOPPER = dict(matmul_efficiency=0.62, gemm_half_dim=128, attention_efficiency=0.42, attention_half_seq=1024, mem_efficiency=0.8,
                intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
 
 # REFERENCE.md "Hardware": NVLink per direction (150 / 300 / 450 GB/s). Memory as the driver reports it

@@ -41,6 +41,19 @@ by 16% at the median against 7.5% -- while only Llama 3's in-house 128k-token ru
 -37%). So the efficiencies stand for attention as trained, on the full FLOPs (CAUSAL_SHARE = 1); the
 capture still records `causal` on each attention node.
 
+A fused attention kernel runs further from peak on short sequences: each query block's fixed work
+(loading it, rescaling the running softmax, writing the output; under a causal mask, the diagonal block
+computed whole) is amortised over the key blocks it streams, s / B_c of them. So its efficiency is a
+saturation in the query length s of the node's (..., heads, s, head_dim) output,
+
+    e_attn(s) = e_attn * s / (s + s_half)          (`Device.attention_half_seq` = s_half)
+
+(FlashAttention-2's benchmarks rise over 512 to 16k tokens on A100 and H100). One curve per GPU
+generation, fitted to llm-foundry's sweeps of one model over 512 to 65536 tokens: with a flat e_attn the
+published errors ran from about -10% at 64k tokens to +25% at 512 within the same model and GPU, a trend
+no per-token term can remove. Under context parallelism the node keeps the whole sequence's length:
+each rank's query chunk streams every rank's keys (torch's all-gather context parallelism).
+
 Everything else (norms, activations, residual adds, softmax, dropout, casts): memory-bound, bytes at
 the achievable fraction of HBM bandwidth (`Device.mem_efficiency`; STREAM-like copies reach ~80-90% of
 the datasheet figure), or its FLOPs at e_max if that is longer (a roofline):
@@ -100,6 +113,12 @@ def gemm_dims(d: dict) -> tuple[float, float, float, float] | None:
     return batch, m, n, flops / (2 * batch * m * n)
 
 
+def attention_seq(d: dict) -> float:
+    """The query length of an attention node: its output is (..., heads, seq, head_dim)."""
+    shape = d.get("shape") or ()
+    return shape[-2] if len(shape) >= 2 else 0.0
+
+
 def node_time(d: dict, device, dtype: str, *, share: float = 1.0,
               n_div: int = 1, k_div: int = 1) -> NodeTime:
     """Seconds of node `d` (costmodel.graph attributes) for one rank doing `share` of its work.
@@ -128,7 +147,8 @@ def node_time(d: dict, device, dtype: str, *, share: float = 1.0,
         return NodeTime(fwd_flops / rate, bwd_flops / rate)
     fwd_flops, bwd_flops = d["fwd_flops"] * share, d["bwd_flops"] * share
     if d["kind"] in ATTENTION_KINDS and fwd_flops:
-        rate = peak * (device.attention_efficiency or e_max) / (CAUSAL_SHARE if d.get("causal") else 1.0)
+        rate = (peak * (device.attention_efficiency or e_max) * saturation(attention_seq(d), device.attention_half_seq)
+                / (CAUSAL_SHARE if d.get("causal") else 1.0))
         return NodeTime(fwd_flops / rate, bwd_flops / rate)
     bw = device.mem_bandwidth * device.mem_efficiency
     mem = d["mem_bytes"] * share

@@ -22,6 +22,7 @@ Schema `partita.cluster/1` (units: bytes, bytes/s, FLOP/s, seconds):
            "matmul_efficiency": 0.5,              fraction of peak large matmuls reach, in (0, 1]
            "gemm_half_dim": 96,                   GEMM size halving that (costmodel.kernels); 0: none
            "attention_efficiency": 0.5,           fused attention's fraction of peak; 0: matmul's
+           "attention_half_seq": 1536,            sequence length halving that (costmodel.kernels); 0: none
            "mem_efficiency": 0.8,                 achieved fraction of mem_bandwidth, in (0, 1]
            "intra_link_efficiency": 0.8,          achieved fraction of intra_node_bw, in (0, 1]
            "inter_link_efficiency": 0.85,         achieved fraction of inter_node_bw, in (0, 1]
@@ -67,7 +68,7 @@ _GROUP_KEYS = {"name", "nodes", "devices_per_node", "device"}
 _DEVICE_FIELDS = {f.name for f in fields(Device)}
 _DEVICE_KEYS = _DEVICE_FIELDS | {"base"}
 _DEVICE_REQUIRED = ("name", "peak_flops", "memory_bytes", "mem_bandwidth", "intra_node_bw", "inter_node_bw")
-_NONNEGATIVE = {"gemm_half_dim", "attention_efficiency", "overlap_slowdown", "op_latency", "host_memory_bytes", "intra_node_latency", "inter_node_latency", "reserved_bytes",
+_NONNEGATIVE = {"gemm_half_dim", "attention_efficiency", "attention_half_seq", "overlap_slowdown", "op_latency", "host_memory_bytes", "intra_node_latency", "inter_node_latency", "reserved_bytes",
                 "sync_latency", "sharded_op_latency", "sharded_param_latency", "redistribute_latency"}
 _YAML_SUFFIXES = (".yaml", ".yml")
 

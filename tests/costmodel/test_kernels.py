@@ -10,6 +10,7 @@ from partita.planner.strategies import node_seconds, replicate_option, tensor_op
 from partita.costmodel.hardware import parse_cluster
 
 A100 = DEVICES["A100-80GB"]
+H100 = DEVICES["H100-80GB"]
 
 
 def linear(m, n, k):
@@ -51,10 +52,26 @@ def test_attention_and_memory_bound_kernels():
     att = {"kind": "scaled_dot_product_attention", "shape": (1, 32, 2048, 128), "fwd_flops": 1e12,
            "bwd_flops": 2.5e12, "mem_bytes": 1e8}
     t = node_time(att, A100, "bf16")
-    assert t.fwd == pytest.approx(1e12 / (A100.peak("bf16") * A100.attention_efficiency))
+    assert t.fwd == pytest.approx(1e12 / (A100.peak("bf16") * A100.attention_efficiency
+                                          * saturation(2048, A100.attention_half_seq)))
     norm = {"kind": "layernorm", "shape": (1, 2048, 4096), "fwd_flops": 0, "bwd_flops": 0, "mem_bytes": 4e7}
     t = node_time(norm, A100, "bf16")
     assert t.fwd == pytest.approx(4e7 / (A100.mem_bandwidth * A100.mem_efficiency)) and t.bwd == pytest.approx(2 * t.fwd)
+
+
+def test_fused_attention_runs_further_from_peak_on_short_sequences():
+    """The same FLOPs cost more in a short-sequence kernel: seq / (seq + half) of the long-sequence
+    efficiency, from the query length of the node's (batch, heads, seq, head_dim) output."""
+    assert A100.attention_half_seq > 0 and H100.attention_half_seq > 0
+    def att(seq):
+        return {"kind": "scaled_dot_product_attention", "shape": (1, 16, seq, 128), "fwd_flops": 1e12,
+                "bwd_flops": 2.5e12, "mem_bytes": 0}
+    short, long = node_time(att(512), A100, "bf16"), node_time(att(65536), A100, "bf16")
+    half = A100.attention_half_seq
+    assert short.fwd / long.fwd == pytest.approx((512 + half) / 512 * 65536 / (65536 + half))
+    assert short.bwd / short.fwd == pytest.approx(2.5)
+    flat = replace(A100, attention_half_seq=0.0)
+    assert node_time(att(512), flat, "bf16").fwd == pytest.approx(node_time(att(65536), flat, "bf16").fwd)
 
 
 def test_a_device_without_shape_curve_runs_every_gemm_at_one_efficiency():

@@ -91,6 +91,8 @@ def published_space(row: Row) -> SearchSpace:
         offload=False, sequence_parallel=(True, False) if row.sequence_parallel is None else (row.sequence_parallel,),
         micro_batch=None if row.micro_batch is None else (row.micro_batch,),
         virtual_stages=None if row.virtual_stages is None else (row.virtual_stages,),
+        # every published ZeRO-3 run (FULL_SHARD, HSDP, fully_shard) reshards each layer after its forward
+        keep_gathered=False,
         # Megatron-LM's pipeline sends use its scatter/gather (SC'21 §4.1); DeepSpeed's pipeline engine does not
         p2p_scatter_gather=row.table.framework.startswith("Megatron-LM"))
 

@@ -167,17 +167,19 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     # the same variants serve every pipeline depth and schedule of this (tp, dp, ZeRO, b): costed once
     # (a pipeline stage syncs its ZeRO gradients once per step: options.py)
     key = ("variants", tp, sp, zero, dp, b, space.recompute, space.offload, ddp, train.dtype, train.optimizer,
-           cp, ep, pp > 1)
+           cp, ep, pp > 1, space.keep_gathered)
     if key not in bases._cache:
         bases._cache[key] = variants(layer_bases, cluster, sb, zero, dp, tp, b, space.recompute, space.offload,
-                                     ddp_overlap=ddp, cp=cp, ep=ep, pipelined=pp > 1)
+                                     ddp_overlap=ddp, cp=cp, ep=ep, pipelined=pp > 1,
+                                     keep_gathered=space.keep_gathered)
     opts = bases._cache[key]
     if tp > 1 and layers and not any(o.sharding in SPLIT for o in opts):
         if space.tp is None:
             return None  # splitting the layers never pays on this mesh: a smaller tp does better
         # a fixed tp is priced as asked (what-if), even where a smaller one would do better
         opts = variants([o for o in layer_bases if o.name in SPLIT], cluster, sb, zero, dp, tp, b,
-                        space.recompute, space.offload, ddp_overlap=ddp, cp=cp, ep=ep, pipelined=pp > 1)
+                        space.recompute, space.offload, ddp_overlap=ddp, cp=cp, ep=ep, pipelined=pp > 1,
+                        keep_gathered=space.keep_gathered)
     if tp > 1 and not layers and not any(o.name in SPLIT for o in (*pre, *suf)):
         return None  # nothing to split: the tp ranks would duplicate all work
     dp_group = comm.group_for(cluster, dp, tp)
@@ -305,7 +307,7 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
         if tp > 1 and not any(o.name in SPLIT for o in layer_bases):
             return None
         full[id(gc)] = variants(layer_bases, gc, sb, zero, dp, tp, b, space.recompute, space.offload, prune=False,
-                                pipelined=pp > 1)
+                                pipelined=pp > 1, keep_gathered=space.keep_gathered)
         extras[id(gc)] = (pre, suf)
     keep = sorted(set().union(*(pareto_indices(full[id(gc)]) for gc in distinct)))
     by_stage = [[full[id(gc)][i] for i in keep] for gc in stage_groups]
@@ -421,7 +423,8 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
         if tp > 1:
             t = tensor_option(graph, grp, cluster, tp)
             mine += [t] if t is not None else []
-        vs = variants(mine, cluster, sb, zero, dp, tp, b, space.recompute, space.offload, pipelined=pp > 1)
+        vs = variants(mine, cluster, sb, zero, dp, tp, b, space.recompute, space.offload, pipelined=pp > 1,
+                      keep_gathered=space.keep_gathered)
         opts += vs
         block_of += [i] * len(vs)
     must = np.array([tp > 1 and o.sharding in SPLIT for o in opts])

@@ -285,8 +285,10 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
 
 def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: float,
              allow_recompute=RECOMPUTE, allow_offload: bool = True, prune: bool = True,
-             ddp_overlap: bool = False, cp: int = 1, ep: int = 1, pipelined: bool = False) -> list[Variant]:
-    """Every variant of every sharding option, costed, with dominated ones removed.
+             ddp_overlap: bool = False, cp: int = 1, ep: int = 1, pipelined: bool = False,
+             keep_gathered: bool = True) -> list[Variant]:
+    """Every variant of every sharding option, costed, with dominated ones removed (`keep_gathered`:
+    SearchSpace.keep_gathered).
 
     With tp > 1 a replicated variant is usually dominated by a tensor-parallel one (slower, more memory)
     and disappears; if every tensor-parallel variant is dominated instead, the mesh's tp ranks would
@@ -302,7 +304,7 @@ def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: i
                 for off_o in ((False, True) if allow_offload and zero == 3 else (False,)):
                     out.append(cost_variant(Variant(base, r, off_a, off_o), cluster, sb, zero, dp, tp, b, ddp_overlap,
                                             cp, ep, pipelined))
-                if zero == 3 and dp > 1:  # this block alone kept gathered from forward to backward
+                if zero == 3 and dp > 1 and keep_gathered:  # this block alone kept gathered from forward to backward
                     out.append(cost_variant(Variant(base, r, off_a, zero=2), cluster, sb, zero, dp, tp, b, ddp_overlap,
                                             cp, ep, pipelined))
     return pareto(out) if prune else out

@@ -118,6 +118,11 @@ class SearchSpace:
     the schedule allows."""
     min_pp: bool = False
     """Keep only the smallest pipeline depth that fits (Megatron practice: as few stages as memory allows)."""
+    keep_gathered: bool = True
+    """In a ZeRO-3 plan a layer may keep its parameters gathered from forward to backward (its own ZeRO-2,
+    chosen per layer where memory allows; the runtime's reshard_after_forward=False). False: every ZeRO-3
+    layer reshards after its forward and gathers again for its backward, as FSDP's FULL_SHARD runs --
+    how a published FULL_SHARD run is priced as it ran (benchmarks.published)."""
     p2p_scatter_gather: bool = False
     """Price pipeline sends as Megatron-LM runs them with tensor parallelism (Narayanan et al. SC'21, §4.1,
     scatter/gather): each of the t ranks sends 1/t of the boundary activation and the receiving ranks
@@ -139,6 +144,8 @@ class SearchSpace:
             raise PartitaError(f"recompute must be policies among {', '.join(RECOMPUTE)}, got {self.recompute!r}")
         if not self.sequence_parallel or not all(isinstance(s, bool) for s in self.sequence_parallel):
             raise PartitaError(f"sequence_parallel must be True and/or False, got {self.sequence_parallel!r}")
+        if not isinstance(self.keep_gathered, bool):
+            raise PartitaError(f"keep_gathered must be True (searched per layer) or False (none), got {self.keep_gathered!r}")
         if not isinstance(self.offload, bool):
             raise PartitaError(f"offload must be True (allowed, searched) or False (none), got {self.offload!r}")
 

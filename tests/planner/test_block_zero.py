@@ -40,3 +40,17 @@ def test_memory_decides_how_many_layers_stay_gathered(graph_of):
     mix = layer_zero(tight.best)
     assert mix == {2: layers - 2, None: 2}, mix  # two layers resharded free the 1.5 layers' worth asked
     assert tight.best.step_time > roomy.best.step_time
+
+
+def test_full_shard_as_run_keeps_no_layer_gathered(graph_of):
+    """SearchSpace(keep_gathered=False) prices FSDP FULL_SHARD as it runs: every layer reshards after its
+    forward and gathers again for its backward, even where keeping it gathered would be faster."""
+    g = graph_of("small-gpt", "bf16")
+    cluster, train = slow_network(8 * GiB), TrainConfig(global_batch=8)
+    hybrid = search(g, cluster, train, space=SPACE)
+    as_run = search(g, cluster, train, space=dataclasses.replace(SPACE, keep_gathered=False))
+    assert layer_zero(hybrid.best).get(2) and set(layer_zero(as_run.best)) == {None}
+    assert as_run.best.step_time > hybrid.best.step_time
+    assert predicted(as_run, as_run.best)["peak_memory_bytes"] < predicted(hybrid, hybrid.best)["peak_memory_bytes"]
+    with pytest.raises(Exception, match="keep_gathered must be True"):
+        SearchSpace(keep_gathered="no")

@@ -124,9 +124,9 @@ def _gpu(name, bf16_tflops, fp32_tflops, mem_mib, hbm_gbs, nvlink_gbs, nic_gbs, 
 # - attention_half_seq: the query length at which fused attention runs at half that -- a kernel's fixed
 #   work per query block (loading it, rescaling, writing it out, the causal diagonal computed whole) is
 #   amortised over the key blocks it streams, so throughput rises with sequence length (FlashAttention-2,
-#   Dao 2023, its A100 and H100 benchmark figures over 512 to 16k tokens). Fitted, one value per generation, to llm-foundry's sequence sweeps (512 to
-#   65536 tokens of the same models on the same GPUs, benchmarks.published); Volta has no published
-#   fused-attention run here and takes Ampere's curve;
+#   Dao 2023, its A100 and H100 benchmark figures over 512 to 16k tokens). Fitted, one value per
+#   generation, to llm-foundry's sequence sweeps (512 to 65536 tokens of the same models on the same
+#   GPUs, benchmarks.published); Volta has no published fused-attention run here and takes Ampere's curve;
 # - mem_efficiency: achievable HBM bandwidth for elementwise kernels (~80% of the datasheet);
 # - link efficiencies: nccl-tests bus bandwidth against the per-direction peak (NVLink ~75-80%,
 #   InfiniBand/RoCE ~80-90% at training scale);
@@ -134,12 +134,15 @@ def _gpu(name, bf16_tflops, fp32_tflops, mem_mib, hbm_gbs, nvlink_gbs, nic_gbs, 
 #   concurrent GEMMs and collectives slow each other by tens of percent).
 GPU_OVERLAP_SLOWDOWN = 0.15
 """Device.overlap_slowdown of every GPU preset, and what `partita calibrate` keeps on a GPU (not measured)."""
-_VOLTA = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.45, attention_half_seq=1536, mem_efficiency=0.8,
-              intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
-_AMPERE = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.65, attention_half_seq=1536, mem_efficiency=0.8,
-               intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
-_HOPPER = dict(matmul_efficiency=0.62, gemm_half_dim=128, attention_efficiency=0.42, attention_half_seq=1024, mem_efficiency=0.8,
-               intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
+_VOLTA = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.45, attention_half_seq=1536,
+              mem_efficiency=0.8, intra_link_efficiency=0.8, inter_link_efficiency=0.85,
+              overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
+_AMPERE = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.65, attention_half_seq=1536,
+               mem_efficiency=0.8, intra_link_efficiency=0.8, inter_link_efficiency=0.85,
+               overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
+_HOPPER = dict(matmul_efficiency=0.62, gemm_half_dim=128, attention_efficiency=0.42, attention_half_seq=1024,
+               mem_efficiency=0.8, intra_link_efficiency=0.8, inter_link_efficiency=0.85,
+               overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
 
 # REFERENCE.md "Hardware": NVLink per direction (150 / 300 / 450 GB/s). Memory as the driver reports it
 # (nvidia-smi's total, MiB): the "80GB" of A100-80GB is 80 GiB (81920 MiB), H100-80GB 81559 MiB,

@@ -125,7 +125,8 @@ def assumptions(cluster, dtype: str) -> list[str]:
            + (f", each GEMM dimension x scaling that by x / (x + {d.gemm_half_dim:g})" if d.gemm_half_dim else
               ", whatever their shape"),
            f"fused attention at {100 * (d.attention_efficiency or d.matmul_efficiency):.0f}% of peak"
-           + (f" on long sequences, s / (s + {d.attention_half_seq:g}) of that at s tokens" if d.attention_half_seq else "")
+           + (f" on long sequences, s / (s + {d.attention_half_seq:g}) of that at s tokens"
+              if d.attention_half_seq else "")
            + f"; memory-bound "
            f"ops at {100 * d.mem_efficiency:.0f}% of {d.mem_bandwidth / 1e9:g} GB/s; {d.op_latency * 1e6:g} us per "
            "kernel launch",

@@ -145,7 +145,8 @@ class SearchSpace:
         if not self.sequence_parallel or not all(isinstance(s, bool) for s in self.sequence_parallel):
             raise PartitaError(f"sequence_parallel must be True and/or False, got {self.sequence_parallel!r}")
         if not isinstance(self.keep_gathered, bool):
-            raise PartitaError(f"keep_gathered must be True (searched per layer) or False (none), got {self.keep_gathered!r}")
+            raise PartitaError("keep_gathered must be True (searched per layer) or False (none), got "
+                               f"{self.keep_gathered!r}")
         if not isinstance(self.offload, bool):
             raise PartitaError(f"offload must be True (allowed, searched) or False (none), got {self.offload!r}")
 

@@ -52,8 +52,8 @@ def test_attention_and_memory_bound_kernels():
     att = {"kind": "scaled_dot_product_attention", "shape": (1, 32, 2048, 128), "fwd_flops": 1e12,
            "bwd_flops": 2.5e12, "mem_bytes": 1e8}
     t = node_time(att, A100, "bf16")
-    assert t.fwd == pytest.approx(1e12 / (A100.peak("bf16") * A100.attention_efficiency
-                                          * saturation(2048, A100.attention_half_seq)))
+    rate = A100.peak("bf16") * A100.attention_efficiency * saturation(2048, A100.attention_half_seq)
+    assert t.fwd == pytest.approx(1e12 / rate)
     norm = {"kind": "layernorm", "shape": (1, 2048, 4096), "fwd_flops": 0, "bwd_flops": 0, "mem_bytes": 4e7}
     t = node_time(norm, A100, "bf16")
     assert t.fwd == pytest.approx(4e7 / (A100.mem_bandwidth * A100.mem_efficiency)) and t.bwd == pytest.approx(2 * t.fwd)

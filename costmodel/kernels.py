@@ -113,10 +113,11 @@ def gemm_dims(d: dict) -> tuple[float, float, float, float] | None:
     return batch, m, n, flops / (2 * batch * m * n)
 
 
-def attention_seq(d: dict) -> float:
-    """The query length of an attention node: its output is (..., heads, seq, head_dim)."""
+def attention_saturation(d: dict, half_seq: float) -> float:
+    """s(seq) of an attention node (module docstring), seq the query length of its (..., heads, seq,
+    head_dim) output; 1 where the shape is unknown (priced at the long-sequence rate, never at zero)."""
     shape = d.get("shape") or ()
-    return shape[-2] if len(shape) >= 2 else 0.0
+    return saturation(shape[-2], half_seq) if len(shape) >= 2 and shape[-2] else 1.0
 
 
 def node_time(d: dict, device, dtype: str, *, share: float = 1.0,
@@ -147,7 +148,7 @@ def node_time(d: dict, device, dtype: str, *, share: float = 1.0,
         return NodeTime(fwd_flops / rate, bwd_flops / rate)
     fwd_flops, bwd_flops = d["fwd_flops"] * share, d["bwd_flops"] * share
     if d["kind"] in ATTENTION_KINDS and fwd_flops:
-        rate = (peak * (device.attention_efficiency or e_max) * saturation(attention_seq(d), device.attention_half_seq)
+        rate = (peak * (device.attention_efficiency or e_max) * attention_saturation(d, device.attention_half_seq)
                 / (CAUSAL_SHARE if d.get("causal") else 1.0))
         return NodeTime(fwd_flops / rate, bwd_flops / rate)
     bw = device.mem_bandwidth * device.mem_efficiency

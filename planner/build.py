@@ -127,7 +127,7 @@ def assumptions(cluster, dtype: str) -> list[str]:
            f"fused attention at {100 * (d.attention_efficiency or d.matmul_efficiency):.0f}% of peak"
            + (f" on long sequences, s / (s + {d.attention_half_seq:g}) of that at s tokens"
               if d.attention_half_seq else "")
-           + f"; memory-bound "
+           + "; memory-bound "
            f"ops at {100 * d.mem_efficiency:.0f}% of {d.mem_bandwidth / 1e9:g} GB/s; {d.op_latency * 1e6:g} us per "
            "kernel launch",
            f"links per direction: {d.intra_node_bw / 1e9:g} GB/s in a node at {100 * d.intra_link_efficiency:.0f}%, "

@@ -50,9 +50,9 @@ down the host link (overlapped like the all-gathers), and the optimizer step run
 After-flush time D (seconds): stages 0-1 all-reduce the gradients (stage 1 as reduce-scatter + all-gather,
 the same volume, 2 Psi) -- all of it after the flush, or (DDP, `ddp_overlap`) in buckets during the last
 micro-batch's backward, exposed only where it outlasts the layer's backward compute; stages 2-3 already
-reduced them per micro-batch (a pipeline: once per step, above). Then the optimizer step over the rank's optimizer shard, memory-bound:
-n_opt * step traffic / achievable memory bandwidth, plus Device.sharded_param_latency per parameter
-tensor held as a DTensor.
+reduced them per micro-batch (a pipeline: once per step, above). Then the optimizer step over the rank's
+optimizer shard, memory-bound: n_opt * step traffic / achievable memory bandwidth, plus
+Device.sharded_param_latency per parameter tensor held as a DTensor.
 """
 from __future__ import annotations
 

@@ -72,6 +72,8 @@ def test_fused_attention_runs_further_from_peak_on_short_sequences():
     assert short.bwd / short.fwd == pytest.approx(2.5)
     flat = replace(A100, attention_half_seq=0.0)
     assert node_time(att(512), flat, "bf16").fwd == pytest.approx(node_time(att(65536), flat, "bf16").fwd)
+    unknown = {**att(512), "shape": ()}  # no query length: the long-sequence rate, never a zero rate
+    assert node_time(unknown, A100, "bf16").fwd == pytest.approx(node_time(att(512), flat, "bf16").fwd)
 
 
 def test_a_device_without_shape_curve_runs_every_gemm_at_one_efficiency():

@@ -208,10 +208,14 @@ def table1(results: dict) -> str:
     no_full = sum("full" not in p.get("recompute", ["full"]) for p in plans)
     text += (f". {no_full} of the {len(plans)} plans never recompute a whole layer, where the published runs "
              f"recompute every layer; {len(zero3)} use ZeRO-3 data parallelism ({unpiped} of them in place of the "
-             "published pipeline), whose communication the model assumes fully overlapped with compute -- a "
-             "prediction, not a measurement; treat the plans' "
-             f"predicted MFU (at most {pct(max(p['mfu'] for p in plans))}) with that assumption in mind "
-             f"({provenance(d)}).")
+             "published pipeline), whose gathers and reduce-scatters hide behind compute only as far as the "
+             "stream model allows (costmodel/streams.py)")
+    exposed = [p["exposed_comm_s"] / p["step_time_s"] for p in plans if "exposed_comm_s" in p]
+    if exposed:
+        text += (f"; exposed communication is {pct(min(exposed))}-{pct(max(exposed))} of the plans' predicted "
+                 "steps")
+    text += (f". These are predictions, not measurements: the plans' predicted MFU is at most "
+             f"{pct(max(p['mfu'] for p in plans))} ({provenance(d)}).")
     return out + "\n\n" + paragraph(text)
 
 
@@ -284,6 +288,19 @@ def published(results: dict) -> str:
         items.append(f"- `{w['key']}`: measured {w['measured']['value']:.4g} {METRICS.get(metric, metric)}, predicted "
                      f"{w['predicted']['value']:.4g} ({pct(w['error'], sign=True)})")
     out.append("\n".join(items))
+    rejected = [r for r in rows if r.get("error") is None and (r.get("predicted_if_memory_unbounded") or {})
+                .get("value") is not None]
+    if rejected:
+        out.append(paragraph("Rows that ran as published but that partita's memory model rejects (a memory "
+                             "miss), with the time model's error on them when memory is lifted:"))
+        lines = []
+        for r in rejected:
+            lifted, metric = r["predicted_if_memory_unbounded"], r["measured"]["metric"]
+            lines.append(f"- `{r['key']}`: with memory lifted its fastest plan peaks at {lifted['peak_memory_gib']:.0f} "
+                         f"of {lifted['capacity_gib']:.0f} GiB; measured {r['measured']['value']:.4g} "
+                         f"{METRICS.get(metric, metric)}, predicted {lifted['value']:.4g} "
+                         f"({pct(lifted['error'], sign=True)})")
+        out.append("\n".join(lines))
     split = [r for r in rows if r["config"].get("cp", 1) > 1 or r["config"].get("ep", 1) > 1]
     if split:
         out.append(paragraph("Rows with context or expert parallelism:"))

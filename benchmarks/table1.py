@@ -65,7 +65,8 @@ def run_row(name, tp, pp, gpus, batch, published) -> dict:
                  "micro_batch": ours.best.micro_batch, "schedule": ours.best.schedule,
                  "virtual_stages": ours.best.virtual_stages,
                  "recompute": sorted({v.recompute for v, n in zip(ours.best.options, ours.best.solution.counts.sum(0)) if n}),
-                 "tflops_model": best["tflops_per_device"], "mfu": best["mfu"], "step_time_s": best["step_time_s"]},
+                 "tflops_model": best["tflops_per_device"], "mfu": best["mfu"], "step_time_s": best["step_time_s"],
+                 "exposed_comm_s": best["exposed_comm_s"], "hidden_comm_s": best["hidden_comm_s"]},
         "plan_seconds": plan_s,
     }
     if pub_pred:

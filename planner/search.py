@@ -147,14 +147,33 @@ def explain_infeasible(result: SearchResult) -> str:
     row = stage_memory(c, s, counts)
     act, states, workspace = row["activations"], row["model_states"], row["workspace"]
     binding = "activations" if act > states else "model states (parameters, gradients, optimizer)"
-    advice = ("activations dominate: a shorter sequence or more tensor parallelism"
-              if act > states else "model states dominate: more devices, or devices with more memory")
+    advice = _fit_advice(result.space, act > states)
     return (f"no plan fits on {result.cluster.num_devices} x {dev}: the smallest footprint needs "
             f"{need / GiB:.1f} GiB per device ({binding} bind: model states {states / GiB:.1f} GiB, activations "
             f"{act / GiB:.1f} GiB for {int(prob.in_flight[s])} micro-batch(es) in flight, workspace "
             f"{workspace / GiB:.1f} GiB (at the {row['phase']}), at pp={c.pp}, dp={c.dp}, tp={c.tp}, ZeRO-{c.zero}, micro-batch "
             f"{c.micro_batch}, with {_considered(result.space)}) but a {dev} has {cap / GiB:.1f} GiB usable; "
             f"{advice}")
+
+
+def _fit_advice(space: SearchSpace, activations_bind: bool) -> str:
+    """What could make it fit, starting with the choices the user fixed (what-if flags) that rule out the
+    usual remedies: recompute and offload for activations, ZeRO-3 and offload for model states."""
+    freed = []
+    if activations_bind:
+        if "full" not in space.recompute:
+            freed.append("allow activation recompute (--recompute full, or leave it to the search)")
+        if space.micro_batch and min(space.micro_batch) > 1:
+            freed.append("a smaller micro-batch (--micro-batch 1)")
+        if not space.offload:
+            freed.append("allow activation offload (--offload on)")
+        return "activations dominate: " + "; ".join(
+            freed + ["a shorter sequence, or more tensor, context or pipeline parallelism"])
+    if 3 not in space.zero:
+        freed.append("shard parameters too (--zero 3)")
+    elif not space.offload:
+        freed.append("allow offloading ZeRO-3 states to host memory (--offload on)")
+    return "model states dominate: " + "; ".join(freed + ["more devices, or devices with more memory"])
 
 
 def _considered(space: SearchSpace) -> str:

@@ -136,6 +136,24 @@ def test_the_api_refuses_impossible_restrictions():
         planner.plan(MODEL, cluster="8xA100-80GB", train=TRAIN, sp=2)
 
 
+def test_a_fixed_choice_that_rules_out_fitting_is_named_in_the_advice():
+    """When the user's fixed choices rule out the usual remedies, the error says to free them, and freeing
+    them does make it fit."""
+    long_seq = "gpt:layers=8,hidden=2048,heads=16,seq=131072,vocab=1000"
+    one = planner.TrainConfig(global_batch=1)
+    with pytest.raises(InfeasibleError) as e:
+        planner.plan(long_seq, cluster="1xA100-80GB", train=one, recompute="none", offload=False)
+    msg = str(e.value)
+    assert "activations dominate" in msg and "--recompute full" in msg and "--offload on" in msg
+    assert planner.plan(long_seq, cluster="1xA100-80GB", train=one).predicted["step_time_s"] > 0
+    with pytest.raises(InfeasibleError) as e:
+        planner.plan("megatron-7.5b", cluster="8xA100-80GB", train=TRAIN, space=SearchSpace(tp=1, pp=1, zero=0))
+    msg = str(e.value)
+    assert "model states dominate" in msg and "--zero 3" in msg and "--recompute" not in msg
+    assert planner.plan("megatron-7.5b", cluster="8xA100-80GB", train=TRAIN,
+                        space=SearchSpace(tp=1, pp=1, zero=3)).zero_stage == 3
+
+
 def test_search_space_fields_normalise_and_validate():
     s = SearchSpace(tp=2, dp=[4], zero=3, recompute="full", sequence_parallel=True, micro_batch=2, virtual_stages=1)
     assert (s.tp, s.dp, s.zero, s.recompute, s.sequence_parallel, s.micro_batch, s.virtual_stages) == \

@@ -39,6 +39,26 @@ def test_the_renderer_puts_the_results_values_into_the_section():
     assert report.render("published", {"published": None}).startswith("No results yet")
 
 
+def test_a_memory_miss_is_listed_with_the_time_model_error_when_memory_is_lifted():
+    d = _published(0.05)
+    d["rows"][1]["predicted_if_memory_unbounded"] = {"metric": "tokens_per_s_per_gpu", "value": 870.0,
+                                                     "error": -0.13, "peak_memory_gib": 150.2,
+                                                     "capacity_gib": 77.6}
+    text = report.render("published", {"published": d})
+    assert ("`src-x/too-big`: with memory lifted its fastest plan peaks at 150 of 78 GiB; measured 1000 "
+            "tokens/s per GPU, predicted 870 (-13.0%)") in text
+    assert "memory model rejects" not in report.render("published", {"published": _published(0.05)})
+
+
+def test_table1_quotes_the_plans_exposed_communication():
+    d = report.load(ROOT / "benchmarks" / "results")["table1"]
+    shares = [r["plan"]["exposed_comm_s"] / r["plan"]["step_time_s"] for r in d["rows"]]
+    text = report.render("table1", {"table1": d})
+    assert (f"exposed communication is {report.pct(min(shares))}-{report.pct(max(shares))} of the plans' "
+            "predicted") in " ".join(text.split())
+    assert "fully overlapped" not in text
+
+
 def test_check_names_a_section_whose_number_was_retyped(tmp_path, monkeypatch, capsys):
     for readme in report.READMES:
         (tmp_path / readme).parent.mkdir(parents=True, exist_ok=True)

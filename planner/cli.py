@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 from partita.costmodel.errors import PartitaError
+from partita.planner.plan import RECOMPUTE
 
 
 def _cmd_plan(args) -> int:
@@ -192,8 +193,9 @@ def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
     w.add_argument("--ep", type=int, metavar="N",
                    help="expert-parallel degree: each MoE layer's experts sharded over N of the dp ranks")
     w.add_argument("--zero", type=int, choices=[0, 2, 3], help="ZeRO stage (2 and 3 need dp > 1)")
-    w.add_argument("--recompute", choices=["none", "selective", "full"],
-                   help="activation recompute policy of every layer")
+    w.add_argument("--recompute", choices=list(RECOMPUTE),
+                   help="activation recompute policy of every layer (op: torchtitan's per-op selective "
+                        "checkpointing, every other matmul output kept)")
     w.add_argument("--sequence-parallel", choices=["on", "off"],
                    help="Megatron sequence parallelism in the tensor-parallel layers (on needs tp > 1)")
     w.add_argument("--micro-batch", type=int, metavar="N", help="samples per micro-batch per data-parallel rank")

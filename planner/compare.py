@@ -6,12 +6,13 @@ from rich.table import Table
 from rich.text import Text
 
 from partita.planner.explain import human_bytes, report_console
+from partita.planner.plan import RECOMPUTE
 from partita.planner.strategies import SPLIT
 
 
 def _facts(plan) -> dict[str, str]:
     m, s, pred = plan.mesh, plan.schedule, plan.predicted
-    rec = {r: sum(b.recompute == r for b in plan.blocks) for r in ("none", "selective", "full")}
+    rec = {r: sum(b.recompute == r for b in plan.blocks) for r in RECOMPUTE}
     facts = {
         "model": str(plan.model.get("name")),
         "cluster": f"{plan.cluster.get('num_devices')} x {plan.cluster.get('device')}",
@@ -20,7 +21,7 @@ def _facts(plan) -> dict[str, str]:
         "schedule": s.name + (f" (v={s.virtual_stages})" if s.virtual_stages > 1 else ""),
         "micro-batches x size": f"{s.num_microbatches} x {s.micro_batch_size}",
         "tensor-parallel blocks": str(sum(b.sharding in SPLIT for b in plan.blocks)),
-        "recompute none/selective/full": f"{rec['none']}/{rec['selective']}/{rec['full']}",
+        "recompute " + "/".join(RECOMPUTE): "/".join(str(rec[r]) for r in RECOMPUTE),
         "activation-offloaded blocks": str(sum(b.offload_activations for b in plan.blocks)),
         "state-offloaded blocks": str(sum(b.offload_states for b in plan.blocks)),
     }

@@ -11,6 +11,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from partita.planner.plan import RECOMPUTE
 from partita.planner.strategies import SPLIT
 
 CATEGORY_STYLE = {"model_states": "cyan", "activations": "magenta", "workspace": "yellow"}
@@ -102,7 +103,7 @@ def _stages(plan) -> Table:
         n_seq = sum(b.sharding == "sequence" for b in mine)
         parts = [f"TP x{mesh.tp} on {n_tensor}" + (" (sequence parallel)" if n_seq else "") if n_tensor
                  else "replicated"]
-        for r in ("selective", "full"):
+        for r in RECOMPUTE[1:]:
             n = sum(b.recompute == r for b in mine)
             if n:
                 parts.append(f"{r} recompute x{n}")

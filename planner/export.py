@@ -17,6 +17,7 @@ Pure functions from a loaded Plan to text; nothing here runs, imports the runtim
     uneven stage layers             --pipeline-model-parallel-layout "Et*5|t*7|...|t*4L" (recent Megatron)
     layers sharded "sequence"       --sequence-parallel
     recompute selective / full      --recompute-granularity selective | full --recompute-method uniform
+    (op: as full, noted)
                                     --recompute-num-layers 1; the same count of full layers per stage:
                                     --recompute-method block --recompute-num-layers k
     schedule micro-batch, batch     --micro-batch-size, --global-batch-size; train.seq_len --seq-length
@@ -33,7 +34,8 @@ Pure functions from a loaded Plan to text; nothing here runs, imports the runtim
                   "always"; tp -> tensor_parallel_degree; pp -> pipeline_parallel_degree, the schedule by
                   name (partita uses torch.distributed.pipelining's names: 1F1B, GPipe, Interleaved1F1B),
                   pipeline_parallel_microbatch_size, module_fqns_per_model_part = the plan's stages
-    [activation_checkpoint] mode none | selective (selective_ac_option "op") | full; full on every n-th
+    [activation_checkpoint] mode none | selective (selective_ac_option "op": partita's op exactly, its
+                  selective approximately) | full; full on every n-th
                   layer -> selective with selective_ac_option "n"
     [training]    local_batch_size (per data-parallel rank and optimizer step, or per micro-batch when
                   partita accumulates gradients without a pipeline), global_batch_size, seq_len,
@@ -48,7 +50,7 @@ import shlex
 from dataclasses import dataclass
 
 from partita.costmodel.errors import PartitaError
-from partita.planner.plan import BlockChoice, Plan
+from partita.planner.plan import RECOMPUTE, BlockChoice, Plan
 
 FORMATS = ("slurm", "megatron", "torchtitan")
 
@@ -306,12 +308,18 @@ def _names(fqns: list[str], most: int = 4) -> str:
 
 
 def _full_per_stage(plan: Plan) -> list[int]:
-    full = [b for b in layer_blocks(plan) if b.recompute == "full"]
+    """Layers per stage Megatron-LM recomputes whole: the plan's full ones, and its "op" ones
+    (`_megatron_recompute`)."""
+    full = [b for b in layer_blocks(plan) if b.recompute in ("full", "op")]
     return [sum(1 for b in full if b.stage == s) for s in range(len(plan.stages))]
 
 
 def _megatron_recompute(plan: Plan, out: _Args) -> None:
     policies = [b.recompute for b in layer_blocks(plan)]
+    if "op" in policies:  # Megatron's selective keeps more than "op" would: full is the choice that fits
+        out.note(_no_equivalent(MEGATRON, f"per-op selective recompute ({policies.count('op')} layers)",
+                                "those layers recompute in full (fits, more recompute than planned)"))
+        policies = ["full" if p == "op" else p for p in policies]
     kinds = set(policies)
     if "full" in kinds:
         per_stage = _full_per_stage(plan)
@@ -459,6 +467,8 @@ def _torchtitan_checkpointing(plan: Plan, notes: _Args) -> dict:
         return {"mode": "none"}
     if kinds == {"full"}:
         return {"mode": "full"}
+    if kinds == {"op"}:
+        return {"mode": "selective", "selective_ac_option": "op"}
     if kinds == {"selective"}:
         notes.note("selective recompute -> per-op selective checkpointing (\"op\"): torchtitan saves matmul "
                    "outputs and recomputes the rest, close to, not the same as, partita's selective")
@@ -469,11 +479,14 @@ def _torchtitan_checkpointing(plan: Plan, notes: _Args) -> dict:
         notes.note(f"full recompute on {full} of {len(policies)} layers -> every {every}-th layer (torchtitan "
                    "picks which; the cost is the same for identical layers)")
         return {"mode": "selective", "selective_ac_option": str(every)}
-    strongest = "full" if "full" in kinds else "selective"
+    strongest = max(kinds, key=RECOMPUTE.index)
     notes.note(_no_equivalent(TORCHTITAN, "per-layer mixed recompute ("
-                              + ", ".join(f"{policies.count(k)} {k}" for k in ("none", "selective", "full")) + ")",
-                              f"every layer takes {strongest}, the most memory-saving of them"))
-    return {"mode": strongest, **({"selective_ac_option": "op"} if strongest == "selective" else {})}
+                              + ", ".join(f"{policies.count(k)} {k}" for k in RECOMPUTE if k in kinds) + ")",
+                              f"every layer takes {strongest}, the most memory-saving of them"
+                              + (" (as per-op selective checkpointing)" if strongest == "selective" else "")))
+    if strongest == "full":
+        return {"mode": "full"}
+    return {"mode": "selective", "selective_ac_option": "op"}
 
 
 def _torchtitan_training(plan: Plan, notes: _Args) -> dict:

@@ -64,9 +64,9 @@ from partita.costmodel import comm, streams
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.memory import StateBytes
 from partita.planner.cp_ep import EP_IMBALANCE, cp_comm, ep_comm
+from partita.planner.plan import RECOMPUTE
 from partita.planner.strategies import BlockOption
 
-RECOMPUTE = ("none", "selective", "full")
 HOST_MEMORY_BW = 50e9
 """Host DRAM bytes/s available to one device's CPU optimizer step (a DDR4/5 server socket shared by its
 GPUs); used only for optimizer offload."""

@@ -20,7 +20,7 @@ Shape (the keys scripts rely on are marked *; see DESIGN.md):
                  in model order; stage i runs on pipeline rank i % pp (interleaved: rank r holds stages
                  r, r + pp, r + 2 pp, ...)
     blocks       [{"fqn", "stage", "sharding": "replicate" | "tensor" | "sequence", "recompute": "none" | "selective" |
-                  "full", "offload_activations": bool, "offload_states": bool}]
+                  "op" | "full", "offload_activations": bool, "offload_states": bool}]
                  offload_states: the block's sharded parameters, gradients and optimizer state live in
                  host memory (FSDP2 CPUOffloadPolicy; needs zero_stage 3); optional "zero_stage": 2 | 3,
                  the block's own stage in a sharded plan (2: parameters stay gathered forward to backward)
@@ -48,7 +48,8 @@ from partita.costmodel.errors import PartitaError
 SCHEMA = "partita.plan/1"
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 SHARDINGS = ("replicate", "tensor", "sequence")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")
+"""Activation recompute policies, most memory first (planner/strategies.py says what each keeps)."""
 TP_STYLES = ("colwise", "rowwise", "sequence", "vocab")
 
 

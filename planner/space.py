@@ -98,7 +98,7 @@ class SearchSpace:
     stage 3, and stage 2 with reshard_after_forward=False. ZeRO shards over data-parallel ranks, so a
     dp = 1 mesh (where every stage is stage 0) is considered only when 0 is in the set."""
     recompute: tuple[str, ...] = RECOMPUTE
-    """Activation recompute policies ("none", "selective", "full") a layer may take; one value fixes every
+    """Activation recompute policies ("none", "selective", "op", "full") a layer may take; one value fixes every
     layer's policy."""
     offload: bool = True
     """True: offload variants (activations to host, FSDP2 CPU offload of ZeRO-3 states) are allowed and

@@ -28,6 +28,13 @@ Recompute policies (what a block keeps for its backward pass; the rest is re-run
              plus the block's input; everything else -- activations, dropout, residual adds and, when
              attention is materialised, its core (q k^T, softmax, dropout, scores x v) -- is re-run in
              the backward: little time for much memory (Korthikanti et al. 2022's trade, generalised)
+  op         torchtitan's per-op selective checkpointing (its `selective_ac_option = "op"`): of the
+             matrix products with a weight (linear layers), in forward order, the 1st, 3rd, 5th ...
+             outputs, plus fused attention's, plus the block's input; the other products, norms and
+             everything else are re-run. Between selective and full: on a Llama layer (q k v o gate up
+             down) it keeps q, v, gate and down and re-runs k, o and up -- about half of selective's
+             bytes for a third of the layer's matmul FLOPs re-run, a point no mix of selective and full
+             layers reaches
   full       only the block's input; the whole forward is re-run (Chen et al. 2016)
 
 Costs per sample of micro-batch, for one rank of the tensor-parallel group (t ranks):
@@ -324,6 +331,16 @@ def keeps_output_under_selective(d: dict, takes_param: bool = False) -> bool:
     return bool(d["params"]) or takes_param or d["kind"] == "scaled_dot_product_attention"
 
 
+MATMUL_KINDS = {"linear", "grouped_mm", "mm", "addmm"} | _BATCHED_MATMUL
+
+
+def is_weight_matmul(d: dict, takes_param: bool = False) -> bool:
+    """A matrix product with a weight (a Linear, or a matmul fed a parameter): what the "op" policy counts
+    and keeps every other one of, as runtime/recompute.py's AlternatePolicy counts aten mm/addmm/...
+    calls that take a weight."""
+    return d["kind"] in MATMUL_KINDS and (bool(d["params"]) or takes_param)
+
+
 def input_bytes(graph: OpGraph, group: str) -> int:
     """Bytes of the activations entering `group` from earlier groups (what full recompute keeps)."""
     g = graph.g
@@ -352,42 +369,58 @@ def _add_recompute_policies(opt: BlockOption, graph: OpGraph, group: str, cluste
         if g.nodes[n]["op"] != "placeholder" and ins and all(p in weights for p in ins):
             weights.add(n)
 
-    def kept(n: str) -> bool:
-        ins = list(g.predecessors(n))
-        return n not in weights and keeps_output_under_selective(g.nodes[n], any(p in weights for p in ins))
+    def takes_weight(n: str) -> bool:
+        return any(p in weights for p in g.predecessors(n))
 
-    keep_sel = 0
-    rerun_sel = fixed_sel = fixed_all = 0.0
+    kept = {"selective": set(), "op": set()}
+    products = 0
+    for n in graph.nodes_of(group):
+        if n in weights:
+            continue
+        d = g.nodes[n]
+        if keeps_output_under_selective(d, takes_weight(n)):
+            kept["selective"].add(n)
+        if is_weight_matmul(d, takes_weight(n)):
+            products += 1
+            if products % 2:
+                kept["op"].add(n)
+        elif d["kind"] == "scaled_dot_product_attention" and d["op"] not in ("placeholder", "get_attr"):
+            kept["op"].add(n)
+
+    keep = dict.fromkeys(kept, 0)
+    rerun = dict.fromkeys(kept, 0.0)
+    fixed = dict.fromkeys(kept, 0.0)
+    fixed_all = 0.0
     for n in graph.nodes_of(group):
         d = g.nodes[n]
         style = placements.get(d["module"]) if d["kind"] in ("linear", "embedding") else None
         t = node_seconds(d, cluster, graph.dtype, tp, style, n in split)
-        f = t.fwd
         fixed_all += t.fixed_fwd
         div = tp if n in sharded else 1
-        if kept(n):
-            # the checkpoint caches every output of a kept op, whether or not autograd saves it (an
-            # attention or MLP output projection feeding only a residual add): `saved_bytes` holds what
-            # autograd saves of what the op produced (its output, if saved, and internals such as a
-            # norm's statistics); an output smaller than that is taken to be among it, else added
-            saved, out = d["saved_bytes"], 0 if d["alias"] else d["out_bytes"]
-            keep_sel += (saved if saved >= out else saved + out) // div
-        else:
-            rerun_sel += f
-            fixed_sel += t.fixed_fwd
+        # the checkpoint caches every output of a kept op, whether or not autograd saves it (an attention
+        # or MLP output projection feeding only a residual add): `saved_bytes` holds what autograd saves
+        # of what the op produced (its output, if saved, and internals such as a norm's statistics); an
+        # output smaller than that is taken to be among it, else added
+        saved, out = d["saved_bytes"], 0 if d["alias"] else d["out_bytes"]
+        for policy, nodes in kept.items():
+            if n in nodes:
+                keep[policy] += (saved if saved >= out else saved + out) // div
+            else:
+                rerun[policy] += t.fwd
+                fixed[policy] += t.fixed_fwd
     inp = input_bytes(graph, group) // input_div
     dev = cluster.device
 
     def lat(n: str) -> float:
         return launches(g.nodes[n]) * (dev.op_latency + (dev.sharded_op_latency if n in dtensor_nodes else 0.0))
     fwd_launch = sum(lat(n) for n in graph.nodes_of(group))
-    sel_launch = sum(lat(n) for n in graph.nodes_of(group) if not kept(n))
     opt.launch_s = fwd_launch * (1 + BACKWARD_LAUNCHES)
-    opt.relaunch_by_policy = {"none": 0.0, "selective": sel_launch, "full": fwd_launch}
-    opt.saved_by_policy = {"none": opt.saved_bytes, "selective": min(opt.saved_bytes, keep_sel + inp),
+    opt.relaunch_by_policy = {"none": 0.0, **{p: sum(lat(n) for n in graph.nodes_of(group) if n not in nodes)
+                                               for p, nodes in kept.items()}, "full": fwd_launch}
+    opt.saved_by_policy = {"none": opt.saved_bytes, **{p: min(opt.saved_bytes, keep[p] + inp) for p in kept},
                            "full": min(opt.saved_bytes, inp)}
-    opt.refwd_by_policy = {"none": 0.0, "selective": rerun_sel, "full": opt.fwd_s}
-    opt.refixed_by_policy = {"none": 0.0, "selective": fixed_sel, "full": fixed_all}
+    opt.refwd_by_policy = {"none": 0.0, **rerun, "full": opt.fwd_s}
+    opt.refixed_by_policy = {"none": 0.0, **fixed, "full": fixed_all}
 
 
 def propagate_tp(graph: OpGraph, group: str, tp: int,

@@ -106,7 +106,7 @@ class Applied:
             parts.append(f"{self.expert_layers} expert-parallel MoE layers")
         if self.tp_layers:
             parts.append(f"{self.tp_layers} tensor-parallel layers")
-        for mode in ("full", "selective"):
+        for mode in ("full", "op", "selective"):
             if names := [f for f, m in self.recompute.items() if m == mode]:
                 parts.append(f"recompute {mode}: {', '.join(names)}")
         for what in ("offload_activations", "offload_states"):

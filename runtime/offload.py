@@ -3,8 +3,9 @@
 Activations, by the block's recompute mode:
 - "none": the forward runs under `torch.autograd.graph.save_on_cpu`: every tensor autograd saves for the
   backward is copied to host memory (pinned when CUDA is available) and back when the backward uses it.
-- "selective": inside a checkpoint autograd saves only placeholders, and the outputs selective recompute
-  keeps (linear layers, norms, attention) live in the checkpoint policy's cache, out of save_on_cpu's reach. So the policy reports each kept
+- "selective" and "op": inside a checkpoint autograd saves only placeholders, and the outputs the policy
+  keeps (linear layers, norms, attention; "op": every other matmul and attention) live in the checkpoint
+  policy's cache, out of save_on_cpu's reach. So the policy reports each kept
   output (runtime.recompute) and `HostStash` moves their storage to host memory once the block's forward
   has returned, and back when the block's recompute starts. Outputs the block returns stay where they are
   (the next block still reads them).
@@ -24,7 +25,7 @@ from torch.utils.checkpoint import SelectiveCheckpointContext
 
 from partita.planner.plan import PlanError
 from partita.runtime.memory import local
-from partita.runtime.recompute import run_checkpointed, selective_contexts, tensors
+from partita.runtime.recompute import POLICIES, run_checkpointed, selective_contexts, tensors
 from partita.runtime.wrap import Around, within
 
 
@@ -72,9 +73,10 @@ class HostStash:
         self.stashed = []
 
 
-def _selective_on_host(inner, args, kwargs):
+def _selective_on_host(inner, args, kwargs, policy=None):
     stash = HostStash()
-    out = run_checkpointed(inner, args, kwargs, context_fn=partial(selective_contexts, stash.keep, stash.restore))
+    out = run_checkpointed(inner, args, kwargs,
+                           context_fn=partial(selective_contexts, stash.keep, stash.restore, policy=policy))
     stash.offload(out)
     return out
 
@@ -83,9 +85,9 @@ def offload_activations(recompute: str) -> Around:
     """The forward wrapper (runtime.wrap) offloading a block's activations under its recompute mode."""
     if recompute == "none":
         return within(lambda: torch.autograd.graph.save_on_cpu(pin_memory=pin()))
-    if recompute == "selective":
+    if recompute in POLICIES:
         if "op_output" not in inspect.signature(SelectiveCheckpointContext).parameters:
-            raise PlanError(f"offloading what selective recompute keeps needs a torch whose checkpoint policies see "
-                            f"op outputs; torch {torch.__version__} does not (use recompute none with offload)")
-        return _selective_on_host
+            raise PlanError(f"offloading what {recompute} recompute keeps needs a torch whose checkpoint policies "
+                            f"see op outputs; torch {torch.__version__} does not (use recompute none with offload)")
+        return partial(_selective_on_host, policy=POLICIES[recompute])
     raise ValueError(f"activation offload with recompute {recompute!r} is not executed")

@@ -13,6 +13,11 @@
   communication (the planner charges repeated all-reduces to "full" only); and attention with dropout is
   recomputed, because a saved random op would shift the random numbers every later op of the re-run
   draws (checkpointing replays the RNG from the block's start).
+- "op": torchtitan's per-op selective checkpointing, the same checkpoint with `AlternatePolicy`: of the
+  matrix products taking a weight (aten mm/addmm/bmm/... fed a parameter), counted in forward order, it
+  saves the 1st, 3rd, 5th ..., and fused attention and collectives as "selective" does; everything
+  else, norms included, is recomputed (the planner's "op", planner/strategies.py `is_weight_matmul`).
+  The forward and the re-run count separately, so both pick the same products.
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ def _packets(namespace, names) -> set:
 
 
 FUSED_ATTENTION = _packets(torch.ops.aten, _ATTENTION)
+MATMULS = _packets(torch.ops.aten, ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_grouped_mm"))
 COLLECTIVES = _packets(torch.ops._c10d_functional, _COLLECTIVES)
 
 
@@ -69,7 +75,11 @@ class SelectivePolicy:
         ref = self._weights.get(id(t))
         return ref is not None and ref() is t
 
-    def saves(self, op, args: tuple, kwargs: dict, out) -> bool:
+    def keeps_parametric(self, packet, recompute: bool) -> bool:
+        """Whether an op fed a weight and an activation is saved (`recompute`: called in the re-run)."""
+        return True
+
+    def saves(self, op, args: tuple, kwargs: dict, out, recompute: bool = False) -> bool:
         weight = [self._is_weight(t) for t in tensors((args, kwargs))]
         if weight and all(weight):  # a cast or view of parameters: cheap to redo, and itself a weight
             self._weights.update((id(t), weakref.ref(t)) for t in tensors(out))
@@ -77,22 +87,37 @@ class SelectivePolicy:
         packet = getattr(op, "overloadpacket", None)
         if packet in FUSED_ATTENTION:
             return not _draws_random(op, args, kwargs)
-        return any(weight) or packet in COLLECTIVES
+        return packet in COLLECTIVES or (any(weight) and self.keeps_parametric(packet, recompute))
 
     def __call__(self, ctx, op, *args, **kwargs) -> CheckpointPolicy:
         out = getattr(ctx, "op_output", None)
-        if not self.saves(op, args, kwargs, out):
+        if not self.saves(op, args, kwargs, out, ctx.is_recompute):
             return CheckpointPolicy.PREFER_RECOMPUTE
         if self.keep is not None and not ctx.is_recompute:
             self.keep(out)
         return CheckpointPolicy.MUST_SAVE
 
 
+class AlternatePolicy(SelectivePolicy):
+    """The "op" policy (module docstring): of the ops with a weight, only every other matrix product."""
+
+    def __init__(self, keep: Callable[[Any], None] | None = None):
+        super().__init__(keep)
+        self._products = {False: 0, True: 0}  # weight matmuls seen in the forward, and in the re-run
+
+    def keeps_parametric(self, packet, recompute: bool) -> bool:
+        if packet not in MATMULS:
+            return False  # norms, a weight's elementwise use: re-run
+        self._products[recompute] += 1
+        return self._products[recompute] % 2 == 1
+
+
 def selective_contexts(keep: Callable[[Any], None] | None = None,
-                       before_recompute: Callable[[], None] | None = None):
-    """The (forward, recompute) context pair for `checkpoint(context_fn=...)` under the selective policy;
-    `before_recompute` runs as the re-run starts (e.g. to bring kept tensors back from host memory)."""
-    forward, recompute = create_selective_checkpoint_contexts(SelectivePolicy(keep))
+                       before_recompute: Callable[[], None] | None = None, policy=None):
+    """The (forward, recompute) context pair for `checkpoint(context_fn=...)` under the selective policy
+    (or `policy`, a SelectivePolicy class such as AlternatePolicy); `before_recompute` runs as the re-run
+    starts (e.g. to bring kept tensors back from host memory)."""
+    forward, recompute = create_selective_checkpoint_contexts((policy or SelectivePolicy)(keep))
     if before_recompute is not None:
         recompute = _after(before_recompute, recompute)
     return forward, recompute
@@ -118,10 +143,14 @@ def run_checkpointed(inner, args: tuple, kwargs: dict, context_fn=None):
     return checkpoint(inner, *args, use_reentrant=False, **extra, **kwargs)
 
 
+POLICIES = {"selective": SelectivePolicy, "op": AlternatePolicy}
+"""The checkpoint policy of each selective recompute mode."""
+
+
 def recompute(mode: str) -> Around:
-    """The forward wrapper (runtime.wrap) of a recompute mode, "full" or "selective"."""
+    """The forward wrapper (runtime.wrap) of a recompute mode: "full", or one of POLICIES."""
     if mode == "full":
         return run_checkpointed
-    if mode == "selective":
-        return partial(run_checkpointed, context_fn=selective_contexts)
+    if mode in POLICIES:
+        return partial(run_checkpointed, context_fn=partial(selective_contexts, policy=POLICIES[mode]))
     raise ValueError(f"recompute mode {mode!r}")

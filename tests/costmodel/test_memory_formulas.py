@@ -52,6 +52,20 @@ def test_selective_recompute_drops_the_attention_core(graph_of):
     assert opt.refwd_by_policy["none"] == 0 < opt.refwd_by_policy["selective"] < opt.refwd_by_policy["full"]
 
 
+def test_per_op_recompute_keeps_every_other_product(graph_of):
+    """"op" (torchtitan's per-op policy) on a GPT layer (q k v proj fc1 fc2, materialised attention): it
+    keeps the outputs of q, v and fc1 (s h, s h, 4 s h elements, 2 bytes each) and the layer input (2 s h),
+    and re-runs the rest: 2 s h + 12 s h / t, between selective and full in bytes and in re-run time."""
+    graph, s, h, a = _layer(graph_of, "megatron-1.7b")
+    cluster = parse_cluster("8xA100-80GB")
+    opt = replicate_option(graph, "blocks.3", cluster, 1)
+    assert opt.saved_by_policy["op"] == 14 * s * h
+    assert opt.saved_by_policy["full"] < opt.saved_by_policy["op"] < opt.saved_by_policy["selective"]
+    assert opt.refwd_by_policy["selective"] < opt.refwd_by_policy["op"] < opt.refwd_by_policy["full"]
+    for t in (2, 4, 8):
+        assert tensor_option(graph, "blocks.3", cluster, t).saved_by_policy["op"] == 2 * s * h + 12 * s * h // t
+
+
 @pytest.mark.parametrize("name", ["megatron-1.7b", "megatron-18b"])
 def test_korthikanti_sequence_parallel_rows(name, graph_of):
     """Korthikanti et al. 2022, Table 2: TP + sequence parallel  (s b h / t)(34 + 5 a s / h), and full

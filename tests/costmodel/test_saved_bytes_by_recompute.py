@@ -39,7 +39,7 @@ from partita.runtime.recipe import build_model, loss_for
 from tests.conftest import captured, measured_saved_bytes
 
 MODELS = ["tiny-gpt", "tiny-llama", "hf:gpt2"]
-POLICIES = ["none", "selective", "full"]
+POLICIES = ["none", "selective", "op", "full"]
 MICRO_BATCH = 2
 TOLERANCE = 0.02
 

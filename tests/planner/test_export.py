@@ -141,6 +141,18 @@ def test_what_megatron_cannot_express_is_a_comment_not_dropped(piped):
     assert (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == ("full", "block", 1)
 
 
+def test_per_op_recompute_becomes_full_in_megatron_with_a_note(sharded):
+    """Megatron-LM's selective keeps more than "op" does, so the layers that fit under "op" recompute in full."""
+    def edit(d):
+        for b in d["blocks"]:
+            if b["fqn"].startswith("blocks."):
+                b["recompute"] = "op"
+    text = to_megatron(edited(sharded, edit))
+    a, comments = megatron_args(text)
+    assert (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == ("full", "uniform", 1)
+    assert any("per-op selective recompute (4 layers)" in c for c in comments), comments
+
+
 # ---- torchtitan ---------------------------------------------------------------------------------------
 
 def test_torchtitan_toml_carries_the_plans_degrees(interleaved):
@@ -174,6 +186,21 @@ def test_torchtitan_fsdp_and_gradient_accumulation(sharded):
     assert tr["local_batch_size"] == 2 and tr["global_batch_size"] // (tr["local_batch_size"] * 8) == \
         p.schedule.num_microbatches
     assert t["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+
+
+def test_torchtitan_per_op_recompute_is_exact_and_a_mix_takes_the_strongest(sharded):
+    def every(policy):
+        def edit(d):
+            layers = [b for b in d["blocks"] if b["fqn"].startswith("blocks.")]
+            for i, b in enumerate(layers):
+                b["recompute"] = policy(i)
+        return edit
+    text = to_torchtitan(edited(sharded, every(lambda i: "op")))
+    assert tomllib.loads(text)["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert "recompute" not in "".join(line for line in text.splitlines() if line.startswith("# partita:"))
+    text = to_torchtitan(edited(sharded, every(lambda i: ("op", "selective")[i % 2])))
+    assert tomllib.loads(text)["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert "mixed recompute (2 selective, 2 op)" in text and "every layer takes op" in text
 
 
 @pytest.mark.parametrize("zero,shard,replicate,reshard", [(2, 2, 1, "never"), (3, 2, 1, "always"), (0, 1, 2, None)])

@@ -98,6 +98,16 @@ def test_selective_recompute_keeps_parametric_ops_and_attention_and_reruns_the_r
     assert_same_grads(grads, plain[0])
 
 
+def test_op_recompute_keeps_every_other_product_and_attention_and_reruns_norms(plain):
+    """torchtitan's per-op policy: of q k v proj fc1 fc2 it keeps q, v, fc1 and re-runs k and proj (fc2's
+    output is needed by nothing in the backward, so the re-run stops before it)."""
+    grads, ops, _ = train_step(recompute="op")  # its bytes: tests/costmodel/test_saved_bytes_by_recompute.py
+    assert ops["addmm"] == 4  # k and proj of both blocks
+    assert ops["native_layer_norm"] == 4 and ops["gelu"] == 2  # norms too, unlike selective
+    assert ops["_scaled_dot_product_flash_attention_for_cpu"] == 0  # fused attention: kept
+    assert_same_grads(grads, plain[0])
+
+
 MATH = GPTConfig(layers=2, hidden=64, heads=4, vocab=256, seq=32, attention="math", dropout=0.1)
 
 
@@ -149,7 +159,8 @@ def test_activation_offload_packs_saved_tensors_into_host_copies(plain, monkeypa
     assert_same_grads(grads, plain[0])
 
 
-def test_selective_offload_moves_kept_outputs_to_host_until_recompute(plain, monkeypatch):
+@pytest.mark.parametrize("policy,reruns", [("selective", 0), ("op", 4)])
+def test_selective_offload_moves_kept_outputs_to_host_until_recompute(plain, monkeypatch, policy, reruns):
     stashes = []
 
     class Spy(runtime.offload.HostStash):
@@ -165,7 +176,7 @@ def test_selective_offload_moves_kept_outputs_to_host_until_recompute(plain, mon
                 assert dev.nbytes() == 0 and host.nbytes() > 0 and host.device.type == "cpu"
 
     monkeypatch.setattr(runtime.offload, "HostStash", Spy)
-    grads, ops, _ = train_step(after_forward, recompute="selective", offload_activations=True)
+    grads, ops, _ = train_step(after_forward, recompute=policy, offload_activations=True)
     assert all(not s.stashed for s in stashes)  # brought back for the recompute
-    assert ops["addmm"] == 0 and ops["_scaled_dot_product_flash_attention_for_cpu"] == 0 and ops["gelu"] == 2
+    assert ops["addmm"] == reruns and ops["_scaled_dot_product_flash_attention_for_cpu"] == 0 and ops["gelu"] == 2
     assert_same_grads(grads, plain[0])

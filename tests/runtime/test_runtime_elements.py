@@ -102,10 +102,11 @@ def backward_ops(model) -> dict:
 @pytest.mark.parametrize("dp,tp,zero,dtype", [(2, 2, 3, "fp32"), (1, 2, 0, "bf16"), (2, 1, 2, "bf16")])
 def test_selective_recompute_finds_parameters_under_fsdp_tp_and_bf16(topo, dp, tp, zero, dtype):
     """FSDP's gathered parameters, DTensor parameters and autocast's bf16 copies are all parameters: no
-    linear layer, norm or attention is re-run, and no tensor-parallel all-reduce either."""
+    linear layer, norm or attention is re-run, and no tensor-parallel all-reduce either. The "op" policy
+    counts the same products: it re-runs k and proj of each block (the 2nd and 4th of q k v proj fc1 fc2)."""
     mesh = topo(dp, tp)
     ops = {}
-    for mode in ("none", "selective"):
+    for mode in ("none", "selective", "op"):
         model = build_model(GPT, 0)
         choices = {f: {"recompute": mode} for f in ("blocks.0", "blocks.1")}
         parallelize(model, Plan.from_dict(plan_dict(dp, tp, zero, dtype, MEGATRON if tp > 1 else {}, **choices)), mesh)
@@ -114,6 +115,9 @@ def test_selective_recompute_finds_parameters_under_fsdp_tp_and_bf16(topo, dp, t
     assert sel["addmm"] == sel["native_layer_norm"] == sel["_scaled_dot_product_flash_attention_for_cpu"] == 0
     assert sel["gelu"] == 2 and ops["none"]["gelu"] == 0
     assert sel["all_reduce"] == ops["none"]["all_reduce"]
+    op = ops["op"]
+    assert op["addmm"] == 4 and op["native_layer_norm"] == 4 and op["_scaled_dot_product_flash_attention_for_cpu"] == 0
+    assert op["all_reduce"] == ops["none"]["all_reduce"]
 
 
 @pytest.mark.parametrize("zero,dtype,want", [(3, "bf16", torch.bfloat16), (0, "bf16", torch.bfloat16),

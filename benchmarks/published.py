@@ -164,7 +164,8 @@ def _unbounded(row: Row, graph: OpGraph) -> dict:
     error, speed = _errors(row, value)
     return {"metric": row.table.metric, "value": value, "error": error, "speed_error": speed,
             "peak_memory_gib": pred["peak_memory_bytes"] / GiB,
-            "capacity_gib": cluster_for(row).device.usable_memory() / GiB, "plan": _plan(result)}
+            "capacity_gib": cluster_for(row).device.usable_memory() / GiB, "plan": _plan(result),
+            "breakdown": {"step_time_s": pred["step_time_s"], **pred["breakdown"], "mfu": pred["mfu"]}}
 
 
 def _no_candidate(row: Row, graph: OpGraph) -> str:
@@ -193,6 +194,8 @@ def price(row: Row, graphs: dict[str, OpGraph] | None = None) -> dict:
            "model_string": name, "hardware": row.hardware, "gpus": row.gpus, "config": _config(row),
            "measured": {"metric": row.table.metric, "value": row.value}, "predicted": None, "error": None,
            "speed_error": None, "notes": notes}
+    if row.memory_gib is not None:
+        out["measured_memory"] = {"gib": row.memory_gib, "reading": row.memory_reading}
     t1 = time.perf_counter()
     result = search(graph, cluster_for(row), train_for(row), space=published_space(row), raise_infeasible=False)
     out["search_s"] = time.perf_counter() - t1
@@ -210,6 +213,9 @@ def price(row: Row, graphs: dict[str, OpGraph] | None = None) -> dict:
     out["breakdown"] = {"step_time_s": pred["step_time_s"], **pred["breakdown"], "mfu": pred["mfu"],
                         "peak_memory_gib": pred["peak_memory_bytes"] / GiB,
                         "memory_capacity_gib": pred["memory_capacity_bytes"] / GiB}
+    if row.memory_gib is not None:
+        out["measured_memory"]["predicted_peak_gib"] = pred["peak_memory_bytes"] / GiB
+        out["measured_memory"]["error"] = pred["peak_memory_bytes"] / GiB / row.memory_gib - 1
     out["price_s"] = time.perf_counter() - t0
     return out
 
@@ -248,6 +254,10 @@ def summarize(rows: list[dict], wall_s: float) -> dict:
         "worst": [{"key": r["key"], "error": r["error"], "measured": r["measured"], "predicted": r["predicted"],
                    "plan": r["plan"], "breakdown": r["breakdown"]} for r in worst],
         "not_priced": [{"key": r["key"], "reason": r["not_priced"]} for r in rows if r["error"] is None],
+        "memory": {
+            "note": "rows whose source publishes peak memory: partita's predicted peak (allocated bytes, the "
+                    "allocator's peak) against the published reading; error = predicted / measured - 1",
+            "rows": [{"key": r["key"], **r["measured_memory"]} for r in rows if r.get("measured_memory")]},
         "time_model_with_memory_lifted": {
             "note": "rows the memory model rejects although they ran, re-priced with device memory lifted; with "
                     "the priced rows, this checks the time model alone (not the headline)",

@@ -33,7 +33,7 @@ HARDWARE_TFLOPS = "hardware_tflops_per_gpu"
 ITERATION = "iteration_s"
 METRICS = (TOKENS, MODEL_TFLOPS, HARDWARE_TFLOPS, ITERATION)
 
-NONE, SELECTIVE, FULL = ("none",), ("selective",), ("full",)
+NONE, SELECTIVE, OP, FULL = ("none",), ("selective",), ("op",), ("full",)
 UNSTATED_RECOMPUTE = ("none", "selective", "full")
 
 
@@ -111,6 +111,10 @@ class Row:
     schedule: str = "1F1B"
     value: float
     """The measurement, in `table.metric` units."""
+    memory_gib: float | None = None
+    """Peak device memory the source publishes for the run, GiB (None: not published)."""
+    memory_reading: str = ""
+    """What that figure reads, e.g. the caching allocator's peak reserved bytes (allocated plus its cache)."""
     notes: str = ""
 
 
@@ -512,16 +516,19 @@ TORCHTITAN_2412 = Table(
 LLAMA31_8B = Model(name="llama3.1-8b", family="llama", layers=32, hidden=4096, heads=32, kv_heads=8, vocab=128256,
                    ffn=14336)
 _H100_96GB = (("memory_bytes", 96e9), ("mem_bandwidth", 2.4e12))
-OP_SAC = ("torchtitan's op-level selective AC (saves matmul and attention outputs, recomputing every other "
-          "matmul and the element-wise ops) priced as partita's 'selective' (Megatron: recompute the "
-          "attention core); FSDP2 reduces gradients in fp32 (mixed_precision_reduce default)")
+OP_SAC = ("torchtitan's op-level selective AC (selective_ac_option 'op': saves every other matmul output and "
+          "attention's, recomputing the rest), priced as partita's 'op', the same policy; FSDP2 reduces "
+          "gradients in fp32 (mixed_precision_reduce default)")
+# Its "Memory(GiB)" column is torchtitan's logged `max_reserved_gib` (torchtitan/components/metrics.py:
+# torch.cuda.memory_stats()["reserved_bytes.all.peak"]), the maximum over GPUs.
+_TT_MEMORY = "torch.cuda peak reserved bytes (allocated tensors plus the caching allocator's cache), max over GPUs"
 TORCHTITAN_ROWS = [
     Row(table=TORCHTITAN_2412, model=LLAMA31_8B, seq=8192, hardware="H100-80GB", device_overrides=_H100_96GB, gpus=8,
-        dp=8, zero=(3,), sharding="FSDP2 fully_shard", micro_batch=2, global_batch=16, recompute=SELECTIVE,
-        value=5762, notes="Table 1. " + OP_SAC),
+        dp=8, zero=(3,), sharding="FSDP2 fully_shard", micro_batch=2, global_batch=16, recompute=OP,
+        value=5762, memory_gib=82.4, memory_reading=_TT_MEMORY, notes="Table 1. " + OP_SAC),
     Row(table=TORCHTITAN_2412, model=LLAMA31_8B, seq=8192, hardware="H100-80GB", device_overrides=_H100_96GB,
         gpus=128, dp=128, zero=(3,), sharding="FSDP2 fully_shard", micro_batch=2, global_batch=256,
-        recompute=SELECTIVE, value=5605, notes="Table 3. " + OP_SAC),
+        recompute=OP, value=5605, memory_gib=67.0, memory_reading=_TT_MEMORY, notes="Table 3. " + OP_SAC),
 ]
 
 # ---------------------------------------------------------------------------------------------------
@@ -541,8 +548,10 @@ _L3 = dict(table=LLAMA3_T4, model=LLAMA31_405B, seq=8192, hardware="H100-80GB", 
            micro_batch=None, global_batch=2048, recompute=UNSTATED_RECOMPUTE, schedule="Interleaved1F1B",
            virtual_stages=None, sequence_parallel=None)
 # Section 3.3.2: "With these optimizations, we could pre-train Llama 3 on sequences of 8K tokens without
-# activation checkpointing" -- so the 8K rows are priced with no recompute. The paper says nothing of it
-# at 128K tokens (that row, below, leaves recompute to the search).
+# activation checkpointing" -- so the 8K rows are priced with no recompute. At 128K tokens (the row
+# below) the paper does not say, but context parallelism 16 leaves each rank 131072 / 16 = 8192 tokens of
+# each of its 16 sequences: the same per-rank activations as the 8K row on 16,384 GPUs (16 sequences per
+# DP rank), so that row is priced with no recompute too.
 _L3_8K_NO_AC = ("no activation checkpointing at 8K tokens (section 3.3.2, after deallocating each stage's "
                 "input and output tensors and one layer fewer on the first and last stages)")
 LLAMA3_ROWS = [
@@ -603,10 +612,11 @@ MTNLG_ROWS = [
 # sequence, batch size per DP, tokens per batch, TFLOP/s per GPU, BF16 MFU); one transcription prints DP 4,
 # but only DP 8 fits 16,384 GPUs and 16M tokens (8 x 16 x 131,072).
 LLAMA3_CP_ROWS = [
-    Row(**{**_L3, "seq": 131072, "global_batch": 128}, gpus=16384, cp=16, dp=8, value=380,
+    Row(**{**_L3, "seq": 131072, "global_batch": 128, "recompute": NONE}, gpus=16384, cp=16, dp=8, value=380,
         notes="Table 4 row 3 (context parallelism 16, seq 131072, 16 sequences per DP rank); whether the run "
               "used document masks is not stated (priced as plain causal attention); activation recompute at "
-              "128K tokens is not stated: chosen by the search"),
+              "128K tokens is not stated: priced with none, as the 8K rows, because each rank holds 8192 tokens "
+              "of each of its 16 sequences, as on the 8K row with 16,384 GPUs"),
 ]
 
 # ---------------------------------------------------------------------------------------------------

@@ -288,6 +288,14 @@ def published(results: dict) -> str:
         items.append(f"- `{w['key']}`: measured {w['measured']['value']:.4g} {METRICS.get(metric, metric)}, predicted "
                      f"{w['predicted']['value']:.4g} ({pct(w['error'], sign=True)})")
     out.append("\n".join(items))
+    mem = [r for r in rows if (r.get("measured_memory") or {}).get("error") is not None]
+    if mem:
+        readings = sorted({r["measured_memory"]["reading"] for r in mem})
+        out.append(paragraph("Peak memory, where the source publishes it (partita predicts the allocator's peak of "
+                             "allocated bytes; the published figure reads " + "; ".join(readings) + "):"))
+        out.append("\n".join(f"- `{r['key']}`: measured {r['measured_memory']['gib']:.1f} GiB, predicted "
+                             f"{r['measured_memory']['predicted_peak_gib']:.1f} GiB "
+                             f"({pct(r['measured_memory']['error'], sign=True)})" for r in mem))
     rejected = [r for r in rows if r.get("error") is None and (r.get("predicted_if_memory_unbounded") or {})
                 .get("value") is not None]
     if rejected:

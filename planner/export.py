@@ -307,10 +307,9 @@ def _names(fqns: list[str], most: int = 4) -> str:
     return ", ".join(fqns[:most]) + (f" and {len(fqns) - most} more" if len(fqns) > most else "")
 
 
-def _full_per_stage(plan: Plan) -> list[int]:
-    """Layers per stage Megatron-LM recomputes whole: the plan's full ones, and its "op" ones
-    (`_megatron_recompute`)."""
-    full = [b for b in layer_blocks(plan) if b.recompute in ("full", "op")]
+def _full_per_stage(plan: Plan, policies: list[str]) -> list[int]:
+    """Layers per stage with policy "full" (`policies`: one per layer block, in layer_blocks order)."""
+    full = [b for b, p in zip(layer_blocks(plan), policies) if p == "full"]
     return [sum(1 for b in full if b.stage == s) for s in range(len(plan.stages))]
 
 
@@ -322,7 +321,7 @@ def _megatron_recompute(plan: Plan, out: _Args) -> None:
         policies = ["full" if p == "op" else p for p in policies]
     kinds = set(policies)
     if "full" in kinds:
-        per_stage = _full_per_stage(plan)
+        per_stage = _full_per_stage(plan, policies)
         out.arg("--recompute-granularity", "full")
         if kinds == {"full"}:
             out.arg("--recompute-method", "uniform")

@@ -384,7 +384,7 @@ def _add_recompute_policies(opt: BlockOption, graph: OpGraph, group: str, cluste
             products += 1
             if products % 2:
                 kept["op"].add(n)
-        elif d["kind"] == "scaled_dot_product_attention" and d["op"] not in ("placeholder", "get_attr"):
+        elif d["kind"] == "scaled_dot_product_attention":
             kept["op"].add(n)
 
     keep = dict.fromkeys(kept, 0)

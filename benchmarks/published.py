@@ -43,7 +43,7 @@ from partita.planner.space import SearchSpace, TrainConfig
 
 TARGET_MEDIAN, TARGET_MAX = 0.10, 0.25
 """Targets for the cost model (not for this benchmark to force): median and max |error|."""
-NEEDED_SPACE_FIELDS = ("dp", "micro_batch", "virtual_stages")
+NEEDED_SPACE_FIELDS = ("dp", "micro_batch", "virtual_stages", "full_recompute_layers")
 UNBOUNDED_MEMORY = 1e15
 """Device bytes for the memory-lifted diagnostic of rows the memory model rejects (`_unbounded`)."""
 
@@ -87,7 +87,7 @@ def published_space(row: Row) -> SearchSpace:
                            "to fix the published configuration; without them the rows cannot be priced as published")
     return SearchSpace(
         name="published", tp=(row.tp,), pp=(row.pp,), dp=(row.dp,), cp=(row.cp,), ep=(row.ep,), zero=row.zero,
-        recompute=row.recompute,
+        recompute=row.recompute, full_recompute_layers=row.full_recompute_layers,
         offload=False, sequence_parallel=(True, False) if row.sequence_parallel is None else (row.sequence_parallel,),
         micro_batch=None if row.micro_batch is None else (row.micro_batch,),
         virtual_stages=None if row.virtual_stages is None else (row.virtual_stages,),
@@ -128,7 +128,9 @@ def row_key(row: Row) -> str:
 def _config(row: Row) -> dict:
     return {"tp": row.tp, "pp": row.pp, "dp": row.dp, "cp": row.cp, "ep": row.ep, "zero": list(row.zero), "sharding": row.sharding,
             "micro_batch": row.micro_batch, "global_batch": row.global_batch, "seq": row.seq,
-            "recompute": list(row.recompute), "sequence_parallel": row.sequence_parallel, "schedule": row.schedule,
+            "recompute": list(row.recompute),
+            **({"full_recompute_layers": row.full_recompute_layers} if row.full_recompute_layers is not None else {}),
+            "sequence_parallel": row.sequence_parallel, "schedule": row.schedule,
             "virtual_stages": row.virtual_stages, "precision": row.table.precision, "framework": row.table.framework,
             **({"device_overrides": dict(row.device_overrides)} if row.device_overrides else {})}
 
@@ -276,6 +278,8 @@ def _config_text(r: dict) -> str:
     c, p = r["config"], r.get("plan") or {}
     mb = c["micro_batch"] if c["micro_batch"] is not None else f"({p.get('micro_batch', '?')})"
     rc = "/".join(c["recompute"]) if len(c["recompute"]) < 3 else "(search)"
+    if c.get("full_recompute_layers") is not None:
+        rc = f"full x{c['full_recompute_layers']}/" + "/".join(r for r in c["recompute"] if r != "full")
     sp = " SP" if c["sequence_parallel"] else (" (SP)" if c["sequence_parallel"] is None and p.get("sequence_parallel")
                                               else "")
     extra = "".join(f" {k}{c[k]}" for k in ("cp", "ep") if c.get(k, 1) > 1)

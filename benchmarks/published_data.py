@@ -106,6 +106,9 @@ class Row:
     micro_batch: int | None
     global_batch: int
     recompute: tuple[str, ...]
+    full_recompute_layers: int | None = None
+    """How many layers recompute in full, the rest taking the other policies of `recompute` (None: the
+    source does not say, or every layer takes the one policy given)."""
     sequence_parallel: bool | None = False
     """None: the source does not say; the search chooses."""
     schedule: str = "1F1B"
@@ -477,13 +480,20 @@ LLAMA2_70B = Model(name="llama2-70b", family="llama", layers=80, hidden=8192, he
                    ffn=28672)
 HSDP = ("HSDP (sharded within a node, replicated across nodes) has no partita equivalent: priced as ZeRO-3 "
         "over all GPUs, whose parameter all-gathers cross the network")
-FMS_SELECTIVE = ("fms-fsdp 'Selective AC' checkpoints every k-th block (selective_checkpointing=k, k not "
-                 "published): the search picks how many layers take full recompute")
+# The same README's MFU/HFU table says how many blocks 13B recomputed. HFU counts the re-run forward, so
+# HFU / MFU = 1 + f / 3 when a share f of the blocks is checkpointed (forward = 1/3 of a step's FLOPs):
+# 13B 0.59 / 0.51 on A100 (f = 0.41-0.53 within the table's rounding), 0.40 / 0.35 on H100 (f = 0.34-0.52):
+# every second block (selective_checkpointing=2, f = 1/2); the same reading gives f = 0 for 7B (0.57/0.57)
+# and about 1 for 34B and 70B (0.64/0.47, 0.67/0.50), the runs the first table marks No AC and Full AC.
+FMS_SELECTIVE = ("fms-fsdp 'Selective AC' checkpoints every k-th block (selective_checkpointing=k): k = 2, 20 of "
+                 "40 blocks, read from the same README's HFU / MFU = 1 + f / 3 (0.59 / 0.51 on A100, 0.40 / 0.35 "
+                 "on H100)")
 FMS_ROWS = [
     Row(table=FMS_A100, model=LLAMA2_7B, seq=4096, hardware="A100-80GB", gpus=128, dp=128, zero=(3,), sharding="HSDP",
         micro_batch=2, global_batch=256, recompute=NONE, value=3700, notes=HSDP),
     Row(table=FMS_A100, model=LLAMA2_13B, seq=4096, hardware="A100-80GB", gpus=128, dp=128, zero=(3,),
-        sharding="FULL_SHARD", micro_batch=2, global_batch=256, recompute=("none", "full"), value=1800,
+        sharding="FULL_SHARD", micro_batch=2, global_batch=256, recompute=("none", "full"), full_recompute_layers=20,
+        value=1800,
         notes=FMS_SELECTIVE),
     Row(table=FMS_A100, model=LLAMA2_34B, seq=4096, hardware="A100-80GB", gpus=128, dp=128, zero=(3,),
         sharding="FULL_SHARD", micro_batch=2, global_batch=256, recompute=FULL, value=700),
@@ -492,7 +502,8 @@ FMS_ROWS = [
     Row(table=FMS_H100, model=LLAMA2_7B, seq=4096, hardware="H100-80GB", gpus=96, dp=96, zero=(3,), sharding="HSDP",
         micro_batch=2, global_batch=192, recompute=NONE, value=7500, notes=HSDP),
     Row(table=FMS_H100, model=LLAMA2_13B, seq=4096, hardware="H100-80GB", gpus=96, dp=96, zero=(3,),
-        sharding="FULL_SHARD", micro_batch=2, global_batch=192, recompute=("none", "full"), value=3800,
+        sharding="FULL_SHARD", micro_batch=2, global_batch=192, recompute=("none", "full"), full_recompute_layers=20,
+        value=3800,
         notes=FMS_SELECTIVE),
     Row(table=FMS_H100, model=LLAMA2_34B, seq=4096, hardware="H100-80GB", gpus=96, dp=96, zero=(3,),
         sharding="FULL_SHARD", micro_batch=2, global_batch=192, recompute=FULL, value=1550),

@@ -149,6 +149,20 @@ def _add_extra_costs(e: dict, s: int, options, cluster: Cluster, sb, zero: int, 
         e["dp"][s] += var.dp_comm
 
 
+def counted_full_recompute(opts, space: SearchSpace) -> tuple[np.ndarray, int] | None:
+    """The stage program's fixed count (planner.milp, count_use): the options that recompute in full and
+    how many layers must take one (SearchSpace.full_recompute_layers); None when the search chooses."""
+    if space.full_recompute_layers is None:
+        return None
+    return np.array([o.recompute == "full" for o in opts], dtype=bool), space.full_recompute_layers
+
+
+def _prune(space: SearchSpace) -> bool:
+    """Drop dominated layer variants (planner.options.pareto), unless the number of fully recomputed
+    layers is fixed: a dominated full-recompute variant may then be the one a layer must take."""
+    return space.full_recompute_layers is None
+
+
 def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
                     zero: int, b: int, schedule: str = "1F1B", v: int = 1, sp: bool = False, cp: int = 1,
                     ep: int = 1) -> Candidate | None:
@@ -167,11 +181,11 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     # the same variants serve every pipeline depth and schedule of this (tp, dp, ZeRO, b): costed once
     # (a pipeline stage syncs its ZeRO gradients once per step: options.py)
     key = ("variants", tp, sp, zero, dp, b, space.recompute, space.offload, ddp, train.dtype, train.optimizer,
-           cp, ep, pp > 1, space.keep_gathered)
+           cp, ep, pp > 1, space.keep_gathered, _prune(space))
     if key not in bases._cache:
         bases._cache[key] = variants(layer_bases, cluster, sb, zero, dp, tp, b, space.recompute, space.offload,
                                      ddp_overlap=ddp, cp=cp, ep=ep, pipelined=pp > 1,
-                                     keep_gathered=space.keep_gathered)
+                                     keep_gathered=space.keep_gathered, prune=_prune(space))
     opts = bases._cache[key]
     if tp > 1 and layers and not any(o.sharding in SPLIT for o in opts):
         if space.tp is None:
@@ -179,7 +193,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         # a fixed tp is priced as asked (what-if), even where a smaller one would do better
         opts = variants([o for o in layer_bases if o.name in SPLIT], cluster, sb, zero, dp, tp, b,
                         space.recompute, space.offload, ddp_overlap=ddp, cp=cp, ep=ep, pipelined=pp > 1,
-                        keep_gathered=space.keep_gathered)
+                        keep_gathered=space.keep_gathered, prune=_prune(space))
     if tp > 1 and not layers and not any(o.name in SPLIT for o in (*pre, *suf)):
         return None  # nothing to split: the tp ranks would duplicate all work
     dp_group = comm.group_for(cluster, dp, tp)
@@ -244,6 +258,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         virtual_stages=v, phases=phases, option_grad=np.array([o.grad for o in opts] or [0.0]),
         grads_absent=grads_absent(m, in_flight, zero, dp, tp),
         must_use=np.array([tp > 1 and o.sharding in SPLIT for o in opts] or [False]),
+        count_use=counted_full_recompute(opts, space),
         option_host_state=np.array([o.host_state for o in opts] or [0.0]),
         option_host_act=np.array([o.host_act for o in opts] or [0.0]),
         host_capacity=cluster.device.host_memory_bytes,
@@ -309,7 +324,8 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
         full[id(gc)] = variants(layer_bases, gc, sb, zero, dp, tp, b, space.recompute, space.offload, prune=False,
                                 pipelined=pp > 1, keep_gathered=space.keep_gathered)
         extras[id(gc)] = (pre, suf)
-    keep = sorted(set().union(*(pareto_indices(full[id(gc)]) for gc in distinct)))
+    keep = (sorted(set().union(*(pareto_indices(full[id(gc)]) for gc in distinct))) if _prune(space)
+            else list(range(len(full[id(distinct[0])]))))
     by_stage = [[full[id(gc)][i] for i in keep] for gc in stage_groups]
     opts = by_stage[0]
     if tp > 1 and not any(o.sharding in SPLIT for o in opts):
@@ -349,6 +365,7 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
         extra_mem=e["state"] + in_flight * e["act"] + workspace, extra_flush=e["flush"], in_flight=in_flight,
         capacity=np.array([gc.device.usable_memory() for gc in stage_groups]),
         must_use=np.array([tp > 1 and o.sharding in SPLIT for o in opts]),
+        count_use=counted_full_recompute(opts, space),
         option_host_state=mat("host_state"), option_host_act=mat("host_act"),
         host_capacity=np.array([gc.device.host_memory_bytes for gc in stage_groups]),
         option_rank=np.array([o.complexity for o in opts], dtype=float))
@@ -424,7 +441,7 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
             t = tensor_option(graph, grp, cluster, tp)
             mine += [t] if t is not None else []
         vs = variants(mine, cluster, sb, zero, dp, tp, b, space.recompute, space.offload, pipelined=pp > 1,
-                      keep_gathered=space.keep_gathered)
+                      keep_gathered=space.keep_gathered, prune=_prune(space))
         opts += vs
         block_of += [i] * len(vs)
     must = np.array([tp > 1 and o.sharding in SPLIT for o in opts])
@@ -447,7 +464,7 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
         act=col("act"), flush=col("flush"), boundary_time=boundary, in_flight=in_flight,
         capacity=cluster.device.usable_memory(), workspace=workspace, flush_latency=latency,
         host_state=col("host_state"), host_act=col("host_act"), host_capacity=cluster.device.host_memory_bytes,
-        must_use=must, rank=col("complexity"))
+        must_use=must, count_use=counted_full_recompute(opts, space), rank=col("complexity"))
     if "tied_blocks" not in bases._cache:
         bases._cache["tied_blocks"] = tied_across_stages(graph, graph.groups[:1], graph.groups[-1:])
     tied = _charge_tied_blocks(problem, bases._cache["tied_blocks"], graph.groups, cluster, sb, zero, dp, tp, pp)

@@ -63,9 +63,13 @@ def _cmd_plan(args) -> int:
 def _space_from_args(args):
     """The what-if flags as a SearchSpace: each given flag fixes its choice, the rest stay searched."""
     from partita.planner.space import SearchSpace
-    fixed = {name: (getattr(args, name),) for name in ("tp", "pp", "dp", "cp", "ep", "zero", "recompute",
-                                                       "micro_batch", "virtual_stages")
+    fixed = {name: (getattr(args, name),) for name in ("tp", "pp", "dp", "cp", "ep", "zero", "micro_batch",
+                                                       "virtual_stages")
              if getattr(args, name) is not None}
+    if args.recompute is not None:
+        fixed["recompute"] = args.recompute
+    if args.full_recompute_layers is not None:
+        fixed["full_recompute_layers"] = args.full_recompute_layers
     if args.sequence_parallel is not None:
         fixed["sequence_parallel"] = (args.sequence_parallel == "on",)
     if args.offload is not None:
@@ -182,6 +186,16 @@ def _cmd_models(args) -> int:
     return 0
 
 
+def _policies(text: str) -> tuple[str, ...]:
+    """--recompute's value: one policy, or a comma list of them."""
+    policies = tuple(dict.fromkeys(x.strip() for x in text.split(",")))
+    bad = [x for x in policies if x not in RECOMPUTE]
+    if bad or not policies:
+        raise argparse.ArgumentTypeError(f"{', '.join(bad) or repr(text)} is not a recompute policy; "
+                                         f"choose among {', '.join(RECOMPUTE)} (or a comma list of them)")
+    return policies
+
+
 def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
     w = p.add_argument_group("what-if (each flag fixes one decision; the others are still searched)")
     w.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree (divides the devices per node)")
@@ -193,9 +207,14 @@ def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
     w.add_argument("--ep", type=int, metavar="N",
                    help="expert-parallel degree: each MoE layer's experts sharded over N of the dp ranks")
     w.add_argument("--zero", type=int, choices=[0, 2, 3], help="ZeRO stage (2 and 3 need dp > 1)")
-    w.add_argument("--recompute", choices=list(RECOMPUTE),
+    w.add_argument("--recompute", type=_policies, metavar="{" + ",".join(RECOMPUTE) + "}",
                    help="activation recompute policy of every layer (op: torchtitan's per-op selective "
-                        "checkpointing, every other matmul output kept)")
+                        "checkpointing, every other matmul output kept), or a comma list the search picks "
+                        "from per layer (none,full)")
+    w.add_argument("--full-recompute-layers", type=int, metavar="N",
+                   help="exactly N layers recompute in full, the rest take the other allowed policies "
+                        "(Megatron-LM's --recompute-num-layers; with --recompute none,full: N checkpointed "
+                        "blocks, the rest keep their activations)")
     w.add_argument("--sequence-parallel", choices=["on", "off"],
                    help="Megatron sequence parallelism in the tensor-parallel layers (on needs tp > 1)")
     w.add_argument("--micro-batch", type=int, metavar="N", help="samples per micro-batch per data-parallel rank")

@@ -193,7 +193,17 @@ def _solver(plan) -> Text:
     gap_txt = f"{100 * gap:.2g}%" if isinstance(gap, (int, float)) else "n/a"
     return Text(f"solver  {s.get('status')} (gap {gap_txt}); {s.get('candidates_solved', '?')} of "
                 f"{s.get('candidates', '?')} candidates solved (the rest pruned by a lower bound); search "
-                f"{s.get('wall_time_s', 0):.2f}s, capture {s.get('capture_s', 0):.2f}s ({s.get('graph_nodes', '?')} operators)")
+                f"{s.get('wall_time_s', 0):.2f}s, capture {s.get('capture_s', 0):.2f}s ({s.get('graph_nodes', '?')} operators)"
+                + _fixed(s.get("fixed")))
+
+
+def _fixed(fixed) -> str:
+    """The what-if choices the user fixed (the rest were searched), as the flags that fix them."""
+    if not isinstance(fixed, dict) or not fixed:
+        return ""
+    show = lambda v: "|".join("on" if x is True else "off" if x is False else str(x) for x in v) \
+        if isinstance(v, list) else ("on" if v is True else "off" if v is False else str(v))
+    return "\nfixed   " + ", ".join(f"{k.replace('_', '-')}={show(v)}" for k, v in fixed.items()) + " (the rest searched)"
 
 
 def _baselines(plan) -> Table:

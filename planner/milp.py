@@ -23,6 +23,7 @@ and the program (all linear; HiGHS via cvxpy) is
                sum_o h[s,o] X^q_so + Y^q_s <= C          for all s, q    (the other memory phases q)
                d_max >= sum_o h[s,o] D_o + F_s           for all s       add_flush_constraint
                sum_s sum_{o in R} h[s,o] >= 1                            add_option_use_constraint
+               sum_s sum_{o in N} h[s,o] = n                             add_option_count_constraint
                sum_o h[s,o] (V_o + k_s U_o) <= H         for all s       add_host_memory_constraint
 
 E_s, M_s, F_s are the prefix/suffix costs on the first/last stage (plus each stage's transient
@@ -32,7 +33,9 @@ Korthikanti et al. 2022), C the usable memory of a device; V_o, U_o and H the
 same for host memory (offloaded optimizer state, offloaded activations per micro-batch, the host memory
 per device). R is the set of
 tensor-parallel options on a mesh with tp > 1 (empty otherwise): a mesh whose tp ranks split no layer
-would only duplicate work, which a smaller tp with more data parallelism does strictly better. The objective is the 1F1B
+would only duplicate work, which a smaller tp with more data parallelism does strictly better. N and n
+(optional) fix how many layers take the options in N: the layers with full recompute when a user fixes
+their number (SearchSpace.full_recompute_layers, Megatron-LM's --recompute-num-layers). The objective is the 1F1B
 critical path: the slowest stage paces the m - 1 steady-state micro-batches and every stage's own time
 is paid once in fill and drain, so the bubble is sum_s tau_s - t_max; the gradient all-reduce and
 optimizer step follow the pipeline flush (not overlapped, as in Megatron-LM's pipeline schedule).
@@ -102,6 +105,7 @@ class StageProblem:
     capacity: float                # C
     virtual_stages: int = 1        # v (interleaved 1F1B); 1 for 1F1B and GPipe
     must_use: np.ndarray | None = None   # R, a boolean mask over options
+    count_use: tuple[np.ndarray, int] | None = None   # (N, n): exactly n layers take an option in N
     option_host_state: np.ndarray | None = None   # V_o, bytes
     option_host_act: np.ndarray | None = None     # U_o, bytes per micro-batch
     host_capacity: float = float("inf")           # H
@@ -127,6 +131,7 @@ class StageProblem:
             option_flush=self.option_flush / t, extra_time=self.extra_time / t, extra_mem=self.extra_mem / m,
             extra_flush=self.extra_flush / t, in_flight=self.in_flight, capacity=self.capacity / m,
             time_limit_s=self.time_limit_s, mip_rel_gap=self.mip_rel_gap, must_use=self.must_use,
+            count_use=self.count_use,
             option_host_state=None if self.option_host_state is None else self.option_host_state / hm,
             option_host_act=None if self.option_host_act is None else self.option_host_act / hm,
             host_capacity=self.host_capacity / hm, option_rank=self.option_rank,
@@ -254,6 +259,24 @@ def add_option_use_constraint(h, prob: StageProblem) -> list:
     return [cp.sum(h[:, np.flatnonzero(prob.must_use)]) >= 1]
 
 
+def add_option_count_constraint(h, prob: StageProblem) -> list:
+    if prob.count_use is None:
+        return []
+    mask, n = prob.count_use
+    if not mask.any():  # no option to count: only n = 0 is possible
+        return [] if n == 0 else [cp.sum(h) <= -1]
+    return [cp.sum(h[:, np.flatnonzero(mask)]) == n]
+
+
+def counted_use_errors(count_use: tuple[np.ndarray, int] | None, counts: np.ndarray) -> list[str]:
+    """Why `counts` (stages x options) breaks the count fixed by `count_use`; empty when it keeps it."""
+    if count_use is None:
+        return []
+    mask, n = count_use
+    used = int(counts[:, mask].sum()) if mask.any() else 0
+    return [] if used == n else [f"{used} layers take the counted options, not {n}"]
+
+
 def add_host_memory_constraint(h, prob: StageProblem) -> list:
     if prob.option_host_state is None or not np.all(np.isfinite(prob.host_capacity)):
         return []
@@ -288,6 +311,7 @@ def solve_stages(original: StageProblem, cutoff: float | None = None, solver: st
     constraints += add_memory_constraint(h, prob)
     constraints += add_flush_constraint(h, d_max, prob)
     constraints += add_option_use_constraint(h, prob)
+    constraints += add_option_count_constraint(h, prob)
     constraints += add_host_memory_constraint(h, prob)
     v = prob.virtual_stages
     objective = (prob.num_microbatches - 1 / v) * t_max + cp.sum(stage_time_expr(h, prob)) / v + d_max
@@ -346,7 +370,8 @@ def polish(original: StageProblem, solution: StageSolution) -> StageSolution:
     cons = [h >= 0, *add_layer_count_constraint(h, prob), *add_nonempty_stage_constraint(h, prob),
             *add_bottleneck_constraint(h, t_max, prob), *add_memory_constraint(h, prob),
             *add_flush_constraint(h, d_max, prob), *add_option_use_constraint(h, prob),
-            *add_host_memory_constraint(h, prob), step <= solution.objective / t_scale * (1 + 1e-9)]
+            *add_option_count_constraint(h, prob), *add_host_memory_constraint(h, prob),
+            step <= solution.objective / t_scale * (1 + 1e-9)]
     problem = cp.Problem(cp.Minimize(cp.sum(h @ prob.option_rank)), cons)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
@@ -435,7 +460,7 @@ def fits(prob: StageProblem, counts: np.ndarray, rtol: float = 1e-9) -> bool:
 def assignment_errors(prob: StageProblem, counts: np.ndarray) -> list[str]:
     """Why `counts` is not a complete assignment; empty when it is one: h >= 0 of shape (stages,
     options) placing every layer, sum_{s,o} h[s,o] = L, with no stage holding fewer than v layers
-    (when L > 0)."""
+    (when L > 0), and the count fixed by `count_use` kept."""
     shape = (prob.num_stages, prob.option_time.shape[-1])
     if counts.shape != shape:
         return [f"counts have shape {counts.shape}, not (stages, options) = {shape}"]
@@ -447,7 +472,7 @@ def assignment_errors(prob: StageProblem, counts: np.ndarray) -> list[str]:
     short = np.flatnonzero(counts.sum(axis=1) < prob.virtual_stages) if prob.num_layers else []
     if len(short):
         errors.append(f"stage(s) {', '.join(map(str, short))} hold fewer than {prob.virtual_stages} layer(s)")
-    return errors
+    return errors + counted_use_errors(prob.count_use, counts)
 
 
 def plan_errors(prob: StageProblem, counts: np.ndarray) -> list[str]:
@@ -468,7 +493,7 @@ def min_memory(original: StageProblem) -> tuple[float, np.ndarray | None]:
     m_max = cp.Variable()
     cons = [h >= 0, *add_layer_count_constraint(h, prob), *add_nonempty_stage_constraint(h, prob),
             *add_memory_constraint(h, prob, bound=m_max), *add_option_use_constraint(h, prob),
-            *add_host_memory_constraint(h, prob)]
+            *add_option_count_constraint(h, prob), *add_host_memory_constraint(h, prob)]
     problem = cp.Problem(cp.Minimize(m_max), cons)
     problem.solve(solver=cp.HIGHS, time_limit=prob.time_limit_s, mip_rel_gap=prob.mip_rel_gap)
     if m_max.value is None or not has_incumbent(problem) or assignment_errors(original, np.rint(h.value).astype(int)):

@@ -21,6 +21,8 @@ the program is
                d_max >= sum_j z[j,s] D_j + F                    for all s
                sum_j z[j,s] (V_j + k_s U_j) <= H                for all s    (host memory)
                sum_{j in R} sum_s z[j,s] >= 1                                (tp > 1 must split a block)
+               sum_{j in N} sum_s z[j,s] = n                                 (optional: n blocks fully
+                                                                              recomputed, planner.milp)
 
 with P_i the point-to-point time of block i's output (forward and backward), and the other symbols as
 in planner.milp. It is exact over its choices (tests compare it with brute-force enumeration); it is
@@ -35,7 +37,8 @@ from dataclasses import dataclass
 import cvxpy as cp
 import numpy as np
 
-from partita.planner.milp import CUTOFF, FEASIBILITY_RTOL, StageSolution, has_incumbent, no_solution_status
+from partita.planner.milp import (CUTOFF, FEASIBILITY_RTOL, StageSolution, counted_use_errors, has_incumbent,
+                                  no_solution_status)
 
 
 @dataclass
@@ -56,6 +59,7 @@ class BlockProblem:
     host_act: np.ndarray | None = None
     host_capacity: float = float("inf")
     must_use: np.ndarray | None = None
+    count_use: tuple[np.ndarray, int] | None = None   # (N, n): exactly n blocks take an option in N
     rank: np.ndarray | None = None
     time_limit_s: float = 3.0
     mip_rel_gap: float = 5e-3
@@ -110,6 +114,10 @@ def solve_blocks(prob: BlockProblem, cutoff: float | None = None) -> StageSoluti
         cons.append(cp.sum(cp.multiply(z, coeff_host), axis=0) <= prob.host_capacity / h_scale)
     if prob.must_use is not None and prob.must_use.any():
         cons.append(cp.sum(z[np.flatnonzero(prob.must_use), :]) >= 1)
+    if prob.count_use is not None and prob.count_use[0].any():
+        cons.append(cp.sum(z[np.flatnonzero(prob.count_use[0]), :]) == prob.count_use[1])
+    elif prob.count_use is not None and prob.count_use[1]:  # n > 0 blocks, none can take a counted option
+        cons.append(cp.sum(z) <= -1)
     objective = (prob.num_microbatches - 1) * t_max + cp.sum(tau) + d_max
     if prob.rank is not None and prob.rank.any():
         objective = objective + 1e-7 * cp.sum(z.T @ prob.rank) / max(1, B)
@@ -204,4 +212,4 @@ def block_plan_errors(prob: BlockProblem, counts: np.ndarray) -> list[str]:
         errors.append("a block runs on an earlier stage than the block before it")
     if not fits_blocks(prob, counts, rtol=FEASIBILITY_RTOL):
         errors.append("memory over capacity (device or host), or no tensor-parallel block on a tp > 1 mesh")
-    return errors
+    return errors + counted_use_errors(prob.count_use, counts)

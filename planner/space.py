@@ -100,6 +100,10 @@ class SearchSpace:
     recompute: tuple[str, ...] = RECOMPUTE
     """Activation recompute policies ("none", "selective", "op", "full") a layer may take; one value fixes every
     layer's policy."""
+    full_recompute_layers: int | None = None
+    """How many of the repeated layers take full recompute, the others one of the other allowed policies
+    (Megatron-LM's --recompute-num-layers; fms-fsdp's every k-th block); None: searched per layer. Needs
+    "full" among `recompute`. Where the model is not a stack of identical layers it counts every block."""
     offload: bool = True
     """True: offload variants (activations to host, FSDP2 CPU offload of ZeRO-3 states) are allowed and
     searched per layer, alongside not offloading; False: nothing is offloaded. (Forcing every layer to
@@ -142,6 +146,12 @@ class SearchSpace:
             raise PartitaError(f"zero must be ZeRO stages among {ZERO_STAGES}, got {self.zero!r}")
         if not self.recompute or not all(r in RECOMPUTE for r in self.recompute):
             raise PartitaError(f"recompute must be policies among {', '.join(RECOMPUTE)}, got {self.recompute!r}")
+        n = self.full_recompute_layers
+        if n is not None and not (_is_int(n) and n >= 0):
+            raise PartitaError(f"full-recompute-layers must be a number of layers (0 or more), got {n!r}")
+        if n and "full" not in self.recompute:
+            raise PartitaError(f"full-recompute-layers={n} fixes how many layers recompute in full, but recompute="
+                               f"{'|'.join(self.recompute)} leaves out full: allow it (--recompute none,full)")
         if not self.sequence_parallel or not all(isinstance(s, bool) for s in self.sequence_parallel):
             raise PartitaError(f"sequence_parallel must be True and/or False, got {self.sequence_parallel!r}")
         if not isinstance(self.keep_gathered, bool):
@@ -157,8 +167,8 @@ class SearchSpace:
 
 
 ZERO_STAGES = (0, 1, 2, 3)
-FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "offload", "sequence_parallel", "micro_batch",
-           "virtual_stages")
+FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "full_recompute_layers", "offload",
+           "sequence_parallel", "micro_batch", "virtual_stages")
 """The SearchSpace fields a user fixes (planner.api.plan keywords, `partita plan` flags)."""
 
 
@@ -237,6 +247,9 @@ def check_space(cluster: Cluster, train: TrainConfig, space: SearchSpace, *, max
     its repeated layers (0 when it is not a stack of them: no interleaving); `seq`: tokens per sample
     (None: not a sequence model). Whether a configuration fits in memory is the search's to say."""
     why = _why_nothing(cluster, train, space, max_pp, layers, seq)
+    if why is None and layers and (space.full_recompute_layers or 0) > layers:
+        why = (f"full-recompute-layers={space.full_recompute_layers} but the model has {layers} repeated layers: "
+               f"fix at most {layers}")
     homogeneous = not (cluster.groups and cluster.heterogeneous)
     if why is None and homogeneous and not any(_schedules(train.schedule, pp, m, layers, space.virtual_stages)
                                                for pp, dp, tp, zero, b, m, cp

@@ -4,7 +4,8 @@ import itertools
 import numpy as np
 import pytest
 
-from partita.planner.milp_blocks import BlockProblem, evaluate_blocks, fits_blocks, solve_blocks
+from partita.planner.milp import counted_use_errors
+from partita.planner.milp_blocks import BlockProblem, block_plan_errors, evaluate_blocks, fits_blocks, solve_blocks
 
 
 def random_blocks(rng, p, B):
@@ -30,7 +31,7 @@ def brute_force(prob: BlockProblem) -> float:
         for choice in itertools.product(*options):
             counts = np.zeros((p, len(prob.block_of)), dtype=int)
             counts[stage, list(choice)] = 1
-            if fits_blocks(prob, counts):
+            if fits_blocks(prob, counts) and not counted_use_errors(prob.count_use, counts):
                 best = min(best, evaluate_blocks(prob, counts))
     return best
 
@@ -46,4 +47,22 @@ def test_general_program_equals_brute_force(seed):
         assert not sol.feasible
     else:
         assert sol.feasible and fits_blocks(prob, sol.counts)
+        assert sol.objective == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_a_fixed_option_count_is_kept_and_optimal(seed):
+    """count_use = (N, n) in the general program: exactly n blocks take an option in N."""
+    rng = np.random.default_rng(400 + seed)
+    p = int(rng.integers(1, 4))
+    prob = random_blocks(rng, p, int(rng.integers(p, 7)))
+    mask = rng.random(len(prob.block_of)) < 0.5
+    prob.count_use = (mask, int(rng.integers(0, prob.num_blocks + 1)))
+    expected = brute_force(prob)
+    sol = solve_blocks(prob)
+    if expected == float("inf"):
+        assert not sol.feasible
+    else:
+        assert sol.feasible and not block_plan_errors(prob, sol.counts)
+        assert sol.counts[:, mask].sum() == prob.count_use[1]
         assert sol.objective == pytest.approx(expected, rel=1e-6)

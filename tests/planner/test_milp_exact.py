@@ -4,7 +4,8 @@ import itertools
 import numpy as np
 import pytest
 
-from partita.planner.milp import MemoryPhase, StageProblem, evaluate, fits, solve_stages
+from partita.planner.milp import (MemoryPhase, StageProblem, assignment_errors, counted_use_errors, evaluate, fits,
+                                  polish, solve_stages)
 
 
 def compositions(total, parts):
@@ -25,7 +26,7 @@ def brute_force(prob: StageProblem) -> float:
             per_stage.append([c for c in itertools.product(range(n + 1), repeat=n_opt) if sum(c) == n])
         for choice in itertools.product(*per_stage):
             counts = np.array(choice)
-            if fits(prob, counts):
+            if fits(prob, counts) and not counted_use_errors(prob.count_use, counts):
                 best = min(best, evaluate(prob, counts))
     return best
 
@@ -105,3 +106,28 @@ def test_optimum_equals_brute_force(seed):
     p = int(rng.integers(1, 4))
     prob = random_problem(rng, p, int(rng.integers(p, 7)), int(rng.integers(1, 3)))
     assert_solves_like_brute_force(prob)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_fixed_option_count_is_kept_and_optimal(seed):
+    """count_use = (N, n): exactly n layers take an option in N (a fixed number of fully recomputed
+    layers). The optimum equals enumeration over the assignments that keep the count, the polished plan
+    keeps it too, and a count no assignment reaches is infeasible."""
+    rng = np.random.default_rng(3000 + seed)
+    p = int(rng.integers(1, 4))
+    prob = random_problem(rng, p, int(rng.integers(p, 7)), 3)
+    mask = np.array([False, True, bool(rng.integers(0, 2))])
+    prob.count_use = (mask, int(rng.integers(0, prob.num_layers + 1)))
+    assert_solves_like_brute_force(prob)
+    sol = solve_stages(prob)
+    if sol.feasible:
+        assert sol.counts[:, mask].sum() == prob.count_use[1]
+        prob.option_rank = np.array([0.0, 1.0, 2.0])
+        assert polish(prob, sol).counts[:, mask].sum() == prob.count_use[1]
+    prob.count_use = (mask, prob.num_layers + 1)
+    assert not solve_stages(prob).feasible
+    unreached = (np.zeros(3, dtype=bool), 1)
+    assert counted_use_errors(unreached, np.ones((p, 3), dtype=int)) == ["0 layers take the counted options, not 1"]
+    prob.count_use = unreached
+    assert not solve_stages(prob).feasible
+    assert assignment_errors(prob, np.ones((p, 3), dtype=int))  # the count is part of a complete assignment

@@ -44,6 +44,9 @@ def layer_blocks(d: dict) -> list[dict]:
      lambda d: d["schedule"]["name"] == "1F1B" and d["schedule"]["virtual_stages"] == 1),
     (["--pp", "2", "--schedule", "GPipe"], lambda d: d["schedule"]["name"] == "GPipe"),
     (["--tp", "8"], lambda d: d["mesh"]["tp"] == 8),  # priced as asked, though it never pays here
+    (["--recompute", "none,full", "--full-recompute-layers", "3"],
+     lambda d: sorted(b["recompute"] for b in layer_blocks(d)) == ["full"] * 3 + ["none"]),
+    (["--recompute", "selective,full"], lambda d: {b["recompute"] for b in layer_blocks(d)} <= {"selective", "full"}),
 ])
 def test_flags_fix_their_decision(capsys, flags, check):
     d = plan_json(capsys, *flags)
@@ -54,6 +57,13 @@ def test_flags_fix_their_decision(capsys, flags, check):
 
 def test_an_unrestricted_plan_records_nothing_fixed(capsys):
     assert "fixed" not in plan_json(capsys)["solver"]
+
+
+def test_the_report_names_what_the_user_fixed(capsys):
+    assert main([*PLAN, "--tp", "2", "--recompute", "none,full", "--full-recompute-layers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "fixed   tp=2, recompute=none|full, full-recompute-layers=1 (the rest searched)" in out
+    assert main(PLAN) == 0 and "\nfixed " not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flags,needle", [
@@ -72,6 +82,9 @@ def test_an_unrestricted_plan_records_nothing_fixed(capsys):
     (["--virtual-stages", "4", "--schedule", "1F1B"], "which is the Interleaved1F1B schedule, not 1F1B"),
     (["--virtual-stages", "1", "--schedule", "Interleaved1F1B"], "needs more than one virtual stage"),
     (["--tp", "0"], "tp must be a positive integer, got 0"),
+    (["--recompute", "none", "--full-recompute-layers", "2"], "recompute=none leaves out full: allow it"),
+    (["--full-recompute-layers", "5"], "full-recompute-layers=5 but the model has 4 repeated layers"),
+    (["--full-recompute-layers", "-1"], "full-recompute-layers must be a number of layers (0 or more), got -1"),
 ])
 def test_an_impossible_fixed_config_is_one_line_before_any_solving(capsys, monkeypatch, flags, needle):
     import partita.planner.api
@@ -94,6 +107,25 @@ def test_impossible_interleaving_and_sequence_splits(capsys, model, batch, flags
     assert main(["plan", "--model", model, "--cluster", "8xA100-80GB", "--global-batch", batch, *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
+
+
+def test_an_unknown_recompute_policy_in_a_list_is_named(capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*PLAN, "--recompute", "none,most"])
+    assert e.value.code == 2 and "most is not a recompute policy" in capsys.readouterr().err
+
+
+def test_a_fixed_number_of_fully_recomputed_layers_is_priced_and_kept():
+    """Megatron-LM's --recompute-num-layers: on one fixed mesh each fully recomputed layer adds its
+    forward again, so the step grows with their number, and the plan file keeps the count."""
+    mesh = dict(tp=1, pp=1, dp=8, zero=0, micro_batch=2, recompute=("none", "full"))
+    steps = []
+    for n in (0, 2, 4):
+        p = planner.plan(DEEP, cluster="8xA100-80GB", train=TRAIN, full_recompute_layers=n, **mesh)
+        assert sum(b.recompute == "full" for b in p.blocks if b.fqn.startswith("blocks.")) == n
+        assert p.solver["fixed"]["full_recompute_layers"] == n
+        steps.append(p.predicted["step_time_s"])
+    assert steps[0] < steps[1] < steps[2]
 
 
 def test_a_tp_the_layers_cannot_take_is_named(capsys):

@@ -581,14 +581,15 @@ BLOOM = Table(
     citation="bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm and chronicles.md "
              "(2022-03-18)",
     metric=HARDWARE_TFLOPS, framework="Megatron-DeepSpeed, pytorch 1.11",
-    notes="Jean Zay: 4 x 100 Gb/s Omni-Path per node (6.25 GB/s per GPU; priced with the preset's 25 GB/s); "
-          "the launch script sets CUDA_LAUNCH_BLOCKING=1")
+    notes="Jean Zay: 4 x 100 Gb/s Omni-Path per node of 8 GPUs, priced as published: 6.25 GB/s per GPU across "
+          "nodes (the preset's 25 GB/s is a DGX's 8 x 200 Gb/s HDR); the launch script sets CUDA_LAUNCH_BLOCKING=1")
 BLOOM_176B = Model(name="bloom-176b", family="gpt", layers=70, hidden=14336, heads=112, vocab=250880,
                    attention="math", dropout=0.1,
                    notes="ALiBi instead of learned positions and a LayerNorm after the embedding; vocab padded to "
                          "250880; dropout not set in the script, so Megatron's default 0.1")
 BLOOM_ROWS = [
-    Row(table=BLOOM, model=BLOOM_176B, seq=2048, hardware="A100-80GB", gpus=384, tp=4, pp=12, dp=8, zero=(1,),
+    Row(table=BLOOM, model=BLOOM_176B, seq=2048, hardware="A100-80GB", device_overrides=(("inter_node_bw", 6.25e9),),
+        gpus=384, tp=4, pp=12, dp=8, zero=(1,),
         sharding="DeepSpeed BF16_Optimizer (ZERO_STAGE=0; 'implements its own zero stage 1 equivalent')",
         micro_batch=2, global_batch=2048, recompute=FULL, schedule="1F1B", value=150,
         notes="149-150 TFLOP/s in the chronicles; DeepSpeed pipeline engine (no interleaving)"),

@@ -135,9 +135,13 @@ def write_error_file(rank: int, message: str, trace: str | None = None, exitcode
     data = {"message": {"message": message,
                         "extraInfo": {"py_callstack": trace or message, "timestamp": str(int(now)),
                                       "partita": {"rank": rank, "time": now, "exitcode": exitcode}}}}
+    # Written whole or not at all: the agent reads this file as soon as it sees the worker end, and a
+    # half-written one made torchrun's own reader raise (JSONDecodeError) and take the agent down.
+    tmp = f"{path}.{os.getpid()}.tmp"
     try:
-        with open(path, "w") as f:
+        with open(tmp, "w") as f:
             json.dump(data, f)
+        os.replace(tmp, path)
     except OSError:  # the directory went away (the agent is shutting down): nothing to report to
         pass
 

@@ -94,3 +94,24 @@ def test_the_first_failure_is_the_earliest_that_torchrun_did_not_stop_itself(tmp
     assert report.read_failure(1, -15, str(files[1]), 0).exitcode == 1
     died = report.read_failure(3, 1, None, t2 - 1)  # os._exit: no file, noticed before rank 2 wrote its own
     assert report.first_failure(failures + [died]).line() == "rank 3: exited with code 1"
+
+
+def test_an_error_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """torchrun reads a worker's error file as soon as the worker ends, and its reader raises on half a JSON
+    document (that took the agent down in CI when torchrun's SIGTERM met a rank mid-write). A write cut off
+    part way leaves no file at the agent's path."""
+    path = tmp_path / "error.json"
+    monkeypatch.setenv(report.ERROR_FILE_ENV, str(path))
+
+    def cut_off(data, f):
+        f.write('{"message": {')
+        raise KeyboardInterrupt  # stands in for the signal that ends the worker mid-write
+
+    monkeypatch.setattr(json, "dump", cut_off)
+    with pytest.raises(KeyboardInterrupt):
+        report.write_error_file(1, "rank 1 dies during step 3")
+    assert not path.exists()
+    monkeypatch.undo()
+    monkeypatch.setenv(report.ERROR_FILE_ENV, str(path))
+    report.write_error_file(1, "rank 1 dies during step 3")
+    assert json.loads(path.read_text())["message"]["message"] == "rank 1 dies during step 3"

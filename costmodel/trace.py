@@ -183,7 +183,8 @@ class Recorder(fx.Interpreter):
         self._current = n.name
         self._in_dropout = "dropout" in str(getattr(n.target, "__name__", n.target)).lower() or (
             n.op == "call_module" and "dropout" in type(self.module.get_submodule(n.target)).__name__.lower())
-        in_keys = {_storage_key(a) for a in n.all_input_nodes for a in [self.env[a]] if isinstance(a, torch.Tensor)}
+        # (a tuple input counts too: `getitem` of a `chunk`/`split` result is a view of the chunked tensor)
+        in_keys = {_storage_key(t) for a in n.all_input_nodes for t in _tensors(self.env[a])}
         node_op, node_grads = None, ()
         target = getattr(n.target, "custom_op", n.target)  # a wrapped function running one op (gpt.grouped_mm)
         if n.op == "call_function" and isinstance(target, torch._ops.OpOverload) and torch.is_grad_enabled():
@@ -207,7 +208,9 @@ class Recorder(fx.Interpreter):
             "fwd_flops": int(sum(counts.values())),
             "bwd_flops": counter.bwd_flops,
             "alias": alias,
-            "mem_bytes": 0 if alias else in_bytes + out_bytes,
+            # a view moves no bytes, and neither does a node without a tensor output (x.size(), shape
+            # arithmetic): no kernel runs
+            "mem_bytes": 0 if alias or not tensors else in_bytes + out_bytes,
             "uncosted": tuple(sorted(counter.uncosted)),
         }
         return out

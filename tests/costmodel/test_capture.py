@@ -111,3 +111,18 @@ def test_a_tied_weight_is_captured_and_counted_once():
     assert g.totals()["param_numel"] == sum(p.numel() for p in Tied().parameters()) == 1600 + 2 * 272
     head = next(d for _, d in g.g.nodes(data=True) if d["module"] == "head" and d["op"] == "call_module")
     assert head["params"] == {} and head["tied"] == {"head.weight": "emb.weight"}
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt"])
+def test_metadata_and_views_move_no_bytes(name, graph_of):
+    """`x.size()` launches no kernel, and `getitem` of a `chunk` (RoPE's rotate_half) is a view: neither is
+    priced as a memory-bound pass (each was charged its input's bytes, ~1% of a Llama layer's time)."""
+    g = graph_of(name).g
+    sizes = [d for _, d in g.nodes(data=True) if d["kind"] == "size"]
+    views = [d for n, d in g.nodes(data=True) if d["kind"] == "getitem" and d.get("shape")
+             and any(g.nodes[p]["kind"] in ("chunk", "split") for p in g.predecessors(n))]
+    assert sizes or views, "the model has neither (the test checks nothing)"
+    assert all(d["mem_bytes"] == 0 for d in sizes)
+    assert all(d["alias"] and d["mem_bytes"] == 0 for d in views)
+    real = [d for _, d in g.nodes(data=True) if d["kind"] in ("mul", "add") and d["mem_bytes"] > 0]
+    assert real  # elementwise ops still move their bytes

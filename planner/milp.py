@@ -259,13 +259,17 @@ def add_option_use_constraint(h, prob: StageProblem) -> list:
     return [cp.sum(h[:, np.flatnonzero(prob.must_use)]) >= 1]
 
 
-def add_option_count_constraint(h, prob: StageProblem) -> list:
-    if prob.count_use is None:
+def option_count_constraint(count_use: tuple[np.ndarray, int] | None, total_of) -> list:
+    """sum_{o in N} (layers or blocks taking o) = n, for both stage programs: `total_of(indices)` sums the
+    program's assignment variables over those options. With no option in N the sum is empty (0)."""
+    if count_use is None:
         return []
-    mask, n = prob.count_use
-    if not mask.any():  # no option to count: only n = 0 is possible
-        return [] if n == 0 else [cp.sum(h) <= -1]
-    return [cp.sum(h[:, np.flatnonzero(mask)]) == n]
+    mask, n = count_use
+    return [total_of(np.flatnonzero(mask)) == n] if mask.any() else [cp.Constant(0) == n]
+
+
+def add_option_count_constraint(h, prob: StageProblem) -> list:
+    return option_count_constraint(prob.count_use, lambda idx: cp.sum(h[:, idx]))
 
 
 def counted_use_errors(count_use: tuple[np.ndarray, int] | None, counts: np.ndarray) -> list[str]:

@@ -38,7 +38,7 @@ import cvxpy as cp
 import numpy as np
 
 from partita.planner.milp import (CUTOFF, FEASIBILITY_RTOL, StageSolution, counted_use_errors, has_incumbent,
-                                  no_solution_status)
+                                  no_solution_status, option_count_constraint)
 
 
 @dataclass
@@ -114,10 +114,7 @@ def solve_blocks(prob: BlockProblem, cutoff: float | None = None) -> StageSoluti
         cons.append(cp.sum(cp.multiply(z, coeff_host), axis=0) <= prob.host_capacity / h_scale)
     if prob.must_use is not None and prob.must_use.any():
         cons.append(cp.sum(z[np.flatnonzero(prob.must_use), :]) >= 1)
-    if prob.count_use is not None and prob.count_use[0].any():
-        cons.append(cp.sum(z[np.flatnonzero(prob.count_use[0]), :]) == prob.count_use[1])
-    elif prob.count_use is not None and prob.count_use[1]:  # n > 0 blocks, none can take a counted option
-        cons.append(cp.sum(z) <= -1)
+    cons += option_count_constraint(prob.count_use, lambda idx: cp.sum(z[idx, :]))
     objective = (prob.num_microbatches - 1) * t_max + cp.sum(tau) + d_max
     if prob.rank is not None and prob.rank.any():
         objective = objective + 1e-7 * cp.sum(z.T @ prob.rank) / max(1, B)

@@ -87,7 +87,8 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "memory_capacity_bytes": int(np.min(prob.capacity)),
         "exposed_comm_s": exposed_comm,
         "hidden_comm_s": max(0.0, float(m * hidden + dp_hidden + zero_flush_hidden)),
-        "assumptions": assumptions(cluster, train.dtype) + parallelism_assumptions(c),
+        "assumptions": (assumptions(cluster, train.dtype) + kernel_assumptions(result.space.kernels)
+                        + parallelism_assumptions(c)),
         # operators that compute but have no FLOP formula (costmodel.flops): priced by their bytes only
         "uncosted_ops": result.graph.uncosted_ops(),
         "breakdown": breakdown,
@@ -96,6 +97,15 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         **({"memory_capacity_per_stage": [int(x) for x in np.broadcast_to(prob.capacity, (c.pp,))]}
            if np.ndim(prob.capacity) else {}),
     }
+
+
+def kernel_assumptions(kernels: str) -> list[str]:
+    """How the operators are taken to run (costmodel.fusion), when not as partita's runtime runs them."""
+    if kernels == "eager":
+        return []
+    return ["kernels: compiled (torch.compile per block): each connected run of elementwise ops and reductions "
+            "is one kernel moving only the bytes it reads and writes outside the run; memory as eager (compile "
+            "saves no more); partita's runtime runs eager and refuses this plan"]
 
 
 def parallelism_assumptions(c: Candidate) -> list[str]:

@@ -74,6 +74,8 @@ def _space_from_args(args):
         fixed["sequence_parallel"] = (args.sequence_parallel == "on",)
     if args.offload is not None:
         fixed["offload"] = args.offload == "on"
+    if args.kernels is not None:
+        fixed["kernels"] = args.kernels
     return SearchSpace(**fixed)
 
 
@@ -225,6 +227,10 @@ def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
     w.add_argument("--offload", choices=["on", "off"],
                    help="off: nothing offloaded to host memory; on: offload allowed and searched per layer "
                         "(the default; forcing every layer to offload is rarely feasible)")
+    w.add_argument("--kernels", choices=["eager", "compiled"],
+                   help="how operators run: eager (partita's runtime, the default) or compiled (torch.compile "
+                        "per block fuses elementwise ops and norms; prices a compiled run such as torchtitan's "
+                        "--compile beside partita's plan: `partita run` refuses such a plan)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from partita.costmodel.errors import InfeasibleError, PartitaError
+from partita.costmodel.fusion import with_kernels
 from partita.costmodel.graph import OpGraph
 from partita.costmodel.hardware import Cluster, GiB
 from partita.planner.candidates import Candidate, enumerate_candidates
@@ -41,6 +42,7 @@ class SearchResult:
 def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
            space: SearchSpace = SearchSpace(), raise_infeasible: bool = True) -> SearchResult:
     t0 = time.perf_counter()
+    graph = with_kernels(graph, space.kernels)  # a compiled run prices fused kernels (costmodel.fusion)
     prefix, layers, suffix, cands = enumerate_candidates(graph, cluster, train, space)
     if not cands and raise_infeasible:
         raise PartitaError(no_candidates_reason(cluster, train, space))

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from partita.costmodel.errors import PartitaError
+from partita.costmodel.fusion import KERNELS
 from partita.costmodel.hardware import Cluster
 from partita.planner.options import RECOMPUTE
 
@@ -108,6 +109,11 @@ class SearchSpace:
     """True: offload variants (activations to host, FSDP2 CPU offload of ZeRO-3 states) are allowed and
     searched per layer, alongside not offloading; False: nothing is offloaded. (Forcing every layer to
     offload is rarely feasible and is not what a user pricing their setup means by "offload on".)"""
+    kernels: str = "eager"
+    """How the operators run (costmodel.fusion.KERNELS): "eager", as partita's runtime runs them, or
+    "compiled", each block torch.compile'd so its connected elementwise operators and reductions are one
+    kernel each (costmodel.fusion). A setting, not a choice: it prices a compiled run (torchtitan's
+    `compile`, fms-fsdp's `use_torch_compile`) beside partita's plan; the runtime refuses such a plan."""
     sequence_parallel: tuple[bool, ...] = (False, True)
     """With tp > 1: plain Megatron tensor parallelism (False) and/or with sequence parallelism (True), a
     choice per candidate (every layer of a candidate has the same activation layout, so no layer pays a
@@ -157,6 +163,8 @@ class SearchSpace:
         if not isinstance(self.keep_gathered, bool):
             raise PartitaError("keep_gathered must be True (searched per layer) or False (none), got "
                                f"{self.keep_gathered!r}")
+        if self.kernels not in KERNELS:
+            raise PartitaError(f"kernels must be one of {', '.join(KERNELS)}, got {self.kernels!r}")
         if not isinstance(self.offload, bool):
             raise PartitaError(f"offload must be True (allowed, searched) or False (none), got {self.offload!r}")
 
@@ -167,7 +175,7 @@ class SearchSpace:
 
 
 ZERO_STAGES = (0, 1, 2, 3)
-FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "full_recompute_layers", "offload",
+FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "full_recompute_layers", "offload", "kernels",
            "sequence_parallel", "micro_batch", "virtual_stages")
 """The SearchSpace fields a user fixes (planner.api.plan keywords, `partita plan` flags)."""
 

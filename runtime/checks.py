@@ -69,6 +69,11 @@ def check_executable(plan: Plan, spec: ModelSpec, model: nn.Module) -> None:
         raise PlanError(f"schedule {plan.schedule.name} is not executed by this runtime, which runs "
                         f"{', '.join(executable.SCHEDULES)}")
     check_schedule(plan)
+    fixed = plan.solver.get("fixed")
+    if isinstance(fixed, dict) and (kernels := fixed.get("kernels", "eager")) != "eager":
+        raise PlanError(f"plan was priced for {kernels} kernels (torch.compile per block, --kernels {kernels}), "
+                        "but this runtime runs eager PyTorch and would not reach its predicted speed: "
+                        "re-plan without --kernels to run it")
     if plan.zero_stage not in executable.ZERO_STAGES:
         sharded(plan)  # its one-line refusal
 

@@ -47,6 +47,8 @@ def layer_blocks(d: dict) -> list[dict]:
     (["--recompute", "none,full", "--full-recompute-layers", "3"],
      lambda d: sorted(b["recompute"] for b in layer_blocks(d)) == ["full"] * 3 + ["none"]),
     (["--recompute", "selective,full"], lambda d: {b["recompute"] for b in layer_blocks(d)} <= {"selective", "full"}),
+    (["--kernels", "compiled"], lambda d: d["solver"]["fixed"] == {"kernels": "compiled"}
+     and any(a.startswith("kernels: compiled") for a in d["predicted"]["assumptions"])),
 ])
 def test_flags_fix_their_decision(capsys, flags, check):
     d = plan_json(capsys, *flags)

@@ -1,0 +1,125 @@
+"""Compiled kernels: what torch.compile's fusion does to the memory-bound operators of a captured graph.
+
+Eager PyTorch runs every elementwise operator and reduction as its own kernel: an RMSNorm is six kernels
+(pow, mean, add, rsqrt, mul, mul), each reading its inputs from HBM and writing its output back, so the
+norm moves about eight activations' bytes where one read and one write would do. torch.compile's
+Inductor generates one kernel for a connected run of pointwise operators and reductions (prologue and
+epilogue fusion), bounded by the matmuls and attention it leaves to cuBLAS and the attention kernels
+(Ansel et al., "PyTorch 2", ASPLOS'24, Sec. 5: "fusing pointwise, reduction and scatter kernels").
+Those kernels are memory-bound, so a fused group costs what it moves across its boundary:
+
+    bytes(C) = sum over tensors read from outside C  (each producer once)
+             + sum over tensors of C used outside C  (each written once)
+
+and one launch, where eager pays the sum of every member's reads and writes and one launch per member
+(costmodel.kernels prices both the same way: bytes at the achievable HBM bandwidth, twice in backward).
+
+Groups are formed in graph order: an operator joins the group of one of its inputs' producers when that
+keeps the groups acyclic -- it may not if another of its inputs depends on that group through a matmul
+(the residual add after an MLP does not fuse with the norm before it: the norm's output feeds the MLP,
+whose output the add needs). Views join a group without cost; a group of views alone runs no kernel.
+Groups stay inside a layer (costmodel.graph groups): torchtitan and most recipes compile each
+transformer block on its own. The loss and operators with no FLOP formula are left as they are.
+
+Not modelled: what compile does to memory. AOTAutograd's partitioner saves fewer intermediates and
+recomputes cheap pointwise ops in the backward; saved bytes stay eager's, so a compiled plan's memory is
+an upper bound. Inductor may split a large group into a few kernels (a reduction feeding a broadcast),
+each re-reading a shared input: the bytes above are a lower bound on what it moves.
+"""
+from __future__ import annotations
+
+from partita.costmodel.graph import OpGraph
+from partita.costmodel.kernels import ATTENTION_KINDS, gemm_dims
+
+KERNELS = ("eager", "compiled")
+"""How the training program runs its operators: eager PyTorch (partita's runtime), or torch.compile'd."""
+
+_NOT_FUSED = {"cross_entropy"}
+"""Kinds that stay their own kernel: the loss (already one fused kernel, costmodel.losses)."""
+
+
+def _fusible(d: dict) -> bool:
+    """A memory-bound operator or view that produces a tensor (not a matmul, attention or the loss; not an
+    operator whose FLOPs are unknown, which keeps its eager price)."""
+    return (d["op"] in ("call_function", "call_method", "call_module") and d["out_bytes"] > 0
+            and d["kind"] not in ATTENTION_KINDS | _NOT_FUSED and gemm_dims(d) is None
+            and not d.get("uncosted"))
+
+
+def fusion_groups(graph: OpGraph) -> list[list[str]]:
+    """The groups torch.compile would fuse, each a list of nodes in graph order (module docstring)."""
+    g = graph.g
+    comp: dict[str, int] = {}       # node -> its fusion group
+    upstream: dict[str, set] = {}   # node -> the fusion groups it depends on (itself included)
+    groups: list[list[str]] = []
+    for n in g.nodes:  # insertion order is a topological order (costmodel.graph)
+        d = g.nodes[n]
+        preds = list(g.predecessors(n))
+        deps = set().union(*(upstream[p] for p in preds)) if preds else set()
+        if _fusible(d):
+            choice = None
+            for p in sorted(preds, key=lambda p: -g.edges[p, n].get("nbytes", 0)):  # the largest input first
+                c = comp.get(p)
+                if c is None or g.nodes[p]["group"] != d["group"]:
+                    continue
+                # joining c is acyclic iff no other input reaches c through a node outside it
+                if all(comp.get(q) == c or c not in upstream[q] for q in preds):
+                    choice = c
+                    break
+            if choice is None:
+                choice = len(groups)
+                groups.append([])
+            comp[n] = choice
+            groups[choice].append(n)
+            deps = deps | {choice}
+        upstream[n] = deps
+    return groups
+
+
+def group_bytes(graph: OpGraph, members: list[str]) -> int:
+    """Bytes a fused group moves: its external inputs once each, its outputs used outside once each (a
+    view's output is its base's); 0 for a group of views alone (module docstring)."""
+    g, inside = graph.g, set(members)
+    if all(g.nodes[n]["alias"] for n in members):
+        return 0
+    reads = {p: g.edges[p, n].get("nbytes", 0) for n in members for p in g.predecessors(n) if p not in inside}
+    written: set[str] = set()
+    for n in members:
+        if any(s not in inside for s in g.successors(n)) or g.out_degree(n) == 0:
+            base = n
+            while base is not None and g.nodes[base]["alias"]:  # a view: what is written is its base
+                base = next((p for p in g.predecessors(base) if p in inside), None)
+            if base is not None:
+                written.add(base)
+    return sum(reads.values()) + sum(g.nodes[n]["out_bytes"] for n in written)
+
+
+def compiled(graph: OpGraph) -> OpGraph:
+    """A copy of `graph` priced as torch.compile runs it: each fusion group's bytes and FLOPs on its first
+    operator (one launch, costmodel.kernels' memory-bound price), its other members free. The copy keeps
+    every other attribute (saved bytes, parameters, shapes), so the planner uses it as it is."""
+    out = OpGraph(name=graph.name, batch=graph.batch, seq_len=graph.seq_len, dtype=graph.dtype)
+    out.g = graph.g.copy()
+    out.groups, out.capture_seconds = list(graph.groups), graph.capture_seconds
+    out.layer_container, out.layer_containers = graph.layer_container, list(graph.layer_containers)
+    g = out.g
+    for members in fusion_groups(graph):
+        kernels = [n for n in members if not g.nodes[n]["alias"]]
+        if not kernels:
+            continue
+        head = kernels[0]
+        fwd = sum(g.nodes[n]["fwd_flops"] for n in kernels)
+        bwd = sum(g.nodes[n]["bwd_flops"] for n in kernels)
+        g.nodes[head].update(mem_bytes=group_bytes(graph, members), fwd_flops=fwd, bwd_flops=bwd,
+                             fused=len(kernels))
+        for n in kernels[1:]:
+            g.nodes[n].update(mem_bytes=0, fwd_flops=0, bwd_flops=0, fused=0)
+    out.g.graph["kernels"] = "compiled"
+    return out
+
+
+def with_kernels(graph: OpGraph, kernels: str) -> OpGraph:
+    """`graph` priced for `kernels` (KERNELS): itself for eager, `compiled(graph)` otherwise."""
+    if kernels == "eager" or graph.g.graph.get("kernels") == kernels:
+        return graph
+    return compiled(graph)

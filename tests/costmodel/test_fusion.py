@@ -1,0 +1,118 @@
+"""costmodel.fusion: a compiled run prices each connected run of memory-bound operators as one kernel that
+moves only its external bytes; matmuls, attention and the memory model are untouched; groups never make
+the graph cyclic. A compiled plan is predicted faster than the same plan run eagerly, says so, and the
+runtime refuses it."""
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+
+from partita.costmodel.errors import PartitaError
+from partita.costmodel.fusion import compiled, fusion_groups, group_bytes
+from partita.costmodel.hardware import parse_cluster
+from partita.costmodel.models import resolve_model
+from partita.costmodel.trace import capture
+from partita.planner.api import plan
+from partita.planner.candidates import split_model
+from partita.planner.explain import explain
+from partita.planner.plan import PlanError
+from partita.planner.space import SearchSpace, TrainConfig
+from partita.planner.strategies import launches, node_seconds
+from partita.runtime.checks import preflight
+
+LLAMA = "llama:layers=3,hidden=256,heads=8,kv_heads=4,seq=256,vocab=512"
+GPT = "gpt:layers=3,hidden=256,heads=8,seq=256,vocab=512"
+
+
+@pytest.fixture(scope="module", params=[LLAMA, GPT])
+def graph(request):
+    return capture(resolve_model(request.param), dtype="bf16")
+
+
+def _layer(graph):
+    return split_model(graph)[1][1]
+
+
+def _kinds(graph, members):
+    return [graph.g.nodes[n]["kind"] for n in members]
+
+
+def test_groups_contracted_leave_the_graph_acyclic(graph):
+    """Each group must be one kernel: no path may leave a group and come back (the residual add after the
+    MLP cannot fuse with the norm whose output feeds the MLP)."""
+    groups = fusion_groups(graph)
+    assert any(sum(not graph.g.nodes[n]["alias"] for n in m) > 1 for m in groups)  # something fused
+    where = {n: i for i, m in enumerate(groups) for n in m}
+    contracted = nx.DiGraph()
+    for u, v in graph.g.edges:
+        a, b = where.get(u, u), where.get(v, v)
+        if a != b:
+            contracted.add_edge(a, b)
+    assert nx.is_directed_acyclic_graph(contracted)
+    for m in groups:  # and a group stays inside one layer (compile wraps each block)
+        assert len({graph.g.nodes[n]["group"] for n in m}) == 1
+
+
+def test_a_norm_is_one_kernel_reading_its_input_and_weight_and_writing_its_output(graph):
+    g = graph.g
+    layer = _layer(graph)
+    norm = next(m for m in fusion_groups(graph) if g.nodes[m[0]]["group"] == layer
+                and ("mean" in _kinds(graph, m) or "layernorm" in _kinds(graph, m)))
+    kernels = [n for n in norm if not g.nodes[n]["alias"]]
+    outside = {p for n in norm for p in g.predecessors(n) if p not in norm}
+    written = [n for n in kernels if any(s not in norm for s in g.successors(n))]
+    expected = sum(g.nodes[p]["out_bytes"] for p in outside) + sum(g.nodes[n]["out_bytes"] for n in written)
+    assert group_bytes(graph, norm) == expected
+    eager = sum(g.nodes[n]["mem_bytes"] for n in kernels)
+    if len(kernels) > 1:  # an RMSNorm written as six ops moves several activations more in eager
+        assert group_bytes(graph, norm) < eager / 2
+
+
+def test_a_group_of_views_alone_runs_no_kernel(graph):
+    views = [m for m in fusion_groups(graph) if all(graph.g.nodes[n]["alias"] for n in m)]
+    assert views  # q/k/v reshapes between a Linear and attention
+    assert all(group_bytes(graph, m) == 0 for m in views)
+
+
+def test_compiled_prices_memory_bound_ops_lower_and_keeps_the_rest(graph):
+    cg = compiled(graph)
+    cluster = parse_cluster("1x8xH100-80GB")
+    assert cg.repeated() == graph.repeated()  # layers stay copies of one another
+    assert cg.totals()["fwd_flops"] == graph.totals()["fwd_flops"]
+    assert cg.totals()["saved_bytes"] == graph.totals()["saved_bytes"]  # memory as eager
+    layer = _layer(graph)
+    t = {}
+    for name, gr in (("eager", graph), ("compiled", cg)):
+        nodes = [gr.g.nodes[n] for n in gr.nodes_of(layer)]
+        heavy = [d for d in nodes if d["kind"] in ("linear", "scaled_dot_product_attention")]
+        light = [d for d in nodes if d not in heavy]
+        t[name] = (sum(node_seconds(d, cluster, "bf16").fwd for d in heavy),
+                   sum(node_seconds(d, cluster, "bf16").fwd for d in light),
+                   sum(launches(d) for d in nodes))
+    assert t["compiled"][0] == t["eager"][0]       # GEMMs and attention as they were
+    assert t["compiled"][1] < t["eager"][1]         # elementwise and norms: fewer bytes
+    if any(d["kind"] == "mean" for _, d in graph.g.nodes(data=True)):  # RMSNorm and RoPE written out op by op
+        assert t["compiled"][1] < 0.6 * t["eager"][1]
+    assert t["compiled"][2] < t["eager"][2]         # and fewer launches
+    assert graph.g.graph.get("kernels") is None     # the captured graph itself is untouched
+
+
+def test_a_compiled_plan_is_faster_says_so_and_the_runtime_refuses_it():
+    train = TrainConfig(global_batch=16, dtype="bf16")
+    fixed = dict(tp=1, zero=3, recompute="none", micro_batch=2, offload=False)
+    eager = plan(LLAMA, cluster="1x8xH100-80GB", train=train, **fixed)
+    fast = plan(LLAMA, cluster="1x8xH100-80GB", train=train, kernels="compiled", **fixed)
+    assert fast.predicted["step_time_s"] < eager.predicted["step_time_s"]
+    assert fast.predicted["peak_memory_bytes"] == eager.predicted["peak_memory_bytes"]
+    assert fast.solver["fixed"]["kernels"] == "compiled"
+    assert "kernels: compiled" in explain(fast, width=400)
+    assert not any("kernels" in a for a in eager.predicted["assumptions"])
+    spec = resolve_model(LLAMA)
+    assert isinstance(preflight(eager, spec, 8), list)  # the eager plan passes (returns its dtype notes)
+    with pytest.raises(PlanError, match="priced for compiled kernels .* re-plan without --kernels"):
+        preflight(fast, spec, 8)
+
+
+def test_an_unknown_kernels_setting_is_one_line():
+    with pytest.raises(PartitaError, match="^kernels must be one of eager, compiled, got 'jit'$"):
+        SearchSpace(kernels="jit")

@@ -94,7 +94,8 @@ def published_space(row: Row) -> SearchSpace:
         # every published ZeRO-3 run (FULL_SHARD, HSDP, fully_shard) reshards each layer after its forward
         keep_gathered=False,
         # Megatron-LM's pipeline sends use its scatter/gather (SC'21 §4.1); DeepSpeed's pipeline engine does not
-        p2p_scatter_gather=row.table.framework.startswith("Megatron-LM"))
+        p2p_scatter_gather=row.table.framework.startswith("Megatron-LM"),
+        kernels=row.table.kernels)  # a torch.compile'd run is priced with fused kernels (costmodel.fusion)
 
 
 def train_for(row: Row) -> TrainConfig:
@@ -122,7 +123,8 @@ def predicted_metric(row: Row, pred: dict) -> float:
 
 
 def row_key(row: Row) -> str:
-    return f"{row.table.source}/{row.model.name}/s{row.seq}/{row.hardware}x{row.gpus}/gb{row.global_batch}"
+    compiled = "/compiled" if row.table.kernels != "eager" else ""
+    return f"{row.table.source}/{row.model.name}/s{row.seq}/{row.hardware}x{row.gpus}/gb{row.global_batch}{compiled}"
 
 
 def _config(row: Row) -> dict:
@@ -132,6 +134,7 @@ def _config(row: Row) -> dict:
             **({"full_recompute_layers": row.full_recompute_layers} if row.full_recompute_layers is not None else {}),
             "sequence_parallel": row.sequence_parallel, "schedule": row.schedule,
             "virtual_stages": row.virtual_stages, "precision": row.table.precision, "framework": row.table.framework,
+            "kernels": row.table.kernels,
             **({"device_overrides": dict(row.device_overrides)} if row.device_overrides else {})}
 
 
@@ -283,7 +286,8 @@ def _config_text(r: dict) -> str:
     sp = " SP" if c["sequence_parallel"] else (" (SP)" if c["sequence_parallel"] is None and p.get("sequence_parallel")
                                               else "")
     extra = "".join(f" {k}{c[k]}" for k in ("cp", "ep") if c.get(k, 1) > 1)
-    return f"tp{c['tp']} pp{c['pp']} dp{c['dp']}{extra} Z{'|'.join(map(str, c['zero']))} mb{mb} {rc}{sp}"
+    compiled = " compiled" if c.get("kernels", "eager") != "eager" else ""
+    return f"tp{c['tp']} pp{c['pp']} dp{c['dp']}{extra} Z{'|'.join(map(str, c['zero']))} mb{mb} {rc}{sp}{compiled}"
 
 
 def _print_row(r: dict) -> None:

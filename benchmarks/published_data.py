@@ -25,6 +25,7 @@ Metrics (`Table.metric`), exactly as published:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 TOKENS = "tokens_per_s_per_gpu"
@@ -75,6 +76,8 @@ class Table:
     metric: str
     precision: str = "bf16"
     framework: str = ""
+    kernels: str = "eager"
+    """How the run executed its operators: "eager", or "compiled" (torch.compile; costmodel.fusion)."""
     notes: str = ""
 
 
@@ -219,9 +222,12 @@ KORTHIKANTI_T5_ROWS = [
 # The FP8 table is skipped (SKIPPED).
 _LLMF = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md @ 495218376 (2024-04-22), table "
          "'{}', column Throughput (T/s/GPU)")
-_LLMF_NOTES = ("MPT priced as the gpt family: MPT has ALiBi (no position embedding), no biases, tied "
-               "embeddings and low-precision LayerNorm; partita's gpt has learned positions, biases and an "
-               "untied head (the head's FLOPs are the same)")
+# The benchmark yamls set only `attn_impl: triton` (flash attention in Triton, llmfoundry/models/layers/
+# flash_attn_triton.py), so ALiBi is off and positions are learned: the README's NumParams grows by d_model
+# per extra position (mpt-30b: 30019254272 at 8192 tokens, 29989894144 at 4096).
+_LLMF_NOTES = ("MPT priced as the gpt family (learned positions, as benchmarked: the yamls leave ALiBi off); MPT "
+               "has no biases, tied embeddings, low-precision LayerNorm and Triton flash attention; partita's "
+               "gpt has biases and an untied head (the head's FLOPs are the same)")
 LLMF_H100_LARGE = Table(source="llm-foundry", citation=_LLMF.format("H100 80GB BF16 (Large Scale, >= 128 GPUs)"),
                         metric=TOKENS, framework="Composer FSDP, torch 2.1", notes=_LLMF_NOTES)
 LLMF_H100 = Table(source="llm-foundry", citation=_LLMF.format("H100 80GB BF16"), metric=TOKENS,
@@ -478,6 +484,17 @@ LLAMA2_34B = Model(name="llama2-34b", family="llama", layers=48, hidden=8192, he
                    ffn=22016)
 LLAMA2_70B = Model(name="llama2-70b", family="llama", layers=80, hidden=8192, heads=64, kv_heads=8, vocab=32000,
                    ffn=28672)
+# The README @ ed74fd5 (2024-05-09) re-measured the same runs with torch.compile (use_torch_compile True
+# at that commit: `torch.compile(model)` after FSDP wrapping). Its 7B row keeps the configuration of the
+# eager table (HSDP, no AC, batch 2, seq 4096); its 13B/34B/70B rows are SKIPPED (below).
+_FMS_C = ("foundation-model-stack/fms-fsdp README.md @ ed74fd5 (2024-05-09), training throughput table "
+          "(Compile Y), column '{}'")
+FMS_A100_COMPILED = Table(source="fms-fsdp", citation=_FMS_C.format("tokens/sec/GPU A100 80G 128 GPUs with 400Gbps"),
+                          metric=TOKENS, framework="PyTorch FSDP + torch.compile", kernels="compiled",
+                          notes=FMS_A100.notes)
+FMS_H100_COMPILED = Table(source="fms-fsdp", citation=_FMS_C.format("tokens/sec/GPU H100 96 GPUs with 800 Gbps"),
+                          metric=TOKENS, framework="PyTorch FSDP + torch.compile", kernels="compiled",
+                          notes=FMS_H100.notes)
 HSDP = ("HSDP (sharded within a node, replicated across nodes) has no partita equivalent: priced as ZeRO-3 "
         "over all GPUs, whose parameter all-gathers cross the network")
 # The same README's MFU/HFU table says how many blocks 13B recomputed. HFU counts the re-run forward, so
@@ -509,6 +526,10 @@ FMS_ROWS = [
         sharding="FULL_SHARD", micro_batch=2, global_batch=192, recompute=FULL, value=1550),
     Row(table=FMS_H100, model=LLAMA2_70B, seq=4096, hardware="H100-80GB", gpus=96, dp=96, zero=(3,),
         sharding="FULL_SHARD", micro_batch=2, global_batch=192, recompute=FULL, value=800),
+    Row(table=FMS_A100_COMPILED, model=LLAMA2_7B, seq=4096, hardware="A100-80GB", gpus=128, dp=128, zero=(3,),
+        sharding="HSDP", micro_batch=2, global_batch=256, recompute=NONE, value=4550, notes=HSDP),
+    Row(table=FMS_H100_COMPILED, model=LLAMA2_7B, seq=4096, hardware="H100-80GB", gpus=96, dp=96, zero=(3,),
+        sharding="HSDP", micro_batch=2, global_batch=192, recompute=NONE, value=9600, notes=HSDP),
 ]
 
 # ---------------------------------------------------------------------------------------------------
@@ -530,6 +551,11 @@ _H100_96GB = (("memory_bytes", 96e9), ("mem_bandwidth", 2.4e12))
 OP_SAC = ("torchtitan's op-level selective AC (selective_ac_option 'op': saves every other matmul output and "
           "attention's, recomputing the rest), priced as partita's 'op', the same policy; FSDP2 reduces "
           "gradients in fp32 (mixed_precision_reduce default)")
+# Rows "FSDP + torch.compile" of the same tables: torchtitan's apply_compile (torchtitan/parallelisms/
+# parallelize_llama.py at 9dec370) compiles each TransformerBlock (fullgraph=True); everything else as above.
+TORCHTITAN_2412_COMPILED = dataclasses.replace(
+    TORCHTITAN_2412, citation=TORCHTITAN_2412.citation.replace("row 'FSDP'", "row 'FSDP + torch.compile'"),
+    framework="torchtitan FSDP2 + torch.compile per block, torch nightly 1963fc8 (2024-12-23)", kernels="compiled")
 # Its "Memory(GiB)" column is torchtitan's logged `max_reserved_gib` (torchtitan/components/metrics.py:
 # torch.cuda.memory_stats()["reserved_bytes.all.peak"]), the maximum over GPUs.
 _TT_MEMORY = "torch.cuda peak reserved bytes (allocated tensors plus the caching allocator's cache), max over GPUs"
@@ -540,6 +566,12 @@ TORCHTITAN_ROWS = [
     Row(table=TORCHTITAN_2412, model=LLAMA31_8B, seq=8192, hardware="H100-80GB", device_overrides=_H100_96GB,
         gpus=128, dp=128, zero=(3,), sharding="FSDP2 fully_shard", micro_batch=2, global_batch=256,
         recompute=OP, value=5605, memory_gib=67.0, memory_reading=_TT_MEMORY, notes="Table 3. " + OP_SAC),
+    Row(table=TORCHTITAN_2412_COMPILED, model=LLAMA31_8B, seq=8192, hardware="H100-80GB", device_overrides=_H100_96GB,
+        gpus=8, dp=8, zero=(3,), sharding="FSDP2 fully_shard", micro_batch=2, global_batch=16, recompute=OP,
+        value=6667, memory_gib=77.0, memory_reading=_TT_MEMORY, notes="Table 1. " + OP_SAC),
+    Row(table=TORCHTITAN_2412_COMPILED, model=LLAMA31_8B, seq=8192, hardware="H100-80GB", device_overrides=_H100_96GB,
+        gpus=128, dp=128, zero=(3,), sharding="FSDP2 fully_shard", micro_batch=2, global_batch=256,
+        recompute=OP, value=6514, memory_gib=62.0, memory_reading=_TT_MEMORY, notes="Table 3. " + OP_SAC),
 ]
 
 # ---------------------------------------------------------------------------------------------------
@@ -664,12 +696,12 @@ ROWS: list[Row] = (MEGATRON_T1_ROWS + KORTHIKANTI_T5_ROWS + LLMF_ROWS + FMS_ROWS
 # ---------------------------------------------------------------------------------------------------
 SKIPPED = [
     Skipped(source="llm-foundry", what="README table 'H100 80GB FP8' (10 rows)", reason="FP8 (amp_fp8)"),
-    Skipped(source="fms-fsdp", what="README.md @ ed74fd5 (2024-05-09) throughput table (8 rows)",
-            reason="measured with torch.compile, which the cost model does not price (it prices eager "
-                   "kernels); the eager table of 2024-03-13 is priced instead"),
-    Skipped(source="torchtitan", what="llama3_h100_202412: Tables 1 and 3 rows with torch.compile and/or "
-                                      "Float8; Tables 2, 4, 5, 6",
-            reason="torch.compile and Float8 (and context parallelism in Tables 2 and 6) are not priced"),
+    Skipped(source="fms-fsdp", what="README.md @ ed74fd5 (2024-05-09) throughput table, 13b/34b/70b (6 rows)",
+            reason="their recompute is not recoverable: the table says 'Selective AC' for all three, but the "
+                   "same README's HFU / MFU = 1 + f / 3 gives f = 0.39 for 13B and about 1 (every block) for "
+                   "34B and 70B, and its text quotes 13B at 0.48 MFU where the table has 0.61"),
+    Skipped(source="torchtitan", what="llama3_h100_202412: Tables 1 and 3 rows with Float8; Tables 2, 4, 5, 6",
+            reason="Float8 (and context parallelism in Tables 2 and 6) is not priced"),
     Skipped(source="torchtitan", what="asyncTP_llama3_h100_2025-06 (bf16 rows: 70B FSDP 32 x TP 8; 8B FSDP 8 x TP 8)",
             reason="measured with torch.compile (and async TP); FP8 rows also"),
     Skipped(source="torchtitan", what="llama3-8b_h200_202506_trainy-whitefiber", reason="Float8 + torch.compile"),

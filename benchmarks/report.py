@@ -309,6 +309,7 @@ def published(results: dict) -> str:
                          f"{METRICS.get(metric, metric)}, predicted {lifted['value']:.4g} "
                          f"({pct(lifted['error'], sign=True)})")
         out.append("\n".join(lines))
+    out += _compiled_rows(rows)
     split = [r for r in rows if r["config"].get("cp", 1) > 1 or r["config"].get("ep", 1) > 1]
     if split:
         out.append(paragraph("Rows with context or expert parallelism:"))
@@ -448,6 +449,27 @@ def _brief_overhead(d: dict) -> str:
             f"spread up to {pct(s['max_launch_to_launch_spread'])}); "
             + ("losses identical" if s["max_abs_loss_diff"] == 0
                else f"max loss difference {s['max_abs_loss_diff']:.1e}"))
+
+
+def _compiled_rows(rows: list[dict]) -> list[str]:
+    """Rows measured with torch.compile beside the eager run of the same configuration: the gain the source
+    measured and the gain the fused-kernel pricing (costmodel.fusion) predicts."""
+    eager = {r["key"]: r for r in rows}
+    pairs = [(r, eager.get(r["key"].removesuffix("/compiled"))) for r in rows
+             if r["config"].get("kernels", "eager") != "eager" and r.get("predicted")]
+    if not pairs:
+        return []
+    lines = []
+    for r, e in pairs:
+        line = (f"- `{r['key']}`: measured {r['measured']['value']:.4g}, predicted {r['predicted']['value']:.4g} "
+                f"({pct(r['error'], sign=True)})")
+        if e is not None and e.get("predicted"):
+            line += (f"; over the eager run, measured {pct(r['measured']['value'] / e['measured']['value'] - 1, sign=True)}, "
+                     f"predicted {pct(r['predicted']['value'] / e['predicted']['value'] - 1, sign=True)}")
+        lines.append(line)
+    return [paragraph("Rows measured with torch.compile, priced with fused kernels (`--kernels compiled`, "
+                      "costmodel.fusion: each connected run of elementwise ops and norms as one kernel; memory as "
+                      "eager). The fusion model explains part of the measured gain, not all of it:"), "\n".join(lines)]
 
 
 def _brief_published(d: dict) -> str:

@@ -31,6 +31,15 @@ def test_data_meets_the_benchmark_requirements():
     assert SKIPPED and all(s.reason for s in SKIPPED)
 
 
+def test_compiled_runs_are_priced_compiled_and_keyed_apart_from_their_eager_run():
+    keys = [published.row_key(r) for r in ROWS]
+    compiled = [r for r in ROWS if r.table.kernels == "compiled"]
+    assert all(keys.count(published.row_key(r)) == 1 for r in compiled)
+    assert compiled and all(published.published_space(r).kernels == "compiled" for r in compiled)
+    assert all(published.published_space(r).kernels == "eager" for r in ROWS if r.table.kernels == "eager")
+    assert all(published.row_key(r).removesuffix("/compiled") in keys for r in compiled)
+
+
 @pytest.mark.parametrize("row", ROWS, ids=published.row_key)
 def test_every_row_is_a_consistent_published_configuration(row):
     assert row.tp * row.pp * row.dp * row.cp == row.gpus

@@ -60,6 +60,18 @@ def test_a_published_peak_memory_is_set_beside_the_predicted_one():
     assert "Peak memory" not in report.render("published", {"published": _published(0.05)})
 
 
+def test_a_compiled_row_is_set_beside_its_eager_run_with_both_gains():
+    d = _published(0.05)
+    compiled = {**d["rows"][0], "key": "src-x/model-y/compiled", "config": {"kernels": "compiled"},
+                "measured": {"metric": "tokens_per_s_per_gpu", "value": 1200.0},
+                "predicted": {"metric": "tokens_per_s_per_gpu", "value": 1150.0}, "error": 1150.0 / 1200.0 - 1}
+    d["rows"].append(compiled)
+    text = report.render("published", {"published": d})
+    assert ("`src-x/model-y/compiled`: measured 1200, predicted 1150 (-4.2%); over the eager run, measured "
+            "+20.0%, predicted +9.5%") in text
+    assert "torch.compile" not in report.render("published", {"published": _published(0.05)})
+
+
 def test_table1_quotes_the_plans_exposed_communication():
     d = report.load(ROOT / "benchmarks" / "results")["table1"]
     shares = [r["plan"]["exposed_comm_s"] / r["plan"]["step_time_s"] for r in d["rows"]]

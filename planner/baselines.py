@@ -21,21 +21,24 @@ from partita.planner.build import predicted
 from partita.planner.search import SearchSpace, TrainConfig, search
 
 
-def baseline_spaces(cluster: Cluster) -> list[SearchSpace]:
+def baseline_spaces(cluster: Cluster, kernels: str = "eager") -> list[SearchSpace]:
+    """The baselines' spaces, their operators run as the plan's (`kernels`: like for like)."""
     node_tp = max(t for t in (1, 2, 4, 8) if cluster.devices_per_node % t == 0)
     return [
-        SearchSpace(name="DDP", tp=(1,), pp=(1,), zero=(0,), recompute=("none",), offload=False),
-        SearchSpace(name="FSDP (ZeRO-3)", tp=(1,), pp=(1,), zero=(3,), recompute=("none", "full"), offload=False),
+        SearchSpace(name="DDP", tp=(1,), pp=(1,), zero=(0,), recompute=("none",), offload=False, kernels=kernels),
+        SearchSpace(name="FSDP (ZeRO-3)", tp=(1,), pp=(1,), zero=(3,), recompute=("none", "full"), offload=False,
+                    kernels=kernels),
         SearchSpace(name=f"Megatron TP{node_tp} x PP", tp=(node_tp,), zero=(0,), recompute=("full",),
-                    offload=False, min_pp=True),
-        SearchSpace(name="recompute everything", recompute=("full",)),
+                    offload=False, min_pp=True, kernels=kernels),
+        SearchSpace(name="recompute everything", recompute=("full",), kernels=kernels),
     ]
 
 
-def run_baselines(graph: OpGraph, cluster: Cluster, train: TrainConfig) -> list[dict]:
-    """Each baseline's best plan as {"name", "fits", "mesh", "predicted"} (predicted None if nothing fits)."""
+def run_baselines(graph: OpGraph, cluster: Cluster, train: TrainConfig, kernels: str = "eager") -> list[dict]:
+    """Each baseline's best plan as {"name", "fits", "mesh", "predicted"} (predicted None if nothing fits),
+    priced with the plan's `kernels` (SearchSpace.kernels)."""
     out = []
-    for space in baseline_spaces(cluster):
+    for space in baseline_spaces(cluster, kernels):
         result = search(graph, cluster, train, space=space, raise_infeasible=False)
         c = result.best
         if c is None:

@@ -113,6 +113,16 @@ def test_a_compiled_plan_is_faster_says_so_and_the_runtime_refuses_it():
         preflight(fast, spec, 8)
 
 
+def test_baselines_are_priced_with_the_plans_kernels():
+    train = TrainConfig(global_batch=16, dtype="bf16")
+    step = {}
+    for kernels in ("eager", "compiled"):
+        p = plan(LLAMA, cluster="1x8xH100-80GB", train=train, baselines=True, kernels=kernels)
+        step[kernels] = {b["name"]: b["predicted"]["step_time_s"] for b in p.baselines if b["fits"]}
+    assert step["eager"].keys() == step["compiled"].keys() and "DDP" in step["eager"]
+    assert all(step["compiled"][name] < step["eager"][name] for name in step["eager"])
+
+
 def test_an_unknown_kernels_setting_is_one_line():
     with pytest.raises(PartitaError, match="^kernels must be one of eager, compiled, got 'jit'$"):
         SearchSpace(kernels="jit")

@@ -50,12 +50,14 @@ def fusion_groups(graph: OpGraph) -> list[list[str]]:
     """The groups torch.compile would fuse, each a list of nodes in graph order (module docstring)."""
     g = graph.g
     comp: dict[str, int] = {}       # node -> its fusion group
-    upstream: dict[str, set] = {}   # node -> the fusion groups it depends on (itself included)
+    upstream: dict[str, int] = {}   # node -> the fusion groups it depends on, itself included (a bit set)
     groups: list[list[str]] = []
     for n in g.nodes:  # insertion order is a topological order (costmodel.graph)
         d = g.nodes[n]
         preds = list(g.predecessors(n))
-        deps = set().union(*(upstream[p] for p in preds)) if preds else set()
+        deps = 0
+        for p in preds:
+            deps |= upstream[p]
         if _fusible(d):
             choice = None
             for p in sorted(preds, key=lambda p: -g.edges[p, n].get("nbytes", 0)):  # the largest input first
@@ -63,7 +65,7 @@ def fusion_groups(graph: OpGraph) -> list[list[str]]:
                 if c is None or g.nodes[p]["group"] != d["group"]:
                     continue
                 # joining c is acyclic iff no other input reaches c through a node outside it
-                if all(comp.get(q) == c or c not in upstream[q] for q in preds):
+                if all(comp.get(q) == c or not upstream[q] >> c & 1 for q in preds):
                     choice = c
                     break
             if choice is None:
@@ -71,7 +73,7 @@ def fusion_groups(graph: OpGraph) -> list[list[str]]:
                 groups.append([])
             comp[n] = choice
             groups[choice].append(n)
-            deps = deps | {choice}
+            deps |= 1 << choice
         upstream[n] = deps
     return groups
 

@@ -51,8 +51,12 @@ def _worker(rank: int, world: int, store_path: str, out: str) -> None:
                 counts.update(reduce_scatter=0, all_gather=0)
                 plan = _plan(zero)
                 result = runtime.run(plan, MODEL, steps=steps, print_report=False)
+                detail = result.memory_detail  # this rank's traced step (runtime.memory.StepMemory)
                 rows[f"zero{zero}-steps{steps}"] = dict(counts, memory=result.peak_memory_bytes,
-                                                        predicted=plan["predicted"]["peak_memory_bytes"])
+                                                        predicted=plan["predicted"]["peak_memory_bytes"],
+                                                        local=detail["peak_bytes"],
+                                                        unreported=detail["unreported_free_bytes"],
+                                                        in_order=detail["in_order"], tracked=detail["tracked_bytes"])
     finally:
         dist.reduce_scatter_single, dist.all_gather_single = plain_rs, plain_ag
     every = [None] * world
@@ -77,6 +81,17 @@ def test_a_pipeline_stage_under_fsdp_syncs_gradients_once_per_step():
                 assert ag_step == rs_step, (rank, rows)
             else:  # ZeRO-3: gathered again before backwards, at most once per micro-batch and unit (+ the first)
                 assert rs_step < ag_step <= (MICRO + 1) * rs_step, (rank, rows)
-            # and the memory it holds for that (parameters gathered, whole fp32 gradients; the allocator's
-            # peak of the largest rank against the planner's largest stage)
-            assert abs(two["predicted"] / two["memory"] - 1) <= 0.05, (zero, two)
+    # and the memory it holds for that (parameters gathered, whole fp32 gradients): the allocator's peak of
+    # the largest rank against the planner's largest stage. The trace bounds each rank's peak from above
+    # only: a block a gloo thread frees goes unreported and counts as live until its address is reused,
+    # and a trace whose events could not be put in order (`in_order` False) may replay a free before its
+    # allocation (runtime.memory). So a rank's peak lies between its figure less those unreported bytes
+    # (without order: its tracked figure, states plus saved activations) and its figure; the prediction
+    # must be within 5% of that range.
+    for zero in (2, 3):
+        ranks = [rows[f"zero{zero}-steps{STEPS[1]}"] for rows in every]
+        upper = max(r["local"] for r in ranks)
+        lower = max(r["local"] - r["unreported"] if r["in_order"] else min(r["local"], r["tracked"]) for r in ranks)
+        predicted = ranks[0]["predicted"]
+        assert upper == ranks[0]["memory"]
+        assert 0.95 * lower <= predicted <= 1.05 * upper, (zero, lower, upper, predicted, ranks)

@@ -100,10 +100,7 @@ def compiled(graph: OpGraph) -> OpGraph:
     """A copy of `graph` priced as torch.compile runs it: each fusion group's bytes and FLOPs on its first
     operator (one launch, costmodel.kernels' memory-bound price), its other members free. The copy keeps
     every other attribute (saved bytes, parameters, shapes), so the planner uses it as it is."""
-    out = OpGraph(name=graph.name, batch=graph.batch, seq_len=graph.seq_len, dtype=graph.dtype)
-    out.g = graph.g.copy()
-    out.groups, out.capture_seconds = list(graph.groups), graph.capture_seconds
-    out.layer_container, out.layer_containers = graph.layer_container, list(graph.layer_containers)
+    out = graph.copy()
     g = out.g
     for members in fusion_groups(graph):
         kernels = [n for n in members if not g.nodes[n]["alias"]]

@@ -15,6 +15,7 @@ the planner exploits to keep its program small.
 """
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -80,6 +81,13 @@ class OpGraph:
                 outs = [self.g.nodes[s]["group"] for s in self.g.successors(n) if self.g.nodes[s]["group"]]
                 d["group"] = min(outs, key=rank.__getitem__) if outs else self.groups[0]
                 d["via_user"] = True
+
+    def copy(self) -> "OpGraph":
+        """A copy whose node attributes can be changed without touching this graph (costmodel.fusion)."""
+        out = copy.copy(self)
+        out.__dict__.pop("_by_group", None)  # the group index is rebuilt on first use
+        out.g = self.g.copy()  # new node and edge attribute dicts, the same values
+        return out
 
     # queries -----------------------------------------------------------------------------------
     def nodes_of(self, group: str) -> list[str]:

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from partita.planner.plan import RECOMPUTE
 from partita.planner.strategies import SPLIT
+from partita.planner.space import fixed_text
 
 CATEGORY_STYLE = {"model_states": "cyan", "activations": "magenta", "workspace": "yellow"}
 
@@ -201,9 +202,7 @@ def _fixed(fixed) -> str:
     """The what-if choices the user fixed (the rest were searched), as the flags that fix them."""
     if not isinstance(fixed, dict) or not fixed:
         return ""
-    show = lambda v: "|".join("on" if x is True else "off" if x is False else str(x) for x in v) \
-        if isinstance(v, list) else ("on" if v is True else "off" if v is False else str(v))
-    return "\nfixed   " + ", ".join(f"{k.replace('_', '-')}={show(v)}" for k, v in fixed.items()) + " (the rest searched)"
+    return "\nfixed   " + fixed_text(fixed) + " (the rest searched)"
 
 
 def _baselines(plan) -> Table:

@@ -243,9 +243,15 @@ def _schedules(requested: str, pp: int, m: int, layers: int,
 
 def describe_fixed(space: SearchSpace) -> str:
     """The space's fixed choices as a user wrote them: "tp=2, pp=2, zero=3, recompute=full"."""
+    return fixed_text(space.fixed())
+
+
+def fixed_text(fixed: dict) -> str:
+    """Fixed choices {field: value or values} (SearchSpace.fixed, or a plan's solver.fixed with lists) as
+    the flags that fix them: "tp=2, recompute=none|full, offload=off"."""
     show = lambda v: "on" if v is True else "off" if v is False else str(v)
-    return ", ".join(f"{name.replace('_', '-')}={'|'.join(map(show, v)) if isinstance(v, tuple) else show(v)}"
-                     for name, v in space.fixed().items())
+    return ", ".join(f"{name.replace('_', '-')}={'|'.join(map(show, v)) if isinstance(v, (tuple, list)) else show(v)}"
+                     for name, v in fixed.items())
 
 
 def check_space(cluster: Cluster, train: TrainConfig, space: SearchSpace, *, max_pp: int, layers: int,

@@ -466,10 +466,15 @@ def _compiled_rows(rows: list[dict]) -> list[str]:
         if e is not None and e.get("predicted"):
             line += (f"; over the eager run, measured {pct(r['measured']['value'] / e['measured']['value'] - 1, sign=True)}, "
                      f"predicted {pct(r['predicted']['value'] / e['predicted']['value'] - 1, sign=True)}")
+            m, me = r.get("measured_memory") or {}, e.get("measured_memory") or {}
+            if m.get("predicted_peak_gib") and me.get("predicted_peak_gib"):
+                line += (f"; peak memory measured {me['gib']:.1f} -> {m['gib']:.1f} GiB, predicted "
+                         f"{me['predicted_peak_gib']:.1f} -> {m['predicted_peak_gib']:.1f} GiB")
         lines.append(line)
     return [paragraph("Rows measured with torch.compile, priced with fused kernels (`--kernels compiled`, "
-                      "costmodel.fusion: each connected run of elementwise ops and norms as one kernel; memory as "
-                      "eager). The fusion model explains part of the measured gain, not all of it:"), "\n".join(lines)]
+                      "costmodel.fusion: each connected run of elementwise ops and norms as one kernel, saving no "
+                      "tensor that stays inside it). The fusion model explains part of the measured gain, not all "
+                      "of it:"), "\n".join(lines)]
 
 
 def _brief_published(d: dict) -> str:

@@ -21,9 +21,18 @@ whose output the add needs). Views join a group without cost; a group of views a
 Groups stay inside a layer (costmodel.graph groups): torchtitan and most recipes compile each
 transformer block on its own. The loss and operators with no FLOP formula are left as they are.
 
-Not modelled: what compile does to memory. AOTAutograd's partitioner saves fewer intermediates and
-recomputes cheap pointwise ops in the backward; saved bytes stay eager's, so a compiled plan's memory is
-an upper bound. Inductor may split a large group into a few kernels (a reduction feeding a broadcast),
+Saved activations. AOTAutograd's min-cut partitioner (the default for training under torch.compile)
+saves the cheapest cut between forward and backward and recomputes fusible operators inside the
+backward's fused kernels rather than keep their outputs. So a fused group keeps no tensor that never
+leaves it: an output consumed only inside its group (silu(gate) before the product with up, x * rsqrt
+before the norm weight, a dropout mask regenerated from its seed) is saved by nobody, while the group's
+inputs and the outputs other operators read (a norm's output, which the next matmul saves) stay as
+eager saves them. Saved bytes are charged to the operator whose storage they are (costmodel.trace), so
+the rule zeroes the saved bytes of every member whose output does not escape its group (through views
+included). A member that escapes keeps all of its saved bytes, including any second storage it made (a
+dropout mask beside a dropout output read outside): the rule never saves less than the partitioner does.
+
+Not modelled: Inductor may split a large group into a few kernels (a reduction feeding a broadcast),
 each re-reading a shared input: the bytes above are a lower bound on what it moves.
 """
 from __future__ import annotations
@@ -96,13 +105,24 @@ def group_bytes(graph: OpGraph, members: list[str]) -> int:
     return sum(reads.values()) + sum(g.nodes[n]["out_bytes"] for n in written)
 
 
+def _escapes(g, n: str, inside: set[str]) -> bool:
+    """Whether node n's output is read outside its group, directly or through a view in the group."""
+    return g.out_degree(n) == 0 or any(s not in inside or (g.nodes[s]["alias"] and _escapes(g, s, inside))
+                                       for s in g.successors(n))
+
+
 def compiled(graph: OpGraph) -> OpGraph:
     """A copy of `graph` priced as torch.compile runs it: each fusion group's bytes and FLOPs on its first
-    operator (one launch, costmodel.kernels' memory-bound price), its other members free. The copy keeps
-    every other attribute (saved bytes, parameters, shapes), so the planner uses it as it is."""
+    operator (one launch, costmodel.kernels' memory-bound price), its other members free, and no saved
+    bytes for a member whose output never leaves its group (module docstring). The copy keeps every other
+    attribute (parameters, shapes), so the planner uses it as it is."""
     out = graph.copy()
     g = out.g
     for members in fusion_groups(graph):
+        inside = set(members)
+        for n in members:
+            if not _escapes(g, n, inside):
+                g.nodes[n]["saved_bytes"] = 0
         kernels = [n for n in members if not g.nodes[n]["alias"]]
         if not kernels:
             continue

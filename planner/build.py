@@ -104,8 +104,9 @@ def kernel_assumptions(kernels: str) -> list[str]:
     if kernels == "eager":
         return []
     return ["kernels: compiled (torch.compile per block): each connected run of elementwise ops and reductions "
-            "is one kernel moving only the bytes it reads and writes outside the run; memory as eager (compile "
-            "saves no more); partita's runtime runs eager and refuses this plan"]
+            "is one kernel moving only the bytes it reads and writes outside the run, and saves for backward no "
+            "tensor that stays inside the run (AOTAutograd recomputes it); partita's runtime runs eager and "
+            "refuses this plan"]
 
 
 def parallelism_assumptions(c: Candidate) -> list[str]:

@@ -1,7 +1,8 @@
 """costmodel.fusion: a compiled run prices each connected run of memory-bound operators as one kernel that
-moves only its external bytes; matmuls, attention and the memory model are untouched; groups never make
-the graph cyclic. A compiled plan is predicted faster than the same plan run eagerly, says so, and the
-runtime refuses it."""
+moves only its external bytes and saves no tensor that never leaves its group (as AOTAutograd's
+partitioner, checked against a real torch.compile'd block); matmuls and attention are untouched; groups
+never make the graph cyclic. A compiled plan is predicted faster and smaller than the same plan run
+eagerly, says so, and the runtime refuses it."""
 from __future__ import annotations
 
 import networkx as nx
@@ -79,7 +80,7 @@ def test_compiled_prices_memory_bound_ops_lower_and_keeps_the_rest(graph):
     cluster = parse_cluster("1x8xH100-80GB")
     assert cg.repeated() == graph.repeated()  # layers stay copies of one another
     assert cg.totals()["fwd_flops"] == graph.totals()["fwd_flops"]
-    assert cg.totals()["saved_bytes"] == graph.totals()["saved_bytes"]  # memory as eager
+    assert cg.totals()["saved_bytes"] <= graph.totals()["saved_bytes"]
     layer = _layer(graph)
     t = {}
     for name, gr in (("eager", graph), ("compiled", cg)):
@@ -97,13 +98,76 @@ def test_compiled_prices_memory_bound_ops_lower_and_keeps_the_rest(graph):
     assert graph.g.graph.get("kernels") is None     # the captured graph itself is untouched
 
 
+def test_a_fused_group_saves_only_what_leaves_it(graph):
+    """silu(gate) and x * rsqrt live only inside their groups: compile saves neither. A norm's output,
+    which the next matmul saves, and every matmul's and attention's saved bytes stay."""
+    cg = compiled(graph)
+    g, c = graph.g, cg.g
+    groups = fusion_groups(graph)
+    for m in groups:
+        for n in m:
+            if c.nodes[n]["saved_bytes"] != g.nodes[n]["saved_bytes"]:
+                assert c.nodes[n]["saved_bytes"] == 0
+                assert all(s in m for s in g.successors(n))  # only a tensor that stays inside is dropped
+    fused = {n for m in groups for n in m}
+    assert all(c.nodes[n]["saved_bytes"] == g.nodes[n]["saved_bytes"] for n in g.nodes if n not in fused)
+    layer = _layer(graph)
+    if any(g.nodes[n]["kind"] == "silu" for n in graph.nodes_of(layer)):
+        silu = next(n for n in graph.nodes_of(layer) if g.nodes[n]["kind"] == "silu")
+        assert g.nodes[silu]["saved_bytes"] > 0 and c.nodes[silu]["saved_bytes"] == 0
+        assert sum(c.nodes[n]["saved_bytes"] for n in graph.nodes_of(layer)) < \
+            0.8 * sum(g.nodes[n]["saved_bytes"] for n in graph.nodes_of(layer))
+
+
+@pytest.mark.slow
+def test_saved_bytes_match_a_torch_compiled_block():
+    """The rule against the real thing: a Llama block run under torch.compile (Inductor on CPU, ~25 s to
+    compile) saves, for its backward, what the compiled graph predicts, within 1% (Inductor also keeps
+    each norm's tiny rstd, which the rule drops); run eagerly it saves exactly the captured bytes."""
+    import torch
+
+    spec = resolve_model("llama:layers=2,hidden=256,heads=8,kv_heads=4,seq=256,vocab=512")
+    graph = capture(spec, dtype="fp32")
+    layer = split_model(graph)[1][1]
+    predicted = {name: sum(gr.g.nodes[n]["saved_bytes"] for n in gr.nodes_of(layer))
+                 for name, gr in (("eager", graph), ("compiled", compiled(graph)))}
+    torch.manual_seed(0)
+    model = spec.build()
+    block, s = model.blocks[1], spec.seq_len
+    cos, sin = model.rope_cos[:s], model.rope_sin[:s]
+    skip = {t.untyped_storage().data_ptr() for t in (*block.parameters(), cos, sin)}
+
+    def saved(fn) -> int:
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            st = t.untyped_storage()
+            if st.data_ptr() not in skip:
+                seen[st.data_ptr()] = st.nbytes()
+            return t
+
+        x = torch.randn(1, s, model.cfg.hidden, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = fn(x, cos, sin)
+        y.sum().backward()
+        return sum(seen.values())
+
+    # the block's input stands in for its own output, which the next block saves (charged to this one)
+    assert saved(block) == predicted["eager"]
+    fn = torch.compile(block)
+    saved(fn)  # compile
+    measured = saved(fn)
+    assert measured < 0.85 * predicted["eager"]
+    assert measured == pytest.approx(predicted["compiled"], rel=0.01)
+
+
 def test_a_compiled_plan_is_faster_says_so_and_the_runtime_refuses_it():
     train = TrainConfig(global_batch=16, dtype="bf16")
     fixed = dict(tp=1, zero=3, recompute="none", micro_batch=2, offload=False)
     eager = plan(LLAMA, cluster="1x8xH100-80GB", train=train, **fixed)
     fast = plan(LLAMA, cluster="1x8xH100-80GB", train=train, kernels="compiled", **fixed)
     assert fast.predicted["step_time_s"] < eager.predicted["step_time_s"]
-    assert fast.predicted["peak_memory_bytes"] == eager.predicted["peak_memory_bytes"]
+    assert fast.predicted["peak_memory_bytes"] < eager.predicted["peak_memory_bytes"]  # fewer saved tensors
     assert fast.solver["fixed"]["kernels"] == "compiled"
     assert "kernels: compiled" in explain(fast, width=400)
     assert not any("kernels" in a for a in eager.predicted["assumptions"])

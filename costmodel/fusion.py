@@ -18,8 +18,10 @@ Groups are formed in graph order: an operator joins the group of one of its inpu
 keeps the groups acyclic -- it may not if another of its inputs depends on that group through a matmul
 (the residual add after an MLP does not fuse with the norm before it: the norm's output feeds the MLP,
 whose output the add needs). Views join a group without cost; a group of views alone runs no kernel.
-Groups stay inside a layer (costmodel.graph groups): torchtitan and most recipes compile each
-transformer block on its own. The loss and operators with no FLOP formula are left as they are.
+Groups stay inside a layer, and only the repeated layers (OpGraph.repeated) are compiled: torchtitan
+and most recipes compile each transformer block on its own, and so does partita's runtime
+(runtime.blocks); the embedding, the final norm and head, the loss and operators with no FLOP formula
+keep their eager price.
 
 Saved activations. AOTAutograd's min-cut partitioner (the default for training under torch.compile)
 saves the cheapest cut between forward and backward and recomputes fusible operators inside the
@@ -58,6 +60,7 @@ def _fusible(d: dict) -> bool:
 def fusion_groups(graph: OpGraph) -> list[list[str]]:
     """The groups torch.compile would fuse, each a list of nodes in graph order (module docstring)."""
     g = graph.g
+    layers = set(graph.repeated())
     comp: dict[str, int] = {}       # node -> its fusion group
     upstream: dict[str, int] = {}   # node -> the fusion groups it depends on, itself included (a bit set)
     groups: list[list[str]] = []
@@ -67,7 +70,7 @@ def fusion_groups(graph: OpGraph) -> list[list[str]]:
         deps = 0
         for p in preds:
             deps |= upstream[p]
-        if _fusible(d):
+        if _fusible(d) and d["group"] in layers:
             choice = None
             for p in sorted(preds, key=lambda p: -g.edges[p, n].get("nbytes", 0)):  # the largest input first
                 c = comp.get(p)

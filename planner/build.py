@@ -105,8 +105,8 @@ def kernel_assumptions(kernels: str) -> list[str]:
         return []
     return ["kernels: compiled (torch.compile per block): each connected run of elementwise ops and reductions "
             "is one kernel moving only the bytes it reads and writes outside the run, and saves for backward no "
-            "tensor that stays inside the run (AOTAutograd recomputes it); partita's runtime runs eager and "
-            "refuses this plan"]
+            "tensor that stays inside the run (AOTAutograd recomputes it); partita's runtime compiles each layer, "
+            "the embedding and head run eager"]
 
 
 def parallelism_assumptions(c: Candidate) -> list[str]:

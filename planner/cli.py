@@ -228,9 +228,9 @@ def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
                    help="off: nothing offloaded to host memory; on: offload allowed and searched per layer "
                         "(the default; forcing every layer to offload is rarely feasible)")
     w.add_argument("--kernels", choices=["eager", "compiled"],
-                   help="how operators run: eager (partita's runtime, the default) or compiled (torch.compile "
-                        "per block fuses elementwise ops and norms; prices a compiled run such as torchtitan's "
-                        "--compile beside partita's plan: `partita run` refuses such a plan)")
+                   help="how the layers run: eager (the default) or compiled (torch.compile per layer fuses "
+                        "elementwise ops and norms and saves fewer activations; prices a compiled run such as "
+                        "torchtitan's --compile, and `partita run` compiles each layer of such a plan)")
 
 
 def build_parser() -> argparse.ArgumentParser:

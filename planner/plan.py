@@ -33,7 +33,8 @@ Shape (the keys scripts rely on are marked *; see DESIGN.md):
     predicted*   {"step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "peak_memory_bytes",
                   "exposed_comm_s", "hidden_comm_s", "breakdown": {...seconds, adding up to the step},
                   "memory_per_stage": [{category: bytes}], "assumptions": [str]}
-    solver*      {"status", "wall_time_s", "mip_gap", ...}
+    solver*      {"status", "wall_time_s", "mip_gap", "fixed": {decision: value}, ...}; fixed "kernels":
+                 "compiled" means the plan was priced for torch.compile'd layers, and the runtime compiles them
     baselines    [{"name", "predicted", "mesh", "fits"}]   (with --baselines)
 """
 from __future__ import annotations
@@ -127,6 +128,12 @@ class Plan:
     solver: dict[str, Any] = field(default_factory=dict)
     baselines: list[dict[str, Any]] = field(default_factory=list)
     schema: str = SCHEMA
+
+    @property
+    def kernels(self) -> str:
+        """How the plan was priced to run its layers (costmodel.fusion.KERNELS): "eager" unless fixed."""
+        fixed = self.solver.get("fixed")
+        return fixed.get("kernels", "eager") if isinstance(fixed, dict) else "eager"
 
     def explain(self) -> str:
         """The report `partita plan` prints."""

@@ -112,8 +112,9 @@ class SearchSpace:
     kernels: str = "eager"
     """How the operators run (costmodel.fusion.KERNELS): "eager", as partita's runtime runs them, or
     "compiled", each block torch.compile'd so its connected elementwise operators and reductions are one
-    kernel each (costmodel.fusion). A setting, not a choice: it prices a compiled run (torchtitan's
-    `compile`, fms-fsdp's `use_torch_compile`) beside partita's plan; the runtime refuses such a plan."""
+    kernel each (costmodel.fusion). A setting, not a choice: the search does not weigh compile time or
+    graph breaks. It prices a compiled run (torchtitan's `compile`, fms-fsdp's `use_torch_compile`) beside
+    partita's plan, and the runtime compiles each layer of such a plan (runtime.blocks)."""
     sequence_parallel: tuple[bool, ...] = (False, True)
     """With tp > 1: plain Megatron tensor parallelism (False) and/or with sequence parallelism (True), a
     choice per candidate (every layer of a candidate has the same activation layout, so no layer pays a

@@ -1,7 +1,8 @@
 """Apply a plan to the user's module and run this rank's share of one training step.
 
 `parallelize` applies, in place and by module FQN, to the whole model (pp == 1) or to this rank's
-pipeline stage (pp > 1): each block's recompute and activation offload (runtime.blocks), the tensor-
+pipeline stage (pp > 1): each block's recompute and activation offload, and for a plan priced with
+compiled kernels torch.compile of each layer (runtime.blocks), the tensor-
 parallel layers (runtime.tp), then ZeRO 2/3 as FSDP2 units over the dp axis (runtime.fsdp) -- or, with
 zero_stage 0, bf16 autocast when the plan trains in bf16 (runtime.precision).
 
@@ -83,6 +84,8 @@ class Applied:
     """Elements of the parameter shards this rank holds."""
     expert_layers: int = 0
     """Mixture-of-experts layers whose experts are sharded over the ep group (runtime.ep)."""
+    compiled: list[str] = field(default_factory=list)
+    """Layers whose forward runs torch.compile'd (a plan priced with compiled kernels, runtime.blocks)."""
 
     @classmethod
     def merge(cls, parts: list["Applied"]) -> "Applied":
@@ -97,6 +100,8 @@ class Applied:
             out.tp_layers += a.tp_layers
             out.fsdp_units += a.fsdp_units
             out.local_params += a.local_params
+            out.expert_layers += a.expert_layers
+            out.compiled += a.compiled
         return out
 
     def summary(self) -> str:
@@ -109,7 +114,7 @@ class Applied:
         for mode in ("full", "op", "selective"):
             if names := [f for f, m in self.recompute.items() if m == mode]:
                 parts.append(f"recompute {mode}: {', '.join(names)}")
-        for what in ("offload_activations", "offload_states"):
+        for what in ("offload_activations", "offload_states", "compiled"):
             if names := getattr(self, what):
                 parts.append(f"{what.replace('_', ' ')}: {', '.join(names)}")
         return "; ".join(parts)
@@ -119,9 +124,9 @@ def parallelize(module: nn.Module, plan: Plan, topo: Topology, stage: int | None
     """Apply the plan to `module` (the model, or pipeline stage `stage`) in place, as the module docstring
     says. With FSDP (`Applied.fsdp_units` > 0) FSDP also reduces the gradients over dp."""
     blocks = blocks_in(module, plan, stage)
-    apply_block_choices(module, blocks)
+    compiled = apply_block_choices(module, blocks, compiled=plan.kernels == "compiled")
     done = Applied(recompute={f: b.recompute for f, b in blocks.items() if b.recompute != "none"},
-                   offload_activations=[f for f, b in blocks.items() if b.offload_activations])
+                   offload_activations=[f for f, b in blocks.items() if b.offload_activations], compiled=compiled)
     if plan.mesh.ep > 1:
         done.expert_layers = expert_parallel.apply(module, plan, topo)
     if topo.tp > 1:

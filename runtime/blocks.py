@@ -1,11 +1,19 @@
-"""The plan's per-block choices on a module: which blocks it holds, and their recompute and activation offload.
+"""The plan's per-block choices on a module: which blocks it holds, their recompute and activation offload,
+and for a plan priced with compiled kernels (Plan.kernels), torch.compile of each layer.
 
 Blocks are found by module FQN in the module being run -- the user's model, or the pipeline stage a rank
 runs (whose outlined submodules keep the user's FQNs) -- and their forwards are wrapped in place
-(runtime.wrap), so the user's forward code runs unchanged.
+(runtime.wrap), so the user's forward code runs unchanged. A compiled layer's `forward` becomes
+torch.compile of the wrapped forward (FQNs unchanged, unlike wrapping the module in an OptimizedModule):
+FSDP2's gathers and tensor parallelism's layouts stay outside, in nn.Module.__call__'s hooks, and the
+checkpoint inside, traced by AOTAutograd. Measured on gloo/CPU (tests/e2e/test_plan_elements.py): with
+FSDP2 and full or selective recompute, with activation offload's saved-tensor hooks (a graph break), with
+DTensor tensor and sequence parallelism and in a pipeline stage, a compiled run trains like the eager
+single-process reference. Not run: offload under selective recompute (runtime.checks refuses it).
 """
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
 
 from partita.planner.plan import BlockChoice, Plan, PlanError
@@ -25,10 +33,24 @@ def blocks_in(module: nn.Module, plan: Plan, stage: int | None = None) -> dict[s
     return {b.fqn: b for b in mine}
 
 
-def apply_block_choices(module: nn.Module, blocks: dict[str, BlockChoice]) -> None:
-    """Wrap each block's forward for its recompute and activation offload."""
+def is_layer(fqn: str) -> bool:
+    """A repeated layer: a numbered child of a ModuleList ("blocks.3", "model.layers.0"), what a compiled
+    plan compiles -- the embedding and the head run eager, as costmodel.fusion prices them."""
+    return fqn.rpartition(".")[2].isdigit()
+
+
+def apply_block_choices(module: nn.Module, blocks: dict[str, BlockChoice], compiled: bool = False) -> list[str]:
+    """Wrap each block's forward for its recompute and activation offload; with `compiled`, then compile
+    each layer's wrapped forward (torch.compile; AOTAutograd traces the checkpoint with it, and FSDP2's and
+    tensor parallelism's hooks stay outside, in nn.Module.__call__). Returns the compiled blocks' FQNs."""
+    done = []
     for fqn, b in blocks.items():
+        block = module.get_submodule(fqn)
         if b.offload_activations:
-            wrap_forward(module.get_submodule(fqn), offload_activations(b.recompute))
+            wrap_forward(block, offload_activations(b.recompute))
         elif b.recompute != "none":
-            wrap_forward(module.get_submodule(fqn), recompute(b.recompute))
+            wrap_forward(block, recompute(b.recompute))
+        if compiled and is_layer(fqn):
+            block.forward = torch.compile(block.forward)
+            done.append(fqn)
+    return done

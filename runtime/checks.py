@@ -8,14 +8,17 @@ import torch
 import torch.nn as nn
 
 from partita.costmodel import model_fingerprint
+from partita.costmodel.fusion import KERNELS
 from partita.costmodel.models import ModelSpec
 from partita.planner import executable
 from partita.planner.plan import Plan, PlanError
 from partita.runtime import cp as context_parallel
+from partita.runtime.blocks import is_layer
 from partita.runtime import ep as expert_parallel
 from partita.runtime.fsdp import sharded
 from partita.runtime.pp import check_schedule
 from partita.runtime.recipe import OPTIMIZERS
+from partita.runtime.recompute import POLICIES
 from partita.runtime.tp import is_norm
 from partita.runtime.precision import describe, train_dtype
 
@@ -69,11 +72,14 @@ def check_executable(plan: Plan, spec: ModelSpec, model: nn.Module) -> None:
         raise PlanError(f"schedule {plan.schedule.name} is not executed by this runtime, which runs "
                         f"{', '.join(executable.SCHEDULES)}")
     check_schedule(plan)
-    fixed = plan.solver.get("fixed")
-    if isinstance(fixed, dict) and (kernels := fixed.get("kernels", "eager")) != "eager":
-        raise PlanError(f"plan was priced for {kernels} kernels (torch.compile per block, --kernels {kernels}), "
-                        "but this runtime runs eager PyTorch and would not reach its predicted speed: "
-                        "re-plan without --kernels to run it")
+    if plan.kernels not in KERNELS:
+        raise PlanError(f"plan's solver.fixed.kernels is {plan.kernels!r}; this runtime runs "
+                        f"{' or '.join(KERNELS)}: re-plan with --kernels {{{','.join(KERNELS)}}}")
+    if plan.kernels == "compiled" and (both := [b for b in plan.blocks if is_layer(b.fqn) and b.offload_activations
+                                                and b.recompute in POLICIES]):
+        raise PlanError(f"compiled plan offloads what {both[0].fqn} keeps under {both[0].recompute} recompute, which "
+                        "torch.compile cannot run (the offload adds a context to the checkpoint, and a compiled "
+                        "checkpoint takes only its policy's): re-plan with --offload off, or without --kernels compiled")
     if plan.zero_stage not in executable.ZERO_STAGES:
         sharded(plan)  # its one-line refusal
 

@@ -2,7 +2,7 @@
 moves only its external bytes and saves no tensor that never leaves its group (as AOTAutograd's
 partitioner, checked against a real torch.compile'd block); matmuls and attention are untouched; groups
 never make the graph cyclic. A compiled plan is predicted faster and smaller than the same plan run
-eagerly, says so, and the runtime refuses it."""
+eagerly, says so, and the runtime takes it (tests/e2e compiles and verifies one)."""
 from __future__ import annotations
 
 import networkx as nx
@@ -16,9 +16,10 @@ from partita.costmodel.trace import capture
 from partita.planner.api import plan
 from partita.planner.candidates import split_model
 from partita.planner.explain import explain
-from partita.planner.plan import PlanError
+from partita.planner.plan import Plan, PlanError
 from partita.planner.space import SearchSpace, TrainConfig
 from partita.planner.strategies import launches, node_seconds
+from partita.runtime.blocks import is_layer
 from partita.runtime.checks import preflight
 
 LLAMA = "llama:layers=3,hidden=256,heads=8,kv_heads=4,seq=256,vocab=512"
@@ -161,20 +162,38 @@ def test_saved_bytes_match_a_torch_compiled_block():
     assert measured == pytest.approx(predicted["compiled"], rel=0.01)
 
 
-def test_a_compiled_plan_is_faster_says_so_and_the_runtime_refuses_it():
+def test_a_compiled_plan_is_faster_says_so_and_the_runtime_takes_it():
     train = TrainConfig(global_batch=16, dtype="bf16")
     fixed = dict(tp=1, zero=3, recompute="none", micro_batch=2, offload=False)
     eager = plan(LLAMA, cluster="1x8xH100-80GB", train=train, **fixed)
     fast = plan(LLAMA, cluster="1x8xH100-80GB", train=train, kernels="compiled", **fixed)
     assert fast.predicted["step_time_s"] < eager.predicted["step_time_s"]
     assert fast.predicted["peak_memory_bytes"] < eager.predicted["peak_memory_bytes"]  # fewer saved tensors
-    assert fast.solver["fixed"]["kernels"] == "compiled"
+    assert fast.kernels == "compiled" and eager.kernels == "eager"
     assert "kernels: compiled" in explain(fast, width=400)
     assert not any("kernels" in a for a in eager.predicted["assumptions"])
     spec = resolve_model(LLAMA)
-    assert isinstance(preflight(eager, spec, 8), list)  # the eager plan passes (returns its dtype notes)
-    with pytest.raises(PlanError, match="priced for compiled kernels .* re-plan without --kernels"):
-        preflight(fast, spec, 8)
+    assert isinstance(preflight(fast, spec, 8), list)  # the runtime compiles its layers (tests/e2e)
+    bad = Plan.from_dict({**fast.to_dict(), "solver": {**fast.solver, "fixed": {"kernels": "jit"}}})
+    with pytest.raises(PlanError, match="kernels is 'jit'.*runs eager or compiled"):
+        preflight(bad, spec, 8)
+    d = fast.to_dict()
+    layer = next(b for b in d["blocks"] if is_layer(b["fqn"]))
+    layer.update(recompute="selective", offload_activations=True)
+    with pytest.raises(PlanError, match=f"offloads what {layer['fqn']} keeps under selective .* --offload off"):
+        preflight(Plan.from_dict(d), spec, 8)
+
+
+def test_only_the_layers_are_compiled(graph):
+    """The runtime compiles the repeated layers (runtime.blocks.is_layer); the embedding and the head are
+    priced eager, as they run."""
+    layers = set(graph.repeated())
+    assert all(graph.g.nodes[m[0]]["group"] in layers for m in fusion_groups(graph))
+    cg = compiled(graph)
+    for n in graph.g.nodes:
+        if graph.g.nodes[n]["group"] not in layers:
+            assert cg.g.nodes[n]["mem_bytes"] == graph.g.nodes[n]["mem_bytes"]
+    assert {g for g in layers if is_layer(g)} == layers and not any(is_layer(g) for g in graph.groups if g not in layers)
 
 
 def test_baselines_are_priced_with_the_plans_kernels():

@@ -181,11 +181,11 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     # the same variants serve every pipeline depth and schedule of this (tp, dp, ZeRO, b): costed once
     # (a pipeline stage syncs its ZeRO gradients once per step: options.py)
     key = ("variants", tp, sp, zero, dp, b, space.recompute, space.offload, ddp, train.dtype, train.optimizer,
-           cp, ep, pp > 1, space.keep_gathered, _prune(space))
+           cp, ep, pp > 1, space.keep_gathered, _prune(space), space.kernels)
     if key not in bases._cache:
         bases._cache[key] = variants(layer_bases, cluster, sb, zero, dp, tp, b, space.recompute, space.offload,
                                      ddp_overlap=ddp, cp=cp, ep=ep, pipelined=pp > 1,
-                                     keep_gathered=space.keep_gathered, prune=_prune(space))
+                                     keep_gathered=space.keep_gathered, kernels=space.kernels, prune=_prune(space))
     opts = bases._cache[key]
     if tp > 1 and layers and not any(o.sharding in SPLIT for o in opts):
         if space.tp is None:
@@ -193,7 +193,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         # a fixed tp is priced as asked (what-if), even where a smaller one would do better
         opts = variants([o for o in layer_bases if o.name in SPLIT], cluster, sb, zero, dp, tp, b,
                         space.recompute, space.offload, ddp_overlap=ddp, cp=cp, ep=ep, pipelined=pp > 1,
-                        keep_gathered=space.keep_gathered, prune=_prune(space))
+                        keep_gathered=space.keep_gathered, kernels=space.kernels, prune=_prune(space))
     if tp > 1 and not layers and not any(o.name in SPLIT for o in (*pre, *suf)):
         return None  # nothing to split: the tp ranks would duplicate all work
     dp_group = comm.group_for(cluster, dp, tp)
@@ -322,7 +322,7 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
         if tp > 1 and not any(o.name in SPLIT for o in layer_bases):
             return None
         full[id(gc)] = variants(layer_bases, gc, sb, zero, dp, tp, b, space.recompute, space.offload, prune=False,
-                                pipelined=pp > 1, keep_gathered=space.keep_gathered)
+                                pipelined=pp > 1, keep_gathered=space.keep_gathered, kernels=space.kernels)
         extras[id(gc)] = (pre, suf)
     keep = (sorted(set().union(*(pareto_indices(full[id(gc)]) for gc in distinct))) if _prune(space)
             else list(range(len(full[id(distinct[0])]))))
@@ -441,7 +441,7 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
             t = tensor_option(graph, grp, cluster, tp)
             mine += [t] if t is not None else []
         vs = variants(mine, cluster, sb, zero, dp, tp, b, space.recompute, space.offload, pipelined=pp > 1,
-                      keep_gathered=space.keep_gathered, prune=_prune(space))
+                      keep_gathered=space.keep_gathered, kernels=space.kernels, prune=_prune(space))
         opts += vs
         block_of += [i] * len(vs)
     must = np.array([tp > 1 and o.sharding in SPLIT for o in opts])

@@ -64,6 +64,7 @@ from partita.costmodel import comm, streams
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.memory import StateBytes
 from partita.planner.cp_ep import EP_IMBALANCE, cp_comm, ep_comm
+from partita.planner.executable import offload_refusal
 from partita.planner.plan import RECOMPUTE
 from partita.planner.strategies import BlockOption
 
@@ -286,9 +287,10 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
 def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: float,
              allow_recompute=RECOMPUTE, allow_offload: bool = True, prune: bool = True,
              ddp_overlap: bool = False, cp: int = 1, ep: int = 1, pipelined: bool = False,
-             keep_gathered: bool = True) -> list[Variant]:
+             keep_gathered: bool = True, kernels: str = "eager") -> list[Variant]:
     """Every variant of every sharding option, costed, with dominated ones removed (`keep_gathered`:
-    SearchSpace.keep_gathered).
+    SearchSpace.keep_gathered), leaving out what the runtime does not run under `kernels`
+    (planner.executable.offload_refusal).
 
     With tp > 1 a replicated variant is usually dominated by a tensor-parallel one (slower, more memory)
     and disappears; if every tensor-parallel variant is dominated instead, the mesh's tp ranks would
@@ -301,6 +303,8 @@ def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: i
             for off_a in ((False, True) if allow_offload else (False,)):
                 if off_a and r == "full":
                     continue  # the layer input alone: nothing worth the host link
+                if offload_refusal(r, off_a, kernels):
+                    continue
                 for off_o in ((False, True) if allow_offload and zero == 3 else (False,)):
                     out.append(cost_variant(Variant(base, r, off_a, off_o), cluster, sb, zero, dp, tp, b, ddp_overlap,
                                             cp, ep, pipelined))

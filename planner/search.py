@@ -19,6 +19,7 @@ from partita.costmodel.fusion import with_kernels
 from partita.costmodel.graph import OpGraph
 from partita.costmodel.hardware import Cluster, GiB
 from partita.planner.candidates import Candidate, enumerate_candidates
+from partita.planner.executable import COMPILED_OFFLOAD_RECOMPUTE, offload_refusal
 from partita.planner.milp import TIME_LIMIT_NO_INCUMBENT, min_memory, phase_memory, polish, solve_stages
 from partita.planner.milp_blocks import solve_blocks, stage_p2p
 from partita.planner.phases import stage_memory
@@ -130,11 +131,22 @@ def _timed_out(result: SearchResult) -> str:
             f"less loaded machine or with a longer time limit. ")
 
 
+_FOOTPRINT_PROGRAMS = 96
+"""At most this many least-memory programs (milp.min_memory) explain an infeasible search."""
+
+
 def explain_infeasible(result: SearchResult) -> str:
     """The least memory per device any candidate needs, what dominates it, and what would make it fit."""
     best = (float("inf"), None, None)
-    pool = sorted((c for c in result.candidates if c.formulation == "counts"),
-                  key=lambda c: (-c.pp * c.tp, -c.zero, c.micro_batch))[:16]
+    counted = [c for c in result.candidates if c.formulation == "counts"]
+    # a mesh's smallest micro-batch needs the least memory; every mesh is tried up to a bound (about 0.02 s
+    # a program), most sharded first
+    least_b = {}
+    for c in counted:
+        mesh = (c.pp, c.dp, c.tp, c.cp, c.ep, c.zero)
+        least_b[mesh] = min(least_b.get(mesh, c.micro_batch), c.micro_batch)
+    pool = sorted((c for c in counted if c.micro_batch == least_b[(c.pp, c.dp, c.tp, c.cp, c.ep, c.zero)]),
+                  key=lambda c: (-c.pp * c.tp * c.cp, -c.zero))[:_FOOTPRINT_PROGRAMS]
     for c in pool:
         need, counts = min_memory(c.problem)
         if need < best[0]:
@@ -162,6 +174,10 @@ def _fit_advice(space: SearchSpace, activations_bind: bool) -> str:
     """What could make it fit, starting with the choices the user fixed (what-if flags) that rule out the
     usual remedies: recompute and offload for activations, ZeRO-3 and offload for model states."""
     freed = []
+    kept = [r for r in space.recompute if r != "full"]  # what could offload activations
+    if space.offload and kept and all(offload_refusal(r, True, space.kernels) for r in kept):
+        freed.append(f"compiled layers offload activations only with recompute "
+                     f"{'|'.join(COMPILED_OFFLOAD_RECOMPUTE)} (--recompute none, or --kernels eager)")
     if activations_bind:
         if "full" not in space.recompute:
             freed.append("allow activation recompute (--recompute full, or leave it to the search)")

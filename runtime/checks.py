@@ -18,7 +18,6 @@ from partita.runtime import ep as expert_parallel
 from partita.runtime.fsdp import sharded
 from partita.runtime.pp import check_schedule
 from partita.runtime.recipe import OPTIMIZERS
-from partita.runtime.recompute import POLICIES
 from partita.runtime.tp import is_norm
 from partita.runtime.precision import describe, train_dtype
 
@@ -75,11 +74,10 @@ def check_executable(plan: Plan, spec: ModelSpec, model: nn.Module) -> None:
     if plan.kernels not in KERNELS:
         raise PlanError(f"plan's solver.fixed.kernels is {plan.kernels!r}; this runtime runs "
                         f"{' or '.join(KERNELS)}: re-plan with --kernels {{{','.join(KERNELS)}}}")
-    if plan.kernels == "compiled" and (both := [b for b in plan.blocks if is_layer(b.fqn) and b.offload_activations
-                                                and b.recompute in POLICIES]):
-        raise PlanError(f"compiled plan offloads what {both[0].fqn} keeps under {both[0].recompute} recompute, which "
-                        "torch.compile cannot run (the offload adds a context to the checkpoint, and a compiled "
-                        "checkpoint takes only its policy's): re-plan with --offload off, or without --kernels compiled")
+    for b in plan.blocks:
+        if is_layer(b.fqn) and (why := executable.offload_refusal(b.recompute, b.offload_activations,
+                                                                   plan.kernels, b.fqn)):
+            raise PlanError(why)
     if plan.zero_stage not in executable.ZERO_STAGES:
         sharded(plan)  # its one-line refusal
 

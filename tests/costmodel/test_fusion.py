@@ -184,6 +184,21 @@ def test_a_compiled_plan_is_faster_says_so_and_the_runtime_takes_it():
         preflight(Plan.from_dict(d), spec, 8)
 
 
+def test_a_compiled_search_never_offloads_what_a_selective_checkpoint_keeps():
+    """The runtime cannot compile a selective checkpoint that offloads (planner.executable.offload_refusal),
+    so the search leaves that variant out: eager, memory pressure makes the plan offload selectively kept
+    activations; compiled, the plan does without, and the runtime takes it."""
+    train, fixed = TrainConfig(global_batch=16, dtype="bf16"), dict(tp=1, recompute="selective")
+    eager = plan("llama3-8b", cluster="1x8xA100-40GB", train=train, **fixed)
+    assert any(b.offload_activations and b.recompute == "selective" for b in eager.blocks)
+    fast = plan("llama3-8b", cluster="1x8xA100-40GB", train=train, kernels="compiled", **fixed)
+    assert not any(b.offload_activations for b in fast.blocks)
+    assert isinstance(preflight(fast, resolve_model("llama3-8b"), 8), list)
+    with pytest.raises(PartitaError, match=r"compiled layers offload activations only with recompute none "
+                                           r"\(--recompute none, or --kernels eager\)"):
+        plan("llama3-8b", cluster="1x4xA100-40GB", train=train, kernels="compiled", **fixed)
+
+
 def test_only_the_layers_are_compiled(graph):
     """The runtime compiles the repeated layers (runtime.blocks.is_layer); the embedding and the head are
     priced eager, as they run."""

@@ -9,6 +9,11 @@ import pytest
 import partita.planner as planner
 from partita.costmodel.errors import InfeasibleError, PartitaError
 from partita.planner.cli import main
+from partita.costmodel.hardware import parse_cluster
+from partita.costmodel.models import resolve_model
+from partita.costmodel.trace import capture
+from partita.planner.milp import min_memory
+from partita.planner.search import explain_infeasible, search
 from partita.planner.space import SearchSpace
 
 MODEL = "gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000"
@@ -186,6 +191,21 @@ def test_a_fixed_choice_that_rules_out_fitting_is_named_in_the_advice():
     assert "model states dominate" in msg and "--zero 3" in msg and "--recompute" not in msg
     assert planner.plan("megatron-7.5b", cluster="8xA100-80GB", train=TRAIN,
                         space=SearchSpace(tp=1, pp=1, zero=3)).zero_stage == 3
+
+
+def test_an_infeasible_search_reports_the_least_memory_of_all_its_meshes():
+    """The footprint in the error is the least any candidate needs, not the least among the first few tried
+    (here ZeRO-3 data parallelism needs less than any pipeline, which a most-sharded-first cut missed; compiled
+    selective layers cannot offload activations, so nothing fits)."""
+    graph = capture(resolve_model("llama3-8b"), dtype="bf16")
+    cluster = parse_cluster("1x4xA100-40GB")
+    result = search(graph, cluster, planner.TrainConfig(global_batch=16, dtype="bf16"),
+                    space=SearchSpace(tp=1, recompute="selective", kernels="compiled"), raise_infeasible=False)
+    assert result.best is None
+    need = min(min_memory(c.problem)[0] for c in result.candidates if c.formulation == "counts")
+    msg = explain_infeasible(result)
+    assert f"the smallest footprint needs {need / 2**30:.1f} GiB per device" in msg, msg
+    assert len({(c.pp, c.zero) for c in result.candidates}) > 3  # several meshes to choose from
 
 
 def test_search_space_fields_normalise_and_validate():

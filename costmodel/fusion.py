@@ -18,10 +18,10 @@ Groups are formed in graph order: an operator joins the group of one of its inpu
 keeps the groups acyclic -- it may not if another of its inputs depends on that group through a matmul
 (the residual add after an MLP does not fuse with the norm before it: the norm's output feeds the MLP,
 whose output the add needs). Views join a group without cost; a group of views alone runs no kernel.
-Groups stay inside a layer, and only the repeated layers (OpGraph.repeated) are compiled: torchtitan
-and most recipes compile each transformer block on its own, and so does partita's runtime
-(runtime.blocks); the embedding, the final norm and head, the loss and operators with no FLOP formula
-keep their eager price.
+Groups stay inside a layer, and only the layers (`is_layer`: a numbered child of a module list) are
+compiled: torchtitan and most recipes compile each transformer block on its own, and so does partita's
+runtime (runtime.blocks, with this same rule); the embedding, the final norm and head, the loss and
+operators with no FLOP formula keep their eager price.
 
 Saved activations. AOTAutograd's min-cut partitioner (the default for training under torch.compile)
 saves the cheapest cut between forward and backward and recomputes fusible operators inside the
@@ -45,6 +45,14 @@ from partita.costmodel.kernels import ATTENTION_KINDS, gemm_dims
 KERNELS = ("eager", "compiled")
 """How the training program runs its operators: eager PyTorch (partita's runtime), or torch.compile'd."""
 
+
+def is_layer(fqn: str) -> bool:
+    """A layer a compiled run compiles: a numbered child of a ModuleList ("blocks.3", "model.layers.0").
+    The one definition both the pricing (fusion_groups) and the runtime (runtime.blocks) use, so a compiled
+    plan is priced fused exactly where it runs compiled."""
+    return fqn.rpartition(".")[2].isdigit()
+
+
 _NOT_FUSED = {"cross_entropy"}
 """Kinds that stay their own kernel: the loss (already one fused kernel, costmodel.losses)."""
 
@@ -60,7 +68,7 @@ def _fusible(d: dict) -> bool:
 def fusion_groups(graph: OpGraph) -> list[list[str]]:
     """The groups torch.compile would fuse, each a list of nodes in graph order (module docstring)."""
     g = graph.g
-    layers = set(graph.repeated())
+    layers = {grp for grp in graph.groups if is_layer(grp)}
     comp: dict[str, int] = {}       # node -> its fusion group
     upstream: dict[str, int] = {}   # node -> the fusion groups it depends on, itself included (a bit set)
     groups: list[list[str]] = []

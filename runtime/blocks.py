@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from partita.costmodel.fusion import is_layer
 from partita.planner.plan import BlockChoice, Plan, PlanError
 from partita.runtime.offload import offload_activations
 from partita.runtime.recompute import recompute
@@ -31,12 +32,6 @@ def blocks_in(module: nn.Module, plan: Plan, stage: int | None = None) -> dict[s
         where = "the model" if stage is None else f"pipeline stage {stage} after the split"
         raise PlanError(f"plan blocks {missing} are not modules of {where}")
     return {b.fqn: b for b in mine}
-
-
-def is_layer(fqn: str) -> bool:
-    """A repeated layer: a numbered child of a ModuleList ("blocks.3", "model.layers.0"), what a compiled
-    plan compiles -- the embedding and the head run eager, as costmodel.fusion prices them."""
-    return fqn.rpartition(".")[2].isdigit()
 
 
 def apply_block_choices(module: nn.Module, blocks: dict[str, BlockChoice], compiled: bool = False) -> list[str]:

@@ -9,7 +9,7 @@ import networkx as nx
 import pytest
 
 from partita.costmodel.errors import PartitaError
-from partita.costmodel.fusion import compiled, fusion_groups, group_bytes
+from partita.costmodel.fusion import compiled, fusion_groups, group_bytes, is_layer
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
 from partita.costmodel.trace import capture
@@ -19,7 +19,7 @@ from partita.planner.explain import explain
 from partita.planner.plan import Plan, PlanError
 from partita.planner.space import SearchSpace, TrainConfig
 from partita.planner.strategies import launches, node_seconds
-from partita.runtime.blocks import is_layer
+from partita.runtime.blocks import is_layer as runtime_is_layer
 from partita.runtime.checks import preflight
 
 LLAMA = "llama:layers=3,hidden=256,heads=8,kv_heads=4,seq=256,vocab=512"
@@ -200,15 +200,26 @@ def test_a_compiled_search_never_offloads_what_a_selective_checkpoint_keeps():
 
 
 def test_only_the_layers_are_compiled(graph):
-    """The runtime compiles the repeated layers (runtime.blocks.is_layer); the embedding and the head are
-    priced eager, as they run."""
-    layers = set(graph.repeated())
+    """The runtime compiles the layers (costmodel.fusion.is_layer, which runtime.blocks uses); the embedding
+    and the head are priced eager, as they run."""
+    layers = {g for g in graph.groups if is_layer(g)}
+    assert layers == set(graph.repeated())  # a transformer's layers are its repeated groups
     assert all(graph.g.nodes[m[0]]["group"] in layers for m in fusion_groups(graph))
     cg = compiled(graph)
     for n in graph.g.nodes:
         if graph.g.nodes[n]["group"] not in layers:
             assert cg.g.nodes[n]["mem_bytes"] == graph.g.nodes[n]["mem_bytes"]
-    assert {g for g in layers if is_layer(g)} == layers and not any(is_layer(g) for g in graph.groups if g not in layers)
+
+
+def test_a_numbered_block_that_is_not_repeated_is_priced_as_it_runs_compiled():
+    """ResNet's first block of each stage differs from the rest (a downsampling projection), so it is not
+    in OpGraph.repeated(); the runtime compiles every numbered block all the same, and the pricing follows
+    the runtime's rule, not the repetition."""
+    g = capture(resolve_model("tiny-resnet"))
+    fused = {g.g.nodes[m[0]]["group"] for m in fusion_groups(g)}
+    odd = [b for b in g.groups if is_layer(b) and b not in g.repeated()]
+    assert odd and set(odd) <= fused and fused <= {b for b in g.groups if is_layer(b)}
+    assert runtime_is_layer is is_layer
 
 
 def test_baselines_are_priced_with_the_plans_kernels():

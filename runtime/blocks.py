@@ -9,7 +9,8 @@ FSDP2's gathers and tensor parallelism's layouts stay outside, in nn.Module.__ca
 checkpoint inside, traced by AOTAutograd. Measured on gloo/CPU (tests/e2e/test_plan_elements.py): with
 FSDP2 and full or selective recompute, with activation offload's saved-tensor hooks (a graph break), with
 DTensor tensor and sequence parallelism and in a pipeline stage, a compiled run trains like the eager
-single-process reference. Not run: offload under selective recompute (runtime.checks refuses it).
+single-process reference. Not run: offload under selective recompute (planner.executable.offload_refusal:
+the search leaves it out of compiled plans and runtime.checks refuses a hand-written one).
 """
 from __future__ import annotations
 

@@ -123,8 +123,10 @@ def predicted_metric(row: Row, pred: dict) -> float:
 
 
 def row_key(row: Row) -> str:
+    variant = f"/{row.variant}" if row.variant else ""
     compiled = "/compiled" if row.table.kernels != "eager" else ""
-    return f"{row.table.source}/{row.model.name}/s{row.seq}/{row.hardware}x{row.gpus}/gb{row.global_batch}{compiled}"
+    return (f"{row.table.source}/{row.model.name}/s{row.seq}/{row.hardware}x{row.gpus}/gb{row.global_batch}"
+            f"{variant}{compiled}")
 
 
 def _config(row: Row) -> dict:

@@ -122,6 +122,9 @@ class Row:
     memory_reading: str = ""
     """What that figure reads, e.g. the caching allocator's peak reserved bytes (allocated plus its cache)."""
     notes: str = ""
+    variant: str = ""
+    """Which of a table's configurations of the same run this row is, where it lists more than one (e.g.
+    Korthikanti's "full" and "sp-selective"): part of the row's key, which must be unique."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -193,8 +196,8 @@ K_530B = Model(name="gpt-530b", family="gpt", layers=105, hidden=20480, heads=12
 K_1T = Model(name="gpt-1t", family="gpt", layers=128, hidden=25600, heads=160, vocab=51200, attention="math", dropout=0.1)
 
 _T5 = dict(table=KORTHIKANTI_T5, seq=2048, hardware="A100-80GB", zero=(0,), sharding="none (dp = 1)")
-_FULL = dict(recompute=FULL, sequence_parallel=False)
-_SPSEL = dict(recompute=SELECTIVE, sequence_parallel=True)
+_FULL = dict(recompute=FULL, sequence_parallel=False, variant="full")
+_SPSEL = dict(recompute=SELECTIVE, sequence_parallel=True, variant="sp-selective")
 KORTHIKANTI_T5_ROWS = [
     Row(**_T5, **_FULL, model=K_22B, gpus=8, tp=8, pp=1, dp=1, global_batch=4, micro_batch=4, value=1.42),
     Row(**_T5, **_SPSEL, model=K_22B, gpus=8, tp=8, pp=1, dp=1, global_batch=4, micro_batch=4, value=1.10),

@@ -31,6 +31,13 @@ def test_data_meets_the_benchmark_requirements():
     assert SKIPPED and all(s.reason for s in SKIPPED)
 
 
+def test_every_row_has_its_own_key():
+    """A key names one row (the README and results cite rows by it): a table listing two configurations of
+    one run (Korthikanti's full recompute and SP + selective) keys them apart by their variant."""
+    keys = [published.row_key(r) for r in ROWS]
+    assert len(set(keys)) == len(keys), sorted(k for k in keys if keys.count(k) > 1)
+
+
 def test_compiled_runs_are_priced_compiled_and_keyed_apart_from_their_eager_run():
     keys = [published.row_key(r) for r in ROWS]
     compiled = [r for r in ROWS if r.table.kernels == "compiled"]

@@ -6,7 +6,8 @@ runtime (costmodel <- planner <- runtime), so this module lives here and the run
 - Schedules: `SCHEDULES` (torch.distributed.pipelining's 1F1B, GPipe, interleaved 1F1B).
 - ZeRO: `ZERO_STAGES` -- 0 (DDP or hand-averaged gradients), 2 and 3 (FSDP2); stage 1 is costed by the
   planner (what-if) but not executed.
-- Compiled layers (`offload_refusal`): activation offload only where nothing is recomputed.
+- Activation offload (`offload_refusal`): never under full recompute; in a compiled layer only where
+  nothing is recomputed.
 - Pipelines (`pipeline_refusal`): a pipeline's first stage is fed the batch's token ids and its last stage
   computes the loss from its output and the batch's second tensor. That is possible for
   - token LMs (our presets, gpt:/llama: families; a `package.module:factory` token model: one integer
@@ -111,17 +112,24 @@ def pipeline_refusal_for(name: str) -> str | None:
 
 
 
-# Compiled layers (runtime/blocks.py compiles each layer's wrapped forward with torch.compile).
+# Activation offload (runtime/offload.py) beside recompute, and in compiled layers (runtime/blocks.py).
 COMPILED_OFFLOAD_RECOMPUTE = ("none",)
 """Recompute modes under which a compiled layer may offload its activations: a selective ("selective",
 "op") checkpoint offloading what its policy keeps adds a second context to the checkpoint, and a compiled
-checkpoint takes only its policy's (torch.compile refuses it); "full" never offloads (options.py)."""
+checkpoint takes only its policy's (torch.compile refuses it)."""
 
 
 def offload_refusal(recompute: str, offload_activations: bool, kernels: str, fqn: str = "a layer") -> str | None:
-    """None when a layer with this recompute and activation offload runs under `kernels`; else one line
-    saying why not. The planner leaves such variants out of a compiled search (options.variants)."""
-    if kernels != "compiled" or not offload_activations or recompute in COMPILED_OFFLOAD_RECOMPUTE:
+    """None when a block with this recompute and activation offload runs under `kernels`; else one line
+    saying why not. Under full recompute nothing is offloaded (the checkpoint keeps only the block's input,
+    still in use); a compiled layer offloads only under COMPILED_OFFLOAD_RECOMPUTE. The planner leaves such
+    variants out of its search (options.variants); the runtime refuses a plan that has one."""
+    if not offload_activations:
+        return None
+    if recompute == "full":
+        return (f"{fqn} offloads activations under full recompute, which keeps only the block's input (still "
+                "in use): nothing to offload; use recompute none or selective")
+    if kernels != "compiled" or recompute in COMPILED_OFFLOAD_RECOMPUTE:
         return None
     return (f"compiled plan offloads what {fqn} keeps under {recompute} recompute, which torch.compile cannot "
             "run (the offload adds a context to the checkpoint, and a compiled checkpoint takes only its "

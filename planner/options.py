@@ -301,10 +301,8 @@ def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: i
     for base in bases:
         for r in allow_recompute:
             for off_a in ((False, True) if allow_offload else (False,)):
-                if off_a and r == "full":
-                    continue  # the layer input alone: nothing worth the host link
                 if offload_refusal(r, off_a, kernels):
-                    continue
+                    continue  # not run (e.g. full recompute keeps the layer input alone: nothing to offload)
                 for off_o in ((False, True) if allow_offload and zero == 3 else (False,)):
                     out.append(cost_variant(Variant(base, r, off_a, off_o), cluster, sb, zero, dp, tp, b, ddp_overlap,
                                             cp, ep, pipelined))

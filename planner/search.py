@@ -141,11 +141,12 @@ def explain_infeasible(result: SearchResult) -> str:
     counted = [c for c in result.candidates if c.formulation == "counts"]
     # a mesh's smallest micro-batch needs the least memory; every mesh is tried up to a bound (about 0.02 s
     # a program), most sharded first
+    def mesh(c: Candidate) -> tuple:
+        return c.pp, c.dp, c.tp, c.cp, c.ep, c.zero
     least_b = {}
     for c in counted:
-        mesh = (c.pp, c.dp, c.tp, c.cp, c.ep, c.zero)
-        least_b[mesh] = min(least_b.get(mesh, c.micro_batch), c.micro_batch)
-    pool = sorted((c for c in counted if c.micro_batch == least_b[(c.pp, c.dp, c.tp, c.cp, c.ep, c.zero)]),
+        least_b[mesh(c)] = min(least_b.get(mesh(c), c.micro_batch), c.micro_batch)
+    pool = sorted((c for c in counted if c.micro_batch == least_b[mesh(c)]),
                   key=lambda c: (-c.pp * c.tp * c.cp, -c.zero))[:_FOOTPRINT_PROGRAMS]
     for c in pool:
         need, counts = min_memory(c.problem)
@@ -174,7 +175,7 @@ def _fit_advice(space: SearchSpace, activations_bind: bool) -> str:
     """What could make it fit, starting with the choices the user fixed (what-if flags) that rule out the
     usual remedies: recompute and offload for activations, ZeRO-3 and offload for model states."""
     freed = []
-    kept = [r for r in space.recompute if r != "full"]  # what could offload activations
+    kept = [r for r in space.recompute if not offload_refusal(r, True, "eager")]  # what could offload activations
     if space.offload and kept and all(offload_refusal(r, True, space.kernels) for r in kept):
         freed.append(f"compiled layers offload activations only with recompute "
                      f"{'|'.join(COMPILED_OFFLOAD_RECOMPUTE)} (--recompute none, or --kernels eager)")

@@ -74,10 +74,6 @@ def check_executable(plan: Plan, spec: ModelSpec, model: nn.Module) -> None:
     if plan.kernels not in KERNELS:
         raise PlanError(f"plan's solver.fixed.kernels is {plan.kernels!r}; this runtime runs "
                         f"{' or '.join(KERNELS)}: re-plan with --kernels {{{','.join(KERNELS)}}}")
-    for b in plan.blocks:
-        if is_layer(b.fqn) and (why := executable.offload_refusal(b.recompute, b.offload_activations,
-                                                                   plan.kernels, b.fqn)):
-            raise PlanError(why)
     if plan.zero_stage not in executable.ZERO_STAGES:
         sharded(plan)  # its one-line refusal
 
@@ -168,6 +164,6 @@ def check_blocks(plan: Plan, modules: dict[str, nn.Module], model: str) -> None:
         listed = [owner[a] for a in (".".join(parts[:k]) for k in range(len(parts), 0, -1)) if a in owner]
         if listed and listed[0] != b.stage:
             raise PlanError(f"blocks[{i}] puts {b.fqn!r} on stage {b.stage}, but stages[{listed[0]}] holds it")
-        if b.offload_activations and b.recompute == "full":
-            raise PlanError(f"blocks[{i}] ({b.fqn!r}) offloads activations under full recompute, which keeps only "
-                            "the block's input (still in use): nothing to offload; use recompute none or selective")
+        kernels = plan.kernels if is_layer(b.fqn) else "eager"  # only the layers run compiled (runtime.blocks)
+        if why := executable.offload_refusal(b.recompute, b.offload_activations, kernels, b.fqn):
+            raise PlanError(why)

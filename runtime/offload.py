@@ -9,8 +9,9 @@ Activations, by the block's recompute mode:
   output (runtime.recompute) and `HostStash` moves their storage to host memory once the block's forward
   has returned, and back when the block's recompute starts. Outputs the block returns stay where they are
   (the next block still reads them).
-- "full" is refused by the pre-flight checks: the checkpoint keeps only the block's input, which is the
-  previous block's output and still in use, so there is nothing to offload (the planner never emits it).
+- "full" is refused (planner.executable.offload_refusal, in the pre-flight checks): the checkpoint keeps
+  only the block's input, which is the previous block's output and still in use, so there is nothing to
+  offload (the planner never emits it).
 States: the block's FSDP2 unit gets `CPUOffloadPolicy` (runtime.fsdp): its sharded parameters, gradients
 and optimizer state live in host memory and the optimizer step runs there.
 """

@@ -76,6 +76,9 @@ class Table:
     metric: str
     precision: str = "bf16"
     framework: str = ""
+    stack: str
+    """The software stack the run used (costmodel.stacks.STACKS): which kernels ran, and the kernel constants
+    (fitted per GPU generation and stack by benchmarks.fit) it is priced with."""
     kernels: str = "eager"
     """How the run executed its operators: "eager", or "compiled" (torch.compile; costmodel.fusion)."""
     notes: str = ""
@@ -115,6 +118,9 @@ class Row:
     sequence_parallel: bool | None = False
     """None: the source does not say; the search chooses."""
     schedule: str = "1F1B"
+    tp_comm_overlap: bool | None = None
+    """Whether the run overlapped tensor-parallel collectives with GEMMs (Megatron-Core --tp-comm-overlap,
+    torch async TP); None: not stated (the search chooses where the stack allows it)."""
     value: float
     """The measurement, in `table.metric` units."""
     memory_gib: float | None = None
@@ -140,6 +146,7 @@ class Skipped:
 # Megatron-LM, Narayanan et al. SC'21, Table 1 (REFERENCE.md). Selene, A100-80GB (8 HDR HCAs per node),
 # seq 2048, vocab 51200, interleaved 1F1B, full activation recomputation, fp16, no ZeRO, no SP.
 MEGATRON_T1 = Table(
+    stack="megatron-2021",
     source="megatron-sc21",
     citation="Narayanan et al., Efficient Large-Scale Language Model Training on GPU Clusters Using "
              "Megatron-LM, SC'21, Table 1 (REFERENCE.md)",
@@ -185,6 +192,7 @@ MEGATRON_T1_ROWS = [
 # (REFERENCE.md): end-to-end iteration time, Selene A100-80GB, seq 2048, vocab 51200, no data
 # parallelism; "full recompute" (TP, no SP) against "SP + selective recompute".
 KORTHIKANTI_T5 = Table(
+    stack="megatron-2021",
     source="korthikanti-2022",
     citation="Korthikanti et al., Reducing Activation Recomputation in Large Transformer Models, 2022, "
              "Table 5 (REFERENCE.md)",
@@ -231,13 +239,13 @@ _LLMF = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md @ 495218376 
 _LLMF_NOTES = ("MPT priced as the gpt family (learned positions, as benchmarked: the yamls leave ALiBi off); MPT "
                "has no biases, tied embeddings, low-precision LayerNorm and Triton flash attention; partita's "
                "gpt has biases and an untied head (the head's FLOPs are the same)")
-LLMF_H100_LARGE = Table(source="llm-foundry", citation=_LLMF.format("H100 80GB BF16 (Large Scale, >= 128 GPUs)"),
+LLMF_H100_LARGE = Table(stack="flash-2023", source="llm-foundry", citation=_LLMF.format("H100 80GB BF16 (Large Scale, >= 128 GPUs)"),
                         metric=TOKENS, framework="Composer FSDP, torch 2.1", notes=_LLMF_NOTES)
-LLMF_H100 = Table(source="llm-foundry", citation=_LLMF.format("H100 80GB BF16"), metric=TOKENS,
+LLMF_H100 = Table(stack="flash-2023", source="llm-foundry", citation=_LLMF.format("H100 80GB BF16"), metric=TOKENS,
                   framework="Composer FSDP, torch < 2.1.1", notes=_LLMF_NOTES)
-LLMF_A100_80 = Table(source="llm-foundry", citation=_LLMF.format("A100 80GB with 1600 Gbps node-node interconnect (RoCE)"),
+LLMF_A100_80 = Table(stack="flash-2023", source="llm-foundry", citation=_LLMF.format("A100 80GB with 1600 Gbps node-node interconnect (RoCE)"),
                      metric=TOKENS, framework="Composer FSDP, torch 1.13", notes=_LLMF_NOTES)
-LLMF_A100_40 = Table(source="llm-foundry", citation=_LLMF.format("A100 40GB with 1600 Gbps node-node interconnect (RoCE)"),
+LLMF_A100_40 = Table(stack="flash-2023", source="llm-foundry", citation=_LLMF.format("A100 40GB with 1600 Gbps node-node interconnect (RoCE)"),
                      metric=TOKENS, framework="Composer FSDP, torch 1.13", notes=_LLMF_NOTES)
 MP_DEFAULT = "Composer MP mode DEFAULT: bf16 parameters, fp32 gradient reduce-scatter (as partita prices it)"
 MP_PURE = "Composer MP mode PURE: bf16 parameters, gradients and buffers (partita prices an fp32 reduce-scatter)"
@@ -473,11 +481,11 @@ LLMF_ROWS = [
 # dimensions from fms_fsdp/utils/config_utils.py (vocab 32000). PyTorch FSDP + SDPA (flash v2).
 _FMS = ("foundation-model-stack/fms-fsdp README.md @ 5e522b4 (2024-03-13), training throughput table, "
         "column '{}'")
-FMS_A100 = Table(source="fms-fsdp", citation=_FMS.format("tokens/sec/GPU A100 80G 128 GPUs with 400Gbps"),
+FMS_A100 = Table(stack="flash-2023", source="fms-fsdp", citation=_FMS.format("tokens/sec/GPU A100 80G 128 GPUs with 400Gbps"),
                  metric=TOKENS, framework="PyTorch FSDP (eager)",
                  notes="network stated as 400 Gbps (per node or per GPU not said); priced with the preset's "
                        "25 GB/s per GPU off-node")
-FMS_H100 = Table(source="fms-fsdp", citation=_FMS.format("tokens/sec/GPU H100 96 GPUs with 800 Gbps"),
+FMS_H100 = Table(stack="flash-2023", source="fms-fsdp", citation=_FMS.format("tokens/sec/GPU H100 96 GPUs with 800 Gbps"),
                  metric=TOKENS, framework="PyTorch FSDP (eager)",
                  notes="network stated as 800 Gbps (per node or per GPU not said); priced with the preset's "
                        "50 GB/s per GPU off-node")
@@ -492,10 +500,10 @@ LLAMA2_70B = Model(name="llama2-70b", family="llama", layers=80, hidden=8192, he
 # eager table (HSDP, no AC, batch 2, seq 4096); its 13B/34B/70B rows are SKIPPED (below).
 _FMS_C = ("foundation-model-stack/fms-fsdp README.md @ ed74fd5 (2024-05-09), training throughput table "
           "(Compile Y), column '{}'")
-FMS_A100_COMPILED = Table(source="fms-fsdp", citation=_FMS_C.format("tokens/sec/GPU A100 80G 128 GPUs with 400Gbps"),
+FMS_A100_COMPILED = Table(stack="flash-2023", source="fms-fsdp", citation=_FMS_C.format("tokens/sec/GPU A100 80G 128 GPUs with 400Gbps"),
                           metric=TOKENS, framework="PyTorch FSDP + torch.compile", kernels="compiled",
                           notes=FMS_A100.notes)
-FMS_H100_COMPILED = Table(source="fms-fsdp", citation=_FMS_C.format("tokens/sec/GPU H100 96 GPUs with 800 Gbps"),
+FMS_H100_COMPILED = Table(stack="flash-2023", source="fms-fsdp", citation=_FMS_C.format("tokens/sec/GPU H100 96 GPUs with 800 Gbps"),
                           metric=TOKENS, framework="PyTorch FSDP + torch.compile", kernels="compiled",
                           notes=FMS_H100.notes)
 HSDP = ("HSDP (sharded within a node, replicated across nodes) has no partita equivalent: priced as ZeRO-3 "
@@ -542,6 +550,7 @@ FMS_ROWS = [
 # Hardware as published: Grand Teton H100 with 96 GB HBM2e at 2.4 TB/s, 500 W power limit, 400 Gb/s
 # RDMA per GPU.
 TORCHTITAN_2412 = Table(
+    stack="flash-2023",
     source="torchtitan",
     citation="pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3, row 'FSDP', "
              "column TPS/GPU",
@@ -582,6 +591,7 @@ TORCHTITAN_ROWS = [
 # H100-80GB SXM (700 W, HBM3), 400 Gb/s RoCE per GPU; seq 8192, 16M tokens per batch (2048 sequences),
 # BF16; "TFLOPs/GPU" = model FLOPs (BF16 MFU 43% / 41% against 989 TFLOP/s).
 LLAMA3_T4 = Table(
+    stack="flash-2023",
     source="llama3-paper",
     citation="Llama Team, The Llama 3 Herd of Models, arXiv 2407.21783, Table 4",
     metric=MODEL_TFLOPS, framework="Meta's 4D parallelism (FSDP + TP + PP, and CP at 128k tokens)",
@@ -612,6 +622,7 @@ LLAMA3_ROWS = [
 # chronicles.md, 2022-03-18 ("full throttle of GBS=2048 and at 149-150 TFLOPs per GPU", "a single train
 # iteration is about 105 secs"). Megatron-DeepSpeed, TFLOP/s by its full-recompute formula (hardware FLOPs).
 BLOOM = Table(
+    stack="megatron-2021",
     source="bloom-176b",
     citation="bigscience-workshop/bigscience train/tr11-176B-ml/tr11-176B-ml.slurm and chronicles.md "
              "(2022-03-18)",
@@ -636,6 +647,7 @@ BLOOM_ROWS = [
 # parallelism, iteration time 60.1 / 50.2 / 44.4 s (126 / 121 / 113 TFLOP/s per GPU by the full-recompute
 # formula). DeepSpeed pipeline engine + Megatron tensor slicing, activation checkpointing.
 MTNLG = Table(
+    stack="megatron-2021",
     source="mt-nlg-530b",
     citation="Smith et al., Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B, arXiv 2201.11990, "
              "Section 2.4",
@@ -674,6 +686,7 @@ LLAMA3_CP_ROWS = [
 # reshard_after_forward False (ZeRO-2 by this file's convention), experts sharded by EP 8 (outside FSDP),
 # every decoder block activation-checkpointed, mixed precision reducing in fp32, fake_balanced_gate on.
 AUTOMODEL = Table(
+    stack="te-2024",
     source="nemo-automodel",
     citation="NVIDIA-NeMo/Automodel docs/performance-summary.md @ 8d9bfb90e and "
              "examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml",

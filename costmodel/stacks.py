@@ -1,0 +1,62 @@
+"""Software stacks: how a framework runs a model's kernels and collectives on a GPU generation.
+
+The same GPU runs the same model at different speeds under different software: Megatron-LM 2021
+materialised the attention scores; PyTorch 2.0-2.4 ran FlashAttention-2; today's torch dispatches
+cuDNN's flash kernels on Hopper (GPU-MEASUREMENTS.md: 2-3x FlashAttention-2's rate there); Megatron-Core
+with Transformer Engine overlaps tensor-parallel collectives with GEMMs (userbuffers). A published run's
+stack is part of its configuration, as its network is, and the kernel constants are fitted per GPU
+generation and stack (benchmarks.fit), never per model or per row.
+
+A `Stack` holds the facts of a stack that change *what* is priced (which attention kernel runs, whether
+it skips masked blocks, whether TP collectives can hide behind GEMMs); the fitted constants (how *fast*
+each kernel kind runs) live in costmodel/fitted_constants.json, keyed by generation and stack, and
+costmodel.hardware applies them.
+
+The default stack is "pytorch": current PyTorch as partita's runtime runs it, which is what a user who
+installs torch today gets.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from partita.costmodel.errors import PartitaError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Stack:
+    name: str
+    description: str
+    attention: str
+    """Fused attention (scaled_dot_product_attention) kernel on a GPU in 16-bit precision: "torch" (what
+    torch's SDPA dispatches for the device, dtype and shape: `sdpa_kernel`), "flash2" (FlashAttention-2),
+    "cudnn" (cuDNN's fused flash attention, as Transformer Engine and torch >= 2.5 on Hopper run it)."""
+    tp_comm_overlap: bool = False
+    """Tensor-parallel collectives can overlap the GEMMs around them (Megatron-Core `--tp-comm-overlap`
+    with userbuffers; torch's async TP under torch.compile). A plan choice where the stack allows it."""
+    partita_runs: bool = False
+    """partita's own runtime runs this stack (plans made for other stacks are priced, not run)."""
+
+
+STACKS: dict[str, Stack] = {s.name: s for s in [
+    Stack(name="pytorch", attention="torch", tp_comm_overlap=True, partita_runs=True,
+          description="current PyTorch (torch >= 2.5) eager, as partita's runtime runs it: SDPA dispatches "
+                      "cuDNN flash attention on Hopper, FlashAttention-2 on Ampere (16-bit); async TP "
+                      "(torch.compile + symmetric memory) overlaps TP collectives, priced but not run by partita"),
+    Stack(name="megatron-2021", attention="flash2",
+          description="Megatron-LM / Megatron-DeepSpeed 2021-22 (PyTorch 1.x, apex fused kernels): attention "
+                      "unfused, its scores materialised (the models say attention='math')"),
+    Stack(name="flash-2023", attention="flash2",
+          description="PyTorch 2.0-2.4 with FlashAttention-2 (the flash-attn package or SDPA's flash backend): "
+                      "llm-foundry, fms-fsdp, torchtitan 2024, Meta's Llama 3 training"),
+    Stack(name="te-2024", attention="cudnn", tp_comm_overlap=True,
+          description="NVIDIA's Transformer Engine kernels (Megatron-Core, NeMo, NeMo AutoModel; 2024-25): "
+                      "cuDNN fused attention, TP communication overlap (userbuffers), distributed optimizer"),
+]}
+DEFAULT_STACK = "pytorch"
+
+
+def get_stack(name: str | None) -> Stack:
+    try:
+        return STACKS[name or DEFAULT_STACK]
+    except KeyError:
+        raise PartitaError(f"unknown software stack {name!r}; stacks: {', '.join(STACKS)}") from None

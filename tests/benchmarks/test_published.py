@@ -121,7 +121,7 @@ def test_pricing_a_published_fsdp_row_keeps_its_configuration_and_metric():
 
 def test_pricing_a_pipelined_tensor_parallel_row_on_a_tiny_model():
     tiny = Model(name="tiny", family="gpt", layers=4, hidden=64, heads=4, vocab=256, attention="math", dropout=0.1)
-    table = Table(source="test", citation="synthetic", metric=HARDWARE_TFLOPS)
+    table = Table(source="test", citation="synthetic", metric=HARDWARE_TFLOPS, stack="megatron-2021")
     row = Row(table=table, model=tiny, seq=32, hardware="A100-80GB", gpus=16, tp=2, pp=2, dp=4, zero=(1,),
               micro_batch=2, global_batch=64, recompute=("full",), schedule="Interleaved1F1B", virtual_stages=2,
               sequence_parallel=True, value=100.0)

@@ -34,7 +34,7 @@ from benchmarks.common import hardware_over_model as common_ratio, pyplot, save_
 from benchmarks.published_data import (HARDWARE_TFLOPS, ITERATION, MODEL_TFLOPS, ROWS, SKIPPED, TOKENS, Model, Row)
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.graph import OpGraph
-from partita.costmodel.hardware import Cluster, GiB, parse_cluster
+from partita.costmodel.hardware import Cluster, GiB, gpu_device, parse_cluster
 from partita.costmodel.models import resolve_model
 from partita.costmodel.trace import capture
 from partita.planner.build import predicted
@@ -69,14 +69,15 @@ def model_spec(model: Model, seq: int):
     return resolve_model(model_string(model, seq))
 
 
-def cluster_for(row: Row) -> Cluster:
+def cluster_for(row: Row, kernels: dict | None = None) -> Cluster:
+    """The row's cluster: its GPU with the kernel constants of the software stack it ran on
+    (costmodel.stacks), or `kernels` (Device kernel fields, as benchmarks.fit tries them) instead."""
     if row.gpus % 8:
         raise PartitaError(f"{row.gpus} GPUs are not whole 8-GPU nodes")
     cluster = parse_cluster(f"{row.gpus // 8}x8x{row.hardware}")
-    if row.device_overrides:
-        device = dataclasses.replace(cluster.device, **dict(row.device_overrides))
-        cluster = dataclasses.replace(cluster, device=device)
-    return cluster
+    device = dataclasses.replace(gpu_device(row.hardware, row.table.stack), **(kernels or {}),
+                                 **dict(row.device_overrides))
+    return dataclasses.replace(cluster, device=device)
 
 
 def published_space(row: Row) -> SearchSpace:
@@ -157,11 +158,11 @@ def _errors(row: Row, value: float) -> tuple[float, float]:
     return error, (row.value / value - 1) if row.table.metric == ITERATION else error
 
 
-def _unbounded(row: Row, graph: OpGraph) -> dict:
+def _unbounded(row: Row, graph: OpGraph, kernels: dict | None = None) -> dict:
     """A diagnostic for a row the memory model rejects although it ran: its predicted time on the same
     cluster with device memory lifted (UNBOUNDED_MEMORY), so the time model is still checked. Never
     counted as "priced as published"."""
-    cluster = cluster_for(row)
+    cluster = cluster_for(row, kernels)
     cluster = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, memory_bytes=UNBOUNDED_MEMORY))
     result = search(graph, cluster, train_for(row), space=published_space(row), raise_infeasible=False)
     if result.best is None:
@@ -188,8 +189,9 @@ def _no_candidate(row: Row, graph: OpGraph) -> str:
     return "no candidate: the published mesh, batch and schedule admit no configuration"
 
 
-def price(row: Row, graphs: dict[str, OpGraph] | None = None) -> dict:
-    """Price one published row; `graphs` caches captures per model string across rows."""
+def price(row: Row, graphs: dict[str, OpGraph] | None = None, kernels: dict | None = None) -> dict:
+    """Price one published row; `graphs` caches captures per model string across rows; `kernels` replaces
+    the stack's fitted kernel constants (benchmarks.fit)."""
     t0 = time.perf_counter()
     graphs = {} if graphs is None else graphs
     name = model_string(row.model, row.seq)
@@ -204,12 +206,13 @@ def price(row: Row, graphs: dict[str, OpGraph] | None = None) -> dict:
     if row.memory_gib is not None:
         out["measured_memory"] = {"gib": row.memory_gib, "reading": row.memory_reading}
     t1 = time.perf_counter()
-    result = search(graph, cluster_for(row), train_for(row), space=published_space(row), raise_infeasible=False)
+    result = search(graph, cluster_for(row, kernels), train_for(row), space=published_space(row),
+                    raise_infeasible=False)
     out["search_s"] = time.perf_counter() - t1
     if result.best is None:
         out["not_priced"] = explain_infeasible(result) if result.candidates else _no_candidate(row, graph)
         if result.candidates:  # the run did fit on the real GPU: price its time with the memory limit lifted
-            out["predicted_if_memory_unbounded"] = _unbounded(row, graph)
+            out["predicted_if_memory_unbounded"] = _unbounded(row, graph, kernels)
         out["price_s"] = time.perf_counter() - t0
         return out
     pred = predicted(result, result.best)

@@ -41,17 +41,37 @@ class Device:
     REFERENCE.md, half the two-way total a datasheet headlines)."""
     inter_node_bw: float
     """Bytes/s one device can send off-node, one direction (its share of the node's NICs)."""
+    stack: str = "pytorch"
+    """The software stack whose kernel constants these are (costmodel.stacks): which attention kernel runs,
+    whether TP collectives can overlap GEMMs."""
+    generation: str = ""
+    """GPU generation ("volta", "ampere", "hopper"; "" for a CPU or an unknown device): which kernels the
+    stack dispatches (costmodel.kernels.sdpa_kernel)."""
     matmul_efficiency: float = 0.75
-    """Fraction of peak that large, aligned GEMMs reach (costmodel.kernels: e_max)."""
+    """Fraction of peak that large GEMMs reach (costmodel.kernels: e_max)."""
+    gemm_half_mn: float = 0.0
+    """Output elements M N at which a GEMM's rate halves (costmodel.kernels: s(M N, h_mn)); 0: no curve."""
+    gemm_split_k: float = 0.0
+    """Inner-dimension slice of a split-K GEMM: a product with a deep K counts M N max(1, K / k_split)
+    units of parallel work (costmodel.kernels); 0: no split."""
     gemm_half_dim: float = 0.0
-    """GEMM dimension at which that dimension alone halves the efficiency (costmodel.kernels:
-    s(x) = x / (x + gemm_half_dim)); 0: every GEMM at matmul_efficiency whatever its shape."""
+    """Older per-dimension form s(M, x) s(N, x) s(K, x) (resource lists written before 2026-11-26); 0: none."""
     attention_efficiency: float = 0.0
-    """Fraction of peak fused attention (FlashAttention-style SDPA) reaches, forward and backward
-    together, on sequences far above `attention_half_seq`; 0: matmul_efficiency."""
+    """Fraction of peak the stack's fused attention kernel reaches in its forward on long sequences
+    (costmodel.kernels: e_fwd, on the work it does); 0: matmul_efficiency."""
+    attention_bwd_efficiency: float = 0.0
+    """The same for its backward (e_bwd); 0: attention_efficiency."""
     attention_half_seq: float = 0.0
-    """Query length at which fused attention runs at half of attention_efficiency (costmodel.kernels:
-    s(seq) = seq / (seq + attention_half_seq)); 0: every sequence at attention_efficiency."""
+    """Query length at which fused attention runs at half its efficiency (s(seq, h_seq)); 0: no curve."""
+    attention_half_dim: float = 0.0
+    """Head width at which fused attention runs at half its efficiency (s(d, h_d)); 0: no curve."""
+    attention_causal_block: float = 0.0
+    """Rows per block of a kernel that skips the blocks above a causal mask's diagonal (work share
+    1/2 + B / 2s); 0: the whole s x s square is computed."""
+    other_attention: dict | None = None
+    """Curves of attention kernels other than the stack's own, by kernel name ("cudnn", "flash2",
+    "efficient"), each {efficiency, bwd_efficiency, half_seq, half_dim, causal_block}: where torch
+    dispatches another kernel for a dtype or head width (costmodel.kernels.sdpa_kernel)."""
     mem_efficiency: float = 1.0
     """Fraction of mem_bandwidth memory-bound kernels achieve."""
     intra_link_efficiency: float = 1.0
@@ -106,43 +126,48 @@ class Device:
         return self.peak_flops["bf16" if dtype in ("bf16", "fp16") else "fp32"]
 
 
-def _gpu(name, bf16_tflops, fp32_tflops, mem_mib, hbm_gbs, nvlink_gbs, nic_gbs, host_gb, host_link_gbs, kernels):
-    return Device(name=name, peak_flops={"bf16": bf16_tflops * 1e12, "fp32": fp32_tflops * 1e12},
-                  memory_bytes=mem_mib * 2**20, mem_bandwidth=hbm_gbs * GB, intra_node_bw=nvlink_gbs * GB,
-                  inter_node_bw=nic_gbs * GB, host_memory_bytes=host_gb * GB, host_bw=host_link_gbs * GB, **kernels)
-
-
-# How kernels and links run on each GPU generation: one set per generation, for every model and every
-# configuration (benchmarks.published checks them against published runs; no per-model factor).
-# - matmul_efficiency: cuBLAS bf16 on large aligned GEMMs as sustained in training (A100: ~80% of
-#   312 TFLOP/s; H100 SXM: ~60-65% of 989 -- ~600-650 TFLOP/s at its 700 W power limit);
-# - gemm_half_dim: the size at which one GEMM dimension halves that (tile and wave quantisation,
-#   costmodel.kernels);
-# - attention_efficiency: FlashAttention-2 (Dao 2023): ~50-70% of A100 peak forward, less backward;
-#   ~35-45% of H100's (FlashAttention-3, Shah et al. 2024, reaches 75% with Hopper-specific code that
-#   PyTorch's SDPA does not use by default), on long sequences;
-# - attention_half_seq: the query length at which fused attention runs at half that -- a kernel's fixed
-#   work per query block (loading it, rescaling, writing it out, the causal diagonal computed whole) is
-#   amortised over the key blocks it streams, so throughput rises with sequence length (FlashAttention-2,
-#   Dao 2023, its A100 and H100 benchmark figures over 512 to 16k tokens). Fitted, one value per
-#   generation, to llm-foundry's sequence sweeps (512 to 65536 tokens of the same models on the same
-#   GPUs, benchmarks.published); Volta has no published fused-attention run here and takes Ampere's curve;
-# - mem_efficiency: achievable HBM bandwidth for elementwise kernels (~80% of the datasheet);
+# How links run on each GPU generation (cited, not fitted: the published runs hardly test them):
 # - link efficiencies: nccl-tests bus bandwidth against the per-direction peak (NVLink ~75-80%,
 #   InfiniBand/RoCE ~80-90% at training scale);
 # - overlap_slowdown: compute stretch while NCCL kernels run beside it (T3, Pati et al. ASPLOS'24:
 #   concurrent GEMMs and collectives slow each other by tens of percent).
 GPU_OVERLAP_SLOWDOWN = 0.15
 """Device.overlap_slowdown of every GPU preset, and what `partita calibrate` keeps on a GPU (not measured)."""
-_VOLTA = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.45, attention_half_seq=1536,
-              mem_efficiency=0.8, intra_link_efficiency=0.8, inter_link_efficiency=0.85,
-              overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
-_AMPERE = dict(matmul_efficiency=0.80, gemm_half_dim=96, attention_efficiency=0.65, attention_half_seq=1536,
-               mem_efficiency=0.8, intra_link_efficiency=0.8, inter_link_efficiency=0.85,
-               overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
-_HOPPER = dict(matmul_efficiency=0.62, gemm_half_dim=128, attention_efficiency=0.42, attention_half_seq=1024,
-               mem_efficiency=0.8, intra_link_efficiency=0.8, inter_link_efficiency=0.85,
-               overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
+_GPU_LINKS = dict(intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
+
+# How kernels run: one set of constants per GPU generation and software stack (costmodel.stacks), for every
+# model and configuration, written by the fitting program (`python -m benchmarks.fit`) into
+# fitted_constants.json beside this file, each group with the measurements it was fitted to (or the rule
+# it was derived by, where no measurement exists). Nothing here is set by hand.
+KERNEL_FIELDS = ("matmul_efficiency", "gemm_half_mn", "gemm_split_k", "gemm_half_dim", "attention_efficiency",
+                 "attention_bwd_efficiency", "attention_half_seq", "attention_half_dim", "attention_causal_block",
+                 "mem_efficiency", "other_attention", "op_latency")
+FITTED_CONSTANTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fitted_constants.json")
+
+
+def fitted_constants() -> dict:
+    """The fitting program's output: {"groups": {"hopper/pytorch": {"constants": {...}, "source": ...}}, ...}."""
+    global _FITTED
+    if _FITTED is None:
+        import json
+        with open(FITTED_CONSTANTS, encoding="utf-8") as f:
+            _FITTED = json.load(f)
+    return _FITTED
+
+
+_FITTED = None
+
+
+def kernel_constants(generation: str, stack: str) -> dict:
+    """The Device kernel fields of `generation` under `stack` (fitted_constants.json)."""
+    from partita.costmodel.stacks import get_stack
+    get_stack(stack)  # an unknown stack is one line naming the known ones
+    groups = fitted_constants()["groups"]
+    key = f"{generation}/{stack}"
+    if key not in groups:
+        raise PartitaError(f"no kernel constants for {key} in {FITTED_CONSTANTS}; run `python -m benchmarks.fit`")
+    return {k: v for k, v in groups[key]["constants"].items() if k in KERNEL_FIELDS}
+
 
 # REFERENCE.md "Hardware": NVLink per direction (150 / 300 / 450 GB/s). Memory as the driver reports it
 # (nvidia-smi's total, MiB): the "80GB" of A100-80GB is 80 GiB (81920 MiB), H100-80GB 81559 MiB,
@@ -153,13 +178,31 @@ _HOPPER = dict(matmul_efficiency=0.62, gemm_half_dim=128, attention_efficiency=0
 # Selene has 8 HDR HCAs (200 Gb/s = 25 GB/s) per 8-GPU node; Llama 3's H100 cluster 400 Gb/s (50 GB/s)
 # per GPU. Host memory per GPU: the DGX node's DRAM over its 8 GPUs (DGX-1 V100 512 GB, DGX A100 1 TB,
 # DGX H100/H200 2 TB).
+#          name: (generation, bf16 TFLOP/s, fp32 TFLOP/s, memory MiB, HBM GB/s, NVLink GB/s, NIC GB/s per GPU,
+#                 host GB per GPU, host link GB/s per GPU)
+GPUS = {
+    "V100-16GB": ("volta", 125, 15.7, 16160, 900, 150, 12.5, 64, 8),
+    "V100-32GB": ("volta", 125, 15.7, 32510, 900, 150, 12.5, 64, 8),
+    "A100-40GB": ("ampere", 312, 19.5, 40960, 1555, 300, 25, 128, 12.5),
+    "A100-80GB": ("ampere", 312, 19.5, 81920, 2039, 300, 25, 128, 12.5),
+    "H100-80GB": ("hopper", 989, 67, 81559, 3350, 450, 50, 256, 25),
+    "H200-141GB": ("hopper", 989, 67, 143771, 4800, 450, 50, 256, 25),
+}
+
+
+def gpu_device(name: str, stack: str = "pytorch") -> Device:
+    """The preset GPU `name` with the kernel constants of its generation under `stack`."""
+    if name not in GPUS:
+        raise PartitaError(f"unknown GPU {name!r}; presets: {', '.join(GPUS)}")
+    gen, bf16, fp32, mem_mib, hbm, nvlink, nic, host_gb, host_link = GPUS[name]
+    return Device(name=name, peak_flops={"bf16": bf16 * 1e12, "fp32": fp32 * 1e12}, memory_bytes=mem_mib * 2**20,
+                  mem_bandwidth=hbm * GB, intra_node_bw=nvlink * GB, inter_node_bw=nic * GB,
+                  host_memory_bytes=host_gb * GB, host_bw=host_link * GB, stack=stack, generation=gen,
+                  **_GPU_LINKS, **kernel_constants(gen, stack))
+
+
 DEVICES: dict[str, Device] = {d.name: d for d in [
-    _gpu("V100-16GB", 125, 15.7, 16160, 900, 150, 12.5, 64, 8, _VOLTA),
-    _gpu("V100-32GB", 125, 15.7, 32510, 900, 150, 12.5, 64, 8, _VOLTA),
-    _gpu("A100-40GB", 312, 19.5, 40960, 1555, 300, 25, 128, 12.5, _AMPERE),
-    _gpu("A100-80GB", 312, 19.5, 81920, 2039, 300, 25, 128, 12.5, _AMPERE),
-    _gpu("H100-80GB", 989, 67, 81559, 3350, 450, 50, 256, 25, _HOPPER),
-    _gpu("H200-141GB", 989, 67, 143771, 4800, 450, 50, 256, 25, _HOPPER),
+    *(gpu_device(name) for name in GPUS),
     # One CPU process of a small host, gloo over loopback. Rough defaults measured on the 2-core
     # development machine (TORCH-NOTES.md: 64 MB all_reduce ~72 ms on 2 ranks); `partita calibrate`
     # measures the real figures.

@@ -1,67 +1,57 @@
 """Compute as kernels run: the seconds one operator takes on a device, by kernel kind and shape.
 
-One efficiency for every operator (the first cost model: 0.75 of peak) makes a tp=8 shard of a small
-layer, a micro-batch of one, and a 12288-wide GEMM equally fast per FLOP. They are not. Three kinds:
+One efficiency for every operator makes a tp=8 shard of a small layer, a micro-batch of one, and a
+12288-wide GEMM equally fast per FLOP. They are not. Three kinds, each with a curve whose constants are
+fitted to measurements by a program (costmodel.kernel_fit on kernel timings; benchmarks.fit on published
+training runs), one set per GPU generation and software stack (costmodel.stacks), never per model:
 
 GEMMs (a Linear, a matmul / bmm): a roofline on the tensor cores with a shape-dependent efficiency,
 
-    t = F / (peak * e_max * s(M) s(N) s(K)),     s(x) = x / (x + x_half)
+    t = F / (peak * e_max * s(W, h_mn)),   W = M N max(1, K / k_split),   s(x, h) = x / (x + h)
 
 for an (M x K) @ (K x N) product (batched products: per matrix, the batch multiplies F). e_max is what
-cuBLAS sustains on large, aligned shapes (`Device.matmul_efficiency`); x_half (`Device.gemm_half_dim`)
-is the size at which one dimension alone halves it. A dimension far above x_half costs nothing; a small
-one -- a tensor-parallel shard of a narrow layer, an attention head's K = 64..128 in an unfused
-q k^T, a micro-batch of a few tokens -- runs further from peak, the saturation that NVIDIA's GEMM
-guide describes through tile and wave quantisation (NVIDIA Deep Learning Performance Guide, "Matrix
-Multiplication Background", 2023; Anthony et al. 2024, "The Case for Co-Designing Model Architectures
-with Hardware", measure A100 GEMM throughput rising with every dimension of transformer shapes). The
-product of three saturations is symmetric in M, N, K, so a GEMM's two backward products (dX, dW: the
-same three sizes in other roles) run at the forward's efficiency.
-For a Linear the token dimension M grows with the micro-batch b: with M = b M_1,
+cuBLAS sustains on large shapes (`Device.matmul_efficiency`). The output's M N elements are cut into
+tiles spread over the SMs: a small output fills few of them (wave quantisation: NVIDIA Deep Learning
+Performance Guide, "Matrix Multiplication Background", 2023), halving the rate at W = h_mn
+(`Device.gemm_half_mn`), unless the inner K is deep enough to split: cuBLAS then cuts K into slices of
+about k_split (`Device.gemm_split_k`) computed in parallel and summed (split-K; the same guide), so the
+work units are M N K / k_split. Fitted to the H200 timings of GPU-MEASUREMENTS.md (M = 256..32768, N and
+K = 1024..128256; costmodel.kernel_fit). Each launch also costs `Device.op_latency`, charged by the
+planner per launch. A resource list written before this form may carry `gemm_half_dim` x: the older
+s(M, x) s(N, x) s(K, x), still applied (0 in the presets).
+A GEMM's backward is two products with the same three sizes in other roles (dX: M x N @ N x K; dW:
+N x M @ M x K), each priced by the same curve.
 
-    t(b) = b F_1 / (peak e_max s(N) s(K))  +  F_1 x_half / (M_1 peak e_max s(N) s(K))
+For a Linear the token dimension M grows with the micro-batch b, M = b M_1, and W with it: 1 / s(W, h) =
+1 + h / W makes the forward F + 2 h K / max(1, K / k_split) -- affine in b: a per-sample term and a
+per-micro-batch term (`NodeTime.fixed_*`), which the planner charges once per micro-batch like a kernel launch. The node's time at b = 1 and b = 2
+gives both (exact for each saturation alone). A batched matmul's M is the sequence, independent of b,
+so its efficiency is fixed per sample. A grouped GEMM (a mixture-of-experts layer's experts, `groups` =
+E) is E such products, each on its expert's rows: M = routed rows / E under balanced routing.
 
--- affine in b: a per-sample term and a per-micro-batch term (`NodeTime.fixed_*`), which the planner
-charges once per micro-batch like a kernel launch. A batched matmul's M is the sequence, independent
-of b, so its efficiency is fixed per sample.
+Fused attention (scaled_dot_product_attention). Which kernel runs is the stack's choice
+(`sdpa_kernel`): torch dispatches cuDNN's flash attention on Hopper in 16-bit precision (head_dim <= 128),
+FlashAttention-2 on Ampere (head_dim <= 256), the memory-efficient kernel for fp32 or wider heads
+(torch/nn/attention, sdp_utils); other stacks run their own kernel. Each kernel's curve:
 
-A grouped GEMM (a mixture-of-experts layer's experts, `groups` = E) is E such products, each on its
-expert's rows: M = routed rows / E under balanced routing, so it scales with the micro-batch as a
-Linear does.
+    t_fwd = W / (peak * e_fwd * s(seq, h_seq) * s(d, h_d)),   t_bwd = 2.5 W / (peak * e_bwd * s(seq, h_seq) * s(d, h_d))
 
-Fused attention (scaled_dot_product_attention: FlashAttention-style kernels): F / (peak * e_attn),
-`Device.attention_efficiency` (FlashAttention-2, Dao 2023: 50-73% of A100 peak forward, less in
-backward; on H100 FlashAttention-2 reaches 35-50% of the dense peak). F is the full s x s product
-(torch's formula, and the model FLOPs MFU counts), causal or not. A causal kernel skips the score blocks
-above the diagonal (FlashAttention-2 Sec. 3.1.1) and its papers count causal TFLOP/s on half the FLOPs,
-so CAUSAL_SHARE = 0.5 would be the kernel's own story. Measured against the published runs, it is not
-what PyTorch training reaches: priced at 0.5, the eager-PyTorch rows of benchmarks.published (llm-foundry,
-fms-fsdp, torchtitan) come out faster than measured -- llm-foundry's 16k-64k-token rows by 50-93%, fms
-by 16% at the median against 7.5% -- while only Llama 3's in-house 128k-token run is closer (-12% against
--37%). So the efficiencies stand for attention as trained, on the full FLOPs (CAUSAL_SHARE = 1); the
-capture still records `causal` on each attention node.
-
-A fused attention kernel runs further from peak on short sequences: each query block's fixed work
-(loading it, rescaling the running softmax, writing the output; under a causal mask, the diagonal block
-computed whole) is amortised over the key blocks it streams, s / B_c of them. So its efficiency is a
-saturation in the query length s of the node's (..., heads, s, head_dim) output,
-
-    e_attn(s) = e_attn * s / (s + s_half)          (`Device.attention_half_seq` = s_half)
-
-(FlashAttention-2's benchmarks rise over 512 to 16k tokens on A100 and H100). One curve per GPU
-generation, fitted to llm-foundry's sweeps of one model over 512 to 65536 tokens: with a flat e_attn the
-published errors ran from about -10% at 64k tokens to +25% at 512 within the same model and GPU, a trend
-no per-token term can remove. Under context parallelism the node keeps the whole sequence's length:
-each rank's query chunk streams every rank's keys (torch's all-gather context parallelism).
+W is the work the kernel does: the full s x s product 4 b h s^2 d (torch's FLOP formula, the model FLOPs
+MFU counts); under a causal mask a kernel that skips the key blocks above the diagonal (FlashAttention-2,
+Dao 2023, Sec. 3.1.1; cuDNN's and the memory-efficient kernel likewise: GPU-MEASUREMENTS.md measures
+causal at 1.6-1.8x the non-causal rate on the full count) computes n (n + 1) / 2 of n^2 blocks of B rows,
+W = 4 b h s^2 d (1/2 + B / (2 s)) (`attention_causal_block` = B; 0: a kernel computing the whole square).
+e_fwd and e_bwd differ (a flash backward recomputes the scores and runs further from peak); s(seq) is a
+kernel's fixed work per query block (loading it, rescaling the running softmax, writing out) amortised
+over the key blocks it streams; s(d) the head width each tile multiplies (d = 64 runs slower per FLOP
+than 128). Under context parallelism the node keeps the whole sequence's length: each rank's query chunk
+streams every rank's keys (torch's all-gather context parallelism).
 
 Everything else (norms, activations, residual adds, softmax, dropout, casts): memory-bound, bytes at
-the achievable fraction of HBM bandwidth (`Device.mem_efficiency`; STREAM-like copies reach ~80-90% of
-the datasheet figure), or its FLOPs at e_max if that is longer (a roofline):
+the achievable fraction of HBM bandwidth (`Device.mem_efficiency`), or its FLOPs at e_max if that is
+longer (a roofline):
 
     t = max(F / (peak e_max), bytes / (bandwidth e_mem))       (backward: twice the bytes)
-
-A device with gemm_half_dim = 0 (a calibrated resource list, the `cpu` preset) has s = 1: one
-efficiency for every GEMM, as `partita calibrate` measures it.
 """
 from __future__ import annotations
 
@@ -71,9 +61,15 @@ from dataclasses import dataclass
 GEMM_KINDS = {"linear", "grouped_mm"}
 BATCHED_GEMM_KINDS = {"matmul", "bmm", "baddbmm"}
 ATTENTION_KINDS = {"scaled_dot_product_attention"}
-CAUSAL_SHARE = 1.0
-"""Of a causal attention's full s x s FLOPs, the share priced (module docstring: 0.5 is the kernel's own
-count, 1 what the published PyTorch runs measure at these efficiencies)."""
+SDPA_BWD_OVER_FWD = 2.5
+"""Backward FLOPs of attention over its forward (torch's FLOP formulas: the backward recomputes the
+scores, 5 batched matmuls against 2)."""
+ATTENTION_CURVE_FIELDS = ("efficiency", "bwd_efficiency", "half_seq", "half_dim", "causal_block")
+FORWARD_LAUNCHES = 1
+"""Kernels a node's forward launches (each costs Device.op_latency beyond its FLOPs and bytes)."""
+BACKWARD_LAUNCHES = 2
+"""Kernels the backward of a launching node takes (its input and weight gradients, or an elementwise
+gradient and its accumulation)."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +83,7 @@ class NodeTime:
 
 
 def saturation(x: float, half: float) -> float:
-    """s(x) = x / (x + x_half): the share of e_max a GEMM dimension of size x allows (module docstring)."""
+    """s(x) = x / (x + x_half) (module docstring); 1 when there is no curve (half <= 0)."""
     if half <= 0:
         return 1.0
     return x / (x + half) if x > 0 else 0.0
@@ -113,11 +109,76 @@ def gemm_dims(d: dict) -> tuple[float, float, float, float] | None:
     return batch, m, n, flops / (2 * batch * m * n)
 
 
-def attention_saturation(d: dict, half_seq: float) -> float:
-    """s(seq) of an attention node (module docstring), seq the query length of its (..., heads, seq,
-    head_dim) output; 1 where the shape is unknown (priced at the long-sequence rate, never at zero)."""
-    shape = d.get("shape") or ()
-    return saturation(shape[-2], half_seq) if len(shape) >= 2 and shape[-2] else 1.0
+def gemm_efficiency(device, m: float, n: float, k: float) -> float:
+    """The fraction of peak an (m x k) @ (k x n) product reaches (module docstring)."""
+    legacy = device.gemm_half_dim
+    split = max(1.0, k / device.gemm_split_k) if device.gemm_split_k > 0 else 1.0
+    return (device.matmul_efficiency * saturation(m * n * split, device.gemm_half_mn)
+            * saturation(m, legacy) * saturation(n, legacy) * saturation(k, legacy))
+
+
+def gemm_seconds(device, dtype: str, m: float, n: float, k: float, batch: float = 1.0) -> tuple[float, float]:
+    """(forward, backward) seconds of `batch` (m x k) @ (k x n) products: the forward, and the backward's
+    dX (m x n @ n x k) and dW (n x m @ m x k), each at its own shape's efficiency."""
+    peak = device.peak(dtype)
+    f = 2 * batch * m * n * k
+    fwd = f / (peak * gemm_efficiency(device, m, n, k))
+    bwd = f / (peak * gemm_efficiency(device, m, k, n)) + f / (peak * gemm_efficiency(device, n, k, m))
+    return fwd, bwd
+
+
+def sdpa_kernel(device, dtype: str, head_dim: float) -> str:
+    """The fused-attention kernel the device's stack runs for this dtype and head width (module docstring)."""
+    from partita.costmodel.stacks import get_stack
+    if device.name == "cpu":
+        return "cpu"
+    kind = get_stack(device.stack).attention
+    sixteen = dtype in ("bf16", "fp16")
+    if kind == "torch":  # torch's SDPA priority on CUDA: cuDNN (Hopper+), flash, memory-efficient
+        if sixteen and device.generation in ("hopper",) and head_dim <= 128:
+            return "cudnn"
+        if sixteen and device.generation in ("ampere", "hopper") and head_dim <= 256:
+            return "flash2"
+        return "efficient"
+    return kind if sixteen else "efficient"
+
+
+def attention_curve(device, kernel: str) -> dict:
+    """The curve constants of `kernel` on `device`: its own where the device lists it, else the device's
+    attention_* fields (the kernel its stack runs for training)."""
+    own = (device.other_attention or {}).get(kernel)
+    if own:
+        return own
+    return {"efficiency": device.attention_efficiency or device.matmul_efficiency,
+            "bwd_efficiency": device.attention_bwd_efficiency or device.attention_efficiency or device.matmul_efficiency,
+            "half_seq": device.attention_half_seq, "half_dim": device.attention_half_dim,
+            "causal_block": device.attention_causal_block}
+
+
+def attention_work_share(seq: float, causal: bool, block: float) -> float:
+    """Share of the full s x s product a kernel computes: 1, or (1/2 + B / (2 s)) when it skips the blocks
+    above a causal mask's diagonal (module docstring)."""
+    if not causal or block <= 0 or seq <= 0:
+        return 1.0
+    return min(1.0, 0.5 + block / (2 * seq))
+
+
+def curve_seconds(curve: dict, peak: float, fwd_flops: float, bwd_flops: float, seq: float, head_dim: float,
+                  causal: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of fused attention by one kernel's `curve`, its full-square FLOPs given."""
+    work = attention_work_share(seq, causal, curve["causal_block"])
+    # an unknown shape (0) is priced at the long-sequence, wide-head rate: never at zero
+    shape = (saturation(seq, curve["half_seq"]) if seq else 1.0) * (saturation(head_dim, curve["half_dim"]) if head_dim else 1.0)
+    return (fwd_flops * work / (peak * curve["efficiency"] * shape),
+            bwd_flops * work / (peak * (curve["bwd_efficiency"] or curve["efficiency"]) * shape))
+
+
+def attention_seconds(device, dtype: str, fwd_flops: float, bwd_flops: float, seq: float, head_dim: float,
+                      causal: bool, kernel: str | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of fused attention on `device`: by `kernel`, or the one its stack runs."""
+    kernel = kernel or sdpa_kernel(device, dtype, head_dim)
+    return curve_seconds(attention_curve(device, kernel), device.peak(dtype), fwd_flops, bwd_flops, seq, head_dim,
+                         causal)
 
 
 def node_time(d: dict, device, dtype: str, *, share: float = 1.0,
@@ -131,26 +192,26 @@ def node_time(d: dict, device, dtype: str, *, share: float = 1.0,
     if d.get("op") in ("get_attr", "placeholder"):
         return NodeTime(0.0, 0.0)  # reading a parameter, buffer or input launches no kernel
     peak = device.peak(dtype)
-    e_max = device.matmul_efficiency
     dims = gemm_dims(d)
     if dims is not None:
         batch, m, n, k = dims
         n, k = n / n_div, k / k_div
-        half = device.gemm_half_dim
-        rate = peak * e_max * saturation(n, half) * saturation(k, half)
-        f_share = share / (n_div * k_div)
-        fwd_flops, bwd_flops = d["fwd_flops"] * f_share, d["bwd_flops"] * f_share
         if d["kind"] in GEMM_KINDS:
-            # t(b) = b F1 / rate + F1 x_half / (M1 rate): per sample, then per micro-batch
-            fixed = half / m if half > 0 else 0.0
-            return NodeTime(fwd_flops / rate, bwd_flops / rate, fwd_flops / rate * fixed, bwd_flops / rate * fixed)
-        rate *= saturation(m, half)
-        return NodeTime(fwd_flops / rate, bwd_flops / rate)
+            # t(b) = b t_1 + fixed: from the products at micro-batch 1 and 2 (module docstring)
+            f1, b1 = gemm_seconds(device, dtype, m, n, k, batch)
+            f2, b2 = gemm_seconds(device, dtype, 2 * m, n, k, batch)
+            scale = share * d["bwd_flops"] / (2 * d["fwd_flops"])  # the graph's backward FLOPs (2x, or 1x
+            fwd_share = share                                        # without a weight gradient) per product
+            return NodeTime((f2 - f1) * fwd_share, (b2 - b1) * scale, (2 * f1 - f2) * fwd_share, (2 * b1 - b2) * scale)
+        f, b = gemm_seconds(device, dtype, m, n, k, batch)
+        return NodeTime(f * share, b * share * d["bwd_flops"] / (2 * d["fwd_flops"]))
     fwd_flops, bwd_flops = d["fwd_flops"] * share, d["bwd_flops"] * share
     if d["kind"] in ATTENTION_KINDS and fwd_flops:
-        rate = (peak * (device.attention_efficiency or e_max) * attention_saturation(d, device.attention_half_seq)
-                / (CAUSAL_SHARE if d.get("causal") else 1.0))
-        return NodeTime(fwd_flops / rate, bwd_flops / rate)
+        shape = d.get("shape") or ()
+        seq, head_dim = (shape[-2], shape[-1]) if len(shape) >= 2 else (0, 0)
+        f, b = attention_seconds(device, dtype, fwd_flops, bwd_flops, seq, head_dim, bool(d.get("causal")))
+        return NodeTime(f, b)
     bw = device.mem_bandwidth * device.mem_efficiency
     mem = d["mem_bytes"] * share
+    e_max = device.matmul_efficiency
     return NodeTime(max(fwd_flops / (peak * e_max), mem / bw), max(bwd_flops / (peak * e_max), 2 * mem / bw))

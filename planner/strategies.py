@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from partita.costmodel import comm
 from partita.costmodel.graph import OpGraph
 from partita.costmodel.hardware import Cluster
-from partita.costmodel.kernels import NodeTime, node_time
+from partita.costmodel.kernels import BACKWARD_LAUNCHES, NodeTime, node_time
 from partita.planner.cp_ep import Experts, attention_kv_bytes, experts_of
 
 _ALIAS_OPS = {"view", "reshape", "transpose", "permute", "contiguous", "flatten", "unflatten", "expand"}
@@ -140,9 +140,6 @@ def launches(d: dict) -> int:
     return 0 if d["alias"] or (d["fwd_flops"] == 0 and d["mem_bytes"] == 0) else 1
 
 
-BACKWARD_LAUNCHES = 2
-"""Kernels the backward of a launching node takes (its input and weight gradients, or an elementwise
-gradient and its accumulation)."""
 
 
 def node_seconds(d: dict, cluster: Cluster, dtype: str, tp: int = 1, style: str | None = None,

@@ -1,16 +1,18 @@
 """Compute by kernel kind and shape (costmodel.kernels): GEMMs on a shape-dependent roofline, fused
-attention at its own efficiency, everything else memory-bound."""
+attention by the kernel the stack dispatches, everything else memory-bound."""
 from dataclasses import replace
 
 import pytest
 
-from partita.costmodel.hardware import DEVICES
-from partita.costmodel.kernels import CAUSAL_SHARE, node_time, saturation
+from partita.costmodel.hardware import DEVICES, gpu_device, parse_cluster
+from partita.costmodel.kernels import (attention_work_share, gemm_efficiency, node_time, saturation, sdpa_kernel)
 from partita.planner.strategies import node_seconds, replicate_option, tensor_option
-from partita.costmodel.hardware import parse_cluster
 
-A100 = DEVICES["A100-80GB"]
-H100 = DEVICES["H100-80GB"]
+# A device with every curve set to known values, so the tests check the formulas, not fitted numbers.
+DEV = replace(DEVICES["H100-80GB"], matmul_efficiency=0.7, gemm_half_mn=2e5, gemm_split_k=4096.0, gemm_half_dim=0.0,
+              attention_efficiency=0.6, attention_bwd_efficiency=0.5, attention_half_seq=500.0,
+              attention_half_dim=40.0, attention_causal_block=128.0, other_attention=None, mem_efficiency=0.8)
+FLAT = replace(DEV, gemm_half_mn=0.0, gemm_split_k=0.0)
 
 
 def linear(m, n, k):
@@ -18,70 +20,108 @@ def linear(m, n, k):
             "mem_bytes": 2 * (m * k + m * n)}
 
 
-def test_a_large_gemm_runs_near_the_device_efficiency_and_a_small_dimension_slows_it():
-    big = node_time(linear(8192, 12288, 12288), A100, "bf16")
-    rate = 2 * 8192 * 12288 * 12288 / (big.fwd + big.fixed_fwd)
-    assert 0.9 * A100.matmul_efficiency < rate / A100.peak("bf16") < A100.matmul_efficiency
-    # the same FLOPs with K = 128 (an attention head's width) run well below it
-    thin = node_time(linear(8192, 12288, 128), A100, "bf16")
-    thin_rate = 2 * 8192 * 12288 * 128 / (thin.fwd + thin.fixed_fwd)
-    assert thin_rate < 0.6 * rate
-    # the backward's two products have the same three sizes: the same efficiency, twice the FLOPs
-    assert big.bwd == pytest.approx(2 * big.fwd)
+def attention(b, h, s, d, causal=False):
+    f = 4 * b * h * s * s * d
+    return {"kind": "scaled_dot_product_attention", "shape": (b, h, s, d), "fwd_flops": f, "bwd_flops": 2.5 * f,
+            "mem_bytes": 0, "causal": causal}
 
 
-def test_a_tensor_parallel_shard_is_less_than_t_times_faster():
-    whole = node_time(linear(2048, 2304, 2304), A100, "bf16")
-    col = node_time(linear(2048, 2304, 2304), A100, "bf16", n_div=8)
-    row = node_time(linear(2048, 2304, 2304), A100, "bf16", k_div=8)
-    for shard in (col, row):
-        assert whole.fwd / 8 < shard.fwd < whole.fwd
-    assert col.fwd == pytest.approx(row.fwd)  # s(N) s(K) is symmetric
+def rate(t, flops):
+    return flops / (t.fwd + t.fixed_fwd)
 
 
-def test_linear_time_is_affine_in_the_micro_batch():
-    """t(b) = b t_1 + fixed: the per-micro-batch term is what the token dimension's saturation adds."""
-    one = node_time(linear(512, 4096, 4096), A100, "bf16")
+def test_a_large_gemm_runs_near_the_device_efficiency_and_a_small_output_slows_it():
+    big = node_time(linear(8192, 12288, 12288), DEV, "bf16")
+    assert 0.95 * DEV.matmul_efficiency < rate(big, 2 * 8192 * 12288**2) / DEV.peak("bf16") < DEV.matmul_efficiency
+    # a small output fills few SMs: the same FLOPs on 64 x 64 outputs with a shallow K run far below it
+    small = node_time(linear(64, 64, 1024), DEV, "bf16")
+    assert rate(small, 2 * 64 * 64 * 1024) < 0.1 * rate(big, 2 * 8192 * 12288**2)
+    # ... unless K is deep enough to split: then the slices run in parallel (split-K)
+    deep = node_time(linear(64, 64, 1024 * 64), DEV, "bf16")
+    assert rate(deep, 2 * 64 * 64 * 1024 * 64) > 5 * rate(small, 2 * 64 * 64 * 1024)
+
+
+def test_the_backward_prices_its_two_products_at_their_own_shapes():
+    """dX is (M x N) @ (N x K), dW (N x M) @ (M x K): each at its own output and inner sizes."""
+    m, n, k = 8192, 64, 8192
+    t = node_time(linear(m, n, k), DEV, "bf16")
+    f = 2 * m * n * k
+    expected = f / (DEV.peak("bf16") * gemm_efficiency(DEV, m, k, n)) + f / (DEV.peak("bf16") * gemm_efficiency(DEV, n, k, m))
+    assert t.bwd + t.fixed_bwd == pytest.approx(expected)
+    # dX's output (M x K) is large, where the forward's (M x 64) is not: the backward runs nearer peak per FLOP
+    assert t.bwd + t.fixed_bwd < 2 * (t.fwd + t.fixed_fwd)
+
+
+def test_a_column_parallel_shard_is_less_than_t_times_faster():
+    whole = node_time(linear(2048, 2304, 2304), DEV, "bf16")
+    col = node_time(linear(2048, 2304, 2304), DEV, "bf16", n_div=8)  # its output is 1/8 as wide: fewer tiles
+    row = node_time(linear(2048, 2304, 2304), DEV, "bf16", k_div=8)
+    assert (whole.fwd + whole.fixed_fwd) / 8 < col.fwd + col.fixed_fwd < whole.fwd + whole.fixed_fwd
+    assert row.fwd + row.fixed_fwd >= (whole.fwd + whole.fixed_fwd) / 8 * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("legacy", [0.0, 96.0])
+def test_linear_time_is_affine_in_the_micro_batch(legacy):
+    """t(b) = b t_1 + fixed, exact for each saturation alone: 1 / s(M N) = 1 + h / (b M_1 N)."""
+    dev = replace(DEV, gemm_half_mn=0.0 if legacy else DEV.gemm_half_mn, gemm_half_dim=legacy)
+    one = node_time(linear(512, 4096, 4096), dev, "bf16")
     for b in (1, 2, 8):
-        direct = 2 * b * 512 * 4096 * 4096 / (A100.peak("bf16") * A100.matmul_efficiency * saturation(b * 512, A100.gemm_half_dim)
-                                              * saturation(4096, A100.gemm_half_dim) ** 2)
+        m = b * 512
+        direct = 2 * m * 4096 * 4096 / (dev.peak("bf16") * gemm_efficiency(dev, m, 4096, 4096))
         assert b * one.fwd + one.fixed_fwd == pytest.approx(direct)
+    assert one.fixed_fwd > 0
 
 
-def test_attention_and_memory_bound_kernels():
-    att = {"kind": "scaled_dot_product_attention", "shape": (1, 32, 2048, 128), "fwd_flops": 1e12,
-           "bwd_flops": 2.5e12, "mem_bytes": 1e8}
-    t = node_time(att, A100, "bf16")
-    rate = A100.peak("bf16") * A100.attention_efficiency * saturation(2048, A100.attention_half_seq)
-    assert t.fwd == pytest.approx(1e12 / rate)
+def test_fused_attention_by_its_curve_and_memory_bound_kernels():
+    t = node_time(attention(1, 32, 2048, 128), DEV, "bf16")
+    shape = saturation(2048, 500) * saturation(128, 40)
+    assert t.fwd == pytest.approx(4 * 32 * 2048**2 * 128 / (DEV.peak("bf16") * 0.6 * shape))
+    assert t.bwd == pytest.approx(2.5 * 4 * 32 * 2048**2 * 128 / (DEV.peak("bf16") * 0.5 * shape))
     norm = {"kind": "layernorm", "shape": (1, 2048, 4096), "fwd_flops": 0, "bwd_flops": 0, "mem_bytes": 4e7}
-    t = node_time(norm, A100, "bf16")
-    assert t.fwd == pytest.approx(4e7 / (A100.mem_bandwidth * A100.mem_efficiency)) and t.bwd == pytest.approx(2 * t.fwd)
+    t = node_time(norm, DEV, "bf16")
+    assert t.fwd == pytest.approx(4e7 / (DEV.mem_bandwidth * 0.8)) and t.bwd == pytest.approx(2 * t.fwd)
 
 
-def test_fused_attention_runs_further_from_peak_on_short_sequences():
-    """The same FLOPs cost more in a short-sequence kernel: seq / (seq + half) of the long-sequence
-    efficiency, from the query length of the node's (batch, heads, seq, head_dim) output."""
-    assert A100.attention_half_seq > 0 and H100.attention_half_seq > 0
-    def att(seq):
-        return {"kind": "scaled_dot_product_attention", "shape": (1, 16, seq, 128), "fwd_flops": 1e12,
-                "bwd_flops": 2.5e12, "mem_bytes": 0}
-    short, long = node_time(att(512), A100, "bf16"), node_time(att(65536), A100, "bf16")
-    half = A100.attention_half_seq
-    assert short.fwd / long.fwd == pytest.approx((512 + half) / 512 * 65536 / (65536 + half))
-    assert short.bwd / short.fwd == pytest.approx(2.5)
-    flat = replace(A100, attention_half_seq=0.0)
-    assert node_time(att(512), flat, "bf16").fwd == pytest.approx(node_time(att(65536), flat, "bf16").fwd)
-    unknown = {**att(512), "shape": ()}  # no query length: the long-sequence rate, never a zero rate
-    assert node_time(unknown, A100, "bf16").fwd == pytest.approx(node_time(att(512), flat, "bf16").fwd)
+def test_fused_attention_runs_further_from_peak_on_short_sequences_and_narrow_heads():
+    short, long = node_time(attention(64, 16, 512, 128), DEV, "bf16"), node_time(attention(1, 16, 4096, 128), DEV, "bf16")
+    per_flop = short.fwd / (64 * 512**2), long.fwd / 4096**2
+    assert per_flop[0] / per_flop[1] == pytest.approx((512 + 500) / 512 * 4096 / (4096 + 500))
+    narrow = node_time(attention(1, 32, 4096, 64), DEV, "bf16")
+    wide = node_time(attention(1, 16, 4096, 128), DEV, "bf16")
+    assert narrow.fwd / wide.fwd == pytest.approx((64 + 40) / 64 * 128 / (128 + 40))
+    unknown = {**attention(1, 16, 512, 128), "shape": ()}  # no shape: the long-sequence rate, never zero
+    assert 0 < node_time(unknown, DEV, "bf16").fwd < node_time(attention(1, 16, 512, 128), DEV, "bf16").fwd
+
+
+def test_a_kernel_that_skips_masked_blocks_does_about_half_the_work_of_a_causal_attention():
+    full, causal = node_time(attention(1, 16, 8192, 128), DEV, "bf16"), node_time(attention(1, 16, 8192, 128, True), DEV, "bf16")
+    assert causal.fwd / full.fwd == pytest.approx(0.5 + 128 / (2 * 8192))
+    assert attention_work_share(128, True, 128) == 1.0  # one block: the diagonal is all there is
+    whole = replace(DEV, attention_causal_block=0.0)  # a kernel computing the whole square under the mask
+    assert node_time(attention(1, 16, 8192, 128, True), whole, "bf16").fwd == pytest.approx(full.fwd)
+
+
+def test_attention_is_priced_by_the_kernel_the_stack_dispatches():
+    h100, a100 = gpu_device("H100-80GB"), gpu_device("A100-80GB")
+    assert sdpa_kernel(h100, "bf16", 128) == "cudnn"          # torch >= 2.5 on Hopper: cuDNN flash attention
+    assert sdpa_kernel(h100, "bf16", 256) == "flash2"         # cuDNN's limit is 128 here
+    assert sdpa_kernel(a100, "bf16", 128) == "flash2"
+    assert sdpa_kernel(h100, "fp32", 128) == "efficient"      # flash kernels are 16-bit only
+    assert sdpa_kernel(gpu_device("H100-80GB", "flash-2023"), "bf16", 128) == "flash2"
+    assert sdpa_kernel(gpu_device("H100-80GB", "te-2024"), "bf16", 128) == "cudnn"
+    assert sdpa_kernel(DEVICES["cpu"], "fp32", 64) == "cpu"
+    # a kernel with its own curve is priced by it
+    slow = replace(DEV, other_attention={"flash2": {"efficiency": 0.3, "bwd_efficiency": 0.3, "half_seq": 0.0,
+                                                    "half_dim": 0.0, "causal_block": 0.0}})
+    assert node_time(attention(1, 8, 4096, 256), slow, "bf16").fwd == pytest.approx(
+        4 * 8 * 4096**2 * 256 / (DEV.peak("bf16") * 0.3))
 
 
 def test_a_device_without_shape_curve_runs_every_gemm_at_one_efficiency():
-    flat = replace(A100, gemm_half_dim=0.0)
     for dims in ((8192, 12288, 12288), (64, 64, 64)):
-        t = node_time(linear(*dims), flat, "bf16")
-        assert t.fixed_fwd == 0
-        assert t.fwd == pytest.approx(2 * dims[0] * dims[1] * dims[2] / (A100.peak("bf16") * A100.matmul_efficiency))
+        t = node_time(linear(*dims), FLAT, "bf16")
+        assert t.fixed_fwd == pytest.approx(0, abs=1e-18)
+        assert t.fwd == pytest.approx(2 * dims[0] * dims[1] * dims[2] / (FLAT.peak("bf16") * FLAT.matmul_efficiency))
 
 
 def test_block_options_carry_the_shape_effect(graph_of):
@@ -89,19 +129,19 @@ def test_block_options_carry_the_shape_effect(graph_of):
     Linear of a small layer split 4 ways costs each rank more than 1/4 of the whole; without the curve
     exactly 1/4. The per-micro-batch GEMM term reaches the block options and their recompute re-runs."""
     g = graph_of("small-gpt")
-    c = parse_cluster("8xA100-80GB")
-    flat = replace(c, device=replace(c.device, gemm_half_dim=0.0))
+    c = replace(parse_cluster("8xA100-80GB"), device=DEV)
+    flat = replace(c, device=FLAT)
     fc1 = next(d for _, d in g.g.nodes(data=True) if d["kind"] == "linear" and d["module"] == "blocks.0.mlp.fc1")
     whole, shard = node_seconds(fc1, c, "bf16"), node_seconds(fc1, c, "bf16", 4, "colwise")
-    assert shard.fwd > 1.1 * whole.fwd / 4
+    assert shard.fwd + shard.fixed_fwd > 1.1 * (whole.fwd + whole.fixed_fwd) / 4
     assert node_seconds(fc1, flat, "bf16", 4, "colwise").fwd == pytest.approx(node_seconds(fc1, flat, "bf16").fwd / 4)
     rep, split = replicate_option(g, "blocks.0", c, 1), tensor_option(g, "blocks.0", c, 4)
     assert rep.fixed_s > 0 and split.refixed_by_policy["full"] > 0 and split.refixed_by_policy["none"] == 0
-    assert replicate_option(g, "blocks.0", flat, 1).fixed_s == 0
+    assert replicate_option(g, "blocks.0", flat, 1).fixed_s == pytest.approx(0, abs=1e-15)
 
 
 def test_calibrate_fits_the_gemm_curve_it_is_given():
-    """`partita calibrate` on a GPU fits e_max and x_half to square matmuls; synthetic rates from known
+    """`partita calibrate` on a CPU fits e_max and x_half to square matmuls; synthetic rates from known
     parameters come back."""
     from partita.costmodel.calibrate import fit_gemm_curve
     peak, e, half = 300e12, 0.8, 128.0
@@ -113,12 +153,8 @@ def test_calibrate_fits_the_gemm_curve_it_is_given():
     assert flat["gemm_half_dim"] == 0.0 and flat["matmul_efficiency_of_measured_peak"] == pytest.approx(0.5)
 
 
-def test_a_causal_attention_is_priced_at_its_causal_share(graph_of):
-    attn = {"kind": "scaled_dot_product_attention", "shape": (1, 16, 4096, 128), "fwd_flops": 4 * 16 * 4096**2 * 128,
-            "bwd_flops": 10 * 16 * 4096**2 * 128, "mem_bytes": 0}
-    full, causal = node_time(attn, A100, "bf16"), node_time({**attn, "causal": True}, A100, "bf16")
-    assert causal.fwd == pytest.approx(full.fwd * CAUSAL_SHARE) and causal.bwd == pytest.approx(full.bwd * CAUSAL_SHARE)
-    # capture records it: the presets' attention is causal (is_causal=True), HF llama's too, BERT's not
+def test_causal_is_recorded_by_capture(graph_of):
+    # the presets' attention is causal (is_causal=True), HF llama's too, BERT's not
     for model, expected in (("tiny-llama", True), ("hf:llama:num_hidden_layers=1,hidden_size=64,num_attention_heads=4,"
                                                    "vocab_size=128,intermediate_size=128", True),
                             ("hf:bert:num_hidden_layers=1,hidden_size=64,num_attention_heads=4,vocab_size=128,"
@@ -132,5 +168,5 @@ def test_reading_a_parameter_costs_no_kernel():
     # transformers' MoE experts are 3-d parameters read by get_attr: their bytes are the GEMM's to read
     experts = {"kind": "get_attr", "op": "get_attr", "shape": (128, 1536, 2048), "fwd_flops": 0, "bwd_flops": 0,
                "mem_bytes": 805306368}
-    assert node_time(experts, A100, "bf16") == node_time({**experts, "mem_bytes": 0}, A100, "bf16")
-    assert node_time(experts, A100, "bf16").fwd == 0
+    assert node_time(experts, DEV, "bf16") == node_time({**experts, "mem_bytes": 0}, DEV, "bf16")
+    assert node_time(experts, DEV, "bf16").fwd == 0

@@ -1,0 +1,425 @@
+"""Kernel constants by least squares, one set per GPU generation and software stack, and their error on
+data the fit did not see (leave-one-source-out).
+
+    python -m benchmarks.fit             # fit; write costmodel/fitted_constants.json and results/fit.json
+    python -m benchmarks.fit --check     # fit and print; write nothing
+
+What is fitted to what (every constant in costmodel/fitted_constants.json says which of these made it):
+
+1. Kernel timings (`KERNEL_SETS`: what a lent GPU measured, benchmarks/data/kernels_*.json) give their
+   generation and stack everything they measure: the GEMM curve (e_max, h_mn, the split-K slice, the per-launch
+   latency), each attention kernel's curve, the achievable HBM bandwidth (costmodel.kernel_fit).
+2. Published training runs (benchmarks.published_data, each with its stack) give the *levels* of the
+   other groups: per (generation, stack) the GEMM efficiency e_gemm and the fused-attention efficiency
+   e_attn (forward and backward together, the kernel curve's backward/forward ratio kept), and per
+   (generation, attention kernel) the sequence length h_seq at which attention runs at half of it
+   (llm-foundry's sweeps of one model over 512-65536 tokens). A group with kernel timings keeps them:
+   its published rows are judged, never fitted.
+3. Shapes nobody measured are carried by stated rules (`derive`): Ampere's and Volta's GEMM tile curve is
+   Hopper's with h_mn scaled by the SM count (108, 80 against 132 SMs: the output tiles that fill the
+   GPU); a kernel's head-width and causal-block constants and its backward/forward ratio are the H200
+   measurement of that kernel; achievable HBM bandwidth is the H200's measured fraction of the
+   datasheet; a (generation, stack) with no data takes log e = a_generation + b_stack, the two-way
+   additive model fitted over the groups that have data (Volta, with none, takes Ampere's a).
+
+The published fit minimises sum_rows w_row log(predicted / measured)^2, w = 1 / sqrt(rows of the row's
+source in its group), so one large table does not own a group's constants. Pricing a row is a search
+(seconds), so the fit is Gauss-Newton-like on a surrogate: around constants c0, a row's step time is
+
+    T(c) = T(c0) * (e_gemm0 / e_gemm)^eps_gemm * (e_attn0 s(S, h0) / (e_attn s(S, h)))^eps_attn
+
+with each elasticity eps measured by re-pricing the row with that kernel class 10% slower (so overlap,
+bubbles and the search's own choices are in it), S the row's sequence length. The surrogate is fitted,
+the rows re-priced exactly at the result, and the step repeated (`ITERATIONS`); every published error is
+an exact pricing, never the surrogate's.
+
+Leave-one-source-out: for each source, the published fit is redone on the surrogate (at the final
+linearisation) without that source's rows, groups left without data are derived as in 3, and that
+source's rows are priced exactly with the constants fitted without them. Those errors are the headline
+of benchmarks.published.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
+
+from benchmarks.common import commit, write
+from benchmarks.published_data import ITERATION, ROWS, Row
+from partita.costmodel.hardware import FITTED_CONSTANTS, GPUS, KERNEL_FIELDS, gpu_device
+from partita.costmodel.kernel_fit import errors as kernel_errors, fit_kernel_constants
+from partita.costmodel.kernels import saturation, sdpa_kernel
+from partita.costmodel.stacks import STACKS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSet:
+    path: str
+    preset: str
+    """The GPU preset the timings were made on."""
+    stack: str
+
+
+KERNEL_SETS = [KernelSet("benchmarks/data/kernels_h200_torch2.11.json", "H200-141GB", "pytorch")]
+GENERATIONS = ("volta", "ampere", "hopper")
+SMS = {"volta": 80, "ampere": 108, "hopper": 132}
+"""Streaming multiprocessors per GPU (NVIDIA V100, A100 and H100 SXM datasheets): h_mn scales with them."""
+SHAPE_FROM = "hopper"
+"""The generation whose kernel timings give every generation's curve shapes (the only one measured)."""
+ITERATIONS = 2
+STEP = 1.1
+"""Elasticities: each kernel class re-priced this much slower."""
+START = {"e_gemm": 0.7, "e_attn": 0.5, "h_seq": 1000.0}
+"""Where the published fit starts (and the elasticities are first measured): round numbers, not data."""
+
+
+# ------------------------------------------------------------------------------------------ groups
+
+def generation(preset: str) -> str:
+    return GPUS[preset][0]
+
+
+def group_of(row: Row) -> str:
+    return f"{generation(row.hardware)}/{row.table.stack}"
+
+
+def attention_kernel(gen: str, stack: str) -> str:
+    """The fused-attention kernel a (generation, stack) runs for 16-bit training (costmodel.kernels)."""
+    return sdpa_kernel(SimpleNamespace(name=gen, stack=stack, generation=gen), "bf16", 128)
+
+
+def kernel_groups() -> dict[str, dict]:
+    """Constants of the groups with kernel timings: {group: {"constants", "source", "errors"}}."""
+    out = {}
+    for ks in KERNEL_SETS:
+        data = json.loads((ROOT / ks.path).read_text())
+        device = gpu_device(ks.preset, ks.stack)
+        constants = fit_kernel_constants(data["rows"], device)
+        fitted = dataclasses.replace(device, **constants)
+        errs = kernel_errors(data["rows"], fitted, anomalies=True)
+        out[f"{generation(ks.preset)}/{ks.stack}"] = {
+            "constants": constants, "source": f"fitted (costmodel.kernel_fit) to {ks.path}: {data['source']}",
+            "errors": [{"kind": e["row"]["kind"], "row": {k: v for k, v in e["row"].items() if k != "anomaly"},
+                        "key": e["key"], "error": e["error"], "anomaly": e["anomaly"]} for e in errs]}
+    return out
+
+
+# ------------------------------------------------------------------------------------ the parameters
+
+def published_params(rows: list[Row], kgroups: dict) -> list[tuple[str, str]]:
+    """(kind, key) of each parameter the published rows fit: ("e_gemm", group), ("e_attn", group),
+    ("h_seq", "gen/kernel"); groups with kernel timings take none."""
+    params = []
+    for g in sorted({group_of(r) for r in rows} - set(kgroups)):
+        params.append(("e_gemm", g))
+        if any(r.model.attention == "sdpa" for r in rows if group_of(r) == g):
+            params.append(("e_attn", g))
+    kernels = sorted({f"{g.split('/')[0]}/{attention_kernel(*g.split('/'))}" for kind, g in params if kind == "e_attn"})
+    return params + [("h_seq", k) for k in kernels]
+
+
+def derive(values: dict, kgroups: dict) -> dict[str, dict]:
+    """Every (generation, stack) group's kernel constants: kernel-timed groups as fitted, published-fitted
+    levels on the measured shapes, the rest by the module docstring's rules. `values` maps
+    ("e_gemm"|"e_attn", group) and ("h_seq", gen/kernel) to fitted values. Returns {group: {"constants",
+    "source"}}."""
+    shape_group = next(k for k in kgroups if k.startswith(SHAPE_FROM + "/"))
+    shape = kgroups[shape_group]["constants"]
+    curves = shape.get("other_attention") or {}
+    e_gemm = {g: v for (k, g), v in values.items() if k == "e_gemm"}
+    e_attn = {g: v for (k, g), v in values.items() if k == "e_attn"}
+    h_seq = {g: v for (k, g), v in values.items() if k == "h_seq"}
+    for g, kg in kgroups.items():
+        e_gemm.setdefault(g, kg["constants"]["matmul_efficiency"])
+        e_attn.setdefault(g, kg["constants"]["attention_efficiency"])
+        gen = g.split("/")[0]
+        for kernel, c in (kg["constants"].get("other_attention") or {}).items():
+            h_seq.setdefault(f"{gen}/{kernel}", c["half_seq"])
+    a_gemm, b_gemm = additive(e_gemm)
+    a_attn, b_attn = additive(e_attn)
+    out = {}
+    for gen in GENERATIONS:
+        for stack in STACKS:
+            g = f"{gen}/{stack}"
+            if g in kgroups:
+                out[g] = {"constants": kgroups[g]["constants"], "source": kgroups[g]["source"]}
+                continue
+            kernel = attention_kernel(gen, stack)
+            curve = curves.get(kernel) or curves.get("flash2")
+            gemm = e_gemm.get(g) or math.exp(a_gemm.get(gen, a_gemm.get("ampere", 0.0)) + b_gemm.get(stack, 0.0))
+            attn_main = e_attn.get(g) or math.exp(a_attn.get(gen, a_attn.get("ampere", 0.0)) + b_attn.get(stack, 0.0))
+            hs = h_seq.get(f"{gen}/{kernel}") or h_seq.get(f"ampere/{kernel}") or curve["half_seq"]
+            constants = {
+                "matmul_efficiency": gemm, "gemm_half_mn": shape["gemm_half_mn"] * SMS[gen] / SMS[SHAPE_FROM],
+                "gemm_split_k": shape["gemm_split_k"], "gemm_half_dim": 0.0, "op_latency": shape["op_latency"],
+                "mem_efficiency": shape["mem_efficiency"],
+                "attention_efficiency": attn_main,
+                "attention_bwd_efficiency": attn_main * curve["bwd_efficiency"] / curve["efficiency"],
+                "attention_half_seq": hs, "attention_half_dim": curve["half_dim"],
+                "attention_causal_block": curve["causal_block"], "other_attention": None}
+            how = []
+            how.append("e_gemm fitted to its published rows" if g in e_gemm else
+                       "e_gemm by the additive (generation + stack) model of the fitted groups")
+            how.append("e_attn fitted to its published rows" if g in e_attn else
+                       "e_attn by the additive (generation + stack) model of the fitted groups")
+            how.append(f"h_seq fitted to published sequence sweeps ({gen}/{kernel})" if f"{gen}/{kernel}" in h_seq
+                       else f"h_seq borrowed ({'ampere' if f'ampere/{kernel}' in h_seq else SHAPE_FROM}/{kernel})")
+            how.append(f"GEMM and {kernel} curve shapes, launch latency and HBM fraction from {shape_group}'s kernel "
+                       f"timings (h_mn x {SMS[gen]}/{SMS[SHAPE_FROM]} SMs)")
+            out[g] = {"constants": constants, "source": "; ".join(how)}
+    return out
+
+
+def additive(values: dict[str, float]) -> tuple[dict, dict]:
+    """log e[gen/stack] ~ a_gen + b_stack by least squares over the groups given (b of the first stack in
+    STACKS order that has data = 0); returns (a, b)."""
+    import numpy as np
+    if not values:
+        return {}, {}
+    gens = sorted({g.split("/")[0] for g in values})
+    stacks = [s for s in STACKS if any(g.split("/")[1] == s for g in values)]
+    cols = gens + stacks[1:]
+    A = np.zeros((len(values), len(cols)))
+    y = np.zeros(len(values))
+    for i, (g, v) in enumerate(sorted(values.items())):
+        gen, stack = g.split("/")
+        A[i, cols.index(gen)] = 1
+        if stack != stacks[0]:
+            A[i, cols.index(stack)] = 1
+        y[i] = math.log(v)
+    x = np.linalg.lstsq(A, y, rcond=None)[0]
+    return ({gen: x[cols.index(gen)] for gen in gens},
+            {stacks[0]: 0.0, **{s: x[cols.index(s)] for s in stacks[1:]}})
+
+
+# ------------------------------------------------------------------------------------------- pricing
+
+def price_rows(rows: list[Row], groups: dict, graphs: dict, scale: dict | None = None, label: str = "") -> dict:
+    """{row key: priced row (benchmarks.published.price)} with each row's group constants; `scale`
+    {"gemm"|"attn": factor} slows that kernel class by it (for elasticities)."""
+    from benchmarks.published import price, row_key
+    out, t0 = {}, time.perf_counter()
+    for i, row in enumerate(rows):
+        kernels = dict(groups[group_of(row)]["constants"])
+        if scale and "gemm" in scale:
+            kernels["matmul_efficiency"] /= scale["gemm"]
+        if scale and "attn" in scale:
+            kernels["attention_efficiency"] /= scale["attn"]
+            kernels["attention_bwd_efficiency"] /= scale["attn"]
+        out[row_key(row)] = price(row, graphs, kernels)
+        if label and (i + 1) % 50 == 0:
+            print(f"  {label}: {i + 1}/{len(rows)} rows, {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
+
+
+def step_ratio(row: Row, base: dict, other: dict) -> float | None:
+    """T_other / T_base of a row from its predicted metric (throughputs go as 1 / T)."""
+    if base.get("predicted") is None or other.get("predicted") is None:
+        return None
+    v0, v1 = base["predicted"]["value"], other["predicted"]["value"]
+    return v1 / v0 if row.table.metric == ITERATION else v0 / v1
+
+
+@dataclasses.dataclass
+class Linearisation:
+    """Each priced row at constants c0: its predicted metric and elasticities (module docstring)."""
+
+    groups: dict
+    priced: dict
+    eps_gemm: dict
+    eps_attn: dict
+
+
+def linearise(rows: list[Row], groups: dict, graphs: dict) -> Linearisation:
+    from benchmarks.published import row_key
+    base = price_rows(rows, groups, graphs, label="price")
+    slow_g = price_rows(rows, groups, graphs, {"gemm": STEP}, label="GEMMs 10% slower")
+    slow_a = price_rows([r for r in rows if r.model.attention == "sdpa"], groups, graphs, {"attn": STEP},
+                        label="attention 10% slower")
+    eps_g, eps_a = {}, {}
+    for r in rows:
+        k = row_key(r)
+        rg = step_ratio(r, base[k], slow_g[k])
+        eps_g[k] = math.log(rg) / math.log(STEP) if rg else 0.0
+        ra = step_ratio(r, base[k], slow_a[k]) if k in slow_a else None
+        eps_a[k] = math.log(ra) / math.log(STEP) if ra else 0.0
+    return Linearisation(groups, base, eps_g, eps_a)
+
+
+def surrogate_log_error(row: Row, lin: Linearisation, groups: dict) -> float | None:
+    """log(predicted / measured) of `row` under `groups`' constants, by the surrogate around `lin`."""
+    from benchmarks.published import row_key
+    k = row_key(row)
+    base = lin.priced[k]
+    if base.get("predicted") is None:
+        return None
+    g = group_of(row)
+    c0, c1 = lin.groups[g]["constants"], groups[g]["constants"]
+    log_t = lin.eps_gemm[k] * math.log(c0["matmul_efficiency"] / c1["matmul_efficiency"])
+    if lin.eps_attn[k]:
+        s0 = saturation(row.seq, c0["attention_half_seq"])
+        s1 = saturation(row.seq, c1["attention_half_seq"])
+        log_t += lin.eps_attn[k] * math.log(c0["attention_efficiency"] * s0 / (c1["attention_efficiency"] * s1))
+    sign = 1 if row.table.metric == ITERATION else -1
+    return math.log(base["predicted"]["value"] / row.value) + sign * log_t
+
+
+def weights(rows: list[Row]) -> dict:
+    from benchmarks.published import row_key
+    n = defaultdict(int)
+    for r in rows:
+        n[(r.table.source, group_of(r))] += 1
+    return {row_key(r): 1 / math.sqrt(n[(r.table.source, group_of(r))]) for r in rows}
+
+
+def fit_published(rows: list[Row], lin: Linearisation, kgroups: dict, start: dict | None = None) -> dict:
+    """Fitted values {(kind, key): value} of the published parameters, on the surrogate around `lin`."""
+    from scipy.optimize import least_squares
+    from benchmarks.published import row_key
+    priced = [r for r in rows if lin.priced[row_key(r)].get("predicted") is not None]
+    params = published_params(priced, kgroups)
+    if not params:
+        return {}
+    w = weights(priced)
+    x0 = [math.log((start or {}).get(p, START[p[0]])) for p in params]
+
+    def groups_of(x):
+        return derive({p: math.exp(v) for p, v in zip(params, x)}, kgroups)
+
+    def residuals(x):
+        groups = groups_of(x)
+        return [w[row_key(r)] * surrogate_log_error(r, lin, groups) for r in priced]
+    lower = [math.log(0.05 if k != "h_seq" else 1.0) for k, _ in params]
+    upper = [math.log(1.5 if k != "h_seq" else 1e5) for k, _ in params]
+    x = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac").x
+    return {p: math.exp(v) for p, v in zip(params, x)}
+
+
+# ------------------------------------------------------------------------------------------- the fit
+
+def fit(rows: list[Row] | None = None, iterations: int = ITERATIONS, loso: bool = True) -> dict:
+    """The whole fit (module docstring): constants for every group, in-sample and leave-one-source-out
+    errors of the published rows, kernel-row errors."""
+    from benchmarks.published import row_key
+    rows = list(ROWS if rows is None else rows)
+    graphs: dict = {}
+    kgroups = kernel_groups()
+    values = {p: START[p[0]] for p in published_params(rows, kgroups)}
+    groups = derive(values, kgroups)
+    history = []
+    for it in range(iterations):
+        print(f"iteration {it + 1}: linearising {len(rows)} rows", flush=True)
+        lin = linearise(rows, groups, graphs)
+        values = fit_published(rows, lin, kgroups, start=values)
+        groups = derive(values, kgroups)
+        history.append({"iteration": it + 1, "values": _named(values)})
+        print(f"  fitted: {_named(values)}", flush=True)
+    final = price_rows(rows, groups, graphs, label="in-sample")
+    out = {"groups": groups, "values": _named(values), "history": history, "kernel_groups": kgroups,
+           "in_sample": {row_key(r): _err(final[row_key(r)]) for r in rows}}
+    if loso:
+        # the surrogate re-based on the exact in-sample pricing at the fitted constants
+        lin = Linearisation(groups, final, lin.eps_gemm, lin.eps_attn)
+        out["loso"] = leave_one_source_out(rows, lin, kgroups, values, graphs)
+    return out
+
+
+def leave_one_source_out(rows: list[Row], lin: Linearisation, kgroups: dict, values: dict, graphs: dict) -> dict:
+    from benchmarks.published import row_key
+    out = {}
+    for source in dict.fromkeys(r.table.source for r in rows):
+        held = [r for r in rows if r.table.source == source]
+        rest = [r for r in rows if r.table.source != source]
+        fold = fit_published(rest, lin, kgroups, start=values)
+        groups = derive(fold, kgroups)
+        priced = price_rows(held, groups, graphs)
+        for r in held:
+            out[row_key(r)] = {**_err(priced[row_key(r)]), "fold_values": _named(fold)}
+        errs = [abs(out[row_key(r)]["error"]) for r in held if out[row_key(r)]["error"] is not None]
+        print(f"  held out {source:<18} {len(held):>4} rows: median |error| "
+              f"{statistics.median(errs) if errs else float('nan'):.3f}", flush=True)
+    return out
+
+
+def _err(priced: dict) -> dict:
+    return {"error": priced.get("error"), "speed_error": priced.get("speed_error"),
+            "predicted": (priced.get("predicted") or {}).get("value"), "plan": priced.get("plan")}
+
+
+def _named(values: dict) -> dict:
+    return {f"{k}:{g}": v for (k, g), v in values.items()}
+
+
+def constants_digest(groups: dict) -> str:
+    """A short hash of every group's constants: results carry it so a stale file is detected."""
+    text = json.dumps({g: v["constants"] for g, v in sorted(groups.items())}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def write_constants(groups: dict) -> None:
+    payload = {"written_by": "python -m benchmarks.fit", "commit": commit(), "date": time.strftime("%Y-%m-%d"),
+               "digest": constants_digest(groups),
+               "groups": {g: {"constants": {k: v for k, v in c["constants"].items() if k in KERNEL_FIELDS},
+                              "source": c["source"]} for g, c in sorted(groups.items())}}
+    Path(FITTED_CONSTANTS).write_text(json.dumps(payload, indent=1) + "\n")
+
+
+def summary(result: dict) -> dict:
+    """Median, p95 and max |error| in-sample and leave-one-source-out, overall and per source."""
+    from benchmarks.published import row_key
+    by_source = defaultdict(list)
+    for r in ROWS:
+        by_source[r.table.source].append(row_key(r))
+
+    def stats(keys, part):
+        a = sorted(abs(result[part][k]["error"]) for k in keys if k in result.get(part, {})
+                   and result[part][k]["error"] is not None)
+        if not a:
+            return {"priced": 0}
+        return {"priced": len(a), "median_abs_error": statistics.median(a), "p95_abs_error": a[int(0.95 * (len(a) - 1))],
+                "max_abs_error": a[-1]}
+    everything = [k for keys in by_source.values() for k in keys]
+    return {part: {"all": stats(everything, part), "per_source": {s: stats(k, part) for s, k in by_source.items()}}
+            for part in ("in_sample", "loso") if part in result}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.fit", description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="fit and print; write nothing")
+    ap.add_argument("--no-loso", action="store_true", help="skip leave-one-source-out")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    result = fit(loso=not args.no_loso)
+    s = summary(result)
+    for g, c in sorted(result["groups"].items()):
+        k = c["constants"]
+        print(f"{g:<22} e_gemm {k['matmul_efficiency']:.3f}  h_mn {k['gemm_half_mn']:.3g}  e_attn "
+              f"{k['attention_efficiency']:.3f}/{k['attention_bwd_efficiency']:.3f}  h_seq {k['attention_half_seq']:.0f}"
+              f"  <- {c['source'][:90]}")
+    for part, v in s.items():
+        a = v["all"]
+        print(f"{part}: {a['priced']} rows, median |error| {a['median_abs_error']:.3f}, p95 {a['p95_abs_error']:.3f}, "
+              f"max {a['max_abs_error']:.3f}")
+    if args.check:
+        return 0
+    write_constants(result["groups"])
+    path = write("fit", {"digest": constants_digest(result["groups"]), "summary": s, "values": result["values"],
+                         "history": result["history"], "in_sample": result["in_sample"], "loso": result.get("loso"),
+                         "kernel_rows": {g: v["errors"] for g, v in result["kernel_groups"].items()},
+                         "wall_s": time.perf_counter() - t0})
+    print(f"wrote {FITTED_CONSTANTS} and {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -83,33 +83,31 @@ MEGATRON_H100_ROWS = [
 # the READMEs say). Every configuration is in the repo: <workload>/*.yaml, overridden by configure.sh /
 # launch.sh (global batch per scale, the 405B proxies' layers and PP, Nemotron's TP/PP/VP/MBS, TP overlap,
 # NVTE_FUSED_ATTN). None recomputes activations except Nemotron-4 340B (selective).
-_DGXC = "NVIDIA/dgxc-benchmarking @ 35a9aec (v24.11.1) {}, table '{}', row 'Training step time (seconds per step)'"
 _DGXC_NOTES = "the step time is the last of 50 steps; " + DIST_OPT + " (NeMo distributed_fused_adam, bf16 grad sync)"
-DGXC_LLAMA = Table(
-    stack="te-2024", source="dgxc-benchmarking",
-    citation=_DGXC.format("llama3.1/README_{8b,70b,405b}.md", "Llama 3.1 {8b,70b,405b} 24.09 BF16 (...)")
-    + "; configs llama3.1/llama3.1_{8b,70b,405b}.yaml and configure.sh",
-    metric=ITERATION, framework="NeMo 24.09 (Megatron-Core, Transformer Engine)",
-    notes=_DGXC_NOTES + "; cuDNN fused attention (NVTE_FUSED_ATTN=1, NVTE_FLASH_ATTN=0)")
-DGXC_GPT3 = Table(
-    stack="te-2024-flash2", source="dgxc-benchmarking",
-    citation=_DGXC.format("nemo_megatron/README_175b.md", "NeMo Megatron 24.11 BF16 (TP=4,PP=8, MBS=1, VP=12, SEQ=2048)")
-    + "; config nemo_megatron/gpt3_175b_hydra.yaml and launch.sh",
-    metric=ITERATION, framework="NeMo 24.05 (Megatron-Core, Transformer Engine)",
-    notes=_DGXC_NOTES + "; NVTE_FUSED_ATTN=0: Transformer Engine runs FlashAttention-2; real data (mmap)")
-DGXC_NEMOTRON_15B = Table(
-    stack="te-2024", source="dgxc-benchmarking",
-    citation=_DGXC.format("nemotron/README_15b.md", "Nemotron4 15b 24.11 BF16 (TP=4, PP=1, MBS=4, GA=4)")
-    + "; config nemotron/nemotron4-15b-synth.yaml and configure.sh",
-    metric=ITERATION, framework="NeMo 24.09 (Megatron-Core, Transformer Engine)",
-    notes=_DGXC_NOTES + "; cuDNN fused attention (NVTE_FUSED_ATTN=1); synthetic data")
-DGXC_NEMOTRON_340B = Table(
-    stack="te-2024-flash2", source="dgxc-benchmarking",
-    citation=_DGXC.format("nemotron/README_340b.md", "Nemotron4 340b 24.11 BF16 (TP=8, PP=8, MBS=1, GA=16, VP=12)")
-    + "; config nemotron/nemotron4-340b-synth.yaml and configure.sh",
-    metric=ITERATION, framework="NeMo 24.09 (Megatron-Core, Transformer Engine)",
-    notes=_DGXC_NOTES + "; NVTE_FUSED_ATTN=0: Transformer Engine runs FlashAttention-2; synthetic data; the yaml's "
-          "ub_tp_comm_overlap False is overridden True by configure.sh")
+_CUDNN = "cuDNN fused attention (NVTE_FUSED_ATTN=1)"
+_FA2 = "NVTE_FUSED_ATTN=0: Transformer Engine runs FlashAttention-2"
+
+
+def _dgxc(stack: str, readme: str, table: str, configs: str, nemo: str, notes: str) -> Table:
+    return Table(stack=stack, source="dgxc-benchmarking",
+                 citation=f"NVIDIA/dgxc-benchmarking @ 35a9aec (v24.11.1) {readme}, table '{table}', row 'Training "
+                          f"step time (seconds per step)'; configs {configs}",
+                 metric=ITERATION, framework=f"NeMo {nemo} (Megatron-Core, Transformer Engine)",
+                 notes=f"{_DGXC_NOTES}; {notes}")
+
+
+DGXC_LLAMA = _dgxc("te-2024", "llama3.1/README_{8b,70b,405b}.md", "Llama 3.1 {8b,70b,405b} 24.09 BF16 (...)",
+                   "llama3.1/llama3.1_{8b,70b,405b}.yaml and configure.sh", "24.09", _CUDNN + ", NVTE_FLASH_ATTN=0")
+DGXC_GPT3 = _dgxc("te-2024-flash2", "nemo_megatron/README_175b.md",
+                  "NeMo Megatron 24.11 BF16 (TP=4,PP=8, MBS=1, VP=12, SEQ=2048)",
+                  "nemo_megatron/gpt3_175b_hydra.yaml and launch.sh", "24.05", _FA2 + "; real data (mmap)")
+DGXC_NEMOTRON_15B = _dgxc("te-2024", "nemotron/README_15b.md", "Nemotron4 15b 24.11 BF16 (TP=4, PP=1, MBS=4, GA=4)",
+                          "nemotron/nemotron4-15b-synth.yaml and configure.sh", "24.09", _CUDNN + "; synthetic data")
+DGXC_NEMOTRON_340B = _dgxc("te-2024-flash2", "nemotron/README_340b.md",
+                           "Nemotron4 340b 24.11 BF16 (TP=8, PP=8, MBS=1, GA=16, VP=12)",
+                           "nemotron/nemotron4-340b-synth.yaml and configure.sh", "24.09",
+                           _FA2 + "; synthetic data; configure.sh overrides the yaml's ub_tp_comm_overlap False "
+                                  "to True")
 
 LLAMA31_70B_TP4 = Model(name="llama3.1-70b", family="llama", layers=80, hidden=8192, heads=64, kv_heads=8,
                         vocab=128512, ffn=28672, notes="Llama 3 tokenizer (128256) padded to 128512 (TP 4)")
@@ -325,14 +323,16 @@ CURRENT_SKIPPED = [
             reason="the table's values could not be read from the stored sources here"),
     Skipped(source="torchtitan", what="asyncTP_llama3_h100_2025-06: float8 tensorwise and rowwise rows (8 values)",
             reason=_FP8),
-    Skipped(source="nemo-automodel", what="performance-summary.md fine-tuning (LoRA) rows: Llama3 8B/70B, Qwen2.5 7B/32B",
+    Skipped(source="nemo-automodel",
+            what="performance-summary.md fine-tuning (LoRA) rows: Llama3 8B/70B, Qwen2.5 7B/32B",
             reason="LoRA (frozen base weights, adapter gradients only) is not priced"),
     Skipped(source="nemo-automodel", what="Nemotron V3 Nano/Super/Ultra and GPT-OSS 20B/120B pre-training rows",
             reason="hybrid Mamba-MoE and attention-sink / sliding-window MoE models with expert parallelism: not "
                    "expressible by partita's families and not planned with EP by the block program"),
-    Skipped(source="megatron-bridge", what="NVIDIA-NeMo/Megatron-Bridge docs/performance-summary*.md @ 067f987df, DGX-H100 "
-                                         "rows", reason="the dense H100 rows are FP8; the BF16 H100 rows are GPT-OSS "
-                                                        "120B (MoE with attention sinks, EP 8), not expressible"),
+    Skipped(source="megatron-bridge",
+            what="NVIDIA-NeMo/Megatron-Bridge docs/performance-summary*.md @ 067f987df (25.09 to 26.08), DGX-H100 rows",
+            reason="the dense H100 rows are FP8; the BF16 H100 rows are GPT-OSS 120B (MoE with attention sinks, EP 8), "
+                   "not expressible"),
     Skipped(source="NVIDIA/NeMo", what="docs.nvidia.com NeMo Framework performance summary 24.12 to 25.07",
             reason="every pre-training table states FP8 precision (per-tensor current scaling)"),
 ]

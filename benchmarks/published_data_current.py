@@ -7,7 +7,8 @@ context parallelism; and flash-attn's 2022 DDP runs on one node of 8 A100s. A va
 printed; where a conversion was unavoidable (a node's throughput, a scaled FLOP count) the row's `value`
 spells the printed figure and the conversion, and its notes say why.
 
-Import it through benchmarks.published_data (that module adds these rows to its ROWS at its end).
+Its rows and skips end benchmarks.published_data's ROWS and SKIPPED: published_data imports this module at its
+end, and this module appends to those lists (the order of the two imports does not matter).
 
 Conventions added here:
 - Distributed optimizers (Megatron's --use-distributed-optimizer, NeMo's distributed_fused_adam / Apex
@@ -18,8 +19,8 @@ Conventions added here:
 """
 from __future__ import annotations
 
-from benchmarks.published_data import (FULL, HARDWARE_TFLOPS, ITERATION, LLAMA31_8B, MODEL_TFLOPS, NONE, OP,
-                                       SELECTIVE, TOKENS, UNSTATED_RECOMPUTE, Model, Row, Skipped, Table,
+from benchmarks.published_data import (FULL, HARDWARE_TFLOPS, ITERATION, LLAMA31_8B, MODEL_TFLOPS, NONE, OP, ROWS,
+                                       SELECTIVE, SKIPPED, TOKENS, UNSTATED_RECOMPUTE, Model, Row, Skipped, Table,
                                        _H100_96GB)
 
 DIST_OPT = ("distributed optimizer: optimizer states sharded over the data-parallel ranks, gradient "
@@ -336,3 +337,6 @@ CURRENT_SKIPPED = [
     Skipped(source="NVIDIA/NeMo", what="docs.nvidia.com NeMo Framework performance summary 24.12 to 25.07",
             reason="every pre-training table states FP8 precision (per-tensor current scaling)"),
 ]
+
+ROWS.extend(CURRENT_ROWS)
+SKIPPED.extend(CURRENT_SKIPPED)

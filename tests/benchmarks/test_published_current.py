@@ -4,6 +4,7 @@ other row has, and a mesh and batch that multiply out."""
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +26,16 @@ def test_the_current_rows_are_priced_with_the_rest():
     assert len(CURRENT_ROWS) >= 40 and len({r.table.source for r in CURRENT_ROWS}) >= 4
     assert ROWS[-len(CURRENT_ROWS):] == CURRENT_ROWS and SKIPPED[-len(CURRENT_SKIPPED):] == CURRENT_SKIPPED
     assert all(s.reason and s.what for s in CURRENT_SKIPPED)
+
+
+def test_importing_the_current_rows_first_gives_the_same_table():
+    """Importing benchmarks.published_data_current before benchmarks.published_data (a circular import) must
+    neither fail nor add its rows twice."""
+    code = ("import benchmarks.published_data_current as c, benchmarks.published_data as d; "
+            "print(len(d.ROWS), len(d.SKIPPED), d.ROWS[-len(c.CURRENT_ROWS):] == c.CURRENT_ROWS)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [str(len(ROWS)), str(len(SKIPPED)), "True"]
 
 
 def test_every_current_row_has_a_unique_key():

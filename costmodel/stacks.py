@@ -28,8 +28,9 @@ class Stack:
     description: str
     attention: str
     """Fused attention (scaled_dot_product_attention) kernel on a GPU in 16-bit precision: "torch" (what
-    torch's SDPA dispatches for the device, dtype and shape: `sdpa_kernel`), "flash2" (FlashAttention-2),
-    "cudnn" (cuDNN's fused flash attention, as Transformer Engine and torch >= 2.5 on Hopper run it)."""
+    torch's SDPA dispatches for the device, dtype and shape: `sdpa_kernel`), "flash1" (FlashAttention, Dao et
+    al. 2022: flash-attn < 2.0), "flash2" (FlashAttention-2), "cudnn" (cuDNN's fused flash attention, as
+    Transformer Engine and torch >= 2.5 on Hopper run it)."""
     tp_comm_overlap: bool = False
     """Tensor-parallel collectives can overlap the GEMMs around them (Megatron-Core `--tp-comm-overlap`
     with userbuffers; torch's async TP under torch.compile). A plan choice where the stack allows it."""
@@ -51,6 +52,14 @@ STACKS: dict[str, Stack] = {s.name: s for s in [
     Stack(name="te-2024", attention="cudnn", tp_comm_overlap=True,
           description="NVIDIA's Transformer Engine kernels (Megatron-Core, NeMo, NeMo AutoModel; 2024-25): "
                       "cuDNN fused attention, TP communication overlap (userbuffers), distributed optimizer"),
+    Stack(name="te-2024-flash2", attention="flash2", tp_comm_overlap=True,
+          description="te-2024 with cuDNN's fused attention turned off (NVTE_FUSED_ATTN=0), as NVIDIA's "
+                      "dgxc-benchmarking GPT-3 175B and Nemotron-4 340B recipes run: Transformer Engine calls "
+                      "the flash-attn package's FlashAttention-2; TP overlap and distributed optimizer as te-2024"),
+    Stack(name="flash1-2022", attention="flash1",
+          description="flash-attn 0.2's training scripts (2022; Dao-AILab/flash-attention training/): "
+                      "FlashAttention-1, fused dense + GELU MLP, fused dropout-add-LayerNorm, fused cross-entropy; "
+                      "PyTorch Lightning DDP or torch's ZeroRedundancyOptimizer"),
 ]}
 DEFAULT_STACK = "pytorch"
 

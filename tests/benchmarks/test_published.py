@@ -44,7 +44,10 @@ def test_compiled_runs_are_priced_compiled_and_keyed_apart_from_their_eager_run(
     assert all(keys.count(published.row_key(r)) == 1 for r in compiled)
     assert compiled and all(published.published_space(r).kernels == "compiled" for r in compiled)
     assert all(published.published_space(r).kernels == "eager" for r in ROWS if r.table.kernels == "eager")
-    assert all(published.row_key(r).removesuffix("/compiled") in keys for r in compiled)
+    assert all(published.row_key(r).endswith("/compiled") for r in compiled)
+    # where the source also measured the eager run (fms-fsdp, torchtitan 2024-12), only the suffix tells them apart;
+    # other compiled runs (torchtitan's async TP, NeMo AutoModel) were measured compiled only
+    assert any(published.row_key(r).removesuffix("/compiled") in keys for r in compiled)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=published.row_key)

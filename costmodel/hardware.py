@@ -79,7 +79,7 @@ class Device:
     (costmodel.comm uses alpha + sync_latency): the ranks arrive from computing, so the peer's
     communication thread must be woken -- with more ranks than cores, scheduled -- before the message
     moves. `partita calibrate` measures it on CPU from what one small collective adds to a loop of
-    compute bursts on all ranks (calibrate.measure_in_step, calibrate.sync_latency). 0 for the GPU
+    compute bursts on all ranks (calibrate_links.measure_in_step, calibrate_fit.sync_latency). 0 for the GPU
     presets: NCCL kernels queue on the stream behind the compute that precedes them."""
     sharded_op_latency: float = 0.0
     """Seconds an operator on DTensors costs beyond `op_latency`: DTensor's Python dispatch (sharding
@@ -97,7 +97,7 @@ class Device:
     """Seconds each tensor-parallel collective costs the CPU beyond the collective itself: it is a DTensor
     redistribution (planning, functional-collective launch, wrapping the result, its autograd node),
     charged once per forward or backward collective of a tensor-parallel block (planner.strategies).
-    Measured by `partita calibrate` (calibrate.measure_dtensor); 0 for the GPU presets."""
+    Measured by `partita calibrate` (calibrate_dtensor.measure_dtensor); 0 for the GPU presets."""
 
     def usable_memory(self) -> float:
         return self.memory_bytes - self.reserved_bytes

@@ -11,6 +11,7 @@ import time
 
 from partita.costmodel.calibrate_dtensor import measure_dtensor
 from partita.costmodel.calibrate_local import sync_device
+from partita.costmodel.errors import PartitaError
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 IN_STEP_ROUNDS = 3
@@ -58,18 +59,27 @@ def _collective_fn(kind: str, k: int, nbytes: int, group, device):
     raise AssertionError(kind)
 
 
+def rank_device(rank: int, gpus: int):
+    """The device of rank `rank`: GPU `rank` on a GPU host (one rank per GPU: NCCL refuses two ranks on one
+    GPU, calibrate.choose_ranks never starts more ranks than GPUs), else the CPU."""
+    import torch
+    if not gpus:
+        return torch.device("cpu")
+    assert rank < gpus, (rank, gpus)  # calibrate.choose_ranks
+    return torch.device("cuda", rank)
+
+
 def _worker(rank: int, world: int, init_file: str, message_bytes: list, reps: int, result_path: str,
-            extra: dict | None = None):
+            extra: dict | None = None, gpus: int = 0):
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
     extra = extra or {}
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
-    if cuda:
+    device = rank_device(rank, gpus)
+    if gpus:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", store=dist.FileStore(init_file, world),
+    dist.init_process_group("nccl" if gpus else "gloo", store=dist.FileStore(init_file, world),
                             rank=rank, world_size=world)
     results: dict = {}
     # every rank multiplies at once: a rank's share of the host when all of them compute (ranks may
@@ -233,18 +243,23 @@ def _effective_bytes(nbytes: int, k: int) -> int:
     return max(k, nbytes // 4 // k * k) * 4
 
 
-def measure_collectives(ranks: int, message_bytes, reps: int, extra: dict | None = None) -> dict:
-    """Spawn `ranks` local processes and time the collectives among 2..ranks of them, back to back and
-    in-step, and DTensor's overheads (`measure_in_step`, `measure_dtensor`, with the keyword arguments
-    extra["in_step"], extra["dtensor"])."""
+def measure_collectives(ranks: int, message_bytes, reps: int, extra: dict | None = None, gpus: int = 0) -> dict:
+    """Spawn `ranks` local processes (on a GPU host, `gpus` > 0: rank r on GPU r over NCCL; else gloo on the
+    CPU) and time the collectives among 2..ranks of them, back to back and in-step, and DTensor's overheads
+    (`measure_in_step`, `measure_dtensor`, with the keyword arguments extra["in_step"], extra["dtensor"]).
+    A rank that fails is a PartitaError naming it and its last line (never the ranks' tracebacks)."""
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory(prefix="partita-calibrate-") as tmp:
         init_file, result_path = os.path.join(tmp, "store"), os.path.join(tmp, "result.json")
         old = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned ranks
         try:
-            mp.start_processes(_worker, args=(ranks, init_file, list(message_bytes), reps, result_path, extra),
+            mp.start_processes(_worker, args=(ranks, init_file, list(message_bytes), reps, result_path, extra, gpus),
                                nprocs=ranks, join=True, start_method="spawn")
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            last = [line for line in str(e).splitlines() if line.strip()]
+            raise PartitaError(f"calibration rank {e.error_index} of {ranks} failed: "
+                               f"{last[-1].strip() if last else 'no message'}") from None
         finally:
             if old is None:
                 os.environ.pop("OMP_NUM_THREADS", None)

@@ -161,7 +161,8 @@ def _line(r: dict) -> str:
         return f"{r['name']:<20} not run: {r['infeasible']}"
     p = r["predicted"]
     if r["measured"] is None:
-        return f"{r['name']:<20} {'OOM' if r['oom'] else 'FAILED'}: {r['error']} (predicted {p['peak_memory_bytes'] / 2**30:.2f} GiB)"
+        return (f"{r['name']:<20} {'OOM' if r['oom'] else 'FAILED'}: {r['error']} "
+                f"(predicted {p['peak_memory_bytes'] / 2**30:.2f} GiB)")
     m = r["measured"]
     return (f"{r['name']:<20} step {p['step_time_s']:.3f} s predicted, {m['step_time_s']:.3f} s measured "
             f"({100 * r['step_time_error']:+.1f}%); peak {p['peak_memory_bytes'] / 2**30:.2f} GiB predicted, "

@@ -380,8 +380,8 @@ def _gpu_row(r: dict) -> list[str]:
     if m is None:
         failed = "**OOM**" if r["oom"] else "**failed**"
         return [name, r["what"], f"{p['step_time_s']:.3f} s", failed, "", _gib(p["peak_memory_bytes"]), failed, "", ""]
-    return [name, r["what"], f"{p['step_time_s']:.3f} s", f"{m['step_time_s']:.3f} s", pct(r["step_time_error"], sign=True),
-            _gib(p["peak_memory_bytes"]), _gib(m["peak_allocated_bytes"]), pct(r["memory_error"], sign=True),
+    return [name, r["what"], f"{p['step_time_s']:.3f} s", f"{m['step_time_s']:.3f} s",
+            pct(r["step_time_error"], sign=True), _gib(p["peak_memory_bytes"]), _gib(m["peak_allocated_bytes"]), pct(r["memory_error"], sign=True),
             _gib(m.get("peak_reserved_bytes"))]
 
 

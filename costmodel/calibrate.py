@@ -213,8 +213,9 @@ def _kernel_lines(rows: list[dict]) -> list[str]:
         if att:
             rates = [r["tflops_fwdbwd_full"] for r in att]
             seqs = sorted({r["shape"][2] for r in att})
-            lines.append(f"  attention ({'causal' if causal else 'non-causal'}, "
-                         f"{', '.join(sorted({r['backend'] for r in att}))}): {min(rates):.3g}-{max(rates):.3g} TFLOP/s "
+            backends = ", ".join(sorted({r["backend"] for r in att}))
+            lines.append(f"  attention ({'causal' if causal else 'non-causal'}, {backends}): "
+                         f"{min(rates):.3g}-{max(rates):.3g} TFLOP/s "
                          f"forward + backward on the full s x s count, s = {seqs[0]}-{seqs[-1]}")
     failed = [r for r in rows if "error" in r]
     if failed:

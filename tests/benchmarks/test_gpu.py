@@ -34,7 +34,8 @@ def test_without_cuda_it_says_so_in_one_line(capsys, monkeypatch):
 
 def test_it_plans_the_set_for_the_local_h200(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: SimpleNamespace(total_memory=143771 * 2**20))
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index=0: SimpleNamespace(total_memory=143771 * 2**20))
     preset = gpu_preset(*gpu.local_gpu())
     assert preset == "H200-141GB"
     planned, plans = gpu.plans_for(preset)  # the solver is installed here: planned afresh

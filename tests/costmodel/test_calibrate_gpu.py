@@ -36,7 +36,8 @@ def fake_gpus(monkeypatch):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: name)
-        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: SimpleNamespace(total_memory=mib * MiB))
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda index=0: SimpleNamespace(total_memory=mib * MiB))
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: capability)
         launches = []
 
@@ -111,9 +112,11 @@ def test_more_ranks_than_gpus_is_one_line(tmp_path, fake_gpus, capsys):
 
 
 def test_a_gpu_without_a_preset_keeps_its_generations_links():
-    assert links_preset(Gpu("NVIDIA H100 80GB HBM3", 81559 * MiB, (9, 0), 1)) == ("H100-80GB", "NVIDIA H100 80GB HBM3's preset")
+    h100 = Gpu("NVIDIA H100 80GB HBM3", 81559 * MiB, (9, 0), 1)
+    assert links_preset(h100) == ("H100-80GB", "NVIDIA H100 80GB HBM3's preset")
     preset, why = links_preset(Gpu("NVIDIA GeForce RTX 4090", 24564 * MiB, (8, 9), 1))
-    assert preset == "A100-80GB" and why == "no preset is a NVIDIA GeForce RTX 4090: the preset of its generation (sm_89)"
+    assert preset == "A100-80GB"
+    assert why == "no preset is a NVIDIA GeForce RTX 4090: the preset of its generation (sm_89)"
     # a GH200 (96 GB) is not the 141 GB H200 preset
     assert links_preset(Gpu("NVIDIA GH200 480GB", 97871 * MiB, (9, 0), 1))[0] == "H100-80GB"
 

@@ -209,6 +209,11 @@ def main(argv=None) -> int:
         print(f"benchmarks.gpu: no solver here and no plans shipped for {preset}: run `python -m benchmarks.gpu "
               f"--plan-only --device {preset}` where cvxpy and highspy are installed", file=sys.stderr)
         return 2
+    unknown = sorted(set(args.only or ()) - {p.case.name for p in planned})
+    if unknown:
+        print(f"benchmarks.gpu: no case {', '.join(unknown)}; the cases: {', '.join(p.case.name for p in planned)}",
+              file=sys.stderr)
+        return 2
     print(f"benchmarks.gpu: {name} ({preset}), {len(planned)} plans {plans['source']} "
           f"(commit {plans.get('commit') or '?'}), {args.steps} steps each", flush=True)
     rows = []

@@ -99,7 +99,7 @@ class Device:
     (costmodel.comm uses alpha + sync_latency): the ranks arrive from computing, so the peer's
     communication thread must be woken -- with more ranks than cores, scheduled -- before the message
     moves. `partita calibrate` measures it on CPU from what one small collective adds to a loop of
-    compute bursts on all ranks (calibrate.measure_in_step, calibrate.sync_latency). 0 for the GPU
+    compute bursts on all ranks (calibrate_links.measure_in_step, calibrate_fit.sync_latency). 0 for the GPU
     presets: NCCL kernels queue on the stream behind the compute that precedes them."""
     sharded_op_latency: float = 0.0
     """Seconds an operator on DTensors costs beyond `op_latency`: DTensor's Python dispatch (sharding
@@ -117,7 +117,7 @@ class Device:
     """Seconds each tensor-parallel collective costs the CPU beyond the collective itself: it is a DTensor
     redistribution (planning, functional-collective launch, wrapping the result, its autograd node),
     charged once per forward or backward collective of a tensor-parallel block (planner.strategies).
-    Measured by `partita calibrate` (calibrate.measure_dtensor); 0 for the GPU presets."""
+    Measured by `partita calibrate` (calibrate_dtensor.measure_dtensor); 0 for the GPU presets."""
 
     def usable_memory(self) -> float:
         return self.memory_bytes - self.reserved_bytes
@@ -321,6 +321,28 @@ def get_device(name: str) -> Device:
         return DEVICES[name]
     except KeyError:
         raise PartitaError(f"unknown device {name!r}; presets: {', '.join(DEVICES)}") from None
+
+
+GENERATION_PRESETS = {7: "V100-32GB", 8: "A100-80GB", 9: "H100-80GB"}
+"""The preset standing for each CUDA compute-capability major (Volta/Turing, Ampere/Ada, Hopper): the links
+and host of a GPU that has no preset of its own (`gpu_preset` returned None)."""
+
+
+def gpu_preset(name: str, memory_bytes: float) -> str | None:
+    """The preset of a local GPU, from the name the driver gives it (torch.cuda.get_device_name, e.g. "NVIDIA
+    H200", "NVIDIA A100-SXM4-40GB") and its memory: a preset whose model ("H200", "A100") is in the name and
+    whose memory is within 10% of the GPU's (an "H100 NVL" of 94 GB or a GH200 of 96 GB is not the H100-80GB or
+    H200-141GB preset); the closest in memory where several match. None when no preset is this GPU."""
+    upper = name.upper()
+    found = [d for d in DEVICES.values() if d.name != "cpu" and d.name.split("-")[0] in upper
+             and abs(d.memory_bytes - memory_bytes) <= 0.1 * d.memory_bytes]
+    return min(found, key=lambda d: abs(d.memory_bytes - memory_bytes)).name if found else None
+
+
+def generation_preset(capability: tuple[int, int]) -> str:
+    """GENERATION_PRESETS' preset for a compute capability (newer than Hopper: Hopper's)."""
+    major = capability[0]
+    return GENERATION_PRESETS[min(max(major, min(GENERATION_PRESETS)), max(GENERATION_PRESETS))]
 
 
 def _is_resource_file(spec) -> bool:

@@ -39,6 +39,8 @@ Schema `partita.cluster/1` (units: bytes, bytes/s, FLOP/s, seconds):
       "inter_group_latency": 2e-5,                optional: seconds
       "nodes_per_pod": 32,                        optional: nodes under one full-bandwidth pod
       "pod_oversubscription": 2.0,                optional (with nodes_per_pod): uplink oversubscription, >= 1
+      "kernels": [{"kind": "gemm", ...}, ...],    optional: kernel timings of this device (calibrate on a GPU:
+                                                  costmodel.calibrate_kernels' rows), for the kernel-constant fit
       "measurements": {...}                       optional, free-form: calibrate's raw data (not read)
     }
 
@@ -63,7 +65,7 @@ from partita.costmodel.hardware import DEVICES, Cluster, Device, cluster_from_gr
 
 SCHEMA = "partita.cluster/1"
 _TOP_KEYS = {"schema", "name", "groups", "inter_group_bw", "inter_group_latency", "nodes_per_pod",
-             "pod_oversubscription", "measurements"}
+             "pod_oversubscription", "kernels", "measurements"}
 _GROUP_KEYS = {"name", "nodes", "devices_per_node", "device"}
 _DEVICE_FIELDS = {f.name for f in fields(Device)}
 _DEVICE_KEYS = _DEVICE_FIELDS | {"base"}
@@ -139,6 +141,15 @@ def _device(where: str, spec) -> Device:
     return Device(**kw)
 
 
+def _check_kernels(rows) -> None:
+    """`kernels` is a list of rows, each an object whose "kind" names the kernel (the fit reads the rest)."""
+    if not isinstance(rows, list):
+        _fail("kernels", f"must be a list of kernel rows, got {type(rows).__name__}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or not isinstance(row.get("kind"), str):
+            _fail(f"kernels[{i}]", f"must be an object with a 'kind' (gemm, sdpa), got {row!r}")
+
+
 def cluster_from_dict(d, spec: str = "") -> Cluster:
     """Validate a resource list (already parsed) and build its Cluster."""
     if not isinstance(d, dict):
@@ -146,6 +157,8 @@ def cluster_from_dict(d, spec: str = "") -> Cluster:
     _unknown("top level", d, _TOP_KEYS)
     if d.get("schema") != SCHEMA:
         _fail("schema", f"must be {SCHEMA!r}, got {d.get('schema')!r}")
+    if "kernels" in d:
+        _check_kernels(d["kernels"])
     groups = d.get("groups")
     if not isinstance(groups, list) or not groups:
         _fail("groups", f"must be a non-empty list of groups, got {groups!r}")
@@ -228,8 +241,9 @@ def _device_dict(device: Device):
     return asdict(device)
 
 
-def cluster_to_dict(cluster: Cluster, name: str | None = None, measurements: dict | None = None) -> dict:
-    """The resource list of a Cluster (its groups, or the cluster as one group)."""
+def cluster_to_dict(cluster: Cluster, name: str | None = None, measurements: dict | None = None,
+                    kernels: list[dict] | None = None) -> dict:
+    """The resource list of a Cluster (its groups, or the cluster as one group), with measured `kernels` rows."""
     groups = cluster.group_list()
     d = {"schema": SCHEMA}
     if name:
@@ -242,6 +256,8 @@ def cluster_to_dict(cluster: Cluster, name: str | None = None, measurements: dic
         d["inter_group_latency"] = cluster.inter_group_latency
     if cluster.nodes_per_pod:
         d["nodes_per_pod"], d["pod_oversubscription"] = cluster.nodes_per_pod, cluster.pod_oversubscription
+    if kernels is not None:
+        d["kernels"] = kernels
     if measurements is not None:
         d["measurements"] = measurements
     return d

@@ -340,7 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="example: partita calibrate --out cluster.json && "
                               "partita plan --model tiny-gpt --cluster cluster.json --global-batch 8")
     c.add_argument("--out", required=True, help="resource list (JSON) to write")
-    c.add_argument("--ranks", type=int, default=None, help="local ranks for the collective measurements (>= 2)")
+    c.add_argument("--ranks", type=int, default=None, help="local ranks for the collective measurements: on a CPU "
+                   "host >= 2; on a GPU host one per GPU, at most the GPUs (default: every GPU; one GPU: no collectives, "
+                   "its preset's links)")
     c.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (~5 s)")
     c.set_defaults(func=_cmd_calibrate)
 

@@ -14,6 +14,9 @@ class RunResult:
     memory_method: str
     peak_rss_bytes: int
     tokens_per_step: int
+    peak_reserved_bytes: int | None = None
+    """On CUDA, largest over ranks: the caching allocator's peak reserved bytes (torch.cuda.max_memory_reserved:
+    allocated plus what it caches, the memory a GPU's out-of-memory is decided against); None elsewhere."""
     reference_losses: list[float] | None = None
     max_abs_diff: float | None = None
     tolerance: float | None = None
@@ -58,6 +61,7 @@ class RunResult:
                 "max_abs_diff": self.max_abs_diff, "step_time_s": self.step_time_s,
                 "step_times_s": self.step_times, "tokens_per_s": self.tokens_per_s,
                 "peak_memory_bytes": self.peak_memory_bytes, "memory_method": self.memory_method,
+                "peak_reserved_bytes": self.peak_reserved_bytes,
                 "peak_rss_bytes": self.peak_rss_bytes, "applied": self.applied,
                 "first_step": self.first_step, "resumed_from": self.resumed_from, "attempt": self.attempt,
                 "checkpoints": self.checkpoints, "checkpoint_time_s": self.checkpoint_time_s,
@@ -97,6 +101,9 @@ def render(r: RunResult, header: str, predicted: dict) -> str:
             ("peak memory", _mib(r.peak_memory_bytes), _mib(predicted.get("peak_memory_bytes")),
              f"largest rank; {r.memory_method}"),
             ("peak RSS", _mib(r.peak_rss_bytes), "", "largest rank process, incl. the torch runtime")]
+    if r.peak_reserved_bytes is not None:
+        rows.insert(4, ("peak reserved", _mib(r.peak_reserved_bytes), "",
+                        "largest rank; torch.cuda.max_memory_reserved: allocated + the allocator's cache"))
     for name, measured, pred, note in rows:
         lines.append(f"{name:<12}{measured:>14}  {pred:>14}" + (f"   ({note})" if note else ""))
     if r.checkpoints:

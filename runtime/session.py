@@ -377,6 +377,7 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
             saves.append(last_good)
     n = len(times)
     tracked, step_memory, rss = state + saved.peak, None, memory.peak_rss_bytes()  # RSS before the extra step
+    reserved = torch.cuda.max_memory_reserved(topo.device) if topo.device.type == "cuda" else 0
     if topo.device.type == "cuda":
         peak, method = torch.cuda.max_memory_allocated(topo.device), memory.GPU_METHOD
     elif opts.memory_trace and n:
@@ -385,10 +386,11 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
         peak, method = step_memory.peak_bytes, memory.ALLOCATOR_METHOD
     else:
         peak, method = tracked, memory.CPU_METHOD
-    maxed = _allreduce(times + [peak, rss, tracked], dist.ReduceOp.MAX, topo.device)
+    maxed = _allreduce(times + [peak, rss, tracked, reserved], dist.ReduceOp.MAX, topo.device)
     seq = spec.seq_len or 1
     result = CheckedResult(losses=losses, step_times=maxed[:n], peak_memory_bytes=int(maxed[n]), memory_method=method,
                            peak_rss_bytes=int(maxed[n + 1]), tokens_per_step=plan.train["global_batch"] * seq,
+                           peak_reserved_bytes=int(maxed[n + 3]) if topo.device.type == "cuda" else None,
                            applied={**asdict(executor.applied), "summary": executor.applied.summary()},
                            notes=notes, first_step=start, resumed_from=str(prep.resume.path) if prep.resume else None,
                            attempt=prep.attempt, checkpoints=saves, checkpoint_time_s=save_time)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from partita.costmodel import calibrate, comm
+from partita.costmodel import calibrate, calibrate_fit, calibrate_links, comm
 from partita.costmodel.hardware import parse_cluster
 from tests.runtime.spawned import teardown
 
@@ -78,7 +78,7 @@ def test_quick_calibration_writes_a_loadable_resource_list(calibrated):
     m = raw["measurements"]
     assert m["backend"] == "gloo" and m["ranks"] == 2 and m["quick"] is True
     assert {"matmul", "memory_copy", "collectives", "fits"} <= set(m)
-    assert set(m["collectives"]) == {*calibrate.COLLECTIVES, "p2p"}
+    assert set(m["collectives"]) == {*calibrate_links.COLLECTIVES, "p2p"}
     # the in-step and DTensor overheads (benchmarks/fidelity.py): measured, and on this CPU not negligible
     assert 0 < d.sync_latency < 0.1 and 0 < d.sharded_op_latency < 0.1
     assert 0 <= d.sharded_param_latency < 0.1 and 0 <= d.redistribute_latency < 0.1
@@ -88,7 +88,7 @@ def test_quick_calibration_writes_a_loadable_resource_list(calibrated):
     # what it records is a positive cost or None (too noisy), never an impossible negative figure
     timed = [r["in_step_s"] for kind in ("all_reduce", "p2p") for r in rows[kind]]
     assert all(t is None or t > 0 for t in timed) and any(t is not None for t in timed)
-    assert d.sync_latency == pytest.approx(calibrate.sync_latency(rows, m["fits"]))
+    assert d.sync_latency == pytest.approx(calibrate_fit.sync_latency(rows, m["fits"]))
     assert {"op_latency_s", "param_latency_s", "redistribute_latency_s", "redistribute"} <= set(m["dtensor"])
     assert m["wall_time_s"] < 30
     assert "matmul fp32" in printed and "all_reduce" in printed and path in printed
@@ -115,11 +115,11 @@ def test_fit_recovers_alpha_and_beta():
     alpha, beta = 50e-6, 2e9
     pts = [{"ranks": k, "bytes": b, "seconds": 2 * (k - 1) * alpha + 2 * (k - 1) / k * b / beta}
            for k in (2, 3, 4) for b in (1e3, 1e5, 1e7)]
-    f = calibrate.fit_alpha_beta("all_reduce", pts)
+    f = calibrate_fit.fit_alpha_beta("all_reduce", pts)
     assert f["alpha_s"] == pytest.approx(alpha) and f["beta_bytes_per_s"] == pytest.approx(beta)
     assert f["rel_rms_error"] < 1e-9
     # latency-free data: alpha clamps at 0, not negative
-    f = calibrate.fit_alpha_beta("p2p", [{"ranks": 2, "bytes": b, "seconds": b / beta * (1.1 if b > 1e4 else 0.9)}
+    f = calibrate_fit.fit_alpha_beta("p2p", [{"ranks": 2, "bytes": b, "seconds": b / beta * (1.1 if b > 1e4 else 0.9)}
                                          for b in (1e3, 1e5, 1e7)])
     assert f["alpha_s"] >= 0 and f["beta_bytes_per_s"] > 0
 

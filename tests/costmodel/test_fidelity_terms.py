@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from partita.costmodel import calibrate, comm
+from partita.costmodel import calibrate_fit, calibrate_local, comm
 from partita.costmodel.hardware import DEVICES, Cluster, conservative_device
 from partita.costmodel.memory import state_bytes
 from partita.costmodel.resources import SCHEMA, cluster_from_dict, cluster_to_dict
@@ -84,23 +84,23 @@ def test_sync_latency_fit_recovers_the_per_step_latency():
     fits = {kind: {"alpha_s": alpha, "beta_bytes_per_s": beta} for kind in ("all_reduce", "all_gather",
                                                                              "reduce_scatter", "p2p")}
     def in_step(kind, k):
-        fa, fb = calibrate._FORMS[kind](k)
+        fa, fb = calibrate_fit.FORMS[kind](k)
         return fa * (alpha + s) + fb * 1024 / beta
     rows = {kind: [{"ranks": k, "bytes": 1024, "in_step_s": in_step(kind, k)}
                    for k in ((2,) if kind == "p2p" else (2, 4))] for kind in fits}
-    assert calibrate.sync_latency(rows, fits) == pytest.approx(s)
+    assert calibrate_fit.sync_latency(rows, fits) == pytest.approx(s)
     # one disturbed timing (a row 10x slower, another near back to back) does not move it
     rows["p2p"][0]["in_step_s"] *= 10
     rows["all_gather"][0]["in_step_s"] = 1e-4
-    assert calibrate.sync_latency(rows, fits) == pytest.approx(s)
+    assert calibrate_fit.sync_latency(rows, fits) == pytest.approx(s)
     # in-step times no slower than back to back: nothing to add
     fast = {kind: [{**r, "in_step_s": r["in_step_s"] / 100} for r in v] for kind, v in rows.items()}
-    assert calibrate.sync_latency(fast, fits) == 0.0
-    assert calibrate.sync_latency({}, fits) == 0.0
+    assert calibrate_fit.sync_latency(fast, fits) == 0.0
+    assert calibrate_fit.sync_latency({}, fits) == 0.0
 
 
 def test_calibration_divides_by_the_launches_the_planner_counts():
-    assert calibrate.LAUNCHES_PER_NODE == 1 + BACKWARD_LAUNCHES
+    assert calibrate_local.LAUNCHES_PER_NODE == 1 + BACKWARD_LAUNCHES
 
 
 # ------------------------------------------------------------------------- tensor-parallel blocks

@@ -143,7 +143,7 @@ def test_block_options_carry_the_shape_effect(graph_of):
 def test_calibrate_fits_the_gemm_curve_it_is_given():
     """`partita calibrate` on a CPU fits e_max and x_half to square matmuls; synthetic rates from known
     parameters come back."""
-    from partita.costmodel.calibrate import fit_gemm_curve
+    from partita.costmodel.calibrate_fit import fit_gemm_curve
     peak, e, half = 300e12, 0.8, 128.0
     rows = [{"n": n, "flops_per_s": peak * e * (n / (n + half)) ** 3} for n in (256, 512, 1024, 2048, 4096, 8192)]
     fit = fit_gemm_curve(rows, peak)

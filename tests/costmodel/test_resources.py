@@ -127,6 +127,8 @@ BAD = [
     (_with(("inter_group_bw",), 0), "inter_group_bw: must be > 0"),
     (_with(("inter_group_latency",), "fast"), "inter_group_latency: must be a number"),
     ([1, 2], "top level: must be an object"),
+    (_with(("kernels",), {"kind": "gemm"}), "kernels: must be a list of kernel rows, got dict"),
+    (_with(("kernels",), [{"mkn": [1, 2, 3]}]), r"kernels\[0\]: must be an object with a 'kind'"),
 ]
 
 

@@ -1,0 +1,232 @@
+"""A GPU check: the planner's plans for the local GPU, run, with predicted beside measured.
+
+    python -m benchmarks.gpu [--steps N] [--only CASE ...] [--timeout S]   # on a CUDA machine: results/gpu.json
+    python -m benchmarks.gpu --plan-only [--device PRESET ...]             # with the solver: benchmarks/gpu_plans/
+
+On a machine with CUDA it takes the local GPU's preset (costmodel.hardware.gpu_preset: an H100 80 GB is
+H100-80GB, an H200 H200-141GB), the fixed set of plans for one such GPU (benchmarks.gpu_plans: M1 of
+GPU-MEASUREMENTS.md as the planner chooses it and with no recompute, full recompute, micro-batch 2 and compiled
+layers; llama3-8b as the planner chooses it; the largest llama3-8b-shaped model that fits), runs each with
+
+    partita run PLAN --model MODEL --steps N --losses-out OUT      (python -m partita.planner.cli, a subprocess)
+
+and writes, per plan, predicted beside measured to benchmarks/results/gpu.json:
+
+- step time: the plan's `predicted.step_time_s` against the run's mean of steps 2..N (runtime/report.py);
+- peak memory: the plan's `predicted.peak_memory_bytes` against torch.cuda.max_memory_allocated (what the
+  prediction counts), and torch.cuda.max_memory_reserved beside it (allocated + the caching allocator's cache,
+  what an out-of-memory is decided against);
+- errors (predicted - measured) / measured: negative when the prediction is faster or smaller;
+- a run that fails: `oom` when it ran out of memory (CUDA's "out of memory", or the CPU allocator's "can't
+  allocate memory"), and its error line; a plan the planner refused: its one line, not run.
+
+Without CUDA it says so in one line and exits 0.
+
+On a lent GPU machine (torch preinstalled, no cvxpy or highspy, no package index: TORCH-NOTES.md) the whole
+check is one command from the repository root, nothing to install: `python -m benchmarks.gpu`. The plans are
+made beforehand with `--plan-only` on a machine with the solver and shipped in benchmarks/gpu_plans/ (re-run
+it and commit the plans whenever the planner or the presets change: gpu.json records the commit they were
+planned at); where the solver imports, the benchmark plans afresh instead. It says which in one line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import common
+from benchmarks.gpu_plans import PRESETS, Planned, plan_set, read_plans, solver_available, write_plans
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 6
+TIMEOUT_S = 300
+OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory", re.I)
+
+
+def error_line(output: str) -> str | None:
+    """The run's own one-line error (`partita: error: ...`), else its last line that names an error."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("partita: error:"):
+            return line
+    named = [line for line in lines if "Error" in line or "error" in line]
+    return named[-1] if named else (lines[-1] if lines else None)
+
+
+def _error(predicted: float | None, measured: float | None) -> float | None:
+    return None if not predicted or not measured else (predicted - measured) / measured
+
+
+def _plan_summary(plan: dict) -> dict:
+    """What the planner chose, in the words of `partita plan`: mesh, micro-batching, recompute per block."""
+    recompute: dict[str, int] = {}
+    for b in plan.get("blocks", []):
+        recompute[b["recompute"]] = recompute.get(b["recompute"], 0) + 1
+    fixed = (plan.get("solver") or {}).get("fixed") or {}
+    return {"mesh": plan["mesh"], "micro_batch": plan["schedule"]["micro_batch_size"],
+            "num_microbatches": plan["schedule"]["num_microbatches"], "recompute": recompute,
+            "offloaded_blocks": sum(bool(b.get("offload_activations")) for b in plan.get("blocks", [])),
+            "kernels": fixed.get("kernels", "eager"), "fixed": fixed}
+
+
+def result_row(planned: Planned, returncode: int | None, output: str, measured: dict | None,
+               wall_s: float | None = None) -> dict:
+    """One row of gpu.json: the case, the plan's choices and prediction, and what its run measured.
+
+    `measured` is the run's --losses-out JSON (runtime.session), None when the run wrote none; `output` its
+    stdout and stderr, read for the error line and whether it ran out of memory."""
+    case = planned.case
+    row = {"name": case.name, "what": case.what, "model": case.model, "global_batch": case.global_batch,
+           "seq": case.seq}
+    if planned.plan is None:
+        return {**row, "infeasible": planned.infeasible, "oom": False, "error": None, "measured": None}
+    plan = json.loads(planned.plan.to_json())
+    pred = plan["predicted"]
+    row.update(plan=_plan_summary(plan), predicted={"step_time_s": pred["step_time_s"],
+                                                    "peak_memory_bytes": pred["peak_memory_bytes"],
+                                                    "usable_bytes": pred.get("memory_capacity_bytes")},
+               returncode=returncode, wall_s=wall_s, alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+    ok = returncode == 0 and measured is not None
+    row["oom"] = not ok and bool(OOM.search(output))
+    row["error"] = None if ok else error_line(output)
+    if not ok:
+        row["measured"] = None
+        return row
+    row["measured"] = {"step_time_s": measured["step_time_s"], "step_times_s": measured["step_times_s"],
+                       "peak_allocated_bytes": measured["peak_memory_bytes"],
+                       "peak_reserved_bytes": measured.get("peak_reserved_bytes"),
+                       "memory_method": measured["memory_method"], "losses": measured["losses"]}
+    row["step_time_error"] = _error(pred["step_time_s"], measured["step_time_s"])
+    row["memory_error"] = _error(pred["peak_memory_bytes"], measured["peak_memory_bytes"])
+    return row
+
+
+def run_case(planned: Planned, steps: int, workdir: Path, timeout_s: float = TIMEOUT_S) -> dict:
+    """Run one planned case with `partita run` and return its row (`result_row`)."""
+    if planned.plan is None:
+        return result_row(planned, None, "", None)
+    name = planned.case.name
+    plan_file, out_file = workdir / f"{name}.plan.json", workdir / f"{name}.out.json"
+    planned.plan.save(plan_file)
+    out_file.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "partita.planner.cli", "run", str(plan_file), "--model", planned.case.model,
+           "--steps", str(steps), "--losses-out", str(out_file)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT)
+        code, output = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:  # its captured output may be bytes, whatever `text` said
+        parts = [x.decode(errors="replace") if isinstance(x, bytes) else x for x in (e.stdout, e.stderr) if x]
+        code, output = None, "".join(parts) + f"\npartita: error: timed out after {timeout_s:g} s"
+    measured = json.loads(out_file.read_text()) if out_file.exists() else None
+    return result_row(planned, code, output, measured, time.perf_counter() - t0)
+
+
+def local_gpu() -> tuple[str, float]:
+    import torch
+    return torch.cuda.get_device_name(0), float(torch.cuda.get_device_properties(0).total_memory)
+
+
+def plans_for(preset: str) -> tuple[list[Planned], dict]:
+    """The set for one `preset` GPU: planned here when the solver imports, else the shipped plans."""
+    if solver_available():
+        return plan_set(preset), {"source": "made here", "commit": common.commit()}
+    planned, index = read_plans(preset)
+    return planned, {"source": "made beforehand and shipped in benchmarks/gpu_plans", "commit": index.get("commit"),
+                     "date": index.get("date")}
+
+
+def write_results(rows: list[dict], gpu: dict, plans: dict, steps: int, name: str = "gpu") -> Path:
+    """benchmarks/results/<name>.json (benchmarks.common.write: machine and commit beside the rows)."""
+    import torch
+    done = [r for r in rows if r.get("measured")]
+    summary = {"plans": len(rows), "ran": len(done), "oom": sum(r["oom"] for r in rows),
+               "failed": sum(bool(r.get("error")) and not r["oom"] for r in rows),
+               "refused": sum(bool(r.get("infeasible")) for r in rows),
+               "max_abs_step_time_error": max((abs(r["step_time_error"]) for r in done), default=None),
+               "max_abs_memory_error": max((abs(r["memory_error"]) for r in done), default=None)}
+    return common.write(name, {"gpu": gpu, "torch": torch.__version__, "plans": plans, "steps": steps,
+                               "rows": rows, "summary": summary})
+
+
+def _line(r: dict) -> str:
+    if r.get("infeasible"):
+        return f"{r['name']:<20} not run: {r['infeasible']}"
+    p = r["predicted"]
+    if r["measured"] is None:
+        return (f"{r['name']:<20} {'OOM' if r['oom'] else 'FAILED'}: {r['error']} "
+                f"(predicted {p['peak_memory_bytes'] / 2**30:.2f} GiB)")
+    m = r["measured"]
+    return (f"{r['name']:<20} step {p['step_time_s']:.3f} s predicted, {m['step_time_s']:.3f} s measured "
+            f"({100 * r['step_time_error']:+.1f}%); peak {p['peak_memory_bytes'] / 2**30:.2f} GiB predicted, "
+            f"{m['peak_allocated_bytes'] / 2**30:.2f} GiB allocated ({100 * r['memory_error']:+.1f}%)"
+            + (f", {m['peak_reserved_bytes'] / 2**30:.2f} GiB reserved" if m.get("peak_reserved_bytes") else ""))
+
+
+def plan_only(presets) -> int:
+    if not solver_available():
+        print("benchmarks.gpu --plan-only: planning needs cvxpy and highspy (pip install -e .)", file=sys.stderr)
+        return 2
+    for preset in presets:
+        planned = plan_set(preset)
+        folder = write_plans(preset, planned)
+        print(f"{preset}: {sum(p.plan is not None for p in planned)} plans in {folder.relative_to(ROOT)} "
+              f"({', '.join(p.case.name for p in planned if p.plan is None) or 'none'} refused)")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=STEPS, help=f"training steps per plan (default {STEPS})")
+    ap.add_argument("--only", action="append", metavar="CASE", help="run only these cases (benchmarks.gpu_plans)")
+    ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per run before it counts as failed")
+    ap.add_argument("--plan-only", action="store_true", help="plan the set and ship it in benchmarks/gpu_plans/")
+    ap.add_argument("--device", action="append", choices=PRESETS, help="with --plan-only: presets (default all)")
+    args = ap.parse_args(argv)
+    if args.plan_only:
+        return plan_only(args.device or PRESETS)
+    import torch
+    if not torch.cuda.is_available():
+        print(f"benchmarks.gpu: no CUDA device here (torch {torch.__version__}): nothing measured; run it on a "
+              "machine with a GPU")
+        return 0
+    from partita.costmodel.hardware import gpu_preset
+    name, memory = local_gpu()
+    preset = gpu_preset(name, memory)
+    if preset is None:
+        print(f"benchmarks.gpu: no device preset is a {name} ({memory / 2**30:.0f} GiB): nothing measured",
+              file=sys.stderr)
+        return 2
+    planned, plans = plans_for(preset)
+    if not planned:
+        print(f"benchmarks.gpu: no solver here and no plans shipped for {preset}: run `python -m benchmarks.gpu "
+              f"--plan-only --device {preset}` where cvxpy and highspy are installed", file=sys.stderr)
+        return 2
+    unknown = sorted(set(args.only or ()) - {p.case.name for p in planned})
+    if unknown:
+        print(f"benchmarks.gpu: no case {', '.join(unknown)}; the cases: {', '.join(p.case.name for p in planned)}",
+              file=sys.stderr)
+        return 2
+    print(f"benchmarks.gpu: {name} ({preset}), {len(planned)} plans {plans['source']} "
+          f"(commit {plans.get('commit') or '?'}), {args.steps} steps each", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="partita-gpu-") as tmp:
+        for p in planned:
+            if args.only and p.case.name not in args.only:
+                continue
+            rows.append(run_case(p, args.steps, Path(tmp), args.timeout))
+            print(_line(rows[-1]), flush=True)
+    path = write_results(rows, {"name": name, "memory_bytes": memory, "preset": preset}, plans, args.steps)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

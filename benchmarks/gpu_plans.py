@@ -1,0 +1,144 @@
+"""The fixed set of plans `python -m benchmarks.gpu` runs on one GPU, made by the planner for that GPU's preset.
+
+The set (CASES, then `largest_case`), bf16 with Adam, each planned for one GPU (cluster "1x<PRESET>"):
+
+- M1 of GPU-MEASUREMENTS.md, a 1.50B Llama at global batch 8: the planner's own choice, and four variants
+  that each fix one choice and leave the rest searched -- no recompute, full recompute, micro-batch 2,
+  compiled layers (`--kernels compiled`);
+- llama3-8b at global batch 4 and 4096 tokens: the planner's own choice for a second, larger size (it does
+  not fit one 80 GB GPU: the case is then recorded as the planner's one-line refusal, and not run);
+- "largest": the llama3-8b shape with the most layers the planner still fits on the GPU (found by bisection,
+  up to LARGEST_MAX_LAYERS): the plan that fills memory.
+
+Planning needs the solver (cvxpy, HiGHS). The lent GPU machines have neither and reach no package index
+(TORCH-NOTES.md), so the set is planned beforehand on a CPU machine and shipped in benchmarks/gpu_plans/PRESET/
+(`python -m benchmarks.gpu --plan-only`: a plan file per case and index.json with the commit it was planned
+at); benchmarks.gpu plans afresh where the solver imports and reads the shipped plans where it does not.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from benchmarks import common
+
+PLANS_DIR = Path(__file__).resolve().parent / "gpu_plans"
+M1 = "llama:layers=16,hidden=2048,heads=32,kv_heads=8,ffn=8192,vocab=128256,seq=4096"
+LLAMA3_8B_SHAPE = "llama:layers={layers},hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256,seq=4096"
+"""llama3-8b's dimensions (costmodel.models PRESETS) at 4096 tokens, with the layer count left open."""
+LARGEST_MAX_LAYERS = 64
+PRESETS = ("H100-80GB", "H200-141GB")
+"""The presets of the GPUs lent to this project's sessions (nvidia-h100-x1, nvidia-h200): plans shipped for each."""
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    what: str
+    model: str
+    global_batch: int
+    seq: int | None = None
+    fixed: dict = field(default_factory=dict)
+    """SearchSpace restrictions (planner.api.plan keywords); empty: the planner's own choice."""
+
+
+CASES = (
+    Case("m1-auto", "M1 (1.50B Llama), the planner's own choice", M1, 8),
+    Case("m1-no-recompute", "M1, no recompute", M1, 8, fixed={"recompute": ("none",)}),
+    Case("m1-full-recompute", "M1, full recompute", M1, 8, fixed={"recompute": ("full",)}),
+    Case("m1-micro-batch-2", "M1, micro-batch 2", M1, 8, fixed={"micro_batch": (2,)}),
+    Case("m1-compiled", "M1, compiled layers", M1, 8, fixed={"kernels": "compiled"}),
+    Case("llama3-8b-auto", "llama3-8b at 4096 tokens, the planner's own choice", "llama3-8b", 4, seq=4096),
+)
+
+
+@dataclass
+class Planned:
+    """A case and what the planner made of it: a plan, or the line saying why none fits."""
+
+    case: Case
+    plan: object | None
+    infeasible: str | None = None
+
+
+def solver_available() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("cvxpy", "highspy"))
+
+
+def plan_case(case: Case, preset: str):
+    """The planner's plan for `case` on one `preset` GPU (InfeasibleError when none fits)."""
+    from partita.planner.api import plan
+    from partita.planner.search import TrainConfig
+    return plan(case.model, cluster=f"1x{preset}", train=TrainConfig(global_batch=case.global_batch, seq_len=case.seq),
+                **case.fixed)
+
+
+def largest_case(preset: str) -> Case | None:
+    """The llama3-8b shape at the most layers (<= LARGEST_MAX_LAYERS) the planner fits on one `preset` GPU,
+    by bisection (memory grows with the layers); None when not even one layer fits."""
+    from partita.costmodel.errors import InfeasibleError
+
+    def case(layers: int) -> Case:
+        return Case("largest", f"the llama3-8b shape at {layers} layers, the most the planner fits (fills memory)",
+                    LLAMA3_8B_SHAPE.format(layers=layers), 4)
+
+    def fits(layers: int) -> bool:
+        try:
+            plan_case(case(layers), preset)
+            return True
+        except InfeasibleError:
+            return False
+    if not fits(1):
+        return None
+    if fits(LARGEST_MAX_LAYERS):
+        return case(LARGEST_MAX_LAYERS)
+    lo, hi = 1, LARGEST_MAX_LAYERS  # fits(lo), not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return case(lo)
+
+
+def plan_set(preset: str, cases=CASES, largest: bool = True) -> list[Planned]:
+    """Every case planned for one `preset` GPU, the largest that fits last."""
+    from partita.costmodel.errors import InfeasibleError
+    out = []
+    for case in [*cases, *([c] if largest and (c := largest_case(preset)) else [])]:
+        try:
+            out.append(Planned(case, plan_case(case, preset)))
+        except InfeasibleError as e:
+            out.append(Planned(case, None, str(e)))
+    return out
+
+
+def write_plans(preset: str, planned: list[Planned], directory: Path = PLANS_DIR) -> Path:
+    """The set as shipped plans: directory/PRESET/<case>.json and index.json (cases, commit, date)."""
+    folder = Path(directory) / preset
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*.json"):
+        stale.unlink()
+    for p in planned:
+        if p.plan is not None:
+            p.plan.save(folder / f"{p.case.name}.json")
+    index = {"preset": preset, "commit": common.commit(), "date": time.strftime("%Y-%m-%d"),
+             "cases": [{**asdict(p.case), "infeasible": p.infeasible} for p in planned]}
+    (folder / "index.json").write_text(json.dumps(index, indent=1) + "\n")
+    return folder
+
+
+def read_plans(preset: str, directory: Path = PLANS_DIR) -> tuple[list[Planned], dict]:
+    """The shipped set for `preset` and its index ({} and [] when none was shipped)."""
+    from partita.planner.plan import Plan
+    folder = Path(directory) / preset
+    if not (folder / "index.json").exists():
+        return [], {}
+    index = json.loads((folder / "index.json").read_text())
+    planned = []
+    for c in index["cases"]:
+        infeasible = c.pop("infeasible")
+        case = Case(**{**c, "fixed": {k: tuple(v) if isinstance(v, list) else v for k, v in c["fixed"].items()}})
+        planned.append(Planned(case, None if infeasible else Plan.load(folder / f"{case.name}.json"), infeasible))
+    return planned, index

@@ -1,0 +1,142 @@
+"""`partita calibrate`: the Device of the resource list, from what was measured (costmodel.calibrate's module
+docstring says what each field comes from).
+
+`local` is one device's measurements ({"matmul", "copy", "op_latency_s"}, and on a GPU "kernels", the
+calibrate_kernels rows); `links` what the ranks measured (`link_measurements`), or None where one GPU ran
+alone and the links are its preset's.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from partita.costmodel.calibrate_fit import fit_alpha_beta, fit_gemm_curve, sync_latency
+from partita.costmodel.calibrate_local import physical_memory
+from partita.costmodel.hardware import DEVICES, GPU_OVERLAP_SLOWDOWN, Device, generation_preset, gpu_preset
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """What the driver says of one local GPU."""
+
+    name: str
+    memory_bytes: float
+    capability: tuple[int, int]
+    count: int
+    """GPUs on this host (their host memory is shared among them)."""
+
+
+def local_gpu(index: int = 0) -> Gpu:
+    import torch
+    return Gpu(name=torch.cuda.get_device_name(index),
+               memory_bytes=float(torch.cuda.get_device_properties(index).total_memory),
+               capability=tuple(torch.cuda.get_device_capability(index)), count=torch.cuda.device_count())
+
+
+def link_measurements(collectives: dict) -> dict:
+    """calibrate_links.measure_collectives' result, its parts named, with the alpha-beta fit of each kind."""
+    results = dict(collectives["results"])
+    concurrent, in_step, dtensor = (results.pop(k) for k in ("concurrent_matmul", "in_step", "dtensor"))
+    return {"backend": collectives["backend"], "results": results, "concurrent": concurrent[0],
+            "in_step": in_step, "dtensor": dtensor,
+            "fits": {kind: fit_alpha_beta(kind, pts) for kind, pts in results.items() if pts}}
+
+
+def compute_share(matmul: dict, links: dict | None) -> float:
+    """A rank's share of its device when every rank computes at once (below 1 when ranks outnumber cores): the
+    concurrent matmul rate over the same size timed alone; 1 with no ranks."""
+    if links is None:
+        return 1.0
+    concurrent = links["concurrent"]
+    best = max(r["flops_per_s"] for r in matmul["fp32"])
+    alone = next((r["flops_per_s"] for r in matmul["fp32"] if r["n"] == concurrent["n"]), best)
+    return min(1.0, concurrent["flops_per_s"] / alone)
+
+
+def _peaks(matmul: dict, share: float) -> dict:
+    return {dt: max(r["flops_per_s"] for r in matmul[dt]) * share for dt in ("bf16", "fp32")}
+
+
+def _measured_links(links: dict) -> dict:
+    """Device link fields from the all-reduce fit (the collective the planner uses most). One host is one
+    node: the off-node figures repeat the loopback ones (unused for a one-node cluster)."""
+    ar = links["fits"]["all_reduce"]
+    return {"intra_node_bw": ar["beta_bytes_per_s"], "inter_node_bw": ar["beta_bytes_per_s"],
+            "intra_node_latency": ar["alpha_s"], "inter_node_latency": ar["alpha_s"]}
+
+
+def cpu_device(local: dict, links: dict, ranks: int) -> Device:
+    """One rank process of this CPU host."""
+    share = compute_share(local["matmul"], links)
+    peak = _peaks(local["matmul"], share)
+    memory = physical_memory() / ranks
+    dtensor = links["dtensor"]
+    return Device(name="cpu", peak_flops=peak, memory_bytes=memory, mem_bandwidth=local["copy"]["bytes_per_s"],
+                  # one efficiency for every GEMM (a CPU's curve is not a GPU's)
+                  matmul_efficiency=min(1.0, statistics.mean(r["flops_per_s"] / peak["fp32"]
+                                                             for r in local["matmul"]["fp32"])),
+                  overlap_slowdown=1.0,  # gloo's threads share the cores that compute
+                  host_bw=local["copy"]["bytes_per_s"], host_memory_bytes=0.0,  # nothing to offload to
+                  reserved_bytes=min(DEVICES["cpu"].reserved_bytes, memory / 4),
+                  op_latency=local["op_latency_s"] / share, sync_latency=sync_latency(links["in_step"], links["fits"]),
+                  sharded_op_latency=dtensor["op_latency_s"], sharded_param_latency=dtensor["param_latency_s"],
+                  redistribute_latency=dtensor["redistribute_latency_s"], **_measured_links(links))
+
+
+def links_preset(gpu: Gpu) -> tuple[str, str]:
+    """The preset whose links and host a GPU keeps when they cannot be measured, and why (one phrase)."""
+    preset = gpu_preset(gpu.name, gpu.memory_bytes)
+    if preset is not None:
+        return preset, f"{gpu.name}'s preset"
+    major, minor = gpu.capability
+    preset = generation_preset(gpu.capability)
+    return preset, f"no preset is a {gpu.name}: the preset of its generation (sm_{major}{minor})"
+
+
+def gpu_kernel_constants(local: dict, peak: dict) -> dict:
+    """The Device fields of a GPU's kernels, from `local` (its measurements).
+
+    >>> KERNEL-CONSTANT FIT CALL SITE (issue 27 item 3) <<<
+    costmodel's `fit_kernel_constants(rows, device)` is to turn `local["kernels"]` (the GEMM and attention
+    rows of calibrate_kernels) into these fields, attention included. Until it exists they come as calibrate
+    has always made them: the square bf16 matmuls fitted to costmodel.kernels' GEMM curve (fit_gemm_curve:
+    matmul_efficiency and gemm_half_dim of the best measured rate), attention at the GEMMs' efficiency
+    (attention_efficiency 0), and the presets' published overlap_slowdown (not measured)."""
+    fit = fit_gemm_curve(local["matmul"]["bf16"], peak["bf16"])
+    return {"matmul_efficiency": min(1.0, fit["matmul_efficiency_of_measured_peak"]),
+            "gemm_half_dim": fit["gemm_half_dim"], "overlap_slowdown": GPU_OVERLAP_SLOWDOWN}
+
+
+def gpu_device(local: dict, links: dict | None, gpu: Gpu) -> tuple[Device, dict]:
+    """One GPU of this host, and how its links were had: {"source": "measured" | "preset", "preset", "line"}
+    (`line`: one sentence for the user). Measured where ranks timed them (NCCL, one rank per GPU); with one GPU
+    there is no peer to time them with, and the links, link efficiencies and host link are the preset's
+    (`links_preset`). The host link is the preset's either way (a GPU's PCIe share; not measured)."""
+    share = compute_share(local["matmul"], links)
+    peak = _peaks(local["matmul"], share)
+    name, why = links_preset(gpu)
+    preset = DEVICES[name]
+    if links is None:
+        link_fields = {k: getattr(preset, k) for k in ("intra_node_bw", "inter_node_bw", "intra_node_latency",
+                                                       "inter_node_latency", "intra_link_efficiency",
+                                                       "inter_link_efficiency")}
+        how = {"source": "preset", "preset": name,
+               "line": f"links: {name}'s ({why}): NVLink {preset.intra_node_bw / 1e9:.0f} GB/s and network "
+                       f"{preset.inter_node_bw / 1e9:.0f} GB/s per GPU, host {preset.host_bw / 1e9:.0f} GB/s; one "
+                       f"GPU has no peer to time them with"}
+    else:
+        link_fields = _measured_links(links)
+        how = {"source": "measured", "preset": name,
+               "line": f"links: measured ({links['backend']}, one rank per GPU); off-node links repeat them (one "
+                       f"host); host link {preset.host_bw / 1e9:.0f} GB/s, {name}'s ({why})"}
+    memory = gpu.memory_bytes
+    dev = Device(name=gpu.name, peak_flops=peak, memory_bytes=memory, mem_bandwidth=local["copy"]["bytes_per_s"],
+                 reserved_bytes=2 * GiB if memory > 4 * GiB else memory / 4, host_bw=preset.host_bw,
+                 host_memory_bytes=physical_memory() / max(1, gpu.count),  # offload room per GPU
+                 op_latency=local["op_latency_s"] / share,
+                 # hidden behind queued kernels on a GPU (costmodel.hardware.Device): kept as measurements only
+                 sync_latency=0.0, sharded_op_latency=0.0, sharded_param_latency=0.0, redistribute_latency=0.0,
+                 **gpu_kernel_constants(local, peak), **link_fields)
+    return dev, how

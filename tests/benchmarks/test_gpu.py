@@ -1,0 +1,126 @@
+"""benchmarks.gpu on a machine without a GPU: the set it plans for a GPU (an H200: the driver is faked, the
+planner and solver are real), the shipped plans, the rows it writes from real `partita run` output on this
+CPU (a tiny plan that runs; a plan that runs out of memory under a memory limit), and its one line without
+CUDA."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import common, gpu, report  # noqa: E402
+from benchmarks.gpu_plans import CASES, LLAMA3_8B_SHAPE, PRESETS, Case, Planned, plan_case, read_plans  # noqa: E402
+from partita.costmodel.errors import InfeasibleError  # noqa: E402
+from partita.costmodel.hardware import DEVICES, gpu_preset  # noqa: E402
+
+TINY = Case("tiny", "a tiny GPT", "gpt:layers=2,hidden=64,heads=2,seq=32,vocab=256", 4)
+
+
+def test_without_cuda_it_says_so_in_one_line(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu.main([]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("benchmarks.gpu: no CUDA device here") and out.out.count("\n") == 1 and not out.err
+
+
+def test_it_plans_the_set_for_the_local_h200(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index=0: SimpleNamespace(total_memory=143771 * 2**20))
+    preset = gpu_preset(*gpu.local_gpu())
+    assert preset == "H200-141GB"
+    planned, plans = gpu.plans_for(preset)  # the solver is installed here: planned afresh
+    assert plans["source"] == "made here"
+    by = {p.case.name: p.plan for p in planned}
+    assert list(by) == [c.name for c in CASES] + ["largest"] and all(by.values())
+    for p in by.values():
+        assert p.cluster["device"] == preset and p.mesh.world_size == 1 and p.train["dtype"] == "bf16"
+    layers = lambda p: [b for b in p.blocks if b.fqn.startswith("blocks.")]  # noqa: E731
+    assert {b.recompute for b in layers(by["m1-no-recompute"])} == {"none"}
+    assert {b.recompute for b in layers(by["m1-full-recompute"])} == {"full"}
+    assert by["m1-micro-batch-2"].schedule.micro_batch_size == 2
+    assert by["m1-compiled"].kernels == "compiled" and by["m1-auto"].kernels == "eager"
+    assert by["llama3-8b-auto"].model["name"] == "llama3-8b" and by["llama3-8b-auto"].train["seq_len"] == 4096
+    # the largest: more layers than llama3-8b fit on an H200, and one layer more does not
+    largest = next(p.case for p in planned if p.case.name == "largest")
+    n = by["largest"].model["config"]["layers"]
+    assert n > 32 and largest.model == LLAMA3_8B_SHAPE.format(layers=n)
+    with pytest.raises(InfeasibleError):
+        plan_case(Case("more", "", LLAMA3_8B_SHAPE.format(layers=n + 1), 4), preset)
+
+
+def test_the_shipped_plans_are_the_set():
+    """What a GPU machine without the solver runs: every case of CASES (and the largest), for each lent GPU."""
+    for preset in PRESETS:
+        planned, index = read_plans(preset)
+        assert index["preset"] == preset and index["commit"]
+        assert [p.case for p in planned[:len(CASES)]] == list(CASES) and planned[-1].case.name == "largest"
+        for p in planned:
+            assert (p.plan is None) == bool(p.infeasible)
+            if p.plan is not None:
+                assert p.plan.cluster["device"] == preset
+                assert p.plan.predicted["peak_memory_bytes"] <= DEVICES[preset].usable_memory()
+    refused = [p.case.name for p in read_plans("H100-80GB")[0] if p.plan is None]
+    assert refused == ["llama3-8b-auto"]  # 8B parameters of Adam states do not fit one 80 GB GPU
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A tiny plan for one CPU rank, run by run_case: `partita run` in a subprocess, as on a GPU."""
+    work = tmp_path_factory.mktemp("gpu")
+    planned = Planned(TINY, plan_case(TINY, "cpu"))
+    row = gpu.run_case(planned, steps=3, workdir=work)
+    return planned, row, json.loads((work / "tiny.out.json").read_text())
+
+
+def test_a_run_becomes_its_row(tiny_run):
+    planned, row, out = tiny_run
+    assert row["returncode"] == 0 and row["oom"] is False and row["error"] is None, row
+    m, pred = row["measured"], planned.plan.predicted
+    assert m["step_time_s"] == out["step_time_s"] and m["peak_allocated_bytes"] == out["peak_memory_bytes"]
+    assert m["losses"] == out["losses"] and len(m["step_times_s"]) == 3
+    assert "peak_reserved_bytes" in out and m["peak_reserved_bytes"] is None  # the runtime's figure: CUDA only
+    assert row["predicted"]["step_time_s"] == pred["step_time_s"]
+    assert row["predicted"]["peak_memory_bytes"] == pred["peak_memory_bytes"]
+    assert row["step_time_error"] == pytest.approx((pred["step_time_s"] - out["step_time_s"]) / out["step_time_s"])
+    assert row["memory_error"] == pytest.approx((pred["peak_memory_bytes"] - out["peak_memory_bytes"])
+                                                / out["peak_memory_bytes"])
+    assert row["plan"]["mesh"]["tp"] == 1 and row["plan"]["micro_batch"] * row["plan"]["num_microbatches"] == 4
+
+
+def test_the_rows_are_written_and_rendered(tiny_run, tmp_path, monkeypatch):
+    _, row, _ = tiny_run
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    path = gpu.write_results([row], {"name": "a CPU", "memory_bytes": 2**30, "preset": "cpu"},
+                             {"source": "made here", "commit": "abc1234"}, steps=3)
+    d = json.loads(path.read_text())
+    assert path.name == "gpu.json" and d["rows"] == [json.loads(json.dumps(row))] and d["steps"] == 3
+    assert d["summary"]["ran"] == 1 and d["summary"]["oom"] == 0
+    text = report.render("gpu", {"gpu": d, report.GPU_SHARED: report.load()[report.GPU_SHARED]})
+    assert "| `tiny` | a tiny GPT |" in text and f"{row['measured']['step_time_s']:.3f} s" in text
+    assert "GPU-MEASUREMENTS" not in text  # a run's own results replace the shared measurements
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="bash's ulimit -v limits the address space on Linux")
+def test_an_out_of_memory_run_is_an_oom_row(tmp_path):
+    """A run that cannot allocate its model: `partita run` under a 1.6 GB address-space limit (torch imports
+    in ~0.8 GB), on a model whose embedding alone takes 2 GB. result_row reads the run's real output."""
+    case = Case("oom", "a 2M-token vocabulary", "gpt:layers=1,hidden=256,heads=2,seq=16,vocab=2000000", 2)
+    planned = Planned(case, plan_case(case, "H200-141GB"))
+    planned.plan.save(tmp_path / "plan.json")
+    run = (f"ulimit -v 1600000; exec {sys.executable} -m partita.planner.cli run {tmp_path / 'plan.json'} "
+           f"--model {case.model} --steps 2 --losses-out {tmp_path / 'out.json'}")
+    proc = subprocess.run(["bash", "-c", run], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    row = gpu.result_row(planned, proc.returncode, proc.stdout + proc.stderr, None)
+    assert row["oom"] is True and row["measured"] is None, proc.stderr
+    assert row["error"].startswith("partita: error: rank 0:") and "can't allocate memory" in row["error"]
+    assert row["predicted"]["peak_memory_bytes"] == planned.plan.predicted["peak_memory_bytes"]

@@ -66,6 +66,13 @@ def try_plot(plot, payload) -> None:
         print("matplotlib not installed: no plot", file=sys.stderr)
 
 
+def p95(values) -> float | None:
+    """The 95th percentile by nearest rank: the smallest value at least 95% of `values` do not exceed."""
+    import math
+    a = sorted(values)
+    return a[math.ceil(0.95 * len(a)) - 1] if a else None
+
+
 def hardware_over_model(seq: int, hidden: int, layers: int, vocab: int) -> float:
     """Megatron's full-recompute FLOPs over model FLOPs, 96 (1 + s/6h + V/16lh) / (72 (1 + s/6h + V/12lh))
     (Narayanan et al. SC'21; Korthikanti et al. 2022; REFERENCE.md): converts a published hardware TFLOP/s

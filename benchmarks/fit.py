@@ -52,7 +52,7 @@ from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks.common import commit, write
+from benchmarks.common import commit, p95, write
 from benchmarks.published_data import ITERATION, ROWS, Row
 from partita.costmodel.hardware import FITTED_CONSTANTS, GPUS, KERNEL_FIELDS, gpu_device
 from partita.costmodel.kernel_fit import errors as kernel_errors, fit_kernel_constants
@@ -79,7 +79,7 @@ SHAPE_FROM = "hopper"
 ITERATIONS = 2
 STEP = 1.1
 """Elasticities: each kernel class re-priced this much slower."""
-START = {"e_gemm": 0.7, "e_attn": 0.5, "h_seq": 1000.0}
+START = {"e_gemm": 0.7, "e_attn": 0.5, "h_seq": 1000.0, "step": 0.9}
 """Where the published fit starts (and the elasticities are first measured): round numbers, not data."""
 
 
@@ -116,28 +116,34 @@ def kernel_groups() -> dict[str, dict]:
 
 # ------------------------------------------------------------------------------------ the parameters
 
+def gemm_group(group: str) -> str:
+    """gen/stack -> gen/gemm family: stacks that differ only in attention share their GEMMs (costmodel.stacks)."""
+    gen, stack = group.split("/")
+    return f"{gen}/{STACKS[stack].gemm_family}"
+
+
 def published_params(rows: list[Row], kgroups: dict) -> list[tuple[str, str]]:
-    """(kind, key) of each parameter the published rows fit: ("e_gemm", group), ("e_attn", group),
-    ("h_seq", "gen/kernel"); groups with kernel timings take none."""
-    params = []
-    for g in sorted({group_of(r) for r in rows} - set(kgroups)):
-        params.append(("e_gemm", g))
-        if any(r.model.attention == "sdpa" for r in rows if group_of(r) == g):
-            params.append(("e_attn", g))
+    """(kind, key) of each parameter the published rows fit: ("e_gemm", gen/gemm family), ("e_attn",
+    gen/stack), ("h_seq", gen/kernel); groups with kernel timings take none."""
+    groups = sorted({group_of(r) for r in rows} - set(kgroups))
+    params = [("e_gemm", f) for f in sorted({gemm_group(g) for g in groups} - set(kgroups))]
+    params += [("e_attn", g) for g in groups if any(r.model.attention == "sdpa" for r in rows if group_of(r) == g)]
     kernels = sorted({f"{g.split('/')[0]}/{attention_kernel(*g.split('/'))}" for kind, g in params if kind == "e_attn"})
-    return params + [("h_seq", k) for k in kernels]
+    timed = sorted({group_of(r) for r in rows} & set(kgroups))  # kernel-timed groups with whole-step rows
+    return params + [("h_seq", k) for k in kernels] + [("step", g) for g in timed]
 
 
 def derive(values: dict, kgroups: dict) -> dict[str, dict]:
     """Every (generation, stack) group's kernel constants: kernel-timed groups as fitted, published-fitted
     levels on the measured shapes, the rest by the module docstring's rules. `values` maps
-    ("e_gemm"|"e_attn", group) and ("h_seq", gen/kernel) to fitted values. Returns {group: {"constants",
-    "source"}}."""
+    ("e_gemm", gen/family), ("e_attn", gen/stack) and ("h_seq", gen/kernel) to fitted values. Returns
+    {group: {"constants", "source"}}."""
     shape_group = next(k for k in kgroups if k.startswith(SHAPE_FROM + "/"))
     shape = kgroups[shape_group]["constants"]
     curves = shape.get("other_attention") or {}
     e_gemm = {g: v for (k, g), v in values.items() if k == "e_gemm"}
     e_attn = {g: v for (k, g), v in values.items() if k == "e_attn"}
+    fitted_gemm, fitted_attn = set(e_gemm), set(e_attn)
     h_seq = {g: v for (k, g), v in values.items() if k == "h_seq"}
     for g, kg in kgroups.items():
         e_gemm.setdefault(g, kg["constants"]["matmul_efficiency"])
@@ -145,49 +151,73 @@ def derive(values: dict, kgroups: dict) -> dict[str, dict]:
         gen = g.split("/")[0]
         for kernel, c in (kg["constants"].get("other_attention") or {}).items():
             h_seq.setdefault(f"{gen}/{kernel}", c["half_seq"])
-    a_gemm, b_gemm = additive(e_gemm)
-    a_attn, b_attn = additive(e_attn)
+    # attention data by the kernel each group ran: a group without its own fit takes its kernel's on its GPU
+    by_kernel = defaultdict(list)
+    for g, v in e_attn.items():
+        by_kernel[f"{g.split('/')[0]}/{attention_kernel(*g.split('/'))}"].append(math.log(v))
+    e_kernel = {k: math.exp(sum(v) / len(v)) for k, v in by_kernel.items()}
+    gemm_model, attn_model = additive(e_gemm), additive(e_kernel)
     out = {}
     for gen in GENERATIONS:
         for stack in STACKS:
             g = f"{gen}/{stack}"
             if g in kgroups:
-                out[g] = {"constants": kgroups[g]["constants"], "source": kgroups[g]["source"]}
+                step = values.get(("step", g))
+                out[g] = {"constants": {**kgroups[g]["constants"], "step_efficiency": step or 1.0},
+                          "source": kgroups[g]["source"] + ("; step_efficiency fitted to its whole-step rows (published "
+                                                            "and GPU runs)" if step else "; no whole-step rows: "
+                                                            "step_efficiency 1")}
                 continue
             kernel = attention_kernel(gen, stack)
             curve = curves.get(kernel) or curves.get("flash2")
-            gemm = e_gemm.get(g) or math.exp(a_gemm.get(gen, a_gemm.get("ampere", 0.0)) + b_gemm.get(stack, 0.0))
-            attn_main = e_attn.get(g) or math.exp(a_attn.get(gen, a_attn.get("ampere", 0.0)) + b_attn.get(stack, 0.0))
+            family = STACKS[stack].gemm_family
+            gemm, gemm_how = e_gemm.get(f"{gen}/{family}"), (
+                f"e_gemm fitted to the published rows of {gen}/{family}" if f"{gen}/{family}" in fitted_gemm else
+                f"e_gemm from {gen}/{family}'s kernel timings")
+            if gemm is None:
+                gemm, gemm_how = capped(gemm_model, e_gemm, gen, family), \
+                    "e_gemm by the additive (generation + stack) model of the fitted groups, capped"
+            attn, attn_how = e_attn.get(g), "e_attn fitted to its published rows"
+            if attn is None and f"{gen}/{kernel}" in e_kernel:
+                attn, attn_how = e_kernel[f"{gen}/{kernel}"], f"e_attn of {kernel} on {gen} where fitted or timed"
+            if attn is None:
+                attn, attn_how = capped(attn_model, e_kernel, gen, kernel), \
+                    "e_attn by the additive (generation + kernel) model of the fitted groups, capped"
             hs = h_seq.get(f"{gen}/{kernel}") or h_seq.get(f"ampere/{kernel}") or curve["half_seq"]
             constants = {
                 "matmul_efficiency": gemm, "gemm_half_mn": shape["gemm_half_mn"] * SMS[gen] / SMS[SHAPE_FROM],
                 "gemm_split_k": shape["gemm_split_k"], "gemm_half_dim": 0.0, "op_latency": shape["op_latency"],
                 "mem_efficiency": shape["mem_efficiency"],
-                "attention_efficiency": attn_main,
-                "attention_bwd_efficiency": attn_main * curve["bwd_efficiency"] / curve["efficiency"],
+                "attention_efficiency": attn, "attention_bwd_efficiency": attn * curve["bwd_efficiency"] / curve["efficiency"],
                 "attention_half_seq": hs, "attention_half_dim": curve["half_dim"],
                 "attention_causal_block": curve["causal_block"], "other_attention": None}
-            how = []
-            how.append("e_gemm fitted to its published rows" if g in e_gemm else
-                       "e_gemm by the additive (generation + stack) model of the fitted groups")
-            how.append("e_attn fitted to its published rows" if g in e_attn else
-                       "e_attn by the additive (generation + stack) model of the fitted groups")
-            how.append(f"h_seq fitted to published sequence sweeps ({gen}/{kernel})" if f"{gen}/{kernel}" in h_seq
-                       else f"h_seq borrowed ({'ampere' if f'ampere/{kernel}' in h_seq else SHAPE_FROM}/{kernel})")
-            how.append(f"GEMM and {kernel} curve shapes, launch latency and HBM fraction from {shape_group}'s kernel "
-                       f"timings (h_mn x {SMS[gen]}/{SMS[SHAPE_FROM]} SMs)")
+            how = [gemm_how, attn_how if g not in fitted_attn else "e_attn fitted to its published rows",
+                   f"h_seq fitted to published sequence sweeps ({gen}/{kernel})" if f"{gen}/{kernel}" in h_seq
+                   else f"h_seq borrowed ({'ampere' if f'ampere/{kernel}' in h_seq else SHAPE_FROM}/{kernel})",
+                   f"GEMM and {kernel} curve shapes, launch latency and HBM fraction from {shape_group}'s kernel "
+                   f"timings (h_mn x {SMS[gen]}/{SMS[SHAPE_FROM]} SMs)"]
             out[g] = {"constants": constants, "source": "; ".join(how)}
     return out
 
 
+def capped(model: tuple[dict, dict], data: dict, gen: str, effect: str) -> float:
+    """exp(a_gen + b_effect) of an additive model (Volta, unmeasured, takes Ampere's a; an effect with no
+    data the mean of the known ones), never above the largest value measured or fitted on that generation
+    (a group nobody measured is not assumed faster than the fastest that was), nor above 1."""
+    a, b = model
+    value = math.exp(a.get(gen, a.get("ampere", 0.0)) + b.get(effect, sum(b.values()) / len(b) if b else 0.0))
+    same_gen = [v for k, v in data.items() if k.split("/")[0] == gen]
+    return min(value, max(same_gen) if same_gen else 1.0, 1.0)
+
+
 def additive(values: dict[str, float]) -> tuple[dict, dict]:
-    """log e[gen/stack] ~ a_gen + b_stack by least squares over the groups given (b of the first stack in
-    STACKS order that has data = 0); returns (a, b)."""
+    """log e[gen/effect] ~ a_gen + b_effect by least squares over the groups given (effect: a stack, a GEMM
+    family or an attention kernel; b of the first effect in sorted order that has data = 0); returns (a, b)."""
     import numpy as np
     if not values:
         return {}, {}
     gens = sorted({g.split("/")[0] for g in values})
-    stacks = [s for s in STACKS if any(g.split("/")[1] == s for g in values)]
+    stacks = sorted({g.split("/")[1] for g in values}, key=lambda s: (s != "pytorch", s))
     cols = gens + stacks[1:]
     A = np.zeros((len(values), len(cols)))
     y = np.zeros(len(values))
@@ -216,6 +246,8 @@ def price_rows(rows: list[Row], groups: dict, graphs: dict, scale: dict | None =
         if scale and "attn" in scale:
             kernels["attention_efficiency"] /= scale["attn"]
             kernels["attention_bwd_efficiency"] /= scale["attn"]
+        if scale and "step" in scale:
+            kernels["step_efficiency"] = kernels.get("step_efficiency", 1.0) / scale["step"]
         out[row_key(row)] = price(row, graphs, kernels)
         if label and (i + 1) % 50 == 0:
             print(f"  {label}: {i + 1}/{len(rows)} rows, {time.perf_counter() - t0:.0f} s", flush=True)
@@ -238,22 +270,27 @@ class Linearisation:
     priced: dict
     eps_gemm: dict
     eps_attn: dict
+    eps_step: dict = dataclasses.field(default_factory=dict)
 
 
-def linearise(rows: list[Row], groups: dict, graphs: dict) -> Linearisation:
+def linearise(rows: list[Row], groups: dict, graphs: dict, kgroups: dict) -> Linearisation:
     from benchmarks.published import row_key
     base = price_rows(rows, groups, graphs, label="price")
+    timed = [r for r in rows if group_of(r) in kgroups]
+    slow_s = price_rows(timed, groups, graphs, {"step": STEP}, label="whole step 10% slower")
     slow_g = price_rows(rows, groups, graphs, {"gemm": STEP}, label="GEMMs 10% slower")
     slow_a = price_rows([r for r in rows if r.model.attention == "sdpa"], groups, graphs, {"attn": STEP},
                         label="attention 10% slower")
-    eps_g, eps_a = {}, {}
+    eps_g, eps_a, eps_s = {}, {}, {}
     for r in rows:
         k = row_key(r)
+        rs = step_ratio(r, base[k], slow_s[k]) if k in slow_s else None
+        eps_s[k] = math.log(rs) / math.log(STEP) if rs else 0.0
         rg = step_ratio(r, base[k], slow_g[k])
         eps_g[k] = math.log(rg) / math.log(STEP) if rg else 0.0
         ra = step_ratio(r, base[k], slow_a[k]) if k in slow_a else None
         eps_a[k] = math.log(ra) / math.log(STEP) if ra else 0.0
-    return Linearisation(groups, base, eps_g, eps_a)
+    return Linearisation(groups, base, eps_g, eps_a, eps_s)
 
 
 def surrogate_log_error(row: Row, lin: Linearisation, groups: dict) -> float | None:
@@ -270,6 +307,8 @@ def surrogate_log_error(row: Row, lin: Linearisation, groups: dict) -> float | N
         s0 = saturation(row.seq, c0["attention_half_seq"])
         s1 = saturation(row.seq, c1["attention_half_seq"])
         log_t += lin.eps_attn[k] * math.log(c0["attention_efficiency"] * s0 / (c1["attention_efficiency"] * s1))
+    if lin.eps_step.get(k):
+        log_t += lin.eps_step[k] * math.log(c0.get("step_efficiency", 1.0) / c1.get("step_efficiency", 1.0))
     sign = 1 if row.table.metric == ITERATION else -1
     return math.log(base["predicted"]["value"] / row.value) + sign * log_t
 
@@ -300,7 +339,7 @@ def fit_published(rows: list[Row], lin: Linearisation, kgroups: dict, start: dic
         groups = groups_of(x)
         return [w[row_key(r)] * surrogate_log_error(r, lin, groups) for r in priced]
     lower = [math.log(0.05 if k != "h_seq" else 1.0) for k, _ in params]
-    upper = [math.log(1.5 if k != "h_seq" else 1e5) for k, _ in params]
+    upper = [math.log({"h_seq": 1e5, "step": 1.0}.get(k, 1.5)) for k, _ in params]
     x = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac").x
     return {p: math.exp(v) for p, v in zip(params, x)}
 
@@ -319,7 +358,7 @@ def fit(rows: list[Row] | None = None, iterations: int = ITERATIONS, loso: bool 
     history = []
     for it in range(iterations):
         print(f"iteration {it + 1}: linearising {len(rows)} rows", flush=True)
-        lin = linearise(rows, groups, graphs)
+        lin = linearise(rows, groups, graphs, kgroups)
         values = fit_published(rows, lin, kgroups, start=values)
         groups = derive(values, kgroups)
         history.append({"iteration": it + 1, "values": _named(values)})
@@ -329,7 +368,7 @@ def fit(rows: list[Row] | None = None, iterations: int = ITERATIONS, loso: bool 
            "in_sample": {row_key(r): _err(final[row_key(r)]) for r in rows}}
     if loso:
         # the surrogate re-based on the exact in-sample pricing at the fitted constants
-        lin = Linearisation(groups, final, lin.eps_gemm, lin.eps_attn)
+        lin = Linearisation(groups, final, lin.eps_gemm, lin.eps_attn, lin.eps_step)
         out["loso"] = leave_one_source_out(rows, lin, kgroups, values, graphs)
     return out
 
@@ -386,7 +425,7 @@ def summary(result: dict) -> dict:
                    and result[part][k]["error"] is not None)
         if not a:
             return {"priced": 0}
-        return {"priced": len(a), "median_abs_error": statistics.median(a), "p95_abs_error": a[int(0.95 * (len(a) - 1))],
+        return {"priced": len(a), "median_abs_error": statistics.median(a), "p95_abs_error": p95(a),
                 "max_abs_error": a[-1]}
     everything = [k for keys in by_source.values() for k in keys]
     return {part: {"all": stats(everything, part), "per_source": {s: stats(k, part) for s, k in by_source.items()}}

@@ -30,7 +30,7 @@ import sys
 import time
 from collections import Counter
 
-from benchmarks.common import hardware_over_model as common_ratio, pyplot, save_figure, try_plot, write
+from benchmarks.common import hardware_over_model as common_ratio, p95, pyplot, save_figure, try_plot, write
 from benchmarks.published_data import (HARDWARE_TFLOPS, ITERATION, MODEL_TFLOPS, ROWS, SKIPPED, TOKENS, Model, Row)
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.graph import OpGraph
@@ -41,8 +41,9 @@ from partita.planner.build import predicted
 from partita.planner.search import SearchResult, explain_infeasible, search
 from partita.planner.space import SearchSpace, TrainConfig
 
-TARGET_MEDIAN, TARGET_MAX = 0.10, 0.25
-"""Targets for the cost model (not for this benchmark to force): median and max |error|."""
+TARGET_MEDIAN, TARGET_P95, TARGET_MAX = 0.10, 0.20, 0.25
+"""Targets for the cost model (not for this benchmark to force): median and p95 |error| on rows the fit did
+not see (leave-one-source-out, benchmarks.fit); max |error| in-sample, reported beside them."""
 NEEDED_SPACE_FIELDS = ("dp", "micro_batch", "virtual_stages", "full_recompute_layers")
 UNBOUNDED_MEMORY = 1e15
 """Device bytes for the memory-lifted diagnostic of rows the memory model rejects (`_unbounded`)."""
@@ -72,11 +73,10 @@ def model_spec(model: Model, seq: int):
 def cluster_for(row: Row, kernels: dict | None = None) -> Cluster:
     """The row's cluster: its GPU with the kernel constants of the software stack it ran on
     (costmodel.stacks), or `kernels` (Device kernel fields, as benchmarks.fit tries them) instead."""
-    if row.gpus % 8:
+    if row.gpus % 8 and row.gpus > 8:
         raise PartitaError(f"{row.gpus} GPUs are not whole 8-GPU nodes")
-    cluster = parse_cluster(f"{row.gpus // 8}x8x{row.hardware}")
-    device = dataclasses.replace(gpu_device(row.hardware, row.table.stack), **(kernels or {}),
-                                 **dict(row.device_overrides))
+    cluster = parse_cluster(f"{row.gpus // 8}x8x{row.hardware}" if row.gpus >= 8 else f"{row.gpus}x{row.hardware}")
+    device = dataclasses.replace(gpu_device(row.hardware, row.table.stack, kernels), **dict(row.device_overrides))
     return dataclasses.replace(cluster, device=device)
 
 
@@ -199,7 +199,8 @@ def price(row: Row, graphs: dict[str, OpGraph] | None = None, kernels: dict | No
         graphs[name] = capture(model_spec(row.model, row.seq), dtype="bf16")
     graph = graphs[name]
     notes = [n for n in (row.table.notes, row.model.notes, row.notes) if n]
-    out = {"key": row_key(row), "source": row.table.source, "citation": row.table.citation, "model": row.model.name,
+    out = {"key": row_key(row), "source": row.table.source, "stack": row.table.stack,
+           "citation": row.table.citation, "model": row.model.name,
            "model_string": name, "hardware": row.hardware, "gpus": row.gpus, "config": _config(row),
            "measured": {"metric": row.table.metric, "value": row.value}, "predicted": None, "error": None,
            "speed_error": None, "notes": notes}
@@ -234,20 +235,48 @@ def price(row: Row, graphs: dict[str, OpGraph] | None = None, kernels: dict | No
 
 def _stats(errors: list[float]) -> dict:
     a = [abs(e) for e in errors]
-    return {"median_abs_error": statistics.median(a) if a else None, "max_abs_error": max(a) if a else None,
+    return {"median_abs_error": statistics.median(a) if a else None, "p95_abs_error": p95(a),
+            "max_abs_error": max(a) if a else None,
             "within_10pct": sum(x <= 0.10 for x in a) / len(a) if a else None,
             "within_25pct": sum(x <= 0.25 for x in a) / len(a) if a else None}
 
 
+def held_out(rows: list[dict]) -> dict | None:
+    """Attach to each row its leave-one-source-out error from benchmarks.fit's results (results/fit.json),
+    when they were computed for the constants in force; returns how they were had, or None (no such file,
+    or a stale one: rerun `python -m benchmarks.fit`)."""
+    import json
+    from benchmarks.common import RESULTS
+    from benchmarks.fit import constants_digest
+    from partita.costmodel.hardware import fitted_constants
+    path = RESULTS / "fit.json"
+    if not path.exists():
+        return None
+    fit = json.loads(path.read_text())
+    if fit.get("digest") != constants_digest(fitted_constants()["groups"]) or not fit.get("loso"):
+        return {"stale": True, "commit": fit.get("commit")}
+    for r in rows:
+        loso = fit["loso"].get(r["key"]) or {}
+        r["loso_error"] = loso.get("error")
+    return {"stale": False, "commit": fit.get("commit"), "digest": fit["digest"]}
+
+
 def summarize(rows: list[dict], wall_s: float) -> dict:
     priced = [r for r in rows if r["error"] is not None]
+    loso = held_out(rows)
     per_source = {}
     for source in dict.fromkeys(r["source"] for r in rows):
         mine = [r for r in rows if r["source"] == source]
         ok = [r for r in mine if r["error"] is not None]
         per_source[source] = {"count": len(mine), "priced": len(ok), **_stats([r["error"] for r in ok]),
+                              "stacks": sorted({r["stack"] for r in mine}),
                               "median_speed_error": statistics.median(r["speed_error"] for r in ok) if ok else None}
+        held = [r["loso_error"] for r in mine if r.get("loso_error") is not None]
+        if held:
+            per_source[source]["held_out"] = {"priced": len(held), **_stats(held)}
     overall = _stats([r["error"] for r in priced])
+    held = [r["loso_error"] for r in rows if r.get("loso_error") is not None]
+    held_stats = {"priced": len(held), **_stats(held)} if held else None
     lifted = [r["predicted_if_memory_unbounded"] for r in rows
               if (r.get("predicted_if_memory_unbounded") or {}).get("error") is not None]
     worst = sorted(priced, key=lambda r: -abs(r["error"]))[:8]
@@ -256,11 +285,15 @@ def summarize(rows: list[dict], wall_s: float) -> dict:
         "median_speed_error": statistics.median(r["speed_error"] for r in priced) if priced else None,
         "count_per_source": {s: v["count"] for s, v in per_source.items()},
         "per_source": per_source,
-        "targets": {"median_abs_error": TARGET_MEDIAN, "max_abs_error": TARGET_MAX,
-                    "met": bool(priced) and len(priced) == len(rows) and overall["median_abs_error"] <= TARGET_MEDIAN
-                    and overall["max_abs_error"] <= TARGET_MAX,
-                    "note": "met only if every row is priced (a row the memory model rejects is a miss) and the "
-                            "priced rows meet both targets"},
+        "held_out": {**(loso or {"stale": None}), **({"all": held_stats} if held_stats else {}),
+                     "note": "leave-one-source-out (benchmarks.fit): each source's rows priced with constants "
+                             "fitted without them"},
+        "targets": {"median_abs_error": TARGET_MEDIAN, "p95_abs_error": TARGET_P95,
+                    "judged_on": "held-out (leave-one-source-out) errors of the priced rows",
+                    "met": bool(held_stats) and held_stats["median_abs_error"] <= TARGET_MEDIAN
+                    and held_stats["p95_abs_error"] <= TARGET_P95,
+                    "all_rows_priced": len(priced) == len(rows),
+                    "max_abs_error_in_sample": overall["max_abs_error"], "former_max_target": TARGET_MAX},
         "worst": [{"key": r["key"], "error": r["error"], "measured": r["measured"], "predicted": r["predicted"],
                    "plan": r["plan"], "breakdown": r["breakdown"]} for r in worst],
         "not_priced": [{"key": r["key"], "reason": r["not_priced"]} for r in rows if r["error"] is None],
@@ -333,16 +366,25 @@ def main(argv=None) -> int:
         rows.append(price(row, graphs))
         _print_row(rows[-1])
     summary = summarize(rows, time.perf_counter() - t0)
-    print(f"rows {summary['rows']} (priced {summary['priced']}) from {summary['sources']} sources; median |error| "
-          f"{_num(summary['median_abs_error'])}, max {_num(summary['max_abs_error'])} (targets {TARGET_MEDIAN}, "
-          f"{TARGET_MAX}); {summary['wall_s']:.0f} s")
+    held = summary["held_out"]
+    if held.get("all"):
+        a = held["all"]
+        print(f"held out (leave-one-source-out, benchmarks.fit): {a['priced']} rows, median |error| "
+              f"{_num(a['median_abs_error'])}, p95 {_num(a['p95_abs_error'])} (targets {TARGET_MEDIAN}, {TARGET_P95})")
+    else:
+        print("held out: no current leave-one-source-out errors (run `python -m benchmarks.fit` for the constants "
+              "in force)")
+    print(f"in-sample: rows {summary['rows']} (priced {summary['priced']}) from {summary['sources']} sources; median "
+          f"|error| {_num(summary['median_abs_error'])}, p95 {_num(summary['p95_abs_error'])}, max "
+          f"{_num(summary['max_abs_error'])}; {summary['wall_s']:.0f} s")
     t = summary["time_model_with_memory_lifted"]
     print(f"time model alone ({t['rows']} rows, {t['lifted']} of them with memory lifted): median |error| "
           f"{_num(t['median_abs_error'])}, max {_num(t['max_abs_error'])}")
     for s, v in summary["per_source"].items():
-        print(f"  {s:<18} {v['count']:>4} rows  median |error| {_num(v['median_abs_error'])}  max "
-              f"{_num(v['max_abs_error'])}  median speed error {_num(v['median_speed_error'], '+.3f')}  "
-              f"not priced {v['count'] - v['priced']}")
+        held_s = (v.get("held_out") or {}).get("median_abs_error")
+        print(f"  {s:<18} {v['count']:>4} rows  median |error| {_num(v['median_abs_error'])} (held out "
+              f"{_num(held_s)})  max {_num(v['max_abs_error'])}  median speed error "
+              f"{_num(v['median_speed_error'], '+.3f')}  not priced {v['count'] - v['priced']}  {','.join(v['stacks'])}")
     if args.source:
         return 0
     path = write("published", {"rows": rows, "summary": summary})

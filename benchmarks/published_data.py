@@ -747,3 +747,5 @@ SKIPPED = [
 # Issue 27: today's stacks (Megatron-Core / NeMo with TE, torchtitan async TP, NeMo AutoModel, flash-attn DDP). The
 # module appends its CURRENT_ROWS and CURRENT_SKIPPED to ROWS and SKIPPED, whichever of the two is imported first.
 import benchmarks.published_data_current  # noqa: E402,F401
+# Whole training steps partita ran on a lent GPU (shared/GPU-MEASUREMENTS.md): today's PyTorch on Hopper.
+import benchmarks.published_data_gpu  # noqa: E402,F401

@@ -252,28 +252,42 @@ def _verdict(value, target) -> str:
 def published(results: dict) -> str:
     d = results["published"]
     o, rows = _published_overall(d), d["rows"]
+    held = (d.get("summary") or {}).get("held_out") or {}
     out = [paragraph("**Published measurements** (`python -m benchmarks.published`: every published LLM-training "
-                     "measurement collected in `benchmarks/published_data.py`, each priced by partita's cost model "
-                     "in its exact published configuration; error = predicted / measured - 1 on the published "
-                     f"metric; {provenance(d)}):")]
-    body = [[s, f"{v['priced']} / {v['count']}", pct(v.get("median_abs_error")), pct(v.get("max_abs_error"))]
-            for s, v in _per_source(d).items()]
-    body.append(["all", f"{o['priced']} / {o['rows']}", pct(o["median"]), pct(o["max"])])
-    out.append(table(["source", "rows priced / total", "median \\|error\\|", "max \\|error\\|"], body))
+                     "measurement collected in `benchmarks/published_data*.py`, each priced by partita's cost model "
+                     "in its exact published configuration and software stack (costmodel/stacks.py); error = "
+                     f"predicted / measured - 1 on the published metric; {provenance(d)}). The kernel constants "
+                     "are fitted by a program (`python -m benchmarks.fit`, least squares per GPU generation and "
+                     "stack); *held out* is each source priced with constants fitted without it:")]
+    body = []
+    for s, v in _per_source(d).items():
+        h = v.get("held_out") or {}
+        body.append([s, ", ".join(v.get("stacks", [])), f"{v['priced']} / {v['count']}",
+                     f"{pct(h.get('median_abs_error'))} / {pct(h.get('p95_abs_error'))} / {pct(h.get('max_abs_error'))}"
+                     if h else "n/a", f"{pct(v.get('median_abs_error'))} / {pct(v.get('max_abs_error'))}"])
+    a = held.get("all") or {}
+    body.append(["all", "", f"{o['priced']} / {o['rows']}",
+                 f"{pct(a.get('median_abs_error'))} / {pct(a.get('p95_abs_error'))} / {pct(a.get('max_abs_error'))}"
+                 if a else "n/a", f"{pct(o['median'])} / {pct(o['max'])}"])
+    out.append(table(["source", "stack", "rows priced / total", "held out: median / p95 / max \\|error\\|",
+                      "in-sample: median / max \\|error\\|"], body))
     t = o["targets"]
     memory = sum(r.get("error") is None and "predicted_if_memory_unbounded" in r for r in rows)
     other = o["rows"] - o["priced"] - memory
-    text = (f"Over all {o['sources']} sources: median |error| {pct(o['median'])} "
-            f"({_verdict(o['median'], t.get('median_abs_error'))} for the priced rows), max |error| {pct(o['max'])} "
-            f"({_verdict(o['max'], t.get('max_abs_error'))}). ")
+    if a:
+        text = (f"Held out, over {a['priced']} rows from {o['sources']} sources: median |error| "
+                f"{pct(a['median_abs_error'])} ({_verdict(a['median_abs_error'], t.get('median_abs_error'))}), p95 "
+                f"{pct(a['p95_abs_error'])} ({_verdict(a['p95_abs_error'], t.get('p95_abs_error'))}), max "
+                f"{pct(a['max_abs_error'])}. In-sample (constants fitted with every source): median "
+                f"{pct(o['median'])}, max {pct(o['max'])}. ")
+    else:
+        text = (f"No held-out errors for the constants in force (run `python -m benchmarks.fit`). In-sample: median "
+                f"|error| {pct(o['median'])}, max {pct(o['max'])}. ")
     one = memory == 1
     text += (f"{memory} of the {o['rows']} rows ran as published but {'its' if one else 'their'} configuration "
-             f"does not fit partita's memory model; {'it is' if one else 'they are'} not priced and "
-             f"count{'s' if one else ''} as {'a miss' if one else 'misses'}"
+             f"does not fit partita's memory model; {'it is' if one else 'they are'} not priced"
              + (f" (and {other} more are not priced for another reason, listed in `summary.not_priced`)"
-                if other else "")
-             + ", so the targets " + ("are met." if t.get("met") else "are not met." if "met" in t
-                                      else "are not judged."))
+                if other else "") + ".")
     lifted = d.get("summary", {}).get("time_model_with_memory_lifted") or {}
     if lifted.get("lifted"):
         which = "that row" if lifted["lifted"] == 1 else f"those {lifted['lifted']} rows"

@@ -7,11 +7,13 @@ alone and the links are its preset's.
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 
 from partita.costmodel.calibrate_fit import fit_alpha_beta, fit_gemm_curve, sync_latency
 from partita.costmodel.calibrate_local import physical_memory
+from partita.costmodel.kernel_fit import fit_kernel_constants, usable
 from partita.costmodel.hardware import DEVICES, GPU_OVERLAP_SLOWDOWN, Device, generation_preset, gpu_preset
 
 GiB = 2**30
@@ -95,18 +97,23 @@ def links_preset(gpu: Gpu) -> tuple[str, str]:
     return preset, f"no preset is a {gpu.name}: the preset of its generation (sm_{major}{minor})"
 
 
-def gpu_kernel_constants(local: dict, peak: dict) -> dict:
-    """The Device fields of a GPU's kernels, from `local` (its measurements).
-
-    >>> KERNEL-CONSTANT FIT CALL SITE (issue 27 item 3) <<<
-    costmodel's `fit_kernel_constants(rows, device)` is to turn `local["kernels"]` (the GEMM and attention
-    rows of calibrate_kernels) into these fields, attention included. Until it exists they come as calibrate
-    has always made them: the square bf16 matmuls fitted to costmodel.kernels' GEMM curve (fit_gemm_curve:
-    matmul_efficiency and gemm_half_dim of the best measured rate), attention at the GEMMs' efficiency
-    (attention_efficiency 0), and the presets' published overlap_slowdown (not measured)."""
+def gpu_kernel_constants(local: dict, peak: dict, preset: Device) -> dict:
+    """The Device fields of a GPU's kernels, from `local` (its measurements): the kernel rows of
+    calibrate_kernels fitted by costmodel.kernel_fit (the GEMM curve, the attention curve of the kernel
+    torch dispatched, as for the presets), on the generation and stack of the GPU's `preset`; without
+    kernel rows, the square bf16 matmuls fitted to the older per-dimension curve (fit_gemm_curve). The
+    presets' published overlap_slowdown either way (not measured)."""
+    rows = usable(local.get("kernels") or [])
+    if rows:
+        probe = dataclasses.replace(preset, peak_flops=peak, mem_bandwidth=local["copy"]["bytes_per_s"],
+                                    mem_efficiency=1.0)
+        fitted = fit_kernel_constants(rows, probe)
+        return {**fitted, "generation": preset.generation, "stack": preset.stack,
+                "overlap_slowdown": GPU_OVERLAP_SLOWDOWN}
     fit = fit_gemm_curve(local["matmul"]["bf16"], peak["bf16"])
     return {"matmul_efficiency": min(1.0, fit["matmul_efficiency_of_measured_peak"]),
-            "gemm_half_dim": fit["gemm_half_dim"], "overlap_slowdown": GPU_OVERLAP_SLOWDOWN}
+            "gemm_half_dim": fit["gemm_half_dim"], "overlap_slowdown": GPU_OVERLAP_SLOWDOWN,
+            "generation": preset.generation, "stack": preset.stack}
 
 
 def gpu_device(local: dict, links: dict | None, gpu: Gpu) -> tuple[Device, dict]:
@@ -132,11 +139,12 @@ def gpu_device(local: dict, links: dict | None, gpu: Gpu) -> tuple[Device, dict]
                "line": f"links: measured ({links['backend']}, one rank per GPU); off-node links repeat them (one "
                        f"host); host link {preset.host_bw / 1e9:.0f} GB/s, {name}'s ({why})"}
     memory = gpu.memory_bytes
+    # a launch's cost: the eager dispatch measured, unless the kernel fit gave the kernels' own (per launch)
+    kernels = {"op_latency": local["op_latency_s"] / share, **gpu_kernel_constants(local, peak, preset)}
     dev = Device(name=gpu.name, peak_flops=peak, memory_bytes=memory, mem_bandwidth=local["copy"]["bytes_per_s"],
                  reserved_bytes=2 * GiB if memory > 4 * GiB else memory / 4, host_bw=preset.host_bw,
                  host_memory_bytes=physical_memory() / max(1, gpu.count),  # offload room per GPU
-                 op_latency=local["op_latency_s"] / share,
                  # hidden behind queued kernels on a GPU (costmodel.hardware.Device): kept as measurements only
                  sync_latency=0.0, sharded_op_latency=0.0, sharded_param_latency=0.0, redistribute_latency=0.0,
-                 **gpu_kernel_constants(local, peak), **link_fields)
+                 **kernels, **link_fields)
     return dev, how

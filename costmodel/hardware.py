@@ -72,6 +72,12 @@ class Device:
     """Curves of attention kernels other than the stack's own, by kernel name ("cudnn", "flash2",
     "efficient"), each {efficiency, bwd_efficiency, half_seq, half_dim, causal_block}: where torch
     dispatches another kernel for a dtype or head width (costmodel.kernels.sdpa_kernel)."""
+    step_efficiency: float = 1.0
+    """Fraction of their isolated rate (what kernel timings measure, costmodel.kernel_fit) that kernels
+    reach inside a training step: a GPU under sustained load runs at its power-limited clock, not the
+    boost clock of a short benchmark, and eager PyTorch leaves gaps between kernels. 1 where the kernel
+    constants were fitted to whole training steps already (benchmarks.fit: published runs); fitted to whole
+    steps where they come from kernel timings."""
     mem_efficiency: float = 1.0
     """Fraction of mem_bandwidth memory-bound kernels achieve."""
     intra_link_efficiency: float = 1.0
@@ -141,7 +147,7 @@ _GPU_LINKS = dict(intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap
 # it was derived by, where no measurement exists). Nothing here is set by hand.
 KERNEL_FIELDS = ("matmul_efficiency", "gemm_half_mn", "gemm_split_k", "gemm_half_dim", "attention_efficiency",
                  "attention_bwd_efficiency", "attention_half_seq", "attention_half_dim", "attention_causal_block",
-                 "mem_efficiency", "other_attention", "op_latency")
+                 "mem_efficiency", "other_attention", "op_latency", "step_efficiency")
 FITTED_CONSTANTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fitted_constants.json")
 
 
@@ -190,15 +196,16 @@ GPUS = {
 }
 
 
-def gpu_device(name: str, stack: str = "pytorch") -> Device:
-    """The preset GPU `name` with the kernel constants of its generation under `stack`."""
+def gpu_device(name: str, stack: str = "pytorch", kernels: dict | None = None) -> Device:
+    """The preset GPU `name` with the kernel constants of its generation under `stack` (or `kernels`,
+    Device kernel fields given whole, as the fitting program tries them)."""
     if name not in GPUS:
         raise PartitaError(f"unknown GPU {name!r}; presets: {', '.join(GPUS)}")
     gen, bf16, fp32, mem_mib, hbm, nvlink, nic, host_gb, host_link = GPUS[name]
     return Device(name=name, peak_flops={"bf16": bf16 * 1e12, "fp32": fp32 * 1e12}, memory_bytes=mem_mib * 2**20,
                   mem_bandwidth=hbm * GB, intra_node_bw=nvlink * GB, inter_node_bw=nic * GB,
                   host_memory_bytes=host_gb * GB, host_bw=host_link * GB, stack=stack, generation=gen,
-                  **_GPU_LINKS, **kernel_constants(gen, stack))
+                  **_GPU_LINKS, **(kernel_constants(gen, stack) if kernels is None else kernels))
 
 
 DEVICES: dict[str, Device] = {d.name: d for d in [
@@ -264,7 +271,8 @@ class Cluster:
 
 
 # Fields of Device where the conservative value is the largest (the rest: the smallest).
-_WORST_IS_MAX = {"gemm_half_dim", "overlap_slowdown", "intra_node_latency", "inter_node_latency", "reserved_bytes", "op_latency", "sync_latency",
+_SAME_OR_UNKNOWN = {"stack": "pytorch", "generation": "", "other_attention": None}
+_WORST_IS_MAX = {"gemm_half_dim", "gemm_half_mn", "gemm_split_k", "attention_half_seq", "attention_half_dim", "overlap_slowdown", "intra_node_latency", "inter_node_latency", "reserved_bytes", "op_latency", "sync_latency",
                  "sharded_op_latency", "sharded_param_latency", "redistribute_latency"}
 
 
@@ -286,6 +294,12 @@ def conservative_device(devices, inter_group_bw: float | None = None,
         vals = [getattr(d, f.name) for d in devices]
         if f.name == "peak_flops":
             kw[f.name] = {k: min(v[k] for v in vals) for k in ("bf16", "fp32")}
+        elif f.name in _SAME_OR_UNKNOWN:
+            # the stack, generation and per-kernel curves of mixed groups are none of theirs: unknown, so
+            # attention is priced by the field-wise worst attention_* fields
+            kw[f.name] = vals[0] if all(v == vals[0] for v in vals) else _SAME_OR_UNKNOWN[f.name]
+        elif f.name == "attention_causal_block":
+            kw[f.name] = 0.0 if 0 in vals else max(vals)  # 0: a kernel that computes the whole square
         else:
             kw[f.name] = max(vals) if f.name in _WORST_IS_MAX else min(vals)
     if inter_group_bw is not None:

@@ -4,7 +4,8 @@ and the achievable memory bandwidth (the formulas are costmodel.kernels').
 Input rows (as `partita calibrate` writes them under "kernels", and benchmarks/data/kernels_*.json holds
 what a lent GPU measured):
 
-    {"kind": "gemm", "m", "k", "n", "fwd_s"[, "bwd_s"]}      (m x k) @ (k x n); bwd_s the backward alone
+    {"kind": "gemm", "m", "k", "n", "fwd_s"[, "bwd_s" | "fwd_bwd_s"]}   (m x k) @ (k x n); bwd_s the backward
+                                                             alone ("mkn": [m, k, n] is read as well)
     {"kind": "sdpa", "backend", "shape": [b, h, s, d], "causal", "fwd_s"[, "bwd_s" | "fwd_bwd_s"]}
     {"kind": "copy", "bytes", "seconds"}                     bytes read + written by a device copy
 
@@ -23,7 +24,8 @@ import math
 from partita.costmodel.kernels import (BACKWARD_LAUNCHES, FORWARD_LAUNCHES, SDPA_BWD_OVER_FWD, attention_seconds,
                                        gemm_seconds, sdpa_kernel)
 
-BACKENDS = {"CUDNN_ATTENTION": "cudnn", "FLASH_ATTENTION": "flash2", "EFFICIENT_ATTENTION": "efficient"}
+BACKENDS = {"CUDNN_ATTENTION": "cudnn", "FLASH_ATTENTION": "flash2", "EFFICIENT_ATTENTION": "efficient",
+            "MATH": "math"}
 
 
 def row_kernel(row: dict, device, dtype: str = "bf16") -> str:
@@ -33,8 +35,22 @@ def row_kernel(row: dict, device, dtype: str = "bf16") -> str:
     return BACKENDS[row["backend"]]
 
 
+def normalise(row: dict) -> dict:
+    """A row with "mkn" (calibrate's and kernels2.py's spelling) as m, k, n."""
+    if row["kind"] == "gemm" and "mkn" in row and "m" not in row:
+        m, k, n = row["mkn"]
+        return {**row, "m": m, "k": k, "n": n}
+    return row
+
+
+def usable(rows) -> list[dict]:
+    """The rows a fit can read: normalised, without the ones that failed to run (an "error" in place of times)."""
+    return [normalise(r) for r in rows if "error" not in r and r.get("kind") in ("gemm", "sdpa", "copy")]
+
+
 def predict(row: dict, device, dtype: str = "bf16") -> dict:
     """Seconds `device` prices a measured row at, under the row's own keys (fwd_s, bwd_s, fwd_bwd_s, seconds)."""
+    row = normalise(row)
     if row["kind"] == "gemm":
         fwd, bwd = gemm_seconds(device, dtype, row["m"], row["n"], row["k"])
     elif row["kind"] == "sdpa":
@@ -46,7 +62,8 @@ def predict(row: dict, device, dtype: str = "bf16") -> dict:
         return {"seconds": row["bytes"] / (device.mem_bandwidth * device.mem_efficiency)}
     else:
         raise ValueError(f"unknown kernel row kind {row['kind']!r}")
-    # each launch costs op_latency beyond FLOPs and bytes, as the planner charges it (planner.strategies)
+    # timed on their own: no step_efficiency (costmodel.kernels.node_time); each launch costs op_latency
+    # beyond FLOPs and bytes, as the planner charges it (planner.strategies)
     fwd, bwd = fwd + FORWARD_LAUNCHES * device.op_latency, bwd + BACKWARD_LAUNCHES * device.op_latency
     return {"fwd_s": fwd, "bwd_s": bwd, "fwd_bwd_s": fwd + bwd}
 
@@ -90,7 +107,7 @@ def fit_gemm(rows, device, dtype: str = "bf16") -> dict:
         return dataclasses.replace(device, matmul_efficiency=x[0], gemm_half_mn=x[1], gemm_split_k=x[2],
                                    gemm_half_dim=0.0, op_latency=x[3])
     starts = [[0.7, 2e5, k, 5e-6] for k in (1024.0, 4096.0, 16384.0)]
-    x = min((_log_fit(rows, device_of, x0, [0.01, 0.0, 16.0, 0.0], [1.5, 1e9, 1e6, 1e-3], dtype) for x0 in starts),
+    x = min((_log_fit(rows, device_of, x0, [0.01, 0.0, 16.0, 0.0], [1.0, 1e9, 1e6, 1e-3], dtype) for x0 in starts),
             key=lambda x: sum(math.log(e["predicted"] / e["measured"]) ** 2 for e in errors(rows, device_of(x), dtype)))
     return {"matmul_efficiency": float(x[0]), "gemm_half_mn": float(x[1]), "gemm_split_k": float(x[2]),
             "gemm_half_dim": 0.0, "op_latency": float(x[3])}
@@ -108,7 +125,7 @@ def fit_attention(rows, device, kernel: str, dtype: str = "bf16") -> dict:
         return {"efficiency": float(x[0]), "bwd_efficiency": float(x[1]), "half_seq": float(x[2]),
                 "half_dim": float(x[3]), "causal_block": float(x[4]) if causal else 0.0}
     x = _log_fit(rows, lambda x: dataclasses.replace(device, other_attention={kernel: curve(x)}),
-                 [0.5, 0.4, 500.0, 32.0, 128.0], [0.01, 0.01, 0.0, 0.0, 0.0], [2.0, 2.0, 1e5, 1e4, 4096.0], dtype)
+                 [0.5, 0.4, 500.0, 32.0, 128.0], [0.01, 0.01, 0.0, 0.0, 0.0], [1.0, 1.0, 1e5, 1e4, 4096.0], dtype)
     return curve(x)
 
 
@@ -126,6 +143,7 @@ def fit_kernel_constants(rows, device, dtype: str = "bf16") -> dict:
     device's stack runs for 16-bit training (its attention_* fields) and of every other measured kernel
     (other_attention); mem_efficiency. Fields the rows do not determine are left out (the caller keeps
     its own)."""
+    rows = usable(rows)
     out = {**fit_gemm(rows, device, dtype), **fit_memory(rows, device)}
     device = dataclasses.replace(device, **out)  # attention is fitted with the launch cost the GEMMs gave
     main = sdpa_kernel(device, dtype, 128)

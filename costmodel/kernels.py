@@ -34,7 +34,8 @@ Fused attention (scaled_dot_product_attention). Which kernel runs is the stack's
 FlashAttention-2 on Ampere (head_dim <= 256), the memory-efficient kernel for fp32 or wider heads
 (torch/nn/attention, sdp_utils); other stacks run their own kernel. Each kernel's curve:
 
-    t_fwd = W / (peak * e_fwd * s(seq, h_seq) * s(d, h_d)),   t_bwd = 2.5 W / (peak * e_bwd * s(seq, h_seq) * s(d, h_d))
+    t_fwd = W / (peak * e_fwd * s(seq, h_seq) * r(d)),   t_bwd = 2.5 W / (peak * e_bwd * s(seq, h_seq) * r(d)),
+    r(d) = s(d, h_d) / s(128, h_d)
 
 W is the work the kernel does: the full s x s product 4 b h s^2 d (torch's FLOP formula, the model FLOPs
 MFU counts); under a causal mask a kernel that skips the key blocks above the diagonal (FlashAttention-2,
@@ -43,8 +44,8 @@ causal at 1.6-1.8x the non-causal rate on the full count) computes n (n + 1) / 2
 W = 4 b h s^2 d (1/2 + B / (2 s)) (`attention_causal_block` = B; 0: a kernel computing the whole square).
 e_fwd and e_bwd differ (a flash backward recomputes the scores and runs further from peak); s(seq) is a
 kernel's fixed work per query block (loading it, rescaling the running softmax, writing out) amortised
-over the key blocks it streams; s(d) the head width each tile multiplies (d = 64 runs slower per FLOP
-than 128). Under context parallelism the node keeps the whole sequence's length: each rank's query chunk
+over the key blocks it streams; r(d) the head width each tile multiplies (d = 64 runs slower per FLOP
+than 128), relative to 128, so e_fwd and e_bwd are the efficiencies of 128-wide heads on long sequences. Under context parallelism the node keeps the whole sequence's length: each rank's query chunk
 streams every rank's keys (torch's all-gather context parallelism).
 
 Everything else (norms, activations, residual adds, softmax, dropout, casts): memory-bound, bytes at
@@ -65,6 +66,8 @@ SDPA_BWD_OVER_FWD = 2.5
 """Backward FLOPs of attention over its forward (torch's FLOP formulas: the backward recomputes the
 scores, 5 batched matmuls against 2)."""
 ATTENTION_CURVE_FIELDS = ("efficiency", "bwd_efficiency", "half_seq", "half_dim", "causal_block")
+REFERENCE_HEAD_DIM = 128
+"""Head width at which an attention curve's efficiencies are stated (the s(d) factor is relative to it)."""
 FORWARD_LAUNCHES = 1
 """Kernels a node's forward launches (each costs Device.op_latency beyond its FLOPs and bytes)."""
 BACKWARD_LAUNCHES = 2
@@ -167,8 +170,9 @@ def curve_seconds(curve: dict, peak: float, fwd_flops: float, bwd_flops: float, 
                   causal: bool) -> tuple[float, float]:
     """(forward, backward) seconds of fused attention by one kernel's `curve`, its full-square FLOPs given."""
     work = attention_work_share(seq, causal, curve["causal_block"])
-    # an unknown shape (0) is priced at the long-sequence, wide-head rate: never at zero
-    shape = (saturation(seq, curve["half_seq"]) if seq else 1.0) * (saturation(head_dim, curve["half_dim"]) if head_dim else 1.0)
+    # an unknown shape (0) is priced at the long-sequence rate and the reference head width: never at zero
+    width = saturation(head_dim, curve["half_dim"]) / saturation(REFERENCE_HEAD_DIM, curve["half_dim"]) if head_dim else 1.0
+    shape = (saturation(seq, curve["half_seq"]) if seq else 1.0) * width
     return (fwd_flops * work / (peak * curve["efficiency"] * shape),
             bwd_flops * work / (peak * (curve["bwd_efficiency"] or curve["efficiency"]) * shape))
 
@@ -183,12 +187,21 @@ def attention_seconds(device, dtype: str, fwd_flops: float, bwd_flops: float, se
 
 def node_time(d: dict, device, dtype: str, *, share: float = 1.0,
               n_div: int = 1, k_div: int = 1) -> NodeTime:
-    """Seconds of node `d` (costmodel.graph attributes) for one rank doing `share` of its work.
+    """Seconds of node `d` (costmodel.graph attributes) for one rank doing `share` of its work, inside a
+    training step (at `Device.step_efficiency` of the isolated kernel's rate).
 
     A tensor-parallel split passes the dimension it cuts: a column-parallel Linear divides N by t
     (`n_div`), a row-parallel one K (`k_div`); other sharded nodes (heads, sequence) do 1/t of the
     same-shaped work (`share` = 1/t, no change of efficiency).
     """
+    t = isolated_node_time(d, device, dtype, share=share, n_div=n_div, k_div=k_div)
+    s = device.step_efficiency
+    return t if s == 1.0 else NodeTime(t.fwd / s, t.bwd / s, t.fixed_fwd / s, t.fixed_bwd / s)
+
+
+def isolated_node_time(d: dict, device, dtype: str, *, share: float = 1.0,
+                       n_div: int = 1, k_div: int = 1) -> NodeTime:
+    """`node_time` of the kernel timed on its own (a benchmark's figure, before Device.step_efficiency)."""
     if d.get("op") in ("get_attr", "placeholder"):
         return NodeTime(0.0, 0.0)  # reading a parameter, buffer or input launches no kernel
     peak = device.peak(dtype)

@@ -70,7 +70,8 @@ _GROUP_KEYS = {"name", "nodes", "devices_per_node", "device"}
 _DEVICE_FIELDS = {f.name for f in fields(Device)}
 _DEVICE_KEYS = _DEVICE_FIELDS | {"base"}
 _DEVICE_REQUIRED = ("name", "peak_flops", "memory_bytes", "mem_bandwidth", "intra_node_bw", "inter_node_bw")
-_NONNEGATIVE = {"gemm_half_dim", "attention_efficiency", "attention_half_seq", "overlap_slowdown", "op_latency", "host_memory_bytes", "intra_node_latency", "inter_node_latency", "reserved_bytes",
+_NONNEGATIVE = {"gemm_half_dim", "gemm_half_mn", "gemm_split_k", "attention_bwd_efficiency", "attention_half_dim",
+                "attention_causal_block", "attention_efficiency", "attention_half_seq", "overlap_slowdown", "op_latency", "host_memory_bytes", "intra_node_latency", "inter_node_latency", "reserved_bytes",
                 "sync_latency", "sharded_op_latency", "sharded_param_latency", "redistribute_latency"}
 _YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -127,18 +128,42 @@ def _device(where: str, spec) -> Device:
     if not isinstance(peaks, dict) or set(peaks) != {"bf16", "fp32"}:
         _fail(f"{where}.peak_flops", f"must be an object with exactly the keys bf16 and fp32, got {peaks!r}")
     kw["peak_flops"] = {k: _number(f"{where}.peak_flops.{k}", v) for k, v in peaks.items()}
-    for k in _DEVICE_FIELDS - {"name", "peak_flops"}:
+    for k in ("stack", "generation"):
+        if k in kw and not isinstance(kw[k], str):
+            _fail(f"{where}.{k}", f"must be a string, got {kw[k]!r}")
+    if "stack" in kw:
+        from partita.costmodel.stacks import STACKS
+        if kw["stack"] not in STACKS:
+            _fail(f"{where}.stack", f"unknown software stack {kw['stack']!r}; stacks: {', '.join(STACKS)}")
+    if kw.get("other_attention") is not None:
+        kw["other_attention"] = _attention_curves(f"{where}.other_attention", kw["other_attention"])
+    for k in _DEVICE_FIELDS - {"name", "peak_flops", "stack", "generation", "other_attention"}:
         if k in kw:
             kw[k] = _number(f"{where}.{k}", kw[k], positive=k not in _NONNEGATIVE)
-    for k in ("matmul_efficiency", "mem_efficiency", "intra_link_efficiency", "inter_link_efficiency"):
+    for k in ("matmul_efficiency", "mem_efficiency", "intra_link_efficiency", "inter_link_efficiency", "step_efficiency"):
         if not kw.get(k, 0.5) <= 1:
             _fail(f"{where}.{k}", f"must be in (0, 1], got {kw[k]!r}")
-    if not 0 <= kw.get("attention_efficiency", 0) <= 1:
-        _fail(f"{where}.attention_efficiency", f"must be in [0, 1] (0: matmul_efficiency), got {kw['attention_efficiency']!r}")
+    for k in ("attention_efficiency", "attention_bwd_efficiency"):
+        if not 0 <= kw.get(k, 0) <= 1:
+            _fail(f"{where}.{k}", f"must be in [0, 1] (0: the default, costmodel.hardware.Device), got {kw[k]!r}")
     if kw.get("reserved_bytes", 0) >= kw["memory_bytes"]:
         _fail(f"{where}.reserved_bytes", f"must be less than memory_bytes ({kw['memory_bytes']:g}), "
                                          f"got {kw['reserved_bytes']:g}")
     return Device(**kw)
+
+
+def _attention_curves(where: str, curves) -> dict:
+    """{kernel: {efficiency, bwd_efficiency, half_seq, half_dim, causal_block}} (costmodel.kernels)."""
+    from partita.costmodel.kernels import ATTENTION_CURVE_FIELDS
+    if not isinstance(curves, dict):
+        _fail(where, f"must be an object of attention kernels, got {curves!r}")
+    out = {}
+    for kernel, curve in curves.items():
+        if not isinstance(curve, dict) or set(curve) != set(ATTENTION_CURVE_FIELDS):
+            _fail(f"{where}.{kernel}", f"must be an object with exactly the keys {', '.join(ATTENTION_CURVE_FIELDS)}")
+        out[kernel] = {k: _number(f"{where}.{kernel}.{k}", v, positive=k in ("efficiency", "bwd_efficiency"))
+                       for k, v in curve.items()}
+    return out
 
 
 def _check_kernels(rows) -> None:

@@ -36,6 +36,13 @@ class Stack:
     with userbuffers; torch's async TP under torch.compile). A plan choice where the stack allows it."""
     partita_runs: bool = False
     """partita's own runtime runs this stack (plans made for other stacks are priced, not run)."""
+    gemm: str = ""
+    """The stack whose GEMM constants this one shares ("": its own): stacks that differ only in their
+    attention kernel call the same GEMMs (benchmarks.fit fits one GEMM efficiency for them)."""
+
+    @property
+    def gemm_family(self) -> str:
+        return self.gemm or self.name
 
 
 STACKS: dict[str, Stack] = {s.name: s for s in [
@@ -52,7 +59,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in [
     Stack(name="te-2024", attention="cudnn", tp_comm_overlap=True,
           description="NVIDIA's Transformer Engine kernels (Megatron-Core, NeMo, NeMo AutoModel; 2024-25): "
                       "cuDNN fused attention, TP communication overlap (userbuffers), distributed optimizer"),
-    Stack(name="te-2024-flash2", attention="flash2", tp_comm_overlap=True,
+    Stack(name="te-2024-flash2", attention="flash2", tp_comm_overlap=True, gemm="te-2024",
           description="te-2024 with cuDNN's fused attention turned off (NVTE_FUSED_ATTN=0), as NVIDIA's "
                       "dgxc-benchmarking GPT-3 175B and Nemotron-4 340B recipes run: Transformer Engine calls "
                       "the flash-attn package's FlashAttention-2; TP overlap and distributed optimizer as te-2024"),

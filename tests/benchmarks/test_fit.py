@@ -1,0 +1,95 @@
+"""benchmarks.fit: the constants are a program's output, and its held-out errors are held out.
+
+These check the fit's machinery on synthetic measurements (the full fit prices every published row and
+runs as `python -m benchmarks.fit`): a known truth comes back, a held-out source cannot move the constants
+it is judged with, and every (generation, stack) gets constants that say where they came from."""
+import dataclasses
+import math
+
+import pytest
+
+from benchmarks import fit
+from benchmarks.published import row_key
+from benchmarks.published_data import ROWS
+from partita.costmodel.hardware import KERNEL_FIELDS
+from partita.costmodel.stacks import STACKS
+
+
+@pytest.fixture(scope="module")
+def kgroups():
+    return fit.kernel_groups()
+
+
+def synthetic(rows, truth: dict, kgroups, start: dict):
+    """A Linearisation at `start`'s constants whose rows were 'measured' exactly as the surrogate prices
+    them at `truth`: (linearisation, rows with those measured values)."""
+    groups0 = fit.derive(start, kgroups)
+    lin = fit.Linearisation(groups0, {}, {}, {})
+    for i, r in enumerate(rows):
+        k = row_key(r)
+        lin.priced[k] = {"predicted": {"value": r.value}}  # predicted at start = the published value...
+        lin.eps_gemm[k] = 0.6 + 0.3 * (i % 3) / 2
+        lin.eps_attn[k] = 0.25 if r.model.attention == "sdpa" else 0.0
+        lin.eps_step[k] = 0.9 if fit.group_of(r) in kgroups else 0.0
+    truth_groups = fit.derive(truth, kgroups)
+    measured = [dataclasses.replace(r, value=r.value * math.exp(fit.surrogate_log_error(r, lin, truth_groups)))
+                for r in rows]  # ... so these are what the truth predicts
+    return lin, measured
+
+
+def rows_of(*sources):
+    return [r for r in ROWS if r.table.source in sources]
+
+
+def test_the_published_fit_recovers_the_constants_that_made_the_measurements(kgroups):
+    rows = rows_of("megatron-sc21", "korthikanti-2022", "fms-fsdp", "torchtitan", "llm-foundry")
+    params = fit.published_params(rows, kgroups)
+    start = {p: fit.START[p[0]] for p in params}
+    truth = {p: {"e_gemm": 0.8, "e_attn": 0.4, "h_seq": 1500.0, "step": 0.6}[p[0]] * (1 + 0.03 * i)
+             for i, p in enumerate(params)}
+    assert {k for k, _ in params} == {"e_gemm", "e_attn", "h_seq", "step"}
+    lin, measured = synthetic(rows, truth, kgroups, start)
+    got = fit.fit_published(measured, lin, kgroups, start=start)
+    for p in params:
+        if p[0] == "h_seq" and not any(r.model.attention == "sdpa" for r in measured):
+            continue
+        assert got[p] == pytest.approx(truth[p], rel=0.02), p
+
+
+def test_a_held_out_source_cannot_move_the_constants_it_is_judged_with(kgroups):
+    rows = rows_of("megatron-sc21", "korthikanti-2022", "fms-fsdp", "llm-foundry")
+    params = fit.published_params(rows, kgroups)
+    start = {p: fit.START[p[0]] for p in params}
+    lin, measured = synthetic(rows, {p: v * 1.1 for p, v in start.items()}, kgroups, start)
+    rest = [r for r in measured if r.table.source != "fms-fsdp"]
+    a = fit.fit_published(rest, lin, kgroups, start=start)
+    # the held-out rows' measured values change wildly: the fold's constants cannot see it
+    wild = [dataclasses.replace(r, value=r.value * 3) if r.table.source == "fms-fsdp" else r for r in measured]
+    b = fit.fit_published([r for r in wild if r.table.source != "fms-fsdp"], lin, kgroups, start=start)
+    assert a == b
+    # while an in-sample fit does move with them
+    c = fit.fit_published(wild, lin, kgroups, start=start)
+    assert c != fit.fit_published(measured, lin, kgroups, start=start)
+
+
+def test_every_generation_and_stack_gets_constants_that_say_where_they_came_from(kgroups):
+    params = fit.published_params(list(ROWS), kgroups)
+    groups = fit.derive({p: fit.START[p[0]] for p in params}, kgroups)
+    assert set(groups) == {f"{g}/{s}" for g in fit.GENERATIONS for s in STACKS}
+    for g, v in groups.items():
+        assert set(v["constants"]) <= set(KERNEL_FIELDS) and v["source"], g
+        assert 0 < v["constants"]["matmul_efficiency"] <= 1.5 and v["constants"]["attention_efficiency"] > 0
+    # the group with kernel timings keeps them; a stack sharing another's GEMMs shares its efficiency
+    timed = dict(groups["hopper/pytorch"]["constants"])
+    assert timed.pop("step_efficiency") == pytest.approx(fit.START["step"])  # fitted to whole steps
+    assert timed == kgroups["hopper/pytorch"]["constants"]
+    assert (groups["hopper/te-2024-flash2"]["constants"]["matmul_efficiency"]
+            == groups["hopper/te-2024"]["constants"]["matmul_efficiency"])
+
+
+def test_the_additive_model_fills_a_missing_generation_and_stack():
+    a, b = {"ampere": math.log(0.8), "hopper": math.log(0.6)}, {"pytorch": 0.0, "flash-2023": math.log(0.9)}
+    values = {"ampere/pytorch": 0.8, "hopper/pytorch": 0.6, "ampere/flash-2023": 0.8 * 0.9}
+    got_a, got_b = fit.additive(values)
+    assert math.exp(got_a["hopper"] + got_b["flash-2023"]) == pytest.approx(0.6 * 0.9)
+    assert got_a == pytest.approx(a) and got_b == pytest.approx(b)

@@ -1,0 +1,58 @@
+"""costmodel.kernel_fit: kernel constants by least squares from kernel timings. Rows priced by a device with
+known constants come back as those constants (the fit is the inverse of the pricing)."""
+import dataclasses
+
+import pytest
+
+from partita.costmodel.hardware import DEVICES
+from partita.costmodel.kernel_fit import fit_kernel_constants, normalise, predict, usable
+
+TRUE = dataclasses.replace(
+    DEVICES["H200-141GB"], matmul_efficiency=0.72, gemm_half_mn=3e5, gemm_split_k=8192.0, gemm_half_dim=0.0,
+    op_latency=4e-6, mem_efficiency=0.85, attention_efficiency=0.6, attention_bwd_efficiency=0.45,
+    attention_half_seq=400.0, attention_half_dim=50.0, attention_causal_block=256.0, other_attention=None)
+GEMMS = [(m, k, n) for m in (256, 1024, 4096, 16384) for (k, n) in ((4096, 4096), (8192, 1024), (1024, 8192),
+                                                                       (16384, 512))]
+SDPA = [(b, h, s, d) for (b, h, s, d) in ((8, 16, 1024, 64), (4, 32, 2048, 128), (1, 32, 8192, 128),
+                                          (2, 16, 4096, 64), (1, 8, 32768, 128))]
+
+
+def timed(device) -> list[dict]:
+    """Rows as a GPU would time them, if it ran exactly as `device` prices."""
+    rows = [{"kind": "gemm", "mkn": [m, k, n]} for m, k, n in GEMMS]
+    rows += [{"kind": "sdpa", "backend": "default", "shape": [b, h, s, d], "causal": c}
+             for b, h, s, d in SDPA for c in (True, False)]
+    rows.append({"kind": "copy", "bytes": 2**31})
+    out = []
+    for r in rows:
+        p = predict(r, device)
+        if r["kind"] == "copy":
+            out.append({**r, "seconds": p["seconds"]})
+        else:
+            out.append({**r, "fwd_s": p["fwd_s"], "fwd_bwd_s": p["fwd_bwd_s"]})
+    return out
+
+
+def test_timings_priced_by_known_constants_give_those_constants_back():
+    fitted = fit_kernel_constants(timed(TRUE), DEVICES["H200-141GB"])
+    for k in ("matmul_efficiency", "gemm_half_mn", "op_latency", "mem_efficiency", "attention_efficiency",
+              "attention_bwd_efficiency", "attention_half_seq", "attention_half_dim"):
+        assert fitted[k] == pytest.approx(getattr(TRUE, k), rel=0.03), k
+    assert fitted["gemm_split_k"] == pytest.approx(TRUE.gemm_split_k, rel=0.1)
+    assert fitted["attention_causal_block"] == pytest.approx(TRUE.attention_causal_block, rel=0.1)
+    # the default-dispatch kernel on Hopper is cuDNN: its curve is the device's attention_* fields
+    assert set(fitted["other_attention"]) == {"cudnn"}
+
+
+def test_a_fit_is_not_the_answer_it_started_from():
+    """The same rows from other constants give other constants: the fit follows the data."""
+    slower = dataclasses.replace(TRUE, matmul_efficiency=0.5, attention_efficiency=0.3, attention_bwd_efficiency=0.2)
+    fitted = fit_kernel_constants(timed(slower), DEVICES["H200-141GB"])
+    assert fitted["matmul_efficiency"] == pytest.approx(0.5, rel=0.03)
+    assert fitted["attention_efficiency"] == pytest.approx(0.3, rel=0.03)
+
+
+def test_rows_that_failed_to_run_or_are_spelled_mkn_are_read():
+    rows = [{"kind": "gemm", "mkn": [1, 2, 3], "fwd_s": 1.0}, {"kind": "gemm", "mkn": [4, 5, 6], "error": "OOM"},
+            {"kind": "unknown"}]
+    assert usable(rows) == [normalise(rows[0])] and normalise(rows[0])["m"] == 1 and normalise(rows[0])["n"] == 3

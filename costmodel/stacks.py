@@ -33,6 +33,9 @@ class Stack:
     tp_comm_overlap: bool = False
     """Tensor-parallel collectives can overlap the GEMMs around them (Megatron-Core `--tp-comm-overlap`
     with userbuffers; torch's async TP under torch.compile). A plan choice where the stack allows it."""
+    p2p_overlap: bool = False
+    """An interleaved pipeline's sends and receives can overlap the next model chunk's compute (Megatron-Core's
+    --overlap-p2p-communication). A plan choice where the stack allows it."""
     partita_runs: bool = False
     """partita's own runtime runs this stack (plans made for other stacks are priced, not run)."""
 
@@ -48,9 +51,10 @@ STACKS: dict[str, Stack] = {s.name: s for s in [
     Stack(name="flash-2023", attention="flash2",
           description="PyTorch 2.0-2.4 with FlashAttention-2 (the flash-attn package or SDPA's flash backend): "
                       "llm-foundry, fms-fsdp, torchtitan 2024, Meta's Llama 3 training"),
-    Stack(name="te-2024", attention="cudnn", tp_comm_overlap=True,
+    Stack(name="te-2024", attention="cudnn", tp_comm_overlap=True, p2p_overlap=True,
           description="NVIDIA's Transformer Engine kernels (Megatron-Core, NeMo, NeMo AutoModel; 2024-25): "
-                      "cuDNN fused attention, TP communication overlap (userbuffers), distributed optimizer"),
+                      "cuDNN fused attention, TP communication overlap (userbuffers), overlapped pipeline "
+                      "sends, distributed optimizer"),
 ]}
 DEFAULT_STACK = "pytorch"
 

@@ -59,11 +59,12 @@ it) -- one layer's G_f + G_b + R.
 Pipeline sends (planner.candidates) are on the critical path of their stage -- torch.distributed.pipelining
 waits for each step's sends and receives before the next compute -- unless the plan overlaps them
 (`overlapped_sends`; Megatron-Core's --overlap-p2p-communication with interleaved 1F1B, which posts a
-chunk's send and the next receive and computes another chunk meanwhile). Per micro-batch and chunk, each
-direction's transfer P runs beside one direction's compute W of another chunk, a window as above:
-exposed max(0, P - W), contention kappa min(P, W). W is taken as one layer's compute (the least a chunk
-holds), so the exposure is an upper bound; the warm-up's first receive and the cool-down's last send are
-priced as overlapped too (they fall in the pipeline's fill and drain).
+chunk's send and the next receive and computes another chunk meanwhile). In the steady 1F1B phase, per
+micro-batch and chunk, each direction's transfer P runs beside one direction's compute W of another
+chunk, a window as above: exposed max(0, P - W), contention kappa min(P, W). W is taken as one layer's
+compute (the least a chunk holds), so the exposure is an upper bound. The sends of the pipeline's fill and
+flush stay exposed (NeMo's communication-overlap guide: "The PP communications in pipeline fill and flush
+are still exposed"): planner.candidates charges the p - 1 of each once per step at their full cost.
 
 Data-parallel gradient all-reduce (DDP, ZeRO-0/1): buckets are reduced while the backward of the last
 micro-batch continues, so per layer only what exceeds that layer's backward compute is exposed

@@ -65,7 +65,9 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     zero_flush = float(fn @ col("zero_flush_exposed", f_star) + parts.get("e_zero_flush", np.zeros(c.pp))[f_star])
     zero_flush_contention = float(fn @ col("zero_flush_contention", f_star))
     zero_flush_hidden = float(fn @ col("zero_flush_hidden", f_star))
-    optimizer = float(sol.stage_flush[f_star] - dp_comm - dp_contention - zero_flush - zero_flush_contention)
+    p2p_fill = float(parts.get("e_p2p_fill", np.zeros(c.pp))[f_star])  # overlapped sends' fill and flush
+    optimizer = float(sol.stage_flush[f_star] - dp_comm - dp_contention - zero_flush - zero_flush_contention
+                      - p2p_fill)
     step = sol.objective
     tokens = train.global_batch * (result.graph.seq_len or 1)
     # Model FLOPs (Korthikanti et al. 2022): forward + backward = 3x the forward FLOPs, recomputation
@@ -76,7 +78,7 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     breakdown = {"compute_s": m * compute, "contention_s": m * contention + dp_contention + zero_flush_contention,
                  "tp_comm_s": m * tp_comm, "cp_comm_s": m * cp_comm, "ep_comm_s": m * ep_comm,
                  "zero_comm_s": m * zero_exposed + zero_flush, "offload_s": m * exposed_offload,
-                 "p2p_s": m * p2p, "bubble_s": bubble, "dp_comm_s": dp_comm, "optimizer_s": optimizer}
+                 "p2p_s": m * p2p + p2p_fill, "bubble_s": bubble, "dp_comm_s": dp_comm, "optimizer_s": optimizer}
     breakdown = {k: max(0.0, float(v)) if abs(v) > 1e-12 * step else 0.0 for k, v in breakdown.items()}
     exposed_comm = sum(breakdown[k] for k in ("tp_comm_s", "cp_comm_s", "ep_comm_s", "zero_comm_s", "offload_s",
                                               "p2p_s", "dp_comm_s"))
@@ -127,8 +129,9 @@ def parallelism_assumptions(c: Candidate) -> list[str]:
                    "pipelined with the GEMMs it feeds or follows (Megatron-Core --tp-comm-overlap, torch async TP; "
                    "Wang et al. ASPLOS'23): one chunk exposed, the rest hidden as far as the GEMMs last")
     if c.p2p_overlap:
-        out.append("pipeline sends overlapped with another chunk's compute (Megatron-Core "
-                   "--overlap-p2p-communication): exposed only where a send outlasts one layer's compute")
+        out.append("pipeline sends overlapped with another chunk's compute in the steady 1F1B phase (Megatron-Core "
+                   "--overlap-p2p-communication): exposed only where a send outlasts one layer's compute; the "
+                   "fill's and flush's sends exposed")
     if pipelined_fsdp(c.pp > 1, c.zero, c.dp * c.cp):
         out.append("pipeline with FSDP (torch.distributed.pipelining): each stage keeps its parameters gathered and "
                    "accumulates whole fp32 gradients over the micro-batches, reduce-scattered once per step after its "

@@ -213,8 +213,8 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     dp_group = comm.group_for(cluster, dp, tp)
     dp_latency = comm.affine(comm.all_reduce, cluster, dp_group)[0] if zero <= 1 else 0.0
 
-    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "p2p_contention", "p2p_hidden", "state", "grad",
-                                   "act", "flush", "dp", "zero", "zero_flush")}
+    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "p2p_contention", "p2p_hidden", "p2p_fill", "state",
+                                   "grad", "act", "flush", "dp", "zero", "zero_flush")}
     for s, group_opts in ((0, pre), (pp - 1, suf)):
         _add_extra_costs(e, s, group_opts, cluster, sb, zero, dp, tp, b, ddp, pp > 1, bcast)
     if "tied" not in bases._cache:
@@ -252,6 +252,9 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
                                              min(x.compute_bwd for x in lanes), cluster.device.overlap_slowdown)
             e["p2p"][:], e["p2p_contention"][:], e["p2p_hidden"][:] = (
                 chunks * sends.exposed, chunks * sends.contention, chunks * sends.hidden)
+            # the fill's and flush's p - 1 sends each way stay exposed: the bubble priced them overlapped
+            e["p2p_fill"][:] = (pp - 1) * max(0.0, send - sends.exposed - sends.contention)
+            e["flush"] += e["p2p_fill"]
         else:
             e["p2p"][:] = chunks * send
     if schedule == "GPipe":

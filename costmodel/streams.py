@@ -40,9 +40,14 @@ before a column-parallel GEMM and the reduce-scatter after a row-parallel one in
 them with the GEMM's own chunks -- the decomposition of Wang et al., "Overlap communication with
 dependent computation via decomposition in large deep learning models", ASPLOS'23; in the backward the
 data-gradient reduce-scatter runs beside the weight-gradient GEMM and the input gather beside the
-data-gradient GEMM (TE's "bulk" overlaps). Both use k = t chunks, a ring of the t ranks (userbuffers'
-ring exchange, the default for all-gathers; torch's micro-pipeline loops over the group's ranks). For
-one direction of a layer, with C the seconds of its TP collectives and G of its tensor-parallel GEMMs:
+data-gradient GEMM (TE's "bulk" overlaps). Sources: NeMo's "Communication Overlap" guide (pipelined TP
+overlap replaces the all-gather by P2P ring exchanges and the reduce-scatter by ring exchanges of GEMM
+outputs, or chunks of reduce-scatter "which exposes one reduce-scatter chunk"), Transformer Engine's
+comm_gemm_overlap (SPLIT_PIPELINED_AG_P2P, SPLIT_PIPELINED_RS, BULK_OVERLAP_AG/RS), and PyTorch's
+"[Distributed w/ TorchTitan] Introducing Async Tensor Parallelism in PyTorch" (discuss.pytorch.org,
+2024). Both use k = t chunks, a ring of the t ranks (userbuffers' ring exchange, the default for
+all-gathers; torch's micro-pipeline loops over the group's ranks). For one direction of a layer, with C
+the seconds of its TP collectives and G of its tensor-parallel GEMMs:
 
     exposed    = C / k + max(0, C (1 - 1/k) - G)    (one chunk of each collective precedes its first GEMM
                                                      chunk, or follows the last: nothing covers it)

@@ -3,6 +3,7 @@ runs it (torch's ZeroRedundancyOptimizer, runtime/zero1.py), and exported as Meg
 optimizer. The runs themselves: tests/e2e/test_zero1_runs.py."""
 import pytest
 
+from partita.costmodel.errors import InfeasibleError
 from partita.planner.api import plan
 from partita.planner.cli import main
 from partita.planner.export import to_megatron
@@ -31,6 +32,8 @@ def test_the_default_search_chooses_zero1_where_it_runs_and_megatron_gets_the_di
     """A 2.7B GPT on 8 x A100-40GB: Adam's states do not fit replicated (16 Psi = 43 GB); ZeRO-1 fits and,
     with 32 micro-batches per step, beats ZeRO-2 and 3, which gather and reduce-scatter every micro-batch.
     Before ZeRO-1 was searched, the search returned ZeRO-2."""
+    with pytest.raises(InfeasibleError, match=r"shard the optimizer state \(--zero 1\)"):
+        plan(GPT_3B, cluster="8xA100-40GB", train=TrainConfig(global_batch=256), space=SearchSpace(zero=0, **ONE_STAGE))
     p = plan(GPT_3B, cluster="8xA100-40GB", train=TrainConfig(global_batch=256), space=SearchSpace(**ONE_STAGE))
     assert p.zero_stage == 1 and "not_executed" not in p.solver
     fsdp = plan(GPT_3B, cluster="8xA100-40GB", train=TrainConfig(global_batch=256),

@@ -13,6 +13,7 @@ resharding, builds the memory phases (planner.phases) and a lower bound on the s
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -531,16 +532,14 @@ def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, s
         eps = [e for e in eps if _runs_or_fixed(space, pp, tp, cp, e)]
         eps = [e for e in eps if _zero_runs_or_fixed(space, zero, tp, cp, e)]
         tp_overlaps, p2p_overlaps = overlap_choices(space)
+        sps = space.sequence_parallel if tp > 1 else (False,)
         for schedule, v in _schedules(train.schedule, pp, m, len(layers), space.virtual_stages):
-            for sp in (space.sequence_parallel if tp > 1 else (False,)):
-                for ep in eps:
-                    # TP overlap pipelines sequence parallelism's collectives; send overlap, interleaved chunks
-                    for tpo in [x for x in tp_overlaps if sp or not x]:
-                        for p2po in [x for x in p2p_overlaps if v > 1 or not x]:
-                            c = build_candidate(bases, train, space, pp, dp, tp, zero, b, schedule, v, sp, cp, ep,
-                                                tpo, p2po)
-                            if c is not None:
-                                out.append(c)
+            for sp, ep, tpo, p2po in itertools.product(sps, eps, tp_overlaps, p2p_overlaps):
+                if (tpo and not sp) or (p2po and v == 1):
+                    continue  # TP overlap pipelines sequence parallelism's collectives; send overlap, chunks' sends
+                c = build_candidate(bases, train, space, pp, dp, tp, zero, b, schedule, v, sp, cp, ep, tpo, p2po)
+                if c is not None:
+                    out.append(c)
     return prefix, layers, suffix, out
 
 

@@ -123,11 +123,12 @@ def parallelism_assumptions(c: Candidate) -> list[str]:
         broadcast = c.options and any(v.zero1_sync for v in c.options)
         out.append("ZeRO-1: gradients all-reduced whole, each rank steps 1/dp of the parameters"
                    + (" and broadcasts them after the step, exposed (torch's ZeroRedundancyOptimizer)" if broadcast
-                      else " (Megatron's distributed optimizer: reduce-scatter and all-gather, the all-reduce's bytes)"))
+                      else " (Megatron's distributed optimizer: reduce-scatter and all-gather, the all-reduce's "
+                           "bytes)"))
     if c.tp_overlap:
-        out.append(f"tensor-parallel overlap: each all-gather / reduce-scatter of sequence parallelism in {c.tp} chunks "
-                   "pipelined with the GEMMs it feeds or follows (Megatron-Core --tp-comm-overlap, torch async TP; "
-                   "Wang et al. ASPLOS'23): one chunk exposed, the rest hidden as far as the GEMMs last")
+        out.append(f"tensor-parallel overlap: each all-gather / reduce-scatter of sequence parallelism in {c.tp} "
+                   "chunks pipelined with the GEMMs it feeds or follows (Megatron-Core --tp-comm-overlap, torch async "
+                   "TP; Wang et al. ASPLOS'23): one chunk exposed, the rest hidden as far as the GEMMs last")
     if c.p2p_overlap:
         out.append("pipeline sends overlapped with another chunk's compute in the steady 1F1B phase (Megatron-Core "
                    "--overlap-p2p-communication): exposed only where a send outlasts one layer's compute; the "

@@ -211,7 +211,7 @@ def overlap_choices(space: SearchSpace) -> tuple[tuple[bool, ...], tuple[bool, .
     -- a user pricing a Megatron-Core run gets the overlap it runs --, and none for the stack partita runs:
     its runtime overlaps neither (DTensor's collectives and torch.distributed.pipelining's sends are
     waited for before the next operator), and a plan `partita run` refuses is not what `partita plan`
-    should hand back unasked. Asking for one (`--tp-overlap on`) prices it, with a plan note."""
+    should hand back unasked. Asking for one (`--tp-comm-overlap on`) prices it, with a plan note."""
     stack = get_stack(space.stack)
     default = lambda runs: (False, True) if runs and not stack.partita_runs else (False,)
     return (space.tp_comm_overlap if space.tp_comm_overlap is not None else default(stack.tp_comm_overlap),

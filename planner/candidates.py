@@ -28,7 +28,8 @@ from partita.costmodel.stacks import get_stack
 from partita.planner.executable import composition_refusal, cp_refusal_for, pipeline_refusal_for, zero_refusal
 from partita.planner.milp import StageProblem, StageSolution
 from partita.planner.milp_blocks import BlockProblem
-from partita.planner.options import Variant, cost_variant, pareto_indices, pipelined_fsdp, variants, zero_state_bytes
+from partita.planner.options import (Variant, cost_variant, pareto_indices, pipelined_fsdp, variants, zero1_excess,
+                                     zero_state_bytes)
 from partita.planner.phases import grads_absent, memory_phases
 from partita.planner.space import (SearchSpace, TrainConfig, _meshes, _micro_batch_allowed, _schedules, divisors,
                                    overlap_choices)
@@ -144,6 +145,31 @@ def zero1_broadcast(space: SearchSpace) -> bool:
     return get_stack(space.stack).partita_runs
 
 
+def zero1_state_excess(bases: _Bases, pp: int, dp: int, tp: int, anywhere: bool = False) -> np.ndarray:
+    """Per stage, the parameters the busiest rank steps beyond n / dp under ZeRO-1 as partita's runtime
+    partitions them (options.zero1_excess, whole tensors, 1/tp of each under tensor parallelism): exact for
+    one stage; for pp stages, whose layers the program places, Graham's bound for greedy assignment --
+    (1 - 1/dp) x the largest tensor the stage may hold (`anywhere`: any group on any stage, as the general
+    program places them; else the prefix on the first stage, the suffix on the last, layers anywhere)."""
+    key = ("zero1_excess", pp, dp, tp, anywhere)
+    if key not in bases._cache:
+        g = bases.graph
+        sizes = lambda groups: [n / tp for grp in groups for node in g.nodes_of(grp)
+                                for n in g.g.nodes[node]["params"].values()]
+        largest = lambda groups: max(sizes(groups), default=0.0)
+        if pp == 1:
+            out = np.array([zero1_excess(sizes(g.groups), dp)])
+        elif anywhere:
+            out = np.full(pp, largest(g.groups) * (1 - 1 / dp))
+        else:
+            layer = largest(bases.layers[:1])
+            out = np.full(pp, layer)
+            out[0], out[-1] = max(layer, largest(bases.prefix)), max(layer, largest(bases.suffix))
+            out *= 1 - 1 / dp
+        bases._cache[key] = out
+    return bases._cache[key]
+
+
 def _add_extra_costs(e: dict, s: int, options, cluster: Cluster, sb, zero: int, dp: int, tp: int, b: int,
                      ddp_overlap: bool = False, pipelined: bool = False, zero1_bcast: bool = True) -> None:
     """Charge the prefix or suffix blocks (embeddings, head) of stage s to the per-stage arrays `e`
@@ -221,6 +247,8 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     if "tied" not in bases._cache:
         bases._cache["tied"] = tied_across_stages(graph, bases.prefix, bases.suffix)
     tied = _charge_tied(e, bases._cache["tied"], bases.suffix, cluster, sb, zero, dp, tp, pp)
+    if zero == 1 and bcast:  # whole tensors per rank: the busiest holds more than 1/dp of the optimizer state
+        e["state"] += sb.optimizer * zero1_state_excess(bases, pp, dp, tp)
     e["flush"] += dp_latency + step_sync(cluster)
     e["dp"] += dp_latency + step_sync(cluster)
     if ddp:
@@ -364,6 +392,8 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
     for s, which in ((0, 0), (pp - 1, 1)):
         _add_extra_costs(e, s, extras[id(stage_groups[s])][which], stage_groups[s], sb, zero, dp, tp, b,
                          pipelined=pp > 1, zero1_bcast=zero1_broadcast(space))
+    if zero == 1 and zero1_broadcast(space):  # (options.zero1_excess)
+        e["state"] += sb.optimizer * zero1_state_excess(bases, pp, dp, tp)
     for s, gc in enumerate(stage_groups):
         latency = comm.affine(comm.all_reduce, gc, comm.group_for(gc, dp, tp))[0] if zero <= 1 else 0.0
         latency += step_sync(bases.cluster)
@@ -489,6 +519,8 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
     workspace = 2.0 * max_out * b + max(o.base.saved_bytes for o in opts) * b
     if zero == 3 and not pipelined_fsdp(pp > 1, zero, dp):  # (a pipeline's states count every layer gathered)
         workspace += 2 * max(o.base.param_numel for o in opts) * sb.param
+    if zero == 1 and zero1_broadcast(space):  # (options.zero1_excess)
+        workspace += sb.optimizer * zero1_state_excess(bases, pp, dp, tp, anywhere=True).max()
     col = lambda attr: np.array([getattr(o, attr) for o in opts], dtype=float)
     problem = BlockProblem(
         num_stages=pp, num_microbatches=m, block_of=np.array(block_of), time=col("time"), state=col("state"),

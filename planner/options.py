@@ -36,7 +36,7 @@ bandwidth) and come back during the backward; the NIC's off-node bytes share tha
 
 Model-state bytes per rank (n parameters on this rank after tensor parallelism; ZeRO, Rajbhandari et al.
 SC'20, with p, g, o bytes per parameter of parameters, gradients, optimizer state; d = dp degree):
-    stage 0:  (p + g + o) n        stage 1:  (p + g) n + o n / d
+    stage 0:  (p + g + o) n        stage 1:  (p + g) n + o n / d  (+ o E: `zero1_excess`)
     stage 2:  p n + (g + o + c) n / d  stage 3:  (p + g + o) n / d
 (c: the sharded parameter beside the gathered one, in fp32 only: costmodel.memory's shard_copy)
 In a ZeRO-3 candidate each layer may instead keep its parameters gathered from forward to backward
@@ -64,6 +64,7 @@ Device.sharded_param_latency per parameter tensor held as a DTensor.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -176,6 +177,20 @@ def zero_state_bytes(n: float, sb: StateBytes, zero: int, dp: int, offload_state
     if zero == 3:
         return (sb.param + sb.grad + o) * n / dp
     raise ValueError(f"ZeRO stage must be 0-3, got {zero}")
+
+
+def zero1_excess(numels: list[int], d: int) -> float:
+    """E: parameters the busiest of d ranks steps beyond numel / d under torch's ZeroRedundancyOptimizer,
+    which hands out whole tensors, largest first, each to the rank holding the fewest elements so far
+    (runtime/zero1.py): that rank holds o (numel / d + E) bytes of optimizer state. Megatron's distributed
+    optimizer shards a flat buffer evenly (E = 0)."""
+    if d <= 1 or not numels:
+        return 0.0
+    loads = [(0, rank) for rank in range(d)]  # (elements, rank): the first least-loaded rank takes the next
+    for n in sorted(numels, reverse=True):
+        load, rank = heapq.heappop(loads)
+        heapq.heappush(loads, (load + n, rank))
+    return max(load for load, _ in loads) - sum(numels) / d
 
 
 def _expert_split(o: BlockOption, dp: int, ep: int) -> tuple[float, float, int]:

@@ -247,8 +247,10 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     if "tied" not in bases._cache:
         bases._cache["tied"] = tied_across_stages(graph, bases.prefix, bases.suffix)
     tied = _charge_tied(e, bases._cache["tied"], bases.suffix, cluster, sb, zero, dp, tp, pp)
-    if zero == 1 and bcast:  # whole tensors per rank: the busiest holds more than 1/dp of the optimizer state
-        e["state"] += sb.optimizer * zero1_state_excess(bases, pp, dp, tp)
+    if zero == 1 and bcast:  # whole tensors per rank: the busiest holds and steps more than 1/dp of them
+        excess = zero1_state_excess(bases, pp, dp, tp)
+        e["state"] += sb.optimizer * excess
+        e["flush"] += excess * sb.step_traffic / (cluster.device.mem_bandwidth * cluster.device.mem_efficiency)
     e["flush"] += dp_latency + step_sync(cluster)
     e["dp"] += dp_latency + step_sync(cluster)
     if ddp:

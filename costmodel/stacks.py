@@ -34,6 +34,9 @@ class Stack:
     tp_comm_overlap: bool = False
     """Tensor-parallel collectives can overlap the GEMMs around them (Megatron-Core `--tp-comm-overlap`
     with userbuffers; torch's async TP under torch.compile). A plan choice where the stack allows it."""
+    p2p_overlap: bool = False
+    """An interleaved pipeline's sends and receives can overlap the next model chunk's compute (Megatron-Core's
+    --overlap-p2p-communication). A plan choice where the stack allows it."""
     partita_runs: bool = False
     """partita's own runtime runs this stack (plans made for other stacks are priced, not run)."""
     gemm: str = ""
@@ -56,13 +59,14 @@ STACKS: dict[str, Stack] = {s.name: s for s in [
     Stack(name="flash-2023", attention="flash2",
           description="PyTorch 2.0-2.4 with FlashAttention-2 (the flash-attn package or SDPA's flash backend): "
                       "llm-foundry, fms-fsdp, torchtitan 2024, Meta's Llama 3 training"),
-    Stack(name="te-2024", attention="cudnn", tp_comm_overlap=True,
+    Stack(name="te-2024", attention="cudnn", tp_comm_overlap=True, p2p_overlap=True,
           description="NVIDIA's Transformer Engine kernels (Megatron-Core, NeMo, NeMo AutoModel; 2024-25): "
-                      "cuDNN fused attention, TP communication overlap (userbuffers), distributed optimizer"),
-    Stack(name="te-2024-flash2", attention="flash2", tp_comm_overlap=True, gemm="te-2024",
+                      "cuDNN fused attention, TP communication overlap (userbuffers), overlapped pipeline "
+                      "sends, distributed optimizer"),
+    Stack(name="te-2024-flash2", attention="flash2", tp_comm_overlap=True, p2p_overlap=True, gemm="te-2024",
           description="te-2024 with cuDNN's fused attention turned off (NVTE_FUSED_ATTN=0), as NVIDIA's "
                       "dgxc-benchmarking GPT-3 175B and Nemotron-4 340B recipes run: Transformer Engine calls "
-                      "the flash-attn package's FlashAttention-2; TP overlap and distributed optimizer as te-2024"),
+                      "the flash-attn package's FlashAttention-2; overlaps and distributed optimizer as te-2024"),
     Stack(name="flash1-2022", attention="flash1",
           description="flash-attn 0.2's training scripts (2022; Dao-AILab/flash-attention training/): "
                       "FlashAttention-1, fused dense + GELU MLP, fused dropout-add-LayerNorm, fused cross-entropy; "

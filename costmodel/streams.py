@@ -33,9 +33,43 @@ and the layer costs  T = window_f + window_b + TP + CP + EP, where tensor-parall
 and expert parallelism's all-to-alls (planner.cp_ep) sit on the critical path: the next operator needs
 their result.
 
+Unless the plan overlaps the TP collectives with the GEMMs they feed (`tp_overlap`; a plan choice,
+planner.space.overlap_choices): Megatron-Core's --tp-comm-overlap (Transformer Engine's userbuffers) and
+PyTorch's async TP (torch.compile with `_micro_pipeline_tp` and symmetric memory) split the all-gather
+before a column-parallel GEMM and the reduce-scatter after a row-parallel one into k chunks and pipeline
+them with the GEMM's own chunks -- the decomposition of Wang et al., "Overlap communication with
+dependent computation via decomposition in large deep learning models", ASPLOS'23; in the backward the
+data-gradient reduce-scatter runs beside the weight-gradient GEMM and the input gather beside the
+data-gradient GEMM (TE's "bulk" overlaps). Sources: NeMo's "Communication Overlap" guide (pipelined TP
+overlap replaces the all-gather by P2P ring exchanges and the reduce-scatter by ring exchanges of GEMM
+outputs, or chunks of reduce-scatter "which exposes one reduce-scatter chunk"), Transformer Engine's
+comm_gemm_overlap (SPLIT_PIPELINED_AG_P2P, SPLIT_PIPELINED_RS, BULK_OVERLAP_AG/RS), and PyTorch's
+"[Distributed w/ TorchTitan] Introducing Async Tensor Parallelism in PyTorch" (discuss.pytorch.org,
+2024). Both use k = t chunks, a ring of the t ranks (userbuffers' ring exchange, the default for
+all-gathers; torch's micro-pipeline loops over the group's ranks). For one direction of a layer, with C
+the seconds of its TP collectives and G of its tensor-parallel GEMMs:
+
+    exposed    = C / k + max(0, C (1 - 1/k) - G)    (one chunk of each collective precedes its first GEMM
+                                                     chunk, or follows the last: nothing covers it)
+    contention = kappa min(C (1 - 1/k), G)          (the GEMMs slow while the other chunks run beside them)
+    hidden     = C - exposed
+
+so  TP = sum over the two directions of (exposed + contention)  replaces TP in T. A full recompute's
+re-run forward repeats its collectives beside its GEMMs in the backward direction.
+
 Per stage and micro-batch, what no window covers (`edge_exposed`): the first layer's forward gather and
 the first backward gather (nothing runs before them) and the last reduce-scatter (nothing runs after
 it) -- one layer's G_f + G_b + R.
+
+Pipeline sends (planner.candidates) are on the critical path of their stage -- torch.distributed.pipelining
+waits for each step's sends and receives before the next compute -- unless the plan overlaps them
+(`overlapped_sends`; Megatron-Core's --overlap-p2p-communication with interleaved 1F1B, which posts a
+chunk's send and the next receive and computes another chunk meanwhile). In the steady 1F1B phase, per
+micro-batch and chunk, each direction's transfer P runs beside one direction's compute W of another
+chunk, a window as above: exposed max(0, P - W), contention kappa min(P, W). W is taken as one layer's
+compute (the least a chunk holds), so the exposure is an upper bound. The sends of the pipeline's fill and
+flush stay exposed (NeMo's communication-overlap guide: "The PP communications in pipeline fill and flush
+are still exposed"): planner.candidates charges the p - 1 of each once per step at their full cost.
 
 Data-parallel gradient all-reduce (DDP, ZeRO-0/1): buckets are reduced while the backward of the last
 micro-batch continues, so per layer only what exceeds that layer's backward compute is exposed
@@ -58,6 +92,15 @@ class LayerStreams:
     compute_bwd: float
     """Backward compute, a recompute re-run included."""
     tp: float = 0.0
+    """Seconds of the tensor-parallel collectives, forward and backward."""
+    tp_fwd: float = 0.0
+    """Of `tp`, the forward's (with tp_chunks: what overlaps the forward GEMMs)."""
+    tp_chunks: int = 0
+    """0: the TP collectives are on the critical path; k > 1: each is split into k chunks overlapped with
+    the tensor-parallel GEMMs (`tp_overlap`)."""
+    gemm_fwd: float = 0.0
+    """Seconds of the tensor-parallel GEMMs the forward's TP collectives feed or follow (with tp_chunks)."""
+    gemm_bwd: float = 0.0
     cp: float = 0.0
     """Context parallelism's K/V all-gathers and reduce-scatters (planner.cp_ep): critical path, like tp."""
     ep: float = 0.0
@@ -83,23 +126,38 @@ class Window:
 
 
 @dataclass(frozen=True)
+class Overlap:
+    """Communication overlapped with the compute that depends on it (`tp_overlap`), in seconds."""
+
+    exposed: float
+    contention: float
+    hidden: float
+
+
+NO_OVERLAP = Overlap(0.0, 0.0, 0.0)
+
+
+@dataclass(frozen=True)
 class LayerTiming:
     total: float
     forward: Window
     backward: Window
     tp: float
+    """Exposed tensor-parallel seconds (all of them, unless overlapped)."""
     exposed: dict = field(default_factory=dict)
     """Exposed seconds by kind: "tp", "cp", "ep", "zero", "offload"."""
     lanes: LayerStreams | None = None
     """The work it was priced from."""
+    tp_overlap: Overlap = NO_OVERLAP
+    """The overlapped TP collectives, both directions (`tp_overlap`)."""
 
     @property
     def hidden(self) -> float:
-        return self.forward.hidden + self.backward.hidden
+        return self.forward.hidden + self.backward.hidden + self.tp_overlap.hidden
 
     @property
     def contention(self) -> float:
-        return self.forward.contention + self.backward.contention
+        return self.forward.contention + self.backward.contention + self.tp_overlap.contention
 
 
 def window(compute: float, nccl: float, host: float, slowdown: float) -> Window:
@@ -112,16 +170,46 @@ def window(compute: float, nccl: float, host: float, slowdown: float) -> Window:
     return Window(seconds, exposed, contention, max(0.0, nccl + host - exposed), binding)
 
 
+def tp_overlap(comm: float, gemm: float, chunks: int, slowdown: float) -> Overlap:
+    """One direction's TP collectives (`comm` seconds) split into `chunks` and pipelined with the GEMMs
+    they feed (`gemm` seconds): one chunk exposed, the rest hidden as far as the GEMMs last, the GEMMs
+    slowed by `slowdown` while they overlap (module docstring; Wang et al. ASPLOS'23)."""
+    if comm <= 0:
+        return NO_OVERLAP
+    rest = comm * (1 - 1 / chunks)
+    exposed = comm / chunks + max(0.0, rest - gemm)
+    return Overlap(exposed, slowdown * min(rest, gemm), comm - exposed)
+
+
+def _tp(s: LayerStreams, slowdown: float) -> Overlap:
+    """The layer's TP collectives: on the critical path, or overlapped in each direction (tp_chunks)."""
+    if s.tp_chunks <= 1:
+        return Overlap(s.tp, 0.0, 0.0)
+    f = tp_overlap(s.tp_fwd, s.gemm_fwd, s.tp_chunks, slowdown)
+    b = tp_overlap(s.tp - s.tp_fwd, s.gemm_bwd, s.tp_chunks, slowdown)
+    return Overlap(f.exposed + b.exposed, f.contention + b.contention, f.hidden + b.hidden)
+
+
 def layer_timing(s: LayerStreams, slowdown: float) -> LayerTiming:
     """The layer's seconds per micro-batch and where they go (module docstring)."""
     f = window(s.compute_fwd, s.gather_fwd, s.offload_out + s.nic_fwd, slowdown)
     b = window(s.compute_bwd, s.gather_bwd + s.scatter_bwd, s.offload_in + s.nic_bwd, slowdown)
-    exposed = {"tp": s.tp, "cp": s.cp, "ep": s.ep, "zero": 0.0, "offload": 0.0}
+    tp = _tp(s, slowdown)
+    exposed = {"tp": tp.exposed, "cp": s.cp, "ep": s.ep, "zero": 0.0, "offload": 0.0}
     for w in (f, b):
         if w.binding != "compute":
             exposed[w.binding] += w.exposed
-    return LayerTiming(total=f.seconds + b.seconds + s.tp + s.cp + s.ep, forward=f, backward=b, tp=s.tp,
-                       exposed=exposed, lanes=s)
+    total = f.seconds + b.seconds + tp.exposed + tp.contention + s.cp + s.ep
+    return LayerTiming(total=total, forward=f, backward=b, tp=tp.exposed, exposed=exposed, lanes=s,
+                       tp_overlap=tp if s.tp_chunks > 1 else NO_OVERLAP)
+
+
+def overlapped_sends(send: float, compute_fwd: float, compute_bwd: float, slowdown: float) -> Overlap:
+    """A pipeline chunk's forward send and backward send (`send` seconds each) beside one direction's
+    compute of another chunk (module docstring)."""
+    f = window(compute_fwd, send, 0.0, slowdown)
+    b = window(compute_bwd, send, 0.0, slowdown)
+    return Overlap(f.exposed + b.exposed, f.contention + b.contention, f.hidden + b.hidden)
 
 
 def edge_exposed(s: LayerStreams) -> float:

@@ -149,6 +149,40 @@ def _needs_grad(a) -> bool:
     return isinstance(a, torch.Tensor) and a.requires_grad
 
 
+RNG_STATE_BYTES = 16
+"""What fused attention with dropout keeps to redraw its dropout mask in the backward: the generator's seed
+and offset, two int64 (FlashAttention-2's `rng_state`, the philox seed and offset of PyTorch's flash,
+memory-efficient and cuDNN kernels)."""
+
+_DROPOUT_AT = 4
+"""Position of dropout_p in F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, ...)."""
+
+
+def fused_attention_call(target, args: tuple, kwargs: dict) -> tuple[tuple, dict, bool]:
+    """(args, kwargs, draws dropout) of a call, with the dropout of a scaled_dot_product_attention set to 0.
+
+    On a GPU, SDPA with dropout_p > 0 runs a fused kernel (flash, memory-efficient or cuDNN attention all
+    take dropout): it keeps q, k, v, its output, the log-sum-exp and the generator state, and redraws the
+    mask inside its backward -- no s x s tensor is ever stored. The capture runs on CPU, where SDPA with
+    dropout falls back to math attention, which materialises and saves the scores, the probabilities
+    and the mask (O(s^2) bytes: a 125M GPT at micro-batch 32 priced at 245 GiB). So the capture runs
+    the call without dropout -- the same fused kernel, the same FLOPs and saved tensors -- and the caller
+    charges RNG_STATE_BYTES for the generator state. Any other call is returned unchanged."""
+    packet = getattr(target, "overloadpacket", None)
+    name = packet.__name__ if packet is not None else getattr(target, "__name__", "")
+    if target is not F.scaled_dot_product_attention and name != "scaled_dot_product_attention":
+        return args, kwargs, False
+    schema = getattr(target, "_schema", None)
+    names = [a.name for a in schema.arguments] if schema is not None else []
+    at = names.index("dropout_p") if "dropout_p" in names else _DROPOUT_AT
+    p = kwargs.get("dropout_p", args[at] if len(args) > at else 0.0)
+    if not p:
+        return args, kwargs, False
+    if "dropout_p" in kwargs:
+        return args, {**kwargs, "dropout_p": 0.0}, True
+    return (*args[:at], 0.0, *args[at + 1:]), kwargs, True
+
+
 class Recorder(fx.Interpreter):
     """Runs a graph node by node on fake tensors, recording per-node costs (see the module docstring).
 
@@ -178,6 +212,15 @@ class Recorder(fx.Interpreter):
             self.saved[key] = (self.producer.get(key, self._current), nbytes)
             self.keep.append(t)
         return t
+
+    def call_function(self, target, args, kwargs):
+        """Run one call_function node; scaled_dot_product_attention with dropout as its fused kernel
+        (`fused_attention_call`), charging the generator state it keeps."""
+        args, kwargs, dropout = fused_attention_call(target, args, kwargs)
+        out = super().call_function(target, args, kwargs)
+        if dropout:
+            self.saved[("rng_state", self._current)] = (self._current, RNG_STATE_BYTES)
+        return out
 
     def run_node(self, n: fx.Node):
         self._current = n.name

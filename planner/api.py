@@ -72,7 +72,7 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
         p.solver["fixed"] = {k: list(v) if isinstance(v, tuple) else v for k, v in space.fixed().items()}
     if baselines:
         from partita.planner.baselines import run_baselines
-        p.baselines = run_baselines(graph, cl, train, space.kernels)
+        p.baselines = run_baselines(graph, cl, train, space.kernels, space.stack)
     p.solver["total_s"] = time.perf_counter() - t0
     return result, p
 

@@ -16,29 +16,33 @@ relative gap, 0.5%).
 from __future__ import annotations
 
 from partita.costmodel.graph import OpGraph
+from partita.costmodel.stacks import DEFAULT_STACK
 from partita.costmodel.hardware import Cluster
 from partita.planner.build import predicted
 from partita.planner.search import SearchSpace, TrainConfig, search
 
 
-def baseline_spaces(cluster: Cluster, kernels: str = "eager") -> list[SearchSpace]:
-    """The baselines' spaces, their operators run as the plan's (`kernels`: like for like)."""
+def baseline_spaces(cluster: Cluster, kernels: str = "eager", stack: str = DEFAULT_STACK) -> list[SearchSpace]:
+    """The baselines' spaces, their operators run as the plan's (`kernels`) on the plan's software stack
+    (`stack`: its overlaps searched as the plan's are, planner.space.overlap_choices): like for like."""
     node_tp = max(t for t in (1, 2, 4, 8) if cluster.devices_per_node % t == 0)
+    run = {"kernels": kernels, "stack": stack}
     return [
-        SearchSpace(name="DDP", tp=(1,), pp=(1,), zero=(0,), recompute=("none",), offload=False, kernels=kernels),
+        SearchSpace(name="DDP", tp=(1,), pp=(1,), zero=(0,), recompute=("none",), offload=False, **run),
         SearchSpace(name="FSDP (ZeRO-3)", tp=(1,), pp=(1,), zero=(3,), recompute=("none", "full"), offload=False,
-                    kernels=kernels),
+                    **run),
         SearchSpace(name=f"Megatron TP{node_tp} x PP", tp=(node_tp,), zero=(0,), recompute=("full",),
-                    offload=False, min_pp=True, kernels=kernels),
-        SearchSpace(name="recompute everything", recompute=("full",), kernels=kernels),
+                    offload=False, min_pp=True, **run),
+        SearchSpace(name="recompute everything", recompute=("full",), **run),
     ]
 
 
-def run_baselines(graph: OpGraph, cluster: Cluster, train: TrainConfig, kernels: str = "eager") -> list[dict]:
+def run_baselines(graph: OpGraph, cluster: Cluster, train: TrainConfig, kernels: str = "eager",
+                  stack: str = DEFAULT_STACK) -> list[dict]:
     """Each baseline's best plan as {"name", "fits", "mesh", "predicted"} (predicted None if nothing fits),
-    priced with the plan's `kernels` (SearchSpace.kernels)."""
+    priced with the plan's `kernels` and `stack` (SearchSpace.kernels, SearchSpace.stack)."""
     out = []
-    for space in baseline_spaces(cluster, kernels):
+    for space in baseline_spaces(cluster, kernels, stack):
         result = search(graph, cluster, train, space=space, raise_infeasible=False)
         c = result.best
         if c is None:

@@ -6,7 +6,8 @@ import numpy as np
 from partita.planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
 from partita.planner.candidates import Candidate
 from partita.planner.cp_ep import EP_IMBALANCE
-from partita.planner.executable import ZERO_STAGES, composition_refusal, cp_refusal_for, pipeline_refusal_for
+from partita.planner.executable import (composition_refusal, cp_refusal_for, overlap_refusal, pipeline_refusal_for,
+                                       zero_refusal)
 from partita.planner.options import pipelined_fsdp
 from partita.planner.search import SearchResult
 from partita.planner.phases import stage_memory
@@ -45,12 +46,14 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     tp_comm = n @ col("tp_comm", s_star) + parts["e_tp"][s_star]
     cp_comm, ep_comm = n @ col("cp_comm", s_star), n @ col("ep_comm", s_star)
     p2p = parts["e_p2p"][s_star]
-    contention = n @ timing("contention")
+    # overlapped pipeline sends (costmodel.streams.overlapped_sends): their contention and hidden seconds
+    p2p_contention = parts.get("e_p2p_contention", np.zeros(c.pp))[s_star]
+    contention = n @ timing("contention") + p2p_contention
     # the blocks outside the layers (embeddings, head) and each stage's first gathers / last
     # reduce-scatter are in e_zero: exposed ZeRO traffic (and their small contention)
     zero_exposed = n @ timing("zero") + parts["e_zero"][s_star]
     exposed_offload = n @ timing("offload")
-    hidden = n @ timing("hidden")
+    hidden = n @ timing("hidden") + parts.get("e_p2p_hidden", np.zeros(c.pp))[s_star]
     # objective = m tau* + (sum tau - tau*) / v + flush: fill and drain shrink v-fold when interleaved
     bubble = float(sol.stage_time.sum() - sol.stage_time[s_star]) / c.virtual_stages
     f_star = int(np.argmax(sol.stage_flush))
@@ -62,7 +65,9 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     zero_flush = float(fn @ col("zero_flush_exposed", f_star) + parts.get("e_zero_flush", np.zeros(c.pp))[f_star])
     zero_flush_contention = float(fn @ col("zero_flush_contention", f_star))
     zero_flush_hidden = float(fn @ col("zero_flush_hidden", f_star))
-    optimizer = float(sol.stage_flush[f_star] - dp_comm - dp_contention - zero_flush - zero_flush_contention)
+    p2p_fill = float(parts.get("e_p2p_fill", np.zeros(c.pp))[f_star])  # overlapped sends' fill and flush
+    optimizer = float(sol.stage_flush[f_star] - dp_comm - dp_contention - zero_flush - zero_flush_contention
+                      - p2p_fill)
     step = sol.objective
     tokens = train.global_batch * (result.graph.seq_len or 1)
     # Model FLOPs (Korthikanti et al. 2022): forward + backward = 3x the forward FLOPs, recomputation
@@ -73,7 +78,7 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     breakdown = {"compute_s": m * compute, "contention_s": m * contention + dp_contention + zero_flush_contention,
                  "tp_comm_s": m * tp_comm, "cp_comm_s": m * cp_comm, "ep_comm_s": m * ep_comm,
                  "zero_comm_s": m * zero_exposed + zero_flush, "offload_s": m * exposed_offload,
-                 "p2p_s": m * p2p, "bubble_s": bubble, "dp_comm_s": dp_comm, "optimizer_s": optimizer}
+                 "p2p_s": m * p2p + p2p_fill, "bubble_s": bubble, "dp_comm_s": dp_comm, "optimizer_s": optimizer}
     breakdown = {k: max(0.0, float(v)) if abs(v) > 1e-12 * step else 0.0 for k, v in breakdown.items()}
     exposed_comm = sum(breakdown[k] for k in ("tp_comm_s", "cp_comm_s", "ep_comm_s", "zero_comm_s", "offload_s",
                                               "p2p_s", "dp_comm_s"))
@@ -87,7 +92,8 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "memory_capacity_bytes": int(np.min(prob.capacity)),
         "exposed_comm_s": exposed_comm,
         "hidden_comm_s": max(0.0, float(m * hidden + dp_hidden + zero_flush_hidden)),
-        "assumptions": (assumptions(cluster, train.dtype) + kernel_assumptions(result.space.kernels)
+        "assumptions": (assumptions(cluster, train.dtype, c.tp_overlap, c.p2p_overlap)
+                        + kernel_assumptions(result.space.kernels)
                         + parallelism_assumptions(c)),
         # operators that compute but have no FLOP formula (costmodel.flops): priced by their bytes only
         "uncosted_ops": result.graph.uncosted_ops(),
@@ -110,9 +116,23 @@ def kernel_assumptions(kernels: str) -> list[str]:
 
 
 def parallelism_assumptions(c: Candidate) -> list[str]:
-    """What the plan's pipelined ZeRO, context and expert parallelism are priced by (planner.options,
-    planner.cp_ep), in words."""
+    """What the plan's pipelined ZeRO, ZeRO-1, overlaps, context and expert parallelism are priced by
+    (planner.options, costmodel.streams, planner.cp_ep), in words."""
     out = []
+    if c.zero == 1 and c.dp * c.cp > 1:
+        broadcast = c.options and any(v.zero1_sync for v in c.options)
+        out.append("ZeRO-1: gradients all-reduced whole, each rank steps 1/dp of the parameters"
+                   + (" and broadcasts them after the step, exposed (torch's ZeroRedundancyOptimizer)" if broadcast
+                      else " (Megatron's distributed optimizer: reduce-scatter and all-gather, the all-reduce's "
+                           "bytes)"))
+    if c.tp_overlap:
+        out.append(f"tensor-parallel overlap: each all-gather / reduce-scatter of sequence parallelism in {c.tp} "
+                   "chunks pipelined with the GEMMs it feeds or follows (Megatron-Core --tp-comm-overlap, torch async "
+                   "TP; Wang et al. ASPLOS'23): one chunk exposed, the rest hidden as far as the GEMMs last")
+    if c.p2p_overlap:
+        out.append("pipeline sends overlapped with another chunk's compute in the steady 1F1B phase (Megatron-Core "
+                   "--overlap-p2p-communication): exposed only where a send outlasts one layer's compute; the "
+                   "fill's and flush's sends exposed")
     if pipelined_fsdp(c.pp > 1, c.zero, c.dp * c.cp):
         out.append("pipeline with FSDP (torch.distributed.pipelining): each stage keeps its parameters gathered and "
                    "accumulates whole fp32 gradients over the micro-batches, reduce-scattered once per step after its "
@@ -128,9 +148,12 @@ def parallelism_assumptions(c: Candidate) -> list[str]:
     return out
 
 
-def assumptions(cluster, dtype: str) -> list[str]:
-    """The cost model's parameters in force for this cluster, in words (explain prints them)."""
+def assumptions(cluster, dtype: str, tp_overlap: bool = False, p2p_overlap: bool = False) -> list[str]:
+    """The cost model's parameters in force for this cluster, in words (explain prints them); which of the
+    tensor-parallel collectives and pipeline sends are exposed depends on the plan's overlaps."""
     d = cluster.device
+    exposed = [what for what, overlapped in (("tensor-parallel collectives", tp_overlap),
+                                             ("pipeline sends", p2p_overlap)) if not overlapped]
     peak = d.peak(dtype) / 1e12
     out = [f"{d.name}: {peak:g} TFLOP/s dense {dtype} peak; large GEMMs at {100 * d.matmul_efficiency:.0f}% of it"
            + (f", each GEMM dimension x scaling that by x / (x + {d.gemm_half_dim:g})" if d.gemm_half_dim else
@@ -148,7 +171,8 @@ def assumptions(cluster, dtype: str) -> list[str]:
            + "; ring or tree all-reduce, whichever is faster; hierarchical across nodes",
            "overlap: FSDP gathers prefetch one layer ahead and hide behind that layer's compute in the same "
            "direction; each stage's first gathers and last reduce-scatter are exposed; DDP buckets overlap the "
-           "backward (one stage, no TP) but the last; tensor-parallel collectives and pipeline sends are exposed",
+           "backward (one stage, no TP) but the last"
+           + (f"; {' and '.join(exposed)} are exposed" if exposed else ""),
            f"compute slows by {100 * d.overlap_slowdown:.0f}% of the time a collective overlaps it"]
     return out
 
@@ -182,6 +206,7 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
         schedule=Schedule(name=c.schedule, num_microbatches=c.num_microbatches, micro_batch_size=c.micro_batch,
                           virtual_stages=c.virtual_stages),
         stages=stages, blocks=blocks, placements=placements, zero_stage=c.zero,
+        overlap={"tp_comm": c.tp_overlap, "p2p": c.p2p_overlap},
         predicted=predicted(result, c),
         solver={"status": c.solution.status, "wall_time_s": result.wall_time_s, "mip_gap": c.solution.mip_gap,
                 "backend": "cvxpy+HiGHS", "formulation": c.formulation, "candidates": len(result.candidates),
@@ -200,14 +225,13 @@ def tied_charges(c: Candidate) -> dict:
 
 def pipeline_note(result: SearchResult, c: Candidate) -> dict:
     """What planner.executable says of the plan: {"pipeline": why} when a one-stage plan was not allowed
-    pipeline stages, {"not_executed": why} for a ZeRO stage priced (what-if) that the runtime does not run."""
+    pipeline stages, {"not_executed": why} for a choice priced (what-if, or for another stack) that the
+    runtime does not run."""
     why = pipeline_refusal_for(result.graph.name) if c.pp == 1 else None
     out = {"pipeline": f"not planned: {why}"} if why else {}
-    if c.zero not in ZERO_STAGES:
-        out["not_executed"] = (f"ZeRO-{c.zero} is priced but not executed by partita's runtime (it runs ZeRO "
-                               f"{', '.join(map(str, ZERO_STAGES))})")
-    why = composition_refusal(c.pp, c.tp, c.cp, c.ep) or (cp_refusal_for(result.graph.name) if c.cp > 1 else None)
-    if why:  # a what-if the user fixed (planner.candidates keeps such candidates only then)
+    why = (composition_refusal(c.pp, c.tp, c.cp, c.ep) or (cp_refusal_for(result.graph.name) if c.cp > 1 else None)
+           or zero_refusal(c.zero, c.tp, c.cp, c.ep) or overlap_refusal(c.tp_overlap, c.p2p_overlap))
+    if why:  # a what-if the user fixed, or a stack partita does not run (planner.candidates, planner.space)
         out["not_executed"] = f"priced as asked but not executed: {why}"
     return out
 

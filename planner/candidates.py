@@ -13,6 +13,7 @@ resharding, builds the memory phases (planner.phases) and a lower bound on the s
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,12 +24,15 @@ from partita.costmodel.graph import OpGraph
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.memory import state_bytes
 from partita.planner.cp_ep import cp_refusal, default_cp, default_ep, ep_refusal, experts_of
-from partita.planner.executable import composition_refusal, cp_refusal_for, pipeline_refusal_for
+from partita.costmodel.stacks import get_stack
+from partita.planner.executable import composition_refusal, cp_refusal_for, pipeline_refusal_for, zero_refusal
 from partita.planner.milp import StageProblem, StageSolution
 from partita.planner.milp_blocks import BlockProblem
-from partita.planner.options import Variant, cost_variant, pareto_indices, pipelined_fsdp, variants, zero_state_bytes
+from partita.planner.options import (Variant, cost_variant, pareto_indices, pipelined_fsdp, variants, zero1_excess,
+                                     zero_state_bytes)
 from partita.planner.phases import grads_absent, memory_phases
-from partita.planner.space import SearchSpace, TrainConfig, _meshes, _micro_batch_allowed, _schedules, divisors
+from partita.planner.space import (SearchSpace, TrainConfig, _meshes, _micro_batch_allowed, _schedules, divisors,
+                                   overlap_choices)
 from partita.planner.strategies import SPLIT, BlockOption, replicate_option, sequence_option, tensor_option
 
 
@@ -57,6 +61,10 @@ class Candidate:
     """Expert-parallel ranks per MoE layer's experts, among the dp ranks (planner.cp_ep)."""
     formulation: str = "counts"
     """"counts" (planner.milp: identical layers) or "blocks" (planner.milp_blocks: any chain)."""
+    tp_overlap: bool = False
+    """The layers' TP collectives overlap their GEMMs (costmodel.streams.tp_overlap; sequence parallel only)."""
+    p2p_overlap: bool = False
+    """The pipeline's sends overlap other chunks' compute (costmodel.streams.overlapped_sends; interleaved)."""
 
     @property
     def step_time(self) -> float:
@@ -65,7 +73,7 @@ class Candidate:
     @property
     def key(self) -> tuple:
         return (self.pp, self.dp, self.tp, self.zero, self.micro_batch, self.schedule, self.virtual_stages,
-                self.sequence_parallel, self.cp, self.ep)
+                self.sequence_parallel, self.cp, self.ep, self.tp_overlap, self.p2p_overlap)
 
 
 def split_model(graph: OpGraph) -> tuple[list[str], list[str], list[str]]:
@@ -131,13 +139,45 @@ def step_sync(cluster: Cluster) -> float:
     return comm.all_reduce(cluster, comm.group_for(cluster, cluster.num_devices, 1), 4)
 
 
+def zero1_broadcast(space: SearchSpace) -> bool:
+    """Whether ZeRO-1 is priced as partita's runtime runs it (a broadcast of the parameters after the step,
+    planner.options) or as Megatron's distributed optimizer (the stack partita does not run)."""
+    return get_stack(space.stack).partita_runs
+
+
+def zero1_state_excess(bases: _Bases, pp: int, dp: int, tp: int, anywhere: bool = False) -> np.ndarray:
+    """Per stage, the parameters the busiest rank steps beyond n / dp under ZeRO-1 as partita's runtime
+    partitions them (options.zero1_excess, whole tensors, 1/tp of each under tensor parallelism): exact for
+    one stage; for pp stages, whose layers the program places, Graham's bound for greedy assignment --
+    (1 - 1/dp) x the largest tensor the stage may hold (`anywhere`: any group on any stage, as the general
+    program places them; else the prefix on the first stage, the suffix on the last, layers anywhere)."""
+    key = ("zero1_excess", pp, dp, tp, anywhere)
+    if key not in bases._cache:
+        g = bases.graph
+        sizes = lambda groups: [n / tp for grp in groups for node in g.nodes_of(grp)
+                                for n in g.g.nodes[node]["params"].values()]
+        largest = lambda groups: max(sizes(groups), default=0.0)
+        if pp == 1:
+            out = np.array([zero1_excess(sizes(g.groups), dp)])
+        elif anywhere:
+            out = np.full(pp, largest(g.groups) * (1 - 1 / dp))
+        else:
+            layer = largest(bases.layers[:1])
+            out = np.full(pp, layer)
+            out[0], out[-1] = max(layer, largest(bases.prefix)), max(layer, largest(bases.suffix))
+            out *= 1 - 1 / dp
+        bases._cache[key] = out
+    return bases._cache[key]
+
+
 def _add_extra_costs(e: dict, s: int, options, cluster: Cluster, sb, zero: int, dp: int, tp: int, b: int,
-                     ddp_overlap: bool = False, pipelined: bool = False) -> None:
+                     ddp_overlap: bool = False, pipelined: bool = False, zero1_bcast: bool = True) -> None:
     """Charge the prefix or suffix blocks (embeddings, head) of stage s to the per-stage arrays `e`
     ("zero": what the stream model exposes of their ZeRO and offload traffic, and its contention;
-    "zero_flush": the same of the ZeRO traffic a pipelined stage issues once per step)."""
+    "zero_flush": the same of the ZeRO traffic issued once per step)."""
     for o in options:
-        var = cost_variant(Variant(o), cluster, sb, zero, dp, tp, b, ddp_overlap, pipelined=pipelined)
+        var = cost_variant(Variant(o), cluster, sb, zero, dp, tp, b, ddp_overlap, pipelined=pipelined,
+                           zero1_broadcast=zero1_bcast)
         e["compute"][s] += var.compute
         e["tp"][s] += var.tp_comm
         e["zero"][s] += max(0.0, var.time - var.tp_comm - var.compute)
@@ -165,7 +205,7 @@ def _prune(space: SearchSpace) -> bool:
 
 def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
                     zero: int, b: int, schedule: str = "1F1B", v: int = 1, sp: bool = False, cp: int = 1,
-                    ep: int = 1) -> Candidate | None:
+                    ep: int = 1, tp_overlap: bool = False, p2p_overlap: bool = False) -> Candidate | None:
     graph, cluster, layers = bases.graph, bases.cluster, bases.layers
     m = train.global_batch // (dp * b)
     mesh_dp, micro_batch = dp, b
@@ -180,32 +220,37 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     ddp = zero <= 1 and dp > 1 and tp == 1 and pp == 1
     # the same variants serve every pipeline depth and schedule of this (tp, dp, ZeRO, b): costed once
     # (a pipeline stage syncs its ZeRO gradients once per step: options.py)
+    bcast = zero1_broadcast(space)
     key = ("variants", tp, sp, zero, dp, b, space.recompute, space.offload, ddp, train.dtype, train.optimizer,
-           cp, ep, pp > 1, space.keep_gathered, _prune(space), space.kernels)
+           cp, ep, pp > 1, space.keep_gathered, _prune(space), space.kernels, tp_overlap, bcast)
+    layer_variants = lambda bases_, prune: variants(
+        bases_, cluster, sb, zero, dp, tp, b, space.recompute, space.offload, ddp_overlap=ddp, cp=cp, ep=ep,
+        pipelined=pp > 1, keep_gathered=space.keep_gathered, kernels=space.kernels, prune=prune,
+        tp_overlap=tp_overlap, zero1_broadcast=bcast)
     if key not in bases._cache:
-        bases._cache[key] = variants(layer_bases, cluster, sb, zero, dp, tp, b, space.recompute, space.offload,
-                                     ddp_overlap=ddp, cp=cp, ep=ep, pipelined=pp > 1,
-                                     keep_gathered=space.keep_gathered, kernels=space.kernels, prune=_prune(space))
+        bases._cache[key] = layer_variants(layer_bases, _prune(space))
     opts = bases._cache[key]
     if tp > 1 and layers and not any(o.sharding in SPLIT for o in opts):
         if space.tp is None:
             return None  # splitting the layers never pays on this mesh: a smaller tp does better
         # a fixed tp is priced as asked (what-if), even where a smaller one would do better
-        opts = variants([o for o in layer_bases if o.name in SPLIT], cluster, sb, zero, dp, tp, b,
-                        space.recompute, space.offload, ddp_overlap=ddp, cp=cp, ep=ep, pipelined=pp > 1,
-                        keep_gathered=space.keep_gathered, kernels=space.kernels, prune=_prune(space))
+        opts = layer_variants([o for o in layer_bases if o.name in SPLIT], _prune(space))
     if tp > 1 and not layers and not any(o.name in SPLIT for o in (*pre, *suf)):
         return None  # nothing to split: the tp ranks would duplicate all work
     dp_group = comm.group_for(cluster, dp, tp)
     dp_latency = comm.affine(comm.all_reduce, cluster, dp_group)[0] if zero <= 1 else 0.0
 
-    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "state", "grad", "act", "flush", "dp", "zero",
-                                   "zero_flush")}
+    e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "p2p_contention", "p2p_hidden", "p2p_fill", "state",
+                                   "grad", "act", "flush", "dp", "zero", "zero_flush")}
     for s, group_opts in ((0, pre), (pp - 1, suf)):
-        _add_extra_costs(e, s, group_opts, cluster, sb, zero, dp, tp, b, ddp, pp > 1)
+        _add_extra_costs(e, s, group_opts, cluster, sb, zero, dp, tp, b, ddp, pp > 1, bcast)
     if "tied" not in bases._cache:
         bases._cache["tied"] = tied_across_stages(graph, bases.prefix, bases.suffix)
     tied = _charge_tied(e, bases._cache["tied"], bases.suffix, cluster, sb, zero, dp, tp, pp)
+    if zero == 1 and bcast:  # whole tensors per rank: the busiest holds and steps more than 1/dp of them
+        excess = zero1_state_excess(bases, pp, dp, tp)
+        e["state"] += sb.optimizer * excess
+        e["flush"] += excess * sb.step_traffic / (cluster.device.mem_bandwidth * cluster.device.mem_efficiency)
     e["flush"] += dp_latency + step_sync(cluster)
     e["dp"] += dp_latency + step_sync(cluster)
     if ddp:
@@ -230,8 +275,19 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         send = 2 * comm.p2p(cluster, sent, across)
         if space.p2p_scatter_gather and tp > 1 and not sp:  # 1/t each, then an all-gather inside the tp group
             send = 2 * (comm.p2p(cluster, sent / tp, across) + comm.all_gather(cluster, comm.group_for(cluster, tp, 1), sent))
-        e["p2p"][:] = send * v  # each of a device's v chunks sends on (interleaved: the last wraps round)
-        e["p2p"][-1] = send * (v - 1)
+        chunks = np.full(pp, float(v))  # each of a device's v chunks sends on (interleaved: the last wraps round)
+        chunks[-1] = v - 1
+        if p2p_overlap and opts:  # beside another chunk's compute, at least one layer's (costmodel.streams)
+            lanes = [o.timing.lanes for o in opts]
+            sends = streams.overlapped_sends(send / 2, min(x.compute_fwd for x in lanes),
+                                             min(x.compute_bwd for x in lanes), cluster.device.overlap_slowdown)
+            e["p2p"][:], e["p2p_contention"][:], e["p2p_hidden"][:] = (
+                chunks * sends.exposed, chunks * sends.contention, chunks * sends.hidden)
+            # the fill's and flush's p - 1 sends each way stay exposed: the bubble priced them overlapped
+            e["p2p_fill"][:] = (pp - 1) * max(0.0, send - sends.exposed - sends.contention)
+            e["flush"] += e["p2p_fill"]
+        else:
+            e["p2p"][:] = chunks * send
     if schedule == "GPipe":
         in_flight = np.full(pp, float(m))
     elif v > 1:
@@ -246,7 +302,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         if zero == 3 and layer_bases and not pipelined_fsdp(pp > 1, zero, dp) else 0.0
     main_mem, phases, workspace = memory_phases(bases, opts, e, in_flight, m, b, pp, tp, zero, dp, sb, sp,
                                                 suf, gathered)
-    extra_time = e["compute"] + e["tp"] + e["zero"] + e["p2p"]
+    extra_time = e["compute"] + e["tp"] + e["zero"] + e["p2p"] + e["p2p_contention"]
     problem = StageProblem(
         num_stages=pp, num_layers=len(layers), num_microbatches=m,
         option_time=np.array([o.time for o in opts] or [0.0]),
@@ -269,7 +325,8 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
           + (len(layers) * problem.option_flush.min() + e["flush"].sum()) / pp)
     return Candidate(pp=pp, dp=mesh_dp, tp=tp, zero=zero, micro_batch=micro_batch, num_microbatches=m,
                      schedule=schedule, virtual_stages=v, lower_bound=lb, sequence_parallel=sp, cp=cp, ep=ep,
-                     problem=problem, options=opts, parts={**{f"e_{k}": x for k, x in e.items()},
+                     tp_overlap=tp_overlap, p2p_overlap=p2p_overlap, problem=problem, options=opts,
+                     parts={**{f"e_{k}": x for k, x in e.items()},
                                                           "workspace": workspace, "tied": tied,
                                                           "extra_options": dict(zip((*bases.prefix, *bases.suffix),
                                                                                     (*pre, *suf)))})
@@ -322,7 +379,8 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
         if tp > 1 and not any(o.name in SPLIT for o in layer_bases):
             return None
         full[id(gc)] = variants(layer_bases, gc, sb, zero, dp, tp, b, space.recompute, space.offload, prune=False,
-                                pipelined=pp > 1, keep_gathered=space.keep_gathered, kernels=space.kernels)
+                                pipelined=pp > 1, keep_gathered=space.keep_gathered, kernels=space.kernels,
+                                zero1_broadcast=zero1_broadcast(space))
         extras[id(gc)] = (pre, suf)
     keep = (sorted(set().union(*(pareto_indices(full[id(gc)]) for gc in distinct))) if _prune(space)
             else list(range(len(full[id(distinct[0])]))))
@@ -335,7 +393,9 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
                                    "zero_flush")}
     for s, which in ((0, 0), (pp - 1, 1)):
         _add_extra_costs(e, s, extras[id(stage_groups[s])][which], stage_groups[s], sb, zero, dp, tp, b,
-                         pipelined=pp > 1)
+                         pipelined=pp > 1, zero1_bcast=zero1_broadcast(space))
+    if zero == 1 and zero1_broadcast(space):  # (options.zero1_excess)
+        e["state"] += sb.optimizer * zero1_state_excess(bases, pp, dp, tp)
     for s, gc in enumerate(stage_groups):
         latency = comm.affine(comm.all_reduce, gc, comm.group_for(gc, dp, tp))[0] if zero <= 1 else 0.0
         latency += step_sync(bases.cluster)
@@ -403,6 +463,8 @@ def _enumerate_hetero(bases: _Bases, cluster: Cluster, train: TrainConfig, space
             for order in (groups, groups[::-1]):
                 stage_groups = [g for g in order for _ in range(g.num_devices // d)]
                 for zero in (space.zero if dp > 1 else (0,) if 0 in space.zero else ()):
+                    if not _zero_runs_or_fixed(space, zero, tp, 1, 1):
+                        continue
                     for b in divisors(local):
                         m = local // b
                         if not _micro_batch_allowed(b, train, space) or (pp > 1 and m < pp):
@@ -441,6 +503,7 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
             t = tensor_option(graph, grp, cluster, tp)
             mine += [t] if t is not None else []
         vs = variants(mine, cluster, sb, zero, dp, tp, b, space.recompute, space.offload, pipelined=pp > 1,
+                      zero1_broadcast=zero1_broadcast(space),
                       keep_gathered=space.keep_gathered, kernels=space.kernels, prune=_prune(space))
         opts += vs
         block_of += [i] * len(vs)
@@ -458,6 +521,8 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
     workspace = 2.0 * max_out * b + max(o.base.saved_bytes for o in opts) * b
     if zero == 3 and not pipelined_fsdp(pp > 1, zero, dp):  # (a pipeline's states count every layer gathered)
         workspace += 2 * max(o.base.param_numel for o in opts) * sb.param
+    if zero == 1 and zero1_broadcast(space):  # (options.zero1_excess)
+        workspace += sb.optimizer * zero1_state_excess(bases, pp, dp, tp, anywhere=True).max()
     col = lambda attr: np.array([getattr(o, attr) for o in opts], dtype=float)
     problem = BlockProblem(
         num_stages=pp, num_microbatches=m, block_of=np.array(block_of), time=col("time"), state=col("state"),
@@ -499,13 +564,23 @@ def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, s
         eps = [e for e in (space.ep or default_ep(experts, dp)) if ep_refusal(experts, dp, e) is None
                and (cp == 1 or e == 1)]  # cp with ep: expert groups would span dp x cp ranks (not priced)
         eps = [e for e in eps if _runs_or_fixed(space, pp, tp, cp, e)]
+        eps = [e for e in eps if _zero_runs_or_fixed(space, zero, tp, cp, e)]
+        tp_overlaps, p2p_overlaps = overlap_choices(space)
+        sps = space.sequence_parallel if tp > 1 else (False,)
         for schedule, v in _schedules(train.schedule, pp, m, len(layers), space.virtual_stages):
-            for sp in (space.sequence_parallel if tp > 1 else (False,)):
-                for ep in eps:
-                    c = build_candidate(bases, train, space, pp, dp, tp, zero, b, schedule, v, sp, cp, ep)
-                    if c is not None:
-                        out.append(c)
+            for sp, ep, tpo, p2po in itertools.product(sps, eps, tp_overlaps, p2p_overlaps):
+                if (tpo and not sp) or (p2po and v == 1):
+                    continue  # TP overlap pipelines sequence parallelism's collectives; send overlap, chunks' sends
+                c = build_candidate(bases, train, space, pp, dp, tp, zero, b, schedule, v, sp, cp, ep, tpo, p2po)
+                if c is not None:
+                    out.append(c)
     return prefix, layers, suffix, out
+
+
+def _fixed(space: SearchSpace, axis: str, value) -> bool:
+    """The user fixed `axis` to `value` (the space holds it and nothing that would leave it out)."""
+    values = getattr(space, axis)
+    return values is not None and value in values and 1 not in values
 
 
 def _runs_or_fixed(space: SearchSpace, pp: int, tp: int, cp: int, ep: int) -> bool:
@@ -513,9 +588,18 @@ def _runs_or_fixed(space: SearchSpace, pp: int, tp: int, cp: int, ep: int) -> bo
     in it (a what-if priced as asked, with a plan note): the search never picks one the runtime refuses."""
     if composition_refusal(pp, tp, cp, ep) is None:
         return True
-    fixed = lambda axis, v: getattr(space, axis) is not None and v in getattr(space, axis) \
-        and 1 not in getattr(space, axis)
-    return all(fixed(k, v) for k, v in (("pp", pp), ("tp", tp), ("cp", cp), ("ep", ep)) if v > 1)
+    return all(_fixed(space, k, v) for k, v in (("pp", pp), ("tp", tp), ("cp", cp), ("ep", ep)) if v > 1)
+
+
+def _zero_runs_or_fixed(space: SearchSpace, zero: int, tp: int, cp: int, ep: int) -> bool:
+    """Whether the runtime runs ZeRO stage `zero` on this mesh (planner.executable.zero_refusal), or the
+    user fixed the stage and every axis that stops it (a what-if: `--zero 1 --tp 8` prices Megatron's
+    distributed optimizer with tensor parallelism, with a plan note), or the plan is for a stack partita's
+    runtime does not run (SearchSpace.stack)."""
+    if zero_refusal(zero, tp, cp, ep) is None or not get_stack(space.stack).partita_runs:
+        return True  # (a plan for a stack partita does not run: Megatron's distributed optimizer runs with TP)
+    return space.zero == (zero,) and all(_fixed(space, k, v) for k, v in (("tp", tp), ("cp", cp), ("ep", ep))
+                                         if v > 1)
 
 
 def _enumerate_blocks(bases: _Bases, cluster: Cluster, train: TrainConfig, space: SearchSpace) -> list[Candidate]:
@@ -523,6 +607,8 @@ def _enumerate_blocks(bases: _Bases, cluster: Cluster, train: TrainConfig, space
     for pp, dp, tp, zero, b, m, _ in _meshes(cluster, train, space, len(bases.graph.groups)):
         if train.schedule == "Interleaved1F1B" and pp > 1:
             continue  # interleaving is planned for repeated layers only
+        if not _zero_runs_or_fixed(space, zero, tp, 1, 1):
+            continue
         schedule = "GPipe" if train.schedule == "GPipe" and pp > 1 else "1F1B"
         c = build_block_candidate(bases, train, space, pp, dp, tp, zero, b, schedule)
         if c is not None:

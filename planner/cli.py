@@ -76,6 +76,11 @@ def _space_from_args(args):
         fixed["offload"] = args.offload == "on"
     if args.kernels is not None:
         fixed["kernels"] = args.kernels
+    for name in ("tp_comm_overlap", "p2p_overlap"):
+        if getattr(args, name) is not None:
+            fixed[name] = (getattr(args, name) == "on",)
+    if args.stack is not None:
+        fixed["stack"] = args.stack
     return SearchSpace(**fixed)
 
 
@@ -208,7 +213,9 @@ def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
                    help="context-parallel degree: each sequence split over N ranks (long sequences)")
     w.add_argument("--ep", type=int, metavar="N",
                    help="expert-parallel degree: each MoE layer's experts sharded over N of the dp ranks")
-    w.add_argument("--zero", type=int, choices=[0, 2, 3], help="ZeRO stage (2 and 3 need dp > 1)")
+    w.add_argument("--zero", type=int, choices=[0, 1, 2, 3],
+                   help="ZeRO stage (1-3 need dp > 1): 1 shards optimizer state (torch's ZeroRedundancyOptimizer; "
+                        "exported as Megatron's --use-distributed-optimizer), 2 gradients too, 3 parameters too")
     w.add_argument("--recompute", type=_policies, metavar="{" + ",".join(RECOMPUTE) + "}",
                    help="activation recompute policy of every layer (op: torchtitan's per-op selective "
                         "checkpointing, every other matmul output kept), or a comma list the search picks "
@@ -231,6 +238,13 @@ def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
                    help="how the layers run: eager (the default) or compiled (torch.compile per layer fuses "
                         "elementwise ops and norms and saves fewer activations; prices a compiled run such as "
                         "torchtitan's --compile, and `partita run` compiles each layer of such a plan)")
+    w.add_argument("--tp-comm-overlap", choices=["on", "off"],
+                   help="on: sequence parallelism's collectives pipelined with the GEMMs they feed (Megatron-Core "
+                        "--tp-comm-overlap, torch async TP; priced, not run by partita run). Default: as the stack "
+                        "allows, off for the pytorch stack partita runs")
+    w.add_argument("--p2p-overlap", choices=["on", "off"],
+                   help="on: an interleaved pipeline's sends overlapped with compute (Megatron-Core "
+                        "--overlap-p2p-communication; priced, not run by partita run). Default: as the stack allows")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -255,6 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                    help="training precision (default: bf16 on GPUs, fp32 on cpu)")
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
+    from partita.costmodel.stacks import DEFAULT_STACK, STACKS
+    p.add_argument("--stack", choices=list(STACKS), default=None,
+                   help=f"software stack the plan is priced for (default {DEFAULT_STACK}, partita's runtime); "
+                        "te-2024 (Megatron-Core + Transformer Engine) also searches its TP and pipeline-send "
+                        "overlaps and prices its distributed optimizer -- a plan partita prices but does not run")
     _add_what_if_flags(p)
     p.add_argument("--baselines", action="store_true",
                    help="also plan DDP, FSDP, Megatron TP x PP and recompute-everything under the same cost model")

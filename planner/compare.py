@@ -24,6 +24,7 @@ def _facts(plan) -> dict[str, str]:
         "recompute " + "/".join(RECOMPUTE): "/".join(str(rec[r]) for r in RECOMPUTE),
         "activation-offloaded blocks": str(sum(b.offload_activations for b in plan.blocks)),
         "state-offloaded blocks": str(sum(b.offload_states for b in plan.blocks)),
+        "overlapped (TP comm / p2p)": " / ".join("on" if plan.overlap.get(k) else "off" for k in ("tp_comm", "p2p")),
     }
     if pred:
         facts["step time (s)"] = f"{pred['step_time_s']:.4g}"

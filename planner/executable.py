@@ -4,8 +4,13 @@ same words, so a plan the planner makes is never one the runtime refuses. The pl
 runtime (costmodel <- planner <- runtime), so this module lives here and the runtime imports it.
 
 - Schedules: `SCHEDULES` (torch.distributed.pipelining's 1F1B, GPipe, interleaved 1F1B).
-- ZeRO: `ZERO_STAGES` -- 0 (DDP or hand-averaged gradients), 2 and 3 (FSDP2); stage 1 is costed by the
-  planner (what-if) but not executed.
+- ZeRO: `ZERO_STAGES` -- 0 (DDP or hand-averaged gradients), 1 (torch's ZeroRedundancyOptimizer over
+  those gradients, runtime/zero1.py; `zero_refusal`: not beside tensor, context or expert parallelism),
+  2 and 3 (FSDP2).
+- Overlaps (`overlap_refusal`): none. The runtime's tensor-parallel collectives (DTensor) complete before
+  the operator that reads them, and torch.distributed.pipelining waits for each step's sends and
+  receives before the next compute; plans that overlap them (Megatron-Core's --tp-comm-overlap and
+  --overlap-p2p-communication, torch's async TP) are priced, exported, and refused by `partita run`.
 - Activation offload (`offload_refusal`): never under full recompute; in a compiled layer only where
   nothing is recomputed.
 - Pipelines (`pipeline_refusal`): a pipeline's first stage is fed the batch's token ids and its last stage
@@ -33,8 +38,24 @@ from partita.costmodel.models import ModelSpec, resolve_model
 
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 """Pipeline schedules the runtime runs (runtime/pp.py maps each to torch's class)."""
-ZERO_STAGES = (0, 2, 3)
-"""ZeRO stages the runtime executes (runtime/fsdp.py)."""
+ZERO_STAGES = (0, 1, 2, 3)
+"""ZeRO stages the runtime executes (runtime/zero1.py, runtime/fsdp.py), within `zero_refusal`."""
+ZERO1_RUNS_WITH = ("dp", "pp")
+"""Axes ZeRO-1 runs beside: torch's ZeroRedundancyOptimizer broadcasts whole parameters over the
+data-parallel ranks, so not DTensor (tensor-parallel) parameters, nor expert parameters that differ
+between those ranks, nor the dp x cp replicas of context parallelism (not verified)."""
+
+
+def zero_refusal(zero: int, tp: int = 1, cp: int = 1, ep: int = 1) -> str | None:
+    """None when the runtime runs ZeRO stage `zero` on this mesh; else one line saying why not."""
+    if zero not in ZERO_STAGES:
+        return f"ZeRO stage {zero} does not exist; the runtime runs ZeRO {', '.join(map(str, ZERO_STAGES))}"
+    others = [f"{k}={v}" for k, v in (("tp", tp), ("cp", cp), ("ep", ep)) if v > 1]
+    if zero == 1 and others:
+        return (f"ZeRO-1 with {' and '.join(others)} is not run by partita's runtime: it runs ZeRO-1 as torch's "
+                f"ZeroRedundancyOptimizer, beside {' and '.join(ZERO1_RUNS_WITH)} only; use ZeRO 0, 2 or 3 "
+                "(--zero 2 also shards the gradients)")
+    return None
 
 PIPELINE_KINDS = ("lm", "hf-causal", "hf-mlm")
 """Model kinds a pipeline runs (module docstring); `model_kind` names the others "own-loss", "seq2seq",
@@ -110,6 +131,19 @@ def pipeline_refusal_for(name: str) -> str | None:
     return pipeline_refusal(spec)
 
 
+
+
+def overlap_refusal(tp_comm: bool, p2p: bool) -> str | None:
+    """None when the plan overlaps nothing the runtime cannot (module docstring); else one line."""
+    if tp_comm:
+        return ("tensor-parallel collectives overlapped with GEMMs (Megatron-Core --tp-comm-overlap, torch's async "
+                "TP) are not run by partita's runtime, whose DTensor collectives finish before the next operator: "
+                "re-plan with --tp-comm-overlap off, or run the plan with Megatron-LM (partita export --to megatron)")
+    if p2p:
+        return ("pipeline sends overlapped with compute (Megatron-Core --overlap-p2p-communication) are not run by "
+                "partita's runtime, whose pipeline (torch.distributed.pipelining) waits for each step's sends: "
+                "re-plan with --p2p-overlap off, or run the plan with Megatron-LM (partita export --to megatron)")
+    return None
 
 
 # Activation offload (runtime/offload.py) beside recompute, and in compiled layers (runtime/blocks.py).

@@ -67,8 +67,11 @@ def _bar(row: dict, cap: float, width: int = 32) -> Text:
 def _header(plan) -> Text:
     mesh, sched, model, t = plan.mesh, plan.schedule, plan.model, plan.train
     params = model.get("parameters")
-    zero = {0: "replicated model states", 2: "ZeRO-2 (FSDP2, no reshard after forward)",
-            3: "ZeRO-3 (FSDP2)"}.get(plan.zero_stage, f"ZeRO-{plan.zero_stage}")
+    zero = {0: "replicated model states", 1: "ZeRO-1 (optimizer state sharded)",
+            2: "ZeRO-2 (FSDP2, no reshard after forward)", 3: "ZeRO-3 (FSDP2)"}.get(plan.zero_stage,
+                                                                                  f"ZeRO-{plan.zero_stage}")
+    overlaps = [what for key, what in (("tp_comm", "tensor-parallel collectives with the GEMMs they feed"),
+                                       ("p2p", "pipeline sends with compute")) if plan.overlap.get(key)]
     chunks = f", {sched.virtual_stages} model chunks per pipeline rank" if sched.virtual_stages > 1 else ""
     lines = [
         f"partita plan  {model.get('name', '?')}" + (f" ({_count(params)} parameters)" if params else "")
@@ -84,6 +87,7 @@ def _header(plan) -> Text:
         *([f"  experts      each MoE layer's experts sharded over ep={mesh.ep} of the data-parallel ranks "
            f"(all-to-all dispatch and combine)"] if mesh.ep > 1 else []),
         f"  schedule     {sched.name}, {sched.num_microbatches} micro-batches of {sched.micro_batch_size}{chunks}",
+        *([f"  overlap      {'; '.join(overlaps)}"] if overlaps else []),
     ]
     return Text("\n".join(lines))
 

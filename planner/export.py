@@ -22,6 +22,7 @@ Pure functions from a loaded Plan to text; nothing here runs, imports the runtim
                                     --recompute-method block --recompute-num-layers k
     schedule micro-batch, batch     --micro-batch-size, --global-batch-size; train.seq_len --seq-length
     ZeRO 1 or 2 (and 3, partly)     --use-distributed-optimizer
+    overlap tp_comm / p2p           --tp-comm-overlap / --overlap-p2p-communication
     dtype bf16                      --bf16 (fp32 is Megatron's default)
   What has no Megatron-LM equivalent (ZeRO-3 / per-layer ZeRO stages, offload, per-layer mixed recompute
   or tensor sharding, the GPipe schedule) is a line `# partita: ... has no Megatron-LM equivalent: ...`.
@@ -34,6 +35,8 @@ Pure functions from a loaded Plan to text; nothing here runs, imports the runtim
                   "always"; tp -> tensor_parallel_degree; pp -> pipeline_parallel_degree, the schedule by
                   name (partita uses torch.distributed.pipelining's names: 1F1B, GPipe, Interleaved1F1B),
                   pipeline_parallel_microbatch_size, module_fqns_per_model_part = the plan's stages
+                  enable_async_tensor_parallel = the plan's tensor-parallel overlap (torch's async TP; needs
+                  torchtitan's compile)
     [activation_checkpoint] mode none | selective (selective_ac_option "op": partita's op exactly, its
                   selective approximately) | full; full on every n-th
                   layer -> selective with selective_ac_option "n"
@@ -392,6 +395,10 @@ def to_megatron(plan: Plan) -> str:
         out.arg("--expert-model-parallel-size", plan.mesh.ep)
     _megatron_pipeline(plan, out)
     _megatron_tensor(plan, out)
+    if plan.overlap.get("tp_comm"):
+        out.arg("--tp-comm-overlap")
+    if plan.overlap.get("p2p"):
+        out.arg("--overlap-p2p-communication")
     out.arg("--micro-batch-size", plan.schedule.micro_batch_size)
     out.arg("--global-batch-size", plan.train["global_batch"])
     if plan.train.get("dtype") == "bf16":
@@ -423,7 +430,13 @@ def _torchtitan_parallelism(plan: Plan, notes: _Args) -> dict:
         notes.note(_no_equivalent(TORCHTITAN, f"per-layer ZeRO stages ({_names(differ)} differ from the layers' "
                                   f"ZeRO-{zero})", "fsdp_reshard_after_forward is one policy for the model"))
     par["tensor_parallel_degree"] = m.tp
-    par["enable_async_tensor_parallel"] = False
+    par["enable_async_tensor_parallel"] = bool(plan.overlap.get("tp_comm"))
+    if plan.overlap.get("tp_comm"):
+        notes.note("enable_async_tensor_parallel needs torchtitan's compile of the model (torch.compile finds the "
+                   "all-gather / matmul and matmul / reduce-scatter pairs to overlap)")
+    if plan.overlap.get("p2p"):
+        notes.note(_no_equivalent(TORCHTITAN, "pipeline sends overlapped with compute", "torch.distributed."
+                                  "pipelining waits for each step's sends (slower than predicted)"))
     if m.tp > 1:
         par["disable_loss_parallel"] = not _loss_parallel(plan)
         layers = layer_blocks(plan)

@@ -4,7 +4,8 @@ costed per rank for one candidate (tp, dp, ZeRO stage, micro-batch b).
 Per micro-batch time (seconds), the stream model of costmodel.streams:
     compute  = forward C_f and backward C_b (+ a recompute re-run), each b * per-sample seconds + the
                per-micro-batch GEMM and launch seconds (costmodel.kernels, Device.op_latency)
-    T        = window_f + window_b + tensor-parallel collectives (on the critical path, as in Megatron-LM)
+    T        = window_f + window_b + tensor-parallel collectives (on the critical path, as in Megatron-LM;
+               or, under `tp_overlap`, pipelined with the layer's tensor-parallel GEMMs: costmodel.streams)
 where each window runs its compute beside the ZeRO all-gathers / reduce-scatters of that direction and
 the host-link copies of that direction, exposes what compute does not cover, and stretches compute
 while they overlap (Device.overlap_slowdown).
@@ -35,7 +36,7 @@ bandwidth) and come back during the backward; the NIC's off-node bytes share tha
 
 Model-state bytes per rank (n parameters on this rank after tensor parallelism; ZeRO, Rajbhandari et al.
 SC'20, with p, g, o bytes per parameter of parameters, gradients, optimizer state; d = dp degree):
-    stage 0:  (p + g + o) n        stage 1:  (p + g) n + o n / d
+    stage 0:  (p + g + o) n        stage 1:  (p + g) n + o n / d  (+ o E: `zero1_excess`)
     stage 2:  p n + (g + o + c) n / d  stage 3:  (p + g + o) n / d
 (c: the sharded parameter beside the gathered one, in fp32 only: costmodel.memory's shard_copy)
 In a ZeRO-3 candidate each layer may instead keep its parameters gathered from forward to backward
@@ -47,15 +48,23 @@ down the host link (overlapped like the all-gathers), and the optimizer step run
 (n / d * step traffic / HOST_MEMORY_BW). Offload is only offered on devices with their own memory
 (`Device.host_memory_bytes > 0`; a `cpu` device's memory already is host memory).
 
-After-flush time D (seconds): stages 0-1 all-reduce the gradients (stage 1 as reduce-scatter + all-gather,
-the same volume, 2 Psi) -- all of it after the flush, or (DDP, `ddp_overlap`) in buckets during the last
-micro-batch's backward, exposed only where it outlasts the layer's backward compute; stages 2-3 already
-reduced them per micro-batch (a pipeline: once per step, above). Then the optimizer step over the rank's
+After-flush time D (seconds): stages 0-1 all-reduce the gradients -- all of it after the flush, or (DDP,
+`ddp_overlap`) in buckets during the last micro-batch's backward, exposed only where it outlasts the
+layer's backward compute; stages 2-3 already reduced them per micro-batch (a pipeline: once per step,
+above). Stage 1 then updates each rank's 1/d of the parameters and shares them, as its stack runs it
+(`zero1_broadcast`): partita's runtime (torch's ZeroRedundancyOptimizer, runtime/zero1.py) broadcasts each
+parameter tensor from the rank that stepped it after the step, exposed --
+    S = (tensors) x broadcast(p n / tensors)   over the dp group (about an all-gather of the parameters:
+                                               3 Psi moved per step against DDP's 2 Psi);
+Megatron's distributed optimizer reduce-scatters the gradients and all-gathers the parameters instead of
+the all-reduce, the same 2 Psi as the all-reduce priced above (Rajbhandari et al. SC'20, stage P_os), so
+S = 0 there. Then the optimizer step over the rank's
 optimizer shard, memory-bound: n_opt * step traffic / achievable memory bandwidth, plus
 Device.sharded_param_latency per parameter tensor held as a DTensor.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,7 +98,7 @@ class Variant:
     act: float = 0.0
     flush: float = 0.0
     compute: float = 0.0
-    tp_comm: float = 0.0
+    tp_comm: float = 0.0           # exposed tensor-parallel seconds (all of them unless overlapped: costmodel.streams)
     cp_comm: float = 0.0           # context parallelism's K/V gathers (planner.cp_ep), on the critical path
     ep_comm: float = 0.0           # expert parallelism's all-to-alls (planner.cp_ep), on the critical path
     zero_comm: float = 0.0
@@ -104,6 +113,7 @@ class Variant:
     accumulate: float = 0.0        # of `compute` (pipelined FSDP): adding a micro-batch's gradients into fp32 ones
     zero_first: "streams.Window | None" = None  # of `flush` (pipelined): the step's first forward gather
     zero_scatter: float = 0.0      # of `flush` (pipelined): the step's one reduce-scatter, exposed
+    zero1_sync: float = 0.0        # of `flush` (ZeRO-1 as torch runs it): the parameters' broadcast, exposed
 
     @property
     def zero_flush(self) -> float:
@@ -112,8 +122,9 @@ class Variant:
 
     @property
     def zero_flush_exposed(self) -> float:
-        """Of `flush`: the ZeRO traffic a pipelined stage issues once per step and no compute covers."""
-        return (self.zero_first.exposed if self.zero_first else 0.0) + self.zero_scatter
+        """Of `flush`: the ZeRO traffic issued once per step that no compute covers (a pipelined stage's
+        gather and reduce-scatter, ZeRO-1's parameter broadcast)."""
+        return (self.zero_first.exposed if self.zero_first else 0.0) + self.zero_scatter + self.zero1_sync
 
     @property
     def zero_flush_contention(self) -> float:
@@ -168,6 +179,20 @@ def zero_state_bytes(n: float, sb: StateBytes, zero: int, dp: int, offload_state
     raise ValueError(f"ZeRO stage must be 0-3, got {zero}")
 
 
+def zero1_excess(numels: list[int], d: int) -> float:
+    """E: parameters the busiest of d ranks steps beyond numel / d under torch's ZeroRedundancyOptimizer,
+    which hands out whole tensors, largest first, each to the rank holding the fewest elements so far
+    (runtime/zero1.py): that rank holds o (numel / d + E) bytes of optimizer state. Megatron's distributed
+    optimizer shards a flat buffer evenly (E = 0)."""
+    if d <= 1 or not numels:
+        return 0.0
+    loads = [(0, rank) for rank in range(d)]  # (elements, rank): the first least-loaded rank takes the next
+    for n in sorted(numels, reverse=True):
+        load, rank = heapq.heappop(loads)
+        heapq.heappush(loads, (load + n, rank))
+    return max(load for load, _ in loads) - sum(numels) / d
+
+
 def _expert_split(o: BlockOption, dp: int, ep: int) -> tuple[float, float, int]:
     """(dense parameters, expert parameters on this rank, ranks holding the same experts): with ep > 1 a
     rank holds 1/ep of a MoE layer's experts, shared with the dp / ep ranks of the same ep index."""
@@ -177,7 +202,8 @@ def _expert_split(o: BlockOption, dp: int, ep: int) -> tuple[float, float, int]:
 
 
 def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: float,
-                 ddp_overlap: bool = False, cp: int = 1, ep: int = 1, pipelined: bool = False) -> Variant:
+                 ddp_overlap: bool = False, cp: int = 1, ep: int = 1, pipelined: bool = False,
+                 tp_overlap: bool = False, zero1_broadcast: bool = True) -> Variant:
     """Cost one variant for one micro-batch of b samples on one rank (module docstring); the time is the
     stream model's (costmodel.streams). `ddp_overlap`: the data-parallel all-reduce (ZeRO-0/1) runs in
     buckets during the last micro-batch's backward (the runtime's DDP), rather than after the flush.
@@ -185,7 +211,9 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     rank's share of the samples); this adds the K/V gathers. Expert parallelism (`ep`): expert
     parameters 1/ep per rank, their all-to-alls and the busiest rank's imbalance. `pipelined`: the layer
     sits in a pipeline stage (pp > 1), whose ZeRO traffic and gradients follow torch.distributed.pipelining
-    (module docstring)."""
+    (module docstring). `tp_overlap`: the TP collectives run in tp chunks beside the tensor-parallel GEMMs
+    (costmodel.streams.tp_overlap). `zero1_broadcast`: ZeRO-1 broadcasts the parameters after the step
+    (torch's ZeroRedundancyOptimizer) rather than Megatron's reduce-scatter + all-gather (module docstring)."""
     o, dev = v.base, cluster.device
     n_dense, n_expert, edp = _expert_split(o, dp, ep)
     zero = zero if v.zero is None else v.zero
@@ -206,9 +234,10 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
             + o.param_tensors * dev.op_latency
         bwd += v.accumulate
     v.compute = fwd + bwd
-    v.tp_comm = o.tp_comm_s(cluster, b)
-    if v.recompute == "full":  # the re-run forward repeats its collectives
-        v.tp_comm += o.tp_fwd_comm_s(cluster, b)
+    tp_all, tp_fwd = o.tp_comm_s(cluster, b), o.tp_fwd_comm_s(cluster, b)
+    gemm_fwd, gemm_bwd = o.gemm_s(b)
+    if v.recompute == "full":  # the re-run forward repeats its collectives (beside its GEMMs) in the backward
+        tp_all, gemm_bwd = tp_all + tp_fwd, gemm_bwd + gemm_fwd
     kv = o.kv_bytes * b * cp  # the K and V of the rank's whole sequences
     v.cp_comm = cp_comm(cluster, kv, cp, tp, v.recompute)
     v.ep_comm = ep_comm(cluster, o.experts.dispatch_bytes * b, ep, tp, cp, v.recompute) if n_expert else 0.0
@@ -245,11 +274,13 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
         nic_f = off(sb.param) if gather_fwd else 0.0
         nic_b = off(sb.param) * (gather_bwd > 0) + off(sb.grad_comm) * (scatter > 0)
     timing = streams.layer_timing(streams.LayerStreams(
-        compute_fwd=fwd, compute_bwd=bwd, tp=v.tp_comm, cp=v.cp_comm, ep=v.ep_comm, gather_fwd=gather_fwd,
+        compute_fwd=fwd, compute_bwd=bwd, tp=tp_all, tp_fwd=tp_fwd, tp_chunks=tp if tp_overlap and tp > 1 else 0,
+        gemm_fwd=gemm_fwd, gemm_bwd=gemm_bwd, cp=v.cp_comm, ep=v.ep_comm, gather_fwd=gather_fwd,
         gather_bwd=gather_bwd, scatter_bwd=scatter, offload_out=out, offload_in=back, nic_fwd=nic_f,
         nic_bwd=nic_b), dev.overlap_slowdown)
     v.timing = timing
     v.time = timing.total
+    v.tp_comm = timing.tp
     v.zero_comm = gather_fwd + gather_bwd + scatter
     v.offload_traffic = out + back
     full = zero_state_bytes(n_dense, sb, zero, dp) + zero_state_bytes(n_expert, sb, zero, edp)
@@ -267,6 +298,12 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
         if edp > 1:
             ar += n_expert * sb.grad_comm * comm.affine(comm.all_reduce, cluster, edp_group)[1]
     v.dp_comm = ar
+    v.zero1_sync = 0.0
+    if zero == 1 and zero1_broadcast:  # each parameter tensor broadcast from the rank that stepped it
+        tensors = max(1, o.param_tensors)
+        v.zero1_sync = sum(tensors * comm.broadcast(cluster, group, n * sb.param / tensors)
+                           for n, group, size in ((n_dense, dp_group, dp), (n_expert, edp_group, edp))
+                           if n and size > 1)
     v.dp_exposed, v.dp_contention = ar, 0.0
     if ddp_overlap and ar:
         # buckets overlap the last micro-batch's backward of this layer (costmodel.streams)
@@ -287,10 +324,11 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
 def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: float,
              allow_recompute=RECOMPUTE, allow_offload: bool = True, prune: bool = True,
              ddp_overlap: bool = False, cp: int = 1, ep: int = 1, pipelined: bool = False,
-             keep_gathered: bool = True, kernels: str = "eager") -> list[Variant]:
+             keep_gathered: bool = True, kernels: str = "eager", tp_overlap: bool = False,
+             zero1_broadcast: bool = True) -> list[Variant]:
     """Every variant of every sharding option, costed, with dominated ones removed (`keep_gathered`:
     SearchSpace.keep_gathered), leaving out what the runtime does not run under `kernels`
-    (planner.executable.offload_refusal).
+    (planner.executable.offload_refusal); `tp_overlap`, `zero1_broadcast`: as cost_variant's.
 
     With tp > 1 a replicated variant is usually dominated by a tensor-parallel one (slower, more memory)
     and disappears; if every tensor-parallel variant is dominated instead, the mesh's tp ranks would
@@ -303,12 +341,12 @@ def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: i
             for off_a in ((False, True) if allow_offload else (False,)):
                 if offload_refusal(r, off_a, kernels):
                     continue  # not run (e.g. full recompute keeps the layer input alone: nothing to offload)
+                cost = lambda var: cost_variant(var, cluster, sb, zero, dp, tp, b, ddp_overlap, cp, ep, pipelined,
+                                                tp_overlap and base.name == "sequence", zero1_broadcast)
                 for off_o in ((False, True) if allow_offload and zero == 3 else (False,)):
-                    out.append(cost_variant(Variant(base, r, off_a, off_o), cluster, sb, zero, dp, tp, b, ddp_overlap,
-                                            cp, ep, pipelined))
+                    out.append(cost(Variant(base, r, off_a, off_o)))
                 if zero == 3 and dp > 1 and keep_gathered:  # this block alone kept gathered from forward to backward
-                    out.append(cost_variant(Variant(base, r, off_a, zero=2), cluster, sb, zero, dp, tp, b, ddp_overlap,
-                                            cp, ep, pipelined))
+                    out.append(cost(Variant(base, r, off_a, zero=2)))
     return pareto(out) if prune else out
 
 

@@ -25,6 +25,9 @@ Shape (the keys scripts rely on are marked *; see DESIGN.md):
                  host memory (FSDP2 CPUOffloadPolicy; needs zero_stage 3); optional "zero_stage": 2 | 3,
                  the block's own stage in a sharded plan (2: parameters stay gathered forward to backward)
     zero_stage   0-3: ZeRO sharding of parameters, gradients and optimizer state over the dp axis
+    overlap      {"tp_comm": bool, "p2p": bool}: tensor-parallel collectives pipelined with the GEMMs they feed
+                 (Megatron-Core --tp-comm-overlap, torch async TP), pipeline sends overlapped with compute
+                 (--overlap-p2p-communication); priced, not run by partita's runtime. Absent: neither
     placements   {module fqn: "colwise" | "rowwise" | "sequence" | "vocab"}   tensor-parallel modules;
                  absent = replicated. colwise/rowwise: Megatron TP on an nn.Linear; sequence: a norm runs
                  sequence-parallel (Korthikanti et al. 2022), its block's residual stream sharded on the
@@ -52,6 +55,8 @@ SHARDINGS = ("replicate", "tensor", "sequence")
 RECOMPUTE = ("none", "selective", "op", "full")
 """Activation recompute policies, most memory first (planner/strategies.py says what each keeps)."""
 TP_STYLES = ("colwise", "rowwise", "sequence", "vocab")
+OVERLAPS = ("tp_comm", "p2p")
+"""Keys of a plan's `overlap`: what communication it overlaps with compute (module docstring)."""
 
 
 class PlanError(PartitaError):
@@ -124,6 +129,8 @@ class Plan:
     blocks: list[BlockChoice]
     placements: dict[str, str] = field(default_factory=dict)
     zero_stage: int = 0
+    overlap: dict[str, bool] = field(default_factory=dict)
+    """{"tp_comm": bool, "p2p": bool} (module docstring); {} or a missing key: not overlapped."""
     predicted: dict[str, Any] = field(default_factory=dict)
     solver: dict[str, Any] = field(default_factory=dict)
     baselines: list[dict[str, Any]] = field(default_factory=list)
@@ -250,6 +257,10 @@ class Plan:
             raise PlanError("offload_states needs zero_stage 3 (FSDP2 offloads sharded states)")
         if zero not in (2, 3) and any(b.zero_stage is not None for b in blocks):
             raise PlanError(f"a block's own zero_stage needs a sharded plan (zero_stage 2 or 3), not {zero}")
+        overlap = _obj(data.get("overlap", {}), "overlap")
+        for key, value in overlap.items():
+            if key not in OVERLAPS or not isinstance(value, bool):
+                raise PlanError(f"overlap.{key} is {value!r}; accepted: {', '.join(OVERLAPS)}, each true or false")
         train = _obj(data["train"], "train")
         gb = train.get("global_batch")
         if not isinstance(gb, int) or gb != mesh.dp * schedule.num_microbatches * schedule.micro_batch_size:
@@ -257,7 +268,7 @@ class Plan:
                             f"({mesh.dp} x {schedule.num_microbatches} x {schedule.micro_batch_size})")
         return cls(model=_obj(data["model"], "model"), cluster=_obj(data["cluster"], "cluster"), train=train,
                    mesh=mesh, schedule=schedule, stages=stages, blocks=blocks, placements=dict(placements),
-                   zero_stage=zero,
+                   zero_stage=zero, overlap=dict(overlap),
                    predicted=_obj(data.get("predicted", {}), "predicted"),
                    solver=_obj(data.get("solver", {}), "solver"),
                    baselines=_list(data.get("baselines", []), "baselines"))

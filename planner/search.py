@@ -189,7 +189,8 @@ def _fit_advice(space: SearchSpace, activations_bind: bool) -> str:
         return "activations dominate: " + "; ".join(
             freed + ["a shorter sequence, or more tensor, context or pipeline parallelism"])
     if 3 not in space.zero:
-        freed.append("shard parameters too (--zero 3)")
+        freed.append("shard the optimizer state (--zero 1) or everything (--zero 3)" if 1 not in space.zero
+                     else "shard parameters too (--zero 3)")
     elif not space.offload:
         freed.append("allow offloading ZeRO-3 states to host memory (--offload on)")
     return "model states dominate: " + "; ".join(freed + ["more devices, or devices with more memory"])

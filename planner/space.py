@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.fusion import KERNELS
 from partita.costmodel.hardware import Cluster
+from partita.costmodel.stacks import DEFAULT_STACK, STACKS, get_stack
 from partita.planner.options import RECOMPUTE
 
 
@@ -93,11 +94,11 @@ class SearchSpace:
     ep: tuple[int, ...] | None = None
     """Expert-parallel degrees (a MoE layer's experts sharded over ep of the dp ranks, planner.cp_ep);
     None: 1 for dense models, and for MoE models every divisor of dp and of the expert count up to 8."""
-    zero: tuple[int, ...] = (0, 2, 3)
-    """ZeRO stages to consider. Stage 1 is costed (planner.options) but not searched by default: PyTorch
-    has no native ZeRO-1 that composes with DTensor tensor parallelism and pipelining, while FSDP2 gives
-    stage 3, and stage 2 with reshard_after_forward=False. ZeRO shards over data-parallel ranks, so a
-    dp = 1 mesh (where every stage is stage 0) is considered only when 0 is in the set."""
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    """ZeRO stages to consider: 0 (DDP), 1 (optimizer state sharded: torch's ZeroRedundancyOptimizer, on
+    meshes planner.executable.zero_refusal allows unless the user fixes the mesh), 2 and 3 (FSDP2). ZeRO
+    shards over data-parallel ranks, so a dp = 1 mesh (where every stage is stage 0) is considered only
+    when 0 is in the set."""
     recompute: tuple[str, ...] = RECOMPUTE
     """Activation recompute policies ("none", "selective", "op", "full") a layer may take; one value fixes every
     layer's policy."""
@@ -134,6 +135,17 @@ class SearchSpace:
     chosen per layer where memory allows; the runtime's reshard_after_forward=False). False: every ZeRO-3
     layer reshards after its forward and gathers again for its backward, as FSDP's FULL_SHARD runs --
     how a published FULL_SHARD run is priced as it ran (benchmarks.published)."""
+    stack: str = DEFAULT_STACK
+    """The software stack the plan is priced for (costmodel.stacks): which overlaps it can run (below) and
+    how it runs ZeRO-1 (planner.options). "pytorch" (default) is partita's runtime; a plan for another stack
+    ("te-2024": Megatron-Core with Transformer Engine, ...) is priced, not run by partita."""
+    tp_comm_overlap: tuple[bool, ...] | None = None
+    """Overlap the tensor-parallel collectives of sequence parallelism with the GEMMs they feed (True;
+    Megatron-Core's --tp-comm-overlap, torch's async TP) or keep them on the critical path (False), a choice
+    per candidate (costmodel.streams.tp_overlap prices it). None: by the stack (`overlap_choices`)."""
+    p2p_overlap: tuple[bool, ...] | None = None
+    """Overlap an interleaved pipeline's sends and receives with the next chunk's compute (True; Megatron-Core's
+    --overlap-p2p-communication) or wait for them (False), a choice per candidate. None: by the stack."""
     p2p_scatter_gather: bool = False
     """Price pipeline sends as Megatron-LM runs them with tensor parallelism (Narayanan et al. SC'21, §4.1,
     scatter/gather): each of the t ranks sends 1/t of the boundary activation and the receiving ranks
@@ -142,7 +154,7 @@ class SearchSpace:
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "sequence_parallel", "micro_batch",
-                     "virtual_stages"):
+                     "virtual_stages", "tp_comm_overlap", "p2p_overlap"):
             object.__setattr__(self, name, _as_tuple(getattr(self, name)))
         for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages"):
             values = getattr(self, name)
@@ -168,6 +180,18 @@ class SearchSpace:
             raise PartitaError(f"kernels must be one of {', '.join(KERNELS)}, got {self.kernels!r}")
         if not isinstance(self.offload, bool):
             raise PartitaError(f"offload must be True (allowed, searched) or False (none), got {self.offload!r}")
+        if self.stack not in STACKS:
+            raise PartitaError(f"stack must be one of {', '.join(STACKS)}, got {self.stack!r}")
+        stack = get_stack(self.stack)
+        for name, what in (("tp_comm_overlap", "overlap tensor-parallel collectives with GEMMs"),
+                           ("p2p_overlap", "overlap pipeline sends with compute")):
+            values = getattr(self, name)
+            if values is not None and (not values or not all(isinstance(x, bool) for x in values)):
+                raise PartitaError(f"{name} must be True and/or False (or None: by the stack), got {values!r}")
+            if values and True in values and not getattr(stack, name):
+                able = [s.name for s in STACKS.values() if getattr(s, name)]
+                raise PartitaError(f"{name.replace('_', '-')}=on: the {self.stack} stack does not {what} "
+                                   f"(costmodel.stacks); stacks that do: {', '.join(able)} (--stack)")
 
     def fixed(self) -> dict:
         """The choices this space restricts, relative to the full space: {field: values}."""
@@ -177,8 +201,21 @@ class SearchSpace:
 
 ZERO_STAGES = (0, 1, 2, 3)
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "full_recompute_layers", "offload", "kernels",
-           "sequence_parallel", "micro_batch", "virtual_stages")
+           "sequence_parallel", "micro_batch", "virtual_stages", "stack", "tp_comm_overlap", "p2p_overlap")
 """The SearchSpace fields a user fixes (planner.api.plan keywords, `partita plan` flags)."""
+
+
+def overlap_choices(space: SearchSpace) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """(TP overlap, pipeline-send overlap) values the search tries: the space's where given; by default
+    both where the stack runs that overlap (costmodel.stacks) and partita's runtime does not run the stack
+    -- a user pricing a Megatron-Core run gets the overlap it runs --, and none for the stack partita runs:
+    its runtime overlaps neither (DTensor's collectives and torch.distributed.pipelining's sends are
+    waited for before the next operator), and a plan `partita run` refuses is not what `partita plan`
+    should hand back unasked. Asking for one (`--tp-comm-overlap on`) prices it, with a plan note."""
+    stack = get_stack(space.stack)
+    default = lambda runs: (False, True) if runs and not stack.partita_runs else (False,)
+    return (space.tp_comm_overlap if space.tp_comm_overlap is not None else default(stack.tp_comm_overlap),
+            space.p2p_overlap if space.p2p_overlap is not None else default(stack.p2p_overlap))
 
 
 def _as_tuple(v):
@@ -212,8 +249,8 @@ def _meshes(cluster: Cluster, train: TrainConfig, space: SearchSpace, max_pp: in
                 dp = n // (tp * pp * cp)
                 if train.global_batch % dp or (space.dp is not None and dp not in space.dp):
                     continue
-                if tp == 1 and False not in space.sequence_parallel:
-                    continue  # sequence parallelism splits over tp ranks
+                if tp == 1 and (False not in space.sequence_parallel or False not in overlap_choices(space)[0]):
+                    continue  # sequence parallelism (and the TP overlap of its collectives) splits over tp ranks
                 local = train.global_batch // dp
                 for zero in (space.zero if dp * cp > 1 else (0,) if 0 in space.zero else ()):
                     for b in divisors(local):
@@ -290,6 +327,8 @@ def no_candidates_reason(cluster: Cluster, train: TrainConfig, space: SearchSpac
 def _why_nothing(cluster, train, space, max_pp, layers, seq) -> str | None:
     """The funnel of _meshes and _schedules, constraint by constraint, naming the first that leaves
     nothing; None when something is left."""
+    if why := _why_no_overlap(train, space):
+        return why
     v = space.virtual_stages
     if v is not None and 1 not in v and train.schedule in ("1F1B", "GPipe"):
         return (f"virtual stages {'|'.join(map(str, v))} interleave model chunks, which is the Interleaved1F1B "
@@ -357,6 +396,24 @@ def _why_nothing(cluster, train, space, max_pp, layers, seq) -> str | None:
         return _fewest(runs)
     if not any(_schedules(train.schedule, p, m, layers, v) for t, p, d, b, m in piped):
         return _why_no_interleaving(piped, layers, v)
+    return None
+
+
+def _why_no_overlap(train: TrainConfig, space: SearchSpace) -> str | None:
+    """Why an overlap the space fixes on has nothing to overlap; None when it can run."""
+    tp_overlap, p2p_overlap = overlap_choices(space)
+    if False not in tp_overlap:
+        if False in space.sequence_parallel and True not in space.sequence_parallel:
+            return ("tp-comm-overlap=on overlaps sequence parallelism's all-gathers and reduce-scatters with the "
+                    "GEMMs they feed (Megatron-Core and torch's async TP overlap no other): it needs "
+                    "--sequence-parallel on, or searched")
+        if space.tp is not None and max(space.tp) == 1:
+            return "tp-comm-overlap=on overlaps tensor-parallel collectives: it needs tp > 1"
+    if False not in p2p_overlap:
+        if train.schedule in ("1F1B", "GPipe") or space.virtual_stages == (1,) or space.pp == (1,):
+            return ("p2p-overlap=on overlaps an interleaved pipeline's sends with the next chunk's compute "
+                    "(Megatron-Core's --overlap-p2p-communication runs with interleaved 1F1B only): it needs "
+                    "pp > 1 and the Interleaved1F1B schedule (virtual stages > 1)")
     return None
 
 

@@ -97,6 +97,10 @@ class BlockOption:
     tp_reduce_each_bwd: list[int] | None = None  # backward all-reduces as the runtime issues them (below)
     param_tensors: int = 0         # parameter tensors held per rank (each costs the optimizer a few operators)
     dtensor_params: int = 0        # of which DTensors (Device.sharded_param_latency each per optimizer step)
+    gemm_fwd_s: float = 0.0        # of fwd_s: the column- and row-parallel GEMMs (what TP overlap hides behind)
+    gemm_bwd_s: float = 0.0
+    gemm_fixed_fwd: float = 0.0    # their per-micro-batch seconds (of fixed_s)
+    gemm_fixed_bwd: float = 0.0
     kv_bytes: int = 0              # keys and values entering fused attention, per sample per rank (planner.cp_ep)
     experts: Experts | None = None  # a mixture-of-experts layer's experts (planner.cp_ep), None when dense
 
@@ -124,6 +128,12 @@ class BlockOption:
         bwd = self.tp_comm_bytes_bwd if self.tp_reduce_each_bwd is None else self.tp_reduce_each_bwd
         return self.tp_fwd_comm_s(cluster, micro_batch) + self._comm_s(
             cluster, micro_batch, bwd, self.tp_gather_bwd, self.tp_scatter_bwd)
+
+    def gemm_s(self, micro_batch: float) -> tuple[float, float]:
+        """(forward, backward) seconds of the tensor-parallel GEMMs for one micro-batch: the window the
+        block's TP collectives overlap under tp_comm_overlap (costmodel.streams.tp_overlap)."""
+        return (self.gemm_fwd_s * micro_batch + self.gemm_fixed_fwd,
+                self.gemm_bwd_s * micro_batch + self.gemm_fixed_bwd)
 
     def time_s(self, cluster: Cluster, micro_batch: int) -> float:
         """Forward + backward seconds for one micro-batch, TP communication included (not overlapped)."""
@@ -208,12 +218,15 @@ def _split_option(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequenc
     col_inputs: dict[str, int] = {}
     col_each: list[int] = []  # the input of every column-parallel layer (BlockOption.tp_comm_s)
     fixed = 0.0
+    gemm = [0.0, 0.0, 0.0, 0.0]  # forward, backward per sample; forward, backward per micro-batch
     for n in graph.nodes_of(group):
         d = g.nodes[n]
         style = placements.get(d["module"]) if d["kind"] in ("linear", "embedding") else None
         split = n in sharded or n in seq or (style is not None and d["kind"] == "linear")
         t = node_seconds(d, cluster, graph.dtype, tp, style, split)
         fwd, bwd, fixed = fwd + t.fwd, bwd + t.bwd, fixed + t.fixed_fwd + t.fixed_bwd
+        if d["kind"] == "linear" and style in ("colwise", "rowwise"):
+            gemm = [a + b for a, b in zip(gemm, (t.fwd, t.bwd, t.fixed_fwd, t.fixed_bwd))]
         saved += _saved_share(g, n, tp, sharded, seq, placements)
         for pname, pn in d["params"].items():
             replicated_bias = style == "rowwise" and pname.endswith("bias")
@@ -232,6 +245,7 @@ def _split_option(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequenc
     opt = BlockOption(name="sequence" if sequence else "tensor", tp=tp, fwd_s=fwd, bwd_s=bwd,
                       tp_comm_bytes_fwd=reduce_fwd, param_numel=numel, saved_bytes=saved, placements=placements,
                       layout="S" if sequence else "R", fixed_s=fixed)
+    opt.gemm_fwd_s, opt.gemm_bwd_s, opt.gemm_fixed_fwd, opt.gemm_fixed_bwd = gemm
     if sequence:
         opt.tp_gather_fwd, opt.tp_scatter_fwd = list(col_inputs.values()), scatter_fwd
         opt.tp_scatter_bwd, opt.tp_gather_bwd = list(col_inputs.values()), rows_out

@@ -49,8 +49,9 @@ from partita.runtime.fsdp import apply_fsdp, sharded
 from partita.runtime.memory import local
 from partita.runtime.mesh import Topology
 from partita.runtime.precision import autocast_forward, describe, train_dtype
-from partita.runtime.recipe import LossFn, lm_loss, loss_for
+from partita.runtime.recipe import LossFn, lm_loss, loss_for, make_optimizer
 from partita.runtime.tp import apply_tp, loss_context, plain, settle_grads, vocab_head
+from partita.runtime.zero1 import make_zero1
 
 
 @torch.no_grad()
@@ -192,6 +193,7 @@ class PipelineExecutor:
 
     def __init__(self, model: nn.Module, plan: Plan, topo: Topology, seq_len: int):
         self.topo = topo
+        self.replicas, self.n_replicas = topo.group("dp"), topo.dp  # the ranks that average gradients
         example = torch.zeros(plan.schedule.micro_batch_size, seq_len, dtype=torch.long, device=topo.device)
         pipe = pipeline_parallel.split(model, plan, example)
         self.stage_indices = pipeline_parallel.local_stages(plan, topo.pp_rank)
@@ -215,14 +217,22 @@ class PipelineExecutor:
         with loss_context(self.loss_parallel):
             self.schedule.step(*args, **kwargs)
         settle_grads(self.params)
-        if self.topo.dp > 1 and not self.fsdp:
-            average_grads(self.params, self.topo.group("dp"), self.topo.dp)
+        if self.n_replicas > 1 and not self.fsdp:
+            average_grads(self.params, self.replicas, self.n_replicas)
         if not losses:
             return torch.zeros((), device=self.topo.device)
         return torch.stack([l.detach() for l in losses]).mean()
 
 
 Executor = LocalExecutor | PipelineExecutor
+
+
+def make_plan_optimizer(executor: Executor, plan: Plan, lr: float, name: str) -> torch.optim.Optimizer:
+    """The optimizer over this rank's parameters: under ZeRO-1 its state sharded over the ranks that
+    average the gradients (runtime.zero1), else whole (FSDP's parameters are already shards)."""
+    if plan.zero_stage == 1 and executor.n_replicas > 1:
+        return make_zero1(executor.params, lr, name, executor.replicas)
+    return make_optimizer(executor.params, lr, name)
 
 
 def make_executor(model: nn.Module, plan: Plan, topo: Topology, spec: ModelSpec) -> Executor:

@@ -12,7 +12,7 @@ Layout of `--checkpoint-dir DIR`:
 What is saved: the model state dict under "model.<fqn>" and each parameter's optimizer state under
 "optim.<param fqn>.<key>" (AdamW's step, exp_avg, exp_avg_sq), keyed by the user's FQNs whatever the plan
 (FSDP2 and tensor-parallel parameters as DTensors, pipeline stages each their own names, data-parallel
-replicas once), so DCP reshards on load: a checkpoint of 4 ranks under one mesh loads into 2 ranks under
+replicas once; under ZeRO-1 each by the rank that owns it, runtime.zero1), so DCP reshards on load: a checkpoint of 4 ranks under one mesh loads into 2 ranks under
 another, or into one process. The step is the data position too (batches depend on (seed, step) only).
 Hyperparameters (lr, betas) come from the run's flags and plan, not from the checkpoint.
 
@@ -52,6 +52,7 @@ import torch.nn as nn
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from partita.costmodel.errors import PartitaError
+from partita.runtime.zero1 import owned
 
 FORMAT = "partita.checkpoint/1"
 MANIFEST = "partita.json"
@@ -300,7 +301,7 @@ def load(ckpt: Checkpoint, md: Metadata, modules: list[nn.Module], params: list[
         if key.startswith("optim.") and isinstance(entry, TensorStorageMetadata):
             fqn, _, k = key[len("optim."):].rpartition(".")
             saved.setdefault(fqn, {})[k] = entry
-    for p in params:
+    for p in owned(optimizer, params):  # under ZeRO-1 the state of the parameters this rank owns
         fqn = names[id(p)]
         for k, entry in saved.get(fqn, {}).items():
             dtype = entry.properties.dtype

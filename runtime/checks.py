@@ -60,7 +60,8 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
 
 def check_executable(plan: Plan, spec: ModelSpec, model: nn.Module) -> None:
     """The plan within what this runtime executes, as planner.executable states it (the planner plans
-    within the same limits): its schedule, its ZeRO stage, and a pipeline only for a model a pipeline runs.
+    within the same limits): its schedule, its ZeRO stage on its mesh, no overlap it cannot run, and a
+    pipeline only for a model a pipeline runs.
     A `package.module:factory` token model gets its vocabulary and sequence length here (from its embedding
     and example batch: the factory's ModelSpec records neither), so its batches are token windows."""
     if spec.loss_fn is None and not spec.vocab and (shape := executable.token_model_shape(spec, model)):
@@ -74,8 +75,10 @@ def check_executable(plan: Plan, spec: ModelSpec, model: nn.Module) -> None:
     if plan.kernels not in KERNELS:
         raise PlanError(f"plan's solver.fixed.kernels is {plan.kernels!r}; this runtime runs "
                         f"{' or '.join(KERNELS)}: re-plan with --kernels {{{','.join(KERNELS)}}}")
-    if plan.zero_stage not in executable.ZERO_STAGES:
-        sharded(plan)  # its one-line refusal
+    m = plan.mesh
+    if why := (executable.zero_refusal(plan.zero_stage, m.tp, m.cp, m.ep)
+               or executable.overlap_refusal(plan.overlap.get("tp_comm", False), plan.overlap.get("p2p", False))):
+        raise PlanError(why)
 
 
 def _what(mod: nn.Module | None) -> str:

@@ -7,7 +7,7 @@ forward (gathered again for the backward); zero_stage 2 keeps them gathered from
 (`reshard_after_forward=False`), per block where the block has its own zero_stage; both reduce-scatter gradients, so each rank keeps its shard of gradients
 and optimizer state. Tensor-parallel parameters (DTensors on the "tp" axis of the same mesh) become 2-D
 (dp, tp) shards. A block with `offload_states` gets CPUOffloadPolicy (runtime.offload); bf16 plans get
-MixedPrecisionPolicy (runtime.precision). zero_stage 1 is refused by the pre-flight checks.
+MixedPrecisionPolicy (runtime.precision). zero_stage 1 is runtime.zero1's.
 """
 from __future__ import annotations
 
@@ -16,16 +16,13 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
-from partita.planner.plan import BlockChoice, Plan, PlanError
+from partita.planner.plan import BlockChoice, Plan
 from partita.runtime.offload import state_policy
 from partita.runtime.precision import fsdp_policy
 
 
 def sharded(plan: Plan) -> bool:
-    """Whether the plan runs FSDP; PlanError for zero_stage 1, which this runtime does not execute."""
-    if plan.zero_stage == 1:
-        raise PlanError("zero_stage 1 (optimizer state sharded, gradients not) is not executed by this runtime; "
-                        "use zero_stage 2 (FSDP2 without resharding after forward) or 3")
+    """Whether the plan runs FSDP (zero_stage 2 or 3; stage 1 shards the optimizer alone, runtime.zero1)."""
     return plan.zero_stage in (2, 3)
 
 

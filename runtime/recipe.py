@@ -58,11 +58,18 @@ OPTIMIZERS = ("adam", "sgd")
 """The plan's `train["optimizer"]` values, as costmodel.memory costs them."""
 
 
-def make_optimizer(params: Iterable[torch.Tensor], lr: float, name: str = "adam") -> torch.optim.Optimizer:
-    """"adam": AdamW without weight decay; "sgd": SGD without momentum (no optimizer state, as the planner
-    costs it). foreach=False: DTensor and plain parameters may be mixed (TORCH-NOTES)."""
+def optimizer_class(name: str) -> tuple[type[torch.optim.Optimizer], dict]:
+    """(class, keyword arguments but lr) of an optimizer: "adam": AdamW without weight decay; "sgd": SGD
+    without momentum (no optimizer state, as the planner costs it). foreach=False: DTensor and plain
+    parameters may be mixed (TORCH-NOTES)."""
     if name == "adam":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=False)
+        return torch.optim.AdamW, {"weight_decay": 0.0, "foreach": False}
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.0, foreach=False)
+        return torch.optim.SGD, {"momentum": 0.0, "foreach": False}
     raise ValueError(f"optimizer {name!r}; accepted: {list(OPTIMIZERS)}")
+
+
+def make_optimizer(params: Iterable[torch.Tensor], lr: float, name: str = "adam") -> torch.optim.Optimizer:
+    """The optimizer `name` (`optimizer_class`) over `params`."""
+    cls, kwargs = optimizer_class(name)
+    return cls(params, lr=lr, **kwargs)

@@ -41,13 +41,13 @@ from partita.planner.plan import Plan
 from partita.runtime import checkpoint as ckpt
 from partita.runtime import ep as expert_parallel
 from partita.runtime import memory
-from partita.runtime.apply import make_executor
+from partita.runtime.apply import make_executor, make_plan_optimizer
 from partita.runtime.checks import build_meta, optimizer_name, preflight
 from partita.runtime.data import make_data
 from partita.runtime.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
 from partita.runtime.mesh import Topology, backend_for, init
 from partita.runtime.precision import train_dtype
-from partita.runtime.recipe import build_model, make_optimizer
+from partita.runtime.recipe import build_model
 from partita.runtime.report import RunResult, render
 from partita.runtime.verify import (PARAM_TOLERANCE, TOLERANCE, VERIFY_DTYPE, Check, compare, failures, loss_check,
                             param_check, param_stats, reference_run)
@@ -339,7 +339,7 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
     names = [(n, p.shape) for n, p in model.named_parameters()]
     executor = make_executor(model, plan, topo, spec)
     del model
-    opt = make_optimizer(executor.params, opts.lr, opt_name)
+    opt = make_plan_optimizer(executor, plan, opts.lr, opt_name)
     start, last_good = 0, None
     if prep.resume is not None:
         if note := ckpt.load(prep.resume, prep.metadata, executor.modules, executor.params, opt):
@@ -468,7 +468,7 @@ def _verification_pass(plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo
     model = build_model(spec, seed=opts.seed).to(topo.device)
     executor = make_executor(model, verify_plan, topo, spec)
     del model
-    opt = make_optimizer(executor.params, opts.lr, optimizer_name(plan))
+    opt = make_plan_optimizer(executor, verify_plan, opts.lr, optimizer_name(plan))
     losses = []
     for k in range(opts.steps):
         batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))

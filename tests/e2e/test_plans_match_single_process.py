@@ -59,13 +59,14 @@ def _env(**extra) -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **extra}
 
 
-def launch(tmp_path: Path, plan: dict, ranks: int, model: str = "tiny-gpt", env: dict | None = None):
-    """torchrun the plan with --verify; returns (CompletedProcess, losses-out JSON or None)."""
+def launch(tmp_path: Path, plan: dict, ranks: int, model: str = "tiny-gpt", env: dict | None = None,
+           flags: tuple[str, ...] = (), steps: int = STEPS):
+    """torchrun the plan with --verify (and `flags`); returns (CompletedProcess, losses-out JSON or None)."""
     plan_file, out = tmp_path / "plan.json", tmp_path / "out.json"
     plan_file.write_text(json.dumps(plan))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-           "-m", "partita.runtime.train", str(plan_file), "--model", model, "--steps", str(STEPS), "--verify",
-           "--losses-out", str(out)]
+           "-m", "partita.runtime.train", str(plan_file), "--model", model, "--steps", str(steps), "--verify",
+           "--losses-out", str(out), *flags]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(**(env or {})), capture_output=True, text=True, timeout=300)
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 

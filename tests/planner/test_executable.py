@@ -132,9 +132,17 @@ def test_a_tied_head_split_from_its_embedding_is_charged(two_tower):
 
 
 def test_a_priced_zero_stage_the_runtime_does_not_run_is_flagged():
-    p = plan("tiny-gpt", cluster="2xcpu", train=TrainConfig(global_batch=4, **FP32), dp=2, zero=1)
-    assert p.zero_stage == 1 and 1 not in executable.ZERO_STAGES
-    assert "ZeRO-1 is priced but not executed" in explain(p, width=300)
-    with pytest.raises(PlanError, match="zero_stage 1"):
-        preflight(p, resolve_model("tiny-gpt"), 2)
-    assert "not_executed" not in plan("tiny-gpt", cluster="2xcpu", train=TrainConfig(global_batch=4, **FP32)).solver
+    """ZeRO-1 runs (torch's ZeroRedundancyOptimizer) beside data and pipeline parallelism; beside tensor
+    parallelism it is priced when the user fixes both (Megatron's distributed optimizer), flagged, refused."""
+    train = TrainConfig(global_batch=4, **FP32)
+    runs = plan("tiny-gpt", cluster="2xcpu", train=train, dp=2, zero=1)
+    assert runs.zero_stage == 1 and "not_executed" not in runs.solver
+    assert preflight(runs, resolve_model("tiny-gpt"), 2) == []
+    p = plan("tiny-gpt", cluster="4xcpu", train=train, dp=2, tp=2, zero=1)
+    assert p.zero_stage == 1 and p.mesh.tp == 2
+    assert "ZeRO-1 with tp=2 is not run by partita's runtime" in explain(p, width=300)
+    with pytest.raises(PlanError, match="ZeRO-1 with tp=2"):
+        preflight(p, resolve_model("tiny-gpt"), 4)
+    # fixing ZeRO-1 alone never hands back a tensor-parallel plan the runtime refuses
+    assert plan("tiny-gpt", cluster="4xcpu", train=train, zero=1).mesh.tp == 1
+    assert "not_executed" not in plan("tiny-gpt", cluster="2xcpu", train=train).solver

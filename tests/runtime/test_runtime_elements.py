@@ -131,7 +131,7 @@ def test_precision_follows_the_plan(topo, zero, dtype, want):
 
 
 @pytest.mark.parametrize("over,msg", [
-    (dict(zero=1), "zero_stage 1"),
+    (dict(zero=1, tp=2, dp=1), "ZeRO-1 with tp=2 is not run"),
     (dict(dtype="fp16"), "fp16"),
     (dict(optimizer="lamb"), "'lamb'; this runtime builds adam and sgd"),
     (dict(**{"blocks.1": {"recompute": "full", "offload_activations": True}}), "nothing to offload"),

@@ -94,9 +94,12 @@ def published_space(row: Row) -> SearchSpace:
         virtual_stages=None if row.virtual_stages is None else (row.virtual_stages,),
         # every published ZeRO-3 run (FULL_SHARD, HSDP, fully_shard) reshards each layer after its forward
         keep_gathered=False,
-        # Megatron-LM's pipeline sends use its scatter/gather (SC'21 §4.1); DeepSpeed's pipeline engine does not
-        p2p_scatter_gather=row.table.framework.startswith("Megatron-LM"),
-        kernels=row.table.kernels)  # a torch.compile'd run is priced with fused kernels (costmodel.fusion)
+        # Megatron-LM's pipeline sends use its scatter/gather (SC'21 §4.1), as Megatron-Core's (te-2024 stacks)
+        # do; DeepSpeed's pipeline engine does not
+        p2p_scatter_gather=row.table.framework.startswith("Megatron-LM") or row.table.stack.startswith("te-2024"),
+        kernels=row.table.kernels,  # a torch.compile'd run is priced with fused kernels (costmodel.fusion)
+        stack=row.table.stack,  # its overlaps and distributed optimizer as that stack runs them
+        tp_comm_overlap=None if row.tp_comm_overlap is None else (row.tp_comm_overlap,))
 
 
 def train_for(row: Row) -> TrainConfig:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import dataclasses
 from dataclasses import dataclass, asdict, fields
 
 from partita.costmodel.errors import PartitaError
@@ -274,6 +275,24 @@ class Cluster:
 _SAME_OR_UNKNOWN = {"stack": "pytorch", "generation": "", "other_attention": None}
 _WORST_IS_MAX = {"gemm_half_dim", "gemm_half_mn", "gemm_split_k", "attention_half_seq", "attention_half_dim", "overlap_slowdown", "intra_node_latency", "inter_node_latency", "reserved_bytes", "op_latency", "sync_latency",
                  "sharded_op_latency", "sharded_param_latency", "redistribute_latency"}
+
+
+def device_on_stack(device: Device, stack: str) -> Device:
+    """`device` running `stack`: a preset GPU takes the kernel constants of its generation under that stack;
+    a device whose kernels were measured (a resource list, a CPU) keeps them and only names the stack."""
+    if device.generation and device.name in GPUS:
+        return dataclasses.replace(device, stack=stack, **kernel_constants(device.generation, stack))
+    return dataclasses.replace(device, stack=stack)
+
+
+def cluster_on_stack(cluster: Cluster, stack: str) -> Cluster:
+    """`cluster` with every device on `stack` (device_on_stack)."""
+    if not cluster.groups:
+        return dataclasses.replace(cluster, device=device_on_stack(cluster.device, stack))
+    groups = tuple(dataclasses.replace(g, device=device_on_stack(g.device, stack)) for g in cluster.groups)
+    return dataclasses.replace(cluster_from_groups(groups, inter_group_bw=cluster.inter_group_bw,
+                                                   inter_group_latency=cluster.inter_group_latency, spec=cluster.spec),
+                               nodes_per_pod=cluster.nodes_per_pod, pod_oversubscription=cluster.pod_oversubscription)
 
 
 def conservative_device(devices, inter_group_bw: float | None = None,

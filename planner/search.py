@@ -23,7 +23,7 @@ from partita.planner.executable import COMPILED_OFFLOAD_RECOMPUTE, offload_refus
 from partita.planner.milp import TIME_LIMIT_NO_INCUMBENT, min_memory, phase_memory, polish, solve_stages
 from partita.planner.milp_blocks import solve_blocks, stage_p2p
 from partita.planner.phases import stage_memory
-from partita.planner.space import SearchSpace, TrainConfig, no_candidates_reason
+from partita.planner.space import SearchSpace, TrainConfig, no_candidates_reason, resolve_stack
 
 
 @dataclass
@@ -43,6 +43,7 @@ class SearchResult:
 def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
            space: SearchSpace = SearchSpace(), raise_infeasible: bool = True) -> SearchResult:
     t0 = time.perf_counter()
+    cluster, space = resolve_stack(cluster, space)  # the stack's kernel constants and overlaps
     graph = with_kernels(graph, space.kernels)  # a compiled run prices fused kernels (costmodel.fusion)
     prefix, layers, suffix, cands = enumerate_candidates(graph, cluster, train, space)
     if not cands and raise_infeasible:

@@ -11,6 +11,7 @@ one line, the first that a fixed configuration breaks.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -135,10 +136,12 @@ class SearchSpace:
     chosen per layer where memory allows; the runtime's reshard_after_forward=False). False: every ZeRO-3
     layer reshards after its forward and gathers again for its backward, as FSDP's FULL_SHARD runs --
     how a published FULL_SHARD run is priced as it ran (benchmarks.published)."""
-    stack: str = DEFAULT_STACK
-    """The software stack the plan is priced for (costmodel.stacks): which overlaps it can run (below) and
-    how it runs ZeRO-1 (planner.options). "pytorch" (default) is partita's runtime; a plan for another stack
-    ("te-2024": Megatron-Core with Transformer Engine, ...) is priced, not run by partita."""
+    stack: str | None = None
+    """The software stack the plan is priced for (costmodel.stacks): its kernel constants (the cluster's
+    devices take that stack's, costmodel.hardware.cluster_on_stack), which overlaps it can run (below) and
+    how it runs ZeRO-1 (planner.options). None: the cluster's own (a preset's is "pytorch", partita's
+    runtime); a plan for another stack ("te-2024": Megatron-Core with Transformer Engine, ...) is priced,
+    not run by partita. `search` resolves it (resolve_stack)."""
     tp_comm_overlap: tuple[bool, ...] | None = None
     """Overlap the tensor-parallel collectives of sequence parallelism with the GEMMs they feed (True;
     Megatron-Core's --tp-comm-overlap, torch's async TP) or keep them on the critical path (False), a choice
@@ -180,7 +183,7 @@ class SearchSpace:
             raise PartitaError(f"kernels must be one of {', '.join(KERNELS)}, got {self.kernels!r}")
         if not isinstance(self.offload, bool):
             raise PartitaError(f"offload must be True (allowed, searched) or False (none), got {self.offload!r}")
-        if self.stack not in STACKS:
+        if self.stack is not None and self.stack not in STACKS:
             raise PartitaError(f"stack must be one of {', '.join(STACKS)}, got {self.stack!r}")
         stack = get_stack(self.stack)
         for name, what in (("tp_comm_overlap", "overlap tensor-parallel collectives with GEMMs"),
@@ -190,7 +193,7 @@ class SearchSpace:
                 raise PartitaError(f"{name} must be True and/or False (or None: by the stack), got {values!r}")
             if values and True in values and not getattr(stack, name):
                 able = [s.name for s in STACKS.values() if getattr(s, name)]
-                raise PartitaError(f"{name.replace('_', '-')}=on: the {self.stack} stack does not {what} "
+                raise PartitaError(f"{name.replace('_', '-')}=on: the {stack.name} stack does not {what} "
                                    f"(costmodel.stacks); stacks that do: {', '.join(able)} (--stack)")
 
     def fixed(self) -> dict:
@@ -203,6 +206,16 @@ ZERO_STAGES = (0, 1, 2, 3)
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "full_recompute_layers", "offload", "kernels",
            "sequence_parallel", "micro_batch", "virtual_stages", "stack", "tp_comm_overlap", "p2p_overlap")
 """The SearchSpace fields a user fixes (planner.api.plan keywords, `partita plan` flags)."""
+
+
+def resolve_stack(cluster, space: SearchSpace):
+    """(cluster, space) priced on one stack: the space's where it names one (the cluster's devices take
+    its kernel constants), else the cluster's own; the space then names it."""
+    from partita.costmodel.hardware import cluster_on_stack
+    stack = space.stack or cluster.device.stack
+    if stack != cluster.device.stack:
+        cluster = cluster_on_stack(cluster, stack)
+    return cluster, dataclasses.replace(space, stack=stack)
 
 
 def overlap_choices(space: SearchSpace) -> tuple[tuple[bool, ...], tuple[bool, ...]]:

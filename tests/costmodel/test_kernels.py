@@ -170,3 +170,15 @@ def test_reading_a_parameter_costs_no_kernel():
                "mem_bytes": 805306368}
     assert node_time(experts, DEV, "bf16") == node_time({**experts, "mem_bytes": 0}, DEV, "bf16")
     assert node_time(experts, DEV, "bf16").fwd == 0
+
+
+def test_a_cluster_on_another_stack_takes_that_stacks_kernel_constants():
+    from partita.costmodel.hardware import cluster_on_stack, kernel_constants
+    c = parse_cluster("2x8xH100-80GB")
+    te = cluster_on_stack(c, "te-2024")
+    assert c.device.stack == "pytorch" and te.device.stack == "te-2024"
+    assert te.device.matmul_efficiency == kernel_constants("hopper", "te-2024")["matmul_efficiency"]
+    assert (te.device.memory_bytes, te.num_devices) == (c.device.memory_bytes, c.num_devices)
+    # a device whose kernels were measured keeps them: only the stack's name (its overlaps) changes
+    cpu = cluster_on_stack(parse_cluster("2xcpu"), "te-2024")
+    assert cpu.device.matmul_efficiency == DEVICES["cpu"].matmul_efficiency and cpu.device.stack == "te-2024"

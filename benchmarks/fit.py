@@ -122,6 +122,22 @@ def gemm_group(group: str) -> str:
     return f"{gen}/{STACKS[stack].gemm_family}"
 
 
+SWEEP = 4
+"""h_seq is fitted to a kernel's published rows only where one model ran it at sequence lengths at least this
+far apart; elsewhere level and curve cannot be told apart (a longer sequence is both 'more saturated' and
+'more attention'), and the kernel timings' curve holds."""
+
+
+def sweeps(rows: list[Row], gen_kernel: str) -> bool:
+    """Whether the rows running attention kernel `gen/kernel` hold one model at sequences >= SWEEP apart."""
+    seqs = defaultdict(set)
+    for r in rows:
+        g = group_of(r)
+        if r.model.attention == "sdpa" and f"{g.split('/')[0]}/{attention_kernel(*g.split('/'))}" == gen_kernel:
+            seqs[r.model.name].add(r.seq)
+    return any(max(s) >= SWEEP * min(s) for s in seqs.values())
+
+
 def published_params(rows: list[Row], kgroups: dict) -> list[tuple[str, str]]:
     """(kind, key) of each parameter the published rows fit: ("e_gemm", gen/gemm family), ("e_attn",
     gen/stack), ("h_seq", gen/kernel); groups with kernel timings take none."""
@@ -129,6 +145,7 @@ def published_params(rows: list[Row], kgroups: dict) -> list[tuple[str, str]]:
     params = [("e_gemm", f) for f in sorted({gemm_group(g) for g in groups} - set(kgroups))]
     params += [("e_attn", g) for g in groups if any(r.model.attention == "sdpa" for r in rows if group_of(r) == g)]
     kernels = sorted({f"{g.split('/')[0]}/{attention_kernel(*g.split('/'))}" for kind, g in params if kind == "e_attn"})
+    kernels = [k for k in kernels if sweeps(rows, k)]
     timed = sorted({group_of(r) for r in rows} & set(kgroups))  # kernel-timed groups with whole-step rows
     return params + [("h_seq", k) for k in kernels] + [("step", g) for g in timed]
 
@@ -205,8 +222,9 @@ def capped(model: tuple[dict, dict], data: dict, gen: str, effect: str) -> float
     data the mean of the known ones), never above the largest value measured or fitted on that generation
     (a group nobody measured is not assumed faster than the fastest that was), nor above 1."""
     a, b = model
-    value = math.exp(a.get(gen, a.get("ampere", 0.0)) + b.get(effect, sum(b.values()) / len(b) if b else 0.0))
-    same_gen = [v for k, v in data.items() if k.split("/")[0] == gen]
+    like = gen if gen in a else "ampere"  # Volta, unmeasured, takes Ampere's a and Ampere's ceiling
+    value = math.exp(a.get(like, 0.0) + b.get(effect, sum(b.values()) / len(b) if b else 0.0))
+    same_gen = [v for k, v in data.items() if k.split("/")[0] == like]
     return min(value, max(same_gen) if same_gen else 1.0, 1.0)
 
 
@@ -339,7 +357,7 @@ def fit_published(rows: list[Row], lin: Linearisation, kgroups: dict, start: dic
         groups = groups_of(x)
         return [w[row_key(r)] * surrogate_log_error(r, lin, groups) for r in priced]
     lower = [math.log(0.05 if k != "h_seq" else 1.0) for k, _ in params]
-    upper = [math.log({"h_seq": 1e5, "step": 1.0}.get(k, 1.5)) for k, _ in params]
+    upper = [math.log({"h_seq": 1e5}.get(k, 1.0)) for k, _ in params]  # no efficiency above peak
     x = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac").x
     return {p: math.exp(v) for p, v in zip(params, x)}
 

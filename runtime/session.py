@@ -49,8 +49,8 @@ from partita.runtime.mesh import Topology, backend_for, init
 from partita.runtime.precision import train_dtype
 from partita.runtime.recipe import build_model, make_optimizer
 from partita.runtime.report import RunResult, render
-from partita.runtime.verify import (PARAM_TOLERANCE, TOLERANCE, VERIFY_DTYPE, Check, compare, failures, loss_check,
-                            param_check, param_stats, reference_run)
+from partita.runtime.verify import (PARAM_TOLERANCE, TOLERANCE, VERIFY_DTYPE, Check, GradientRMS, compare, failures,
+                            loss_check, param_checks, param_stats, reference_run, shared_names)
 
 EXIT_OK, EXIT_VERIFY, EXIT_ERROR, EXIT_NONFINITE = 0, 1, 2, 3
 
@@ -428,18 +428,21 @@ def _verify(result: CheckedResult, plan: Plan, spec: ModelSpec, opts: RunOptions
     """--verify's checks of the run itself, on every rank: rank 0 trains the reference; the run's losses
     and final parameters are compared with it (judged when the run is in VERIFY_DTYPE; a run in another
     dtype then gets `_verification_pass`, runtime.verify's docstring says why). Fills `result.checks`;
-    returns (reference model, initial model, reference losses) for the pass (the models on rank 0 only)."""
+    returns (reference model, initial model, reference losses, rounding-level tensors) for the pass (the
+    models on rank 0 only)."""
     dtype, start, device = train_dtype(plan), result.first_step, topo.device
     reference = initial = None
     shared = torch.zeros(1 + opts.steps, dtype=torch.float64, device=device)
+    gradients = GradientRMS() if topo.rank == 0 else None
     if topo.rank == 0:
         initial = build_model(spec, opts.seed).to(device)
         ref_losses, reference = reference_run(spec, data, opts.steps, opts.seed, opts.lr, device,
-                                              optimizer_name(plan))
+                                              optimizer_name(plan), gradients)
         shared[0] = sum(p.detach().double().sum() for p in reference.parameters())
         shared[1:] = torch.tensor(ref_losses, dtype=torch.float64)
     dist.broadcast(shared, src=0)  # the reference's checksum and losses on every rank
     ref_losses = shared[1:].tolist()
+    noise = shared_names(gradients.at_rounding_level() if gradients else None, names, device)
     result.reference_param_checksum = float(shared[0])
     result.reference_losses = ref_losses[start:]
     result.tolerance = TOLERANCE[dtype]
@@ -450,16 +453,16 @@ def _verify(result: CheckedResult, plan: Plan, spec: ModelSpec, opts: RunOptions
     judged = dtype == VERIFY_DTYPE
     run = "" if judged else f"{_DTYPE_NAMES.get(dtype, str(dtype))} run, "
     result.checks = [loss_check(f"{run}losses", result.losses, result.reference_losses, result.tolerance, start),
-                     param_check(f"{run}parameters after step {opts.steps}", stats.relative,
-                                 PARAM_TOLERANCE if judged else None)]
-    return reference, initial, ref_losses
+                     *param_checks(f"{run}parameters after step {opts.steps}", stats, PARAM_TOLERANCE if judged else None,
+                                   optimizer_name(plan), noise, opts.lr, opts.steps)]
+    return reference, initial, ref_losses, noise
 
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def _verification_pass(plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo: Topology, names: list,
-                       reference, initial, ref_losses: list[float]) -> list[Check]:
+                       reference, initial, ref_losses: list[float], noise: list[str]) -> list[Check]:
     """The plan's layout trained in VERIFY_DTYPE from the same init on the same batches (steps 1..steps, no
     checkpoints, no faults), judged against the reference: losses and final parameters."""
     verify_plan = dataclasses.replace(plan, train={**plan.train, "dtype": _DTYPE_NAMES[VERIFY_DTYPE]})
@@ -477,4 +480,5 @@ def _verification_pass(plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo
                         initial=initial)
     what = f"{_DTYPE_NAMES[VERIFY_DTYPE]} pass of the same layout"
     return [loss_check(f"{what}, losses", losses, ref_losses, TOLERANCE[VERIFY_DTYPE]),
-            param_check(f"{what}, parameters after step {opts.steps}", stats.relative, PARAM_TOLERANCE)]
+            *param_checks(f"{what}, parameters after step {opts.steps}", stats, PARAM_TOLERANCE, optimizer_name(plan),
+                          noise, opts.lr, opts.steps)]

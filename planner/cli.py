@@ -97,7 +97,8 @@ def _cmd_run(args) -> int:
     from partita.planner.plan import Plan
     # values argparse cannot refuse by type: one line, exit code 2, before anything is launched
     for name, value, least in (("--steps", args.steps, 1), ("--checkpoint-every", args.checkpoint_every, 0),
-                               ("--max-restarts", args.max_restarts, 0), ("--nnodes", args.nnodes, 1)):
+                               ("--max-restarts", args.max_restarts, 0), ("--nnodes", args.nnodes, 1),
+                               ("--log-every", args.log_every, 0)):
         if value is not None and value < least:
             raise PartitaError(f"{name} must be {'at least 1' if least else '>= 0'}")
     if args.nnodes > 1 and not args.rdzv_endpoint:
@@ -115,12 +116,12 @@ def _cmd_run(args) -> int:
     # give every attempt a fresh store
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     flags = ["--model", args.model, "--steps", str(args.steps)]
-    for name in ("data", "data_dtype", "checkpoint_dir", "checkpoint_every", "seed", "lr", "losses_out"):
+    for name in ("data", "data_dtype", "checkpoint_dir", "checkpoint_every", "seed", "lr", "losses_out", "log_every",
+                 "tensorboard"):
         value = getattr(args, name)
         if value is not None:
             flags += ["--" + name.replace("_", "-"), str(value)]
-    if args.resume:
-        flags.append("--resume")
+    flags += [f"--{name}" for name in ("resume", "sync-batchnorm") if getattr(args, name.replace("-", "_"))]
     if args.max_restarts:
         flags += ["--max-restarts", str(args.max_restarts)]
     launcher = ["--nproc-per-node", str(nproc), "--nnodes", str(args.nnodes)]
@@ -284,8 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--model", required=True)
     r.add_argument("--steps", type=int, default=10)
     r.add_argument("--verify", action="store_true", help="also train in one process and compare the losses")
-    r.add_argument("--data", metavar="FILE", help="token file (.npy, or raw little-endian uint16/uint32 tokens); "
-                   "default: synthetic batches")
+    r.add_argument("--data", metavar="FILE|MODULE:FACTORY", help="token file (.npy, or raw little-endian "
+                   "uint16/uint32 tokens), or package.module:factory returning a torch Dataset / IterableDataset "
+                   "whose items are one row of a batch; default: synthetic batches")
     r.add_argument("--data-dtype", choices=["uint16", "uint32"], default=None,
                    help="token type of a raw --data file (default uint16)")
     r.add_argument("--checkpoint-dir", metavar="DIR", help="where DCP checkpoints are written and resumed from")
@@ -299,6 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--lr", type=float, default=None)
     r.add_argument("--losses-out", metavar="FILE", help="write losses, reference, step time and memory as JSON")
+    r.add_argument("--sync-batchnorm", action="store_true",
+                   help="BatchNorm normalises over the whole data-parallel batch (SyncBatchNorm), as one process does")
+    r.add_argument("--log-every", type=int, default=None, metavar="N",
+                   help="print a progress line (step, loss, step time, tokens or samples/s, memory, ETA) every N "
+                        "steps (default 10; 0: none); on a terminal a progress bar")
+    r.add_argument("--tensorboard", metavar="DIR", help="write the per-step scalars for TensorBoard into DIR "
+                   "(pip install 'partita[tensorboard]')")
     n = r.add_argument_group("several nodes (run the same command on every node; processes per node = the "
                              "plan's world size / N)")
     n.add_argument("--nnodes", type=int, default=1, metavar="N", help="number of nodes (default 1)")

@@ -274,9 +274,16 @@ def check_space(cluster: Cluster, train: TrainConfig, space: SearchSpace, *, max
         raise PartitaError(why)
 
 
-def no_candidates_reason(cluster: Cluster, train: TrainConfig, space: SearchSpace) -> str:
-    """Why a search found no candidate although check_space passed (or was not asked)."""
+def no_candidates_reason(cluster: Cluster, train: TrainConfig, space: SearchSpace, kinds: set[str] = frozenset()) -> str:
+    """Why a search found no candidate although check_space passed (or was not asked); `kinds`: the operator
+    kinds of the model's repeated layers (OpGraph node "kind")."""
     fixed_tp = space.tp is not None and min(space.tp) > 1
+    if fixed_tp and any(k.startswith("conv") for k in kinds) and "linear" not in kinds:
+        tp = "|".join(map(str, space.tp))
+        return (f"--tp {tp}: tensor parallelism splits Linear layers (Megatron's column/row split) and the model's "
+                f"repeated layers have none: their {', '.join(sorted(k for k in kinds if k.startswith('conv')))} operators "
+                "get no tensor-parallel split in partita; use --tp 1 (data parallelism, ZeRO or a pipeline "
+                "spread a CNN over devices)")
     if fixed_tp:
         sp = " with sequence parallelism" if False not in space.sequence_parallel else ""
         return (f"the model's layers cannot be split over tp={'|'.join(map(str, space.tp))} tensor-parallel "

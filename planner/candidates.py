@@ -28,7 +28,8 @@ from partita.planner.milp import StageProblem, StageSolution
 from partita.planner.milp_blocks import BlockProblem
 from partita.planner.options import Variant, cost_variant, pareto_indices, pipelined_fsdp, variants, zero_state_bytes
 from partita.planner.phases import grads_absent, memory_phases
-from partita.planner.space import SearchSpace, TrainConfig, _meshes, _micro_batch_allowed, _schedules, divisors
+from partita.planner.space import (SearchSpace, TrainConfig, _meshes, _micro_batch_allowed, _schedules, divisors,
+                                   micro_batch_cap)
 from partita.planner.strategies import SPLIT, BlockOption, replicate_option, sequence_option, tensor_option
 
 
@@ -403,7 +404,7 @@ def _enumerate_hetero(bases: _Bases, cluster: Cluster, train: TrainConfig, space
             for order in (groups, groups[::-1]):
                 stage_groups = [g for g in order for _ in range(g.num_devices // d)]
                 for zero in (space.zero if dp > 1 else (0,) if 0 in space.zero else ()):
-                    for b in divisors(local):
+                    for b in divisors(local, micro_batch_cap(train, space)):
                         m = local // b
                         if not _micro_batch_allowed(b, train, space) or (pp > 1 and m < pp):
                             continue

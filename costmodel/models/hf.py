@@ -16,6 +16,11 @@ LM, else masked LM. A config that rejects the overrides, an override the config 
 special token id outside the vocabulary is one PartitaError line naming the key; a default special token
 id outside an overridden (smaller) vocabulary becomes its last id.
 
+Attention runs as SDPA (fused) where the model class supports it, else eager (`attention_implementation`):
+Gemma-2 (logit soft-capping) and BLOOM (ALiBi) refuse SDPA. Mamba has no attention; its selective scan is
+captured and priced as transformers' PyTorch path (a loop over the sequence of elementwise ops), which is
+what runs without the mamba-ssm CUDA kernels (with them the fused scan is faster than priced).
+
 `use_cache` is always off (training). For the four small families dropout is off unless overridden (as in
 our own presets and Llama's defaults; on CPU a dropout inside attention would also switch SDPA to its math
 kernel, which materialises the s x s scores that GPU flash kernels never store); other families keep their
@@ -196,17 +201,28 @@ def _config(arch: str, overrides: dict[str, Any], spec: str):
     except Exception as e:  # noqa: BLE001 -- transformers' validators raise ValueError, TypeError, StrictDataclass*
         raise PartitaError(f"model {spec!r}: {a.config} rejects the configuration: {_reason(e)}"
                            f"{_culprits(e, kw)}") from None
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = attention_implementation(getattr(tf, a.model))
     return cfg, seq
 
 
-def _reason(e: BaseException) -> str:
-    """The innermost sentence of a (possibly multi-line) validation error."""
+def attention_implementation(model_cls) -> str:
+    """"sdpa" (fused attention, what training uses) where the model class supports it, else "eager": Gemma-2
+    (logit soft-capping), BLOOM (ALiBi) and attention-free Mamba refuse sdpa when built."""
+    return "sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager"
+
+
+def _reason(e: BaseException, limit: int = 300) -> str:
+    """The innermost line of a (possibly multi-line) validation error: its whole sentences within `limit`
+    characters, else its words within it and "..." -- never a cut word."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     line = lines[-1] if lines else type(e).__name__
     for prefix in ("ValueError: ", "TypeError: ", "AssertionError: "):
         line = line.removeprefix(prefix)
-    return line[:300].rstrip(".")
+    if len(line) <= limit:
+        return line.rstrip(".")
+    cut = line[:limit]
+    end = cut.rfind(". ")
+    return cut[:end] if end > 0 else cut[:cut.rfind(" ")].rstrip(",;:") + " ..."
 
 
 def _culprits(e: BaseException, kw: dict[str, Any]) -> str:

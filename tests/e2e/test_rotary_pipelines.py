@@ -5,7 +5,8 @@ pipeline of more than two stages then had a skip connection from stage 0 to stag
 refuse ("Backward of skip connections not supported yet"), so `partita run --pp 2 --verify` crashed on the
 first step. runtime.pp_relay relays such values stage by stage. Each family is planned with pp=2 and two
 model chunks per rank (interleaved 1F1B: four stages, so stage 0's tables must reach stages 2 and 3) and
-trained 3 steps with --verify's checks in one torchrun launch (tests/e2e/pipeline_job.py).
+trained 3 steps with --verify's checks in one torchrun launch (tests/e2e/pipeline_job.py). So are Gemma-2, BLOOM
+(its ALiBi biases relayed likewise) and Mamba, which item 6 made plannable.
 """
 from __future__ import annotations
 
@@ -21,13 +22,16 @@ from test_plans_match_single_process import ROOT, _env
 
 SMALL = "num_hidden_layers=4,hidden_size=64,intermediate_size=128,num_attention_heads=4,num_key_value_heads=2,vocab_size=256"
 ROTARY = [f"hf:{family}:{SMALL}" for family in ("llama", "mistral", "qwen2", "phi3")] + [f"hf:gemma:{SMALL},head_dim=16"]
+EAGER = [f"hf:gemma2:{SMALL},head_dim=16",  # soft-capped attention, rotary tables: eager attention (item 6)
+         "hf:bloom:n_layer=4,hidden_size=64,n_head=4,vocab_size=256",  # ALiBi biases made once, given to every layer
+         "hf:mamba:num_hidden_layers=4,hidden_size=64,state_size=8,intermediate_size=128,vocab_size=256"]  # no attention
 
 
 @pytest.mark.slow
 def test_rotary_families_run_interleaved_pipelines_with_verify(tmp_path):
     train = TrainConfig(global_batch=4, dtype="fp32")
     args = []
-    for i, model in enumerate(ROTARY):
+    for i, model in enumerate(ROTARY + EAGER):
         p = plan(model, cluster="2xcpu", train=train, pp=2, virtual_stages=2)
         assert p.mesh.pp == 2 and len(p.stages) == 4, model
         p.save(tmp_path / f"plan{i}.json")
@@ -38,7 +42,7 @@ def test_rotary_families_run_interleaved_pipelines_with_verify(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in range(2)]
-    for model in ROTARY:
+    for model in ROTARY + EAGER:
         res = ranks[0][model]
         assert res["verified"] is True and res["max_abs_diff"] <= 1e-5, (model, res)
         assert ranks[1][model]["losses"] == res["losses"] and res["losses"][2] != res["losses"][0]

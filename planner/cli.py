@@ -147,7 +147,7 @@ def _cmd_export(args) -> int:
     from partita.planner.plan import Plan
     plan = Plan.load(args.plan)
     slurm_flags = ("model", "steps", "gpus_per_node", "partition", "time", "account", "job_name", "port", "data",
-                   "checkpoint_dir", "checkpoint_every", "max_restarts")
+                   "checkpoint_dir", "checkpoint_every", "max_restarts", "python")
     if args.to != "slurm":
         given = [name for name in slurm_flags if getattr(args, name) is not None]
         if given:
@@ -155,7 +155,7 @@ def _cmd_export(args) -> int:
     slurm = None
     if args.to == "slurm" and args.model is not None:
         values = {name: getattr(args, name) for name in slurm_flags if getattr(args, name) is not None}
-        slurm = SlurmOptions(python=sys.executable, **values)
+        slurm = SlurmOptions(**values)  # python: the compute nodes' (PATH or --python), not this machine's venv
     text = export(plan, args.to, plan_path=os.path.abspath(args.plan), slurm=slurm)
     if not args.out:
         sys.stdout.write(text)
@@ -184,8 +184,16 @@ def _cmd_models(args) -> int:
     for name, c in describe_presets():
         print(f"{name:<16} {c.family:<6} {c.layers:>6} {c.hidden:>6} {c.heads:>5} {c.kv_heads:>4} {c.ffn:>6} "
               f"{c.vocab:>7} {c.seq:>5}")
+    from partita.costmodel.models.cnn import CNN_PRESETS
+    print(f"\n{'CNN preset':<16} {'depth':>6} {'width':>6} {'image':>6} {'classes':>8}")
+    for name, c in CNN_PRESETS.items():
+        depth = sum(c.blocks) * (3 if c.bottleneck else 2) + 2  # the convolutions and the classifier, as ResNet counts
+        print(f"{name:<16} {depth:>6} {c.width:>6} {c.image:>6} {c.classes:>8}")
     print("\nor a family: gpt:layers=..,hidden=..,heads=..,seq=..,vocab=..[,ffn=..][,kv_heads=..]"
-          "[,attention=sdpa|math][,dropout=0.1]  llama:... (the same keys)  or an import path package.module:factory")
+          "[,attention=sdpa|math][,dropout=0.1]  llama:... (the same keys)  resnet:depth=..,width=..,image=..,classes=..\n"
+          "or hf:FAMILY[:key=value,...] (a transformers model type built from its config)\n"
+          "or your own: package.module:factory returning (module, example_inputs[, loss_fn]) (README: Train your own "
+          "model on your own data)")
     return 0
 
 
@@ -343,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     xs.add_argument("--checkpoint-dir", metavar="DIR", help="DCP checkpoints (a path every node can write)")
     xs.add_argument("--checkpoint-every", type=int, metavar="N", help="save a checkpoint after every N steps")
     xs.add_argument("--max-restarts", type=int, metavar="K", help="torchrun restarts after a failure")
+    xs.add_argument("--python", metavar="PATH", help="the interpreter with partita installed on the compute nodes "
+                    "(default: python from the job's PATH; $PYTHON overrides either at submission)")
     x.set_defaults(func=_cmd_export)
 
     c = sub.add_parser("calibrate", help="measure this machine's devices and links into a resource list",

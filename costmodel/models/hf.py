@@ -107,9 +107,23 @@ def _arch(family: str, spec: str) -> _Arch:
              ("mlm", ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES))
     for task, mapping in heads:
         if family in mapping:
+            _takes_token_ids(family, mapping[family], spec)
             return _Arch(CONFIG_MAPPING_NAMES[family], mapping[family], task, None)
     raise PartitaError(f"HuggingFace model type {family!r} ({spec!r}) has no causal-LM, sequence-to-sequence LM or "
                        f"masked-LM head in transformers, which is what partita trains; e.g. {examples}")
+
+
+def _takes_token_ids(family: str, model: str, spec: str) -> None:
+    """PartitaError unless the head's forward takes `input_ids`: partita's hf: batches are token ids, so a
+    speech model (Whisper, Speech2Text: input_features) would run its decoder alone, its encoder idle."""
+    import inspect
+    params = inspect.signature(getattr(_transformers(), model).forward).parameters
+    if "input_ids" in params:
+        return
+    takes = next((p for p in params if p not in ("self", "attention_mask")), "other inputs")
+    raise PartitaError(f"{spec!r} ({model}) takes {takes}, not token ids, and hf: models are planned and trained "
+                       f"on token batches (its encoder would stay idle): give it as a package.module:factory "
+                       f"returning (model, example_inputs, loss_fn) with its own {takes}")
 
 
 def _transformers():
@@ -235,6 +249,18 @@ def _culprits(e: BaseException, kw: dict[str, Any]) -> str:
     return "; change the overrides" if kw else ""
 
 
+def _architecture(cfg) -> dict[str, Any]:
+    """What an export needs beyond sizes to name the architecture: the rotary base and whether the input and
+    output embeddings are tied (planner.export)."""
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+    theta = theta if theta is not None else getattr(cfg, "rope_theta", None)
+    out = {"tie_word_embeddings": bool(getattr(cfg, "tie_word_embeddings", False))}
+    if isinstance(theta, (int, float)):
+        out["rope_theta"] = float(theta)
+    return out
+
+
 def hf_loss(names: tuple[str, ...], model: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
     """The HF model's own loss for keyword inputs `names` (the ModelSpec's loss_fn)."""
     return model(**dict(zip(names, inputs))).loss
@@ -268,6 +294,7 @@ def hf_spec(spec: str, seq: int | None = None):
 
     keys = sorted({*a.defaults, *_SIZE_KEYS, *(k for k in overrides if k != "seq")})
     sizes = {k: getattr(cfg, k) for k in keys if isinstance(getattr(cfg, k, None), (int, float))}
+    sizes.update(_architecture(cfg))
     return ModelSpec(
         name=spec, build=build, example_inputs=example_inputs, seq_len=seq,
         config={"family": "hf", "arch": arch, "model": a.model, "task": a.task, "seq": seq,

@@ -86,3 +86,14 @@ def test_plan_json_stdout_is_only_the_json_object():
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["schema"] == "partita.plan/1" and d["mesh"]["pp"] * d["mesh"]["dp"] * d["mesh"]["tp"] == 2
+
+
+def test_models_lists_the_cnn_presets_too(capsys):
+    """Issue 30 item 14: `partita models` omitted the resnet presets; each listed name resolves, at its depth."""
+    from partita.costmodel.models import resolve_model
+    from partita.costmodel.models.cnn import CNN_PRESETS
+    assert main(["models"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.strip()}
+    for name in CNN_PRESETS:
+        assert name in rows and resolve_model(name).name == name
+    assert rows["resnet50"][1] == "50" and rows["tiny-resnet"][1] == "18"

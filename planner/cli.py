@@ -360,7 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "partita plan --model tiny-gpt --cluster cluster.json --global-batch 8")
     c.add_argument("--out", required=True, help="resource list (JSON) to write")
     c.add_argument("--ranks", type=int, default=None, help="local ranks for the collective measurements (>= 2)")
-    c.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (~5 s)")
+    c.add_argument("--quick", action="store_true", help="fewer matrix and message sizes and repetitions than a full "
+                   "calibration (the summary says how long it took)")
     c.set_defaults(func=_cmd_calibrate)
 
     m = sub.add_parser("models", help="list the built-in model presets")

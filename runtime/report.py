@@ -76,9 +76,10 @@ def _fmt(v, fmt: str, unit: str = "") -> str:
     return format(v, fmt) + unit if isinstance(v, (int, float)) else "-"
 
 
-def preamble(header: str, notes: list[str]) -> str:
-    """What the run report says before training: the header and the notes (printed before the first step)."""
-    return "\n".join([header, *notes])
+def preamble(header: str, notes: list[str], first: list[str] = ()) -> str:
+    """What the run report says before training (printed before the first step): `first` (a note that must
+    come before anything else, e.g. the plan was made for other devices), the header, the notes."""
+    return "\n".join([*first, header, *notes])
 
 
 def render(r: RunResult, header: str | None, predicted: dict) -> str:

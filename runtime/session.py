@@ -388,7 +388,8 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
         torch.cuda.reset_peak_memory_stats(topo.device)
     losses, times, state, saves, save_time = [], [], 0, [], 0.0
     if topo.rank == 0 and opts.print_report:  # before training: the progress lines and the report come after
-        print(preamble(_header(plan, spec, opts, topo, data), notes), flush=True)
+        first = [prep.device_note] if prep.device_note else []  # first of all, as the run's own preamble
+        print(preamble(_header(plan, spec, opts, topo, data), [n for n in notes if n not in first], first), flush=True)
     unit, per_step = throughput_unit(plan, spec)
     progress = Progress(opts.steps, start, per_step, unit, console=topo.rank == 0 and opts.print_report,
                         every=opts.log_every, tensorboard=opts.tensorboard if topo.rank == 0 else None)

@@ -38,6 +38,10 @@ Loss and example batch (`example_inputs(batch)` = (input_ids, labels), both [bat
   the batch is unpadded, so SDPA runs unmasked as in eager training.
 - t5: sequence-to-sequence LM cross-entropy; the decoder input is the labels shifted right (HF's
   `_shift_right`), so the decoder sees `seq` tokens too.
+- speech sequence-to-sequence models (`hf:whisper`, planned whole: encoder and decoder): (input_features,
+  labels), the log-mel features [batch, num_mel_bins, 2 x max_source_positions] and `seq` label tokens
+  (`_speech_spec`); a speech model with other audio inputs is one line. A head whose forward takes no
+  `input_ids` is refused likewise (`_takes_token_ids`).
 
 These models are captured with torch.export (costmodel.export_capture): symbolic_trace cannot follow
 their control flow. `export_context()` makes the trace follow the path eager training takes on such a
@@ -80,7 +84,8 @@ _ARCHS: dict[str, _Arch] = {
         num_layers=2, d_model=128, d_ff=512, num_heads=4, d_kv=32, vocab_size=1024,
         dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)),
 }
-_LOSS_TYPE = {"causal": "ForCausalLM", "mlm": "ForMaskedLM", "seq2seq": "ForConditionalGeneration"}
+_LOSS_TYPE = {"causal": "ForCausalLM", "mlm": "ForMaskedLM", "seq2seq": "ForConditionalGeneration",
+              "speech-seq2seq": "ForConditionalGeneration"}
 DEFAULT_SEQ = 64
 _POSITIONS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
 """Config attributes that may hold a position-table size, in the order they are looked for."""
@@ -102,6 +107,9 @@ def _arch(family: str, spec: str) -> _Arch:
         raise PartitaError(f"unknown HuggingFace model type {family!r} in {spec!r}; accepted: {examples} or any "
                            "other transformers model type (as AutoConfig.for_model takes it), with optional "
                            ":key=value,... overrides")
+    if family in ma.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:  # the whole encoder-decoder, not its text decoder
+        return _Arch(CONFIG_MAPPING_NAMES[family], ma.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES[family], "speech-seq2seq",
+                     None)
     heads = (("causal", ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
              ("seq2seq", ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES),
              ("mlm", ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES))
@@ -261,6 +269,35 @@ def _architecture(cfg) -> dict[str, Any]:
     return out
 
 
+def _speech_spec(spec: str, arch: str, a: _Arch, cfg, seq: int, build, overrides: dict):
+    """A Whisper-style speech model planned whole: log-mel input features [batch, num_mel_bins,
+    2 x max_source_positions] (the encoder's two convolutions, the second of stride 2, make max_source_positions
+    frames) and `seq` label tokens, from which the model makes its decoder inputs (shifted right) and its loss."""
+    from partita.costmodel.models import ModelSpec
+    mels, source = getattr(cfg, "num_mel_bins", None), getattr(cfg, "max_source_positions", None)
+    if not (isinstance(mels, int) and isinstance(source, int)):
+        raise PartitaError(f"{spec!r} ({a.model}) is a speech model whose audio inputs partita does not make (it "
+                           "builds Whisper's: num_mel_bins x 2 max_source_positions log-mel frames); give it as a "
+                           "package.module:factory returning (model, example_inputs, loss_fn)")
+    target = getattr(cfg, "max_target_positions", None)
+    if isinstance(target, int) and seq > target:
+        raise PartitaError(f"model {spec!r}: seq={seq} exceeds max_target_positions={target}; lower seq or raise it")
+
+    def example_inputs(batch: int):
+        return torch.zeros(batch, mels, 2 * source), torch.zeros(batch, seq, dtype=torch.long)
+
+    keys = sorted({*_SIZE_KEYS, "d_model", "encoder_layers", "decoder_layers", "num_mel_bins", "max_source_positions",
+                   *(k for k in overrides if k != "seq")})
+    sizes = {k: getattr(cfg, k) for k in keys if isinstance(getattr(cfg, k, None), (int, float))}
+    return ModelSpec(
+        name=spec, build=build, example_inputs=example_inputs, seq_len=seq,
+        config={"family": "hf", "arch": arch, "model": a.model, "task": a.task, "seq": seq,
+                "overrides": {k: v for k, v in overrides.items() if k != "seq"}, **sizes},
+        capture="export", loss_fn=functools.partial(hf_loss, ("input_features", "labels")),
+        at_seq=lambda s: hf_spec(spec, seq=s),
+    )
+
+
 def hf_loss(names: tuple[str, ...], model: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
     """The HF model's own loss for keyword inputs `names` (the ModelSpec's loss_fn)."""
     return model(**dict(zip(names, inputs))).loss
@@ -287,6 +324,9 @@ def hf_spec(spec: str, seq: int | None = None):
                                f"{_reason(e)}{_culprits(e, given)}") from None
         model.loss_type = loss_type
         return model
+
+    if a.task == "speech-seq2seq":
+        return _speech_spec(spec, arch, a, cfg, seq, build, overrides)
 
     def example_inputs(batch: int):
         ids = torch.zeros(batch, seq, dtype=torch.long)

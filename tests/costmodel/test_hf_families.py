@@ -157,3 +157,23 @@ def test_a_long_transformers_message_is_cut_at_a_sentence_or_word_never_mid_word
     cut = _reason(ValueError(words), limit=100)
     assert cut.endswith(" ...") and cut[:-4].split() == ["word"] * len(cut[:-4].split()) and len(cut) <= 104
     assert _reason(ValueError("short. line.")) == "short. line"
+
+
+def test_whisper_is_planned_whole_encoder_and_decoder():
+    """Issue 30 item 7: hf:whisper was WhisperForCausalLM, its text decoder alone (encoder_* keys ignored, the
+    cross-attention idle and DDP's unused-parameter error at run time). It is the whole model, fed log-mel
+    features; a speech model whose inputs partita does not make is one line."""
+    spec = resolve_model("hf:whisper:encoder_layers=2,decoder_layers=3,d_model=64,encoder_attention_heads=4,"
+                         "decoder_attention_heads=4,encoder_ffn_dim=128,decoder_ffn_dim=128,num_mel_bins=16,"
+                         "max_source_positions=32,vocab_size=256")
+    assert spec.config["model"] == "WhisperForConditionalGeneration"
+    features, labels = spec.example_inputs(2)
+    assert features.shape == (2, 16, 64) and features.dtype.is_floating_point and labels.shape == (2, 64)
+    result, p = plan_search(spec, cluster="2xcpu", train=TrainConfig(global_batch=4))
+    fqns = [b.fqn for b in p.blocks]
+    assert sum(f.startswith("model.encoder.layers.") for f in fqns) == 2  # encoder_layers is read
+    assert sum(f.startswith("model.decoder.layers.") for f in fqns) == 3
+    assert p.mesh.pp == 1  # a sequence-to-sequence model is not pipelined (planner.executable)
+    with pytest.raises(PartitaError, match=r"^'hf:speech_to_text' \(Speech2TextForConditionalGeneration\) is a "
+                                           r"speech model whose audio inputs partita does not make"):
+        resolve_model("hf:speech_to_text")

@@ -37,7 +37,6 @@ from torch.utils.data import Dataset, IterableDataset
 
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.models import ModelSpec
-from partita.runtime import datasets
 
 Batch = tuple  # of tensors, sample dimension first
 
@@ -268,6 +267,7 @@ def make_data(spec: ModelSpec, global_batch: int, seed: int = 0, path=None,
               dtype: str | None = None, check_all: bool = True) -> _Source:
     """The run's data source: `path` a token file, a `package.module:factory` of a torch dataset, or a torch
     Dataset / IterableDataset itself (runtime.datasets); else synthetic data for the model."""
+    from partita.runtime import datasets  # it builds on _Source, defined here
     if path is not None and (not isinstance(path, (str, os.PathLike)) or datasets.is_factory(str(path))):
         if dtype is not None:
             raise PartitaError("--data-dtype applies to token files, not to a dataset")

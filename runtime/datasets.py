@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from partita.costmodel.errors import PartitaError
+from partita.runtime.data import _Source
 
 FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 """A `package.module:factory` name (a --data value that is no existing file)."""
@@ -59,8 +60,8 @@ def load(name: str):
     return dataset
 
 
-class DatasetSource:
-    """The run's batches from a torch dataset (module docstring); the interface of runtime.data's sources."""
+class DatasetSource(_Source):
+    """The run's batches from a torch dataset (module docstring), a runtime.data source."""
 
     def __init__(self, dataset, name: str, expected: list[tuple[tuple[int, ...], torch.dtype]], global_batch: int,
                  seed: int = 0):
@@ -130,15 +131,6 @@ class DatasetSource:
                 out.append(value)
             self._read += 1
         return out
-
-    def batch(self, step: int) -> tuple:
-        return self.rows(step, 0, self.global_batch)
-
-    def shard(self, step: int, dp_rank: int, dp: int) -> tuple:
-        if self.global_batch % dp:
-            raise ValueError(f"global batch {self.global_batch} is not divisible by dp={dp}")
-        n = self.global_batch // dp
-        return self.rows(step, dp_rank * n, (dp_rank + 1) * n)
 
     # ---- the shape of a sample ----------------------------------------------------------------------
     def _collate(self, samples: list) -> tuple:

@@ -40,7 +40,7 @@ Loss and example batch (`example_inputs(batch)` = (input_ids, labels), both [bat
   `_shift_right`), so the decoder sees `seq` tokens too.
 - speech sequence-to-sequence models (`hf:whisper`, planned whole: encoder and decoder): (input_features,
   labels), the log-mel features [batch, num_mel_bins, 2 x max_source_positions] and `seq` label tokens
-  (`_speech_spec`); a speech model with other audio inputs is one line. A head whose forward takes no
+  (`_speech_inputs`); a speech model with other audio inputs is one line. A head whose forward takes no
   `input_ids` is refused likewise (`_takes_token_ids`).
 
 These models are captured with torch.export (costmodel.export_capture): symbolic_trace cannot follow
@@ -269,11 +269,11 @@ def _architecture(cfg) -> dict[str, Any]:
     return out
 
 
-def _speech_spec(spec: str, arch: str, a: _Arch, cfg, seq: int, build, overrides: dict):
+def _speech_inputs(spec: str, a: _Arch, cfg, seq: int):
     """A Whisper-style speech model planned whole: log-mel input features [batch, num_mel_bins,
     2 x max_source_positions] (the encoder's two convolutions, the second of stride 2, make max_source_positions
-    frames) and `seq` label tokens, from which the model makes its decoder inputs (shifted right) and its loss."""
-    from partita.costmodel.models import ModelSpec
+    frames) and `seq` label tokens, from which the model makes its decoder inputs (shifted right) and its loss.
+    Returns (example_inputs, the loss's keyword names, config keys worth recording)."""
     mels, source = getattr(cfg, "num_mel_bins", None), getattr(cfg, "max_source_positions", None)
     if not (isinstance(mels, int) and isinstance(source, int)):
         raise PartitaError(f"{spec!r} ({a.model}) is a speech model whose audio inputs partita does not make (it "
@@ -286,16 +286,8 @@ def _speech_spec(spec: str, arch: str, a: _Arch, cfg, seq: int, build, overrides
     def example_inputs(batch: int):
         return torch.zeros(batch, mels, 2 * source), torch.zeros(batch, seq, dtype=torch.long)
 
-    keys = sorted({*_SIZE_KEYS, "d_model", "encoder_layers", "decoder_layers", "num_mel_bins", "max_source_positions",
-                   *(k for k in overrides if k != "seq")})
-    sizes = {k: getattr(cfg, k) for k in keys if isinstance(getattr(cfg, k, None), (int, float))}
-    return ModelSpec(
-        name=spec, build=build, example_inputs=example_inputs, seq_len=seq,
-        config={"family": "hf", "arch": arch, "model": a.model, "task": a.task, "seq": seq,
-                "overrides": {k: v for k, v in overrides.items() if k != "seq"}, **sizes},
-        capture="export", loss_fn=functools.partial(hf_loss, ("input_features", "labels")),
-        at_seq=lambda s: hf_spec(spec, seq=s),
-    )
+    keys = ("d_model", "encoder_layers", "decoder_layers", "num_mel_bins", "max_source_positions")
+    return example_inputs, ("input_features", "labels"), keys
 
 
 def hf_loss(names: tuple[str, ...], model: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
@@ -326,21 +318,20 @@ def hf_spec(spec: str, seq: int | None = None):
         return model
 
     if a.task == "speech-seq2seq":
-        return _speech_spec(spec, arch, a, cfg, seq, build, overrides)
-
-    def example_inputs(batch: int):
-        ids = torch.zeros(batch, seq, dtype=torch.long)
-        return ids, ids.clone()
-
-    keys = sorted({*a.defaults, *_SIZE_KEYS, *(k for k in overrides if k != "seq")})
+        example_inputs, names, keys = _speech_inputs(spec, a, cfg, seq)
+    else:
+        def example_inputs(batch: int):
+            ids = torch.zeros(batch, seq, dtype=torch.long)
+            return ids, ids.clone()
+        names, keys = ("input_ids", "labels"), a.defaults
+    keys = sorted({*keys, *_SIZE_KEYS, *(k for k in overrides if k != "seq")})
     sizes = {k: getattr(cfg, k) for k in keys if isinstance(getattr(cfg, k, None), (int, float))}
     sizes.update(_architecture(cfg))
     return ModelSpec(
         name=spec, build=build, example_inputs=example_inputs, seq_len=seq,
         config={"family": "hf", "arch": arch, "model": a.model, "task": a.task, "seq": seq,
                 "overrides": {k: v for k, v in overrides.items() if k != "seq"}, **sizes},
-        capture="export", loss_fn=functools.partial(hf_loss, ("input_ids", "labels")),
-        at_seq=lambda s: hf_spec(spec, seq=s),
+        capture="export", loss_fn=functools.partial(hf_loss, names), at_seq=lambda s: hf_spec(spec, seq=s),
     )
 
 

@@ -10,15 +10,10 @@ trained 3 steps with --verify's checks in one torchrun launch (tests/e2e/pipelin
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from partita.planner.api import plan
 from partita.planner.space import TrainConfig
-from test_plans_match_single_process import ROOT, _env
+from test_pipeline_tied_and_own_loss import pipelines_in_one_launch
 
 SMALL = "num_hidden_layers=4,hidden_size=64,intermediate_size=128,num_attention_heads=4,num_key_value_heads=2,vocab_size=256"
 ROTARY = [f"hf:{family}:{SMALL}" for family in ("llama", "mistral", "qwen2", "phi3")] + [f"hf:gemma:{SMALL},head_dim=16"]
@@ -29,20 +24,10 @@ EAGER = [f"hf:gemma2:{SMALL},head_dim=16",  # soft-capped attention, rotary tabl
 
 @pytest.mark.slow
 def test_rotary_families_run_interleaved_pipelines_with_verify(tmp_path):
-    train = TrainConfig(global_batch=4, dtype="fp32")
-    args = []
-    for i, model in enumerate(ROTARY + EAGER):
-        p = plan(model, cluster="2xcpu", train=train, pp=2, virtual_stages=2)
-        assert p.mesh.pp == 2 and len(p.stages) == 4, model
-        p.save(tmp_path / f"plan{i}.json")
-        args += [str(tmp_path / f"plan{i}.json"), model]
-    out = str(tmp_path / "out")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(ROOT / "tests" / "e2e" / "pipeline_job.py"), out, *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in range(2)]
-    for model in ROTARY + EAGER:
+    models = ROTARY + EAGER
+    ranks = pipelines_in_one_launch(tmp_path, models, TrainConfig(global_batch=4, dtype="fp32"), stages=4, pp=2,
+                                    virtual_stages=2)
+    for model in models:
         res = ranks[0][model]
         assert res["verified"] is True and res["max_abs_diff"] <= 1e-5, (model, res)
         assert ranks[1][model]["losses"] == res["losses"] and res["losses"][2] != res["losses"][0]

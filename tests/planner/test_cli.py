@@ -97,3 +97,12 @@ def test_models_lists_the_cnn_presets_too(capsys):
     for name in CNN_PRESETS:
         assert name in rows and resolve_model(name).name == name
     assert rows["resnet50"][1] == "50" and rows["tiny-resnet"][1] == "18"
+
+
+def test_the_plan_header_counts_in_words_that_fit(capsys):
+    """Issue 30 item 14: "1 micro-batches of 8" and, for a CNN, "global batch 8, seq None"."""
+    assert main(["plan", "--model", "tiny-resnet", "--cluster", "2xcpu", "--global-batch", "8", "--dp", "2",
+                 "--micro-batch", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "  train        global batch 8 samples, fp32, adam" in out and "seq None" not in out
+    assert "1F1B, 1 micro-batch of 4" in out and "micro-batches of" not in out

@@ -86,8 +86,10 @@ class Layout:
         if spec.loss_fn is None:
             if spec.vocab is None:
                 raise PartitaError(f"model {spec.name!r} gives no loss_fn and no vocabulary size (neither "
-                                   "model.config.vocab_size nor a vocab_size attribute): the runtime trains a model "
-                                   "without its own loss as a token LM (one [batch, seq] integer input -> logits)")
+                                   "model.config.vocab_size nor a vocab_size attribute): a model factory returns "
+                                   "(module, example_inputs, loss_fn) to train with its loss (loss_fn(module, "
+                                   "*batch) -> scalar); without one the runtime trains a token LM (one [batch, seq] "
+                                   "integer input -> logits)")
             if spec.seq_len is None:
                 raise PartitaError(f"model {spec.name!r} has a vocabulary but no sequence length: the runtime "
                                    "cannot make its token batches")

@@ -161,3 +161,16 @@ def test_a_factory_may_carry_its_loss(tmp_path, monkeypatch):
     with pytest.raises(PartitaError, match=r"must return \(nn.Module, example_inputs tuple\) or \(nn.Module, "
                                            r"example_inputs tuple, loss_fn\)"):
         resolve_model(f"{name}:bad")
+
+
+def test_a_factory_model_without_loss_or_vocabulary_is_told_the_contract(tmp_path, monkeypatch):
+    """A ResNet-like factory returning (module, example_inputs) plans, but the runtime has no loss to train it
+    with: the line names the three-part contract that fixes it."""
+    from partita.runtime.data import make_data
+    name = _module(tmp_path, monkeypatch, "partita_lossless_factory",
+                   _LOSS_FACTORY.replace("def factory():\n    return Net(), (torch.zeros(1, 12), torch.zeros(1, "
+                                         "dtype=torch.long)), loss", "def factory():\n    return Net(), "
+                                         "(torch.zeros(1, 12),)"))
+    with pytest.raises(PartitaError, match=r"a model factory returns \(module, example_inputs, loss_fn\) to train "
+                                           r"with its loss"):
+        make_data(resolve_model(f"{name}:factory"), 8)

@@ -239,6 +239,16 @@ def _link_lines(m: dict, dev: dict) -> list[str]:
     return lines
 
 
+def peak_line(m: dict, dev: dict) -> str:
+    """Why the peak written to the file is below the peak printed above it: each rank's share of the compute
+    when all ranks run matmuls at once (`compute_share_per_rank`, from the concurrent matmul measurement)."""
+    best = max(r["flops_per_s"] for r in m["matmul"]["fp32"])
+    share, ranks = m["compute_share_per_rank"], m["ranks"]
+    return (f"  written peak_flops fp32: {dev['peak_flops']['fp32'] / 1e9:.1f} GFLOP/s per rank = the one-rank peak "
+            f"{best / 1e9:.1f} x {share:.2f}, each rank's share when all {ranks} ranks compute at once (measured: "
+            f"{m['concurrent_matmul']['flops_per_s'] / 1e9:.1f} GFLOP/s per rank side by side)")
+
+
 def summary(d: dict, out_path: str) -> str:
     m = d["measurements"]
     dev = d["groups"][0]["device"]
@@ -251,10 +261,15 @@ def summary(d: dict, out_path: str) -> str:
         lines.append(f"  matmul {dt}: peak {best['flops_per_s'] / 1e9:.1f} GFLOP/s (n={best['n']}), "
                      + ", ".join(f"n={r['n']} {r['flops_per_s'] / 1e9:.1f}" for r in rows))
     if m.get("gpus"):
-        lines.append(f"  matmul efficiency (bf16 GEMM curve): {dev['matmul_efficiency']:.2f} of the best rate, halved "
-                     f"at dimension {dev['gemm_half_dim']:.0f}")
+        if dev.get("gemm_half_mn"):
+            lines.append(f"  GEMM curve (bf16, costmodel.kernel_fit): {dev['matmul_efficiency']:.2f} of the peak on "
+                         f"large shapes, halved at {dev['gemm_half_mn']:.3g} output elements")
+        else:
+            lines.append(f"  matmul efficiency (bf16 GEMM curve): {dev['matmul_efficiency']:.2f} of the best rate, "
+                         f"halved at dimension {dev['gemm_half_dim']:.0f}")
         lines += _kernel_lines(d.get("kernels") or [])
     else:
+        lines.append(peak_line(m, dev))
         lines.append(f"  matmul efficiency (fp32, mean over sizes): {dev['matmul_efficiency']:.2f}")
     lines.append(f"  memory bandwidth (copy): {m['memory_copy']['bytes_per_s'] / 1e9:.1f} GB/s")
     lines += _link_lines(m, dev)
@@ -270,7 +285,8 @@ def main(argv=None) -> int:
     p.add_argument("--ranks", type=int, default=None,
                    help=f"local ranks for the collectives: on a CPU host at least 2 (default min(4, cpu count): "
                         f"{default_ranks()}); on a GPU host one per GPU, at most the GPUs (default: every GPU)")
-    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (~20 s)")
+    p.add_argument("--quick", action="store_true", help="fewer matrix and message sizes and repetitions than a "
+                   "full calibration (the summary says how long it took)")
     args = p.parse_args(argv)
     try:
         d = calibrate(args.out, ranks=args.ranks, quick=args.quick)

@@ -58,6 +58,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import asdict, fields, replace
 
 from partita.costmodel.errors import PartitaError
@@ -80,10 +81,16 @@ def _fail(where: str, msg: str):
     raise PartitaError(f"resource list: {where}: {msg}")
 
 
+_DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+"""A number written in decimal or scientific notation. PyYAML (YAML 1.1) reads 1e9 and 1.0e9 as strings --
+only 1.0e+9 is a float there --, so such a string is taken as the number it spells."""
+
+
 def _number(where: str, value, *, positive: bool = True) -> float:
+    if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+        value = float(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        hint = " (YAML reads 1e9 as a string: write 1.0e9)" if isinstance(value, str) else ""
-        _fail(where, f"must be a number, got {value!r}{hint}")
+        _fail(where, f"must be a number, got {value!r}")
     if positive and value <= 0:
         _fail(where, f"must be > 0, got {value!r}")
     if not positive and value < 0:

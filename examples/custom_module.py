@@ -1,12 +1,14 @@
 """Your own nn.Module, planned by import path: `build()` returns (module, example inputs).
 
-    # from the repository root (the console script does not put the working directory on sys.path,
-    # hence PYTHONPATH=.; `python -m partita.planner.cli plan ...` works without it)
-    PYTHONPATH=. partita plan --model examples.custom_module:build --cluster 8xA100-80GB --global-batch 256
+    # from the repository root: partita imports `package.module:factory` from the working directory,
+    # as `python -m` would: nothing to set
+    partita plan --model examples.custom_module:build --cluster 8xA100-80GB --global-batch 256
     python examples/custom_module.py                   # the same from the Python API
 
-The contract (costmodel/models/__init__.py, `package.module:factory`): `build()` takes no arguments and
-returns `(module, example_inputs)`, `example_inputs` a tuple of tensors with a batch dimension of 1 first;
+The contract (costmodel/models/__init__.py, `package.module:factory`; README "Train your own model on your
+own data"): `build()` takes no arguments and returns `(module, example_inputs)` -- or `(module, example_inputs,
+loss_fn)` to train with your loss, as examples/image_classifier.py does --, `example_inputs` a tuple of tensors
+with a batch dimension of 1 first;
 the planner expands that dimension to each micro-batch size it considers. `build()` is called more than
 once and under fake tensors, so keep it cheap and free of side effects. The planner finds the repeated
 layers by module path (here `blocks.0` ... `blocks.11`) and splits them over pipeline stages and tensor

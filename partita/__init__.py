@@ -23,6 +23,7 @@ _NAMES = {
     "TrainConfig": "partita.planner.search", "SearchSpace": "partita.planner.search",
     "Plan": "partita.planner.plan", "PlanError": "partita.planner.plan",
     "run": "partita.runtime.api", "launch": "partita.runtime.api", "plan_and_run": "partita.runtime.api",
+    "VerifyFailed": "partita.runtime.api",
     "PartitaError": "partita.costmodel.errors", "resolve_model": "partita.costmodel.models",
     "ModelSpec": "partita.costmodel.models",
 }

@@ -23,7 +23,7 @@ from partita.planner.build import build_plan
 from partita.planner.candidates import split_model, use_block_program
 from partita.planner.plan import Plan
 from partita.planner.search import SearchResult, TrainConfig, search
-from partita.planner.space import FIXABLE, SearchSpace, _ByDevice, check_space, describe_fixed
+from partita.planner.space import FIXABLE, SearchSpace, _ByDevice, check_scale, check_space, describe_fixed
 
 
 def _spec_for(model, example_inputs) -> ModelSpec:
@@ -52,6 +52,7 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     space = _space_for(space, fixed)
     spec = with_seq(_spec_for(model, example_inputs), train.seq_len)
     cl = parse_cluster(cluster) if isinstance(cluster, str) else cluster
+    check_scale(cl)
     if isinstance(train.dtype, _ByDevice):  # no dtype given: the device kind's, as the CLI chooses it
         train = dataclasses.replace(train, dtype=default_dtype(cl))
     t0 = time.perf_counter()

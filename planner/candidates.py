@@ -32,7 +32,7 @@ from partita.planner.options import (Variant, cost_variant, pareto_indices, pipe
                                      zero_state_bytes)
 from partita.planner.phases import grads_absent, memory_phases
 from partita.planner.space import (SearchSpace, TrainConfig, _meshes, _micro_batch_allowed, _schedules, divisors,
-                                   overlap_choices)
+                                   overlap_choices, micro_batch_cap)
 from partita.planner.strategies import SPLIT, BlockOption, replicate_option, sequence_option, tensor_option
 
 
@@ -465,7 +465,7 @@ def _enumerate_hetero(bases: _Bases, cluster: Cluster, train: TrainConfig, space
                 for zero in (space.zero if dp > 1 else (0,) if 0 in space.zero else ()):
                     if not _zero_runs_or_fixed(space, zero, tp, 1, 1):
                         continue
-                    for b in divisors(local):
+                    for b in divisors(local, micro_batch_cap(train, space)):
                         m = local // b
                         if not _micro_batch_allowed(b, train, space) or (pp > 1 and m < pp):
                             continue

@@ -102,7 +102,8 @@ def _cmd_run(args) -> int:
     from partita.planner.plan import Plan
     # values argparse cannot refuse by type: one line, exit code 2, before anything is launched
     for name, value, least in (("--steps", args.steps, 1), ("--checkpoint-every", args.checkpoint_every, 0),
-                               ("--max-restarts", args.max_restarts, 0), ("--nnodes", args.nnodes, 1)):
+                               ("--max-restarts", args.max_restarts, 0), ("--nnodes", args.nnodes, 1),
+                               ("--log-every", args.log_every, 0)):
         if value is not None and value < least:
             raise PartitaError(f"{name} must be {'at least 1' if least else '>= 0'}")
     if args.nnodes > 1 and not args.rdzv_endpoint:
@@ -120,12 +121,12 @@ def _cmd_run(args) -> int:
     # give every attempt a fresh store
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     flags = ["--model", args.model, "--steps", str(args.steps)]
-    for name in ("data", "data_dtype", "checkpoint_dir", "checkpoint_every", "seed", "lr", "losses_out"):
+    for name in ("data", "data_dtype", "checkpoint_dir", "checkpoint_every", "seed", "lr", "losses_out", "log_every",
+                 "tensorboard"):
         value = getattr(args, name)
         if value is not None:
             flags += ["--" + name.replace("_", "-"), str(value)]
-    if args.resume:
-        flags.append("--resume")
+    flags += [f"--{name}" for name in ("resume", "sync-batchnorm") if getattr(args, name.replace("-", "_"))]
     if args.max_restarts:
         flags += ["--max-restarts", str(args.max_restarts)]
     launcher = ["--nproc-per-node", str(nproc), "--nnodes", str(args.nnodes)]
@@ -151,7 +152,7 @@ def _cmd_export(args) -> int:
     from partita.planner.plan import Plan
     plan = Plan.load(args.plan)
     slurm_flags = ("model", "steps", "gpus_per_node", "partition", "time", "account", "job_name", "port", "data",
-                   "checkpoint_dir", "checkpoint_every", "max_restarts")
+                   "checkpoint_dir", "checkpoint_every", "max_restarts", "python")
     if args.to != "slurm":
         given = [name for name in slurm_flags if getattr(args, name) is not None]
         if given:
@@ -159,7 +160,7 @@ def _cmd_export(args) -> int:
     slurm = None
     if args.to == "slurm" and args.model is not None:
         values = {name: getattr(args, name) for name in slurm_flags if getattr(args, name) is not None}
-        slurm = SlurmOptions(python=sys.executable, **values)
+        slurm = SlurmOptions(**values)  # python: the compute nodes' (PATH or --python), not this machine's venv
     text = export(plan, args.to, plan_path=os.path.abspath(args.plan), slurm=slurm)
     if not args.out:
         sys.stdout.write(text)
@@ -188,8 +189,16 @@ def _cmd_models(args) -> int:
     for name, c in describe_presets():
         print(f"{name:<16} {c.family:<6} {c.layers:>6} {c.hidden:>6} {c.heads:>5} {c.kv_heads:>4} {c.ffn:>6} "
               f"{c.vocab:>7} {c.seq:>5}")
+    from partita.costmodel.models.cnn import CNN_PRESETS
+    print(f"\n{'CNN preset':<16} {'depth':>6} {'width':>6} {'image':>6} {'classes':>8}")
+    for name, c in CNN_PRESETS.items():
+        depth = sum(c.blocks) * (3 if c.bottleneck else 2) + 2  # the convolutions and the classifier, as ResNet counts
+        print(f"{name:<16} {depth:>6} {c.width:>6} {c.image:>6} {c.classes:>8}")
     print("\nor a family: gpt:layers=..,hidden=..,heads=..,seq=..,vocab=..[,ffn=..][,kv_heads=..]"
-          "[,attention=sdpa|math][,dropout=0.1]  llama:... (the same keys)  or an import path package.module:factory")
+          "[,attention=sdpa|math][,dropout=0.1]  llama:... (the same keys)  resnet:depth=..,width=..,image=..,classes=..\n"
+          "or hf:FAMILY[:key=value,...] (a transformers model type built from its config)\n"
+          "or your own: package.module:factory returning (module, example_inputs[, loss_fn]) (README: Train your own "
+          "model on your own data)")
     return 0
 
 
@@ -303,8 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--model", required=True)
     r.add_argument("--steps", type=int, default=10)
     r.add_argument("--verify", action="store_true", help="also train in one process and compare the losses")
-    r.add_argument("--data", metavar="FILE", help="token file (.npy, or raw little-endian uint16/uint32 tokens); "
-                   "default: synthetic batches")
+    r.add_argument("--data", metavar="FILE|MODULE:FACTORY", help="token file (.npy, or raw little-endian "
+                   "uint16/uint32 tokens), or package.module:factory returning a torch Dataset / IterableDataset "
+                   "whose items are one row of a batch; default: synthetic batches")
     r.add_argument("--data-dtype", choices=["uint16", "uint32"], default=None,
                    help="token type of a raw --data file (default uint16)")
     r.add_argument("--checkpoint-dir", metavar="DIR", help="where DCP checkpoints are written and resumed from")
@@ -318,6 +328,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=None)
     r.add_argument("--lr", type=float, default=None)
     r.add_argument("--losses-out", metavar="FILE", help="write losses, reference, step time and memory as JSON")
+    r.add_argument("--sync-batchnorm", action="store_true",
+                   help="BatchNorm normalises over the whole data-parallel batch (SyncBatchNorm), as one process does")
+    r.add_argument("--log-every", type=int, default=None, metavar="N",
+                   help="print a progress line (step, loss, step time, tokens or samples/s, memory, ETA) every N "
+                        "steps (default 10; 0: none); on a terminal a progress bar")
+    r.add_argument("--tensorboard", metavar="DIR", help="write the per-step scalars for TensorBoard into DIR "
+                   "(pip install 'partita[tensorboard]')")
     n = r.add_argument_group("several nodes (run the same command on every node; processes per node = the "
                              "plan's world size / N)")
     n.add_argument("--nnodes", type=int, default=1, metavar="N", help="number of nodes (default 1)")
@@ -353,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     xs.add_argument("--checkpoint-dir", metavar="DIR", help="DCP checkpoints (a path every node can write)")
     xs.add_argument("--checkpoint-every", type=int, metavar="N", help="save a checkpoint after every N steps")
     xs.add_argument("--max-restarts", type=int, metavar="K", help="torchrun restarts after a failure")
+    xs.add_argument("--python", metavar="PATH", help="the interpreter with partita installed on the compute nodes "
+                    "(default: python from the job's PATH; $PYTHON overrides either at submission)")
     x.set_defaults(func=_cmd_export)
 
     c = sub.add_parser("calibrate", help="measure this machine's devices and links into a resource list",
@@ -362,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ranks", type=int, default=None, help="local ranks for the collective measurements: on a CPU "
                    "host >= 2; on a GPU host one per GPU, at most the GPUs (default: every GPU; one GPU: no collectives, "
                    "its preset's links)")
-    c.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (~5 s)")
+    c.add_argument("--quick", action="store_true", help="fewer matrix and message sizes and repetitions than a full "
+                   "calibration (the summary says how long it took)")
     c.set_defaults(func=_cmd_calibrate)
 
     m = sub.add_parser("models", help="list the built-in model presets")

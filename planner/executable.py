@@ -106,7 +106,7 @@ _WHY = {
     "classifier": "is an image classifier whose BatchNorm layers normalise over each micro-batch a pipeline "
                   "runs, so it would not train as one process does (measured: losses 0.15 apart at step 2)",
     "no-batches": "has neither a vocabulary and sequence length nor a loss_fn, so the runtime cannot make its "
-                  "batches",
+                  "batches (a model factory may return (module, example_inputs, loss_fn))",
 }
 
 

@@ -78,7 +78,8 @@ def _header(plan) -> Text:
         + f" on {plan.cluster.get('spec') or plan.cluster.get('num_devices')}"
         + (f" ({' + '.join(str(g['num_devices']) + ' x ' + g['device'] for g in plan.cluster['groups'])})"
            if plan.cluster.get("groups") else f" ({plan.cluster.get('num_devices')} x {plan.cluster.get('device')})"),
-        f"  train        global batch {t['global_batch']}, seq {t.get('seq_len')}, {t.get('dtype')}, {t.get('optimizer')}",
+        f"  train        global batch {t['global_batch']}"
+        + (f", seq {t['seq_len']}" if t.get("seq_len") else " samples") + f", {t.get('dtype')}, {t.get('optimizer')}",
         (f"  mesh         pp={mesh.pp} x dp={mesh.dp} x tp={mesh.tp}  ({mesh.world_size} ranks; tp fastest, then dp, "
          f"then pp); data parallel with {zero}" if mesh.cp == 1 else
          f"  mesh         pp={mesh.pp} x dp={mesh.dp} x cp={mesh.cp} x tp={mesh.tp}  ({mesh.world_size} ranks; tp "
@@ -86,7 +87,8 @@ def _header(plan) -> Text:
          f"parallel over dp x cp with {zero}"),
         *([f"  experts      each MoE layer's experts sharded over ep={mesh.ep} of the data-parallel ranks "
            f"(all-to-all dispatch and combine)"] if mesh.ep > 1 else []),
-        f"  schedule     {sched.name}, {sched.num_microbatches} micro-batches of {sched.micro_batch_size}{chunks}",
+        f"  schedule     {sched.name}, {sched.num_microbatches} micro-batch{'es' if sched.num_microbatches != 1 else ''} "
+        f"of {sched.micro_batch_size}{chunks}",
         *([f"  overlap      {'; '.join(overlaps)}"] if overlaps else []),
     ]
     return Text("\n".join(lines))

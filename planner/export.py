@@ -128,7 +128,8 @@ class SlurmOptions:
     port: int = 29500
     """Rendezvous port on the job's first node."""
     python: str = "python"
-    """The interpreter with partita installed, as seen from the compute nodes (overridable by $PYTHON)."""
+    """The interpreter with partita installed, as seen from the compute nodes (overridable by $PYTHON at
+    submission); never the exporting machine's own interpreter, whose path need not exist there."""
     data: str | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
@@ -210,6 +211,8 @@ def to_slurm(plan: Plan, plan_path: str, opts: SlurmOptions) -> str:
         "set -euo pipefail",
         "",
         f"PLAN={q(plan_path)}",
+        "# the interpreter with partita installed on the compute nodes: export PYTHON=... before sbatch, or",
+        "# activate the environment in this script; python from the job's PATH otherwise",
         f'PYTHON="${{PYTHON:-{opts.python}}}"',
         f"PORT={opts.port}",
         f"NNODES={nodes}",
@@ -252,8 +255,64 @@ class _Args:
         self.lines.append(text if text.startswith("#") else "# " + text)
 
 
-def _megatron_model(plan: Plan, out: _Args) -> None:
+_HF_KEYS = {"hidden": "hidden_size", "heads": "num_attention_heads", "ffn": "intermediate_size",
+            "kv_heads": "num_key_value_heads", "layers": "num_hidden_layers", "vocab": "vocab_size"}
+"""partita's model config keys (GPTConfig) and the HuggingFace config attributes a plan of an hf: model records."""
+LLAMA_LIKE = {"llama": False, "mistral": False, "qwen2": True}
+"""HuggingFace model types built as Llama is (RMSNorm, SwiGLU, rotary positions, no linear biases), and
+whether their q, k, v projections have biases (Qwen2)."""
+ROPE_BASE = 10000.0
+"""The rotary base of partita's llama family (costmodel.models.gpt), and Megatron-LM's default --rotary-base."""
+
+
+def model_shape(plan: Plan) -> dict:
+    """The plan's model sizes under GPTConfig's names (layers, hidden, heads, ffn, kv_heads, vocab), for
+    partita's own models and hf: ones alike."""
     c = plan.model.get("config") or {}
+    if c.get("family") != "hf":
+        return dict(c)
+    return {**c, **{k: c[hf] for k, hf in _HF_KEYS.items() if c.get(hf)}}
+
+
+def architecture(plan: Plan) -> dict | None:
+    """The decoder's building blocks -- llama: RMSNorm, SwiGLU, rotary positions (base), no linear biases;
+    gpt: LayerNorm, GELU, learned positions, biases -- and whether the embeddings are tied; None when the plan's
+    model is neither (an hf: model of another type, a factory)."""
+    c = plan.model.get("config") or {}
+    if c.get("family") in ("gpt", "llama"):  # GPTConfig: input and output embeddings never tied
+        return {"llama": c["family"] == "llama", "rope_base": ROPE_BASE, "qkv_bias": False, "tied": False,
+                "experts": c.get("experts") or 0, "top_k": c.get("top_k")}
+    if c.get("family") == "hf" and c.get("arch") in LLAMA_LIKE and c.get("task") == "causal":
+        return {"llama": True, "rope_base": c.get("rope_theta", ROPE_BASE), "qkv_bias": LLAMA_LIKE[c["arch"]],
+                "tied": bool(c.get("tie_word_embeddings")), "experts": 0, "top_k": None}
+    return None
+
+
+def _megatron_architecture(plan: Plan, out: _Args) -> None:
+    """The flags that make Megatron-LM build the plan's architecture rather than its default GPT (LayerNorm,
+    GELU, learned absolute positions, linear biases, tied embeddings; megatron/training/arguments.py)."""
+    a = architecture(plan)
+    if a is None:
+        out.note(f"# partita: the architecture of {plan.model.get('name', '?')} is not translated, only its sizes: "
+                 f"add the flags that build it ({MEGATRON} builds a GPT by default)")
+        return
+    if a["llama"]:
+        out.arg("--swiglu")
+        out.arg("--normalization", "RMSNorm")
+        out.arg("--position-embedding-type", "rope")
+        out.arg("--rotary-base", int(a["rope_base"]) if float(a["rope_base"]).is_integer() else a["rope_base"])
+        out.arg("--disable-bias-linear")
+        if a["qkv_bias"]:
+            out.arg("--add-qkv-bias")
+    if not a["tied"]:
+        out.arg("--untie-embeddings-and-output-weights")
+    if a["experts"]:
+        out.arg("--num-experts", a["experts"])
+        out.arg("--moe-router-topk", a["top_k"])
+
+
+def _megatron_model(plan: Plan, out: _Args) -> None:
+    c = model_shape(plan)
     layers = len(layer_blocks(plan)) or c.get("layers")
     if layers:
         out.arg("--num-layers", layers)
@@ -263,6 +322,7 @@ def _megatron_model(plan: Plan, out: _Args) -> None:
     if c.get("kv_heads") and c.get("heads") and c["kv_heads"] != c["heads"]:
         out.arg("--group-query-attention")
         out.arg("--num-query-groups", c["kv_heads"])
+    _megatron_architecture(plan, out)
     seq = plan.train.get("seq_len")
     if seq:
         out.arg("--seq-length", seq)
@@ -534,11 +594,39 @@ def _toml_value(v) -> str:
     raise TypeError(f"no TOML form for {v!r}")
 
 
+TORCHTITAN_LLAMA3 = {"8B": (4096, 32, 32, 8, 14336), "70B": (8192, 80, 64, 8, 28672),
+                     "405B": (16384, 126, 128, 8, 53248)}
+"""torchtitan's llama3 flavours (torchtitan/models/llama3/__init__.py): dim, n_layers, n_heads, n_kv_heads, and the
+FFN size its ffn_dim_multiplier and multiple_of give; vocabulary 128256, rope_theta 500000."""
+
+
+def _torchtitan_model(plan: Plan, notes: _Args) -> dict:
+    """The model torchtitan trains: its llama3 model and the flavour with the plan's shape."""
+    a, c = architecture(plan), model_shape(plan)
+    if a is None or not a["llama"] or a["experts"]:
+        notes.note(_no_equivalent(TORCHTITAN, f"the model {plan.model.get('name', '?')}", "torchtitan trains its own "
+                                  "model definitions (llama3, deepseek_v3 ...); name one with these sizes in [model]"))
+        return {}
+    shape = (c.get("hidden"), len(layer_blocks(plan)) or c.get("layers"), c.get("heads"), c.get("kv_heads"), c.get("ffn"))
+    flavor = next((f for f, s in TORCHTITAN_LLAMA3.items() if s == shape), None)
+    if flavor is None:
+        dims = ", ".join(f"{k}={v}" for k, v in zip(("dim", "n_layers", "n_heads", "n_kv_heads", "ffn"), shape))
+        notes.note(_no_equivalent(TORCHTITAN, f"a llama3 flavour with {dims}",
+                                  "add one to torchtitan's llama3 flavours and name it here"))
+        return {"name": "llama3"}
+    differ = ([f"rotary base {a['rope_base']:g} (torchtitan's: 500000)"] if a["rope_base"] != 500000.0 else []) + (
+        [f"vocabulary {c['vocab']} (torchtitan's: its tokenizer's, 128256)"] if c.get("vocab") not in (None, 128256) else [])
+    if differ:
+        notes.note(f"torchtitan's llama3 {flavor} has the plan's shapes; the plan's model differs in {', '.join(differ)}, "
+                   "which changes no cost")
+    return {"name": "llama3", "flavor": flavor}
+
+
 def to_torchtitan(plan: Plan) -> str:
     """torchtitan job-config overrides (TOML) for the plan: merge into a torchtitan train config."""
     sections = []
-    for name, build in (("parallelism", _torchtitan_parallelism), ("activation_checkpoint", _torchtitan_checkpointing),
-                        ("training", _torchtitan_training)):
+    for name, build in (("model", _torchtitan_model), ("parallelism", _torchtitan_parallelism),
+                        ("activation_checkpoint", _torchtitan_checkpointing), ("training", _torchtitan_training)):
         notes = _Args()
         values = build(plan, notes)
         sections.append("\n".join([f"[{name}]", *notes.lines, *(f"{k} = {_toml_value(v)}" for k, v in values.items())]))

@@ -47,7 +47,8 @@ def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
     graph = with_kernels(graph, space.kernels)  # a compiled run prices fused kernels (costmodel.fusion)
     prefix, layers, suffix, cands = enumerate_candidates(graph, cluster, train, space)
     if not cands and raise_infeasible:
-        raise PartitaError(no_candidates_reason(cluster, train, space))
+        kinds = {graph.g.nodes[n]["kind"] for group in layers for n in graph.nodes_of(group)}
+        raise PartitaError(no_candidates_reason(cluster, train, space, kinds))
     # deterministic order: bound first, then the simplest plan
     cands.sort(key=lambda c: (c.lower_bound, c.pp, c.tp, c.zero, c.virtual_stages, -c.micro_batch,
                               c.sequence_parallel))
@@ -167,8 +168,9 @@ def explain_infeasible(result: SearchResult) -> str:
     return (f"no plan fits on {result.cluster.num_devices} x {dev}: the smallest footprint needs "
             f"{need / GiB:.1f} GiB per device ({binding} bind: model states {states / GiB:.1f} GiB, activations "
             f"{act / GiB:.1f} GiB for {int(prob.in_flight[s])} micro-batch(es) in flight, workspace "
-            f"{workspace / GiB:.1f} GiB (at the {row['phase']}), at pp={c.pp}, dp={c.dp}, tp={c.tp}, ZeRO-{c.zero}, micro-batch "
-            f"{c.micro_batch}, with {_considered(result.space)}) but a {dev} has {cap / GiB:.1f} GiB usable; "
+            f"{workspace / GiB:.1f} GiB (at the {row['phase']}), at pp={c.pp}, dp={c.dp}, tp={c.tp}"
+            f"{f', cp={c.cp}' if c.cp > 1 else ''}, ZeRO-{c.zero}, micro-batch "
+            f"{c.micro_batch}, with {_considered(result.space)}) but each {dev} has {cap / GiB:.1f} GiB usable; "
             f"{advice}")
 
 
@@ -188,7 +190,8 @@ def _fit_advice(space: SearchSpace, activations_bind: bool) -> str:
         if not space.offload:
             freed.append("allow activation offload (--offload on)")
         return "activations dominate: " + "; ".join(
-            freed + ["a shorter sequence, or more tensor, context or pipeline parallelism"])
+            freed + ["a shorter sequence (--seq), or more context parallelism (--cp N: each sequence split over N "
+                     "ranks), tensor (--tp) or pipeline (--pp) parallelism, on more devices where these run out"])
     if 3 not in space.zero:
         freed.append("shard the optimizer state (--zero 1) or everything (--zero 3)" if 1 not in space.zero
                      else "shard parameters too (--zero 3)")

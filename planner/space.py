@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.fusion import KERNELS
 from partita.costmodel.hardware import Cluster
-from partita.costmodel.stacks import DEFAULT_STACK, STACKS, get_stack
+from partita.costmodel.stacks import STACKS, get_stack
 from partita.planner.options import RECOMPUTE
 
 
@@ -44,6 +44,14 @@ class _ByDevice(str):
 BY_DEVICE = _ByDevice("bf16")
 
 
+MAX_GLOBAL_BATCH = 2**30
+"""The largest global batch planned (samples per step): beyond ~1e12 the step program's coefficients (micro-
+batch counts times seconds) are too large for HiGHS, which then returns no solution (measured at 1e20);
+2^30 = 1,073,741,824 is far above any published training run's batch (thousands of sequences)."""
+MAX_DEVICES = 2**20
+"""The largest cluster planned (devices): 1,048,576, above the largest training clusters reported."""
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     """What is trained, and how."""
@@ -64,6 +72,9 @@ class TrainConfig:
     def __post_init__(self):
         if not isinstance(self.global_batch, int) or self.global_batch < 1:
             raise PartitaError(f"global batch must be a positive integer, got {self.global_batch!r}")
+        if self.global_batch > MAX_GLOBAL_BATCH:
+            raise PartitaError(f"global batch {self.global_batch:,} is beyond what partita plans: at most "
+                               f"{MAX_GLOBAL_BATCH:,} (2^30) samples per step")
         if self.dtype not in ("bf16", "fp32"):
             raise PartitaError(f"dtype {self.dtype!r} not supported; accepted: bf16, fp32 (fp16 would need loss "
                                "scaling, which the runtime does not do)")
@@ -242,8 +253,19 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def divisors(n: int, up_to: int | None = None) -> list[int]:
+    """The divisors of n, ascending, those <= `up_to` only when given: O(min(up_to, sqrt n)) steps, so a
+    global batch of 1e12 or a cluster of 1e8 devices costs milliseconds, not hours of range(n)."""
+    if up_to is not None and up_to * up_to <= n:
+        return [d for d in range(1, up_to + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    found = sorted({*small, *(n // d for d in small)})
+    return found if up_to is None else [d for d in found if d <= up_to]
+
+
+def micro_batch_cap(train: TrainConfig, space: SearchSpace) -> int:
+    """The largest micro-batch size the search may consider (`_micro_batch_allowed`)."""
+    return train.max_micro_batch if space.micro_batch is None else max(space.micro_batch)
 
 
 def _meshes(cluster: Cluster, train: TrainConfig, space: SearchSpace, max_pp: int, cps: tuple[int, ...] = (1,)):
@@ -253,7 +275,7 @@ def _meshes(cluster: Cluster, train: TrainConfig, space: SearchSpace, max_pp: in
     for tp in divisors(min(n, cluster.devices_per_node)):
         if n % tp or (space.tp is not None and tp not in space.tp):
             continue
-        for pp in divisors(n // tp):
+        for pp in divisors(n // tp, max_pp):
             if pp > max_pp or (space.pp is not None and pp not in space.pp):
                 continue
             for cp in cps:
@@ -266,7 +288,7 @@ def _meshes(cluster: Cluster, train: TrainConfig, space: SearchSpace, max_pp: in
                     continue  # sequence parallelism (and the TP overlap of its collectives) splits over tp ranks
                 local = train.global_batch // dp
                 for zero in (space.zero if dp * cp > 1 else (0,) if 0 in space.zero else ()):
-                    for b in divisors(local):
+                    for b in divisors(local, micro_batch_cap(train, space)):
                         m = local // b
                         if _micro_batch_allowed(b, train, space) and (pp == 1 or m >= pp):
                             yield pp, dp, tp, zero, b, m, cp
@@ -305,6 +327,13 @@ def fixed_text(fixed: dict) -> str:
                      for name, v in fixed.items())
 
 
+def check_scale(cluster: Cluster) -> None:
+    """PartitaError, before any capture, for a cluster beyond MAX_DEVICES."""
+    if cluster.num_devices > MAX_DEVICES:
+        raise PartitaError(f"the cluster has {cluster.num_devices:,} devices, beyond what partita plans: at most "
+                           f"{MAX_DEVICES:,} (2^20)")
+
+
 def check_space(cluster: Cluster, train: TrainConfig, space: SearchSpace, *, max_pp: int, layers: int,
                 seq: int | None) -> None:
     """Raise PartitaError, one line saying why, when the fixed choices of `space` leave no mesh and
@@ -324,9 +353,16 @@ def check_space(cluster: Cluster, train: TrainConfig, space: SearchSpace, *, max
         raise PartitaError(why)
 
 
-def no_candidates_reason(cluster: Cluster, train: TrainConfig, space: SearchSpace) -> str:
-    """Why a search found no candidate although check_space passed (or was not asked)."""
+def no_candidates_reason(cluster: Cluster, train: TrainConfig, space: SearchSpace, kinds: set[str] = frozenset()) -> str:
+    """Why a search found no candidate although check_space passed (or was not asked); `kinds`: the operator
+    kinds of the model's repeated layers (OpGraph node "kind")."""
     fixed_tp = space.tp is not None and min(space.tp) > 1
+    if fixed_tp and any(k.startswith("conv") for k in kinds) and "linear" not in kinds:
+        tp = "|".join(map(str, space.tp))
+        return (f"--tp {tp}: tensor parallelism splits Linear layers (Megatron's column/row split) and the model's "
+                f"repeated layers have none: their {', '.join(sorted(k for k in kinds if k.startswith('conv')))} operators "
+                "get no tensor-parallel split in partita; use --tp 1 (data parallelism, ZeRO or a pipeline "
+                "spread a CNN over devices)")
     if fixed_tp:
         sp = " with sequence parallelism" if False not in space.sequence_parallel else ""
         return (f"the model's layers cannot be split over tp={'|'.join(map(str, space.tp))} tensor-parallel "
@@ -369,7 +405,8 @@ def _why_nothing(cluster, train, space, max_pp, layers, seq) -> str | None:
     for name, x in (("pp", pp), ("dp", dp)):
         if x is not None and (x > n or n % x):
             return f"{name}={x} does not divide the {n} devices"
-    shapes = [(t, p, n // (t * p * cp)) for t in divisors(node) for p in divisors(n // t) if (n // (t * p)) % cp == 0]
+    shapes = [(t, p, n // (t * p * cp)) for t in divisors(node) for p in _pp_choices(n // t, max_pp, space, cp)
+              if (n // (t * p)) % cp == 0]
     shapes = [s for s in shapes if all(getattr(space, k) is None or x in getattr(space, k)
                                        for k, x in zip(("tp", "pp", "dp"), s))]
     if not shapes:
@@ -399,7 +436,7 @@ def _why_nothing(cluster, train, space, max_pp, layers, seq) -> str | None:
         if seq and not (shapes := [s for s in before if seq % s[0] == 0]):
             return (f"sequence parallelism splits the {seq}-token sequence over tp ranks, and {seq} is not "
                     f"divisible by tp={'|'.join(str(t) for t in sorted({s[0] for s in before}))}")
-    runs = [(t, p, d, b, gb // d // b) for t, p, d in shapes for b in divisors(gb // d)
+    runs = [(t, p, d, b, gb // d // b) for t, p, d in shapes for b in divisors(gb // d, micro_batch_cap(train, space))
             if _micro_batch_allowed(b, train, space)]
     if not runs:
         t, p, d = shapes[0]
@@ -428,6 +465,14 @@ def _why_no_overlap(train: TrainConfig, space: SearchSpace) -> str | None:
                     "(Megatron-Core's --overlap-p2p-communication runs with interleaved 1F1B only): it needs "
                     "pp > 1 and the Interleaved1F1B schedule (virtual stages > 1)")
     return None
+
+
+def _pp_choices(devices: int, max_pp: int, space: SearchSpace, cp: int) -> list[int]:
+    """Pipeline degrees over `devices` (those left by tp) worth a message: up to the model's `max_pp` layers,
+    and those the fixed pp or dp imply (a too-deep one is then named)."""
+    ps = set(divisors(devices, max_pp)) | {x for x in space.pp or () if devices % x == 0}
+    ps |= {devices // (d * cp) for d in space.dp or () if devices % (d * cp) == 0}
+    return sorted(ps)
 
 
 def _fewest(runs) -> str:

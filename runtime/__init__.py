@@ -7,6 +7,6 @@ Python API (runtime.api): `run(plan, model_fn, dataset=None, steps=100, ...)` in
 `launch(plan_path, model, steps, nproc=None, **flags)` to spawn one, and `plan_and_run(model, cluster,
 train, steps, ...)` to plan on rank 0 and train on all ranks.
 """
-from partita.runtime.api import launch, plan_and_run, run
+from partita.runtime.api import VerifyFailed, launch, plan_and_run, run
 
-__all__ = ["run", "launch", "plan_and_run"]
+__all__ = ["run", "launch", "plan_and_run", "VerifyFailed"]

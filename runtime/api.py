@@ -11,8 +11,8 @@
 `run` and `plan_and_run` initialise the default process group from the torchrun environment if none
 exists (and destroy it again at the end); a group the caller created is used and left alone, so one
 script can run several plans. They raise PartitaError (one line) where the entry point exits 2 or 3,
-print the run report on rank 0, and return the RunResult on every rank (`result.verified` says whether
---verify's comparison passed).
+print the run report on rank 0, and return the RunResult on every rank; with `verify=True` a run that
+differs from one process raises VerifyFailed on every rank (the entry point exits 1), its `result` attached.
 """
 from __future__ import annotations
 
@@ -37,9 +37,19 @@ from partita.costmodel.models import ModelSpec
 from partita.planner.plan import Plan
 from partita.runtime.mesh import agree_on_attempt, env_world, init_default, teardown
 from partita.runtime.report import RunResult, first_failure, read_failure, show_library_warnings_once
-from partita.runtime.session import RunOptions, at_seq_len, execute, prepare
+from partita.runtime.progress import DEFAULT_EVERY
+from partita.runtime.session import EXIT_OK, RunOptions, at_seq_len, execute, prepare
 
 ModelArg = str | ModelSpec | Callable[[], nn.Module]
+
+
+class VerifyFailed(PartitaError):
+    """`run(..., verify=True)` found the run differs from single-process training beyond tolerance; the message
+    names what diverged, `result` holds the run (its `checks`, losses and reference)."""
+
+    def __init__(self, result: RunResult):
+        super().__init__(result.failure or "verify FAILED")
+        self.result = result
 
 
 def _plan(plan: Plan | dict | str | os.PathLike) -> Plan:
@@ -81,24 +91,29 @@ def model_spec(model: ModelArg, name: str | None = None, *, example_inputs=None,
                      loss_fn=loss_fn, seq_len=seq_len, vocab=vocab)
 
 
-def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset: str | os.PathLike | None = None,
+def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset=None,
         steps: int = 100, *, seed: int = 0, lr: float = 1e-3, verify: bool = False,
         checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0, resume: bool = False,
         max_restarts: int = 0, data_dtype: str | None = None, losses_out: str | None = None,
+        sync_batchnorm: bool = False, log_every: int = DEFAULT_EVERY, tensorboard: str | os.PathLike | None = None,
         print_report: bool = True, example_inputs=None, loss_fn=None, vocab: int | None = None) -> RunResult:
     """Train `steps` steps of the model `model_fn` builds under `plan`, on every rank of the job.
 
-    `dataset`: None for the model's synthetic batches, or a token file (runtime.data). The other keywords
-    are runtime.train's flags. Raises PartitaError for a plan, data file or checkpoint that does not fit
-    (before any step) and session.NonFiniteLoss for a NaN/inf loss."""
+    `dataset`: None for the model's synthetic batches, a token file, a `package.module:factory` name of a
+    torch dataset, or a `torch.utils.data` Dataset / IterableDataset itself (runtime.data, runtime.datasets).
+    The other keywords are runtime.train's flags; progress lines (runtime.progress) go out with the report
+    (`print_report`). Raises PartitaError for a plan, data or checkpoint that does not fit (before any step),
+    session.NonFiniteLoss for a NaN/inf loss, and VerifyFailed (on every rank, after the report) when
+    `verify` finds the run differs from one process -- where the CLI exits 1."""
     p = _plan(plan)
     spec = model_spec(model_fn, p.model.get("name"), example_inputs=example_inputs, loss_fn=loss_fn, vocab=vocab,
                       seq_len=p.train.get("seq_len"))
     opts = RunOptions(steps=steps, seed=seed, lr=lr, verify=verify,
                       checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else None,
                       checkpoint_every=checkpoint_every, resume=resume, max_restarts=max_restarts,
-                      data=str(dataset) if dataset is not None else None, data_dtype=data_dtype,
-                      losses_out=losses_out, print_report=print_report)
+                      data=str(dataset) if isinstance(dataset, os.PathLike) else dataset, data_dtype=data_dtype,
+                      losses_out=losses_out, sync_batchnorm=sync_batchnorm, log_every=log_every,
+                      tensorboard=str(tensorboard) if tensorboard is not None else None, print_report=print_report)
     world = dist.get_world_size() if dist.is_initialized() else env_world()[2]
     show_library_warnings_once(dist.get_rank() if dist.is_initialized() else env_world()[0])
     own = not dist.is_initialized()
@@ -106,8 +121,10 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset: str 
     try:
         agree_on_attempt()  # several nodes with restarts: the same attempt number on every rank
         prep = prepare(p, spec, opts, world)
-        result, _ = execute(p, spec, opts, prep)
+        result, code = execute(p, spec, opts, prep)
         ok = True
+        if code != EXIT_OK:
+            raise VerifyFailed(result)
         return result
     finally:
         if own:

@@ -19,6 +19,8 @@ How a batch is made from a model:
 Sources:
 - `SyntheticTokens`: random tokens from `torch.Generator().manual_seed(seed * 1_000_003 + step)`; for
   token LMs exactly `spec.tokens(global_batch, generator)`.
+- `DatasetSource` (`--data package.module:factory`, runtime.datasets): a user's torch Dataset or
+  IterableDataset, in an order that depends on (seed, step) alone as well.
 - `TokenFile` (`--data FILE`): a 1-D token array read through numpy memmap -- `.npy` (any integer
   dtype), or raw little-endian uint16 (default) / uint32 (`--data-dtype uint32`), e.g. a file written
   with `np.memmap` or `array.tofile()`. At step k the global batch's window start offsets are drawn
@@ -31,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import Dataset, IterableDataset
 
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.models import ModelSpec
@@ -83,8 +86,10 @@ class Layout:
         if spec.loss_fn is None:
             if spec.vocab is None:
                 raise PartitaError(f"model {spec.name!r} gives no loss_fn and no vocabulary size (neither "
-                                   "model.config.vocab_size nor a vocab_size attribute): the runtime trains a model "
-                                   "without its own loss as a token LM (one [batch, seq] integer input -> logits)")
+                                   "model.config.vocab_size nor a vocab_size attribute): a model factory returns "
+                                   "(module, example_inputs, loss_fn) to train with its loss (loss_fn(module, "
+                                   "*batch) -> scalar); without one the runtime trains a token LM (one [batch, seq] "
+                                   "integer input -> logits)")
             if spec.seq_len is None:
                 raise PartitaError(f"model {spec.name!r} has a vocabulary but no sequence length: the runtime "
                                    "cannot make its token batches")
@@ -112,6 +117,13 @@ class Layout:
         self.classes = _bound(spec, "classes") or _bound(spec, "num_labels") or self.vocab
         if any(k == "ids" for k, _ in self.slots) and self.classes is None:
             raise PartitaError(f"model {spec.name!r} takes integer inputs but gives no bound for them")
+
+    def sample(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """(shape, dtype) of each tensor of one sample (a batch row): what a dataset must yield (runtime.datasets)."""
+        if self.kind == "lm":
+            return [((self.window - 1,), torch.long), ((self.window - 1,), torch.long)]
+        template = self.spec.example_inputs(1)
+        return [(tuple(t.shape[1:]), t.dtype) for t in (template if isinstance(template, tuple) else (template,))]
 
     @property
     def token_only(self) -> bool:
@@ -253,9 +265,20 @@ class TokenFile(_Source):
                 "dtype": str(self.tokens.dtype), "seed": self.seed}
 
 
-def make_data(spec: ModelSpec, global_batch: int, seed: int = 0, path: str | None = None,
+def make_data(spec: ModelSpec, global_batch: int, seed: int = 0, path=None,
               dtype: str | None = None, check_all: bool = True) -> _Source:
-    """The run's data source: the token file at `path`, else synthetic data for the model."""
+    """The run's data source: `path` a token file, a `package.module:factory` of a torch dataset, or a torch
+    Dataset / IterableDataset itself (runtime.datasets); else synthetic data for the model."""
+    from partita.runtime import datasets  # it builds on _Source, defined here
+    if path is not None and (not isinstance(path, (str, os.PathLike)) or datasets.is_factory(str(path))):
+        if dtype is not None:
+            raise PartitaError("--data-dtype applies to token files, not to a dataset")
+        name = str(path) if isinstance(path, (str, os.PathLike)) else type(path).__name__
+        dataset = datasets.load(name) if isinstance(path, (str, os.PathLike)) else path
+        if not isinstance(dataset, (Dataset, IterableDataset)):
+            raise PartitaError(f"dataset is a {type(dataset).__name__}; give a token file, a package.module:factory "
+                               "name, or a torch.utils.data Dataset / IterableDataset")
+        return datasets.DatasetSource(dataset, name, Layout(spec).sample(), global_batch, seed)
     if path is not None:
         return TokenFile(path, spec, global_batch, seed, dtype, check_all)
     if dtype is not None:

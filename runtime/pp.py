@@ -2,7 +2,7 @@
 1F1B schedule.
 
 `torch.distributed.pipelining.pipeline()` traces the module (torch.export) with one example
-microbatch and splits it with `SplitPoint.BEGINNING` at each stage's `split_at`; stage modules keep
+microbatch and splits it at the beginning of each stage's `split_at` module; stage modules keep
 the original parameter FQNs, so tensor parallelism can still be applied by name. With interleaved 1F1B
 the plan has pp x virtual_stages stages in model order and pipeline rank r holds stages r, r + pp, ...
 (`local_stages`): one PipelineStage each, all driven by one ScheduleInterleaved1F1B.
@@ -13,6 +13,10 @@ costmodel.models.hf so the trace follows eager training), and the last stage's l
 those logits and the batch's labels: HF's shifted next-token cross-entropy for a causal LM
 (runtime.recipe.hf_causal_loss), the plain token cross-entropy for a masked LM (every position
 labelled). `split` records that loss on the Pipe (`PIPE_LOSS`), and `build_schedule` uses it.
+
+Values a model computes once and gives to every layer (HF's rotary cos/sin, Falcon's causal mask) would
+flow from stage 0 to every later stage, a skip connection torch's schedules do not run: `split` traces
+with runtime.pp_relay's split_policy, which relays them through the stages in between.
 
 Tied weights across stages (Megatron's embedding group): a parameter held under two names whose users land
 on different stages is replicated by `pipeline()` into each stage that uses it. `TiedSync` keeps the copies
@@ -30,14 +34,14 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.pipelining import (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, SplitPoint,
-                                          pipeline)
+from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, pipeline
 from torch.distributed.tensor import DTensor
 
 from partita.planner import executable
 from partita.planner.plan import Plan, PlanError
 from partita.runtime.blocks import blocks_in
 from partita.runtime.memory import local
+from partita.runtime.pp_relay import relay_skips, skip_edges, split_markers
 from partita.runtime.recipe import hf_causal_loss, lm_loss
 
 SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe, "Interleaved1F1B": ScheduleInterleaved1F1B}
@@ -121,22 +125,38 @@ def tied_names(model: nn.Module) -> list[tuple[str, ...]]:
 
 
 def split(model: nn.Module, plan: Plan, example_microbatch: torch.Tensor):
-    """Trace and split `model` into the plan's stages; returns the Pipe."""
-    spec = {s.split_at: SplitPoint.BEGINNING for s in plan.stages[1:]}
+    """Trace and split `model` into the plan's stages; returns the Pipe. Values the model hands to every
+    layer (rotary tables, masks) are relayed stage by stage (runtime.pp_relay)."""
+    points = [s.split_at for s in plan.stages[1:]]
     loss = _hf_loss(model)
     tied = tied_names(model)
     with warnings.catch_warnings():  # torch-internal pytree deprecation noise from export, once per rank
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-        with _logits_forward(model) if loss is not None else contextlib.nullcontext():
-            pipe = pipeline(model, mb_args=(example_microbatch,), split_spec=spec)
+        with split_markers(model, points), _logits_forward(model) if loss is not None else contextlib.nullcontext():
+            pipe = pipeline(model, mb_args=(example_microbatch,), split_policy=relay_skips)
     setattr(pipe, PIPE_LOSS, loss)
     setattr(pipe, PIPE_TIED, tied)
     if pipe.num_stages != len(plan.stages):
-        raise PlanError(f"splitting at {list(spec)} gave {pipe.num_stages} stages, the plan has {len(plan.stages)}")
+        raise PlanError(f"splitting at {points} gave {pipe.num_stages} stages, the plan has {len(plan.stages)}")
+    if skips := skip_edges(pipe.split_gm):
+        raise PlanError(f"model {type(model).__name__} passes values from pipeline stage {skips[0][0]} straight to "
+                        f"stage {skips[0][1]} (a skip connection), which torch.distributed.pipelining does not run: "
+                        "use a plan with pp=1")
     check_ownership(pipe, plan, model)
-    for i in range(pipe.num_stages):  # on every rank, so that all of them stop if one stage would
-        blocks_in(pipe.get_stage_module(i), plan, i)
+    persistent = set(model.state_dict())
+    for i in range(pipe.num_stages):
+        _keep_nonpersistent(pipe.get_stage_module(i), persistent)
+        blocks_in(pipe.get_stage_module(i), plan, i)  # on every rank, so that all of them stop if one stage would
     return pipe
+
+
+def _keep_nonpersistent(stage: nn.Module, persistent: set[str]) -> None:
+    """Buffers the user's model leaves out of its state dict (HF's rotary `inv_freq`) stay out of the
+    stage's, which `pipeline()` would otherwise save: checkpoints then hold the same keys under any plan."""
+    for prefix, m in stage.named_modules():
+        for name in m._buffers:
+            if (f"{prefix}.{name}" if prefix else name) not in persistent:
+                m._non_persistent_buffers_set.add(name)
 
 
 def check_ownership(pipe, plan: Plan, model: nn.Module) -> None:

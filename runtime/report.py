@@ -14,6 +14,7 @@ class RunResult:
     memory_method: str
     peak_rss_bytes: int
     tokens_per_step: int
+    """Tokens of a global batch, or its samples where `unit` is "samples" (models without a sequence length)."""
     peak_reserved_bytes: int | None = None
     """On CUDA, largest over ranks: the caching allocator's peak reserved bytes (torch.cuda.max_memory_reserved:
     allocated plus what it caches, the memory a GPU's out-of-memory is decided against); None elsewhere."""
@@ -34,6 +35,8 @@ class RunResult:
     param_checksum: float | None = None
     """Sum of all trained parameter elements (float64), each counted once."""
     reference_param_checksum: float | None = None
+    unit: str = "tokens"
+    """What the throughput counts: "tokens" or "samples" (runtime.session.throughput_unit)."""
     param_max_abs_diff: float | None = None
     """Largest |trained parameter - reference parameter| over all elements (--verify). Reported, not
     judged: Adam scales every update to about lr, so an element whose gradient is near zero takes the
@@ -59,7 +62,7 @@ class RunResult:
     def to_json(self) -> dict:
         return {"losses": self.losses, "reference_losses": self.reference_losses,
                 "max_abs_diff": self.max_abs_diff, "step_time_s": self.step_time_s,
-                "step_times_s": self.step_times, "tokens_per_s": self.tokens_per_s,
+                "step_times_s": self.step_times, f"{self.unit}_per_s": self.tokens_per_s, "unit": self.unit,
                 "peak_memory_bytes": self.peak_memory_bytes, "memory_method": self.memory_method,
                 "peak_reserved_bytes": self.peak_reserved_bytes,
                 "peak_rss_bytes": self.peak_rss_bytes, "applied": self.applied,
@@ -77,8 +80,15 @@ def _fmt(v, fmt: str, unit: str = "") -> str:
     return format(v, fmt) + unit if isinstance(v, (int, float)) else "-"
 
 
-def render(r: RunResult, header: str, predicted: dict) -> str:
-    lines = [header, *r.notes]
+def preamble(header: str, notes: list[str], first: list[str] = ()) -> str:
+    """What the run report says before training (printed before the first step): `first` (a note that must
+    come before anything else, e.g. the plan was made for other devices), the header, the notes."""
+    return "\n".join([*first, header, *notes])
+
+
+def render(r: RunResult, header: str | None, predicted: dict) -> str:
+    """The report after training; `header` None: the header and notes went out before training (`preamble`)."""
+    lines = [header, *r.notes] if header is not None else []
     if r.applied:
         lines.append(f"applied on rank 0: {r.applied['summary']}")
     ref = r.reference_losses
@@ -97,7 +107,7 @@ def render(r: RunResult, header: str, predicted: dict) -> str:
     rows = [("", "measured", "predicted", ""),
             ("step time", _fmt(r.step_time_s, ".4f", " s"), _fmt(predicted.get("step_time_s"), ".4f", " s"),
              f"{timed}, slowest rank"),
-            ("tokens/s", _fmt(tps, ",.0f"), _fmt(predicted.get("tokens_per_s"), ",.0f"), ""),
+            (f"{r.unit}/s", _fmt(tps, ",.0f"), _fmt(predicted.get("tokens_per_s"), ",.0f"), ""),
             ("peak memory", _mib(r.peak_memory_bytes), _mib(predicted.get("peak_memory_bytes")),
              f"largest rank; {r.memory_method}"),
             ("peak RSS", _mib(r.peak_rss_bytes), "", "largest rank process, incl. the torch runtime")]

@@ -40,17 +40,19 @@ from partita.costmodel.models import ModelSpec, with_seq
 from partita.planner.plan import Plan
 from partita.runtime import checkpoint as ckpt
 from partita.runtime import ep as expert_parallel
-from partita.runtime import memory
+from partita.runtime import batchnorm, memory
 from partita.runtime.apply import make_executor, make_plan_optimizer
 from partita.runtime.checks import build_meta, optimizer_name, preflight
+from partita.runtime.cp import replica_mesh
 from partita.runtime.data import make_data
 from partita.runtime.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
 from partita.runtime.mesh import Topology, backend_for, init
 from partita.runtime.precision import train_dtype
+from partita.runtime.progress import DEFAULT_EVERY, Progress, summary_writer
 from partita.runtime.recipe import build_model
-from partita.runtime.report import RunResult, render
-from partita.runtime.verify import (PARAM_TOLERANCE, TOLERANCE, VERIFY_DTYPE, Check, compare, failures, loss_check,
-                            param_check, param_stats, reference_run)
+from partita.runtime.report import RunResult, preamble, render
+from partita.runtime.verify import (PARAM_TOLERANCE, TOLERANCE, VERIFY_DTYPE, Check, GradientRMS, compare, failures,
+                            loss_check, param_checks, param_stats, reference_run, shared_names)
 
 EXIT_OK, EXIT_VERIFY, EXIT_ERROR, EXIT_NONFINITE = 0, 1, 2, 3
 
@@ -74,9 +76,16 @@ class RunOptions:
     checkpoint_every: int = 0
     resume: bool = False
     max_restarts: int = 0
-    data: str | None = None
+    data: object = None
+    """A token file, a `package.module:factory` of a torch dataset, or a Dataset itself (runtime.data)."""
     data_dtype: str | None = None
     losses_out: str | None = None
+    sync_batchnorm: bool = False
+    """BatchNorm normalises over the whole data-parallel batch (runtime.batchnorm)."""
+    log_every: int = DEFAULT_EVERY
+    """A progress line after every N-th step (runtime.progress; 0: none)."""
+    tensorboard: str | None = None
+    """A directory rank 0 writes TensorBoard scalars into."""
     print_report: bool = True
     memory_trace: bool = True
     """On CPU, measure the peak memory of a training step with the allocator trace (`_measure_step`):
@@ -164,6 +173,22 @@ def device_note(plan: Plan, world: int, device: torch.device | None = None) -> s
             "does not apply here")
 
 
+def _batchnorm_notes(plan: Plan, spec: ModelSpec, opts: RunOptions) -> list[str]:
+    model = build_meta(spec)
+    if opts.sync_batchnorm and not batchnorm.batchnorm_layers(model):
+        return ["note: --sync-batchnorm: the model has no BatchNorm layer"]
+    line = batchnorm.note(model, plan.mesh.dp * plan.mesh.cp, plan.schedule.num_microbatches, opts.sync_batchnorm)
+    return [line] if line else []
+
+
+def build(spec: ModelSpec, opts: RunOptions, topo: Topology):
+    """The model on this rank's device, initialised as on every rank, its BatchNorm synchronised on request."""
+    model = build_model(spec, seed=opts.seed).to(topo.device)
+    if opts.sync_batchnorm:
+        batchnorm.synchronise(model, replica_mesh(topo).get_group())
+    return model
+
+
 def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int) -> Prepared:
     """Every check that can fail before training (PartitaError, one line). No process group needed."""
     if opts.steps < 1:
@@ -181,6 +206,9 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int) -> Prepar
         prep.notes.append(f"note: the model has dropout (p={p:g}): a parallel layout draws its random masks in "
                           "another order than one process, so --verify can fail on a correct plan; verify with "
                           "dropout off")
+    prep.notes += _batchnorm_notes(plan, spec, opts)
+    if opts.tensorboard:
+        summary_writer()  # one line now if tensorboard is missing, not after the first step
     if opts.max_restarts and not opts.checkpoint_dir:
         prep.notes.append("note: --max-restarts without --checkpoint-dir: a restarted attempt trains from step 0")
     elastic = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
@@ -311,15 +339,25 @@ def _manifest(plan: Plan, spec: ModelSpec, opts: RunOptions, data, fingerprint: 
             "plan": {"mesh": asdict(plan.mesh), "zero_stage": plan.zero_stage, "schedule": asdict(plan.schedule)}}
 
 
+def throughput_unit(plan: Plan, spec: ModelSpec) -> tuple[str, int]:
+    """("tokens", tokens per step) for a model with a sequence length, else ("samples", the global batch): the
+    plan's unit too (planner.explain)."""
+    if spec.seq_len:
+        return "tokens", plan.train["global_batch"] * spec.seq_len
+    return "samples", plan.train["global_batch"]
+
+
 def _header(plan: Plan, spec: ModelSpec, opts: RunOptions, topo: Topology, data) -> str:
     m, s = plan.mesh, plan.schedule
     sched = s.name + (f" v={s.virtual_stages}" if s.virtual_stages > 1 else "")
     src = data.describe()
-    where = f"tokens of {src['path']}" if src["kind"] == "file" else "synthetic data"
+    where = {"file": f"tokens of {src.get('path')}", "dataset": f"dataset {src.get('factory')}"}.get(src["kind"],
+                                                                                                 "synthetic data")
+    batch = f"{plan.train['global_batch']} x {spec.seq_len} tokens" if spec.seq_len else f"{plan.train['global_batch']} samples"
     return (f"partita run: {spec.name} on {m.world_size} rank(s) (pp={m.pp} dp={m.dp}{f' ep={m.ep}' if m.ep > 1 else ''}{f' cp={m.cp}' if m.cp > 1 else ''} tp={m.tp}, "
             f"{sched} x{s.num_microbatches} microbatches, zero_stage {plan.zero_stage}, "
             f"{plan.train.get('dtype') or 'fp32'}, {optimizer_name(plan)}), {dist.get_backend()}/{topo.device.type}, "
-            f"global batch {plan.train['global_batch']} x {spec.seq_len} tokens ({where}), {opts.steps} steps")
+            f"global batch {batch} ({where}), {opts.steps} steps")
 
 
 def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tuple[RunResult, int]:
@@ -328,13 +366,11 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
     topo = init(plan)
     data, opt_name = prep.data, optimizer_name(plan)
     notes = list(prep.notes) + ([prep.device_note] if prep.device_note else [])
-    if topo.rank == 0 and opts.print_report and prep.device_note:
-        print(prep.device_note, flush=True)  # before training: the report comes after it
     if topo.rank == 0 and opts.checkpoint_dir:
         for stale in ckpt.incomplete(opts.checkpoint_dir):
             shutil.rmtree(stale, ignore_errors=True)
             notes.append(f"removed {stale}: a checkpoint save that never finished")
-    model = build_model(spec, seed=opts.seed).to(topo.device)
+    model = build(spec, opts, topo)
     fingerprint = model_fingerprint(model)
     names = [(n, p.shape) for n, p in model.named_parameters()]
     executor = make_executor(model, plan, topo, spec)
@@ -351,6 +387,12 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
     if topo.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(topo.device)
     losses, times, state, saves, save_time = [], [], 0, [], 0.0
+    if topo.rank == 0 and opts.print_report:  # before training: the progress lines and the report come after
+        first = [prep.device_note] if prep.device_note else []  # first of all, as the run's own preamble
+        print(preamble(_header(plan, spec, opts, topo, data), [n for n in notes if n not in first], first), flush=True)
+    unit, per_step = throughput_unit(plan, spec)
+    progress = Progress(opts.steps, start, per_step, unit, console=topo.rank == 0 and opts.print_report,
+                        every=opts.log_every, tensorboard=opts.tensorboard if topo.rank == 0 else None)
     for k in range(start, opts.steps):
         step = k + 1
         batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
@@ -369,12 +411,14 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
         losses.append(value)
         _sync(topo.device)
         times.append(time.perf_counter() - t0)
+        progress.step(step, value, times[-1], topo.device)
         state = max(state, memory.state_bytes(executor.params, opt))
         if opts.checkpoint_every and (step % opts.checkpoint_every == 0 or step == opts.steps):
             t1 = time.perf_counter()
             last_good = str(ckpt.save(opts.checkpoint_dir, step, executor.modules, opt, manifest, topo.rank, faults))
             save_time += time.perf_counter() - t1
             saves.append(last_good)
+    progress.close()
     n = len(times)
     tracked, step_memory, rss = state + saved.peak, None, memory.peak_rss_bytes()  # RSS before the extra step
     reserved = torch.cuda.max_memory_reserved(topo.device) if topo.device.type == "cuda" else 0
@@ -387,9 +431,8 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
     else:
         peak, method = tracked, memory.CPU_METHOD
     maxed = _allreduce(times + [peak, rss, tracked, reserved], dist.ReduceOp.MAX, topo.device)
-    seq = spec.seq_len or 1
     result = CheckedResult(losses=losses, step_times=maxed[:n], peak_memory_bytes=int(maxed[n]), memory_method=method,
-                           peak_rss_bytes=int(maxed[n + 1]), tokens_per_step=plan.train["global_batch"] * seq,
+                           peak_rss_bytes=int(maxed[n + 1]), tokens_per_step=per_step, unit=unit,
                            peak_reserved_bytes=int(maxed[n + 3]) if topo.device.type == "cuda" else None,
                            applied={**asdict(executor.applied), "summary": executor.applied.summary()},
                            notes=notes, first_step=start, resumed_from=str(prep.resume.path) if prep.resume else None,
@@ -411,7 +454,7 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
                                             compare_params=False).checksum
     if topo.rank == 0:
         if opts.print_report:
-            print("\n".join([render(result.for_render(), _header(plan, spec, opts, topo, data), plan.predicted),
+            print("\n".join([render(result.for_render(), None, plan.predicted),
                              *result.report_lines()]), flush=True)
         if opts.losses_out:
             import json
@@ -430,18 +473,21 @@ def _verify(result: CheckedResult, plan: Plan, spec: ModelSpec, opts: RunOptions
     """--verify's checks of the run itself, on every rank: rank 0 trains the reference; the run's losses
     and final parameters are compared with it (judged when the run is in VERIFY_DTYPE; a run in another
     dtype then gets `_verification_pass`, runtime.verify's docstring says why). Fills `result.checks`;
-    returns (reference model, initial model, reference losses) for the pass (the models on rank 0 only)."""
+    returns (reference model, initial model, reference losses, rounding-level tensors) for the pass (the
+    models on rank 0 only)."""
     dtype, start, device = train_dtype(plan), result.first_step, topo.device
     reference = initial = None
     shared = torch.zeros(1 + opts.steps, dtype=torch.float64, device=device)
+    gradients = GradientRMS() if topo.rank == 0 else None
     if topo.rank == 0:
         initial = build_model(spec, opts.seed).to(device)
         ref_losses, reference = reference_run(spec, data, opts.steps, opts.seed, opts.lr, device,
-                                              optimizer_name(plan))
+                                              optimizer_name(plan), gradients)
         shared[0] = sum(p.detach().double().sum() for p in reference.parameters())
         shared[1:] = torch.tensor(ref_losses, dtype=torch.float64)
     dist.broadcast(shared, src=0)  # the reference's checksum and losses on every rank
     ref_losses = shared[1:].tolist()
+    noise = shared_names(gradients.at_rounding_level() if gradients else None, names, device)
     result.reference_param_checksum = float(shared[0])
     result.reference_losses = ref_losses[start:]
     result.tolerance = TOLERANCE[dtype]
@@ -452,20 +498,20 @@ def _verify(result: CheckedResult, plan: Plan, spec: ModelSpec, opts: RunOptions
     judged = dtype == VERIFY_DTYPE
     run = "" if judged else f"{_DTYPE_NAMES.get(dtype, str(dtype))} run, "
     result.checks = [loss_check(f"{run}losses", result.losses, result.reference_losses, result.tolerance, start),
-                     param_check(f"{run}parameters after step {opts.steps}", stats.relative,
-                                 PARAM_TOLERANCE if judged else None)]
-    return reference, initial, ref_losses
+                     *param_checks(f"{run}parameters after step {opts.steps}", stats, PARAM_TOLERANCE if judged else None,
+                                   optimizer_name(plan), noise, opts.lr, opts.steps)]
+    return reference, initial, ref_losses, noise
 
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def _verification_pass(plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo: Topology, names: list,
-                       reference, initial, ref_losses: list[float]) -> list[Check]:
+                       reference, initial, ref_losses: list[float], noise: list[str]) -> list[Check]:
     """The plan's layout trained in VERIFY_DTYPE from the same init on the same batches (steps 1..steps, no
     checkpoints, no faults), judged against the reference: losses and final parameters."""
     verify_plan = dataclasses.replace(plan, train={**plan.train, "dtype": _DTYPE_NAMES[VERIFY_DTYPE]})
-    model = build_model(spec, seed=opts.seed).to(topo.device)
+    model = build(spec, opts, topo)
     executor = make_executor(model, verify_plan, topo, spec)
     del model
     opt = make_plan_optimizer(executor, verify_plan, opts.lr, optimizer_name(plan))
@@ -479,4 +525,5 @@ def _verification_pass(plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo
                         initial=initial)
     what = f"{_DTYPE_NAMES[VERIFY_DTYPE]} pass of the same layout"
     return [loss_check(f"{what}, losses", losses, ref_losses, TOLERANCE[VERIFY_DTYPE]),
-            param_check(f"{what}, parameters after step {opts.steps}", stats.relative, PARAM_TOLERANCE)]
+            *param_checks(f"{what}, parameters after step {opts.steps}", stats, PARAM_TOLERANCE, optimizer_name(plan),
+                          noise, opts.lr, opts.steps)]

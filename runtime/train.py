@@ -2,7 +2,8 @@
 
     python -m torch.distributed.run --standalone --nproc-per-node W [--max-restarts K] -m partita.runtime.train \\
         PLAN.json --model MODEL --steps N [--verify] [--seed S] [--lr LR] [--losses-out FILE] \\
-        [--data FILE [--data-dtype uint16|uint32]] \\
+        [--data FILE [--data-dtype uint16|uint32] | --data package.module:factory] [--sync-batchnorm] \\
+        [--log-every N] [--tensorboard DIR] \\
         [--checkpoint-dir DIR [--checkpoint-every N] [--resume]] [--max-restarts K]
     python -m partita.runtime.train PLAN.json --model MODEL --check   # pre-flight checks only, no processes
     python -m partita.runtime.train PLAN.json --model MODEL ...       # a one-rank plan runs without torchrun too
@@ -21,7 +22,9 @@ Checkpoints (runtime.checkpoint): with --checkpoint-every N, a DCP checkpoint is
 DIR/step-<k> after every N-th step and after the last; --resume continues from the latest complete one
 (under any plan and world size). With --max-restarts K (the same K as torchrun's), a run that torchrun
 restarts after a failure resumes from the latest checkpoint in DIR. Data (runtime.data): synthetic by
-default, or windows of the token file --data FILE. Faults for tests: PARTITA_FAULT (runtime.faults).
+default, windows of the token file --data FILE, or the samples of a torch dataset --data package.module:factory
+(runtime.datasets). Progress (runtime.progress): rank 0 prints a line every --log-every steps, and writes
+TensorBoard scalars with --tensorboard DIR. Faults for tests: PARTITA_FAULT (runtime.faults).
 
 Exit codes: 0 success; 1 --verify found the losses differ beyond the dtype's tolerance; 2 the plan, data
 or checkpoint does not fit the model or world size (one line on stderr, before any step); 3 a NaN or
@@ -40,6 +43,7 @@ from partita.costmodel import PartitaError, resolve_model
 from partita.planner.plan import Plan
 from partita.runtime.data import DTYPES
 from partita.runtime.mesh import agree_on_attempt, env_world, teardown
+from partita.runtime.progress import DEFAULT_EVERY
 from partita.runtime.report import show_library_warnings_once, write_error_file
 from partita.runtime.session import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, NonFiniteLoss, RunOptions, at_seq_len,
                              execute, prepare)
@@ -57,9 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="only check the plan (and --data, and the checkpoint --resume would load) against the "
                         "model and WORLD_SIZE")
-    p.add_argument("--data", metavar="FILE", help="token file: .npy, or raw little-endian uint16/uint32 tokens")
+    p.add_argument("--data", metavar="FILE|MODULE:FACTORY", help="token file (.npy, or raw little-endian "
+                   "uint16/uint32 tokens), or package.module:factory returning a torch Dataset / IterableDataset")
     p.add_argument("--data-dtype", choices=list(DTYPES), default=None, help="token type of a raw --data file "
                    "(default uint16)")
+    p.add_argument("--sync-batchnorm", action="store_true",
+                   help="BatchNorm normalises over the whole data-parallel batch (SyncBatchNorm)")
+    p.add_argument("--log-every", type=int, default=DEFAULT_EVERY, metavar="N",
+                   help=f"a progress line every N steps (default {DEFAULT_EVERY}; 0: none)")
+    p.add_argument("--tensorboard", metavar="DIR", help="write loss, step time, throughput and memory per step "
+                   "as TensorBoard scalars into DIR (needs the tensorboard package)")
     p.add_argument("--checkpoint-dir", metavar="DIR", help="where DCP checkpoints are written and resumed from")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="save a checkpoint after every N steps and after the last (0: never)")
@@ -87,6 +98,8 @@ def argument_errors(args: argparse.Namespace) -> list[str]:
         errors.append("--checkpoint-every must be >= 0")
     if args.max_restarts < 0:
         errors.append("--max-restarts must be >= 0")
+    if args.log_every < 0:
+        errors.append("--log-every must be >= 0")
     for name in ("nproc_per_node", "nnodes"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -109,7 +122,8 @@ def options(args: argparse.Namespace) -> RunOptions:
     return RunOptions(steps=args.steps, seed=args.seed, lr=args.lr, verify=args.verify,
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       resume=args.resume, max_restarts=args.max_restarts, data=args.data,
-                      data_dtype=args.data_dtype, losses_out=args.losses_out)
+                      data_dtype=args.data_dtype, losses_out=args.losses_out, sync_batchnorm=args.sync_batchnorm,
+                      log_every=args.log_every, tensorboard=args.tensorboard)
 
 
 AGENT_ENV = "PARTITA_AGENT"

@@ -67,3 +67,20 @@ def tied_lm():
 
 def tied_lm_without_vocab():
     return TiedLM(), (torch.zeros(2, SEQ, dtype=torch.long),)
+
+
+class ShiftedLM(TokenLM):
+    """TokenLM plus one learned offset added to every logit. Cross-entropy is blind to a shift of all logits,
+    so the offset's true gradient is exactly zero: what backward computes for it is rounding noise, which
+    Adam scales into full-size steps of random sign (issue 30 item 5: --verify must not call that a bug)."""
+
+    def __init__(self):
+        super().__init__(hidden=64)
+        self.shift = nn.Parameter(torch.zeros(1))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids) * 8.0 + self.shift
+
+
+def shifted_lm():
+    return ShiftedLM(), (torch.zeros(2, SEQ, dtype=torch.long),)

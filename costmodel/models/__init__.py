@@ -4,7 +4,8 @@
 `resolve_model("llama:layers=..,hidden=..,ffn=..,heads=..,kv_heads=..,vocab=..")` (every GPTConfig field is
 a key: layers, hidden, heads, vocab, seq, ffn, kv_heads, attention=sdpa|math, dropout, and experts, top_k
 for a mixture of experts), or an import path
-`package.module:factory` (a callable returning `(module, example_inputs)`), HuggingFace models built from
+`package.module:factory` (a callable returning `(module, example_inputs)` or `(module, example_inputs,
+loss_fn)`; `_import_factory`), HuggingFace models built from
 their config classes (`hf:gpt2`, `hf:llama:num_hidden_layers=4,hidden_size=256`; models/hf.py) and
 ResNet-style CNNs (`tiny-resnet`, `resnet50`, `resnet:depth=..`; models/cnn.py), each give a `ModelSpec`: a
 way to build the module (on any device, including fake/meta), an example batch, and how to capture it.
@@ -152,15 +153,20 @@ def _parse_family(spec: str) -> ModelSpec:
 
 
 def _import_factory(spec: str) -> ModelSpec:
-    """`package.module:factory`, a callable returning (module, example inputs) with a leading batch dim.
+    """`package.module:factory`: a callable returning `(module, example_inputs)` or `(module, example_inputs,
+    loss_fn)`, the example inputs with a leading batch dimension.
 
     Planning never allocates the model: the factory is probed (for the inputs' shapes and dtypes) on the
     meta device, or under FakeTensorMode if its code reads tensor values, and capture builds it the same
     way (costmodel.trace.build_fake). Only `build()` outside those modes -- the runtime -- makes real
     parameters. Example inputs are zeros of the probed shapes and dtypes (values do not change costs).
 
-    A token model -- one integer input [batch, seq] and a vocabulary (`_token_vocab`) -- gets `vocab` and
-    `seq_len`, so it is planned and trained as the presets are: token cross-entropy over its logits.
+    With a `loss_fn(module, *batch) -> scalar loss` (e.g. images and labels -> cross-entropy), the model
+    is planned and trained with that loss over batches shaped like the example inputs (runtime.data);
+    integer inputs other than tokens (class labels) are drawn below `_label_bound` in synthetic batches.
+    Without one, a token model -- one integer input [batch, seq] and a vocabulary (`_token_vocab`) -- gets
+    `vocab` and `seq_len`, so it is planned and trained as the presets are: token cross-entropy over its
+    logits.
     """
     import os
     import sys
@@ -172,21 +178,37 @@ def _import_factory(spec: str) -> ModelSpec:
     except (ImportError, AttributeError) as e:
         raise PartitaError(f"cannot import model factory {spec!r}: {e}") from None
     probe = _probe_without_memory(factory, spec)
-    if not (isinstance(probe, tuple) and len(probe) == 2 and isinstance(probe[0], nn.Module)):
-        raise PartitaError(f"model factory {spec!r} must return (nn.Module, example_inputs tuple)")
+    if not (isinstance(probe, tuple) and len(probe) in (2, 3) and isinstance(probe[0], nn.Module)
+            and (len(probe) == 2 or callable(probe[2]))):
+        raise PartitaError(f"model factory {spec!r} must return (nn.Module, example_inputs tuple) or (nn.Module, "
+                           "example_inputs tuple, loss_fn), loss_fn(module, *example_inputs) -> scalar loss")
     inputs = probe[1] if isinstance(probe[1], tuple) else (probe[1],)
     if not all(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] >= 1 for t in inputs):
         raise PartitaError(f"model factory {spec!r}: example inputs must be tensors with a leading batch dimension")
     sample = tuple((tuple(t.shape[1:]), t.dtype) for t in inputs)  # one sample; the planner scales per-sample costs
-    vocab = _token_vocab(probe[0])
-    tokens = (dict(vocab=vocab, seq_len=sample[0][0][0]) if vocab is not None and len(sample) == 1
-              and len(sample[0][0]) == 1 and not sample[0][1].is_floating_point else {})
+    if len(probe) == 3:
+        loss_fn, extra = probe[2], {"config": {"classes": bound} if (bound := _label_bound(probe[0])) else {}}
+    else:
+        vocab, loss_fn = _token_vocab(probe[0]), None
+        extra = (dict(vocab=vocab, seq_len=sample[0][0][0]) if vocab is not None and len(sample) == 1
+                 and len(sample[0][0]) == 1 and not sample[0][1].is_floating_point else {})
     del probe, inputs
 
     def example_inputs(batch: int):
         return tuple(torch.zeros(batch, *shape, dtype=dtype) for shape, dtype in sample)
 
-    return ModelSpec(name=spec, build=lambda: factory()[0], example_inputs=example_inputs, **tokens)
+    return ModelSpec(name=spec, build=lambda: factory()[0], example_inputs=example_inputs, loss_fn=loss_fn, **extra)
+
+
+def _label_bound(module: nn.Module) -> int | None:
+    """How many classes a model with its own loss predicts, to draw synthetic labels below: a `num_classes`
+    attribute, `config.num_labels`, else the out_features of its last nn.Linear (the classifier head)."""
+    config = getattr(module, "config", None)
+    for value in (getattr(module, "num_classes", None), getattr(config, "num_labels", None)):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+    return linears[-1].out_features if linears else None
 
 
 def _token_vocab(module: nn.Module) -> int | None:

@@ -16,6 +16,11 @@ LM, else masked LM. A config that rejects the overrides, an override the config 
 special token id outside the vocabulary is one PartitaError line naming the key; a default special token
 id outside an overridden (smaller) vocabulary becomes its last id.
 
+Attention runs as SDPA (fused) where the model class supports it, else eager (`attention_implementation`):
+Gemma-2 (logit soft-capping) and BLOOM (ALiBi) refuse SDPA. Mamba has no attention; its selective scan is
+captured and priced as transformers' PyTorch path (a loop over the sequence of elementwise ops), which is
+what runs without the mamba-ssm CUDA kernels (with them the fused scan is faster than priced).
+
 `use_cache` is always off (training). For the four small families dropout is off unless overridden (as in
 our own presets and Llama's defaults; on CPU a dropout inside attention would also switch SDPA to its math
 kernel, which materialises the s x s scores that GPU flash kernels never store); other families keep their
@@ -33,6 +38,10 @@ Loss and example batch (`example_inputs(batch)` = (input_ids, labels), both [bat
   the batch is unpadded, so SDPA runs unmasked as in eager training.
 - t5: sequence-to-sequence LM cross-entropy; the decoder input is the labels shifted right (HF's
   `_shift_right`), so the decoder sees `seq` tokens too.
+- speech sequence-to-sequence models (`hf:whisper`, planned whole: encoder and decoder): (input_features,
+  labels), the log-mel features [batch, num_mel_bins, 2 x max_source_positions] and `seq` label tokens
+  (`_speech_inputs`); a speech model with other audio inputs is one line. A head whose forward takes no
+  `input_ids` is refused likewise (`_takes_token_ids`).
 
 These models are captured with torch.export (costmodel.export_capture): symbolic_trace cannot follow
 their control flow. `export_context()` makes the trace follow the path eager training takes on such a
@@ -75,7 +84,8 @@ _ARCHS: dict[str, _Arch] = {
         num_layers=2, d_model=128, d_ff=512, num_heads=4, d_kv=32, vocab_size=1024,
         dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)),
 }
-_LOSS_TYPE = {"causal": "ForCausalLM", "mlm": "ForMaskedLM", "seq2seq": "ForConditionalGeneration"}
+_LOSS_TYPE = {"causal": "ForCausalLM", "mlm": "ForMaskedLM", "seq2seq": "ForConditionalGeneration",
+              "speech-seq2seq": "ForConditionalGeneration"}
 DEFAULT_SEQ = 64
 _POSITIONS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
 """Config attributes that may hold a position-table size, in the order they are looked for."""
@@ -97,14 +107,31 @@ def _arch(family: str, spec: str) -> _Arch:
         raise PartitaError(f"unknown HuggingFace model type {family!r} in {spec!r}; accepted: {examples} or any "
                            "other transformers model type (as AutoConfig.for_model takes it), with optional "
                            ":key=value,... overrides")
+    if family in ma.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:  # the whole encoder-decoder, not its text decoder
+        return _Arch(CONFIG_MAPPING_NAMES[family], ma.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES[family], "speech-seq2seq",
+                     None)
     heads = (("causal", ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
              ("seq2seq", ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES),
              ("mlm", ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES))
     for task, mapping in heads:
         if family in mapping:
+            _takes_token_ids(family, mapping[family], spec)
             return _Arch(CONFIG_MAPPING_NAMES[family], mapping[family], task, None)
     raise PartitaError(f"HuggingFace model type {family!r} ({spec!r}) has no causal-LM, sequence-to-sequence LM or "
                        f"masked-LM head in transformers, which is what partita trains; e.g. {examples}")
+
+
+def _takes_token_ids(family: str, model: str, spec: str) -> None:
+    """PartitaError unless the head's forward takes `input_ids`: partita's hf: batches are token ids, so a
+    speech model (Whisper, Speech2Text: input_features) would run its decoder alone, its encoder idle."""
+    import inspect
+    params = inspect.signature(getattr(_transformers(), model).forward).parameters
+    if "input_ids" in params:
+        return
+    takes = next((p for p in params if p not in ("self", "attention_mask")), "other inputs")
+    raise PartitaError(f"{spec!r} ({model}) takes {takes}, not token ids, and hf: models are planned and trained "
+                       f"on token batches (its encoder would stay idle): give it as a package.module:factory "
+                       f"returning (model, example_inputs, loss_fn) with its own {takes}")
 
 
 def _transformers():
@@ -196,17 +223,28 @@ def _config(arch: str, overrides: dict[str, Any], spec: str):
     except Exception as e:  # noqa: BLE001 -- transformers' validators raise ValueError, TypeError, StrictDataclass*
         raise PartitaError(f"model {spec!r}: {a.config} rejects the configuration: {_reason(e)}"
                            f"{_culprits(e, kw)}") from None
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = attention_implementation(getattr(tf, a.model))
     return cfg, seq
 
 
-def _reason(e: BaseException) -> str:
-    """The innermost sentence of a (possibly multi-line) validation error."""
+def attention_implementation(model_cls) -> str:
+    """"sdpa" (fused attention, what training uses) where the model class supports it, else "eager": Gemma-2
+    (logit soft-capping), BLOOM (ALiBi) and attention-free Mamba refuse sdpa when built."""
+    return "sdpa" if getattr(model_cls, "_supports_sdpa", False) else "eager"
+
+
+def _reason(e: BaseException, limit: int = 300) -> str:
+    """The innermost line of a (possibly multi-line) validation error: its whole sentences within `limit`
+    characters, else its words within it and "..." -- never a cut word."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     line = lines[-1] if lines else type(e).__name__
     for prefix in ("ValueError: ", "TypeError: ", "AssertionError: "):
         line = line.removeprefix(prefix)
-    return line[:300].rstrip(".")
+    if len(line) <= limit:
+        return line.rstrip(".")
+    cut = line[:limit]
+    end = cut.rfind(". ")
+    return cut[:end] if end > 0 else cut[:cut.rfind(" ")].rstrip(",;:") + " ..."
 
 
 def _culprits(e: BaseException, kw: dict[str, Any]) -> str:
@@ -217,6 +255,39 @@ def _culprits(e: BaseException, kw: dict[str, Any]) -> str:
     if named:
         return "; change " + " or ".join(f"{k}={kw[k]}" for k in named)
     return "; change the overrides" if kw else ""
+
+
+def _architecture(cfg) -> dict[str, Any]:
+    """What an export needs beyond sizes to name the architecture: the rotary base and whether the input and
+    output embeddings are tied (planner.export)."""
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+    theta = theta if theta is not None else getattr(cfg, "rope_theta", None)
+    out = {"tie_word_embeddings": bool(getattr(cfg, "tie_word_embeddings", False))}
+    if isinstance(theta, (int, float)):
+        out["rope_theta"] = float(theta)
+    return out
+
+
+def _speech_inputs(spec: str, a: _Arch, cfg, seq: int):
+    """A Whisper-style speech model planned whole: log-mel input features [batch, num_mel_bins,
+    2 x max_source_positions] (the encoder's two convolutions, the second of stride 2, make max_source_positions
+    frames) and `seq` label tokens, from which the model makes its decoder inputs (shifted right) and its loss.
+    Returns (example_inputs, the loss's keyword names, config keys worth recording)."""
+    mels, source = getattr(cfg, "num_mel_bins", None), getattr(cfg, "max_source_positions", None)
+    if not (isinstance(mels, int) and isinstance(source, int)):
+        raise PartitaError(f"{spec!r} ({a.model}) is a speech model whose audio inputs partita does not make (it "
+                           "builds Whisper's: num_mel_bins x 2 max_source_positions log-mel frames); give it as a "
+                           "package.module:factory returning (model, example_inputs, loss_fn)")
+    target = getattr(cfg, "max_target_positions", None)
+    if isinstance(target, int) and seq > target:
+        raise PartitaError(f"model {spec!r}: seq={seq} exceeds max_target_positions={target}; lower seq or raise it")
+
+    def example_inputs(batch: int):
+        return torch.zeros(batch, mels, 2 * source), torch.zeros(batch, seq, dtype=torch.long)
+
+    keys = ("d_model", "encoder_layers", "decoder_layers", "num_mel_bins", "max_source_positions")
+    return example_inputs, ("input_features", "labels"), keys
 
 
 def hf_loss(names: tuple[str, ...], model: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
@@ -246,18 +317,21 @@ def hf_spec(spec: str, seq: int | None = None):
         model.loss_type = loss_type
         return model
 
-    def example_inputs(batch: int):
-        ids = torch.zeros(batch, seq, dtype=torch.long)
-        return ids, ids.clone()
-
-    keys = sorted({*a.defaults, *_SIZE_KEYS, *(k for k in overrides if k != "seq")})
+    if a.task == "speech-seq2seq":
+        example_inputs, names, keys = _speech_inputs(spec, a, cfg, seq)
+    else:
+        def example_inputs(batch: int):
+            ids = torch.zeros(batch, seq, dtype=torch.long)
+            return ids, ids.clone()
+        names, keys = ("input_ids", "labels"), a.defaults
+    keys = sorted({*keys, *_SIZE_KEYS, *(k for k in overrides if k != "seq")})
     sizes = {k: getattr(cfg, k) for k in keys if isinstance(getattr(cfg, k, None), (int, float))}
+    sizes.update(_architecture(cfg))
     return ModelSpec(
         name=spec, build=build, example_inputs=example_inputs, seq_len=seq,
         config={"family": "hf", "arch": arch, "model": a.model, "task": a.task, "seq": seq,
                 "overrides": {k: v for k, v in overrides.items() if k != "seq"}, **sizes},
-        capture="export", loss_fn=functools.partial(hf_loss, ("input_ids", "labels")),
-        at_seq=lambda s: hf_spec(spec, seq=s),
+        capture="export", loss_fn=functools.partial(hf_loss, names), at_seq=lambda s: hf_spec(spec, seq=s),
     )
 
 

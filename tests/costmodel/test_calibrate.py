@@ -132,3 +132,26 @@ def test_too_few_ranks_is_a_user_error(tmp_path, capsys):
 
 def test_default_ranks():
     assert 2 <= calibrate.default_ranks() <= 4
+
+
+def test_the_summary_says_why_the_written_peak_is_below_the_printed_one():
+    """Issue 30 item 12: the summary printed a 179 GFLOP/s peak and the file held 31 without a word; the file's
+    figure is each rank's share when all ranks compute at once."""
+    m = {"matmul": {"fp32": [{"n": 256, "flops_per_s": 1.2e11}, {"n": 512, "flops_per_s": 1.79e11}]},
+         "compute_share_per_rank": 0.175, "ranks": 4, "concurrent_matmul": {"n": 512, "flops_per_s": 3.1e10}}
+    dev = {"peak_flops": {"fp32": 1.79e11 * 0.175, "bf16": 1e10}}
+    assert calibrate.peak_line(m, dev) == (
+        "  written peak_flops fp32: 31.3 GFLOP/s per rank = the one-rank peak 179.0 x 0.17, each rank's share when "
+        "all 4 ranks compute at once (measured: 31.0 GFLOP/s per rank side by side)")
+
+
+def test_quick_promises_no_duration_it_cannot_keep(capsys):
+    """It said ~5 s (partita calibrate --help) and ~20 s (python -m partita.costmodel.calibrate) and took 59 s."""
+    from partita.planner.cli import build_parser
+    helps = [a.help for p in (build_parser()._subparsers._group_actions[0].choices["calibrate"],)
+             for a in p._actions if "--quick" in a.option_strings]
+    with pytest.raises(SystemExit):
+        calibrate.main(["--help"])
+    helps.append(capsys.readouterr().out)
+    assert all("the summary says how long it took" in " ".join(h.split()) for h in helps)
+    assert not any(s in h for h in helps for s in ("~5 s", "~20 s"))

@@ -6,8 +6,10 @@ import sys
 import textwrap
 
 import pytest
+import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from partita.costmodel import PartitaError
 from partita.costmodel.models import resolve_model
 from partita.planner.api import plan
 from partita.planner.space import TrainConfig
@@ -113,3 +115,62 @@ def test_an_hf_model_inside_a_factory_plans_as_the_bare_hf_model(tmp_path, monke
     assert wrapped.model["parameters"] == bare.model["parameters"]
     assert wrapped.predicted["step_time_s"] == pytest.approx(bare.predicted["step_time_s"], rel=0.01)
     assert json.dumps(wrapped.predicted["uncosted_ops"]) == "{}"
+
+
+_LOSS_FACTORY = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(12, 12) for _ in range(2))
+        self.head = nn.Linear(12, 5)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = torch.relu(b(x))
+        return self.head(x)
+
+CALLED = []
+
+def loss(module, x, labels):
+    CALLED.append(x.shape[0])
+    return F.cross_entropy(module(x), labels)
+
+def factory():
+    return Net(), (torch.zeros(1, 12), torch.zeros(1, dtype=torch.long)), loss
+
+def bad():
+    return Net(), (torch.zeros(1, 12),), "not a function"
+'''
+
+
+def test_a_factory_may_carry_its_loss(tmp_path, monkeypatch):
+    """Issue 30 item 2: `(module, example_inputs, loss_fn)`: the loss is captured with the model and is what the
+    runtime trains; synthetic labels are drawn below the classifier head's 5 outputs."""
+    name = _module(tmp_path, monkeypatch, "partita_loss_factory", _LOSS_FACTORY)
+    spec = resolve_model(f"{name}:factory")
+    assert spec.loss_fn is sys.modules[name].loss and spec.config == {"classes": 5} and spec.vocab is None
+    p = plan(spec, cluster="2xcpu", train=TrainConfig(global_batch=4))
+    assert p.predicted["step_time_s"] > 0 and sys.modules[name].CALLED  # the loss was part of the capture
+    from partita.runtime.data import make_data
+    x, labels = make_data(spec, 64).batch(0)
+    assert x.shape == (64, 12) and labels.dtype == torch.long and 0 <= int(labels.min()) and int(labels.max()) == 4
+    with pytest.raises(PartitaError, match=r"must return \(nn.Module, example_inputs tuple\) or \(nn.Module, "
+                                           r"example_inputs tuple, loss_fn\)"):
+        resolve_model(f"{name}:bad")
+
+
+def test_a_factory_model_without_loss_or_vocabulary_is_told_the_contract(tmp_path, monkeypatch):
+    """A ResNet-like factory returning (module, example_inputs) plans, but the runtime has no loss to train it
+    with: the line names the three-part contract that fixes it."""
+    from partita.runtime.data import make_data
+    name = _module(tmp_path, monkeypatch, "partita_lossless_factory",
+                   _LOSS_FACTORY.replace("def factory():\n    return Net(), (torch.zeros(1, 12), torch.zeros(1, "
+                                         "dtype=torch.long)), loss", "def factory():\n    return Net(), "
+                                         "(torch.zeros(1, 12),)"))
+    with pytest.raises(PartitaError, match=r"a model factory returns \(module, example_inputs, loss_fn\) to train "
+                                           r"with its loss"):
+        make_data(resolve_model(f"{name}:factory"), 8)

@@ -33,6 +33,10 @@ FAMILIES = {
     "llama": "hf:llama",
     "bert": "hf:bert",
     "t5": "hf:t5",
+    # issue 30 item 6: transformers refuses sdpa for these (soft-capping, ALiBi, no attention): eager attention
+    "gemma2": f"hf:gemma2:{_DECODER},head_dim=32",
+    "bloom": "hf:bloom:n_layer=2,hidden_size=128,n_head=4,vocab_size=512",
+    "mamba": "hf:mamba:num_hidden_layers=2,hidden_size=128,state_size=8,intermediate_size=256,vocab_size=512",
 }
 
 
@@ -130,3 +134,46 @@ def test_moe_eager_experts_are_captured_through_the_shape_static_path(graph_of):
 
     eager = capture(dataclasses.replace(spec, name="eager-mixtral", build=build_eager))
     assert eager.totals() == graph_of(MIXTRAL).totals()
+
+
+@pytest.mark.parametrize("family, implementation", [("gemma2", "eager"), ("bloom", "eager"), ("mamba", "eager"),
+                                                     ("llama", "sdpa"), ("mistral", "sdpa")])
+def test_attention_is_sdpa_where_the_model_supports_it_else_eager(family, implementation):
+    """Issue 30 item 6: hf:gemma2, hf:bloom and hf:mamba failed to build ("does not support an attention
+    implementation through torch.nn.functional.scaled_dot_product_attention yet")."""
+    with torch.device("meta"):
+        model = resolve_model(FAMILIES[family]).build()
+    assert model.config._attn_implementation == implementation
+
+
+def test_a_long_transformers_message_is_cut_at_a_sentence_or_word_never_mid_word():
+    from partita.costmodel.models.hf import _reason
+    long = ("GPTXForCausalLM does not support an attention implementation yet. Please request the support for this "
+            "architecture: https://github.com/huggingface/transformers/issues/28005. If you believe this error is "
+            "a bug, please open an issue in Transformers GitHub repository and load your model with the argument "
+            "`attn_implementation='eager'` meanwhile.")
+    assert _reason(ValueError(long), limit=150) == "GPTXForCausalLM does not support an attention implementation yet"
+    words = "word " * 80
+    cut = _reason(ValueError(words), limit=100)
+    assert cut.endswith(" ...") and cut[:-4].split() == ["word"] * len(cut[:-4].split()) and len(cut) <= 104
+    assert _reason(ValueError("short. line.")) == "short. line"
+
+
+def test_whisper_is_planned_whole_encoder_and_decoder():
+    """Issue 30 item 7: hf:whisper was WhisperForCausalLM, its text decoder alone (encoder_* keys ignored, the
+    cross-attention idle and DDP's unused-parameter error at run time). It is the whole model, fed log-mel
+    features; a speech model whose inputs partita does not make is one line."""
+    spec = resolve_model("hf:whisper:encoder_layers=2,decoder_layers=3,d_model=64,encoder_attention_heads=4,"
+                         "decoder_attention_heads=4,encoder_ffn_dim=128,decoder_ffn_dim=128,num_mel_bins=16,"
+                         "max_source_positions=32,vocab_size=256")
+    assert spec.config["model"] == "WhisperForConditionalGeneration"
+    features, labels = spec.example_inputs(2)
+    assert features.shape == (2, 16, 64) and features.dtype.is_floating_point and labels.shape == (2, 64)
+    result, p = plan_search(spec, cluster="2xcpu", train=TrainConfig(global_batch=4))
+    fqns = [b.fqn for b in p.blocks]
+    assert sum(f.startswith("model.encoder.layers.") for f in fqns) == 2  # encoder_layers is read
+    assert sum(f.startswith("model.decoder.layers.") for f in fqns) == 3
+    assert p.mesh.pp == 1  # a sequence-to-sequence model is not pipelined (planner.executable)
+    with pytest.raises(PartitaError, match=r"^'hf:speech_to_text' \(Speech2TextForConditionalGeneration\) is a "
+                                           r"speech model whose audio inputs partita does not make"):
+        resolve_model("hf:speech_to_text")

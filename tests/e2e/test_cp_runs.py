@@ -91,8 +91,11 @@ def _worker(spec: str) -> None:
     job, results = json.loads(Path(spec).read_text()), {}
     for run in job["runs"]:
         with _bug(run["bug"]):
-            r = runtime.run(run["plan"], run["plan"]["model"]["name"], verify=True, print_report=False,
-                            **{"steps": STEPS, **run["kwargs"]})
+            try:
+                r = runtime.run(run["plan"], run["plan"]["model"]["name"], verify=True, print_report=False,
+                                **{"steps": STEPS, **run["kwargs"]})
+            except runtime.VerifyFailed as e:  # raised on every rank; the run is attached
+                r = e.result
         results[run["label"]] = {
             "verified": r.verified, "losses": r.losses, "reference_losses": r.reference_losses,
             "max_abs_diff": r.max_abs_diff, "param_checksum": r.param_checksum,

@@ -167,7 +167,10 @@ def _worker(out: str, steps: int, runs: list[str]) -> None:
         ep.sync_expert_grads = _replica_mean(right) if bug == "replica-mean" else right
         FSDPModule.set_gradient_divide_factor = (lambda self, factor: None) if bug == "fsdp-replica-mean" else divide
         model = json.loads(Path(path).read_text())["model"]["name"]
-        r = runtime.run(path, model, steps=steps, verify=True, print_report=False)
+        try:
+            r = runtime.run(path, model, steps=steps, verify=True, print_report=False)
+        except runtime.VerifyFailed as e:  # raised on every rank; the run is attached
+            r = e.result
         results[f"{bug}={Path(path).stem}"] = {
             "verified": r.verified, "losses": r.losses, "reference_losses": r.reference_losses,
             "max_abs_diff": r.max_abs_diff, "checks": [c.as_dict() for c in r.checks], "applied": r.applied}

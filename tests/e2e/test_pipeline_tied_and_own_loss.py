@@ -32,6 +32,22 @@ def _env_with_factory() -> dict:
     return env
 
 
+def pipelines_in_one_launch(tmp_path, models, train: TrainConfig, stages: int, **fixed) -> list[dict]:
+    """Each model planned on 2xcpu with the `fixed` choices (`stages` pipeline stages in all) and trained 3 steps
+    under --verify in one torchrun launch of 2 processes (pipeline_job.py); each rank's results by model."""
+    args = []
+    for i, model in enumerate(models):
+        p = plan(model, cluster="2xcpu", train=train, **fixed)
+        assert p.mesh.pp == 2 and len(p.stages) == stages, model
+        p.save(tmp_path / f"plan{i}.json")
+        args += [str(tmp_path / f"plan{i}.json"), model]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(ROOT / "tests" / "e2e" / "pipeline_job.py"), str(tmp_path / "out"), *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in range(2)]
+
+
 def test_tied_two_tower_factory_and_hf_causal_lm_pipelines_match_one_process(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(E2E)
     train = TrainConfig(global_batch=4, dtype="fp32")
@@ -101,19 +117,8 @@ FAMILIES = [f"hf:mistral:{_D}", f"hf:qwen2:{_D}", f"hf:phi3:{_D}", f"hf:gemma:{_
 def test_every_causal_family_runs_a_two_stage_pipeline_like_one_process(tmp_path):
     """Issue 12's families (tiny configs), each planned with pp=2 and trained 3 steps under --verify in one
     launch of 2 CPU processes."""
-    train = TrainConfig(global_batch=4, seq_len=32, dtype="fp32")
-    args = []
-    for i, model in enumerate(FAMILIES):
-        p = plan(model, cluster="2xcpu", train=train, pp=2)
-        assert p.mesh.pp == 2 and len(p.stages) == 2, model
-        p.save(tmp_path / f"plan{i}.json")
-        args += [str(tmp_path / f"plan{i}.json"), model]
-    out = str(tmp_path / "out")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(ROOT / "tests" / "e2e" / "pipeline_job.py"), out, *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = json.loads((tmp_path / "out.rank0.json").read_text())
+    results = pipelines_in_one_launch(tmp_path, FAMILIES, TrainConfig(global_batch=4, seq_len=32, dtype="fp32"),
+                                      stages=2, pp=2)[0]
     for model in FAMILIES:
         res = results[model]
         assert res["verified"] is True and res["max_abs_diff"] <= 1e-5, (model, res)

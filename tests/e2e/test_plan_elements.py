@@ -91,8 +91,10 @@ def test_bf16_trains_in_bf16_within_tolerance_of_fp32(tmp_path, ranks, model, kw
     assert out["max_abs_diff"] > 1e-6, "losses equal fp32's: bf16 was not applied"
     assert "precision: bf16" in proc.stdout and "tolerance 1e-02" in proc.stdout
     judged = {c["what"]: c for c in out["checks"] if c["tolerance"] is not None}
-    assert set(judged) == {"bf16 run, losses", "fp32 pass of the same layout, losses",
-                           "fp32 pass of the same layout, parameters after step 3"}, out["checks"]
+    noise = {w for w in judged if "with rounding-level gradients" in w}  # Adam's noise, judged apart (runtime.verify)
+    assert set(judged) - noise == {"bf16 run, losses", "fp32 pass of the same layout, losses",
+                                   "fp32 pass of the same layout, parameters after step 3"}, out["checks"]
+    assert all(judged[w]["worst"].endswith("k.bias'") for w in noise)
     assert all(c["passed"] for c in judged.values()) and "verify: OK" in proc.stdout
 
 

@@ -86,3 +86,23 @@ def test_plan_json_stdout_is_only_the_json_object():
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["schema"] == "partita.plan/1" and d["mesh"]["pp"] * d["mesh"]["dp"] * d["mesh"]["tp"] == 2
+
+
+def test_models_lists_the_cnn_presets_too(capsys):
+    """Issue 30 item 14: `partita models` omitted the resnet presets; each listed name resolves, at its depth."""
+    from partita.costmodel.models import resolve_model
+    from partita.costmodel.models.cnn import CNN_PRESETS
+    assert main(["models"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.strip()}
+    for name in CNN_PRESETS:
+        assert name in rows and resolve_model(name).name == name
+    assert rows["resnet50"][1] == "50" and rows["tiny-resnet"][1] == "18"
+
+
+def test_the_plan_header_counts_in_words_that_fit(capsys):
+    """Issue 30 item 14: "1 micro-batches of 8" and, for a CNN, "global batch 8, seq None"."""
+    assert main(["plan", "--model", "tiny-resnet", "--cluster", "2xcpu", "--global-batch", "8", "--dp", "2",
+                 "--micro-batch", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "  train        global batch 8 samples, fp32, adam" in out and "seq None" not in out
+    assert "1F1B, 1 micro-batch of 4" in out and "micro-batches of" not in out

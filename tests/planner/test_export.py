@@ -60,10 +60,14 @@ def megatron_parser() -> argparse.ArgumentParser:
                  "--seq-length", "--max-position-embeddings", "--tensor-model-parallel-size",
                  "--pipeline-model-parallel-size", "--num-layers-per-virtual-pipeline-stage", "--micro-batch-size",
                  "--global-batch-size", "--recompute-num-layers", "--context-parallel-size",
-                 "--expert-model-parallel-size"):
+                 "--expert-model-parallel-size", "--num-experts", "--moe-router-topk"):
         p.add_argument(flag, type=int)
-    for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--group-query-attention"):
+    for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--group-query-attention",
+                 "--swiglu", "--disable-bias-linear", "--add-qkv-bias", "--untie-embeddings-and-output-weights"):
         p.add_argument(flag, action="store_true")
+    p.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm")
+    p.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "none"], default="learned_absolute")
+    p.add_argument("--rotary-base", type=float, default=10000.0)
     p.add_argument("--recompute-granularity", choices=["full", "selective"])
     p.add_argument("--recompute-method", choices=["uniform", "block"])
     p.add_argument("--pipeline-model-parallel-layout")
@@ -91,6 +95,61 @@ def test_megatron_args_carry_the_plans_degrees_batch_and_recompute(interleaved):
     assert (a.recompute_granularity, a.recompute_method, a.recompute_num_layers) == ("full", "uniform", 1)
     assert a.pipeline_model_parallel_layout is None
     assert not [c for c in comments if c.startswith("# partita:")]  # everything in this plan maps
+
+
+def megatron_architecture(a: argparse.Namespace) -> dict:
+    """What Megatron-LM would build from the parsed flags (its defaults where a flag is absent)."""
+    return {"mlp": "swiglu" if a.swiglu else "gelu", "norm": a.normalization, "positions": a.position_embedding_type,
+            "rotary_base": a.rotary_base if a.position_embedding_type == "rope" else None,
+            "linear_bias": not a.disable_bias_linear, "qkv_bias": a.add_qkv_bias or not a.disable_bias_linear,
+            "tied": not a.untie_embeddings_and_output_weights, "experts": a.num_experts, "top_k": a.moe_router_topk}
+
+
+LLAMA = {"mlp": "swiglu", "norm": "RMSNorm", "positions": "rope", "rotary_base": 10000.0, "linear_bias": False,
+         "qkv_bias": False, "tied": False, "experts": None, "top_k": None}
+GPT = {"mlp": "gelu", "norm": "LayerNorm", "positions": "learned_absolute", "rotary_base": None, "linear_bias": True,
+       "qkv_bias": True, "tied": False, "experts": None, "top_k": None}
+
+
+@pytest.mark.parametrize("model, want", [
+    ("llama:layers=4,hidden=128,heads=4,kv_heads=2,ffn=344,seq=64,vocab=512", LLAMA),  # partita's llama family
+    ("hf:llama", LLAMA),                                                                # transformers' Llama
+    ("hf:qwen2:num_hidden_layers=2,hidden_size=128,intermediate_size=256,num_attention_heads=4,num_key_value_heads=2,"
+     "vocab_size=512", {**LLAMA, "qkv_bias": True}),                                   # Llama with q/k/v biases
+    ("gpt:layers=4,hidden=128,heads=4,seq=64,vocab=512", GPT),                          # untied, unlike Megatron's GPT
+    ("llama:layers=4,hidden=128,heads=4,kv_heads=2,ffn=96,seq=64,vocab=512,experts=4,top_k=2",
+     {**LLAMA, "experts": 4, "top_k": 2}),
+])
+def test_megatron_args_build_the_plans_architecture(model, want):
+    """Issue 30 item 8: without --swiglu, RMSNorm, rope, --disable-bias-linear and the untied head, Megatron-LM
+    would build its default GPT. The arguments parsed back build the plan's model."""
+    p = planner.plan(model, cluster="2x4xA100-80GB", train=planner.TrainConfig(global_batch=16), tp=1, pp=1)
+    a, comments = megatron_args(to_megatron(p))
+    assert megatron_architecture(a) == want
+    assert not [c for c in comments if "not translated" in c]
+    assert a.ffn_hidden_size == (p.model["config"].get("ffn") or p.model["config"].get("intermediate_size"))
+
+
+def test_an_architecture_megatron_cannot_be_told_is_said():
+    p = planner.plan("hf:bert", cluster="2x4xA100-80GB", train=planner.TrainConfig(global_batch=16), tp=1, pp=1)
+    a, comments = megatron_args(to_megatron(p))
+    assert not a.swiglu and a.hidden_size == 128
+    assert any(c.startswith("# partita: the architecture of hf:bert is not translated, only its sizes") for c in comments)
+
+
+def test_torchtitan_names_the_llama3_flavour_with_the_plans_shape():
+    """llama3-8b is torchtitan's llama3 "8B" (its rotary base differs, said in a comment); a GPT is no torchtitan
+    model, and a llama of other sizes no flavour: both said."""
+    p = planner.plan("llama3-8b", cluster="8xH100-80GB", train=planner.TrainConfig(global_batch=64, seq_len=2048))
+    text = to_torchtitan(p)
+    assert tomllib.loads(text)["model"] == {"name": "llama3", "flavor": "8B"}
+    assert "rotary base 10000 (torchtitan's: 500000)" in text
+    gpt = to_torchtitan(planner.plan(SMALL, cluster="2x4xA100-80GB", train=planner.TrainConfig(global_batch=16)))
+    assert "model" not in tomllib.loads(gpt) or not tomllib.loads(gpt)["model"]
+    assert f"# partita: the model {SMALL} has no torchtitan equivalent" in gpt
+    odd = to_torchtitan(planner.plan("llama:layers=4,hidden=128,heads=4,kv_heads=2,ffn=344,seq=64,vocab=512",
+                                     cluster="2x4xA100-80GB", train=planner.TrainConfig(global_batch=16)))
+    assert tomllib.loads(odd)["model"] == {"name": "llama3"} and "a llama3 flavour with dim=128, n_layers=4" in odd
 
 
 def test_megatron_sharding_and_selective_recompute(sharded):
@@ -419,3 +478,15 @@ def test_context_and_expert_parallel_degrees_are_exported():
     ep = edited(cp, lambda d: d["mesh"].update(ep=2))
     assert tomllib.loads(to_torchtitan(ep))["parallelism"]["expert_parallel_degree"] == 2
     assert megatron_args(to_megatron(ep))[0].expert_model_parallel_size == 2
+
+
+def test_the_slurm_script_does_not_name_the_exporting_machines_interpreter(piped, tmp_path, capsys):
+    """Issue 30 item 14: the script ran $PYTHON defaulting to the venv `partita export` ran in, a path the
+    compute nodes need not have; now python from the job's PATH, or --python, or $PYTHON at submission."""
+    plan = tmp_path / "p.json"
+    piped.save(plan)
+    assert main(["export", str(plan), "--to", "slurm", "--model", SMALL]) == 0
+    text = capsys.readouterr().out
+    assert sys.executable not in text and 'PYTHON="${PYTHON:-python}"' in text
+    assert main(["export", str(plan), "--to", "slurm", "--model", SMALL, "--python", "/opt/env/bin/python"]) == 0
+    assert 'PYTHON="${PYTHON:-/opt/env/bin/python}"' in capsys.readouterr().out

@@ -225,3 +225,49 @@ def test_the_baseline_spaces_are_unchanged_by_the_new_fields():
     from partita.planner.baselines import baseline_spaces
     for s in baseline_spaces(parse_cluster("4x8xA100-80GB")):
         assert s.dp is None and s.micro_batch is None and s.virtual_stages is None
+
+
+def test_a_sequence_too_long_to_fit_names_context_parallelism_and_its_flag():
+    """Issue 30 item 13: a 10M-token sequence does not fit 8 H100s even split over cp=8; the line shows the cp
+    of the footprint it reports and names --cp among the remedies, not only 'context ... parallelism'."""
+    r = subprocess.run([sys.executable, "-m", "partita.planner.cli", "plan", "--model", "llama3-8b", "--cluster",
+                        "8xH100-80GB", "--global-batch", "8", "--seq", "10000000", "--cp", "8"],
+                       capture_output=True, text=True, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "at pp=1, dp=1, tp=1, cp=8, ZeRO-" in lines[0] and "--cp N: each sequence split over N ranks" in lines[0]
+    assert "but each H100-80GB has" in lines[0]  # not "a H100-80GB"
+
+
+_ALL_CONV = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.blocks = nn.ModuleList(nn.Conv2d(16, 16, 3, padding=1) for _ in range(4))
+        self.out = nn.Conv2d(16, 3, 1)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for b in self.blocks:
+            x = x + F.relu(b(x))
+        return self.out(x)
+
+def loss(m, x, y):
+    return F.mse_loss(m(x), y)
+
+def model():
+    return Net(), (torch.zeros(1, 3, 32, 32), torch.zeros(1, 3, 32, 32)), loss
+'''
+
+
+def test_tp_on_a_network_of_convolutions_says_convolutions_get_no_split(tmp_path, monkeypatch):
+    """Issue 30 item 13: not 'their heads or hidden sizes are not divisible by it', which no --tp can fix."""
+    (tmp_path / "partita_all_conv.py").write_text(_ALL_CONV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PartitaError) as e:
+        planner.plan("partita_all_conv:model", cluster="2xcpu", train=planner.TrainConfig(global_batch=8), tp=2)
+    assert str(e.value).startswith("--tp 2: tensor parallelism splits Linear layers") and "divisible" not in str(e.value)
+    assert "their conv2d operators get no tensor-parallel split in partita; use --tp 1" in str(e.value)

@@ -75,3 +75,30 @@ def test_a_model_with_dropout_is_said_before_verify_compares_it():
     assert dropout_probability(resolve_model("hf:opt:num_hidden_layers=2,hidden_size=64,num_attention_heads=4,"
                                              "ffn_dim=128,word_embed_proj_dim=64")) == 0.1
     assert dropout_probability(resolve_model("tiny-gpt")) == 0.0
+
+
+def test_a_rounding_level_gradient_is_judged_by_adams_step_bound_and_a_real_one_is_not():
+    """Issue 30 item 5. Under Adam a tensor whose reference gradient is rounding noise leaves the model-scaled
+    measure and is judged against 2 x Adam's largest step x steps; every other tensor keeps the measure, and
+    under SGD nothing is set apart."""
+    from partita.costmodel.models import resolve_model as resolve
+    from partita.runtime.recipe import build_model, loss_for
+    from partita.runtime.verify import ADAM_STEP_BOUND, GradientRMS, ParamStats, param_checks
+
+    spec = resolve("tiny-gpt")
+    model = build_model(spec, 0)
+    batch = SyntheticTokens(spec, global_batch=4, seed=0).batch(0)
+    loss_for(spec)(model, batch).backward()
+    grads = GradientRMS()
+    grads.record(model)
+    assert sorted(grads.at_rounding_level()) == ["blocks.0.attn.k.bias", "blocks.1.attn.k.bias"]  # softmax ignores them
+    stats = ParamStats(0.0, gap={"w": 1e-9, "k.bias": 1.0}, update={"w": 1.0, "k.bias": 1e-9},
+                       numel={"w": 1, "k.bias": 1}, peak={"w": 1e-9, "k.bias": 1e-3})
+    lr, steps = 1e-3, 3
+    main, noise = param_checks("parameters", stats, 2e-2, "adam", ["k.bias"], lr, steps)
+    assert main.passed and main.worst == "'w'"
+    assert noise.passed and math.isclose(noise.diff, 1e-3 / (2 * ADAM_STEP_BOUND * lr * steps))
+    wild = ParamStats(0.0, gap=stats.gap, update=stats.update, numel=stats.numel, peak={"w": 1e-9, "k.bias": 1.0})
+    assert not param_checks("parameters", wild, 2e-2, "adam", ["k.bias"], lr, steps)[1].passed  # beyond any Adam drift
+    (sgd,) = param_checks("parameters", stats, 2e-2, "sgd", ["k.bias"], lr, steps)
+    assert not sgd.passed and sgd.worst == "'k.bias'"

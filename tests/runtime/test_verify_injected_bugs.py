@@ -89,7 +89,10 @@ def test_correct_plans_pass_verify_in_fp32_and_bf16(tmp_path):
         assert r["verified"] is True, (case, r["checks"])
         assert len(r["losses"]) == STEPS
         judged = [c for c in r["checks"] if c["tolerance"] is not None]
-        assert len(judged) == (3 if case.endswith("bf16") else 2)  # bf16: its losses, and the fp32 pass
+        noise = [c for c in judged if "rounding-level gradients" in c["what"]]
+        assert len(judged) - len(noise) == (3 if case.endswith("bf16") else 2)  # bf16: its losses, and the fp32 pass
+        # the attention key biases: softmax ignores them, so their true gradient is zero (runtime.verify)
+        assert noise and all(c["worst"].endswith("k.bias'") for c in noise), (case, noise)
         for c in judged:  # margins: well inside, not at the edge
             assert c["diff"] <= c["tolerance"] / 5, (case, c)
 

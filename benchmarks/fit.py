@@ -11,16 +11,21 @@ What is fitted to what (every constant in costmodel/fitted_constants.json says w
    latency), each attention kernel's curve, the achievable HBM bandwidth (costmodel.kernel_fit).
 2. Published training runs (benchmarks.published_data, each with its stack) give the *levels* of the
    other groups: per (generation, stack) the GEMM efficiency e_gemm and the fused-attention efficiency
-   e_attn (forward and backward together, the kernel curve's backward/forward ratio kept), and per
-   (generation, attention kernel) the sequence length h_seq at which attention runs at half of it
-   (llm-foundry's sweeps of one model over 512-65536 tokens). A group with kernel timings keeps them:
-   its published rows are judged, never fitted.
+   e_attn (forward and backward together, the kernel curve's backward/forward ratio kept; stacks that
+   share their GEMMs share e_gemm, costmodel.stacks `gemm`), and per (generation, attention kernel) the
+   sequence length h_seq at which attention runs at half of it -- only where one model ran at sequences
+   SWEEP (4x) apart (llm-foundry's sweeps over 512-65536 tokens); elsewhere level and curve cannot be told
+   apart and the kernel timings' curve holds. No efficiency is fitted above 1. A group with kernel
+   timings keeps them, and its whole-step rows fit one number, its `step_efficiency` (kernels inside a
+   training step against kernels timed alone: the sustained clock under the power limit, eager gaps).
 3. Shapes nobody measured are carried by stated rules (`derive`): Ampere's and Volta's GEMM tile curve is
    Hopper's with h_mn scaled by the SM count (108, 80 against 132 SMs: the output tiles that fill the
    GPU); a kernel's head-width and causal-block constants and its backward/forward ratio are the H200
    measurement of that kernel; achievable HBM bandwidth is the H200's measured fraction of the
-   datasheet; a (generation, stack) with no data takes log e = a_generation + b_stack, the two-way
-   additive model fitted over the groups that have data (Volta, with none, takes Ampere's a).
+   datasheet; a (generation, stack) with no data takes log e = a_generation + b_stack (attention: b_kernel,
+   after the same kernel on the same GPU where another stack measured it), the two-way additive model
+   fitted over the groups that have data, never above the fastest group measured on that generation
+   (Volta, with no data, takes Ampere's a and ceiling).
 
 The published fit minimises sum_rows w_row log(predicted / measured)^2, w = 1 / sqrt(rows of the row's
 source in its group), so one large table does not own a group's constants. Pricing a row is a search

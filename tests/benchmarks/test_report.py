@@ -32,11 +32,25 @@ def _published(error: float) -> dict:
 
 def test_the_renderer_puts_the_results_values_into_the_section():
     text = report.render("published", {"published": _published(0.1234)})
-    assert "| src-x | 1 / 2 | 12.3% | 12.3% |" in text  # per-source row, computed where the summary lacks it
+    assert "| src-x |  | 1 / 2 | n/a | 12.3% / 12.3% |" in text  # per-source row, computed where the summary lacks it
     assert "`src-x/model-y`: measured 1000 tokens/s per GPU, predicted 1123 (+12.3%)" in text
-    assert "1 of the 2 rows" in text and "counts as a miss" in text and "commit abc1234" in text
-    assert "target <= 10%: not met" in text and "targets are not met" in text
+    assert "1 of the 2 rows" in text and "not priced" in text and "commit abc1234" in text
+    assert "No held-out errors" in text  # no benchmarks.fit results for these constants
     assert report.render("published", {"published": None}).startswith("No results yet")
+
+
+def test_the_headline_is_the_held_out_error_and_its_verdicts():
+    d = _published(0.05)
+    held = {"priced": 1, "median_abs_error": 0.083, "p95_abs_error": 0.214, "max_abs_error": 0.214}
+    d["summary"] = {"targets": {"median_abs_error": 0.10, "p95_abs_error": 0.20}, "held_out": {"all": held},
+                    "per_source": {"src-x": {"count": 2, "priced": 1, "median_abs_error": 0.05, "max_abs_error": 0.05,
+                                             "stacks": ["te-2024"], "held_out": held}},
+                    "rows": 2, "priced": 1, "median_abs_error": 0.05, "max_abs_error": 0.05}
+    text = report.render("published", {"published": d})
+    assert "| src-x | te-2024 | 1 / 2 | 8.3% / 21.4% / 21.4% | 5.0% / 5.0% |" in text
+    text = " ".join(text.split())  # paragraphs are wrapped
+    assert "Held out, over 1 rows" in text and "median |error| 8.3% (target <= 10%: met)" in text
+    assert "p95 21.4% (target <= 20%: not met)" in text and "In-sample (constants fitted with every source)" in text
 
 
 def test_a_memory_miss_is_listed_with_the_time_model_error_when_memory_is_lifted():

@@ -11,7 +11,8 @@ from partita.planner.strategies import node_seconds, replicate_option, tensor_op
 # A device with every curve set to known values, so the tests check the formulas, not fitted numbers.
 DEV = replace(DEVICES["H100-80GB"], matmul_efficiency=0.7, gemm_half_mn=2e5, gemm_split_k=4096.0, gemm_half_dim=0.0,
               attention_efficiency=0.6, attention_bwd_efficiency=0.5, attention_half_seq=500.0,
-              attention_half_dim=40.0, attention_causal_block=128.0, other_attention=None, mem_efficiency=0.8)
+              attention_half_dim=40.0, attention_causal_block=128.0, other_attention=None, mem_efficiency=0.8,
+              step_efficiency=1.0)
 FLAT = replace(DEV, gemm_half_mn=0.0, gemm_split_k=0.0)
 
 
@@ -182,3 +183,15 @@ def test_a_cluster_on_another_stack_takes_that_stacks_kernel_constants():
     # a device whose kernels were measured keeps them: only the stack's name (its overlaps) changes
     cpu = cluster_on_stack(parse_cluster("2xcpu"), "te-2024")
     assert cpu.device.matmul_efficiency == DEVICES["cpu"].matmul_efficiency and cpu.device.stack == "te-2024"
+
+
+def test_a_training_step_runs_kernels_at_the_step_efficiency_of_their_isolated_rate():
+    """Kernel timings (costmodel.kernel_fit) are isolated kernels; inside a training step each runs at
+    Device.step_efficiency of that (benchmarks.fit fits it to whole steps)."""
+    from partita.costmodel.kernels import isolated_node_time
+    slow = replace(DEV, step_efficiency=0.8)
+    for d in (linear(4096, 4096, 4096), attention(1, 16, 4096, 128, True),
+              {"kind": "add", "shape": (1, 4096, 4096), "fwd_flops": 0, "bwd_flops": 0, "mem_bytes": 1e8}):
+        t, alone = node_time(d, slow, "bf16"), isolated_node_time(d, slow, "bf16")
+        assert t.fwd == pytest.approx(alone.fwd / 0.8) and t.bwd == pytest.approx(alone.bwd / 0.8)
+        assert alone == node_time(d, DEV, "bf16")

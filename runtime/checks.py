@@ -48,6 +48,7 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
         for fqn in ([stage.split_at] if stage.split_at else []) + stage.modules:
             if fqn not in modules:
                 raise PlanError(f"stages[{i}] names module {fqn!r}, which --model {spec.name} does not have")
+    check_stage_coverage(plan, model, spec.name)
     context_parallel.check_plan(plan, spec, model)
     expert_parallel.check_plan(plan, spec, model)
     check_executable(plan, spec, model)
@@ -56,6 +57,22 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
     optimizer_name(plan)
     fsdp, dtype = sharded(plan), train_dtype(plan)
     return [] if dtype == torch.float32 else [describe(dtype, fsdp)]
+
+
+def check_stage_coverage(plan: Plan, model: nn.Module, name: str) -> None:
+    """Every parameter of the model lies in a module some stage lists (a tied parameter: under one of its
+    names), so no layer goes untrained; planner.plan's loader has already refused a module listed twice."""
+    listed = [fqn for s in plan.stages for fqn in s.modules]
+    names: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(n)
+    for aliases in names.values():
+        if not any(fqn == "" or n.startswith(fqn + ".") for n in aliases for fqn in listed):
+            parts = aliases[0].split(".")[:-1]  # the outermost module of it that holds nothing listed
+            owner = next((a for a in (".".join(parts[:k]) for k in range(1, len(parts) + 1))
+                          if not any(fqn.startswith(a + ".") for fqn in listed)), "")
+            raise PlanError(f"no stage lists module {owner!r} of --model {name} (parameter {aliases[0]!r}): it "
+                            "would not be trained; add it to the stage that runs it")
 
 
 def check_executable(plan: Plan, spec: ModelSpec, model: nn.Module) -> None:

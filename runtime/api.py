@@ -57,7 +57,9 @@ def model_spec(model: ModelArg, name: str | None = None, *, example_inputs=None,
     A `model_fn` keeps what the model called `name` (a MODEL string, e.g. the plan's model name) says
     about batches and loss -- only the module comes from `model_fn` -- unless `example_inputs`
     (batch -> tuple of tensors) and `loss_fn` (module, *batch -> loss) are given; `vocab` bounds token
-    ids in the example batch. `seq_len` (the plan's): a MODEL string's model is built at that length
+    ids in the example batch (a token model given `vocab` trains on token cross-entropy without a `loss_fn`). `name` is read as data only: a preset, family or hf: name, never an import
+    path (a plan file must not choose code; the plan's fingerprint is checked against `model_fn`'s module
+    by the pre-flight instead). `seq_len` (the plan's): a MODEL string's model is built at that length
     (runtime.session.at_seq_len), a given ModelSpec is taken as it is."""
     if isinstance(model, ModelSpec):
         return model
@@ -66,17 +68,19 @@ def model_spec(model: ModelArg, name: str | None = None, *, example_inputs=None,
     if isinstance(model, nn.Module) or not callable(model):
         raise PartitaError("model_fn must build the module (a callable returning an nn.Module), or be a MODEL "
                            f"string or ModelSpec; got {type(model).__name__}")
+    own = example_inputs is not None and (loss_fn is not None or vocab is not None)  # a token model needs no loss_fn
     base = None
-    if name is not None and (example_inputs is None or loss_fn is None):
+    if name is not None and not own:
         try:
-            base = resolve_model(name)
+            base = resolve_model(name, imports=False)
         except PartitaError:
             base = None
     if base is not None:
         return dataclasses.replace(at_seq_len(base, seq_len), build=model)
-    if example_inputs is None or loss_fn is None:
-        raise PartitaError(f"model {name!r} is not a MODEL string the runtime knows: pass example_inputs "
-                           "(batch -> tuple of tensors) and loss_fn (module, *batch -> scalar loss)")
+    if not own:
+        raise PartitaError(f"the plan's model {name!r} is not one of partita's own or HuggingFace's models (a plan "
+                           "never makes partita import code): pass example_inputs (batch -> tuple of tensors) and "
+                           "loss_fn (module, *batch -> scalar loss), or the MODEL string itself as model_fn")
     return ModelSpec(name=name or getattr(model, "__name__", "model"), build=model, example_inputs=example_inputs,
                      loss_fn=loss_fn, seq_len=seq_len, vocab=vocab)
 

@@ -36,10 +36,7 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
         raise PlanError(f"plan is for {m.world_size} ranks (pp={m.pp} x dp={m.dp}{cp} x tp={m.tp}) "
                         f"but WORLD_SIZE is {world_size}")
     model = build_meta(spec)
-    want = plan.model.get("fingerprint")
-    if want is not None and want != (got := model_fingerprint(model)):
-        raise PlanError(f"plan was made for model {plan.model.get('name')!r} with fingerprint {want}, "
-                        f"but --model {spec.name} has fingerprint {got} (different parameters)")
+    notes = check_model(plan, spec, model)
     seq = plan.train.get("seq_len")
     if seq is not None and spec.seq_len is not None and seq != spec.seq_len:
         raise PlanError(f"plan trains sequences of {seq} tokens but --model {spec.name} has seq_len {spec.seq_len}")
@@ -56,7 +53,31 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
     check_blocks(plan, modules, spec.name)
     optimizer_name(plan)
     fsdp, dtype = sharded(plan), train_dtype(plan)
-    return [] if dtype == torch.float32 else [describe(dtype, fsdp)]
+    return notes + ([] if dtype == torch.float32 else [describe(dtype, fsdp)])
+
+
+def check_model(plan: Plan, spec: ModelSpec, model: nn.Module) -> list[str]:
+    """The model to train is the one the plan was made for: its fingerprint (parameter names, shapes, dtypes)
+    equals the plan's. The plan's model name is only compared, never resolved: a name that differs is a note
+    when the fingerprints agree, and an error when the plan has no fingerprint to decide it."""
+    name, want, got = plan.model.get("name"), plan.model.get("fingerprint"), model_fingerprint(model)
+    shown = _shown(name)
+    if want is not None and want != got:
+        raise PlanError(f"plan was made for model {shown} with fingerprint {want}, but --model {spec.name} has "
+                        f"fingerprint {got} (different parameters)")
+    if name is None or name == spec.name:
+        return []
+    if want is None:
+        raise PlanError(f"plan was made for model {shown}, not --model {spec.name}, and records no fingerprint to "
+                        f"check that they are the same model: re-plan with --model {spec.name}")
+    return [f"note: plan was made for model {shown}; --model {spec.name} has the same parameters (fingerprint "
+            f"{got}), so it runs"]
+
+
+def _shown(name) -> str:
+    """The plan's model name for a message: quoted, escaped, short (a plan file is untrusted text)."""
+    text = repr(name)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check_stage_coverage(plan: Plan, model: nn.Module, name: str) -> None:

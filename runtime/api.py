@@ -22,9 +22,11 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,10 +36,12 @@ import torch.nn as nn
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.costmodel.models import ModelSpec
+from partita.planner.child import run_forwarding_signals
 from partita.planner.plan import Plan
-from partita.runtime.mesh import agree_on_attempt, env_world, init_default, teardown
+from partita.runtime.mesh import agree_on_attempt, broadcast_text, env_world, init_default, teardown
 from partita.runtime.report import RunResult, first_failure, read_failure, show_library_warnings_once
 from partita.runtime.session import RunOptions, at_seq_len, execute, prepare
+from partita.runtime.stop import die_with_parent
 
 ModelArg = str | ModelSpec | Callable[[], nn.Module]
 
@@ -87,7 +91,7 @@ def model_spec(model: ModelArg, name: str | None = None, *, example_inputs=None,
 
 def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset: str | os.PathLike | None = None,
         steps: int = 100, *, seed: int = 0, lr: float = 1e-3, verify: bool = False,
-        checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0, resume: bool = False,
+        checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0, keep: int = 0, resume: bool = False,
         max_restarts: int = 0, data_dtype: str | None = None, losses_out: str | None = None,
         print_report: bool = True, example_inputs=None, loss_fn=None, vocab: int | None = None) -> RunResult:
     """Train `steps` steps of the model `model_fn` builds under `plan`, on every rank of the job.
@@ -100,7 +104,7 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset: str 
                       seq_len=p.train.get("seq_len"))
     opts = RunOptions(steps=steps, seed=seed, lr=lr, verify=verify,
                       checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else None,
-                      checkpoint_every=checkpoint_every, resume=resume, max_restarts=max_restarts,
+                      checkpoint_every=checkpoint_every, keep=keep, resume=resume, max_restarts=max_restarts,
                       data=str(dataset) if dataset is not None else None, data_dtype=data_dtype,
                       losses_out=losses_out, print_report=print_report)
     world = dist.get_world_size() if dist.is_initialized() else env_world()[2]
@@ -117,20 +121,6 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset: str 
         if own:
             gc.collect()  # free FSDP state (reference cycles) while its process groups still exist
             teardown(ok)
-
-
-def _broadcast_text(text: str | None) -> str:
-    """Rank 0's text on every rank, as UTF-8 bytes in two tensor broadcasts (no pickle)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    raw = text.encode() if text is not None else b""
-    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device) if raw else \
-        torch.empty(0, dtype=torch.uint8, device=device)
-    n = torch.tensor([data.numel()], dtype=torch.long, device=device)
-    dist.broadcast(n, src=0)
-    if data.numel() != n.item():
-        data = torch.empty(int(n.item()), dtype=torch.uint8, device=device)
-    dist.broadcast(data, src=0)
-    return data.cpu().numpy().tobytes().decode()
 
 
 def plan_and_run(model: ModelArg, cluster: Any = None, train: Any = None, steps: int = 100, *,
@@ -161,7 +151,7 @@ def plan_and_run(model: ModelArg, cluster: Any = None, train: Any = None, steps:
                 text = json.dumps({"error": str(e)})
             except TypeError as e:  # bad TrainConfig fields
                 text = json.dumps({"error": f"train: {e}"})
-        data = json.loads(_broadcast_text(text))
+        data = json.loads(broadcast_text(text))
         if "error" in data and "schema" not in data:
             raise PartitaError(f"planning failed: {data['error']}")
         result = run(Plan.from_dict(data), model, dataset, steps, example_inputs=example_inputs, loss_fn=loss_fn,
@@ -228,7 +218,7 @@ def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | No
     full_env = {**os.environ, **(env or {})}
     root = str(Path(__file__).resolve().parents[1])  # so `-m partita.runtime.train` resolves from a source checkout
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, full_env.get("PYTHONPATH")]))
-    return subprocess.call([sys.executable, "-m", "partita.runtime.train", *argv], env=full_env)
+    return run_forwarding_signals([sys.executable, "-m", "partita.runtime.train", *argv], full_env)
 
 
 # ---- torchrun's agent in this process (python -m partita.runtime.train ... --nproc-per-node W) ------------------------
@@ -248,47 +238,79 @@ class _AgentLog(logging.Filter):
         if not record.name.startswith(_TORCHRUN_LOGGERS):
             return True
         if "will restart worker group" in str(record.msg) and "attempts left" in str(record.msg):
-            left = (f" ({record.args[2]} of {record.args[3]} restarts left)"
-                    if isinstance(record.args, tuple) and len(record.args) == 4 else "")
+            # torchrun logs (role, state, restarts left before this one, max restarts), then takes one
+            left, most = (record.args[2], record.args[3]) if isinstance(record.args, tuple) and \
+                len(record.args) == 4 else (None, None)
+            which = f" (restart {most - left + 1} of {most})" if isinstance(left, int) and isinstance(most, int) else ""
             failures = _attempt_failures(self.log_dir)
             what = first_failure(failures).line() if failures else "a worker failed"
-            print(f"partita: {what}; torchrun restarts the workers{left}", file=sys.stderr, flush=True)
+            print(f"partita: {what}; torchrun restarts the workers{which}", file=sys.stderr, flush=True)
         return False
 
 
 def _attempt_failures(log_dir: str) -> list:
-    """The failures the workers of this node's latest attempt wrote (log_dir/<run>/attempt_<k>/<local>/error.json)."""
+    """The failures the workers of this node's latest attempt wrote (log_dir/<run>/attempt_<k>/<local>/error.json),
+    each with the exit code it recorded."""
     attempts = sorted(Path(log_dir).glob("*/attempt_*"), key=lambda p: int(p.name.split("_")[-1]))
     if not attempts:
         return []
-    return [read_failure(int(f.parent.name), 1, str(f), f.stat().st_mtime) for f in attempts[-1].glob("*/error.json")]
+    return [read_failure(int(f.parent.name), 0, str(f), f.stat().st_mtime) for f in attempts[-1].glob("*/error.json")]
+
+
+def _report(first) -> int:
+    """Print a worker's failure (or a stop it was asked for) as the one line the user sees, and the traceback
+    of an unexpected exception below it; return the exit code."""
+    if first.exitcode > 128:  # runtime.session.Stopped: every rank stopped after the same step
+        print(f"partita: {first.message}", file=sys.stderr, flush=True)
+    else:
+        print(f"partita: error: {first.line()}", file=sys.stderr, flush=True)
+    if first.trace:
+        print(f"traceback of rank {first.rank}:\n{first.trace.rstrip()}", file=sys.stderr, flush=True)
+    return first.exitcode if first.exitcode > 0 else 1
+
+
+def _stop_on_sigterm(signum, frame):
+    """SIGTERM before torchrun's agent installs its own handlers (during the rendezvous): end it as that does."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
 
 def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint: str | None = None,
-          rdzv_id: str | None = None, max_restarts: int = 0) -> int:
+          rdzv_id: str | None = None, max_restarts: int = 0, rdzv_timeout: float | None = None) -> int:
     """Run torchrun's elastic agent for this node in this process on `python -m partita.runtime.train WORKER_ARGV`
     and return the exit code: 0, or the first failing worker's (1 if it died by a signal).
 
     One node: `--standalone`. Several: c10d rendezvous at `rdzv_endpoint` (the same command on every
-    node). The workers write their errors into torchrun's per-worker error files (runtime.report) in a log
-    directory of this launcher; the first failure is printed as one line, `partita: error: rank R: ...`
-    (with the path of its traceback for an unexpected exception; that directory is then kept)."""
+    node), watched by runtime.rendezvous (deadline `rdzv_timeout`, progress lines, one line on failure).
+    The workers write their errors into torchrun's per-worker error files (runtime.report) in a log
+    directory of this launcher; the first failure is printed as one line, `partita: error: rank R: ...`,
+    with the traceback of an unexpected exception below it; the directory is removed. A worker that ends the
+    job on purpose exits 0 with its code in its error file (runtime.train.AGENT_ENV), so that torchrun does
+    not restart it, and that code is returned. SIGTERM / SIGINT reach the workers through torchrun's agent,
+    which passes them on; the workers stop at a step boundary (runtime.stop) and their line is printed."""
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from partita.runtime import rendezvous
     from partita.runtime.train import AGENT_ENV
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # a fresh rendezvous store per attempt (runtime.mesh._store; pytorch#135712); needed across nodes
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ[AGENT_ENV] = "1"
-    log_dir = tempfile.mkdtemp(prefix="partita-torchrun-")
-    argv = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-            f"--log-dir={log_dir}"]
+    argv = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}"]
     if rdzv_endpoint:
-        argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id or 'partita'}"]
+        timeout = rdzv_timeout or rendezvous.DEFAULT_TIMEOUT
+        try:
+            rendezvous.check_endpoint(rdzv_endpoint)
+        except PartitaError as e:
+            print(f"partita: error: {e}", file=sys.stderr, flush=True)
+            return 2
+        argv += [*rendezvous.register(rdzv_endpoint, timeout), f"--rdzv-id={rdzv_id or 'partita'}"]
     else:
         argv.append("--standalone")
-    argv += ["-m", "partita.runtime.train", *worker_argv]
+    log_dir = tempfile.mkdtemp(prefix="partita-torchrun-")
+    argv += [f"--log-dir={log_dir}", "-m", "partita.runtime.train", *worker_argv]
     quiet = _AgentLog(log_dir)
     handlers = [h for name in ("torch.distributed", "torch", "") for h in logging.getLogger(name).handlers]
     for h in handlers:
@@ -296,26 +318,34 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     restarts_log = logging.getLogger("torch.distributed.elastic.agent.server.api")
     level = restarts_log.level
     restarts_log.setLevel(logging.INFO)  # the restart notice is an INFO record
-    keep = False
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if main else None
     try:
         torchrun.run(torchrun.parse_args(argv))
-        return 0
+        failures = _attempt_failures(log_dir)  # workers that ended the job on purpose (exit 0, code in the file)
+        return _report(first_failure(failures)) if failures else 0
     except ChildFailedError as e:
-        first = first_failure([read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file) else None,
-                                            f.timestamp) for rank, f in e.failures.items()])
-        keep = first.trace is not None
-        where = f" (traceback: {first.error_file})" if keep else ""
-        print(f"partita: error: {first.line()}{where}", file=sys.stderr, flush=True)
-        return first.exitcode if first.exitcode > 0 else 1
-    except Exception as e:  # the agent itself: rendezvous timeout, unreachable endpoint, a signal
-        print(f"partita: error: torchrun: {type(e).__name__}: {e}".strip().splitlines()[0], file=sys.stderr, flush=True)
+        return _report(first_failure([read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file)
+                                                   else None, f.timestamp) for rank, f in e.failures.items()]))
+    except (SignalException, KeyboardInterrupt) as e:
+        failures = _attempt_failures(log_dir)
+        if failures:  # the workers stopped at a step boundary and said where
+            return _report(first_failure(failures))
+        signum = int(getattr(e, "sigval", signal.SIGINT))
+        print(f"partita: stopped by {signal.Signals(signum).name} before training began", file=sys.stderr,
+              flush=True)
+        return 128 + signum
+    except Exception as e:  # the agent itself: rendezvous timeout, unreachable endpoint
+        line = rendezvous.failure_line(e) or f"torchrun: {type(e).__name__}: {e}".strip().splitlines()[0]
+        print(f"partita: error: {line}", file=sys.stderr, flush=True)
         return 1
     finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
         for h in handlers:
             h.removeFilter(quiet)
         restarts_log.setLevel(level)
-        if not keep:
-            shutil.rmtree(log_dir, ignore_errors=True)
+        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def agent_main(args, argv: list[str]) -> int:
@@ -337,5 +367,6 @@ def agent_main(args, argv: list[str]) -> int:
             worker.append(action.option_strings[0])
         elif value is not None and value is not False:
             worker += [action.option_strings[0], str(value)]
+    die_with_parent()  # a launcher whose own parent (partita run, a batch script) is killed stops its workers
     return agent(worker, nproc, nnodes=nnodes, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
-                 max_restarts=args.max_restarts)
+                 max_restarts=args.max_restarts, rdzv_timeout=args.rdzv_timeout)

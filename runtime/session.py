@@ -29,6 +29,7 @@ import gc
 import math
 import os
 import shutil
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -44,8 +45,11 @@ from partita.runtime import memory
 from partita.runtime.apply import make_executor
 from partita.runtime.checks import build_meta, optimizer_name, preflight
 from partita.runtime.data import make_data
+from partita.runtime import ownership
 from partita.runtime.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
 from partita.runtime.mesh import Topology, backend_for, init
+from partita.runtime.resume import Candidates, candidates, choose_intact, claim_directory
+from partita.runtime.stop import StopSignal
 from partita.runtime.precision import train_dtype
 from partita.runtime.recipe import build_model, make_optimizer
 from partita.runtime.report import RunResult, render
@@ -54,13 +58,50 @@ from partita.runtime.verify import (PARAM_TOLERANCE, TOLERANCE, VERIFY_DTYPE, Ch
 
 EXIT_OK, EXIT_VERIFY, EXIT_ERROR, EXIT_NONFINITE = 0, 1, 2, 3
 
+def _kept(step: int, checkpoints: list[tuple[int, str]]) -> str:
+    """What the run's checkpoints hold when step `step` went wrong: the newest one, if it was saved right
+    before that step, holds the weights that step started from, and is not called good."""
+    if not checkpoints:
+        return "; no checkpoint was saved"
+    (last, path), before = checkpoints[-1], checkpoints[:-1]
+    if last < step - 1:
+        return f"; the last good checkpoint is {path}"
+    older = f"; the one before it is {before[-1][1]}" if before else "; there is none before it"
+    return f"; the newest checkpoint, {path}, holds the weights step {step} started from{older}"
+
+
 class NonFiniteLoss(PartitaError):
     """The loss of a step is NaN or infinite; the run stops before that step's optimizer update."""
 
-    def __init__(self, step: int, value: float, last_checkpoint: str | None):
-        kept = f"; the last good checkpoint is {last_checkpoint}" if last_checkpoint else "; no checkpoint was saved"
+    def __init__(self, step: int, value: float, checkpoints: list[tuple[int, str]]):
         super().__init__(f"loss is {value} at step {step}: training stopped before that step's optimizer "
-                         f"update{kept}")
+                         f"update{_kept(step, checkpoints)}")
+        self.step = step
+
+
+class Stopped(PartitaError):
+    """Training stopped at a step boundary because a signal asked for it (raised alike on every rank;
+    runtime.stop)."""
+
+    def __init__(self, signum: int, step: int, steps: int, checkpoint: str | None, checkpointing: bool):
+        where = (f"; resume from {checkpoint} with --resume" if checkpoint else
+                 "; no checkpoint was saved (--checkpoint-dir and --checkpoint-every keep one)" if not checkpointing
+                 else "; no checkpoint was saved yet")
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step} of {steps}{where}")
+        self.signum, self.step = signum, step
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class NonFiniteParameters(NonFiniteLoss):
+    """A parameter became NaN or infinite in an optimizer update: the run stops before saving it."""
+
+    def __init__(self, step: int, checkpoints: list[tuple[int, str]]):
+        PartitaError.__init__(self, f"parameters are not finite after the optimizer update of step {step} (a "
+                                    f"learning rate too large?): training stopped without saving them"
+                                    f"{_kept(step + 1, checkpoints)}")
         self.step = step
 
 
@@ -77,6 +118,8 @@ class RunOptions:
     data: str | None = None
     data_dtype: str | None = None
     losses_out: str | None = None
+    keep: int = 0
+    """With checkpoint_every: keep only the newest `keep` checkpoints of this run (0: all)."""
     print_report: bool = True
     memory_trace: bool = True
     """On CPU, measure the peak memory of a training step with the allocator trace (`_measure_step`):
@@ -124,7 +167,10 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
     data: object = None
     resume: ckpt.Checkpoint | None = None
+    """The newest checkpoint that passed the pre-flight checks; execute then takes the newest intact one."""
     metadata: object = None
+    candidates: Candidates | None = None
+    """Checkpoints a continuing run may resume from (runtime.resume), newest first; None: not continuing."""
     attempt: int = 0
     device_note: str | None = None
     """The plan was priced for another kind of device (`device_note`): printed by rank 0 before training,
@@ -170,6 +216,8 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int) -> Prepar
         raise PartitaError("--steps must be at least 1")
     if opts.checkpoint_every < 0:
         raise PartitaError("--checkpoint-every must be >= 0")
+    if opts.keep < 0:
+        raise PartitaError("--keep must be >= 0")
     if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
         raise PartitaError(f"{'--resume' if opts.resume else '--checkpoint-every'} needs --checkpoint-dir")
     prep = Prepared(notes=preflight(plan, spec, world), attempt=attempt_number())
@@ -186,16 +234,18 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int) -> Prepar
     elastic = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
     if opts.max_restarts and elastic is not None and int(elastic) != opts.max_restarts:
         prep.notes.append(f"note: --max-restarts {opts.max_restarts}, but torchrun allows {elastic} restarts")
-    if opts.resume or (prep.attempt > 0 and opts.checkpoint_dir):
-        found = ckpt.latest(opts.checkpoint_dir)
-        if found is None:
+    continuing = opts.resume or (prep.attempt > 0 and bool(opts.checkpoint_dir))
+    if opts.checkpoint_dir and opts.checkpoint_every:  # a run that writes checkpoints (runtime.ownership)
+        ownership.refuse_foreign(opts.checkpoint_dir, continuing)
+        ownership.check_writable(opts.checkpoint_dir)
+    if continuing:
+        prep.candidates = candidates(plan, spec, opts.checkpoint_dir, opts.steps, prep.data.describe())
+        if not prep.candidates.found:
             prep.notes.append(f"no checkpoint in {opts.checkpoint_dir} yet: training from step 0")
         else:
-            prep.resume = ckpt.open_checkpoint(found)
-            meta = build_meta(spec)
-            prep.metadata, more = ckpt.validate(prep.resume, meta, model_fingerprint(meta), spec.name,
-                                                optimizer_name(plan), opts.steps, plan.train, prep.data.describe())
-            prep.notes += more
+            newest = prep.candidates.found[0]
+            prep.resume, prep.metadata = newest.checkpoint, newest.metadata
+            prep.notes += newest.notes
     return prep
 
 
@@ -257,6 +307,32 @@ class _Snapshot:
             else:
                 del self.opt.state[p]
         torch.set_rng_state(self.rng)
+
+
+def settle_ddp_buckets(executor, data, topo: Topology, k: int) -> None:
+    """DDP lays its gradient buckets out twice: at construction in reverse parameter order, and again before
+    its second forward in the order the first backward made the gradients ready (Reducer::rebuild_buckets).
+    Where an element sits in a bucket decides which rank's ring chunk sums it, and with more than 2 ranks the
+    order of a floating-point sum changes its last bit. A run resumed at step k would take step k + 1 with the
+    first layout where the uninterrupted run had the second: 4-rank DDP drifted by up to 9.5e-7 after a resume.
+    So a resumed run first runs one forward and backward of step k + 1's batch, which only lays the buckets
+    out, and undoes what it touched (gradients, buffers such as BatchNorm's statistics, the generators dropout
+    draws from): its steps then run on the layout the uninterrupted run's steps 2, 3, ... ran on."""
+    if getattr(executor, "ddp", None) is None:
+        return
+    with torch.no_grad():
+        buffers = [(b, b.detach().clone()) for m in executor.modules for b in m.buffers()]
+    rng = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state(topo.device) if topo.device.type == "cuda" else None
+    executor.step(tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp)))
+    for p in executor.params:
+        p.grad = None
+    with torch.no_grad():
+        for b, saved in buffers:
+            b.copy_(saved)
+    torch.set_rng_state(rng)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, topo.device)
 
 
 def _ddp_bucket_bytes(executor) -> int:
@@ -324,57 +400,170 @@ def _header(plan: Plan, spec: ModelSpec, opts: RunOptions, topo: Topology, data)
 
 def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tuple[RunResult, int]:
     """Train under the plan on this rank (every rank calls it); returns (result, exit code: 0, or 1 when
-    --verify found a difference). Raises NonFiniteLoss, or PartitaError raised alike on every rank."""
+    --verify found a difference). Raises NonFiniteLoss, Stopped (a signal asked to stop), or PartitaError
+    raised alike on every rank. Holds the checkpoint directory's lock (rank 0) while it trains, and SIGTERM /
+    SIGINT handlers unless the entry point installed them (runtime.stop)."""
     topo = init(plan)
+    stop, lock = StopSignal.current, None
+    own_stop = stop is None
+    if own_stop:
+        stop = StopSignal().install()
+    try:
+        run_id, lock, notes = _start_checkpoints(opts, prep, topo)
+        return _execute(plan, spec, opts, prep, topo, stop, run_id, notes)
+    finally:
+        ownership.release(lock)
+        if own_stop:
+            stop.restore()
+
+
+def _start_checkpoints(opts: RunOptions, prep: Prepared, topo: Topology) -> tuple[str | None, int | None, list[str]]:
+    """Collective, before the model is built: take the checkpoint directory (a run that writes checkpoints),
+    clear saves that never finished, and pick the newest intact checkpoint to resume from (runtime.resume).
+    Returns (run id, rank 0's lock descriptor, notes); the notes naming skipped checkpoints are printed now."""
+    if not opts.checkpoint_dir:
+        return None, None, []
+    continuing = opts.resume or prep.attempt > 0
+    run_id, lock, notes = ownership.owner_run_id(opts.checkpoint_dir), None, []
+    try:
+        if opts.checkpoint_every:
+            run_id, lock = claim_directory(opts.checkpoint_dir, continuing, topo)
+            if topo.rank == 0:
+                for stale in ckpt.incomplete(opts.checkpoint_dir):
+                    shutil.rmtree(stale, ignore_errors=True)
+                    notes.append(f"removed {stale}: a checkpoint save that never finished")
+        if prep.candidates is not None and prep.candidates.found:
+            chosen, skipped = choose_intact(prep.candidates, opts.checkpoint_dir, topo)
+            if chosen.checkpoint is not prep.resume:
+                prep.notes = [n for n in prep.notes if n not in prep.candidates.found[0].notes] + chosen.notes
+            prep.resume, prep.metadata = chosen.checkpoint, chosen.metadata
+            notes += skipped
+            if topo.rank == 0 and opts.print_report and skipped:
+                print("\n".join(skipped), flush=True)
+    except BaseException:
+        ownership.release(lock)
+        raise
+    return run_id, lock, notes
+
+
+def _reduce_loss_and_stop(executor, loss: torch.Tensor, topo: Topology, requested: int | None) -> tuple[float, int]:
+    """`_reduce_loss` and the stop request in one all-reduce: (the step's global mean loss, the signal that
+    asked any rank to stop, or 0). Summed: [loss, ranks asked, sum of their signal numbers]."""
+    held = (loss if executor.holds_loss else torch.zeros_like(loss)).detach().reshape(())
+    dtype = held.dtype if held.dtype in (torch.float32, torch.float64) else torch.float32
+    asked = 1.0 if requested else 0.0
+    t = torch.stack([held.to(dtype), torch.tensor(asked, dtype=dtype, device=held.device),
+                     torch.tensor(asked * (requested or 0), dtype=dtype, device=held.device)])
+    dist.all_reduce(t)
+    value, ranks, signals = t.tolist()
+    signum = round(signals / ranks) if ranks else 0
+    return value / (topo.dp * topo.cp), (signum if signum in (signal.SIGINT, signal.SIGTERM) else
+                                         signal.SIGTERM if ranks else 0)
+
+
+def _params_finite(executor, topo: Topology) -> bool:
+    """Collective: whether every rank's parameters (its local shards) are all finite."""
+    bad = torch.zeros(1, device=topo.device)
+    with torch.no_grad():
+        for p in executor.params:
+            if not torch.isfinite(memory.local(p)).all():
+                bad += 1
+                break
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return bad.item() == 0
+
+
+PARTIAL_ROWS = 20
+"""Loss rows a failed run prints (the last ones); --losses-out keeps them all."""
+
+
+def _keep_partial(opts: RunOptions, prep: Prepared, topo: Topology, losses: list[float], start: int,
+                  checkpoints: list[str], run_id: str | None, error: BaseException) -> None:
+    """A run that fails after training began: rank 0 prints the losses of the steps done and writes them
+    to --losses-out with the failure, so the history survives the failure."""
+    if topo.rank != 0:
+        return
+    if opts.print_report and losses:
+        shown = losses[-PARTIAL_ROWS:]
+        first = start + len(losses) - len(shown)
+        lines = ["step  loss", *(f"{first + i + 1:>4}  {v:.8f}" for i, v in enumerate(shown))]
+        if first > start:
+            lines.insert(1, f"  (steps {start + 1}-{first}: in --losses-out)" if opts.losses_out else "  ...")
+        print("\n".join(lines), flush=True)
+    if opts.losses_out:
+        import json
+        code = (error.exit_code if isinstance(error, Stopped) else EXIT_NONFINITE if isinstance(error, NonFiniteLoss)
+                else EXIT_ERROR if isinstance(error, PartitaError) else 1)
+        with open(opts.losses_out, "w") as f:
+            json.dump({"losses": losses, "first_step": start, "failure": str(error).splitlines()[0] if str(error)
+                       else type(error).__name__, "exit_code": code, "checkpoints": checkpoints, "run_id": run_id,
+                       "attempt": prep.attempt + 1, "restarts": prep.attempt,
+                       "resumed_from": str(prep.resume.path) if prep.resume else None}, f, indent=2)
+
+
+def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: Topology, stop: StopSignal,
+             run_id: str | None, notes: list[str]) -> tuple[RunResult, int]:
     data, opt_name = prep.data, optimizer_name(plan)
-    notes = list(prep.notes) + ([prep.device_note] if prep.device_note else [])
+    notes = list(prep.notes) + ([prep.device_note] if prep.device_note else []) + notes
     if topo.rank == 0 and opts.print_report and prep.device_note:
         print(prep.device_note, flush=True)  # before training: the report comes after it
-    if topo.rank == 0 and opts.checkpoint_dir:
-        for stale in ckpt.incomplete(opts.checkpoint_dir):
-            shutil.rmtree(stale, ignore_errors=True)
-            notes.append(f"removed {stale}: a checkpoint save that never finished")
     model = build_model(spec, seed=opts.seed).to(topo.device)
     fingerprint = model_fingerprint(model)
     names = [(n, p.shape) for n, p in model.named_parameters()]
     executor = make_executor(model, plan, topo, spec)
     del model
     opt = make_optimizer(executor.params, opts.lr, opt_name)
-    start, last_good = 0, None
+    start, kept = 0, []  # kept: (step, path) of the checkpoints this run stands on, oldest first
     if prep.resume is not None:
         if note := ckpt.load(prep.resume, prep.metadata, executor.modules, executor.params, opt):
             notes.append(note)
-        start, last_good = prep.resume.step, str(prep.resume.path)
+        start, kept = prep.resume.step, [(prep.resume.step, str(prep.resume.path))]
     faults = Faults(topo.rank, opts.checkpoint_dir)
-    manifest = _manifest(plan, spec, opts, data, fingerprint)
+    if start:
+        settle_ddp_buckets(executor, data, topo, start)
+    manifest = {**_manifest(plan, spec, opts, data, fingerprint), "run_id": run_id}
     saved = memory.SavedActivations(executor.params)
     if topo.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(topo.device)
     losses, times, state, saves, save_time = [], [], 0, [], 0.0
-    for k in range(start, opts.steps):
-        step = k + 1
-        batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
-        _sync(topo.device)
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        with saved:
-            loss = executor.step(batch)
-        faults.exit_during_step(step)
-        if faults.nan_at(step):
-            loss = loss * float("nan")
-        value = _reduce_loss(executor, loss, topo)
-        if not math.isfinite(value):
-            raise NonFiniteLoss(step, value, last_good)
-        opt.step()
-        losses.append(value)
-        _sync(topo.device)
-        times.append(time.perf_counter() - t0)
-        state = max(state, memory.state_bytes(executor.params, opt))
-        if opts.checkpoint_every and (step % opts.checkpoint_every == 0 or step == opts.steps):
-            t1 = time.perf_counter()
-            last_good = str(ckpt.save(opts.checkpoint_dir, step, executor.modules, opt, manifest, topo.rank, faults))
-            save_time += time.perf_counter() - t1
-            saves.append(last_good)
+    try:
+        for k in range(start, opts.steps):
+            step = k + 1
+            batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
+            _sync(topo.device)
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            with saved:
+                loss = executor.step(batch)
+            faults.exit_during_step(step)
+            faults.signal_during_step(step)
+            if faults.nan_at(step):
+                loss = loss * float("nan")
+            value, stopping = _reduce_loss_and_stop(executor, loss, topo, stop.requested)
+            if not math.isfinite(value):
+                raise NonFiniteLoss(step, value, kept)
+            opt.step()
+            faults.inf_after_update(step, executor.params)
+            losses.append(value)
+            _sync(topo.device)
+            times.append(time.perf_counter() - t0)
+            state = max(state, memory.state_bytes(executor.params, opt))
+            stopping = stopping if step < opts.steps else 0  # asked during the last step: the run is done
+            if opts.checkpoint_every and (step % opts.checkpoint_every == 0 or step == opts.steps or stopping):
+                t1 = time.perf_counter()
+                if not _params_finite(executor, topo):
+                    raise NonFiniteParameters(step, kept)
+                kept.append((step, str(ckpt.save(opts.checkpoint_dir, step, executor.modules, opt, manifest,
+                                                  topo.rank, faults, keep=opts.keep))))
+                save_time += time.perf_counter() - t1
+                saves.append(kept[-1][1])
+            if stopping:
+                raise Stopped(stopping, step, opts.steps, kept[-1][1] if kept else None, bool(opts.checkpoint_every))
+        if not _params_finite(executor, topo):  # what the run hands back (and --verify compares) is finite
+            raise NonFiniteParameters(opts.steps, kept)
+    except Exception as e:
+        _keep_partial(opts, prep, topo, losses, start, saves, run_id, e)
+        raise
     n = len(times)
     tracked, step_memory, rss = state + saved.peak, None, memory.peak_rss_bytes()  # RSS before the extra step
     if topo.device.type == "cuda":
@@ -391,7 +580,7 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
                            peak_rss_bytes=int(maxed[n + 1]), tokens_per_step=plan.train["global_batch"] * seq,
                            applied={**asdict(executor.applied), "summary": executor.applied.summary()},
                            notes=notes, first_step=start, resumed_from=str(prep.resume.path) if prep.resume else None,
-                           attempt=prep.attempt, checkpoints=saves, checkpoint_time_s=save_time)
+                           attempt=prep.attempt, checkpoints=saves, checkpoint_time_s=save_time, run_id=run_id)
     # beside RunResult's fields (runtime/report.py): the tracked figure (largest rank), and this rank's
     # allocator breakdown of the traced step (None when the figure is not the allocator's)
     result.tracked_memory_bytes = int(maxed[n + 2])

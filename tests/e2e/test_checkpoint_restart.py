@@ -32,7 +32,7 @@ def torchrun(tmp_path: Path, name: str, plan: dict, ranks: int, *args: str, rest
 
 
 def dirs(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir() if not p.name.startswith(".fault"))
+    return sorted(p.name for p in root.iterdir() if p.name.startswith(("step-", ".step-")))
 
 
 def test_resume_on_another_plan_and_world_size_then_stop_on_nan(tmp_path):

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -39,7 +40,7 @@ from partita.costmodel.models import ModelSpec
 from partita.planner.child import run_forwarding_signals
 from partita.planner.plan import Plan
 from partita.runtime.mesh import agree_on_attempt, broadcast_text, env_world, init_default, teardown
-from partita.runtime.report import RunResult, first_failure, read_failure, show_library_warnings_once
+from partita.runtime.report import RankFailure, RunResult, first_failure, read_failure, show_library_warnings_once
 from partita.runtime.session import RunOptions, at_seq_len, execute, prepare
 from partita.runtime.stop import die_with_parent
 
@@ -230,22 +231,43 @@ class _AgentLog(logging.Filter):
     """Keeps torchrun's own log lines (worker exit codes, SIGTERMs, rendezvous chatter) off the console, where
     the launcher reports failures itself; a restart after a failure becomes one line naming the rank."""
 
-    def __init__(self, log_dir: str):
+    def __init__(self, log_dir: str, nnodes: int = 1):
         super().__init__()
-        self.log_dir = log_dir
+        self.log_dir, self.nnodes = log_dir, nnodes
+        self.died = None
+        """The worker torchrun saw fail first (its "failed (exitcode: ...)" record): one that died without an
+        error file (a signal, os._exit) is known only from it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith(_TORCHRUN_LOGGERS):
             return True
+        if str(record.msg).startswith("failed (exitcode") and isinstance(record.args, tuple) and len(record.args) >= 2:
+            self.died = (int(record.args[1]), int(record.args[0]), record.created)
         if "will restart worker group" in str(record.msg) and "attempts left" in str(record.msg):
             # torchrun logs (role, state, restarts left before this one, max restarts), then takes one
             left, most = (record.args[2], record.args[3]) if isinstance(record.args, tuple) and \
                 len(record.args) == 4 else (None, None)
             which = f" (restart {most - left + 1} of {most})" if isinstance(left, int) and isinstance(most, int) else ""
-            failures = _attempt_failures(self.log_dir)
+            failures = _attempt_failures(self.log_dir) + self._silent()
             what = first_failure(failures).line() if failures else "a worker failed"
             print(f"partita: {what}; torchrun restarts the workers{which}", file=sys.stderr, flush=True)
         return False
+
+
+    def _silent(self) -> list:
+        """The workers of the latest attempt that wrote no error file (killed, or os._exit): with the exit code
+        torchrun logged when it was the first to fail. On one node only, where local ranks are the ranks."""
+        attempts = sorted(Path(self.log_dir).glob("*/attempt_*"), key=lambda p: int(p.name.split("_")[-1]))
+        if self.nnodes != 1 or not attempts:
+            return []
+        silent = [int(d.name) for d in attempts[-1].iterdir() if d.is_dir() and not (d / "error.json").exists()]
+        out = []
+        for local in silent:
+            if self.died is not None and self.died[0] == local:
+                out.append(read_failure(local, self.died[1], None, self.died[2]))
+            else:
+                out.append(RankFailure(rank=local, exitcode=1, message="ended without an error message", time=time.time()))
+        return out
 
 
 def _attempt_failures(log_dir: str) -> list:
@@ -311,7 +333,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
         argv.append("--standalone")
     log_dir = tempfile.mkdtemp(prefix="partita-torchrun-")
     argv += [f"--log-dir={log_dir}", "-m", "partita.runtime.train", *worker_argv]
-    quiet = _AgentLog(log_dir)
+    quiet = _AgentLog(log_dir, nnodes)
     handlers = [h for name in ("torch.distributed", "torch", "") for h in logging.getLogger(name).handlers]
     for h in handlers:
         h.addFilter(quiet)

@@ -369,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     except PartitaError as e:
         print(f"partita: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before anything was launched (a run passes signals on: planner.child)
+        print("partita: interrupted", file=sys.stderr)
         return 130
 
 

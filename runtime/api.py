@@ -23,7 +23,7 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
+import subprocess  # noqa: F401 -- tests stop it from starting anything (runtime.api.subprocess.Popen)
 import sys
 import tempfile
 import threading
@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 import torch.distributed as dist
 import torch.nn as nn
 

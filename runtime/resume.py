@@ -16,6 +16,7 @@ the run stops (CheckpointError) rather than start again from step 0 in a directo
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -98,3 +99,34 @@ def claim_directory(root: str, continuing: bool, topo: Topology) -> tuple[str, i
     if "error" in answer:
         raise ckpt.CheckpointError(answer["error"])
     return answer["run_id"], fd
+
+
+def start_checkpoints(opts, prep, topo: Topology) -> tuple[str | None, int | None, list[str]]:
+    """Collective, before the model is built: take the checkpoint directory (a run that writes checkpoints),
+    clear saves that never finished, and pick the newest intact checkpoint to resume from (runtime.resume).
+    `opts`, `prep`: runtime.session's RunOptions and Prepared (`prep.resume` and its notes become the chosen
+    checkpoint's). Returns (run id, rank 0's lock descriptor, notes); the notes naming skipped checkpoints are
+    printed now."""
+    if not opts.checkpoint_dir:
+        return None, None, []
+    continuing = opts.resume or prep.attempt > 0
+    run_id, lock, notes = ownership.owner_run_id(opts.checkpoint_dir), None, []
+    try:
+        if opts.checkpoint_every:
+            run_id, lock = claim_directory(opts.checkpoint_dir, continuing, topo)
+            if topo.rank == 0:
+                for stale in ckpt.incomplete(opts.checkpoint_dir):
+                    shutil.rmtree(stale, ignore_errors=True)
+                    notes.append(f"removed {stale}: a checkpoint save that never finished")
+        if prep.candidates is not None and prep.candidates.found:
+            chosen, skipped = choose_intact(prep.candidates, opts.checkpoint_dir, topo)
+            if chosen.checkpoint is not prep.resume:
+                prep.notes = [n for n in prep.notes if n not in prep.candidates.found[0].notes] + chosen.notes
+            prep.resume, prep.metadata = chosen.checkpoint, chosen.metadata
+            notes += skipped
+            if topo.rank == 0 and opts.print_report and skipped:
+                print("\n".join(skipped), flush=True)
+    except BaseException:
+        ownership.release(lock)
+        raise
+    return run_id, lock, notes

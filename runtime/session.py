@@ -28,8 +28,6 @@ import dataclasses
 import gc
 import math
 import os
-import shutil
-import signal
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -42,68 +40,21 @@ from partita.planner.plan import Plan
 from partita.runtime import checkpoint as ckpt
 from partita.runtime import ep as expert_parallel
 from partita.runtime import memory
-from partita.runtime.apply import make_executor
+from partita.runtime.apply import make_executor, settle_ddp_buckets
 from partita.runtime.checks import build_meta, optimizer_name, preflight
 from partita.runtime.data import make_data
 from partita.runtime import ownership
 from partita.runtime.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
 from partita.runtime.mesh import Topology, backend_for, init
-from partita.runtime.resume import Candidates, candidates, choose_intact, claim_directory
+from partita.runtime.guards import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, EXIT_VERIFY, NonFiniteLoss,  # noqa: F401
+                                    NonFiniteParameters, Stopped, keep_partial, params_finite, reduce_loss_and_stop)
+from partita.runtime.resume import Candidates, candidates, start_checkpoints
 from partita.runtime.stop import StopSignal
 from partita.runtime.precision import train_dtype
 from partita.runtime.recipe import build_model, make_optimizer
 from partita.runtime.report import RunResult, render
 from partita.runtime.verify import (PARAM_TOLERANCE, TOLERANCE, VERIFY_DTYPE, Check, compare, failures, loss_check,
                             param_check, param_stats, reference_run)
-
-EXIT_OK, EXIT_VERIFY, EXIT_ERROR, EXIT_NONFINITE = 0, 1, 2, 3
-
-def _kept(step: int, checkpoints: list[tuple[int, str]]) -> str:
-    """What the run's checkpoints hold when step `step` went wrong: the newest one, if it was saved right
-    before that step, holds the weights that step started from, and is not called good."""
-    if not checkpoints:
-        return "; no checkpoint was saved"
-    (last, path), before = checkpoints[-1], checkpoints[:-1]
-    if last < step - 1:
-        return f"; the last good checkpoint is {path}"
-    older = f"; the one before it is {before[-1][1]}" if before else "; there is none before it"
-    return f"; the newest checkpoint, {path}, holds the weights step {step} started from{older}"
-
-
-class NonFiniteLoss(PartitaError):
-    """The loss of a step is NaN or infinite; the run stops before that step's optimizer update."""
-
-    def __init__(self, step: int, value: float, checkpoints: list[tuple[int, str]]):
-        super().__init__(f"loss is {value} at step {step}: training stopped before that step's optimizer "
-                         f"update{_kept(step, checkpoints)}")
-        self.step = step
-
-
-class Stopped(PartitaError):
-    """Training stopped at a step boundary because a signal asked for it (raised alike on every rank;
-    runtime.stop)."""
-
-    def __init__(self, signum: int, step: int, steps: int, checkpoint: str | None, checkpointing: bool):
-        where = (f"; resume from {checkpoint} with --resume" if checkpoint else
-                 "; no checkpoint was saved (--checkpoint-dir and --checkpoint-every keep one)" if not checkpointing
-                 else "; no checkpoint was saved yet")
-        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step} of {steps}{where}")
-        self.signum, self.step = signum, step
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
-
-
-class NonFiniteParameters(NonFiniteLoss):
-    """A parameter became NaN or infinite in an optimizer update: the run stops before saving it."""
-
-    def __init__(self, step: int, checkpoints: list[tuple[int, str]]):
-        PartitaError.__init__(self, f"parameters are not finite after the optimizer update of step {step} (a "
-                                    f"learning rate too large?): training stopped without saving them"
-                                    f"{_kept(step + 1, checkpoints)}")
-        self.step = step
-
 
 @dataclass
 class RunOptions:
@@ -309,32 +260,6 @@ class _Snapshot:
         torch.set_rng_state(self.rng)
 
 
-def settle_ddp_buckets(executor, data, topo: Topology, k: int) -> None:
-    """DDP lays its gradient buckets out twice: at construction in reverse parameter order, and again before
-    its second forward in the order the first backward made the gradients ready (Reducer::rebuild_buckets).
-    Where an element sits in a bucket decides which rank's ring chunk sums it, and with more than 2 ranks the
-    order of a floating-point sum changes its last bit. A run resumed at step k would take step k + 1 with the
-    first layout where the uninterrupted run had the second: 4-rank DDP drifted by up to 9.5e-7 after a resume.
-    So a resumed run first runs one forward and backward of step k + 1's batch, which only lays the buckets
-    out, and undoes what it touched (gradients, buffers such as BatchNorm's statistics, the generators dropout
-    draws from): its steps then run on the layout the uninterrupted run's steps 2, 3, ... ran on."""
-    if getattr(executor, "ddp", None) is None:
-        return
-    with torch.no_grad():
-        buffers = [(b, b.detach().clone()) for m in executor.modules for b in m.buffers()]
-    rng = torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state(topo.device) if topo.device.type == "cuda" else None
-    executor.step(tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp)))
-    for p in executor.params:
-        p.grad = None
-    with torch.no_grad():
-        for b, saved in buffers:
-            b.copy_(saved)
-    torch.set_rng_state(rng)
-    if cuda is not None:
-        torch.cuda.set_rng_state(cuda, topo.device)
-
-
 def _ddp_bucket_bytes(executor) -> int:
     """Bytes of DDP's gradient buckets (allocated when DDP is built, so before any traced step)."""
     ddp = getattr(executor, "ddp", None)
@@ -409,96 +334,12 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
     if own_stop:
         stop = StopSignal().install()
     try:
-        run_id, lock, notes = _start_checkpoints(opts, prep, topo)
+        run_id, lock, notes = start_checkpoints(opts, prep, topo)
         return _execute(plan, spec, opts, prep, topo, stop, run_id, notes)
     finally:
         ownership.release(lock)
         if own_stop:
             stop.restore()
-
-
-def _start_checkpoints(opts: RunOptions, prep: Prepared, topo: Topology) -> tuple[str | None, int | None, list[str]]:
-    """Collective, before the model is built: take the checkpoint directory (a run that writes checkpoints),
-    clear saves that never finished, and pick the newest intact checkpoint to resume from (runtime.resume).
-    Returns (run id, rank 0's lock descriptor, notes); the notes naming skipped checkpoints are printed now."""
-    if not opts.checkpoint_dir:
-        return None, None, []
-    continuing = opts.resume or prep.attempt > 0
-    run_id, lock, notes = ownership.owner_run_id(opts.checkpoint_dir), None, []
-    try:
-        if opts.checkpoint_every:
-            run_id, lock = claim_directory(opts.checkpoint_dir, continuing, topo)
-            if topo.rank == 0:
-                for stale in ckpt.incomplete(opts.checkpoint_dir):
-                    shutil.rmtree(stale, ignore_errors=True)
-                    notes.append(f"removed {stale}: a checkpoint save that never finished")
-        if prep.candidates is not None and prep.candidates.found:
-            chosen, skipped = choose_intact(prep.candidates, opts.checkpoint_dir, topo)
-            if chosen.checkpoint is not prep.resume:
-                prep.notes = [n for n in prep.notes if n not in prep.candidates.found[0].notes] + chosen.notes
-            prep.resume, prep.metadata = chosen.checkpoint, chosen.metadata
-            notes += skipped
-            if topo.rank == 0 and opts.print_report and skipped:
-                print("\n".join(skipped), flush=True)
-    except BaseException:
-        ownership.release(lock)
-        raise
-    return run_id, lock, notes
-
-
-def _reduce_loss_and_stop(executor, loss: torch.Tensor, topo: Topology, requested: int | None) -> tuple[float, int]:
-    """`_reduce_loss` and the stop request in one all-reduce: (the step's global mean loss, the signal that
-    asked any rank to stop, or 0). Summed: [loss, ranks asked, sum of their signal numbers]."""
-    held = (loss if executor.holds_loss else torch.zeros_like(loss)).detach().reshape(())
-    dtype = held.dtype if held.dtype in (torch.float32, torch.float64) else torch.float32
-    asked = 1.0 if requested else 0.0
-    t = torch.stack([held.to(dtype), torch.tensor(asked, dtype=dtype, device=held.device),
-                     torch.tensor(asked * (requested or 0), dtype=dtype, device=held.device)])
-    dist.all_reduce(t)
-    value, ranks, signals = t.tolist()
-    signum = round(signals / ranks) if ranks else 0
-    return value / (topo.dp * topo.cp), (signum if signum in (signal.SIGINT, signal.SIGTERM) else
-                                         signal.SIGTERM if ranks else 0)
-
-
-def _params_finite(executor, topo: Topology) -> bool:
-    """Collective: whether every rank's parameters (its local shards) are all finite."""
-    bad = torch.zeros(1, device=topo.device)
-    with torch.no_grad():
-        for p in executor.params:
-            if not torch.isfinite(memory.local(p)).all():
-                bad += 1
-                break
-    dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    return bad.item() == 0
-
-
-PARTIAL_ROWS = 20
-"""Loss rows a failed run prints (the last ones); --losses-out keeps them all."""
-
-
-def _keep_partial(opts: RunOptions, prep: Prepared, topo: Topology, losses: list[float], start: int,
-                  checkpoints: list[str], run_id: str | None, error: BaseException) -> None:
-    """A run that fails after training began: rank 0 prints the losses of the steps done and writes them
-    to --losses-out with the failure, so the history survives the failure."""
-    if topo.rank != 0:
-        return
-    if opts.print_report and losses:
-        shown = losses[-PARTIAL_ROWS:]
-        first = start + len(losses) - len(shown)
-        lines = ["step  loss", *(f"{first + i + 1:>4}  {v:.8f}" for i, v in enumerate(shown))]
-        if first > start:
-            lines.insert(1, f"  (steps {start + 1}-{first}: in --losses-out)" if opts.losses_out else "  ...")
-        print("\n".join(lines), flush=True)
-    if opts.losses_out:
-        import json
-        code = (error.exit_code if isinstance(error, Stopped) else EXIT_NONFINITE if isinstance(error, NonFiniteLoss)
-                else EXIT_ERROR if isinstance(error, PartitaError) else 1)
-        with open(opts.losses_out, "w") as f:
-            json.dump({"losses": losses, "first_step": start, "failure": str(error).splitlines()[0] if str(error)
-                       else type(error).__name__, "exit_code": code, "checkpoints": checkpoints, "run_id": run_id,
-                       "attempt": prep.attempt + 1, "restarts": prep.attempt,
-                       "resumed_from": str(prep.resume.path) if prep.resume else None}, f, indent=2)
 
 
 def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: Topology, stop: StopSignal,
@@ -539,7 +380,7 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
             faults.signal_during_step(step)
             if faults.nan_at(step):
                 loss = loss * float("nan")
-            value, stopping = _reduce_loss_and_stop(executor, loss, topo, stop.requested)
+            value, stopping = reduce_loss_and_stop(executor, loss, topo, stop.requested)
             if not math.isfinite(value):
                 raise NonFiniteLoss(step, value, kept)
             opt.step()
@@ -551,7 +392,7 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
             stopping = stopping if step < opts.steps else 0  # asked during the last step: the run is done
             if opts.checkpoint_every and (step % opts.checkpoint_every == 0 or step == opts.steps or stopping):
                 t1 = time.perf_counter()
-                if not _params_finite(executor, topo):
+                if not params_finite(executor, topo):
                     raise NonFiniteParameters(step, kept)
                 kept.append((step, str(ckpt.save(opts.checkpoint_dir, step, executor.modules, opt, manifest,
                                                   topo.rank, faults, keep=opts.keep))))
@@ -559,10 +400,10 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
                 saves.append(kept[-1][1])
             if stopping:
                 raise Stopped(stopping, step, opts.steps, kept[-1][1] if kept else None, bool(opts.checkpoint_every))
-        if not _params_finite(executor, topo):  # what the run hands back (and --verify compares) is finite
+        if not params_finite(executor, topo):  # what the run hands back (and --verify compares) is finite
             raise NonFiniteParameters(opts.steps, kept)
     except Exception as e:
-        _keep_partial(opts, prep, topo, losses, start, saves, run_id, e)
+        keep_partial(opts, prep, topo, losses, start, saves, run_id, e)
         raise
     n = len(times)
     tracked, step_memory, rss = state + saved.peak, None, memory.peak_rss_bytes()  # RSS before the extra step

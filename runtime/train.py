@@ -18,15 +18,18 @@ this node (what `partita run` and runtime.api.launch start): the workers' failur
 line, `partita: error: rank R: <message>`, and the exit code is the first failing worker's.
 
 Checkpoints (runtime.checkpoint): with --checkpoint-every N, a DCP checkpoint is written atomically to
-DIR/step-<k> after every N-th step and after the last; --resume continues from the latest complete one
-(under any plan and world size). With --max-restarts K (the same K as torchrun's), a run that torchrun
-restarts after a failure resumes from the latest checkpoint in DIR. Data (runtime.data): synthetic by
-default, or windows of the token file --data FILE. Faults for tests: PARTITA_FAULT (runtime.faults).
+DIR/step-<k> after every N-th step and after the last (--keep N: only the newest N); --resume continues from
+the newest intact one (under any plan and world size; runtime.resume). With --max-restarts K (the same K as
+torchrun's), a run that torchrun restarts after a failure resumes from the newest intact checkpoint of its
+own run in DIR (runtime.ownership). Data (runtime.data): synthetic by default, or windows of the token file
+--data FILE. Faults for tests: PARTITA_FAULT (runtime.faults). SIGTERM / SIGINT stop every rank after the
+same step (runtime.stop).
 
 Exit codes: 0 success; 1 --verify found the losses differ beyond the dtype's tolerance; 2 the plan, data
-or checkpoint does not fit the model or world size (one line on stderr, before any step); 3 a NaN or
-infinite loss stopped training (the step is named; earlier checkpoints are kept). Under torchrun a failing
-worker makes torchrun itself exit non-zero (torchrun's own code is 1).
+or checkpoint does not fit the model or world size (one line on stderr, before any step), or a checkpoint
+could not be written; 3 a NaN or infinite loss (or weight) stopped training (the step is named; earlier
+checkpoints are kept); 128 + N a signal N stopped it at a step boundary (130 SIGINT, 143 SIGTERM). Under
+plain torchrun a failing worker makes torchrun itself exit non-zero (torchrun's own code is 1).
 """
 from __future__ import annotations
 

@@ -100,6 +100,18 @@ def test_ctrl_c_is_one_line(tmp_path):
     assert "Traceback" not in err + out and "KeyboardInterrupt" not in err + out
 
 
+def test_a_signal_to_one_worker_stops_the_whole_job(tmp_path):
+    """A scheduler or an operator signals rank 1 alone (PARTITA_FAULT sigterm): every rank stops after step 3."""
+    ck = tmp_path / "ck"
+    proc = start(tmp_path, "--steps", "8", "--checkpoint-dir", str(ck), "--checkpoint-every", "5",
+                 env={"PARTITA_FAULT": "sigterm,rank=1,step=3"})
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == (f"partita: stopped by SIGTERM after step 3 of 8; resume from "
+                                            f"{ck / 'step-00000003'} with --resume"), err
+    assert [p.name for p in ckpt.steps(ck)] == ["step-00000003"]
+
+
 def test_a_killed_launcher_leaves_no_worker_training(tmp_path):
     ck = tmp_path / "ck"
     proc = start(tmp_path, "--steps", "1000", "--checkpoint-dir", str(ck), "--checkpoint-every", "2")

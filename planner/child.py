@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -29,7 +30,8 @@ def run_forwarding_signals(cmd: list[str], env: dict) -> int:
             proc.send_signal(signal.SIGKILL if received else signum)
         received.append(signum)
 
-    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    main = threading.current_thread() is threading.main_thread()  # only the main thread may set handlers
+    previous = {s: signal.signal(s, forward) for s in FORWARDED} if main else {}
     try:
         code = proc.wait()
     finally:

@@ -180,15 +180,17 @@ def procs_per_node(world: int, nnodes: int) -> int:
 
 
 def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | None = None, *, nnodes: int = 1,
-           rdzv_endpoint: str | None = None, rdzv_id: str | None = None, max_restarts: int = 0,
+           rdzv_endpoint: str | None = None, rdzv_id: str | None = None, rdzv_timeout: float | None = None,
+           max_restarts: int = 0,
            env: dict | None = None, **flags) -> int:
     """Start torchrun on runtime.train for the plan at `plan_path` on this node and wait; returns its exit
-    code (0; 1 --verify failed; 2 plan/data/checkpoint does not fit; 3 NaN loss; else 1). A failing rank's
-    message is printed once, as `partita: error: rank R: ...` on stderr.
+    code (0; 1 --verify failed; 2 plan/data/checkpoint does not fit; 3 NaN loss; 128 + N a signal N stopped
+    it; else 1). A failing rank's message is printed once, as `partita: error: rank R: ...` on stderr.
 
     One node: `nproc` defaults to the plan's world size. Several nodes: call it with the same arguments on
     every node, `nnodes=N, rdzv_endpoint="host:port"` (c10d rendezvous on a port of one of the nodes) and
-    optionally `rdzv_id` (one per job); `nproc` defaults to world size / nnodes. `max_restarts` goes to
+    optionally `rdzv_id` (one per job) and `rdzv_timeout` (seconds to wait for the other nodes, default
+    runtime.rendezvous.DEFAULT_TIMEOUT); `nproc` defaults to world size / nnodes. `max_restarts` goes to
     torchrun and runtime.train; other keywords are runtime.train flags (verify=True, checkpoint_dir="ckpt",
     checkpoint_every=2, resume=True, data="tokens.bin", losses_out="out.json", seed=..., lr=...). Raises
     PartitaError for a value that cannot run (steps < 1, nnodes not dividing the world size) before any
@@ -204,7 +206,8 @@ def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | No
     argv = [str(plan_path), "--model", model, "--steps", str(steps), "--nproc-per-node", str(nproc),
             "--nnodes", str(nnodes)]
     if rdzv_endpoint:
-        argv += ["--rdzv-endpoint", rdzv_endpoint, *(["--rdzv-id", rdzv_id] if rdzv_id else [])]
+        argv += ["--rdzv-endpoint", rdzv_endpoint, *(["--rdzv-id", rdzv_id] if rdzv_id else []),
+                 *(["--rdzv-timeout", str(rdzv_timeout)] if rdzv_timeout else [])]
     if max_restarts:
         argv += ["--max-restarts", str(max_restarts)]
     for key, value in flags.items():

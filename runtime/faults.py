@@ -9,6 +9,8 @@
                                          out-of-memory killer does)
     PARTITA_FAULT="sigterm,rank=1,step=3"  rank 1 receives SIGTERM during step 3 (sigint: SIGINT), as from a
                                          scheduler or an operator's kill: the job stops after that step
+    PARTITA_FAULT="raise,rank=1,step=3"  rank 1 raises an unexpected exception (RuntimeError) during step 3: a
+                                         bug, whose traceback the launcher prints
     PARTITA_FAULT="inf,step=2"           after step 2's optimizer update a parameter holds inf (every rank, or
                                          rank=R), as an update past the dtype's range leaves it
     PARTITA_FAULT="rank=1,step=3;save,step=4"   several faults, separated by ";"
@@ -29,7 +31,7 @@ from pathlib import Path
 from partita.costmodel.errors import PartitaError
 
 ENV = "PARTITA_FAULT"
-KINDS = ("exit", "save", "nan", "inf", "kill", "sigterm", "sigint")
+KINDS = ("exit", "save", "nan", "inf", "raise", "kill", "sigterm", "sigint")
 _SIGNALS = {"kill": "SIGKILL", "sigterm": "SIGTERM", "sigint": "SIGINT"}
 
 
@@ -56,7 +58,7 @@ def parse(text: str | None) -> list[Fault]:
                                    "'nan,step=3', 'kill,rank=1,step=3', 'sigterm,rank=0,step=2'")
         if "step" not in fields or fields["step"] < 1:
             raise PartitaError(f"{ENV}={text!r}: each fault needs step=K (K >= 1)")
-        if kind in ("exit", "kill") and "rank" not in fields:
+        if kind in ("exit", "kill", "raise") and "rank" not in fields:
             raise PartitaError(f"{ENV}={text!r}: a dying rank needs rank=R")
         rank = fields.get("rank", 0 if kind == "save" else None)
         faults.append(Fault(kind, fields["step"], rank))
@@ -98,6 +100,11 @@ class Faults:
 
     def exit_during_save(self, step: int) -> None:
         self._die("save", step, f"while saving the checkpoint of step {step}")
+
+    def raise_during_step(self, step: int) -> None:
+        for f in self._mine("raise", step):
+            if self._first_time(f):
+                raise RuntimeError(f"{ENV}: rank {self.rank} raises during step {step}")
 
     def signal_during_step(self, step: int) -> None:
         """kill / sigterm / sigint faults: this rank sends itself the signal (once, as a dying fault fires)."""

@@ -377,6 +377,7 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
             with saved:
                 loss = executor.step(batch)
             faults.exit_during_step(step)
+            faults.raise_during_step(step)
             faults.signal_during_step(step)
             if faults.nan_at(step):
                 loss = loss * float("nan")

@@ -76,6 +76,23 @@ def test_launch_refuses_steps_0_before_starting_processes(plan4, monkeypatch):
         runtime.api.launch(plan4, "tiny-gpt", 2, nnodes=3, rdzv_endpoint="127.0.0.1:1")
 
 
+def test_a_bug_prints_its_traceback_and_leaves_no_log_directory(tmp_path):
+    """An unexpected exception on rank 1 (PARTITA_FAULT raise): its line, its traceback below it, and torchrun's
+    log directory removed (it used to stay in the temporary directory, one per failed run)."""
+    plan = tmp_path / "plan2.json"
+    plan.write_text(json.dumps(make_plan(dp=2)))
+    (tmp_path / "tmp").mkdir()
+    code = f"import sys, runtime; sys.exit(runtime.launch({str(plan)!r}, 'tiny-gpt', 3))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=_env(PARTITA_FAULT="raise,rank=1,step=2", TMPDIR=str(tmp_path / "tmp")))
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == "partita: error: rank 1: RuntimeError: PARTITA_FAULT: rank 1 raises during step 2", proc.stderr
+    assert lines[1] == "traceback of rank 1:" and lines[2].startswith("Traceback (most recent call last):")
+    assert lines[-1] == "RuntimeError: PARTITA_FAULT: rank 1 raises during step 2"
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
 def test_the_first_failure_is_the_earliest_that_torchrun_did_not_stop_itself(tmp_path, monkeypatch):
     """Error files as workers write them (runtime.report.write_error_file), read back as the launcher does."""
     files = {}

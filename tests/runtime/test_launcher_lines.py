@@ -79,6 +79,14 @@ def test_the_restart_notice_counts_restarts_and_names_the_worker_that_died(tmp_p
                                                "(restart 2 of 2)")
 
 
+def test_the_report_and_its_json_number_the_attempt_alike():
+    result = report.RunResult(losses=[1.0], step_times=[0.1], peak_memory_bytes=1, memory_method="m",
+                              peak_rss_bytes=1, tokens_per_step=1, resumed_from="ck/step-00000002", first_step=2,
+                              attempt=2)
+    assert "torchrun attempt 3" in report.render(result, "header", {})
+    assert result.to_json()["attempt"] == 3 and result.to_json()["restarts"] == 2
+
+
 def test_a_worker_under_the_launcher_ends_a_nan_run_without_a_restart(tmp_path):
     """Under partita's launcher (PARTITA_AGENT) a NaN is final: the worker exits 0 so torchrun's agent does not
     restart it, and its error file carries exit code 3 and the line the launcher prints."""

@@ -58,8 +58,9 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
 
 def check_model(plan: Plan, spec: ModelSpec, model: nn.Module) -> list[str]:
     """The model to train is the one the plan was made for: its fingerprint (parameter names, shapes, dtypes)
-    equals the plan's. The plan's model name is only compared, never resolved: a name that differs is a note
-    when the fingerprints agree, and an error when the plan has no fingerprint to decide it."""
+    equals the plan's. The plan's model name is only compared, never resolved: a name that differs is a note,
+    which says whether the fingerprints agree or the plan has none to check (a hand-written plan; its module
+    names are still checked against the model)."""
     name, want, got = plan.model.get("name"), plan.model.get("fingerprint"), model_fingerprint(model)
     shown = _shown(name)
     if want is not None and want != got:
@@ -68,8 +69,8 @@ def check_model(plan: Plan, spec: ModelSpec, model: nn.Module) -> list[str]:
     if name is None or name == spec.name:
         return []
     if want is None:
-        raise PlanError(f"plan was made for model {shown}, not --model {spec.name}, and records no fingerprint to "
-                        f"check that they are the same model: re-plan with --model {spec.name}")
+        return [f"note: plan was made for model {shown}, not --model {spec.name}, and records no fingerprint to "
+                "check that they are the same model"]
     return [f"note: plan was made for model {shown}; --model {spec.name} has the same parameters (fingerprint "
             f"{got}), so it runs"]
 

@@ -61,8 +61,9 @@ def test_a_name_that_differs_from_model_is_a_checked_line():
     assert notes == ["note: plan was made for model '../../etc/passwd\\x1b[2J'; --model tiny-gpt has the same "
                      f"parameters (fingerprint {plan['model']['fingerprint']}), so it runs"]
     del plan["model"]["fingerprint"]
-    with pytest.raises(PlanError, match="records no fingerprint to check that they are the same model"):
-        preflight(Plan.from_dict(plan), GPT, 1)
+    assert preflight(Plan.from_dict(plan), GPT, 1) == [
+        "note: plan was made for model '../../etc/passwd\\x1b[2J', not --model tiny-gpt, and records no fingerprint "
+        "to check that they are the same model"]
 
 
 def test_the_cli_pre_flight_prints_the_mismatch(tmp_path):

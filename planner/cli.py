@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 from partita.costmodel.errors import PartitaError
+from partita.planner.child import run_forwarding_signals
 from partita.planner.plan import RECOMPUTE
 
 
@@ -103,11 +104,13 @@ def _cmd_run(args) -> int:
     # values argparse cannot refuse by type: one line, exit code 2, before anything is launched
     for name, value, least in (("--steps", args.steps, 1), ("--checkpoint-every", args.checkpoint_every, 0),
                                ("--max-restarts", args.max_restarts, 0), ("--nnodes", args.nnodes, 1),
-                               ("--log-every", args.log_every, 0)):
+                               ("--log-every", args.log_every, 0), ("--keep", args.keep, 0)):
         if value is not None and value < least:
             raise PartitaError(f"{name} must be {'at least 1' if least else '>= 0'}")
     if args.nnodes > 1 and not args.rdzv_endpoint:
         raise PartitaError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    if args.rdzv_timeout is not None and not 0 < args.rdzv_timeout <= 86400:
+        raise PartitaError("--rdzv-timeout must be more than 0 and at most 86400 seconds")
     plan = Plan.load(args.plan)  # validate before launching anything
     world = plan.mesh.world_size
     if world % args.nnodes:
@@ -121,8 +124,8 @@ def _cmd_run(args) -> int:
     # give every attempt a fresh store
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     flags = ["--model", args.model, "--steps", str(args.steps)]
-    for name in ("data", "data_dtype", "checkpoint_dir", "checkpoint_every", "seed", "lr", "losses_out", "log_every",
-                 "tensorboard"):
+    for name in ("data", "data_dtype", "checkpoint_dir", "checkpoint_every", "keep", "seed", "lr", "losses_out",
+                 "log_every", "tensorboard"):
         value = getattr(args, name)
         if value is not None:
             flags += ["--" + name.replace("_", "-"), str(value)]
@@ -139,12 +142,14 @@ def _cmd_run(args) -> int:
         sys.stderr.write(check.stderr or check.stdout)
         return 2 if check.returncode == 2 else check.returncode
     if args.rdzv_endpoint:
-        launcher += ["--rdzv-endpoint", args.rdzv_endpoint, *(["--rdzv-id", args.rdzv_id] if args.rdzv_id else [])]
+        launcher += ["--rdzv-endpoint", args.rdzv_endpoint, *(["--rdzv-id", args.rdzv_id] if args.rdzv_id else []),
+                     *(["--rdzv-timeout", str(args.rdzv_timeout)] if args.rdzv_timeout else [])]
     # runtime.train with launcher flags runs torchrun's agent for this node (standalone on one node, c10d
-    # rendezvous across nodes) and reports the first failing rank as one line
+    # rendezvous across nodes) and reports the first failing rank as one line; signals sent to this
+    # process reach it, and through it the workers (planner.child)
     cmd = [sys.executable, "-m", "partita.runtime.train", args.plan, *flags, *(["--verify"] if args.verify else []),
            *launcher]
-    return subprocess.call(cmd, env=env)
+    return run_forwarding_signals(cmd, env)
 
 
 def _cmd_export(args) -> int:
@@ -320,8 +325,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--checkpoint-dir", metavar="DIR", help="where DCP checkpoints are written and resumed from")
     r.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                    help="save a checkpoint after every N steps and after the last")
-    r.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in DIR "
-                   "(under this plan, whatever plan wrote it)")
+    r.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in DIR "
+                   "(under this plan, whatever plan wrote it); a run without it refuses a DIR holding checkpoints")
+    r.add_argument("--keep", type=int, default=None, metavar="N",
+                   help="keep only the newest N checkpoints of this run (default: all)")
     r.add_argument("--max-restarts", type=int, default=0, metavar="K",
                    help="torchrun restarts the job up to K times after a failure; it resumes from the latest "
                         "checkpoint")
@@ -341,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous endpoint: a free port on one of "
                    "the nodes, the same on every node")
     n.add_argument("--rdzv-id", metavar="ID", help="job id, the same on every node (default: partita)")
+    n.add_argument("--rdzv-timeout", type=float, metavar="S", help="seconds to wait for every node to join, "
+                   "printing progress meanwhile (default 300)")
     n.add_argument("--node-rank", type=int, metavar="R", help="accepted for batch scripts; c10d rendezvous "
                    "numbers the nodes as they join, so it does not change which ranks a node runs")
     r.set_defaults(func=_cmd_run)
@@ -400,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     except PartitaError as e:
         print(f"partita: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before anything was launched (a run passes signals on: planner.child)
+        print("partita: interrupted", file=sys.stderr)
         return 130
 
 

@@ -175,14 +175,29 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
+        """Read and validate a plan file: every check of the file itself happens here (text, JSON, nesting,
+        shape, numbers); the runtime adds the checks against the model (runtime.checks), all before launch."""
         try:
-            text = Path(path).read_text()
+            raw = Path(path).read_bytes()
         except OSError as e:
             raise PlanError(f"cannot read plan {str(path)!r}: {e.strerror}") from None
+        if len(raw) > MAX_PLAN_BYTES:
+            raise PlanError(f"plan {str(path)!r} has {len(raw):,} bytes, more than any plan ({MAX_PLAN_BYTES:,}): "
+                            "is it the plan file `partita plan --out` wrote?")
         try:
-            data = json.loads(text)
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise PlanError(f"plan {str(path)!r} is not a text file (byte 0x{raw[e.start]:02x} at offset {e.start} "
+                            "is not UTF-8): a plan is the JSON file `partita plan --out` writes") from None
+        try:
+            data = json.loads(text, parse_constant=_no_constant)
         except json.JSONDecodeError as e:
             raise PlanError(f"plan {str(path)!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        except RecursionError:
+            raise PlanError(f"plan {str(path)!r} nests JSON deeper than Python can read; a plan nests at most "
+                            f"{MAX_DEPTH} levels") from None
+        except ValueError as e:  # NaN / Infinity literals (_no_constant)
+            raise PlanError(f"plan {str(path)!r}: {e}") from None
         return cls.from_dict(data)
 
     @classmethod
@@ -190,6 +205,8 @@ class Plan:
         """Validate a plan (solved or hand-written) and build it. Raises PlanError saying what is wrong."""
         if not isinstance(data, dict):
             raise PlanError("a plan must be a JSON object")
+        if (depth := _depth(data)) > MAX_DEPTH:
+            raise PlanError(f"plan nests {depth} levels deep; a plan nests at most {MAX_DEPTH}")
         if data.get("schema") != SCHEMA:
             raise PlanError(f"plan schema is {data.get('schema')!r}; this partita reads {SCHEMA!r}")
         missing = [k for k in ("model", "cluster", "train", "mesh", "schedule", "stages", "blocks") if k not in data]
@@ -222,6 +239,7 @@ class Plan:
             if (i == 0) != (split_at is None) or (split_at is not None and not isinstance(split_at, str)):
                 raise PlanError(f"stages[{i}].split_at must be null for the first stage and a module name otherwise")
             stages.append(Stage(index=i, modules=list(mods), split_at=split_at))
+        _check_stage_lists(stages)
         if len(stages) != mesh.pp * schedule.virtual_stages:
             raise PlanError(f"plan has {len(stages)} stages but mesh.pp x schedule.virtual_stages = "
                             f"{mesh.pp * schedule.virtual_stages}")
@@ -244,6 +262,7 @@ class Plan:
                 raise PlanError(f"blocks[{i}].zero_stage is {own_zero!r}; accepted: 2, 3 (or absent: the plan's)")
             blocks.append(BlockChoice(fqn=b["fqn"], stage=b["stage"], sharding=b["sharding"],
                                       recompute=recompute, zero_stage=own_zero, **flags))
+        _check_blocks_listed(blocks, stages)
         placements = _obj(data.get("placements", {}), "placements")
         for fqn, style in placements.items():
             if style not in TP_STYLES:
@@ -261,7 +280,7 @@ class Plan:
         for key, value in overlap.items():
             if key not in OVERLAPS or not isinstance(value, bool):
                 raise PlanError(f"overlap.{key} is {value!r}; accepted: {', '.join(OVERLAPS)}, each true or false")
-        train = _obj(data["train"], "train")
+        train = _check_train(_obj(data["train"], "train"))
         gb = train.get("global_batch")
         if not isinstance(gb, int) or gb != mesh.dp * schedule.num_microbatches * schedule.micro_batch_size:
             raise PlanError(f"train.global_batch ({gb}) must equal mesh.dp x num_microbatches x micro_batch_size "
@@ -272,6 +291,83 @@ class Plan:
                    predicted=_obj(data.get("predicted", {}), "predicted"),
                    solver=_obj(data.get("solver", {}), "solver"),
                    baselines=_list(data.get("baselines", []), "baselines"))
+
+
+MAX_COUNT = 2**31 - 1
+"""The largest count a plan may hold (degrees, micro-batches, batch, sequence length): beyond it a number is a
+typo, and it would overflow the runtime's int32 indices long before it trained."""
+MAX_DEPTH = 32
+"""The deepest JSON nesting a plan may have (a solved plan nests 5 levels)."""
+MAX_PLAN_BYTES = 256 * 2**20
+"""The largest plan file read (a 1,024-layer model's plan is a few MB)."""
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number a plan may hold")
+
+
+def _depth(data: Any) -> int:
+    """How deeply `data` nests lists and objects (iteratively: a hostile plan must not exhaust the stack)."""
+    deepest, todo = 0, [(data, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            if d > MAX_DEPTH:
+                return d
+            todo += [(x, d + 1) for x in (v.values() if isinstance(v, dict) else v)]
+    return deepest
+
+
+def _check_train(train: dict) -> dict:
+    """train's fields the runtime reads: counts in range, names as strings."""
+    for key in ("global_batch", "seq_len"):
+        v = train.get(key)
+        if v is None and key == "seq_len":
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_COUNT:
+            raise PlanError(f"train.{key} must be a whole number from 1 to {MAX_COUNT:,}, got {_show(v)}")
+    for key in ("dtype", "optimizer"):
+        if train.get(key) is not None and not isinstance(train[key], str):
+            raise PlanError(f"train.{key} must be a name (a string), got {_show(train[key])}")
+    return train
+
+
+def _show(v: Any) -> str:
+    """A value for an error line: short, whatever it is."""
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_stage_lists(stages: list[Stage]) -> None:
+    """No module listed twice: not twice in one stage, not in two stages, not beside one of its ancestors."""
+    where: dict[str, int] = {}
+    for s in stages:
+        for fqn in s.modules:
+            if fqn in where:
+                again = "a second time" if where[fqn] == s.index else f"already on stages[{where[fqn]}]"
+                raise PlanError(f"stages[{s.index}] lists module {fqn!r} {again}: a module runs on one stage, once")
+            where[fqn] = s.index
+    for fqn, i in where.items():
+        parts = fqn.split(".") if fqn else []
+        for k in range(len(parts)):
+            parent = ".".join(parts[:k])
+            if parent in where:
+                raise PlanError(f"stages[{i}] lists module {fqn!r}, which stages[{where[parent]}] already holds "
+                                f"as part of {parent or 'the whole model'!r}")
+
+
+def _check_blocks_listed(blocks: list[BlockChoice], stages: list[Stage]) -> None:
+    """Each block lies in the modules its stage lists (itself, an ancestor, or all of its listed parts)."""
+    listed = {fqn: s.index for s in stages for fqn in s.modules}
+    for i, b in enumerate(blocks):
+        parts = b.fqn.split(".") if b.fqn else []
+        owner = next((listed[a] for a in (".".join(parts[:k]) for k in range(len(parts), -1, -1)) if a in listed),
+                     None)
+        inside = {s for fqn, s in listed.items() if not b.fqn or fqn.startswith(b.fqn + ".")}
+        if owner is None and not inside:
+            raise PlanError(f"blocks[{i}] names module {b.fqn!r}, which no stage lists: list it in "
+                            f"stages[{b.stage}].modules")
 
 
 def _obj(v: Any, where: str) -> dict:
@@ -291,7 +387,7 @@ def _ints(d: Any, where: str, keys: tuple[str, ...]) -> dict[str, int]:
     out = {}
     for k in keys:
         v = d.get(k)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise PlanError(f"{where}.{k} must be a positive integer, got {v!r}")
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_COUNT:
+            raise PlanError(f"{where}.{k} must be a whole number from 1 to {MAX_COUNT:,}, got {_show(v)}")
         out[k] = v
     return out

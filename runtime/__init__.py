@@ -6,7 +6,19 @@ Entry point: `python -m torch.distributed.run ... -m partita.runtime.train PLAN.
 Python API (runtime.api): `run(plan, model_fn, dataset=None, steps=100, ...)` inside a torchrun job,
 `launch(plan_path, model, steps, nproc=None, **flags)` to spawn one, and `plan_and_run(model, cluster,
 train, steps, ...)` to plan on rank 0 and train on all ranks.
+
+Names load on first use (as in partita/__init__.py): a worker started as `-m partita.runtime.train` installs
+its signal handlers (runtime.stop) before torch is imported.
 """
-from partita.runtime.api import VerifyFailed, launch, plan_and_run, run
+import importlib
 
 __all__ = ["run", "launch", "plan_and_run", "VerifyFailed"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        return getattr(importlib.import_module("partita.runtime.api"), name)
+    try:
+        return importlib.import_module(f"partita.runtime.{name}")
+    except ModuleNotFoundError:
+        raise AttributeError(f"module 'partita.runtime' has no attribute {name!r}") from None

@@ -22,23 +22,27 @@ import json
 import logging
 import os
 import shutil
-import subprocess
+import signal
+import subprocess  # noqa: F401 -- tests stop it from starting anything (runtime.api.subprocess.Popen)
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.costmodel.models import ModelSpec
+from partita.planner.child import run_forwarding_signals
 from partita.planner.plan import Plan
-from partita.runtime.mesh import agree_on_attempt, env_world, init_default, teardown
-from partita.runtime.report import RunResult, first_failure, read_failure, show_library_warnings_once
+from partita.runtime.mesh import agree_on_attempt, broadcast_text, env_world, init_default, teardown
+from partita.runtime.report import RankFailure, RunResult, first_failure, read_failure, show_library_warnings_once
 from partita.runtime.progress import DEFAULT_EVERY
 from partita.runtime.session import EXIT_OK, RunOptions, at_seq_len, execute, prepare
+from partita.runtime.stop import die_with_parent
 
 ModelArg = str | ModelSpec | Callable[[], nn.Module]
 
@@ -67,7 +71,9 @@ def model_spec(model: ModelArg, name: str | None = None, *, example_inputs=None,
     A `model_fn` keeps what the model called `name` (a MODEL string, e.g. the plan's model name) says
     about batches and loss -- only the module comes from `model_fn` -- unless `example_inputs`
     (batch -> tuple of tensors) and `loss_fn` (module, *batch -> loss) are given; `vocab` bounds token
-    ids in the example batch. `seq_len` (the plan's): a MODEL string's model is built at that length
+    ids in the example batch (a token model given `vocab` trains on token cross-entropy without a `loss_fn`). `name` is read as data only: a preset, family or hf: name, never an import
+    path (a plan file must not choose code; the plan's fingerprint is checked against `model_fn`'s module
+    by the pre-flight instead). `seq_len` (the plan's): a MODEL string's model is built at that length
     (runtime.session.at_seq_len), a given ModelSpec is taken as it is."""
     if isinstance(model, ModelSpec):
         return model
@@ -76,24 +82,26 @@ def model_spec(model: ModelArg, name: str | None = None, *, example_inputs=None,
     if isinstance(model, nn.Module) or not callable(model):
         raise PartitaError("model_fn must build the module (a callable returning an nn.Module), or be a MODEL "
                            f"string or ModelSpec; got {type(model).__name__}")
+    own = example_inputs is not None and (loss_fn is not None or vocab is not None)  # a token model needs no loss_fn
     base = None
-    if name is not None and (example_inputs is None or loss_fn is None):
+    if name is not None and not own:
         try:
-            base = resolve_model(name)
+            base = resolve_model(name, imports=False)
         except PartitaError:
             base = None
     if base is not None:
         return dataclasses.replace(at_seq_len(base, seq_len), build=model)
-    if example_inputs is None or loss_fn is None:
-        raise PartitaError(f"model {name!r} is not a MODEL string the runtime knows: pass example_inputs "
-                           "(batch -> tuple of tensors) and loss_fn (module, *batch -> scalar loss)")
+    if not own:
+        raise PartitaError(f"the plan's model {name!r} is not one of partita's own or HuggingFace's models (a plan "
+                           "never makes partita import code): pass example_inputs (batch -> tuple of tensors) and "
+                           "loss_fn (module, *batch -> scalar loss), or the MODEL string itself as model_fn")
     return ModelSpec(name=name or getattr(model, "__name__", "model"), build=model, example_inputs=example_inputs,
                      loss_fn=loss_fn, seq_len=seq_len, vocab=vocab)
 
 
 def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset=None,
         steps: int = 100, *, seed: int = 0, lr: float = 1e-3, verify: bool = False,
-        checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0, resume: bool = False,
+        checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0, keep: int = 0, resume: bool = False,
         max_restarts: int = 0, data_dtype: str | None = None, losses_out: str | None = None,
         sync_batchnorm: bool = False, log_every: int = DEFAULT_EVERY, tensorboard: str | os.PathLike | None = None,
         print_report: bool = True, example_inputs=None, loss_fn=None, vocab: int | None = None) -> RunResult:
@@ -110,7 +118,7 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset=None,
                       seq_len=p.train.get("seq_len"))
     opts = RunOptions(steps=steps, seed=seed, lr=lr, verify=verify,
                       checkpoint_dir=str(checkpoint_dir) if checkpoint_dir is not None else None,
-                      checkpoint_every=checkpoint_every, resume=resume, max_restarts=max_restarts,
+                      checkpoint_every=checkpoint_every, keep=keep, resume=resume, max_restarts=max_restarts,
                       data=str(dataset) if isinstance(dataset, os.PathLike) else dataset, data_dtype=data_dtype,
                       losses_out=losses_out, sync_batchnorm=sync_batchnorm, log_every=log_every,
                       tensorboard=str(tensorboard) if tensorboard is not None else None, print_report=print_report)
@@ -130,20 +138,6 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset=None,
         if own:
             gc.collect()  # free FSDP state (reference cycles) while its process groups still exist
             teardown(ok)
-
-
-def _broadcast_text(text: str | None) -> str:
-    """Rank 0's text on every rank, as UTF-8 bytes in two tensor broadcasts (no pickle)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    raw = text.encode() if text is not None else b""
-    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device) if raw else \
-        torch.empty(0, dtype=torch.uint8, device=device)
-    n = torch.tensor([data.numel()], dtype=torch.long, device=device)
-    dist.broadcast(n, src=0)
-    if data.numel() != n.item():
-        data = torch.empty(int(n.item()), dtype=torch.uint8, device=device)
-    dist.broadcast(data, src=0)
-    return data.cpu().numpy().tobytes().decode()
 
 
 def plan_and_run(model: ModelArg, cluster: Any = None, train: Any = None, steps: int = 100, *,
@@ -174,7 +168,7 @@ def plan_and_run(model: ModelArg, cluster: Any = None, train: Any = None, steps:
                 text = json.dumps({"error": str(e)})
             except TypeError as e:  # bad TrainConfig fields
                 text = json.dumps({"error": f"train: {e}"})
-        data = json.loads(_broadcast_text(text))
+        data = json.loads(broadcast_text(text))
         if "error" in data and "schema" not in data:
             raise PartitaError(f"planning failed: {data['error']}")
         result = run(Plan.from_dict(data), model, dataset, steps, example_inputs=example_inputs, loss_fn=loss_fn,
@@ -203,15 +197,17 @@ def procs_per_node(world: int, nnodes: int) -> int:
 
 
 def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | None = None, *, nnodes: int = 1,
-           rdzv_endpoint: str | None = None, rdzv_id: str | None = None, max_restarts: int = 0,
+           rdzv_endpoint: str | None = None, rdzv_id: str | None = None, rdzv_timeout: float | None = None,
+           max_restarts: int = 0,
            env: dict | None = None, **flags) -> int:
     """Start torchrun on runtime.train for the plan at `plan_path` on this node and wait; returns its exit
-    code (0; 1 --verify failed; 2 plan/data/checkpoint does not fit; 3 NaN loss; else 1). A failing rank's
-    message is printed once, as `partita: error: rank R: ...` on stderr.
+    code (0; 1 --verify failed; 2 plan/data/checkpoint does not fit; 3 NaN loss; 128 + N a signal N stopped
+    it; else 1). A failing rank's message is printed once, as `partita: error: rank R: ...` on stderr.
 
     One node: `nproc` defaults to the plan's world size. Several nodes: call it with the same arguments on
     every node, `nnodes=N, rdzv_endpoint="host:port"` (c10d rendezvous on a port of one of the nodes) and
-    optionally `rdzv_id` (one per job); `nproc` defaults to world size / nnodes. `max_restarts` goes to
+    optionally `rdzv_id` (one per job) and `rdzv_timeout` (seconds to wait for the other nodes, default
+    runtime.rendezvous.DEFAULT_TIMEOUT); `nproc` defaults to world size / nnodes. `max_restarts` goes to
     torchrun and runtime.train; other keywords are runtime.train flags (verify=True, checkpoint_dir="ckpt",
     checkpoint_every=2, resume=True, data="tokens.bin", losses_out="out.json", seed=..., lr=...). Raises
     PartitaError for a value that cannot run (steps < 1, nnodes not dividing the world size) before any
@@ -227,7 +223,8 @@ def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | No
     argv = [str(plan_path), "--model", model, "--steps", str(steps), "--nproc-per-node", str(nproc),
             "--nnodes", str(nnodes)]
     if rdzv_endpoint:
-        argv += ["--rdzv-endpoint", rdzv_endpoint, *(["--rdzv-id", rdzv_id] if rdzv_id else [])]
+        argv += ["--rdzv-endpoint", rdzv_endpoint, *(["--rdzv-id", rdzv_id] if rdzv_id else []),
+                 *(["--rdzv-timeout", str(rdzv_timeout)] if rdzv_timeout else [])]
     if max_restarts:
         argv += ["--max-restarts", str(max_restarts)]
     for key, value in flags.items():
@@ -241,7 +238,7 @@ def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | No
     full_env = {**os.environ, **(env or {})}
     root = str(Path(__file__).resolve().parents[1])  # so `-m partita.runtime.train` resolves from a source checkout
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, full_env.get("PYTHONPATH")]))
-    return subprocess.call([sys.executable, "-m", "partita.runtime.train", *argv], env=full_env)
+    return run_forwarding_signals([sys.executable, "-m", "partita.runtime.train", *argv], full_env)
 
 
 # ---- torchrun's agent in this process (python -m partita.runtime.train ... --nproc-per-node W) ------------------------
@@ -253,82 +250,143 @@ class _AgentLog(logging.Filter):
     """Keeps torchrun's own log lines (worker exit codes, SIGTERMs, rendezvous chatter) off the console, where
     the launcher reports failures itself; a restart after a failure becomes one line naming the rank."""
 
-    def __init__(self, log_dir: str):
+    def __init__(self, log_dir: str, nnodes: int = 1):
         super().__init__()
-        self.log_dir = log_dir
+        self.log_dir, self.nnodes = log_dir, nnodes
+        self.died = None
+        """The worker torchrun saw fail first (its "failed (exitcode: ...)" record): one that died without an
+        error file (a signal, os._exit) is known only from it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith(_TORCHRUN_LOGGERS):
             return True
+        if str(record.msg).startswith("failed (exitcode") and isinstance(record.args, tuple) and len(record.args) >= 2:
+            self.died = (int(record.args[1]), int(record.args[0]), record.created)
         if "will restart worker group" in str(record.msg) and "attempts left" in str(record.msg):
-            left = (f" ({record.args[2]} of {record.args[3]} restarts left)"
-                    if isinstance(record.args, tuple) and len(record.args) == 4 else "")
-            failures = _attempt_failures(self.log_dir)
+            # torchrun logs (role, state, restarts left before this one, max restarts), then takes one
+            left, most = (record.args[2], record.args[3]) if isinstance(record.args, tuple) and \
+                len(record.args) == 4 else (None, None)
+            which = f" (restart {most - left + 1} of {most})" if isinstance(left, int) and isinstance(most, int) else ""
+            failures = _attempt_failures(self.log_dir) + self._silent()
             what = first_failure(failures).line() if failures else "a worker failed"
-            print(f"partita: {what}; torchrun restarts the workers{left}", file=sys.stderr, flush=True)
+            print(f"partita: {what}; torchrun restarts the workers{which}", file=sys.stderr, flush=True)
         return False
 
 
+    def _silent(self) -> list:
+        """The workers of the latest attempt that wrote no error file (killed, or os._exit): with the exit code
+        torchrun logged when it was the first to fail. On one node only, where local ranks are the ranks."""
+        attempts = sorted(Path(self.log_dir).glob("*/attempt_*"), key=lambda p: int(p.name.split("_")[-1]))
+        if self.nnodes != 1 or not attempts:
+            return []
+        silent = [int(d.name) for d in attempts[-1].iterdir() if d.is_dir() and not (d / "error.json").exists()]
+        out = []
+        for local in silent:
+            if self.died is not None and self.died[0] == local:
+                out.append(read_failure(local, self.died[1], None, self.died[2]))
+            else:
+                out.append(RankFailure(rank=local, exitcode=1, message="ended without an error message", time=time.time()))
+        return out
+
+
 def _attempt_failures(log_dir: str) -> list:
-    """The failures the workers of this node's latest attempt wrote (log_dir/<run>/attempt_<k>/<local>/error.json)."""
+    """The failures the workers of this node's latest attempt wrote (log_dir/<run>/attempt_<k>/<local>/error.json),
+    each with the exit code it recorded."""
     attempts = sorted(Path(log_dir).glob("*/attempt_*"), key=lambda p: int(p.name.split("_")[-1]))
     if not attempts:
         return []
-    return [read_failure(int(f.parent.name), 1, str(f), f.stat().st_mtime) for f in attempts[-1].glob("*/error.json")]
+    return [read_failure(int(f.parent.name), 0, str(f), f.stat().st_mtime) for f in attempts[-1].glob("*/error.json")]
+
+
+def _report(first) -> int:
+    """Print a worker's failure (or a stop it was asked for) as the one line the user sees, and the traceback
+    of an unexpected exception below it; return the exit code."""
+    if first.exitcode > 128:  # runtime.session.Stopped: every rank stopped after the same step
+        print(f"partita: {first.message}", file=sys.stderr, flush=True)
+    else:
+        print(f"partita: error: {first.line()}", file=sys.stderr, flush=True)
+    if first.trace:
+        print(f"traceback of rank {first.rank}:\n{first.trace.rstrip()}", file=sys.stderr, flush=True)
+    return first.exitcode if first.exitcode > 0 else 1
+
+
+def _stop_on_sigterm(signum, frame):
+    """SIGTERM before torchrun's agent installs its own handlers (during the rendezvous): end it as that does."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
 
 def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint: str | None = None,
-          rdzv_id: str | None = None, max_restarts: int = 0) -> int:
+          rdzv_id: str | None = None, max_restarts: int = 0, rdzv_timeout: float | None = None) -> int:
     """Run torchrun's elastic agent for this node in this process on `python -m partita.runtime.train WORKER_ARGV`
     and return the exit code: 0, or the first failing worker's (1 if it died by a signal).
 
     One node: `--standalone`. Several: c10d rendezvous at `rdzv_endpoint` (the same command on every
-    node). The workers write their errors into torchrun's per-worker error files (runtime.report) in a log
-    directory of this launcher; the first failure is printed as one line, `partita: error: rank R: ...`
-    (with the path of its traceback for an unexpected exception; that directory is then kept)."""
+    node), watched by runtime.rendezvous (deadline `rdzv_timeout`, progress lines, one line on failure).
+    The workers write their errors into torchrun's per-worker error files (runtime.report) in a log
+    directory of this launcher; the first failure is printed as one line, `partita: error: rank R: ...`,
+    with the traceback of an unexpected exception below it; the directory is removed. A worker that ends the
+    job on purpose exits 0 with its code in its error file (runtime.train.AGENT_ENV), so that torchrun does
+    not restart it, and that code is returned. SIGTERM / SIGINT reach the workers through torchrun's agent,
+    which passes them on; the workers stop at a step boundary (runtime.stop) and their line is printed."""
     from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    from partita.runtime import rendezvous
     from partita.runtime.train import AGENT_ENV
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # a fresh rendezvous store per attempt (runtime.mesh._store; pytorch#135712); needed across nodes
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ[AGENT_ENV] = "1"
-    log_dir = tempfile.mkdtemp(prefix="partita-torchrun-")
-    argv = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
-            f"--log-dir={log_dir}"]
+    argv = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}"]
     if rdzv_endpoint:
-        argv += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id or 'partita'}"]
+        timeout = rdzv_timeout or rendezvous.DEFAULT_TIMEOUT
+        try:
+            rendezvous.check_endpoint(rdzv_endpoint)
+        except PartitaError as e:
+            print(f"partita: error: {e}", file=sys.stderr, flush=True)
+            return 2
+        argv += [*rendezvous.register(rdzv_endpoint, timeout), f"--rdzv-id={rdzv_id or 'partita'}"]
     else:
         argv.append("--standalone")
-    argv += ["-m", "partita.runtime.train", *worker_argv]
-    quiet = _AgentLog(log_dir)
+    log_dir = tempfile.mkdtemp(prefix="partita-torchrun-")
+    argv += [f"--log-dir={log_dir}", "-m", "partita.runtime.train", *worker_argv]
+    quiet = _AgentLog(log_dir, nnodes)
     handlers = [h for name in ("torch.distributed", "torch", "") for h in logging.getLogger(name).handlers]
     for h in handlers:
         h.addFilter(quiet)
     restarts_log = logging.getLogger("torch.distributed.elastic.agent.server.api")
     level = restarts_log.level
     restarts_log.setLevel(logging.INFO)  # the restart notice is an INFO record
-    keep = False
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if main else None
     try:
         torchrun.run(torchrun.parse_args(argv))
-        return 0
+        failures = _attempt_failures(log_dir)  # workers that ended the job on purpose (exit 0, code in the file)
+        return _report(first_failure(failures)) if failures else 0
     except ChildFailedError as e:
-        first = first_failure([read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file) else None,
-                                            f.timestamp) for rank, f in e.failures.items()])
-        keep = first.trace is not None
-        where = f" (traceback: {first.error_file})" if keep else ""
-        print(f"partita: error: {first.line()}{where}", file=sys.stderr, flush=True)
-        return first.exitcode if first.exitcode > 0 else 1
-    except Exception as e:  # the agent itself: rendezvous timeout, unreachable endpoint, a signal
-        print(f"partita: error: torchrun: {type(e).__name__}: {e}".strip().splitlines()[0], file=sys.stderr, flush=True)
+        return _report(first_failure([read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file)
+                                                   else None, f.timestamp) for rank, f in e.failures.items()]))
+    except (SignalException, KeyboardInterrupt) as e:
+        failures = _attempt_failures(log_dir)
+        if failures:  # the workers stopped at a step boundary and said where
+            return _report(first_failure(failures))
+        signum = int(getattr(e, "sigval", signal.SIGINT))
+        print(f"partita: stopped by {signal.Signals(signum).name} before training began", file=sys.stderr,
+              flush=True)
+        return 128 + signum
+    except Exception as e:  # the agent itself: rendezvous timeout, unreachable endpoint
+        line = rendezvous.failure_line(e) or f"torchrun: {type(e).__name__}: {e}".strip().splitlines()[0]
+        print(f"partita: error: {line}", file=sys.stderr, flush=True)
         return 1
     finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
         for h in handlers:
             h.removeFilter(quiet)
         restarts_log.setLevel(level)
-        if not keep:
-            shutil.rmtree(log_dir, ignore_errors=True)
+        shutil.rmtree(log_dir, ignore_errors=True)
 
 
 def agent_main(args, argv: list[str]) -> int:
@@ -350,5 +408,6 @@ def agent_main(args, argv: list[str]) -> int:
             worker.append(action.option_strings[0])
         elif value is not None and value is not False:
             worker += [action.option_strings[0], str(value)]
+    die_with_parent()  # a launcher whose own parent (partita run, a batch script) is killed stops its workers
     return agent(worker, nproc, nnodes=nnodes, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
-                 max_restarts=args.max_restarts)
+                 max_restarts=args.max_restarts, rdzv_timeout=args.rdzv_timeout)

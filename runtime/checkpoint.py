@@ -5,9 +5,10 @@ Layout of `--checkpoint-dir DIR`:
     DIR/step-00000004/          a complete checkpoint after 4 optimizer steps
         __0_0.distcp ...        DCP shards, one file per rank
         .metadata               DCP's index (global shapes, which file holds which chunk)
-        partita.json            manifest: format, step, model fingerprint, train config, seed, data, the
-                                plan it was saved under, and the size of every file above
+        partita.json            manifest: format, step, run id, model fingerprint, train config, seed, data,
+                                the plan it was saved under, and the size and SHA-256 of every file above
     DIR/.step-00000006.tmp/     a save in progress (or one that crashed): never read
+    DIR/partita-run.json        the run that owns DIR; DIR/.partita.lock: held while it trains (runtime.ownership)
 
 What is saved: the model state dict under "model.<fqn>" and each parameter's optimizer state under
 "optim.<param fqn>.<key>" (AdamW's step, exp_avg, exp_avg_sq), keyed by the user's FQNs whatever the plan
@@ -26,12 +27,17 @@ Atomic save: every rank writes into the temporary directory beside the target; o
 (all shards and .metadata), rank 0 writes the manifest into it and renames it to `step-<k>`. A crash at
 any point before the rename leaves only a `.tmp` directory, which resume ignores (and the next save
 removes), so the last complete checkpoint stays intact. `latest()` is the complete checkpoint with the
-highest step. DIR must be one directory for all ranks (a shared filesystem across nodes).
+highest step. DIR must be one directory for all ranks (a shared filesystem across nodes). With `keep` N,
+a save then removes the run's older checkpoints beyond the newest N.
 
 Before the first step, `validate` checks a checkpoint against the model and plan -- manifest readable,
 fingerprint equal, every file present at its recorded size, DCP's metadata readable (through a
 restricted unpickler that admits only DCP's own metadata classes), every model tensor present with its
-shape, the same optimizer -- and raises CheckpointError (one line) otherwise.
+shape, the same optimizer -- and raises CheckpointError (one line) otherwise: DamagedCheckpoint when the
+checkpoint itself is broken (a resume then falls back to an older one, runtime.session), plain
+CheckpointError when it does not fit this run. The content hashes are checked by all ranks together
+(runtime.integrity) just before loading. DCP's own failures (a CheckpointException, which derives from
+BaseException) become one CheckpointError line that names the checkpoint still intact.
 """
 from __future__ import annotations
 
@@ -53,6 +59,7 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 
 from partita.costmodel.errors import PartitaError
 from partita.runtime.zero1 import owned
+from partita.runtime.integrity import describe_files, recorded_size
 
 FORMAT = "partita.checkpoint/1"
 MANIFEST = "partita.json"
@@ -62,6 +69,10 @@ _TMP = re.compile(r"^\.step-(\d{8})\.tmp$")
 
 class CheckpointError(PartitaError):
     """A checkpoint that is missing files, corrupt, or was written for another model or optimizer."""
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A checkpoint whose files are missing, cut short, unreadable or changed since they were saved."""
 
 
 @dataclass
@@ -79,13 +90,19 @@ def tmp_dir(root: str | os.PathLike, step: int) -> Path:
     return Path(root) / f".step-{step:08d}.tmp"
 
 
-def latest(root: str | os.PathLike) -> Path | None:
-    """The complete checkpoint directory with the highest step in `root`, or None."""
+def steps(root: str | os.PathLike) -> list[Path]:
+    """The committed checkpoint directories in `root`, oldest step first."""
     root = Path(root)
     if not root.is_dir():
-        return None
+        return []
     found = sorted((int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP.match(p.name)))
-    return found[-1][1] if found else None
+    return [p for _, p in found]
+
+
+def latest(root: str | os.PathLike) -> Path | None:
+    """The complete checkpoint directory with the highest step in `root`, or None."""
+    found = steps(root)
+    return found[-1] if found else None
 
 
 def incomplete(root: str | os.PathLike) -> list[Path]:
@@ -117,11 +134,11 @@ def read_metadata(path: Path) -> Metadata:
         with open(path / ".metadata", "rb") as f:
             md = _MetadataUnpickler(f).load()
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path} has no DCP .metadata file") from None
+        raise DamagedCheckpoint(f"checkpoint {path} has no DCP .metadata file") from None
     except Exception as e:  # garbage: any unpickling failure
-        raise CheckpointError(f"checkpoint {path}: DCP .metadata is unreadable ({type(e).__name__}: {e})") from None
+        raise DamagedCheckpoint(f"checkpoint {path}: DCP .metadata is unreadable ({type(e).__name__}: {e})") from None
     if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict):
-        raise CheckpointError(f"checkpoint {path}: .metadata is not DCP metadata")
+        raise DamagedCheckpoint(f"checkpoint {path}: .metadata is not DCP metadata")
     return md
 
 
@@ -132,16 +149,16 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path} has no {MANIFEST}: not a complete partita checkpoint") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is not valid JSON ({e})") from None
+        raise DamagedCheckpoint(f"checkpoint {path} has no {MANIFEST}: not a complete partita checkpoint") from None
+    except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError) as e:
+        raise DamagedCheckpoint(f"checkpoint {path}: {MANIFEST} is not valid JSON ({e})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is not a {FORMAT} manifest")
+        raise DamagedCheckpoint(f"checkpoint {path}: {MANIFEST} is not a {FORMAT} manifest")
     step = manifest.get("step")
     if not isinstance(step, int) or step < 1 or (m is not None and int(m.group(1)) != step):
-        raise CheckpointError(f"checkpoint {path}: manifest step {step!r} does not match the directory")
+        raise DamagedCheckpoint(f"checkpoint {path}: manifest step {step!r} does not match the directory")
     if not isinstance(manifest.get("files"), dict):
-        raise CheckpointError(f"checkpoint {path}: manifest has no file list")
+        raise DamagedCheckpoint(f"checkpoint {path}: manifest has no file list")
     return Checkpoint(path=path, step=step, manifest=manifest)
 
 
@@ -154,18 +171,18 @@ def validate(ckpt: Checkpoint, model: nn.Module, fingerprint: str, model_name: s
     if got != fingerprint:
         raise CheckpointError(f"checkpoint {path} was written for model {(man.get('model') or {}).get('name')!r} "
                               f"(fingerprint {got}), but --model {model_name} has fingerprint {fingerprint}")
-    for name, size in man["files"].items():
-        f = path / name
+    for name, entry in man["files"].items():
+        f, size = path / name, recorded_size(entry)
         if not f.is_file():
-            raise CheckpointError(f"checkpoint {path} is missing file {name}")
+            raise DamagedCheckpoint(f"checkpoint {path} is missing file {name}")
         if f.stat().st_size != size:
-            raise CheckpointError(f"checkpoint {path}: file {name} has {f.stat().st_size} bytes, "
-                                  f"the checkpoint recorded {size} (truncated or overwritten)")
+            raise DamagedCheckpoint(f"checkpoint {path}: file {name} has {f.stat().st_size} bytes, "
+                                    f"the checkpoint recorded {size} (truncated or overwritten)")
     md = read_metadata(path)
     for info in (md.storage_data or {}).values():
         rel = getattr(info, "relative_path", None)
         if rel is not None and not (path / rel).is_file():
-            raise CheckpointError(f"checkpoint {path} is missing file {rel}")
+            raise DamagedCheckpoint(f"checkpoint {path} is missing file {rel}")
     for key, t in model.state_dict().items():
         entry = md.state_dict_metadata.get(f"model.{key}")
         if not isinstance(entry, TensorStorageMetadata):
@@ -245,16 +262,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _commit(tmp: Path, final: Path, manifest: dict) -> None:
-    """Rank 0: write the manifest into `tmp` and rename it to `final` (replacing an older one)."""
-    manifest = {**manifest, "files": {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}}
-    part = tmp / (MANIFEST + ".part")
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all (a synced temporary file renamed over it)."""
+    part = path.with_name(path.name + ".part")
     with open(part, "w") as f:
-        json.dump(manifest, f, indent=2)
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    part.rename(tmp / MANIFEST)
-    _fsync_dir(tmp)
+    part.rename(path)
+    _fsync_dir(path.parent)
+
+
+def _commit(tmp: Path, final: Path, manifest: dict, files: dict) -> None:
+    """Rank 0: write the manifest (with every file's size and hash) into `tmp` and rename it to `final`
+    (replacing an older one)."""
+    atomic_write(tmp / MANIFEST, json.dumps({**manifest, "files": files}, indent=2))
     old = None
     if final.exists():
         old = final.with_name(f".{final.name}.old")
@@ -266,9 +288,31 @@ def _commit(tmp: Path, final: Path, manifest: dict) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def dcp_failure(e: BaseException) -> str:
+    """One line for DCP's CheckpointException (a BaseException carrying each failed rank's exception)."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, pair = min(failures.items())
+        exc = pair[0] if isinstance(pair, tuple) else pair
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        return f"rank {rank}: {type(exc).__name__}: {text}"[:300]
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
+
+
+def _dcp(action, what: str):
+    """Run a DCP save or load; its CheckpointException (not an Exception) becomes one CheckpointError line."""
+    try:
+        return action()
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 -- CheckpointException derives from BaseException
+        raise CheckpointError(f"{what} failed ({dcp_failure(e)})") from None
+
+
 def save(root: str | os.PathLike, step: int, modules: list[nn.Module], optimizer: torch.optim.Optimizer,
-         manifest: dict, rank: int, faults=None) -> Path:
-    """Collective: every rank writes its share; returns the committed directory."""
+         manifest: dict, rank: int, faults=None, keep: int = 0) -> Path:
+    """Collective: every rank writes its share; returns the committed directory. A failed write (a full
+    disk) raises CheckpointError naming the newest checkpoint, which the atomic save left intact."""
     root = Path(root)
     tmp, final = tmp_dir(root, step), step_dir(root, step)
     if rank == 0:
@@ -277,14 +321,42 @@ def save(root: str | os.PathLike, step: int, modules: list[nn.Module], optimizer
         tmp.mkdir()
     dist.barrier()
     state = {**train_state(modules, optimizer), **rng_state(rank)}
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True))
+    try:
+        _dcp(lambda: dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True)),
+             f"saving the checkpoint of step {step} to {tmp}")
+    except CheckpointError as e:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # free what it took (a full disk)
+        intact = latest(root)
+        raise CheckpointError(f"{e}; {f'the newest checkpoint, {intact}, is intact' if intact else 'no checkpoint was saved before'}") from None
     dist.barrier()
+    files = describe_files(tmp, rank)
     if faults is not None:
         faults.exit_during_save(step)
     if rank == 0:
-        _commit(tmp, final, {"format": FORMAT, "step": step, "saved_at": time.time(), **manifest})
+        _commit(tmp, final, {"format": FORMAT, "step": step, "saved_at": time.time(), **manifest}, files)
+        if keep:
+            prune(root, keep, manifest.get("run_id"))
     dist.barrier()
     return final
+
+
+def prune(root: Path, keep: int, run_id: str | None) -> list[Path]:
+    """Rank 0 after a commit: remove this run's committed checkpoints beyond the newest `keep`."""
+    ours = [p for p in steps(root) if _run_id(p) in (run_id, None)]
+    removed = ours[:-keep] if keep > 0 else []
+    for p in removed:
+        old = p.with_name(f".{p.name}.old")
+        p.rename(old)  # out of sight first: a crash mid-removal never leaves a half checkpoint named step-N
+        shutil.rmtree(old, ignore_errors=True)
+    return removed
+
+
+def _run_id(path: Path) -> str | None:
+    try:
+        return json.loads((path / MANIFEST).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def load(ckpt: Checkpoint, md: Metadata, modules: list[nn.Module], params: list[torch.Tensor],
@@ -322,6 +394,7 @@ def load(ckpt: Checkpoint, md: Metadata, modules: list[nn.Module], params: list[
                 rng[key] = torch.empty_like(value)
         if f"rng.rank{rank}.cpu" not in rng:
             note = f"note: {ckpt.path} holds no generator state: dropout masks differ from an uninterrupted run"
-    dcp.load({**state, **rng}, storage_reader=dcp.FileSystemReader(ckpt.path))
+    _dcp(lambda: dcp.load({**state, **rng}, storage_reader=dcp.FileSystemReader(ckpt.path)),
+         f"loading checkpoint {ckpt.path}")
     _set_rng_state(rng)
     return note

@@ -36,10 +36,7 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
         raise PlanError(f"plan is for {m.world_size} ranks (pp={m.pp} x dp={m.dp}{cp} x tp={m.tp}) "
                         f"but WORLD_SIZE is {world_size}")
     model = build_meta(spec)
-    want = plan.model.get("fingerprint")
-    if want is not None and want != (got := model_fingerprint(model)):
-        raise PlanError(f"plan was made for model {plan.model.get('name')!r} with fingerprint {want}, "
-                        f"but --model {spec.name} has fingerprint {got} (different parameters)")
+    notes = check_model(plan, spec, model)
     seq = plan.train.get("seq_len")
     if seq is not None and spec.seq_len is not None and seq != spec.seq_len:
         raise PlanError(f"plan trains sequences of {seq} tokens but --model {spec.name} has seq_len {spec.seq_len}")
@@ -48,6 +45,7 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
         for fqn in ([stage.split_at] if stage.split_at else []) + stage.modules:
             if fqn not in modules:
                 raise PlanError(f"stages[{i}] names module {fqn!r}, which --model {spec.name} does not have")
+    check_stage_coverage(plan, model, spec.name)
     context_parallel.check_plan(plan, spec, model)
     expert_parallel.check_plan(plan, spec, model)
     check_executable(plan, spec, model)
@@ -55,7 +53,48 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
     check_blocks(plan, modules, spec.name)
     optimizer_name(plan)
     fsdp, dtype = sharded(plan), train_dtype(plan)
-    return [] if dtype == torch.float32 else [describe(dtype, fsdp)]
+    return notes + ([] if dtype == torch.float32 else [describe(dtype, fsdp)])
+
+
+def check_model(plan: Plan, spec: ModelSpec, model: nn.Module) -> list[str]:
+    """The model to train is the one the plan was made for: its fingerprint (parameter names, shapes, dtypes)
+    equals the plan's. The plan's model name is only compared, never resolved: a name that differs is a note,
+    which says whether the fingerprints agree or the plan has none to check (a hand-written plan; its module
+    names are still checked against the model)."""
+    name, want, got = plan.model.get("name"), plan.model.get("fingerprint"), model_fingerprint(model)
+    shown = _shown(name)
+    if want is not None and want != got:
+        raise PlanError(f"plan was made for model {shown} with fingerprint {want}, but --model {spec.name} has "
+                        f"fingerprint {got} (different parameters)")
+    if name is None or name == spec.name:
+        return []
+    if want is None:
+        return [f"note: plan was made for model {shown}, not --model {spec.name}, and records no fingerprint to "
+                "check that they are the same model"]
+    return [f"note: plan was made for model {shown}; --model {spec.name} has the same parameters (fingerprint "
+            f"{got}), so it runs"]
+
+
+def _shown(name) -> str:
+    """The plan's model name for a message: quoted, escaped, short (a plan file is untrusted text)."""
+    text = repr(name)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_stage_coverage(plan: Plan, model: nn.Module, name: str) -> None:
+    """Every parameter of the model lies in a module some stage lists (a tied parameter: under one of its
+    names), so no layer goes untrained; planner.plan's loader has already refused a module listed twice."""
+    listed = [fqn for s in plan.stages for fqn in s.modules]
+    names: dict[int, list[str]] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(n)
+    for aliases in names.values():
+        if not any(fqn == "" or n.startswith(fqn + ".") for n in aliases for fqn in listed):
+            parts = aliases[0].split(".")[:-1]  # the outermost module of it that holds nothing listed
+            owner = next((a for a in (".".join(parts[:k]) for k in range(1, len(parts) + 1))
+                          if not any(fqn.startswith(a + ".") for fqn in listed)), "")
+            raise PlanError(f"no stage lists module {owner!r} of --model {name} (parameter {aliases[0]!r}): it "
+                            "would not be trained; add it to the stage that runs it")
 
 
 def check_executable(plan: Plan, spec: ModelSpec, model: nn.Module) -> None:

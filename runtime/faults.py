@@ -5,6 +5,14 @@
                                          after every shard and DCP's .metadata are written, before the
                                          checkpoint is committed (renamed into place)
     PARTITA_FAULT="nan,step=3"           the loss of step 3 becomes NaN (on every rank holding a loss)
+    PARTITA_FAULT="kill,rank=1,step=3"   rank 1 is killed by SIGKILL during step 3, writing nothing (as the
+                                         out-of-memory killer does)
+    PARTITA_FAULT="sigterm,rank=1,step=3"  rank 1 receives SIGTERM during step 3 (sigint: SIGINT), as from a
+                                         scheduler or an operator's kill: the job stops after that step
+    PARTITA_FAULT="raise,rank=1,step=3"  rank 1 raises an unexpected exception (RuntimeError) during step 3: a
+                                         bug, whose traceback the launcher prints
+    PARTITA_FAULT="inf,step=2"           after step 2's optimizer update a parameter holds inf (every rank, or
+                                         rank=R), as an update past the dtype's range leaves it
     PARTITA_FAULT="rank=1,step=3;save,step=4"   several faults, separated by ";"
 
 Steps count from 1, as the run report numbers them. A dying fault fires once: before dying, the rank
@@ -23,7 +31,8 @@ from pathlib import Path
 from partita.costmodel.errors import PartitaError
 
 ENV = "PARTITA_FAULT"
-KINDS = ("exit", "save", "nan")
+KINDS = ("exit", "save", "nan", "inf", "raise", "kill", "sigterm", "sigint")
+_SIGNALS = {"kill": "SIGKILL", "sigterm": "SIGTERM", "sigint": "SIGINT"}
 
 
 @dataclass(frozen=True)
@@ -40,16 +49,16 @@ def parse(text: str | None) -> list[Fault]:
         kind, fields = "exit", {}
         for part in filter(None, (p.strip() for p in item.split(","))):
             key, eq, value = part.partition("=")
-            if not eq and key in ("save", "nan"):
+            if not eq and key in KINDS:
                 kind = key
             elif eq and key in ("rank", "step") and value.strip().isdigit():
                 fields[key] = int(value)
             else:
                 raise PartitaError(f"{ENV}={text!r}: cannot read {part!r}; e.g. 'rank=1,step=3', 'save,step=4', "
-                                   "'nan,step=3'")
+                                   "'nan,step=3', 'kill,rank=1,step=3', 'sigterm,rank=0,step=2'")
         if "step" not in fields or fields["step"] < 1:
             raise PartitaError(f"{ENV}={text!r}: each fault needs step=K (K >= 1)")
-        if kind == "exit" and "rank" not in fields:
+        if kind in ("exit", "kill", "raise") and "rank" not in fields:
             raise PartitaError(f"{ENV}={text!r}: a dying rank needs rank=R")
         rank = fields.get("rank", 0 if kind == "save" else None)
         faults.append(Fault(kind, fields["step"], rank))
@@ -91,6 +100,29 @@ class Faults:
 
     def exit_during_save(self, step: int) -> None:
         self._die("save", step, f"while saving the checkpoint of step {step}")
+
+    def raise_during_step(self, step: int) -> None:
+        for f in self._mine("raise", step):
+            if self._first_time(f):
+                raise RuntimeError(f"{ENV}: rank {self.rank} raises during step {step}")
+
+    def signal_during_step(self, step: int) -> None:
+        """kill / sigterm / sigint faults: this rank sends itself the signal (once, as a dying fault fires)."""
+        import signal
+        for kind, name in _SIGNALS.items():
+            for f in self._mine(kind, step):
+                if self._first_time(f):
+                    print(f"partita: fault injected ({ENV}): rank {self.rank} gets {name} during step {step}",
+                          file=sys.stderr, flush=True)
+                    os.kill(os.getpid(), getattr(signal, name))
+
+    def inf_after_update(self, step: int, params) -> None:
+        """inf faults: the first element of this rank's first parameter becomes inf."""
+        if self._mine("inf", step) and params:
+            import torch
+            with torch.no_grad():
+                local = params[0].to_local() if hasattr(params[0], "to_local") else params[0]
+                local.view(-1)[0] = float("inf")
 
     def nan_at(self, step: int) -> bool:
         return bool(self._mine("nan", step))

@@ -113,6 +113,39 @@ def init_default() -> torch.device:
     return device
 
 
+def _text_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def broadcast_text(text: str | None) -> str:
+    """Rank 0's text on every rank, as UTF-8 bytes in two tensor broadcasts (no pickle)."""
+    device = _text_device()
+    raw = text.encode() if text is not None else b""
+    data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device) if raw else \
+        torch.empty(0, dtype=torch.uint8, device=device)
+    n = torch.tensor([data.numel()], dtype=torch.long, device=device)
+    dist.broadcast(n, src=0)
+    if data.numel() != n.item():
+        data = torch.empty(int(n.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(data, src=0)
+    return data.cpu().numpy().tobytes().decode()
+
+
+def gather_text(text: str) -> list[str]:
+    """Every rank's text on every rank, in rank order (two all-gathers of UTF-8 bytes; no pickle)."""
+    device, world = _text_device(), dist.get_world_size()
+    raw = text.encode()
+    sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([len(raw)], dtype=torch.long, device=device))
+    longest = max(int(s.item()) for s in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8, device=device)
+    if raw:
+        mine[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    parts = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(parts, mine)
+    return [p[:int(s.item())].cpu().numpy().tobytes().decode() for p, s in zip(parts, sizes)]
+
+
 def teardown(ok: bool = True) -> None:
     """Destroy the default process group (if any). After a run that ended normally on this rank, gloo ranks
     first wait for each other: a rank that closes its connections while a peer still finishes the last

@@ -1,6 +1,7 @@
 """The run report rank 0 prints: losses, measured step time, tokens/s and memory beside the plan's prediction."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 
@@ -32,6 +33,8 @@ class RunResult:
     checkpoints: list[str] = field(default_factory=list)
     checkpoint_time_s: float = 0.0
     """Wall time of all checkpoint saves (not part of the step times)."""
+    run_id: str | None = None
+    """The run that owns the checkpoint directory (runtime.ownership); None without one."""
     param_checksum: float | None = None
     """Sum of all trained parameter elements (float64), each counted once."""
     reference_param_checksum: float | None = None
@@ -66,7 +69,8 @@ class RunResult:
                 "peak_memory_bytes": self.peak_memory_bytes, "memory_method": self.memory_method,
                 "peak_reserved_bytes": self.peak_reserved_bytes,
                 "peak_rss_bytes": self.peak_rss_bytes, "applied": self.applied,
-                "first_step": self.first_step, "resumed_from": self.resumed_from, "attempt": self.attempt,
+                "first_step": self.first_step, "resumed_from": self.resumed_from,
+                "attempt": self.attempt + 1, "restarts": self.attempt, "run_id": self.run_id,
                 "checkpoints": self.checkpoints, "checkpoint_time_s": self.checkpoint_time_s,
                 "param_checksum": self.param_checksum, "reference_param_checksum": self.reference_param_checksum,
                 "param_max_abs_diff": self.param_max_abs_diff, "verified": self.verified}
@@ -136,7 +140,13 @@ def render(r: RunResult, header: str | None, predicted: dict) -> str:
 # failed workers and prints the first failure as `partita: error: rank R: <message>`.
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
-KILLED_BY_AGENT = (15, 9)  # SIGTERM, SIGKILL: how torchrun stops the other workers once one has failed
+KILLED_BY_AGENT = (15,)
+"""SIGTERM: how torchrun stops the other workers once one has failed. A worker killed by SIGKILL without an
+error file is not one of them: the kernel's out-of-memory killer ends a process that way (torchrun sends
+SIGKILL only to a worker still alive 30 s after its SIGTERM, by which time the cause was seen)."""
+PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|Socket Timeout|connection (was )?(closed|"
+                       r"reset)|NCCL communicator was aborted|ProcessGroup\w* .*(closed|aborted)", re.IGNORECASE)
+"""Messages of a worker that only noticed that a peer went away: a consequence, not the cause."""
 
 
 def write_error_file(rank: int, message: str, trace: str | None = None, exitcode: int = 1) -> None:
@@ -178,8 +188,13 @@ class RankFailure:
 
     @property
     def secondary(self) -> bool:
-        """Stopped by torchrun after another worker failed: SIGTERM/SIGKILL, and no message of its own."""
+        """Stopped by torchrun after another worker failed: SIGTERM, and no message of its own."""
         return self.error_file is None and self.exitcode < 0 and -self.exitcode in KILLED_BY_AGENT
+
+    @property
+    def peer_lost(self) -> bool:
+        """Its own message says only that a peer went away (PEER_LOST)."""
+        return self.error_file is not None and bool(PEER_LOST.search(self.message))
 
     def line(self) -> str:
         return f"rank {self.rank}: {self.message}"
@@ -213,14 +228,19 @@ def read_failure(rank: int, exitcode: int, error_file: str | None, noticed: floa
             how = f"killed by {signal.Signals(-exitcode).name}"
         except ValueError:
             how = f"killed by signal {-exitcode}"
+        if -exitcode == signal.SIGKILL:
+            how += " (out of memory?)"
     else:
         how = f"exited with code {exitcode}"
     return RankFailure(rank=rank, exitcode=exitcode, message=how, time=noticed)
 
 
 def first_failure(failures: list[RankFailure]) -> RankFailure:
-    """The failure that started it: the earliest, leaving out workers torchrun stopped because of it."""
-    primary = [f for f in failures if not f.secondary] or failures
+    """The failure that started it: the earliest, leaving out workers torchrun stopped because of it and
+    workers that only noticed a peer go away (a worker the out-of-memory killer ended writes nothing, and its
+    peers' "Connection reset by peer" may well be timed before torchrun notices it died)."""
+    primary = ([f for f in failures if not f.secondary and not f.peer_lost]
+               or [f for f in failures if not f.secondary] or failures)
     return min(primary, key=lambda f: (f.time, f.rank))
 
 

@@ -28,7 +28,6 @@ import dataclasses
 import gc
 import math
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -41,30 +40,23 @@ from partita.planner.plan import Plan
 from partita.runtime import checkpoint as ckpt
 from partita.runtime import ep as expert_parallel
 from partita.runtime import batchnorm, memory
-from partita.runtime.apply import make_executor, make_plan_optimizer
+from partita.runtime.apply import make_executor, make_plan_optimizer, settle_ddp_buckets
 from partita.runtime.checks import build_meta, optimizer_name, preflight
 from partita.runtime.cp import replica_mesh
 from partita.runtime.data import make_data
+from partita.runtime import ownership
 from partita.runtime.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
 from partita.runtime.mesh import Topology, backend_for, init
+from partita.runtime.guards import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, EXIT_VERIFY, NonFiniteLoss,  # noqa: F401
+                                    NonFiniteParameters, Stopped, keep_partial, params_finite, reduce_loss_and_stop)
+from partita.runtime.resume import Candidates, candidates, start_checkpoints
+from partita.runtime.stop import StopSignal
 from partita.runtime.precision import train_dtype
 from partita.runtime.progress import DEFAULT_EVERY, Progress, summary_writer
 from partita.runtime.recipe import build_model
 from partita.runtime.report import RunResult, preamble, render
 from partita.runtime.verify import (PARAM_TOLERANCE, TOLERANCE, VERIFY_DTYPE, Check, GradientRMS, compare, failures,
                             loss_check, param_checks, param_stats, reference_run, shared_names)
-
-EXIT_OK, EXIT_VERIFY, EXIT_ERROR, EXIT_NONFINITE = 0, 1, 2, 3
-
-class NonFiniteLoss(PartitaError):
-    """The loss of a step is NaN or infinite; the run stops before that step's optimizer update."""
-
-    def __init__(self, step: int, value: float, last_checkpoint: str | None):
-        kept = f"; the last good checkpoint is {last_checkpoint}" if last_checkpoint else "; no checkpoint was saved"
-        super().__init__(f"loss is {value} at step {step}: training stopped before that step's optimizer "
-                         f"update{kept}")
-        self.step = step
-
 
 @dataclass
 class RunOptions:
@@ -86,6 +78,8 @@ class RunOptions:
     """A progress line after every N-th step (runtime.progress; 0: none)."""
     tensorboard: str | None = None
     """A directory rank 0 writes TensorBoard scalars into."""
+    keep: int = 0
+    """With checkpoint_every: keep only the newest `keep` checkpoints of this run (0: all)."""
     print_report: bool = True
     memory_trace: bool = True
     """On CPU, measure the peak memory of a training step with the allocator trace (`_measure_step`):
@@ -133,7 +127,10 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
     data: object = None
     resume: ckpt.Checkpoint | None = None
+    """The newest checkpoint that passed the pre-flight checks; execute then takes the newest intact one."""
     metadata: object = None
+    candidates: Candidates | None = None
+    """Checkpoints a continuing run may resume from (runtime.resume), newest first; None: not continuing."""
     attempt: int = 0
     device_note: str | None = None
     """The plan was priced for another kind of device (`device_note`): printed by rank 0 before training,
@@ -195,6 +192,8 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int) -> Prepar
         raise PartitaError("--steps must be at least 1")
     if opts.checkpoint_every < 0:
         raise PartitaError("--checkpoint-every must be >= 0")
+    if opts.keep < 0:
+        raise PartitaError("--keep must be >= 0")
     if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
         raise PartitaError(f"{'--resume' if opts.resume else '--checkpoint-every'} needs --checkpoint-dir")
     prep = Prepared(notes=preflight(plan, spec, world), attempt=attempt_number())
@@ -214,16 +213,18 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int) -> Prepar
     elastic = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
     if opts.max_restarts and elastic is not None and int(elastic) != opts.max_restarts:
         prep.notes.append(f"note: --max-restarts {opts.max_restarts}, but torchrun allows {elastic} restarts")
-    if opts.resume or (prep.attempt > 0 and opts.checkpoint_dir):
-        found = ckpt.latest(opts.checkpoint_dir)
-        if found is None:
+    continuing = opts.resume or (prep.attempt > 0 and bool(opts.checkpoint_dir))
+    if opts.checkpoint_dir and opts.checkpoint_every:  # a run that writes checkpoints (runtime.ownership)
+        ownership.refuse_foreign(opts.checkpoint_dir, continuing)
+        ownership.check_writable(opts.checkpoint_dir)
+    if continuing:
+        prep.candidates = candidates(plan, spec, opts.checkpoint_dir, opts.steps, prep.data.describe())
+        if not prep.candidates.found:
             prep.notes.append(f"no checkpoint in {opts.checkpoint_dir} yet: training from step 0")
         else:
-            prep.resume = ckpt.open_checkpoint(found)
-            meta = build_meta(spec)
-            prep.metadata, more = ckpt.validate(prep.resume, meta, model_fingerprint(meta), spec.name,
-                                                optimizer_name(plan), opts.steps, plan.train, prep.data.describe())
-            prep.notes += more
+            newest = prep.candidates.found[0]
+            prep.resume, prep.metadata = newest.checkpoint, newest.metadata
+            prep.notes += newest.notes
     return prep
 
 
@@ -362,27 +363,42 @@ def _header(plan: Plan, spec: ModelSpec, opts: RunOptions, topo: Topology, data)
 
 def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tuple[RunResult, int]:
     """Train under the plan on this rank (every rank calls it); returns (result, exit code: 0, or 1 when
-    --verify found a difference). Raises NonFiniteLoss, or PartitaError raised alike on every rank."""
+    --verify found a difference). Raises NonFiniteLoss, Stopped (a signal asked to stop), or PartitaError
+    raised alike on every rank. Holds the checkpoint directory's lock (rank 0) while it trains, and SIGTERM /
+    SIGINT handlers unless the entry point installed them (runtime.stop)."""
     topo = init(plan)
+    stop, lock = StopSignal.current, None
+    own_stop = stop is None
+    if own_stop:
+        stop = StopSignal().install()
+    try:
+        run_id, lock, notes = start_checkpoints(opts, prep, topo)
+        return _execute(plan, spec, opts, prep, topo, stop, run_id, notes)
+    finally:
+        ownership.release(lock)
+        if own_stop:
+            stop.restore()
+
+
+def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: Topology, stop: StopSignal,
+             run_id: str | None, notes: list[str]) -> tuple[RunResult, int]:
     data, opt_name = prep.data, optimizer_name(plan)
-    notes = list(prep.notes) + ([prep.device_note] if prep.device_note else [])
-    if topo.rank == 0 and opts.checkpoint_dir:
-        for stale in ckpt.incomplete(opts.checkpoint_dir):
-            shutil.rmtree(stale, ignore_errors=True)
-            notes.append(f"removed {stale}: a checkpoint save that never finished")
+    notes = list(prep.notes) + ([prep.device_note] if prep.device_note else []) + notes
     model = build(spec, opts, topo)
     fingerprint = model_fingerprint(model)
     names = [(n, p.shape) for n, p in model.named_parameters()]
     executor = make_executor(model, plan, topo, spec)
     del model
     opt = make_plan_optimizer(executor, plan, opts.lr, opt_name)
-    start, last_good = 0, None
+    start, kept = 0, []  # kept: (step, path) of the checkpoints this run stands on, oldest first
     if prep.resume is not None:
         if note := ckpt.load(prep.resume, prep.metadata, executor.modules, executor.params, opt):
             notes.append(note)
-        start, last_good = prep.resume.step, str(prep.resume.path)
+        start, kept = prep.resume.step, [(prep.resume.step, str(prep.resume.path))]
     faults = Faults(topo.rank, opts.checkpoint_dir)
-    manifest = _manifest(plan, spec, opts, data, fingerprint)
+    if start:
+        settle_ddp_buckets(executor, data, topo, start)
+    manifest = {**_manifest(plan, spec, opts, data, fingerprint), "run_id": run_id}
     saved = memory.SavedActivations(executor.params)
     if topo.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(topo.device)
@@ -393,32 +409,48 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
     unit, per_step = throughput_unit(plan, spec)
     progress = Progress(opts.steps, start, per_step, unit, console=topo.rank == 0 and opts.print_report,
                         every=opts.log_every, tensorboard=opts.tensorboard if topo.rank == 0 else None)
-    for k in range(start, opts.steps):
-        step = k + 1
-        batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
-        _sync(topo.device)
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        with saved:
-            loss = executor.step(batch)
-        faults.exit_during_step(step)
-        if faults.nan_at(step):
-            loss = loss * float("nan")
-        value = _reduce_loss(executor, loss, topo)
-        if not math.isfinite(value):
-            raise NonFiniteLoss(step, value, last_good)
-        opt.step()
-        losses.append(value)
-        _sync(topo.device)
-        times.append(time.perf_counter() - t0)
-        progress.step(step, value, times[-1], topo.device)
-        state = max(state, memory.state_bytes(executor.params, opt))
-        if opts.checkpoint_every and (step % opts.checkpoint_every == 0 or step == opts.steps):
-            t1 = time.perf_counter()
-            last_good = str(ckpt.save(opts.checkpoint_dir, step, executor.modules, opt, manifest, topo.rank, faults))
-            save_time += time.perf_counter() - t1
-            saves.append(last_good)
-    progress.close()
+    try:
+        for k in range(start, opts.steps):
+            step = k + 1
+            batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
+            _sync(topo.device)
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            with saved:
+                loss = executor.step(batch)
+            faults.exit_during_step(step)
+            faults.raise_during_step(step)
+            faults.signal_during_step(step)
+            if faults.nan_at(step):
+                loss = loss * float("nan")
+            value, stopping = reduce_loss_and_stop(executor, loss, topo, stop.requested)
+            if not math.isfinite(value):
+                raise NonFiniteLoss(step, value, kept)
+            opt.step()
+            faults.inf_after_update(step, executor.params)
+            losses.append(value)
+            _sync(topo.device)
+            times.append(time.perf_counter() - t0)
+            progress.step(step, value, times[-1], topo.device)
+            state = max(state, memory.state_bytes(executor.params, opt))
+            stopping = stopping if step < opts.steps else 0  # asked during the last step: the run is done
+            if opts.checkpoint_every and (step % opts.checkpoint_every == 0 or step == opts.steps or stopping):
+                t1 = time.perf_counter()
+                if not params_finite(executor, topo):
+                    raise NonFiniteParameters(step, kept)
+                kept.append((step, str(ckpt.save(opts.checkpoint_dir, step, executor.modules, opt, manifest,
+                                                  topo.rank, faults, keep=opts.keep))))
+                save_time += time.perf_counter() - t1
+                saves.append(kept[-1][1])
+            if stopping:
+                raise Stopped(stopping, step, opts.steps, kept[-1][1] if kept else None, bool(opts.checkpoint_every))
+        if not params_finite(executor, topo):  # what the run hands back (and --verify compares) is finite
+            raise NonFiniteParameters(opts.steps, kept)
+    except Exception as e:
+        keep_partial(opts, prep, topo, losses, start, saves, run_id, e)
+        raise
+    finally:
+        progress.close()
     n = len(times)
     tracked, step_memory, rss = state + saved.peak, None, memory.peak_rss_bytes()  # RSS before the extra step
     reserved = torch.cuda.max_memory_reserved(topo.device) if topo.device.type == "cuda" else 0
@@ -436,7 +468,7 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
                            peak_reserved_bytes=int(maxed[n + 3]) if topo.device.type == "cuda" else None,
                            applied={**asdict(executor.applied), "summary": executor.applied.summary()},
                            notes=notes, first_step=start, resumed_from=str(prep.resume.path) if prep.resume else None,
-                           attempt=prep.attempt, checkpoints=saves, checkpoint_time_s=save_time)
+                           attempt=prep.attempt, checkpoints=saves, checkpoint_time_s=save_time, run_id=run_id)
     # beside RunResult's fields (runtime/report.py): the tracked figure (largest rank), and this rank's
     # allocator breakdown of the traced step (None when the figure is not the allocator's)
     result.tracked_memory_bytes = int(maxed[n + 2])

@@ -4,11 +4,11 @@
         PLAN.json --model MODEL --steps N [--verify] [--seed S] [--lr LR] [--losses-out FILE] \\
         [--data FILE [--data-dtype uint16|uint32] | --data package.module:factory] [--sync-batchnorm] \\
         [--log-every N] [--tensorboard DIR] \\
-        [--checkpoint-dir DIR [--checkpoint-every N] [--resume]] [--max-restarts K]
+        [--checkpoint-dir DIR [--checkpoint-every N] [--keep N] [--resume]] [--max-restarts K]
     python -m partita.runtime.train PLAN.json --model MODEL --check   # pre-flight checks only, no processes
     python -m partita.runtime.train PLAN.json --model MODEL ...       # a one-rank plan runs without torchrun too
     python -m partita.runtime.train PLAN.json --model MODEL ... --nproc-per-node W \\
-        [--nnodes N --rdzv-endpoint HOST:PORT [--rdzv-id ID]]  # starts torchrun on itself (runtime.api.agent)
+        [--nnodes N --rdzv-endpoint HOST:PORT [--rdzv-id ID] [--rdzv-timeout S]]  # starts torchrun on itself
 
 --model is built at the plan's sequence length (train.seq_len): `partita plan --seq 32` and then `run` with the
 same MODEL string train 32-token sequences, whatever length the string itself names. A plan priced for another
@@ -19,34 +19,45 @@ this node (what `partita run` and runtime.api.launch start): the workers' failur
 line, `partita: error: rank R: <message>`, and the exit code is the first failing worker's.
 
 Checkpoints (runtime.checkpoint): with --checkpoint-every N, a DCP checkpoint is written atomically to
-DIR/step-<k> after every N-th step and after the last; --resume continues from the latest complete one
-(under any plan and world size). With --max-restarts K (the same K as torchrun's), a run that torchrun
-restarts after a failure resumes from the latest checkpoint in DIR. Data (runtime.data): synthetic by
-default, windows of the token file --data FILE, or the samples of a torch dataset --data package.module:factory
-(runtime.datasets). Progress (runtime.progress): rank 0 prints a line every --log-every steps, and writes
-TensorBoard scalars with --tensorboard DIR. Faults for tests: PARTITA_FAULT (runtime.faults).
+DIR/step-<k> after every N-th step and after the last (--keep N: only the newest N); --resume continues from
+the newest intact one (under any plan and world size; runtime.resume). With --max-restarts K (the same K as
+torchrun's), a run that torchrun restarts after a failure resumes from the newest intact checkpoint of its
+own run in DIR (runtime.ownership). Data (runtime.data): synthetic by default, windows of the token file
+--data FILE, or the samples of a torch dataset --data package.module:factory (runtime.datasets). Progress
+(runtime.progress): rank 0 prints a line every --log-every steps, and writes TensorBoard scalars with
+--tensorboard DIR. Faults for tests: PARTITA_FAULT (runtime.faults). SIGTERM / SIGINT stop every rank after
+the same step (runtime.stop).
 
 Exit codes: 0 success; 1 --verify found the losses differ beyond the dtype's tolerance; 2 the plan, data
-or checkpoint does not fit the model or world size (one line on stderr, before any step); 3 a NaN or
-infinite loss stopped training (the step is named; earlier checkpoints are kept). Under torchrun a failing
-worker makes torchrun itself exit non-zero (torchrun's own code is 1).
+or checkpoint does not fit the model or world size (one line on stderr, before any step), or a checkpoint
+could not be written; 3 a NaN or infinite loss (or weight) stopped training (the step is named; earlier
+checkpoints are kept); 128 + N a signal N stopped it at a step boundary (130 SIGINT, 143 SIGTERM). Under
+plain torchrun a failing worker makes torchrun itself exit non-zero (torchrun's own code is 1).
 """
 from __future__ import annotations
 
-import argparse
-import gc
 import os
 import sys
 
+if __name__ == "__main__" and "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker: before torch loads,
+    from partita.runtime.stop import StopSignal, die_with_parent    # so a signal never prints a traceback
+    StopSignal().install()                                          # per rank (runtime.stop)
+    if os.environ.get("PARTITA_AGENT"):
+        die_with_parent()
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.planner.plan import Plan
+from partita.runtime import ownership
 from partita.runtime.data import DTYPES
 from partita.runtime.mesh import agree_on_attempt, env_world, teardown
 from partita.runtime.progress import DEFAULT_EVERY
 from partita.runtime.report import show_library_warnings_once, write_error_file
-from partita.runtime.session import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, NonFiniteLoss, RunOptions, at_seq_len,
-                             execute, prepare)
+from partita.runtime.session import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, NonFiniteLoss, RunOptions, Stopped,
+                                     at_seq_len, execute, prepare)
+from partita.runtime.stop import StopSignal, die_with_parent
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir", metavar="DIR", help="where DCP checkpoints are written and resumed from")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="save a checkpoint after every N steps and after the last (0: never)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in DIR")
+    p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in DIR")
+    p.add_argument("--keep", type=int, default=0, metavar="N",
+                   help="keep only this run's newest N checkpoints (default 0: all)")
     p.add_argument("--max-restarts", type=int, default=0, metavar="K",
                    help="torchrun's --max-restarts: a restarted attempt resumes from the latest checkpoint")
     g = p.add_argument_group("launcher (this process becomes torchrun's agent for this node)")
@@ -83,10 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--nnodes", type=int, metavar="N", help="nodes, each running this same command")
     g.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous endpoint, the same on every node")
     g.add_argument("--rdzv-id", metavar="ID", help="job id, the same on every node (default: partita)")
+    g.add_argument("--rdzv-timeout", type=float, metavar="S",
+                   help="seconds to wait for every node to join the rendezvous (runtime.rendezvous; default "
+                        "300)")
     return p
 
 
-LAUNCHER_FLAGS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id")
+LAUNCHER_FLAGS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "rdzv_timeout")
 
 
 def argument_errors(args: argparse.Namespace) -> list[str]:
@@ -100,6 +116,10 @@ def argument_errors(args: argparse.Namespace) -> list[str]:
         errors.append("--max-restarts must be >= 0")
     if args.log_every < 0:
         errors.append("--log-every must be >= 0")
+    if args.keep < 0:
+        errors.append("--keep must be >= 0")
+    if args.rdzv_timeout is not None and not 0 < args.rdzv_timeout <= 86400:
+        errors.append("--rdzv-timeout must be more than 0 and at most 86400 seconds")
     for name in ("nproc_per_node", "nnodes"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -123,18 +143,20 @@ def options(args: argparse.Namespace) -> RunOptions:
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       resume=args.resume, max_restarts=args.max_restarts, data=args.data,
                       data_dtype=args.data_dtype, losses_out=args.losses_out, sync_batchnorm=args.sync_batchnorm,
-                      log_every=args.log_every, tensorboard=args.tensorboard)
+                      log_every=args.log_every, tensorboard=args.tensorboard, keep=args.keep)
 
 
 AGENT_ENV = "PARTITA_AGENT"
 """Set (to 1) by partita's launcher for its workers: a failing worker only writes its error file, and the
-launcher prints the first failure once."""
+launcher prints the first failure once. A worker that ends the job on purpose (an error every rank raised
+alike, a NaN, a failed --verify, a stop asked by a signal) records its exit code in that file and exits 0,
+so torchrun does not restart an attempt that would end the same way; the launcher exits with the code."""
 
 
 def _error(rank: int, e: Exception | str, code: int = EXIT_ERROR) -> int:
     write_error_file(rank, str(e), exitcode=code)
-    if rank == 0 and not os.environ.get(AGENT_ENV):
-        print(f"partita: error: {e}", file=sys.stderr, flush=True)
+    if rank == 0 and not os.environ.get(AGENT_ENV):  # a stop asked for (128 + signal) is no error
+        print(f"partita: {'' if code > 128 else 'error: '}{e}", file=sys.stderr, flush=True)
     return code
 
 
@@ -145,9 +167,13 @@ def main(argv=None) -> int:
         from partita.runtime.api import agent_main
         return agent_main(args, argv)
     rank = env_world()[0]
+    if StopSignal.current is None:  # a one-process run (no torchrun): stop at a step boundary too
+        StopSignal().install()
     code = 1
     try:
         code = _worker(args)
+        if code != EXIT_OK and os.environ.get(AGENT_ENV):
+            return EXIT_OK  # the error file holds the code (AGENT_ENV); a restart would end the same way
         return code
     except Exception as e:  # unexpected (a bug, a dead peer): the traceback goes into the error file
         import traceback
@@ -173,6 +199,10 @@ def _worker(args: argparse.Namespace) -> int:
         if not args.check:
             agree_on_attempt()
         prep = prepare(plan, spec, opts, world)
+        if args.check and args.checkpoint_dir and args.checkpoint_every and \
+                (holder := ownership.is_locked(args.checkpoint_dir)):
+            raise PartitaError(f"--checkpoint-dir {args.checkpoint_dir} is in use by another run ({holder}): wait "
+                               "for it to end, or choose another directory")
     except PartitaError as e:
         return _error(rank, e)
     if args.check:
@@ -189,6 +219,8 @@ def _worker(args: argparse.Namespace) -> int:
         return code
     except NonFiniteLoss as e:  # raised on every rank at the same step
         return _error(rank, e, EXIT_NONFINITE)
+    except Stopped as e:  # raised on every rank after the same step
+        return _error(rank, e, e.exit_code)
     except PartitaError as e:  # raised identically on every rank (e.g. the split contradicts the plan)
         return _error(rank, e)
 

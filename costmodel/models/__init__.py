@@ -243,8 +243,12 @@ def _probe_without_memory(factory: Callable, spec: str):
                                "and config, not from tensor values") from None
 
 
-def resolve_model(spec: str) -> ModelSpec:
-    """Turn a MODEL string into a ModelSpec, or raise PartitaError saying what is accepted."""
+def resolve_model(spec: str, *, imports: bool = True) -> ModelSpec:
+    """Turn a MODEL string into a ModelSpec, or raise PartitaError saying what is accepted. `imports=False`:
+    only partita's own models and HuggingFace's built-in configurations, never `package.module:factory` (a
+    name from a plan file, which must not choose code to run)."""
+    if not isinstance(spec, str):
+        raise PartitaError(f"a MODEL is a string, got {type(spec).__name__}")
     if spec in PRESETS:
         return gpt_spec(spec, PRESETS[spec])
     family = spec.partition(":")[0]
@@ -257,6 +261,8 @@ def resolve_model(spec: str) -> ModelSpec:
     if spec in CNN_PRESETS or spec.startswith("resnet:"):
         return cnn_spec(spec)
     if ":" in spec:
+        if not imports:
+            raise PartitaError(f"model {spec!r} is an import path; it is not imported here")
         return _import_factory(spec)
     raise PartitaError(f"unknown model {spec!r}; presets: {', '.join(sorted(PRESETS))}, "
                        f"{', '.join(sorted(CNN_PRESETS))}; or gpt:layers=..,hidden=..,heads=..,seq=..,vocab=.."

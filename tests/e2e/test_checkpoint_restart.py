@@ -32,7 +32,7 @@ def torchrun(tmp_path: Path, name: str, plan: dict, ranks: int, *args: str, rest
 
 
 def dirs(root: Path) -> list[str]:
-    return sorted(p.name for p in root.iterdir() if not p.name.startswith(".fault"))
+    return sorted(p.name for p in root.iterdir() if p.name.startswith(("step-", ".step-")))
 
 
 def test_resume_on_another_plan_and_world_size_then_stop_on_nan(tmp_path):
@@ -66,7 +66,8 @@ def test_resume_on_another_plan_and_world_size_then_stop_on_nan(tmp_path):
                           cwd=ROOT, env=_env(PARTITA_FAULT="nan,step=4"), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert proc.stderr.strip() == (f"partita: error: loss is nan at step 4: training stopped before that step's "
-                                   f"optimizer update; the last good checkpoint is {ck / 'step-00000003'}")
+                                   f"optimizer update; the newest checkpoint, {ck / 'step-00000003'}, holds the weights "
+                                   f"step 4 started from; the one before it is {ck / 'step-00000002'}")
     assert dirs(ck) == ["step-00000002", "step-00000003"]
 
 
@@ -85,7 +86,7 @@ def test_killed_rank_and_crash_mid_save_resume_from_the_last_checkpoint(tmp_path
     assert "rank 0 dies while saving the checkpoint of step 4" in proc.stderr
     assert f"removed {ck / '.step-00000004.tmp'}: a checkpoint save that never finished" in proc.stdout
     assert f"resumed from {ck / 'step-00000002'} (after step 2), torchrun attempt 3" in proc.stdout
-    assert out["attempt"] == 2 and out["first_step"] == 2 and len(out["losses"]) == 4
+    assert out["attempt"] == 3 and out["restarts"] == 2 and out["first_step"] == 2 and len(out["losses"]) == 4
     assert out["max_abs_diff"] <= 1e-5, out
     assert abs(out["param_checksum"] - out["reference_param_checksum"]) <= 1e-6 * abs(out["reference_param_checksum"])
     assert out["param_max_abs_diff"] <= 1e-4

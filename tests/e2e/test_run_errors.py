@@ -53,6 +53,7 @@ def test_argument_errors_are_one_line_before_anything_is_launched(plan4, monkeyp
         raise AssertionError(f"launched {a[0] if a else k}")
     monkeypatch.setattr(cli.subprocess, "run", no_process)
     monkeypatch.setattr(cli.subprocess, "call", no_process)
+    monkeypatch.setattr(cli.subprocess, "Popen", no_process)
     assert cli.main(["run", str(plan4), "--model", "tiny-gpt", *args]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"partita: error: {message}"), lines
@@ -68,11 +69,28 @@ def test_steps_0_from_the_command_line_is_one_line_and_exit_code_2(plan4):
 def test_launch_refuses_steps_0_before_starting_processes(plan4, monkeypatch):
     import partita.runtime.api
     from partita import runtime
-    monkeypatch.setattr(runtime.api.subprocess, "call", lambda *a, **k: pytest.fail("torchrun was started"))
+    monkeypatch.setattr(runtime.api.subprocess, "Popen", lambda *a, **k: pytest.fail("torchrun was started"))
     with pytest.raises(PartitaError, match="--steps must be at least 1"):
         runtime.api.launch(plan4, "tiny-gpt", 0)
     with pytest.raises(PartitaError, match="3 nodes cannot share equally"):
         runtime.api.launch(plan4, "tiny-gpt", 2, nnodes=3, rdzv_endpoint="127.0.0.1:1")
+
+
+def test_a_bug_prints_its_traceback_and_leaves_no_log_directory(tmp_path):
+    """An unexpected exception on rank 1 (PARTITA_FAULT raise): its line, its traceback below it, and torchrun's
+    log directory removed (it used to stay in the temporary directory, one per failed run)."""
+    plan = tmp_path / "plan2.json"
+    plan.write_text(json.dumps(make_plan(dp=2)))
+    (tmp_path / "tmp").mkdir()
+    code = f"import sys, runtime; sys.exit(runtime.launch({str(plan)!r}, 'tiny-gpt', 3))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=_env(PARTITA_FAULT="raise,rank=1,step=2", TMPDIR=str(tmp_path / "tmp")))
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0] == "partita: error: rank 1: RuntimeError: PARTITA_FAULT: rank 1 raises during step 2", proc.stderr
+    assert lines[1] == "traceback of rank 1:" and lines[2].startswith("Traceback (most recent call last):")
+    assert lines[-1] == "RuntimeError: PARTITA_FAULT: rank 1 raises during step 2"
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_the_first_failure_is_the_earliest_that_torchrun_did_not_stop_itself(tmp_path, monkeypatch):
@@ -86,14 +104,31 @@ def test_the_first_failure_is_the_earliest_that_torchrun_did_not_stop_itself(tmp
     failures = [report.read_failure(0, -15, None, t2 - 5),  # SIGTERM from torchrun: not the cause
                 report.read_failure(2, 1, str(files[2]), 0),
                 report.read_failure(1, 2, str(files[1]), 0)]
-    first = report.first_failure(failures)
-    assert first.line() == "rank 2: RuntimeError: Connection closed by peer" and first.trace == "Traceback ..."
+    first = report.first_failure(failures)  # rank 2 only noticed a peer go away; rank 1 said why
+    assert first.line() == "rank 1: plan is for 4 ranks" and first.trace is None
+    assert report.first_failure(failures[:2]).line() == "rank 2: RuntimeError: Connection closed by peer"
+    assert failures[1].trace == "Traceback ..."
     assert failures[0].secondary and failures[0].message == "killed by SIGTERM"
     assert failures[2].trace is None and failures[2].exitcode == 2
     # stopped by torchrun after writing its error file: the code it was about to exit with
     assert report.read_failure(1, -15, str(files[1]), 0).exitcode == 1
     died = report.read_failure(3, 1, None, t2 - 1)  # os._exit: no file, noticed before rank 2 wrote its own
     assert report.first_failure(failures + [died]).line() == "rank 3: exited with code 1"
+
+
+def test_a_rank_killed_by_sigkill_is_the_cause_not_its_peers_connection_error(tmp_path, monkeypatch):
+    """The out-of-memory killer ends a worker with SIGKILL and no error file; its healthy peer then fails with
+    "Connection reset by peer" -- written before torchrun notices the dead worker. The killed rank is named."""
+    path = tmp_path / "0.json"
+    monkeypatch.setenv(report.ERROR_FILE_ENV, str(path))
+    report.write_error_file(0, "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error "
+                               "[127.0.0.1]:4567: Connection reset by peer", trace="Traceback ...")
+    written = json.loads(path.read_text())["message"]["extraInfo"]["partita"]["time"]
+    failures = [report.read_failure(0, 1, str(path), 0), report.read_failure(1, -9, None, written + 0.5),
+                report.read_failure(2, -15, None, written + 0.6)]
+    first = report.first_failure(failures)
+    assert first.line() == "rank 1: killed by SIGKILL (out of memory?)"
+    assert not failures[1].secondary and failures[2].secondary and failures[0].peer_lost
 
 
 def test_an_error_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):

@@ -53,7 +53,8 @@ def test_preflight_says_what_differs(over, msg):
 
 
 def test_preflight_checks_placements():
-    tp = dict(mesh={"pp": 1, "dp": 1, "tp": 2}, stages=[{"index": 0, "modules": ["blocks"], "split_at": None}],
+    tp = dict(mesh={"pp": 1, "dp": 1, "tp": 2},
+              stages=[{"index": 0, "modules": ["tok_emb", "pos_emb", "blocks", "ln_f", "head"], "split_at": None}],
               schedule={"name": "GPipe", "num_microbatches": 1, "micro_batch_size": 4})
     with pytest.raises(PlanError, match="nn.Linear"):
         preflight(Plan.from_dict(plan_dict(**tp, placements={"blocks.0.ln1": "colwise"})), GPT, 2)
@@ -71,7 +72,8 @@ def test_pipeline_split_keeps_fqns_and_checks_ownership():
     assert names[0] | names[1] == {n for n, _ in model.named_parameters()} and not names[0] & names[1]
     assert "blocks.0.attn.q.weight" in names[0] and "head.weight" in names[1]
     wrong = plan_dict()
-    wrong["stages"][0]["modules"].append("ln_f")
+    wrong["stages"][0]["modules"].append("ln_f")  # the split puts ln_f on stage 1
+    wrong["stages"][1]["modules"].remove("ln_f")
     with pytest.raises(PlanError, match="'ln_f' on stage 0"):
         pipeline_parallel.split(build_model(GPT, 0), Plan.from_dict(wrong), torch.zeros(2, GPT.seq_len, dtype=torch.long))
 

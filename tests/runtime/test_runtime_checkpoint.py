@@ -3,6 +3,7 @@
 The multi-rank cases -- another plan and world size, a rank killed under torchrun --max-restarts, a crash
 mid-save -- are in tests/e2e/test_checkpoint_restart.py.
 """
+import hashlib
 import json
 import pickle
 import re
@@ -54,7 +55,8 @@ def resume_error(root: Path, plan: dict, model="tiny-gpt", steps=6, **kw) -> str
 
 def test_checkpoints_are_committed_step_directories(saved):
     root, _, result = saved
-    assert sorted(p.name for p in root.iterdir()) == ["step-00000002", "step-00000004"]
+    assert [p.name for p in ckpt.steps(root)] == ["step-00000002", "step-00000004"]
+    assert (root / "partita-run.json").is_file() and not ckpt.incomplete(root)
     assert result.checkpoints == [str(root / "step-00000002"), str(root / "step-00000004")]
     assert ckpt.latest(root) == root / "step-00000004"
     c = ckpt.open_checkpoint(root / "step-00000004")
@@ -82,11 +84,12 @@ def test_resume_continues_the_uninterrupted_trajectory(saved, tmp_path):
 def test_nan_loss_stops_before_the_update_and_keeps_the_last_checkpoint(saved, tmp_path, monkeypatch):
     root = copy(saved, tmp_path)
     monkeypatch.setenv("PARTITA_FAULT", "nan,step=6")
-    with pytest.raises(NonFiniteLoss, match="loss is nan at step 6.*last good checkpoint is .*step-00000005"):
+    with pytest.raises(NonFiniteLoss, match="loss is nan at step 6.*the newest checkpoint, .*step-00000005, holds the "
+                                            "weights step 6 started from; the one before it is .*step-00000004"):
         runtime.run(make_plan(micro=2), "tiny-gpt", steps=8, checkpoint_dir=root, checkpoint_every=1, resume=True,
                     print_report=False)
     assert not dist.is_initialized()
-    assert sorted(p.name for p in root.iterdir()) == ["step-00000002", "step-00000004", "step-00000005"]
+    assert [p.name for p in ckpt.steps(root)] == ["step-00000002", "step-00000004", "step-00000005"]
 
 
 def test_an_incomplete_save_is_ignored(saved, tmp_path):
@@ -96,22 +99,8 @@ def test_an_incomplete_save_is_ignored(saved, tmp_path):
     assert ckpt.incomplete(root) == [root / ".step-00000006.tmp"]
 
 
-@pytest.mark.parametrize("damage,msg", [
-    ("rm __0_0.distcp", "is missing file __0_0.distcp"),
-    ("truncate __0_0.distcp", "file __0_0.distcp has 100 bytes, the checkpoint recorded"),
-    ("garbage .metadata", r"DCP \.metadata is unreadable"),
-    ("evil .metadata", r"DCP \.metadata is unreadable \(UnpicklingError: posix.system is not part of DCP metadata\)"),
-    ("garbage partita.json", "partita.json is not valid JSON"),
-    ("rm partita.json", "has no partita.json"),
-    ("fingerprint", r"was written for model 'tiny-gpt' \(fingerprint sha256:0\)"),
-    ("optimizer", "holds adam optimizer state; the plan trains with sgd"),
-    ("steps", "is at step 4; --steps 4 leaves nothing to train"),
-])
-def test_a_corrupt_or_incompatible_checkpoint_fails_before_training(saved, tmp_path, damage, msg):
-    root = copy(saved, tmp_path)
-    d = root / "step-00000004"
-    plan, steps = make_plan(micro=2), 6
-    action, name = damage.split(" ")[0], damage.split(" ")[-1]
+def damage(d: Path, action: str, name: str) -> None:
+    """Break checkpoint directory `d` as a failing disk, a crash or a hostile edit would."""
     if action == "rm":
         (d / name).unlink()
     elif action == "truncate":
@@ -126,15 +115,53 @@ def test_a_corrupt_or_incompatible_checkpoint_fails_before_training(saved, tmp_p
         payload = pickle.dumps(__import__("os").system)  # a pickle that would import a callable
         (d / name).write_bytes(payload)
         manifest = json.loads((d / "partita.json").read_text())
-        manifest["files"][".metadata"] = len(payload)
+        manifest["files"][".metadata"] = {"bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
         (d / "partita.json").write_text(json.dumps(manifest))
-    elif action == "fingerprint":
+
+
+DAMAGE = [
+    ("rm __0_0.distcp", "is missing file __0_0.distcp"),
+    ("truncate __0_0.distcp", "file __0_0.distcp has 100 bytes, the checkpoint recorded"),
+    ("garbage .metadata", r"DCP \.metadata is unreadable"),
+    ("evil .metadata", r"DCP \.metadata is unreadable \(UnpicklingError: posix.system is not part of DCP metadata\)"),
+    ("garbage partita.json", "partita.json is not valid JSON"),
+    ("rm partita.json", "has no partita.json"),
+]
+
+
+@pytest.mark.parametrize("what,msg", DAMAGE)
+def test_a_damaged_checkpoint_is_passed_over_for_the_one_before(saved, tmp_path, what, msg):
+    """The newest checkpoint damaged: the pre-flight names it and resumes from the one before; both damaged: one
+    line before any step."""
+    root = copy(saved, tmp_path)
+    action, name = what.split(" ")
+    damage(root / "step-00000004", action, name)
+    prep = prepare(Plan.from_dict(make_plan(micro=2)), GPT, RunOptions(steps=6, checkpoint_dir=str(root),
+                                                                      resume=True), 1)
+    assert prep.resume.path == root / "step-00000002"
+    assert re.search(msg, prep.candidates.skipped[0]) and str(root / "step-00000004") in prep.candidates.skipped[0]
+    damage(root / "step-00000002", action, name)
+    error = resume_error(root, make_plan(micro=2))
+    assert re.search(msg, error) and error.endswith(f"no older intact checkpoint is in {root} to resume from"), error
+
+
+@pytest.mark.parametrize("what,msg", [
+    ("fingerprint", r"was written for model 'tiny-gpt' \(fingerprint sha256:0\)"),
+    ("optimizer", "holds adam optimizer state; the plan trains with sgd"),
+    ("steps", "is at step 4; --steps 4 leaves nothing to train"),
+])
+def test_an_incompatible_checkpoint_fails_before_training(saved, tmp_path, what, msg):
+    """A checkpoint that is intact but does not fit this run is not passed over: one line, before any step."""
+    root = copy(saved, tmp_path)
+    d = root / "step-00000004"
+    plan, steps = make_plan(micro=2), 6
+    if what == "fingerprint":
         manifest = json.loads((d / "partita.json").read_text())
         manifest["model"]["fingerprint"] = "sha256:0"
         (d / "partita.json").write_text(json.dumps(manifest))
-    elif action == "optimizer":
+    elif what == "optimizer":
         plan["train"]["optimizer"] = "sgd"
-    elif action == "steps":
+    elif what == "steps":
         steps = 4
     error = resume_error(root, plan, steps=steps)
     assert re.search(msg, error), error
@@ -148,13 +175,15 @@ def test_resume_without_a_checkpoint_starts_at_step_0(tmp_path):
 def test_corrupt_checkpoint_exits_2_with_one_line(saved, tmp_path):
     """The entry point (one rank, no torchrun): one line on stderr, exit code 2, no step."""
     root = copy(saved, tmp_path)
-    (root / "step-00000004" / "__0_0.distcp").unlink()
+    for step in ("step-00000002", "step-00000004"):
+        (root / step / "__0_0.distcp").unlink()
     (tmp_path / "plan.json").write_text(json.dumps(make_plan(micro=2)))
     proc = subprocess.run([sys.executable, "-m", "partita.runtime.train", str(tmp_path / "plan.json"), "--model", "tiny-gpt",
                            "--steps", "6", "--checkpoint-dir", str(root), "--resume"],
                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip() == f"partita: error: checkpoint {root / 'step-00000004'} is missing file __0_0.distcp"
+    assert proc.stderr.strip() == (f"partita: error: checkpoint {root / 'step-00000004'} is missing file "
+                                   f"__0_0.distcp; no older intact checkpoint is in {root} to resume from")
 
 
 def test_fault_switch_parses_and_fires_once(tmp_path, monkeypatch):

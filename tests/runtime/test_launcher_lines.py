@@ -1,0 +1,101 @@
+"""The launcher's lines, checked without launching torchrun (issue 29 items 8 and 10): a rendezvous endpoint whose
+port another program holds, a rendezvous that times out, the restart notice, and a worker that ends the job on
+purpose under partita's launcher (exit 0, its code in its error file, so torchrun does not restart it)."""
+import json
+import logging
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
+
+from partita.costmodel import PartitaError
+from partita.runtime import api, rendezvous, report
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+from test_plans_match_single_process import _env, make_plan  # noqa: E402
+
+
+def test_a_port_held_by_another_program_is_one_line():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)  # accepts connections and never answers, as the program in the issue did
+        port = held.getsockname()[1]
+        with pytest.raises(PartitaError, match=f"rendezvous endpoint 127.0.0.1:{port}: the port is held by another "
+                                               "program, not a rendezvous store"):
+            rendezvous.check_endpoint(f"127.0.0.1:{port}", wait=2)
+
+
+def test_a_port_held_by_a_rendezvous_store_or_free_is_accepted():
+    import datetime
+
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=10))
+    rendezvous.check_endpoint(f"127.0.0.1:{store.port}", wait=5)  # another node of the job, on this machine
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    rendezvous.check_endpoint(f"127.0.0.1:{free}")
+    with pytest.raises(PartitaError, match="must be HOST:PORT"):
+        rendezvous.check_endpoint("node0")
+
+
+def test_rendezvous_failures_are_one_line_with_what_was_seen():
+    rendezvous.register("node0:29400", 7)
+    rendezvous.SEEN.joined, rendezvous.SEEN.expected = 1, 2
+    assert rendezvous.failure_line(RendezvousTimeoutError()) == (
+        "rendezvous at node0:29400 timed out after 7 s with 1 of 2 nodes joined: start the same command on every "
+        "node, or give them longer with --rdzv-timeout")
+    assert "no rendezvous store answered within 7 s" in rendezvous.failure_line(RendezvousConnectionError("x"))
+    assert rendezvous.failure_line(ValueError("x")) is None
+    assert "--rdzv-conf=join_timeout=7,read_timeout=7" in rendezvous.register("node0:29400", 7)
+
+
+def torchrun_record(name: str, level: int, msg: str, args: tuple) -> logging.LogRecord:
+    return logging.LogRecord(f"torch.distributed.elastic.{name}", level, __file__, 1, msg, args, None)
+
+
+RESTART = ("agent.server.api", logging.INFO, "[%s] Worker group %s. %s/%s attempts left; will restart worker group")
+
+
+def test_the_restart_notice_counts_restarts_and_names_the_worker_that_died(tmp_path, monkeypatch, capsys):
+    """torchrun logs the restarts left *before* it takes one ("2/2 attempts left" for the first of 2), and the
+    first worker it saw fail: here rank 1, dead without an error file, while rank 0 wrote that its peer went away."""
+    log = api._AgentLog(str(tmp_path))
+    assert log.filter(torchrun_record(*RESTART, ("default", "FAILED", 2, 2))) is False
+    assert capsys.readouterr().err.strip() == "partita: a worker failed; torchrun restarts the workers (restart 1 of 2)"
+    error = tmp_path / "run" / "attempt_0" / "0" / "error.json"  # torchrun makes a directory per local rank
+    error.parent.mkdir(parents=True)
+    (tmp_path / "run" / "attempt_0" / "1").mkdir()
+    monkeypatch.setenv(report.ERROR_FILE_ENV, str(error))
+    report.write_error_file(0, "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:63381")
+    log.filter(torchrun_record("multiprocessing.api", logging.ERROR,
+                               "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s", (1, 1, 4242, "python")))
+    log.filter(torchrun_record(*RESTART, ("default", "FAILED", 1, 2)))
+    assert capsys.readouterr().err.strip() == ("partita: rank 1: exited with code 1; torchrun restarts the workers "
+                                               "(restart 2 of 2)")
+
+
+def test_the_report_and_its_json_number_the_attempt_alike():
+    result = report.RunResult(losses=[1.0], step_times=[0.1], peak_memory_bytes=1, memory_method="m",
+                              peak_rss_bytes=1, tokens_per_step=1, resumed_from="ck/step-00000002", first_step=2,
+                              attempt=2)
+    assert "torchrun attempt 3" in report.render(result, "header", {})
+    assert result.to_json()["attempt"] == 3 and result.to_json()["restarts"] == 2
+
+
+def test_a_worker_under_the_launcher_ends_a_nan_run_without_a_restart(tmp_path):
+    """Under partita's launcher (PARTITA_AGENT) a NaN is final: the worker exits 0 so torchrun's agent does not
+    restart it, and its error file carries exit code 3 and the line the launcher prints."""
+    (tmp_path / "plan.json").write_text(json.dumps(make_plan()))
+    error = tmp_path / "error.json"
+    proc = subprocess.run([sys.executable, "-m", "partita.runtime.train", str(tmp_path / "plan.json"), "--model",
+                           "tiny-gpt", "--steps", "4"], cwd=ROOT, capture_output=True, text=True, timeout=180,
+                          env=_env(PARTITA_AGENT="1", PARTITA_FAULT="nan,step=2",
+                                   **{report.ERROR_FILE_ENV: str(error)}))
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    failure = report.read_failure(0, 0, str(error), 0)
+    assert failure.exitcode == 3 and failure.message.startswith("loss is nan at step 2: training stopped")

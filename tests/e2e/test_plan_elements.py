@@ -98,11 +98,12 @@ def test_bf16_trains_in_bf16_within_tolerance_of_fp32(tmp_path, ranks, model, kw
     assert all(c["passed"] for c in judged.values()) and "verify: OK" in proc.stdout
 
 
-def test_zero_stage_1_exits_2_before_training(tmp_path):
-    proc = _direct(tmp_path, element_plan(zero=1))
+def test_zero_stage_1_with_tensor_parallelism_exits_2_before_training(tmp_path):
+    """ZeRO-1 runs beside data and pipeline parallelism (runtime.zero1); with tp it is refused up front."""
+    proc = _direct(tmp_path, element_plan(zero=1, dp=1, tp=2), "tiny-gpt", "--check")  # pre-flight only
     assert proc.returncode == 2
     line = _one_line(proc)
-    assert "zero_stage 1" in line and "not executed" in line and "use zero_stage 2" in line
+    assert "ZeRO-1 with tp=2 is not run" in line and "use ZeRO 0, 2 or 3" in line
     assert "step" not in proc.stdout
 
 

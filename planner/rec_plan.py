@@ -107,6 +107,8 @@ def plan_rec(spec: ModelSpec, tables: list[Table], cluster: Cluster, train, spar
     plan.embeddings = section(sol, tables, accesses, sparse.optimizer, source, dense_s)
     _merge_predictions(plan, sol, dense_s, dense_hbm)
     plan.solver["embeddings"] = plan.embeddings["solver"]
+    plan.solver.pop("pipeline", None)  # the dense space has one stage by construction
+    plan.model["parameters"] = plan.model.get("parameters", 0) + sum(t.params for t in tables)
     plan.solver["total_s"] = time.perf_counter() - t0
     return plan
 
@@ -191,3 +193,51 @@ def validate_section(data, world_size: int) -> dict | None:
         if t["sharding"] == "column_wise" and (not isinstance(shards, int) or shards < 1 or t["dim"] % shards):
             raise PlanError(f"{where}: dim {t['dim']} does not split into {shards} column pieces")
     return data
+
+
+def renderables(plan) -> list:
+    """The embeddings part of `partita plan`'s report: tables by sharding and placement, the busiest rank, the
+    solver's gap."""
+    from collections import Counter
+
+    from rich.table import Table as RichTable
+    from rich.text import Text
+
+    from partita.planner.explain import human_bytes
+    e = plan.embeddings
+    tables = e["tables"]
+    params = sum(t["rows"] * t["dim"] for t in tables)
+    out = [Text(f"embedding tables  {len(tables)} tables, {params / 1e9:.3g}B parameters; IDs: {e.get('data')}; "
+                f"optimizer {e.get('optimizer')}")]
+    grid = RichTable(show_edge=False, pad_edge=False)
+    for col in ("sharding", "placement", "tables", "ranks", "e.g."):
+        grid.add_column(col)
+    groups = Counter((t["sharding"] + (f" x{t['shards']}" if t["sharding"] == "column_wise" else ""),
+                      t["placement"] + (f" {t['cache_fraction']:.0%}" if t["placement"] == "cache" else ""))
+                     for t in tables)
+    for (kind, place), n in sorted(groups.items(), key=lambda kv: -kv[1]):
+        members = [t for t in tables if (t["sharding"] + (f" x{t['shards']}" if t["sharding"] == "column_wise" else ""),
+                                         t["placement"] + (f" {t['cache_fraction']:.0%}" if t["placement"] == "cache"
+                                                           else "")) == (kind, place)]
+        ranks = sorted({r for t in members for r in t["ranks"]})
+        grid.add_row(kind, place, str(n), _span(ranks), ", ".join(t["name"] for t in members[:3])
+                     + (" ..." if n > 3 else ""))
+    out.append(grid)
+    pr = e["predicted"]["per_rank"]
+    slow = max(range(len(pr["time_s"])), key=lambda r: pr["time_s"][r])
+    s = e["solver"]
+    out.append(Text(f"busiest rank {slow}: {pr['time_s'][slow]:.4g} s of lookups, updates and all-to-alls + "
+                    f"{e['predicted']['latency_s']:.3g} s collective latency; most HBM on a rank "
+                    f"{human_bytes(max(pr['hbm_bytes']))}, host {human_bytes(max(pr['host_bytes']))}"))
+    out.append(Text(f"embedding program  {s['status']} (gap {100 * s['mip_gap']:.2g}% of the step, lower bound "
+                    f"{s['lower_bound_s']:.4g} s for the tables), {s['formulation']}, {s['options']} options, "
+                    f"{s['wall_time_s']:.2f}s"))
+    return out
+
+
+def _span(ranks: list[int]) -> str:
+    if not ranks:
+        return ""
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+    return ",".join(map(str, ranks[:8])) + (" ..." if len(ranks) > 8 else "")

@@ -62,9 +62,9 @@ def to_torchrec(plan: Plan) -> str:
         "def sharding_plan(ebc, module_path: str = \"ebc\") -> ShardingPlan:",
         f"    module_plan = construct_module_sharding_plan(ebc, PER_TABLE, local_size={per_node}, world_size={world},",
         "                                                 device_type=\"cuda\")",
-        "    for name, kernel in KERNELS.items():  # table_row_wise() takes none
-        module_plan[name].compute_kernel = kernel
-    for name, factor in CACHE_LOAD_FACTOR.items():",
+        "    for name, kernel in KERNELS.items():  # table_row_wise() takes none",
+        "        module_plan[name].compute_kernel = kernel",
+        "    for name, factor in CACHE_LOAD_FACTOR.items():",
         "        module_plan[name].cache_params = CacheParams(load_factor=factor)",
         "    return ShardingPlan({module_path: module_plan})",
         "",

@@ -53,8 +53,9 @@ def require_torchrec() -> None:
         import fbgemm_gpu  # noqa: F401
         import torchrec  # noqa: F401
     except Exception as e:  # noqa: BLE001 -- ImportError, or fbgemm's own load errors
-        raise PartitaError(f"this plan has embedding tables, which run through TorchRec: install partita[rec] "
-                           f"(torchrec and fbgemm-gpu; {type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+        raise PartitaError(f"this plan has embedding tables, which run through TorchRec: pip install 'partita[rec]' "
+                           f"and then pip install --no-deps torchrec==1.8.0 (on GPU hosts: pip install torchrec "
+                           f"fbgemm-gpu) ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
 
 
 def table_key(fqn: str) -> str:

@@ -196,6 +196,8 @@ def _cmd_models(args) -> int:
               f"{c.vocab:>7} {c.seq:>5}")
     print("\nor a family: gpt:layers=..,hidden=..,heads=..,seq=..,vocab=..[,ffn=..][,kv_heads=..]"
           "[,attention=sdpa|math][,dropout=0.1]  llama:... (the same keys)  or an import path package.module:factory")
+    print("recommendation models: dlrm-criteo-1tb (the MLPerf DLRM), dlrm:tables=..,rows=..[,dim=..,dense=..,"
+          "bottom=a-b-c,top=a-b-1,pooling=..], or a factory with nn.EmbeddingBag tables")
     return 0
 
 

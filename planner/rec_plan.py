@@ -11,6 +11,7 @@ ParameterSharding plan:
 
     embeddings   {"schema": "partita.embeddings/1", "optimizer", "data",
                   "tables": [{"name", "rows", "dim", "pooling", "sharding", "placement", "cache_fraction",
+                              "cache_miss_ratio" (cached tables: the LRU miss ratio at that size),
                               "shards", "ranks": [int], "predicted": {"lookup_s", "update_s", "comm_s",
                               "hbm_bytes", "host_bytes"}}],
                   "predicted": {"step_time_s", "latency_s", "dense_step_s",
@@ -117,8 +118,10 @@ def section(sol, tables, accesses, optimizer: str, source: str, dense_s: float) 
     rows = []
     for a in sol.assignments:
         o, c = a.option, a.cost
+        access = accesses[a.table.name]
+        miss = {"cache_miss_ratio": access.miss_ratio(o.cache_fraction * a.table.rows)} if o.placement == "cache" else {}
         rows.append({"name": a.table.name, "rows": a.table.rows, "dim": a.table.dim,
-                     "pooling": accesses[a.table.name].pooling, "sharding": o.sharding, "placement": o.placement,
+                     "pooling": access.pooling, **miss, "sharding": o.sharding, "placement": o.placement,
                      "cache_fraction": o.cache_fraction, "shards": o.shards, "ranks": list(a.ranks),
                      "predicted": {"lookup_s": c.lookup_s, "update_s": c.update_s, "comm_s": c.comm_s,
                                    "hbm_bytes": c.hbm_bytes, "host_bytes": c.host_bytes}})

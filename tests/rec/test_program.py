@@ -105,3 +105,20 @@ def test_fixed_shardings_and_their_errors():
 
 def test_sharding_names_are_torchrecs():
     assert set(SHARDINGS) == {"data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise"}
+
+
+def test_the_data_sets_what_a_cache_is_worth():
+    # one 51 GB table on one 40 GB GPU: it cannot live in HBM; with a skewed sample a small HBM cache catches most
+    # lookups, with a uniform one it misses nearly all of them, and the plan's step says so
+    from partita.costmodel.embeddings import sample_access
+    table = Table(name="t", rows=100_000_000, dim=128)
+    ctx = SparseContext(cluster=parse_cluster("1xA100-40GB"), global_batch=4096)
+    rng = np.random.default_rng(0)
+    skewed = sample_access(rng.zipf(1.2, size=50_000) % table.rows, None, "skewed")
+    uniform = sample_access(rng.integers(0, table.rows, size=50_000), None, "uniform")
+    sols = {name: E.solve_tables([table], {"t": acc}, ctx, dense_s=0.0, dense_hbm=0.0)
+            for name, acc in (("skewed", skewed), ("uniform", uniform))}
+    option = sols["skewed"].assignments[0].option
+    assert option.placement == "cache" and skewed.miss_ratio(option.cache_fraction * table.rows) < 0.3
+    assert uniform.miss_ratio(0.2 * table.rows) > 0.99
+    assert sols["skewed"].step_s < 0.7 * sols["uniform"].step_s

@@ -37,7 +37,7 @@ import benchmarks.common as common
 INSTANCES = 50
 TOPOLOGIES = ("8xA100-40GB", "8xA100-80GB", "2x8xA100-80GB", "8xV100-32GB", "4x8xH100-80GB")
 LOCAL_BATCH = 1024
-TORCHREC_TIMEOUT_S = 300
+TORCHREC_TIMEOUT_S = 240
 """TorchRec's own planning time limit (its proposals loop; enumerating the options comes before it)."""
 LARGE_RANKS, LARGE_TABLES = 16, 64
 
@@ -128,7 +128,9 @@ def partita_score(inst: dict, choices: list[dict]) -> float:
     by_name = {t.name: t for t in tables}
     load = np.zeros(ctx.ranks)
     for c in choices:
-        option = Option(sharding=c["sharding"], placement=c["placement"], shards=c["shards"],
+        # TorchRec's table_column_wise (column pieces kept on one node) is priced as partita's column_wise
+        kind = "column_wise" if c["sharding"] == "table_column_wise" else c["sharding"]
+        option = Option(sharding=kind, placement=c["placement"], shards=c["shards"],
                         cache_fraction=c["cache_fraction"])
         load[c["ranks"]] += piece_cost(by_name[c["name"]], accesses[c["name"]], option, ctx).time_s
     return float(load.max()) + sum(collective_latency(ctx, k) for k in {c["sharding"] for c in choices})
@@ -192,7 +194,7 @@ def torchrec_plan(inst: dict, timeout_s: int = TORCHREC_TIMEOUT_S) -> dict:
         cache = ps.cache_params.load_factor if ps.cache_params and ps.cache_params.load_factor else 0.2
         choices.append({"name": t["name"], "sharding": ps.sharding_type, "placement": kernels[ps.compute_kernel],
                         "cache_fraction": cache if ps.compute_kernel == "fused_uvm_caching" else 0.0,
-                        "shards": len(ranks) if ps.sharding_type == "column_wise" else 1, "ranks": ranks})
+                        "shards": len(ranks) if "column_wise" in ps.sharding_type else 1, "ranks": ranks})
     return {"found": True, "seconds": seconds, "choices": choices}
 
 
@@ -214,7 +216,7 @@ def torchrec_score(inst: dict, choices: list[dict]) -> dict:
         kernel = "dense" if c["sharding"] == "data_parallel" else kernels[c["placement"]]
         constraints[c["name"]] = ParameterConstraints(
             sharding_types=[c["sharding"]], compute_kernels=[kernel], pooling_factors=[t["pooling"]],
-            min_partition=t["dim"] // c["shards"] if c["sharding"] == "column_wise" else None,
+            min_partition=t["dim"] // c["shards"] if "column_wise" in c["sharding"] else None,
             cache_params=CacheParams(load_factor=c["cache_fraction"]) if c["placement"] == "cache" else None)
     topology = _topology(inst["cluster"])
     enumerator = EmbeddingEnumerator(topology=topology, batch_size=LOCAL_BATCH, constraints=constraints,
@@ -244,10 +246,14 @@ def compare(inst: dict) -> dict:
            "torchrec": {k: v for k, v in theirs.items() if k != "choices"}}
     for who, res in (("partita", ours), ("torchrec", theirs)):
         if res["found"]:
-            row[who]["torchrec_ms"] = torchrec_score(inst, res["choices"])
-            row[who]["partita_s"] = partita_score(inst, res["choices"])
             row[who]["shardings"] = sorted({c["sharding"] + "/" + c["placement"] for c in res["choices"]})
-    if ours["found"] and theirs["found"]:
+            try:
+                row[who]["torchrec_ms"] = torchrec_score(inst, res["choices"])
+                row[who]["partita_s"] = partita_score(inst, res["choices"])
+            except Exception as e:  # noqa: BLE001 -- a plan one side cannot score is reported, not fatal
+                row[who]["score_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    if all(res["found"] and "torchrec_ms" in row[who] and "partita_s" in row[who]
+           for who, res in (("partita", ours), ("torchrec", theirs))):
         row["margin_torchrec_estimator"] = 1 - row["partita"]["torchrec_ms"]["ms"] / row["torchrec"]["torchrec_ms"]["ms"]
         row["margin_partita_model"] = 1 - row["partita"]["partita_s"] / row["torchrec"]["partita_s"]
     return row
@@ -327,13 +333,26 @@ def published_rows() -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.rec", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="6 instances and no 1T case (a smoke run)")
+    ap.add_argument("--resume", action="store_true", help="keep the instances an interrupted run finished")
     args = ap.parse_args(argv)
     import partita.planner.api  # noqa: F401 -- everything imported before the first case: edits during a
     import partita.planner.rec_plan  # noqa: F401 -- run do not mix two versions of the code
     import torchrec.distributed.planner  # noqa: F401
+    import json
+    partial = common.RESULTS / "rec.partial.jsonl"  # rows so far: --resume continues an interrupted run
+    done = ({json.loads(line)["name"]: json.loads(line) for line in partial.read_text().splitlines()}
+            if args.resume and partial.exists() else {})
+    if not args.resume:
+        partial.unlink(missing_ok=True)
     rows = []
     for inst in instances(6 if args.quick else INSTANCES):
+        if inst["name"] in done:
+            rows.append(done[inst["name"]])
+            continue
         rows.append(compare(inst))
+        common.RESULTS.mkdir(parents=True, exist_ok=True)
+        with partial.open("a") as f:
+            f.write(json.dumps(rows[-1]) + "\n")
         r = rows[-1]
         print(f"{r['name']} {r['cluster']:>14} {r['tables']:>4} tables fill {r['fill']:.2f}: partita "
               f"{r['partita']['seconds']:.2f}s torchrec {r['torchrec']['seconds']:.2f}s margin "
@@ -348,6 +367,7 @@ def main(argv=None) -> int:
                                 "instances": rows, "summary": summary(rows), "scale": scale, "published": published,
                                 "published_summary": {"rows": len(published), "median_abs_error": statistics.median(errors),
                                                       "max_abs_error": max(errors)}})
+    partial.unlink(missing_ok=True)
     print(f"wrote {path}")
     return 0
 

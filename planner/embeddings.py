@@ -7,7 +7,7 @@ plan, whose per-rank step time D and HBM M_D enter as constants (the dense part 
 model is data-parallel over every rank, as TorchRec's DistributedModelParallel runs it). Piece costs
 c_to (seconds), h_to (HBM bytes) and u_to (host bytes) are costmodel.sparse's.
 
-Rank-indexed program (exact; HiGHS through scipy.optimize.milp):
+Rank-indexed program (exact; HiGHS, warm-started from the placement below):
 
     z_to in {0,1}               option o for table t;   sum_o z_to = 1
     x_tor in {0,1}              a piece of (t, o) on rank r (table_wise, column_wise):  sum_r x_tor = k_o z_to
@@ -20,26 +20,27 @@ Rank-indexed program (exact; HiGHS through scipy.optimize.milp):
 lambda_s is the latency of sharding type s's collectives (costmodel.sparse.collective_latency); "spread"
 options (data_parallel, row_wise) put one piece on every rank.
 
-On large instances (more than EXACT_LIMIT piece variables) the rank index is dropped: the same z, q,
-with S = sum_spread z c (the load every rank carries) and the average and largest-piece bounds
+How it is solved. First the rank index is dropped: the same z, q, with S = sum_spread z c (the load every
+rank carries) and the average and largest-piece bounds
 
     T >= D + Lambda + (sum_to z_to c_to k_to) / R        T >= D + Lambda + S + sum_o z_to c_to   (each local t)
     sum_to z_to h_to k_to <= R (HBM - M_D)               S_h + sum_o z_to h_to <= HBM - M_D   (host alike)
 
-is a relaxation of the program above, so its optimum is a lower bound on the best plan. The chosen
-pieces are then placed on ranks by longest-processing-time-first under the memory limits (Graham 1969:
-within 4/3 of the optimum makespan without them) and improved by moving pieces off the slowest rank;
-the plan states its gap to the bound. Infeasibility is the solver's: an infeasible relaxation proves
-that no plan exists, and a table that fits on no rank by itself is named with the memory it needs.
+is a relaxation of the program above, so its optimum is a lower bound on the best plan (and its
+infeasibility proves that no plan exists). The options it chooses are placed on ranks longest-processing-
+time-first under the memory limits (Graham 1969: within 4/3 of the optimum makespan without them) and
+improved by moving pieces off the slowest rank. Where that plan's gap to the bound exceeds MIP_GAP and the
+rank-indexed program is small (up to EXACT_LIMIT piece variables), HiGHS solves it from that plan for
+EXACT_NODES nodes (to the end, within the time limit, where the placement found no room), which can only improve
+the plan and raise the bound. The plan states its gap: 1 - (D + bound) / (D + its sparse step). A table
+that fits on no rank by itself is named with the memory it needs.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
 from partita.costmodel.embeddings import Access, Table
@@ -53,13 +54,14 @@ CACHE_FRACTIONS = (0.01, 0.05, 0.2)
 COLUMN_SHARDS = (2, 4, 8)
 MIN_COLUMN_WIDTH = 4
 """FBGEMM's kernels need each piece's width to be a multiple of 4."""
-MIP_GAP = 0.01
+MIP_GAP = 0.02
 """Relative gap of the step time (dense + sparse, the objective) at which the solver stops: many near-equal
 tables make the last fraction of a percent a long proof of a balance that does not matter."""
 EXACT_LIMIT = 20_000
 """Piece variables (tables x options x ranks) up to which the rank-indexed program is solved directly."""
-EXACT_TIME = 0.5
-"""Seconds the rank-indexed program may improve on the placement's plan and bound (small instances)."""
+EXACT_NODES = 200
+"""Branch-and-bound nodes the rank-indexed program may spend improving on the placement's plan and bound
+(small instances): a fixed amount of work, so the same inputs give the same plan on a busy machine too."""
 LOCAL = ("table_wise", "column_wise")
 SPREAD = ("data_parallel", "row_wise")
 
@@ -225,10 +227,6 @@ class _Rows:
         self.lo.append(lo)
         self.hi.append(hi)
 
-    def constraint(self, ncols: int) -> LinearConstraint:
-        a = coo_array((self.v, (self.r, self.c)), shape=(len(self.lo), ncols)).tocsr()
-        return LinearConstraint(a, np.array(self.lo), np.array(self.hi))
-
 
 @dataclass
 class _Result:
@@ -239,8 +237,11 @@ class _Result:
     gap: float
 
 
-def _solve(cols: _Columns, rows: _Rows, time_limit: float, start: np.ndarray | None = None) -> _Result:
-    """HiGHS on the program, from the feasible `start` where one is given (a warm start)."""
+def _solve(cols: _Columns, rows: _Rows, time_limit: float, start: np.ndarray | None = None,
+           nodes: int | None = None) -> _Result:
+    """HiGHS on the program, from the feasible `start` where one is given (a warm start), stopping after
+    `nodes` branch-and-bound nodes where given: a limit in work, not seconds, so the plan does not depend
+    on how busy the machine is (`time_limit` only guards against a stuck solve)."""
     import highspy
     from partita.planner.highs import silence_banner
     silence_banner()
@@ -248,6 +249,10 @@ def _solve(cols: _Columns, rows: _Rows, time_limit: float, start: np.ndarray | N
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("mip_rel_gap", MIP_GAP)
+    if nodes is not None:
+        h.setOptionValue("mip_max_nodes", int(nodes))
+    if start is not None:  # improving a plan in a few nodes: HiGHS's presolve of the rank-indexed program
+        h.setOptionValue("presolve", "off")  # alone costs seconds on 26 tables x 8 ranks (its symmetric ranks)
     a = coo_array((rows.v, (rows.r, rows.c)), shape=(len(rows.lo), cols.n)).tocsc()
     inf = highspy.kHighsInf
     lp = highspy.HighsLp()
@@ -290,7 +295,8 @@ def _nodes(p: _Problem) -> tuple[int, int]:
     return (p.ctx.ranks // per_node, per_node) if p.ctx.ranks % per_node == 0 else (1, p.ctx.ranks)
 
 
-def _solve_exact(p: _Problem, time_limit: float, incumbent: list[Assignment] | None) -> tuple[_Result, list | None]:
+def _solve_exact(p: _Problem, time_limit: float, incumbent: list[Assignment] | None,
+                 nodes: int | None = None) -> tuple[_Result, list | None]:
     """The rank-indexed program (module docstring), warm-started from `incumbent`; its assignments."""
     R = p.ctx.ranks
     nodes, per_node = _nodes(p)
@@ -343,7 +349,7 @@ def _solve_exact(p: _Problem, time_limit: float, incumbent: list[Assignment] | N
             start[q[a.option.sharding]] = 1.0
         inc = _tally(p, incumbent, "", "", 0.0)
         start[T] = p.dense_s + inc.step_s
-    res = _solve(cols, rows, time_limit, start)
+    res = _solve(cols, rows, time_limit, start, nodes)
     if res.x is None:
         return res, None
     assignments = []
@@ -508,10 +514,10 @@ def _improve(p, choice, placed, load, hbm, host, rounds: int = 10_000) -> None:
 
 def solve_tables(tables: list[Table], accesses: dict[str, Access], ctx: SparseContext, *, dense_s: float,
                  dense_hbm: float, fixed: dict[str, Fixed] | None = None, time_limit: float = 60.0,
-                 exact_time: float = EXACT_TIME) -> SparseSolution:
+                 exact_nodes: int = EXACT_NODES) -> SparseSolution:
     """The embedding block (module docstring) beside a dense part of `dense_s` seconds and `dense_hbm` bytes
     per rank: the relaxation and placement first, then (up to EXACT_LIMIT piece variables) the rank-indexed
-    program from that plan for at most `exact_time` seconds. Raises InfeasibleError naming the table, or
+    program from that plan for at most `exact_nodes` branch-and-bound nodes. Raises InfeasibleError naming the table, or
     saying the tables do not fit together."""
     t0 = time.perf_counter()
     fixed = fixed or {}
@@ -534,7 +540,7 @@ def solve_tables(tables: list[Table], accesses: dict[str, Access], ctx: SparseCo
     small = sum(len(c) for c in costs) * ctx.ranks <= EXACT_LIMIT
     gap = lambda sol: 1.0 - (dense_s + bound) / (dense_s + sol.step_s)  # noqa: E731 -- of the whole step
     if small and (best is None or gap(best) > MIP_GAP):
-        res, exact = _solve_exact(p, exact_time if best is not None else time_limit, placed)
+        res, exact = _solve_exact(p, time_limit, placed, exact_nodes if best is not None else None)
         if res.status == "infeasible":
             raise InfeasibleError(_together(p) + " (the rank-indexed program is infeasible: proven by the solver)")
         bound = max(bound, res.bound - dense_s)

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 from partita.costmodel import ModelSpec
-from partita.costmodel.embeddings import Table, dense_twin, find_tables, load_sample, zipf_access
+from partita.costmodel.embeddings import Table, dense_twin, load_sample, zipf_access
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.sparse import PLACEMENTS, SHARDINGS, SPARSE_OPTIMIZERS, SparseContext

@@ -224,7 +224,8 @@ def shard(plan: Plan, model: nn.Module, device: torch.device, lr: float) -> RecM
             module_plan[table_key(t["name"])].cache_params = CacheParams(load_factor=t["cache_fraction"])
     sharder = EmbeddingBagCollectionSharder(fused_params=fused_params(plan.embeddings.get("optimizer", "sgd"), lr))
     dmp = DistributedModelParallel(sparse, device=device, plan=ShardingPlan({"ebc": module_plan}), sharders=[sharder])
-    _copy_weights(dmp, {table_key(fqn): m.weight for fqn, m in tables.items()})
+    if not any(m.weight.is_meta for m in tables.values()):  # a model built whole: its tables' values
+        _copy_weights(dmp, {table_key(fqn): m.weight for fqn, m in tables.items()})
     dense = DistributedDataParallel(dense) if world > 1 and any(True for _ in dense.parameters()) else dense
     return RecModel(ids, dense, dmp, [table_key(f) for f in order])
 
@@ -245,6 +246,23 @@ def _copy_weights(dmp: nn.Module, weights: dict[str, torch.Tensor]) -> None:
 
 
 # ----------------------------------------------------------------------------------------- training
+
+def build(spec, device: torch.device, tables: bool) -> nn.Module:
+    """The model, the same on every rank (seeded). `tables` False: its tables stay on the meta device -- each
+    rank then holds only its own pieces, initialised by TorchRec -- and everything else is materialised and
+    initialised module by module; True (--verify): the whole model, whose tables the pieces are copied from."""
+    if tables:
+        return spec.build()
+    with torch.device("meta"):
+        model = spec.build()
+    for m in model.modules():
+        if isinstance(m, nn.EmbeddingBag):
+            continue
+        m.to_empty(device=device, recurse=False)
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+    return model
+
 
 def _batch(spec, tables_rows: int, batch: int, step: int, seed: int) -> tuple:
     """The global batch of `step`: dense features N(0, 1), IDs uniform over the smallest table's rows."""
@@ -314,7 +332,7 @@ def run(plan: Plan, spec, opts, world: int) -> int:
     device = init_default()
     rank = dist.get_rank()
     torch.manual_seed(opts.seed)
-    model = spec.build()
+    model = build(spec, device, tables=opts.verify)
     reference = copy.deepcopy(model) if opts.verify else None  # every rank: each checks its own pieces
     rec = shard(plan, model, device, opts.lr)
     sharded_tables = {t["name"] for t in plan.embeddings["tables"] if t["sharding"] != "data_parallel"}

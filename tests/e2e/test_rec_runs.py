@@ -31,11 +31,11 @@ def _plan_file(tmp_path, model, cluster, fixed, optimizer) -> str:
     return str(path)
 
 
-def _run(plan_path: str, model: str) -> subprocess.CompletedProcess:
+def _run(plan_path: str, model: str, verify: bool = True) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "partita.planner.cli", "run", plan_path, "--model", model,
-                           "--steps", "3", "--verify", "--lr", "0.05"], env=env, capture_output=True, text=True,
-                          timeout=600)
+                           "--steps", "3", "--lr", "0.05", *(["--verify"] if verify else [])], env=env,
+                          capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow
@@ -55,6 +55,23 @@ def test_table_row_wise_over_two_nodes_trains_like_one_process(tmp_path):
     out = _run(_plan_file(tmp_path, WIDE, "2x2xcpu", fixed, "sgd"), WIDE)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "table_row_wise" in out.stdout and out.stdout.count(": OK") == 2
+
+
+@pytest.mark.slow
+def test_without_verify_no_rank_builds_the_whole_tables(tmp_path):
+    # the tables stay on the meta device (runtime.rec.build) and each rank holds its TorchRec pieces only
+    out = _run(_plan_file(tmp_path, SMALL, "2xcpu", "*=row_wise", "sgd"), SMALL, verify=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    losses = [float(line.split()[1]) for line in out.stdout.splitlines() if line[:4].strip().isdigit()]
+    assert len(losses) == 3 and all(0 < x < 10 for x in losses)
+
+
+def test_the_run_builds_tables_only_to_verify():
+    from partita.runtime.rec import build
+    spec = resolve_model(SMALL)
+    lean, whole = build(spec, torch.device("cpu"), tables=False), build(spec, torch.device("cpu"), tables=True)
+    assert lean.embeddings["cat_0"].weight.is_meta and not lean.bottom[0].weight.is_meta
+    assert not whole.embeddings["cat_0"].weight.is_meta
 
 
 def test_split_into_ids_and_dense_part_is_the_model():

@@ -48,7 +48,7 @@ def test_exact_on_a_small_instance_equals_brute_force(monkeypatch):
               Table(name="c", rows=2_000, dim=64)]
     accesses = {t.name: zipf_access(t.rows, a, 2) for t, a in zip(tables, (1.1, 0.6, 1.0))}
     ctx = SparseContext(cluster=parse_cluster("2xA100-40GB"), global_batch=8192)
-    sol = E.solve_tables(tables, accesses, ctx, dense_s=1e-3, dense_hbm=2 * 2**30, exact_time=60)
+    sol = E.solve_tables(tables, accesses, ctx, dense_s=1e-3, dense_hbm=2 * 2**30, exact_nodes=10**9)
     assert sol.step_s == pytest.approx(_brute_force(tables, accesses, ctx, 1e-3, 2 * 2**30), rel=1e-6)
     assert sol.rank_hbm.max() <= ctx.cluster.device.usable_memory() - 2 * 2**30
     assert {a.option.placement for a in sol.assignments} != {"hbm"}  # memory forced a choice
@@ -63,7 +63,7 @@ def test_every_table_placed_on_criteo_scale():
     assert [a.table.name for a in sol.assignments] == [t.name for t in tables]
     assert sol.mip_gap <= 0.05 and sol.lower_bound_s <= sol.step_s
     # the relaxation and placement path on the same instance states a bound no higher than its plan
-    sol2 = E.solve_tables(tables, accesses, ctx, dense_s=3e-3, dense_hbm=2**30, exact_time=0.01)
+    sol2 = E.solve_tables(tables, accesses, ctx, dense_s=3e-3, dense_hbm=2**30, exact_nodes=1)
     assert sol2.lower_bound_s <= sol2.step_s + 1e-12
 
 
@@ -122,3 +122,14 @@ def test_the_data_sets_what_a_cache_is_worth():
     assert option.placement == "cache" and skewed.miss_ratio(option.cache_fraction * table.rows) < 0.3
     assert uniform.miss_ratio(0.2 * table.rows) > 0.99
     assert sols["skewed"].step_s < 0.7 * sols["uniform"].step_s
+
+
+def test_the_same_inputs_give_the_same_plan_whatever_the_time_limit():
+    from partita.costmodel.models.dlrm import CRITEO_1TB_ROWS
+    tables = [Table(name=f"cat_{i}", rows=r, dim=128) for i, r in enumerate(CRITEO_1TB_ROWS)]
+    accesses = {t.name: zipf_access(t.rows, 1.05, 1) for t in tables}
+    ctx = SparseContext(cluster=parse_cluster("8xA100-40GB"), global_batch=65536)
+    plans = [[(a.table.name, a.option, a.ranks) for a in
+              E.solve_tables(tables, accesses, ctx, dense_s=3e-3, dense_hbm=2**30, time_limit=limit).assignments]
+             for limit in (60.0, 600.0)]
+    assert plans[0] == plans[1]

@@ -569,6 +569,15 @@ def rec(results: dict) -> str:
         f"cost model, median margin {margin(s['median_margin_partita_model'])}. Median planning time "
         f"{s['median_seconds']['partita']:.2f} s (partita) and {s['median_seconds']['torchrec']:.2f} s (TorchRec), "
         f"longest {s['max_seconds']['partita']:.1f} s and {s['max_seconds']['torchrec']:.1f} s."))
+    worse = [r for r in d["instances"] if r.get("margin_torchrec_estimator", 0) < -1e-9]
+    cached = sum(any(x.endswith("/cache") for x in r["partita"].get("shardings", [])) for r in worse)
+    unfit = sum(not r["partita"].get("torchrec_ms", {}).get("fits", True) for r in d["instances"])
+    out += ["", paragraph(
+        f"Of the {len(worse)} instances where TorchRec's estimator prefers its own plan, {cached} have a table partita "
+        "put behind an HBM cache: TorchRec prices a cache by its load factor (hits = the cached fraction of the rows, "
+        "as for uniform IDs), partita by the miss rate of an LRU cache under the instance's Zipf skew, so a small "
+        "cache partita finds worth it is the slowest piece there. TorchRec's storage estimate (its own reservations "
+        f"and buffers) finds {unfit} of partita's plans over some rank's memory.")]
     for c in d["scale"]:
         t = c["torchrec"]
         theirs = ("not run" if t.get("found") is None else f"{t['seconds']:.1f} s" + ("" if t["found"] else

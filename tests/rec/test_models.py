@@ -75,3 +75,20 @@ def test_a_trillion_parameters_plan_without_allocating():
 def test_sparse_flags_need_tables():
     with pytest.raises(PartitaError, match="apply to models with embedding tables"):
         plan("tiny-gpt", cluster="2xcpu", train=TrainConfig(global_batch=4), sparse=SparseInputs(zipf=1.0))
+
+
+def test_cli_names_the_table_that_fits_nowhere(capsys):
+    from partita.planner.cli import main
+    code = main(["plan", "--model", "dlrm:tables=2,rows=1000-1000000000000,dim=128", "--cluster", "2xA100-40GB",
+                 "--global-batch", "64"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "table embeddings.cat_1 (1,000,000,000,000 rows x 128) fits on no rank" in err and "GiB" in err
+
+
+def test_cli_dim_that_does_not_split_is_one_line(capsys):
+    from partita.planner.cli import main
+    code = main(["plan", "--model", "dlrm:tables=2,rows=100,dim=24,bottom=32-24", "--cluster", "4xA100-40GB",
+                 "--global-batch", "64", "--embedding-sharding", "embeddings.cat_0=column_wise:4"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "does not split into 4 column pieces" in err

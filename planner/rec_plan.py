@@ -108,6 +108,11 @@ def plan_rec(spec: ModelSpec, tables: list[Table], cluster: Cluster, train, spar
     plan.embeddings = section(sol, tables, accesses, sparse.optimizer, source, dense_s)
     _merge_predictions(plan, sol, dense_s, dense_hbm)
     plan.solver["embeddings"] = plan.embeddings["solver"]
+    # the stable solver fields speak for the whole program: its gap is the embedding block's (of the whole step)
+    plan.solver["mip_gap"] = max(plan.solver.get("mip_gap") or 0.0, sol.mip_gap)
+    plan.solver["wall_time_s"] = plan.solver.get("wall_time_s", 0.0) + sol.wall_time_s
+    if sol.status != "optimal":
+        plan.solver["status"] = sol.status
     plan.solver.pop("pipeline", None)  # the dense space has one stage by construction
     plan.model["parameters"] = plan.model.get("parameters", 0) + sum(t.params for t in tables)
     plan.solver["total_s"] = time.perf_counter() - t0

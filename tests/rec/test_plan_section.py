@@ -60,6 +60,7 @@ def test_cli_json_keeps_the_stable_names(capsys):
     assert {"step_time_s", "tokens_per_s", "peak_memory_bytes", "exposed_comm_s"} <= set(d["predicted"])
     assert {"status", "wall_time_s", "mip_gap"} <= set(d["solver"]) and d["mesh"]["dp"] == 2
     assert d["embeddings"]["data"].startswith("zipf alpha=1.1")
+    assert d["solver"]["mip_gap"] >= d["embeddings"]["solver"]["mip_gap"]  # the gap covers the tables too
 
 
 def test_explain_shows_the_tables(rec_plan):

@@ -18,7 +18,7 @@ from pathlib import Path
 from benchmarks.common import write
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ["table1", "planner_speed", "solver", "fidelity", "runtime_overhead", "published", "examples"]
+BENCHMARKS = ["table1", "planner_speed", "solver", "fidelity", "runtime_overhead", "published", "examples", "rec"]
 
 
 def main(argv=None) -> int:

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from partita.costmodel import ModelSpec, model_fingerprint, resolve_model
+from partita.costmodel.embeddings import find_tables
 from partita.costmodel.errors import InfeasibleError, PartitaError
 from partita.costmodel.hardware import Cluster, parse_cluster
 from partita.costmodel.models import with_seq
@@ -42,13 +43,17 @@ def _spec_for(model, example_inputs) -> ModelSpec:
 
 def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConfig,
                 progress=None, baselines: bool = False, space: SearchSpace | None = None,
-                **fixed) -> tuple[SearchResult, Plan]:
+                sparse=None, **fixed) -> tuple[SearchResult | None, Plan]:
     """Capture, cost and search; returns the search (every candidate, for notebooks) and the chosen Plan.
 
     `space` and the keywords `fixed` (SearchSpace fields: tp, pp, dp, zero, recompute, offload,
     sequence_parallel, micro_batch, virtual_stages) restrict the search; a restriction no configuration
     meets raises PartitaError saying why, before any solving, and one that does not fit in memory an
-    InfeasibleError with the memory it needs."""
+    InfeasibleError with the memory it needs.
+
+    A model with embedding tables (nn.EmbeddingBag) is planned by planner.rec_plan, its sparse part from
+    `sparse` (a rec_plan.SparseInputs: data sample or Zipf skew, fixed table shardings); the search
+    result is then None."""
     space = _space_for(space, fixed)
     spec = with_seq(_spec_for(model, example_inputs), train.seq_len)
     cl = parse_cluster(cluster) if isinstance(cluster, str) else cluster
@@ -56,6 +61,13 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     if isinstance(train.dtype, _ByDevice):  # no dtype given: the device kind's, as the CLI chooses it
         train = dataclasses.replace(train, dtype=default_dtype(cl))
     t0 = time.perf_counter()
+    with torch.device("meta"):  # the runtime checks the fingerprint of the model built the same way
+        meta = spec.build()
+    fingerprint = model_fingerprint(meta)
+    tables = find_tables(meta)
+    del meta
+    if tables or sparse is not None:
+        return None, _plan_tables(spec, tables, cl, train, space, sparse, fingerprint, progress, baselines)
     graph = capture(spec, dtype=train.dtype)
     prefix, layers, suffix = split_model(graph)
     blocks = use_block_program(graph, prefix, layers, suffix)
@@ -67,7 +79,6 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
         if not space.fixed():
             raise
         raise InfeasibleError(f"with {describe_fixed(space)} fixed, {e}") from None
-    fingerprint = _fingerprint(spec)
     p = build_plan(result, spec.name, fingerprint, spec.config)
     if space.fixed():
         p.solver["fixed"] = {k: list(v) if isinstance(v, tuple) else v for k, v in space.fixed().items()}
@@ -79,11 +90,24 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
 
 
 def plan(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConfig, progress=None,
-         baselines: bool = False, space: SearchSpace | None = None, **fixed) -> Plan:
+         baselines: bool = False, space: SearchSpace | None = None, sparse=None, **fixed) -> Plan:
     """Capture `model`, cost it for `cluster`, and return the fastest plan that fits (see DESIGN.md),
     within `space` and the fixed choices (plan_search): `plan(..., tp=8, pp=16, zero=0)`."""
     return plan_search(model, example_inputs, cluster=cluster, train=train, progress=progress,
-                       baselines=baselines, space=space, **fixed)[1]
+                       baselines=baselines, space=space, sparse=sparse, **fixed)[1]
+
+
+def _plan_tables(spec, tables, cluster, train, space, sparse, fingerprint, progress, baselines) -> Plan:
+    """A model with embedding tables: planner.rec_plan (the dense part data-parallel, the tables placed)."""
+    from partita.planner.rec_plan import SparseInputs, plan_rec
+    if not tables:
+        raise PartitaError(f"--data, --zipf, --pooling, --sparse-optimizer and --embedding-sharding apply to models "
+                           f"with embedding tables (nn.EmbeddingBag); {spec.name} has none")
+    if space.fixed() or baselines:
+        raise PartitaError(f"{spec.name} has embedding tables: its dense part is planned data-parallel over every "
+                           "rank, so the dense what-if flags and --baselines do not apply; fix tables with "
+                           "--embedding-sharding TABLE=SHARDING[:K][@PLACEMENT]")
+    return plan_rec(spec, tables, cluster, train, sparse or SparseInputs(), fingerprint, progress)
 
 
 def default_dtype(cluster: Cluster) -> str:

@@ -48,7 +48,7 @@ def _cmd_plan(args) -> int:
             bar.update(task, total=n, completed=i + 1)
 
         p = make_plan(args.model, cluster=cluster, train=train, progress=progress, baselines=args.baselines,
-                      space=space)
+                      space=space, sparse=_sparse_from_args(args))
     if args.out:
         p.save(args.out)
     if args.json:
@@ -59,6 +59,17 @@ def _cmd_plan(args) -> int:
         if args.out:
             print(f"\nplan written to {args.out}")
     return 0
+
+
+def _sparse_from_args(args):
+    """The recommendation-model flags as a rec_plan.SparseInputs, or None when none is given."""
+    given = {k: getattr(args, k) for k in ("data", "zipf", "pooling", "sparse_optimizer", "embedding_sharding")
+             if getattr(args, k) is not None}
+    if not given:
+        return None
+    from partita.planner.rec_plan import SparseInputs
+    return SparseInputs(data=args.data, zipf=args.zipf, pooling=args.pooling,
+                        optimizer=args.sparse_optimizer or "rowwise_adagrad", fixed=args.embedding_sharding)
 
 
 def _space_from_args(args):
@@ -204,6 +215,8 @@ def _cmd_models(args) -> int:
           "or hf:FAMILY[:key=value,...] (a transformers model type built from its config)\n"
           "or your own: package.module:factory returning (module, example_inputs[, loss_fn]) (README: Train your own "
           "model on your own data)")
+    print("recommendation models: dlrm-criteo-1tb (the MLPerf DLRM), dlrm:tables=..,rows=..[,dim=..,dense=..,"
+          "bottom=a-b-c,top=a-b-1,pooling=..], or a factory with nn.EmbeddingBag tables")
     return 0
 
 
@@ -261,6 +274,21 @@ def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
                         "--overlap-p2p-communication; priced, not run by partita run). Default: as the stack allows")
 
 
+def _add_rec_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("recommendation models (models with nn.EmbeddingBag tables, e.g. dlrm-criteo-1tb)")
+    g.add_argument("--data", metavar="FILE", help="a sample of the sparse features: .npz with one array of IDs per "
+                   "table (named as its module) and optionally NAME.lengths (IDs per sample)")
+    g.add_argument("--zipf", type=float, metavar="ALPHA", help="IDs Zipf-distributed with exponent ALPHA over each "
+                   "table's rows (default without --data: uniform)")
+    g.add_argument("--pooling", type=float, metavar="L", help="IDs per sample and feature with --zipf "
+                   "(default: the model's example batch)")
+    g.add_argument("--sparse-optimizer", choices=["rowwise_adagrad", "adam", "sgd"], default=None,
+                   help="the tables' fused optimizer (default rowwise_adagrad)")
+    g.add_argument("--embedding-sharding", metavar="TABLE=SHARDING[:K][@PLACEMENT],...",
+                   help="fix tables' sharding (data_parallel, table_wise, column_wise:K, row_wise, table_row_wise) "
+                        "and placement (hbm, cache, host); TABLE * for every table")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="partita", description="Plan and run parallel training for PyTorch models.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -289,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "te-2024 (Megatron-Core + Transformer Engine) also searches its TP and pipeline-send "
                         "overlaps and prices its distributed optimizer -- a plan partita prices but does not run")
     _add_what_if_flags(p)
+    _add_rec_flags(p)
     p.add_argument("--baselines", action="store_true",
                    help="also plan DDP, FSDP, Megatron TP x PP and recompute-everything under the same cost model")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")

@@ -15,7 +15,7 @@ from partita.planner.plan import RECOMPUTE
 from partita.planner.strategies import SPLIT
 from partita.planner.space import fixed_text
 
-CATEGORY_STYLE = {"model_states": "cyan", "activations": "magenta", "workspace": "yellow"}
+CATEGORY_STYLE = {"model_states": "cyan", "activations": "magenta", "workspace": "yellow", "embeddings": "green"}
 
 
 def human_bytes(n: float) -> str:
@@ -174,7 +174,8 @@ _TIME_LABELS = {"compute_s": "compute", "contention_s": "compute slowed by overl
                 "tp_comm_s": "tp comm (exposed)", "cp_comm_s": "cp K/V gathers (exposed)",
                 "ep_comm_s": "ep all-to-all (exposed)", "zero_comm_s": "zero comm (exposed)",
                 "offload_s": "offload copies (exposed)", "p2p_s": "pipeline p2p (exposed)",
-                "bubble_s": "pipeline bubble", "dp_comm_s": "dp all-reduce (exposed)", "optimizer_s": "optimizer"}
+                "bubble_s": "pipeline bubble", "dp_comm_s": "dp all-reduce (exposed)", "optimizer_s": "optimizer",
+                "embeddings_s": "embedding tables (slowest rank)"}
 
 
 def _memory(pred: dict) -> Table:
@@ -270,6 +271,9 @@ def renderables(plan) -> Group:
         if pred.get("assumptions"):
             parts += [Text(""), Text("assumptions in force (costmodel.kernels, costmodel.streams, costmodel.comm):")]
             parts += [Text(f"  - {a}") for a in pred["assumptions"]]
+    if plan.embeddings:
+        from partita.planner.rec_plan import renderables as embedding_renderables
+        parts += [Text(""), *embedding_renderables(plan)]
     if plan.solver:
         parts += [Text(""), _solver(plan)]
     if plan.baselines:

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from partita.costmodel.errors import PartitaError
 from partita.planner.plan import RECOMPUTE, BlockChoice, Plan
 
-FORMATS = ("slurm", "megatron", "torchtitan")
+FORMATS = ("slurm", "megatron", "torchtitan", "torchrec")
 
 
 class ExportError(PartitaError):
@@ -646,4 +646,7 @@ def export(plan: Plan, fmt: str, *, plan_path: str = "plan.json", slurm: SlurmOp
         return to_megatron(plan)
     if fmt == "torchtitan":
         return to_torchtitan(plan)
+    if fmt == "torchrec":
+        from partita.planner.export_torchrec import to_torchrec  # a plan's embedding tables
+        return to_torchrec(plan)
     raise ExportError(f"unknown export format {fmt!r}; accepted: {', '.join(FORMATS)}")

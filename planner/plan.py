@@ -39,6 +39,9 @@ Shape (the keys scripts rely on are marked *; see DESIGN.md):
     solver*      {"status", "wall_time_s", "mip_gap", "fixed": {decision: value}, ...}; fixed "kernels":
                  "compiled" means the plan was priced for torch.compile'd layers, and the runtime compiles them
     baselines    [{"name", "predicted", "mesh", "fits"}]   (with --baselines)
+    embeddings   {"schema": "partita.embeddings/1", "tables": [...], ...}   a model's embedding tables: each
+                 table's sharding, placement and ranks (planner.rec_plan); absent for models without tables
+                 (plans written before it load unchanged)
 """
 from __future__ import annotations
 
@@ -134,6 +137,8 @@ class Plan:
     predicted: dict[str, Any] = field(default_factory=dict)
     solver: dict[str, Any] = field(default_factory=dict)
     baselines: list[dict[str, Any]] = field(default_factory=list)
+    embeddings: dict[str, Any] | None = None
+    """The embedding tables' section (planner.rec_plan), or None for a model without tables."""
     schema: str = SCHEMA
 
     @property
@@ -157,6 +162,8 @@ class Plan:
         out.update(d)
         if not self.baselines:
             out.pop("baselines")
+        if self.embeddings is None:
+            out.pop("embeddings")
         return out
 
     def to_json(self) -> str:
@@ -290,7 +297,15 @@ class Plan:
                    zero_stage=zero, overlap=dict(overlap),
                    predicted=_obj(data.get("predicted", {}), "predicted"),
                    solver=_obj(data.get("solver", {}), "solver"),
-                   baselines=_list(data.get("baselines", []), "baselines"))
+                   baselines=_list(data.get("baselines", []), "baselines"),
+                   embeddings=_embeddings(data.get("embeddings"), mesh.world_size))
+
+
+def _embeddings(data: Any, world_size: int) -> dict | None:
+    if data is None:  # a model without tables, or a plan written before them
+        return None
+    from partita.planner.rec_plan import validate_section  # the section's own module
+    return validate_section(data, world_size)
 
 
 MAX_COUNT = 2**31 - 1

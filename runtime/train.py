@@ -196,6 +196,8 @@ def _worker(args: argparse.Namespace) -> int:
         if args.check and "WORLD_SIZE" not in os.environ:
             # checking a plan outside torchrun: the launcher's world size if given, else the plan's
             world = (args.nproc_per_node * (args.nnodes or 1) if args.nproc_per_node else plan.mesh.world_size)
+        if plan.embeddings is not None:  # tables: TorchRec (runtime.rec)
+            return _rec(plan, spec, opts, world, rank, args)
         if not args.check:
             agree_on_attempt()
         prep = prepare(plan, spec, opts, world)
@@ -223,6 +225,18 @@ def _worker(args: argparse.Namespace) -> int:
         return _error(rank, e, e.exit_code)
     except PartitaError as e:  # raised identically on every rank (e.g. the split contradicts the plan)
         return _error(rank, e)
+
+
+def _rec(plan, spec, opts, world: int, rank: int, args) -> int:
+    from partita.runtime import rec
+    notes = rec.check(plan, spec, world)
+    if args.check:
+        if rank == 0:
+            print(f"plan {args.plan} fits --model {args.model} on {world} rank(s)", *notes, sep="\n")
+        return 0
+    for note in notes if rank == 0 else []:
+        print(note, flush=True)
+    return rec.run(plan, spec, opts, world)
 
 
 if __name__ == "__main__":

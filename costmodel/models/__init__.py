@@ -257,6 +257,11 @@ def resolve_model(spec: str, *, imports: bool = True) -> ModelSpec:
     if spec.startswith("hf:"):
         from partita.costmodel.models.hf import hf_spec  # imports transformers: only when asked for
         return hf_spec(spec)
+    from partita.costmodel.models import dlrm  # late: dlrm.py builds ModelSpecs
+    if spec in dlrm.PRESETS:
+        return dlrm.dlrm_spec(spec, dlrm.PRESETS[spec])
+    if spec.startswith("dlrm:"):
+        return dlrm.parse_dlrm(spec)
     from partita.costmodel.models.cnn import CNN_PRESETS, cnn_spec  # late: cnn.py builds ModelSpecs
     if spec in CNN_PRESETS or spec.startswith("resnet:"):
         return cnn_spec(spec)
@@ -268,7 +273,7 @@ def resolve_model(spec: str, *, imports: bool = True) -> ModelSpec:
                        f"{', '.join(sorted(CNN_PRESETS))}; or gpt:layers=..,hidden=..,heads=..,seq=..,vocab=.."
                        "[,ffn=..,kv_heads=..,attention=sdpa|math,dropout=..], llama:... (the same keys), "
                        "llama:...,experts=..,top_k=.. (a mixture of experts), "
-                       "resnet:depth=..,width=..,image=..,classes=.., hf:FAMILY[:key=value,...] (any transformers "
+                       "resnet:depth=..,width=..,image=..,classes=.., dlrm-criteo-1tb, dlrm:tables=..,rows=..[,dim=..,bottom=..,top=..], hf:FAMILY[:key=value,...] (any transformers "
                        "model type: gpt2, llama, mistral, mixtral, qwen2, bert, t5, ...), "
                        "or package.module:factory")
 

@@ -1,0 +1,241 @@
+"""What an embedding table costs per training step, by how it is sharded and where its rows live.
+
+Embedding lookups and their fused optimizer updates are memory-bound (Naumov et al., "Deep Learning
+Recommendation Model for Personalization and Recommendation Systems", 2019; Mudigere et al., "Software-
+Hardware Co-design for Fast and Scalable Training of Deep Learning Recommendation Models", ISCA'22, Sec. 4:
+FBGEMM's table-batched embedding (TBE) kernels read one row per ID and run at memory bandwidth): each
+byte is priced at the rate of the memory it lives in, with the device's own constants
+(costmodel.hardware.Device), no new ones:
+
+    HBM                      Device.mem_bandwidth x Device.mem_efficiency   (the fitted memory-bound rate)
+    host DRAM through UVM    Device.host_bw                                 (the host link, as offload)
+    HBM cache before host    hits at the HBM rate, misses m(c) at the host rate (costmodel.embeddings)
+
+The placements are FBGEMM's EmbeddingLocation DEVICE, MANAGED (UVM) and MANAGED_CACHING -- TorchRec's
+compute kernels "fused", "fused_uvm" and "fused_uvm_caching" (TorchRec docs, "Sharding"); Neo (Mudigere et
+al. Sec. 4.2) and RecShard (Sethi et al., ASPLOS'22) price the latter two by the share of accesses that
+reach host memory, as here.
+
+Notation: B the global batch, R ranks, b = B / R, L the pooling factor, d the width of a piece, w = 4 bytes
+per weight (TorchRec's default fp32 tables), i = 8 bytes per ID (int64 KJT values) plus 4 per bag (its
+length), n = B L lookups a step, U(n) distinct rows among them, s the optimizer state bytes per row
+(row-wise Adagrad 4, Adam 8 d, SGD 0 -- FBGEMM's EXACT_ROWWISE_ADAGRAD, ADAM and SGD), m the miss ratio of
+the piece's cache.
+
+    lookup (forward)   reads n_p rows and writes the pooled bags:     n_p d w + bags d w  bytes
+    update (backward, fused with the optimizer, as TBE does): reads each lookup's bag gradient, then reads
+                       and writes each distinct row and its state:    n_p d w + U_p (2 d w + 2 s)
+    on host (UVM): row and state bytes move at host_bw, pooled outputs and gradients at the HBM rate;
+    cached: misses m n_p d w are read from host and written into the cache, and as many evicted rows are
+    written back in the backward; the optimizer state stays in host memory with the table (FBGEMM caches
+    weights only).
+
+Sharding types (TorchRec ShardingType; n_p, bags and rows per piece):
+
+    data_parallel   every rank, its own b samples: n_p = b L; the whole table's gradient is all-reduced
+                    and the whole table updated by a dense optimizer (TorchRec's "dense" kernel)
+    table_wise      one rank: n_p = n, bags = B; input all-to-all of the other ranks' IDs, pooled output
+                    all-to-all forward and gradient all-to-all backward, (B - b) d w each
+    column_wise     k pieces of d / k columns on k ranks, each as table_wise with width d / k
+    row_wise        R pieces of rows / R rows: n_p = n / R, bags = B partial sums reduce-scattered to
+                    their owners forward (B d w unreduced), gradients all-gathered backward
+    table_row_wise  row-wise over the k ranks of one node (reduce-scatter inside the node), then the
+                    node's B / k pooled rows per rank all-to-all to their owners
+
+Collectives are costmodel.comm's (Hockney alpha-beta on the cluster's links); the volume a piece adds to
+its rank's collectives is priced by their per-byte slope (comm.affine), and each collective's latency
+once per step for the sharding types a plan uses (`collective_latency`). A rank's all-to-all time is set
+by what the table owners receive and send (the sending side of the others is the same total spread
+evenly, never more than the owners' largest). Nothing overlaps the dense part: TorchRec's
+TrainPipelineSparseDist can hide the input all-to-all behind the previous batch, which this model does not
+count (a conservative choice).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from partita.costmodel import comm
+from partita.costmodel.embeddings import Access, Table
+from partita.costmodel.errors import PartitaError
+from partita.costmodel.hardware import Cluster
+
+SHARDINGS = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")
+PLACEMENTS = ("hbm", "cache", "host")
+TORCHREC_KERNELS = {"hbm": "fused", "cache": "fused_uvm_caching", "host": "fused_uvm"}
+"""TorchRec's compute kernel for each placement (data_parallel tables run TorchRec's "dense" kernel)."""
+SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adam", "sgd")
+WEIGHT_BYTES = 4
+ID_BYTES = 8
+LENGTH_BYTES = 4
+CACHE_SLOT_BYTES = 16
+"""FBGEMM's per-slot cache state: the cached row's index and its LRU/LFU stamp, 8 bytes each."""
+
+
+def state_bytes_per_row(optimizer: str, dim: int) -> int:
+    """Optimizer state of one row of width `dim` (fbgemm_gpu OptimType)."""
+    if optimizer == "rowwise_adagrad":
+        return 4                      # one fp32 accumulator per row
+    if optimizer == "adam":
+        return 2 * dim * 4            # fp32 first and second moments
+    if optimizer == "sgd":
+        return 0
+    raise PartitaError(f"unknown sparse optimizer {optimizer!r}; accepted: {', '.join(SPARSE_OPTIMIZERS)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Option:
+    """How one table is sharded and placed."""
+
+    sharding: str
+    placement: str = "hbm"
+    shards: int = 1
+    """Column-wise pieces (k); 1 otherwise."""
+    cache_fraction: float = 0.0
+    """Rows an HBM cache holds, as a fraction of the table's (placement "cache")."""
+
+    def describe(self) -> str:
+        kind = f"{self.sharding} x{self.shards}" if self.sharding == "column_wise" else self.sharding
+        where = f"cache {self.cache_fraction:.0%}" if self.placement == "cache" else self.placement
+        return f"{kind}, {where}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PieceCost:
+    """What one piece of a table costs the rank that holds it, per step."""
+
+    lookup_s: float
+    update_s: float
+    comm_s: float
+    hbm_bytes: float
+    host_bytes: float
+    pieces: int
+    """How many ranks hold a piece: 1 (table_wise), k (column_wise), R (row_wise, data_parallel), the
+    node's devices (table_row_wise)."""
+
+    @property
+    def time_s(self) -> float:
+        return self.lookup_s + self.update_s + self.comm_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class SparseContext:
+    cluster: Cluster
+    global_batch: int
+    optimizer: str = "rowwise_adagrad"
+
+    @property
+    def ranks(self) -> int:
+        return self.cluster.num_devices
+
+    def world(self) -> comm.Group:
+        return comm.group_for(self.cluster, self.ranks, 1)
+
+    def node(self) -> comm.Group:
+        return comm.group_for(self.cluster, min(self.ranks, self.cluster.devices_per_node), 1)
+
+
+def _rates(cluster: Cluster) -> tuple[float, float]:
+    d = cluster.device
+    return d.mem_bandwidth * d.mem_efficiency, d.host_bw
+
+
+def lookup_seconds(cluster: Cluster, lookups: float, bags: float, dim: int, placement: str, miss: float) -> float:
+    hbm, host = _rates(cluster)
+    rows, out = lookups * dim * WEIGHT_BYTES, bags * dim * WEIGHT_BYTES
+    if placement == "hbm":
+        return (rows + out) / hbm
+    if placement == "host":
+        return rows / host + out / hbm
+    return (rows + out + miss * rows) / hbm + miss * rows / host
+
+
+def update_seconds(cluster: Cluster, lookups: float, distinct: float, dim: int, placement: str, miss: float,
+                   state: int) -> float:
+    hbm, host = _rates(cluster)
+    grads = lookups * dim * WEIGHT_BYTES
+    rows, states = distinct * 2 * dim * WEIGHT_BYTES, distinct * 2 * state
+    if placement == "hbm":
+        return (grads + rows + states) / hbm
+    if placement == "host":
+        return grads / hbm + (rows + states) / host
+    return (grads + rows) / hbm + states / host + miss * lookups * dim * WEIGHT_BYTES / host
+
+
+def _a2a(ctx: SparseContext, sent: float) -> float:
+    """Bandwidth seconds of `sent` bytes a rank exchanges in an all-to-all over every rank."""
+    if ctx.ranks <= 1 or sent <= 0:
+        return 0.0
+    per_byte = comm.affine(comm.all_to_all, ctx.cluster, ctx.world())[1]
+    return per_byte * sent * ctx.ranks / (ctx.ranks - 1)
+
+
+def _slope(collective, ctx: SparseContext, group: comm.Group, nbytes: float) -> float:
+    return comm.affine(collective, ctx.cluster, group)[1] * nbytes if group.size > 1 else 0.0
+
+
+def piece_cost(table: Table, access: Access, option: Option, ctx: SparseContext) -> PieceCost:
+    """The per-rank cost of one piece of `table` under `option` (module docstring)."""
+    R, B = ctx.ranks, ctx.global_batch
+    b, L = B / R, access.pooling
+    n = B * L
+    per_bag_ids = L * ID_BYTES + LENGTH_BYTES
+    kind, place = option.sharding, option.placement
+    d = table.dim // option.shards
+    if kind == "data_parallel":
+        pieces, rows, lookups, bags = R, table.rows, b * L, b
+    elif kind in ("table_wise", "column_wise"):
+        pieces, rows, lookups, bags = option.shards, table.rows, n, B
+    elif kind == "row_wise":
+        pieces, rows, lookups, bags = R, math.ceil(table.rows / R), n / R, B
+    elif kind == "table_row_wise":
+        k = ctx.node().size
+        pieces, rows, lookups, bags = k, math.ceil(table.rows / k), n / k, B
+    else:
+        raise PartitaError(f"unknown sharding {kind!r}; accepted: {', '.join(SHARDINGS)}")
+    miss = access.miss_ratio(option.cache_fraction * table.rows) if place == "cache" else 0.0
+    state = state_bytes_per_row(ctx.optimizer, d)
+    lookup = lookup_seconds(ctx.cluster, lookups, bags, d, place, miss)
+    weights = rows * d * WEIGHT_BYTES + rows * state
+    if kind == "data_parallel":
+        hbm_rate = _rates(ctx.cluster)[0]
+        # dense gradient of the whole table, all-reduced, then the whole table and its state updated
+        update = (lookups * d * WEIGHT_BYTES + 3 * rows * d * WEIGHT_BYTES + 2 * rows * state) / hbm_rate
+        comm_s = _slope(comm.all_reduce, ctx, ctx.world(), rows * d * WEIGHT_BYTES)
+        io = 2 * b * d * WEIGHT_BYTES + rows * d * WEIGHT_BYTES
+        return PieceCost(lookup_s=lookup, update_s=update, comm_s=comm_s, hbm_bytes=weights + io, host_bytes=0.0,
+                         pieces=pieces)
+    distinct = access.distinct(n) / (1 if kind in ("table_wise", "column_wise") else pieces)
+    update = update_seconds(ctx.cluster, lookups, distinct, d, place, miss, state)
+    if kind in ("table_wise", "column_wise"):
+        comm_s = _a2a(ctx, (B - b) * per_bag_ids) + 2 * _a2a(ctx, (B - b) * d * WEIGHT_BYTES)
+    elif kind == "row_wise":
+        comm_s = (_a2a(ctx, b * per_bag_ids * (R - 1) / R)
+                  + 2 * _slope(comm.reduce_scatter, ctx, ctx.world(), B * d * WEIGHT_BYTES))
+    else:  # table_row_wise: IDs and pooled rows to and from the node's k pieces, reduce-scatter inside it
+        comm_s = (_a2a(ctx, (B - b) * per_bag_ids / pieces) + 2 * _a2a(ctx, (B - b) * d * WEIGHT_BYTES / pieces)
+                  + 2 * _slope(comm.reduce_scatter, ctx, ctx.node(), B * d * WEIGHT_BYTES))
+    io = lookups * ID_BYTES + 2 * bags * d * WEIGHT_BYTES
+    if place == "hbm":
+        hbm_b, host_b = weights + io, 0.0
+    else:
+        cached = option.cache_fraction * rows if place == "cache" else 0.0
+        hbm_b, host_b = cached * (d * WEIGHT_BYTES + CACHE_SLOT_BYTES) + io, weights
+    return PieceCost(lookup_s=lookup, update_s=update, comm_s=comm_s, hbm_bytes=hbm_b, host_bytes=host_b,
+                     pieces=pieces)
+
+
+def collective_latency(ctx: SparseContext, sharding: str) -> float:
+    """Latency seconds a step pays once for the collectives of every table of `sharding` together
+    (TorchRec batches each sharding type's tables into one collective of each kind)."""
+    if ctx.ranks <= 1:
+        return 0.0
+    lat = lambda coll, group: comm.affine(coll, ctx.cluster, group)[0] if group.size > 1 else 0.0  # noqa: E731
+    a2a = lat(comm.all_to_all, ctx.world())
+    if sharding == "data_parallel":
+        return lat(comm.all_reduce, ctx.world())
+    if sharding in ("table_wise", "column_wise"):
+        return 3 * a2a                                    # IDs; pooled forward; gradients backward
+    if sharding == "row_wise":
+        return a2a + 2 * lat(comm.reduce_scatter, ctx.world())
+    return 3 * a2a + 2 * lat(comm.reduce_scatter, ctx.node())

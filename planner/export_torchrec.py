@@ -1,0 +1,74 @@
+"""`partita export plan.json --to torchrec`: the plan's embedding section as TorchRec code.
+
+It prints a Python snippet for people who launch TorchRec themselves: one ParameterShardingGenerator per
+table (torchrec.distributed.sharding_plan: table_wise(rank), column_wise(ranks), row_wise(),
+table_row_wise(host_index), data_parallel()) with the compute kernel of its placement (fused, fused_uvm,
+fused_uvm_caching) and, for a cache, the cache load factor (the cached fraction of the table's rows,
+TorchRec's CacheParams.load_factor), and the fused optimizer of the plan. Table names are the module FQNs
+with "." as "__" (runtime.rec names them so); rename them to your EmbeddingBagCollection's tables. The
+planner only writes text here: TorchRec is not imported.
+"""
+from __future__ import annotations
+
+from partita.costmodel.sparse import TORCHREC_KERNELS
+from partita.planner.plan import Plan, PlanError
+
+_OPTIMIZERS = {"sgd": "EXACT_SGD", "rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD", "adam": "ADAM"}
+
+
+def _generator(t: dict, per_node: int) -> str:
+    kernel = TORCHREC_KERNELS[t.get("placement", "hbm")]
+    kind, ranks = t["sharding"], t["ranks"]
+    if kind == "data_parallel":
+        return "data_parallel()"
+    if kind == "table_wise":
+        return f'table_wise(rank={ranks[0]}, compute_kernel="{kernel}")'
+    if kind == "column_wise":
+        return f'column_wise(ranks={list(ranks)}, compute_kernel="{kernel}")'
+    if kind == "row_wise":
+        return f'row_wise(compute_kernel="{kernel}")'
+    return f"table_row_wise(host_index={ranks[0] // per_node})"
+
+
+def to_torchrec(plan: Plan) -> str:
+    e = plan.embeddings
+    if not e:
+        raise PlanError("--to torchrec exports a plan's embedding tables; this plan has none (plan a model with "
+                        "nn.EmbeddingBag tables, e.g. dlrm-criteo-1tb)")
+    world = plan.mesh.world_size
+    per_node = plan.cluster.get("devices_per_node") or world
+    lines = [
+        f"# partita plan for {plan.model.get('name')} on {plan.cluster.get('spec')} ({world} ranks): "
+        f"{len(e['tables'])} tables, predicted step {plan.predicted.get('step_time_s', 0):.4g} s",
+        "# partita: the dense part is data-parallel (DistributedModelParallel wraps it in DDP)",
+        "from fbgemm_gpu.split_embedding_configs import EmbOptimType",
+        "from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder",
+        "from torchrec.distributed.sharding_plan import (column_wise, construct_module_sharding_plan, data_parallel,",
+        "                                                row_wise, table_row_wise, table_wise)",
+        "from torchrec.distributed.types import CacheParams, ShardingPlan",
+        "",
+        "PER_TABLE = {",
+    ]
+    for t in e["tables"]:
+        lines.append(f'    "{t["name"].replace(".", "__")}": {_generator(t, per_node)},')
+    lines += [
+        "}",
+        f"KERNELS = {{{', '.join(repr(t['name'].replace('.', '__')) + ': ' + repr(TORCHREC_KERNELS[t.get('placement', 'hbm')]) for t in e['tables'] if t['sharding'] != 'data_parallel')}}}",
+        f"CACHE_LOAD_FACTOR = {{{', '.join(repr(t['name'].replace('.', '__')) + ': ' + format(t['cache_fraction'], 'g') for t in e['tables'] if t.get('placement') == 'cache')}}}",
+        f'FUSED_PARAMS = {{"optimizer": EmbOptimType.{_OPTIMIZERS[e.get("optimizer", "rowwise_adagrad")]}, '
+        '"learning_rate": 0.01}  # your learning rate',
+        "",
+        "",
+        "def sharding_plan(ebc, module_path: str = \"ebc\") -> ShardingPlan:",
+        f"    module_plan = construct_module_sharding_plan(ebc, PER_TABLE, local_size={per_node}, world_size={world},",
+        "                                                 device_type=\"cuda\")",
+        "    for name, kernel in KERNELS.items():  # table_row_wise() takes none",
+        "        module_plan[name].compute_kernel = kernel",
+        "    for name, factor in CACHE_LOAD_FACTOR.items():",
+        "        module_plan[name].cache_params = CacheParams(load_factor=factor)",
+        "    return ShardingPlan({module_path: module_plan})",
+        "",
+        "# DistributedModelParallel(model, plan=sharding_plan(model.ebc),",
+        "#                         sharders=[EmbeddingBagCollectionSharder(fused_params=FUSED_PARAMS)])",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,122 @@
+"""Plans with embedding tables run through TorchRec's DistributedModelParallel on gloo ranks and train like
+one process (issue 28, item 5): `partita run --verify` compares the losses and every rank's table pieces with
+single-process training, for table-, row-, column-wise, data-parallel (2 ranks) and table-row-wise (2 nodes of
+2 ranks) tables. The export and the pre-flight refusals run in this process."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from partita.costmodel.models import resolve_model
+from partita.planner.api import plan
+from partita.planner.cli import main
+from partita.planner.rec_plan import SparseInputs
+from partita.planner.search import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = "dlrm:tables=4,rows=64-80-96-50,dim=8,bottom=16-8,top=16-1,dense=4,pooling=2"
+WIDE = "dlrm:tables=3,rows=64-80-96,dim=16,bottom=16,top=16-1,dense=4,pooling=2"
+
+
+def _plan_file(tmp_path, model, cluster, fixed, optimizer) -> str:
+    p = plan(model, cluster=cluster, train=TrainConfig(global_batch=16),
+             sparse=SparseInputs(fixed=fixed, optimizer=optimizer))
+    path = tmp_path / "plan.json"
+    p.save(path)
+    return str(path)
+
+
+def _run(plan_path: str, model: str, verify: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "partita.planner.cli", "run", plan_path, "--model", model,
+                           "--steps", "3", "--lr", "0.05", *(["--verify"] if verify else [])], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_every_sharding_type_trains_like_one_process(tmp_path):
+    fixed = ("embeddings.cat_0=table_wise,embeddings.cat_1=row_wise,embeddings.cat_2=column_wise:2,"
+             "embeddings.cat_3=data_parallel")
+    out = _run(_plan_file(tmp_path, SMALL, "2xcpu", fixed, "rowwise_adagrad"), SMALL)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "DistributedModelParallel (column_wise, data_parallel, row_wise, table_wise" in out.stdout
+    assert "max |loss - reference|" in out.stdout and "tables after step 3" in out.stdout
+    assert out.stdout.count(": OK") == 2
+
+
+@pytest.mark.slow
+def test_table_row_wise_over_two_nodes_trains_like_one_process(tmp_path):
+    fixed = "embeddings.cat_0=table_row_wise,embeddings.cat_1=table_wise,embeddings.cat_2=column_wise:4"
+    out = _run(_plan_file(tmp_path, WIDE, "2x2xcpu", fixed, "sgd"), WIDE)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "table_row_wise" in out.stdout and out.stdout.count(": OK") == 2
+
+
+@pytest.mark.slow
+def test_without_verify_no_rank_builds_the_whole_tables(tmp_path):
+    # the tables stay on the meta device (runtime.rec.build) and each rank holds its TorchRec pieces only
+    out = _run(_plan_file(tmp_path, SMALL, "2xcpu", "*=row_wise", "sgd"), SMALL, verify=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    losses = [float(line.split()[1]) for line in out.stdout.splitlines() if line[:4].strip().isdigit()]
+    assert len(losses) == 3 and all(0 < x < 10 for x in losses)
+
+
+def test_the_run_builds_tables_only_to_verify():
+    from partita.runtime.rec import build
+    spec = resolve_model(SMALL)
+    lean, whole = build(spec, torch.device("cpu"), tables=False), build(spec, torch.device("cpu"), tables=True)
+    assert lean.embeddings["cat_0"].weight.is_meta and not lean.bottom[0].weight.is_meta
+    assert not whole.embeddings["cat_0"].weight.is_meta
+
+
+def test_split_into_ids_and_dense_part_is_the_model():
+    from partita.runtime.rec import split
+    spec = resolve_model(SMALL)
+    model = spec.build()
+    ids, dense, names = split(model)
+    inputs = (torch.randn(3, 4), torch.randint(0, 50, (3, 4, 2)))
+    pooled = [model.get_submodule(n)(t) for n, t in zip(names, ids(*inputs))]
+    assert names == [f"embeddings.cat_{i}" for i in range(4)]
+    assert torch.equal(dense(*inputs, *pooled), model(*inputs))
+    assert not any("embeddings" in n for n, _ in dense.named_parameters())
+
+
+def test_export_to_torchrec_builds_the_planned_shardings(tmp_path, capsys):
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    fixed = ("embeddings.cat_0=table_wise,embeddings.cat_1=row_wise@cache,embeddings.cat_2=column_wise:2,"
+             "embeddings.cat_3=data_parallel")
+    path = _plan_file(tmp_path, SMALL, "2xA100-40GB", fixed, "rowwise_adagrad")
+    assert main(["export", path, "--to", "torchrec"]) == 0
+    code = capsys.readouterr().out
+    namespace: dict = {}
+    exec(compile(code, "export.py", "exec"), namespace)
+    ebc = EmbeddingBagCollection(device=torch.device("meta"), tables=[
+        EmbeddingBagConfig(name=f"embeddings__cat_{i}", embedding_dim=8, num_embeddings=r,
+                           feature_names=[f"embeddings__cat_{i}"]) for i, r in enumerate((64, 80, 96, 50))])
+    module_plan = namespace["sharding_plan"](ebc).plan["ebc"]
+    kinds = {name: (ps.sharding_type, ps.compute_kernel) for name, ps in module_plan.items()}
+    assert kinds == {"embeddings__cat_0": ("table_wise", "fused"), "embeddings__cat_1": ("row_wise", "fused_uvm_caching"),
+                     "embeddings__cat_2": ("column_wise", "fused"), "embeddings__cat_3": ("data_parallel", "dense")}
+    assert module_plan["embeddings__cat_1"].cache_params.load_factor in (0.01, 0.05, 0.2)
+    assert main(["export", str(ROOT / "tests" / "e2e" / "missing.json"), "--to", "torchrec"]) == 2
+
+
+def test_run_refuses_another_model_in_one_line(tmp_path, capsys):
+    path = _plan_file(tmp_path, SMALL, "2xcpu", None, "sgd")
+    env_model = "dlrm:tables=4,rows=64-80-96-51,dim=8,bottom=16-8,top=16-1,dense=4,pooling=2"
+    code = main(["run", path, "--model", env_model, "--steps", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "fingerprint" in err
+
+
+def test_without_torchrec_the_run_says_how_to_install_it(monkeypatch):
+    from partita.costmodel.errors import PartitaError
+    from partita.runtime import rec
+    monkeypatch.setitem(sys.modules, "torchrec", None)
+    with pytest.raises(PartitaError, match=r"partita\[rec\].*--no-deps torchrec"):
+        rec.require_torchrec()

@@ -1,0 +1,68 @@
+"""The Plan's versioned `embeddings` section (issue 28): written by the planner, validated on load, absent from
+(and not needed by) plans without tables; `partita plan --json` keeps its stable names for a DLRM."""
+import copy
+import json
+
+import pytest
+
+from partita.planner.api import plan
+from partita.planner.cli import main
+from partita.planner.plan import Plan, PlanError
+from partita.planner.rec_plan import SECTION_SCHEMA, SparseInputs
+from partita.planner.search import TrainConfig
+
+MODEL = "dlrm:tables=4,rows=64-80-96-50,dim=8,bottom=16-8,top=16-1,dense=4,pooling=2"
+
+
+@pytest.fixture(scope="module")
+def rec_plan():
+    return plan(MODEL, cluster="2xcpu", train=TrainConfig(global_batch=16),
+                sparse=SparseInputs(fixed="embeddings.cat_2=column_wise:2", optimizer="sgd"))
+
+
+def test_section_round_trips(rec_plan, tmp_path):
+    path = tmp_path / "p.json"
+    rec_plan.save(path)
+    loaded = Plan.load(path)
+    assert loaded.embeddings == rec_plan.embeddings and loaded.embeddings["schema"] == SECTION_SCHEMA
+    cw = next(t for t in loaded.embeddings["tables"] if t["name"] == "embeddings.cat_2")
+    assert cw["sharding"] == "column_wise" and cw["shards"] == 2 and sorted(cw["ranks"]) == [0, 1]
+    assert loaded.predicted["step_time_s"] == pytest.approx(
+        loaded.embeddings["predicted"]["dense_step_s"] + loaded.embeddings["predicted"]["step_time_s"])
+
+
+def test_plans_without_tables_have_no_section_and_load_unchanged(tmp_path):
+    p = plan("tiny-gpt", cluster="2xcpu", train=TrainConfig(global_batch=4))
+    d = p.to_dict()
+    assert "embeddings" not in d
+    assert Plan.from_dict(json.loads(json.dumps(d))).embeddings is None
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda e: e.update(schema="partita.embeddings/9"), "embeddings.schema"),
+    (lambda e: e["tables"][0].update(ranks=[0, 7]), r"ranks must be distinct ranks in \[0, 2\)"),
+    (lambda e: e["tables"][0].update(sharding="diagonal"), "sharding must be one of"),
+    (lambda e: e["tables"][1].update(name=e["tables"][0]["name"]), "unique string name"),
+    (lambda e: e["tables"][2].update(shards=3), "does not split into 3 column pieces|puts 3 piece"),
+])
+def test_a_bad_section_is_one_line(rec_plan, edit, words):
+    d = copy.deepcopy(rec_plan.to_dict())
+    edit(d["embeddings"])
+    with pytest.raises(PlanError, match=words) as e:
+        Plan.from_dict(d)
+    assert "\n" not in str(e.value)
+
+
+def test_cli_json_keeps_the_stable_names(capsys):
+    assert main(["plan", "--model", MODEL, "--cluster", "2xcpu", "--global-batch", "16", "--zipf", "1.1",
+                 "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert {"step_time_s", "tokens_per_s", "peak_memory_bytes", "exposed_comm_s"} <= set(d["predicted"])
+    assert {"status", "wall_time_s", "mip_gap"} <= set(d["solver"]) and d["mesh"]["dp"] == 2
+    assert d["embeddings"]["data"].startswith("zipf alpha=1.1")
+    assert d["solver"]["mip_gap"] >= d["embeddings"]["solver"]["mip_gap"]  # the gap covers the tables too
+
+
+def test_explain_shows_the_tables(rec_plan):
+    text = rec_plan.explain()
+    assert "embedding tables  4 tables" in text and "column_wise x2" in text and "embedding program" in text

@@ -1,0 +1,135 @@
+"""The embedding block of the program (issue 28, item 4): optimal against brute force, every table placed,
+infeasibility proven and named."""
+import itertools
+
+import numpy as np
+import pytest
+
+import partita.planner.embeddings as E
+from partita.costmodel.embeddings import Table, zipf_access
+from partita.costmodel.errors import InfeasibleError, PartitaError
+from partita.costmodel.hardware import parse_cluster
+from partita.costmodel.sparse import SHARDINGS, SparseContext, collective_latency, piece_cost
+
+
+def _brute_force(tables, accesses, ctx, dense_s, dense_hbm):
+    """Every option of every table on every rank choice; the best step (slowest rank + latencies)."""
+    R = ctx.ranks
+    dev = ctx.cluster.device
+    cap, host_cap = dev.usable_memory() - dense_hbm, dev.host_memory_bytes
+    per_table = []
+    for t in tables:
+        choices = []
+        for o in E.table_options(t, ctx):
+            c = piece_cost(t, accesses[t.name], o, ctx)
+            if o.sharding in E.LOCAL:
+                choices += [(o, c, ranks) for ranks in itertools.combinations(range(R), o.shards)]
+            else:
+                choices.append((o, c, tuple(range(R))))
+        per_table.append(choices)
+    best = np.inf
+    for combo in itertools.product(*per_table):
+        load, hbm, host = np.zeros(R), np.zeros(R), np.zeros(R)
+        for _, c, ranks in combo:
+            load[list(ranks)] += c.time_s
+            hbm[list(ranks)] += c.hbm_bytes
+            host[list(ranks)] += c.host_bytes
+        if hbm.max() > cap or host.max() > host_cap:
+            continue
+        step = load.max() + sum(collective_latency(ctx, k) for k in {o.sharding for o, _, _ in combo})
+        best = min(best, step)
+    return best
+
+
+def test_exact_on_a_small_instance_equals_brute_force(monkeypatch):
+    monkeypatch.setattr(E, "MIP_GAP", 1e-9)
+    # 46 + 41 GB of tables on two 40 GB ranks: not all fit in HBM; caches, host, rows compete
+    tables = [Table(name="a", rows=90_000_000, dim=128), Table(name="b", rows=80_000_000, dim=128),
+              Table(name="c", rows=2_000, dim=64)]
+    accesses = {t.name: zipf_access(t.rows, a, 2) for t, a in zip(tables, (1.1, 0.6, 1.0))}
+    ctx = SparseContext(cluster=parse_cluster("2xA100-40GB"), global_batch=8192)
+    sol = E.solve_tables(tables, accesses, ctx, dense_s=1e-3, dense_hbm=2 * 2**30, exact_nodes=10**9)
+    assert sol.step_s == pytest.approx(_brute_force(tables, accesses, ctx, 1e-3, 2 * 2**30), rel=1e-6)
+    assert sol.rank_hbm.max() <= ctx.cluster.device.usable_memory() - 2 * 2**30
+    assert {a.option.placement for a in sol.assignments} != {"hbm"}  # memory forced a choice
+
+
+def test_every_table_placed_on_criteo_scale():
+    from partita.costmodel.models.dlrm import CRITEO_1TB_ROWS
+    tables = [Table(name=f"cat_{i}", rows=r, dim=128) for i, r in enumerate(CRITEO_1TB_ROWS)]
+    accesses = {t.name: zipf_access(t.rows, 1.05, 1) for t in tables}
+    ctx = SparseContext(cluster=parse_cluster("8xA100-40GB"), global_batch=65536)
+    sol = E.solve_tables(tables, accesses, ctx, dense_s=3e-3, dense_hbm=2**30)
+    assert [a.table.name for a in sol.assignments] == [t.name for t in tables]
+    assert sol.mip_gap <= 0.05 and sol.lower_bound_s <= sol.step_s
+    # the relaxation and placement path on the same instance states a bound no higher than its plan
+    sol2 = E.solve_tables(tables, accesses, ctx, dense_s=3e-3, dense_hbm=2**30, exact_nodes=1)
+    assert sol2.lower_bound_s <= sol2.step_s + 1e-12
+
+
+def test_a_table_that_fits_nowhere_is_named_with_its_memory():
+    tables = [Table(name="small", rows=1000, dim=16), Table(name="giant", rows=10**12, dim=128)]
+    accesses = {t.name: zipf_access(t.rows, 1.0, 1) for t in tables}
+    ctx = SparseContext(cluster=parse_cluster("2xA100-40GB"), global_batch=1024)
+    with pytest.raises(InfeasibleError, match=r"table giant \(1,000,000,000,000 rows x 128\) fits on no rank") as e:
+        E.solve_tables(tables, accesses, ctx, dense_s=0.0, dense_hbm=0.0)
+    assert "\n" not in str(e.value) and "GiB" in str(e.value)
+
+
+def test_tables_that_fit_alone_but_not_together_are_proven_infeasible():
+    # each 61 GB table fits on a rank (40 GB HBM + 128 GB host); seven (430 GB) do not fit on two
+    tables = [Table(name=f"t{i}", rows=120_000_000, dim=128) for i in range(7)]
+    accesses = {t.name: zipf_access(t.rows, 1.0, 1) for t in tables}
+    ctx = SparseContext(cluster=parse_cluster("2xA100-40GB"), global_batch=1024)
+    with pytest.raises(InfeasibleError, match="do not fit together.*proven by the solver"):
+        E.solve_tables(tables, accesses, ctx, dense_s=0.0, dense_hbm=0.0)
+
+
+def test_fixed_shardings_and_their_errors():
+    tables = [Table(name="a", rows=1000, dim=96), Table(name="b", rows=1000, dim=128)]
+    fixed = E.parse_fixed("a=row_wise@cache,b=column_wise:4", tables)
+    assert fixed["a"] == E.Fixed("row_wise", None, "cache") and fixed["b"].shards == 4
+    with pytest.raises(PartitaError, match="table a of dim 96 does not split into 64 column pieces"):
+        E.parse_fixed("*=column_wise:64", tables)
+    with pytest.raises(PartitaError, match="names 'z', which is no table"):
+        E.parse_fixed("z=table_wise", tables)
+    with pytest.raises(PartitaError, match="bad --embedding-sharding"):
+        E.parse_fixed("a=diagonal", tables)
+    ctx = SparseContext(cluster=parse_cluster("4xA100-40GB"), global_batch=1024)
+    accesses = {t.name: zipf_access(t.rows, 1.0, 1) for t in tables}
+    sol = E.solve_tables(tables, accesses, ctx, dense_s=0.0, dense_hbm=0.0, fixed=fixed)
+    by = {a.table.name: a for a in sol.assignments}
+    assert by["a"].option.sharding == "row_wise" and by["a"].option.placement == "cache"
+    assert by["b"].option.shards == 4 and sorted(by["b"].ranks) == [0, 1, 2, 3]
+
+
+def test_sharding_names_are_torchrecs():
+    assert set(SHARDINGS) == {"data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise"}
+
+
+def test_the_data_sets_what_a_cache_is_worth():
+    # one 51 GB table on one 40 GB GPU: it cannot live in HBM; with a skewed sample a small HBM cache catches most
+    # lookups, with a uniform one it misses nearly all of them, and the plan's step says so
+    from partita.costmodel.embeddings import sample_access
+    table = Table(name="t", rows=100_000_000, dim=128)
+    ctx = SparseContext(cluster=parse_cluster("1xA100-40GB"), global_batch=4096)
+    rng = np.random.default_rng(0)
+    skewed = sample_access(rng.zipf(1.2, size=50_000) % table.rows, None, "skewed")
+    uniform = sample_access(rng.integers(0, table.rows, size=50_000), None, "uniform")
+    sols = {name: E.solve_tables([table], {"t": acc}, ctx, dense_s=0.0, dense_hbm=0.0)
+            for name, acc in (("skewed", skewed), ("uniform", uniform))}
+    option = sols["skewed"].assignments[0].option
+    assert option.placement == "cache" and skewed.miss_ratio(option.cache_fraction * table.rows) < 0.3
+    assert uniform.miss_ratio(0.2 * table.rows) > 0.99
+    assert sols["skewed"].step_s < 0.7 * sols["uniform"].step_s
+
+
+def test_the_same_inputs_give_the_same_plan_whatever_the_time_limit():
+    from partita.costmodel.models.dlrm import CRITEO_1TB_ROWS
+    tables = [Table(name=f"cat_{i}", rows=r, dim=128) for i, r in enumerate(CRITEO_1TB_ROWS)]
+    accesses = {t.name: zipf_access(t.rows, 1.05, 1) for t in tables}
+    ctx = SparseContext(cluster=parse_cluster("8xA100-40GB"), global_batch=65536)
+    plans = [[(a.table.name, a.option, a.ranks) for a in
+              E.solve_tables(tables, accesses, ctx, dense_s=3e-3, dense_hbm=2**30, time_limit=limit).assignments]
+             for limit in (60.0, 600.0)]
+    assert plans[0] == plans[1]

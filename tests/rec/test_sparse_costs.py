@@ -1,0 +1,69 @@
+"""Costs of embedding tables by sharding and placement (issue 28, item 3): the properties the formulas of
+costmodel.sparse must have, on the device's own constants."""
+import pytest
+
+from partita.costmodel.embeddings import Table, zipf_access
+from partita.costmodel.hardware import parse_cluster
+from partita.costmodel.sparse import Option, SparseContext, collective_latency, piece_cost
+
+TABLE = Table(name="t", rows=10_000_000, dim=128)
+CTX = SparseContext(cluster=parse_cluster("2x8xA100-80GB"), global_batch=16384)
+
+
+def cost(option, alpha=1.05, ctx=CTX, table=TABLE):
+    return piece_cost(table, zipf_access(table.rows, alpha, 4), option, ctx)
+
+
+def test_hbm_lookups_run_at_the_fitted_memory_rate():
+    c = cost(Option(sharding="table_wise"))
+    d = CTX.cluster.device
+    lookups, bags = 16384 * 4, 16384
+    assert c.lookup_s == pytest.approx((lookups + bags) * 128 * 4 / (d.mem_bandwidth * d.mem_efficiency))
+
+
+def test_host_is_slower_than_cache_which_is_slower_than_hbm_and_holds_less():
+    hbm = cost(Option(sharding="table_wise"))
+    cache = cost(Option(sharding="table_wise", placement="cache", cache_fraction=0.05))
+    host = cost(Option(sharding="table_wise", placement="host"))
+    assert hbm.time_s < cache.time_s < host.time_s
+    assert host.hbm_bytes < cache.hbm_bytes < hbm.hbm_bytes
+    assert hbm.host_bytes == 0 and cache.host_bytes == host.host_bytes > 0
+
+
+def test_a_skewed_cache_beats_a_uniform_one():
+    option = Option(sharding="table_wise", placement="cache", cache_fraction=0.01)
+    assert cost(option, alpha=1.2).time_s < cost(option, alpha=0.0).time_s
+
+
+def test_row_wise_splits_rows_and_column_wise_splits_width():
+    tw = cost(Option(sharding="table_wise"))
+    rw = cost(Option(sharding="row_wise"))
+    cw = cost(Option(sharding="column_wise", shards=4))
+    weights = TABLE.rows * 128 * 4
+    assert rw.pieces == 16 and rw.hbm_bytes < weights / 16 * 1.2
+    assert cw.pieces == 4 and cw.lookup_s == pytest.approx(tw.lookup_s / 4)
+    assert cw.comm_s == pytest.approx(tw.comm_s / 4, rel=0.35)  # IDs go to every piece, outputs are 1/4
+
+
+def test_data_parallel_all_reduces_the_whole_table():
+    small, large = Table(name="s", rows=1000, dim=128), Table(name="l", rows=10**6, dim=128)
+    dp_small = cost(Option(sharding="data_parallel"), table=small)
+    dp_large = cost(Option(sharding="data_parallel"), table=large)
+    assert dp_large.comm_s > 100 * dp_small.comm_s
+    assert dp_large.hbm_bytes > 10**6 * 128 * 4  # the whole table on every rank
+
+
+def test_adam_keeps_two_moments_rowwise_adagrad_one_float():
+    adagrad = SparseContext(cluster=CTX.cluster, global_batch=16384, optimizer="rowwise_adagrad")
+    adam = SparseContext(cluster=CTX.cluster, global_batch=16384, optimizer="adam")
+    a = cost(Option(sharding="table_wise"), ctx=adagrad)
+    b = cost(Option(sharding="table_wise"), ctx=adam)
+    assert b.hbm_bytes - a.hbm_bytes == pytest.approx(TABLE.rows * (2 * 128 * 4 - 4), rel=1e-6)
+    assert b.update_s > a.update_s
+
+
+def test_more_ranks_across_nodes_cost_more_all_to_all():
+    one = SparseContext(cluster=parse_cluster("8xA100-80GB"), global_batch=16384)
+    two = SparseContext(cluster=parse_cluster("2x8xA100-80GB"), global_batch=16384)
+    assert cost(Option(sharding="table_wise"), ctx=two).comm_s > cost(Option(sharding="table_wise"), ctx=one).comm_s
+    assert collective_latency(two, "table_wise") > collective_latency(one, "table_wise") > 0

@@ -6,6 +6,8 @@ runtime (costmodel <- planner <- runtime), so this module lives here and the run
 - Schedules: `SCHEDULES` (torch.distributed.pipelining's 1F1B, GPipe, interleaved 1F1B).
 - ZeRO: `ZERO_STAGES` -- 0 (DDP or hand-averaged gradients), 2 and 3 (FSDP2); stage 1 is costed by the
   planner (what-if) but not executed.
+- Precision (`runs_autocast`): a bf16 plan computes under torch.autocast over fp32 parameters unless FSDP
+  (ZeRO-2/3) holds the parameters, whose MixedPrecisionPolicy gathers them in bf16 (runtime/precision.py).
 - Activation offload (`offload_refusal`): never under full recompute; in a compiled layer only where
   nothing is recomputed.
 - Pipelines (`pipeline_refusal`): a pipeline's first stage is fed the batch's token ids and its last stage
@@ -35,6 +37,14 @@ SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 """Pipeline schedules the runtime runs (runtime/pp.py maps each to torch's class)."""
 ZERO_STAGES = (0, 2, 3)
 """ZeRO stages the runtime executes (runtime/fsdp.py)."""
+
+
+
+def runs_autocast(dtype: str, zero: int, autocast: bool = True) -> bool:
+    """Whether the runtime trains a plan of this dtype and ZeRO stage under torch.autocast over fp32
+    parameters (module docstring); `autocast` False prices a bf16 model instead (TrainConfig.autocast)."""
+    return dtype == "bf16" and autocast and zero < 2
+
 
 PIPELINE_KINDS = ("lm", "hf-causal", "hf-mlm")
 """Model kinds a pipeline runs (module docstring); `model_kind` names the others "own-loss", "seq2seq",

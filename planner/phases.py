@@ -26,6 +26,13 @@ def grads_absent(m: int, in_flight: np.ndarray, zero: int, dp: int, tp: int) -> 
     return (m <= in_flight).astype(float)
 
 
+def loss_gradient_bytes(logits: float, vocab_split: bool) -> float:
+    """What the token loss's backward holds at once beside the saved activations (memory_phases): the fp32
+    gradients of the log-probabilities and of the logits, 2 x the logits' bytes; with the logits split over
+    the vocabulary, torch's loss_parallel computes (zeros_like(x) + exp(x)) * grad, 3 x the rank's shard."""
+    return (3 if vocab_split else 2) * logits
+
+
 def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.ndarray, m: int, b: int, pp: int,
                   tp: int, zero: int, dp: int, sb, sp: bool, suf: list[BlockOption],
                   gathered: float) -> tuple[np.ndarray, list[MemoryPhase], np.ndarray]:
@@ -74,7 +81,7 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
     logits_per_rank = logits / (tp if head_split else 1)
     boundary = k["boundary"] * b / (tp if sp else 1)
     arriving = np.full(pp, float(boundary))
-    arriving[-1] = (3 if head_split else 2) * logits_per_rank
+    arriving[-1] = loss_gradient_bytes(logits_per_rank, head_split)
     chi = grads_absent(m, in_flight, zero, dp, tp)
     # a weight's gradient is computed whole, then added to the one held: once gradients exist, the
     # stage's largest parameter has a second, transient gradient (first stage: the embedding; last: the

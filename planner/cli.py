@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 from partita.costmodel.errors import PartitaError
+from partita.costmodel.hardware import DEFAULT_ALLOCATOR_HEADROOM
 from partita.planner.plan import RECOMPUTE
 
 
@@ -47,7 +48,7 @@ def _cmd_plan(args) -> int:
             bar.update(task, total=n, completed=i + 1)
 
         p = make_plan(args.model, cluster=cluster, train=train, progress=progress, baselines=args.baselines,
-                      space=space)
+                      space=space, memory_headroom=args.memory_headroom)
     if args.out:
         p.save(args.out)
     if args.json:
@@ -188,6 +189,17 @@ def _cmd_models(args) -> int:
     return 0
 
 
+def _fraction(text: str) -> float:
+    """--memory-headroom's value: a fraction in [0, 1) (0.05 is 5%)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in [0, 1) (e.g. 0.05 for 5%)")
+    return value
+
+
 def _policies(text: str) -> tuple[str, ...]:
     """--recompute's value: one policy, or a comma list of them."""
     policies = tuple(dict.fromkeys(x.strip() for x in text.split(",")))
@@ -255,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                    help="training precision (default: bf16 on GPUs, fp32 on cpu)")
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
+    p.add_argument("--memory-headroom", type=_fraction, default=None, metavar="FRACTION",
+                   help="fraction of each device's memory, after the CUDA context and NCCL reserve, that plans "
+                        f"leave free for the caching allocator (default {DEFAULT_ALLOCATOR_HEADROOM:g}; "
+                        "costmodel.hardware.DEFAULT_ALLOCATOR_HEADROOM says why)")
     _add_what_if_flags(p)
     p.add_argument("--baselines", action="store_true",
                    help="also plan DDP, FSDP, Megatron TP x PP and recompute-everything under the same cost model")

@@ -35,6 +35,7 @@ import torch.nn as nn
 from partita.costmodel import PartitaError, resolve_model
 from partita.costmodel.models import ModelSpec
 from partita.planner.plan import Plan
+from partita.runtime.allocator import configure_allocator
 from partita.runtime.mesh import agree_on_attempt, env_world, init_default, teardown
 from partita.runtime.report import RunResult, first_failure, read_failure, show_library_warnings_once
 from partita.runtime.session import RunOptions, at_seq_len, execute, prepare
@@ -277,6 +278,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     # a fresh rendezvous store per attempt (runtime.mesh._store; pytorch#135712); needed across nodes
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ[AGENT_ENV] = "1"
+    configure_allocator()  # the workers inherit it (runtime.allocator)
     log_dir = tempfile.mkdtemp(prefix="partita-torchrun-")
     argv = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
             f"--log-dir={log_dir}"]

@@ -73,10 +73,10 @@ def cluster_for(row: Row) -> Cluster:
     if row.gpus % 8:
         raise PartitaError(f"{row.gpus} GPUs are not whole 8-GPU nodes")
     cluster = parse_cluster(f"{row.gpus // 8}x8x{row.hardware}")
-    if row.device_overrides:
-        device = dataclasses.replace(cluster.device, **dict(row.device_overrides))
-        cluster = dataclasses.replace(cluster, device=device)
-    return cluster
+    # the published runs fit as they ran: the memory model is checked against them without the planner's
+    # allocator headroom (a margin for plans partita runs itself; costmodel.hardware.Device)
+    device = dataclasses.replace(cluster.device, **dict(row.device_overrides or ()), allocator_headroom=0.0)
+    return dataclasses.replace(cluster, device=device)
 
 
 def published_space(row: Row) -> SearchSpace:
@@ -99,7 +99,10 @@ def published_space(row: Row) -> SearchSpace:
 
 
 def train_for(row: Row) -> TrainConfig:
-    return TrainConfig(global_batch=row.global_batch, seq_len=row.seq, dtype="bf16", schedule=row.schedule)
+    # none of these runs computed under partita's autocast: Megatron-LM trains a bf16 model with fp32 main
+    # parameters, the FSDP runs on their mixed-precision policy's bf16 parameters (TrainConfig.autocast)
+    return TrainConfig(global_batch=row.global_batch, seq_len=row.seq, dtype="bf16", schedule=row.schedule,
+                       autocast=False)
 
 
 def hardware_over_model(model: Model, seq: int) -> float:
@@ -194,7 +197,7 @@ def price(row: Row, graphs: dict[str, OpGraph] | None = None) -> dict:
     graphs = {} if graphs is None else graphs
     name = model_string(row.model, row.seq)
     if name not in graphs:
-        graphs[name] = capture(model_spec(row.model, row.seq), dtype="bf16")
+        graphs[name] = capture(model_spec(row.model, row.seq), dtype="bf16", autocast=None)  # (train_for)
     graph = graphs[name]
     notes = [n for n in (row.table.notes, row.model.notes, row.notes) if n]
     out = {"key": row_key(row), "source": row.table.source, "citation": row.table.citation, "model": row.model.name,

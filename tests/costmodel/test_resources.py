@@ -121,7 +121,7 @@ BAD = [
     (_with(("groups", 2, "device", "peak_flops", "bf16"), 0), r"peak_flops\.bf16: must be > 0"),
     (_with(("groups", 2, "device", "matmul_efficiency"), 1.5), r"matmul_efficiency: must be in \(0, 1\]"),
     (_with(("groups", 2, "device", "reserved_bytes"), 9e9), r"reserved_bytes: must be less than memory_bytes"),
-    (_with(("groups", 2, "device", "turbo"), 1), r"\.device: unknown key\(s\) 'turbo'; accepted: attention_efficiency, attention_half_seq, base, gemm_half_dim"),
+    (_with(("groups", 2, "device", "turbo"), 1), r"\.device: unknown key\(s\) 'turbo'; accepted: allocator_headroom, attention_efficiency, attention_half_seq, base"),
     (_with(("groups", 2, "device", "base"), "TPU"), r"\.device\.base: unknown device preset 'TPU'"),
     (_with(("groups", 2, "device", "name"), ""), r"\.device\.name: must be a non-empty string"),
     (_with(("inter_group_bw",), 0), "inter_group_bw: must be > 0"),

@@ -77,3 +77,22 @@ def test_activations_include_one_bf16_copy_of_each_matmul_weight(run):
     assert abs(row["activations"] - forward) <= 0.02 * forward
     assert copies > 0.04 * forward  # leaving the copies out would miss by more than the tolerance
     assert abs(plan.predicted["peak_memory_bytes"] / detail["peak_bytes"] - 1) <= 0.05
+
+
+def test_autocasts_cache_holds_every_weight_cast_to_the_forwards_end():
+    """Under full recompute no cast is saved, but autocast caches one per weight for the whole forward of a
+    micro-batch (planner.phases): with weights far larger than the activations, the step peaks at the end of
+    the second micro-batch's forward, the first's gradients held, every cast live."""
+    spec = resolve_model("gpt:layers=4,hidden=512,heads=8,vocab=64,seq=16")
+    graph = capture(spec, dtype="bf16", autocast="cpu")
+    space = SearchSpace(pp=(1,), tp=(1,), zero=(0,), recompute=("full",), offload=False, micro_batch=(1,))
+    result = search(graph, parse_cluster("1xcpu"), TrainConfig(global_batch=2, dtype="bf16"), space=space)
+    plan = build_plan(result, spec.name, model_fingerprint(build_meta(spec)), spec.config)
+    row = plan.predicted["memory_per_stage"][0]
+    detail = measured(spec, plan)
+    model = build_model(spec, seed=0)
+    casts = sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    assert row["phase"] == "forward end (autocast's weight casts)" and row["activations"] >= casts
+    assert detail["peak_grad_fn"] == "" and detail["at_peak"]["gradients"] > 0  # in a forward, gradients held
+    assert abs(plan.predicted["peak_memory_bytes"] / detail["peak_bytes"] - 1) <= 0.02
+    assert casts > 0.05 * detail["peak_bytes"]  # leaving the cache out would miss by more than the tolerance

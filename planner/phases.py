@@ -49,7 +49,17 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
         torch/distributed/tensor/parallel/loss.py `_nll_loss_and_log_softmax_backward`, measured on
         the CPU allocator); elsewhere the gradient of the boundary activation (/ tp when
         sequence-sharded); + once gradients exist, a second gradient of the stage's largest parameter
-        (computed whole, then accumulated into the one held).
+        (computed whole, then accumulated into the one held) -- on the last stage not beside the loss's
+        gradients but after them, beside the logits' gradient (the larger of the two moments).
+    In a pipeline, torch.distributed.pipelining also holds, per micro-batch in flight, what a stage
+        received (saved by its first operator, but charged by the capture to the stage that produced it)
+        and on the last stage the stage's output, the logits, which the schedule keeps for the backward:
+        counted with the activations of every phase.
+    second backward (stages whose first backward comes before their micro-batches run out, chi_s = 1,
+        with m >= 2 micro-batches): the first backward has made every gradient of the stage, and the next
+        one runs with them, one micro-batch fewer in flight, its arriving gradient and the transient
+        second gradient of the largest parameter -- above the main phase when a micro-batch's activations
+        are fewer bytes than the stage's gradients (measured: a 4-stage pipeline's first stage).
     forward/backward with ZeRO-3 gathers (binds only on stages holding a layer that reshards after its
         forward, ZeRO-3 not kept gathered): the main phase + two such layers' parameters gathered at a
         time (the one computing and the one prefetched).
@@ -74,12 +84,18 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
             out=max([d["out_bytes"] for _, d in g.nodes(data=True)] or [0]),
             param=max([max(d["params"].values(), default=0) for _, d in g.nodes(data=True)] or [0]),
             layer=big(bases.layers[:1]), prefix=big(bases.prefix), suffix=big(bases.suffix),
-            boundary=graph.boundary_bytes(bases.layers[0]) if bases.layers else 0)
+            boundary=graph.boundary_bytes(bases.layers[0]) if bases.layers else 0,
+            head=max([d["out_bytes"] for grp in bases.suffix for n in graph.nodes_of(grp)
+                      for d in [g.nodes[n]] if d["kind"] == "linear"] or [0]))
     k = bases._cache["memory"]
     logits = k["out"] * b
     head_split = any(st == "vocab" for o in suf for st in o.placements.values() if o.name in SPLIT)
     logits_per_rank = logits / (tp if head_split else 1)
     boundary = k["boundary"] * b / (tp if sp else 1)
+    if pp > 1:  # what the pipeline holds per micro-batch in flight (docstring): counted as activations
+        e["act"] = e["act"].copy()
+        e["act"][1:] += boundary
+        e["act"][-1] += k["head"] * b / (tp if head_split else 1)
     arriving = np.full(pp, float(boundary))
     arriving[-1] = loss_gradient_bytes(logits_per_rank, head_split)
     chi = grads_absent(m, in_flight, zero, dp, tp)
@@ -91,6 +107,9 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
     per_stage_param[-1] = max(per_stage_param[-1], k["suffix"])
     accumulate = (1 - chi) * sb.grad * per_stage_param / tp
     workspace = arriving + accumulate
+    # on the last stage the loss's gradients and the head's second gradient are not live at once: the head's
+    # backward runs after the loss's, holding the logits' gradient (at most the fp32 logits) beside it
+    workspace[-1] = max(arriving[-1], logits_per_rank + accumulate[-1])
     main = e["state"] - chi * e["grad"] + in_flight * e["act"] + workspace
     states = np.array([o.state for o in opts] or [0.0])
     act = np.array([o.act for o in opts] or [0.0])
@@ -98,6 +117,12 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
     main_parts = {"model_states": e["state"] - chi * e["grad"], "activations": in_flight * e["act"],
                   "state_coeff": held}
     phases = []
+    if m >= 2 and chi.any():
+        again = chi * (arriving + sb.grad * per_stage_param / tp)
+        phases.append(MemoryPhase("second backward", states[None, :] + (in_flight - 1)[:, None] * act[None, :],
+                                  e["state"] + (in_flight - 1) * e["act"] + again,
+                                  parts={"model_states": e["state"], "activations": (in_flight - 1) * e["act"],
+                                         "workspace": again}))
     resharding = np.array([zero == 3 and o.zero in (None, 3) for o in opts] or [False])
     if gathered and resharding.any():
         phases.append(MemoryPhase("forward/backward with ZeRO-3 gathers", held + in_flight[:, None] * act[None, :],

@@ -16,13 +16,9 @@ from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
 from partita.costmodel.trace import capture
 from partita.planner.candidates import split_model
-from partita.planner.plan import BlockChoice
 from partita.planner.strategies import replicate_option
-from partita.runtime.blocks import apply_block_choices
-from partita.runtime.data import make_data
-from partita.runtime.memory import measure_live_bytes
-from partita.runtime.precision import autocast_forward
-from partita.runtime.recipe import build_model, loss_for
+from partita.runtime.recipe import build_model
+from tests.costmodel.test_saved_bytes_by_recompute import forward_under_policy
 
 MODELS = ["tiny-gpt", "tiny-llama", "hf:gpt2"]
 POLICIES = ["none", "selective", "op", "full"]
@@ -60,18 +56,11 @@ def test_autocast_record_equals_an_autocast_forward_per_recompute_policy(name, p
     if name.startswith("hf:"):
         pytest.importorskip("transformers")
     graph = autocast_graph(name)
-    spec = resolve_model(name)
-    model = build_model(spec, seed=0)  # fp32, as the runtime trains
-    layers = split_model(graph)[1]
-    apply_block_choices(model, {fqn: BlockChoice(fqn=fqn, stage=0, recompute=policy) for fqn in layers})
-    autocast_forward(model, torch.bfloat16, torch.device("cpu"))
-    batch = make_data(spec, MICRO_BATCH, seed=0).shard(0, 0, 1)
-    loss_fn = loss_for(spec)
-    live = measure_live_bytes(lambda: loss_fn(model, tuple(t.clone() for t in batch)))
+    # the fp32 model the runtime trains, under its autocast and recompute code
+    live, _, _, checkpointed = forward_under_policy(name, policy, MICRO_BATCH, torch.bfloat16)
     trace, loss = live.trace, live.result
     assert trace.in_order and trace.unreported_free_bytes == 0
     rng = torch.get_rng_state().untyped_storage().nbytes()
-    checkpointed = 0 if policy == "none" else len(layers)
     measured = live.after - loss.untyped_storage().nbytes() - checkpointed * rng
     want = predicted(graph, policy, MICRO_BATCH)
     assert abs(measured - want) <= TOLERANCE * want, (

@@ -35,6 +35,7 @@ from partita.planner.strategies import replicate_option
 from partita.runtime.blocks import apply_block_choices
 from partita.runtime.data import make_data
 from partita.runtime.memory import measure_live_bytes
+from partita.runtime.precision import autocast_forward
 from partita.runtime.recipe import build_model, loss_for
 from tests.conftest import captured, measured_saved_bytes
 
@@ -54,14 +55,15 @@ def predicted_saved_bytes(graph, policy: str, micro_batch: int) -> int:
     return total * micro_batch
 
 
-def forward_under_policy(name: str, policy: str, micro_batch: int):
+def forward_under_policy(name: str, policy: str, micro_batch: int, dtype: torch.dtype = torch.float32):
     """(trace of one forward with every repeated layer under `policy`, the model, the forward as a function,
-    the number of checkpointed blocks)."""
+    the number of checkpointed blocks); bf16 `dtype`: the fp32 model under the runtime's autocast."""
     spec = resolve_model(name)
     model = build_model(spec, seed=0)
     layers = split_model(captured(name))[1]
     assert layers, name
     apply_block_choices(model, {fqn: BlockChoice(fqn=fqn, stage=0, recompute=policy) for fqn in layers})
+    autocast_forward(model, dtype, torch.device("cpu"))
     batch = make_data(spec, micro_batch, seed=0).shard(0, 0, 1)
     loss_fn = loss_for(spec)
 

@@ -262,6 +262,20 @@ def notes(rows: list[dict], summary: dict, calibrations: dict) -> list[str]:
                        f"single-threaded ranks on {cpus} cores can have at most {bound:.2f} each: the share is "
                        "measured from per-matmul times while all ranks run, and time a rank spends descheduled "
                        "between matmuls does not show in them, so the cost model charges these ranks too little")
+    loads = [r["load_average_1min_at_launch"] for r in rows if "load_average_1min_at_launch" in r]
+    if loads and max(loads) > cpus:
+        out.append(f"other processes ran beside the benchmark: the 1-minute load average at the launches was "
+                   f"{min(loads):.1f}-{max(loads):.1f} on {cpus} cores, so measured step times include waiting for "
+                   "a core (memory is not affected)")
+    upper = [r for r in rows if ((r.get("measured_memory_detail") or {}).get("unreported_free_bytes") or 0) > 0]
+    if upper:
+        worst = max(upper, key=lambda r: abs(r["memory_error"]))
+        m = worst["mesh"]
+        out.append(f"{len(upper)} plans' measured peaks are upper bounds: blocks freed on gloo's threads are not "
+                   f"reported and count as live until their address is reused (runtime/memory.py); on the one "
+                   f"predicted furthest below its measurement, pp{m['pp']} dp{m['dp']} tp{m['tp']} "
+                   f"({worst.get('precision', TIMED)}, {100 * worst['memory_error']:+.1f}%), "
+                   f"{worst['measured_memory_detail']['unreported_free_bytes'] / 2**20:.1f} MiB were counted so")
     if max(r["mesh"]["world"] for r in rows) > cpus:
         out.append(f"this machine has {cpus} cores: ranks beyond that (OMP_NUM_THREADS=1 each) time-share the "
                    "cores, so timings of 4-rank plans depend on how the OS schedules them and on any other load "

@@ -330,8 +330,8 @@ def published(results: dict) -> str:
 
 
 def _mesh_text(mesh: dict) -> str:
-    parts = [f"{k}{mesh[k]}" for k in ("pp", "dp", "tp") if mesh.get(k, 1) > 1] or ["one rank"]
-    return " x ".join(parts) + f" on {mesh['world']} ranks"
+    parts = [f"{k}{mesh[k]}" for k in ("pp", "dp", "tp") if mesh.get(k, 1) > 1]
+    return " x ".join(parts) + f" on {mesh['world']} ranks" if parts else "one rank"
 
 
 def fidelity(results: dict) -> str:
@@ -342,9 +342,13 @@ def fidelity(results: dict) -> str:
                          for w, v in s.get("step_time_error_by_world_size", {}).items())
     paths = s.get("memory_error_by_precision") or {d.get("dtype", "fp32"): {"plans": len(plans)}}
     timed = s.get("timed_plans", s["plans"])
-    text = (f"{s['plans']} plans of `{d.get('model', '?')}` (batch {d.get('global_batch', '?')}; "
-            + ", ".join(f"{v['plans']} {path}" for path, v in paths.items())
-            + f") on {min(worlds)}-{max(worlds)} gloo ranks ({provenance(d)}). Step time, over the {timed} "
+    loads = [p["load_average_1min_at_launch"] for p in plans if "load_average_1min_at_launch" in p]
+    cpus = (d.get("machine") or {}).get("cpus")
+    busy = (f", beside other processes: load average {min(loads):.1f}-{max(loads):.1f} on {cpus} cores at the "
+            "launches" if loads and cpus and max(loads) > cpus else "")
+    text = (f"{s['plans']} plans of `{d.get('model', '?')}` (batch {d.get('global_batch', '?')}: "
+            + "; ".join(f"{v['plans']} {path}" for path, v in paths.items())
+            + f") on {min(worlds)}-{max(worlds)} gloo ranks ({provenance(d)}{busy}). Step time, over the {timed} "
             f"{next(iter(paths))} plans: rank correlation {s['spearman_step_time']:.2f}, median error "
             f"{pct(s['median_abs_step_time_error'])} (by world size: {by_world}; negative: predicted faster than "
             f"measured). Peak memory against the allocator-measured peak: ")

@@ -15,7 +15,7 @@ SPACE = SearchSpace(pp=(1,), tp=(1,), zero=(3,), recompute=("none",), offload=Fa
 def slow_network(memory_bytes: float) -> Cluster:
     """8 single-A100 nodes on a slow network: ZeRO-3's all-gathers are exposed at micro-batch 1."""
     dev = dataclasses.replace(DEVICES["A100-80GB"], inter_node_bw=0.3e9, memory_bytes=memory_bytes,
-                              host_memory_bytes=0, reserved_bytes=0)
+                              host_memory_bytes=0, reserved_bytes=0, allocator_headroom=0.0)
     return Cluster(nodes=8, devices_per_node=1, device=dev, spec="slow-network")
 
 

@@ -76,7 +76,10 @@ def cluster_for(row: Row, kernels: dict | None = None) -> Cluster:
     if row.gpus % 8 and row.gpus > 8:
         raise PartitaError(f"{row.gpus} GPUs are not whole 8-GPU nodes")
     cluster = parse_cluster(f"{row.gpus // 8}x8x{row.hardware}" if row.gpus >= 8 else f"{row.gpus}x{row.hardware}")
-    device = dataclasses.replace(gpu_device(row.hardware, row.table.stack, kernels), **dict(row.device_overrides))
+    # the published runs fit as they ran: the memory model is checked against them without the planner's
+    # allocator headroom (a margin for plans partita runs itself; costmodel.hardware.Device)
+    device = dataclasses.replace(gpu_device(row.hardware, row.table.stack, kernels), **dict(row.device_overrides),
+                                 allocator_headroom=0.0)
     return dataclasses.replace(cluster, device=device)
 
 
@@ -103,7 +106,11 @@ def published_space(row: Row) -> SearchSpace:
 
 
 def train_for(row: Row) -> TrainConfig:
-    return TrainConfig(global_batch=row.global_batch, seq_len=row.seq, dtype="bf16", schedule=row.schedule)
+    # the other frameworks' runs did not compute under partita's autocast: Megatron-LM trains a bf16 model with
+    # fp32 main parameters, the FSDP runs on their mixed-precision policy's bf16 parameters; partita's own runs
+    # (Table.autocast) did (TrainConfig.autocast)
+    return TrainConfig(global_batch=row.global_batch, seq_len=row.seq, dtype="bf16", schedule=row.schedule,
+                       autocast=row.table.autocast)
 
 
 def hardware_over_model(model: Model, seq: int) -> float:
@@ -199,7 +206,7 @@ def price(row: Row, graphs: dict[str, OpGraph] | None = None, kernels: dict | No
     graphs = {} if graphs is None else graphs
     name = model_string(row.model, row.seq)
     if name not in graphs:
-        graphs[name] = capture(model_spec(row.model, row.seq), dtype="bf16")
+        graphs[name] = capture(model_spec(row.model, row.seq), dtype="bf16", autocast=None)  # (train_for)
     graph = graphs[name]
     notes = [n for n in (row.table.notes, row.model.notes, row.notes) if n]
     out = {"key": row_key(row), "source": row.table.source, "stack": row.table.stack,

@@ -81,6 +81,9 @@ class Table:
     (fitted per GPU generation and stack by benchmarks.fit) it is priced with."""
     kernels: str = "eager"
     """How the run executed its operators: "eager", or "compiled" (torch.compile; costmodel.fusion)."""
+    autocast: bool = False
+    """The run computed bf16 under torch.autocast over fp32 parameters, as partita's runtime does (its own
+    runs); False: a bf16 model (Megatron-LM) or an FSDP policy's bf16 parameters."""
     notes: str = ""
 
 

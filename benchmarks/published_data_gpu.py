@@ -22,10 +22,11 @@ GPU_H200 = Table(
     stack="pytorch", source="gpu-h200-2026",
     citation="shared/GPU-MEASUREMENTS.md 'Whole training steps: predicted vs measured' (2026-11-26), "
              "shared/gpu/check.sh; benchmarks/results/gpu_shared_2026-11-26.json",
-    metric=ITERATION, framework="partita run (torch 2.11.0+cu130, eager bf16 autocast, one rank)",
+    metric=ITERATION, framework="partita run (torch 2.11.0+cu130, eager bf16 autocast, one rank)", autocast=True,
     notes="plans made at commit 9dda210 and run unchanged; step time the mean of steps 2-6")
 GPU_H200_COMPILED = Table(
     stack="pytorch", source="gpu-h200-2026", citation=GPU_H200.citation, metric=ITERATION, kernels="compiled",
+    autocast=True,
     framework="partita run --kernels compiled plan (torch.compile per block, torch 2.11.0+cu130)",
     notes="compile time (~9 s) falls in step 1, outside the mean of steps 2-6")
 M1 = Model(name="m1-1.5b", family="llama", layers=16, hidden=2048, heads=32, kv_heads=8, ffn=8192, vocab=128256)

@@ -374,8 +374,8 @@ def kernels(results: dict) -> str:
 
 
 def _mesh_text(mesh: dict) -> str:
-    parts = [f"{k}{mesh[k]}" for k in ("pp", "dp", "tp") if mesh.get(k, 1) > 1] or ["one rank"]
-    return " x ".join(parts) + f" on {mesh['world']} ranks"
+    parts = [f"{k}{mesh[k]}" for k in ("pp", "dp", "tp") if mesh.get(k, 1) > 1]
+    return " x ".join(parts) + f" on {mesh['world']} ranks" if parts else "one rank"
 
 
 def fidelity(results: dict) -> str:
@@ -384,14 +384,26 @@ def fidelity(results: dict) -> str:
     worlds = [p["mesh"]["world"] for p in plans]
     by_world = ", ".join(f"{w} rank{'s' if w != '1' else ''} {pct(v['median_step_time_error'], sign=True)}"
                          for w, v in s.get("step_time_error_by_world_size", {}).items())
-    worst_mem = max(plans, key=lambda p: abs(p["memory_error"]))
-    text = (f"{s['plans']} plans of `{d.get('model', '?')}` ({d.get('dtype', '?')}, batch "
-            f"{d.get('global_batch', '?')}) "
-            f"on {min(worlds)}-{max(worlds)} gloo ranks ({provenance(d)}): rank correlation of step times "
-            f"{s['spearman_step_time']:.2f}, median step-time error {pct(s['median_abs_step_time_error'])} (by world "
-            f"size: {by_world}; negative: predicted faster than measured), median peak-memory error "
-            f"{pct(s['median_abs_memory_error'])} against the allocator-measured peak (largest: "
-            f"{_mesh_text(worst_mem['mesh'])}, {pct(worst_mem['memory_error'], sign=True)}). Targets: ")
+    paths = s.get("memory_error_by_precision") or {d.get("dtype", "fp32"): {"plans": len(plans)}}
+    timed = s.get("timed_plans", s["plans"])
+    loads = [p["load_average_1min_at_launch"] for p in plans if "load_average_1min_at_launch" in p]
+    cpus = (d.get("machine") or {}).get("cpus")
+    busy = (f", beside other processes: load average {min(loads):.1f}-{max(loads):.1f} on {cpus} cores at the "
+            "launches" if loads and cpus and max(loads) > cpus else "")
+    text = (f"{s['plans']} plans of `{d.get('model', '?')}` (batch {d.get('global_batch', '?')}: "
+            + "; ".join(f"{v['plans']} {path}" for path, v in paths.items())
+            + f") on {min(worlds)}-{max(worlds)} gloo ranks ({provenance(d)}{busy}). Step time, over the {timed} "
+            f"{next(iter(paths))} plans: rank correlation {s['spearman_step_time']:.2f}, median error "
+            f"{pct(s['median_abs_step_time_error'])} (by world size: {by_world}; negative: predicted faster than "
+            f"measured). Peak memory against the allocator-measured peak: ")
+    parts = []
+    for path, v in paths.items():
+        rows = [p for p in plans if p.get("precision", path) == path]
+        worst = max(rows, key=lambda p: abs(p["memory_error"]))
+        parts.append(f"{path} median {pct(v.get('median_abs_memory_error', s['median_abs_memory_error']))}, largest "
+                     f"{pct(worst['memory_error'], sign=True)} ({_mesh_text(worst['mesh'])}"
+                     + (f", ZeRO-{worst['zero']}" if worst.get("zero") else "") + ")")
+    text += "; ".join(parts) + ". Targets: "
     text += "; ".join(f"{name}: {pct(t['value']) if '%' in name else format(t['value'], '.2f')}, "
                       f"{'met' if t['passed'] else 'not met'}" for name, t in s.get("targets", {}).items()) + "."
     devices = (d.get("calibrated_devices") or {}).values()

@@ -55,10 +55,11 @@ def run_row(name, tp, pp, gpus, batch, published) -> dict:
                             offload=False,
                             sequence_parallel=(False,),  # SP came after this paper (Korthikanti et al. 2022)
                             p2p_scatter_gather=True)     # Megatron-LM's pipeline sends (SC'21 §4.1)
-    pub_train = TrainConfig(global_batch=batch, schedule="Interleaved1F1B" if pp > 1 else "1F1B")
+    # (Megatron-LM's bf16 model, not partita's autocast: TrainConfig.autocast)
+    pub_train = TrainConfig(global_batch=batch, schedule="Interleaved1F1B" if pp > 1 else "1F1B", autocast=False)
     pub = search(graph, cluster, pub_train, space=pub_space, raise_infeasible=False)
     if pub.best is None and pp > 1:  # interleaving needs m divisible by pp; fall back to 1F1B
-        pub = search(graph, cluster, TrainConfig(global_batch=batch, schedule="1F1B"), space=pub_space,
+        pub = search(graph, cluster, TrainConfig(global_batch=batch, schedule="1F1B", autocast=False), space=pub_space,
                      raise_infeasible=False)
     pub_pred = predicted(pub, pub.best) if pub.best is not None else None
     ratio = hardware_over_model(name)

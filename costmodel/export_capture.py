@@ -44,7 +44,8 @@ from torch.export.graph_signature import InputKind
 
 from partita.costmodel.graph import OpGraph
 from partita.costmodel.models import ModelSpec
-from partita.costmodel.trace import CaptureFailed, Recorder, _dim_args, _storage_key, build_fake, wrap_for_capture
+from partita.costmodel.trace import (CaptureFailed, Recorder, _dim_args, _storage_key, build_fake, is_dtype_check,
+                                     wrap_for_capture)
 
 _LEAF_TYPES = (nn.Linear, nn.Embedding, nn.EmbeddingBag, nn.LayerNorm, nn.GroupNorm,
                nn.modules.batchnorm._NormBase, nn.modules.conv._ConvNd, *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()))
@@ -157,9 +158,10 @@ def _hf_context(root: nn.Module):
     return export_context(root)
 
 
-def capture_export(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
-    """Export `spec`'s model with its loss on fake tensors and record it into an OpGraph."""
-    t0 = time.perf_counter()
+def _export_and_record(spec: ModelSpec, dtype: str, batch: int, autocast: str | None = None):
+    """Export `spec`'s model (with its loss) built in `dtype` on fake tensors and run the graph with the
+    shared Recorder (`autocast`: under bf16 autocast, costmodel.autocast): (root, model, strip, gm, state,
+    recorder)."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     model, inputs = build_fake(spec, dtype, mode, batch)
     with mode:
@@ -199,8 +201,31 @@ def capture_export(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
         flat.append(t)
     param_storages = {_storage_key(t) for _, t, _ in state.values()}
     rec = Recorder(gm, param_storages)
-    rec.record(mode, *flat)
-    saved_by_node = rec.saved_by_node()
+    rec.record(mode, *flat, autocast=autocast)
+    return root, model, strip, gm, state, rec
+
+
+def _autocast_record(spec: ModelSpec, batch: int, autocast: str, names: list[str]) -> dict | None:
+    """The memory attributes of the model exported in fp32 and run under autocast, for the bf16 export's
+    nodes `names` (in graph order): by name, or where the model's code picks another kernel for another
+    dtype (transformers' MoE layers: `_grouped_mm` in bf16, a fallback in fp32) position by position in
+    a graph of as many nodes; None when neither pairs them."""
+    *_, rec = _export_and_record(spec, "fp32", batch, autocast)
+    attrs = rec.memory_attrs()
+    if set(names) <= set(attrs):
+        return attrs
+    return dict(zip(names, attrs.values())) if len(attrs) == len(names) else None
+
+
+def capture_export(spec: ModelSpec, dtype: str, batch: int, autocast: str | None = None) -> OpGraph:
+    """Export `spec`'s model with its loss on fake tensors and record it into an OpGraph; `autocast`: also
+    record it as the runtime's autocast runs it (costmodel.trace, a second export of the fp32 model, as
+    the model's code may read its parameters' dtype)."""
+    t0 = time.perf_counter()
+    root, model, strip, gm, state, rec = _export_and_record(spec, dtype, batch)
+    memory = rec.memory_attrs()
+    kept = [n.name for n in gm.graph.nodes if n.name in rec.stats and not is_dtype_check(n)]
+    mixed = _autocast_record(spec, batch, autocast, kept) if autocast else None
 
     # which op of a leaf module absorbs its state --------------------------------------------------
     def owner_of(n: fx.Node) -> tuple[str, nn.Module | None]:
@@ -243,12 +268,17 @@ def capture_export(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
     graph = OpGraph(name=spec.name, batch=batch, seq_len=spec.seq_len, dtype=dtype)
     emitted: set[str] = set()
 
-    def add(name: str, **attrs) -> None:
+    def add(name: str, absorbed: tuple[int, int] = (0, 0), **attrs) -> None:
+        """`absorbed`: bytes of the state the node absorbs (a leaf module's op), in the capture's dtype and
+        in fp32, which its mem_bytes leave out (module docstring)."""
         st = rec.stats[name]
         params = attrs.pop("params", {})
-        graph.add_node(name, shape=st["shape"], dtype=st["dtype"], out_bytes=st["out_bytes"],
-                       fwd_flops=st["fwd_flops"], bwd_flops=st["bwd_flops"],
-                       saved_bytes=saved_by_node.get(name, 0), alias=st["alias"],
+        own = {k: v for k, v in memory[name].items() if k != "mem_bytes"}  # mem_bytes: the caller's
+        if mixed:
+            m = mixed[name]
+            own["autocast"] = {**m, "mem_bytes": 0 if st["alias"] else max(0, m["mem_bytes"] - absorbed[1])}
+        graph.add_node(name, shape=st["shape"], dtype=st["dtype"], **own,
+                       fwd_flops=st["fwd_flops"], bwd_flops=st["bwd_flops"], alias=st["alias"],
                        params=params, param_bytes=sum(param_bytes[p] for p in params),
                        **({"uncosted": st["uncosted"]} if st["uncosted"] else {}), **attrs)
         emitted.add(name)
@@ -279,9 +309,11 @@ def capture_export(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
             conv1d = _is_conv1d(mod)
             kind = "linear" if conv1d else type(mod).__name__.lower()
             own_bytes = sum(state[s][1].numel() * state[s][1].element_size() for s in taken)
+            fp32_bytes = sum(state[s][1].numel() * (4 if state[s][1].is_floating_point() else state[s][1].element_size())
+                             for s in taken)
             extra = {"weight_layout": "in_out" if conv1d else "out_in"} if kind == "linear" else {}
             tied = _tied_names(mod, path, [state[s] for s in taken])
-            add(n.name, op="call_module", target=path, kind=kind, module=path,
+            add(n.name, (own_bytes, fp32_bytes), op="call_module", target=path, kind=kind, module=path,
                 mem_bytes=0 if st["alias"] else max(0, st["mem_bytes"] - own_bytes),
                 params=take_params(taken), aten=str(n.target), **extra, **({"tied": tied} if tied else {}))
         else:
@@ -297,5 +329,7 @@ def capture_export(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
         for a in n.all_input_nodes:
             if a.name in emitted:
                 graph.add_edge(a.name, n.name, nbytes=rec.stats[a.name]["out_bytes"])
+    if mixed:
+        graph.g.graph["autocast"] = autocast
     graph.finalize(capture_seconds=time.perf_counter() - t0)
     return graph

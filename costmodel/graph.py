@@ -1,7 +1,11 @@
 """OpGraph: the captured model as a networkx DiGraph of operators, grouped into layers.
 
 Node attributes (per traced sample): op, target, kind, module (owner FQN), group, shape, dtype,
-out_bytes, fwd_flops, bwd_flops, saved_bytes, alias, mem_bytes, params {name: numel}, param_bytes.
+out_bytes, fwd_flops, bwd_flops, saved_bytes, alias, mem_bytes, params {name: numel}, param_bytes;
+cast_saved_bytes (of saved_bytes, the casts of its input a node makes inside itself) and
+weight_saved_bytes (saved tensors computed from parameters alone, per micro-batch, not per sample);
+in a bf16 capture also `autocast`: those byte attributes as partita's runtime runs the model under
+torch.autocast over fp32 parameters (costmodel.trace; `as_run`).
 Edge attribute: nbytes (the tensor that flows).
 
 Groups are the layers a pipeline can split between: the children of the repeated-layer container
@@ -22,6 +26,11 @@ from dataclasses import dataclass, field
 import networkx as nx
 
 _COST_KEYS = ("fwd_flops", "bwd_flops", "saved_bytes", "out_bytes", "mem_bytes", "param_bytes")
+MEMORY_KEYS = ("out_bytes", "mem_bytes", "saved_bytes", "cast_saved_bytes", "weight_saved_bytes")
+"""The byte attributes that depend on how the model runs (a node's `autocast` record holds its own)."""
+RUNS = ("as-captured", "autocast")
+"""How a bf16 model runs (`OpGraph.as_run`): on bf16 parameters as captured (FSDP2's MixedPrecisionPolicy,
+Megatron-LM's bf16 model), or under torch.autocast over fp32 parameters (partita's runtime without FSDP)."""
 
 
 @dataclass
@@ -87,6 +96,26 @@ class OpGraph:
         out = copy.copy(self)
         out.__dict__.pop("_by_group", None)  # the group index is rebuilt on first use
         out.g = self.g.copy()  # new node and edge attribute dicts, the same values
+        return out
+
+    def has_autocast(self) -> bool:
+        """Whether the capture recorded the model under autocast too (a bf16 capture: costmodel.trace)."""
+        return bool(self.g.graph.get("autocast"))
+
+    def as_run(self, how: str) -> "OpGraph":
+        """This graph with the byte attributes of `how` the model runs (RUNS): itself as captured, or a copy
+        with every node's `autocast` record in place (and the edges' bytes with them); a graph without an
+        autocast record (fp32, or captured with autocast=None) is itself either way."""
+        if how not in RUNS:
+            raise ValueError(f"how must be one of {RUNS}, got {how!r}")
+        if how == "as-captured" or not self.has_autocast() or self.g.graph.get("run") == how:
+            return self
+        out = self.copy()
+        for n, d in out.g.nodes(data=True):
+            d.update(d.get("autocast", {}))
+        for u, v, e in out.g.edges(data=True):
+            e["nbytes"] = out.g.nodes[u]["out_bytes"]
+        out.g.graph["run"] = how
         return out
 
     # queries -----------------------------------------------------------------------------------

@@ -29,6 +29,20 @@ GB = 1e9
 GiB = 2**30
 
 
+DEFAULT_ALLOCATOR_HEADROOM = 0.05
+"""Device.allocator_headroom when none is given: 5% of the memory after the reserve (6.9 GiB of an H200,
+3.9 GiB of an H100-80GB). From the first runs on a GPU (GPU-MEASUREMENTS.md, H200, torch 2.11): with
+PyTorch's default allocator a 1.5B-parameter plan failed holding 12.55 GiB reserved but unallocated beside
+114.12 GiB allocated (11% of what it held), which is why the runtime turns on expandable segments
+(runtime/allocator.py); with them the same plan ran at 129.78 GiB allocated of 140.40, so what the
+allocator kept beyond its peak, the CUDA context and NCCL fitted in 10.6 GiB (7.6%); and the plan the
+search had filled to 138.38 of 138.40 usable GiB (llama3-8b) failed with 21 MiB free. 5%, half the
+default allocator's fragmentation, keeps a plan clear of that edge and still admits the 129.78 GiB plan
+that ran ((140.40 - 2) x 0.95 = 131.5 GiB usable). Not measured with expandable segments beyond that
+run: a run that measures peak reserved against peak allocated (torch.cuda.max_memory_reserved) is what
+would refine it."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Device:
     name: str
@@ -93,7 +107,20 @@ class Device:
     host_bw: float = 25 * GB
     """Device <-> host memory bytes/s (PCIe 4.0 x16 ~25 GB/s), for offload."""
     reserved_bytes: float = 2 * GiB
-    """Memory not available to the plan: CUDA context, allocator fragmentation, workspaces."""
+    """Device memory outside PyTorch's caching allocator, which no plan may use: the CUDA context (the
+    driver's per-process state and the kernels of torch, cuBLAS, cuDNN and NCCL it loads: some hundreds of
+    MiB under CUDA 12's lazy module loading) and NCCL's buffers (per communicator, channel and peer, one
+    buffer per protocol -- NCCL_BUFFSIZE, 4 MiB by default, for the Simple protocol, NVIDIA's NCCL User
+    Guide, "Environment Variables"; a rank opens a communicator for each process group it communicates
+    in -- data, tensor, pipeline -- each some hundreds of MiB over NVLink's many channels). 2 GiB on the GPU
+    presets. Measured bound (GPU-MEASUREMENTS.md, one H200, one rank): at the llama3-8b OOM 135.77 GiB were
+    allocated and 21 MiB free of 140.40 GiB, so the context, NCCL and the allocator's cached blocks held
+    4.61 GiB between them."""
+    allocator_headroom: float = DEFAULT_ALLOCATOR_HEADROOM
+    """Fraction of the memory after `reserved_bytes` that a plan leaves free for the caching allocator:
+    blocks it has cached but not handed out (fragmentation, rounding to its block sizes). usable_memory()
+    is what remains; `partita plan --memory-headroom` sets it (DEFAULT_ALLOCATOR_HEADROOM's docstring says
+    where the default comes from)."""
     op_latency: float = 5e-6
     """Seconds every operator costs beyond its FLOPs and bytes: a CUDA kernel launch (~5 us), or PyTorch's
     eager dispatch on CPU (tens of us, measured by `partita calibrate`). Dominates small models."""
@@ -127,7 +154,13 @@ class Device:
     Measured by `partita calibrate` (calibrate_dtensor.measure_dtensor); 0 for the GPU presets."""
 
     def usable_memory(self) -> float:
-        return self.memory_bytes - self.reserved_bytes
+        """Bytes a plan's peak may reach: the memory less the reserve (CUDA context, NCCL), less the
+        allocator headroom of what is left."""
+        return (self.memory_bytes - self.reserved_bytes) - self.headroom_bytes()
+
+    def headroom_bytes(self) -> float:
+        """The allocator headroom in bytes (`allocator_headroom` of the memory after the reserve)."""
+        return (self.memory_bytes - self.reserved_bytes) * self.allocator_headroom
 
     def peak(self, dtype: str) -> float:
         return self.peak_flops["bf16" if dtype in ("bf16", "fp16") else "fp32"]
@@ -273,7 +306,7 @@ class Cluster:
 
 # Fields of Device where the conservative value is the largest (the rest: the smallest).
 _SAME_OR_UNKNOWN = {"stack": "pytorch", "generation": "", "other_attention": None}
-_WORST_IS_MAX = {"gemm_half_dim", "gemm_half_mn", "gemm_split_k", "attention_half_seq", "attention_half_dim", "overlap_slowdown", "intra_node_latency", "inter_node_latency", "reserved_bytes", "op_latency", "sync_latency",
+_WORST_IS_MAX = {"gemm_half_dim", "gemm_half_mn", "gemm_split_k", "attention_half_seq", "attention_half_dim", "overlap_slowdown", "intra_node_latency", "inter_node_latency", "reserved_bytes", "allocator_headroom", "op_latency", "sync_latency",
                  "sharded_op_latency", "sharded_param_latency", "redistribute_latency"}
 
 

@@ -17,6 +17,12 @@ among the optimizer's 12 bytes; in fp32 it is one more p-byte copy of 1/d of the
 
 Optimizer-step traffic (bytes read + written per parameter, memory-bound): Adam reads gradient, master
 weight, momentum and variance and writes master weight, momentum, variance and the working copy.
+
+bf16 under autocast (`autocast=True`: partita's runtime without FSDP, runtime.precision): the model keeps
+its fp32 parameters, their fp32 gradients (autograd casts the bf16 weight gradient back to the fp32 leaf)
+and fp32 Adam moments -- the fp32 layout, 4 + 4 + 8 bytes; what bf16 adds is a bf16 cast of each weight
+that autograd saves for the backward (2 bytes per matmul parameter while its layer's activations live),
+priced as saved tensors (costmodel.trace `weight_saved_bytes`), not as model state.
 """
 from __future__ import annotations
 
@@ -41,10 +47,11 @@ class StateBytes:
         return self.param + self.grad + self.optimizer
 
 
-def state_bytes(dtype: str, optimizer: str = "adam") -> StateBytes:
+def state_bytes(dtype: str, optimizer: str = "adam", autocast: bool = False) -> StateBytes:
+    """Model-state bytes per parameter (module docstring); `autocast`: a bf16 model run under autocast."""
     if optimizer not in ("adam", "sgd"):
         raise PartitaError(f"unknown optimizer {optimizer!r}; accepted: adam, sgd")
-    half = dtype in ("bf16", "fp16")
+    half = dtype in ("bf16", "fp16") and not autocast
     p = 2 if half else 4
     if optimizer == "adam":
         opt = 12 if half else 8   # fp32 master + m + v, or m + v

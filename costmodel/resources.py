@@ -28,7 +28,8 @@ Schema `partita.cluster/1` (units: bytes, bytes/s, FLOP/s, seconds):
            "inter_link_efficiency": 0.85,         achieved fraction of inter_node_bw, in (0, 1]
            "overlap_slowdown": 0.15,              compute stretch while collectives overlap it
            "host_bw": 1e10,                       device <-> host bytes/s (offload)
-           "reserved_bytes": 2.5e8,               memory the plan may not use
+           "reserved_bytes": 2.5e8,               memory outside the allocator (CUDA context, NCCL)
+           "allocator_headroom": 0.05,            fraction of the rest kept free for the allocator, in [0, 1)
            "op_latency": 6e-6,                    seconds per operator launch
            "sync_latency": 8e-4,                  in-step seconds per collective message step
            "sharded_op_latency": 1e-4,            DTensor dispatch seconds per launch
@@ -72,7 +73,7 @@ _DEVICE_FIELDS = {f.name for f in fields(Device)}
 _DEVICE_KEYS = _DEVICE_FIELDS | {"base"}
 _DEVICE_REQUIRED = ("name", "peak_flops", "memory_bytes", "mem_bandwidth", "intra_node_bw", "inter_node_bw")
 _NONNEGATIVE = {"gemm_half_dim", "gemm_half_mn", "gemm_split_k", "attention_bwd_efficiency", "attention_half_dim",
-                "attention_causal_block", "attention_efficiency", "attention_half_seq", "overlap_slowdown", "op_latency", "host_memory_bytes", "intra_node_latency", "inter_node_latency", "reserved_bytes",
+                "attention_causal_block", "attention_efficiency", "attention_half_seq", "overlap_slowdown", "op_latency", "host_memory_bytes", "intra_node_latency", "inter_node_latency", "reserved_bytes", "allocator_headroom",
                 "sync_latency", "sharded_op_latency", "sharded_param_latency", "redistribute_latency"}
 _YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -153,6 +154,8 @@ def _device(where: str, spec) -> Device:
     for k in ("attention_efficiency", "attention_bwd_efficiency"):
         if not 0 <= kw.get(k, 0) <= 1:
             _fail(f"{where}.{k}", f"must be in [0, 1] (0: the default, costmodel.hardware.Device), got {kw[k]!r}")
+    if not 0 <= kw.get("allocator_headroom", 0) < 1:
+        _fail(f"{where}.allocator_headroom", f"must be a fraction in [0, 1), got {kw['allocator_headroom']!r}")
     if kw.get("reserved_bytes", 0) >= kw["memory_bytes"]:
         _fail(f"{where}.reserved_bytes", f"must be less than memory_bytes ({kw['memory_bytes']:g}), "
                                          f"got {kw['reserved_bytes']:g}")
@@ -310,3 +313,20 @@ def save_resources(cluster: Cluster, path, name: str | None = None, measurements
     d = cluster_to_dict(cluster, name=name, measurements=measurements)
     write_resources(d, path)
     return d
+
+
+def with_allocator_headroom(cluster: Cluster, headroom: float | None) -> Cluster:
+    """`cluster` with every device's allocator headroom set to `headroom` (a fraction in [0, 1) of the
+    memory after the reserve: costmodel.hardware.Device.allocator_headroom); None leaves it as it is.
+    `partita plan --memory-headroom` and `partita.plan(memory_headroom=...)`."""
+    if headroom is None:
+        return cluster
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
+        raise PartitaError(f"memory headroom must be a fraction of device memory in [0, 1), e.g. 0.05 for 5%; "
+                           f"got {headroom!r}")
+    if not cluster.groups:
+        return replace(cluster, device=replace(cluster.device, allocator_headroom=float(headroom)))
+    groups = [with_allocator_headroom(g, headroom) for g in cluster.groups]
+    out = cluster_from_groups(groups, inter_group_bw=cluster.inter_group_bw,
+                              inter_group_latency=cluster.inter_group_latency, spec=cluster.spec)
+    return replace(out, nodes_per_pod=cluster.nodes_per_pod, pod_oversubscription=cluster.pod_oversubscription)

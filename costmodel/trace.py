@@ -20,8 +20,27 @@ node it records:
   nothing,
 - the activation bytes autograd saves for the backward pass, observed with saved_tensors_hooks and
   attributed to the node that *produced* the saved storage (each storage counted once; parameters
-  excluded) -- so a saved tensor is charged where it lives, which is what a sharding choice changes,
+  excluded) -- so a saved tensor is charged where it lives, which is what a sharding choice changes.
+  Two kinds are told apart: `weight_saved_bytes`, saved tensors computed from parameters alone (a
+  cast of a weight), which do not grow with the batch; and `cast_saved_bytes`, the part of a node's
+  `saved_bytes` that is a cast of its input the node makes inside itself (autocast's), which a
+  selective checkpoint re-runs rather than keeps (runtime/recompute.py),
 - the parameters it owns, and the module path (FQN) it belongs to.
+
+Mixed precision as the runtime runs it. A 16-bit capture records the model with 16-bit parameters:
+what FSDP2's MixedPrecisionPolicy computes on (its gathered bf16 parameters), and Megatron-LM's bf16
+model. partita's runtime trains a bf16 plan without FSDP under `torch.autocast` over the fp32 parameters
+(runtime/precision.py), and that saves other tensors: the residual stream, norms and everything autocast
+leaves alone stay fp32; each matmul saves a bf16 cast of its fp32 input (q, k and v three casts of one
+norm output) and a bf16 cast of its weight (autocast caches one per weight and forward). So a 16-bit
+capture records the model a second time the way autocast runs it -- fp32 parameters and buffers, under
+`torch.autocast("cpu", bfloat16)` -- and keeps that record's bytes on every node as `autocast` (out_bytes,
+mem_bytes, saved_bytes, weight_saved_bytes, cast_saved_bytes); `OpGraph.as_run("autocast")` is the graph
+with them in place. CPU autocast casts the same operators CUDA's does to bf16 (matmuls, linear,
+attention); CUDA runs some more in fp32 (softmax, log_softmax, pow, rsqrt, layer_norm, sum, exp) that
+CPU runs in the input's dtype. On the inputs of the GPT and Llama models here (fp32 residuals, the fp32
+logits of the loss) those see fp32 either way; a bf16 tensor reaching one of them (a materialised
+attention's softmax) is recorded bf16 where CUDA would save fp32.
 
 Every per-sample quantity is linear in the micro-batch size, so one sample is traced and the planner
 scales. The loss is part of the graph (cross-entropy over the logits for our presets, `spec.loss_fn`
@@ -29,6 +48,7 @@ otherwise): its saved log-softmax is often the largest activation of a language 
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -38,6 +58,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from partita.costmodel.autocast import POLICIES, as_dtype, autocast_region, saved_kind, state_in
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.flops import PRODUCT_OPERANDS, backward_flops, is_uncosted, register_missing_formulas
 from partita.costmodel.graph import OpGraph
@@ -183,6 +204,11 @@ def fused_attention_call(target, args: tuple, kwargs: dict) -> tuple[tuple, dict
     return (*args[:at], 0.0, *args[at + 1:]), kwargs, True
 
 
+def is_dtype_check(n: fx.Node) -> bool:
+    """An export graph's assertion of a tensor's traced dtype and device (no output, no cost)."""
+    return getattr(n.target, "__name__", "").startswith("_assert_tensor_metadata")
+
+
 class Recorder(fx.Interpreter):
     """Runs a graph node by node on fake tensors, recording per-node costs (see the module docstring).
 
@@ -195,21 +221,27 @@ class Recorder(fx.Interpreter):
         self.param_storages = param_storages
         self.producer: dict[int, str] = {}
         self.keep: list = []  # keeps storages alive so their ids are never reused
-        self.saved: dict[int, tuple[str, int]] = {}
+        self.saved: dict[int, tuple[str, int, str]] = {}
+        """storage -> (node charged, bytes, kind: "" activation, "cast" an internal input cast, "weight")"""
         self.stats: dict[str, dict] = {}
         self._current = ""
         self._in_dropout = False
+        self._autocast = False
 
     def pack(self, t: torch.Tensor):
         key = _storage_key(t)
         if key not in self.param_storages and key not in self.saved:
             nbytes = t.untyped_storage().nbytes()
-            if self._in_dropout and key not in self.producer:
+            internal = key not in self.producer
+            if self._in_dropout and internal:
                 # a dropout mask: CUDA's native_dropout keeps it as bool (1 byte an element, as in
                 # Korthikanti et al.'s table); CPU PyTorch keeps it in the activation dtype. We plan for
                 # accelerators, so charge the bool.
                 nbytes = t.numel()
-            self.saved[key] = (self.producer.get(key, self._current), nbytes)
+            kind = saved_kind(t)
+            if kind == "cast" and not internal:
+                kind = ""  # a node's own output (a `.float()` node): an activation like any other
+            self.saved[key] = (self.producer.get(key, self._current), nbytes, kind)
             self.keep.append(t)
         return t
 
@@ -223,6 +255,8 @@ class Recorder(fx.Interpreter):
         return out
 
     def run_node(self, n: fx.Node):
+        if self._autocast and is_dtype_check(n):
+            return None  # an export graph's check of the dtype it was traced with, which autocast changes
         self._current = n.name
         self._in_dropout = "dropout" in str(getattr(n.target, "__name__", n.target)).lower() or (
             n.op == "call_module" and "dropout" in type(self.module.get_submodule(n.target)).__name__.lower())
@@ -258,16 +292,29 @@ class Recorder(fx.Interpreter):
         }
         return out
 
-    def record(self, mode: FakeTensorMode, *args) -> None:
-        """Run the forward on fake tensors under saved-tensor hooks, filling `stats` and `saved`."""
-        with mode, torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
+    def record(self, mode: FakeTensorMode, *args, autocast: str | None = None) -> None:
+        """Run the forward on fake tensors under saved-tensor hooks, filling `stats` and `saved`;
+        `autocast`: under bf16 autocast following that device's lists (costmodel.autocast)."""
+        region = autocast_region(autocast) if autocast else contextlib.nullcontext()
+        self._autocast = bool(autocast)
+        with mode, region, torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
             self.run(*args)
 
-    def saved_by_node(self) -> dict[str, int]:
+    def saved_by_node(self, kinds: tuple[str, ...] = ("", "cast")) -> dict[str, int]:
+        """Saved bytes charged to each node, of the given kinds (Recorder.saved): by default the
+        activations, which grow with the batch; ("weight",) the weight copies, which do not."""
         out: dict[str, int] = {}
-        for producer, nbytes in self.saved.values():
-            out[producer] = out.get(producer, 0) + nbytes
+        for producer, nbytes, kind in self.saved.values():
+            if kind in kinds:
+                out[producer] = out.get(producer, 0) + nbytes
         return out
+
+    def memory_attrs(self) -> dict[str, dict]:
+        """Per node, the byte attributes a memory model reads (costmodel.trace module docstring)."""
+        saved, casts, weights = self.saved_by_node(), self.saved_by_node(("cast",)), self.saved_by_node(("weight",))
+        return {n: {"out_bytes": st["out_bytes"], "mem_bytes": st["mem_bytes"], "saved_bytes": saved.get(n, 0),
+                    "cast_saved_bytes": casts.get(n, 0), "weight_saved_bytes": weights.get(n, 0)}
+                for n, st in self.stats.items()}
 
 
 def build_fake(spec: ModelSpec, dtype: str, mode: FakeTensorMode, batch: int) -> tuple[nn.Module, tuple]:
@@ -381,10 +428,15 @@ class _Tracer(fx.Tracer):
             raise
 
 
-def capture(spec: ModelSpec, dtype: str = "fp32", batch: int = 1) -> OpGraph:
-    """Trace `spec`'s model with its loss on fake tensors into an OpGraph (per-sample costs when batch=1)."""
+def capture(spec: ModelSpec, dtype: str = "fp32", batch: int = 1, autocast: str | None = "cuda") -> OpGraph:
+    """Trace `spec`'s model with its loss on fake tensors into an OpGraph (per-sample costs when batch=1).
+
+    A bf16 capture also records the model as partita's runtime runs a bf16 plan without FSDP, under
+    autocast following `autocast`'s lists ("cuda" or "cpu"; None: no such record), kept on each node as
+    `autocast` (module docstring; `OpGraph.as_run`)."""
     if dtype not in DTYPES:
         raise PartitaError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+    autocast = autocast_policy(dtype, autocast)
     how = getattr(spec, "capture", "auto") or "auto"
     if how not in ("fx", "export", "auto"):
         raise PartitaError(f"model {spec.name!r}: capture must be 'fx', 'export' or 'auto', got {how!r}")
@@ -393,9 +445,9 @@ def capture(spec: ModelSpec, dtype: str = "fp32", batch: int = 1) -> OpGraph:
     for front in (["fx", "export"] if how == "auto" else [how]):
         try:
             if front == "fx":
-                return _capture_fx(spec, dtype, batch)
+                return _capture_fx(spec, dtype, batch, autocast)
             from partita.costmodel.export_capture import capture_export  # late: it imports this module
-            return capture_export(spec, dtype, batch)
+            return capture_export(spec, dtype, batch, autocast)
         except CaptureFailed as f:
             failures.append(f)
     raise capture_error(spec, failures)
@@ -445,17 +497,28 @@ def _trace_fx(spec: ModelSpec, dtype: str, batch: int):
     return gm, mode, args, strip
 
 
-def _record(gm: fx.GraphModule, mode: FakeTensorMode, args: tuple) -> tuple[dict, dict[str, int]]:
-    """Run `gm` node by node on fake tensors: (per-node stats, saved bytes by producing node)."""
-    # parameters and buffers are model state, not activations: saving them costs nothing extra
-    param_storages = {_storage_key(t) for t in [*gm.parameters(), *gm.buffers()]}
-    rec = Recorder(gm, param_storages)
-    rec.record(mode, *args)
-    return rec.stats, rec.saved_by_node()
+def _record(gm: fx.GraphModule, mode: FakeTensorMode, args: tuple, autocast: str | None = None) -> Recorder:
+    """Run `gm` node by node on fake tensors (`autocast`: with fp32 state and inputs, under bf16 autocast
+    following that device's lists); the Recorder holds the per-node stats and saved bytes."""
+    with state_in(gm, torch.float32, mode) if autocast else contextlib.nullcontext():
+        if autocast:
+            args = tuple(as_dtype(a, torch.float32, mode) for a in args)
+        # parameters and buffers are model state, not activations: saving them costs nothing extra
+        param_storages = {_storage_key(t) for t in [*gm.parameters(), *gm.buffers()]}
+        rec = Recorder(gm, param_storages)
+        rec.record(mode, *args, autocast=autocast)
+    return rec
 
 
-def _record_from_shallow(spec: ModelSpec, gm: fx.GraphModule, dtype: str, batch: int):
-    """The deep graph's records copied from the same model built with replicate.SHALLOW layers
+def _records(gm: fx.GraphModule, mode: FakeTensorMode, args: tuple, autocast: str | None):
+    """(per-node stats, per-node memory attributes, the same under autocast or None)."""
+    rec = _record(gm, mode, args)
+    mixed = _record(gm, mode, args, autocast).memory_attrs() if autocast else None
+    return rec.stats, rec.memory_attrs(), mixed
+
+
+def _record_from_shallow(spec: ModelSpec, gm: fx.GraphModule, dtype: str, batch: int, autocast: str | None):
+    """The deep graph's records (`_records`) copied from the same model built with replicate.SHALLOW layers
     (costmodel.replicate), or None when the model has no shallow form or the graphs do not pair."""
     if spec.at_depth is None or not spec.layer_prefix:
         return None
@@ -463,19 +526,26 @@ def _record_from_shallow(spec: ModelSpec, gm: fx.GraphModule, dtype: str, batch:
     pairs = pair_nodes(gm, shallow_gm, spec.layer_prefix, _owner)
     if pairs is None:
         return None
-    stats, saved = _record(shallow_gm, mode, args)
-    return ({d: stats[s] for d, s in pairs.items() if s in stats},
-            {d: saved[s] for d, s in pairs.items() if s in saved})
+    pick = lambda per: None if per is None else {d: per[s] for d, s in pairs.items() if s in per}
+    return tuple(pick(per) for per in _records(shallow_gm, mode, args, autocast))
 
 
-def _capture_fx(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
+def autocast_policy(dtype: str, autocast: str | None) -> str | None:
+    """The autocast record a capture makes: only of a bf16 capture (costmodel.autocast.POLICIES)."""
+    if autocast is not None and autocast not in POLICIES:
+        raise PartitaError(f"autocast must be one of {', '.join(POLICIES)} or None, got {autocast!r}")
+    return autocast if dtype == "bf16" else None
+
+
+def _capture_fx(spec: ModelSpec, dtype: str, batch: int, autocast: str | None = None) -> OpGraph:
     t0 = time.perf_counter()
     gm, mode, args, strip = _trace_fx(spec, dtype, batch)
     # every name a parameter has (a tied weight has two, `head.weight` and `tok_emb.weight`); its numel and
     # bytes are counted once, on the first name named_parameters() gives it (`_counted_params`)
     params = dict(gm.named_parameters(remove_duplicate=False))
     first = _first_names(gm)
-    stats, saved_by_node = _record_from_shallow(spec, gm, dtype, batch) or _record(gm, mode, args)
+    stats, memory, mixed = (_record_from_shallow(spec, gm, dtype, batch, autocast)
+                            or _records(gm, mode, args, autocast))
     graph = OpGraph(name=spec.name, batch=batch, seq_len=spec.seq_len, dtype=dtype)
     owned = _params_by_node(gm)
     for n in gm.graph.nodes:
@@ -488,10 +558,8 @@ def _capture_fx(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
         kind = _kind(n, gm)
         graph.add_node(
             n.name, op=n.op, target=str(n.target), kind=kind, module=owner,
-            shape=st["shape"], dtype=st["dtype"], out_bytes=st["out_bytes"],
-            fwd_flops=st["fwd_flops"], bwd_flops=st["bwd_flops"],
-            saved_bytes=saved_by_node.get(n.name, 0), alias=st["alias"],
-            mem_bytes=st["mem_bytes"],
+            shape=st["shape"], dtype=st["dtype"], fwd_flops=st["fwd_flops"], bwd_flops=st["bwd_flops"],
+            alias=st["alias"], **memory[n.name],
             params={p[len(strip):]: params[p].numel() for p in pnames if first[p] == p},
             **_dim_args(n, stats),
             **({"weight_layout": "out_in"} if kind == "linear" else {}),
@@ -499,10 +567,13 @@ def _capture_fx(spec: ModelSpec, dtype: str, batch: int) -> OpGraph:
             **({"tied": {p[len(strip):]: first[p][len(strip):] for p in pnames if first[p] != p}}
                if any(first[p] != p for p in pnames) else {}),
             **({"uncosted": st["uncosted"]} if st["uncosted"] else {}),
+            **({"autocast": mixed[n.name]} if mixed else {}),
         )
         for a in n.all_input_nodes:
             if a.name in stats:
                 graph.add_edge(a.name, n.name, nbytes=stats[a.name]["out_bytes"])
+    if mixed:
+        graph.g.graph["autocast"] = autocast
     graph.finalize(capture_seconds=time.perf_counter() - t0)
     return graph
 

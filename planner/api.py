@@ -19,6 +19,7 @@ from partita.costmodel.embeddings import find_tables
 from partita.costmodel.errors import InfeasibleError, PartitaError
 from partita.costmodel.hardware import Cluster, parse_cluster
 from partita.costmodel.models import with_seq
+from partita.costmodel.resources import with_allocator_headroom
 from partita.costmodel.trace import capture
 from partita.planner.build import build_plan
 from partita.planner.candidates import split_model, use_block_program
@@ -43,13 +44,15 @@ def _spec_for(model, example_inputs) -> ModelSpec:
 
 def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConfig,
                 progress=None, baselines: bool = False, space: SearchSpace | None = None,
-                sparse=None, **fixed) -> tuple[SearchResult | None, Plan]:
+                sparse=None, memory_headroom: float | None = None, **fixed) -> tuple[SearchResult | None, Plan]:
     """Capture, cost and search; returns the search (every candidate, for notebooks) and the chosen Plan.
 
     `space` and the keywords `fixed` (SearchSpace fields: tp, pp, dp, zero, recompute, offload,
     sequence_parallel, micro_batch, virtual_stages) restrict the search; a restriction no configuration
     meets raises PartitaError saying why, before any solving, and one that does not fit in memory an
-    InfeasibleError with the memory it needs.
+    InfeasibleError with the memory it needs. `memory_headroom`: the fraction of each device's memory
+    (after the CUDA context and NCCL reserve) plans leave free for the caching allocator; None keeps the
+    device's (costmodel.hardware.DEFAULT_ALLOCATOR_HEADROOM for the presets).
 
     A model with embedding tables (nn.EmbeddingBag) is planned by planner.rec_plan, its sparse part from
     `sparse` (a rec_plan.SparseInputs: data sample or Zipf skew, fixed table shardings); the search
@@ -58,6 +61,7 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     spec = with_seq(_spec_for(model, example_inputs), train.seq_len)
     cl = parse_cluster(cluster) if isinstance(cluster, str) else cluster
     check_scale(cl)
+    cl = with_allocator_headroom(cl, memory_headroom)
     if isinstance(train.dtype, _ByDevice):  # no dtype given: the device kind's, as the CLI chooses it
         train = dataclasses.replace(train, dtype=default_dtype(cl))
     t0 = time.perf_counter()
@@ -68,7 +72,8 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     del meta
     if tables or sparse is not None:
         return None, _plan_tables(spec, tables, cl, train, space, sparse, fingerprint, progress, baselines)
-    graph = capture(spec, dtype=train.dtype)
+    # a bf16 plan without FSDP runs under autocast, with the lists of the devices it runs on
+    graph = capture(spec, dtype=train.dtype, autocast="cpu" if _on_cpus(cl) else "cuda")
     prefix, layers, suffix = split_model(graph)
     blocks = use_block_program(graph, prefix, layers, suffix)
     check_space(cl, train, space, max_pp=len(graph.groups) if blocks else max(1, len(layers)),
@@ -90,11 +95,14 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
 
 
 def plan(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConfig, progress=None,
-         baselines: bool = False, space: SearchSpace | None = None, sparse=None, **fixed) -> Plan:
+         baselines: bool = False, space: SearchSpace | None = None, sparse=None,
+         memory_headroom: float | None = None, **fixed) -> Plan:
     """Capture `model`, cost it for `cluster`, and return the fastest plan that fits (see DESIGN.md),
-    within `space` and the fixed choices (plan_search): `plan(..., tp=8, pp=16, zero=0)`."""
+    within `space` and the fixed choices (plan_search): `plan(..., tp=8, pp=16, zero=0)`;
+    `memory_headroom=0.1` leaves 10% of each device's memory to the allocator (plan_search)."""
     return plan_search(model, example_inputs, cluster=cluster, train=train, progress=progress,
-                       baselines=baselines, space=space, sparse=sparse, **fixed)[1]
+                       baselines=baselines, space=space, sparse=sparse,
+                       memory_headroom=memory_headroom, **fixed)[1]
 
 
 def _plan_tables(spec, tables, cluster, train, space, sparse, fingerprint, progress, baselines) -> Plan:
@@ -110,10 +118,14 @@ def _plan_tables(spec, tables, cluster, train, space, sparse, fingerprint, progr
     return plan_rec(spec, tables, cluster, train, sparse or SparseInputs(), fingerprint, progress)
 
 
+def _on_cpus(cluster: Cluster) -> bool:
+    return all(g.device.name == "cpu" for g in cluster.group_list())
+
+
 def default_dtype(cluster: Cluster) -> str:
     """The training dtype when none is given: fp32 on CPUs (no fast bf16 there, and the runtime's fp32
     numerics are what `--verify` checks), bf16 on accelerators (mixed precision, as they train)."""
-    return "fp32" if all(g.device.name == "cpu" for g in cluster.group_list()) else "bf16"
+    return "fp32" if _on_cpus(cluster) else "bf16"
 
 
 def _space_for(space: SearchSpace | None, fixed: dict) -> SearchSpace:

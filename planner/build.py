@@ -90,6 +90,11 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "mfu": model_flops / step / sum(g.num_devices * g.device.peak(train.dtype) for g in cluster.group_list()),
         "peak_memory_bytes": max(r["total"] for r in memory),
         "memory_capacity_bytes": int(np.min(prob.capacity)),
+        # what the capacity leaves out (costmodel.hardware.Device): the reserve for the CUDA context and NCCL,
+        # and the allocator headroom (a fraction of what is left after the reserve), on the conservative device
+        "memory_reserved_bytes": int(cluster.device.reserved_bytes),
+        "memory_headroom": cluster.device.allocator_headroom,
+        "memory_headroom_bytes": int(cluster.device.headroom_bytes()),
         "exposed_comm_s": exposed_comm,
         "hidden_comm_s": max(0.0, float(m * hidden + dp_hidden + zero_flush_hidden)),
         "assumptions": (assumptions(cluster, train.dtype, c.tp_overlap, c.p2p_overlap)

@@ -25,7 +25,8 @@ from partita.costmodel.hardware import Cluster
 from partita.costmodel.memory import state_bytes
 from partita.planner.cp_ep import cp_refusal, default_cp, default_ep, ep_refusal, experts_of
 from partita.costmodel.stacks import get_stack
-from partita.planner.executable import composition_refusal, cp_refusal_for, pipeline_refusal_for, zero_refusal
+from partita.planner.executable import (composition_refusal, cp_refusal_for, pipeline_refusal_for, runs_autocast,
+                                        zero_refusal)
 from partita.planner.milp import StageProblem, StageSolution
 from partita.planner.milp_blocks import BlockProblem
 from partita.planner.options import (Variant, cost_variant, pareto_indices, pipelined_fsdp, variants, zero1_excess,
@@ -92,7 +93,7 @@ class _Bases:
         self.graph, self.cluster = graph, cluster
         self.prefix, self.layers, self.suffix = prefix, layers, suffix
         self._cache: dict[int, tuple] = {}
-        self._others: dict[int, "_Bases"] = {}
+        self._others: dict = {}
 
     def for_cluster(self, cluster: Cluster) -> "_Bases":
         """The same model's options costed on another (group's) devices."""
@@ -101,6 +102,18 @@ class _Bases:
         key = id(cluster)
         if key not in self._others:
             self._others[key] = _Bases(self.graph, cluster, self.prefix, self.layers, self.suffix)
+        return self._others[key]
+
+    def running(self, train: TrainConfig, zero: int) -> "_Bases":
+        """The options of the model as the runtime runs a candidate with this ZeRO stage: under autocast
+        (planner.executable.runs_autocast; OpGraph.as_run) or as captured."""
+        how = "autocast" if runs_autocast(train.dtype, zero, train.autocast) else "as-captured"
+        graph = self.graph.as_run(how)
+        if graph is self.graph:
+            return self
+        key = ("run", how)
+        if key not in self._others:
+            self._others[key] = _Bases(graph, self.cluster, self.prefix, self.layers, self.suffix)
         return self._others[key]
 
     def get(self, tp: int, sp: bool = False):
@@ -197,6 +210,11 @@ def counted_full_recompute(opts, space: SearchSpace) -> tuple[np.ndarray, int] |
     return np.array([o.recompute == "full" for o in opts], dtype=bool), space.full_recompute_layers
 
 
+def model_state_bytes(train: TrainConfig, zero: int):
+    """Model-state bytes per parameter (costmodel.memory) as the runtime holds them at this ZeRO stage."""
+    return state_bytes(train.dtype, train.optimizer, runs_autocast(train.dtype, zero, train.autocast))
+
+
 def _prune(space: SearchSpace) -> bool:
     """Drop dominated layer variants (planner.options.pareto), unless the number of fully recomputed
     layers is fixed: a dominated full-recompute variant may then be the one a layer must take."""
@@ -206,13 +224,14 @@ def _prune(space: SearchSpace) -> bool:
 def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
                     zero: int, b: int, schedule: str = "1F1B", v: int = 1, sp: bool = False, cp: int = 1,
                     ep: int = 1, tp_overlap: bool = False, p2p_overlap: bool = False) -> Candidate | None:
+    bases = bases.running(train, zero)
     graph, cluster, layers = bases.graph, bases.cluster, bases.layers
     m = train.global_batch // (dp * b)
     mesh_dp, micro_batch = dp, b
     # context parallelism (planner.cp_ep): a rank runs b / cp samples' worth of every sequence, and the
     # dp x cp ranks holding the same parameters shard and reduce them as data-parallel ranks do
     dp, b = dp * cp, (b / cp if cp > 1 else b)
-    sb = state_bytes(train.dtype, train.optimizer)
+    sb = model_state_bytes(train, zero)
     layer_bases, pre, suf, max_out = bases.get(tp, sp)
     if tp > 1 and layers and not any(o.name in SPLIT for o in layer_bases):
         return None  # the layers cannot be split over tp ranks
@@ -368,9 +387,10 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
     its own group's devices and links; capacities are per stage; a boundary between two groups is sent
     over the inter-group link.
     """
+    bases = bases.running(train, zero)
     graph, layers = bases.graph, bases.layers
     m = train.global_batch // (dp * b)
-    sb = state_bytes(train.dtype, train.optimizer)
+    sb = model_state_bytes(train, zero)
     distinct = list({id(gc): gc for gc in stage_groups}.values())  # Clusters hold dicts: not hashable
     full, extras = {}, {}
     for gc in distinct:
@@ -492,9 +512,10 @@ def use_block_program(graph: OpGraph, prefix, layers, suffix) -> bool:
 def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
                           zero: int, b: int, schedule: str = "1F1B") -> Candidate | None:
     """A candidate for the general program: every group is a block with its own variants."""
+    bases = bases.running(train, zero)
     graph, cluster = bases.graph, bases.cluster
     m = train.global_batch // (dp * b)
-    sb = state_bytes(train.dtype, train.optimizer)
+    sb = model_state_bytes(train, zero)
     opts: list[Variant] = []
     block_of: list[int] = []
     for i, grp in enumerate(graph.groups):

@@ -22,6 +22,7 @@ import sys
 
 from partita.costmodel.errors import PartitaError
 from partita.planner.child import run_forwarding_signals
+from partita.costmodel.hardware import DEFAULT_ALLOCATOR_HEADROOM
 from partita.planner.plan import RECOMPUTE
 
 
@@ -48,7 +49,7 @@ def _cmd_plan(args) -> int:
             bar.update(task, total=n, completed=i + 1)
 
         p = make_plan(args.model, cluster=cluster, train=train, progress=progress, baselines=args.baselines,
-                      space=space, sparse=_sparse_from_args(args))
+                      space=space, sparse=_sparse_from_args(args), memory_headroom=args.memory_headroom)
     if args.out:
         p.save(args.out)
     if args.json:
@@ -220,6 +221,17 @@ def _cmd_models(args) -> int:
     return 0
 
 
+def _fraction(text: str) -> float:
+    """--memory-headroom's value: a fraction in [0, 1) (0.05 is 5%)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in [0, 1) (e.g. 0.05 for 5%)")
+    return value
+
+
 def _policies(text: str) -> tuple[str, ...]:
     """--recompute's value: one policy, or a comma list of them."""
     policies = tuple(dict.fromkeys(x.strip() for x in text.split(",")))
@@ -316,6 +328,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"software stack the plan is priced for (default {DEFAULT_STACK}, partita's runtime); "
                         "te-2024 (Megatron-Core + Transformer Engine) also searches its TP and pipeline-send "
                         "overlaps and prices its distributed optimizer -- a plan partita prices but does not run")
+    p.add_argument("--memory-headroom", type=_fraction, default=None, metavar="FRACTION",
+                   help="fraction of each device's memory, after the CUDA context and NCCL reserve, that plans "
+                        f"leave free for the caching allocator (default {DEFAULT_ALLOCATOR_HEADROOM:g}; "
+                        "costmodel.hardware.DEFAULT_ALLOCATOR_HEADROOM says why)")
     _add_what_if_flags(p)
     _add_rec_flags(p)
     p.add_argument("--baselines", action="store_true",

@@ -11,6 +11,8 @@ runtime (costmodel <- planner <- runtime), so this module lives here and the run
   the operator that reads them, and torch.distributed.pipelining waits for each step's sends and
   receives before the next compute; plans that overlap them (Megatron-Core's --tp-comm-overlap and
   --overlap-p2p-communication, torch's async TP) are priced, exported, and refused by `partita run`.
+- Precision (`runs_autocast`): a bf16 plan computes under torch.autocast over fp32 parameters unless FSDP
+  (ZeRO-2/3) holds the parameters, whose MixedPrecisionPolicy gathers them in bf16 (runtime/precision.py).
 - Activation offload (`offload_refusal`): never under full recompute; in a compiled layer only where
   nothing is recomputed.
 - Pipelines (`pipeline_refusal`): a pipeline's first stage is fed the batch's token ids and its last stage
@@ -56,6 +58,14 @@ def zero_refusal(zero: int, tp: int = 1, cp: int = 1, ep: int = 1) -> str | None
                 f"ZeroRedundancyOptimizer, beside {' and '.join(ZERO1_RUNS_WITH)} only; use ZeRO 0, 2 or 3 "
                 "(--zero 2 also shards the gradients)")
     return None
+
+
+
+def runs_autocast(dtype: str, zero: int, autocast: bool = True) -> bool:
+    """Whether the runtime trains a plan of this dtype and ZeRO stage under torch.autocast over fp32
+    parameters (module docstring); `autocast` False prices a bf16 model instead (TrainConfig.autocast)."""
+    return dtype == "bf16" and autocast and zero < 2
+
 
 PIPELINE_KINDS = ("lm", "hf-causal", "hf-mlm")
 """Model kinds a pipeline runs (module docstring); `model_kind` names the others "own-loss", "seq2seq",

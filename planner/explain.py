@@ -182,7 +182,12 @@ def _memory(pred: dict) -> Table:
     cap = pred.get("memory_capacity_bytes", 0)
     caps = pred.get("memory_capacity_per_stage") or [cap] * len(pred.get("memory_per_stage", []))
     usable = human_bytes(cap) if len(set(caps)) <= 1 else "per stage: " + ", ".join(human_bytes(c) for c in caps)
-    table = Table(title=f"memory per device of each pipeline rank ({usable} usable; "
+    if "memory_headroom_bytes" in pred:  # (plans written before the headroom existed do not say)
+        usable += (f" usable, after a {human_bytes(pred['memory_reserved_bytes'])} reserve (CUDA context, NCCL) and a "
+                   f"{100 * pred['memory_headroom']:.3g}% allocator headroom ({human_bytes(pred['memory_headroom_bytes'])})")
+    else:
+        usable += " usable"
+    table = Table(title=f"memory per device of each pipeline rank ({usable}; "
                         "[cyan]model states[/] [magenta]activations[/] [yellow]workspace[/])",
                   title_justify="left", show_edge=False, pad_edge=False)
     for col in ("pp rank", "", "total", "by category"):

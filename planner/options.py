@@ -241,7 +241,9 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     kv = o.kv_bytes * b * cp  # the K and V of the rank's whole sequences
     v.cp_comm = cp_comm(cluster, kv, cp, tp, v.recompute)
     v.ep_comm = ep_comm(cluster, o.experts.dispatch_bytes * b, ep, tp, cp, v.recompute) if n_expert else 0.0
-    kept = o.saved_by_policy[v.recompute] * b
+    # what the block keeps for its backward: activations, and without recompute the weight copies autograd
+    # saves (autocast's bf16 casts: one per micro-batch, whatever its size; strategies module docstring)
+    kept = o.saved_by_policy[v.recompute] * b + (o.weight_saved if v.recompute == "none" else 0)
     if cp > 1 and v.recompute != "full":  # the gathered K and V are saved for the backward
         kept += kv * (cp - 1) / cp
     v.act = 0.0 if v.offload_activations else float(kept)

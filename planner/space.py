@@ -68,6 +68,12 @@ class TrainConfig:
     """Pipeline schedule: "auto" (the planner picks 1F1B or interleaved 1F1B), "1F1B", "GPipe" or
     "Interleaved1F1B"."""
     max_micro_batch: int = 64
+    autocast: bool = True
+    """How a bf16 plan without FSDP computes: under torch.autocast over fp32 parameters, as partita's
+    runtime runs it (True: fp32 parameters, gradients and moments, and the bf16 casts and fp32 activations
+    autograd saves; costmodel.trace), or on a bf16 model with fp32 master weights in the optimizer (False:
+    Megatron-LM's bf16, for pricing a published run as it ran). FSDP plans (ZeRO-2/3) compute on FSDP2's
+    bf16 gathered parameters either way."""
 
     def __post_init__(self):
         if not isinstance(self.global_batch, int) or self.global_batch < 1:

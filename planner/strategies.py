@@ -51,6 +51,11 @@ Costs per sample of micro-batch, for one rank of the tensor-parallel group (t ra
              parallelism the rest is divided by t too, except the input a column-parallel layer keeps:
              PyTorch's ColwiseParallel saves the all-gathered (whole) tensor, where Megatron-LM keeps
              the shard and gathers again in the backward (Korthikanti's 34 s b h / t counts the shard).
+             Under autocast (costmodel.trace) a Linear also saves a bf16 cast of its input: whole for a
+             column-parallel layer (its input is replicated, or gathered), 1/t for a row-parallel one;
+             and a bf16 cast of its weight, 1/t where the weight is split (`weight_saved`, per
+             micro-batch: it does not grow with the batch). Selective and op recompute re-run both
+             casts (runtime/recompute.py saves parametric ops' outputs, not casts); full recompute too.
 """
 from __future__ import annotations
 
@@ -82,6 +87,7 @@ class BlockOption:
     tp_comm_bytes_bwd: list[int] = field(default_factory=list)
     param_numel: int = 0           # parameters held per rank
     saved_bytes: int = 0           # activations saved per sample per rank
+    weight_saved: int = 0          # weight copies autograd saves (autocast's casts) per rank, per micro-batch
     placements: dict[str, str] = field(default_factory=dict)     # module fqn -> colwise/rowwise
     launch_s: float = 0.0          # operator launch latency per micro-batch (forward + backward), not per sample
     fixed_s: float = 0.0           # GEMMs' per-micro-batch seconds (costmodel.kernels: t(b) = b t_1 + fixed)
@@ -167,7 +173,7 @@ def node_seconds(d: dict, cluster: Cluster, dtype: str, tp: int = 1, style: str 
 
 def replicate_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> BlockOption:
     fwd = bwd = 0.0
-    numel = saved = 0
+    numel = saved = weights = 0
     fixed = 0.0
     for n in graph.nodes_of(group):
         d = graph.g.nodes[n]
@@ -175,7 +181,9 @@ def replicate_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> B
         fwd, bwd, fixed = fwd + t.fwd, bwd + t.bwd, fixed + t.fixed_fwd + t.fixed_bwd
         numel += sum(d["params"].values())
         saved += d["saved_bytes"]
+        weights += d.get("weight_saved_bytes", 0)
     opt = BlockOption(name="replicate", tp=tp, fwd_s=fwd, bwd_s=bwd, param_numel=numel, saved_bytes=saved,
+                      weight_saved=weights,
                       param_tensors=sum(len(graph.g.nodes[n]["params"]) for n in graph.nodes_of(group)),
                       fixed_s=fixed)
     _add_recompute_policies(opt, graph, group, cluster, set(), 1)
@@ -211,7 +219,7 @@ def _split_option(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequenc
             and next(iter(g.predecessors(n))) in sharded}
     sharded = sharded | loss
     fwd = bwd = 0.0
-    numel = saved = 0
+    numel = saved = weights = 0
     reduce_fwd: list[int] = []
     gather_fwd: list[int] = []
     scatter_fwd: list[int] = []
@@ -228,6 +236,7 @@ def _split_option(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequenc
         if d["kind"] == "linear" and style in ("colwise", "rowwise"):
             gemm = [a + b for a, b in zip(gemm, (t.fwd, t.bwd, t.fixed_fwd, t.fixed_bwd))]
         saved += _saved_share(g, n, tp, sharded, seq, placements)
+        weights += d.get("weight_saved_bytes", 0) // (tp if style else 1)
         for pname, pn in d["params"].items():
             replicated_bias = style == "rowwise" and pname.endswith("bias")
             numel += pn // tp if style and not replicated_bias else pn
@@ -244,7 +253,7 @@ def _split_option(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequenc
                 if g.nodes[n]["kind"] == "linear" and placements.get(g.nodes[n]["module"]) == "rowwise"]
     opt = BlockOption(name="sequence" if sequence else "tensor", tp=tp, fwd_s=fwd, bwd_s=bwd,
                       tp_comm_bytes_fwd=reduce_fwd, param_numel=numel, saved_bytes=saved, placements=placements,
-                      layout="S" if sequence else "R", fixed_s=fixed)
+                      layout="S" if sequence else "R", fixed_s=fixed, weight_saved=weights)
     opt.gemm_fwd_s, opt.gemm_bwd_s, opt.gemm_fixed_fwd, opt.gemm_fixed_bwd = gemm
     if sequence:
         opt.tp_gather_fwd, opt.tp_scatter_fwd = list(col_inputs.values()), scatter_fwd
@@ -275,18 +284,29 @@ def _split_option(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequenc
 
 
 def _saved_share(g, n: str, tp: int, sharded: set[str], seq: set[str], placements: dict[str, str]) -> int:
-    """Bytes node n's output and its own saved tensors cost one rank (module docstring, memory)."""
+    """Bytes node n's output and its own saved tensors cost one rank (module docstring, memory); a placed
+    Linear's cast of its input (autocast) is whole when column-parallel, 1/t when row-parallel."""
+    d = g.nodes[n]
+    cast = d.get("cast_saved_bytes", 0)
+    style = placements.get(d["module"]) if d["kind"] == "linear" else None
+    if cast and style is not None:
+        return _share(g, n, d["saved_bytes"] - cast, tp, sharded, seq, placements) + \
+            (cast // tp if style == "rowwise" else cast)
+    return _share(g, n, d["saved_bytes"], tp, sharded, seq, placements)
+
+
+def _share(g, n: str, saved: int, tp: int, sharded: set[str], seq: set[str], placements: dict[str, str]) -> int:
     d = g.nodes[n]
     if n in sharded:
-        return d["saved_bytes"] // tp
+        return saved // tp
     if n not in seq:
-        return d["saved_bytes"]
+        return saved
     # a column-parallel layer fed by n keeps the all-gathered, whole tensor
     feeds_col = any(g.nodes[s]["kind"] == "linear" and placements.get(g.nodes[s]["module"]) in ("colwise", "vocab")
                     for s in g.successors(n))
-    if feeds_col and d["saved_bytes"] >= d["out_bytes"]:
-        return d["out_bytes"] + (d["saved_bytes"] - d["out_bytes"]) // tp
-    return d["saved_bytes"] // tp
+    if feeds_col and saved >= d["out_bytes"]:
+        return d["out_bytes"] + (saved - d["out_bytes"]) // tp
+    return saved // tp
 
 
 NORM_KINDS = {"layernorm", "layer_norm", "rmsnorm", "rms_norm"}
@@ -412,7 +432,8 @@ def _add_recompute_policies(opt: BlockOption, graph: OpGraph, group: str, cluste
         # or MLP output projection feeding only a residual add): `saved_bytes` holds what autograd saves
         # of what the op produced (its output, if saved, and internals such as a norm's statistics); an
         # output smaller than that is taken to be among it, else added
-        saved, out = d["saved_bytes"], 0 if d["alias"] else d["out_bytes"]
+        # (a kept op's own casts of its input, autocast's, are re-run: only its output is cached)
+        saved, out = d["saved_bytes"] - d.get("cast_saved_bytes", 0), 0 if d["alias"] else d["out_bytes"]
         for policy, nodes in kept.items():
             if n in nodes:
                 keep[policy] += (saved if saved >= out else saved + out) // div

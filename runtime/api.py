@@ -38,6 +38,7 @@ from partita.costmodel import PartitaError, resolve_model
 from partita.costmodel.models import ModelSpec
 from partita.planner.child import run_forwarding_signals
 from partita.planner.plan import Plan
+from partita.runtime.allocator import configure_allocator
 from partita.runtime.mesh import agree_on_attempt, broadcast_text, env_world, init_default, teardown
 from partita.runtime.report import RankFailure, RunResult, first_failure, read_failure, show_library_warnings_once
 from partita.runtime.progress import DEFAULT_EVERY
@@ -339,6 +340,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     # a fresh rendezvous store per attempt (runtime.mesh._store; pytorch#135712); needed across nodes
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ[AGENT_ENV] = "1"
+    configure_allocator()  # the workers inherit it (runtime.allocator)
     argv = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}"]
     if rdzv_endpoint:
         timeout = rdzv_timeout or rendezvous.DEFAULT_TIMEOUT

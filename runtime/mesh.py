@@ -14,6 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from partita.costmodel import PartitaError
 from partita.planner.plan import Plan
+from partita.runtime.allocator import configure_allocator
 
 DIMS = ("pp", "dp", "cp", "tp")
 
@@ -26,6 +27,7 @@ def env_world() -> tuple[int, int, int]:
 
 def select_device(local_rank: int) -> torch.device:
     if torch.cuda.is_available():
+        configure_allocator(cuda=True)  # before CUDA initialises its allocator (runtime.allocator)
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")

@@ -59,9 +59,12 @@ def test_fidelity_plans_and_statistics():
     assert fidelity.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert fidelity.spearman([1, 2, 2, 3], [1, 2, 2, 3]) == pytest.approx(1.0)
     resources = cluster_to_dict(parse_cluster("4xcpu"))
-    plans = fidelity.make_plans(resources, "tiny-gpt", plans=[(1, 1, 1), (2, 1, 2), (1, 2, 2)], global_batch=4)
-    assert [(p.mesh.tp, p.mesh.pp, p.mesh.world_size) for *_, p in plans] == [(1, 1, 1), (2, 1, 2), (1, 2, 2)]
+    cases = [(1, 1, 1), (2, 1, 2), (1, 2, 2), (1, 1, 2, "bf16"), (1, 1, 2, "bf16", 3)]
+    plans = fidelity.make_plans(resources, "tiny-gpt", plans=cases, global_batch=4)
+    assert [(p.mesh.tp, p.mesh.pp, p.mesh.world_size) for *_, p in plans] == [c[:3] for c in cases]
     assert all(p.predicted["step_time_s"] > 0 and p.predicted["peak_memory_bytes"] > 0 for *_, p in plans)
+    assert [c.precision for c, _ in plans] == ["fp32"] * 3 + ["bf16 autocast", "bf16 FSDP2"]
+    assert [p.train["dtype"] for _, p in plans] == ["fp32"] * 3 + ["bf16"] * 2 and plans[-1][1].zero_stage == 3
 
 
 @pytest.mark.parametrize("kind", ["ddp", "fsdp", "tp"])

@@ -121,7 +121,7 @@ BAD = [
     (_with(("groups", 2, "device", "peak_flops", "bf16"), 0), r"peak_flops\.bf16: must be > 0"),
     (_with(("groups", 2, "device", "matmul_efficiency"), 1.5), r"matmul_efficiency: must be in \(0, 1\]"),
     (_with(("groups", 2, "device", "reserved_bytes"), 9e9), r"reserved_bytes: must be less than memory_bytes"),
-    (_with(("groups", 2, "device", "turbo"), 1), r"\.device: unknown key\(s\) 'turbo'; accepted: attention_bwd_efficiency, attention_causal_block, "
+    (_with(("groups", 2, "device", "turbo"), 1), r"\.device: unknown key\(s\) 'turbo'; accepted: allocator_headroom, attention_bwd_efficiency, attention_causal_block, "
                                                          r"attention_efficiency, attention_half_dim"),
     (_with(("groups", 2, "device", "stack"), "jax"), r"\.device\.stack: unknown software stack 'jax'"),
     (_with(("groups", 2, "device", "other_attention"), {"cudnn": {"efficiency": 0.5}}),

@@ -1,4 +1,5 @@
-"""Predicted saved-activation bytes equal what a real forward leaves for the backward, per recompute policy.
+"""Predicted saved-activation bytes equal what a real forward leaves for the backward, per recompute policy,
+in fp32 and as the runtime's bf16 autocast runs the fp32 model.
 
 For each model and each recompute policy (none / selective / full, applied to every repeated layer by the
 runtime's own code, runtime.blocks -> runtime.recompute), one fp32 forward of a micro-batch runs under
@@ -24,17 +25,21 @@ saves as 0-dim float64 tensors (HF GPT-2's GELU: `0.5 * x`, ...; six of 8 B) are
 capture's saved-tensor hooks: autograd never passes them to hooks. Measured minus predicted, whatever
 the policy: -260 B of 629 kB (tiny-gpt), -4 B (tiny-llama), -484 B of 4.3 MB (hf:gpt2).
 """
+import functools
+
 import pytest
 import torch
 
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
+from partita.costmodel.trace import capture
 from partita.planner.plan import BlockChoice
 from partita.planner.candidates import split_model
 from partita.planner.strategies import replicate_option
 from partita.runtime.blocks import apply_block_choices
 from partita.runtime.data import make_data
 from partita.runtime.memory import measure_live_bytes
+from partita.runtime.precision import DTYPES, autocast_forward
 from partita.runtime.recipe import build_model, loss_for
 from tests.conftest import captured, measured_saved_bytes
 
@@ -44,24 +49,34 @@ MICRO_BATCH = 2
 TOLERANCE = 0.02
 
 
+@functools.lru_cache(maxsize=None)
+def captured_for_cpu_autocast(name: str):
+    """The model as CPU autocast runs it (the lists of the device this test runs on: costmodel.autocast)."""
+    return capture(resolve_model(name), dtype="bf16", autocast="cpu").as_run("autocast")
+
+
 def predicted_saved_bytes(graph, policy: str, micro_batch: int) -> int:
+    """What the planner charges one micro-batch's forward (planner.options.cost_variant): every group's
+    activations under its policy, and the weight copies (autocast's casts) of the groups not recomputed."""
     _, layers, _ = split_model(graph)
     cluster = parse_cluster("1xcpu")  # saved bytes do not depend on the device
     total = 0
     for grp in graph.groups:
         option = replicate_option(graph, grp, cluster, 1)
-        total += option.saved_by_policy[policy if grp in layers else "none"]
-    return total * micro_batch
+        mine = policy if grp in layers else "none"
+        total += option.saved_by_policy[mine] * micro_batch + (option.weight_saved if mine == "none" else 0)
+    return total
 
 
-def forward_under_policy(name: str, policy: str, micro_batch: int):
+def forward_under_policy(name: str, policy: str, micro_batch: int, dtype: torch.dtype = torch.float32):
     """(trace of one forward with every repeated layer under `policy`, the model, the forward as a function,
-    the number of checkpointed blocks)."""
+    the number of checkpointed blocks); bf16 `dtype`: the fp32 model under the runtime's autocast."""
     spec = resolve_model(name)
     model = build_model(spec, seed=0)
     layers = split_model(captured(name))[1]
     assert layers, name
     apply_block_choices(model, {fqn: BlockChoice(fqn=fqn, stage=0, recompute=policy) for fqn in layers})
+    autocast_forward(model, dtype, torch.device("cpu"))
     batch = make_data(spec, micro_batch, seed=0).shard(0, 0, 1)
     loss_fn = loss_for(spec)
 
@@ -71,14 +86,17 @@ def forward_under_policy(name: str, policy: str, micro_batch: int):
     return measure_live_bytes(forward), model, forward, (0 if policy == "none" else len(layers))
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("name", MODELS)
-def test_predicted_saved_bytes_equal_allocator_measured_bytes_per_recompute_policy(name, policy):
+def test_predicted_saved_bytes_equal_allocator_measured_bytes_per_recompute_policy(name, policy, dtype):
+    """bf16: the fp32 model under the runtime's autocast, priced from the capture's autocast record
+    (costmodel.trace; its weight casts once per micro-batch)."""
     if name.startswith("hf:"):
         pytest.importorskip("transformers")
-    graph = captured(name)
+    graph = captured(name) if dtype == "fp32" else captured_for_cpu_autocast(name)
     predicted = predicted_saved_bytes(graph, policy, MICRO_BATCH)
-    live, model, forward, checkpointed = forward_under_policy(name, policy, MICRO_BATCH)
+    live, model, forward, checkpointed = forward_under_policy(name, policy, MICRO_BATCH, DTYPES[dtype])
     trace, loss = live.trace, live.result
     assert trace.in_order and trace.unreported_free_bytes == 0
     rng_bytes = torch.get_rng_state().untyped_storage().nbytes()

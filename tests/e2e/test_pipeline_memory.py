@@ -1,0 +1,48 @@
+"""A pipeline's peak memory as the planner predicts it, against the CPU allocator on every rank (the largest).
+
+torch.distributed.pipelining holds, per micro-batch in flight, what a stage received and, on the last stage,
+the logits it outputs; a stage whose first backward comes before its micro-batches run out peaks at its
+second backward when a micro-batch's activations weigh less than the stage's gradients; and the last stage's
+loss gradients and the head's second gradient are not live at once (planner.phases). One torchrun launch
+each (~10-15 s on 2 cores).
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from partita.costmodel import model_fingerprint
+from partita.costmodel.hardware import parse_cluster
+from partita.costmodel.models import resolve_model
+from partita.costmodel.trace import capture
+from partita.planner.build import build_plan
+from partita.planner.search import SearchSpace, TrainConfig, search
+from partita.runtime.checks import build_meta
+from tests.e2e.test_plans_match_single_process import ROOT, _env
+
+MODEL = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=2048"
+
+
+@pytest.mark.parametrize("pp,micro_batch,dtype,phase", [
+    (2, 4, "fp32", "forward/backward"),   # the last stage: the logits held, the loss before the head's gradient
+    (4, 2, "fp32", "second backward"),    # the first stage, gradients made, three micro-batches in flight
+    (2, 4, "bf16", "forward/backward"),   # the same under autocast
+])
+def test_pipeline_peak_is_the_allocators(tmp_path, pp, micro_batch, dtype, phase):
+    spec = resolve_model(MODEL)
+    space = SearchSpace(tp=(1,), pp=(pp,), dp=(1,), zero=(0,), recompute=("none",), offload=False,
+                        micro_batch=(micro_batch,))
+    result = search(capture(spec, dtype=dtype, autocast="cpu"), parse_cluster(f"{pp}xcpu"),
+                    TrainConfig(global_batch=8, dtype=dtype, schedule="1F1B"), space=space)
+    plan = build_plan(result, spec.name, model_fingerprint(build_meta(spec)), spec.config)
+    largest = max(plan.predicted["memory_per_stage"], key=lambda r: r["total"])
+    assert largest["phase"] == phase
+    plan_file, out = tmp_path / "plan.json", tmp_path / "out.json"
+    plan.save(plan_file)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={pp}",
+           "-m", "partita.runtime.train", str(plan_file), "--model", MODEL, "--steps", "2", "--losses-out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    measured = json.loads(out.read_text())["peak_memory_bytes"]
+    assert abs(plan.predicted["peak_memory_bytes"] / measured - 1) <= 0.01

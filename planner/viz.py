@@ -264,7 +264,8 @@ def find_candidate(plan: Plan, result: SearchResult) -> Candidate:
     """The solved candidate of `result` the plan was built from."""
     sequence_parallel = any(b.sharding == "sequence" for b in plan.blocks)
     key = (plan.mesh.pp, plan.mesh.dp, plan.mesh.tp, plan.zero_stage, plan.schedule.micro_batch_size,
-           plan.schedule.name, plan.schedule.virtual_stages, sequence_parallel, plan.mesh.cp, plan.mesh.ep)
+           plan.schedule.name, plan.schedule.virtual_stages, sequence_parallel, plan.mesh.cp, plan.mesh.ep,
+           bool(plan.overlap.get("tp_comm")), bool(plan.overlap.get("p2p")))
     for c in ([result.best] if result.best is not None else []) + result.candidates:
         if c.key == key and c.solution is not None and c.solution.feasible:
             return c

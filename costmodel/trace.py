@@ -251,7 +251,7 @@ class Recorder(fx.Interpreter):
         args, kwargs, dropout = fused_attention_call(target, args, kwargs)
         out = super().call_function(target, args, kwargs)
         if dropout:
-            self.saved[("rng_state", self._current)] = (self._current, RNG_STATE_BYTES)
+            self.saved[("rng_state", self._current)] = (self._current, RNG_STATE_BYTES, "")
         return out
 
     def run_node(self, n: fx.Node):

@@ -28,7 +28,14 @@ the piece's cache.
     on host (UVM): row and state bytes move at host_bw, pooled outputs and gradients at the HBM rate;
     cached: misses m n_p d w are read from host and written into the cache, and as many evicted rows are
     written back in the backward; the optimizer state stays in host memory with the table (FBGEMM caches
-    weights only).
+    weights only). Every lookup also pays the cache's bookkeeping, hit or miss, c = 540 bytes of HBM
+    traffic (CACHE_PROBE_BYTES): FBGEMM's cache is set-associative with 32 int64 tags a set
+    (split_table_batched_embeddings_ops_training.DEFAULT_ASSOC; lxu_cache_state is [sets, 32] int64), and
+    each ID is linearised (8 bytes written, 8 read), probed against its set's 32 tags twice -- the
+    prefetch's find-uncached pass and the forward's cache-location pass, 256 bytes each -- with an 8-byte
+    LRU stamp and a 4-byte cache location written. So a cache that holds every row is still slower than
+    HBM (1 + c / (d w) the row traffic, about 2x at d = 128), and a plan keeps its tables in HBM while they
+    fit.
 
 Sharding types (TorchRec ShardingType; n_p, bags and rows per piece):
 
@@ -70,6 +77,11 @@ ID_BYTES = 8
 LENGTH_BYTES = 4
 CACHE_SLOT_BYTES = 16
 """FBGEMM's per-slot cache state: the cached row's index and its LRU/LFU stamp, 8 bytes each."""
+CACHE_ASSOC = 32
+"""Ways of FBGEMM's set-associative embedding cache (DEFAULT_ASSOC on CUDA), one int64 tag each."""
+CACHE_PROBE_BYTES = 2 * ID_BYTES + 2 * CACHE_ASSOC * 8 + 8 + 4
+"""HBM bytes of cache bookkeeping per lookup (module docstring): linearised ID written and read, two probes
+of the set's tags, the LRU stamp, the cache location."""
 
 
 def state_bytes_per_row(optimizer: str, dim: int) -> int:
@@ -147,7 +159,7 @@ def lookup_seconds(cluster: Cluster, lookups: float, bags: float, dim: int, plac
         return (rows + out) / hbm
     if placement == "host":
         return rows / host + out / hbm
-    return (rows + out + miss * rows) / hbm + miss * rows / host
+    return (rows + out + miss * rows + lookups * CACHE_PROBE_BYTES) / hbm + miss * rows / host
 
 
 def update_seconds(cluster: Cluster, lookups: float, distinct: float, dim: int, placement: str, miss: float,

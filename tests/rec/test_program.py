@@ -133,3 +133,42 @@ def test_the_same_inputs_give_the_same_plan_whatever_the_time_limit():
               E.solve_tables(tables, accesses, ctx, dense_s=3e-3, dense_hbm=2**30, time_limit=limit).assignments]
              for limit in (60.0, 600.0)]
     assert plans[0] == plans[1]
+
+
+def test_tables_off_the_critical_path_stay_in_hbm_while_there_is_room():
+    """The step time is the slowest rank's, so the solver alone may leave a lighter table behind a cache or on
+    host memory that a lighter rank could hold in HBM; such a plan runs slower on that rank for nothing (and
+    TorchRec's estimator prices UVM caching 10x below HBM). With a tenth of the memory used, none is left."""
+    rng = np.random.default_rng(3)
+    tables = [Table(name=f"t{i}", rows=int(r), dim=int(d))
+              for i, (r, d) in enumerate(zip(rng.integers(10**5, 10**7, 24), rng.choice([32, 64, 128], 24)))]
+    accesses = {t.name: zipf_access(t.rows, 1.2, int(rng.integers(1, 30))) for t in tables}
+    ctx = SparseContext(cluster=parse_cluster("8xA100-80GB"), global_batch=8 * 1024)
+    sol = E.solve_tables(tables, accesses, ctx, dense_s=1e-3, dense_hbm=2**30)
+    assert sum(t.rows * t.dim * 4 for t in tables) < 0.15 * ctx.ranks * ctx.cluster.device.usable_memory()
+    assert {a.option.placement for a in sol.assignments} == {"hbm"}
+
+
+def _problem(tables, accesses, ctx, hbm_cap):
+    costs = [E._pareto([(o, piece_cost(t, accesses[t.name], o, ctx)) for o in E.table_options(t, ctx)])
+             for t in tables]
+    return E._Problem(tables=tables, costs=costs, ctx=ctx, dense_s=0.0, hbm_cap=hbm_cap,
+                      host_cap=ctx.cluster.device.host_memory_bytes,
+                      latency={k: collective_latency(ctx, k) for k in SHARDINGS})
+
+
+@pytest.mark.parametrize("room", [True, False])
+def test_a_cached_table_moves_into_hbm_only_where_its_rank_has_room(room):
+    table = Table(name="t", rows=20_000_000, dim=128)
+    accesses = {"t": zipf_access(table.rows, 1.1, 4)}
+    ctx = SparseContext(cluster=parse_cluster("2xA100-40GB"), global_batch=8192)
+    p = _problem([table], accesses, ctx, hbm_cap=ctx.cluster.device.usable_memory())
+    cached = next((o, c) for o, c in p.costs[0] if o.sharding == "table_wise" and o.placement == "cache")
+    hbm = next((o, c) for o, c in p.costs[0] if o.sharding == "table_wise" and o.placement == "hbm")
+    if not room:
+        p.hbm_cap = cached[1].hbm_bytes  # the cache fills its rank: no larger cache, no HBM table
+    start = [E.Assignment(table=table, option=cached[0], cost=cached[1], ranks=(1,))]
+    [after] = E._faster_where_room(p, start)
+    assert after.ranks == (1,)
+    assert after.option == (hbm[0] if room else cached[0])
+    assert (after.cost.time_s < cached[1].time_s) == room

@@ -4,7 +4,7 @@ import pytest
 
 from partita.costmodel.embeddings import Table, zipf_access
 from partita.costmodel.hardware import parse_cluster
-from partita.costmodel.sparse import Option, SparseContext, collective_latency, piece_cost
+from partita.costmodel.sparse import CACHE_PROBE_BYTES, Option, SparseContext, collective_latency, piece_cost
 
 TABLE = Table(name="t", rows=10_000_000, dim=128)
 CTX = SparseContext(cluster=parse_cluster("2x8xA100-80GB"), global_batch=16384)
@@ -28,6 +28,17 @@ def test_host_is_slower_than_cache_which_is_slower_than_hbm_and_holds_less():
     assert hbm.time_s < cache.time_s < host.time_s
     assert host.hbm_bytes < cache.hbm_bytes < hbm.hbm_bytes
     assert hbm.host_bytes == 0 and cache.host_bytes == host.host_bytes > 0
+
+
+def test_a_cache_that_holds_every_row_still_pays_its_tag_probes():
+    """A table that fits in HBM gains nothing from a cache in front of host memory: every lookup probes
+    FBGEMM's 32-way tag set whatever it finds, so the planner keeps tables in HBM while they fit."""
+    hbm = cost(Option(sharding="table_wise"))
+    full = cost(Option(sharding="table_wise", placement="cache", cache_fraction=1.0))
+    d = CTX.cluster.device
+    probes = 16384 * 4 * CACHE_PROBE_BYTES / (d.mem_bandwidth * d.mem_efficiency)
+    assert full.lookup_s == pytest.approx(hbm.lookup_s + probes, rel=1e-6)
+    assert full.time_s > hbm.time_s
 
 
 def test_a_skewed_cache_beats_a_uniform_one():

@@ -108,12 +108,11 @@ class _Bases:
         """The options of the model as the runtime runs a candidate with this ZeRO stage: under autocast
         (planner.executable.runs_autocast; OpGraph.as_run) or as captured."""
         how = "autocast" if runs_autocast(train.dtype, zero, train.autocast) else "as-captured"
-        graph = self.graph.as_run(how)
-        if graph is self.graph:
-            return self
         key = ("run", how)
-        if key not in self._others:
-            self._others[key] = _Bases(graph, self.cluster, self.prefix, self.layers, self.suffix)
+        if key not in self._others:  # (as_run copies the whole graph: once per search, not per candidate)
+            graph = self.graph.as_run(how)
+            self._others[key] = self if graph is self.graph else _Bases(graph, self.cluster, self.prefix,
+                                                                        self.layers, self.suffix)
         return self._others[key]
 
     def get(self, tp: int, sp: bool = False):

@@ -160,15 +160,23 @@ def assumptions(cluster, dtype: str, tp_overlap: bool = False, p2p_overlap: bool
     exposed = [what for what, overlapped in (("tensor-parallel collectives", tp_overlap),
                                              ("pipeline sends", p2p_overlap)) if not overlapped]
     peak = d.peak(dtype) / 1e12
+    if d.gemm_half_mn:
+        split = f"max(1, K / {d.gemm_split_k:.0f})" if d.gemm_split_k else "1"
+        shape = f", W / (W + {d.gemm_half_mn:.3g}) of that for an M x K x N GEMM, W = M N {split}"
+    elif d.gemm_half_dim:
+        shape = f", each GEMM dimension x scaling that by x / (x + {d.gemm_half_dim:g})"
+    else:
+        shape = ", whatever their shape"
     out = [f"{d.name}: {peak:g} TFLOP/s dense {dtype} peak; large GEMMs at {100 * d.matmul_efficiency:.0f}% of it"
-           + (f", each GEMM dimension x scaling that by x / (x + {d.gemm_half_dim:g})" if d.gemm_half_dim else
-              ", whatever their shape"),
+           + shape,
            f"fused attention at {100 * (d.attention_efficiency or d.matmul_efficiency):.0f}% of peak"
-           + (f" on long sequences, s / (s + {d.attention_half_seq:g}) of that at s tokens"
+           + (f" on long sequences, s / (s + {d.attention_half_seq:.0f}) of that at s tokens"
               if d.attention_half_seq else "")
            + "; memory-bound "
-           f"ops at {100 * d.mem_efficiency:.0f}% of {d.mem_bandwidth / 1e9:g} GB/s; {d.op_latency * 1e6:g} us per "
-           "kernel launch",
+           f"ops at {100 * d.mem_efficiency:.0f}% of {d.mem_bandwidth / 1e9:g} GB/s; {d.op_latency * 1e6:.3g} us per "
+           "kernel launch"
+           + (f"; kernels inside a training step at {100 * d.step_efficiency:.0f}% of their speed timed alone"
+              if d.step_efficiency != 1.0 else ""),
            f"links per direction: {d.intra_node_bw / 1e9:g} GB/s in a node at {100 * d.intra_link_efficiency:.0f}%, "
            f"{d.inter_node_bw / 1e9:g} GB/s per device across nodes at {100 * d.inter_link_efficiency:.0f}%"
            + (f", / {cluster.pod_oversubscription:g} beyond a pod of {cluster.nodes_per_pod} nodes"

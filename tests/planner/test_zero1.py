@@ -32,21 +32,26 @@ def _busiest_rank_elements(model: str, ranks: int) -> int:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("stack,broadcast", [("pytorch", True), ("te-2024", False)])
-def test_zero1_model_states_match_the_zero_paper_and_its_step_shares_the_parameters(stack, broadcast):
+@pytest.mark.parametrize("stack,autocast", [("pytorch", True), ("te-2024", False)])
+def test_zero1_model_states_match_the_zero_paper_and_its_step_shares_the_parameters(stack, autocast):
     """REFERENCE.md (Rajbhandari et al. SC'20): mixed-precision Adam under ZeRO-1 holds 4 Psi + 12 Psi / N_d
-    bytes per GPU -- exactly under Megatron's distributed optimizer, which shards a flat buffer; torch's
-    ZeroRedundancyOptimizer hands out whole tensors, so its busiest rank holds the Adam state of more than
-    Psi / N_d. After the step each rank's updated parameters reach the others: torch broadcasts them
-    (exposed ZeRO traffic); Megatron all-gathers them in place of the all-reduce's second half."""
-    p = plan(GPT_1B, cluster="8xA100-40GB", train=TrainConfig(global_batch=256),
+    bytes per GPU -- exactly under Megatron's distributed optimizer (a bf16 model, TrainConfig.autocast
+    False), which shards a flat buffer. partita's runtime trains bf16 under torch.autocast over fp32
+    parameters, which are the master weights: 4 Psi of parameters and 4 Psi of fp32 gradients stay on every
+    rank, and only Adam's two moments (8 bytes) are sharded -- by torch's ZeroRedundancyOptimizer, which
+    hands out whole tensors, so its busiest rank steps more than Psi / N_d. After the step each rank's
+    updated parameters reach the others: torch broadcasts them (exposed ZeRO traffic); Megatron all-gathers
+    them in place of the all-reduce's second half."""
+    p = plan(GPT_1B, cluster="8xA100-40GB", train=TrainConfig(global_batch=256, autocast=autocast),
              space=SearchSpace(zero=1, stack=stack, **ONE_STAGE))
     psi, n_d = p.model["parameters"], p.mesh.dp
     assert p.zero_stage == 1 and n_d == 8
-    stepped = _busiest_rank_elements(GPT_1B, n_d) if broadcast else psi / n_d
+    torch_zero = stack == "pytorch"
+    stepped = _busiest_rank_elements(GPT_1B, n_d) if torch_zero else psi / n_d
     assert stepped >= psi / n_d
-    assert p.predicted["memory_per_stage"][0]["model_states"] == pytest.approx(4 * psi + 12 * stepped, rel=1e-9)
-    assert (p.predicted["breakdown"]["zero_comm_s"] > 0) == broadcast
+    states = 8 * psi + 8 * stepped if autocast else 4 * psi + 12 * stepped
+    assert p.predicted["memory_per_stage"][0]["model_states"] == pytest.approx(states, rel=1e-9)
+    assert (p.predicted["breakdown"]["zero_comm_s"] > 0) == torch_zero
 
 
 def test_the_default_search_chooses_zero1_where_it_runs_and_megatron_gets_the_distributed_optimizer(tmp_path):

@@ -5,8 +5,10 @@ The set (CASES, then `largest_case`), bf16 with Adam, each planned for one GPU (
 - M1 of GPU-MEASUREMENTS.md, a 1.50B Llama at global batch 8: the planner's own choice, and four variants
   that each fix one choice and leave the rest searched -- no recompute, full recompute, micro-batch 2,
   compiled layers (`--kernels compiled`);
-- llama3-8b at global batch 4 and 4096 tokens: the planner's own choice for a second, larger size (it does
-  not fit one 80 GB GPU: the case is then recorded as the planner's one-line refusal, and not run);
+- llama3-8b at global batch 4 and 4096 tokens: the planner's own choice for a second, larger size. Trained
+  under autocast over fp32 parameters it needs 120 GiB of model states, and fits neither one 80 GB GPU nor,
+  beside the allocator headroom, one H200 (where the plan once chosen for it ran out of memory,
+  GPU-MEASUREMENTS.md): the case is then recorded as the planner's one-line refusal, and not run;
 - "largest": the llama3-8b shape with the most layers the planner still fits on the GPU (found by bisection,
   up to LARGEST_MAX_LAYERS): the plan that fills memory.
 

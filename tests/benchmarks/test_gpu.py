@@ -41,7 +41,14 @@ def test_it_plans_the_set_for_the_local_h200(monkeypatch):
     planned, plans = gpu.plans_for(preset)  # the solver is installed here: planned afresh
     assert plans["source"] == "made here"
     by = {p.case.name: p.plan for p in planned}
-    assert list(by) == [c.name for c in CASES] + ["largest"] and all(by.values())
+    assert list(by) == [c.name for c in CASES] + ["largest"]
+    # llama3-8b trained under autocast keeps 16 bytes of fp32 model states a parameter (120 GiB) and its
+    # activations beside them: the plan the planner once chose ran out of memory on a real H200
+    # (GPU-MEASUREMENTS.md); with the allocator's headroom priced it is refused, in one line that says why
+    refused = next(p for p in planned if p.case.name == "llama3-8b-auto")
+    assert refused.plan is None and "no plan fits on 1 x H200-141GB" in refused.infeasible
+    by = {name: p for name, p in by.items() if name != "llama3-8b-auto"}
+    assert all(by.values())
     for p in by.values():
         assert p.cluster["device"] == preset and p.mesh.world_size == 1 and p.train["dtype"] == "bf16"
     layers = lambda p: [b for b in p.blocks if b.fqn.startswith("blocks.")]  # noqa: E731
@@ -49,11 +56,10 @@ def test_it_plans_the_set_for_the_local_h200(monkeypatch):
     assert {b.recompute for b in layers(by["m1-full-recompute"])} == {"full"}
     assert by["m1-micro-batch-2"].schedule.micro_batch_size == 2
     assert by["m1-compiled"].kernels == "compiled" and by["m1-auto"].kernels == "eager"
-    assert by["llama3-8b-auto"].model["name"] == "llama3-8b" and by["llama3-8b-auto"].train["seq_len"] == 4096
-    # the largest: more layers than llama3-8b fit on an H200, and one layer more does not
+    # the largest: llama3-8b's layers, as many as fit on an H200 (fewer than its 32), and one layer more does not
     largest = next(p.case for p in planned if p.case.name == "largest")
     n = by["largest"].model["config"]["layers"]
-    assert n > 32 and largest.model == LLAMA3_8B_SHAPE.format(layers=n)
+    assert 16 < n < 32 and largest.model == LLAMA3_8B_SHAPE.format(layers=n)
     with pytest.raises(InfeasibleError):
         plan_case(Case("more", "", LLAMA3_8B_SHAPE.format(layers=n + 1), 4), preset)
 
@@ -69,8 +75,8 @@ def test_the_shipped_plans_are_the_set():
             if p.plan is not None:
                 assert p.plan.cluster["device"] == preset
                 assert p.plan.predicted["peak_memory_bytes"] <= DEVICES[preset].usable_memory()
-    refused = [p.case.name for p in read_plans("H100-80GB")[0] if p.plan is None]
-    assert refused == ["llama3-8b-auto"]  # 8B parameters of Adam states do not fit one 80 GB GPU
+    for preset in PRESETS:  # 8B parameters of Adam states under autocast do not fit one 80 or 141 GB GPU
+        assert [p.case.name for p in read_plans(preset)[0] if p.plan is None] == ["llama3-8b-auto"]
 
 
 @pytest.fixture(scope="module")

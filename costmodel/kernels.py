@@ -9,7 +9,9 @@ GEMMs (a Linear, a matmul / bmm): a roofline on the tensor cores with a shape-de
 
     t = F / (peak * e_max * s(W, h_mn)),   W = M N max(1, K / k_split),   s(x, h) = x / (x + h)
 
-for an (M x K) @ (K x N) product (batched products: per matrix, the batch multiplies F). e_max is what
+for an (M x K) @ (K x N) product (batched products -- a bmm, a grouped GEMM -- count every matrix of the
+launch, W = batch M N max(1, K / k_split), and the batch multiplies F; a bmm takes the larger of that and
+its bytes at the memory-bound rate, a roofline that binds for tiny matrices). e_max is what
 cuBLAS sustains on large shapes (`Device.matmul_efficiency`). The output's M N elements are cut into
 tiles spread over the SMs: a small output fills few of them (wave quantisation: NVIDIA Deep Learning
 Performance Guide, "Matrix Multiplication Background", 2023), halving the rate at W = h_mn
@@ -26,7 +28,7 @@ For a Linear the token dimension M grows with the micro-batch b, M = b M_1, and 
 1 + h / W makes the forward F + 2 h K / max(1, K / k_split) -- affine in b: a per-sample term and a
 per-micro-batch term (`NodeTime.fixed_*`), which the planner charges once per micro-batch like a kernel launch. The node's time at b = 1 and b = 2
 gives both (exact for each saturation alone). A batched matmul's M is the sequence, independent of b,
-so its efficiency is fixed per sample. A grouped GEMM (a mixture-of-experts layer's experts, `groups` =
+but its batch (b x heads) is not: the same split. A grouped GEMM (a mixture-of-experts layer's experts, `groups` =
 E) is E such products, each on its expert's rows: M = routed rows / E under balanced routing.
 
 Fused attention (scaled_dot_product_attention). Which kernel runs is the stack's choice
@@ -112,21 +114,23 @@ def gemm_dims(d: dict) -> tuple[float, float, float, float] | None:
     return batch, m, n, flops / (2 * batch * m * n)
 
 
-def gemm_efficiency(device, m: float, n: float, k: float) -> float:
-    """The fraction of peak an (m x k) @ (k x n) product reaches (module docstring)."""
+def gemm_efficiency(device, m: float, n: float, k: float, count: float = 1.0) -> float:
+    """The fraction of peak `count` (m x k) @ (k x n) products of one launch reach (module docstring):
+    their output tiles share the SMs, so W counts them all."""
     legacy = device.gemm_half_dim
     split = max(1.0, k / device.gemm_split_k) if device.gemm_split_k > 0 else 1.0
-    return (device.matmul_efficiency * saturation(m * n * split, device.gemm_half_mn)
+    return (device.matmul_efficiency * saturation(count * m * n * split, device.gemm_half_mn)
             * saturation(m, legacy) * saturation(n, legacy) * saturation(k, legacy))
 
 
 def gemm_seconds(device, dtype: str, m: float, n: float, k: float, batch: float = 1.0) -> tuple[float, float]:
-    """(forward, backward) seconds of `batch` (m x k) @ (k x n) products: the forward, and the backward's
-    dX (m x n @ n x k) and dW (n x m @ m x k), each at its own shape's efficiency."""
+    """(forward, backward) seconds of one launch of `batch` (m x k) @ (k x n) products: the forward, and the
+    backward's dX (m x n @ n x k) and dW (n x m @ m x k), each at its own shape's efficiency."""
     peak = device.peak(dtype)
     f = 2 * batch * m * n * k
-    fwd = f / (peak * gemm_efficiency(device, m, n, k))
-    bwd = f / (peak * gemm_efficiency(device, m, k, n)) + f / (peak * gemm_efficiency(device, n, k, m))
+    fwd = f / (peak * gemm_efficiency(device, m, n, k, batch))
+    bwd = (f / (peak * gemm_efficiency(device, m, k, n, batch))
+           + f / (peak * gemm_efficiency(device, n, k, m, batch)))
     return fwd, bwd
 
 
@@ -216,8 +220,17 @@ def isolated_node_time(d: dict, device, dtype: str, *, share: float = 1.0,
             scale = share * d["bwd_flops"] / (2 * d["fwd_flops"])  # the graph's backward FLOPs (2x, or 1x
             fwd_share = share                                        # without a weight gradient) per product
             return NodeTime((f2 - f1) * fwd_share, (b2 - b1) * scale, (2 * f1 - f2) * fwd_share, (2 * b1 - b2) * scale)
-        f, b = gemm_seconds(device, dtype, m, n, k, batch)
-        return NodeTime(f * share, b * share * d["bwd_flops"] / (2 * d["fwd_flops"]))
+        # a batched product: the samples add matrices to the launch (batch, per sample, grows with b), so the
+        # same b = 1 / b = 2 split; a memory roofline on the bytes it moves (tiny matrices, such as a
+        # DLRM's 27 x 27 feature interaction, are memory-bound)
+        count = batch * share
+        f1, b1 = gemm_seconds(device, dtype, m, n, k, count)
+        f2, b2 = gemm_seconds(device, dtype, m, n, k, 2 * count)
+        scale = d["bwd_flops"] / (2 * d["fwd_flops"])
+        mem = d["mem_bytes"] * share / (device.mem_bandwidth * device.mem_efficiency)
+        fwd, fixed_fwd = (f2 - f1, 2 * f1 - f2) if f2 - f1 >= mem else (mem, 0.0)
+        bwd, fixed_bwd = ((b2 - b1) * scale, (2 * b1 - b2) * scale) if (b2 - b1) * scale >= 2 * mem else (2 * mem, 0.0)
+        return NodeTime(fwd, bwd, fixed_fwd, fixed_bwd)
     fwd_flops, bwd_flops = d["fwd_flops"] * share, d["bwd_flops"] * share
     if d["kind"] in ATTENTION_KINDS and fwd_flops:
         shape = d.get("shape") or ()

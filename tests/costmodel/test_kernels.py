@@ -195,3 +195,29 @@ def test_a_training_step_runs_kernels_at_the_step_efficiency_of_their_isolated_r
         t, alone = node_time(d, slow, "bf16"), isolated_node_time(d, slow, "bf16")
         assert t.fwd == pytest.approx(alone.fwd / 0.8) and t.bwd == pytest.approx(alone.bwd / 0.8)
         assert alone == node_time(d, DEV, "bf16")
+
+
+def bmm(batch, m, n, k):
+    return {"kind": "bmm", "shape": (batch, m, n), "fwd_flops": 2 * batch * m * n * k,
+            "bwd_flops": 4 * batch * m * n * k, "mem_bytes": 2 * batch * (m * k + k * n + m * n)}
+
+
+def test_a_batched_product_counts_every_matrix_of_its_launch():
+    """The matrices of one bmm share the SMs: their output tiles together fill the GPU. Per sample the time
+    is affine in the micro-batch -- the efficiency curve at b samples' matrices, split at b = 1 and 2."""
+    t = node_time(bmm(16, 1024, 1024, 1024), DEV, "bf16")  # one sample's 16 heads (compute-bound: 341 FLOP/byte)
+    f = 2 * 16 * 1024 ** 3
+    for b in (1, 4):
+        whole = b * t.fwd + t.fixed_fwd
+        assert whole == pytest.approx(b * f / (DEV.peak("bf16") * gemm_efficiency(DEV, 1024, 1024, 1024, 16 * b)))
+    assert t.fixed_fwd > 0  # a launch with more matrices runs nearer e_max
+
+
+def test_tiny_batched_matrices_are_priced_by_their_bytes():
+    """A DLRM's feature interaction, 27 x 128 @ 128 x 27 per sample: 186,624 FLOPs against 15 KB. Priced by
+    tensor-core tiles it took 15 ms of a 16 ms step at 64K samples; it is memory-bound."""
+    d = bmm(1, 27, 27, 128)
+    t = node_time(d, DEV, "bf16")
+    bw = DEV.mem_bandwidth * DEV.mem_efficiency
+    assert t.fwd == pytest.approx(d["mem_bytes"] / bw) and t.bwd == pytest.approx(2 * d["mem_bytes"] / bw)
+    assert t.fixed_fwd == t.fixed_bwd == 0.0

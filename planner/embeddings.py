@@ -253,15 +253,22 @@ def _solve(cols: _Columns, rows: _Rows, time_limit: float, start: np.ndarray | N
         h.setOptionValue("mip_max_nodes", int(nodes))
     if start is not None:  # improving a plan in a few nodes: HiGHS's presolve of the rank-indexed program
         h.setOptionValue("presolve", "off")  # alone costs seconds on 26 tables x 8 ranks (its symmetric ranks)
-    a = coo_array((rows.v, (rows.r, rows.c)), shape=(len(rows.lo), cols.n)).tocsc()
+    # each row scaled to a largest coefficient of 1: memory rows are in bytes (1e11) beside times in seconds
+    # (1e-5), a range of 1e17 in which HiGHS's root LP did not finish in 60 s (a 32-rank instance of
+    # benchmarks.rec); a row times a positive number is the same constraint
+    r, c, v = np.asarray(rows.r), np.asarray(rows.c), np.asarray(rows.v, dtype=float)
+    row_max = np.zeros(len(rows.lo))
+    np.maximum.at(row_max, r, np.abs(v))
+    row_scale = 1.0 / np.where(row_max > 0, row_max, 1.0)
+    a = coo_array((v * row_scale[r], (r, c)), shape=(len(rows.lo), cols.n)).tocsc()
     inf = highspy.kHighsInf
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = cols.n, len(rows.lo)
     lp.col_cost_ = np.array(cols.cost, dtype=float)
     lp.col_lower_ = np.zeros(cols.n)
     lp.col_upper_ = np.minimum(np.array(cols.upper), inf)
-    lp.row_lower_ = np.maximum(np.array(rows.lo, dtype=float), -inf)
-    lp.row_upper_ = np.minimum(np.array(rows.hi, dtype=float), inf)
+    lp.row_lower_ = np.maximum(np.array(rows.lo, dtype=float) * row_scale, -inf)
+    lp.row_upper_ = np.minimum(np.array(rows.hi, dtype=float) * row_scale, inf)
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_ = a.indptr
     lp.a_matrix_.index_ = a.indices

@@ -172,3 +172,16 @@ def test_a_cached_table_moves_into_hbm_only_where_its_rank_has_room(room):
     assert after.ranks == (1,)
     assert after.option == (hbm[0] if room else cached[0])
     assert (after.cost.time_s < cached[1].time_s) == room
+
+
+def test_the_rank_indexed_program_is_scaled_so_its_root_solves():
+    """Memory rows in bytes (1e11) beside times in seconds (1e-5): unscaled, HiGHS's root LP of this 32-rank
+    instance (benchmarks.rec's i49) ran 23,000 iterations into the time limit and the placement's plan was
+    returned unimproved. Each row is scaled to a largest coefficient of 1; the program improves the plan."""
+    shapes = [(852872882, 128, 10), (1148737060, 256, 1), (1467009735, 64, 1), (932005, 128, 5), (6958900, 64, 1),
+              (774874519, 256, 1), (162508180, 256, 40), (204299, 256, 5)]
+    tables = [Table(name=f"t{i}", rows=r, dim=d) for i, (r, d, _) in enumerate(shapes)]
+    accesses = {t.name: zipf_access(t.rows, 1.3, pooling) for t, (_, _, pooling) in zip(tables, shapes)}
+    ctx = SparseContext(cluster=parse_cluster("4x8xH100-80GB"), global_batch=32 * 1024)
+    sol = E.solve_tables(tables, accesses, ctx, dense_s=0.0, dense_hbm=0.0, time_limit=30.0)
+    assert sol.formulation == "rank-indexed" and sol.mip_gap < 0.03

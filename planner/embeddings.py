@@ -29,7 +29,9 @@ rank carries) and the average and largest-piece bounds
 is a relaxation of the program above, so its optimum is a lower bound on the best plan (and its
 infeasibility proves that no plan exists). The options it chooses are placed on ranks longest-processing-
 time-first under the memory limits (Graham 1969: within 4/3 of the optimum makespan without them) and
-improved by moving pieces off the slowest rank. Where that plan's gap to the bound exceeds MIP_GAP and the
+improved by moving pieces off the slowest rank. Where the chosen pieces do not pack (the relaxation pools a
+rank's memory), the relaxation is solved again under less memory per rank (PACKING_RETRIES) until they do.
+Where that plan's gap to the bound exceeds MIP_GAP and the
 rank-indexed program is small (up to EXACT_LIMIT piece variables), HiGHS solves it from that plan for
 EXACT_NODES nodes (to the end, within the time limit, where the placement found no room), which can only improve
 the plan and raise the bound. The plan states its gap: 1 - (D + bound) / (D + its sparse step). A table
@@ -37,6 +39,7 @@ that fits on no rank by itself is named with the memory it needs.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -57,6 +60,9 @@ MIN_COLUMN_WIDTH = 4
 MIP_GAP = 0.02
 """Relative gap of the step time (dense + sparse, the objective) at which the solver stops: many near-equal
 tables make the last fraction of a percent a long proof of a balance that does not matter."""
+PACKING_RETRIES = (0.95, 0.9, 0.8, 0.65)
+"""Memory per rank, as fractions of the real limit, the relaxation is solved again under when its choice does
+not pack onto ranks (each retry a smaller limit, the placement always against the real one)."""
 EXACT_LIMIT = 20_000
 """Piece variables (tables x options x ranks) up to which the rank-indexed program is solved directly."""
 EXACT_NODES = 200
@@ -570,6 +576,14 @@ def solve_tables(tables: list[Table], accesses: dict[str, Access], ctx: SparseCo
         raise InfeasibleError(_together(p) + " (the rank-free relaxation is infeasible: proven by the solver)")
     choice, bound = relaxed
     placed = _place(p, choice)
+    for tighter in PACKING_RETRIES if placed is None else ():
+        # the relaxation pools each rank's memory; where its choice does not pack, choose again with less
+        # memory per rank, so the pieces leave the packing slack (the bound stays the first relaxation's)
+        again = _solve_relaxed(dataclasses.replace(p, hbm_cap=tighter * p.hbm_cap, host_cap=tighter * p.host_cap),
+                               time_limit)
+        if again is not None and (placed := _place(p, again[0])) is not None:
+            choice = again[0]
+            break
     best = _tally(p, placed, "feasible", "relaxation + placement", 0.0) if placed is not None else None
     small = sum(len(c) for c in costs) * ctx.ranks <= EXACT_LIMIT
     gap = lambda sol: 1.0 - (dense_s + bound) / (dense_s + sol.step_s)  # noqa: E731 -- of the whole step

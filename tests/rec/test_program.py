@@ -185,3 +185,26 @@ def test_the_rank_indexed_program_is_scaled_so_its_root_solves():
     ctx = SparseContext(cluster=parse_cluster("4x8xH100-80GB"), global_batch=32 * 1024)
     sol = E.solve_tables(tables, accesses, ctx, dense_s=0.0, dense_hbm=0.0, time_limit=30.0)
     assert sol.formulation == "rank-indexed" and sol.mip_gap < 0.03
+
+
+def test_a_choice_that_does_not_pack_is_chosen_again_under_less_memory(monkeypatch):
+    """The relaxation pools each rank's memory, so its choice may not pack onto ranks (benchmarks.rec's i34
+    once failed so, where TorchRec found a plan). The relaxation is then solved under less memory per rank and
+    placed against the real limit."""
+    from partita.costmodel.models.dlrm import CRITEO_1TB_ROWS
+    tables = [Table(name=f"cat_{i}", rows=r, dim=128) for i, r in enumerate(CRITEO_1TB_ROWS)]
+    accesses = {t.name: zipf_access(t.rows, 1.05, 1) for t in tables}
+    ctx = SparseContext(cluster=parse_cluster("8xA100-40GB"), global_batch=65536)
+    caps, place = [], E._place
+    relax = E._solve_relaxed
+
+    def relaxed(p, time_limit):
+        caps.append(p.hbm_cap)
+        return relax(p, time_limit)
+
+    monkeypatch.setattr(E, "_solve_relaxed", relaxed)
+    monkeypatch.setattr(E, "_place", lambda p, choice: None if len(caps) < 3 else place(p, choice))
+    sol = E.solve_tables(tables, accesses, ctx, dense_s=3e-3, dense_hbm=2**30)
+    assert caps == pytest.approx([caps[0], E.PACKING_RETRIES[0] * caps[0], E.PACKING_RETRIES[1] * caps[0]])
+    assert len(sol.assignments) == len(tables)
+    assert sol.rank_hbm.max() <= caps[0]

@@ -42,8 +42,12 @@ def test_head_and_loss_are_split_over_the_vocabulary(graph_of):
     assert vocab.tp_comm_bytes_fwd == [4 * tokens] * 3  # row max, sum of exps, target logit
     softmax = g.g.nodes[ce]["saved_bytes"]  # what the loss keeps of the logits: sharded; the targets: not
     assert vocab.saved_bytes == softmax // 2 + (rep.saved_bytes - softmax)
-    # half the work, but a GEMM with half the vocabulary columns runs further from peak (costmodel.kernels)
-    assert rep.fwd_s / 2 < vocab.fwd_s < rep.fwd_s
+    # half the work per sample, but a GEMM with half the vocabulary columns runs further from peak
+    # (costmodel.kernels): its per-micro-batch term, the tiles it leaves empty, does not halve
+    assert vocab.fwd_s == pytest.approx(rep.fwd_s / 2, rel=0.05)
+    b = 4
+    whole = lambda o: b * (o.fwd_s + o.bwd_s) + o.fixed_s  # noqa: E731
+    assert whole(rep) / 2 < whole(vocab) < whole(rep)
     assert vocab.param_numel == rep.param_numel // 2
 
 

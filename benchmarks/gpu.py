@@ -223,7 +223,8 @@ def main(argv=None) -> int:
                 continue
             rows.append(run_case(p, args.steps, Path(tmp), args.timeout))
             print(_line(rows[-1]), flush=True)
-    path = write_results(rows, {"name": name, "memory_bytes": memory, "preset": preset}, plans, args.steps)
+            # after every case: a check stopped part way (its machine's time is short) keeps what it measured
+            path = write_results(rows, {"name": name, "memory_bytes": memory, "preset": preset}, plans, args.steps)
     print(f"wrote {path}")
     return 0
 

@@ -61,6 +61,23 @@ def _peaks(matmul: dict, share: float) -> dict:
     return {dt: max(r["flops_per_s"] for r in matmul[dt]) * share for dt in ("bf16", "fp32")}
 
 
+def gpu_peaks(local: dict, gpu: Gpu, share: float = 1.0) -> dict:
+    """The peak FLOP/s a GPU's kernel efficiencies are fractions of: its preset's datasheet peak, as for the
+    presets (costmodel.hardware), so a calibrated efficiency reads like a preset's. Never the fastest
+    probe: the probe's square matmuls (n <= 1024 in --quick) are launch-bound on a GPU (78 TFLOP/s measured
+    on an H200 whose bf16 GEMMs run at 790), and a peak taken from them priced that H200's GEMMs 7-9x too
+    slow. A GPU without a preset of its own takes the fastest rate it measured, GEMM sweep included, and a
+    measured rate above the datasheet raises the datasheet's."""
+    measured = _peaks(local["matmul"], share)
+    gemm = [r["tflops"] * 1e12 * share for r in local.get("kernels") or [] if r.get("kind") == "gemm" and "tflops" in r]
+    measured["bf16"] = max([measured["bf16"], *gemm])
+    exact = gpu_preset(gpu.name, gpu.memory_bytes)
+    if exact is None:
+        return measured
+    sheet = DEVICES[exact].peak_flops
+    return {dt: max(sheet.get(dt, 0.0), measured[dt]) for dt in measured}
+
+
 def _measured_links(links: dict) -> dict:
     """Device link fields from the all-reduce fit (the collective the planner uses most). One host is one
     node: the off-node figures repeat the loopback ones (unused for a one-node cluster)."""
@@ -122,9 +139,9 @@ def gpu_device(local: dict, links: dict | None, gpu: Gpu) -> tuple[Device, dict]
     there is no peer to time them with, and the links, link efficiencies and host link are the preset's
     (`links_preset`). The host link is the preset's either way (a GPU's PCIe share; not measured)."""
     share = compute_share(local["matmul"], links)
-    peak = _peaks(local["matmul"], share)
     name, why = links_preset(gpu)
     preset = DEVICES[name]
+    peak = gpu_peaks(local, gpu, share)
     if links is None:
         link_fields = {k: getattr(preset, k) for k in ("intra_node_bw", "inter_node_bw", "intra_node_latency",
                                                        "inter_node_latency", "intra_link_efficiency",

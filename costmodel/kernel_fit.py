@@ -68,11 +68,26 @@ def predict(row: dict, device, dtype: str = "bf16") -> dict:
     return {"fwd_s": fwd, "bwd_s": bwd, "fwd_bwd_s": fwd + bwd}
 
 
+HOST_BOUND_BWD_OVER_FWD = 3.0
+"""A GEMM's backward is two products of its forward's size: on a GPU it takes 1.9-2.3x the forward
+(GPU-MEASUREMENTS.md). One that takes over 3x waited on the host (an autograd call per repetition, slower
+than the kernels it launched: 2.9-6.5x on small shapes in the H200 sessions): a launch rate, not a kernel."""
+
+
+def host_bound(row: dict) -> set[str]:
+    """The backward times of a GEMM row that measured the host rather than the GPU (HOST_BOUND_BWD_OVER_FWD)."""
+    if row.get("kind") != "gemm" or not row.get("fwd_s"):
+        return set()
+    fwd, limit = row["fwd_s"], HOST_BOUND_BWD_OVER_FWD
+    return ({"bwd_s"} if row.get("bwd_s", 0) > limit * fwd else set()) | (
+        {"fwd_bwd_s"} if row.get("fwd_bwd_s", 0) > (1 + limit) * fwd else set())
+
+
 def measured_keys(row: dict, anomalies: bool = False) -> list[str]:
     """The measured times of a row; without `anomalies`, less the one its `anomaly` names (a time other
-    measurements contradict, left out of every fit)."""
-    skip = None if anomalies else (row.get("anomaly") or {}).get("key")
-    return [k for k in ("fwd_s", "bwd_s", "fwd_bwd_s", "seconds") if k in row and k != skip]
+    measurements contradict) and host-bound GEMM backwards (`host_bound`), left out of every fit."""
+    skip = set() if anomalies else {(row.get("anomaly") or {}).get("key")} | host_bound(row)
+    return [k for k in ("fwd_s", "bwd_s", "fwd_bwd_s", "seconds") if k in row and k not in skip]
 
 
 def errors(rows, device, dtype: str = "bf16", anomalies: bool = False) -> list[dict]:

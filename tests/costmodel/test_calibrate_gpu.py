@@ -132,3 +132,38 @@ def test_a_failing_rank_is_one_line():
 def test_a_resource_list_written_before_kernels_still_loads():
     cluster = parse_cluster(str(ROOT / "benchmarks/results/fidelity_cluster_2ranks.json"))
     assert cluster.num_devices == 2 and cluster.device.name == "cpu"
+
+
+def _h200_calibration():
+    """`partita calibrate --quick` as it ran on one H200 (torch 2.11, 2026-11-26; benchmarks/data)."""
+    c = json.loads((ROOT / "benchmarks" / "data" / "calibrate_h200_quick_torch2.11.json").read_text())
+    m = c["measurements"]
+    local = {"matmul": m["matmul"], "copy": m["memory_copy"], "op_latency_s": m["op_latency_alone_s"],
+             "kernels": c["kernels"]}
+    return local, Gpu("NVIDIA H200", 143771 * MiB, (9, 0), 1)
+
+
+def test_a_real_h200_calibration_keeps_the_datasheet_peak_and_prices_what_it_measured():
+    """On the H200 the quick probe's largest square matmul (n = 1024) ran at 78 TFLOP/s, launch-bound; taken
+    as the peak it priced that GPU's GEMMs and attention 3-9x too slow. The efficiencies are fractions of the
+    datasheet peak, as the presets' are, and the calibrated device prices the kernels it timed."""
+    from partita.costmodel.calibrate_device import gpu_device
+    from partita.costmodel.kernel_fit import errors, usable
+    local, gpu = _h200_calibration()
+    assert max(r["flops_per_s"] for r in local["matmul"]["bf16"]) < 0.1 * DEVICES["H200-141GB"].peak_flops["bf16"]
+    dev, how = gpu_device(local, None, gpu)
+    assert dev.peak_flops["bf16"] == DEVICES["H200-141GB"].peak_flops["bf16"]
+    assert 0.5 < dev.matmul_efficiency < 0.95 and 0.5 < dev.attention_efficiency < 0.95
+    judged = errors(usable(local["kernels"]), dev)
+    assert len(judged) >= 20
+    misses = [(e["row"].get("mkn") or e["row"].get("shape"), e["key"], round(e["error"], 3)) for e in judged
+              if abs(e["error"]) > 0.2]
+    assert not misses
+
+
+def test_a_gpu_without_a_preset_takes_its_fastest_measured_rate_as_peak():
+    from partita.costmodel.calibrate_device import gpu_peaks
+    local, _ = _h200_calibration()
+    peak = gpu_peaks(local, Gpu("NVIDIA H999", 100 * 2**30, (9, 0), 1))
+    fastest = max(r["tflops"] for r in local["kernels"] if r["kind"] == "gemm" and "tflops" in r) * 1e12
+    assert peak["bf16"] == pytest.approx(fastest)

@@ -56,3 +56,12 @@ def test_rows_that_failed_to_run_or_are_spelled_mkn_are_read():
     rows = [{"kind": "gemm", "mkn": [1, 2, 3], "fwd_s": 1.0}, {"kind": "gemm", "mkn": [4, 5, 6], "error": "OOM"},
             {"kind": "unknown"}]
     assert usable(rows) == [normalise(rows[0])] and normalise(rows[0])["m"] == 1 and normalise(rows[0])["n"] == 3
+
+
+def test_a_host_bound_gemm_backward_is_left_out_of_fits_and_named_when_judged():
+    from partita.costmodel.kernel_fit import host_bound, measured_keys
+    compute_bound = {"kind": "gemm", "m": 8192, "k": 4096, "n": 4096, "fwd_s": 4.0e-4, "bwd_s": 8.4e-4}
+    waited = {"kind": "gemm", "mkn": [1024, 8192, 1024], "fwd_s": 3.9e-5, "fwd_bwd_s": 3.4e-4}  # H200, quick calibrate
+    assert host_bound(compute_bound) == set() and measured_keys(compute_bound) == ["fwd_s", "bwd_s"]
+    assert host_bound(waited) == {"fwd_bwd_s"} and measured_keys(waited) == ["fwd_s"]
+    assert measured_keys(waited, anomalies=True) == ["fwd_s", "fwd_bwd_s"]

@@ -2,6 +2,8 @@
 
     python -m benchmarks.gpu [--steps N] [--only CASE ...] [--timeout S]   # on a CUDA machine: results/gpu.json
     python -m benchmarks.gpu --plan-only [--device PRESET ...]             # with the solver: benchmarks/gpu_plans/
+    python -m benchmarks.gpu --reprice                                      # with the solver: gpu.json's cases
+                                                                            #   predicted again at this commit
 
 On a machine with CUDA it takes the local GPU's preset (costmodel.hardware.gpu_preset: an H100 80 GB is
 H100-80GB, an H200 H200-141GB), the fixed set of plans for one such GPU (benchmarks.gpu_plans: M1 of
@@ -170,6 +172,36 @@ def _line(r: dict) -> str:
             + (f", {m['peak_reserved_bytes'] / 2**30:.2f} GiB reserved" if m.get("peak_reserved_bytes") else ""))
 
 
+def reprice(result: dict) -> dict:
+    """`result` (a gpu.json) with each measured row's case planned again at this commit, under "repriced":
+    the new prediction beside the same measurement where the planner makes the same choices (mesh,
+    micro-batching, recompute, offload, kernels), else which of them changed, and not priced. A row whose
+    run joins the fit's data (benchmarks.published_data_gpu) is then in-sample; the others test the
+    constants on runs they were not fitted to."""
+    from benchmarks.gpu_plans import Case, plan_case
+    from partita.costmodel.errors import InfeasibleError
+    preset, now = result["gpu"]["preset"], common.commit()
+    for r in result["rows"]:
+        if not r.get("measured"):
+            continue
+        case = Case(r["name"], r["what"], r["model"], r["global_batch"], r.get("seq"), r["plan"]["fixed"])
+        try:
+            plan = json.loads(plan_case(case, preset).to_json())
+        except InfeasibleError as e:
+            r["repriced"] = {"commit": now, "same_plan": False, "changed": f"now refused: {e}"}
+            continue
+        summary, was = _plan_summary(plan), r["plan"]
+        changed = [k for k in ("mesh", "micro_batch", "num_microbatches", "recompute", "offloaded_blocks", "kernels")
+                   if summary[k] != was[k]]
+        pred = plan["predicted"]
+        r["repriced"] = {"commit": now, "same_plan": not changed, "changed": ", ".join(changed) or None}
+        if not changed:
+            r["repriced"].update(step_time_s=pred["step_time_s"], peak_memory_bytes=pred["peak_memory_bytes"],
+                                 step_time_error=_error(pred["step_time_s"], r["measured"]["step_time_s"]),
+                                 memory_error=_error(pred["peak_memory_bytes"], r["measured"]["peak_allocated_bytes"]))
+    return result
+
+
 def plan_only(presets) -> int:
     if not solver_available():
         print("benchmarks.gpu --plan-only: planning needs cvxpy and highspy (pip install -e .)", file=sys.stderr)
@@ -182,6 +214,30 @@ def plan_only(presets) -> int:
     return 0
 
 
+def reprice_results(path: Path | None = None) -> int:
+    path = path or common.RESULTS / "gpu.json"
+    if not solver_available():
+        print("benchmarks.gpu --reprice: planning needs cvxpy and highspy (pip install -e .)", file=sys.stderr)
+        return 2
+    if not path.exists():
+        print(f"benchmarks.gpu --reprice: no {path}: run `python -m benchmarks.gpu` on a GPU first", file=sys.stderr)
+        return 2
+    result = reprice(json.loads(path.read_text()))
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    for r in result["rows"]:
+        rp = r.get("repriced")
+        if rp is None:
+            continue
+        if not rp["same_plan"]:
+            print(f"{r['name']:<20} the planner now chooses differently ({rp['changed']}): not repriced")
+            continue
+        print(f"{r['name']:<20} step {rp['step_time_s']:.3f} s predicted now ({100 * rp['step_time_error']:+.1f}%, "
+              f"was {100 * r['step_time_error']:+.1f}%); peak {rp['peak_memory_bytes'] / 2**30:.2f} GiB "
+              f"({100 * rp['memory_error']:+.1f}%, was {100 * r['memory_error']:+.1f}%)")
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=STEPS, help=f"training steps per plan (default {STEPS})")
@@ -189,9 +245,14 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per run before it counts as failed")
     ap.add_argument("--plan-only", action="store_true", help="plan the set and ship it in benchmarks/gpu_plans/")
     ap.add_argument("--device", action="append", choices=PRESETS, help="with --plan-only: presets (default all)")
+    ap.add_argument("--reprice", action="store_true",
+                    help="no GPU needed: plan results/gpu.json's cases again at this commit and add the new "
+                         "predictions beside its measurements")
     args = ap.parse_args(argv)
     if args.plan_only:
         return plan_only(args.device or PRESETS)
+    if args.reprice:
+        return reprice_results()
     import torch
     if not torch.cuda.is_available():
         print(f"benchmarks.gpu: no CUDA device here (torch {torch.__version__}): nothing measured; run it on a "

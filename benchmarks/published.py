@@ -199,15 +199,19 @@ def _no_candidate(row: Row, graph: OpGraph) -> str:
     return "no candidate: the published mesh, batch and schedule admit no configuration"
 
 
-def price(row: Row, graphs: dict[str, OpGraph] | None = None, kernels: dict | None = None) -> dict:
-    """Price one published row; `graphs` caches captures per model string across rows; `kernels` replaces
+def price(row: Row, graphs: dict[tuple, OpGraph] | None = None, kernels: dict | None = None) -> dict:
+    """Price one published row; `graphs` caches captures per (model string, autocast) across rows; `kernels` replaces
     the stack's fitted kernel constants (benchmarks.fit)."""
     t0 = time.perf_counter()
     graphs = {} if graphs is None else graphs
     name = model_string(row.model, row.seq)
-    if name not in graphs:
-        graphs[name] = capture(model_spec(row.model, row.seq), dtype="bf16", autocast=None)  # (train_for)
-    graph = graphs[name]
+    # partita's own runs (Table.autocast) ran under CUDA autocast over fp32 masters: captured with its records
+    # (fp32 logits and loss, cast copies), as the planner captures a plan for a GPU (planner.api); the other
+    # frameworks' runs computed in bf16 throughout (train_for)
+    autocast = "cuda" if row.table.autocast else None
+    if (name, autocast) not in graphs:
+        graphs[(name, autocast)] = capture(model_spec(row.model, row.seq), dtype="bf16", autocast=autocast)
+    graph = graphs[(name, autocast)]
     notes = [n for n in (row.table.notes, row.model.notes, row.notes) if n]
     out = {"key": row_key(row), "source": row.table.source, "stack": row.table.stack,
            "citation": row.table.citation, "model": row.model.name,
@@ -368,7 +372,7 @@ def main(argv=None) -> int:
     if not selected:
         ap.error(f"no rows for {args.source}; sources: {', '.join(dict.fromkeys(r.table.source for r in ROWS))}")
     t0 = time.perf_counter()
-    graphs: dict[str, OpGraph] = {}
+    graphs: dict[tuple, OpGraph] = {}
     print(f"{'source':<16} {'model':<14} {'seq':<7} {'GPU':<9} {'GPUs':<6} {'config (published; (searched))':<38} "
           f"{'metric':<23} {'measured':>9} {'predicted':>9}  error")
     rows = []

@@ -426,17 +426,29 @@ def _gib(b: float | None) -> str:
     return "-" if b is None else f"{b / 2**30:.2f} GiB"
 
 
-def _gpu_row(r: dict) -> list[str]:
+def _repriced(r: dict) -> list[str]:
+    """The same plan predicted at the repricing commit (benchmarks.gpu --reprice): step and its error."""
+    rp = r.get("repriced")
+    if rp is None:
+        return ["", ""]
+    if not rp["same_plan"]:
+        return [f"plan now differs ({rp['changed']})", ""]
+    return [f"{rp['step_time_s']:.3f} s", pct(rp["step_time_error"], sign=True)]
+
+
+def _gpu_row(r: dict, repriced: bool) -> list[str]:
     name = f"`{r['name']}`" + (f" ({r['alloc_conf']})" if r.get("alloc_conf") else "")
+    now = _repriced(r) if repriced else []
     if r.get("infeasible"):
-        return [name, r["what"], "not planned", "", "", "no plan fits", "", "", ""]
+        return [name, r["what"], "not planned", "", "", *(["", ""] if repriced else []), "no plan fits", "", "", ""]
     p, m = r["predicted"], r.get("measured")
     if m is None:
         failed = "**OOM**" if r["oom"] else "**failed**"
-        return [name, r["what"], f"{p['step_time_s']:.3f} s", failed, "", _gib(p["peak_memory_bytes"]), failed, "", ""]
+        return [name, r["what"], f"{p['step_time_s']:.3f} s", failed, "", *now, _gib(p["peak_memory_bytes"]), failed,
+                "", ""]
     return [name, r["what"], f"{p['step_time_s']:.3f} s", f"{m['step_time_s']:.3f} s",
-            pct(r["step_time_error"], sign=True), _gib(p["peak_memory_bytes"]), _gib(m["peak_allocated_bytes"]), pct(r["memory_error"], sign=True),
-            _gib(m.get("peak_reserved_bytes"))]
+            pct(r["step_time_error"], sign=True), *now, _gib(p["peak_memory_bytes"]), _gib(m["peak_allocated_bytes"]),
+            pct(r["memory_error"], sign=True), _gib(m.get("peak_reserved_bytes"))]
 
 
 def gpu(results: dict) -> str:
@@ -452,9 +464,17 @@ def gpu(results: dict) -> str:
                  f"{d['source']['until']}.")
     text += (f" Measured step: the mean of steps 2-{d['steps']}; measured peak: torch.cuda.max_memory_allocated (what "
              "the prediction counts), peak reserved: max_memory_reserved; errors: (predicted - measured) / measured.")
-    header = ["plan", "what", "predicted step", "measured step", "error", "predicted peak", "measured peak allocated",
+    repriced = [r for r in rows if r.get("repriced")]
+    commit_now = repriced[0]["repriced"]["commit"] if repriced else None
+    if repriced:
+        text += (f" 'Now': the same cases planned again at commit {commit_now} (`python -m benchmarks.gpu --reprice`), "
+                 "priced where the planner makes the same choices, against the same measurement; the fit "
+                 "(`benchmarks.fit`) reads the eager and compiled M1 runs of the first GPU session (repeats of "
+                 "these within 2%), so those are in-sample, while the 32,768-token run is not in its data.")
+    header = ["plan", "what", "predicted step", "measured step", "error",
+              *(["predicted now", "error now"] if repriced else []), "predicted peak", "measured peak allocated",
               "error", "peak reserved"]
-    out = [paragraph(text), table(header, [_gpu_row(r) for r in rows])]
+    out = [paragraph(text), table(header, [_gpu_row(r, bool(repriced)) for r in rows])]
     notes = [f"- `{r['name']}`: {'out of memory' if r['oom'] else 'failed'}: {r['error']}" for r in rows
              if r.get("measured") is None and not r.get("infeasible") and r.get("error")]
     notes += [f"- `{r['name']}`: {r['infeasible']}" for r in rows if r.get("infeasible")]

@@ -88,11 +88,14 @@ class Device:
     "efficient"), each {efficiency, bwd_efficiency, half_seq, half_dim, causal_block}: where torch
     dispatches another kernel for a dtype or head width (costmodel.kernels.sdpa_kernel)."""
     step_efficiency: float = 1.0
-    """Fraction of their isolated rate (what kernel timings measure, costmodel.kernel_fit) that kernels
-    reach inside a training step: a GPU under sustained load runs at its power-limited clock, not the
-    boost clock of a short benchmark, and eager PyTorch leaves gaps between kernels. 1 where the kernel
-    constants were fitted to whole training steps already (benchmarks.fit: published runs); fitted to whole
-    steps where they come from kernel timings."""
+    """Fraction of their isolated rate (a large copy's, costmodel.kernel_fit) that memory-bound operators
+    (elementwise, norms, casts, the loss) reach inside a training step; GEMMs and fused attention run at
+    the rate timed alone (costmodel.kernels.node_time). Eager PyTorch's elementwise kernels move their
+    bytes in several passes and strided views, far from a copy's rate; torch.compile fuses them
+    (costmodel.fusion). 1 where the kernel constants were fitted to whole training steps already
+    (benchmarks.fit: published runs); fitted to whole steps where they come from kernel timings. On the
+    H200 the whole steps tell the classes apart: compiled layers (fewer memory-bound bytes) and a
+    32K-token step (attention half the time) against eager 4K-token steps."""
     mem_efficiency: float = 1.0
     """Fraction of mem_bandwidth memory-bound kernels achieve."""
     intra_link_efficiency: float = 1.0

@@ -192,7 +192,8 @@ def attention_seconds(device, dtype: str, fwd_flops: float, bwd_flops: float, se
 def node_time(d: dict, device, dtype: str, *, share: float = 1.0,
               n_div: int = 1, k_div: int = 1) -> NodeTime:
     """Seconds of node `d` (costmodel.graph attributes) for one rank doing `share` of its work, inside a
-    training step (at `Device.step_efficiency` of the isolated kernel's rate).
+    training step: GEMMs and fused attention at their isolated rate, memory-bound operators at
+    `Device.step_efficiency` of theirs (what the H200's whole steps say: benchmarks.fit).
 
     A tensor-parallel split passes the dimension it cuts: a column-parallel Linear divides N by t
     (`n_div`), a row-parallel one K (`k_div`); other sharded nodes (heads, sequence) do 1/t of the
@@ -200,7 +201,9 @@ def node_time(d: dict, device, dtype: str, *, share: float = 1.0,
     """
     t = isolated_node_time(d, device, dtype, share=share, n_div=n_div, k_div=k_div)
     s = device.step_efficiency
-    return t if s == 1.0 else NodeTime(t.fwd / s, t.bwd / s, t.fixed_fwd / s, t.fixed_bwd / s)
+    if s == 1.0 or gemm_dims(d) is not None or (d.get("kind") in ATTENTION_KINDS and d.get("fwd_flops")):
+        return t
+    return NodeTime(t.fwd / s, t.bwd / s, t.fixed_fwd / s, t.fixed_bwd / s)
 
 
 def isolated_node_time(d: dict, device, dtype: str, *, share: float = 1.0,

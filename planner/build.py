@@ -175,7 +175,8 @@ def assumptions(cluster, dtype: str, tp_overlap: bool = False, p2p_overlap: bool
            + "; memory-bound "
            f"ops at {100 * d.mem_efficiency:.0f}% of {d.mem_bandwidth / 1e9:g} GB/s; {d.op_latency * 1e6:.3g} us per "
            "kernel launch"
-           + (f"; inside a training step, operators at {100 * d.step_efficiency:.0f}% of their speed timed alone"
+           + (f"; inside a training step, memory-bound operators at {100 * d.step_efficiency:.0f}% of the rate "
+              "timed alone (GEMMs and attention at theirs)"
               if d.step_efficiency != 1.0 else ""),
            f"links per direction: {d.intra_node_bw / 1e9:g} GB/s in a node at {100 * d.intra_link_efficiency:.0f}%, "
            f"{d.inter_node_bw / 1e9:g} GB/s per device across nodes at {100 * d.inter_link_efficiency:.0f}%"

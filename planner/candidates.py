@@ -77,6 +77,13 @@ class Candidate:
                 self.sequence_parallel, self.cp, self.ep, self.tp_overlap, self.p2p_overlap)
 
 
+def plan_key(plan) -> tuple:
+    """`Candidate.key` of the candidate a Plan (planner.plan) was built from, read off the plan's fields."""
+    return (plan.mesh.pp, plan.mesh.dp, plan.mesh.tp, plan.zero_stage, plan.schedule.micro_batch_size,
+            plan.schedule.name, plan.schedule.virtual_stages, any(b.sharding == "sequence" for b in plan.blocks),
+            plan.mesh.cp, plan.mesh.ep, bool(plan.overlap.get("tp_comm")), bool(plan.overlap.get("p2p")))
+
+
 def split_model(graph: OpGraph) -> tuple[list[str], list[str], list[str]]:
     """(prefix groups, repeated layers, suffix groups)."""
     layers = graph.repeated()

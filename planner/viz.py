@@ -37,7 +37,7 @@ from partita.planner.build import build_plan, predicted
 from partita.planner.milp import solve_stages
 from partita.planner.milp_blocks import solve_blocks, stage_p2p
 from partita.planner.plan import Plan
-from partita.planner.candidates import Candidate
+from partita.planner.candidates import Candidate, plan_key
 from partita.planner.search import SearchResult, TrainConfig, search
 
 CATEGORY_COLORS = {"model_states": "#4C72B0", "activations": "#DD8452", "workspace": "#8C8C8C"}
@@ -262,10 +262,7 @@ def candidate_timeline(c: Candidate) -> Timeline:
 
 def find_candidate(plan: Plan, result: SearchResult) -> Candidate:
     """The solved candidate of `result` the plan was built from."""
-    sequence_parallel = any(b.sharding == "sequence" for b in plan.blocks)
-    key = (plan.mesh.pp, plan.mesh.dp, plan.mesh.tp, plan.zero_stage, plan.schedule.micro_batch_size,
-           plan.schedule.name, plan.schedule.virtual_stages, sequence_parallel, plan.mesh.cp, plan.mesh.ep,
-           bool(plan.overlap.get("tp_comm")), bool(plan.overlap.get("p2p")))
+    key = plan_key(plan)
     for c in ([result.best] if result.best is not None else []) + result.candidates:
         if c.key == key and c.solution is not None and c.solution.feasible:
             return c

@@ -130,3 +130,18 @@ def test_an_out_of_memory_run_is_an_oom_row(tmp_path):
     assert row["oom"] is True and row["measured"] is None, proc.stderr
     assert row["error"].startswith("partita: error: rank 0:") and "can't allocate memory" in row["error"]
     assert row["predicted"]["peak_memory_bytes"] == planned.plan.predicted["peak_memory_bytes"]
+
+
+def test_reprice_predicts_the_same_plan_again_and_names_a_changed_choice(tiny_run):
+    """`--reprice` plans each measured case again at this commit: the same choices give a new prediction
+    against the same measurement; a different choice is named and not priced (a new plan was not run)."""
+    planned, row, _ = tiny_run
+    row = json.loads(json.dumps({**row, "model": TINY.model}))
+    moved = json.loads(json.dumps(row))
+    moved["name"], moved["plan"]["micro_batch"] = "moved", row["plan"]["micro_batch"] + 7
+    result = gpu.reprice({"gpu": {"preset": "cpu"}, "rows": [row, moved]})
+    same, other = (r["repriced"] for r in result["rows"])
+    assert same["same_plan"] and same["changed"] is None
+    assert same["step_time_s"] == pytest.approx(row["predicted"]["step_time_s"], rel=1e-6)
+    assert same["step_time_error"] == pytest.approx(row["step_time_error"], rel=1e-6, abs=1e-9)
+    assert not other["same_plan"] and other["changed"] == "micro_batch" and "step_time_s" not in other

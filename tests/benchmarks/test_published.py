@@ -160,3 +160,13 @@ def test_summary_statistics_and_counts():
     assert s["worst"][0]["key"] == "a2" and s["not_priced"] == [{"key": "b1", "reason": "does not fit"}]
     assert s["targets"]["met"] is False and s["captures"] == 2  # no held-out errors for these rows
     assert s["per_source"]["a"]["stacks"] == ["pytorch"] and s["p95_abs_error"] == pytest.approx(0.3)
+
+
+def test_partitas_own_gpu_runs_are_priced_under_the_autocast_they_ran_with():
+    """The H200 runs trained under CUDA autocast over fp32 masters (Table.autocast). Captured without the
+    autocast records they were priced as a pure bf16 model: 113 GiB against the 129.78 GiB the GPU
+    allocated, and a step 7% faster than the planner predicts for the same plan."""
+    row = next(r for r in ROWS if r.table.source == "gpu-h200-2026" and r.variant == "no-recompute")
+    assert row.table.autocast
+    out = published.price(row)
+    assert out["measured_memory"]["error"] == pytest.approx(0.0, abs=0.02)

@@ -5,7 +5,7 @@ The set (CASES, then `largest_case`), bf16 with Adam, each planned for one GPU (
 - M1 of GPU-MEASUREMENTS.md, a 1.50B Llama at global batch 8: the planner's own choice, and four variants
   that each fix one choice and leave the rest searched -- no recompute, full recompute, micro-batch 2,
   compiled layers (`--kernels compiled`);
-- M1 at 32,768 tokens and global batch 2, the planner's own choice: a step where attention is a third of
+- M1 at 32,768 tokens and global batch 2, the planner's own choice: a step where attention is about half of
   the FLOPs, beside the published long-sequence runs (llm-foundry, 16K-64K tokens) the held-out fit prices
   25-35% fast;
 - llama3-8b at global batch 4 and 4096 tokens: the planner's own choice for a second, larger size. Trained
@@ -56,7 +56,7 @@ CASES = (
     Case("m1-full-recompute", "M1, full recompute", M1, 8, fixed={"recompute": ("full",)}),
     Case("m1-micro-batch-2", "M1, micro-batch 2", M1, 8, fixed={"micro_batch": (2,)}),
     Case("m1-compiled", "M1, compiled layers", M1, 8, fixed={"kernels": "compiled"}),
-    Case("m1-seq-32k", "M1 at 32,768 tokens (attention a third of the FLOPs), the planner's own choice",
+    Case("m1-seq-32k", "M1 at 32,768 tokens (attention about half of its FLOPs on the causal count), the planner's own choice",
          M1.replace("seq=4096", "seq=32768"), 2, seq=32768),
     Case("llama3-8b-auto", "llama3-8b at 4096 tokens, the planner's own choice", "llama3-8b", 4, seq=4096),
 )

@@ -56,7 +56,8 @@ CASES = (
     Case("m1-full-recompute", "M1, full recompute", M1, 8, fixed={"recompute": ("full",)}),
     Case("m1-micro-batch-2", "M1, micro-batch 2", M1, 8, fixed={"micro_batch": (2,)}),
     Case("m1-compiled", "M1, compiled layers", M1, 8, fixed={"kernels": "compiled"}),
-    Case("m1-seq-32k", "M1 at 32,768 tokens (attention about half of its FLOPs on the causal count), the planner's own choice",
+    Case("m1-seq-32k",
+         "M1 at 32,768 tokens (attention about half of its FLOPs on the causal count), the planner's own choice",
          M1.replace("seq=4096", "seq=32768"), 2, seq=32768),
     Case("llama3-8b-auto", "llama3-8b at 4096 tokens, the planner's own choice", "llama3-8b", 4, seq=4096),
 )

@@ -14,7 +14,8 @@ that cannot hold both:
   (`torch.nn.attention.sdpa_kernel`) or torch's own dispatch for backend "default";
 - copy: a device-to-device copy of the row's bytes (read + write).
 
-Each time is the median of 5 batches of CUDA-event-timed calls after 3 warm-up calls; a batch runs at least
+Each time is the median of 5 batches of CUDA-event-timed calls, each after two warm-up calls (the committed
+H200 results were taken with three warm-up calls before the first batch only); a batch runs at least
 `--reps-s` seconds (at least 5 calls), so a short kernel is not timed against the host's launch rate. Rows
 keep the source file's keys, and `--out` (default benchmarks/results/gpu_kernels.json) holds the
 measured rows in the data file's format (kernel_fit reads them as they are) with the preset's price and
@@ -27,7 +28,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from benchmarks import common
@@ -39,32 +39,10 @@ BATCHES = 5
 
 def time_batches(fn, device, min_s: float, batches: int = BATCHES) -> float:
     """Median seconds per call of `fn` over `batches` batches, each of at least `min_s` seconds and 5 calls
-    (CUDA events on a GPU, perf_counter elsewhere)."""
-    import torch
-    from partita.costmodel.calibrate_local import sync_device
-    for _ in range(3):
-        fn()
-    sync_device(device)
-    t0 = time.perf_counter()
-    fn()
-    sync_device(device)
-    reps = max(5, int(min_s / max(time.perf_counter() - t0, 1e-6)))
-    per_call = []
-    for _ in range(batches):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(reps):
-                fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            per_call.append(start.elapsed_time(end) / 1e3 / reps)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            per_call.append((time.perf_counter() - t0) / reps)
-    return statistics.median(per_call)
+    (calibrate_kernels.time_call: CUDA events on a GPU, perf_counter elsewhere, after its warm-up calls)."""
+    from partita.costmodel.calibrate_kernels import time_call
+    reps = max(5, int(min_s / max(time_call(fn, device, 1), 1e-6)))
+    return statistics.median(time_call(fn, device, reps) for _ in range(batches))
 
 
 def _gemm(row: dict, device, dtype, min_s: float) -> dict:
@@ -185,8 +163,8 @@ def main(argv=None) -> int:
                "within_15pct": sum(abs(t["error"]) <= 0.15 for t in judged), "times": len(judged)}
     path = common.write(args.name, {"source": str(args.data.relative_to(ROOT)), "device": name,
                                     "preset": preset, "torch": torch.__version__,
-                                    "method": f"median of {BATCHES} CUDA-event batches of >= {args.reps_s} s "
-                                              "after 3 warm-up calls; backward timed alone over a saved forward",
+                                    "method": f"median of {BATCHES} CUDA-event batches of >= {args.reps_s} s, "
+                                              "each after 2 warm-up calls; backward timed alone over a saved forward",
                                     "dtype": data.get("dtype", "bf16"), "rows": rows, "compared": compared,
                                     "summary": summary})
     print(f"{summary['within_15pct']} of {summary['times']} times priced within 15%; wrote {path}")

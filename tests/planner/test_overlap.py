@@ -42,7 +42,9 @@ def tp8():
 
 def test_tp8_sequence_parallel_on_h100_exposes_less_tp_comm_with_overlap(tp8):
     off, on = tp8[False].predicted, tp8[True].predicted
-    assert on["breakdown"]["tp_comm_s"] < off["breakdown"]["tp_comm_s"] / 4  # about one chunk of 8 exposed
+    # one chunk of 8 exposed, and whatever of the rest outlasts the GEMMs beside it (on H100 GEMMs now run at
+    # their timed rate inside a step: less compute to hide behind, so a little more exposed than 1/8)
+    assert on["breakdown"]["tp_comm_s"] < off["breakdown"]["tp_comm_s"] / 3
     assert on["breakdown"]["contention_s"] > off["breakdown"]["contention_s"]  # the GEMMs slow beside it
     assert on["step_time_s"] < off["step_time_s"] and on["hidden_comm_s"] > off["hidden_comm_s"]
     assert tp8[True].overlap == {"tp_comm": True, "p2p": False} and tp8[False].overlap["tp_comm"] is False

@@ -1,6 +1,7 @@
 """A GPU check: the planner's plans for the local GPU, run, with predicted beside measured.
 
     python -m benchmarks.gpu [--steps N] [--only CASE ...] [--timeout S]   # on a CUDA machine: results/gpu.json
+                                                                            #   (--only keeps the other cases' rows)
     python -m benchmarks.gpu --plan-only [--device PRESET ...]             # with the solver: benchmarks/gpu_plans/
     python -m benchmarks.gpu --reprice                                      # with the solver: gpu.json's cases
                                                                             #   predicted again at this commit
@@ -129,6 +130,19 @@ def run_case(planned: Planned, steps: int, workdir: Path, timeout_s: float = TIM
         code, output = None, "".join(parts) + f"\npartita: error: timed out after {timeout_s:g} s"
     measured = json.loads(out_file.read_text()) if out_file.exists() else None
     return result_row(planned, code, output, measured, time.perf_counter() - t0)
+
+
+def with_earlier_rows(rows: list[dict], earlier: dict | None, preset: str, order: list[str]) -> list[dict]:
+    """`rows` of a run of some cases (`--only`) beside an `earlier` gpu.json's rows of the other cases, when
+    that file is of the same GPU preset, in the set's `order`: rerunning one case keeps the others'
+    measurements. A kept row says which run it came from ("earlier_run")."""
+    if not earlier or earlier.get("gpu", {}).get("preset") != preset:
+        return rows
+    ran = {r["name"] for r in rows}
+    when = {"commit": earlier.get("commit"), "date": (earlier.get("machine") or {}).get("date")}
+    kept = {r["name"]: {"earlier_run": when, **r} for r in earlier.get("rows", []) if r["name"] not in ran}
+    mine = {r["name"]: r for r in rows}
+    return [mine.get(n) or kept[n] for n in order if n in mine or n in kept]
 
 
 def local_gpu() -> tuple[str, float]:
@@ -277,7 +291,9 @@ def main(argv=None) -> int:
         return 2
     print(f"benchmarks.gpu: {name} ({preset}), {len(planned)} plans {plans['source']} "
           f"(commit {plans.get('commit') or '?'}), {args.steps} steps each", flush=True)
-    rows = []
+    rows, order = [], [p.case.name for p in planned]
+    previous = common.RESULTS / "gpu.json"
+    earlier = json.loads(previous.read_text()) if args.only and previous.exists() else None
     with tempfile.TemporaryDirectory(prefix="partita-gpu-") as tmp:
         for p in planned:
             if args.only and p.case.name not in args.only:
@@ -285,7 +301,8 @@ def main(argv=None) -> int:
             rows.append(run_case(p, args.steps, Path(tmp), args.timeout))
             print(_line(rows[-1]), flush=True)
             # after every case: a check stopped part way (its machine's time is short) keeps what it measured
-            path = write_results(rows, {"name": name, "memory_bytes": memory, "preset": preset}, plans, args.steps)
+            path = write_results(with_earlier_rows(rows, earlier, preset, order),
+                                 {"name": name, "memory_bytes": memory, "preset": preset}, plans, args.steps)
     print(f"wrote {path}")
     return 0
 

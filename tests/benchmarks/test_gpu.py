@@ -145,3 +145,14 @@ def test_reprice_predicts_the_same_plan_again_and_names_a_changed_choice(tiny_ru
     assert same["step_time_s"] == pytest.approx(row["predicted"]["step_time_s"], rel=1e-6)
     assert same["step_time_error"] == pytest.approx(row["step_time_error"], rel=1e-6, abs=1e-9)
     assert not other["same_plan"] and other["changed"] == "micro_batch" and "step_time_s" not in other
+
+
+def test_rerunning_some_cases_keeps_the_other_cases_rows_of_the_same_gpu():
+    earlier = {"gpu": {"preset": "H200-141GB"}, "commit": "abc1234", "machine": {"date": "2026-11-26"},
+               "rows": [{"name": "a", "step_time_error": 0.1}, {"name": "b", "step_time_error": 0.2}]}
+    new = [{"name": "b", "step_time_error": 0.05}]
+    got = gpu.with_earlier_rows(new, earlier, "H200-141GB", ["a", "b", "c"])
+    assert [r["name"] for r in got] == ["a", "b"] and got[1] is new[0] and "earlier_run" not in got[1]
+    assert got[0]["earlier_run"] == {"commit": "abc1234", "date": "2026-11-26"} and got[0]["step_time_error"] == 0.1
+    assert gpu.with_earlier_rows(new, earlier, "H100-80GB", ["a", "b"]) == new  # another GPU's rows are not kept
+    assert gpu.with_earlier_rows(new, None, "H200-141GB", ["a", "b"]) == new

@@ -199,16 +199,15 @@ def node_time(d: dict, device, dtype: str, *, share: float = 1.0,
     (`n_div`), a row-parallel one K (`k_div`); other sharded nodes (heads, sequence) do 1/t of the
     same-shaped work (`share` = 1/t, no change of efficiency).
     """
-    t = isolated_node_time(d, device, dtype, share=share, n_div=n_div, k_div=k_div)
-    s = device.step_efficiency
-    if s == 1.0 or gemm_dims(d) is not None or (d.get("kind") in ATTENTION_KINDS and d.get("fwd_flops")):
-        return t
-    return NodeTime(t.fwd / s, t.bwd / s, t.fixed_fwd / s, t.fixed_bwd / s)
+    return isolated_node_time(d, device, dtype, share=share, n_div=n_div, k_div=k_div,
+                              memory_rate=device.step_efficiency)
 
 
 def isolated_node_time(d: dict, device, dtype: str, *, share: float = 1.0,
-                       n_div: int = 1, k_div: int = 1) -> NodeTime:
-    """`node_time` of the kernel timed on its own (a benchmark's figure, before Device.step_efficiency)."""
+                       n_div: int = 1, k_div: int = 1, memory_rate: float = 1.0) -> NodeTime:
+    """`node_time` of the kernel timed on its own (a benchmark's figure, before Device.step_efficiency);
+    `memory_rate`: the fraction of that rate the memory-bound operators' bytes move at (node_time passes
+    the step's)."""
     if d.get("op") in ("get_attr", "placeholder"):
         return NodeTime(0.0, 0.0)  # reading a parameter, buffer or input launches no kernel
     peak = device.peak(dtype)
@@ -240,7 +239,7 @@ def isolated_node_time(d: dict, device, dtype: str, *, share: float = 1.0,
         seq, head_dim = (shape[-2], shape[-1]) if len(shape) >= 2 else (0, 0)
         f, b = attention_seconds(device, dtype, fwd_flops, bwd_flops, seq, head_dim, bool(d.get("causal")))
         return NodeTime(f, b)
-    bw = device.mem_bandwidth * device.mem_efficiency
+    bw = device.mem_bandwidth * device.mem_efficiency * memory_rate
     mem = d["mem_bytes"] * share
     e_max = device.matmul_efficiency
     return NodeTime(max(fwd_flops / (peak * e_max), mem / bw), max(bwd_flops / (peak * e_max), 2 * mem / bw))

@@ -198,6 +198,9 @@ def test_inside_a_step_memory_bound_operators_run_at_the_step_efficiency_and_gem
     t, alone = node_time(add, slow, "bf16"), isolated_node_time(add, slow, "bf16")
     assert t.fwd == pytest.approx(alone.fwd / 0.5) and t.bwd == pytest.approx(alone.bwd / 0.5)
     assert alone == node_time(add, DEV, "bf16")
+    # a compute-bound operator priced outside the GEMM curve (a convolution: many FLOPs per byte) keeps its rate
+    conv = {"kind": "convolution", "shape": (8, 256, 56, 56), "fwd_flops": 1e12, "bwd_flops": 2e12, "mem_bytes": 1e7}
+    assert node_time(conv, slow, "bf16") == node_time(conv, DEV, "bf16")
 
 
 def bmm(batch, m, n, k):

@@ -133,6 +133,16 @@ def broadcast_text(text: str | None) -> str:
     return data.cpu().numpy().tobytes().decode()
 
 
+def first_said(text: str | None) -> tuple[int, str] | None:
+    """Collective on the default group: (rank, text) of the lowest rank that passes a text, None when no rank
+    does. How ranks that each decided alone (a check of a shared directory, their own environment) end
+    alike: one rank ending while its peers go on would leave them waiting in their next collective."""
+    for rank, said in enumerate(gather_text(text or "")):
+        if said:
+            return rank, said
+    return None
+
+
 def gather_text(text: str) -> list[str]:
     """Every rank's text on every rank, in rank order (two all-gathers of UTF-8 bytes; no pickle)."""
     device, world = _text_device(), dist.get_world_size()

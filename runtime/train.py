@@ -52,7 +52,7 @@ from partita.costmodel import PartitaError, resolve_model
 from partita.planner.plan import Plan
 from partita.runtime import ownership
 from partita.runtime.data import DTYPES
-from partita.runtime.mesh import agree_on_attempt, env_world, teardown
+from partita.runtime.mesh import agree_on_attempt, env_world, first_said, init_default, teardown
 from partita.runtime.progress import DEFAULT_EVERY
 from partita.runtime.report import show_library_warnings_once, write_error_file
 from partita.runtime.session import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, NonFiniteLoss, RunOptions, Stopped,
@@ -200,13 +200,26 @@ def _worker(args: argparse.Namespace) -> int:
             return _rec(plan, spec, opts, world, rank, args)
         if not args.check:
             agree_on_attempt()
-        prep = prepare(plan, spec, opts, world)
+        prep, refusal = prepare(plan, spec, opts, world), None
         if args.check and args.checkpoint_dir and args.checkpoint_every and \
                 (holder := ownership.is_locked(args.checkpoint_dir)):
             raise PartitaError(f"--checkpoint-dir {args.checkpoint_dir} is in use by another run ({holder}): wait "
                                "for it to end, or choose another directory")
     except PartitaError as e:
-        return _error(rank, e)
+        refusal = e
+    if not args.check and world > 1:
+        # Every rank ran these checks alone; they end alike. Checks of shared state can disagree: a rank
+        # that looked at --checkpoint-dir just before another run committed its first step found no
+        # foreign checkpoint while its peers did, and went on to wait for them forever.
+        init_default()
+        said = first_said(str(refusal) if refusal else None)
+        if said:
+            write_error_file(said[0], said[1], exitcode=EXIT_ERROR)
+            if rank == 0 and not os.environ.get(AGENT_ENV):
+                print(f"partita: error: {said[1]}", file=sys.stderr, flush=True)
+            return EXIT_ERROR
+    elif refusal:
+        return _error(rank, refusal)
     if args.check:
         if rank == 0:
             print(f"plan {args.plan} fits --model {args.model} on {world} rank(s)"

@@ -8,6 +8,9 @@ The one-process counterparts are in tests/runtime/test_checkpoint_faults.py and 
 - a worker killed by SIGKILL (as the out-of-memory killer does) is named as the cause;
 - a NaN is final under --max-restarts, and keeps the loss history; a restart is counted "(restart 1 of 1)";
 - two runs started at once on one checkpoint directory: one trains, the other stops in one line;
+- a check that only one rank fails before training (its own environment, or shared state it read at
+  another moment than its peers) ends every rank with that rank's line, instead of leaving the others
+  waiting in their first collective (the cause of the two-runs case hanging one run in CI);
 - a rendezvous whose second node never comes: progress lines and one line when --rdzv-timeout expires.
 """
 from __future__ import annotations
@@ -172,6 +175,39 @@ def test_two_runs_on_one_directory_one_trains_the_other_stops(tmp_path):
     assert "is in use by another run" in err or "a new run does not overwrite them" in err, err
     run_id = {ckpt.open_checkpoint(p).manifest["run_id"] for p in ckpt.steps(ck)}
     assert len(run_id) == 1 and [p.name for p in ckpt.steps(ck)][-1] == "step-00000006"
+
+
+def test_a_refusal_on_one_rank_ends_every_rank(tmp_path):
+    """Two workers without torchrun (env:// rendezvous); only rank 1 reads a PARTITA_FAULT it cannot parse, so
+    only its checks refuse. Before the ranks agreed on the outcome, rank 0 went on alone and hung."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(make_plan(dp=2)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = _env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   TORCHELASTIC_ERROR_FILE=str(tmp_path / f"error{rank}.json"))
+        env.pop("PARTITA_FAULT", None)
+        if rank == 1:
+            env["PARTITA_FAULT"] = "bogus"
+        procs.append(subprocess.Popen([sys.executable, "-m", "partita.runtime.train", str(plan), "--model",
+                                       "tiny-gpt", "--steps", "2"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    try:
+        done = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [2, 2], done
+    line = done[0][1].strip().splitlines()[-1]
+    assert line.startswith("partita: error: PARTITA_FAULT='bogus': cannot read 'bogus'"), done
+    assert done[1][1].strip() == "", done  # rank 0 says it once
+    for rank in range(2):  # torchrun's error files name the rank that refused
+        said = json.loads((tmp_path / f"error{rank}.json").read_text())["message"]
+        assert said["extraInfo"]["partita"]["rank"] == 1 and said["message"] in line, said
 
 
 def test_a_missing_node_times_out_with_progress_and_one_line(tmp_path):

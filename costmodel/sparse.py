@@ -28,7 +28,8 @@ the piece's cache.
     on host (UVM): row and state bytes move at host_bw, pooled outputs and gradients at the HBM rate;
     cached: misses m n_p d w are read from host and written into the cache, and as many evicted rows are
     written back in the backward; the optimizer state stays in host memory with the table (FBGEMM caches
-    weights only). Every lookup also pays the cache's bookkeeping, hit or miss, c = 540 bytes of HBM
+    weights only). The cache's HBM: its rows (d w each), 16 bytes of state a slot (CACHE_SLOT_BYTES) and 4
+    bytes for every row of the piece, cached or not (CACHE_MAP_BYTES). Every lookup also pays the cache's bookkeeping, hit or miss, c = 540 bytes of HBM
     traffic (CACHE_PROBE_BYTES): FBGEMM's cache is set-associative with 32 int64 tags a set
     (split_table_batched_embeddings_ops_training.DEFAULT_ASSOC; lxu_cache_state is [sets, 32] int64), and
     each ID is linearised (8 bytes written, 8 read), probed against its set's 32 tags twice -- the
@@ -76,7 +77,14 @@ WEIGHT_BYTES = 4
 ID_BYTES = 8
 LENGTH_BYTES = 4
 CACHE_SLOT_BYTES = 16
-"""FBGEMM's per-slot cache state: the cached row's index and its LRU/LFU stamp, 8 bytes each."""
+"""FBGEMM's per-slot cache state: the cached row's index and its LRU stamp, 8 bytes each (lxu_cache_state and
+lxu_state, int64 per slot)."""
+CACHE_MAP_BYTES = 4
+"""FBGEMM's per-row cache state: `cache_index_table_map`, an int32 for every row of a cached table (its hash
+size, not its cache slots), in HBM beside the cache (split_table_batched_embeddings_ops_training lists it with
+the cache's auxiliary state, "int32, 4B x hash_size"; TorchRec's storage estimator counts it too,
+shard_estimators._calculate_cache_aux_state_sizes). A small cache of a huge table pays it in full: 1.4e9 rows
+hold 5.2 GiB of HBM whatever the cache's size."""
 CACHE_ASSOC = 32
 """Ways of FBGEMM's set-associative embedding cache (DEFAULT_ASSOC on CUDA), one int64 tag each."""
 CACHE_PROBE_BYTES = 2 * ID_BYTES + 2 * CACHE_ASSOC * 8 + 8 + 4
@@ -232,7 +240,8 @@ def piece_cost(table: Table, access: Access, option: Option, ctx: SparseContext)
         hbm_b, host_b = weights + io, 0.0
     else:
         cached = option.cache_fraction * rows if place == "cache" else 0.0
-        hbm_b, host_b = cached * (d * WEIGHT_BYTES + CACHE_SLOT_BYTES) + io, weights
+        cache_state = cached * CACHE_SLOT_BYTES + (rows * CACHE_MAP_BYTES if place == "cache" else 0.0)
+        hbm_b, host_b = cached * d * WEIGHT_BYTES + cache_state + io, weights
     return PieceCost(lookup_s=lookup, update_s=update, comm_s=comm_s, hbm_bytes=hbm_b, host_bytes=host_b,
                      pieces=pieces)
 

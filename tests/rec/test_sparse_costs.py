@@ -4,7 +4,7 @@ import pytest
 
 from partita.costmodel.embeddings import Table, zipf_access
 from partita.costmodel.hardware import parse_cluster
-from partita.costmodel.sparse import CACHE_PROBE_BYTES, Option, SparseContext, collective_latency, piece_cost
+from partita.costmodel.sparse import CACHE_MAP_BYTES, CACHE_PROBE_BYTES, CACHE_SLOT_BYTES, Option, SparseContext, collective_latency, piece_cost
 
 TABLE = Table(name="t", rows=10_000_000, dim=128)
 CTX = SparseContext(cluster=parse_cluster("2x8xA100-80GB"), global_batch=16384)
@@ -39,6 +39,27 @@ def test_a_cache_that_holds_every_row_still_pays_its_tag_probes():
     probes = 16384 * 4 * CACHE_PROBE_BYTES / (d.mem_bandwidth * d.mem_efficiency)
     assert full.lookup_s == pytest.approx(hbm.lookup_s + probes, rel=1e-6)
     assert full.time_s > hbm.time_s
+
+
+def test_a_cache_holds_four_bytes_in_hbm_for_every_row_of_its_table():
+    """FBGEMM's cache_index_table_map is an int32 per row of a cached table, whatever the cache's size: a 1%
+    cache of 10M rows holds 40 MB of it beside 5 MB of cached rows. Before, a small cache of a huge table was
+    priced without it (a plan of the rec benchmark then overflowed HBM by TorchRec's own storage estimate)."""
+    host = cost(Option(sharding="table_wise", placement="host"))
+    cache = cost(Option(sharding="table_wise", placement="cache", cache_fraction=0.01))
+    slots = 0.01 * TABLE.rows
+    assert cache.hbm_bytes - host.hbm_bytes == pytest.approx(slots * (128 * 4 + 16) + TABLE.rows * 4, rel=1e-9)
+    column = cost(Option(sharding="column_wise", shards=2, placement="cache", cache_fraction=0.01))
+    column_host = cost(Option(sharding="column_wise", shards=2, placement="host"))
+    # a column piece holds every row: the map is not split by the columns
+    assert column.hbm_bytes - column_host.hbm_bytes == pytest.approx(slots * (64 * 4 + 16) + TABLE.rows * 4)
+
+
+def test_the_cache_state_is_what_torchrecs_storage_estimator_counts():
+    estimators = pytest.importorskip("torchrec.distributed.planner.shard_estimators")
+    for fraction in (0.01, 0.2, 1.0):
+        aux = estimators._calculate_cache_aux_state_sizes([[TABLE.rows, 128]], fraction)[0]
+        assert fraction * TABLE.rows * CACHE_SLOT_BYTES + TABLE.rows * CACHE_MAP_BYTES == pytest.approx(aux, abs=1)
 
 
 def test_a_skewed_cache_beats_a_uniform_one():

@@ -7,6 +7,8 @@ checkpoints newest first and takes the newest intact one of the run that owns th
    checkpoint's manifest, file sizes and DCP metadata (runtime.checkpoint.validate). A damaged one is
    skipped, one written by another run than the directory's owner is skipped; one that does not fit this
    run (another model, another optimizer, nothing left to train) stops the run in one line.
+   `common_candidates` (all ranks together): only the checkpoints every rank found go on, so that every
+   rank calls the next step's collectives alike.
 2. `choose_intact` (all ranks together, in the process group): the content hashes of the newest candidate's
    files (runtime.integrity), then the next one's if they differ -- so a resume loads only bytes it saved.
 
@@ -27,7 +29,7 @@ from partita.planner.plan import Plan
 from partita.runtime import checkpoint as ckpt
 from partita.runtime import integrity, ownership
 from partita.runtime.checks import build_meta, optimizer_name
-from partita.runtime.mesh import Topology, broadcast_text
+from partita.runtime.mesh import Topology, broadcast_text, gather_text
 
 
 @dataclass
@@ -66,6 +68,26 @@ def candidates(plan: Plan, spec: ModelSpec, root: str, steps: int, data: dict | 
     if out.skipped and not out.found:
         raise ckpt.CheckpointError(f"{out.skipped[0]}; no older intact checkpoint is in {root} to resume from")
     return out
+
+
+def common_candidates(found: Candidates, root: str) -> Candidates:
+    """Collective: the candidates every rank found, newest first. Each rank listed and read the directory
+    alone (step 1); a checkpoint one rank cannot see (a shared filesystem that shows a new directory to one
+    node before another) or cannot read is passed over with a note, and rank 0's skipped notes are kept.
+    Without this, ranks with different lists would call `choose_intact`'s collectives a different number
+    of times, or pick different checkpoints."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return found
+    listed = [[p for p in text.split("\n") if p] for text in
+              gather_text("\n".join(str(c.checkpoint.path) for c in found.found))]
+    keep = {p for p in listed[0] if all(p in other for other in listed[1:])}
+    passed = [f"checkpoint {p}: rank {next(r for r, other in enumerate(listed) if p not in other)} could not read "
+              "it" for p in sorted({p for other in listed for p in other} - keep, reverse=True)]
+    if passed and not keep:
+        raise ckpt.CheckpointError(f"{passed[0]}; no checkpoint every rank can read is in {root} to resume from")
+    # every rank orders by step (runtime.checkpoint.steps), so keeping a subset keeps the order
+    return Candidates(found=[c for c in found.found if str(c.checkpoint.path) in keep],
+                      skipped=[*broadcast_text("\n".join(found.skipped)).splitlines(), *passed])
 
 
 def choose_intact(found: Candidates, root: str, topo: Topology) -> tuple[Candidate | None, list[str]]:
@@ -118,10 +140,13 @@ def start_checkpoints(opts, prep, topo: Topology) -> tuple[str | None, int | Non
                 for stale in ckpt.incomplete(opts.checkpoint_dir):
                     shutil.rmtree(stale, ignore_errors=True)
                     notes.append(f"removed {stale}: a checkpoint save that never finished")
+        newest = prep.candidates.found[0] if prep.candidates is not None and prep.candidates.found else None
+        if prep.candidates is not None:
+            prep.candidates = common_candidates(prep.candidates, opts.checkpoint_dir)
         if prep.candidates is not None and prep.candidates.found:
             chosen, skipped = choose_intact(prep.candidates, opts.checkpoint_dir, topo)
             if chosen.checkpoint is not prep.resume:
-                prep.notes = [n for n in prep.notes if n not in prep.candidates.found[0].notes] + chosen.notes
+                prep.notes = [n for n in prep.notes if newest is None or n not in newest.notes] + chosen.notes
             prep.resume, prep.metadata = chosen.checkpoint, chosen.metadata
             notes += skipped
             if topo.rank == 0 and opts.print_report and skipped:

@@ -635,8 +635,10 @@ def rec(results: dict) -> str:
     out += ["", paragraph(
         f"Of the {len(worse)} instances where TorchRec's estimator prefers its own plan, {cached} have a table partita "
         "put behind an HBM cache: TorchRec prices a cache by its load factor (hits = the cached fraction of the rows, "
-        "as for uniform IDs), partita by the miss rate of an LRU cache under the instance's Zipf skew, so a small "
-        "cache partita finds worth it is the slowest piece there. TorchRec's storage estimate (its own reservations "
+        "as for uniform IDs) and divides the blended bandwidth by 10 (torchrec.distributed.planner.constants."
+        "kernel_bw_lookup, fused_uvm_caching: even a cache of every row runs at a tenth of HBM there), partita by the "
+        "miss rate of an LRU cache under the instance's Zipf skew plus FBGEMM's tag probes, so a small cache partita "
+        "finds worth it is the slowest piece there. TorchRec's storage estimate (its own reservations "
         f"and buffers) finds {unfit} of partita's plans over some rank's memory.")]
     for c in d["scale"]:
         t = c["torchrec"]

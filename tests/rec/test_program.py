@@ -174,17 +174,24 @@ def test_a_cached_table_moves_into_hbm_only_where_its_rank_has_room(room):
     assert (after.cost.time_s < cached[1].time_s) == room
 
 
-def test_the_rank_indexed_program_is_scaled_so_its_root_solves():
+def test_the_rank_indexed_program_is_scaled_so_its_root_solves(monkeypatch):
     """Memory rows in bytes (1e11) beside times in seconds (1e-5): unscaled, HiGHS's root LP of this 32-rank
-    instance (benchmarks.rec's i49) ran 23,000 iterations into the time limit and the placement's plan was
-    returned unimproved. Each row is scaled to a largest coefficient of 1; the program improves the plan."""
+    instance (benchmarks.rec's i49) once ran 23,000 iterations into the time limit. Each row is scaled to a
+    largest coefficient of 1. Since a cache holds 4 bytes of HBM a row (CACHE_MAP_BYTES), the placement alone
+    solves this instance, so the placement is taken away here and the rank-indexed program solves it from
+    nothing: scaled, it comes within 3% of the placement's optimum; unscaled, it returned a plan 18% slower and
+    called it optimal."""
     shapes = [(852872882, 128, 10), (1148737060, 256, 1), (1467009735, 64, 1), (932005, 128, 5), (6958900, 64, 1),
               (774874519, 256, 1), (162508180, 256, 40), (204299, 256, 5)]
     tables = [Table(name=f"t{i}", rows=r, dim=d) for i, (r, d, _) in enumerate(shapes)]
     accesses = {t.name: zipf_access(t.rows, 1.3, pooling) for t, (_, _, pooling) in zip(tables, shapes)}
     ctx = SparseContext(cluster=parse_cluster("4x8xH100-80GB"), global_batch=32 * 1024)
-    sol = E.solve_tables(tables, accesses, ctx, dense_s=0.0, dense_hbm=0.0, time_limit=30.0)
-    assert sol.formulation == "rank-indexed" and sol.mip_gap < 0.03
+    placed = E.solve_tables(tables, accesses, ctx, dense_s=0.0, dense_hbm=0.0, time_limit=30.0)
+    assert placed.mip_gap < 0.03
+    monkeypatch.setattr(E, "_place", lambda p, choice: None)
+    alone = E.solve_tables(tables, accesses, ctx, dense_s=0.0, dense_hbm=0.0, time_limit=30.0)
+    assert alone.formulation == "rank-indexed"
+    assert alone.step_s <= 1.03 * placed.step_s and alone.lower_bound_s <= placed.step_s * (1 + 1e-9)
 
 
 def test_a_choice_that_does_not_pack_is_chosen_again_under_less_memory(monkeypatch):

@@ -5,16 +5,23 @@ ZeRO and offload traffic hid behind the whole layer's compute, forward and backw
 to the compute. Real overlap is narrower. For one layer and one micro-batch on one rank:
 
     forward window   compute  C_f  beside  NCCL lane: the next layer's prefetched all-gather G_f
-                                           host lane: activation copies out O_out (+ NIC traffic N_f)
+                                           host lane: offloaded states' copies up O_out (+ NIC traffic N_f)
     backward window  compute  C_b  beside  NCCL lane: the previous layer's all-gather G_b and this
                                            layer's gradient reduce-scatter R (one network: they add)
-                                           host lane: activation copies back O_in (+ NIC traffic N_b)
+                                           host lane: offloaded states' copies O_in (+ NIC traffic N_b)
 
 FSDP prefetches one layer ahead (FSDP2's default), so a layer's gather hides behind one layer's compute
-in the same direction -- never behind the backward of another micro-batch. Activation offload copies go
-out only during the forward and come back only during the backward (save_on_cpu). Where the NIC reaches
-the GPU through the same PCIe switch as host copies (GPUDirect RDMA), its bytes share the host link:
-the host lane carries O + N, with N = bytes the collective sends off-node / host-link bandwidth.
+in the same direction -- never behind the backward of another micro-batch; FSDP2's CPU offload copies a
+unit's parameters up and its gradients down on its own streams (non_blocking), so they take the host lane.
+Where the NIC reaches the GPU through the same PCIe switch as host copies (GPUDirect RDMA), its bytes share
+the host link: the host lane carries O + N, with N = bytes the collective sends off-node / host-link
+bandwidth.
+
+Offloaded *activations* take no lane: they are copied on the compute stream (`offload_serial`, on the
+critical path). runtime.offload runs torch.autograd.graph.save_on_cpu, whose pack is `packed.copy_(tensor,
+non_blocking=True)` and whose unpack is `tensor.to(device, non_blocking=True)` on the current stream, and
+HostStash's storage copies likewise: a stream runs in order, so the next kernel waits for each copy. (The
+first cost model put them in the host lane, hidden behind the compute, which this runtime never does.)
 
 In each window, with busy = max(NCCL lane, host lane) and the device's `overlap_slowdown` kappa
 (NCCL kernels take SMs and HBM bandwidth from the GEMMs they overlap, so compute stretches while a
@@ -28,7 +35,7 @@ collective runs beside it):
 kappa = 0 is perfect overlap, max(C, busy); kappa = 1 is none, C + busy (a CPU, whose collectives run on
 the cores that compute: the `cpu` preset and `partita calibrate` on a CPU).
 
-and the layer costs  T = window_f + window_b + TP + CP + EP, where tensor-parallel collectives
+and the layer costs  T = window_f + window_b + TP + CP + EP + offload_serial, where tensor-parallel collectives
 (Megatron's all-reduces, sequence parallelism's gathers and scatters), context parallelism's K/V gathers
 and expert parallelism's all-to-alls (planner.cp_ep) sit on the critical path: the next operator needs
 their result.
@@ -109,7 +116,10 @@ class LayerStreams:
     gather_bwd: float = 0.0
     scatter_bwd: float = 0.0
     offload_out: float = 0.0
+    """Host-link seconds of offloaded states going up in the forward (FSDP2's CPU offload, its own streams)."""
     offload_in: float = 0.0
+    offload_serial: float = 0.0
+    """Seconds of offloaded activations' copies out and back, on the compute stream (module docstring)."""
     nic_fwd: float = 0.0
     """Host-link seconds of the forward's off-node NCCL bytes (GPUDirect through the same PCIe switch)."""
     nic_bwd: float = 0.0
@@ -199,7 +209,8 @@ def layer_timing(s: LayerStreams, slowdown: float) -> LayerTiming:
     for w in (f, b):
         if w.binding != "compute":
             exposed[w.binding] += w.exposed
-    total = f.seconds + b.seconds + tp.exposed + tp.contention + s.cp + s.ep
+    exposed["offload"] += s.offload_serial
+    total = f.seconds + b.seconds + tp.exposed + tp.contention + s.cp + s.ep + s.offload_serial
     return LayerTiming(total=total, forward=f, backward=b, tp=tp.exposed, exposed=exposed, lanes=s,
                        tp_overlap=tp if s.tp_chunks > 1 else NO_OVERLAP)
 

@@ -257,8 +257,7 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     scatter = rs if zero >= 2 and not pipe_fsdp else 0.0
     shard = n_dense / dp + n_expert / edp          # parameters this rank holds fully sharded
     out = back = 0.0
-    if v.offload_activations:
-        out = back = kept / dev.host_bw
+    serial = 2 * kept / dev.host_bw if v.offload_activations else 0.0  # out and back, on the compute stream
     if v.offload_states and not pipe_fsdp:  # parameter shard up before the forward, gradient shard down after
         out += shard * sb.param / dev.host_bw
         back += shard * sb.grad / dev.host_bw
@@ -270,7 +269,7 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
                                       dev.overlap_slowdown)
         v.zero_scatter = rs + (shard * sb.grad / dev.host_bw if v.offload_states else 0.0)
     nic_f = nic_b = 0.0
-    if out or back:  # the NIC's off-node bytes cross the same PCIe switch as the host copies
+    if out or back or serial:  # the NIC's off-node bytes cross the same PCIe switch as the host copies
         off = lambda nbytes: (comm.off_node_bytes(cluster, dp_group, n_dense * nbytes)
                               + comm.off_node_bytes(cluster, edp_group, n_expert * nbytes)) / dev.host_bw
         nic_f = off(sb.param) if gather_fwd else 0.0
@@ -278,13 +277,13 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     timing = streams.layer_timing(streams.LayerStreams(
         compute_fwd=fwd, compute_bwd=bwd, tp=tp_all, tp_fwd=tp_fwd, tp_chunks=tp if tp_overlap and tp > 1 else 0,
         gemm_fwd=gemm_fwd, gemm_bwd=gemm_bwd, cp=v.cp_comm, ep=v.ep_comm, gather_fwd=gather_fwd,
-        gather_bwd=gather_bwd, scatter_bwd=scatter, offload_out=out, offload_in=back, nic_fwd=nic_f,
-        nic_bwd=nic_b), dev.overlap_slowdown)
+        gather_bwd=gather_bwd, scatter_bwd=scatter, offload_out=out, offload_in=back, offload_serial=serial,
+        nic_fwd=nic_f, nic_bwd=nic_b), dev.overlap_slowdown)
     v.timing = timing
     v.time = timing.total
     v.tp_comm = timing.tp
     v.zero_comm = gather_fwd + gather_bwd + scatter
-    v.offload_traffic = out + back
+    v.offload_traffic = out + back + serial
     full = zero_state_bytes(n_dense, sb, zero, dp) + zero_state_bytes(n_expert, sb, zero, edp)
     v.state = 0.0 if v.offload_states else full
     v.grad = 0.0 if v.offload_states else sb.grad * (n_dense / (dp if zero >= 2 else 1)

@@ -201,3 +201,22 @@ def test_every_step_pays_one_loss_all_reduce_over_all_ranks(graph_of):
     last = comm.all_reduce(base, comm.group_for(base, 4, 1), min(DDP_BUCKET_BYTES, grads)) \
         * (1 - base.device.overlap_slowdown)
     assert c.problem.extra_flush[0] == pytest.approx(extra + dp_latency + step_sync(base) + last)
+
+
+# ------------------------------------------------------------------------------------ offload
+
+def test_offloaded_activations_add_their_copies_out_and_back_to_the_step(graph_of):
+    """runtime.offload copies a block's saved activations on the compute stream (costmodel.streams): the variant
+    that offloads costs its twin's time plus the bytes out and back at the host link, however fast the
+    link, and the host lane (the states' copies) carries none of them."""
+    g, layer = _layer(graph_of)
+    for host_bw in (1e9, 1e12):
+        c = dataclasses.replace(_cluster(2), device=dataclasses.replace(_cluster(2).device, host_bw=host_bw,
+                                                                        overlap_slowdown=0.0))
+        sb = state_bytes("fp32", "adam")
+        o = replicate_option(g, layer, c, 1)
+        kept = cost_variant(Variant(o), c, sb, zero=0, dp=2, tp=1, b=2)
+        moved = cost_variant(Variant(o, offload_activations=True), c, sb, zero=0, dp=2, tp=1, b=2)
+        assert moved.host_act == kept.act > 0 and moved.act == 0
+        assert moved.time - kept.time == pytest.approx(2 * kept.act / host_bw, rel=1e-9)
+        assert moved.timing.lanes.offload_out == moved.timing.lanes.offload_in == 0

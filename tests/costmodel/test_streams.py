@@ -43,6 +43,18 @@ def test_offload_copies_share_the_host_link_with_the_nic():
     assert shared.total > alone.total
 
 
+def test_offloaded_activations_are_copied_on_the_compute_stream_and_hide_behind_nothing():
+    """save_on_cpu and HostStash copy on the current stream: however long the compute, the copies add to it
+    (the host lane, which FSDP2's own offload streams use, would have hidden them)."""
+    for compute in (1.0, 10.0):
+        plain = layer_timing(LayerStreams(compute_fwd=compute, compute_bwd=2 * compute), K)
+        copied = layer_timing(LayerStreams(compute_fwd=compute, compute_bwd=2 * compute, offload_serial=0.6), K)
+        assert copied.total == pytest.approx(plain.total + 0.6) and copied.exposed["offload"] == pytest.approx(0.6)
+        lane = layer_timing(LayerStreams(compute_fwd=compute, compute_bwd=2 * compute, offload_out=0.3,
+                                         offload_in=0.3), K)
+        assert lane.exposed["offload"] == 0  # as states' copies on their own stream
+
+
 def test_tensor_parallel_collectives_stay_on_the_critical_path():
     t = layer_timing(LayerStreams(compute_fwd=1.0, compute_bwd=2.0, tp=0.5), K)
     assert t.total == pytest.approx(3.5) and t.exposed["tp"] == 0.5

@@ -16,7 +16,9 @@ differs from one process raises VerifyFailed on every rank (the entry point exit
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import logging
@@ -256,7 +258,13 @@ class _AgentLog(logging.Filter):
         self.log_dir, self.nnodes = log_dir, nnodes
         self.died = None
         """The worker torchrun saw fail first (its "failed (exitcode: ...)" record): one that died without an
-        error file (a signal, os._exit) is known only from it."""
+        error file (a signal, os._exit) is known only from it, or from `failed`."""
+        self.failed: dict[int, tuple[int, float]] = {}
+        """Every failed worker of the latest attempt, {local rank: (exit code, when)}, from the agent's own
+        monitoring result (`watch_failures`). torchrun logs only the failure it deems first -- by timestamp,
+        an error file's whole second against the time it polled a silent worker -- so a peer that wrote
+        "connection closed" in the same second as a worker died silently (os._exit, SIGKILL) was logged in
+        its place, and the dead worker's exit code was lost."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith(_TORCHRUN_LOGGERS):
@@ -283,11 +291,43 @@ class _AgentLog(logging.Filter):
         silent = [int(d.name) for d in attempts[-1].iterdir() if d.is_dir() and not (d / "error.json").exists()]
         out = []
         for local in silent:
-            if self.died is not None and self.died[0] == local:
+            if local in self.failed:
+                out.append(read_failure(local, self.failed[local][0], None, self.failed[local][1]))
+            elif self.died is not None and self.died[0] == local:
                 out.append(read_failure(local, self.died[1], None, self.died[2]))
             else:
                 out.append(RankFailure(rank=local, exitcode=1, message="ended without an error message", time=time.time()))
         return out
+
+
+@contextlib.contextmanager
+def watch_failures(log: _AgentLog):
+    """While torchrun's agent runs in this process: record every failed worker of each attempt into
+    `log.failed` (LocalElasticAgent._monitor_workers' result, which holds them all with their exit codes).
+    A torch without that method runs unwatched: the restart notice then falls back on torchrun's log line."""
+    try:
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    except ImportError:
+        yield
+        return
+    monitor = getattr(LocalElasticAgent, "_monitor_workers", None)
+    if monitor is None:
+        yield
+        return
+
+    @functools.wraps(monitor)
+    def monitored(agent, worker_group):
+        result = monitor(agent, worker_group)
+        failures = getattr(result, "failures", None) or {}
+        if failures:
+            log.failed = {f.local_rank: (f.exitcode, f.timestamp) for f in failures.values()
+                          if hasattr(f, "local_rank") and hasattr(f, "exitcode")}
+        return result
+    LocalElasticAgent._monitor_workers = monitored
+    try:
+        yield
+    finally:
+        LocalElasticAgent._monitor_workers = monitor
 
 
 def _attempt_failures(log_dir: str) -> list:
@@ -364,7 +404,8 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if main else None
     try:
-        torchrun.run(torchrun.parse_args(argv))
+        with watch_failures(quiet):
+            torchrun.run(torchrun.parse_args(argv))
         failures = _attempt_failures(log_dir)  # workers that ended the job on purpose (exit 0, code in the file)
         return _report(first_failure(failures)) if failures else 0
     except ChildFailedError as e:

@@ -79,6 +79,34 @@ def test_the_restart_notice_counts_restarts_and_names_the_worker_that_died(tmp_p
                                                "(restart 2 of 2)")
 
 
+def test_the_restart_notice_names_the_dead_worker_when_torchrun_logged_its_peer_first(tmp_path, monkeypatch, capsys):
+    """torchrun logs one failure, the earliest by whole-second timestamps: a peer that wrote "connection closed"
+    in the second the silent worker died is logged in its place (CI saw "rank 1: ended without an error
+    message" one run in two). Every failure of the attempt comes from the agent's monitoring result instead."""
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+    log = api._AgentLog(str(tmp_path))
+    error = tmp_path / "run" / "attempt_0" / "0" / "error.json"
+    error.parent.mkdir(parents=True)
+    (tmp_path / "run" / "attempt_0" / "1").mkdir()
+    monkeypatch.setenv(report.ERROR_FILE_ENV, str(error))
+    report.write_error_file(0, "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:63381")
+    failures = {r: ProcessFailure(local_rank=r, pid=4242 + r, exitcode=1, error_file=str(tmp_path / f"none{r}"))
+                for r in (0, 1)}
+    monkeypatch.setattr(LocalElasticAgent, "_monitor_workers",
+                        lambda agent, group: RunResult(state=WorkerState.FAILED, failures=failures))
+    unwatched = LocalElasticAgent._monitor_workers
+    with api.watch_failures(log):
+        LocalElasticAgent._monitor_workers(None, None)  # what the agent calls once per monitoring interval
+    assert LocalElasticAgent._monitor_workers is unwatched and sorted(log.failed) == [0, 1]
+    log.filter(torchrun_record("multiprocessing.api", logging.ERROR,
+                               "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s", (1, 0, 4242, "python")))
+    log.filter(torchrun_record(*RESTART, ("default", "FAILED", 1, 1)))
+    assert capsys.readouterr().err.strip() == ("partita: rank 1: exited with code 1; torchrun restarts the workers "
+                                               "(restart 1 of 1)")
+
+
 def test_the_report_and_its_json_number_the_attempt_alike():
     result = report.RunResult(losses=[1.0], step_times=[0.1], peak_memory_bytes=1, memory_method="m",
                               peak_rss_bytes=1, tokens_per_step=1, resumed_from="ck/step-00000002", first_step=2,

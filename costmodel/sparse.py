@@ -29,7 +29,8 @@ the piece's cache.
     cached: misses m n_p d w are read from host and written into the cache, and as many evicted rows are
     written back in the backward; the optimizer state stays in host memory with the table (FBGEMM caches
     weights only). The cache's HBM: its rows (d w each), 16 bytes of state a slot (CACHE_SLOT_BYTES) and 4
-    bytes for every row of the piece, cached or not (CACHE_MAP_BYTES). Every lookup also pays the cache's bookkeeping, hit or miss, c = 540 bytes of HBM
+    bytes for every row of the piece, cached or not (CACHE_MAP_BYTES). Every lookup also pays the cache's
+    bookkeeping, hit or miss, c = 540 bytes of HBM
     traffic (CACHE_PROBE_BYTES): FBGEMM's cache is set-associative with 32 int64 tags a set
     (split_table_batched_embeddings_ops_training.DEFAULT_ASSOC; lxu_cache_state is [sets, 32] int64), and
     each ID is linearised (8 bytes written, 8 read), probed against its set's 32 tags twice -- the
@@ -239,9 +240,9 @@ def piece_cost(table: Table, access: Access, option: Option, ctx: SparseContext)
     if place == "hbm":
         hbm_b, host_b = weights + io, 0.0
     else:
-        cached = option.cache_fraction * rows if place == "cache" else 0.0
-        cache_state = cached * CACHE_SLOT_BYTES + (rows * CACHE_MAP_BYTES if place == "cache" else 0.0)
-        hbm_b, host_b = cached * d * WEIGHT_BYTES + cache_state + io, weights
+        cache = option.cache_fraction * rows * (d * WEIGHT_BYTES + CACHE_SLOT_BYTES) + rows * CACHE_MAP_BYTES \
+            if place == "cache" else 0.0
+        hbm_b, host_b = cache + io, weights
     return PieceCost(lookup_s=lookup, update_s=update, comm_s=comm_s, hbm_bytes=hbm_b, host_bytes=host_b,
                      pieces=pieces)
 

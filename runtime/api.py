@@ -308,8 +308,7 @@ def watch_failures(log: _AgentLog):
     try:
         from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     except ImportError:
-        yield
-        return
+        LocalElasticAgent = None
     monitor = getattr(LocalElasticAgent, "_monitor_workers", None)
     if monitor is None:
         yield

@@ -153,8 +153,10 @@ alike, a NaN, a failed --verify, a stop asked by a signal) records its exit code
 so torchrun does not restart an attempt that would end the same way; the launcher exits with the code."""
 
 
-def _error(rank: int, e: Exception | str, code: int = EXIT_ERROR) -> int:
-    write_error_file(rank, str(e), exitcode=code)
+def _error(rank: int, e: Exception | str, code: int = EXIT_ERROR, origin: int | None = None) -> int:
+    """Record and (rank 0, outside partita's launcher) print the line that ends this rank; `origin`: the rank
+    whose check said it, when every rank ends with another rank's refusal (default: this one)."""
+    write_error_file(rank if origin is None else origin, str(e), exitcode=code)
     if rank == 0 and not os.environ.get(AGENT_ENV):  # a stop asked for (128 + signal) is no error
         print(f"partita: {'' if code > 128 else 'error: '}{e}", file=sys.stderr, flush=True)
     return code
@@ -190,6 +192,7 @@ def _worker(args: argparse.Namespace) -> int:
     rank, _, world = env_world()
     show_library_warnings_once(rank)
     opts = options(args)
+    refusal = None
     try:
         plan = Plan.load(args.plan)
         spec = at_seq_len(resolve_model(args.model), plan.train.get("seq_len"))
@@ -200,7 +203,7 @@ def _worker(args: argparse.Namespace) -> int:
             return _rec(plan, spec, opts, world, rank, args)
         if not args.check:
             agree_on_attempt()
-        prep, refusal = prepare(plan, spec, opts, world), None
+        prep = prepare(plan, spec, opts, world)
         if args.check and args.checkpoint_dir and args.checkpoint_every and \
                 (holder := ownership.is_locked(args.checkpoint_dir)):
             raise PartitaError(f"--checkpoint-dir {args.checkpoint_dir} is in use by another run ({holder}): wait "
@@ -214,10 +217,7 @@ def _worker(args: argparse.Namespace) -> int:
         init_default()
         said = first_said(str(refusal) if refusal else None)
         if said:
-            write_error_file(said[0], said[1], exitcode=EXIT_ERROR)
-            if rank == 0 and not os.environ.get(AGENT_ENV):
-                print(f"partita: error: {said[1]}", file=sys.stderr, flush=True)
-            return EXIT_ERROR
+            return _error(rank, said[1], origin=said[0])
     elif refusal:
         return _error(rank, refusal)
     if args.check:

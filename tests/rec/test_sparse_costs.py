@@ -4,7 +4,8 @@ import pytest
 
 from partita.costmodel.embeddings import Table, zipf_access
 from partita.costmodel.hardware import parse_cluster
-from partita.costmodel.sparse import CACHE_MAP_BYTES, CACHE_PROBE_BYTES, CACHE_SLOT_BYTES, Option, SparseContext, collective_latency, piece_cost
+from partita.costmodel.sparse import (CACHE_MAP_BYTES, CACHE_PROBE_BYTES, CACHE_SLOT_BYTES, Option, SparseContext,
+                                      collective_latency, piece_cost)
 
 TABLE = Table(name="t", rows=10_000_000, dim=128)
 CTX = SparseContext(cluster=parse_cluster("2x8xA100-80GB"), global_batch=16384)

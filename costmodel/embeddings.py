@@ -52,20 +52,44 @@ class Table:
     """One embedding table: its rows and width, and where it lives in the module."""
 
     name: str
-    """The table's module FQN (e.g. "embeddings.cat_0"), also the name of its feature in a data sample."""
+    """The table's module FQN in the user's model (e.g. "embeddings.cat_0"), also the name of its feature in
+    a data sample."""
     rows: int
     dim: int
     mode: str = "sum"
+    collection: str = ""
+    """A TorchRec EmbeddingBagCollection's table: the collection's FQN (costmodel.kjt); "" for a plain
+    nn.EmbeddingBag."""
+    key: str = ""
+    """The EmbeddingBagConfig's name of a collection's table."""
+    features: tuple[str, ...] = ()
+    """The KJT features a collection's table pools (each looks it up once per sample); () for a plain table."""
 
     @property
     def params(self) -> int:
         return self.rows * self.dim
 
+    @property
+    def lookups(self) -> int:
+        """Features looking the table up per sample: one, or a collection table's shared features."""
+        return max(1, len(self.features))
+
+
+def table_modules(module: nn.Module) -> dict[str, nn.EmbeddingBag]:
+    """The `nn.EmbeddingBag` tables of `module` by name (Table.name: their FQN in the user's model, without
+    costmodel.kjt.KJTModel's prefix), in module order."""
+    from partita.costmodel.kjt import KJT_PREFIX, KJTModel
+    strip = len(KJT_PREFIX) if isinstance(module, KJTModel) else 0
+    return {fqn[strip:]: m for fqn, m in module.named_modules() if isinstance(m, nn.EmbeddingBag)}
+
 
 def find_tables(module: nn.Module) -> list[Table]:
-    """The `nn.EmbeddingBag` tables of `module`, in module order (build it on the meta device)."""
-    return [Table(name=fqn, rows=m.num_embeddings, dim=m.embedding_dim, mode=m.mode)
-            for fqn, m in module.named_modules() if isinstance(m, nn.EmbeddingBag)]
+    """The `nn.EmbeddingBag` tables of `module`, in module order (build it on the meta device); those of a
+    TorchRec EmbeddingBagCollection with its name and features."""
+    from partita.costmodel.kjt import collection_tables
+    shared = collection_tables(module)
+    return [Table(name=name, rows=m.num_embeddings, dim=m.embedding_dim, mode=m.mode, **shared.get(name, {}))
+            for name, m in table_modules(module).items()]
 
 
 class PooledStandIn(nn.Module):
@@ -83,11 +107,15 @@ class PooledStandIn(nn.Module):
 
 
 def dense_twin(module: nn.Module) -> nn.Module:
-    """`module` with every EmbeddingBag replaced by a PooledStandIn (in place; returns it)."""
-    for fqn, m in list(module.named_modules()):
-        if isinstance(m, nn.EmbeddingBag):
-            parent_name, _, child = fqn.rpartition(".")
-            setattr(module.get_submodule(parent_name), child, PooledStandIn(m.embedding_dim))
+    """`module` with every EmbeddingBag replaced by a PooledStandIn, and every TorchRec EmbeddingBagCollection
+    by a costmodel.kjt.PooledCollection (in place; returns it)."""
+    from partita.costmodel.kjt import is_ebc, pooled_stand_in
+    for kind, stand_in in ((is_ebc, pooled_stand_in),
+                           (lambda m: isinstance(m, nn.EmbeddingBag), lambda m: PooledStandIn(m.embedding_dim))):
+        for fqn, m in list(module.named_modules()):
+            if kind(m) and fqn:
+                parent_name, _, child = fqn.rpartition(".")
+                setattr(module.get_submodule(parent_name), child, stand_in(m))
     return module
 
 

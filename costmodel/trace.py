@@ -126,7 +126,12 @@ def _storage_key(t: torch.Tensor) -> int:
 
 
 def _tensors(out) -> list[torch.Tensor]:
-    return [t for t in (out if isinstance(out, (tuple, list)) else [out]) if isinstance(t, torch.Tensor)]
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    # a dict, or a pytree node (TorchRec's KeyedJaggedTensor and KeyedTensor register as ones)
+    return [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
 class _FlopCounter(FlopCounterMode):
@@ -415,6 +420,10 @@ class _Tracer(fx.Tracer):
                     parameter_proxy_cache[name] = self.create_proxy("get_attr", name, (), {})
                 return parameter_proxy_cache[name]
         return super().getattr(attr, attr_val, parameter_proxy_cache)
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        """torch.nn's modules, and partita's stand-ins marked `fx_leaf` (costmodel.kjt)."""
+        return getattr(m, "fx_leaf", False) or super().is_leaf_module(m, qualname)
 
     def call_module(self, m, forward, args, kwargs):
         try:

@@ -106,16 +106,20 @@ def plan(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConf
 
 
 def _plan_tables(spec, tables, cluster, train, space, sparse, fingerprint, progress, baselines) -> Plan:
-    """A model with embedding tables: planner.rec_plan (the dense part data-parallel, the tables placed)."""
-    from partita.planner.rec_plan import SparseInputs, plan_rec
+    """A model with embedding tables: planner.rec_plan (the dense part replicated or sharded over every rank,
+    chosen with the tables' placement; `--zero 0` or `--zero 3` fixes that choice)."""
+    from partita.planner.rec_plan import DENSE_ZERO, SparseInputs, plan_rec
     if not tables:
         raise PartitaError(f"--data, --zipf, --pooling, --sparse-optimizer and --embedding-sharding apply to models "
                            f"with embedding tables (nn.EmbeddingBag); {spec.name} has none")
-    if space.fixed() or baselines:
-        raise PartitaError(f"{spec.name} has embedding tables: its dense part is planned data-parallel over every "
-                           "rank, so the dense what-if flags and --baselines do not apply; fix tables with "
-                           "--embedding-sharding TABLE=SHARDING[:K][@PLACEMENT]")
-    return plan_rec(spec, tables, cluster, train, sparse or SparseInputs(), fingerprint, progress)
+    fixed = space.fixed()
+    if set(fixed) - {"zero"} or not set(space.zero) & set(DENSE_ZERO) or baselines:
+        raise PartitaError(f"{spec.name} has embedding tables: its dense part is planned over every rank, replicated "
+                           "or sharded (--zero 0 or --zero 3 fixes which), so the other dense what-if flags and "
+                           "--baselines do not apply; fix tables with --embedding-sharding "
+                           "TABLE=SHARDING[:K][@PLACEMENT]")
+    zero = tuple(z for z in DENSE_ZERO if z in space.zero)
+    return plan_rec(spec, tables, cluster, train, sparse or SparseInputs(), fingerprint, progress, dense_zero=zero)
 
 
 def _on_cpus(cluster: Cluster) -> bool:

@@ -113,8 +113,10 @@ class SparseSolution:
 
 
 def parse_fixed(text: str, tables: list[Table]) -> dict[str, Fixed]:
-    """`NAME=SHARDING[:K][@PLACEMENT],...` (NAME a table, or * for every table) -> {table: Fixed}."""
-    names = {t.name: t for t in tables}
+    """`NAME=SHARDING[:K][@PLACEMENT],...` (NAME a table, or * for every table) -> {table: Fixed}. A TorchRec
+    collection's table may be named by its EmbeddingBagConfig name where no other table has that name."""
+    keys = [t.key for t in tables if t.key]
+    names = {**{t.key: t for t in tables if t.key and keys.count(t.key) == 1}, **{t.name: t for t in tables}}
     out: dict[str, Fixed] = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
         name, eq, rest = item.partition("=")
@@ -125,7 +127,7 @@ def parse_fixed(text: str, tables: list[Table]) -> dict[str, Fixed]:
                                f"{'|'.join(SHARDINGS)} and placement {'|'.join(PLACEMENTS)} (TABLE * for all)")
         if name != "*" and name not in names:
             raise PartitaError(f"--embedding-sharding names {name!r}, which is no table of the model "
-                               f"(tables: {', '.join(list(names)[:6])}{' ...' if len(names) > 6 else ''})")
+                               f"(tables: {', '.join(t.name for t in tables[:6])}{' ...' if len(tables) > 6 else ''})")
         if k and (not k.isdigit() or int(k) < 1 or kind != "column_wise"):
             raise PartitaError(f"bad --embedding-sharding {item!r}: only column_wise takes :K, a positive number of pieces")
         fix = Fixed(kind, int(k) if k else None, place or None)
@@ -552,9 +554,27 @@ def _faster_where_room(p: _Problem, assignments: list[Assignment]) -> list[Assig
     return out
 
 
+def option_costs(tables: list[Table], accesses: dict[str, Access], ctx: SparseContext,
+                 fixed: dict[str, Fixed] | None = None) -> list[list[tuple[Option, PieceCost]]]:
+    """Per table, its options with their piece costs (the Pareto front of time and memory)."""
+    fixed = fixed or {}
+    return [_pareto([(o, piece_cost(t, accesses[t.name], o, ctx)) for o in table_options(t, ctx, fixed.get(t.name))])
+            for t in tables]
+
+
+def floor_s(costs: list[list[tuple[Option, PieceCost]]], ctx: SparseContext) -> float:
+    """A lower bound on the tables' step under any memory: the relaxation's average-load row with every table at
+    its cheapest option, plus the latency of the cheapest sharding type (some type is used). A dense option whose
+    step plus this floor exceeds a plan already found cannot win (planner.rec_plan)."""
+    R, per_node = ctx.ranks, ctx.cluster.devices_per_node
+    load = sum(min(c.time_s * (R if o.sharding in SPREAD else o.shards if o.sharding in LOCAL else per_node) / R
+                   for o, c in options) for options in costs)
+    return load + min(collective_latency(ctx, o.sharding) for options in costs for o, _ in options)
+
+
 def solve_tables(tables: list[Table], accesses: dict[str, Access], ctx: SparseContext, *, dense_s: float,
                  dense_hbm: float, fixed: dict[str, Fixed] | None = None, time_limit: float = 60.0,
-                 exact_nodes: int = EXACT_NODES) -> SparseSolution:
+                 exact_nodes: int = EXACT_NODES, costs: list | None = None) -> SparseSolution:
     """The embedding block (module docstring) beside a dense part of `dense_s` seconds and `dense_hbm` bytes
     per rank: the relaxation and placement first, then (up to EXACT_LIMIT piece variables) the rank-indexed
     program from that plan for at most `exact_nodes` branch-and-bound nodes. Raises InfeasibleError naming the table, or
@@ -566,8 +586,7 @@ def solve_tables(tables: list[Table], accesses: dict[str, Access], ctx: SparseCo
     if hbm_cap <= 0:
         raise InfeasibleError(f"the dense part alone needs {dense_hbm / GiB:.2f} GiB per rank, more than the "
                               f"{dev.usable_memory() / GiB:.2f} GiB usable")
-    costs = [_pareto([(o, piece_cost(t, accesses[t.name], o, ctx)) for o in table_options(t, ctx, fixed.get(t.name))])
-             for t in tables]
+    costs = costs if costs is not None else option_costs(tables, accesses, ctx, fixed)
     p = _Problem(tables=tables, costs=costs, ctx=ctx, dense_s=dense_s, hbm_cap=hbm_cap,
                  host_cap=dev.host_memory_bytes, latency={k: collective_latency(ctx, k) for k in SHARDINGS})
     _check_each_fits(p, fixed)

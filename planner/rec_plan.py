@@ -2,18 +2,29 @@
 
 A model with `nn.EmbeddingBag` tables (costmodel.embeddings.find_tables) is planned in two parts that share
 every rank: the dense part -- the model with its tables replaced by parameter-free stand-ins -- is captured
-and searched as any model, data-parallel over every rank (as TorchRec's DistributedModelParallel runs
-it); its step time and per-rank memory enter the embedding program (planner.embeddings) as constants,
-which places every table beside it and minimises the slowest rank's step.
+and searched as any model over every rank, replicated (DDP, as TorchRec's DistributedModelParallel runs it)
+or sharded (FSDP2, ZeRO-3: DENSE_ZERO); its step time D and per-rank memory M_D enter the embedding program
+(planner.embeddings) as constants, which places every table beside it and minimises the slowest rank's step.
+
+The dense choice is made jointly with the tables. It adds D and M_D to every rank alike, so with one binary
+per dense option d the program is min_d [D_d + S(HBM - M_D_d)], S the tables' optimum under the memory left:
+it is solved once per option and the best kept, the joint optimum (within the solves' gaps). Sharding the
+dense part trades gathers and reduce-scatters each step for memory the tables can use -- it wins where a
+large dense part crowds tables out of HBM; a DLRM's small MLPs stay replicated. Each option's outcome is in
+the section's "dense" entry.
 
 The Plan gains a versioned `embeddings` section (SECTION_SCHEMA), which runtime.rec turns into TorchRec's
 ParameterSharding plan:
 
     embeddings   {"schema": "partita.embeddings/1", "optimizer", "data",
-                  "tables": [{"name", "rows", "dim", "pooling", "sharding", "placement", "cache_fraction",
+                  "tables": [{"name", "collection", "key", "features" (a TorchRec collection's table: the
+                              collection's FQN, its EmbeddingBagConfig name and features), "rows", "dim",
+                              "pooling", "sharding", "placement", "cache_fraction",
                               "cache_miss_ratio" (cached tables: the LRU miss ratio at that size),
                               "shards", "ranks": [int], "predicted": {"lookup_s", "update_s", "comm_s",
                               "hbm_bytes", "host_bytes"}}],
+                  "dense": {"zero_stage" (the chosen), "options": [{"zero_stage", "dense_step_s",
+                             "dense_hbm_bytes", "step_time_s" (with the tables), "refused" or "pruned"}]},
                   "predicted": {"step_time_s", "latency_s", "dense_step_s",
                                 "per_rank": {"time_s": [...], "hbm_bytes": [...], "host_bytes": [...]}},
                   "solver": {"status", "formulation", "mip_gap", "lower_bound_s", "wall_time_s", "options"}}
@@ -29,12 +40,16 @@ from dataclasses import dataclass
 
 from partita.costmodel import ModelSpec
 from partita.costmodel.embeddings import Table, dense_twin, load_sample, zipf_access
-from partita.costmodel.errors import PartitaError
+from partita.costmodel.errors import InfeasibleError, PartitaError
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.sparse import PLACEMENTS, SHARDINGS, SPARSE_OPTIMIZERS, SparseContext
-from partita.planner.embeddings import parse_fixed, solve_tables
+from partita.planner.embeddings import floor_s, option_costs, parse_fixed, solve_tables
 
 SECTION_SCHEMA = "partita.embeddings/1"
+DENSE_ZERO = (0, 3)
+"""The dense part's choices: replicated over every rank (DDP, as TorchRec's DistributedModelParallel runs it)
+or sharded over them (FSDP2, ZeRO-3: parameters, gradients and optimizer state split R ways, gathered per
+step)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,14 +86,29 @@ def accesses_for(tables: list[Table], spec: ModelSpec, sparse: SparseInputs) -> 
         acc = load_sample(sparse.data, tables)
         return acc, next(iter(acc.values())).source if acc else sparse.data
     alpha = sparse.zipf if sparse.zipf is not None else 0.0
-    pooling = sparse.pooling if sparse.pooling is not None else _example_pooling(spec)
-    acc = {t.name: zipf_access(t.rows, alpha, pooling) for t in tables}
+    per_feature = spec.config.get("kjt_pooling")  # a TorchRec model's: IDs per sample of each KJT feature
+    if sparse.pooling is not None or not per_feature:
+        pooling = sparse.pooling if sparse.pooling is not None else _example_pooling(spec)
+        acc = {t.name: zipf_access(t.rows, alpha, pooling * t.lookups) for t in tables}
+        said = f"pooling {pooling:g}"
+    else:
+        acc = {t.name: zipf_access(t.rows, alpha, _kjt_pooling(t, per_feature)) for t in tables}
+        said = "pooling per feature from the example KeyedJaggedTensor"
     stated = "" if sparse.zipf is not None else " (uniform: no --data or --zipf given)"
-    return acc, f"zipf alpha={alpha:g}, pooling {pooling:g}{stated}"
+    return acc, f"zipf alpha={alpha:g}, {said}{stated}"
+
+
+def _kjt_pooling(table: Table, per_feature: dict) -> float:
+    """IDs per sample a collection's table looks up: the sum over the features it pools."""
+    missing = [f for f in table.features if f not in per_feature]
+    if missing or not table.features:
+        raise PartitaError(f"table {table.name} pools feature(s) {', '.join(missing or ['(none)'])}, which the "
+                           f"model's KeyedJaggedTensor input does not have (its keys: {', '.join(per_feature)})")
+    return float(sum(per_feature[f] for f in table.features))
 
 
 def plan_rec(spec: ModelSpec, tables: list[Table], cluster: Cluster, train, sparse: SparseInputs, fingerprint: str,
-             progress=None):
+             progress=None, dense_zero: tuple[int, ...] = DENSE_ZERO):
     """The Plan of a model with embedding tables (module docstring)."""
     from partita.costmodel.trace import capture
     from partita.planner.build import build_plan
@@ -96,16 +126,45 @@ def plan_rec(spec: ModelSpec, tables: list[Table], cluster: Cluster, train, spar
     # one micro-batch of the whole local batch: recommendation models train without accumulation
     local = train.global_batch // R
     train = dataclasses.replace(train, max_micro_batch=max(train.max_micro_batch, local))
-    dense_space = SearchSpace(tp=(1,), pp=(1,), dp=(R,), cp=(1,), ep=(1,), zero=(0,), offload=False,
-                              recompute=("none",), micro_batch=(local,))
-    result = search(graph, cluster, train, progress=progress, space=dense_space)
-    plan = build_plan(result, spec.name, fingerprint, spec.config)
-    dense_s = plan.predicted["step_time_s"]
-    dense_hbm = plan.predicted["peak_memory_bytes"]
     ctx = SparseContext(cluster=cluster, global_batch=train.global_batch, optimizer=sparse.optimizer)
-    sol = solve_tables(tables, accesses, ctx, dense_s=dense_s, dense_hbm=dense_hbm, fixed=fixed,
-                       time_limit=sparse.time_limit)
+    costs = option_costs(tables, accesses, ctx, fixed)
+    floor = floor_s(costs, ctx)
+    options = []
+    for zero in dense_zero if R > 1 else (0,):
+        dense_space = SearchSpace(tp=(1,), pp=(1,), dp=(R,), cp=(1,), ep=(1,), zero=(zero,), offload=False,
+                                  recompute=("none",), micro_batch=(local,))
+        result = search(graph, cluster, train, progress=progress, space=dense_space, raise_infeasible=False)
+        options.append((zero, build_plan(result, spec.name, fingerprint, spec.config) if result.best else None))
+    tried, best, refusal = [], None, None
+    # the fastest dense part first: a slower one is solved only where its step plus the tables' floor can win
+    for zero, dense in sorted(options, key=lambda o: o[1].predicted["step_time_s"] if o[1] else float("inf")):
+        if dense is None:
+            tried.append({"zero_stage": zero, "refused": "the dense part does not fit"})
+            continue
+        dense_s, dense_hbm = dense.predicted["step_time_s"], dense.predicted["peak_memory_bytes"]
+        if best is not None and dense_s + floor >= best[2] + best[1].step_s:
+            tried.append({"zero_stage": zero, "dense_step_s": dense_s, "dense_hbm_bytes": dense_hbm,
+                          "pruned": f"its dense step plus the tables' floor ({floor:.4g} s) is no faster"})
+            continue
+        try:
+            sol = solve_tables(tables, accesses, ctx, dense_s=dense_s, dense_hbm=dense_hbm, fixed=fixed,
+                               time_limit=sparse.time_limit, costs=costs)
+        except InfeasibleError as e:
+            tried.append({"zero_stage": zero, "dense_step_s": dense_s, "dense_hbm_bytes": dense_hbm, "refused": str(e)})
+            if refusal is None or dense_hbm < refusal[0]:  # the least dense memory's refusal names what fits nowhere
+                refusal = (dense_hbm, e)
+            continue
+        tried.append({"zero_stage": zero, "dense_step_s": dense_s, "dense_hbm_bytes": dense_hbm,
+                      "step_time_s": dense_s + sol.step_s})
+        if best is None or dense_s + sol.step_s < best[2] + best[1].step_s:
+            best = (dense, sol, dense_s, dense_hbm)
+    if best is None:
+        if refusal is not None:
+            raise refusal[1]
+        raise InfeasibleError(f"the dense part of {spec.name} fits on no rank, replicated or sharded over {R} ranks")
+    plan, sol, dense_s, dense_hbm = best
     plan.embeddings = section(sol, tables, accesses, sparse.optimizer, source, dense_s)
+    plan.embeddings["dense"] = {"zero_stage": plan.zero_stage, "options": tried}
     _merge_predictions(plan, sol, dense_s, dense_hbm)
     plan.solver["embeddings"] = plan.embeddings["solver"]
     # the stable solver fields speak for the whole program: its gap is the embedding block's (of the whole step)
@@ -125,7 +184,9 @@ def section(sol, tables, accesses, optimizer: str, source: str, dense_s: float) 
         o, c = a.option, a.cost
         access = accesses[a.table.name]
         miss = {"cache_miss_ratio": access.miss_ratio(o.cache_fraction * a.table.rows)} if o.placement == "cache" else {}
-        rows.append({"name": a.table.name, "rows": a.table.rows, "dim": a.table.dim,
+        where = ({"collection": a.table.collection, "key": a.table.key, "features": list(a.table.features)}
+                 if a.table.collection else {})
+        rows.append({"name": a.table.name, **where, "rows": a.table.rows, "dim": a.table.dim,
                      "pooling": access.pooling, **miss, "sharding": o.sharding, "placement": o.placement,
                      "cache_fraction": o.cache_fraction, "shards": o.shards, "ranks": list(a.ranks),
                      "predicted": {"lookup_s": c.lookup_s, "update_s": c.update_s, "comm_s": c.comm_s,
@@ -193,6 +254,11 @@ def validate_section(data, world_size: int) -> dict | None:
         for key in ("rows", "dim"):
             if not isinstance(t.get(key), int) or t[key] < 1:
                 raise PlanError(f"{where}.{key} must be a positive integer")
+        if "collection" in t and not (isinstance(t["collection"], str) and isinstance(t.get("key"), str) and t["key"]
+                                      and isinstance(t.get("features"), list)
+                                      and all(isinstance(f, str) for f in t["features"])):
+            raise PlanError(f"{where}: a collection's table needs the collection's path, its config name (key) and "
+                            "its features (a list of names)")
         shards = t.get("shards", 1)
         want = {"table_wise": 1, "column_wise": shards, "row_wise": world_size, "data_parallel": world_size}
         if t["sharding"] in want and len(ranks) != want[t["sharding"]]:
@@ -234,6 +300,7 @@ def renderables(plan) -> list:
     pr = e["predicted"]["per_rank"]
     slow = max(range(len(pr["time_s"])), key=lambda r: pr["time_s"][r])
     s = e["solver"]
+    out.append(Text(_dense_line(e.get("dense"))))
     out.append(Text(f"busiest rank {slow}: {pr['time_s'][slow]:.4g} s of lookups, updates and all-to-alls + "
                     f"{e['predicted']['latency_s']:.3g} s collective latency; most HBM on a rank "
                     f"{human_bytes(max(pr['hbm_bytes']))}, host {human_bytes(max(pr['host_bytes']))}"))
@@ -241,6 +308,26 @@ def renderables(plan) -> list:
                     f"{s['lower_bound_s']:.4g} s for the tables), {s['formulation']}, {s['options']} options, "
                     f"{s['wall_time_s']:.2f}s"))
     return out
+
+
+def _dense_line(dense: dict | None) -> str:
+    """Which dense option the program chose, and what the other would have given."""
+    from partita.planner.explain import human_bytes
+    name = {0: "replicated (DDP)", 3: "sharded (FSDP, ZeRO-3)"}
+    if not dense:
+        return "dense part  replicated (DDP)"
+    parts = []
+    for o in dense["options"]:
+        label = name.get(o["zero_stage"], f"ZeRO-{o['zero_stage']}")
+        if "step_time_s" in o:
+            parts.append(f"{label}: {o['dense_step_s']:.4g} s and {human_bytes(o['dense_hbm_bytes'])} a rank, "
+                         f"step with the tables {o['step_time_s']:.4g} s")
+        elif "pruned" in o:
+            parts.append(f"{label}: {o['dense_step_s']:.4g} s and {human_bytes(o['dense_hbm_bytes'])} a rank, not "
+                         f"solved ({o['pruned']})")
+        else:
+            parts.append(f"{label}: refused ({o['refused'][:80]})")
+    return f"dense part  {name.get(dense['zero_stage'])}, chosen with the tables; " + "; ".join(parts)
 
 
 def _span(ranks: list[int]) -> str:

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from partita.costmodel.errors import PartitaError
+from partita.costmodel.kjt import adapt, is_kjt
 from partita.costmodel.models.gpt import GPT, GPTConfig
 
 # Megatron-LM SC'21 Table 1 (REFERENCE.md): heads, hidden, layers; seq 2048, vocab 51200.
@@ -164,6 +165,8 @@ def _import_factory(spec: str) -> ModelSpec:
     With a `loss_fn(module, *batch) -> scalar loss` (e.g. images and labels -> cross-entropy), the model
     is planned and trained with that loss over batches shaped like the example inputs (runtime.data);
     integer inputs other than tokens (class labels) are drawn below `_label_bound` in synthetic batches.
+    Example inputs may hold TorchRec KeyedJaggedTensors (a model with an EmbeddingBagCollection): the model
+    is then planned and run behind costmodel.kjt.KJTModel, which takes each as one ID tensor.
     Without one, a token model -- one integer input [batch, seq] and a vocabulary (`_token_vocab`) -- gets
     `vocab` and `seq_len`, so it is planned and trained as the presets are: token cross-entropy over its
     logits.
@@ -183,9 +186,15 @@ def _import_factory(spec: str) -> ModelSpec:
         raise PartitaError(f"model factory {spec!r} must return (nn.Module, example_inputs tuple) or (nn.Module, "
                            "example_inputs tuple, loss_fn), loss_fn(module, *example_inputs) -> scalar loss")
     inputs = probe[1] if isinstance(probe[1], tuple) else (probe[1],)
-    if not all(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] >= 1 for t in inputs):
-        raise PartitaError(f"model factory {spec!r}: example inputs must be tensors with a leading batch dimension")
-    sample = tuple((tuple(t.shape[1:]), t.dtype) for t in inputs)  # one sample; the planner scales per-sample costs
+    build, extra_config = (lambda: factory()[0]), {}
+    if any(is_kjt(t) for t in inputs):  # a TorchRec model: each KeyedJaggedTensor becomes an ID tensor
+        build, sample, pooling = adapt(lambda: factory()[0], inputs, spec)
+        extra_config = {"kjt_pooling": pooling}
+    elif not all(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] >= 1 for t in inputs):
+        raise PartitaError(f"model factory {spec!r}: example inputs must be tensors with a leading batch dimension "
+                           "(or TorchRec KeyedJaggedTensors)")
+    else:
+        sample = tuple((tuple(t.shape[1:]), t.dtype) for t in inputs)  # one sample; the planner scales per sample
     if len(probe) == 3:
         loss_fn, extra = probe[2], {"config": {"classes": bound} if (bound := _label_bound(probe[0])) else {}}
     else:
@@ -197,7 +206,9 @@ def _import_factory(spec: str) -> ModelSpec:
     def example_inputs(batch: int):
         return tuple(torch.zeros(batch, *shape, dtype=dtype) for shape, dtype in sample)
 
-    return ModelSpec(name=spec, build=lambda: factory()[0], example_inputs=example_inputs, loss_fn=loss_fn, **extra)
+    if extra_config:
+        extra["config"] = {**extra.get("config", {}), **extra_config}
+    return ModelSpec(name=spec, build=build, example_inputs=example_inputs, loss_fn=loss_fn, **extra)
 
 
 def _label_bound(module: nn.Module) -> int | None:

@@ -23,16 +23,16 @@ SMALL = "dlrm:tables=4,rows=64-80-96-50,dim=8,bottom=16-8,top=16-1,dense=4,pooli
 WIDE = "dlrm:tables=3,rows=64-80-96,dim=16,bottom=16,top=16-1,dense=4,pooling=2"
 
 
-def _plan_file(tmp_path, model, cluster, fixed, optimizer) -> str:
+def _plan_file(tmp_path, model, cluster, fixed, optimizer, **dense) -> str:
     p = plan(model, cluster=cluster, train=TrainConfig(global_batch=16),
-             sparse=SparseInputs(fixed=fixed, optimizer=optimizer))
+             sparse=SparseInputs(fixed=fixed, optimizer=optimizer), **dense)
     path = tmp_path / "plan.json"
     p.save(path)
     return str(path)
 
 
-def _run(plan_path: str, model: str, verify: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+def _run(plan_path: str, model: str, verify: bool = True, pythonpath: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), pythonpath]))}
     return subprocess.run([sys.executable, "-m", "partita.planner.cli", "run", plan_path, "--model", model,
                            "--steps", "3", "--lr", "0.05", *(["--verify"] if verify else [])], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -51,10 +51,12 @@ def test_every_sharding_type_trains_like_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_table_row_wise_over_two_nodes_trains_like_one_process(tmp_path):
+    # and the dense part sharded by FSDP2 over the 4 ranks (--zero 3)
     fixed = "embeddings.cat_0=table_row_wise,embeddings.cat_1=table_wise,embeddings.cat_2=column_wise:4"
-    out = _run(_plan_file(tmp_path, WIDE, "2x2xcpu", fixed, "sgd"), WIDE)
+    out = _run(_plan_file(tmp_path, WIDE, "2x2xcpu", fixed, "sgd", zero=3), WIDE)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "table_row_wise" in out.stdout and out.stdout.count(": OK") == 2
+    assert "dense part sharded (FSDP2)" in out.stdout
 
 
 @pytest.mark.slow
@@ -64,6 +66,44 @@ def test_without_verify_no_rank_builds_the_whole_tables(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     losses = [float(line.split()[1]) for line in out.stdout.splitlines() if line[:4].strip().isdigit()]
     assert len(losses) == 3 and all(0 < x < 10 for x in losses)
+
+
+@pytest.mark.slow
+def test_a_torchrec_model_trains_like_one_process_with_every_sharding_type(tmp_path):
+    # TorchRec's own DLRM over an EmbeddingBagCollection, with a KeyedJaggedTensor input (tests/torchrec_factories)
+    model = "torchrec_factories:dlrm"
+    fixed = "t_users=row_wise,t_items=column_wise:2,t_ads=table_wise,t_tags=data_parallel"
+    path = _plan_file(tmp_path, model, "2xcpu", fixed, "rowwise_adagrad")
+    out = _run(path, model, pythonpath=str(ROOT / "tests"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "4 embedding tables through TorchRec DistributedModelParallel (column_wise, data_parallel, row_wise, " \
+           "table_wise" in out.stdout
+    assert out.stdout.count(": OK") == 2 and "no rank's pieces" not in out.stdout
+
+
+@pytest.mark.slow
+def test_a_torchrec_model_with_a_sharded_dense_part_trains_like_one_process(tmp_path):
+    # FSDP2 on the top MLP; the tower's projection, beside the collection, averaged by hand (without that its
+    # gradients stay each rank's own and both checks fail)
+    model = "torchrec_factories:tower"
+    fixed = "t_users=row_wise,t_items=column_wise:2,t_ads=table_wise,t_tags=data_parallel"
+    out = _run(_plan_file(tmp_path, model, "2xcpu", fixed, "sgd", zero=3), model, pythonpath=str(ROOT / "tests"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "dense part sharded (FSDP2)" in out.stdout and out.stdout.count(": OK") == 2
+
+
+def test_a_torchrec_model_is_built_lean_with_its_constructors_buffers():
+    # tables on the meta device, everything else as the factory builds it: TorchRec's InteractionArch computes
+    # its triu_indices buffer in its constructor, which materialising a meta-built module would lose
+    sys.path.insert(0, str(ROOT / "tests"))
+    from partita.runtime.rec import build
+    import torchrec_factories
+    lean = build(resolve_model("torchrec_factories:dlrm"), torch.device("cpu"), tables=False)
+    tables = lean.model.sparse_arch.embedding_bag_collection.embedding_bags
+    assert all(t.weight.is_meta for t in tables.values())
+    want = torchrec_factories.dlrm()[0].inter_arch.triu_indices
+    assert torch.equal(lean.model.inter_arch.triu_indices, want)
+    assert not any(p.is_meta for n, p in lean.named_parameters() if "embedding_bags" not in n)
 
 
 def test_the_run_builds_tables_only_to_verify():

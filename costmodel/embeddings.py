@@ -249,8 +249,9 @@ def sample_access(ids: np.ndarray, lengths: np.ndarray | None, source: str) -> A
 
 
 def load_sample(path: str, tables: list[Table]) -> dict[str, Access]:
-    """Per table, its Access from a sample file: an .npz holding, per feature (named as its table), the
-    IDs in access order (`<name>`) and optionally the IDs per sample (`<name>.lengths`, summing to the IDs).
+    """Per table, its Access from a sample file: an .npz holding, per feature (named as its table, or a TorchRec
+    collection's table by its config name), the IDs in access order (`<name>`) and optionally the IDs per sample
+    (`<name>.lengths`, summing to the IDs).
     A file that does not hold exactly the model's features is one line naming the difference."""
     if not os.path.isfile(path):
         raise PartitaError(f"--data {path!r}: no such file (an .npz of per-feature IDs, see costmodel.embeddings)")
@@ -259,6 +260,13 @@ def load_sample(path: str, tables: list[Table]) -> dict[str, Access]:
             arrays = {k: f[k] for k in f.files}
     except (OSError, ValueError) as e:
         raise PartitaError(f"--data {path!r} is not an .npz of ID arrays: {e}") from None
+    keys = [t.key for t in tables if t.key]  # a TorchRec collection's table may be named by its config name
+    alias = {t.key: t.name for t in tables if t.key and keys.count(t.key) == 1}
+
+    def canonical(k: str) -> str:
+        base = k.removesuffix(".lengths")
+        return alias.get(base, base) + k[len(base):]
+    arrays = {canonical(k): v for k, v in arrays.items()}
     names = {t.name for t in tables}
     features = {k for k in arrays if not k.endswith(".lengths")}
     missing, extra = sorted(names - features), sorted(features - names)

@@ -287,9 +287,11 @@ def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_rec_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("recommendation models (models with nn.EmbeddingBag tables, e.g. dlrm-criteo-1tb)")
+    g = p.add_argument_group("recommendation models (models with nn.EmbeddingBag tables or a TorchRec "
+                             "EmbeddingBagCollection, e.g. dlrm-criteo-1tb)")
     g.add_argument("--data", metavar="FILE", help="a sample of the sparse features: .npz with one array of IDs per "
-                   "table (named as its module) and optionally NAME.lengths (IDs per sample)")
+                   "table (named as its module, or a TorchRec table by its config name) and optionally NAME.lengths "
+                   "(IDs per sample)")
     g.add_argument("--zipf", type=float, metavar="ALPHA", help="IDs Zipf-distributed with exponent ALPHA over each "
                    "table's rows (default without --data: uniform)")
     g.add_argument("--pooling", type=float, metavar="L", help="IDs per sample and feature with --zipf "

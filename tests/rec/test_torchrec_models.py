@@ -116,3 +116,20 @@ def test_export_names_the_collection_and_its_config_names(tmp_path, capsys):
     assert list(sharding) == [EBC]
     kinds = {k: ps.sharding_type for k, ps in sharding[EBC].items()}
     assert kinds == {"t_users": "row_wise", "t_items": "column_wise", "t_ads": "table_wise", "t_tags": "data_parallel"}
+
+
+def test_a_sample_names_a_collections_tables_by_their_config_names(tmp_path):
+    import numpy as np
+    from partita.costmodel.embeddings import load_sample
+    _, tables = _tables()
+    rng = np.random.default_rng(0)
+    arrays = {t.key: rng.integers(0, t.rows, 400) for t in tables}
+    arrays["t_items.lengths"] = np.full(100, 4)
+    np.savez(tmp_path / "s.npz", **arrays)
+    acc = load_sample(str(tmp_path / "s.npz"), tables)
+    assert set(acc) == {t.name for t in tables}
+    assert acc[f"{EBC}.embedding_bags.t_items"].pooling == 4
+    del arrays["t_ads"]
+    np.savez(tmp_path / "short.npz", **arrays)
+    with pytest.raises(PartitaError, match="missing .*t_ads"):
+        load_sample(str(tmp_path / "short.npz"), tables)

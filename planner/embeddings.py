@@ -4,7 +4,7 @@ Per table t the program picks one option o (costmodel.sparse.Option: data_parall
 column_wise into k pieces, row_wise, table_row_wise; placement HBM, an HBM cache of a fraction f of the
 rows before host memory, or host memory through UVM) and the ranks its pieces go to, beside the dense
 plan, whose per-rank step time D and HBM M_D enter as constants (the dense part of a recommendation
-model is data-parallel over every rank, as TorchRec's DistributedModelParallel runs it). Piece costs
+model runs on every rank, replicated or sharded: planner.rec_plan solves this block once per choice). Piece costs
 c_to (seconds), h_to (HBM bytes) and u_to (host bytes) are costmodel.sparse's.
 
 Rank-indexed program (exact; HiGHS, warm-started from the placement below):
@@ -306,8 +306,18 @@ def _kinds(p: _Problem) -> list[str]:
 
 
 def _nodes(p: _Problem) -> tuple[int, int]:
-    per_node = p.ctx.cluster.devices_per_node
-    return (p.ctx.ranks // per_node, per_node) if p.ctx.ranks % per_node == 0 else (1, p.ctx.ranks)
+    return _node_split(p.ctx)
+
+
+def _node_split(ctx: SparseContext) -> tuple[int, int]:
+    """(nodes, ranks per node) as table_row_wise groups them: one node of all ranks where they do not divide."""
+    per_node = ctx.cluster.devices_per_node
+    return (ctx.ranks // per_node, per_node) if ctx.ranks % per_node == 0 else (1, ctx.ranks)
+
+
+def pieces(o: Option, ctx: SparseContext) -> int:
+    """Pieces option `o` puts on ranks: one per rank (spread), its shards (local), or one per rank of a node."""
+    return ctx.ranks if o.sharding in SPREAD else o.shards if o.sharding in LOCAL else _node_split(ctx)[1]
 
 
 def _solve_exact(p: _Problem, time_limit: float, incumbent: list[Assignment] | None,
@@ -399,7 +409,6 @@ def _tally(p: _Problem, assignments: list[Assignment], status: str, formulation:
 def _solve_relaxed(p: _Problem, time_limit: float):
     """The rank-free relaxation (module docstring): option per table, a lower bound; None if infeasible."""
     R = p.ctx.ranks
-    per_node = _nodes(p)[1]
     cols, rows = _Columns(), _Rows()
     T = cols.add(False, 1.0)
     kinds = _kinds(p)
@@ -416,10 +425,10 @@ def _solve_relaxed(p: _Problem, time_limit: float):
             z[t, o] = zi = cols.add(True)
             pick.append((zi, 1.0))
             by_kind[opt.sharding].append(zi)
-            pieces = R if opt.sharding in SPREAD else (opt.shards if opt.sharding in LOCAL else per_node)
-            avg.append((zi, c.time_s * pieces / R))
-            tot_h.append((zi, c.hbm_bytes * pieces))
-            tot_u.append((zi, c.host_bytes * pieces))
+            k = pieces(opt, p.ctx)
+            avg.append((zi, c.time_s * k / R))
+            tot_h.append((zi, c.hbm_bytes * k))
+            tot_u.append((zi, c.host_bytes * k))
             if opt.sharding in SPREAD:
                 spread += [(zi, c.time_s)]
                 spread_h += [(zi, c.hbm_bytes)]
@@ -566,9 +575,9 @@ def floor_s(costs: list[list[tuple[Option, PieceCost]]], ctx: SparseContext) -> 
     """A lower bound on the tables' step under any memory: the relaxation's average-load row with every table at
     its cheapest option, plus the latency of the cheapest sharding type (some type is used). A dense option whose
     step plus this floor exceeds a plan already found cannot win (planner.rec_plan)."""
-    R, per_node = ctx.ranks, ctx.cluster.devices_per_node
-    load = sum(min(c.time_s * (R if o.sharding in SPREAD else o.shards if o.sharding in LOCAL else per_node) / R
-                   for o, c in options) for options in costs)
+    if not all(costs):
+        return 0.0  # a table without options: solve_tables names it
+    load = sum(min(c.time_s * pieces(o, ctx) / ctx.ranks for o, c in options) for options in costs)
     return load + min(collective_latency(ctx, o.sharding) for options in costs for o, _ in options)
 
 
@@ -627,8 +636,7 @@ def solve_tables(tables: list[Table], accesses: dict[str, Access], ctx: SparseCo
 
 
 def _together(p: _Problem) -> str:
-    least = [min(c.hbm_bytes * (p.ctx.ranks if o.sharding in SPREAD else o.shards if o.sharding in LOCAL
-                                else p.ctx.cluster.devices_per_node) for o, c in costs) for costs in p.costs]
+    least = [min(c.hbm_bytes * pieces(o, p.ctx) for o, c in costs) for costs in p.costs]
     big = sorted(zip(least, (t.name for t in p.tables)), reverse=True)[:3]
     return (f"the {len(p.tables)} tables do not fit together: each fits alone, but no placement holds all within "
             f"{p.hbm_cap / GiB:.2f} GiB HBM and {p.host_cap / GiB:.2f} GiB host per rank beside the dense part "

@@ -31,6 +31,15 @@ def _generator(t: dict, per_node: int) -> str:
     return f"table_row_wise(host_index={ranks[0] // per_node})"
 
 
+def _comment(text) -> str:
+    """A plan's free text as one line of a Python comment (a newline in it must not start code)."""
+    return " ".join(str(text).split())[:200]
+
+
+def _seconds(x) -> str:
+    return f"{x:.4g} s" if isinstance(x, (int, float)) and not isinstance(x, bool) else "(none)"
+
+
 def _key(t: dict) -> str:
     """The table's name in TorchRec: its EmbeddingBagConfig's for a collection's table, else the FQN with "__"."""
     return t.get("key") or t["name"].replace(".", "__")
@@ -43,6 +52,8 @@ def to_torchrec(plan: Plan) -> str:
                         "nn.EmbeddingBag tables, e.g. dlrm-criteo-1tb)")
     world = plan.mesh.world_size
     per_node = plan.cluster.get("devices_per_node") or world
+    if not isinstance(per_node, int) or isinstance(per_node, bool) or per_node < 1:
+        raise PlanError(f"cluster.devices_per_node must be a positive integer, not {per_node!r}")
     collections = sorted({t.get("collection", "") for t in e["tables"]})
     if len(collections) > 1:
         raise PlanError(f"--to torchrec writes one EmbeddingBagCollection's plan; this plan's tables are in "
@@ -50,8 +61,8 @@ def to_torchrec(plan: Plan) -> str:
     module_path = collections[0] or "ebc"
     ebc = f"model.get_submodule({module_path!r})" if collections[0] else "model.ebc"
     lines = [
-        f"# partita plan for {plan.model.get('name')} on {plan.cluster.get('spec')} ({world} ranks): "
-        f"{len(e['tables'])} tables, predicted step {plan.predicted.get('step_time_s', 0):.4g} s",
+        f"# partita plan for {_comment(plan.model.get('name'))} on {_comment(plan.cluster.get('spec'))} ({world} "
+        f"ranks): {len(e['tables'])} tables, predicted step {_seconds(plan.predicted.get('step_time_s'))}",
         "# partita: the dense part is data-parallel (DistributedModelParallel wraps it in DDP)" if plan.zero_stage != 3
         else "# partita: the dense part is sharded (FSDP2, ZeRO-3): pass init_data_parallel=False to "
              "DistributedModelParallel and fully_shard the modules that hold no collection",

@@ -298,13 +298,16 @@ class Plan:
                    predicted=_obj(data.get("predicted", {}), "predicted"),
                    solver=_obj(data.get("solver", {}), "solver"),
                    baselines=_list(data.get("baselines", []), "baselines"),
-                   embeddings=_embeddings(data.get("embeddings"), mesh.world_size))
+                   embeddings=_embeddings(data.get("embeddings"), mesh.world_size, zero))
 
 
-def _embeddings(data: Any, world_size: int) -> dict | None:
+def _embeddings(data: Any, world_size: int, zero_stage: int) -> dict | None:
     if data is None:  # a model without tables, or a plan written before them
         return None
-    from partita.planner.rec_plan import validate_section  # the section's own module
+    from partita.planner.rec_plan import DENSE_ZERO, validate_section  # the section's own module
+    if zero_stage not in DENSE_ZERO:
+        raise PlanError(f"a plan with embedding tables runs its dense part replicated or sharded: zero_stage must be "
+                        f"one of {', '.join(map(str, DENSE_ZERO))}, not {zero_stage}")
     return validate_section(data, world_size)
 
 

@@ -129,7 +129,7 @@ def plan_rec(spec: ModelSpec, tables: list[Table], cluster: Cluster, train, spar
     ctx = SparseContext(cluster=cluster, global_batch=train.global_batch, optimizer=sparse.optimizer)
     costs = option_costs(tables, accesses, ctx, fixed)
     floor = floor_s(costs, ctx)
-    options = []
+    solves_s, options = 0.0, []
     for zero in dense_zero if R > 1 else (0,):
         dense_space = SearchSpace(tp=(1,), pp=(1,), dp=(R,), cp=(1,), ep=(1,), zero=(zero,), offload=False,
                                   recompute=("none",), micro_batch=(local,))
@@ -149,11 +149,12 @@ def plan_rec(spec: ModelSpec, tables: list[Table], cluster: Cluster, train, spar
         try:
             sol = solve_tables(tables, accesses, ctx, dense_s=dense_s, dense_hbm=dense_hbm, fixed=fixed,
                                time_limit=sparse.time_limit, costs=costs)
-        except InfeasibleError as e:
+        except PartitaError as e:  # infeasible, or pieces that do not pack: the other option may have room
             tried.append({"zero_stage": zero, "dense_step_s": dense_s, "dense_hbm_bytes": dense_hbm, "refused": str(e)})
             if refusal is None or dense_hbm < refusal[0]:  # the least dense memory's refusal names what fits nowhere
                 refusal = (dense_hbm, e)
             continue
+        solves_s += sol.wall_time_s
         tried.append({"zero_stage": zero, "dense_step_s": dense_s, "dense_hbm_bytes": dense_hbm,
                       "step_time_s": dense_s + sol.step_s})
         if best is None or dense_s + sol.step_s < best[2] + best[1].step_s:
@@ -169,7 +170,7 @@ def plan_rec(spec: ModelSpec, tables: list[Table], cluster: Cluster, train, spar
     plan.solver["embeddings"] = plan.embeddings["solver"]
     # the stable solver fields speak for the whole program: its gap is the embedding block's (of the whole step)
     plan.solver["mip_gap"] = max(plan.solver.get("mip_gap") or 0.0, sol.mip_gap)
-    plan.solver["wall_time_s"] = plan.solver.get("wall_time_s", 0.0) + sol.wall_time_s
+    plan.solver["wall_time_s"] = plan.solver.get("wall_time_s", 0.0) + solves_s  # every dense option's table solve
     if sol.status != "optimal":
         plan.solver["status"] = sol.status
     plan.solver.pop("pipeline", None)  # the dense space has one stage by construction
@@ -254,11 +255,13 @@ def validate_section(data, world_size: int) -> dict | None:
         for key in ("rows", "dim"):
             if not isinstance(t.get(key), int) or t[key] < 1:
                 raise PlanError(f"{where}.{key} must be a positive integer")
-        if "collection" in t and not (isinstance(t["collection"], str) and isinstance(t.get("key"), str) and t["key"]
-                                      and isinstance(t.get("features"), list)
-                                      and all(isinstance(f, str) for f in t["features"])):
+        if ("collection" in t or "key" in t) and not (
+                isinstance(t.get("collection"), str) and isinstance(t.get("key"), str) and t["key"]
+                and isinstance(t.get("features"), list) and all(isinstance(f, str) for f in t["features"])):
             raise PlanError(f"{where}: a collection's table needs the collection's path, its config name (key) and "
                             "its features (a list of names)")
+        if t.get("placement") == "cache" and not (_number(t.get("cache_fraction")) and 0 < t["cache_fraction"] <= 1):
+            raise PlanError(f"{where}.cache_fraction must be a number in (0, 1] for a cached table")
         shards = t.get("shards", 1)
         want = {"table_wise": 1, "column_wise": shards, "row_wise": world_size, "data_parallel": world_size}
         if t["sharding"] in want and len(ranks) != want[t["sharding"]]:
@@ -266,7 +269,28 @@ def validate_section(data, world_size: int) -> dict | None:
                             f"{len(ranks)}")
         if t["sharding"] == "column_wise" and (not isinstance(shards, int) or shards < 1 or t["dim"] % shards):
             raise PlanError(f"{where}: dim {t['dim']} does not split into {shards} column pieces")
+    _validate_dense(data.get("dense"))
     return data
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _validate_dense(dense) -> None:
+    """The section's "dense" entry (absent in plans written before the dense choice)."""
+    from partita.planner.plan import PlanError
+    if dense is None:
+        return
+    options = dense.get("options") if isinstance(dense, dict) else None
+    if not (isinstance(options, list) and dense.get("zero_stage") in DENSE_ZERO and all(
+            isinstance(o, dict) and o.get("zero_stage") in DENSE_ZERO
+            and all(_number(o[k]) for k in ("dense_step_s", "dense_hbm_bytes", "step_time_s") if k in o)
+            and (("step_time_s" in o and "dense_step_s" in o and "dense_hbm_bytes" in o)
+                 or isinstance(o.get("refused", o.get("pruned")), str)) for o in options)):
+        raise PlanError(f"embeddings.dense must be {{\"zero_stage\": {' or '.join(map(str, DENSE_ZERO))}, \"options\": "
+                        "[{\"zero_stage\", \"dense_step_s\", \"dense_hbm_bytes\", and \"step_time_s\" or \"refused\" "
+                        "or \"pruned\"}]}")
 
 
 def renderables(plan) -> list:
@@ -323,11 +347,10 @@ def _dense_line(dense: dict | None) -> str:
             parts.append(f"{label}: {o['dense_step_s']:.4g} s and {human_bytes(o['dense_hbm_bytes'])} a rank, "
                          f"step with the tables {o['step_time_s']:.4g} s")
         elif "pruned" in o:
-            parts.append(f"{label}: {o['dense_step_s']:.4g} s and {human_bytes(o['dense_hbm_bytes'])} a rank, not "
-                         f"solved ({o['pruned']})")
+            parts.append(f"{label}: not solved ({o['pruned']})")
         else:
             parts.append(f"{label}: refused ({o['refused'][:80]})")
-    return f"dense part  {name.get(dense['zero_stage'])}, chosen with the tables; " + "; ".join(parts)
+    return f"dense part  {name[dense['zero_stage']]}, chosen with the tables; " + "; ".join(parts)
 
 
 def _span(ranks: list[int]) -> str:

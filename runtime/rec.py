@@ -19,8 +19,8 @@ run it (shard_collections). Under a sharded dense plan each part of the model wi
 FSDP2 unit; the collection keeps its data_parallel tables in its own DDP, and what neither holds has its
 gradients averaged by hand after the backward (replicated_by_hand).
 
-Gradients: each rank's loss is the mean over its b = B / R samples. DDP averages dense gradients over the
-ranks, which gives the gradient of the mean over B, and TorchRec's backward all-to-all and reduce-scatter
+Gradients: each rank's loss is the mean over its b = B / R samples. DDP (or FSDP2's reduce-scatter) averages
+dense gradients over the ranks, which gives the gradient of the mean over B, and TorchRec's backward all-to-all and reduce-scatter
 divide the pooled gradients they sum by R (torchrec.distributed.comm_ops' gradient division, on by
 default), so a sharded table gets the same: the run trains what single-process training on the global
 batch trains. `--verify` checks it step by step (losses within the fp32 tolerance) and, after the last
@@ -47,6 +47,7 @@ import torch.nn as nn
 from partita.costmodel import PartitaError, model_fingerprint
 from partita.costmodel.embeddings import find_tables, table_modules
 from partita.costmodel.kjt import KJT_PREFIX, is_ebc
+from partita.runtime.apply import average_grads
 from partita.costmodel.sparse import TORCHREC_KERNELS
 from partita.planner.plan import Plan, PlanError
 
@@ -82,6 +83,10 @@ def check(plan: Plan, spec, world: int) -> list[str]:
         raise PlanError(f"plan was made for model {plan.model.get('name')!r} with fingerprint {want}, but --model "
                         f"{spec.name} has fingerprint {got} (different parameters)")
     have = {t.name: t for t in find_tables(model)}
+    plain = [n for n, t in have.items() if not t.key]
+    if plain and len(plain) < len(have):
+        raise PlanError(f"--model {spec.name} holds TorchRec EmbeddingBagCollections and plain nn.EmbeddingBag tables "
+                        f"({plain[0]}); partita runs one kind per model: put {plain[0]} in a collection")
     planned = {t["name"]: t for t in plan.embeddings["tables"]}
     if set(have) != set(planned):
         raise PlanError(f"the plan's tables ({', '.join(sorted(planned)[:4])} ...) are not --model {spec.name}'s "
@@ -151,7 +156,7 @@ class _Sparse(nn.Module):
 
 
 class RecModel(nn.Module):
-    """ids -> the sharded tables (DistributedModelParallel) -> the dense part (DDP)."""
+    """ids -> the sharded tables (DistributedModelParallel) -> the dense part (DDP, or FSDP2 units)."""
 
     def __init__(self, ids: fx.GraphModule, dense: nn.Module, sparse: nn.Module, keys: list[str]):
         super().__init__()
@@ -244,7 +249,7 @@ def shard_collections(plan: Plan, model: nn.Module, device: torch.device, lr: fl
     generators = _generators(plan, device.type)
     plans = {}
     for collection, keys in by_collection.items():
-        fqn = KJT_PREFIX + collection
+        fqn = KJT_PREFIX + collection if collection else KJT_PREFIX.rstrip(".")  # a collection the factory returned
         own = {k: generators[table_key(n)] for k, n in keys.items()}
         plans[fqn] = _module_plan(plan, model.get_submodule(fqn), own, device, keys)
     weights = {name: m.weight for name, m in table_modules(model).items()}
@@ -253,11 +258,14 @@ def shard_collections(plan: Plan, model: nn.Module, device: torch.device, lr: fl
                                    init_data_parallel=not sharded_dense)
     if not any(w.is_meta for w in weights.values()):
         _copy_weights(dmp, weights)
-    if sharded_dense:  # each of the user model's parts without a collection in it its own FSDP unit
+    if sharded_dense:
         from torchrec.distributed.types import ShardedModule
-        for part in model.model.children():
-            if any(True for _ in part.parameters()) and not any(isinstance(m, ShardedModule) for m in part.modules()):
-                _fully_shard(part, device)
+        # FSDP units hold no collection nor any part of one: a unit takes every parameter below it; a module
+        # around a collection keeps its own parameters replicated (replicated_by_hand)
+        collections = [m for m in model.modules() if isinstance(m, ShardedModule)]
+        near = {id(m) for c in collections for m in c.modules()}
+        around = {id(m) for m in model.modules() if any(c is not m and _holds(m, c) for c in collections)}
+        _fully_shard([m for m in model.modules() if id(m) not in near and id(m) not in around], device)
         dmp._partita_sharded_dense = True
     return dmp
 
@@ -287,22 +295,33 @@ def shard(plan: Plan, model: nn.Module, device: torch.device, lr: float) -> nn.M
     if not any(m.weight.is_meta for m in tables.values()):  # a model built whole: its tables' values
         _copy_weights(dmp, {fqn: m.weight for fqn, m in tables.items()})
     if world > 1 and any(True for _ in dense.parameters()):
-        dense = _fully_shard(dense, device) if plan.zero_stage == 3 else DistributedDataParallel(dense)
+        if plan.zero_stage == 3:
+            _fully_shard(list(dense.modules()), device)
+        else:
+            dense = DistributedDataParallel(dense)
     return RecModel(ids, dense, dmp, [table_key(f) for f in order])
 
 
-def _fully_shard(module: nn.Module, device: torch.device) -> nn.Module:
-    """FSDP2 over every rank (the plan's dense part sharded, ZeRO-3); returns the module."""
+def _holds(module: nn.Module, child: nn.Module) -> bool:
+    return any(m is child for m in module.modules())
+
+
+def _fully_shard(modules: list[nn.Module], device: torch.device) -> None:
+    """FSDP2 over every rank (the plan's dense part sharded, ZeRO-3): each module holding parameters of its own
+    (a Linear, a norm) is its own unit, so one layer's parameters are gathered at a time, as the planner prices
+    ZeRO-3 (a layer ahead prefetched). fp32, as the replicated dense part runs."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    fully_shard(module, mesh=init_device_mesh(device.type, (dist.get_world_size(),)))
-    return module
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for m in modules:
+        if any(True for _ in m.parameters(recurse=False)):
+            fully_shard(m, mesh=mesh)
 
 
 def replicated_by_hand(rec: nn.Module) -> list[nn.Parameter]:
-    """Parameters of a TorchRec model under a sharded dense plan that neither FSDP nor TorchRec holds (those of a
-    model part that also holds a collection, outside it): their gradients are averaged over the ranks after each
-    backward (average_gradients), as DDP would. TorchRec's sharded collection keeps its data_parallel tables in
+    """Parameters of a TorchRec model under a sharded dense plan that neither FSDP nor TorchRec holds (should a
+    module keep parameters FSDP left replicated): their gradients are averaged over the ranks after each backward
+    (runtime.apply.average_grads), as DDP would. TorchRec's sharded collection keeps its data_parallel tables in
     its own DDP (ShardedEmbeddingBagCollection.init_data_parallel) and updates the rest in its backward."""
     from torch.distributed.tensor import DTensor
     from torchrec.distributed.types import ShardedModule
@@ -312,21 +331,13 @@ def replicated_by_hand(rec: nn.Module) -> list[nn.Parameter]:
     return [p for p in rec.parameters() if not isinstance(p, DTensor) and id(p) not in torchrecs]
 
 
-def average_gradients(params: list[nn.Parameter]) -> None:
-    world = dist.get_world_size()
-    for p in params:
-        if p.grad is not None:
-            dist.all_reduce(p.grad)
-            p.grad /= world
-
-
 def table_of(state_name: str, tables) -> str | None:
     """The planned table (its name) a state-dict entry of a sharded model holds, or None: a TorchRec model's
     entries carry the table's FQN (after KJTModel's prefix), a RecModel's the table's TorchRec key."""
     if not state_name.endswith(".weight") or "embedding_bags." not in state_name:
         return None
     path = state_name[:-len(".weight")]
-    for name in (path[path.find(KJT_PREFIX) + len(KJT_PREFIX):] if KJT_PREFIX in path else None,
+    for name in (path.removeprefix(KJT_PREFIX) if path.startswith(KJT_PREFIX) else None,
                  path.split("embedding_bags.")[-1].replace("__", ".")):
         if name in tables:
             return name
@@ -337,10 +348,12 @@ def table_of(state_name: str, tables) -> str | None:
 def _copy_weights(dmp: nn.Module, weights: dict[str, torch.Tensor]) -> None:
     """Each rank's pieces of every table from the full table (the same on every rank); `weights` by table name."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
+    copied = set()
     for name, value in dmp.state_dict().items():
         key = table_of(name, weights)
         if key is None:
             continue
+        copied.add(key)
         full = weights[key]
         if isinstance(value, ShardedTensor):
             for s in value.local_shards():
@@ -348,6 +361,9 @@ def _copy_weights(dmp: nn.Module, weights: dict[str, torch.Tensor]) -> None:
                 s.tensor.copy_(full[r0:r0 + nr, c0:c0 + nc])
         else:
             value.copy_(full)
+    if missing := sorted(set(weights) - copied):
+        raise PartitaError(f"table {missing[0]} is not in the sharded model's state under a name partita maps back "
+                           "to it; its pieces cannot be set from the model's values (rename the table without '__')")
 
 
 # ----------------------------------------------------------------------------------------- training
@@ -474,7 +490,8 @@ def run(plan: Plan, spec, opts, world: int) -> int:
         t0 = time.perf_counter()
         loss = _loss(spec, rec, inputs)
         loss.backward()
-        average_gradients(by_hand)
+        if by_hand:
+            average_grads(by_hand, None, world)
         if opt is not None:
             opt.step()
             opt.zero_grad()
@@ -490,11 +507,13 @@ def run(plan: Plan, spec, opts, world: int) -> int:
     dist.all_reduce(checked)
     if rank != 0:
         return 0
-    # every element of every table lies in some rank's piece: one that went unchecked fails the check
-    unchecked = sum(t["rows"] * t["dim"] for t in plan.embeddings["tables"]) - int(checked) if ref else 0
+    # every element of every table lies in one rank's piece (a data_parallel table in every rank's copy): the
+    # pieces checked must cover exactly that, or some table went unchecked
+    unchecked = sum(t["rows"] * t["dim"] * (world if t["sharding"] == "data_parallel" else 1)
+                    for t in plan.embeddings["tables"]) - int(checked) if ref else 0
     from torch.distributed.fsdp import FSDPModule
     dense_kind = "sharded (FSDP2)" if any(isinstance(m, FSDPModule) for m in rec.modules()) else "data-parallel"
-    return _report(plan, spec, world, losses, ref, float(t[0]), opts, float(t[1]), max(0, unchecked), dense_kind)
+    return _report(plan, spec, world, losses, ref, float(t[0]), opts, float(t[1]), unchecked, dense_kind)
 
 
 @torch.no_grad()
@@ -564,7 +583,7 @@ def _report(plan, spec, world, losses, ref, step_s, opts, param_gap: float, unch
         print(f"verify: max |loss - reference| = {worst:.2e} (tolerance {FP32_TOLERANCE:g}): {'OK' if ok else 'FAILED'}",
               flush=True)
         fine = param_gap <= PARAM_TOLERANCE and not unchecked
-        missing = f"; {unchecked} table elements in no rank's pieces" if unchecked else ""
+        missing = f"; the pieces checked hold {-unchecked:+d} table elements against the tables'" if unchecked else ""
         print(f"verify: tables after step {len(losses)}: max |piece - reference| / the reference's largest change = "
               f"{param_gap:.2e} (tolerance {PARAM_TOLERANCE:g}){missing}: {'OK' if fine else 'FAILED'}", flush=True)
         return 0 if ok and fine else 1

@@ -43,16 +43,17 @@ def big():
 
 
 class Tower(torch.nn.Module):
-    """A collection and a projection of its pooled vectors in one part of the model."""
+    """A collection, a gain of its own and a projection of the pooled vectors in one part of the model."""
 
     def __init__(self, ebc: EmbeddingBagCollection):
         super().__init__()
         self.ebc = ebc
+        self.gain = torch.nn.Parameter(torch.ones(DIM))
         self.proj = torch.nn.Linear(DIM, DIM)
 
     def forward(self, kjt):
         pooled = self.ebc(kjt).to_dict()
-        return self.proj(torch.stack([pooled[k] for k in sorted(pooled)], dim=1)).flatten(1)
+        return self.proj(torch.stack([pooled[k] for k in sorted(pooled)], dim=1) * self.gain).flatten(1)
 
 
 class TowerModel(torch.nn.Module):
@@ -66,7 +67,8 @@ class TowerModel(torch.nn.Module):
 
 
 def tower(batch: int = 2):
-    """The same tables and input under a model whose tower holds the collection beside a projection: under a
-    sharded dense plan the projection is neither FSDP's nor TorchRec's (runtime.rec.replicated_by_hand)."""
+    """The same tables and input under a model whose tower holds the collection beside a gain and a projection:
+    under a sharded dense plan the projection is an FSDP unit, the gain (held by the module around the collection)
+    neither FSDP's nor TorchRec's (runtime.rec.replicated_by_hand)."""
     model, inputs, loss = dlrm(batch)
     return TowerModel(model.sparse_arch.embedding_bag_collection), inputs, loss

@@ -44,6 +44,10 @@ def test_plans_without_tables_have_no_section_and_load_unchanged(tmp_path):
     (lambda e: e["tables"][0].update(sharding="diagonal"), "sharding must be one of"),
     (lambda e: e["tables"][1].update(name=e["tables"][0]["name"]), "unique string name"),
     (lambda e: e["tables"][2].update(shards=3), "does not split into 3 column pieces|puts 3 piece"),
+    (lambda e: e["tables"][0].update(key="t"), "collection's table needs"),
+    (lambda e: e["tables"][0].update(placement="cache", cache_fraction="1; import os"), "cache_fraction must be"),
+    (lambda e: e.update(dense={"zero_stage": 3, "options": [{"zero_stage": 3}]}), "embeddings.dense must be"),
+    (lambda e: e.update(dense={"zero_stage": 2, "options": []}), "embeddings.dense must be"),
 ])
 def test_a_bad_section_is_one_line(rec_plan, edit, words):
     d = copy.deepcopy(rec_plan.to_dict())
@@ -66,3 +70,25 @@ def test_cli_json_keeps_the_stable_names(capsys):
 def test_explain_shows_the_tables(rec_plan):
     text = rec_plan.explain()
     assert "embedding tables  4 tables" in text and "column_wise x2" in text and "embedding program" in text
+
+
+def test_a_plan_with_tables_runs_its_dense_part_replicated_or_sharded_only(rec_plan):
+    d = copy.deepcopy(rec_plan.to_dict())
+    d["zero_stage"] = 1
+    with pytest.raises(PlanError, match="zero_stage must be one of 0, 3"):
+        Plan.from_dict(d)
+
+
+def test_the_export_keeps_a_plans_free_text_in_its_comment(rec_plan, tmp_path, capsys):
+    d = copy.deepcopy(rec_plan.to_dict())
+    d["model"]["name"] = "x\nimport os; os.system('echo owned')"
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(d))
+    assert main(["export", str(path), "--to", "torchrec"]) == 0
+    code = capsys.readouterr().out
+    assert not any(line.startswith("import os") for line in code.splitlines())
+    compile(code, "export.py", "exec")
+
+
+def test_explain_says_which_dense_option_was_chosen(rec_plan):
+    assert "dense part  replicated (DDP), chosen with the tables" in rec_plan.explain()

@@ -64,6 +64,8 @@ class Table:
     """The EmbeddingBagConfig's name of a collection's table."""
     features: tuple[str, ...] = ()
     """The KJT features a collection's table pools (each looks it up once per sample); () for a plain table."""
+    weight_bytes: int = 4
+    """Bytes per weight: 4 for fp32 tables, 2 for fp16 ones (TorchRec's DataType.FP16)."""
 
     @property
     def params(self) -> int:
@@ -88,7 +90,8 @@ def find_tables(module: nn.Module) -> list[Table]:
     TorchRec EmbeddingBagCollection with its name and features."""
     from partita.costmodel.kjt import collection_tables
     shared = collection_tables(module)
-    return [Table(name=name, rows=m.num_embeddings, dim=m.embedding_dim, mode=m.mode, **shared.get(name, {}))
+    return [Table(name=name, rows=m.num_embeddings, dim=m.embedding_dim, mode=m.mode,
+                  weight_bytes=m.weight.element_size(), **shared.get(name, {}))
             for name, m in table_modules(module).items()]
 
 

@@ -16,8 +16,10 @@ compute kernels "fused", "fused_uvm" and "fused_uvm_caching" (TorchRec docs, "Sh
 al. Sec. 4.2) and RecShard (Sethi et al., ASPLOS'22) price the latter two by the share of accesses that
 reach host memory, as here.
 
-Notation: B the global batch, R ranks, b = B / R, L the pooling factor, d the width of a piece, w = 4 bytes
-per weight (TorchRec's default fp32 tables), i = 8 bytes per ID (int64 KJT values) plus 4 per bag (its
+Notation: B the global batch, R ranks, b = B / R, L the pooling factor, d the width of a piece, w the bytes
+of a table's weight (4 for TorchRec's default fp32 tables, 2 for FP16 ones; Table.weight_bytes) -- pooled bags,
+their gradients and what the all-to-alls move are fp32 whatever the table (TorchRec's default output dtype),
+i = 8 bytes per ID (int64 KJT values) plus 4 per bag (its
 length), n = B L lookups a step, U(n) distinct rows among them, s the optimizer state bytes per row
 (row-wise Adagrad 4, Adam 8 d, SGD 0 -- FBGEMM's EXACT_ROWWISE_ADAGRAD, ADAM and SGD), m the miss ratio of
 the piece's cache.
@@ -161,9 +163,11 @@ def _rates(cluster: Cluster) -> tuple[float, float]:
     return d.mem_bandwidth * d.mem_efficiency, d.host_bw
 
 
-def lookup_seconds(cluster: Cluster, lookups: float, bags: float, dim: int, placement: str, miss: float) -> float:
+def lookup_seconds(cluster: Cluster, lookups: float, bags: float, dim: int, placement: str, miss: float,
+                   weight_bytes: int = WEIGHT_BYTES) -> float:
+    """Rows read at the table's own width (`weight_bytes`), pooled bags written in fp32 (TorchRec's output)."""
     hbm, host = _rates(cluster)
-    rows, out = lookups * dim * WEIGHT_BYTES, bags * dim * WEIGHT_BYTES
+    rows, out = lookups * dim * weight_bytes, bags * dim * WEIGHT_BYTES
     if placement == "hbm":
         return (rows + out) / hbm
     if placement == "host":
@@ -172,15 +176,16 @@ def lookup_seconds(cluster: Cluster, lookups: float, bags: float, dim: int, plac
 
 
 def update_seconds(cluster: Cluster, lookups: float, distinct: float, dim: int, placement: str, miss: float,
-                   state: int) -> float:
+                   state: int, weight_bytes: int = WEIGHT_BYTES) -> float:
+    """fp32 bag gradients read; each distinct row (at the table's width) and its state read and written."""
     hbm, host = _rates(cluster)
     grads = lookups * dim * WEIGHT_BYTES
-    rows, states = distinct * 2 * dim * WEIGHT_BYTES, distinct * 2 * state
+    rows, states = distinct * 2 * dim * weight_bytes, distinct * 2 * state
     if placement == "hbm":
         return (grads + rows + states) / hbm
     if placement == "host":
         return grads / hbm + (rows + states) / host
-    return (grads + rows) / hbm + states / host + miss * lookups * dim * WEIGHT_BYTES / host
+    return (grads + rows) / hbm + states / host + miss * lookups * dim * weight_bytes / host
 
 
 def _a2a(ctx: SparseContext, sent: float) -> float:
@@ -216,18 +221,19 @@ def piece_cost(table: Table, access: Access, option: Option, ctx: SparseContext)
         raise PartitaError(f"unknown sharding {kind!r}; accepted: {', '.join(SHARDINGS)}")
     miss = access.miss_ratio(option.cache_fraction * table.rows) if place == "cache" else 0.0
     state = state_bytes_per_row(ctx.optimizer, d)
-    lookup = lookup_seconds(ctx.cluster, lookups, bags, d, place, miss)
-    weights = rows * d * WEIGHT_BYTES + rows * state
+    wb = table.weight_bytes  # the table's own width (TorchRec FP16 tables: 2); pooled bags and their grads fp32
+    lookup = lookup_seconds(ctx.cluster, lookups, bags, d, place, miss, wb)
+    weights = rows * d * wb + rows * state
     if kind == "data_parallel":
         hbm_rate = _rates(ctx.cluster)[0]
         # dense gradient of the whole table, all-reduced, then the whole table and its state updated
-        update = (lookups * d * WEIGHT_BYTES + 3 * rows * d * WEIGHT_BYTES + 2 * rows * state) / hbm_rate
-        comm_s = _slope(comm.all_reduce, ctx, ctx.world(), rows * d * WEIGHT_BYTES)
-        io = 2 * b * d * WEIGHT_BYTES + rows * d * WEIGHT_BYTES
+        update = (lookups * d * WEIGHT_BYTES + 3 * rows * d * wb + 2 * rows * state) / hbm_rate
+        comm_s = _slope(comm.all_reduce, ctx, ctx.world(), rows * d * wb)
+        io = 2 * b * d * WEIGHT_BYTES + rows * d * wb
         return PieceCost(lookup_s=lookup, update_s=update, comm_s=comm_s, hbm_bytes=weights + io, host_bytes=0.0,
                          pieces=pieces)
     distinct = access.distinct(n) / (1 if kind in ("table_wise", "column_wise") else pieces)
-    update = update_seconds(ctx.cluster, lookups, distinct, d, place, miss, state)
+    update = update_seconds(ctx.cluster, lookups, distinct, d, place, miss, state, wb)
     if kind in ("table_wise", "column_wise"):
         comm_s = _a2a(ctx, (B - b) * per_bag_ids) + 2 * _a2a(ctx, (B - b) * d * WEIGHT_BYTES)
     elif kind == "row_wise":
@@ -240,7 +246,7 @@ def piece_cost(table: Table, access: Access, option: Option, ctx: SparseContext)
     if place == "hbm":
         hbm_b, host_b = weights + io, 0.0
     else:
-        cache = option.cache_fraction * rows * (d * WEIGHT_BYTES + CACHE_SLOT_BYTES) + rows * CACHE_MAP_BYTES \
+        cache = option.cache_fraction * rows * (d * wb + CACHE_SLOT_BYTES) + rows * CACHE_MAP_BYTES \
             if place == "cache" else 0.0
         hbm_b, host_b = cache + io, weights
     return PieceCost(lookup_s=lookup, update_s=update, comm_s=comm_s, hbm_bytes=hbm_b, host_bytes=host_b,

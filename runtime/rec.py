@@ -284,7 +284,7 @@ def shard(plan: Plan, model: nn.Module, device: torch.device, lr: float) -> nn.M
     ids, dense, order = split(model)
     tables = {fqn: model.get_submodule(fqn) for fqn in order}
     configs = [EmbeddingBagConfig(name=table_key(fqn), embedding_dim=m.embedding_dim, num_embeddings=m.num_embeddings,
-                                  feature_names=[table_key(fqn)],
+                                  feature_names=[table_key(fqn)], data_type=_data_type(m.weight.dtype),
                                   pooling=PoolingType.SUM if m.mode == "sum" else PoolingType.MEAN)
                for fqn, m in tables.items()]
     sparse = _Sparse(EmbeddingBagCollection(tables=configs, device=torch.device("meta")))
@@ -342,6 +342,15 @@ def table_of(state_name: str, tables) -> str | None:
         if name in tables:
             return name
     return None
+
+
+def _data_type(dtype: torch.dtype):
+    """TorchRec's DataType of a plain table's weights (the planner priced it at that width)."""
+    from torchrec import DataType
+    kinds = {torch.float32: DataType.FP32, torch.float16: DataType.FP16}
+    if dtype not in kinds:
+        raise PartitaError(f"an nn.EmbeddingBag of {dtype} runs through TorchRec as fp32 or fp16 only")
+    return kinds[dtype]
 
 
 @torch.no_grad()

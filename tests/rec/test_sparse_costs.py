@@ -100,3 +100,30 @@ def test_more_ranks_across_nodes_cost_more_all_to_all():
     two = SparseContext(cluster=parse_cluster("2x8xA100-80GB"), global_batch=16384)
     assert cost(Option(sharding="table_wise"), ctx=two).comm_s > cost(Option(sharding="table_wise"), ctx=one).comm_s
     assert collective_latency(two, "table_wise") > collective_latency(one, "table_wise") > 0
+
+
+def test_an_fp16_table_moves_and_holds_half_the_row_bytes_of_an_fp32_one():
+    import dataclasses
+    ctx = SparseContext(cluster=parse_cluster("8xA100-80GB"), global_batch=8192, optimizer="sgd")
+    t32 = Table(name="t", rows=10_000_000, dim=128)
+    t16 = dataclasses.replace(t32, weight_bytes=2)
+    access = zipf_access(t32.rows, 1.05, 4)
+    hbm32 = piece_cost(t32, access, Option(sharding="table_wise", placement="hbm"), ctx)
+    hbm16 = piece_cost(t16, access, Option(sharding="table_wise", placement="hbm"), ctx)
+    host32 = piece_cost(t32, access, Option(sharding="table_wise", placement="host"), ctx)
+    host16 = piece_cost(t16, access, Option(sharding="table_wise", placement="host"), ctx)
+    # sgd keeps no state: the table's bytes halve; the pooled all-to-alls stay fp32
+    assert host16.host_bytes == pytest.approx(host32.host_bytes / 2)
+    assert hbm16.hbm_bytes < 0.51 * hbm32.hbm_bytes and hbm16.comm_s == hbm32.comm_s
+    assert host16.lookup_s < host32.lookup_s and host16.update_s < host32.update_s
+
+
+def test_a_torchrec_fp16_table_is_found_at_its_width():
+    torchrec = pytest.importorskip("torchrec")
+    import torch
+
+    from partita.costmodel.embeddings import find_tables
+    ebc = torchrec.EmbeddingBagCollection(device=torch.device("meta"), tables=[
+        torchrec.EmbeddingBagConfig(name="a", embedding_dim=8, num_embeddings=100, feature_names=["f"],
+                                    data_type=torchrec.DataType.FP16)])
+    assert [t.weight_bytes for t in find_tables(ebc)] == [2]

@@ -77,6 +77,13 @@ class Table:
         return max(1, len(self.features))
 
 
+def by_config_name(tables: list[Table]) -> dict[str, str]:
+    """{config name: table name} of the collections' tables whose config name no other table has: a TorchRec
+    user may name those tables so (--embedding-sharding, --data)."""
+    keys = [t.key for t in tables if t.key]
+    return {t.key: t.name for t in tables if t.key and keys.count(t.key) == 1}
+
+
 def table_modules(module: nn.Module) -> dict[str, nn.EmbeddingBag]:
     """The `nn.EmbeddingBag` tables of `module` by name (Table.name: their FQN in the user's model, without
     costmodel.kjt.KJTModel's prefix), in module order."""
@@ -263,8 +270,7 @@ def load_sample(path: str, tables: list[Table]) -> dict[str, Access]:
             arrays = {k: f[k] for k in f.files}
     except (OSError, ValueError) as e:
         raise PartitaError(f"--data {path!r} is not an .npz of ID arrays: {e}") from None
-    keys = [t.key for t in tables if t.key]  # a TorchRec collection's table may be named by its config name
-    alias = {t.key: t.name for t in tables if t.key and keys.count(t.key) == 1}
+    alias = by_config_name(tables)
 
     def canonical(k: str) -> str:
         base = k.removesuffix(".lengths")

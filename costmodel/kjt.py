@@ -148,8 +148,8 @@ def adapt(model_factory, inputs: tuple, spec: str):
         raise PartitaError(f"model factory {spec!r}: example inputs must be 1 to 6 tensors or KeyedJaggedTensors")
     layouts = {i: features_of(x, spec) for i, x in enumerate(inputs) if is_kjt(x)}
     batch = next((x.stride() for x in inputs if is_kjt(x)), 1)
-    shapes = [((f.width,), torch.long) if i in layouts else (tuple(x.shape[1:]), x.dtype)
-              for i, x in enumerate(inputs) for f in [layouts.get(i)]]
+    shapes = [((layouts[i].width,), torch.long) if i in layouts else (tuple(x.shape[1:]), x.dtype)
+              for i, x in enumerate(inputs)]
     for i, x in enumerate(inputs):
         if i not in layouts and not (isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == batch):
             raise PartitaError(f"model factory {spec!r}: example input {i} must be a tensor with the KJT's batch "

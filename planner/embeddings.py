@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.sparse import coo_array
 
-from partita.costmodel.embeddings import Access, Table
+from partita.costmodel.embeddings import Access, Table, by_config_name
 from partita.costmodel.errors import InfeasibleError, PartitaError
 from partita.costmodel.hardware import GiB
 from partita.costmodel.sparse import (PLACEMENTS, SHARDINGS, Option, PieceCost, SparseContext, collective_latency,
@@ -115,8 +115,8 @@ class SparseSolution:
 def parse_fixed(text: str, tables: list[Table]) -> dict[str, Fixed]:
     """`NAME=SHARDING[:K][@PLACEMENT],...` (NAME a table, or * for every table) -> {table: Fixed}. A TorchRec
     collection's table may be named by its EmbeddingBagConfig name where no other table has that name."""
-    keys = [t.key for t in tables if t.key]
-    names = {**{t.key: t for t in tables if t.key and keys.count(t.key) == 1}, **{t.name: t for t in tables}}
+    by_name = {t.name: t for t in tables}
+    names = {**{key: by_name[name] for key, name in by_config_name(tables).items()}, **by_name}
     out: dict[str, Fixed] = {}
     for item in filter(None, (s.strip() for s in text.split(","))):
         name, eq, rest = item.partition("=")

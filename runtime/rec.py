@@ -47,9 +47,9 @@ import torch.nn as nn
 from partita.costmodel import PartitaError, model_fingerprint
 from partita.costmodel.embeddings import find_tables, table_modules
 from partita.costmodel.kjt import KJT_PREFIX, is_ebc
-from partita.runtime.apply import average_grads
 from partita.costmodel.sparse import TORCHREC_KERNELS
 from partita.planner.plan import Plan, PlanError
+from partita.runtime.apply import average_grads
 
 FP32_TOLERANCE = 1e-5
 PARAM_TOLERANCE = 1e-3
@@ -262,10 +262,9 @@ def shard_collections(plan: Plan, model: nn.Module, device: torch.device, lr: fl
         from torchrec.distributed.types import ShardedModule
         # FSDP units hold no collection nor any part of one: a unit takes every parameter below it; a module
         # around a collection keeps its own parameters replicated (replicated_by_hand)
-        collections = [m for m in model.modules() if isinstance(m, ShardedModule)]
-        near = {id(m) for c in collections for m in c.modules()}
-        around = {id(m) for m in model.modules() if any(c is not m and _holds(m, c) for c in collections)}
-        _fully_shard([m for m in model.modules() if id(m) not in near and id(m) not in around], device)
+        inside = {id(m) for c in model.modules() if isinstance(c, ShardedModule) for m in c.modules()}
+        _fully_shard([m for m in model.modules() if id(m) not in inside
+                      and not any(isinstance(x, ShardedModule) for x in m.modules())], device)
         dmp._partita_sharded_dense = True
     return dmp
 
@@ -300,10 +299,6 @@ def shard(plan: Plan, model: nn.Module, device: torch.device, lr: float) -> nn.M
         else:
             dense = DistributedDataParallel(dense)
     return RecModel(ids, dense, dmp, [table_key(f) for f in order])
-
-
-def _holds(module: nn.Module, child: nn.Module) -> bool:
-    return any(m is child for m in module.modules())
 
 
 def _fully_shard(modules: list[nn.Module], device: torch.device) -> None:

@@ -95,20 +95,21 @@ def _large(inst: dict) -> bool:
 
 # ------------------------------------------------------------------------------------------------- partita
 
-def _partita_inputs(inst: dict):
+def _partita_inputs(inst: dict, pricing: str = "partita"):
     from partita.costmodel.embeddings import Table, zipf_access
     from partita.costmodel.hardware import parse_cluster
     from partita.costmodel.sparse import SparseContext
     tables = [Table(name=t["name"], rows=t["rows"], dim=t["dim"]) for t in inst["tables"]]
     accesses = {t["name"]: zipf_access(t["rows"], inst["alpha"], t["pooling"]) for t in inst["tables"]}
     cl = parse_cluster(inst["cluster"])
-    return tables, accesses, SparseContext(cluster=cl, global_batch=LOCAL_BATCH * cl.num_devices)
+    return tables, accesses, SparseContext(cluster=cl, global_batch=LOCAL_BATCH * cl.num_devices, pricing=pricing)
 
 
-def partita_plan(inst: dict) -> dict:
+def partita_plan(inst: dict, pricing: str = "partita") -> dict:
+    """partita's embedding program on `inst`, its pieces priced by partita's model or by TorchRec's estimator."""
     from partita.costmodel.errors import PartitaError
     from partita.planner.embeddings import solve_tables
-    tables, accesses, ctx = _partita_inputs(inst)
+    tables, accesses, ctx = _partita_inputs(inst, pricing)
     t0 = time.perf_counter()
     try:
         sol = solve_tables(tables, accesses, ctx, dense_s=0.0, dense_hbm=0.0)
@@ -147,17 +148,9 @@ def _quiet():
 
 
 def _topology(cluster: str):
-    from torchrec.distributed.planner.types import Topology
     from partita.costmodel.hardware import parse_cluster
-    cl = parse_cluster(cluster)
-    d = cl.device
-    per_ms = 1e-3  # TorchRec's bandwidths are bytes per millisecond
-    return Topology(world_size=cl.num_devices, compute_device="cuda", hbm_cap=int(d.usable_memory()),
-                    ddr_cap=int(d.host_memory_bytes), local_world_size=cl.devices_per_node,
-                    hbm_mem_bw=d.mem_bandwidth * d.mem_efficiency * per_ms, ddr_mem_bw=d.host_bw * per_ms,
-                    hbm_to_ddr_mem_bw=d.host_bw * per_ms,
-                    intra_host_bw=d.intra_node_bw * d.intra_link_efficiency * per_ms,
-                    inter_host_bw=d.inter_node_bw * d.inter_link_efficiency * per_ms)
+    from partita.costmodel.sparse_torchrec import topology
+    return topology(parse_cluster(cluster))
 
 
 def _module(inst: dict):
@@ -240,11 +233,12 @@ def torchrec_score(inst: dict, choices: list[dict]) -> dict:
 
 def compare(inst: dict) -> dict:
     ours, theirs = partita_plan(inst), torchrec_plan(inst)
+    ours_tr = partita_plan(inst, pricing="torchrec")
     row = {"name": inst["name"], "cluster": inst["cluster"], "tables": len(inst["tables"]), "fill": inst["fill"],
-           "alpha": inst["alpha"], "large": _large(inst),
-           "partita": {k: v for k, v in ours.items() if k != "choices"},
-           "torchrec": {k: v for k, v in theirs.items() if k != "choices"}}
-    for who, res in (("partita", ours), ("torchrec", theirs)):
+           "alpha": inst["alpha"], "large": _large(inst)}
+    plans = (("partita", ours), ("partita_torchrec_costs", ours_tr), ("torchrec", theirs))
+    for who, res in plans:
+        row[who] = {k: v for k, v in res.items() if k != "choices"}
         if res["found"]:
             row[who]["shardings"] = sorted({c["sharding"] + "/" + c["placement"] for c in res["choices"]})
             try:
@@ -252,16 +246,20 @@ def compare(inst: dict) -> dict:
                 row[who]["partita_s"] = partita_score(inst, res["choices"])
             except Exception as e:  # noqa: BLE001 -- a plan one side cannot score is reported, not fatal
                 row[who]["score_error"] = f"{type(e).__name__}: {str(e)[:200]}"
-    if all(res["found"] and "torchrec_ms" in row[who] and "partita_s" in row[who]
-           for who, res in (("partita", ours), ("torchrec", theirs))):
+    scored = lambda who: "torchrec_ms" in row[who] and "partita_s" in row[who]  # noqa: E731
+    if scored("partita") and scored("torchrec"):
         row["margin_torchrec_estimator"] = 1 - row["partita"]["torchrec_ms"]["ms"] / row["torchrec"]["torchrec_ms"]["ms"]
         row["margin_partita_model"] = 1 - row["partita"]["partita_s"] / row["torchrec"]["partita_s"]
+    if scored("partita_torchrec_costs") and scored("torchrec"):
+        row["margin_torchrec_costs"] = (1 - row["partita_torchrec_costs"]["torchrec_ms"]["ms"]
+                                        / row["torchrec"]["torchrec_ms"]["ms"])
     return row
 
 
 def summary(rows: list[dict]) -> dict:
     both = [r for r in rows if "margin_torchrec_estimator" in r]
     large = [r for r in both if r["large"]]
+    same = [r for r in rows if "margin_torchrec_costs" in r]
     median = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
     return {"instances": len(rows), "torchrec_found": sum(r["torchrec"]["found"] for r in rows),
             "partita_found": sum(r["partita"]["found"] for r in rows),
@@ -275,7 +273,21 @@ def summary(rows: list[dict]) -> dict:
             "median_seconds": {"partita": median([r["partita"]["seconds"] for r in rows]),
                                "torchrec": median([r["torchrec"]["seconds"] for r in rows])},
             "max_seconds": {"partita": max(r["partita"]["seconds"] for r in rows),
-                            "torchrec": max(r["torchrec"]["seconds"] for r in rows)}}
+                            "torchrec": max(r["torchrec"]["seconds"] for r in rows)},
+            "torchrec_costs": {
+                "note": "partita's program with TorchRec's own estimator pricing the pieces (--embedding-costs "
+                        "torchrec): the same objective as TorchRec's planner, so the margin is the search's alone",
+                "found": sum(r["partita_torchrec_costs"]["found"] for r in rows),
+                "found_where_torchrec_did": all(r["partita_torchrec_costs"]["found"] for r in rows
+                                                if r["torchrec"]["found"]),
+                "compared": len(same),
+                "fits_by_torchrec_storage": sum(r["partita_torchrec_costs"]["torchrec_ms"]["fits"] for r in same),
+                "worse_by_torchrec_estimator": sum(r["margin_torchrec_costs"] < -1e-9 for r in same),
+                "median_margin": median([r["margin_torchrec_costs"] for r in same]),
+                "median_margin_large": median([r["margin_torchrec_costs"] for r in same if r["large"]]),
+                "min_margin": min((r["margin_torchrec_costs"] for r in same), default=None),
+                "median_seconds": median([r["partita_torchrec_costs"]["seconds"] for r in rows]),
+                "max_seconds": max(r["partita_torchrec_costs"]["seconds"] for r in rows)}}
 
 
 # ------------------------------------------------------------------------------------- scale and published
@@ -356,7 +368,9 @@ def main(argv=None) -> int:
         r = rows[-1]
         print(f"{r['name']} {r['cluster']:>14} {r['tables']:>4} tables fill {r['fill']:.2f}: partita "
               f"{r['partita']['seconds']:.2f}s torchrec {r['torchrec']['seconds']:.2f}s margin "
-              f"{r.get('margin_torchrec_estimator', math.nan):+.3f}", flush=True)
+              f"{r.get('margin_torchrec_estimator', math.nan):+.3f}; with TorchRec's costs "
+              f"{r['partita_torchrec_costs']['seconds']:.2f}s margin {r.get('margin_torchrec_costs', math.nan):+.3f}",
+              flush=True)
     scale = [scale_case("criteo", "dlrm-criteo-1tb", "8xA100-40GB", 8 * LOCAL_BATCH, TORCHREC_TIMEOUT_S)]
     if not args.quick:
         scale.append(scale_case("1t-500-tables", "dlrm:tables=500,rows=15625000,dim=128", "16x8xA100-80GB",

@@ -146,6 +146,9 @@ class SparseContext:
     cluster: Cluster
     global_batch: int
     optimizer: str = "rowwise_adagrad"
+    pricing: str = "partita"
+    """Who prices a piece: "partita" (this module) or "torchrec" (TorchRec's estimator,
+    costmodel.sparse_torchrec; planner.embeddings.option_costs)."""
 
     @property
     def ranks(self) -> int:
@@ -255,8 +258,9 @@ def piece_cost(table: Table, access: Access, option: Option, ctx: SparseContext)
 
 def collective_latency(ctx: SparseContext, sharding: str) -> float:
     """Latency seconds a step pays once for the collectives of every table of `sharding` together
-    (TorchRec batches each sharding type's tables into one collective of each kind)."""
-    if ctx.ranks <= 1:
+    (TorchRec batches each sharding type's tables into one collective of each kind). None where TorchRec's
+    estimator prices the pieces: its per-shard comms are its whole communication cost."""
+    if ctx.ranks <= 1 or ctx.pricing == "torchrec":
         return 0.0
     lat = lambda coll, group: comm.affine(coll, ctx.cluster, group)[0] if group.size > 1 else 0.0  # noqa: E731
     a2a = lat(comm.all_to_all, ctx.world())

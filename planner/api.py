@@ -110,8 +110,8 @@ def _plan_tables(spec, tables, cluster, train, space, sparse, fingerprint, progr
     chosen with the tables' placement; `--zero 0` or `--zero 3` fixes that choice)."""
     from partita.planner.rec_plan import DENSE_ZERO, SparseInputs, plan_rec
     if not tables:
-        raise PartitaError(f"--data, --zipf, --pooling, --sparse-optimizer and --embedding-sharding apply to models "
-                           f"with embedding tables (nn.EmbeddingBag); {spec.name} has none")
+        raise PartitaError(f"--data, --zipf, --pooling, --sparse-optimizer, --embedding-sharding and --embedding-costs "
+                           f"apply to models with embedding tables (nn.EmbeddingBag); {spec.name} has none")
     fixed = space.fixed()
     if set(fixed) - {"zero"} or not set(space.zero) & set(DENSE_ZERO) or baselines:
         raise PartitaError(f"{spec.name} has embedding tables: its dense part is planned over every rank, replicated "

@@ -64,13 +64,14 @@ def _cmd_plan(args) -> int:
 
 def _sparse_from_args(args):
     """The recommendation-model flags as a rec_plan.SparseInputs, or None when none is given."""
-    given = {k: getattr(args, k) for k in ("data", "zipf", "pooling", "sparse_optimizer", "embedding_sharding")
-             if getattr(args, k) is not None}
+    given = {k: getattr(args, k) for k in ("data", "zipf", "pooling", "sparse_optimizer", "embedding_sharding",
+                                           "embedding_costs") if getattr(args, k) is not None}
     if not given:
         return None
     from partita.planner.rec_plan import SparseInputs
     return SparseInputs(data=args.data, zipf=args.zipf, pooling=args.pooling,
-                        optimizer=args.sparse_optimizer or "rowwise_adagrad", fixed=args.embedding_sharding)
+                        optimizer=args.sparse_optimizer or "rowwise_adagrad", fixed=args.embedding_sharding,
+                        pricing=args.embedding_costs or "partita")
 
 
 def _space_from_args(args):
@@ -301,6 +302,9 @@ def _add_rec_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--embedding-sharding", metavar="TABLE=SHARDING[:K][@PLACEMENT],...",
                    help="fix tables' sharding (data_parallel, table_wise, column_wise:K, row_wise, table_row_wise) "
                         "and placement (hbm, cache, host); TABLE * for every table")
+    g.add_argument("--embedding-costs", choices=["partita", "torchrec"], default=None,
+                   help="who prices the tables: partita's byte model (default), or TorchRec's own estimator "
+                        "(EmbeddingPerfEstimator; the program then minimises what TorchRec's planner does)")
 
 
 def build_parser() -> argparse.ArgumentParser:

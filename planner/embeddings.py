@@ -5,7 +5,9 @@ column_wise into k pieces, row_wise, table_row_wise; placement HBM, an HBM cache
 rows before host memory, or host memory through UVM) and the ranks its pieces go to, beside the dense
 plan, whose per-rank step time D and HBM M_D enter as constants (the dense part of a recommendation
 model runs on every rank, replicated or sharded: planner.rec_plan solves this block once per choice). Piece costs
-c_to (seconds), h_to (HBM bytes) and u_to (host bytes) are costmodel.sparse's.
+c_to (seconds), h_to (HBM bytes) and u_to (host bytes) are costmodel.sparse's, or with `--embedding-costs
+torchrec` TorchRec's own estimator's (costmodel.sparse_torchrec, lambda_s = 0): TorchRec's planner minimises
+max_r sum c_to over its shards too, so the program then solves TorchRec's own objective exactly.
 
 Rank-indexed program (exact; HiGHS, warm-started from the placement below):
 
@@ -51,6 +53,7 @@ from partita.costmodel.errors import InfeasibleError, PartitaError
 from partita.costmodel.hardware import GiB
 from partita.costmodel.sparse import (PLACEMENTS, SHARDINGS, Option, PieceCost, SparseContext, collective_latency,
                                       piece_cost)
+from partita.costmodel.sparse_torchrec import torchrec_costs
 
 CACHE_FRACTIONS = (0.01, 0.05, 0.2)
 """HBM cache sizes the search offers, as fractions of a table's rows (a grid over the miss-ratio curve)."""
@@ -565,10 +568,13 @@ def _faster_where_room(p: _Problem, assignments: list[Assignment]) -> list[Assig
 
 def option_costs(tables: list[Table], accesses: dict[str, Access], ctx: SparseContext,
                  fixed: dict[str, Fixed] | None = None) -> list[list[tuple[Option, PieceCost]]]:
-    """Per table, its options with their piece costs (the Pareto front of time and memory)."""
+    """Per table, its options with their piece costs (the Pareto front of time and memory), priced by
+    partita's byte model or, with ctx.pricing "torchrec", by TorchRec's estimator (costmodel.sparse_torchrec)."""
     fixed = fixed or {}
-    return [_pareto([(o, piece_cost(t, accesses[t.name], o, ctx)) for o in table_options(t, ctx, fixed.get(t.name))])
-            for t in tables]
+    options = [table_options(t, ctx, fixed.get(t.name)) for t in tables]
+    if ctx.pricing == "torchrec":
+        return [_pareto(priced) for priced in torchrec_costs(tables, accesses, ctx, options)]
+    return [_pareto([(o, piece_cost(t, accesses[t.name], o, ctx)) for o in opts]) for t, opts in zip(tables, options)]
 
 
 def floor_s(costs: list[list[tuple[Option, PieceCost]]], ctx: SparseContext) -> float:

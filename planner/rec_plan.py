@@ -17,6 +17,8 @@ The Plan gains a versioned `embeddings` section (SECTION_SCHEMA), which runtime.
 ParameterSharding plan:
 
     embeddings   {"schema": "partita.embeddings/1", "optimizer", "data",
+                  "pricing" ("partita": costmodel.sparse's byte model; "torchrec": TorchRec's own estimator,
+                             costmodel.sparse_torchrec -- absent in older plans: partita),
                   "tables": [{"name", "collection", "key", "features" (a TorchRec collection's table: the
                               collection's FQN, its EmbeddingBagConfig name and features), "rows", "dim",
                               "pooling", "sharding", "placement", "cache_fraction",
@@ -43,6 +45,7 @@ from partita.costmodel.embeddings import Table, dense_twin, load_sample, zipf_ac
 from partita.costmodel.errors import InfeasibleError, PartitaError
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.sparse import PLACEMENTS, SHARDINGS, SPARSE_OPTIMIZERS, SparseContext
+from partita.costmodel.sparse_torchrec import PRICINGS
 from partita.planner.embeddings import floor_s, option_costs, parse_fixed, solve_tables
 
 SECTION_SCHEMA = "partita.embeddings/1"
@@ -66,8 +69,12 @@ class SparseInputs:
     fixed: str | None = None
     """`TABLE=SHARDING[:K][@PLACEMENT],...` (planner.embeddings.parse_fixed)."""
     time_limit: float = 60.0
+    pricing: str = "partita"
+    """Who prices the table pieces: partita's byte model, or TorchRec's estimator (costmodel.sparse_torchrec)."""
 
     def __post_init__(self):
+        if self.pricing not in PRICINGS:
+            raise PartitaError(f"--embedding-costs {self.pricing!r}; accepted: {', '.join(PRICINGS)}")
         if self.optimizer not in SPARSE_OPTIMIZERS:
             raise PartitaError(f"sparse optimizer {self.optimizer!r}; accepted: {', '.join(SPARSE_OPTIMIZERS)}")
         if self.data is not None and (self.zipf is not None or self.pooling is not None):
@@ -126,7 +133,8 @@ def plan_rec(spec: ModelSpec, tables: list[Table], cluster: Cluster, train, spar
     # one micro-batch of the whole local batch: recommendation models train without accumulation
     local = train.global_batch // R
     train = dataclasses.replace(train, max_micro_batch=max(train.max_micro_batch, local))
-    ctx = SparseContext(cluster=cluster, global_batch=train.global_batch, optimizer=sparse.optimizer)
+    ctx = SparseContext(cluster=cluster, global_batch=train.global_batch, optimizer=sparse.optimizer,
+                        pricing=sparse.pricing)
     costs = option_costs(tables, accesses, ctx, fixed)
     floor = floor_s(costs, ctx)
     solves_s, options = 0.0, []
@@ -165,6 +173,7 @@ def plan_rec(spec: ModelSpec, tables: list[Table], cluster: Cluster, train, spar
         raise InfeasibleError(f"the dense part of {spec.name} fits on no rank, replicated or sharded over {R} ranks")
     plan, sol, dense_s, dense_hbm = best
     plan.embeddings = section(sol, tables, accesses, sparse.optimizer, source, dense_s)
+    plan.embeddings["pricing"] = sparse.pricing
     plan.embeddings["dense"] = {"zero_stage": plan.zero_stage, "options": tried}
     _merge_predictions(plan, sol, dense_s, dense_hbm)
     plan.solver["embeddings"] = plan.embeddings["solver"]
@@ -269,6 +278,8 @@ def validate_section(data, world_size: int) -> dict | None:
                             f"{len(ranks)}")
         if t["sharding"] == "column_wise" and (not isinstance(shards, int) or shards < 1 or t["dim"] % shards):
             raise PlanError(f"{where}: dim {t['dim']} does not split into {shards} column pieces")
+    if data.get("pricing", "partita") not in PRICINGS:
+        raise PlanError(f"embeddings.pricing must be one of {', '.join(PRICINGS)}")
     _validate_dense(data.get("dense"))
     return data
 
@@ -307,6 +318,9 @@ def renderables(plan) -> list:
     params = sum(t["rows"] * t["dim"] for t in tables)
     out = [Text(f"embedding tables  {len(tables)} tables, {params / 1e9:.3g}B parameters; IDs: {e.get('data')}; "
                 f"optimizer {e.get('optimizer')}")]
+    if e.get("pricing") == "torchrec":
+        out.append(Text("table costs  TorchRec's EmbeddingPerfEstimator and EmbeddingStorageEstimator "
+                        "(--embedding-costs torchrec), not partita's byte model; the dense part is partita's"))
     grid = RichTable(show_edge=False, pad_edge=False)
     for col in ("sharding", "placement", "tables", "ranks", "e.g."):
         grid.add_column(col)

@@ -48,6 +48,7 @@ def test_plans_without_tables_have_no_section_and_load_unchanged(tmp_path):
     (lambda e: e["tables"][0].update(placement="cache", cache_fraction="1; import os"), "cache_fraction must be"),
     (lambda e: e.update(dense={"zero_stage": 3, "options": [{"zero_stage": 3}]}), "embeddings.dense must be"),
     (lambda e: e.update(dense={"zero_stage": 2, "options": []}), "embeddings.dense must be"),
+    (lambda e: e.update(pricing="guess"), "embeddings.pricing must be one of partita, torchrec"),
 ])
 def test_a_bad_section_is_one_line(rec_plan, edit, words):
     d = copy.deepcopy(rec_plan.to_dict())
@@ -92,3 +93,41 @@ def test_the_export_keeps_a_plans_free_text_in_its_comment(rec_plan, tmp_path, c
 
 def test_explain_says_which_dense_option_was_chosen(rec_plan):
     assert "dense part  replicated (DDP), chosen with the tables" in rec_plan.explain()
+
+
+def test_tables_priced_by_torchrecs_estimator_say_so(rec_plan):
+    """--embedding-costs torchrec: the pieces carry TorchRec's estimate (no per-collective latency; other
+    piece times than partita's byte model), the section and the report say who priced them."""
+    theirs = plan(MODEL, cluster="2xcpu", train=TrainConfig(global_batch=16),
+                  sparse=SparseInputs(fixed="embeddings.cat_2=column_wise:2", pricing="torchrec"))
+    e = theirs.embeddings
+    assert e["pricing"] == "torchrec" and rec_plan.embeddings["pricing"] == "partita"
+    assert e["predicted"]["latency_s"] == 0.0 < rec_plan.embeddings["predicted"]["latency_s"]
+    assert "TorchRec's EmbeddingPerfEstimator" in theirs.explain()
+    assert "TorchRec's EmbeddingPerfEstimator" not in rec_plan.explain()
+    assert Plan.from_dict(json.loads(json.dumps(theirs.to_dict()))).embeddings == e
+
+
+@pytest.mark.parametrize("sparse, words", [
+    (dict(pricing="torchrec", optimizer="adam"), "TorchRec's estimator prices its default optimizer"),
+    (dict(pricing="guess"), "--embedding-costs 'guess'; accepted: partita, torchrec"),
+])
+def test_torchrec_pricing_refusals_are_one_line(sparse, words):
+    from partita.costmodel.errors import PartitaError
+    with pytest.raises(PartitaError, match=words) as e:
+        plan(MODEL, cluster="2xcpu", train=TrainConfig(global_batch=16), sparse=SparseInputs(**sparse))
+    assert "\n" not in str(e.value)
+
+
+def test_torchrec_pricing_without_torchrec_says_how_to_install(monkeypatch):
+    import sys
+    from partita.costmodel.errors import PartitaError
+    monkeypatch.setitem(sys.modules, "torchrec", None)  # import torchrec now raises ImportError
+    with pytest.raises(PartitaError, match=r"pip install 'partita\[rec\]'"):
+        plan(MODEL, cluster="2xcpu", train=TrainConfig(global_batch=16), sparse=SparseInputs(pricing="torchrec"))
+
+
+def test_cli_embedding_costs_flag(capsys):
+    assert main(["plan", "--model", MODEL, "--cluster", "2xcpu", "--global-batch", "16", "--embedding-costs",
+                 "torchrec", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["embeddings"]["pricing"] == "torchrec"

@@ -640,6 +640,20 @@ def rec(results: dict) -> str:
         "miss rate of an LRU cache under the instance's Zipf skew plus FBGEMM's tag probes, so a small cache partita "
         "finds worth it is the slowest piece there. TorchRec's storage estimate (its own reservations "
         f"and buffers) finds {unfit} of partita's plans over some rank's memory.")]
+    tc = s.get("torchrec_costs")
+    if tc:
+        out += ["", paragraph(
+            f"The same program with TorchRec's estimator pricing the pieces (`--embedding-costs torchrec`, TorchRec's "
+            f"own objective, so the margin is the search's alone) found a plan for {tc['found']} of "
+            f"{s['instances']}" + ("" if tc["found_where_torchrec_did"] else " (NOT every one TorchRec found)")
+            + f", {tc['fits_by_torchrec_storage']} of {tc['compared']} within TorchRec's storage estimate; scored "
+            f"by TorchRec's estimator it is worse than TorchRec's planner on {tc['worse_by_torchrec_estimator']} of "
+            f"{tc['compared']} (worst {margin(tc['min_margin'])}), median margin {margin(tc['median_margin'])}, on "
+            f"the large instances {margin(tc['median_margin_large'])}. It plans in {tc['median_seconds']:.2f} s "
+            f"median, {tc['max_seconds']:.1f} s longest, most of it TorchRec's own enumeration of the options."
+            + "".join(f" {r['name']} ({r['tables']} tables on {r['cluster']}): {margin(r['margin_torchrec_costs'])}, "
+                      f"where partita states a gap of {pct(r['partita_torchrec_costs']['gap'], 1)} to its bound."
+                      for r in d["instances"] if r.get("margin_torchrec_costs", 0) < -1e-9))]
     for c in d["scale"]:
         t = c["torchrec"]
         theirs = ("not run" if t.get("found") is None else f"{t['seconds']:.1f} s" + ("" if t["found"] else

@@ -31,7 +31,9 @@ rank carries) and the average and largest-piece bounds
 is a relaxation of the program above, so its optimum is a lower bound on the best plan (and its
 infeasibility proves that no plan exists). The options it chooses are placed on ranks longest-processing-
 time-first under the memory limits (Graham 1969: within 4/3 of the optimum makespan without them) and
-improved by moving pieces off the slowest rank. Where the chosen pieces do not pack (the relaxation pools a
+improved by moving pieces off the slowest rank, then by changing one table's option at a time where that
+shortens the step (`_rechoose`: the relaxation pools each rank, so a table it leaves whole on the slowest rank may
+do better split or spread; only where the plan is more than MIP_GAP off the bound). Where the chosen pieces do not pack (the relaxation pools a
 rank's memory), the relaxation is solved again under less memory per rank (PACKING_RETRIES) until they do.
 Where that plan's gap to the bound exceeds MIP_GAP and the
 rank-indexed program is small (up to EXACT_LIMIT piece variables), HiGHS solves it from that plan for
@@ -66,6 +68,8 @@ tables make the last fraction of a percent a long proof of a balance that does n
 PACKING_RETRIES = (0.95, 0.9, 0.8, 0.65)
 """Memory per rank, as fractions of the real limit, the relaxation is solved again under when its choice does
 not pack onto ranks (each retry a smaller limit, the placement always against the real one)."""
+RECHOOSE_ROUNDS = 100
+"""Option changes the local search after the placement may make (planner.embeddings._rechoose)."""
 EXACT_LIMIT = 20_000
 """Piece variables (tables x options x ranks) up to which the rank-indexed program is solved directly."""
 EXACT_NODES = 200
@@ -327,7 +331,7 @@ def _solve_exact(p: _Problem, time_limit: float, incumbent: list[Assignment] | N
                  nodes: int | None = None) -> tuple[_Result, list | None]:
     """The rank-indexed program (module docstring), warm-started from `incumbent`; its assignments."""
     R = p.ctx.ranks
-    nodes, per_node = _nodes(p)
+    n_nodes, per_node = _nodes(p)
     cols, rows = _Columns(), _Rows()
     T = cols.add(False, 1.0)
     kinds = _kinds(p)
@@ -344,7 +348,7 @@ def _solve_exact(p: _Problem, time_limit: float, incumbent: list[Assignment] | N
             row.append((zi, 1.0))
             by_kind[opt.sharding].append(zi)
             if opt.sharding in LOCAL or opt.sharding == "table_row_wise":
-                span = R if opt.sharding in LOCAL else nodes
+                span = R if opt.sharding in LOCAL else n_nodes
                 x[t, o] = xs = cols.add(True, count=span)
                 rows.add([(xs + i, 1.0) for i in range(span)] + [(zi, -float(opt.shards))], 0.0, 0.0)
                 for r in range(R):
@@ -387,7 +391,7 @@ def _solve_exact(p: _Problem, time_limit: float, incumbent: list[Assignment] | N
         if opt.sharding in LOCAL:
             ranks = tuple(r for r in range(R) if res.x[x[t, o] + r] > 0.5)
         elif opt.sharding == "table_row_wise":
-            n = next(n for n in range(nodes) if res.x[x[t, o] + n] > 0.5)
+            n = next(n for n in range(n_nodes) if res.x[x[t, o] + n] > 0.5)
             ranks = tuple(range(n * per_node, (n + 1) * per_node))
         else:
             ranks = tuple(range(R))
@@ -539,6 +543,79 @@ def _improve(p, choice, placed, load, hbm, host, rounds: int = 10_000) -> None:
             arr[r] += v
 
 
+def _ranks_for(p: _Problem, opt: Option, c: PieceCost, load, hbm, host) -> list[int] | None:
+    """Where option `opt` goes on ranks loaded `load` (its table taken off): every rank (spread), the node
+    whose slowest rank is least loaded (table_row_wise), or its pieces on the least loaded ranks with room;
+    None where it finds no room."""
+    R = p.ctx.ranks
+    room = (hbm + c.hbm_bytes <= p.hbm_cap) & (host + c.host_bytes <= p.host_cap)
+    if opt.sharding in SPREAD:
+        return list(range(R)) if room.all() else None
+    if opt.sharding == "table_row_wise":
+        n_nodes, per_node = _nodes(p)
+        spans = [range(n * per_node, (n + 1) * per_node) for n in range(n_nodes)]
+        ok = [list(s) for s in spans if room[list(s)].all()]
+        return min(ok, key=lambda s: (load[s].max(), s[0])) if ok else None
+    fits = np.flatnonzero(room)
+    if len(fits) < opt.shards:
+        return None
+    return sorted(int(r) for r in fits[np.lexsort((fits, load[fits]))[:opt.shards]])
+
+
+def _rechoose(p: _Problem, assignments: list[Assignment], rounds: int | None = None) -> list[Assignment]:
+    """Change one table's option at a time where that shortens the step: the relaxation chose options for a
+    pooled rank, and a table it left whole on the slowest rank may do better split, spread or on another node.
+    Each round tries every other option of every table on the slowest rank, placed by _ranks_for, and keeps the
+    change that most lowers (slowest rank + the collectives' latency, sum of squared rank loads); it stops when
+    none does or after `rounds` changes (RECHOOSE_ROUNDS; a fixed amount of work: the same inputs give the same
+    plan)."""
+    rounds = RECHOOSE_ROUNDS if rounds is None else rounds
+    out = list(assignments)
+    sol = _tally(p, out, "", "", 0.0)
+    load, hbm, host = sol.rank_time, sol.rank_hbm, sol.rank_host
+    used = {}
+    for a in out:
+        used[a.option.sharding] = used.get(a.option.sharding, 0) + 1
+    index = {t.name: i for i, t in enumerate(p.tables)}
+    score = lambda ld, kinds: (ld.max() + sum(p.latency[k] for k, n in kinds.items() if n), float(ld @ ld))  # noqa: E731
+    for _ in range(rounds):
+        now = score(load, used)
+        worst = int(np.argmax(load))
+        best = None
+        for i, a in enumerate(out):
+            if worst not in a.ranks:
+                continue
+            idx = list(a.ranks)
+            L, H, U = load.copy(), hbm.copy(), host.copy()
+            L[idx] -= a.cost.time_s
+            H[idx] -= a.cost.hbm_bytes
+            U[idx] -= a.cost.host_bytes
+            for opt, c in p.costs[index[a.table.name]]:
+                if opt == a.option or (rs := _ranks_for(p, opt, c, L, H, U)) is None:
+                    continue
+                L2 = L.copy()
+                L2[rs] += c.time_s
+                kinds = dict(used)
+                kinds[a.option.sharding] -= 1
+                kinds[opt.sharding] = kinds.get(opt.sharding, 0) + 1
+                key = score(L2, kinds)
+                if key[0] < now[0] - 1e-12 or (key[0] <= now[0] + 1e-15 and key[1] < now[1] * (1 - 1e-9)):
+                    if best is None or key < best[0]:
+                        best = (key, i, Assignment(table=a.table, option=opt, cost=c, ranks=tuple(rs)))
+        if best is None:
+            break
+        _, i, new = best
+        old = out[i]
+        for arr, before, after in ((load, old.cost.time_s, new.cost.time_s), (hbm, old.cost.hbm_bytes, new.cost.hbm_bytes),
+                                   (host, old.cost.host_bytes, new.cost.host_bytes)):
+            arr[list(old.ranks)] -= before
+            arr[list(new.ranks)] += after
+        used[old.option.sharding] -= 1
+        used[new.option.sharding] = used.get(new.option.sharding, 0) + 1
+        out[i] = new
+    return out
+
+
 def _faster_where_room(p: _Problem, assignments: list[Assignment]) -> list[Assignment]:
     """Each table on the fastest of its options with the same pieces (sharding and count) that still fits on
     the ranks it holds -- a cache or host placement back into HBM where there is room. The step time only
@@ -618,9 +695,12 @@ def solve_tables(tables: list[Table], accesses: dict[str, Access], ctx: SparseCo
         if again is not None and (placed := _place(p, again[0])) is not None:
             choice = again[0]
             break
-    best = _tally(p, placed, "feasible", "relaxation + placement", 0.0) if placed is not None else None
-    small = sum(len(c) for c in costs) * ctx.ranks <= EXACT_LIMIT
     gap = lambda sol: 1.0 - (dense_s + bound) / (dense_s + sol.step_s)  # noqa: E731 -- of the whole step
+    best = _tally(p, placed, "feasible", "relaxation + placement", 0.0) if placed is not None else None
+    if best is not None and gap(best) > MIP_GAP:
+        best = _tally(p, _rechoose(p, placed), "feasible", "relaxation + placement + re-choice", 0.0)
+        placed = best.assignments
+    small = sum(len(c) for c in costs) * ctx.ranks <= EXACT_LIMIT
     if small and (best is None or gap(best) > MIP_GAP):
         res, exact = _solve_exact(p, time_limit, placed, exact_nodes if best is not None else None)
         if res.status == "infeasible":

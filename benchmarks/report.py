@@ -651,6 +651,9 @@ def rec(results: dict) -> str:
             f"{tc['compared']} (worst {margin(tc['min_margin'])}), median margin {margin(tc['median_margin'])}, on "
             f"the large instances {margin(tc['median_margin_large'])}. It plans in {tc['median_seconds']:.2f} s "
             f"median, {tc['max_seconds']:.1f} s longest, most of it TorchRec's own enumeration of the options."
+            + (f" So where partita's own plan loses by TorchRec's estimator ({s['partita_worse_by_torchrec_estimator']}"
+               " instances above), the two cost models prefer different plans; the search is not what loses."
+               if tc["worse_by_torchrec_estimator"] == 0 else "")
             + "".join(f" {r['name']} ({r['tables']} tables on {r['cluster']}): {margin(r['margin_torchrec_costs'])}, "
                       f"where partita states a gap of {pct(r['partita_torchrec_costs']['gap'], 1)} to its bound."
                       for r in d["instances"] if r.get("margin_torchrec_costs", 0) < -1e-9))]

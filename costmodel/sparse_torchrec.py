@@ -138,7 +138,7 @@ def torchrec_costs(tables: list[Table], accesses: dict[str, Access], ctx: Sparse
         priced = []
         for o in opts:
             n = ctx.ranks if o.sharding in ("data_parallel", "row_wise") else \
-                min(ctx.ranks, ctx.cluster.devices_per_node) if o.sharding == "table_row_wise" else o.shards
+                ctx.node().size if o.sharding == "table_row_wise" else o.shards
             frac = o.cache_fraction if o.placement == "cache" else 0.0
             if (hit := found.get((i, o.sharding, _kernel(o), n, frac))) is not None:
                 priced.append((o, _piece(hit, n)))

@@ -468,7 +468,6 @@ def _place(p: _Problem, choice: list[int]) -> list[Assignment] | None:
     """Longest processing time first onto the least loaded rank (node, for table_row_wise) with room,
     then moves off the slowest rank while they shorten it. None if some piece finds no room."""
     R = p.ctx.ranks
-    nodes, per_node = _nodes(p)
     load, hbm, host = np.zeros(R), np.zeros(R), np.zeros(R)
     fixed_ranks: dict[int, tuple[int, ...]] = {}
     pieces = []
@@ -485,29 +484,16 @@ def _place(p: _Problem, choice: list[int]) -> list[Assignment] | None:
     placed: dict[int, list[int]] = {}
     for is_node, _, t in pieces:
         opt, c = p.costs[t][choice[t]]
+        ranks = _ranks_for(p, opt, c, load, hbm, host)
+        if ranks is None:
+            return None
+        load[ranks] += c.time_s
+        hbm[ranks] += c.hbm_bytes
+        host[ranks] += c.host_bytes
         if is_node:
-            spans = [list(range(n * per_node, (n + 1) * per_node)) for n in range(nodes)]
-            ok = [s for s in spans if max(hbm[s]) + c.hbm_bytes <= p.hbm_cap and max(host[s]) + c.host_bytes <= p.host_cap]
-            if not ok:
-                return None
-            best = min(ok, key=lambda s: (max(load[s]), s[0]))
-            load[best] += c.time_s
-            hbm[best] += c.hbm_bytes
-            host[best] += c.host_bytes
-            fixed_ranks[t] = tuple(best)
-            continue
-        mine = []
-        for _ in range(opt.shards):
-            ok = [r for r in range(R) if r not in mine and hbm[r] + c.hbm_bytes <= p.hbm_cap
-                  and host[r] + c.host_bytes <= p.host_cap]
-            if not ok:
-                return None
-            r = min(ok, key=lambda r: (load[r], r))
-            mine.append(r)
-            load[r] += c.time_s
-            hbm[r] += c.hbm_bytes
-            host[r] += c.host_bytes
-        placed[t] = mine
+            fixed_ranks[t] = tuple(ranks)
+        else:
+            placed[t] = ranks
     _improve(p, choice, placed, load, hbm, host)
     fixed_ranks.update({t: tuple(sorted(rs)) for t, rs in placed.items()})
     return [Assignment(table=p.tables[t], option=p.costs[t][o][0], cost=p.costs[t][o][1], ranks=fixed_ranks[t])

@@ -66,3 +66,17 @@ def test_rechoosing_options_after_the_placement_shortens_the_step(monkeypatch):
     assert without.step_s > theirs > with_it.step_s
     dev = ctx.cluster.device
     assert np.all(with_it.rank_hbm <= dev.usable_memory()) and np.all(with_it.rank_host <= dev.host_memory_bytes)
+
+
+def test_the_rank_indexed_solve_gets_its_node_budget(monkeypatch):
+    """The exact program improves on the placement for EXACT_NODES branch-and-bound nodes (a local once named
+    `nodes`, the cluster's node count, shadowed the budget: 2 nodes on 2 x 8 GPUs)."""
+    import partita.planner.embeddings as emb
+    inst = rec.instances(3)[2]  # benchmarks.rec's i02: 8 tables on 2 x 8 A100-80GB, solved rank-indexed
+    budgets, solve = [], emb._solve
+    monkeypatch.setattr(emb, "_solve", lambda *a, **k: budgets.append(a[4] if len(a) > 4 else k.get("nodes"))
+                        or solve(*a, **k))
+    tables, accesses, ctx = rec._partita_inputs(inst)
+    sol = emb.solve_tables(tables, accesses, ctx, dense_s=0.0, dense_hbm=0.0)
+    assert sol.formulation == "rank-indexed"
+    assert emb.EXACT_NODES in budgets

@@ -42,7 +42,8 @@ an exact pricing, never the surrogate's.
 Leave-one-source-out: for each source, the published fit is redone on the surrogate (at the final
 linearisation) without that source's rows, groups left without data are derived as in 3, and that
 source's rows are priced exactly with the constants fitted without them. Those errors are the headline
-of benchmarks.published.
+of benchmarks.published. Each held-out row records `fold_unseen`: the constants its source fits in-sample
+that no other source measures (a kernel or stack only it ran), which its fold could only derive.
 """
 from __future__ import annotations
 
@@ -414,8 +415,10 @@ def leave_one_source_out(rows: list[Row], lin: Linearisation, kgroups: dict, val
         fold = fit_published(rest, lin, kgroups, start=values)
         groups = derive(fold, kgroups)
         priced = price_rows(held, groups, graphs)
+        # what the source's own rows fit in-sample that no other source measures: derived in the fold
+        unseen = sorted(_named({p: 0 for p in set(published_params(held, kgroups)) - set(fold)}))
         for r in held:
-            out[row_key(r)] = {**_err(priced[row_key(r)]), "fold_values": _named(fold)}
+            out[row_key(r)] = {**_err(priced[row_key(r)]), "fold_values": _named(fold), "fold_unseen": unseen}
         errs = [abs(out[row_key(r)]["error"]) for r in held if out[row_key(r)]["error"] is not None]
         print(f"  held out {source:<18} {len(held):>4} rows: median |error| "
               f"{statistics.median(errs) if errs else float('nan'):.3f}", flush=True)
@@ -457,8 +460,9 @@ def summary(result: dict) -> dict:
                    and result[part][k]["error"] is not None)
         if not a:
             return {"priced": 0}
+        unseen = sorted({u for k in keys for u in result[part].get(k, {}).get("fold_unseen", [])})
         return {"priced": len(a), "median_abs_error": statistics.median(a), "p95_abs_error": p95(a),
-                "max_abs_error": a[-1]}
+                "max_abs_error": a[-1], **({"unseen": unseen} if unseen else {})}
     everything = [k for keys in by_source.values() for k in keys]
     return {part: {"all": stats(everything, part), "per_source": {s: stats(k, part) for s, k in by_source.items()}}
             for part in ("in_sample", "loso") if part in result}

@@ -272,6 +272,7 @@ def held_out(rows: list[dict]) -> dict | None:
     for r in rows:
         loso = fit["loso"].get(r["key"]) or {}
         r["loso_error"] = loso.get("error")
+        r["loso_unseen"] = loso.get("fold_unseen") or []
     return {"stale": False, "commit": fit.get("commit"), "digest": fit["digest"]}
 
 
@@ -287,7 +288,8 @@ def summarize(rows: list[dict], wall_s: float) -> dict:
                               "median_speed_error": statistics.median(r["speed_error"] for r in ok) if ok else None}
         held = [r["loso_error"] for r in mine if r.get("loso_error") is not None]
         if held:
-            per_source[source]["held_out"] = {"priced": len(held), **_stats(held)}
+            unseen = sorted({u for r in mine for u in r.get("loso_unseen", [])})
+            per_source[source]["held_out"] = {"priced": len(held), **_stats(held), **({"unseen": unseen} if unseen else {})}
     overall = _stats([r["error"] for r in priced])
     held = [r["loso_error"] for r in rows if r.get("loso_error") is not None]
     held_stats = {"priced": len(held), **_stats(held)} if held else None

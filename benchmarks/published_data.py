@@ -236,19 +236,23 @@ KORTHIKANTI_T5_ROWS = [
 # The FP8 table is skipped (SKIPPED).
 _LLMF = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md @ 495218376 (2024-04-22), table "
          "'{}', column Throughput (T/s/GPU)")
-# The benchmark yamls set only `attn_impl: triton` (flash attention in Triton, llmfoundry/models/layers/
-# flash_attn_triton.py), so ALiBi is off and positions are learned: the README's NumParams grows by d_model
-# per extra position (mpt-30b: 30019254272 at 8192 tokens, 29989894144 at 4096).
+# The benchmarks ran `attn_impl: triton`: submit_benchmarks.py's --attn_impl defaults to 'triton' at all
+# three table commits and sweep.sh never passes it (it became 'flash' in 7f0fdae66, 2024-03-26, after them).
+# That is FlashAttention written in Triton -- flash-attn 1.0.3's flash_attn_triton on the A100 tables,
+# llmfoundry/models/layers/flash_attn_triton.py on triton-pre-mlir on the H100 ones -- not the CUDA
+# FlashAttention-2 of the flash-2023 stack: these tables run costmodel.stacks' "triton-2023". ALiBi is off
+# and positions are learned: the README's NumParams grows by d_model per extra position (mpt-30b:
+# 30019254272 at 8192 tokens, 29989894144 at 4096).
 _LLMF_NOTES = ("MPT priced as the gpt family (learned positions, as benchmarked: the yamls leave ALiBi off); MPT "
                "has no biases, tied embeddings, low-precision LayerNorm and Triton flash attention; partita's "
                "gpt has biases and an untied head (the head's FLOPs are the same)")
-LLMF_H100_LARGE = Table(stack="flash-2023", source="llm-foundry", citation=_LLMF.format("H100 80GB BF16 (Large Scale, >= 128 GPUs)"),
+LLMF_H100_LARGE = Table(stack="triton-2023", source="llm-foundry", citation=_LLMF.format("H100 80GB BF16 (Large Scale, >= 128 GPUs)"),
                         metric=TOKENS, framework="Composer FSDP, torch 2.1", notes=_LLMF_NOTES)
-LLMF_H100 = Table(stack="flash-2023", source="llm-foundry", citation=_LLMF.format("H100 80GB BF16"), metric=TOKENS,
+LLMF_H100 = Table(stack="triton-2023", source="llm-foundry", citation=_LLMF.format("H100 80GB BF16"), metric=TOKENS,
                   framework="Composer FSDP, torch < 2.1.1", notes=_LLMF_NOTES)
-LLMF_A100_80 = Table(stack="flash-2023", source="llm-foundry", citation=_LLMF.format("A100 80GB with 1600 Gbps node-node interconnect (RoCE)"),
+LLMF_A100_80 = Table(stack="triton-2023", source="llm-foundry", citation=_LLMF.format("A100 80GB with 1600 Gbps node-node interconnect (RoCE)"),
                      metric=TOKENS, framework="Composer FSDP, torch 1.13", notes=_LLMF_NOTES)
-LLMF_A100_40 = Table(stack="flash-2023", source="llm-foundry", citation=_LLMF.format("A100 40GB with 1600 Gbps node-node interconnect (RoCE)"),
+LLMF_A100_40 = Table(stack="triton-2023", source="llm-foundry", citation=_LLMF.format("A100 40GB with 1600 Gbps node-node interconnect (RoCE)"),
                      metric=TOKENS, framework="Composer FSDP, torch 1.13", notes=_LLMF_NOTES)
 MP_DEFAULT = "Composer MP mode DEFAULT: bf16 parameters, fp32 gradient reduce-scatter (as partita prices it)"
 MP_PURE = "Composer MP mode PURE: bf16 parameters, gradients and buffers (partita prices an fp32 reduce-scatter)"

@@ -280,6 +280,12 @@ def published(results: dict) -> str:
                 f"{pct(a['p95_abs_error'])} ({_verdict(a['p95_abs_error'], t.get('p95_abs_error'))}), max "
                 f"{pct(a['max_abs_error'])}. In-sample (constants fitted with every source): median "
                 f"{pct(o['median'])}, max {pct(o['max'])}. ")
+        unseen = {src: (v.get("held_out") or {}).get("unseen") for src, v in _per_source(d).items()}
+        unseen = {src: u for src, u in unseen.items() if u}
+        if unseen:
+            text += ("Held out, what only that source measured is derived by the fit's stated rules (benchmarks/fit.py, "
+                     "rule 3), not fitted: " + "; ".join(f"{src}: {', '.join(u)}" for src, u in unseen.items())
+                     + ". ")
     else:
         text = (f"No held-out errors for the constants in force (run `python -m benchmarks.fit`). In-sample: median "
                 f"|error| {pct(o['median'])}, max {pct(o['max'])}. ")

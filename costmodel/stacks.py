@@ -29,8 +29,9 @@ class Stack:
     attention: str
     """Fused attention (scaled_dot_product_attention) kernel on a GPU in 16-bit precision: "torch" (what
     torch's SDPA dispatches for the device, dtype and shape: `sdpa_kernel`), "flash1" (FlashAttention, Dao et
-    al. 2022: flash-attn < 2.0), "flash2" (FlashAttention-2), "cudnn" (cuDNN's fused flash attention, as
-    Transformer Engine and torch >= 2.5 on Hopper run it)."""
+    al. 2022: flash-attn < 2.0), "flash2" (FlashAttention-2), "flash_triton" (FlashAttention written in
+    Triton: flash-attn's flash_attn_triton, as MPT's attn_impl 'triton' runs it), "cudnn" (cuDNN's fused
+    flash attention, as Transformer Engine and torch >= 2.5 on Hopper run it)."""
     tp_comm_overlap: bool = False
     """Tensor-parallel collectives can overlap the GEMMs around them (Megatron-Core `--tp-comm-overlap`
     with userbuffers; torch's async TP under torch.compile). A plan choice where the stack allows it."""
@@ -58,7 +59,12 @@ STACKS: dict[str, Stack] = {s.name: s for s in [
                       "unfused, its scores materialised (the models say attention='math')"),
     Stack(name="flash-2023", attention="flash2",
           description="PyTorch 2.0-2.4 with FlashAttention-2 (the flash-attn package or SDPA's flash backend): "
-                      "llm-foundry, fms-fsdp, torchtitan 2024, Meta's Llama 3 training"),
+                      "fms-fsdp, torchtitan 2024, Meta's Llama 3 training"),
+    Stack(name="triton-2023", attention="flash_triton", gemm="flash-2023",
+          description="MosaicML Composer + llm-foundry 2023 (torch 1.13-2.1), MPT with attn_impl 'triton', the "
+                      "default of llm-foundry's benchmark scripts: FlashAttention written in Triton (flash-attn's "
+                      "flash_attn_triton, or llm-foundry's copy of it), not the CUDA FlashAttention-2; GEMMs as "
+                      "flash-2023 (PyTorch's cuBLAS)"),
     Stack(name="te-2024", attention="cudnn", tp_comm_overlap=True, p2p_overlap=True,
           description="NVIDIA's Transformer Engine kernels (Megatron-Core, NeMo, NeMo AutoModel; 2024-25): "
                       "cuDNN fused attention, TP communication overlap (userbuffers), overlapped pipeline "

@@ -87,6 +87,22 @@ def test_every_generation_and_stack_gets_constants_that_say_where_they_came_from
             == groups["hopper/te-2024"]["constants"]["matmul_efficiency"])
 
 
+def test_a_sequence_sweep_fits_the_curve_of_the_kernel_that_ran_it_and_of_no_other(kgroups):
+    """llm-foundry's tables ran MPT's Triton FlashAttention (attn_impl 'triton'), the only published
+    sequence sweeps: they fit that kernel's curve, while the stacks that run FlashAttention-2 -- the default
+    stack on Ampere among them -- keep the curve measured for FlashAttention-2."""
+    swept = {g for kind, g in fit.published_params(rows_of("llm-foundry"), kgroups) if kind == "h_seq"}
+    assert swept == {"ampere/flash_triton", "hopper/flash_triton"}
+    params = fit.published_params(list(ROWS), kgroups)
+    values = {p: fit.START[p[0]] for p in params}
+    values[("h_seq", "ampere/flash_triton")] = 5000.0
+    groups = fit.derive(values, kgroups)
+    assert groups["ampere/triton-2023"]["constants"]["attention_half_seq"] == 5000.0
+    fa2 = kgroups["hopper/pytorch"]["constants"]["other_attention"]["flash2"]["half_seq"]
+    for stack in ("pytorch", "flash-2023"):
+        assert groups[f"ampere/{stack}"]["constants"]["attention_half_seq"] == pytest.approx(fa2), stack
+
+
 def test_the_additive_model_fills_a_missing_generation_and_stack():
     a, b = {"ampere": math.log(0.8), "hopper": math.log(0.6)}, {"pytorch": 0.0, "flash-2023": math.log(0.9)}
     values = {"ampere/pytorch": 0.8, "hopper/pytorch": 0.6, "ampere/flash-2023": 0.8 * 0.9}

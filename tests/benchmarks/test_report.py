@@ -51,6 +51,10 @@ def test_the_headline_is_the_held_out_error_and_its_verdicts():
     text = " ".join(text.split())  # paragraphs are wrapped
     assert "Held out, over 1 rows" in text and "median |error| 8.3% (target <= 10%: met)" in text
     assert "p95 21.4% (target <= 20%: not met)" in text and "In-sample (constants fitted with every source)" in text
+    assert "derived by the fit's stated rules" not in text  # every constant of src-x was fitted in its fold
+    held["unseen"] = ["e_attn:ampere/triton-2023", "h_seq:ampere/flash_triton"]
+    text = " ".join(report.render("published", {"published": d}).split())
+    assert "not fitted: src-x: e_attn:ampere/triton-2023, h_seq:ampere/flash_triton." in text
 
 
 def test_a_memory_miss_is_listed_with_the_time_model_error_when_memory_is_lifted():

@@ -110,6 +110,7 @@ def test_attention_is_priced_by_the_kernel_the_stack_dispatches():
     assert sdpa_kernel(h100, "fp32", 128) == "efficient"      # flash kernels are 16-bit only
     assert sdpa_kernel(gpu_device("H100-80GB", "flash-2023"), "bf16", 128) == "flash2"
     assert sdpa_kernel(gpu_device("H100-80GB", "te-2024"), "bf16", 128) == "cudnn"
+    assert sdpa_kernel(gpu_device("A100-80GB", "triton-2023"), "bf16", 128) == "flash_triton"  # MPT's Triton FA
     assert sdpa_kernel(DEVICES["cpu"], "fp32", 64) == "cpu"
     # a kernel with its own curve is priced by it
     slow = replace(DEV, other_attention={"flash2": {"efficiency": 0.3, "bwd_efficiency": 0.3, "half_seq": 0.0,

@@ -42,8 +42,9 @@ an exact pricing, never the surrogate's.
 Leave-one-source-out: for each source, the published fit is redone on the surrogate (at the final
 linearisation) without that source's rows, groups left without data are derived as in 3, and that
 source's rows are priced exactly with the constants fitted without them. Those errors are the headline
-of benchmarks.published. Each held-out row records `fold_unseen`: the constants its source fits in-sample
-that no other source measures (a kernel or stack only it ran), which its fold could only derive.
+of benchmarks.published. Each held-out row records `fold_unseen`: the constants of its pricing that its source
+fits in-sample and no other source measures (a kernel or stack only it ran), which its fold could only
+derive; benchmarks.published reports the held-out error of the other rows beside the headline.
 """
 from __future__ import annotations
 
@@ -416,13 +417,25 @@ def leave_one_source_out(rows: list[Row], lin: Linearisation, kgroups: dict, val
         groups = derive(fold, kgroups)
         priced = price_rows(held, groups, graphs)
         # what the source's own rows fit in-sample that no other source measures: derived in the fold
-        unseen = sorted(_named({p: 0 for p in set(published_params(held, kgroups)) - set(fold)}))
+        unseen = set(published_params(held, kgroups)) - set(fold)
         for r in held:
-            out[row_key(r)] = {**_err(priced[row_key(r)]), "fold_values": _named(fold), "fold_unseen": unseen}
+            mine = sorted(_named({p: 0 for p in unseen if concerns(p, r, kgroups)}))
+            out[row_key(r)] = {**_err(priced[row_key(r)]), "fold_values": _named(fold), "fold_unseen": mine}
         errs = [abs(out[row_key(r)]["error"]) for r in held if out[row_key(r)]["error"] is not None]
         print(f"  held out {source:<18} {len(held):>4} rows: median |error| "
               f"{statistics.median(errs) if errs else float('nan'):.3f}", flush=True)
     return out
+
+
+def concerns(param: tuple[str, str], row: Row, kgroups: dict) -> bool:
+    """Whether the published parameter (kind, key) enters `row`'s pricing (published_params' keys)."""
+    kind, key = param
+    g = group_of(row)
+    gen, stack = g.split("/")
+    sdpa = row.model.attention == "sdpa"
+    return {"e_gemm": key == gemm_group(g), "e_attn": sdpa and key == g,
+            "h_seq": sdpa and key == f"{gen}/{attention_kernel(gen, stack)}",
+            "step": key == g and step_row(row, kgroups)}[kind]
 
 
 def _err(priced: dict) -> dict:

@@ -293,6 +293,9 @@ def summarize(rows: list[dict], wall_s: float) -> dict:
     overall = _stats([r["error"] for r in priced])
     held = [r["loso_error"] for r in rows if r.get("loso_error") is not None]
     held_stats = {"priced": len(held), **_stats(held)} if held else None
+    seen = [r["loso_error"] for r in rows if r.get("loso_error") is not None and not r.get("loso_unseen")]
+    if held and seen:  # the rows whose every fitted constant some other source measures too
+        held_stats["seen"] = {"priced": len(seen), **_stats(seen)}
     lifted = [r["predicted_if_memory_unbounded"] for r in rows
               if (r.get("predicted_if_memory_unbounded") or {}).get("error") is not None]
     worst = sorted(priced, key=lambda r: -abs(r["error"]))[:8]

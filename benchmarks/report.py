@@ -286,6 +286,11 @@ def published(results: dict) -> str:
             text += ("Held out, what only that source measured is derived by the fit's stated rules (benchmarks/fit.py, "
                      "rule 3), not fitted: " + "; ".join(f"{src}: {', '.join(u)}" for src, u in unseen.items())
                      + ". ")
+            seen = a.get("seen")
+            if seen:
+                text += (f"Over the {seen['priced']} rows priced only with constants that other sources measure too, "
+                         f"the held-out median |error| is {pct(seen['median_abs_error'])}, p95 "
+                         f"{pct(seen['p95_abs_error'])}, max {pct(seen['max_abs_error'])}. ")
     else:
         text = (f"No held-out errors for the constants in force (run `python -m benchmarks.fit`). In-sample: median "
                 f"|error| {pct(o['median'])}, max {pct(o['max'])}. ")

@@ -103,6 +103,17 @@ def test_a_sequence_sweep_fits_the_curve_of_the_kernel_that_ran_it_and_of_no_oth
         assert groups[f"ampere/{stack}"]["constants"]["attention_half_seq"] == pytest.approx(fa2), stack
 
 
+def test_a_held_out_row_names_only_the_derived_constants_of_its_own_pricing(kgroups):
+    a100 = next(r for r in rows_of("llm-foundry") if r.hardware.startswith("A100"))
+    assert fit.concerns(("h_seq", "ampere/flash_triton"), a100, kgroups)
+    assert fit.concerns(("e_gemm", "ampere/flash-2023"), a100, kgroups)  # triton-2023 shares its GEMMs
+    assert not fit.concerns(("h_seq", "hopper/flash_triton"), a100, kgroups)
+    assert not fit.concerns(("e_attn", "hopper/triton-2023"), a100, kgroups)
+    math_attention = next(r for r in rows_of("megatron-sc21"))  # scores materialised: no fused-attention constant
+    assert math_attention.model.attention != "sdpa"
+    assert not fit.concerns(("e_attn", fit.group_of(math_attention)), math_attention, kgroups)
+
+
 def test_the_additive_model_fills_a_missing_generation_and_stack():
     a, b = {"ampere": math.log(0.8), "hopper": math.log(0.6)}, {"pytorch": 0.0, "flash-2023": math.log(0.9)}
     values = {"ampere/pytorch": 0.8, "hopper/pytorch": 0.6, "ampere/flash-2023": 0.8 * 0.9}

@@ -55,6 +55,10 @@ def test_the_headline_is_the_held_out_error_and_its_verdicts():
     held["unseen"] = ["e_attn:ampere/triton-2023", "h_seq:ampere/flash_triton"]
     text = " ".join(report.render("published", {"published": d}).split())
     assert "not fitted: src-x: e_attn:ampere/triton-2023, h_seq:ampere/flash_triton." in text
+    held["seen"] = {"priced": 1, "median_abs_error": 0.031, "p95_abs_error": 0.072, "max_abs_error": 0.09}
+    text = " ".join(report.render("published", {"published": d}).split())
+    assert ("Over the 1 rows priced only with constants that other sources measure too, the held-out median "
+            "|error| is 3.1%, p95 7.2%, max 9.0%.") in text
 
 
 def test_a_memory_miss_is_listed_with_the_time_model_error_when_memory_is_lifted():

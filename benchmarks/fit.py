@@ -154,16 +154,28 @@ def sweeps(rows: list[Row], gen_kernel: str) -> bool:
     return any(max(s) >= SWEEP * min(s) for s in seqs.values())
 
 
+def row_params(row: Row, kgroups: dict) -> set[tuple[str, str]]:
+    """(kind, key) of the published parameters that enter `row`'s pricing: ("e_gemm", gen/gemm family),
+    ("e_attn", gen/stack) and ("h_seq", gen/kernel) for a group without kernel timings (the attention ones
+    where it runs fused attention), ("step", gen/stack) for a kernel-timed group's one-GPU step."""
+    g = group_of(row)
+    gen, stack = g.split("/")
+    out = {("step", g)} if step_row(row, kgroups) else set()
+    if g in kgroups:
+        return out
+    out.add(("e_gemm", gemm_group(g)))
+    if row.model.attention == "sdpa":
+        out |= {("e_attn", g), ("h_seq", f"{gen}/{attention_kernel(gen, stack)}")}
+    return out
+
+
 def published_params(rows: list[Row], kgroups: dict) -> list[tuple[str, str]]:
-    """(kind, key) of each parameter the published rows fit: ("e_gemm", gen/gemm family), ("e_attn",
-    gen/stack), ("h_seq", gen/kernel); groups with kernel timings take none."""
-    groups = sorted({group_of(r) for r in rows} - set(kgroups))
-    params = [("e_gemm", f) for f in sorted({gemm_group(g) for g in groups} - set(kgroups))]
-    params += [("e_attn", g) for g in groups if any(r.model.attention == "sdpa" for r in rows if group_of(r) == g)]
-    kernels = sorted({f"{g.split('/')[0]}/{attention_kernel(*g.split('/'))}" for kind, g in params if kind == "e_attn"})
-    kernels = [k for k in kernels if sweeps(rows, k)]
-    timed = sorted({group_of(r) for r in rows if step_row(r, kgroups)})  # kernel-timed groups with one-GPU steps
-    return params + [("h_seq", k) for k in kernels] + [("step", g) for g in timed]
+    """(kind, key) of each parameter the published rows fit (`row_params`), in a fixed order; a GEMM family
+    with kernel timings takes none, and h_seq only a kernel with a sequence sweep (`sweeps`)."""
+    every = set().union(*(row_params(r, kgroups) for r in rows))
+    of = lambda kind: sorted(key for k, key in every if k == kind)  # noqa: E731
+    return ([("e_gemm", f) for f in of("e_gemm") if f not in kgroups] + [("e_attn", g) for g in of("e_attn")]
+            + [("h_seq", k) for k in of("h_seq") if sweeps(rows, k)] + [("step", g) for g in of("step")])
 
 
 def derive(values: dict, kgroups: dict) -> dict[str, dict]:
@@ -428,14 +440,8 @@ def leave_one_source_out(rows: list[Row], lin: Linearisation, kgroups: dict, val
 
 
 def concerns(param: tuple[str, str], row: Row, kgroups: dict) -> bool:
-    """Whether the published parameter (kind, key) enters `row`'s pricing (published_params' keys)."""
-    kind, key = param
-    g = group_of(row)
-    gen, stack = g.split("/")
-    sdpa = row.model.attention == "sdpa"
-    return {"e_gemm": key == gemm_group(g), "e_attn": sdpa and key == g,
-            "h_seq": sdpa and key == f"{gen}/{attention_kernel(gen, stack)}",
-            "step": key == g and step_row(row, kgroups)}[kind]
+    """Whether the published parameter (kind, key) enters `row`'s pricing."""
+    return param in row_params(row, kgroups)
 
 
 def _err(priced: dict) -> dict:

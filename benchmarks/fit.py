@@ -19,6 +19,10 @@ What is fitted to what (every constant in costmodel/fitted_constants.json says w
    timings keeps them, and its whole steps on one GPU fit one number, its `step_efficiency` (memory-bound
    operators inside a training step against a copy timed alone; GEMMs and attention keep their timed
    rate, costmodel.kernels.node_time).
+   Published kernel timings (benchmarks.published_kernels: FlashAttention-2's README charts, each bar a
+   kernel row of its stack's attention kernel, forward + backward) fit, beside them, the attention level e_attn
+   of their (generation, stack) and their kernel's h_seq on that generation, each bar priced exactly
+   (costmodel.kernel_fit.predict, the pricing a training step's attention gets) and weighted by the same rule.
 3. Shapes nobody measured are carried by stated rules (`derive`): Ampere's and Volta's GEMM tile curve is
    Hopper's with h_mn scaled by the SM count (108, 80 against 132 SMs: the output tiles that fill the
    GPU); a kernel's head-width and causal-block constants and its backward/forward ratio are the H200
@@ -39,7 +43,7 @@ bubbles and the search's own choices are in it), S the row's sequence length. Th
 the rows re-priced exactly at the result, and the step repeated (`ITERATIONS`); every published error is
 an exact pricing, never the surrogate's.
 
-Leave-one-source-out: for each source, the published fit is redone on the surrogate (at the final
+Leave-one-source-out: for each source (training runs or kernel timings), the published fit is redone on the surrogate (at the final
 linearisation) without that source's rows, groups left without data are derived as in 3, and that
 source's rows are priced exactly with the constants fitted without them. Those errors are the headline
 of benchmarks.published. Each held-out row records `fold_unseen`: the constants of its pricing that its source
@@ -62,6 +66,7 @@ from types import SimpleNamespace
 
 from benchmarks.common import commit, p95, write
 from benchmarks.published_data import ITERATION, ROWS, Row
+from benchmarks.published_kernels import KERNEL_ROWS, KernelRow
 from partita.costmodel.hardware import FITTED_CONSTANTS, GPUS, KERNEL_FIELDS, gpu_device
 from partita.costmodel.kernel_fit import errors as kernel_errors, fit_kernel_constants
 from partita.costmodel.kernels import saturation, sdpa_kernel
@@ -176,6 +181,39 @@ def published_params(rows: list[Row], kgroups: dict) -> list[tuple[str, str]]:
     of = lambda kind: sorted(key for k, key in every if k == kind)  # noqa: E731
     return ([("e_gemm", f) for f in of("e_gemm") if f not in kgroups] + [("e_attn", g) for g in of("e_attn")]
             + [("h_seq", k) for k in of("h_seq") if sweeps(rows, k)] + [("step", g) for g in of("step")])
+
+
+# ------------------------------------------------------------------ published kernel timings (charts)
+
+def kernel_group(krow: KernelRow) -> str:
+    return f"{generation(krow.chart.hardware)}/{krow.chart.stack}"
+
+
+def kernel_params(krows: list[KernelRow], kgroups: dict) -> list[tuple[str, str]]:
+    """(kind, key) of the parameters published kernel timings fit: their group's attention level e_attn and
+    their kernel's sequence curve h_seq on that generation (the bars sweep 512 to 16k tokens); a group with
+    its own kernel timings (KERNEL_SETS) keeps those."""
+    out = set()
+    for kr in krows:
+        g = kernel_group(kr)
+        if g not in kgroups:
+            gen, stack = g.split("/")
+            out |= {("e_attn", g), ("h_seq", f"{gen}/{attention_kernel(gen, stack)}")}
+    return sorted(out)
+
+
+def kernel_log_errors(krows: list[KernelRow], groups: dict) -> list[float]:
+    """log(predicted / measured) forward + backward seconds of each published kernel timing, priced exactly
+    (costmodel.kernel_fit.predict: the same pricing as a training step's attention) with its group's constants."""
+    from partita.costmodel.kernel_fit import predict
+    devices, out = {}, []
+    for kr in krows:
+        g = kernel_group(kr)
+        if g not in devices:
+            constants = {k: v for k, v in groups[g]["constants"].items() if k in KERNEL_FIELDS}
+            devices[g] = dataclasses.replace(gpu_device(kr.chart.hardware, kr.chart.stack), **constants)
+        out.append(math.log(predict(kr.row, devices[g])["fwd_bwd_s"] / kr.seconds))
+    return out
 
 
 def derive(values: dict, kgroups: dict) -> dict[str, dict]:
@@ -367,15 +405,21 @@ def weights(rows: list[Row]) -> dict:
     return {row_key(r): 1 / math.sqrt(n[(r.table.source, group_of(r))]) for r in rows}
 
 
-def fit_published(rows: list[Row], lin: Linearisation, kgroups: dict, start: dict | None = None) -> dict:
-    """Fitted values {(kind, key): value} of the published parameters, on the surrogate around `lin`."""
+def fit_published(rows: list[Row], lin: Linearisation, kgroups: dict, start: dict | None = None,
+                  krows: list[KernelRow] = ()) -> dict:
+    """Fitted values {(kind, key): value} of the published parameters, on the surrogate around `lin` for the
+    training rows and exactly for the published kernel timings `krows`."""
     from scipy.optimize import least_squares
     from benchmarks.published import row_key
     priced = [r for r in rows if lin.priced[row_key(r)].get("predicted") is not None]
-    params = published_params(priced, kgroups)
+    params = list(dict.fromkeys(published_params(priced, kgroups) + kernel_params(krows, kgroups)))
     if not params:
         return {}
     w = weights(priced)
+    n = defaultdict(int)
+    for kr in krows:
+        n[(kr.source, kernel_group(kr))] += 1
+    wk = [1 / math.sqrt(n[(kr.source, kernel_group(kr))]) for kr in krows]  # weights()'s rule
     x0 = [math.log((start or {}).get(p, START[p[0]])) for p in params]
 
     def groups_of(x):
@@ -383,7 +427,8 @@ def fit_published(rows: list[Row], lin: Linearisation, kgroups: dict, start: dic
 
     def residuals(x):
         groups = groups_of(x)
-        return [w[row_key(r)] * surrogate_log_error(r, lin, groups) for r in priced]
+        return ([w[row_key(r)] * surrogate_log_error(r, lin, groups) for r in priced]
+                + [a * e for a, e in zip(wk, kernel_log_errors(krows, groups))])
     lower = [math.log(0.05 if k != "h_seq" else 1.0) for k, _ in params]
     upper = [math.log({"h_seq": 1e5}.get(k, 1.0)) for k, _ in params]  # no efficiency above peak
     x = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac").x
@@ -392,40 +437,47 @@ def fit_published(rows: list[Row], lin: Linearisation, kgroups: dict, start: dic
 
 # ------------------------------------------------------------------------------------------- the fit
 
-def fit(rows: list[Row] | None = None, iterations: int = ITERATIONS, loso: bool = True) -> dict:
+def fit(rows: list[Row] | None = None, iterations: int = ITERATIONS, loso: bool = True,
+        krows: list[KernelRow] | None = None) -> dict:
     """The whole fit (module docstring): constants for every group, in-sample and leave-one-source-out
-    errors of the published rows, kernel-row errors."""
+    errors of the published rows and of the published kernel timings, kernel-row errors."""
     from benchmarks.published import row_key
     rows = list(ROWS if rows is None else rows)
+    krows = list(KERNEL_ROWS if krows is None else krows)
     graphs: dict = {}
     kgroups = kernel_groups()
-    values = {p: START[p[0]] for p in published_params(rows, kgroups)}
+    values = {p: START[p[0]] for p in dict.fromkeys(published_params(rows, kgroups) + kernel_params(krows, kgroups))}
     groups = derive(values, kgroups)
     history = []
     for it in range(iterations):
         print(f"iteration {it + 1}: linearising {len(rows)} rows", flush=True)
         lin = linearise(rows, groups, graphs, kgroups)
-        values = fit_published(rows, lin, kgroups, start=values)
+        values = fit_published(rows, lin, kgroups, start=values, krows=krows)
         groups = derive(values, kgroups)
         history.append({"iteration": it + 1, "values": _named(values)})
         print(f"  fitted: {_named(values)}", flush=True)
     final = price_rows(rows, groups, graphs, label="in-sample")
     out = {"groups": groups, "values": _named(values), "history": history, "kernel_groups": kgroups,
-           "in_sample": {row_key(r): _err(final[row_key(r)]) for r in rows}}
+           "in_sample": {row_key(r): _err(final[row_key(r)]) for r in rows},
+           "kernels_in_sample": _kernel_errs(krows, groups)}
     if loso:
         # the surrogate re-based on the exact in-sample pricing at the fitted constants
         lin = Linearisation(groups, final, lin.eps_gemm, lin.eps_attn, lin.eps_step)
-        out["loso"] = leave_one_source_out(rows, lin, kgroups, values, graphs)
+        out["loso"], out["kernels_loso"] = leave_one_source_out(rows, lin, kgroups, values, graphs, krows)
     return out
 
 
-def leave_one_source_out(rows: list[Row], lin: Linearisation, kgroups: dict, values: dict, graphs: dict) -> dict:
+def leave_one_source_out(rows: list[Row], lin: Linearisation, kgroups: dict, values: dict, graphs: dict,
+                         krows: list[KernelRow] = ()) -> tuple[dict, dict]:
+    """({row key: held-out error}, {kernel row key: held-out error}): each source, training runs or kernel
+    timings, priced with the constants fitted without it."""
     from benchmarks.published import row_key
-    out = {}
-    for source in dict.fromkeys(r.table.source for r in rows):
+    out, kout = {}, {}
+    for source in dict.fromkeys([r.table.source for r in rows] + [kr.source for kr in krows]):
         held = [r for r in rows if r.table.source == source]
-        rest = [r for r in rows if r.table.source != source]
-        fold = fit_published(rest, lin, kgroups, start=values)
+        kheld = [kr for kr in krows if kr.source == source]
+        fold = fit_published([r for r in rows if r.table.source != source], lin, kgroups, start=values,
+                             krows=[kr for kr in krows if kr.source != source])
         groups = derive(fold, kgroups)
         priced = price_rows(held, groups, graphs)
         # what the source's own rows fit in-sample that no other source measures: derived in the fold
@@ -433,10 +485,17 @@ def leave_one_source_out(rows: list[Row], lin: Linearisation, kgroups: dict, val
         for r in held:
             mine = sorted(_named({p: 0 for p in unseen if concerns(p, r, kgroups)}))
             out[row_key(r)] = {**_err(priced[row_key(r)]), "fold_values": _named(fold), "fold_unseen": mine}
-        errs = [abs(out[row_key(r)]["error"]) for r in held if out[row_key(r)]["error"] is not None]
-        print(f"  held out {source:<18} {len(held):>4} rows: median |error| "
+        kout.update(_kernel_errs(kheld, groups))
+        errs = ([abs(out[row_key(r)]["error"]) for r in held if out[row_key(r)]["error"] is not None]
+                + [abs(kout[kr.key]["error"]) for kr in kheld])
+        print(f"  held out {source:<18} {len(held) + len(kheld):>4} rows: median |error| "
               f"{statistics.median(errs) if errs else float('nan'):.3f}", flush=True)
-    return out
+    return out, kout
+
+
+def _kernel_errs(krows: list[KernelRow], groups: dict) -> dict:
+    return {kr.key: {"group": kernel_group(kr), "error": math.exp(e) - 1}
+            for kr, e in zip(krows, kernel_log_errors(krows, groups))}
 
 
 def concerns(param: tuple[str, str], row: Row, kgroups: dict) -> bool:
@@ -487,6 +546,26 @@ def summary(result: dict) -> dict:
             for part in ("in_sample", "loso") if part in result}
 
 
+def kernel_summary(result: dict) -> dict:
+    """Median, p95 and max |error| of the published kernel timings, in-sample and held out, overall and per
+    (generation, stack) group."""
+    out = {}
+    for part in ("kernels_in_sample", "kernels_loso"):
+        errs = result.get(part) or {}
+        by_group = defaultdict(list)
+        for v in errs.values():
+            by_group[v["group"]].append(abs(v["error"]))
+
+        def stats(a):
+            a = sorted(a)
+            return {"priced": len(a), "median_abs_error": statistics.median(a), "p95_abs_error": p95(a),
+                    "max_abs_error": a[-1]}
+        if errs:
+            out[part.removeprefix("kernels_")] = {"all": stats([e for a in by_group.values() for e in a]),
+                                                  "per_group": {g: stats(a) for g, a in sorted(by_group.items())}}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.fit", description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="fit and print; write nothing")
@@ -500,9 +579,10 @@ def main(argv=None) -> int:
         print(f"{g:<22} e_gemm {k['matmul_efficiency']:.3f}  h_mn {k['gemm_half_mn']:.3g}  e_attn "
               f"{k['attention_efficiency']:.3f}/{k['attention_bwd_efficiency']:.3f}  h_seq {k['attention_half_seq']:.0f}"
               f"  <- {c['source'][:90]}")
-    for part, v in s.items():
-        a = v["all"]
-        print(f"{part}: {a['priced']} rows, median |error| {a['median_abs_error']:.3f}, p95 {a['p95_abs_error']:.3f}, "
+    ks = kernel_summary(result)
+    for label, part in [(p, v) for p, v in s.items()] + [(f"kernel timings {p}", v) for p, v in ks.items()]:
+        a = part["all"]
+        print(f"{label}: {a['priced']} rows, median |error| {a['median_abs_error']:.3f}, p95 {a['p95_abs_error']:.3f}, "
               f"max {a['max_abs_error']:.3f}")
     if args.check:
         return 0
@@ -510,6 +590,8 @@ def main(argv=None) -> int:
     path = write("fit", {"digest": constants_digest(result["groups"]), "summary": s, "values": result["values"],
                          "history": result["history"], "in_sample": result["in_sample"], "loso": result.get("loso"),
                          "kernel_rows": {g: v["errors"] for g, v in result["kernel_groups"].items()},
+                         "published_kernels": {"summary": ks, "in_sample": result["kernels_in_sample"],
+                                               "loso": result.get("kernels_loso")},
                          "wall_s": time.perf_counter() - t0})
     print(f"wrote {FITTED_CONSTANTS} and {path}")
     return 0

@@ -381,6 +381,27 @@ def kernels(results: dict) -> str:
                      f"{'are' if len(anomalies) > 1 else 'is'} left out of the fit and named in the data file "
                      f"(`anomaly`).")
         out.append(paragraph(text))
+    pk = (d.get("published_kernels") or {}).get("summary") or {}
+    if pk.get("in_sample"):
+        held = (pk.get("loso") or {}).get("per_group", {})
+        rows = [[g, str(v["priced"]), f"{pct(v['median_abs_error'])} / {pct(v['max_abs_error'])}",
+                 (f"{pct(held[g]['median_abs_error'])} / {pct(held[g]['p95_abs_error'])} / "
+                  f"{pct(held[g]['max_abs_error'])}") if g in held else "n/a"]
+                for g, v in pk["in_sample"]["per_group"].items()]
+        out.append(paragraph(
+            "**Published attention-kernel timings** (benchmarks/published_kernels.py: the bars of FlashAttention-2's "
+            "README charts, forward + backward on A100 and H100 by sequence length, head width and causal mask; "
+            "fitted with the training runs by `python -m benchmarks.fit`, and held out as one source: priced with "
+            "the constants the training runs alone give):"))
+        out.append(table(["generation / stack", "bars", "in-sample: median / max \\|error\\|",
+                          "held out: median / p95 / max \\|error\\|"], rows))
+        a, h = pk["in_sample"]["all"], (pk.get("loso") or {}).get("all")
+        text = f"Over all {a['priced']} bars: in-sample median |error| {pct(a['median_abs_error'])}, max {pct(a['max_abs_error'])}."
+        if h:
+            text += (f" Held out, where a kernel's speed comes from whole training steps alone (which cannot tell "
+                     f"attention's time from the rest of a step), median {pct(h['median_abs_error'])}, max "
+                     f"{pct(h['max_abs_error'])}.")
+        out.append(paragraph(text))
     return "\n\n".join(out) if out else missing("fit")
 
 

@@ -11,6 +11,7 @@ import pytest
 from benchmarks import fit
 from benchmarks.published import row_key
 from benchmarks.published_data import ROWS
+from benchmarks.published_kernels import KERNEL_ROWS
 from partita.costmodel.hardware import KERNEL_FIELDS
 from partita.costmodel.stacks import STACKS
 
@@ -131,3 +132,36 @@ def test_the_step_efficiency_is_fitted_to_one_gpu_steps_of_kernel_timed_groups_o
     assert not any(fit.step_row(r, kgroups) for r in titan) and all(fit.step_row(r, kgroups) for r in h200)
     assert ("step", "hopper/pytorch") not in fit.published_params(titan, kgroups)
     assert ("step", "hopper/pytorch") in fit.published_params(titan + h200, kgroups)
+
+
+# ------------------------------------------------------------------ published kernel timings
+
+def test_published_kernel_timings_fit_their_kernels_level_and_curve_on_their_gpu(kgroups):
+    """FlashAttention-2's charts: each bar's seconds are a kernel row of its stack's kernel. Bars 'measured'
+    exactly as a known truth prices them give that truth back, on the pricing a training step uses."""
+    krows = KERNEL_ROWS
+    params = fit.kernel_params(krows, kgroups)
+    assert ("h_seq", "ampere/flash_triton") in params and ("e_attn", "ampere/triton-2023") in params
+    assert ("h_seq", "ampere/flash2") in params and ("h_seq", "hopper/flash2") in params
+    assert not any(k == "e_gemm" for k, _ in params)  # an attention kernel's timing says nothing of GEMMs
+    start = {p: fit.START[p[0]] for p in params}
+    truth = {p: {"e_attn": 0.45, "h_seq": 700.0}[p[0]] * (1 + 0.05 * i) for i, p in enumerate(params)}
+    errs = fit.kernel_log_errors(krows, fit.derive(truth, kgroups))
+    measured = [dataclasses.replace(kr, tflops=kr.tflops / math.exp(e)) for kr, e in zip(krows, errs)]
+    assert max(abs(e) for e in fit.kernel_log_errors(measured, fit.derive(truth, kgroups))) < 1e-9
+    lin = fit.Linearisation(fit.derive(start, kgroups), {}, {}, {})
+    got = fit.fit_published([], lin, kgroups, start=start, krows=measured)
+    assert got == pytest.approx(truth, rel=0.01)
+    # and a row's seconds follow the chart's FLOP count: half the square when causal, backward 2.5x forward
+    a, b = (next(kr for kr in krows if kr.causal is c and kr.head_dim == 128 and kr.seq == 4096
+                 and kr.chart.label == "FlashAttention Triton") for c in (False, True))
+    assert a.seconds / b.seconds == pytest.approx(2 * b.tflops / a.tflops)
+
+
+def test_a_kernel_a_chart_measured_is_seen_by_the_fold_that_holds_the_training_rows_out(kgroups):
+    """llm-foundry alone ran the Triton kernel in training; held out, its fold still fits that kernel's level
+    and curve on A100 from the chart, and derives only what no chart measured (the H100's Triton kernel)."""
+    held = [r for r in ROWS if r.table.source == "llm-foundry"]
+    unseen = set(fit.published_params(held, kgroups)) - set(fit.kernel_params(KERNEL_ROWS, kgroups))
+    assert ("e_attn", "ampere/triton-2023") not in unseen and ("h_seq", "ampere/flash_triton") not in unseen
+    assert ("e_attn", "hopper/triton-2023") in unseen

@@ -131,3 +131,14 @@ def test_a_missing_or_repeated_marker_is_reported(tmp_path):
 @pytest.mark.parametrize("name", list(report.RENDERERS))
 def test_every_section_renders_from_the_results_files(name):
     assert report.render(name, report.load(ROOT / "benchmarks" / "results")).strip()
+
+
+def test_the_published_kernel_timings_show_their_in_sample_and_held_out_errors():
+    s = lambda m: {"priced": 24, "median_abs_error": m, "p95_abs_error": 2 * m, "max_abs_error": 3 * m}  # noqa: E731
+    fit = {"commit": "abc1234", "kernel_rows": {}, "published_kernels": {"summary": {
+        "in_sample": {"all": s(0.05), "per_group": {"ampere/triton-2023": s(0.05)}},
+        "loso": {"all": s(0.4), "per_group": {"ampere/triton-2023": s(0.4)}}}}}
+    text = report.kernels({"fit": fit})
+    assert "| ampere/triton-2023 | 24 | 5.0% / 15.0% | 40.0% / 80.0% / 120.0% |" in text
+    assert "in-sample median |error| 5.0%, max 15.0%" in text and "alone" in text and "median 40.0%, max 120.0%" in text
+    assert "Published attention-kernel timings" not in report.kernels({"fit": {**fit, "published_kernels": {}}})

@@ -236,11 +236,16 @@ KORTHIKANTI_T5_ROWS = [
 # The FP8 table is skipped (SKIPPED).
 _LLMF = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md @ 495218376 (2024-04-22), table "
          "'{}', column Throughput (T/s/GPU)")
-# The benchmarks ran `attn_impl: triton`: submit_benchmarks.py's --attn_impl defaults to 'triton' at all
-# three table commits and sweep.sh never passes it (it became 'flash' in 7f0fdae66, 2024-03-26, after them).
-# That is FlashAttention written in Triton -- flash-attn 1.0.3's flash_attn_triton on the A100 tables,
-# llmfoundry/models/layers/flash_attn_triton.py on triton-pre-mlir on the H100 ones -- not the CUDA
-# FlashAttention-2 of the flash-2023 stack: these tables run costmodel.stacks' "triton-2023". ALiBi is off
+# The A100 and H100 (< 128 GPUs) benchmarks ran `attn_impl: triton`: submit_benchmarks.py's --attn_impl
+# defaults to 'triton' at all three table commits and their sweep.sh never passes it (it became 'flash' in
+# 7f0fdae66, 2024-03-26, after them). That is FlashAttention written in Triton -- flash-attn 1.0.3's
+# flash_attn_triton on the A100 tables, llmfoundry/models/layers/flash_attn_triton.py on triton-pre-mlir on the
+# H100 one -- not the CUDA FlashAttention-2 of the flash-2023 stack: these tables run costmodel.stacks'
+# "triton-2023". The large-scale H100 table was made by the sweep.py its commit adds (5e85bd62d: 128/256/512
+# H100s, each model's micro-batch, sharding and checkpointing as the table prints them; its MP mode flag is
+# not passed on by submit_benchmarks.py, so DEFAULT, as printed): it passes `--attn_impl flash` (flash-attn
+# 2.4.2, the commit's pip_install '.[gpu-flash2]') for 1b, 3b, 7b and 70b, and `--attn_impl triton` for 13b
+# and 30b. Its rows are split by that flag into a flash-2023 and a triton-2023 table. ALiBi is off
 # and positions are learned: the README's NumParams grows by d_model per extra position (mpt-30b:
 # 30019254272 at 8192 tokens, 29989894144 at 4096).
 _LLMF_NOTES = ("MPT priced as the gpt family (learned positions, as benchmarked: the yamls leave ALiBi off); MPT "
@@ -248,6 +253,11 @@ _LLMF_NOTES = ("MPT priced as the gpt family (learned positions, as benchmarked:
                "gpt has biases and an untied head (the head's FLOPs are the same)")
 LLMF_H100_LARGE = Table(stack="triton-2023", source="llm-foundry", citation=_LLMF.format("H100 80GB BF16 (Large Scale, >= 128 GPUs)"),
                         metric=TOKENS, framework="Composer FSDP, torch 2.1", notes=_LLMF_NOTES)
+LLMF_H100_LARGE_FLASH = Table(
+    stack="flash-2023", source="llm-foundry",
+    citation=_LLMF.format("H100 80GB BF16 (Large Scale, >= 128 GPUs)") + "; attn_impl from scripts/train/benchmarking/"
+    "sweep.py @ 5e85bd62d", metric=TOKENS, framework="Composer FSDP, torch 2.1, flash-attn 2.4.2",
+    notes=_LLMF_NOTES.replace("Triton flash attention", "FlashAttention-2 (sweep.py's --attn_impl flash)"))
 LLMF_H100 = Table(stack="triton-2023", source="llm-foundry", citation=_LLMF.format("H100 80GB BF16"), metric=TOKENS,
                   framework="Composer FSDP, torch < 2.1.1", notes=_LLMF_NOTES)
 LLMF_A100_80 = Table(stack="triton-2023", source="llm-foundry", citation=_LLMF.format("A100 80GB with 1600 Gbps node-node interconnect (RoCE)"),
@@ -270,24 +280,24 @@ MPT_30B = Model(name="mpt-30b", family="gpt", layers=48, hidden=7168, heads=56, 
 MPT_70B = Model(name="mpt-70b", family="gpt", layers=80, hidden=8192, heads=64, vocab=50368, loss="fused")
 
 LLMF_ROWS = [
-    Row(table=LLMF_H100_LARGE, model=MPT_70B, seq=2048, hardware="H100-80GB", gpus=512, dp=512, zero=(3,), sharding="FULL_SHARD", micro_batch=8, global_batch=4096, recompute=FULL, value=1007, notes=MP_DEFAULT),
-    Row(table=LLMF_H100_LARGE, model=MPT_70B, seq=2048, hardware="H100-80GB", gpus=256, dp=256, zero=(3,), sharding="FULL_SHARD", micro_batch=8, global_batch=2048, recompute=FULL, value=1035, notes=MP_DEFAULT),
-    Row(table=LLMF_H100_LARGE, model=MPT_70B, seq=2048, hardware="H100-80GB", gpus=128, dp=128, zero=(3,), sharding="FULL_SHARD", micro_batch=8, global_batch=1024, recompute=FULL, value=1058, notes=MP_DEFAULT),
+    Row(table=LLMF_H100_LARGE_FLASH, model=MPT_70B, seq=2048, hardware="H100-80GB", gpus=512, dp=512, zero=(3,), sharding="FULL_SHARD", micro_batch=8, global_batch=4096, recompute=FULL, value=1007, notes=MP_DEFAULT),
+    Row(table=LLMF_H100_LARGE_FLASH, model=MPT_70B, seq=2048, hardware="H100-80GB", gpus=256, dp=256, zero=(3,), sharding="FULL_SHARD", micro_batch=8, global_batch=2048, recompute=FULL, value=1035, notes=MP_DEFAULT),
+    Row(table=LLMF_H100_LARGE_FLASH, model=MPT_70B, seq=2048, hardware="H100-80GB", gpus=128, dp=128, zero=(3,), sharding="FULL_SHARD", micro_batch=8, global_batch=1024, recompute=FULL, value=1058, notes=MP_DEFAULT),
     Row(table=LLMF_H100_LARGE, model=MPT_30B, seq=2048, hardware="H100-80GB", gpus=512, dp=512, zero=(3,), sharding="FULL_SHARD", micro_batch=8, global_batch=4096, recompute=FULL, value=2115, notes=MP_DEFAULT),
     Row(table=LLMF_H100_LARGE, model=MPT_30B, seq=2048, hardware="H100-80GB", gpus=256, dp=256, zero=(3,), sharding="FULL_SHARD", micro_batch=8, global_batch=2048, recompute=FULL, value=2148, notes=MP_DEFAULT),
     Row(table=LLMF_H100_LARGE, model=MPT_30B, seq=2048, hardware="H100-80GB", gpus=128, dp=128, zero=(3,), sharding="FULL_SHARD", micro_batch=8, global_batch=1024, recompute=FULL, value=2199, notes=MP_DEFAULT),
     Row(table=LLMF_H100_LARGE, model=MPT_13B, seq=2048, hardware="H100-80GB", gpus=512, dp=512, zero=(3,), sharding="FULL_SHARD", micro_batch=16, global_batch=8192, recompute=FULL, value=4952, notes=MP_DEFAULT),
     Row(table=LLMF_H100_LARGE, model=MPT_13B, seq=2048, hardware="H100-80GB", gpus=256, dp=256, zero=(3,), sharding="FULL_SHARD", micro_batch=16, global_batch=4096, recompute=FULL, value=4989, notes=MP_DEFAULT),
     Row(table=LLMF_H100_LARGE, model=MPT_13B, seq=2048, hardware="H100-80GB", gpus=128, dp=128, zero=(3,), sharding="FULL_SHARD", micro_batch=16, global_batch=2048, recompute=FULL, value=5080, notes=MP_DEFAULT),
-    Row(table=LLMF_H100_LARGE, model=MPT_7B, seq=2048, hardware="H100-80GB", gpus=512, dp=512, zero=(3,), sharding="FULL_SHARD", micro_batch=6, global_batch=3072, recompute=NONE, value=9670, notes=MP_DEFAULT),
-    Row(table=LLMF_H100_LARGE, model=MPT_7B, seq=2048, hardware="H100-80GB", gpus=256, dp=256, zero=(3,), sharding="FULL_SHARD", micro_batch=6, global_batch=1536, recompute=NONE, value=10119, notes=MP_DEFAULT),
-    Row(table=LLMF_H100_LARGE, model=MPT_7B, seq=2048, hardware="H100-80GB", gpus=128, dp=128, zero=(3,), sharding="FULL_SHARD", micro_batch=6, global_batch=768, recompute=NONE, value=10475, notes=MP_DEFAULT),
-    Row(table=LLMF_H100_LARGE, model=MPT_3B, seq=2048, hardware="H100-80GB", gpus=512, dp=512, zero=(2,), sharding="SHARD_GRAD_OP", micro_batch=8, global_batch=4096, recompute=NONE, value=21664, notes=MP_DEFAULT),
-    Row(table=LLMF_H100_LARGE, model=MPT_3B, seq=2048, hardware="H100-80GB", gpus=256, dp=256, zero=(2,), sharding="SHARD_GRAD_OP", micro_batch=8, global_batch=2048, recompute=NONE, value=22772, notes=MP_DEFAULT),
-    Row(table=LLMF_H100_LARGE, model=MPT_3B, seq=2048, hardware="H100-80GB", gpus=128, dp=128, zero=(2,), sharding="SHARD_GRAD_OP", micro_batch=8, global_batch=1024, recompute=NONE, value=23422, notes=MP_DEFAULT),
-    Row(table=LLMF_H100_LARGE, model=MPT_1B, seq=2048, hardware="H100-80GB", gpus=512, dp=512, zero=(2,), sharding="SHARD_GRAD_OP", micro_batch=12, global_batch=6144, recompute=NONE, value=39837, notes=MP_DEFAULT),
-    Row(table=LLMF_H100_LARGE, model=MPT_1B, seq=2048, hardware="H100-80GB", gpus=256, dp=256, zero=(2,), sharding="SHARD_GRAD_OP", micro_batch=12, global_batch=3072, recompute=NONE, value=42555, notes=MP_DEFAULT),
-    Row(table=LLMF_H100_LARGE, model=MPT_1B, seq=2048, hardware="H100-80GB", gpus=128, dp=128, zero=(2,), sharding="SHARD_GRAD_OP", micro_batch=12, global_batch=1536, recompute=NONE, value=44123, notes=MP_DEFAULT),
+    Row(table=LLMF_H100_LARGE_FLASH, model=MPT_7B, seq=2048, hardware="H100-80GB", gpus=512, dp=512, zero=(3,), sharding="FULL_SHARD", micro_batch=6, global_batch=3072, recompute=NONE, value=9670, notes=MP_DEFAULT),
+    Row(table=LLMF_H100_LARGE_FLASH, model=MPT_7B, seq=2048, hardware="H100-80GB", gpus=256, dp=256, zero=(3,), sharding="FULL_SHARD", micro_batch=6, global_batch=1536, recompute=NONE, value=10119, notes=MP_DEFAULT),
+    Row(table=LLMF_H100_LARGE_FLASH, model=MPT_7B, seq=2048, hardware="H100-80GB", gpus=128, dp=128, zero=(3,), sharding="FULL_SHARD", micro_batch=6, global_batch=768, recompute=NONE, value=10475, notes=MP_DEFAULT),
+    Row(table=LLMF_H100_LARGE_FLASH, model=MPT_3B, seq=2048, hardware="H100-80GB", gpus=512, dp=512, zero=(2,), sharding="SHARD_GRAD_OP", micro_batch=8, global_batch=4096, recompute=NONE, value=21664, notes=MP_DEFAULT),
+    Row(table=LLMF_H100_LARGE_FLASH, model=MPT_3B, seq=2048, hardware="H100-80GB", gpus=256, dp=256, zero=(2,), sharding="SHARD_GRAD_OP", micro_batch=8, global_batch=2048, recompute=NONE, value=22772, notes=MP_DEFAULT),
+    Row(table=LLMF_H100_LARGE_FLASH, model=MPT_3B, seq=2048, hardware="H100-80GB", gpus=128, dp=128, zero=(2,), sharding="SHARD_GRAD_OP", micro_batch=8, global_batch=1024, recompute=NONE, value=23422, notes=MP_DEFAULT),
+    Row(table=LLMF_H100_LARGE_FLASH, model=MPT_1B, seq=2048, hardware="H100-80GB", gpus=512, dp=512, zero=(2,), sharding="SHARD_GRAD_OP", micro_batch=12, global_batch=6144, recompute=NONE, value=39837, notes=MP_DEFAULT),
+    Row(table=LLMF_H100_LARGE_FLASH, model=MPT_1B, seq=2048, hardware="H100-80GB", gpus=256, dp=256, zero=(2,), sharding="SHARD_GRAD_OP", micro_batch=12, global_batch=3072, recompute=NONE, value=42555, notes=MP_DEFAULT),
+    Row(table=LLMF_H100_LARGE_FLASH, model=MPT_1B, seq=2048, hardware="H100-80GB", gpus=128, dp=128, zero=(2,), sharding="SHARD_GRAD_OP", micro_batch=12, global_batch=1536, recompute=NONE, value=44123, notes=MP_DEFAULT),
     Row(table=LLMF_H100, model=MPT_70B, seq=2048, hardware="H100-80GB", gpus=64, dp=64, zero=(3,), sharding="FULL_SHARD", micro_batch=8, global_batch=2048, recompute=FULL, value=1039, notes=MP_DEFAULT),
     Row(table=LLMF_H100, model=MPT_70B, seq=2048, hardware="H100-80GB", gpus=32, dp=32, zero=(3,), sharding="FULL_SHARD", micro_batch=2, global_batch=1024, recompute=FULL, value=882, notes=MP_DEFAULT),
     Row(table=LLMF_H100, model=MPT_30B, seq=8192, hardware="H100-80GB", gpus=8, dp=8, zero=(3,), sharding="FULL_SHARD", micro_batch=1, global_batch=168, recompute=FULL, value=1384, notes=MP_DEFAULT),

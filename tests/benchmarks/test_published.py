@@ -170,3 +170,13 @@ def test_partitas_own_gpu_runs_are_priced_under_the_autocast_they_ran_with():
     assert row.table.autocast
     out = published.price(row)
     assert out["measured_memory"]["error"] == pytest.approx(0.0, abs=0.02)
+
+
+def test_llm_foundry_rows_run_the_attention_their_scripts_passed():
+    """sweep.py made the large-scale H100 table (>= 128 GPUs) with --attn_impl flash for 1b, 3b, 7b and 70b and
+    triton for 13b and 30b; the other tables' sweep.sh left submit_benchmarks.py's default, triton."""
+    foundry = [r for r in ROWS if r.table.source == "llm-foundry"]
+    large = {r.model.name: r.table.stack for r in foundry if r.hardware == "H100-80GB" and r.gpus >= 128}
+    assert large == {"mpt-1b": "flash-2023", "mpt-3b": "flash-2023", "mpt-7b": "flash-2023", "mpt-70b": "flash-2023",
+                     "mpt-13b": "triton-2023", "mpt-30b": "triton-2023"}
+    assert {r.table.stack for r in foundry if r.gpus < 128} == {"triton-2023"}

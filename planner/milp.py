@@ -12,19 +12,19 @@ Because layers are identical only *how many* layers of each option a stage holds
 
     h[s, o] >= 0        layers of option o on stage s,  s = 0..p-1
 
-and the program (all linear; HiGHS via cvxpy) is
+and the program (all linear; HiGHS solves it, planner.stage_matrix writes it as one sparse matrix) is
 
     minimise   (m - 1/v) * t_max + sum_s tau_s / v + d_max               (pipeline step time)
-    subject to sum_{s,o} h[s,o] = L                                      add_layer_count_constraint
-               sum_o h[s,o] >= v                         for all s       add_nonempty_stage_constraint
+    subject to sum_{s,o} h[s,o] = L
+               sum_o h[s,o] >= v                         for all s
                tau_s = sum_o h[s,o] T_o + E_s + P_s      for all s       (stage time per micro-batch)
-               t_max >= tau_s                            for all s       add_bottleneck_constraint
-               sum_o h[s,o] (W_o + k_s A_o) + M_s <= C   for all s       add_memory_constraint
+               t_max >= tau_s                            for all s
+               sum_o h[s,o] (W_o + k_s A_o) + M_s <= C   for all s
                sum_o h[s,o] X^q_so + Y^q_s <= C          for all s, q    (the other memory phases q)
-               d_max >= sum_o h[s,o] D_o + F_s           for all s       add_flush_constraint
-               sum_s sum_{o in R} h[s,o] >= 1                            add_option_use_constraint
-               sum_s sum_{o in N} h[s,o] = n                             add_option_count_constraint
-               sum_o h[s,o] (V_o + k_s U_o) <= H         for all s       add_host_memory_constraint
+               d_max >= sum_o h[s,o] D_o + F_s           for all s
+               sum_s sum_{o in R} h[s,o] >= 1
+               sum_s sum_{o in N} h[s,o] = n
+               sum_o h[s,o] (V_o + k_s U_o) <= H         for all s
 
 E_s, M_s, F_s are the prefix/suffix costs on the first/last stage (plus each stage's transient
 workspace in M_s), P_s the point-to-point send of a stage boundary, k_s the micro-batches stage s keeps
@@ -69,6 +69,7 @@ import cvxpy as cp
 import numpy as np
 
 from partita.planner.highs import silence_banner
+from partita.planner.stage_matrix import TIE_BREAK, solve_cvxpy, solve_highs, stage_matrix
 
 silence_banner()  # before any solve: the banner would land on `partita plan --json`'s stdout
 
@@ -188,16 +189,6 @@ def no_solution_status(solver_status: str, cutoff_given: bool) -> str:
     return "inaccurate" if solver_status in ("optimal", "optimal_inaccurate") else solver_status
 
 
-def add_layer_count_constraint(h, prob: StageProblem) -> list:
-    return [cp.sum(h) == prob.num_layers]
-
-
-def add_nonempty_stage_constraint(h, prob: StageProblem) -> list:
-    if prob.num_layers == 0:  # no repeated layers: a single stage holds the whole model
-        return []
-    return [cp.sum(h, axis=1) >= prob.virtual_stages]
-
-
 def per_stage(prob: StageProblem, a: np.ndarray) -> np.ndarray:
     """An option cost as a (stages x options) matrix: per-stage costs as given, shared ones repeated."""
     a = np.asarray(a, dtype=float)
@@ -212,53 +203,6 @@ def mem_coeff(prob: StageProblem) -> np.ndarray:
     return coeff
 
 
-def stage_time_expr(h, prob: StageProblem):
-    return cp.sum(cp.multiply(h, per_stage(prob, prob.option_time)), axis=1) + prob.extra_time
-
-
-def add_bottleneck_constraint(h, t_max, prob: StageProblem) -> list:
-    return [t_max >= stage_time_expr(h, prob)]
-
-
-def stage_mem_expr(h, prob: StageProblem):
-    return cp.sum(cp.multiply(h, mem_coeff(prob)), axis=1) + prob.extra_mem
-
-
-def phase_mem_expr(h, q: MemoryPhase, prob: StageProblem):
-    return cp.sum(cp.multiply(h, per_stage(prob, q.coeff)), axis=1) + q.const
-
-
-def _gate(h, q: MemoryPhase, prob: StageProblem) -> tuple[list, object, np.ndarray]:
-    """(constraints, y, big M): y_s = 1 when stage s holds an option of q.gate."""
-    y = cp.Variable(prob.num_stages, boolean=True)
-    big = per_stage(prob, q.coeff).max(axis=1) * max(prob.num_layers, 1) + q.const
-    gated = np.flatnonzero(q.gate)
-    return [y >= cp.sum(h[:, gated], axis=1) / max(prob.num_layers, 1)], y, np.maximum(big, 0)
-
-
-def add_memory_constraint(h, prob: StageProblem, bound=None) -> list:
-    """Every phase's memory within the capacity (or within `bound`, a variable, for min_memory)."""
-    cap = prob.capacity if bound is None else bound
-    cons = [stage_mem_expr(h, prob) <= cap]
-    for q in prob.phases:
-        if q.gate is None:
-            cons.append(phase_mem_expr(h, q, prob) <= cap)
-        elif q.gate.any():
-            extra, y, big = _gate(h, q, prob)
-            cons += extra + [phase_mem_expr(h, q, prob) <= cap + cp.multiply(1 - y, big)]
-    return cons
-
-
-def add_flush_constraint(h, d_max, prob: StageProblem) -> list:
-    return [d_max >= cp.sum(cp.multiply(h, per_stage(prob, prob.option_flush)), axis=1) + prob.extra_flush]
-
-
-def add_option_use_constraint(h, prob: StageProblem) -> list:
-    if prob.must_use is None or not prob.must_use.any():
-        return []
-    return [cp.sum(h[:, np.flatnonzero(prob.must_use)]) >= 1]
-
-
 def option_count_constraint(count_use: tuple[np.ndarray, int] | None, total_of) -> list:
     """sum_{o in N} (layers or blocks taking o) = n, for both stage programs: `total_of(indices)` sums the
     program's assignment variables over those options. With no option in N the sum is empty (0)."""
@@ -266,10 +210,6 @@ def option_count_constraint(count_use: tuple[np.ndarray, int] | None, total_of) 
         return []
     mask, n = count_use
     return [total_of(np.flatnonzero(mask)) == n] if mask.any() else [cp.Constant(0) == n]
-
-
-def add_option_count_constraint(h, prob: StageProblem) -> list:
-    return option_count_constraint(prob.count_use, lambda idx: cp.sum(h[:, idx]))
 
 
 def counted_use_errors(count_use: tuple[np.ndarray, int] | None, counts: np.ndarray) -> list[str]:
@@ -281,13 +221,6 @@ def counted_use_errors(count_use: tuple[np.ndarray, int] | None, counts: np.ndar
     return [] if used == n else [f"{used} layers take the counted options, not {n}"]
 
 
-def add_host_memory_constraint(h, prob: StageProblem) -> list:
-    if prob.option_host_state is None or not np.all(np.isfinite(prob.host_capacity)):
-        return []
-    coeff = per_stage(prob, prob.option_host_state) + prob.in_flight[:, None] * per_stage(prob, prob.option_host_act)
-    return [cp.sum(cp.multiply(h, coeff), axis=1) <= prob.host_capacity]
-
-
 def solve_stages(original: StageProblem, cutoff: float | None = None, solver: str = cp.HIGHS) -> StageSolution:
     """Solve the stage program with HiGHS; returns counts and per-stage figures, or a status saying why not.
 
@@ -297,57 +230,41 @@ def solve_stages(original: StageProblem, cutoff: float | None = None, solver: st
     Only a complete assignment within every bound is returned (`plan_errors`); a solve stopped by its
     time limit before any incumbent is TIME_LIMIT_NO_INCUMBENT with no counts. Otherwise the status is
     the solver's: "optimal" (within mip_rel_gap) or "time_limit" (an incumbent; its gap in mip_gap).
-    `solver` is the cvxpy solver name (HiGHS by default; `cp.CBC` is used by benchmarks/solver.py to
-    compare backends): CBC gets the same time limit and relative gap, and no cutoff (its result is still
-    checked against it).
+    The program goes to HiGHS as one sparse matrix (planner.stage_matrix); `solver` is a cvxpy solver name
+    for another backend (`cp.CBC`, which benchmarks/solver.py compares): it gets the same matrices, time
+    limit and relative gap, and no cutoff (its result is still checked against it).
     """
     prob = original.scaled()
     t_scale = float(original.option_time.max(initial=0)) / float(prob.option_time.max(initial=0)) \
         if prob.option_time.max(initial=0) > 0 else 1.0
-    p, n_opt = prob.num_stages, prob.option_time.shape[-1]
-    h = cp.Variable((p, n_opt), integer=True, name="h")
-    t_max = cp.Variable(nonneg=True, name="t_max")
-    d_max = cp.Variable(nonneg=True, name="d_max")
-    constraints = [h >= 0]
-    constraints += add_layer_count_constraint(h, prob)
-    constraints += add_nonempty_stage_constraint(h, prob)
-    constraints += add_bottleneck_constraint(h, t_max, prob)
-    constraints += add_memory_constraint(h, prob)
-    constraints += add_flush_constraint(h, d_max, prob)
-    constraints += add_option_use_constraint(h, prob)
-    constraints += add_option_count_constraint(h, prob)
-    constraints += add_host_memory_constraint(h, prob)
-    v = prob.virtual_stages
-    objective = (prob.num_microbatches - 1 / v) * t_max + cp.sum(stage_time_expr(h, prob)) / v + d_max
-    if prob.option_rank is not None and prob.option_rank.any():
-        objective = objective + 1e-7 * cp.sum(h @ prob.option_rank) / max(1, prob.num_layers)
-    problem = cp.Problem(cp.Minimize(objective), constraints)
-    t0 = time.perf_counter()
-    opts = _solver_options(solver, prob)
+    m = stage_matrix(prob)
     bounded = cutoff is not None and bool(np.isfinite(cutoff))
-    if solver == cp.HIGHS and bounded:
-        rank = prob.option_rank if prob.option_rank is not None and prob.option_rank.any() else np.zeros(1)
-        opts["objective_bound"] = highs_objective_bound(cutoff / t_scale, float(np.sum(prob.extra_time)) / v,
-                                                        1e-7 * float(rank.max()))
-    try:
+    t0 = time.perf_counter()
+    if solver == cp.HIGHS:
+        bound = None
+        if bounded:
+            rank = prob.option_rank if prob.option_rank is not None and prob.option_rank.any() else np.zeros(1)
+            bound = highs_objective_bound(cutoff / t_scale, m.offset, TIE_BREAK * float(rank.max()))
+        result = solve_highs(m, prob.time_limit_s, prob.mip_rel_gap, bound)
+    else:
         with warnings.catch_warnings():  # a time-limited incumbent is expected; its gap is reported
             warnings.simplefilter("ignore", UserWarning)
-            problem.solve(solver=solver, **opts)
-    except cp.error.SolverError as e:  # pragma: no cover - solver crash is not a user error
-        return StageSolution(status=f"solver_error: {e}", wall_time_s=time.perf_counter() - t0)
+            try:
+                result = solve_cvxpy(m, solver, _solver_options(solver, prob))
+            except cp.error.SolverError as e:  # pragma: no cover - solver crash is not a user error
+                return StageSolution(status=f"solver_error: {e}", wall_time_s=time.perf_counter() - t0)
     wall = time.perf_counter() - t0
-    counts = np.rint(h.value).astype(int) if h.value is not None and has_incumbent(problem) else None
+    counts = m.counts(result.x) if result.x is not None else None
     if counts is None or plan_errors(original, counts):
-        return StageSolution(status=no_solution_status(problem.status, bounded), wall_time_s=wall)
+        return StageSolution(status=no_solution_status(result.status, bounded), wall_time_s=wall)
     prob = original
     objective = evaluate(prob, counts)
     if bounded and objective >= cutoff * (1 - 1e-9):  # found, but no better than the incumbent
         return StageSolution(status=CUTOFF, wall_time_s=wall)
     stage_time, stage_mem, stage_flush = stage_figures(prob, counts)
-    gap = _mip_gap(problem)
-    status = "optimal" if problem.status == "optimal" else "time_limit"
+    status = "optimal" if result.status == "optimal" else "time_limit"
     return StageSolution(status=status, objective=objective, counts=counts, stage_time=stage_time,
-                         stage_mem=stage_mem, stage_flush=stage_flush, wall_time_s=wall, mip_gap=gap)
+                         stage_mem=stage_mem, stage_flush=stage_flush, wall_time_s=wall, mip_gap=result.mip_gap)
 
 
 POLISH_TIME_LIMIT_S = 0.5
@@ -366,23 +283,11 @@ def polish(original: StageProblem, solution: StageSolution) -> StageSolution:
     prob = original.scaled()
     t_scale = float(original.option_time.max(initial=0)) / float(prob.option_time.max(initial=0)) \
         if prob.option_time.max(initial=0) > 0 else 1.0
-    p, n_opt = prob.num_stages, prob.option_time.shape[-1]
-    h = cp.Variable((p, n_opt), integer=True)
-    t_max, d_max = cp.Variable(nonneg=True), cp.Variable(nonneg=True)
-    v = prob.virtual_stages
-    step = (prob.num_microbatches - 1 / v) * t_max + cp.sum(stage_time_expr(h, prob)) / v + d_max
-    cons = [h >= 0, *add_layer_count_constraint(h, prob), *add_nonempty_stage_constraint(h, prob),
-            *add_bottleneck_constraint(h, t_max, prob), *add_memory_constraint(h, prob),
-            *add_flush_constraint(h, d_max, prob), *add_option_use_constraint(h, prob),
-            *add_option_count_constraint(h, prob), *add_host_memory_constraint(h, prob),
-            step <= solution.objective / t_scale * (1 + 1e-9)]
-    problem = cp.Problem(cp.Minimize(cp.sum(h @ prob.option_rank)), cons)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        problem.solve(solver=cp.HIGHS, time_limit=min(prob.time_limit_s, POLISH_TIME_LIMIT_S))
-    if h.value is None or not has_incumbent(problem):
+    m = stage_matrix(prob, step_bound=solution.objective / t_scale * (1 + 1e-9), objective="rank")
+    result = solve_highs(m, min(prob.time_limit_s, POLISH_TIME_LIMIT_S), prob.mip_rel_gap)
+    if result.x is None:
         return solution
-    counts = np.rint(h.value).astype(int)
+    counts = m.counts(result.x)
     if plan_errors(original, counts) or evaluate(original, counts) > solution.objective * (1 + 1e-9):
         return solution
     o = original
@@ -395,9 +300,9 @@ def polish(original: StageProblem, solution: StageSolution) -> StageSolution:
 def highs_objective_bound(cutoff: float, constant: float, tie_break: float) -> float:
     """HiGHS's objective_bound for a cutoff, all in the scaled program's time units.
 
-    cvxpy hands HiGHS the objective without its constant term and adds that back itself (an offset),
-    while HiGHS compares objective_bound with its own objective. The stage program's constant is
-    sum_s E_s / v (each stage's fixed time, stage_time_expr, paid once in fill and drain), so a cutoff
+    HiGHS is handed the objective without its constant term (planner.stage_matrix adds it back, as cvxpy
+    does: an offset), while HiGHS compares objective_bound with its own objective. The stage program's constant is
+    sum_s E_s / v (each stage's fixed time, paid once in fill and drain), so a cutoff
     c on the step time is the bound c - sum_s E_s / v; passing c itself let through assignments up to
     sum_s E_s / v slower than the incumbent, which then ended "optimal". The tie-break term
     eps * sum h rank <= `tie_break` is added so that a plan faster than c is never cut by it.
@@ -492,27 +397,9 @@ def plan_errors(prob: StageProblem, counts: np.ndarray) -> list[str]:
 def min_memory(original: StageProblem) -> tuple[float, np.ndarray | None]:
     """The least per-device memory any assignment needs, and the counts that achieve it."""
     prob = original.scaled()
-    p, n_opt = prob.num_stages, prob.option_time.shape[-1]
-    h = cp.Variable((p, n_opt), integer=True)
-    m_max = cp.Variable()
-    cons = [h >= 0, *add_layer_count_constraint(h, prob), *add_nonempty_stage_constraint(h, prob),
-            *add_memory_constraint(h, prob, bound=m_max), *add_option_use_constraint(h, prob),
-            *add_option_count_constraint(h, prob), *add_host_memory_constraint(h, prob)]
-    problem = cp.Problem(cp.Minimize(m_max), cons)
-    problem.solve(solver=cp.HIGHS, time_limit=prob.time_limit_s, mip_rel_gap=prob.mip_rel_gap)
-    if m_max.value is None or not has_incumbent(problem) or assignment_errors(original, np.rint(h.value).astype(int)):
+    m = stage_matrix(prob, memory_bound=True, objective="memory")
+    result = solve_highs(m, prob.time_limit_s, prob.mip_rel_gap)
+    if result.x is None or assignment_errors(original, m.counts(result.x)):
         return float("inf"), None
-    return float(m_max.value) * float(np.max(original.capacity)) / float(np.max(prob.capacity)), \
-        np.rint(h.value).astype(int)
-
-
-def _mip_gap(problem: cp.Problem) -> float | None:
-    stats = problem.solver_stats
-    extra = getattr(stats, "extra_stats", None)
-    try:
-        gap = getattr(extra, "mip_gap", None)  # cvxpy hands back HiGHS's HighsInfo
-    except Exception:
-        gap = None
-    if gap is None or not np.isfinite(gap):
-        return 0.0 if problem.status == "optimal" else None
-    return float(gap)
+    return float(result.x[m.m_max]) * float(np.max(original.capacity)) / float(np.max(prob.capacity)), \
+        m.counts(result.x)

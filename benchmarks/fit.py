@@ -43,12 +43,12 @@ bubbles and the search's own choices are in it), S the row's sequence length. Th
 the rows re-priced exactly at the result, and the step repeated (`ITERATIONS`); every published error is
 an exact pricing, never the surrogate's.
 
-Leave-one-source-out: for each source (training runs or kernel timings), the published fit is redone on the surrogate (at the final
-linearisation) without that source's rows, groups left without data are derived as in 3, and that
-source's rows are priced exactly with the constants fitted without them. Those errors are the headline
-of benchmarks.published. Each held-out row records `fold_unseen`: the constants of its pricing that its source
-fits in-sample and no other source measures (a kernel or stack only it ran), which its fold could only
-derive; benchmarks.published reports the held-out error of the other rows beside the headline.
+Leave-one-source-out: for each source (training runs or kernel timings), the published fit is redone on the
+surrogate (at the final linearisation) without that source's rows, groups left without data are derived as in
+3, and that source's rows are priced exactly with the constants fitted without them. Those errors are the
+headline of benchmarks.published. Each held-out row records `fold_unseen`: the constants of its pricing that
+its source fits in-sample and no other source measures (a kernel or stack only it ran), which its fold could
+only derive; benchmarks.published reports the held-out error of the other rows beside the headline.
 """
 from __future__ import annotations
 

@@ -396,7 +396,8 @@ def kernels(results: dict) -> str:
         out.append(table(["generation / stack", "bars", "in-sample: median / max \\|error\\|",
                           "held out: median / p95 / max \\|error\\|"], rows))
         a, h = pk["in_sample"]["all"], (pk.get("loso") or {}).get("all")
-        text = f"Over all {a['priced']} bars: in-sample median |error| {pct(a['median_abs_error'])}, max {pct(a['max_abs_error'])}."
+        text = (f"Over all {a['priced']} bars: in-sample median |error| {pct(a['median_abs_error'])}, max "
+                f"{pct(a['max_abs_error'])}.")
         if h:
             text += (f" Held out, where a kernel's speed comes from whole training steps alone (which cannot tell "
                      f"attention's time from the rest of a step), median {pct(h['median_abs_error'])}, max "

@@ -7,8 +7,8 @@
 (b) solve times on large real programs: every candidate program (mesh, ZeRO stage, micro-batch size,
     schedule) of gpt3-175b on 1,024 A100-80GB (global batch 1536) and llama3-405b on 16,384 H100-80GB
     (global batch 2048), each solved as the search would but without the incumbent cutoff (so no
-    candidate is pruned or cut short): median, p90, max of the per-candidate wall time (cvxpy
-    compilation included), and how many hit the 3 s time limit.
+    candidate is pruned or cut short): median, p90, max of the per-candidate wall time (building
+    the matrices included: planner.stage_matrix), and how many hit the 3 s time limit.
 (c) HiGHS against CBC on the same programs and settings (relative gap 0.5%, time limit 3 s; no cutoff):
     the relative difference of the objectives and the ratio of the wall times. CBC comes from cvxpy's
     CBC interface (the `cylp` package); without it the JSON says so and (c) is skipped. To keep the

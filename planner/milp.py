@@ -284,7 +284,8 @@ def polish(original: StageProblem, solution: StageSolution) -> StageSolution:
     t_scale = float(original.option_time.max(initial=0)) / float(prob.option_time.max(initial=0)) \
         if prob.option_time.max(initial=0) > 0 else 1.0
     m = stage_matrix(prob, step_bound=solution.objective / t_scale * (1 + 1e-9), objective="rank")
-    result = solve_highs(m, min(prob.time_limit_s, POLISH_TIME_LIMIT_S), prob.mip_rel_gap)
+    # the tie-break solve at HiGHS's default gap
+    result = solve_highs(m, min(prob.time_limit_s, POLISH_TIME_LIMIT_S), None)
     if result.x is None:
         return solution
     counts = m.counts(result.x)

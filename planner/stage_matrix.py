@@ -199,9 +199,10 @@ STATUS = {"kOptimal": "optimal", "kInfeasible": "infeasible", "kUnboundedOrInfea
 milp.no_solution_status reads both backends."""
 
 
-def solve_highs(m: StageMatrix, time_limit: float, mip_rel_gap: float,
+def solve_highs(m: StageMatrix, time_limit: float, mip_rel_gap: float | None,
                 objective_bound: float | None = None) -> MatrixResult:
-    """Solve with HiGHS directly. `objective_bound` is HiGHS's own (without the offset)."""
+    """Solve with HiGHS directly (`mip_rel_gap` None: HiGHS's default). `objective_bound` is HiGHS's own
+    (without the offset)."""
     import highspy
     from partita.planner.highs import silence_banner
     silence_banner()
@@ -216,7 +217,8 @@ def solve_highs(m: StageMatrix, time_limit: float, mip_rel_gap: float,
     solver = highspy.Highs()
     solver.setOptionValue("output_flag", False)
     solver.setOptionValue("time_limit", float(time_limit))
-    solver.setOptionValue("mip_rel_gap", float(mip_rel_gap))
+    if mip_rel_gap is not None:
+        solver.setOptionValue("mip_rel_gap", float(mip_rel_gap))
     if objective_bound is not None:
         solver.setOptionValue("objective_bound", float(objective_bound))
     solver.passModel(lp)

@@ -69,7 +69,7 @@ import cvxpy as cp
 import numpy as np
 
 from partita.planner.highs import silence_banner
-from partita.planner.stage_matrix import TIE_BREAK, solve_cvxpy, solve_highs, stage_matrix
+from partita.planner.stage_matrix import TIE_BREAK, mem_coeff, per_stage, solve_cvxpy, solve_highs, stage_matrix
 
 silence_banner()  # before any solve: the banner would land on `partita plan --json`'s stdout
 
@@ -187,20 +187,6 @@ def no_solution_status(solver_status: str, cutoff_given: bool) -> str:
     if solver_status in ("infeasible", "infeasible_inaccurate"):
         return CUTOFF if cutoff_given else "infeasible"
     return "inaccurate" if solver_status in ("optimal", "optimal_inaccurate") else solver_status
-
-
-def per_stage(prob: StageProblem, a: np.ndarray) -> np.ndarray:
-    """An option cost as a (stages x options) matrix: per-stage costs as given, shared ones repeated."""
-    a = np.asarray(a, dtype=float)
-    return a if a.ndim == 2 else np.broadcast_to(a, (prob.num_stages, a.shape[-1]))
-
-
-def mem_coeff(prob: StageProblem) -> np.ndarray:
-    """W[s,o] - chi_s G[s,o] + k_s A[s,o] (the main, forward/backward phase)."""
-    coeff = per_stage(prob, prob.option_state) + prob.in_flight[:, None] * per_stage(prob, prob.option_act)
-    if prob.option_grad is not None and prob.grads_absent is not None:
-        coeff = coeff - np.asarray(prob.grads_absent, dtype=float)[:, None] * per_stage(prob, prob.option_grad)
-    return coeff
 
 
 def option_count_constraint(count_use: tuple[np.ndarray, int] | None, total_of) -> list:

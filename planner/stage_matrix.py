@@ -37,6 +37,20 @@ TIE_BREAK = 1e-7
 """epsilon of the tie-break term (milp.StageProblem.option_rank)."""
 
 
+def per_stage(prob, a: np.ndarray) -> np.ndarray:
+    """An option cost as a (stages x options) matrix: per-stage costs as given, shared ones repeated."""
+    a = np.asarray(a, dtype=float)
+    return a if a.ndim == 2 else np.broadcast_to(a, (prob.num_stages, a.shape[-1]))
+
+
+def mem_coeff(prob) -> np.ndarray:
+    """W[s,o] - chi_s G[s,o] + k_s A[s,o] (the main, forward/backward phase)."""
+    coeff = per_stage(prob, prob.option_state) + prob.in_flight[:, None] * per_stage(prob, prob.option_act)
+    if prob.option_grad is not None and prob.grads_absent is not None:
+        coeff = coeff - np.asarray(prob.grads_absent, dtype=float)[:, None] * per_stage(prob, prob.option_grad)
+    return coeff
+
+
 @dataclass
 class StageMatrix:
     cost: np.ndarray
@@ -89,7 +103,6 @@ def stage_matrix(prob, memory_bound: bool = False, step_bound: float | None = No
     """The program of `prob` (a milp.StageProblem, scaled) as matrices (module docstring). `step_bound` adds
     the row "step time <= step_bound" (milp.polish); `objective` is "step" (the step time), "rank" (the
     tie-break weights alone: milp.polish) or "memory" (m_max: milp.min_memory, with `memory_bound`)."""
-    from partita.planner.milp import mem_coeff, per_stage
     p, n, L = prob.num_stages, prob.option_time.shape[-1], prob.num_layers
     v, inf = prob.virtual_stages, np.inf
     h = np.arange(p * n).reshape(p, n)

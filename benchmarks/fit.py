@@ -18,7 +18,12 @@ What is fitted to what (every constant in costmodel/fitted_constants.json says w
    apart and the kernel timings' curve holds. No efficiency is fitted above 1. A group with kernel
    timings keeps them, and its whole steps on one GPU fit one number, its `step_efficiency` (memory-bound
    operators inside a training step against a copy timed alone; GEMMs and attention keep their timed
-   rate, costmodel.kernels.node_time).
+   rate, costmodel.kernels.node_time). A stack that runs its memory-bound operators as eager PyTorch
+   kernels (costmodel.stacks `eager_elementwise`) fits its step_efficiency to its published rows too, per
+   (generation, GEMM family) beside e_gemm: the models' widths tell them apart (norms, activations and
+   residual adds grow with the width h, GEMMs with h^2). A stack that fuses them (apex, Transformer Engine,
+   flash-attn's fused MLP) keeps 1: its fusion is not modelled, and a rate fitted to it would stand in for
+   something else.
    Published kernel timings (benchmarks.published_kernels: FlashAttention-2's README charts, each bar a
    kernel row of its stack's attention kernel, forward + backward) fit, beside them, the attention level e_attn
    of their (generation, stack) and their kernel's h_seq on that generation, each bar priced exactly
@@ -28,7 +33,8 @@ What is fitted to what (every constant in costmodel/fitted_constants.json says w
    GPU); a kernel's head-width and causal-block constants and its backward/forward ratio are the H200
    measurement of that kernel; achievable HBM bandwidth is the H200's measured fraction of the
    datasheet; a (generation, stack) with no data takes log e = a_generation + b_stack (attention: b_kernel,
-   after the same kernel on the same GPU where another stack measured it), the two-way additive model
+   after the same kernel on the same GPU where another stack measured it -- where kernel timings measure
+   that kernel on that GPU, theirs alone; step_efficiency likewise), the two-way additive model
    fitted over the groups that have data, never above the fastest group measured on that generation
    (Volta, with no data, takes Ampere's a and ceiling).
 
@@ -37,8 +43,10 @@ source in its group), so one large table does not own a group's constants. Prici
 (seconds), so the fit is Gauss-Newton-like on a surrogate: around constants c0, a row's step time is
 
     T(c) = T(c0) * (e_gemm0 / e_gemm)^eps_gemm * (e_attn0 s(S, h0) / (e_attn s(S, h)))^eps_attn
+                 * (step0 / step)^eps_step
 
-with each elasticity eps measured by re-pricing the row with that kernel class 10% slower (so overlap,
+with each elasticity eps measured by re-pricing the row with that kernel class (memory-bound operators for
+eps_step) 10% slower (so overlap,
 bubbles and the search's own choices are in it), S the row's sequence length. The surrogate is fitted,
 the rows re-priced exactly at the result, and the step repeated (`ITERATIONS`); every published error is
 an exact pricing, never the surrogate's.
@@ -169,6 +177,8 @@ def row_params(row: Row, kgroups: dict) -> set[tuple[str, str]]:
     if g in kgroups:
         return out
     out.add(("e_gemm", gemm_group(g)))
+    if STACKS[stack].eager_elementwise:
+        out.add(("step", gemm_group(g)))
     if row.model.attention == "sdpa":
         out |= {("e_attn", g), ("h_seq", f"{gen}/{attention_kernel(gen, stack)}")}
     return out
@@ -202,6 +212,11 @@ def kernel_params(krows: list[KernelRow], kgroups: dict) -> list[tuple[str, str]
     return sorted(out)
 
 
+def timed_groups(krows: list[KernelRow]) -> frozenset:
+    """The (generation, stack) groups whose attention level published kernel timings measure."""
+    return frozenset(kernel_group(kr) for kr in krows)
+
+
 def kernel_log_errors(krows: list[KernelRow], groups: dict) -> list[float]:
     """log(predicted / measured) forward + backward seconds of each published kernel timing, priced exactly
     (costmodel.kernel_fit.predict: the same pricing as a training step's attention) with its group's constants."""
@@ -216,11 +231,12 @@ def kernel_log_errors(krows: list[KernelRow], groups: dict) -> list[float]:
     return out
 
 
-def derive(values: dict, kgroups: dict) -> dict[str, dict]:
+def derive(values: dict, kgroups: dict, timed: frozenset = frozenset()) -> dict[str, dict]:
     """Every (generation, stack) group's kernel constants: kernel-timed groups as fitted, published-fitted
     levels on the measured shapes, the rest by the module docstring's rules. `values` maps
-    ("e_gemm", gen/family), ("e_attn", gen/stack) and ("h_seq", gen/kernel) to fitted values. Returns
-    {group: {"constants", "source"}}."""
+    ("e_gemm", gen/family), ("e_attn", gen/stack), ("h_seq", gen/kernel) and ("step", gen/family) to fitted
+    values; `timed`: the groups whose attention level published kernel timings measure (`timed_groups`).
+    Returns {group: {"constants", "source"}}."""
     shape_group = next(k for k in kgroups if k.startswith(SHAPE_FROM + "/"))
     shape = kgroups[shape_group]["constants"]
     curves = shape.get("other_attention") or {}
@@ -234,12 +250,22 @@ def derive(values: dict, kgroups: dict) -> dict[str, dict]:
         gen = g.split("/")[0]
         for kernel, c in (kg["constants"].get("other_attention") or {}).items():
             h_seq.setdefault(f"{gen}/{kernel}", c["half_seq"])
-    # attention data by the kernel each group ran: a group without its own fit takes its kernel's on its GPU
-    by_kernel = defaultdict(list)
+    # attention data by the kernel each group ran: a group without its own fit takes its kernel's on its GPU.
+    # Where kernel timings measure a kernel on a GPU, its level there is theirs: the level a stack's training
+    # rows alone fit also takes up what else their steps miss (hopper/te-2024-flash2's FlashAttention-2 fits
+    # 0.11 of peak, FlashAttention-2's own H100 chart 0.40), and would set the generation factor that carries
+    # a kernel measured on one GPU to another (the additive model below).
+    timed = set(timed) | set(kgroups)
+    by_kernel, by_kernel_timed = defaultdict(list), defaultdict(list)
     for g, v in e_attn.items():
-        by_kernel[f"{g.split('/')[0]}/{attention_kernel(*g.split('/'))}"].append(math.log(v))
-    e_kernel = {k: math.exp(sum(v) / len(v)) for k, v in by_kernel.items()}
+        key = f"{g.split('/')[0]}/{attention_kernel(*g.split('/'))}"
+        by_kernel[key].append(math.log(v))
+        if g in timed:
+            by_kernel_timed[key].append(math.log(v))
+    e_kernel = {k: math.exp(sum(v) / len(v)) for k, v in {**by_kernel, **by_kernel_timed}.items()}
     gemm_model, attn_model = additive(e_gemm), additive(e_kernel)
+    steps = {g: v for (k, g), v in values.items() if k == "step"}
+    step_model = additive(steps)
     out = {}
     for gen in GENERATIONS:
         for stack in STACKS:
@@ -266,6 +292,12 @@ def derive(values: dict, kgroups: dict) -> dict[str, dict]:
             if attn is None:
                 attn, attn_how = capped(attn_model, e_kernel, gen, kernel), \
                     "e_attn by the additive (generation + kernel) model of the fitted groups, capped"
+            step, step_how = values.get(("step", f"{gen}/{family}")), f"step_efficiency fitted to the published rows of {gen}/{family}"
+            if not STACKS[stack].eager_elementwise:
+                step, step_how = 1.0, "step_efficiency 1 (its memory-bound operators are fused, at the kernel rate)"
+            elif step is None:
+                step, step_how = capped(step_model, steps, gen, family), \
+                    "step_efficiency by the additive (generation + stack) model of the fitted groups, capped"
             hs = h_seq.get(f"{gen}/{kernel}") or h_seq.get(f"ampere/{kernel}") or curve["half_seq"]
             constants = {
                 "matmul_efficiency": gemm, "gemm_half_mn": shape["gemm_half_mn"] * SMS[gen] / SMS[SHAPE_FROM],
@@ -273,8 +305,8 @@ def derive(values: dict, kgroups: dict) -> dict[str, dict]:
                 "mem_efficiency": shape["mem_efficiency"],
                 "attention_efficiency": attn, "attention_bwd_efficiency": attn * curve["bwd_efficiency"] / curve["efficiency"],
                 "attention_half_seq": hs, "attention_half_dim": curve["half_dim"],
-                "attention_causal_block": curve["causal_block"], "other_attention": None}
-            how = [gemm_how, attn_how if g not in fitted_attn else "e_attn fitted to its published rows",
+                "attention_causal_block": curve["causal_block"], "other_attention": None, "step_efficiency": step}
+            how = [gemm_how, step_how, attn_how if g not in fitted_attn else "e_attn fitted to its published rows",
                    f"h_seq fitted to published sequence sweeps ({gen}/{kernel})" if f"{gen}/{kernel}" in h_seq
                    else f"h_seq borrowed ({'ampere' if f'ampere/{kernel}' in h_seq else SHAPE_FROM}/{kernel})",
                    f"GEMM and {kernel} curve shapes, launch latency and HBM fraction from {shape_group}'s kernel "
@@ -360,8 +392,8 @@ class Linearisation:
 def linearise(rows: list[Row], groups: dict, graphs: dict, kgroups: dict) -> Linearisation:
     from benchmarks.published import row_key
     base = price_rows(rows, groups, graphs, label="price")
-    timed = [r for r in rows if step_row(r, kgroups)]
-    slow_s = price_rows(timed, groups, graphs, {"step": STEP}, label="whole step 10% slower")
+    slow_s = price_rows([r for r in rows if any(k == "step" for k, _ in row_params(r, kgroups))], groups, graphs,
+                        {"step": STEP}, label="memory-bound operators 10% slower")
     slow_g = price_rows(rows, groups, graphs, {"gemm": STEP}, label="GEMMs 10% slower")
     slow_a = price_rows([r for r in rows if r.model.attention == "sdpa"], groups, graphs, {"attn": STEP},
                         label="attention 10% slower")
@@ -423,7 +455,7 @@ def fit_published(rows: list[Row], lin: Linearisation, kgroups: dict, start: dic
     x0 = [math.log((start or {}).get(p, START[p[0]])) for p in params]
 
     def groups_of(x):
-        return derive({p: math.exp(v) for p, v in zip(params, x)}, kgroups)
+        return derive({p: math.exp(v) for p, v in zip(params, x)}, kgroups, timed_groups(krows))
 
     def residuals(x):
         groups = groups_of(x)
@@ -447,13 +479,13 @@ def fit(rows: list[Row] | None = None, iterations: int = ITERATIONS, loso: bool 
     graphs: dict = {}
     kgroups = kernel_groups()
     values = {p: START[p[0]] for p in dict.fromkeys(published_params(rows, kgroups) + kernel_params(krows, kgroups))}
-    groups = derive(values, kgroups)
+    groups = derive(values, kgroups, timed_groups(krows))
     history = []
     for it in range(iterations):
         print(f"iteration {it + 1}: linearising {len(rows)} rows", flush=True)
         lin = linearise(rows, groups, graphs, kgroups)
         values = fit_published(rows, lin, kgroups, start=values, krows=krows)
-        groups = derive(values, kgroups)
+        groups = derive(values, kgroups, timed_groups(krows))
         history.append({"iteration": it + 1, "values": _named(values)})
         print(f"  fitted: {_named(values)}", flush=True)
     final = price_rows(rows, groups, graphs, label="in-sample")
@@ -478,7 +510,7 @@ def leave_one_source_out(rows: list[Row], lin: Linearisation, kgroups: dict, val
         kheld = [kr for kr in krows if kr.source == source]
         fold = fit_published([r for r in rows if r.table.source != source], lin, kgroups, start=values,
                              krows=[kr for kr in krows if kr.source != source])
-        groups = derive(fold, kgroups)
+        groups = derive(fold, kgroups, timed_groups([kr for kr in krows if kr.source != source]))
         priced = price_rows(held, groups, graphs)
         # what the source's own rows fit in-sample that no other source measures: derived in the fold
         unseen = set(published_params(held, kgroups)) - set(fold)

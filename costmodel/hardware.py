@@ -92,10 +92,11 @@ class Device:
     (elementwise, norms, casts, the loss) reach inside a training step; GEMMs and fused attention run at
     the rate timed alone (costmodel.kernels.node_time). Eager PyTorch's elementwise kernels move their
     bytes in several passes and strided views, far from a copy's rate; torch.compile fuses them
-    (costmodel.fusion). 1 where the kernel constants were fitted to whole training steps already
-    (benchmarks.fit: published runs); fitted to whole steps where they come from kernel timings. On the
-    H200 the whole steps tell the classes apart: compiled layers (fewer memory-bound bytes) and a
-    32K-token step (attention half the time) against eager 4K-token steps."""
+    (costmodel.fusion). Fitted to whole steps (benchmarks.fit): on the H200 (kernel-timed) its one-GPU
+    steps tell the classes apart -- compiled layers (fewer memory-bound bytes) and a 32K-token step
+    (attention half the time) against eager 4K-token steps; for a stack of published runs whose
+    memory-bound operators run eager (costmodel.stacks `eager_elementwise`), the models' widths do. 1 for
+    stacks that fuse them (apex, Transformer Engine)."""
     mem_efficiency: float = 1.0
     """Fraction of mem_bandwidth memory-bound kernels achieve."""
     intra_link_efficiency: float = 1.0

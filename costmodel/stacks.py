@@ -40,6 +40,12 @@ class Stack:
     --overlap-p2p-communication). A plan choice where the stack allows it."""
     partita_runs: bool = False
     """partita's own runtime runs this stack (plans made for other stacks are priced, not run)."""
+    eager_elementwise: bool = False
+    """Memory-bound operators (norms, activations, residual adds, casts) run as eager PyTorch's kernels, one
+    or more per operator, as partita's graph lists them; False where the stack fuses them into few kernels
+    (apex's and Transformer Engine's fused LayerNorm, bias-GELU, dropout-add; flash-attn's fused MLP and
+    dropout-add-LayerNorm). benchmarks.fit fits the rate of eager ones inside a training step
+    (`Device.step_efficiency`); fused stacks keep the kernel rate (1), their fusion not modelled."""
     gemm: str = ""
     """The stack whose GEMM constants this one shares ("": its own): stacks that differ only in their
     attention kernel call the same GEMMs (benchmarks.fit fits one GEMM efficiency for them)."""
@@ -50,17 +56,17 @@ class Stack:
 
 
 STACKS: dict[str, Stack] = {s.name: s for s in [
-    Stack(name="pytorch", attention="torch", tp_comm_overlap=True, partita_runs=True,
+    Stack(name="pytorch", eager_elementwise=True, attention="torch", tp_comm_overlap=True, partita_runs=True,
           description="current PyTorch (torch >= 2.5) eager, as partita's runtime runs it: SDPA dispatches "
                       "cuDNN flash attention on Hopper, FlashAttention-2 on Ampere (16-bit); async TP "
                       "(torch.compile + symmetric memory) overlaps TP collectives, priced but not run by partita"),
     Stack(name="megatron-2021", attention="flash2",
           description="Megatron-LM / Megatron-DeepSpeed 2021-22 (PyTorch 1.x, apex fused kernels): attention "
                       "unfused, its scores materialised (the models say attention='math')"),
-    Stack(name="flash-2023", attention="flash2",
+    Stack(name="flash-2023", eager_elementwise=True, attention="flash2",
           description="PyTorch 2.0-2.4 with FlashAttention-2 (the flash-attn package or SDPA's flash backend): "
                       "fms-fsdp, torchtitan 2024, Meta's Llama 3 training"),
-    Stack(name="triton-2023", attention="flash_triton", gemm="flash-2023",
+    Stack(name="triton-2023", eager_elementwise=True, attention="flash_triton", gemm="flash-2023",
           description="MosaicML Composer + llm-foundry 2023 (torch 1.13-2.1), MPT with attn_impl 'triton', the "
                       "default of llm-foundry's benchmark scripts: FlashAttention written in Triton (flash-attn's "
                       "flash_attn_triton, or llm-foundry's copy of it), not the CUDA FlashAttention-2; GEMMs as "

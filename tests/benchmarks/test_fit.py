@@ -31,7 +31,7 @@ def synthetic(rows, truth: dict, kgroups, start: dict):
         lin.priced[k] = {"predicted": {"value": r.value}}  # predicted at start = the published value...
         lin.eps_gemm[k] = 0.6 + 0.3 * (i % 3) / 2
         lin.eps_attn[k] = 0.25 if r.model.attention == "sdpa" else 0.0
-        lin.eps_step[k] = 0.9 if fit.step_row(r, kgroups) else 0.0
+        lin.eps_step[k] = 0.9 - 0.2 * (i % 2) if any(kind == "step" for kind, _ in fit.row_params(r, kgroups)) else 0.0
     truth_groups = fit.derive(truth, kgroups)
     measured = [dataclasses.replace(r, value=r.value * math.exp(fit.surrogate_log_error(r, lin, truth_groups)))
                 for r in rows]  # ... so these are what the truth predicts
@@ -123,7 +123,7 @@ def test_the_additive_model_fills_a_missing_generation_and_stack():
     assert got_a == pytest.approx(a) and got_b == pytest.approx(b)
 
 
-def test_the_step_efficiency_is_fitted_to_one_gpu_steps_of_kernel_timed_groups_only(kgroups):
+def test_the_step_efficiency_of_a_kernel_timed_group_is_fitted_to_its_one_gpu_steps_only(kgroups):
     """torchtitan's runs share hopper/pytorch with the H200's own steps, but spend their time in collectives
     too: fitted to them, the memory-bound operators' step efficiency took up what the link model misses."""
     titan = [r for r in rows_of("torchtitan") if fit.group_of(r) == "hopper/pytorch"]
@@ -132,6 +132,44 @@ def test_the_step_efficiency_is_fitted_to_one_gpu_steps_of_kernel_timed_groups_o
     assert not any(fit.step_row(r, kgroups) for r in titan) and all(fit.step_row(r, kgroups) for r in h200)
     assert ("step", "hopper/pytorch") not in fit.published_params(titan, kgroups)
     assert ("step", "hopper/pytorch") in fit.published_params(titan + h200, kgroups)
+
+
+def test_published_stacks_fit_the_rate_of_their_eager_memory_bound_operators_and_fused_stacks_keep_1(kgroups):
+    """llm-foundry's and fms-fsdp's PyTorch runs execute norms, activations and residual adds as eager kernels:
+    their rate inside a step is fitted beside the GEMMs' (per generation and GEMM family, as e_gemm); Megatron's
+    apex, Transformer Engine and flash-attn's training scripts fuse them, and keep the kernel rate."""
+    eager = rows_of("llm-foundry", "fms-fsdp")
+    fused = rows_of("megatron-sc21", "megatron-lm-h100", "flash-attention")
+    steps = {g for kind, g in fit.published_params(eager + fused, kgroups) if kind == "step"}
+    assert steps == {"ampere/flash-2023", "hopper/flash-2023"}  # triton-2023 shares flash-2023's family
+    values = {p: fit.START[p[0]] for p in fit.published_params(list(ROWS), kgroups)}
+    values[("step", "hopper/flash-2023")] = 0.3
+    groups = fit.derive(values, kgroups)
+    for g in ("hopper/flash-2023", "hopper/triton-2023"):
+        assert groups[g]["constants"]["step_efficiency"] == 0.3, g
+    for g in ("hopper/te-2024", "ampere/megatron-2021", "ampere/flash1-2022", "volta/te-2024"):
+        assert groups[g]["constants"]["step_efficiency"] == 1.0, g
+    # an eager stack nobody ran on a GPU takes the additive model's rate, not the kernel rate
+    assert groups["volta/flash-2023"]["constants"]["step_efficiency"] < 1.0
+    # and the rate moves a row's price: a slower memory-bound rate prices the same row slower
+    row = next(r for r in rows_of("llm-foundry") if r.hardware.startswith("H100") and r.gpus == 8)
+    fast = fit.price_rows([row], groups, {})
+    slow = fit.price_rows([row], groups, {}, {"step": 2.0})
+    assert fit.step_ratio(row, fast[row_key(row)], slow[row_key(row)]) > 1.02
+
+
+def test_a_kernels_level_on_a_gpu_is_the_timed_one_where_kernel_timings_measure_it(kgroups):
+    """A stack whose training rows alone fit its attention level gives it whatever else its steps miss; where a
+    kernel chart measures that kernel on that GPU, a stack without data of its own takes the chart's level."""
+    values = {p: fit.START[p[0]] for p in fit.published_params(list(ROWS), kgroups)}
+    values[("e_attn", "hopper/flash-2023")] = 0.4       # FlashAttention-2 on H100, measured by the chart
+    values[("e_attn", "hopper/te-2024-flash2")] = 0.1   # the same kernel, from training rows alone
+    values.pop(("e_attn", "hopper/megatron-2021"), None)
+    timed = fit.timed_groups(KERNEL_ROWS)
+    assert "hopper/flash-2023" in timed and "hopper/te-2024-flash2" not in timed
+    level = lambda groups: groups["hopper/megatron-2021"]["constants"]["attention_efficiency"]  # noqa: E731
+    assert level(fit.derive(values, kgroups, timed)) == pytest.approx(0.4)
+    assert level(fit.derive(values, kgroups)) == pytest.approx(0.2)  # both: their geometric mean
 
 
 # ------------------------------------------------------------------ published kernel timings

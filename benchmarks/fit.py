@@ -34,7 +34,8 @@ What is fitted to what (every constant in costmodel/fitted_constants.json says w
    measurement of that kernel; achievable HBM bandwidth is the H200's measured fraction of the
    datasheet; a (generation, stack) with no data takes log e = a_generation + b_stack (attention: b_kernel,
    after the same kernel on the same GPU where another stack measured it -- where kernel timings measure
-   that kernel on that GPU, theirs alone; step_efficiency likewise), the two-way additive model
+   that kernel on that GPU, theirs alone; step_efficiency of an eager stack: b_GEMM family, of a fused one:
+   1), the two-way additive model
    fitted over the groups that have data, never above the fastest group measured on that generation
    (Volta, with no data, takes Ampere's a and ceiling).
 
@@ -272,10 +273,13 @@ def derive(values: dict, kgroups: dict, timed: frozenset = frozenset()) -> dict[
             g = f"{gen}/{stack}"
             if g in kgroups:
                 step = values.get(("step", g))
-                out[g] = {"constants": {**kgroups[g]["constants"], "step_efficiency": step or 1.0},
-                          "source": kgroups[g]["source"] + ("; step_efficiency fitted to its whole-step rows (published "
-                                                            "and GPU runs)" if step else "; no whole-step rows: "
-                                                            "step_efficiency 1")}
+                how = "step_efficiency fitted to its whole-step rows (published and GPU runs)"
+                if step is None:  # held out, or never run whole: as a group without data (rule 3)
+                    step, how = ((capped(step_model, steps, gen, STACKS[stack].gemm_family),
+                                  "no whole-step rows: step_efficiency by the additive model of the fitted groups")
+                                 if STACKS[stack].eager_elementwise else (1.0, "no whole-step rows: step_efficiency 1"))
+                out[g] = {"constants": {**kgroups[g]["constants"], "step_efficiency": step},
+                          "source": f"{kgroups[g]['source']}; {how}"}
                 continue
             kernel = attention_kernel(gen, stack)
             curve = curves.get(kernel) or curves.get("flash2")
@@ -292,7 +296,8 @@ def derive(values: dict, kgroups: dict, timed: frozenset = frozenset()) -> dict[
             if attn is None:
                 attn, attn_how = capped(attn_model, e_kernel, gen, kernel), \
                     "e_attn by the additive (generation + kernel) model of the fitted groups, capped"
-            step, step_how = values.get(("step", f"{gen}/{family}")), f"step_efficiency fitted to the published rows of {gen}/{family}"
+            step = values.get(("step", f"{gen}/{family}"))
+            step_how = f"step_efficiency fitted to the published rows of {gen}/{family}"
             if not STACKS[stack].eager_elementwise:
                 step, step_how = 1.0, "step_efficiency 1 (its memory-bound operators are fused, at the kernel rate)"
             elif step is None:

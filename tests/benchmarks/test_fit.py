@@ -149,8 +149,11 @@ def test_published_stacks_fit_the_rate_of_their_eager_memory_bound_operators_and
         assert groups[g]["constants"]["step_efficiency"] == 0.3, g
     for g in ("hopper/te-2024", "ampere/megatron-2021", "ampere/flash1-2022", "volta/te-2024"):
         assert groups[g]["constants"]["step_efficiency"] == 1.0, g
-    # an eager stack nobody ran on a GPU takes the additive model's rate, not the kernel rate
+    # an eager stack nobody ran on a GPU takes the additive model's rate, not the kernel rate; so does the
+    # kernel-timed group when its whole steps are held out
     assert groups["volta/flash-2023"]["constants"]["step_efficiency"] < 1.0
+    held = {p: v for p, v in values.items() if p != ("step", "hopper/pytorch")}
+    assert fit.derive(held, kgroups)["hopper/pytorch"]["constants"]["step_efficiency"] == pytest.approx(0.3)
     # and the rate moves a row's price: a slower memory-bound rate prices the same row slower
     row = next(r for r in rows_of("llm-foundry") if r.hardware.startswith("H100") and r.gpus == 8)
     fast = fit.price_rows([row], groups, {})

@@ -44,7 +44,7 @@ from partita.runtime.allocator import configure_allocator
 from partita.runtime.mesh import agree_on_attempt, broadcast_text, env_world, init_default, teardown
 from partita.runtime.report import RankFailure, RunResult, first_failure, read_failure, show_library_warnings_once
 from partita.runtime.progress import DEFAULT_EVERY
-from partita.runtime.session import EXIT_OK, RunOptions, at_seq_len, execute, prepare
+from partita.runtime.guards import EXIT_OK
 from partita.runtime.stop import die_with_parent
 
 ModelArg = str | ModelSpec | Callable[[], nn.Module]
@@ -78,6 +78,7 @@ def model_spec(model: ModelArg, name: str | None = None, *, example_inputs=None,
     path (a plan file must not choose code; the plan's fingerprint is checked against `model_fn`'s module
     by the pre-flight instead). `seq_len` (the plan's): a MODEL string's model is built at that length
     (runtime.session.at_seq_len), a given ModelSpec is taken as it is."""
+    from partita.runtime.session import at_seq_len  # loaded on use: the launcher (agent) never needs it
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):
@@ -116,6 +117,7 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset=None,
     (`print_report`). Raises PartitaError for a plan, data or checkpoint that does not fit (before any step),
     session.NonFiniteLoss for a NaN/inf loss, and VerifyFailed (on every rank, after the report) when
     `verify` finds the run differs from one process -- where the CLI exits 1."""
+    from partita.runtime.session import RunOptions, execute, prepare
     p = _plan(plan)
     spec = model_spec(model_fn, p.model.get("name"), example_inputs=example_inputs, loss_fn=loss_fn, vocab=vocab,
                       seq_len=p.train.get("seq_len"))

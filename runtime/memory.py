@@ -40,7 +40,6 @@ from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
 
 CPU_METHOD = "tracked: parameters + gradients + optimizer state + peak live saved activations"
 GPU_METHOD = "torch.cuda.max_memory_allocated"
@@ -51,7 +50,11 @@ PHASE = "partita.phase:"
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, DTensor) else t
+    """`t`, or the local shard of a DTensor. torch.distributed.tensor is not imported here (a second of
+    start-up for the launcher, which imports this module through runtime.progress): before it is
+    imported, no DTensor exists."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return t._local_tensor if dtensor is not None and isinstance(t, dtensor.DTensor) else t
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:

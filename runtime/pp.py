@@ -34,7 +34,6 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B, pipeline
 from torch.distributed.tensor import DTensor
 
 from partita.planner import executable
@@ -44,7 +43,9 @@ from partita.runtime.memory import local
 from partita.runtime.pp_relay import relay_skips, skip_edges, split_markers
 from partita.runtime.recipe import hf_causal_loss, lm_loss
 
-SCHEDULES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe, "Interleaved1F1B": ScheduleInterleaved1F1B}
+SCHEDULES = {"1F1B": "Schedule1F1B", "GPipe": "ScheduleGPipe", "Interleaved1F1B": "ScheduleInterleaved1F1B"}
+"""The plan's schedule names and torch.distributed.pipelining's classes for them. That module (torch._dynamo
+with it, about a second per process) is imported only by a rank that runs a pipeline."""
 assert tuple(SCHEDULES) == executable.SCHEDULES, "runtime/pp.py and planner/executable.py must list the same schedules"
 PIPE_LOSS = "_partita_loss"
 """Attribute of the Pipe holding the last stage's loss(output, target) when the model needs its own."""
@@ -127,13 +128,14 @@ def tied_names(model: nn.Module) -> list[tuple[str, ...]]:
 def split(model: nn.Module, plan: Plan, example_microbatch: torch.Tensor):
     """Trace and split `model` into the plan's stages; returns the Pipe. Values the model hands to every
     layer (rotary tables, masks) are relayed stage by stage (runtime.pp_relay)."""
+    from torch.distributed import pipelining
     points = [s.split_at for s in plan.stages[1:]]
     loss = _hf_loss(model)
     tied = tied_names(model)
     with warnings.catch_warnings():  # torch-internal pytree deprecation noise from export, once per rank
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         with split_markers(model, points), _logits_forward(model) if loss is not None else contextlib.nullcontext():
-            pipe = pipeline(model, mb_args=(example_microbatch,), split_policy=relay_skips)
+            pipe = pipelining.pipeline(model, mb_args=(example_microbatch,), split_policy=relay_skips)
     setattr(pipe, PIPE_LOSS, loss)
     setattr(pipe, PIPE_TIED, tied)
     if pipe.num_stages != len(plan.stages):
@@ -181,9 +183,10 @@ def build_schedule(pipe, plan: Plan, stage_indices: list[int], device: torch.dev
     equal those of the mean loss over the whole (data-parallel rank's) batch.
     """
     stages = [pipe.build_stage(i, device, group=group) for i in stage_indices]
-    cls, n = SCHEDULES[plan.schedule.name], plan.schedule.num_microbatches
+    from torch.distributed import pipelining
+    cls, n = getattr(pipelining, SCHEDULES[plan.schedule.name]), plan.schedule.num_microbatches
     loss_fn = getattr(pipe, PIPE_LOSS, None) or loss_fn
-    if cls is ScheduleInterleaved1F1B:
+    if cls is pipelining.ScheduleInterleaved1F1B:
         schedule = cls(stages, n_microbatches=n, loss_fn=loss_fn, scale_grads=True)
     else:
         assert len(stages) == 1, stage_indices

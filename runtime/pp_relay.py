@@ -23,16 +23,21 @@ import contextlib
 
 import torch
 import torch.fx as fx
-from torch.distributed.pipelining import pipe_split
 
-_SPLIT = torch.ops.pippy._pipe_split.default
-"""The marker `pipe_split()` leaves in an exported graph (torch.distributed.pipelining._IR)."""
+
+
+def _split_op():
+    """The marker `pipe_split()` leaves in an exported graph (registered by torch.distributed.pipelining._IR,
+    imported by a rank that runs a pipeline only: runtime.pp)."""
+    from torch.distributed import pipelining  # noqa: F401 -- registers torch.ops.pippy
+    return torch.ops.pippy._pipe_split.default
 
 
 @contextlib.contextmanager
 def split_markers(model: torch.nn.Module, fqns: list[str]):
     """While tracing: a pipe_split() marker at the start of each module `fqns` (SplitPoint.BEGINNING, set
     here so that `pipeline()` can take a split_policy, which it refuses beside a split_spec)."""
+    from torch.distributed.pipelining import pipe_split
     saved = []
     for fqn in fqns:
         module = model.get_submodule(fqn)
@@ -56,9 +61,9 @@ def split_markers(model: torch.nn.Module, fqns: list[str]):
 
 def _stages(graph: fx.Graph) -> tuple[dict[fx.Node, int], list[fx.Node]]:
     """Each node's stage (the number of markers before it) and the markers in order."""
-    stage, of, markers = 0, {}, []
+    stage, of, markers, split = 0, {}, [], _split_op()
     for node in graph.nodes:
-        if node.op == "call_function" and node.target is _SPLIT:
+        if node.op == "call_function" and node.target is split:
             stage += 1
             markers.append(node)
         of[node] = stage
@@ -69,8 +74,9 @@ def relay_skips(gm: fx.GraphModule) -> fx.GraphModule:
     """The split_policy (module docstring): relay every value used more than one stage after its own."""
     graph = gm.graph
     of, markers = _stages(graph)
+    split = _split_op()
     for node in list(graph.nodes):
-        if node.op in ("get_attr", "output") or node.target is _SPLIT:
+        if node.op in ("get_attr", "output") or node.target is split:
             continue  # parameters and buffers are copied into the stages that use them (pipeline's REPLICATE)
         users = [u for u in node.users if of[u] > of[node] + 1 and u.op != "output"]
         if not users or not isinstance(node.meta.get("val"), torch.Tensor):

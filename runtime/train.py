@@ -50,14 +50,15 @@ import gc  # noqa: E402
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.planner.plan import Plan
-from partita.runtime import ownership
 from partita.runtime.data import DTYPES
+from partita.runtime.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK
 from partita.runtime.mesh import agree_on_attempt, env_world, first_said, init_default, teardown
 from partita.runtime.progress import DEFAULT_EVERY
 from partita.runtime.report import show_library_warnings_once, write_error_file
-from partita.runtime.session import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, NonFiniteLoss, RunOptions, Stopped,
-                                     at_seq_len, execute, prepare)
 from partita.runtime.stop import StopSignal, die_with_parent
+
+# runtime.session (DCP, FSDP, DTensor: seconds of imports) loads in the workers only: the launcher process
+# (torchrun's agent, below) starts sooner without it
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,7 +139,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def options(args: argparse.Namespace) -> RunOptions:
+def options(args: argparse.Namespace):
+    from partita.runtime.session import RunOptions
     return RunOptions(steps=args.steps, seed=args.seed, lr=args.lr, verify=args.verify,
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       resume=args.resume, max_restarts=args.max_restarts, data=args.data,
@@ -189,6 +191,8 @@ def main(argv=None) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from partita.runtime import ownership
+    from partita.runtime.session import NonFiniteLoss, Stopped, at_seq_len, execute, prepare
     rank, _, world = env_world()
     show_library_warnings_once(rank)
     opts = options(args)

@@ -14,16 +14,20 @@ the parameters it owns. Which plans this runs for: planner.executable.zero_refus
 """
 from __future__ import annotations
 
-from typing import Iterable
+import sys
+from typing import TYPE_CHECKING, Iterable
 
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer
+
+if TYPE_CHECKING:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from partita.runtime.recipe import optimizer_class
 
 
 def make_zero1(params: Iterable[torch.Tensor], lr: float, name: str, group) -> ZeroRedundancyOptimizer:
     """The optimizer `name` (runtime.recipe) sharded over the ranks of `group` (module docstring)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer  # a third of a second: imported when used
     cls, kwargs = optimizer_class(name)
     opt = ZeroRedundancyOptimizer(list(params), optimizer_class=cls, process_group=group, lr=lr, **kwargs)
     opt.state = opt.optim.state  # this rank's state, keyed by the parameters it owns
@@ -33,7 +37,8 @@ def make_zero1(params: Iterable[torch.Tensor], lr: float, name: str, group) -> Z
 def owned(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     """Those of `params` whose optimizer state this rank holds: all of them, or under ZeRO-1 the ones it
     owns (a checkpoint restores state for those alone, so no rank keeps a stale copy of another's)."""
-    if not isinstance(optimizer, ZeroRedundancyOptimizer):
+    zero = sys.modules.get("torch.distributed.optim")  # not imported: no ZeroRedundancyOptimizer exists
+    if zero is None or not isinstance(optimizer, zero.ZeroRedundancyOptimizer):
         return list(params)
     mine = {id(p) for g in optimizer.optim.param_groups for p in g["params"]}
     return [p for p in params if id(p) in mine]

@@ -25,7 +25,6 @@ import torch
 import torch.fx as fx
 
 
-
 def _split_op():
     """The marker `pipe_split()` leaves in an exported graph (registered by torch.distributed.pipelining._IR,
     imported by a rank that runs a pipeline only: runtime.pp)."""

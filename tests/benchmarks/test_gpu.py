@@ -156,3 +156,18 @@ def test_rerunning_some_cases_keeps_the_other_cases_rows_of_the_same_gpu():
     assert got[0]["earlier_run"] == {"commit": "abc1234", "date": "2026-11-26"} and got[0]["step_time_error"] == 0.1
     assert gpu.with_earlier_rows(new, earlier, "H100-80GB", ["a", "b"]) == new  # another GPU's rows are not kept
     assert gpu.with_earlier_rows(new, None, "H200-141GB", ["a", "b"]) == new
+
+
+def test_a_plan_that_runs_alike_an_earlier_case_is_measured_once():
+    """M1's own choice is no recompute: its two plan files differ only in the solver's record, so the second
+    case takes the first's measurement, says so, and keeps its own case and plan summary."""
+    by = {p.case.name: p for p in read_plans("H200-141GB")[0]}
+    auto, none, full = by["m1-auto"], by["m1-no-recompute"], by["m1-full-recompute"]
+    assert gpu.same_run(auto.plan, none.plan) and not gpu.same_run(auto.plan, full.plan)
+    assert not gpu.same_run(auto.plan, None)
+    ran = {**gpu.result_row(auto, 0, "", None), "measured": {"step_time_s": 0.7}, "step_time_error": 0.01,
+           "returncode": 0, "error": None}
+    row = gpu.measured_as(ran, none)
+    assert row["name"] == "m1-no-recompute" and row["measured_with"] == "m1-auto"
+    assert row["measured"] == {"step_time_s": 0.7} and row["step_time_error"] == 0.01
+    assert gpu._line(row).endswith("the same plan as m1-auto: measured once")

@@ -12,8 +12,14 @@ The set (CASES, then `largest_case`), bf16 with Adam, each planned for one GPU (
   under autocast over fp32 parameters it needs 120 GiB of model states, and fits neither one 80 GB GPU nor,
   beside the allocator headroom, one H200 (where the plan once chosen for it ran out of memory,
   GPU-MEASUREMENTS.md): the case is then recorded as the planner's one-line refusal, and not run;
+- UNSEEN: shapes no fitted row has (a GPT-family 1.3B and 350M with LayerNorm, GELU and learned positions, a
+  Llama 3.2 3B-shaped and a 16-layer llama3-8b-wide model), the planner's own choice: planned and committed
+  before they first ran, so their error is first contact, not a fit;
 - "largest": the llama3-8b shape with the most layers the planner still fits on the GPU (found by bisection,
   up to LARGEST_MAX_LAYERS): the plan that fills memory.
+
+Every plan is made for the lent machine's torch (LENT_TORCH): where its checkpoint policies do not see op
+outputs (torch 2.11), no layer offloads what a selective or op recompute keeps (planner.executable).
 
 Planning needs the solver (cvxpy, HiGHS). The lent GPU machines have neither and reach no package index
 (TORCH-NOTES.md), so the set is planned beforehand on a CPU machine and shipped in benchmarks/gpu_plans/PRESET/
@@ -23,6 +29,7 @@ at); benchmarks.gpu plans afresh where the solver imports and reads the shipped 
 from __future__ import annotations
 
 import importlib.util
+from contextlib import contextmanager
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -62,6 +69,34 @@ CASES = (
     Case("llama3-8b-auto", "llama3-8b at 4096 tokens, the planner's own choice", "llama3-8b", 4, seq=4096),
 )
 
+UNSEEN = (
+    Case("gpt-1.3b", "GPT-3 XL shape (1.3B; LayerNorm, GELU, learned positions), the planner's own choice",
+         "gpt:layers=24,hidden=2048,heads=16,vocab=50257,seq=2048", 16),
+    Case("gpt-350m", "GPT-3 Medium shape (350M), the planner's own choice",
+         "gpt:layers=24,hidden=1024,heads=16,vocab=50257,seq=2048", 32),
+    Case("llama-3b", "Llama 3.2 3B shape (untied head), the planner's own choice",
+         "llama:layers=28,hidden=3072,heads=24,kv_heads=8,ffn=8192,vocab=128256,seq=4096", 4),
+    Case("llama-8b-16l", "llama3-8b's width at 16 layers and 2048 tokens, the planner's own choice",
+         "llama:layers=16,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256,seq=2048", 8),
+)
+"""Cases whose model shapes no row of the fit has (benchmarks.published_data_gpu holds M1 only)."""
+
+LENT_TORCH = {"version": "2.11.0+cu130", "policies_see_outputs": False}
+"""The torch of the lent GPU machines (gpu.json's "torch"), which the plans must run on: its selective-checkpoint
+policies are not handed op outputs (planner.executable.checkpoint_policies_see_outputs)."""
+
+
+@contextmanager
+def for_lent_torch():
+    """Plan as the planner would on the lent machine's torch (LENT_TORCH), whatever torch plans here."""
+    from partita.planner import executable
+    saved = executable.checkpoint_policies_see_outputs
+    executable.checkpoint_policies_see_outputs = lambda: LENT_TORCH["policies_see_outputs"]
+    try:
+        yield
+    finally:
+        executable.checkpoint_policies_see_outputs = saved
+
 
 @dataclass
 class Planned:
@@ -80,8 +115,9 @@ def plan_case(case: Case, preset: str):
     """The planner's plan for `case` on one `preset` GPU (InfeasibleError when none fits)."""
     from partita.planner.api import plan
     from partita.planner.search import TrainConfig
-    return plan(case.model, cluster=f"1x{preset}", train=TrainConfig(global_batch=case.global_batch, seq_len=case.seq),
-                **case.fixed)
+    with for_lent_torch():
+        return plan(case.model, cluster=f"1x{preset}",
+                    train=TrainConfig(global_batch=case.global_batch, seq_len=case.seq), **case.fixed)
 
 
 def largest_case(preset: str) -> Case | None:
@@ -110,7 +146,7 @@ def largest_case(preset: str) -> Case | None:
     return case(lo)
 
 
-def plan_set(preset: str, cases=CASES, largest: bool = True) -> list[Planned]:
+def plan_set(preset: str, cases=CASES + UNSEEN, largest: bool = True) -> list[Planned]:
     """Every case planned for one `preset` GPU, the largest that fits last."""
     from partita.costmodel.errors import InfeasibleError
     out = []

@@ -163,6 +163,17 @@ COMPILED_OFFLOAD_RECOMPUTE = ("none",)
 checkpoint takes only its policy's (torch.compile refuses it)."""
 
 
+@functools.cache
+def checkpoint_policies_see_outputs() -> bool:
+    """Whether this torch's selective-checkpoint policies are handed each op's output (SelectiveCheckpointContext
+    .op_output): what runtime.offload needs to move the outputs a selective or op policy keeps to host memory.
+    torch 2.13 has it; 2.11 (a lent H200's) has not, and a plan offloading under those policies failed there."""
+    import inspect
+
+    from torch.utils.checkpoint import SelectiveCheckpointContext
+    return "op_output" in inspect.signature(SelectiveCheckpointContext).parameters
+
+
 def offload_refusal(recompute: str, offload_activations: bool, kernels: str, fqn: str = "a layer") -> str | None:
     """None when a block with this recompute and activation offload runs under `kernels`; else one line
     saying why not. Under full recompute nothing is offloaded (the checkpoint keeps only the block's input,
@@ -170,6 +181,10 @@ def offload_refusal(recompute: str, offload_activations: bool, kernels: str, fqn
     variants out of its search (options.variants); the runtime refuses a plan that has one."""
     if not offload_activations:
         return None
+    if recompute in ("selective", "op") and not checkpoint_policies_see_outputs():
+        return (f"{fqn} offloads what {recompute} recompute keeps, which needs a torch whose checkpoint policies "
+                f"see op outputs; torch {torch.__version__} does not: use recompute none with offload, or a newer "
+                "torch")
     if recompute == "full":
         return (f"{fqn} offloads activations under full recompute, which keeps only the block's input (still "
                 "in use): nothing to offload; use recompute none or selective")

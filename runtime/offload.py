@@ -17,13 +17,12 @@ and optimizer state live in host memory and the optimizer step runs there.
 """
 from __future__ import annotations
 
-import inspect
 from functools import partial
 
 import torch
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
-from torch.utils.checkpoint import SelectiveCheckpointContext
 
+from partita.planner.executable import offload_refusal
 from partita.planner.plan import PlanError
 from partita.runtime.memory import local
 from partita.runtime.recompute import POLICIES, run_checkpointed, selective_contexts, tensors
@@ -87,8 +86,7 @@ def offload_activations(recompute: str) -> Around:
     if recompute == "none":
         return within(lambda: torch.autograd.graph.save_on_cpu(pin_memory=pin()))
     if recompute in POLICIES:
-        if "op_output" not in inspect.signature(SelectiveCheckpointContext).parameters:
-            raise PlanError(f"offloading what {recompute} recompute keeps needs a torch whose checkpoint policies "
-                            f"see op outputs; torch {torch.__version__} does not (use recompute none with offload)")
+        if why := offload_refusal(recompute, True, "eager"):
+            raise PlanError(why)
         return partial(_selective_on_host, policy=POLICIES[recompute])
     raise ValueError(f"activation offload with recompute {recompute!r} is not executed")

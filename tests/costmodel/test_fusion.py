@@ -235,3 +235,21 @@ def test_baselines_are_priced_with_the_plans_kernels():
 def test_an_unknown_kernels_setting_is_one_line():
     with pytest.raises(PartitaError, match="^kernels must be one of eager, compiled, got 'jit'$"):
         SearchSpace(kernels="jit")
+
+
+def test_a_torch_whose_policies_do_not_see_outputs_gets_no_selective_offload(monkeypatch):
+    """Offloading what a selective or op checkpoint keeps needs SelectiveCheckpointContext.op_output (torch
+    2.13 has it, 2.11 has not; a shipped plan doing it failed on a lent H200's torch 2.11). Under such a torch
+    the search leaves those variants out and the pre-flight refuses a plan that has one, in one line."""
+    from partita.planner import executable
+    train, fixed = TrainConfig(global_batch=16, dtype="bf16"), dict(tp=1, recompute="selective")
+    eager = plan("llama3-8b", cluster="1x8xA100-40GB", train=train, **fixed)
+    assert any(b.offload_activations and b.recompute == "selective" for b in eager.blocks)
+    monkeypatch.setattr(executable, "checkpoint_policies_see_outputs", lambda: False)
+    with pytest.raises(PlanError, match=r"offloads what selective recompute keeps, which needs a torch whose "
+                                        r"checkpoint policies see op outputs; torch .* use recompute none"):
+        preflight(eager, resolve_model("llama3-8b"), 8)
+    old = plan("llama3-8b", cluster="1x8xA100-40GB", train=TrainConfig(global_batch=16, dtype="bf16"),
+               tp=1, recompute=("none", "selective"))
+    assert not any(b.offload_activations and b.recompute != "none" for b in old.blocks)
+    assert isinstance(preflight(old, resolve_model("llama3-8b"), 8), list)

@@ -129,7 +129,7 @@ def run_case(planned: Planned, steps: int, workdir: Path, timeout_s: float = TIM
         parts = [x.decode(errors="replace") if isinstance(x, bytes) else x for x in (e.stdout, e.stderr) if x]
         code, output = None, "".join(parts) + f"\npartita: error: timed out after {timeout_s:g} s"
     measured = json.loads(out_file.read_text()) if out_file.exists() else None
-    return result_row(planned, code, output, measured, time.perf_counter() - t0)
+    return {**result_row(planned, code, output, measured, time.perf_counter() - t0), "steps": steps}
 
 
 def same_run(a, b) -> bool:

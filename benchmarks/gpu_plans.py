@@ -9,9 +9,10 @@ The set (CASES, then `largest_case`), bf16 with Adam, each planned for one GPU (
   the FLOPs, beside the published long-sequence runs (llm-foundry, 16K-64K tokens) the held-out fit prices
   25-35% fast;
 - llama3-8b at global batch 4 and 4096 tokens: the planner's own choice for a second, larger size. Trained
-  under autocast over fp32 parameters it needs 120 GiB of model states, and fits neither one 80 GB GPU nor,
-  beside the allocator headroom, one H200 (where the plan once chosen for it ran out of memory,
-  GPU-MEASUREMENTS.md): the case is then recorded as the planner's one-line refusal, and not run;
+  under autocast over fp32 parameters it needs 120 GiB of model states: it fits no 80 GB GPU (recorded as the
+  planner's one-line refusal, not run), and one H200 only beside the allocator headroom by offloading
+  activations to host memory (the plan once chosen without the headroom ran out of memory there,
+  GPU-MEASUREMENTS.md);
 - UNSEEN: shapes no fitted row has (a GPT-family 1.3B and 350M with LayerNorm, GELU and learned positions, a
   Llama 3.2 3B-shaped and a 16-layer llama3-8b-wide model), the planner's own choice: planned and committed
   before they first ran, so their error is first contact, not a fit;

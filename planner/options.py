@@ -363,11 +363,17 @@ def pareto_indices(vs: list[Variant]) -> list[int]:
     (planner.milp) and better in one: time T, state W, state less gradients W - G (the forward/backward
     peak of a stage that reaches its first backward before any gradient exists charges W - G + k A,
     planner.phases), activations A, flush D, host state V and host activations U. W - G is compared, not
-    G: at the same W, more gradient bytes mean less memory at that peak.
+    G: at the same W, more gradient bytes mean less memory at that peak. A variant that recomputes, or
+    reshards after its forward, also makes the gated phases of planner.phases bind on its stage (the
+    rebuild, the forward end with autocast's weight casts, the ZeRO-3 gathers): it counts as one more cost,
+    so that it never prunes a variant free of them. (Without it, op recompute with offload removed plain
+    offload, and llama3-8b at global batch 4 was refused on one H200 with a plan that fits: the forward end
+    charges op's weight casts, 0.4 GiB a layer, that plain offload does not hold.)
     """
     if not vs:
         return []
-    c = np.array([[v.time, v.state, v.state - v.grad, v.act, v.flush, v.host_state, v.host_act] for v in vs])
+    c = np.array([[v.time, v.state, v.state - v.grad, v.act, v.flush, v.host_state, v.host_act,
+                   float(v.recompute != "none"), float(v.zero in (None, 3))] for v in vs])
     # no_worse[j, i]: j is no worse than i in every cost; better[j, i]: strictly better in one
     no_worse = (c[:, None, :] <= c[None, :, :] * (1 + 1e-12)).all(axis=2)
     better = (c[:, None, :] < c[None, :, :] * (1 - 1e-12)).any(axis=2)

@@ -15,6 +15,7 @@ from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.memory import state_bytes
 from partita.costmodel.models import resolve_model
 from partita.costmodel.trace import capture
+from partita.planner.api import plan
 from partita.planner.baselines import baseline_spaces
 from partita.planner.candidates import enumerate_candidates
 from partita.planner.milp import evaluate, fits, polish, solve_stages
@@ -179,3 +180,22 @@ def test_variant_trading_state_for_gradient_share_survives_pruning():
     a = replace(v, grad=0.0)
     b = replace(v, state=v.state * 1.1, grad=v.state * 0.5)  # W - G: 0.6 W < W
     assert sorted(pareto_indices([a, b])) == [0, 1]
+
+
+def test_a_recomputing_variant_never_prunes_one_free_of_the_gated_phases():
+    """Offload under op recompute is faster and holds less host memory than plain offload, but a recomputing
+    layer makes the gated phases bind on its stage (the rebuild; under autocast the forward end, which holds
+    its weight casts): plain offload must survive it, or a plan that fits is missed (llama3-8b at global
+    batch 4 on one H200 was refused, though plain offload fits it)."""
+    v = real_variant()
+    plain = replace(v, recompute="none", offload_activations=True, act=0.0, host_act=4e8, time=0.12)
+    op = replace(v, recompute="op", offload_activations=True, act=0.0, host_act=1e8, time=0.04)
+    assert sorted(pareto_indices([op, plain])) == [0, 1]
+    assert pareto_indices([op, replace(op, time=0.05)]) == [0]  # between recomputing variants, still pruned
+
+
+def test_llama3_8b_fits_one_h200_by_offloading():
+    train = TrainConfig(global_batch=4, seq_len=4096, dtype="bf16")
+    p = plan("llama3-8b", cluster="1xH200-141GB", train=train)
+    assert p.predicted["peak_memory_bytes"] <= parse_cluster("1xH200-141GB").device.usable_memory()
+    assert any(b.offload_activations and b.recompute == "none" for b in p.blocks)

@@ -11,7 +11,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from partita.planner.plan import RECOMPUTE
+from partita.planner.plan import RECOMPUTE, one_line
 from partita.planner.strategies import SPLIT
 from partita.planner.space import fixed_text
 
@@ -74,10 +74,11 @@ def _header(plan) -> Text:
                                        ("p2p", "pipeline sends with compute")) if plan.overlap.get(key)]
     chunks = f", {sched.virtual_stages} model chunks per pipeline rank" if sched.virtual_stages > 1 else ""
     lines = [
-        f"partita plan  {model.get('name', '?')}" + (f" ({_count(params)} parameters)" if params else "")
-        + f" on {plan.cluster.get('spec') or plan.cluster.get('num_devices')}"
-        + (f" ({' + '.join(str(g['num_devices']) + ' x ' + g['device'] for g in plan.cluster['groups'])})"
-           if plan.cluster.get("groups") else f" ({plan.cluster.get('num_devices')} x {plan.cluster.get('device')})"),
+        one_line(f"partita plan  {model.get('name', '?')}" + (f" ({_count(params)} parameters)" if params else "")
+                 + f" on {plan.cluster.get('spec') or plan.cluster.get('num_devices')}"
+                 + (f" ({' + '.join(str(g['num_devices']) + ' x ' + str(g['device']) for g in plan.cluster['groups'])})"
+                    if plan.cluster.get("groups")
+                    else f" ({plan.cluster.get('num_devices')} x {plan.cluster.get('device')})"), 1000),
         f"  train        global batch {t['global_batch']}"
         + (f", seq {t['seq_len']}" if t.get("seq_len") else " samples") + f", {t.get('dtype')}, {t.get('optimizer')}",
         (f"  mesh         pp={mesh.pp} x dp={mesh.dp} x tp={mesh.tp}  ({mesh.world_size} ranks; tp fastest, then dp, "

@@ -53,7 +53,7 @@ import shlex
 from dataclasses import dataclass
 
 from partita.costmodel.errors import PartitaError
-from partita.planner.plan import RECOMPUTE, BlockChoice, Plan
+from partita.planner.plan import RECOMPUTE, BlockChoice, Plan, one_line
 
 FORMATS = ("slurm", "megatron", "torchtitan", "torchrec")
 
@@ -182,14 +182,32 @@ def _train_flags(opts: SlurmOptions) -> list[str]:
     return flags
 
 
+_SBATCH_VALUE = re.compile(r"[A-Za-z0-9_.:,+=@/-]+")
+"""What a value written after `#SBATCH --key=` may hold: names, lists and times, nothing a shell or sbatch reads
+as syntax (#SBATCH lines are not quoted by sbatch)."""
+
+
+def _check_slurm(opts: SlurmOptions) -> None:
+    """Options land in the script as #SBATCH values and shell words: refuse what could escape them."""
+    if opts.steps < 1:
+        raise ExportError(f"--steps must be at least 1, got {opts.steps}")
+    for name in ("job_name", "partition", "time", "account"):
+        value = getattr(opts, name)
+        if value is not None and not _SBATCH_VALUE.fullmatch(value):
+            raise ExportError(f"--{name.replace('_', '-')} {one_line(repr(value), 60)} holds characters a SLURM "
+                              "option cannot: use letters, digits and _ . : , + = @ / -")
+    if not isinstance(opts.port, int) or not 1 <= opts.port <= 65535:
+        raise ExportError(f"--port must be a TCP port from 1 to 65535, got {opts.port!r}")
+
+
 def to_slurm(plan: Plan, plan_path: str, opts: SlurmOptions) -> str:
     """The sbatch script that trains `plan` (saved at `plan_path`, absolute or relative to the directory
     `sbatch` is run from) with runtime.train's launcher (torchrun's agent) on every node and a c10d
-    rendezvous on the first node."""
-    if opts.steps < 1:
-        raise ExportError(f"--steps must be at least 1, got {opts.steps}")
+    rendezvous on the first node. Every plan text and option is a quoted shell word or a one-line comment
+    (plan.one_line): nothing in a plan file or an option runs as a command."""
+    _check_slurm(opts)
     nodes, per_node = slurm_nodes(plan, opts.gpus_per_node)
-    device = plan.cluster.get("device", "?")
+    device = one_line(plan.cluster.get("device", "?"), 60)
     gpu = device != "cpu"
     sbatch = [f"--job-name={opts.job_name}", f"--nodes={nodes}", "--ntasks-per-node=1"]
     sbatch += [f"--gpus-per-node={per_node}"] if gpu else []
@@ -200,10 +218,10 @@ def to_slurm(plan: Plan, plan_path: str, opts: SlurmOptions) -> str:
     flags = " ".join(q(f) for f in _train_flags(opts))
     lines = [
         "#!/bin/bash",
-        f"# partita plan {plan_path} as a SLURM job: {nodes} node(s) x {per_node} {device} = "
+        f"# partita plan {one_line(plan_path, 1000)} as a SLURM job: {nodes} node(s) x {per_node} {device} = "
         f"{plan.mesh.world_size} ranks",
-        _mesh_line(plan),
-        *_slurm_notes(plan, per_node),
+        one_line(_mesh_line(plan), 1000),
+        *(one_line(n, 1000) for n in _slurm_notes(plan, per_node)),
         *([] if gpu else ["# the plan is for cpu devices: no GPUs are requested; each node runs "
                           f"{per_node} processes on gloo"]),
         "# submit with sbatch; the plan must be readable at PLAN on every node (a shared filesystem)",
@@ -213,8 +231,9 @@ def to_slurm(plan: Plan, plan_path: str, opts: SlurmOptions) -> str:
         f"PLAN={q(plan_path)}",
         "# the interpreter with partita installed on the compute nodes: export PYTHON=... before sbatch, or",
         "# activate the environment in this script; python from the job's PATH otherwise",
-        f'PYTHON="${{PYTHON:-{opts.python}}}"',
-        f"PORT={opts.port}",
+        f"DEFAULT_PYTHON={q(opts.python)}",
+        'PYTHON="${PYTHON:-$DEFAULT_PYTHON}"',
+        f"PORT={int(opts.port)}",
         f"NNODES={nodes}",
         'if [ "${SLURM_NNODES:-0}" != "$NNODES" ]; then',
         '    echo "partita: error: the plan needs $NNODES node(s), this job has ${SLURM_NNODES:-none}" >&2; exit 2',
@@ -252,6 +271,7 @@ class _Args:
         self.lines.append(flag if value is None else f"{flag} {shlex.quote(str(value))}")
 
     def note(self, text: str) -> None:
+        text = one_line(text, 1000)  # plan text inside: a newline must not end the comment
         self.lines.append(text if text.startswith("#") else "# " + text)
 
 
@@ -630,9 +650,9 @@ def to_torchtitan(plan: Plan) -> str:
         notes = _Args()
         values = build(plan, notes)
         sections.append("\n".join([f"[{name}]", *notes.lines, *(f"{k} = {_toml_value(v)}" for k, v in values.items())]))
-    head = [f"# {TORCHTITAN} job-config overrides for partita plan of {plan.model.get('name', '?')} on "
-            f"{plan.cluster.get('spec', '?')} (TOML JobConfig fields, torchtitan <= v0.2.2)",
-            _mesh_line(plan)]
+    head = [one_line(f"# {TORCHTITAN} job-config overrides for partita plan of {plan.model.get('name', '?')} on "
+                     f"{plan.cluster.get('spec', '?')} (TOML JobConfig fields, torchtitan <= v0.2.2)", 1000),
+            one_line(_mesh_line(plan), 1000)]
     return "\n".join(head) + "\n\n" + "\n\n".join(sections) + "\n"
 
 

@@ -12,7 +12,7 @@ planner only writes text here: TorchRec is not imported.
 from __future__ import annotations
 
 from partita.costmodel.sparse import TORCHREC_KERNELS
-from partita.planner.plan import Plan, PlanError
+from partita.planner.plan import Plan, PlanError, one_line
 
 _OPTIMIZERS = {"sgd": "EXACT_SGD", "rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD", "adam": "ADAM"}
 
@@ -33,7 +33,7 @@ def _generator(t: dict, per_node: int) -> str:
 
 def _comment(text) -> str:
     """A plan's free text as one line of a Python comment (a newline in it must not start code)."""
-    return " ".join(str(text).split())[:200]
+    return one_line(" ".join(str(text).split()))
 
 
 def _seconds(x) -> str:

@@ -46,6 +46,7 @@ Shape (the keys scripts rely on are marked *; see DESIGN.md):
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,20 @@ OVERLAPS = ("tp_comm", "p2p")
 
 class PlanError(PartitaError):
     """A plan file that is malformed, from another schema, or does not fit the model or world size."""
+
+
+def is_control(ch: str) -> bool:
+    """A character that moves, colours or reorders text rather than showing it: newlines, terminal escapes,
+    bidirectional overrides (Unicode categories Cc and Cf, and the line and paragraph separators)."""
+    return unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")
+
+
+def one_line(text, limit: int = 200) -> str:
+    """Free text as one printable line for a comment, a script or a terminal: every control character shown as
+    its escape (a newline cannot end a comment and start a command; an ANSI escape does not reach a
+    terminal), cut at `limit` characters."""
+    shown = "".join(ch.encode("unicode_escape").decode("ascii") if is_control(ch) else ch for ch in str(text))
+    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
 
 
 @dataclass(kw_only=True)
@@ -215,7 +230,8 @@ class Plan:
         if (depth := _depth(data)) > MAX_DEPTH:
             raise PlanError(f"plan nests {depth} levels deep; a plan nests at most {MAX_DEPTH}")
         if data.get("schema") != SCHEMA:
-            raise PlanError(f"plan schema is {data.get('schema')!r}; this partita reads {SCHEMA!r}")
+            raise PlanError(f"plan schema is {one_line(repr(data.get('schema')), 60)}; this partita reads {SCHEMA!r}")
+        _check_text(data)
         missing = [k for k in ("model", "cluster", "train", "mesh", "schedule", "stages", "blocks") if k not in data]
         if missing:
             raise PlanError(f"plan is missing {missing}")
@@ -292,7 +308,8 @@ class Plan:
         if not isinstance(gb, int) or gb != mesh.dp * schedule.num_microbatches * schedule.micro_batch_size:
             raise PlanError(f"train.global_batch ({gb}) must equal mesh.dp x num_microbatches x micro_batch_size "
                             f"({mesh.dp} x {schedule.num_microbatches} x {schedule.micro_batch_size})")
-        return cls(model=_obj(data["model"], "model"), cluster=_obj(data["cluster"], "cluster"), train=train,
+        return cls(model=_check_model(_obj(data["model"], "model")),
+                   cluster=_check_cluster(_obj(data["cluster"], "cluster")), train=train,
                    mesh=mesh, schedule=schedule, stages=stages, blocks=blocks, placements=dict(placements),
                    zero_stage=zero, overlap=dict(overlap),
                    predicted=_obj(data.get("predicted", {}), "predicted"),
@@ -335,6 +352,41 @@ def _depth(data: Any) -> int:
                 return d
             todo += [(x, d + 1) for x in (v.values() if isinstance(v, dict) else v)]
     return deepest
+
+
+def _check_text(data: Any) -> None:
+    """No string of the plan, key or value, holds a control character (is_control): a plan is untrusted input,
+    and its names reach scripts (partita export), terminals (explain) and logs. Walked iteratively."""
+    todo = [(data, "plan")]
+    while todo:
+        v, where = todo.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                todo += [(k, f"a key of {where}"), (x, f"{where}.{k}" if isinstance(k, str) else where)]
+        elif isinstance(v, list):
+            todo += [(x, f"{where}[{i}]") for i, x in enumerate(v)]
+        elif isinstance(v, str) and any(is_control(ch) for ch in v):
+            raise PlanError(f"{one_line(where, 80)} holds a control character ({one_line(v, 60)}): names and text in "
+                            "a plan are single printable lines")
+
+
+def _check_model(model: dict) -> dict:
+    for key in ("name", "fingerprint"):
+        if model.get(key) is not None and not isinstance(model[key], str):
+            raise PlanError(f"model.{key} must be a string, got {_show(model[key])}")
+    return model
+
+
+def _check_cluster(cluster: dict) -> dict:
+    """cluster's fields the exporters and the runtime read: names as strings, counts as whole numbers."""
+    for key in ("spec", "device"):
+        if cluster.get(key) is not None and not isinstance(cluster[key], str):
+            raise PlanError(f"cluster.{key} must be a string, got {_show(cluster[key])}")
+    for key in ("num_devices", "devices_per_node"):
+        v = cluster.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_COUNT):
+            raise PlanError(f"cluster.{key} must be a whole number from 1 to {MAX_COUNT:,}, got {_show(v)}")
+    return cluster
 
 
 def _check_train(train: dict) -> dict:

@@ -3,6 +3,7 @@
 Each output is parsed back (argparse with Megatron-LM's flag names, tomllib, bash) and checked against the
 plan's own numbers, so a broken mapping fails here rather than on a cluster."""
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -487,6 +488,90 @@ def test_the_slurm_script_does_not_name_the_exporting_machines_interpreter(piped
     piped.save(plan)
     assert main(["export", str(plan), "--to", "slurm", "--model", SMALL]) == 0
     text = capsys.readouterr().out
-    assert sys.executable not in text and 'PYTHON="${PYTHON:-python}"' in text
+    assert sys.executable not in text and "DEFAULT_PYTHON=python\n" in text and 'PYTHON="${PYTHON:-$DEFAULT_PYTHON}"' in text
     assert main(["export", str(plan), "--to", "slurm", "--model", SMALL, "--python", "/opt/env/bin/python"]) == 0
-    assert 'PYTHON="${PYTHON:-/opt/env/bin/python}"' in capsys.readouterr().out
+    assert "DEFAULT_PYTHON=/opt/env/bin/python\n" in capsys.readouterr().out
+
+
+# ---- hostile text (issue 47, item 1) -------------------------------------------------------------------
+
+HOSTILE = "x\ntouch INJECTED\n# \x1b[31mred\x1b[0m \u202e\r\u2028touch INJECTED2 $(touch INJECTED3)`touch INJECTED4`"
+
+
+def hostile(plan: Plan) -> Plan:
+    """The plan with every free-text field a command in disguise: built in memory (Plan.load refuses such a
+    file, test_a_plan_file_with_control_characters_is_refused), so the exporters' own quoting is what is tested."""
+    return dataclasses.replace(plan, model={**plan.model, "name": HOSTILE},
+                               cluster={**plan.cluster, "device": HOSTILE, "spec": HOSTILE})
+
+
+def test_a_hostile_plan_runs_no_command_through_the_slurm_script(piped, tmp_path):
+    """The script, run by bash with stand-ins for scontrol, srun and python, and a hostile plan path, model
+    string and interpreter: nothing but the stand-ins runs, and the words they get are the options verbatim."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "scontrol").write_text("#!/bin/sh\necho node-a; echo node-b\n")
+    (bin_ / "srun").write_text(f'#!/bin/bash\nprintf "%s\\0" "$@" > {tmp_path / "srun.args"}\n')
+    python = tmp_path / "py $(touch INJECTED5)"
+    python.write_text("#!/bin/sh\nexit 0\n")
+    for f in (*bin_.iterdir(), python):
+        f.chmod(0o755)
+    model = "m'; touch INJECTED6; '"
+    opts = SlurmOptions(model=model, python=str(python), data=f"d\n{HOSTILE}")
+    text = to_slurm(hostile(piped), f"plan\n{HOSTILE}.json", opts)
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n",
+           "SLURM_JOB_ID": "7"}
+    env.pop("PYTHON", None)
+    plan_file = tmp_path / f"plan\n{HOSTILE}.json"
+    plan_file.write_text("{}")  # readable at the hostile path, so the script goes on to srun
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not list(tmp_path.glob("INJECTED*")), r.stderr
+    argv = (tmp_path / "srun.args").read_bytes().decode().split("\0")  # (read_text would turn \r into \n)
+    assert argv[1] == str(python) and argv[argv.index("--model") + 1] == model
+    assert argv[argv.index("partita.runtime.train") + 1] == plan_file.name
+    assert argv[argv.index("--data") + 1] == f"d\n{HOSTILE}"
+
+
+@pytest.mark.parametrize("field, value", [("job_name", "p\n#SBATCH --x"), ("partition", "gpu;touch X"),
+                                          ("time", "1:00 $(id)"), ("account", "a b")])
+def test_slurm_options_that_would_escape_their_line_are_refused(piped, field, value):
+    with pytest.raises(ExportError, match=f"--{field.replace('_', '-')} .* holds characters a SLURM option cannot"):
+        to_slurm(piped, "p.json", SlurmOptions(model=SMALL, **{field: value}))
+
+
+def test_a_hostile_plan_adds_no_megatron_argument(piped):
+    """`ARGS=$(grep -v '^#' megatron.args)`: the hostile text stays on comment lines, and the arguments are the
+    benign plan's."""
+    text = to_megatron(hostile(piped))
+    assert text.count("\n") == to_megatron(piped).count("\n")
+    assert all(line.startswith("#") or line.startswith("--") for line in text.splitlines())
+    assert "\x1b" not in text and "\u202e" not in text and "\r" not in text
+    assert megatron_args(text)[0] == megatron_args(to_megatron(piped))[0]
+
+
+def test_a_hostile_plan_adds_no_torchtitan_key(piped):
+    text = to_torchtitan(hostile(piped))
+    assert tomllib.loads(text) == tomllib.loads(to_torchtitan(piped))
+    assert "\x1b" not in text and "\u202e" not in text
+
+
+def test_a_plan_file_with_control_characters_is_refused(piped, tmp_path, capsys):
+    """Every command loads a plan through Plan.load: a name holding a newline, an escape or a bidirectional
+    override is refused in one line that names the field, before anything is exported, explained or run."""
+    for field, value in (("device", "cpu\ntouch INJECTED\n#"), ("spec", "\x1b]0;title\x07"),
+                         ("devices_per_node", "8\ntouch INJECTED")):
+        d = json.loads(piped.to_json())
+        d["cluster"][field] = value
+        path = tmp_path / "p.json"
+        path.write_text(json.dumps(d))
+        for argv in (["export", str(path), "--to", "slurm", "--model", SMALL], ["explain", str(path)]):
+            assert main(argv) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and f"cluster.{field}" in err[0] and "\x1b" not in err[0], err
+    d = json.loads(piped.to_json())
+    d["model"]["name"] = "gpt\u202eevil"
+    with pytest.raises(PartitaError, match=r"plan.model.name holds a control character \(gpt\\u202eevil\)"):
+        Plan.from_dict(d)

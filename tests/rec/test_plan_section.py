@@ -81,14 +81,22 @@ def test_a_plan_with_tables_runs_its_dense_part_replicated_or_sharded_only(rec_p
 
 
 def test_the_export_keeps_a_plans_free_text_in_its_comment(rec_plan, tmp_path, capsys):
+    """A plan file whose name holds a newline is refused on load; one built in memory is exported with the
+    name on its comment line, and the code is the benign plan's statement for statement."""
+    import ast
+    import dataclasses
+
+    from partita.planner.export_torchrec import to_torchrec
     d = copy.deepcopy(rec_plan.to_dict())
     d["model"]["name"] = "x\nimport os; os.system('echo owned')"
     path = tmp_path / "p.json"
     path.write_text(json.dumps(d))
-    assert main(["export", str(path), "--to", "torchrec"]) == 0
-    code = capsys.readouterr().out
+    assert main(["export", str(path), "--to", "torchrec"]) == 2
+    assert "model.name holds a control character" in capsys.readouterr().err
+    evil = dataclasses.replace(rec_plan, model={**rec_plan.model, "name": "x\rimport os\u2028os.system('owned')"})
+    code = to_torchrec(evil)
     assert not any(line.startswith("import os") for line in code.splitlines())
-    compile(code, "export.py", "exec")
+    assert ast.dump(ast.parse(code)) == ast.dump(ast.parse(to_torchrec(rec_plan)))
 
 
 def test_explain_says_which_dense_option_was_chosen(rec_plan):

@@ -46,4 +46,9 @@ GPU_ROWS = [
         variant="compiled", notes="--kernels compiled (the planner chose no recompute, 1 micro-batch of 8)"),
 ]
 
+FITTED_CASES = {"m1-auto": "no-recompute", "m1-no-recompute": "no-recompute", "m1-micro-batch-2": "mb2",
+                "m1-full-recompute": "full", "m1-compiled": "compiled"}
+"""The cases of benchmarks.gpu_plans whose configuration is a row above (by variant): their measurements on a
+GPU are in-sample for the fit; every other case's are not."""
+
 ROWS.extend(GPU_ROWS)

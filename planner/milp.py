@@ -92,6 +92,17 @@ class MemoryPhase:
         return MemoryPhase(self.name, np.asarray(self.coeff) / m, np.asarray(self.const) / m, self.gate, self.parts)
 
 
+NODE_LIMIT = 2000
+"""Branch-and-bound nodes one stage program may take (HiGHS's mip_max_nodes): the limit by work that makes a
+plan the same on any machine at any load. The programs of benchmarks.planner_speed's cases take at most 7
+(measured with a 60 s wall-clock limit: every one then ends within its gap, the slowest in 2.7 s on a loaded
+2-core machine); a program that reaches this many returns its incumbent ("time_limit" status, its gap said)."""
+SAFETY_TIME_LIMIT_S = 60.0
+"""The wall-clock limit of one stage program: only a guard against a stuck solve. It was the limit (3 s) until
+issue 44: llama3-405b on 8,192 GPUs solved 70 candidates at load 12 and 53 at load 4, and llama3-70b on 64
+GPUs changed in the fifth digit between runs. A plan that meets it says so (solver.load_dependent)."""
+
+
 @dataclass
 class StageProblem:
     """A framework-neutral stage program; all arrays per option o or per stage s."""
@@ -135,17 +146,19 @@ class StageProblem:
             option_time=self.option_time / t, option_state=self.option_state / m, option_act=self.option_act / m,
             option_flush=self.option_flush / t, extra_time=self.extra_time / t, extra_mem=self.extra_mem / m,
             extra_flush=self.extra_flush / t, in_flight=self.in_flight, capacity=self.capacity / m,
-            time_limit_s=self.time_limit_s, mip_rel_gap=self.mip_rel_gap, must_use=self.must_use,
+            time_limit_s=self.time_limit_s, mip_rel_gap=self.mip_rel_gap, node_limit=self.node_limit,
+            must_use=self.must_use,
             count_use=self.count_use,
             option_host_state=None if self.option_host_state is None else self.option_host_state / hm,
             option_host_act=None if self.option_host_act is None else self.option_host_act / hm,
             host_capacity=self.host_capacity / hm, option_rank=self.option_rank,
             phases=[q.scaled(m) for q in self.phases],
             option_grad=None if self.option_grad is None else self.option_grad / m, grads_absent=self.grads_absent)
-    time_limit_s: float = 3.0
+    time_limit_s: float = SAFETY_TIME_LIMIT_S
     mip_rel_gap: float = 5e-3
     """Stop when the incumbent is proven within this fraction of the optimum (0: exact). 0.5% is well
     inside the cost model's own error and keeps deep pipelines with many layer variants at ~0.1 s."""
+    node_limit: int = NODE_LIMIT
 
 
 @dataclass
@@ -166,7 +179,8 @@ class StageSolution:
 
 
 TIME_LIMIT_NO_INCUMBENT = "time_limit_no_incumbent"
-"""Status of a solve stopped by its time limit before it found any assignment. (HiGHS then still hands
+"""Status of a solve stopped by a limit (its NODE_LIMIT, or the SAFETY_TIME_LIMIT_S guard) before it found any
+assignment; "time_limit" names a solve stopped by either with an incumbent. (HiGHS then still hands
 back values for the variables, which are not a solution: all zeros, no layer placed.)"""
 CUTOFF = "cutoff"
 """Status of a solve with a cutoff that found no assignment better than it (not better than the
@@ -180,8 +194,8 @@ counts that are integral to 1e-6 moves a row by about as much; 1e-6 of 80 GB is 
 def no_solution_status(solver_status: str, cutoff_given: bool) -> str:
     """The status of a solve whose result is not a plan (no assignment, or one that `is_plan` rejects).
 
-    cvxpy reports HiGHS's kTimeLimit as "user_limit" (so are the iteration, solution and objective
-    limits, none of which is set here) and hands back whatever the variables hold: the time limit with
+    cvxpy reports HiGHS's kTimeLimit as "user_limit" (so are the solution limit, which the node limit
+    raises, and the iteration and objective limits) and hands back whatever the variables hold: the time limit with
     no incumbent. HiGHS ends a program with nothing below its objective bound as "infeasible", which
     with a cutoff means no assignment beats the incumbent. An "optimal" assignment that breaks a bound
     after rounding is a numerically inaccurate solve.
@@ -238,7 +252,7 @@ def solve_stages(original: StageProblem, cutoff: float | None = None, solver: st
         if bounded:
             rank = prob.option_rank if prob.option_rank is not None and prob.option_rank.any() else np.zeros(1)
             bound = highs_objective_bound(cutoff / t_scale, m.offset, TIE_BREAK * float(rank.max()))
-        result = solve_highs(m, prob.time_limit_s, prob.mip_rel_gap, bound)
+        result = solve_highs(m, prob.time_limit_s, prob.mip_rel_gap, bound, prob.node_limit)
     else:
         import cvxpy as cp
         with warnings.catch_warnings():  # a time-limited incumbent is expected; its gap is reported
@@ -261,9 +275,10 @@ def solve_stages(original: StageProblem, cutoff: float | None = None, solver: st
                          stage_mem=stage_mem, stage_flush=stage_flush, wall_time_s=wall, mip_gap=result.mip_gap)
 
 
-POLISH_TIME_LIMIT_S = 0.5
+POLISH_NODE_LIMIT = 200
 """The tie-breaking solve only simplifies a plan already found (its incumbent is checked no slower): it gets
-a short time limit, and on a deep pipeline with many options returns the best simplification found."""
+a small node limit, and on a deep pipeline with many options returns the best simplification found. (It had a
+0.5 s wall-clock limit, which it met at the root on a loaded machine: the plan depended on the load.)"""
 
 
 def polish(original: StageProblem, solution: StageSolution) -> StageSolution:
@@ -279,7 +294,7 @@ def polish(original: StageProblem, solution: StageSolution) -> StageSolution:
         if prob.option_time.max(initial=0) > 0 else 1.0
     m = stage_matrix(prob, step_bound=solution.objective / t_scale * (1 + 1e-9), objective="rank")
     # the tie-break solve at HiGHS's default gap
-    result = solve_highs(m, min(prob.time_limit_s, POLISH_TIME_LIMIT_S), None)
+    result = solve_highs(m, prob.time_limit_s, None, node_limit=POLISH_NODE_LIMIT)
     if result.x is None:
         return solution
     counts = m.counts(result.x)
@@ -393,7 +408,7 @@ def min_memory(original: StageProblem) -> tuple[float, np.ndarray | None]:
     """The least per-device memory any assignment needs, and the counts that achieve it."""
     prob = original.scaled()
     m = stage_matrix(prob, memory_bound=True, objective="memory")
-    result = solve_highs(m, prob.time_limit_s, prob.mip_rel_gap)
+    result = solve_highs(m, prob.time_limit_s, prob.mip_rel_gap, node_limit=prob.node_limit)
     if result.x is None or assignment_errors(original, m.counts(result.x)):
         return float("inf"), None
     return float(result.x[m.m_max]) * float(np.max(original.capacity)) / float(np.max(prob.capacity)), \

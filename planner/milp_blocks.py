@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from partita.planner.milp import (CUTOFF, FEASIBILITY_RTOL, StageSolution, counted_use_errors, has_incumbent,
-                                  no_solution_status, option_count_constraint)
+from partita.planner.milp import (CUTOFF, FEASIBILITY_RTOL, NODE_LIMIT, SAFETY_TIME_LIMIT_S, StageSolution,
+                                  counted_use_errors, has_incumbent, no_solution_status, option_count_constraint)
 
 
 @dataclass
@@ -60,8 +60,10 @@ class BlockProblem:
     must_use: np.ndarray | None = None
     count_use: tuple[np.ndarray, int] | None = None   # (N, n): exactly n blocks take an option in N
     rank: np.ndarray | None = None
-    time_limit_s: float = 3.0
+    time_limit_s: float = SAFETY_TIME_LIMIT_S
     mip_rel_gap: float = 5e-3
+    node_limit: int = NODE_LIMIT
+    """Work and wall-clock limits as planner.milp.StageProblem's (the same plan at any load)."""
 
     @property
     def num_blocks(self) -> int:
@@ -119,7 +121,7 @@ def solve_blocks(prob: BlockProblem, cutoff: float | None = None) -> StageSoluti
     objective = (prob.num_microbatches - 1) * t_max + cp.sum(tau) + d_max
     if prob.rank is not None and prob.rank.any():
         objective = objective + 1e-7 * cp.sum(z.T @ prob.rank) / max(1, B)
-    opts = {"time_limit": prob.time_limit_s, "mip_rel_gap": prob.mip_rel_gap}
+    opts = {"time_limit": prob.time_limit_s, "mip_rel_gap": prob.mip_rel_gap, "mip_max_nodes": prob.node_limit}
     bounded = cutoff is not None and bool(np.isfinite(cutoff))
     if bounded:
         tie_break = 1e-7 * float(prob.rank.max()) if prob.rank is not None and prob.rank.any() else 0.0

@@ -128,9 +128,10 @@ def _timed_out(result: SearchResult) -> str:
     if not stopped:
         return ""
     limit = max(c.problem.time_limit_s for c in stopped)
-    return (f"{len(stopped)} of {len(solved)} solved candidates hit the solver's time limit ({limit:g} s per "
-            f"candidate, StageProblem.time_limit_s) before finding any assignment, so they may fit: rerun on a "
-            f"less loaded machine or with a longer time limit. ")
+    nodes = max(getattr(c.problem, "node_limit", 0) for c in stopped)
+    return (f"{len(stopped)} of {len(solved)} solved candidates hit the solver's limit ({nodes:,} branch-and-bound "
+            f"nodes or {limit:g} s per candidate: StageProblem.node_limit, time_limit_s) before finding any "
+            f"assignment, so they may fit: rerun with a higher limit. ")
 
 
 _FOOTPRINT_PROGRAMS = 96

@@ -213,9 +213,11 @@ milp.no_solution_status reads both backends."""
 
 
 def solve_highs(m: StageMatrix, time_limit: float, mip_rel_gap: float | None,
-                objective_bound: float | None = None) -> MatrixResult:
+                objective_bound: float | None = None, node_limit: int | None = None) -> MatrixResult:
     """Solve with HiGHS directly (`mip_rel_gap` None: HiGHS's default). `objective_bound` is HiGHS's own
-    (without the offset)."""
+    (without the offset). `node_limit` bounds the branch-and-bound work (HiGHS's mip_max_nodes): a limit by
+    work gives the same answer on any machine at any load, where the wall-clock `time_limit` only guards
+    against a stuck solve."""
     import highspy
     from partita.planner.highs import silence_banner
     silence_banner()
@@ -230,6 +232,8 @@ def solve_highs(m: StageMatrix, time_limit: float, mip_rel_gap: float | None,
     solver = highspy.Highs()
     solver.setOptionValue("output_flag", False)
     solver.setOptionValue("time_limit", float(time_limit))
+    if node_limit is not None:
+        solver.setOptionValue("mip_max_nodes", int(node_limit))
     if mip_rel_gap is not None:
         solver.setOptionValue("mip_rel_gap", float(mip_rel_gap))
     if objective_bound is not None:

@@ -17,6 +17,7 @@ import torch.nn as nn
 from partita.costmodel import ModelSpec, model_fingerprint, resolve_model
 from partita.costmodel.embeddings import find_tables
 from partita.costmodel.errors import InfeasibleError, PartitaError
+from partita.costmodel.models.meta import meta_build
 from partita.costmodel.hardware import Cluster, parse_cluster
 from partita.costmodel.models import with_seq
 from partita.costmodel.resources import with_allocator_headroom
@@ -65,8 +66,7 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     if isinstance(train.dtype, _ByDevice):  # no dtype given: the device kind's, as the CLI chooses it
         train = dataclasses.replace(train, dtype=default_dtype(cl))
     t0 = time.perf_counter()
-    with torch.device("meta"):  # the runtime checks the fingerprint of the model built the same way
-        meta = spec.build()
+    meta = meta_build(spec.build)  # the runtime checks the fingerprint of the model built the same way
     fingerprint = model_fingerprint(meta)
     tables = find_tables(meta)
     del meta
@@ -144,5 +144,4 @@ def _space_for(space: SearchSpace | None, fixed: dict) -> SearchSpace:
 def _fingerprint(spec: ModelSpec) -> str:
     """The fingerprint the runtime checks, from the model built the same way (runtime.checks.build_meta:
     on the meta device, ~10x faster than under fake mode)."""
-    with torch.device("meta"):
-        return model_fingerprint(spec.build())
+    return model_fingerprint(meta_build(spec.build))

@@ -37,6 +37,7 @@ import torch.nn as nn
 
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.models import ModelSpec, resolve_model
+from partita.costmodel.models.meta import meta_build
 
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 """Pipeline schedules the runtime runs (runtime/pp.py maps each to torch's class)."""
@@ -85,8 +86,7 @@ def token_model_shape(spec: ModelSpec, module: nn.Module | None = None) -> tuple
     if len(inputs) != 1 or inputs[0].dtype.is_floating_point or inputs[0].dim() != 2:
         return None
     if module is None:
-        with torch.device("meta"):
-            module = spec.build()
+        module = meta_build(spec.build)
     embeddings = [m for m in module.modules() if isinstance(m, nn.Embedding)]
     linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
     if not embeddings or not linears or linears[-1].out_features != embeddings[0].num_embeddings:

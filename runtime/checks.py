@@ -10,6 +10,7 @@ import torch.nn as nn
 from partita.costmodel import model_fingerprint
 from partita.costmodel.fusion import KERNELS
 from partita.costmodel.models import ModelSpec
+from partita.costmodel.models.meta import meta_build
 from partita.planner import executable
 from partita.planner.plan import Plan, PlanError
 from partita.runtime import cp as context_parallel
@@ -24,8 +25,7 @@ from partita.runtime.precision import describe, train_dtype
 
 def build_meta(spec: ModelSpec) -> nn.Module:
     """The model on the meta device: names, shapes and dtypes without memory."""
-    with torch.device("meta"):
-        return spec.build()
+    return meta_build(spec.build)
 
 
 def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:

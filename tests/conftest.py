@@ -20,6 +20,12 @@ def graph_of():
 E2E = str(Path(__file__).resolve().parent / "e2e")
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """The long-lived ranks of tests/rank_pool.py end with the session."""
+    import rank_pool
+    rank_pool.close_shared()
+
+
 @pytest.fixture
 def two_tower(monkeypatch):
     """MODEL string of a user's factory model that is not one stack of identical layers (two towers of

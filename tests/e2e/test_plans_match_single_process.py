@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import rank_pool
 import torch.nn as nn
 
 from partita.costmodel import model_fingerprint, resolve_model
@@ -61,13 +62,13 @@ def _env(**extra) -> dict:
 
 def launch(tmp_path: Path, plan: dict, ranks: int, model: str = "tiny-gpt", env: dict | None = None,
            flags: tuple[str, ...] = (), steps: int = STEPS):
-    """torchrun the plan with --verify (and `flags`); returns (CompletedProcess, losses-out JSON or None)."""
+    """Run the plan on `ranks` gloo ranks with --verify (and `flags`), as torchrun's workers would run it, on
+    the session's long-lived ranks (tests/rank_pool.py); returns (its end: returncode, stdout, stderr, and
+    the losses-out JSON or None)."""
     plan_file, out = tmp_path / "plan.json", tmp_path / "out.json"
     plan_file.write_text(json.dumps(plan))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-           "-m", "partita.runtime.train", str(plan_file), "--model", model, "--steps", str(steps), "--verify",
-           "--losses-out", str(out), *flags]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(**(env or {})), capture_output=True, text=True, timeout=300)
+    argv = [str(plan_file), "--model", model, "--steps", str(steps), "--verify", "--losses-out", str(out), *flags]
+    proc = rank_pool.shared().run(ranks, argv, cwd=ROOT, env=env)
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
 

@@ -41,11 +41,15 @@ from partita.costmodel.models import ModelSpec
 from partita.planner.child import run_forwarding_signals
 from partita.planner.plan import Plan
 from partita.runtime.allocator import configure_allocator
+from partita.runtime.console import stderr_line
 from partita.runtime.mesh import agree_on_attempt, broadcast_text, env_world, init_default, teardown
 from partita.runtime.report import RankFailure, RunResult, first_failure, read_failure, show_library_warnings_once
 from partita.runtime.progress import DEFAULT_EVERY
-from partita.runtime.guards import EXIT_OK
-from partita.runtime.stop import die_with_parent
+from partita.runtime.guards import EXIT_OK, stop_line
+from partita.runtime.stop import PROGRESS_ENV, die_with_parent, handled, recorded_step
+
+PROGRESS_FILE = "steps-passed.json"
+"""In the launcher's directory: the step boundaries local rank 0 passed (runtime.stop.record_step)."""
 
 ModelArg = str | ModelSpec | Callable[[], nn.Module]
 
@@ -280,7 +284,7 @@ class _AgentLog(logging.Filter):
             which = f" (restart {most - left + 1} of {most})" if isinstance(left, int) and isinstance(most, int) else ""
             failures = _attempt_failures(self.log_dir) + self._silent()
             what = first_failure(failures).line() if failures else "a worker failed"
-            print(f"partita: {what}; torchrun restarts the workers{which}", file=sys.stderr, flush=True)
+            stderr_line(f"partita: {what}; torchrun restarts the workers{which}")
         return False
 
 
@@ -344,18 +348,50 @@ def _report(first) -> int:
     """Print a worker's failure (or a stop it was asked for) as the one line the user sees, and the traceback
     of an unexpected exception below it; return the exit code."""
     if first.exitcode > 128:  # runtime.session.Stopped: every rank stopped after the same step
-        print(f"partita: {first.message}", file=sys.stderr, flush=True)
+        stderr_line(f"partita: {first.message}")
     else:
-        print(f"partita: error: {first.line()}", file=sys.stderr, flush=True)
+        stderr_line(f"partita: error: {first.line()}")
     if first.trace:
-        print(f"traceback of rank {first.rank}:\n{first.trace.rstrip()}", file=sys.stderr, flush=True)
+        stderr_line(f"traceback of rank {first.rank}:\n{first.trace.rstrip()}")
     return first.exitcode if first.exitcode > 0 else 1
 
 
-def _stop_on_sigterm(signum, frame):
-    """SIGTERM before torchrun's agent installs its own handlers (during the rendezvous): end it as that does."""
+def _unreported_stop(signum: int, log_dir: str) -> int:
+    """A signal stopped the job but no worker said where (none had started, or torchrun killed them before
+    they reached a step boundary: a worker paused, or stuck in a collective): one line from the steps local
+    rank 0 recorded (runtime.stop.record_step); returns 128 + the signal."""
+    passed = recorded_step(Path(log_dir) / PROGRESS_FILE)
+    if passed is None:
+        line = f"stopped by {signal.Signals(signum).name} before the first step ended"
+    else:
+        line = stop_line(signum, passed["step"], passed.get("steps", "?"), passed.get("checkpoint"),
+                         bool(passed.get("checkpointing")), how=" (the workers did not reach the next step "
+                         "boundary in time and were killed)")
+    stderr_line(f"partita: {line}")
+    return 128 + signum
+
+
+def _stop_on_signal(signum, frame):
+    """A stop signal before torchrun's agent installs its own handlers (during the rendezvous): end it as that
+    does."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+
+@contextlib.contextmanager
+def _stop_signals():
+    """Handlers of the stop signals (runtime.stop.handled; SIGINT stays KeyboardInterrupt) while the agent
+    starts, and torchrun's own list of the signals it passes to the workers (the same, so a SIGHUP ignored
+    under nohup stays ignored here too)."""
+    signals = handled()
+    os.environ["PET_SIGNALS_TO_HANDLE"] = ",".join(s.name for s in signals)  # torchrun's --signals-to-handle
+    main = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, _stop_on_signal) for s in signals if s != signal.SIGINT} if main else {}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint: str | None = None,
@@ -369,8 +405,10 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     directory of this launcher; the first failure is printed as one line, `partita: error: rank R: ...`,
     with the traceback of an unexpected exception below it; the directory is removed. A worker that ends the
     job on purpose exits 0 with its code in its error file (runtime.train.AGENT_ENV), so that torchrun does
-    not restart it, and that code is returned. SIGTERM / SIGINT reach the workers through torchrun's agent,
-    which passes them on; the workers stop at a step boundary (runtime.stop) and their line is printed."""
+    not restart it, and that code is returned. SIGTERM, SIGINT, SIGHUP and SIGQUIT reach the workers through
+    torchrun's agent, which passes them on; the workers stop at a step boundary (runtime.stop) and their line
+    is printed -- or, when torchrun had to kill them first, a line from the last step boundary they passed
+    (`_unreported_stop`)."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -388,12 +426,13 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
         try:
             rendezvous.check_endpoint(rdzv_endpoint)
         except PartitaError as e:
-            print(f"partita: error: {e}", file=sys.stderr, flush=True)
+            stderr_line(f"partita: error: {e}")
             return 2
         argv += [*rendezvous.register(rdzv_endpoint, timeout), f"--rdzv-id={rdzv_id or 'partita'}"]
     else:
         argv.append("--standalone")
     log_dir = tempfile.mkdtemp(prefix="partita-torchrun-")
+    os.environ[PROGRESS_ENV] = str(Path(log_dir) / PROGRESS_FILE)
     argv += [f"--log-dir={log_dir}", "-m", "partita.runtime.train", *worker_argv]
     quiet = _AgentLog(log_dir, nnodes)
     handlers = [h for name in ("torch.distributed", "torch", "") for h in logging.getLogger(name).handlers]
@@ -402,10 +441,8 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     restarts_log = logging.getLogger("torch.distributed.elastic.agent.server.api")
     level = restarts_log.level
     restarts_log.setLevel(logging.INFO)  # the restart notice is an INFO record
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if main else None
     try:
-        with watch_failures(quiet):
+        with _stop_signals(), watch_failures(quiet):
             torchrun.run(torchrun.parse_args(argv))
         failures = _attempt_failures(log_dir)  # workers that ended the job on purpose (exit 0, code in the file)
         return _report(first_failure(failures)) if failures else 0
@@ -416,17 +453,12 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
         failures = _attempt_failures(log_dir)
         if failures:  # the workers stopped at a step boundary and said where
             return _report(first_failure(failures))
-        signum = int(getattr(e, "sigval", signal.SIGINT))
-        print(f"partita: stopped by {signal.Signals(signum).name} before training began", file=sys.stderr,
-              flush=True)
-        return 128 + signum
+        return _unreported_stop(int(getattr(e, "sigval", signal.SIGINT)), log_dir)
     except Exception as e:  # the agent itself: rendezvous timeout, unreachable endpoint
         line = rendezvous.failure_line(e) or f"torchrun: {type(e).__name__}: {e}".strip().splitlines()[0]
-        print(f"partita: error: {line}", file=sys.stderr, flush=True)
+        stderr_line(f"partita: error: {line}")
         return 1
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
         for h in handlers:
             h.removeFilter(quiet)
         restarts_log.setLevel(level)
@@ -441,7 +473,7 @@ def agent_main(args, argv: list[str]) -> int:
         nnodes = args.nnodes or 1
         nproc = args.nproc_per_node or procs_per_node(Plan.load(args.plan).mesh.world_size, nnodes)
     except PartitaError as e:
-        print(f"partita: error: {e}", file=sys.stderr, flush=True)
+        stderr_line(f"partita: error: {e}")
         return 2
     worker = [args.plan]
     for action in build_parser()._actions:

@@ -12,6 +12,8 @@
                                          stops after that step
     PARTITA_FAULT="sigstop,rank=1,step=3"  rank 1 stops itself (SIGSTOP) during step 3, before the step's
                                          all-reduce, and waits there for a SIGCONT: a paused worker
+    PARTITA_FAULT="save-sigstop,step=4"  rank 0 (or rank=R) stops itself (SIGSTOP) while saving the step-4
+                                         checkpoint, where `save` dies: a test can change the directory then
     PARTITA_FAULT="raise,rank=1,step=3"  rank 1 raises an unexpected exception (RuntimeError) during step 3: a
                                          bug, whose traceback the launcher prints
     PARTITA_FAULT="inf,step=2"           after step 2's optimizer update a parameter holds inf (every rank, or
@@ -34,7 +36,8 @@ from pathlib import Path
 from partita.costmodel.errors import PartitaError
 
 ENV = "PARTITA_FAULT"
-KINDS = ("exit", "save", "nan", "inf", "raise", "kill", "sigterm", "sigint", "sighup", "sigquit", "sigstop")
+KINDS = ("exit", "save", "nan", "inf", "raise", "kill", "sigterm", "sigint", "sighup", "sigquit", "sigstop",
+         "save-sigstop")
 _SIGNALS = {"kill": "SIGKILL", "sigterm": "SIGTERM", "sigint": "SIGINT", "sighup": "SIGHUP", "sigquit": "SIGQUIT",
             "sigstop": "SIGSTOP"}
 
@@ -64,7 +67,7 @@ def parse(text: str | None) -> list[Fault]:
             raise PartitaError(f"{ENV}={text!r}: each fault needs step=K (K >= 1)")
         if kind in ("exit", "kill", "raise") and "rank" not in fields:
             raise PartitaError(f"{ENV}={text!r}: a dying rank needs rank=R")
-        rank = fields.get("rank", 0 if kind == "save" else None)
+        rank = fields.get("rank", 0 if kind in ("save", "save-sigstop") else None)
         faults.append(Fault(kind, fields["step"], rank))
     return faults
 
@@ -102,8 +105,10 @@ class Faults:
     def exit_during_step(self, step: int) -> None:
         self._die("exit", step, f"during step {step}")
 
-    def exit_during_save(self, step: int) -> None:
+    def during_save(self, step: int) -> None:
+        """save / save-sigstop faults, after every shard and DCP's .metadata are written, before the commit."""
         self._die("save", step, f"while saving the checkpoint of step {step}")
+        self._signal("save-sigstop", "SIGSTOP", f"while saving the checkpoint of step {step}", step)
 
     def raise_during_step(self, step: int) -> None:
         for f in self._mine("raise", step):

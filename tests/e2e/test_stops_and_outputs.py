@@ -8,15 +8,21 @@ on 2 shared cores), so each groups the checks that launch can make. Timing never
 - under nohup (SIGHUP ignored) the run goes on; SIGQUIT stops it in one line; a full stdout (/dev/full) costs
   the progress lines only;
 - a paused worker and SIGTERM: torchrun kills the workers, and the line names the last step they passed;
+- a stdout closed after three lines (`| head -3`), a planted `.step-N.tmp` file and a checkpoint directory
+  made read-only mid-run: the run trains on, clears the file, and the failed save is one line, exit 2;
+- the manifest write failing (the directory of a save in progress made read-only): one line, exit 2;
+The one-process cases (a dangling `step-N` symlink, `.partita.lock` as a directory) run the entry point alone.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import select
 import signal
 import subprocess
+import sys
 import termios
 import threading
 import time
@@ -25,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from partita.runtime import checkpoint as ckpt
+from test_plans_match_single_process import ROOT, _env, make_plan
 from test_signals_and_ownership import alive, children, start, wait_for
 
 pytestmark = pytest.mark.slow
@@ -61,6 +68,38 @@ def paused_worker(proc: subprocess.Popen, timeout: float = 240) -> int:
 
 def no_launcher_dirs(tmp_path: Path) -> bool:
     return list((tmp_path / "tmp").glob("partita-torchrun-*")) == []
+
+
+@contextlib.contextmanager
+def read_only(path: Path):
+    """`path` refuses new entries while inside: chmod for a user; root passes permission bits, so for root the
+    immutable attribute (chattr +i, which the filesystem must support)."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(path)], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+    else:
+        mode = path.stat().st_mode
+        path.chmod(0o555)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+
+
+@pytest.fixture
+def can_make_read_only(tmp_path):
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    try:
+        with read_only(probe):
+            with pytest.raises(OSError):
+                (probe / "x").mkdir()
+    except (OSError, subprocess.CalledProcessError, pytest.fail.Exception):
+        pytest.skip("cannot make a directory read-only here")
+    probe.rmdir()
 
 
 class Terminal:
@@ -156,3 +195,81 @@ def test_a_paused_worker_then_sigterm_names_the_last_step_passed(tmp_path):
         f"partita: stopped by SIGTERM after step 4 of 1000 (the workers did not reach the next step boundary in "
         f"time and were killed); resume from {ck / 'step-00000004'} with --resume"), err
     assert alive([paused]) == [] and ckpt.latest(ck).name == "step-00000004" and no_launcher_dirs(tmp_path)
+
+
+def test_a_closed_stdout_a_planted_tmp_file_and_a_read_only_directory(tmp_path, can_make_read_only):
+    """`| head -3`: the reader goes after three lines (before: BrokenPipeError at the next line and no
+    --losses-out). A file planted at step 2's temporary name is cleared like a stale save (before: a traceback).
+    The directory turns read-only while rank 0 is paused in step 3, so step 4's save cannot start: one line,
+    exit 2, on every rank alike (before: rank 0's PermissionError traceback, exit 1)."""
+    ck, out = tmp_path / "ck", tmp_path / "out.json"
+    ck.mkdir()
+    (ck / ".step-00000002.tmp").write_text("not a save\n")
+    proc = start(tmp_path, "--steps", "8", "--checkpoint-dir", str(ck), "--checkpoint-every", "2",
+                 "--losses-out", str(out), "--log-every", "1", env={"PARTITA_FAULT": "sigstop,rank=0,step=3"})
+    rank0 = paused_worker(proc)
+    head = [proc.stdout.readline() for _ in range(3)]
+    proc.stdout.close()
+    with read_only(ck):
+        os.kill(rank0, signal.SIGCONT)
+        err = proc.stderr.read()
+        proc.wait(timeout=180)
+    assert proc.returncode == 2, err
+    assert head[0].startswith("partita run: tiny-gpt") and head[2].startswith("step 2/8"), head
+    lines = err.strip().splitlines()
+    assert len(lines) == 3 and lines[0].startswith("partita: fault injected") and lines[1].startswith(
+        NOTE_PREFIX + "Broken pipe): "), err
+    assert lines[2].startswith("partita: error: rank ") and (
+        f": saving the checkpoint of step 4 to {ck / '.step-00000004.tmp'} failed (") in lines[2], err
+    assert lines[2].endswith(f"; the newest checkpoint, {ck / 'step-00000002'}, is intact"), err
+    saved = history(out)
+    assert len(saved["losses"]) == 4 and saved["exit_code"] == 2 and saved["failure"] in lines[2]
+    assert [p.name for p in ckpt.steps(ck)] == ["step-00000002"]
+    ckpt.open_checkpoint(ck / "step-00000002")
+
+
+def test_the_manifest_write_failing_is_one_line(tmp_path, can_make_read_only):
+    """Rank 0 is paused while saving step 2, after DCP wrote the shards: the save's directory turns read-only,
+    so the manifest cannot be written (as on a full disk). Before: an OSError traceback, exit 1."""
+    ck = tmp_path / "ck"
+    proc = start(tmp_path, "--steps", "4", "--checkpoint-dir", str(ck), "--checkpoint-every", "2",
+                 env={"PARTITA_FAULT": "save-sigstop,step=2"})
+    rank0 = paused_worker(proc)
+    with read_only(ck / ".step-00000002.tmp"):
+        os.kill(rank0, signal.SIGCONT)
+        out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 2, err
+    line = err.strip().splitlines()[-1]
+    assert f": saving the checkpoint of step 2 to {ck / '.step-00000002.tmp'} failed (" in line, err
+    assert f"{ck / '.step-00000002.tmp' / 'partita.json.part'}); no checkpoint was saved before" in line, err
+    assert "Traceback" not in err and ckpt.steps(ck) == []
+
+
+def entry_point(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """The training entry point alone: one rank, no torchrun."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(make_plan()))
+    return subprocess.run([sys.executable, "-m", "partita.runtime.train", str(plan), "--model", "tiny-gpt", *args],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+
+
+def test_a_dangling_step_symlink_and_a_lock_directory_are_one_line(tmp_path):
+    """A dangling `step-N` symlink where the save's rename goes, and `.partita.lock` as a directory (refused by
+    `partita run`'s pre-flight, before anything is launched). Before: tracebacks, exit 1."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "step-00000002").symlink_to(tmp_path / "nowhere")
+    proc = entry_point(tmp_path, "--steps", "3", "--checkpoint-dir", str(ck), "--checkpoint-every", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        f"partita: error: saving the checkpoint of step 2 to {ck / '.step-00000002.tmp'} failed ({ck / 'step-00000002'} "
+        "is in the way: it is a symbolic link, not a checkpoint directory; move it out of the checkpoint directory); "
+        f"the newest checkpoint, {ck / 'step-00000001'}, is intact"), proc.stderr
+
+    locked = tmp_path / "locked"
+    (locked / ".partita.lock").mkdir(parents=True)
+    proc = start(tmp_path, "--steps", "2", "--checkpoint-dir", str(locked), "--checkpoint-every", "1")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and err.strip() == (
+        f"partita: error: {locked / '.partita.lock'} is a directory, where partita keeps the lock of the run that "
+        "trains into this directory: remove it, or choose another --checkpoint-dir"), err

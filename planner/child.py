@@ -11,18 +11,27 @@ second request, and is not passed on: a closing terminal may send it twice (the 
 and the kernel signals the foreground group when the shell exits). The launcher in turn asks for SIGTERM when this process dies, so killing
 `partita run` itself with SIGKILL leaves no training behind either. A launcher killed by a signal is one
 line, not a silent exit code 247.
+
+The launcher's working directory (torchrun's log directory, where the workers leave their error files and
+the steps they passed) is made here, named in LOG_DIR_ENV, and removed here when the launcher has ended:
+this process outlives a launcher killed by SIGKILL, which cannot clean up after itself.
 """
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 """runtime.stop.SIGNALS, the signals that stop a run (this layer cannot import runtime)."""
 REPEATABLE = (signal.SIGHUP,)
 """Signals that may arrive twice for one event: forwarded once, never escalated to SIGKILL."""
+LOG_DIR_ENV = "PARTITA_LOG_DIR"
+"""The launcher's working directory, made and removed by `run_forwarding_signals` (runtime.api.agent)."""
+LOG_DIR_PREFIX = "partita-torchrun-"
 
 
 def _forwarded() -> list[signal.Signals]:
@@ -32,7 +41,16 @@ def _forwarded() -> list[signal.Signals]:
 
 def run_forwarding_signals(cmd: list[str], env: dict) -> int:
     """Run `cmd` to its end with the signals of the module docstring passed on; returns its exit code
-    (128 + N when a signal N ended it)."""
+    (128 + N when a signal N ended it). The launcher's working directory is removed after it, however it
+    ended."""
+    log_dir = tempfile.mkdtemp(prefix=LOG_DIR_PREFIX)
+    try:
+        return _run(cmd, {**env, LOG_DIR_ENV: log_dir})
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _run(cmd: list[str], env: dict) -> int:
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     received: list[int] = []
 

@@ -38,12 +38,13 @@ import torch.nn as nn
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.costmodel.models import ModelSpec
-from partita.planner.child import run_forwarding_signals
+from partita.planner.child import LOG_DIR_ENV, LOG_DIR_PREFIX, run_forwarding_signals
 from partita.planner.plan import Plan
 from partita.runtime.allocator import configure_allocator
 from partita.runtime.console import stderr_line
 from partita.runtime.mesh import agree_on_attempt, broadcast_text, env_world, init_default, teardown
-from partita.runtime.report import RankFailure, RunResult, first_failure, read_failure, show_library_warnings_once
+from partita.runtime.report import (PEER_LOST, RankFailure, RunResult, first_failure, read_failure,
+                                    show_library_warnings_once)
 from partita.runtime.progress import DEFAULT_EVERY
 from partita.runtime.guards import EXIT_OK, stop_line
 from partita.runtime.stop import PROGRESS_ENV, die_with_parent, handled, recorded_step
@@ -356,6 +357,31 @@ def _report(first) -> int:
     return first.exitcode if first.exitcode > 0 else 1
 
 
+def _name_the_cause(losses_out: str | None, first, since: float) -> None:
+    """--losses-out holds rank 0's failure: when that only says a peer went away (runtime.report.PEER_LOST)
+    and the launcher knows which rank failed first, the file's `failure` names that rank (what rank 0 saw
+    is kept as `failure_noticed`). Only a file this launcher's workers wrote (`since`: when it started)."""
+    if not losses_out or first.peer_lost:
+        return
+    path = Path(losses_out)
+    try:
+        if path.stat().st_mtime < since:
+            return
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    seen = data.get("failure") if isinstance(data, dict) else None
+    if not isinstance(seen, str) or not PEER_LOST.search(seen):
+        return
+    data.update(failure=first.line(), failure_noticed=seen)
+    part = path.with_name(path.name + ".part")
+    try:
+        part.write_text(json.dumps(data, indent=2))
+        part.replace(path)
+    except OSError:
+        pass
+
+
 def _unreported_stop(signum: int, log_dir: str) -> int:
     """A signal stopped the job but no worker said where (none had started, or torchrun killed them before
     they reached a step boundary: a worker paused, or stuck in a collective): one line from the steps local
@@ -395,7 +421,8 @@ def _stop_signals():
 
 
 def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint: str | None = None,
-          rdzv_id: str | None = None, max_restarts: int = 0, rdzv_timeout: float | None = None) -> int:
+          rdzv_id: str | None = None, max_restarts: int = 0, rdzv_timeout: float | None = None,
+          losses_out: str | None = None) -> int:
     """Run torchrun's elastic agent for this node in this process on `python -m partita.runtime.train WORKER_ARGV`
     and return the exit code: 0, or the first failing worker's (1 if it died by a signal).
 
@@ -408,7 +435,8 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     not restart it, and that code is returned. SIGTERM, SIGINT, SIGHUP and SIGQUIT reach the workers through
     torchrun's agent, which passes them on; the workers stop at a step boundary (runtime.stop) and their line
     is printed -- or, when torchrun had to kill them first, a line from the last step boundary they passed
-    (`_unreported_stop`)."""
+    (`_unreported_stop`). The directory is the one planner.child made (LOG_DIR_ENV) when it started this
+    launcher, else a new one."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -431,7 +459,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
         argv += [*rendezvous.register(rdzv_endpoint, timeout), f"--rdzv-id={rdzv_id or 'partita'}"]
     else:
         argv.append("--standalone")
-    log_dir = tempfile.mkdtemp(prefix="partita-torchrun-")
+    log_dir = os.environ.get(LOG_DIR_ENV) or tempfile.mkdtemp(prefix=LOG_DIR_PREFIX)  # planner.child makes it
     os.environ[PROGRESS_ENV] = str(Path(log_dir) / PROGRESS_FILE)
     argv += [f"--log-dir={log_dir}", "-m", "partita.runtime.train", *worker_argv]
     quiet = _AgentLog(log_dir, nnodes)
@@ -441,14 +469,17 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     restarts_log = logging.getLogger("torch.distributed.elastic.agent.server.api")
     level = restarts_log.level
     restarts_log.setLevel(logging.INFO)  # the restart notice is an INFO record
+    started = time.time()
     try:
         with _stop_signals(), watch_failures(quiet):
             torchrun.run(torchrun.parse_args(argv))
         failures = _attempt_failures(log_dir)  # workers that ended the job on purpose (exit 0, code in the file)
         return _report(first_failure(failures)) if failures else 0
     except ChildFailedError as e:
-        return _report(first_failure([read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file)
-                                                   else None, f.timestamp) for rank, f in e.failures.items()]))
+        first = first_failure([read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file) else None,
+                                            f.timestamp) for rank, f in e.failures.items()])
+        _name_the_cause(losses_out, first, started)
+        return _report(first)
     except (SignalException, KeyboardInterrupt) as e:
         failures = _attempt_failures(log_dir)
         if failures:  # the workers stopped at a step boundary and said where
@@ -486,4 +517,4 @@ def agent_main(args, argv: list[str]) -> int:
             worker += [action.option_strings[0], str(value)]
     die_with_parent()  # a launcher whose own parent (partita run, a batch script) is killed stops its workers
     return agent(worker, nproc, nnodes=nnodes, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
-                 max_restarts=args.max_restarts, rdzv_timeout=args.rdzv_timeout)
+                 max_restarts=args.max_restarts, rdzv_timeout=args.rdzv_timeout, losses_out=args.losses_out)

@@ -11,6 +11,8 @@ on 2 shared cores), so each groups the checks that launch can make. Timing never
 - a stdout closed after three lines (`| head -3`), a planted `.step-N.tmp` file and a checkpoint directory
   made read-only mid-run: the run trains on, clears the file, and the failed save is one line, exit 2;
 - the manifest write failing (the directory of a save in progress made read-only): one line, exit 2;
+- a SIGKILLed rank: --losses-out names it, not its peer's "Connection closed by peer";
+- a SIGKILLed launcher leaves no partita-torchrun-* directory, and its workers still stop with the history.
 The one-process cases (a dangling `step-N` symlink, `.partita.lock` as a directory) run the entry point alone.
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from partita.runtime import checkpoint as ckpt
+from partita.runtime.report import PEER_LOST
 from test_plans_match_single_process import ROOT, _env, make_plan
 from test_signals_and_ownership import alive, children, start, wait_for
 
@@ -243,6 +246,39 @@ def test_the_manifest_write_failing_is_one_line(tmp_path, can_make_read_only):
     assert f": saving the checkpoint of step 2 to {ck / '.step-00000002.tmp'} failed (" in line, err
     assert f"{ck / '.step-00000002.tmp' / 'partita.json.part'}); no checkpoint was saved before" in line, err
     assert "Traceback" not in err and ckpt.steps(ck) == []
+
+
+def test_a_killed_rank_is_named_in_losses_out(tmp_path):
+    """Rank 1 is SIGKILLed in step 3; rank 0 only sees the connection close. Before: --losses-out's failure was
+    rank 0's "Connection closed by peer"."""
+    out = tmp_path / "out.json"
+    proc = start(tmp_path, "--steps", "5", "--losses-out", str(out), env={"PARTITA_FAULT": "kill,rank=1,step=3"})
+    _, err = proc.communicate(timeout=240)
+    assert err.strip().splitlines()[-1] == "partita: error: rank 1: killed by SIGKILL (out of memory?)", err
+    saved = history(out)
+    assert saved["failure"] == "rank 1: killed by SIGKILL (out of memory?)", saved
+    assert PEER_LOST.search(saved["failure_noticed"]) and len(saved["losses"]) == 2, saved
+
+
+def test_a_killed_launcher_leaves_no_directory_and_its_workers_stop_with_the_history(tmp_path):
+    """Before: the launcher's partita-torchrun-* directory stayed in TMPDIR; `partita run`, which outlives it,
+    now makes and removes it."""
+    ck, out = tmp_path / "ck", tmp_path / "out.json"
+    proc = start(tmp_path, "--steps", "1000", "--checkpoint-dir", str(ck), "--checkpoint-every", "2",
+                 "--losses-out", str(out))
+    wait_for(ck / "step-00000002", proc)
+    agent = children(proc.pid)[0]
+    workers = children(agent)
+    os.kill(agent, signal.SIGKILL)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 137
+    end = time.monotonic() + 120
+    while alive(workers) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert alive(workers) == [] and no_launcher_dirs(tmp_path)
+    saved = history(out)  # the workers stopped on the kernel's SIGTERM (runtime.stop.die_with_parent)
+    step = len(saved["losses"])
+    assert saved["failure"] == resume_line("SIGTERM", step, 1000, ck) and ckpt.latest(ck).name == f"step-{step:08d}"
 
 
 def entry_point(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

@@ -38,14 +38,19 @@ import torch.nn as nn
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.costmodel.models import ModelSpec
-from partita.planner.child import run_forwarding_signals
+from partita.planner.child import LOG_DIR_ENV, LOG_DIR_PREFIX, run_forwarding_signals
 from partita.planner.plan import Plan
 from partita.runtime.allocator import configure_allocator
+from partita.runtime.console import stderr_line
 from partita.runtime.mesh import agree_on_attempt, broadcast_text, env_world, init_default, teardown
-from partita.runtime.report import RankFailure, RunResult, first_failure, read_failure, show_library_warnings_once
+from partita.runtime.report import (PEER_LOST, RankFailure, RunResult, first_failure, read_failure,
+                                    show_library_warnings_once)
 from partita.runtime.progress import DEFAULT_EVERY
-from partita.runtime.guards import EXIT_OK
-from partita.runtime.stop import die_with_parent
+from partita.runtime.guards import EXIT_OK, stop_line
+from partita.runtime.stop import PROGRESS_ENV, die_with_parent, handled, recorded_step
+
+PROGRESS_FILE = "steps-passed.json"
+"""In the launcher's directory: the step boundaries local rank 0 passed (runtime.stop.record_step)."""
 
 ModelArg = str | ModelSpec | Callable[[], nn.Module]
 
@@ -280,7 +285,7 @@ class _AgentLog(logging.Filter):
             which = f" (restart {most - left + 1} of {most})" if isinstance(left, int) and isinstance(most, int) else ""
             failures = _attempt_failures(self.log_dir) + self._silent()
             what = first_failure(failures).line() if failures else "a worker failed"
-            print(f"partita: {what}; torchrun restarts the workers{which}", file=sys.stderr, flush=True)
+            stderr_line(f"partita: {what}; torchrun restarts the workers{which}")
         return False
 
 
@@ -344,22 +349,80 @@ def _report(first) -> int:
     """Print a worker's failure (or a stop it was asked for) as the one line the user sees, and the traceback
     of an unexpected exception below it; return the exit code."""
     if first.exitcode > 128:  # runtime.session.Stopped: every rank stopped after the same step
-        print(f"partita: {first.message}", file=sys.stderr, flush=True)
+        stderr_line(f"partita: {first.message}")
     else:
-        print(f"partita: error: {first.line()}", file=sys.stderr, flush=True)
+        stderr_line(f"partita: error: {first.line()}")
     if first.trace:
-        print(f"traceback of rank {first.rank}:\n{first.trace.rstrip()}", file=sys.stderr, flush=True)
+        stderr_line(f"traceback of rank {first.rank}:\n{first.trace.rstrip()}")
     return first.exitcode if first.exitcode > 0 else 1
 
 
-def _stop_on_sigterm(signum, frame):
-    """SIGTERM before torchrun's agent installs its own handlers (during the rendezvous): end it as that does."""
+def _name_the_cause(losses_out: str | None, first, since: float) -> None:
+    """--losses-out holds rank 0's failure: when that only says a peer went away (runtime.report.PEER_LOST)
+    and the launcher knows which rank failed first, the file's `failure` names that rank (what rank 0 saw
+    is kept as `failure_noticed`). Only a file this launcher's workers wrote (`since`: when it started)."""
+    if not losses_out or first.peer_lost:
+        return
+    path = Path(losses_out)
+    try:
+        if path.stat().st_mtime < since:
+            return
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    seen = data.get("failure") if isinstance(data, dict) else None
+    if not isinstance(seen, str) or not PEER_LOST.search(seen):
+        return
+    data.update(failure=first.line(), failure_noticed=seen)
+    part = path.with_name(path.name + ".part")
+    try:
+        part.write_text(json.dumps(data, indent=2))
+        part.replace(path)
+    except OSError:
+        pass
+
+
+def _unreported_stop(signum: int, log_dir: str) -> int:
+    """A signal stopped the job but no worker said where (none had started, or torchrun killed them before
+    they reached a step boundary: a worker paused, or stuck in a collective): one line from the steps local
+    rank 0 recorded (runtime.stop.record_step); returns 128 + the signal."""
+    passed = recorded_step(Path(log_dir) / PROGRESS_FILE)
+    if passed is None:
+        line = f"stopped by {signal.Signals(signum).name} before the first step ended"
+    else:
+        line = stop_line(signum, passed["step"], passed.get("steps", "?"), passed.get("checkpoint"),
+                         bool(passed.get("checkpointing")), how=" (the workers did not reach the next step "
+                         "boundary in time and were killed)")
+    stderr_line(f"partita: {line}")
+    return 128 + signum
+
+
+def _stop_on_signal(signum, frame):
+    """A stop signal before torchrun's agent installs its own handlers (during the rendezvous): end it as that
+    does."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
 
+@contextlib.contextmanager
+def _stop_signals():
+    """Handlers of the stop signals (runtime.stop.handled; SIGINT stays KeyboardInterrupt) while the agent
+    starts, and torchrun's own list of the signals it passes to the workers (the same, so a SIGHUP ignored
+    under nohup stays ignored here too)."""
+    signals = handled()
+    os.environ["PET_SIGNALS_TO_HANDLE"] = ",".join(s.name for s in signals)  # torchrun's --signals-to-handle
+    main = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, _stop_on_signal) for s in signals if s != signal.SIGINT} if main else {}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint: str | None = None,
-          rdzv_id: str | None = None, max_restarts: int = 0, rdzv_timeout: float | None = None) -> int:
+          rdzv_id: str | None = None, max_restarts: int = 0, rdzv_timeout: float | None = None,
+          losses_out: str | None = None) -> int:
     """Run torchrun's elastic agent for this node in this process on `python -m partita.runtime.train WORKER_ARGV`
     and return the exit code: 0, or the first failing worker's (1 if it died by a signal).
 
@@ -369,8 +432,11 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     directory of this launcher; the first failure is printed as one line, `partita: error: rank R: ...`,
     with the traceback of an unexpected exception below it; the directory is removed. A worker that ends the
     job on purpose exits 0 with its code in its error file (runtime.train.AGENT_ENV), so that torchrun does
-    not restart it, and that code is returned. SIGTERM / SIGINT reach the workers through torchrun's agent,
-    which passes them on; the workers stop at a step boundary (runtime.stop) and their line is printed."""
+    not restart it, and that code is returned. SIGTERM, SIGINT, SIGHUP and SIGQUIT reach the workers through
+    torchrun's agent, which passes them on; the workers stop at a step boundary (runtime.stop) and their line
+    is printed -- or, when torchrun had to kill them first, a line from the last step boundary they passed
+    (`_unreported_stop`). The directory is the one planner.child made (LOG_DIR_ENV) when it started this
+    launcher, else a new one."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -388,12 +454,13 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
         try:
             rendezvous.check_endpoint(rdzv_endpoint)
         except PartitaError as e:
-            print(f"partita: error: {e}", file=sys.stderr, flush=True)
+            stderr_line(f"partita: error: {e}")
             return 2
         argv += [*rendezvous.register(rdzv_endpoint, timeout), f"--rdzv-id={rdzv_id or 'partita'}"]
     else:
         argv.append("--standalone")
-    log_dir = tempfile.mkdtemp(prefix="partita-torchrun-")
+    log_dir = os.environ.get(LOG_DIR_ENV) or tempfile.mkdtemp(prefix=LOG_DIR_PREFIX)  # planner.child makes it
+    os.environ[PROGRESS_ENV] = str(Path(log_dir) / PROGRESS_FILE)
     argv += [f"--log-dir={log_dir}", "-m", "partita.runtime.train", *worker_argv]
     quiet = _AgentLog(log_dir, nnodes)
     handlers = [h for name in ("torch.distributed", "torch", "") for h in logging.getLogger(name).handlers]
@@ -402,31 +469,27 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     restarts_log = logging.getLogger("torch.distributed.elastic.agent.server.api")
     level = restarts_log.level
     restarts_log.setLevel(logging.INFO)  # the restart notice is an INFO record
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if main else None
+    started = time.time()
     try:
-        with watch_failures(quiet):
+        with _stop_signals(), watch_failures(quiet):
             torchrun.run(torchrun.parse_args(argv))
         failures = _attempt_failures(log_dir)  # workers that ended the job on purpose (exit 0, code in the file)
         return _report(first_failure(failures)) if failures else 0
     except ChildFailedError as e:
-        return _report(first_failure([read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file)
-                                                   else None, f.timestamp) for rank, f in e.failures.items()]))
+        first = first_failure([read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file) else None,
+                                            f.timestamp) for rank, f in e.failures.items()])
+        _name_the_cause(losses_out, first, started)
+        return _report(first)
     except (SignalException, KeyboardInterrupt) as e:
         failures = _attempt_failures(log_dir)
         if failures:  # the workers stopped at a step boundary and said where
             return _report(first_failure(failures))
-        signum = int(getattr(e, "sigval", signal.SIGINT))
-        print(f"partita: stopped by {signal.Signals(signum).name} before training began", file=sys.stderr,
-              flush=True)
-        return 128 + signum
+        return _unreported_stop(int(getattr(e, "sigval", signal.SIGINT)), log_dir)
     except Exception as e:  # the agent itself: rendezvous timeout, unreachable endpoint
         line = rendezvous.failure_line(e) or f"torchrun: {type(e).__name__}: {e}".strip().splitlines()[0]
-        print(f"partita: error: {line}", file=sys.stderr, flush=True)
+        stderr_line(f"partita: error: {line}")
         return 1
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
         for h in handlers:
             h.removeFilter(quiet)
         restarts_log.setLevel(level)
@@ -441,7 +504,7 @@ def agent_main(args, argv: list[str]) -> int:
         nnodes = args.nnodes or 1
         nproc = args.nproc_per_node or procs_per_node(Plan.load(args.plan).mesh.world_size, nnodes)
     except PartitaError as e:
-        print(f"partita: error: {e}", file=sys.stderr, flush=True)
+        stderr_line(f"partita: error: {e}")
         return 2
     worker = [args.plan]
     for action in build_parser()._actions:
@@ -454,4 +517,4 @@ def agent_main(args, argv: list[str]) -> int:
             worker += [action.option_strings[0], str(value)]
     die_with_parent()  # a launcher whose own parent (partita run, a batch script) is killed stops its workers
     return agent(worker, nproc, nnodes=nnodes, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
-                 max_restarts=args.max_restarts, rdzv_timeout=args.rdzv_timeout)
+                 max_restarts=args.max_restarts, rdzv_timeout=args.rdzv_timeout, losses_out=args.losses_out)

@@ -26,9 +26,12 @@ do not correspond, and the generators are left as seeded (`load` says so).
 Atomic save: every rank writes into the temporary directory beside the target; once DCP has finished
 (all shards and .metadata), rank 0 writes the manifest into it and renames it to `step-<k>`. A crash at
 any point before the rename leaves only a `.tmp` directory, which resume ignores (and the next save
-removes), so the last complete checkpoint stays intact. `latest()` is the complete checkpoint with the
-highest step. DIR must be one directory for all ranks (a shared filesystem across nodes). With `keep` N,
-a save then removes the run's older checkpoints beyond the newest N.
+removes, whatever is at that name), so the last complete checkpoint stays intact. `latest()` is the complete
+checkpoint with the highest step. What rank 0 does to the directory alone (make the temporary directory, write
+the manifest, rename, prune) is a collective step (`_rank0_step`): a failure there -- a directory turned
+read-only, a full disk, a `step-N` name taken by a file or a symlink -- ends every rank with the same one
+line, as DCP's own failures do. DIR must be one directory for all ranks (a shared filesystem across nodes).
+With `keep` N, a save then removes the run's older checkpoints beyond the newest N.
 
 Before the first step, `validate` checks a checkpoint against the model and plan -- manifest readable,
 fingerprint equal, every file present at its recorded size, DCP's metadata readable (through a
@@ -58,8 +61,9 @@ import torch.nn as nn
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from partita.costmodel.errors import PartitaError
-from partita.runtime.zero1 import owned
 from partita.runtime.integrity import describe_files, recorded_size
+from partita.runtime.mesh import broadcast_text
+from partita.runtime.zero1 import owned
 
 FORMAT = "partita.checkpoint/1"
 MANIFEST = "partita.json"
@@ -275,17 +279,60 @@ def atomic_write(path: Path, text: str) -> None:
 
 def _commit(tmp: Path, final: Path, manifest: dict, files: dict) -> None:
     """Rank 0: write the manifest (with every file's size and hash) into `tmp` and rename it to `final`
-    (replacing an older one)."""
+    (replacing an older one, which is put back if the rename fails)."""
+    if final.is_symlink() or (final.exists() and not final.is_dir()):
+        raise CheckpointError(f"{final} is in the way: it is a {'symbolic link' if final.is_symlink() else 'file'}, "
+                              "not a checkpoint directory; move it out of the checkpoint directory")
     atomic_write(tmp / MANIFEST, json.dumps({**manifest, "files": files}, indent=2))
     old = None
     if final.exists():
         old = final.with_name(f".{final.name}.old")
         shutil.rmtree(old, ignore_errors=True)
         final.rename(old)
-    tmp.rename(final)
+    try:
+        tmp.rename(final)
+    except OSError:
+        if old is not None:
+            old.rename(final)
+        raise
     _fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _clear(path: Path) -> None:
+    """Remove whatever is at `path` (a save's temporary name: a stale save, or anything else put there)."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def _os_detail(e: BaseException) -> str:
+    """An OSError as "strerror: path" (or any other error's own text), on one line."""
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _intact(root: Path) -> str:
+    newest = latest(root)
+    return f"the newest checkpoint, {newest}, is intact" if newest else "no checkpoint was saved before"
+
+
+def _rank0_step(rank: int, action, failure: str, root: Path) -> None:
+    """Collective: rank 0 does `action` to the checkpoint directory (every other rank waits for it). Whatever
+    stops it there -- a directory made read-only, a full disk, a name taken by something else -- ends every
+    rank with the same one-line CheckpointError, `failure (what went wrong); what is intact`."""
+    said = None
+    if rank == 0:
+        try:
+            action()
+        except (OSError, CheckpointError) as e:
+            said = f"{failure} ({_os_detail(e)}); {_intact(root)}"
+    said = broadcast_text(said)
+    if said:
+        raise CheckpointError(said)
 
 
 def dcp_failure(e: BaseException) -> str:
@@ -311,33 +358,44 @@ def _dcp(action, what: str):
 
 def save(root: str | os.PathLike, step: int, modules: list[nn.Module], optimizer: torch.optim.Optimizer,
          manifest: dict, rank: int, faults=None, keep: int = 0) -> Path:
-    """Collective: every rank writes its share; returns the committed directory. A failed write (a full
-    disk) raises CheckpointError naming the newest checkpoint, which the atomic save left intact."""
+    """Collective: every rank writes its share; returns the committed directory. A save that fails anywhere
+    in the checkpoint directory (DCP's writes, the temporary directory, the hashes, the manifest, the rename,
+    --keep's removals) raises CheckpointError on every rank, one line naming the newest checkpoint, which
+    the atomic save left intact."""
     root = Path(root)
     tmp, final = tmp_dir(root, step), step_dir(root, step)
-    if rank == 0:
+    what = f"saving the checkpoint of step {step} to {tmp}"
+    saving = f"{what} failed"
+
+    def make_tmp():
         root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        _clear(tmp)
         tmp.mkdir()
-    dist.barrier()
+
+    _rank0_step(rank, make_tmp, saving, root)
     state = {**train_state(modules, optimizer), **rng_state(rank)}
     try:
-        _dcp(lambda: dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True)),
-             f"saving the checkpoint of step {step} to {tmp}")
+        _dcp(lambda: dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True)), what)
     except CheckpointError as e:
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # free what it took (a full disk)
-        intact = latest(root)
-        raise CheckpointError(f"{e}; {f'the newest checkpoint, {intact}, is intact' if intact else 'no checkpoint was saved before'}") from None
+        raise CheckpointError(f"{e}; {_intact(root)}") from None
     dist.barrier()
-    files = describe_files(tmp, rank)
+    try:
+        files = describe_files(tmp, rank)
+    except PartitaError as e:  # every rank alike (runtime.integrity)
+        raise CheckpointError(f"{saving} ({e}); {_intact(root)}") from None
     if faults is not None:
-        faults.exit_during_save(step)
-    if rank == 0:
+        faults.during_save(step)
+
+    def commit():
         _commit(tmp, final, {"format": FORMAT, "step": step, "saved_at": time.time(), **manifest}, files)
-        if keep:
-            prune(root, keep, manifest.get("run_id"))
-    dist.barrier()
+
+    _rank0_step(rank, commit, saving, root)
+    if keep:
+        _rank0_step(rank, lambda: prune(root, keep, manifest.get("run_id")),
+                    f"saved {final}, but removing the run's checkpoints beyond the newest {keep} (--keep) failed",
+                    root)
     return final
 
 

@@ -7,8 +7,13 @@
     PARTITA_FAULT="nan,step=3"           the loss of step 3 becomes NaN (on every rank holding a loss)
     PARTITA_FAULT="kill,rank=1,step=3"   rank 1 is killed by SIGKILL during step 3, writing nothing (as the
                                          out-of-memory killer does)
-    PARTITA_FAULT="sigterm,rank=1,step=3"  rank 1 receives SIGTERM during step 3 (sigint: SIGINT), as from a
-                                         scheduler or an operator's kill: the job stops after that step
+    PARTITA_FAULT="sigterm,rank=1,step=3"  rank 1 receives SIGTERM during step 3 (sigint, sighup, sigquit: SIGINT,
+                                         SIGHUP, SIGQUIT), as from a scheduler or an operator's kill: the job
+                                         stops after that step
+    PARTITA_FAULT="sigstop,rank=1,step=3"  rank 1 stops itself (SIGSTOP) during step 3, before the step's
+                                         all-reduce, and waits there for a SIGCONT: a paused worker
+    PARTITA_FAULT="save-sigstop,step=4"  rank 0 (or rank=R) stops itself (SIGSTOP) while saving the step-4
+                                         checkpoint, where `save` dies: a test can change the directory then
     PARTITA_FAULT="raise,rank=1,step=3"  rank 1 raises an unexpected exception (RuntimeError) during step 3: a
                                          bug, whose traceback the launcher prints
     PARTITA_FAULT="inf,step=2"           after step 2's optimizer update a parameter holds inf (every rank, or
@@ -31,8 +36,10 @@ from pathlib import Path
 from partita.costmodel.errors import PartitaError
 
 ENV = "PARTITA_FAULT"
-KINDS = ("exit", "save", "nan", "inf", "raise", "kill", "sigterm", "sigint")
-_SIGNALS = {"kill": "SIGKILL", "sigterm": "SIGTERM", "sigint": "SIGINT"}
+KINDS = ("exit", "save", "nan", "inf", "raise", "kill", "sigterm", "sigint", "sighup", "sigquit", "sigstop",
+         "save-sigstop")
+_SIGNALS = {"kill": "SIGKILL", "sigterm": "SIGTERM", "sigint": "SIGINT", "sighup": "SIGHUP", "sigquit": "SIGQUIT",
+            "sigstop": "SIGSTOP"}
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,7 @@ def parse(text: str | None) -> list[Fault]:
             raise PartitaError(f"{ENV}={text!r}: each fault needs step=K (K >= 1)")
         if kind in ("exit", "kill", "raise") and "rank" not in fields:
             raise PartitaError(f"{ENV}={text!r}: a dying rank needs rank=R")
-        rank = fields.get("rank", 0 if kind == "save" else None)
+        rank = fields.get("rank", 0 if kind in ("save", "save-sigstop") else None)
         faults.append(Fault(kind, fields["step"], rank))
     return faults
 
@@ -98,8 +105,10 @@ class Faults:
     def exit_during_step(self, step: int) -> None:
         self._die("exit", step, f"during step {step}")
 
-    def exit_during_save(self, step: int) -> None:
+    def during_save(self, step: int) -> None:
+        """save / save-sigstop faults, after every shard and DCP's .metadata are written, before the commit."""
         self._die("save", step, f"while saving the checkpoint of step {step}")
+        self._signal("save-sigstop", "SIGSTOP", f"while saving the checkpoint of step {step}", step)
 
     def raise_during_step(self, step: int) -> None:
         for f in self._mine("raise", step):
@@ -107,14 +116,21 @@ class Faults:
                 raise RuntimeError(f"{ENV}: rank {self.rank} raises during step {step}")
 
     def signal_during_step(self, step: int) -> None:
-        """kill / sigterm / sigint faults: this rank sends itself the signal (once, as a dying fault fires)."""
-        import signal
+        """kill / sigterm / sigint / sighup / sigquit / sigstop faults: this rank sends itself the signal (once,
+        as a dying fault fires)."""
         for kind, name in _SIGNALS.items():
-            for f in self._mine(kind, step):
-                if self._first_time(f):
-                    print(f"partita: fault injected ({ENV}): rank {self.rank} gets {name} during step {step}",
-                          file=sys.stderr, flush=True)
-                    os.kill(os.getpid(), getattr(signal, name))
+            self._signal(kind, name, f"during step {step}", step)
+
+    def _signal(self, kind: str, name: str, when: str, step: int) -> None:
+        import signal
+        for f in self._mine(kind, step):
+            if self._first_time(f):
+                try:
+                    print(f"partita: fault injected ({ENV}): rank {self.rank} gets {name} {when}", file=sys.stderr,
+                          flush=True)
+                except (OSError, ValueError):  # stderr gone (a test closed the terminal): the fault still fires
+                    pass
+                os.kill(os.getpid(), getattr(signal, name))
 
     def inf_after_update(self, step: int, params) -> None:
         """inf faults: the first element of this rank's first parameter becomes inf."""

@@ -20,6 +20,8 @@ import torch.distributed as dist
 
 from partita.costmodel import PartitaError
 from partita.runtime import memory
+from partita.runtime.console import STDOUT
+from partita.runtime.stop import SIGNALS
 
 EXIT_OK, EXIT_VERIFY, EXIT_ERROR, EXIT_NONFINITE = 0, 1, 2, 3
 
@@ -45,15 +47,22 @@ class NonFiniteLoss(PartitaError):
         self.step = step
 
 
+def stop_line(signum: int, step: int, steps: int, checkpoint: str | None, checkpointing: bool,
+              how: str = "") -> str:
+    """What a run stopped by signal `signum` after step `step` of `steps` says (`how`: how it stopped, when
+    not at the step boundary itself), and where it resumes from."""
+    where = (f"; resume from {checkpoint} with --resume" if checkpoint else
+             "; no checkpoint was saved (--checkpoint-dir and --checkpoint-every keep one)" if not checkpointing
+             else "; no checkpoint was saved yet")
+    return f"stopped by {signal.Signals(signum).name} after step {step} of {steps}{how}{where}"
+
+
 class Stopped(PartitaError):
     """Training stopped at a step boundary because a signal asked for it (raised alike on every rank;
     runtime.stop)."""
 
     def __init__(self, signum: int, step: int, steps: int, checkpoint: str | None, checkpointing: bool):
-        where = (f"; resume from {checkpoint} with --resume" if checkpoint else
-                 "; no checkpoint was saved (--checkpoint-dir and --checkpoint-every keep one)" if not checkpointing
-                 else "; no checkpoint was saved yet")
-        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step} of {steps}{where}")
+        super().__init__(stop_line(signum, step, steps, checkpoint, checkpointing))
         self.signum, self.step = signum, step
 
     @property
@@ -73,7 +82,8 @@ class NonFiniteParameters(NonFiniteLoss):
 
 def reduce_loss_and_stop(executor, loss: torch.Tensor, topo, requested: int | None) -> tuple[float, int]:
     """runtime.session._reduce_loss and the stop request in one all-reduce: (the step's global mean loss, the signal that
-    asked any rank to stop, or 0). Summed: [loss, ranks asked, sum of their signal numbers]."""
+    asked any rank to stop, or 0). Summed: [loss, ranks asked, sum of their signal numbers] (ranks asked by
+    different signals stop as by SIGTERM)."""
     held = (loss if executor.holds_loss else torch.zeros_like(loss)).detach().reshape(())
     dtype = held.dtype if held.dtype in (torch.float32, torch.float64) else torch.float32
     asked = 1.0 if requested else 0.0
@@ -82,8 +92,7 @@ def reduce_loss_and_stop(executor, loss: torch.Tensor, topo, requested: int | No
     dist.all_reduce(t)
     value, ranks, signals = t.tolist()
     signum = round(signals / ranks) if ranks else 0
-    return value / (topo.dp * topo.cp), (signum if signum in (signal.SIGINT, signal.SIGTERM) else
-                                         signal.SIGTERM if ranks else 0)
+    return value / (topo.dp * topo.cp), (signum if signum in SIGNALS else signal.SIGTERM if ranks else 0)
 
 
 def params_finite(executor, topo) -> bool:
@@ -114,7 +123,7 @@ def keep_partial(opts, prep, topo, losses: list[float], start: int,
         lines = ["step  loss", *(f"{first + i + 1:>4}  {v:.8f}" for i, v in enumerate(shown))]
         if first > start:
             lines.insert(1, f"  (steps {start + 1}-{first}: in --losses-out)" if opts.losses_out else "  ...")
-        print("\n".join(lines), flush=True)
+        STDOUT.line(*lines)
     if opts.losses_out:
         code = (error.exit_code if isinstance(error, Stopped) else EXIT_NONFINITE if isinstance(error, NonFiniteLoss)
                 else EXIT_ERROR if isinstance(error, PartitaError) else 1)

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from partita.costmodel.errors import PartitaError
 from partita.runtime.mesh import gather_text
 
 ALGORITHM = "sha256"
@@ -39,18 +40,32 @@ def written_by(rank: int, names: list[str]) -> list[str]:
     return [n for n in names if n.startswith(f"__{rank}_") or (rank == 0 and n == ".metadata")]
 
 
-def describe_files(directory: Path, rank: int) -> dict[str, dict]:
-    """Collective: {file name: {"bytes", "sha256"}} of every file in a finished DCP save, on every rank; each
-    rank hashes the files it wrote, and rank 0 any file no rank claims (so nothing goes unrecorded)."""
+def _hashed_here(directory: Path, rank: int, world: int) -> dict[str, dict]:
+    """The entries this rank contributes: the files it wrote, and on rank 0 any file no rank claims (so
+    nothing goes unrecorded)."""
     names = sorted(f.name for f in directory.iterdir() if f.is_file())
-    mine = {n: {"bytes": (directory / n).stat().st_size, ALGORITHM: digest(directory / n)}
-            for n in written_by(rank, names)}
+    mine = written_by(rank, names)
+    if rank == 0:
+        claimed = {n for r in range(world) for n in written_by(r, names)}
+        mine += [n for n in names if n not in claimed]
+    return {n: {"bytes": (directory / n).stat().st_size, ALGORITHM: digest(directory / n)} for n in mine}
+
+
+def describe_files(directory: Path, rank: int) -> dict[str, dict]:
+    """Collective: {file name: {"bytes", "sha256"}} of every file in a finished DCP save, on every rank, each
+    file hashed by one rank (`_hashed_here`). A rank that cannot read its files ends every rank alike:
+    PartitaError naming it."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    try:
+        said = {"files": _hashed_here(directory, rank, world)}
+    except OSError as e:
+        said = {"error": f"rank {rank} cannot hash its files: {e.strerror or e}: {e.filename}"}
     files: dict[str, dict] = {}
-    for text in gather_text(json.dumps(mine)):
-        files.update(json.loads(text))
-    for n in names:
-        if n not in files:
-            files[n] = {"bytes": (directory / n).stat().st_size, ALGORITHM: digest(directory / n)}
+    for text in gather_text(json.dumps(said)):
+        got = json.loads(text)
+        if "error" in got:
+            raise PartitaError(got["error"])
+        files.update(got["files"])
     return files
 
 

@@ -55,7 +55,7 @@ def refuse_foreign(root: str | os.PathLike, continuing: bool) -> None:
 
 def check_writable(root: str | os.PathLike) -> None:
     """Create DIR if needed and write a probe file into it: a checkpoint that cannot be written fails here,
-    before any step."""
+    before any step; so does a lock path (`LOCK`) taken by something that is not a file."""
     root = Path(root)
     probe = root / f".partita-probe-{socket.gethostname()}-{os.getpid()}"
     try:
@@ -68,6 +68,14 @@ def check_writable(root: str | os.PathLike) -> None:
     except OSError as e:
         raise CheckpointError(f"cannot write checkpoints to {root}: {e.strerror or e}; choose a writable "
                               "--checkpoint-dir") from None
+    lock = root / LOCK
+    if lock.exists() and not lock.is_file():
+        raise CheckpointError(_lock_in_the_way(lock))
+
+
+def _lock_in_the_way(lock: Path) -> str:
+    return (f"{lock} is a {'directory' if lock.is_dir() else 'special file'}, where partita keeps the lock of the "
+            "run that trains into this directory: remove it, or choose another --checkpoint-dir")
 
 
 def _holder(fd: int) -> str:
@@ -82,17 +90,13 @@ def claim(root: str | os.PathLike, continuing: bool) -> tuple[str, int]:
     """Global rank 0, before the first step: take DIR's lock (kept until the process ends or `release`),
     refuse a foreign directory again under it, and return (run id, lock file descriptor). `continuing`: the
     run continues the directory (--resume or a torchrun restart) and takes over its run id."""
-    import fcntl
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        held = _holder(fd)
-        os.close(fd)
-        raise CheckpointError(f"--checkpoint-dir {root} is in use by another run ({held}): wait for it to end, "
-                              "or choose another directory") from None
+        fd = _lock(root)
+    except OSError as e:
+        raise CheckpointError(_lock_in_the_way(root / LOCK) if isinstance(e, IsADirectoryError) else
+                              f"cannot take the lock {root / LOCK}: {e.strerror or e}; choose a writable "
+                              "--checkpoint-dir") from None
     try:
         refuse_foreign(root, continuing)  # again under the lock: another run may have saved since the pre-flight
         run_id = owner_run_id(root) if continuing else None
@@ -102,10 +106,29 @@ def claim(root: str | os.PathLike, continuing: bool) -> tuple[str, int]:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"run {run_id}, pid {os.getpid()} on {socket.gethostname()} since "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+    except OSError as e:
+        os.close(fd)
+        raise CheckpointError(f"cannot claim --checkpoint-dir {root} for this run: {e.strerror or e}"
+                              f"{f': {e.filename}' if e.filename else ''}") from None
     except BaseException:
         os.close(fd)
         raise
     return run_id, fd
+
+
+def _lock(root: Path) -> int:
+    """The descriptor of DIR's lock file, flock'ed; CheckpointError when another run holds it."""
+    import fcntl
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        held = _holder(fd)
+        os.close(fd)
+        raise CheckpointError(f"--checkpoint-dir {root} is in use by another run ({held}): wait for it to end, "
+                              "or choose another directory") from None
+    return fd
 
 
 def release(fd: int | None) -> None:
@@ -120,7 +143,7 @@ def is_locked(root: str | os.PathLike) -> str | None:
     """Who holds DIR's lock, or None when nobody does (a probe for the one-process pre-flight)."""
     import fcntl
     path = Path(root) / LOCK
-    if not path.exists():
+    if not path.is_file():
         return None
     fd = os.open(path, os.O_RDONLY)
     try:

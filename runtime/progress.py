@@ -19,15 +19,18 @@ status line with a bar is redrawn in place after every step instead, and kept as
 logs and pipes get plain lines only; `every` 0: no lines. With `tensorboard` (a directory), rank 0 also writes the scalars
 loss, step_time_s, <unit>_per_s and memory_bytes for every step (torch.utils.tensorboard, which needs the
 `tensorboard` package: pip install 'partita[tensorboard]').
+
+The lines go through runtime.console: a stdout that is closed or full (`| head`, `> /dev/full`, a terminal
+gone) turns them off with one line on stderr, and training goes on.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import torch
 
 from partita.costmodel.errors import PartitaError
+from partita.runtime.console import STDOUT, Console
 from partita.runtime.memory import peak_rss_bytes
 
 DEFAULT_EVERY = 10
@@ -91,8 +94,8 @@ class Progress:
                  every: int = DEFAULT_EVERY, tensorboard: str | None = None, stream=None):
         self.steps, self.first, self.per_step, self.unit = steps, first_step, per_step, unit
         self.every = every if console else 0
-        self.stream = stream or sys.stdout
-        self.tty = self.every > 0 and self.stream.isatty()
+        self.console = Console(stream) if stream is not None else STDOUT
+        self.tty = self.every > 0 and self.console.isatty()
         self.times: list[float] = []
         self.writer = summary_writer()(log_dir=tensorboard) if tensorboard else None
         self._open = False  # a status line drawn in place, not yet ended
@@ -119,18 +122,16 @@ class Progress:
         keep = step == self.first + 1 or step % self.every == 0 or step == self.steps
         if self.tty:
             done = int(BAR * step / self.steps)
-            self.stream.write(f"\r[{'#' * done}{'.' * (BAR - done)}] {r.line()}\x1b[K")
-            self._open = not keep
-            if keep:
-                self.stream.write("\n")
+            self._open = self.console.write(f"\r[{'#' * done}{'.' * (BAR - done)}] {r.line()}\x1b[K"
+                                            + ("\n" if keep else "")) and not keep
         elif keep:
-            self.stream.write(r.line() + "\n")
-        self.stream.flush()
+            self.console.line(r.line())
+        if not self.console.on:  # the console failed: no more lines (the scalars above go on)
+            self.every = 0
 
     def close(self) -> None:
         if self._open:
-            self.stream.write("\n")
-            self.stream.flush()
+            self.console.write("\n")
             self._open = False
         if self.writer is not None:
             self.writer.close()

@@ -50,6 +50,7 @@ from partita.costmodel.kjt import KJT_PREFIX, is_ebc
 from partita.costmodel.sparse import TORCHREC_KERNELS
 from partita.planner.plan import Plan, PlanError
 from partita.runtime.apply import average_grads
+from partita.runtime.console import STDOUT
 
 FP32_TOLERANCE = 1e-5
 PARAM_TOLERANCE = 1e-3
@@ -565,30 +566,30 @@ def _reference(plan, spec, model, sharded_tables: set[str], rows: int, opts) -> 
 
 def _report(plan, spec, world, losses, ref, step_s, opts, param_gap: float, unchecked: int = 0,
             dense_kind: str = "data-parallel") -> int:
+    say = STDOUT.line
     kinds = sorted({t["sharding"] for t in plan.embeddings["tables"]})
-    print(f"partita run: {spec.name} on {world} rank(s), {len(plan.embeddings['tables'])} embedding tables through "
-          f"TorchRec DistributedModelParallel ({', '.join(kinds)}; {plan.embeddings.get('optimizer')}), dense part "
-          f"{dense_kind}, global batch {plan.train['global_batch']}, {opts.steps} steps", flush=True)
-    print("step  loss          reference     |diff|" if ref else "step  loss")
+    say(f"partita run: {spec.name} on {world} rank(s), {len(plan.embeddings['tables'])} embedding tables through "
+        f"TorchRec DistributedModelParallel ({', '.join(kinds)}; {plan.embeddings.get('optimizer')}), dense part "
+        f"{dense_kind}, global batch {plan.train['global_batch']}, {opts.steps} steps")
+    say("step  loss          reference     |diff|" if ref else "step  loss")
     worst = 0.0
     for i, loss in enumerate(losses):
         if ref:
             worst = max(worst, abs(loss - ref[i]))
-            print(f"{i + 1:>4}  {loss:.8f}    {ref[i]:.8f}    {abs(loss - ref[i]):.1e}")
+            say(f"{i + 1:>4}  {loss:.8f}    {ref[i]:.8f}    {abs(loss - ref[i]):.1e}")
         else:
-            print(f"{i + 1:>4}  {loss:.8f}")
-    print(f"step time  measured {step_s:.4g} s, predicted {plan.predicted.get('step_time_s', float('nan')):.4g} s "
-          "(slowest rank)")
+            say(f"{i + 1:>4}  {loss:.8f}")
+    say(f"step time  measured {step_s:.4g} s, predicted {plan.predicted.get('step_time_s', float('nan')):.4g} s "
+        "(slowest rank)")
     if not all(math.isfinite(x) for x in losses):
-        print("partita: error: a loss is not finite", flush=True)
+        say("partita: error: a loss is not finite")
         return 3
     if ref:
         ok = worst <= FP32_TOLERANCE
-        print(f"verify: max |loss - reference| = {worst:.2e} (tolerance {FP32_TOLERANCE:g}): {'OK' if ok else 'FAILED'}",
-              flush=True)
+        say(f"verify: max |loss - reference| = {worst:.2e} (tolerance {FP32_TOLERANCE:g}): {'OK' if ok else 'FAILED'}")
         fine = param_gap <= PARAM_TOLERANCE and not unchecked
         missing = f"; the pieces checked hold {-unchecked:+d} table elements against the tables'" if unchecked else ""
-        print(f"verify: tables after step {len(losses)}: max |piece - reference| / the reference's largest change = "
-              f"{param_gap:.2e} (tolerance {PARAM_TOLERANCE:g}){missing}: {'OK' if fine else 'FAILED'}", flush=True)
+        say(f"verify: tables after step {len(losses)}: max |piece - reference| / the reference's largest change = "
+            f"{param_gap:.2e} (tolerance {PARAM_TOLERANCE:g}){missing}: {'OK' if fine else 'FAILED'}")
         return 0 if ok and fine else 1
     return 0

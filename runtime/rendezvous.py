@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 from partita.costmodel.errors import PartitaError
+from partita.runtime.console import stderr_line
 
 BACKEND = "partita-c10d"
 DEFAULT_TIMEOUT = 300.0
@@ -138,8 +139,7 @@ class _Ticker:
                 continue
             what = f"{joined} of {self.expected} nodes joined" if joined is not None else \
                 "waiting for the node that hosts the rendezvous store"
-            print(f"partita: rendezvous at {SEEN.endpoint}: {what} ({now:.0f} s of {SEEN.timeout:g} s)",
-                  file=sys.stderr, flush=True)
+            stderr_line(f"partita: rendezvous at {SEEN.endpoint}: {what} ({now:.0f} s of {SEEN.timeout:g} s)")
             last_line, last_count = now, joined
 
 

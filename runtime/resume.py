@@ -29,6 +29,7 @@ from partita.planner.plan import Plan
 from partita.runtime import checkpoint as ckpt
 from partita.runtime import integrity, ownership
 from partita.runtime.checks import build_meta, optimizer_name
+from partita.runtime.console import STDOUT
 from partita.runtime.mesh import Topology, broadcast_text, gather_text
 
 
@@ -150,7 +151,7 @@ def start_checkpoints(opts, prep, topo: Topology) -> tuple[str | None, int | Non
             prep.resume, prep.metadata = chosen.checkpoint, chosen.metadata
             notes += skipped
             if topo.rank == 0 and opts.print_report and skipped:
-                print("\n".join(skipped), flush=True)
+                STDOUT.line(*skipped)
     except BaseException:
         ownership.release(lock)
         raise

@@ -42,6 +42,7 @@ from partita.runtime import ep as expert_parallel
 from partita.runtime import batchnorm, memory
 from partita.runtime.apply import make_executor, make_plan_optimizer, settle_ddp_buckets
 from partita.runtime.checks import build_meta, optimizer_name, preflight
+from partita.runtime.console import STDOUT
 from partita.runtime.cp import replica_mesh
 from partita.runtime.data import make_data
 from partita.runtime import ownership
@@ -50,7 +51,7 @@ from partita.runtime.mesh import Topology, backend_for, init
 from partita.runtime.guards import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, EXIT_VERIFY, NonFiniteLoss,  # noqa: F401
                                     NonFiniteParameters, Stopped, keep_partial, params_finite, reduce_loss_and_stop)
 from partita.runtime.resume import Candidates, candidates, start_checkpoints
-from partita.runtime.stop import StopSignal
+from partita.runtime.stop import StopSignal, record_step
 from partita.runtime.precision import train_dtype
 from partita.runtime.progress import DEFAULT_EVERY, Progress, summary_writer
 from partita.runtime.recipe import build_model
@@ -364,8 +365,8 @@ def _header(plan: Plan, spec: ModelSpec, opts: RunOptions, topo: Topology, data)
 def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tuple[RunResult, int]:
     """Train under the plan on this rank (every rank calls it); returns (result, exit code: 0, or 1 when
     --verify found a difference). Raises NonFiniteLoss, Stopped (a signal asked to stop), or PartitaError
-    raised alike on every rank. Holds the checkpoint directory's lock (rank 0) while it trains, and SIGTERM /
-    SIGINT handlers unless the entry point installed them (runtime.stop)."""
+    raised alike on every rank. Holds the checkpoint directory's lock (rank 0) while it trains, and the stop
+    signals' handlers unless the entry point installed them (runtime.stop)."""
     topo = init(plan)
     stop, lock = StopSignal.current, None
     own_stop = stop is None
@@ -405,7 +406,7 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
     losses, times, state, saves, save_time = [], [], 0, [], 0.0
     if topo.rank == 0 and opts.print_report:  # before training: the progress lines and the report come after
         first = [prep.device_note] if prep.device_note else []  # first of all, as the run's own preamble
-        print(preamble(_header(plan, spec, opts, topo, data), [n for n in notes if n not in first], first), flush=True)
+        STDOUT.line(preamble(_header(plan, spec, opts, topo, data), [n for n in notes if n not in first], first))
     unit, per_step = throughput_unit(plan, spec)
     progress = Progress(opts.steps, start, per_step, unit, console=topo.rank == 0 and opts.print_report,
                         every=opts.log_every, tensorboard=opts.tensorboard if topo.rank == 0 else None)
@@ -442,6 +443,7 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
                                                   topo.rank, faults, keep=opts.keep))))
                 save_time += time.perf_counter() - t1
                 saves.append(kept[-1][1])
+            record_step(step, opts.steps, kept[-1][1] if kept else None, bool(opts.checkpoint_every))
             if stopping:
                 raise Stopped(stopping, step, opts.steps, kept[-1][1] if kept else None, bool(opts.checkpoint_every))
         if not params_finite(executor, topo):  # what the run hands back (and --verify compares) is finite
@@ -486,8 +488,7 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
                                             compare_params=False).checksum
     if topo.rank == 0:
         if opts.print_report:
-            print("\n".join([render(result.for_render(), None, plan.predicted),
-                             *result.report_lines()]), flush=True)
+            STDOUT.line(render(result.for_render(), None, plan.predicted), *result.report_lines())
         if opts.losses_out:
             import json
             with open(opts.losses_out, "w") as f:

@@ -25,13 +25,15 @@ torchrun's), a run that torchrun restarts after a failure resumes from the newes
 own run in DIR (runtime.ownership). Data (runtime.data): synthetic by default, windows of the token file
 --data FILE, or the samples of a torch dataset --data package.module:factory (runtime.datasets). Progress
 (runtime.progress): rank 0 prints a line every --log-every steps, and writes TensorBoard scalars with
---tensorboard DIR. Faults for tests: PARTITA_FAULT (runtime.faults). SIGTERM / SIGINT stop every rank after
-the same step (runtime.stop).
+--tensorboard DIR; a closed or full stdout turns those lines off, never the training (runtime.console). Faults
+for tests: PARTITA_FAULT (runtime.faults). SIGTERM, SIGINT, SIGHUP and SIGQUIT stop every rank after the same
+step (runtime.stop).
 
 Exit codes: 0 success; 1 --verify found the losses differ beyond the dtype's tolerance; 2 the plan, data
 or checkpoint does not fit the model or world size (one line on stderr, before any step), or a checkpoint
 could not be written; 3 a NaN or infinite loss (or weight) stopped training (the step is named; earlier
-checkpoints are kept); 128 + N a signal N stopped it at a step boundary (130 SIGINT, 143 SIGTERM). Under
+checkpoints are kept); 128 + N a signal N stopped it at a step boundary (129 SIGHUP, 130 SIGINT, 131 SIGQUIT,
+143 SIGTERM). Under
 plain torchrun a failing worker makes torchrun itself exit non-zero (torchrun's own code is 1).
 """
 from __future__ import annotations
@@ -50,6 +52,7 @@ import gc  # noqa: E402
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.planner.plan import Plan
+from partita.runtime.console import STDOUT, stderr_line
 from partita.runtime.data import DTYPES
 from partita.runtime.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK
 from partita.runtime.mesh import agree_on_attempt, env_world, first_said, init_default, teardown
@@ -160,7 +163,7 @@ def _error(rank: int, e: Exception | str, code: int = EXIT_ERROR, origin: int | 
     whose check said it, when every rank ends with another rank's refusal (default: this one)."""
     write_error_file(rank if origin is None else origin, str(e), exitcode=code)
     if rank == 0 and not os.environ.get(AGENT_ENV):  # a stop asked for (128 + signal) is no error
-        print(f"partita: {'' if code > 128 else 'error: '}{e}", file=sys.stderr, flush=True)
+        stderr_line(f"partita: {'' if code > 128 else 'error: '}{e}")
     return code
 
 
@@ -251,8 +254,8 @@ def _rec(plan, spec, opts, world: int, rank: int, args) -> int:
         if rank == 0:
             print(f"plan {args.plan} fits --model {args.model} on {world} rank(s)", *notes, sep="\n")
         return 0
-    for note in notes if rank == 0 else []:
-        print(note, flush=True)
+    if rank == 0 and notes:
+        STDOUT.line(*notes)
     return rec.run(plan, spec, opts, world)
 
 

@@ -33,14 +33,16 @@ pytestmark = pytest.mark.slow
 
 
 def start(tmp_path: Path, *args: str, plan: dict | None = None, env: dict | None = None, name: str = "run",
-          new_session: bool = False) -> subprocess.Popen:
-    """`partita run` on a 2-rank dp plan (or `plan`) with its temporary files under tmp_path (TMPDIR)."""
+          new_session: bool = False, **popen) -> subprocess.Popen:
+    """`partita run` on a 2-rank dp plan (or `plan`) with its temporary files under tmp_path (TMPDIR); `popen`:
+    other arguments of subprocess.Popen (stdout, stderr, preexec_fn ...; stdout and stderr default to pipes)."""
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(plan or make_plan(dp=2)))
     (tmp_path / "tmp").mkdir(exist_ok=True)
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
     return subprocess.Popen([sys.executable, "-m", "partita.planner.cli", "run", str(path), "--model", "tiny-gpt",
-                             *args], cwd=ROOT, env=_env(TMPDIR=str(tmp_path / "tmp"), **(env or {})),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=new_session)
+                             *args], cwd=ROOT, env=_env(TMPDIR=str(tmp_path / "tmp"), **(env or {})), text=True,
+                            start_new_session=new_session, **popen)
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import runpy
 import socket
 import sys
 import time
@@ -62,15 +63,20 @@ def serve(conn) -> None:
         job = conn.recv()
         if job is None:
             return
-        env, argv, cwd = job
-        saved = dict(os.environ)
+        env, argv, cwd, script = job
+        saved, saved_argv = dict(os.environ), sys.argv
         out, err = io.StringIO(), io.StringIO()
         try:
             os.environ.update(env)
             os.chdir(cwd)
             with redirect_stdout(out), redirect_stderr(err):
                 try:
-                    code = train.main(argv)
+                    if script is None:
+                        code = train.main(argv)
+                    else:  # a test's own worker script, as `torchrun SCRIPT ARGV` runs it
+                        sys.argv = [script, *argv]
+                        runpy.run_path(script, run_name="__main__")
+                        code = 0
                 except SystemExit as e:
                     code = _exit_code(e)
                 except BaseException:  # noqa: BLE001 -- reported as a launch would: a traceback, exit 1
@@ -83,6 +89,7 @@ def serve(conn) -> None:
                 os.environ.clear()
                 os.environ.update(saved)
                 os.chdir(home)
+                sys.argv = saved_argv
         conn.send((code, out.getvalue(), err.getvalue()))
 
 
@@ -127,8 +134,11 @@ class RankPool:
             proc.join()
         self.workers = []
 
-    def run(self, ranks: int, argv: list, cwd, env: dict | None = None, timeout: float = 300) -> Finished:
-        """`partita.runtime.train.main(argv)` on `ranks` ranks, in `cwd`, with `env` added to the environment."""
+    def run(self, ranks: int, argv: list, cwd, env: dict | None = None, timeout: float = 300,
+            script: str | None = None) -> Finished:
+        """`partita.runtime.train.main(argv)` on `ranks` ranks, in `cwd`, with `env` added to the environment;
+        with `script`, that file run as __main__ with `argv` (a test's own worker, which must leave the
+        runtime as it found it: a script that patches it belongs under torchrun)."""
         if not 1 <= ranks <= self.size:
             raise ValueError(f"the pool has {self.size} workers; a job of {ranks} ranks does not fit")
         self._grow(ranks)
@@ -137,7 +147,7 @@ class RankPool:
             job_env = {"RANK": str(r), "LOCAL_RANK": str(r), "GROUP_RANK": "0", "WORLD_SIZE": str(ranks),
                        "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                        **(env or {})}
-            self.workers[r][1].send((job_env, [str(a) for a in argv], str(cwd)))
+            self.workers[r][1].send((job_env, [str(a) for a in argv], str(cwd), script and str(script)))
         deadline, results = time.monotonic() + timeout, []
         for r in range(ranks):
             conn = self.workers[r][1]
@@ -171,3 +181,29 @@ def close_shared() -> None:
     if _SHARED is not None:
         _SHARED.close()
         _SHARED = None
+
+
+def cli(*args: str, cwd) -> Finished:
+    """partita's CLI (planner.cli.main) in this process, in `cwd`: `plan`, `explain`, `export` ... without a
+    process launch (a `run` is not for here: `run_plan` runs a plan's ranks)."""
+    from partita.planner.cli import main
+    home, out, err = os.getcwd(), io.StringIO(), io.StringIO()
+    try:
+        os.chdir(cwd)
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as e:
+                code = _exit_code(e)
+    finally:
+        os.chdir(home)
+    return Finished(code, out.getvalue(), err.getvalue())
+
+
+def run_plan(plan_file, model: str, *flags: str, cwd, env: dict | None = None, ranks: int | None = None) -> Finished:
+    """What `partita run PLAN --model MODEL FLAGS` runs on each rank, on the pool: the plan's world size of
+    ranks unless `ranks` says otherwise."""
+    if ranks is None:
+        from partita.planner.plan import Plan
+        ranks = Plan.load(plan_file).mesh.world_size
+    return shared().run(ranks, [str(plan_file), "--model", model, *flags], cwd=cwd, env=env)

@@ -3,12 +3,11 @@ and in the single-process reference (runtime.recipe.lm_loss), and matches it und
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from partita.costmodel.models import resolve_model
 from partita.runtime.recipe import loss_for
-from test_plans_match_single_process import ROOT, _env
+from rank_pool import cli, run_plan
+from test_plans_match_single_process import ROOT
 
 MODEL = "gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32,loss=fused"
 
@@ -24,12 +23,10 @@ def test_the_runtime_trains_with_the_fused_loss(tmp_path, monkeypatch):
     assert calls and loss.ndim == 0  # the recipe's loss for this model is the fused one
 
     plan, out = tmp_path / "plan.json", tmp_path / "out.json"
-    run = [sys.executable, "-m", "partita.planner.cli"]
-    made = subprocess.run([*run, "plan", "--model", MODEL, "--cluster", "2xcpu", "--global-batch", "4", "--dp", "2",
-                           "--out", str(plan)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    made = cli("plan", "--model", MODEL, "--cluster", "2xcpu", "--global-batch", "4", "--dp", "2", "--out", str(plan),
+               cwd=ROOT)
     assert made.returncode == 0, made.stderr
-    proc = subprocess.run([*run, "run", str(plan), "--model", MODEL, "--steps", "2", "--verify", "--losses-out",
-                           str(out)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = run_plan(plan, MODEL, "--steps", "2", "--verify", "--losses-out", str(out), cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
     assert len(res["losses"]) == 2 and res["max_abs_diff"] <= 1e-5, res

@@ -3,13 +3,12 @@ trained on a token file, with checkpoints, under --verify (fp32: losses within 1
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 
 from partita.planner.plan import Plan
-from test_plans_match_single_process import ROOT, _env, make_plan
+from rank_pool import run_plan
+from test_plans_match_single_process import ROOT, make_plan
 
 GPT4 = "gpt:layers=4,hidden=64,heads=4,seq=32,vocab=256"
 
@@ -27,10 +26,8 @@ def test_partita_run_interleaved_1f1b_on_a_token_file(tmp_path):
     np.random.default_rng(0).integers(0, 256, size=20_000).astype("<u2").tofile(tmp_path / "tokens.bin")
     (tmp_path / "plan.json").write_text(json.dumps(interleaved_plan()))
     ck, out = tmp_path / "ck", tmp_path / "out.json"
-    cmd = [sys.executable, "-m", "partita.planner.cli", "run", str(tmp_path / "plan.json"), "--model", GPT4, "--steps", "4",
-           "--verify", "--data", str(tmp_path / "tokens.bin"), "--checkpoint-dir", str(ck), "--checkpoint-every", "2",
-           "--losses-out", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = run_plan(tmp_path / "plan.json", GPT4, "--steps", "4", "--verify", "--data", str(tmp_path / "tokens.bin"),
+                    "--checkpoint-dir", str(ck), "--checkpoint-every", "2", "--losses-out", str(out), cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
     assert len(res["losses"]) == 4 and res["max_abs_diff"] <= 1e-5, res

@@ -7,8 +7,6 @@ loss gradients and the head's second gradient are not live at once (planner.phas
 each (~10-15 s on 2 cores).
 """
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -19,7 +17,8 @@ from partita.costmodel.trace import capture
 from partita.planner.build import build_plan
 from partita.planner.search import SearchSpace, TrainConfig, search
 from partita.runtime.checks import build_meta
-from tests.e2e.test_plans_match_single_process import ROOT, _env
+from rank_pool import run_plan
+from tests.e2e.test_plans_match_single_process import ROOT
 
 MODEL = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=2048"
 
@@ -40,9 +39,7 @@ def test_pipeline_peak_is_the_allocators(tmp_path, pp, micro_batch, dtype, phase
     assert largest["phase"] == phase
     plan_file, out = tmp_path / "plan.json", tmp_path / "out.json"
     plan.save(plan_file)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={pp}",
-           "-m", "partita.runtime.train", str(plan_file), "--model", MODEL, "--steps", "2", "--losses-out", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = run_plan(plan_file, MODEL, "--steps", "2", "--losses-out", str(out), cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     measured = json.loads(out.read_text())["peak_memory_bytes"]
     assert abs(plan.predicted["peak_memory_bytes"] / measured - 1) <= 0.01

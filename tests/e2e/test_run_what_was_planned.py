@@ -6,16 +6,14 @@
   that states its vocabulary nowhere is one line;
 - a plan priced for GPUs says so in one line before it trains on CPU processes.
 
-Real `python -m partita.planner.cli` processes, 2 gloo ranks.
+`partita plan` in the test's process, and the plan's 2 gloo ranks as `partita run` runs them (tests/rank_pool.py).
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from rank_pool import cli, run_plan
 
 from partita.planner.plan import Plan
 from partita.runtime.session import device_note
@@ -24,20 +22,14 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTE = "note: this plan was made for"
 
 
-def partita(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    # ROOT first: tests/ holds folders named like the packages (tests/costmodel ...)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    return subprocess.run([sys.executable, "-m", "partita.planner.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
 def plan_and_run(tmp_path: Path, model: str, plan_flags=(), run_flags=("--steps", "1")):
-    """(plan process, run process, plan file)."""
+    """(plan's end, run's end, plan file): `partita plan` in this process, then the plan's ranks as `partita run`
+    runs them (tests/rank_pool.py)."""
     out = tmp_path / "plan.json"
-    planned = partita("plan", "--model", model, "--cluster", "2xcpu", "--global-batch", "4", *plan_flags,
-                      "--out", str(out), cwd=tmp_path)
+    planned = cli("plan", "--model", model, "--cluster", "2xcpu", "--global-batch", "4", *plan_flags,
+                  "--out", str(out), cwd=tmp_path)
     assert planned.returncode == 0, planned.stderr[-2000:]
-    return planned, partita("run", str(out), "--model", model, *run_flags, cwd=tmp_path), out
+    return planned, run_plan(out, model, *run_flags, cwd=tmp_path), out
 
 
 @pytest.mark.parametrize("model", [
@@ -80,10 +72,10 @@ def test_a_factory_without_a_vocabulary_is_one_line(tmp_path):
 
 def test_a_gpu_plan_says_so_before_it_trains_on_cpu_processes(tmp_path):
     out = tmp_path / "a100.json"
-    planned = partita("plan", "--model", "tiny-gpt", "--cluster", "2xA100-80GB", "--global-batch", "4",
-                      "--dtype", "fp32", "--out", str(out), cwd=tmp_path)
+    planned = cli("plan", "--model", "tiny-gpt", "--cluster", "2xA100-80GB", "--global-batch", "4",
+                  "--dtype", "fp32", "--out", str(out), cwd=tmp_path)
     assert planned.returncode == 0, planned.stderr[-2000:]
-    run = partita("run", str(out), "--model", "tiny-gpt", "--steps", "1", cwd=tmp_path)
+    run = run_plan(out, "tiny-gpt", "--steps", "1", cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     lines = run.stdout.splitlines()
     note = ("note: this plan was made for 2 x A100-80GB; running it on 2 CPU process(es) (gloo): its predicted "

@@ -10,12 +10,10 @@ checking that a skipped gradient sync and a dropped tensor-parallel reduction st
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 from partita.planner.api import plan
 from partita.planner.space import TrainConfig
+from rank_pool import run_plan
 from test_plans_match_single_process import ROOT
 
 MODEL = "partita_factories:shifted_lm"
@@ -26,11 +24,7 @@ def test_a_tensor_with_zero_true_gradient_does_not_fail_verify_under_adam(tmp_pa
     p = plan(MODEL, cluster="2xcpu", train=TrainConfig(global_batch=16, dtype="fp32"), dp=2)
     p.save(tmp_path / "plan.json")
     out = tmp_path / "out.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-           "partita.runtime.train", str(tmp_path / "plan.json"), "--model", MODEL, "--steps", "5", "--verify",
-           "--losses-out", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_plan(tmp_path / "plan.json", MODEL, "--steps", "5", "--verify", "--losses-out", str(out), cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     checks = {c["what"]: c for c in json.loads(out.read_text())["checks"]}
     noise = checks["parameters after step 5, 1 with rounding-level gradients"]

@@ -199,3 +199,20 @@ def test_llama3_8b_fits_one_h200_by_offloading():
     p = plan("llama3-8b", cluster="1xH200-141GB", train=train)
     assert p.predicted["peak_memory_bytes"] <= parse_cluster("1xH200-141GB").device.usable_memory()
     assert any(b.offload_activations and b.recompute == "none" for b in p.blocks)
+
+
+def test_the_memory_bound_refuses_only_programs_with_no_assignment(monkeypatch):
+    """milp.cannot_fit skips HiGHS for programs whose memory rows no assignment meets: it must never refuse
+    one HiGHS solves, and it should catch most that HiGHS finds infeasible (capacities cut to make some)."""
+    import numpy as np
+
+    import partita.planner.milp as milp
+    cases = [replace(c.problem, capacity=np.asarray(c.problem.capacity) * f)
+             for c in candidates_of(GPT48, "2x8xA100-80GB", 64)[:40] if c.formulation == "counts"
+             for f in (1.0, 0.02, 0.005, 0.002)]
+    refused = [milp.cannot_fit(p) for p in cases]
+    monkeypatch.setattr(milp, "cannot_fit", lambda prob: False)
+    solved = [solve_stages(p) for p in cases]
+    assert not any(r and s.feasible for r, s in zip(refused, solved))
+    infeasible = [not s.feasible for s in solved]
+    assert sum(infeasible) >= 10 and sum(refused) >= sum(infeasible) // 2, (sum(refused), sum(infeasible))

@@ -201,13 +201,13 @@ def _cmd_calibrate(args) -> int:
 
 
 def _cmd_models(args) -> int:
-    from partita.costmodel.models import describe_presets
+    from partita.costmodel.models.configs import PRESETS  # no torch: a listing
     print(f"{'preset':<16} {'family':<6} {'layers':>6} {'hidden':>6} {'heads':>5} {'kv':>4} {'ffn':>6} "
           f"{'vocab':>7} {'seq':>5}")
-    for name, c in describe_presets():
+    for name, c in sorted(PRESETS.items()):
         print(f"{name:<16} {c.family:<6} {c.layers:>6} {c.hidden:>6} {c.heads:>5} {c.kv_heads:>4} {c.ffn:>6} "
               f"{c.vocab:>7} {c.seq:>5}")
-    from partita.costmodel.models.cnn import CNN_PRESETS
+    from partita.costmodel.models.configs import CNN_PRESETS
     print(f"\n{'CNN preset':<16} {'depth':>6} {'width':>6} {'image':>6} {'classes':>8}")
     for name, c in CNN_PRESETS.items():
         depth = sum(c.blocks) * (3 if c.bottleneck else 2) + 2  # the convolutions and the classifier, as ResNet counts

@@ -31,13 +31,13 @@ runtime (costmodel <- planner <- runtime), so this module lives here and the run
 from __future__ import annotations
 
 import functools
-
-import torch
-import torch.nn as nn
+from typing import TYPE_CHECKING
 
 from partita.costmodel.errors import PartitaError
-from partita.costmodel.models import ModelSpec, resolve_model
-from partita.costmodel.models.meta import meta_build
+if TYPE_CHECKING:  # torch loads where a function needs it: `partita explain` and listings start without it
+    import torch.nn as nn
+
+    from partita.costmodel.models import ModelSpec
 
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 """Pipeline schedules the runtime runs (runtime/pp.py maps each to torch's class)."""
@@ -79,6 +79,9 @@ def token_model_shape(spec: ModelSpec, module: nn.Module | None = None) -> tuple
     that is a token LM: one integer example input [batch, seq], a first nn.Embedding of `vocab` rows, and
     a last nn.Linear with `vocab` outputs (the LM head). None otherwise. `module`: the model (built on the
     meta device when not given)."""
+    import torch.nn as nn
+
+    from partita.costmodel.models.meta import meta_build
     if spec.loss_fn is not None:
         return None
     inputs = spec.example_inputs(1)
@@ -134,6 +137,7 @@ def pipeline_refusal_for(name: str) -> str | None:
     that is no MODEL string (a module or ModelSpec given to planner.plan as an object) is run with the
     module and loss_fn the user passes to runtime.run, which a pipeline cannot split: refused too."""
     try:
+        from partita.costmodel.models import resolve_model
         spec = resolve_model(name)
     except PartitaError:
         return (f"model {name!r} is not a MODEL string the runtime can rebuild, so it runs with the loss_fn "
@@ -163,6 +167,11 @@ COMPILED_OFFLOAD_RECOMPUTE = ("none",)
 checkpoint takes only its policy's (torch.compile refuses it)."""
 
 
+def _torch_version() -> str:
+    import torch
+    return torch.__version__
+
+
 @functools.cache
 def checkpoint_policies_see_outputs() -> bool:
     """Whether this torch's selective-checkpoint policies are handed each op's output (SelectiveCheckpointContext
@@ -183,7 +192,7 @@ def offload_refusal(recompute: str, offload_activations: bool, kernels: str, fqn
         return None
     if recompute in ("selective", "op") and not checkpoint_policies_see_outputs():
         return (f"{fqn} offloads what {recompute} recompute keeps, which needs a torch whose checkpoint policies "
-                f"see op outputs; torch {torch.__version__} does not: use recompute none with offload, or a newer "
+                f"see op outputs; torch {_torch_version()} does not: use recompute none with offload, or a newer "
                 "torch")
     if recompute == "full":
         return (f"{fqn} offloads activations under full recompute, which keeps only the block's input (still "
@@ -222,6 +231,7 @@ def cp_refusal_for(name: str) -> str | None:
     """None when the runtime runs context parallelism for the model a plan names: partita's own GPT and
     Llama models (presets, gpt:/llama: families), whose attention it splits; else one line."""
     try:
+        from partita.costmodel.models import resolve_model
         spec = resolve_model(name)
     except PartitaError:
         spec = None

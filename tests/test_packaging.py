@@ -120,3 +120,18 @@ def test_the_wheel_ships_its_data_and_plans_and_runs(wheel_env):
     assert run.returncode == 0, run.stdout + run.stderr
     out = json.loads((work / "out.json").read_text())
     assert len(out["losses"]) == 2
+
+
+def test_listing_and_explaining_import_no_torch(tmp_path):
+    """`partita models` and `partita explain PLAN` print what they read without torch (issue 44: 5 s each,
+    all of it torch's import)."""
+    from partita.planner.api import plan
+    from partita.planner.search import TrainConfig
+    plan("tiny-gpt", cluster="2xcpu", train=TrainConfig(global_batch=4)).save(tmp_path / "p.json")
+    for argv in (["models"], ["explain", str(tmp_path / "p.json")]):
+        code = ("import sys; from partita.planner.cli import main; code = main(sys.argv[1:]); "
+                "sys.stderr.write(repr(sorted(m for m in ('torch', 'cvxpy') if m in sys.modules))); sys.exit(code)")
+        out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
+                             cwd=tmp_path)
+        assert out.returncode == 0 and out.stderr.strip() == "[]", (argv, out.stderr[-2000:])
+        assert out.stdout.strip()

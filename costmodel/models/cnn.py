@@ -17,43 +17,12 @@ Choices that matter for planning:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from partita.costmodel.errors import PartitaError
-
-_DEPTHS = {18: ((2, 2, 2, 2), False), 34: ((3, 4, 6, 3), False), 50: ((3, 4, 6, 3), True),
-           101: ((3, 4, 23, 3), True), 152: ((3, 8, 36, 3), True)}
-
-
-@dataclass(kw_only=True, slots=True)
-class ResNetConfig:
-    blocks: tuple[int, ...]
-    """Residual blocks per stage; stage k has width * 2**k channels (x4 at the output of a bottleneck)."""
-    bottleneck: bool
-    width: int = 64
-    image: int = 224
-    classes: int = 1000
-    channels: int = 3
-    small_stem: bool = False
-    """A 3x3 stride-1 stem without max-pool (CIFAR-sized images) instead of 7x7 stride 2 + max-pool."""
-
-    def __post_init__(self):
-        self.blocks = tuple(self.blocks)
-        for name in ("width", "image", "classes", "channels"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if not self.blocks or any(b <= 0 for b in self.blocks):
-            raise ValueError(f"blocks must be positive counts per stage, got {self.blocks}")
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["blocks"] = list(self.blocks)
-        return d
-
+from partita.costmodel.models.configs import CNN_PRESETS, ResNetConfig, _config
 
 class BasicBlock(nn.Module):
     expansion = 1
@@ -156,19 +125,6 @@ def classification_loss(model: nn.Module, images: torch.Tensor, labels: torch.Te
     """Mean cross-entropy of the model's logits against integer labels."""
     return F.cross_entropy(model(images), labels)
 
-
-def _config(depth: int, **kw) -> ResNetConfig:
-    if depth not in _DEPTHS:
-        raise ValueError(f"depth must be one of {sorted(_DEPTHS)}, got {depth}")
-    blocks, bottleneck = _DEPTHS[depth]
-    return ResNetConfig(blocks=blocks, bottleneck=bottleneck, **kw)
-
-
-CNN_PRESETS: dict[str, ResNetConfig] = {
-    "tiny-resnet": ResNetConfig(blocks=(2, 2, 2, 2), bottleneck=False, width=16, image=32, classes=10,
-                                small_stem=True),
-    **{f"resnet{d}": _config(d) for d in _DEPTHS},
-}
 
 _FAMILY_KEYS = ("depth", "width", "image", "classes")
 

@@ -20,77 +20,11 @@ parallelism:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, asdict
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-@dataclass(kw_only=True, slots=True)
-class GPTConfig:
-    layers: int
-    hidden: int
-    heads: int
-    vocab: int
-    seq: int
-    ffn: int = 0
-    """MLP inner size; 0 means 4 * hidden."""
-    kv_heads: int = 0
-    """Key/value heads for grouped-query attention; 0 means heads (plain multi-head attention)."""
-    family: str = "gpt"
-    """"gpt" (LayerNorm, GELU, learned positions, biases) or "llama" (RMSNorm, SwiGLU, RoPE)."""
-    attention: str = "sdpa"
-    """"sdpa" (fused attention) or "math" (scores, softmax and dropout materialised)."""
-    dropout: float = 0.0
-    """Dropout probability after attention scores, the attention output and the MLP (GPT-2 placement)."""
-    loss: str = "plain"
-    """Token cross-entropy: "plain" (F.cross_entropy on fp32 logits) or "fused" (one kernel keeping only the
-    logits, as llm-foundry and Liger train; costmodel.losses)."""
-    experts: int = 0
-    """Mixture of experts: every block's MLP is `MoE` with this many SwiGLU experts (llama family); 0 means the
-    dense MLP."""
-    top_k: int = 2
-    """Experts each token is routed to (with `experts` > 0)."""
-
-    def __post_init__(self):
-        if self.ffn == 0:
-            self.ffn = 4 * self.hidden
-        if self.kv_heads == 0:
-            self.kv_heads = self.heads
-        if self.family not in ("gpt", "llama"):
-            raise ValueError(f"family must be 'gpt' or 'llama', got {self.family!r}")
-        if self.attention not in ("sdpa", "math"):
-            raise ValueError(f"attention must be 'sdpa' or 'math', got {self.attention!r}")
-        if self.loss not in ("plain", "fused"):
-            raise ValueError(f"loss must be 'plain' or 'fused', got {self.loss!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        for name in ("layers", "hidden", "heads", "vocab", "seq", "ffn", "kv_heads"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})")
-        self._check_experts()
-
-    def _check_experts(self):
-        if self.experts < 0:
-            raise ValueError(f"experts must be 0 (a dense MLP) or positive, got {self.experts}")
-        if not self.experts:
-            return
-        if self.family != "llama":
-            raise ValueError(f"experts={self.experts} needs family 'llama' (SwiGLU experts), got {self.family!r}")
-        if not 1 <= self.top_k <= self.experts:
-            raise ValueError(f"top_k must be between 1 and experts ({self.experts}), got {self.top_k}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+from partita.costmodel.models.configs import GPTConfig
 
 
 class RMSNorm(nn.Module):

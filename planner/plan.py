@@ -46,6 +46,8 @@ Shape (the keys scripts rely on are marked *; see DESIGN.md):
 from __future__ import annotations
 
 import json
+import os
+import stat
 import unicodedata
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
@@ -69,8 +71,9 @@ class PlanError(PartitaError):
 
 def is_control(ch: str) -> bool:
     """A character that moves, colours or reorders text rather than showing it: newlines, terminal escapes,
-    bidirectional overrides (Unicode categories Cc and Cf, and the line and paragraph separators)."""
-    return unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")
+    bidirectional overrides (Unicode categories Cc and Cf, and the line and paragraph separators); and a lone
+    surrogate (Cs: JSON's "\\ud800" escape reads as one), which no UTF-8 stream can write."""
+    return unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs")
 
 
 def one_line(text, limit: int = 200) -> str:
@@ -197,29 +200,27 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
-        """Read and validate a plan file: every check of the file itself happens here (text, JSON, nesting,
-        shape, numbers); the runtime adds the checks against the model (runtime.checks), all before launch."""
-        try:
-            raw = Path(path).read_bytes()
-        except OSError as e:
-            raise PlanError(f"cannot read plan {str(path)!r}: {e.strerror}") from None
-        if len(raw) > MAX_PLAN_BYTES:
-            raise PlanError(f"plan {str(path)!r} has {len(raw):,} bytes, more than any plan ({MAX_PLAN_BYTES:,}): "
-                            "is it the plan file `partita plan --out` wrote?")
+        """Read and validate a plan file: every check of the file itself happens here (what the file is, its size,
+        text, JSON, nesting, shape, numbers); the runtime adds the checks against the model (runtime.checks), all
+        before launch."""
+        raw = _read_plan_file(path)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise PlanError(f"plan {str(path)!r} is not a text file (byte 0x{raw[e.start]:02x} at offset {e.start} "
+            raise PlanError(f"plan {_shown_path(path)} is not a text file (byte 0x{raw[e.start]:02x} at offset {e.start} "
                             "is not UTF-8): a plan is the JSON file `partita plan --out` writes") from None
         try:
             data = json.loads(text, parse_constant=_no_constant)
         except json.JSONDecodeError as e:
-            raise PlanError(f"plan {str(path)!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
+            raise PlanError(f"plan {_shown_path(path)} is not valid JSON ({e.msg} at line {e.lineno})") from None
         except RecursionError:
-            raise PlanError(f"plan {str(path)!r} nests JSON deeper than Python can read; a plan nests at most "
+            raise PlanError(f"plan {_shown_path(path)} nests JSON deeper than Python can read; a plan nests at most "
                             f"{MAX_DEPTH} levels") from None
-        except ValueError as e:  # NaN / Infinity literals (_no_constant)
-            raise PlanError(f"plan {str(path)!r}: {e}") from None
+        except _Constant as e:  # NaN / Infinity literals
+            raise PlanError(f"plan {_shown_path(path)}: {e}") from None
+        except ValueError:  # an integer literal of thousands of digits (sys.get_int_max_str_digits)
+            raise PlanError(f"plan {_shown_path(path)} holds a number of more digits than Python reads; no plan's "
+                            "number has more than a few dozen") from None
         return cls.from_dict(data)
 
     @classmethod
@@ -238,6 +239,9 @@ class Plan:
         mesh_raw = _obj(data["mesh"], "mesh")
         mesh = Mesh(**_ints(mesh_raw, "mesh", ("pp", "dp", "tp")),
                     **_ints({k: mesh_raw.get(k, 1) for k in ("cp", "ep")}, "mesh", ("cp", "ep")))
+        if mesh.world_size > MAX_DEVICES:
+            raise PlanError(f"mesh pp x dp x cp x tp = {mesh.world_size:,} ranks, more than any cluster partita plans "
+                            f"or runs: at most {MAX_DEVICES:,} (2^20)")
         if mesh.dp % mesh.ep:
             raise PlanError(f"mesh.ep ({mesh.ep}) must divide mesh.dp ({mesh.dp}): experts are sharded over "
                             f"data-parallel ranks")
@@ -331,14 +335,66 @@ def _embeddings(data: Any, world_size: int, zero_stage: int) -> dict | None:
 MAX_COUNT = 2**31 - 1
 """The largest count a plan may hold (degrees, micro-batches, batch, sequence length): beyond it a number is a
 typo, and it would overflow the runtime's int32 indices long before it trained."""
+MAX_GLOBAL_BATCH = 2**30
+"""The largest global batch planned (planner.space.TrainConfig) and held by a plan (samples per step): beyond
+~1e12 the step program's coefficients (micro-batch counts times seconds) are too large for HiGHS, which then
+returns no solution (measured at 1e20); 2^30 = 1,073,741,824 is far above any published training run's batch
+(thousands of sequences)."""
+MAX_DEVICES = 2**20
+"""The largest cluster planned (devices), and the most ranks a plan's mesh may have: 1,048,576, above the largest
+training clusters reported."""
 MAX_DEPTH = 32
 """The deepest JSON nesting a plan may have (a solved plan nests 5 levels)."""
 MAX_PLAN_BYTES = 256 * 2**20
 """The largest plan file read (a 1,024-layer model's plan is a few MB)."""
 
 
+class _Constant(ValueError):
+    """A NaN or Infinity literal in a plan file (json reads them as floats unless told not to)."""
+
+
 def _no_constant(name: str):
-    raise ValueError(f"{name} is not a number a plan may hold")
+    raise _Constant(f"{name} is not a number a plan may hold")
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _shown_path(path) -> str:
+    """A plan's path for an error line: quoted, escaped, short (the path is the user's text)."""
+    return one_line(repr(str(path)), 200)
+
+
+def _read_plan_file(path) -> bytes:
+    """The bytes of a plan file, read only once it is known to be a regular file of at most MAX_PLAN_BYTES: a
+    device (/dev/zero), a FIFO or a directory is refused before a byte is read, and at most MAX_PLAN_BYTES + 1
+    bytes are read whatever size the file claims (a /proc file says 0; a file may grow while it is read).
+    The file is opened without blocking (a FIFO without a writer would wait forever) and checked through
+    the descriptor it was read from, so it cannot be swapped between the check and the read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as e:
+        raise PlanError(f"cannot read plan {_shown_path(path)}: {e.strerror}") from None
+    try:
+        mode, size = (st := os.fstat(fd)).st_mode, st.st_size
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+            raise PlanError(f"plan {_shown_path(path)} is {kind}, not a file: give the plan file `partita plan "
+                            "--out` wrote")
+        raw = b""
+        if size <= MAX_PLAN_BYTES:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                raw = f.read(MAX_PLAN_BYTES + 1)
+            size = len(raw)
+    except OSError as e:
+        raise PlanError(f"cannot read plan {_shown_path(path)}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    if size > MAX_PLAN_BYTES:  # checked again after the read: the file may have grown
+        raise PlanError(f"plan {_shown_path(path)} is larger than any plan (more than {MAX_PLAN_BYTES:,} bytes): is "
+                        "it the plan file `partita plan --out` wrote?")
+    return raw
 
 
 def _depth(data: Any) -> int:
@@ -384,19 +440,19 @@ def _check_cluster(cluster: dict) -> dict:
             raise PlanError(f"cluster.{key} must be a string, got {_show(cluster[key])}")
     for key in ("num_devices", "devices_per_node"):
         v = cluster.get(key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_COUNT):
-            raise PlanError(f"cluster.{key} must be a whole number from 1 to {MAX_COUNT:,}, got {_show(v)}")
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_DEVICES):
+            raise PlanError(f"cluster.{key} must be a whole number from 1 to {MAX_DEVICES:,}, got {_show(v)}")
     return cluster
 
 
 def _check_train(train: dict) -> dict:
     """train's fields the runtime reads: counts in range, names as strings."""
-    for key in ("global_batch", "seq_len"):
+    for key, most in (("global_batch", MAX_GLOBAL_BATCH), ("seq_len", MAX_COUNT)):
         v = train.get(key)
         if v is None and key == "seq_len":
             continue
-        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_COUNT:
-            raise PlanError(f"train.{key} must be a whole number from 1 to {MAX_COUNT:,}, got {_show(v)}")
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= most:
+            raise PlanError(f"train.{key} must be a whole number from 1 to {most:,}, got {_show(v)}")
     for key in ("dtype", "optimizer"):
         if train.get(key) is not None and not isinstance(train[key], str):
             raise PlanError(f"train.{key} must be a name (a string), got {_show(train[key])}")

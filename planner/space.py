@@ -20,6 +20,7 @@ from partita.costmodel.fusion import KERNELS
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.stacks import STACKS, get_stack
 from partita.planner.options import RECOMPUTE
+from partita.planner.plan import MAX_DEVICES, MAX_GLOBAL_BATCH  # noqa: F401 -- what a plan may hold is what is planned
 
 
 SCHEDULE_CHOICES = ("auto", "1F1B", "GPipe", "Interleaved1F1B")
@@ -42,14 +43,6 @@ class _ByDevice(str):
 
 
 BY_DEVICE = _ByDevice("bf16")
-
-
-MAX_GLOBAL_BATCH = 2**30
-"""The largest global batch planned (samples per step): beyond ~1e12 the step program's coefficients (micro-
-batch counts times seconds) are too large for HiGHS, which then returns no solution (measured at 1e20);
-2^30 = 1,073,741,824 is far above any published training run's batch (thousands of sequences)."""
-MAX_DEVICES = 2**20
-"""The largest cluster planned (devices): 1,048,576, above the largest training clusters reported."""
 
 
 @dataclass(kw_only=True, slots=True)

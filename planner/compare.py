@@ -5,7 +5,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from partita.planner.explain import human_bytes, report_console
+from partita.planner.explain import figure, human_bytes, report_console
 from partita.planner.plan import RECOMPUTE
 from partita.planner.strategies import SPLIT
 
@@ -27,10 +27,10 @@ def _facts(plan) -> dict[str, str]:
         "overlapped (TP comm / p2p)": " / ".join("on" if plan.overlap.get(k) else "off" for k in ("tp_comm", "p2p")),
     }
     if pred:
-        facts["step time (s)"] = f"{pred['step_time_s']:.4g}"
-        facts["TFLOP/s per device"] = f"{pred['tflops_per_device']:.3g}"
-        facts["MFU"] = f"{100 * pred['mfu']:.1f}%"
-        facts["peak memory"] = human_bytes(pred["peak_memory_bytes"])
+        facts["step time (s)"] = figure(pred, "step_time_s", ".4g")
+        facts["TFLOP/s per device"] = figure(pred, "tflops_per_device", ".3g")
+        facts["MFU"] = figure(pred, "mfu", ".1f", 100) + "%"
+        facts["peak memory"] = human_bytes(pred["peak_memory_bytes"]) if "peak_memory_bytes" in pred else "?"
     return facts
 
 
@@ -38,24 +38,24 @@ def comparison(a, b, name_a: str = "a", name_b: str = "b") -> Group:
     fa, fb = _facts(a), _facts(b)
     table = Table(title="plans side by side (differences in bold)", title_justify="left", show_edge=False)
     table.add_column("")
-    table.add_column(name_a)
-    table.add_column(name_b)
+    table.add_column(Text(name_a))  # file names and plan text as Text: never read as rich markup
+    table.add_column(Text(name_b))
     for key in fa:
         differ = fa[key] != fb.get(key)
         style = "bold" if differ else None
         table.add_row(key, Text(fa[key], style=style), Text(fb.get(key, ""), style=style))
     parts = [table]
-    if a.predicted and b.predicted:
+    if "step_time_s" in a.predicted and "step_time_s" in b.predicted:
         t = Table(title="where the time goes (seconds per step)", title_justify="left", show_edge=False)
         t.add_column("component")
-        t.add_column(name_a, justify="right")
-        t.add_column(name_b, justify="right")
+        t.add_column(Text(name_a), justify="right")
+        t.add_column(Text(name_b), justify="right")
         t.add_column("b - a", justify="right")
         ba, bb = a.predicted.get("breakdown", {}), b.predicted.get("breakdown", {})
         for key in dict.fromkeys([*ba, *bb]):
             va, vb = ba.get(key, 0.0), bb.get(key, 0.0)
             if max(abs(va), abs(vb)) > 1e-9 * max(a.predicted["step_time_s"], b.predicted["step_time_s"]):
-                t.add_row(key[:-2].replace("_", " "), f"{va:.4g}", f"{vb:.4g}", f"{vb - va:+.4g}")
+                t.add_row(Text(key[:-2].replace("_", " ")), f"{va:.4g}", f"{vb:.4g}", f"{vb - va:+.4g}")
         ra, rb = a.predicted["step_time_s"], b.predicted["step_time_s"]
         faster = name_a if ra < rb else name_b
         parts += [Text(""), t, Text(f"\n{faster} is predicted {max(ra, rb) / min(ra, rb):.2f}x faster")]

@@ -39,16 +39,21 @@ def _ranges(names: list[str]) -> str:
     while i < len(names):
         base, _, idx = names[i].rpartition(".")
         j = i
-        if idx.isdigit():
+        if idx.isdecimal():  # (not isdigit: a superscript digit is one, and int() refuses it)
             while j + 1 < len(names):
                 b2, _, i2 = names[j + 1].rpartition(".")
-                if b2 == base and i2.isdigit() and int(i2) == int(idx) + (j + 1 - i):
+                if b2 == base and i2.isdecimal() and int(i2) == int(idx) + (j + 1 - i):
                     j += 1
                 else:
                     break
         out.append(names[i] if j == i else f"{names[i]}-{names[j].rpartition('.')[2]}")
         i = j + 1
     return ", ".join(out)
+
+
+def figure(pred: dict, key: str, fmt: str, scale: float = 1) -> str:
+    """A predicted figure as text, "?" where the plan does not record it (a hand-written plan, an older one)."""
+    return format(scale * pred[key], fmt) if key in pred else "?"
 
 
 def _bar(row: dict, cap: float, width: int = 32) -> Text:
@@ -75,10 +80,7 @@ def _header(plan) -> Text:
     chunks = f", {sched.virtual_stages} model chunks per pipeline rank" if sched.virtual_stages > 1 else ""
     lines = [
         one_line(f"partita plan  {model.get('name', '?')}" + (f" ({_count(params)} parameters)" if params else "")
-                 + f" on {plan.cluster.get('spec') or plan.cluster.get('num_devices')}"
-                 + (f" ({' + '.join(str(g['num_devices']) + ' x ' + str(g['device']) for g in plan.cluster['groups'])})"
-                    if plan.cluster.get("groups")
-                    else f" ({plan.cluster.get('num_devices')} x {plan.cluster.get('device')})"), 1000),
+                 + f" on {plan.cluster.get('spec') or plan.cluster.get('num_devices')} ({_devices(plan.cluster)})", 1000),
         f"  train        global batch {t['global_batch']}"
         + (f", seq {t['seq_len']}" if t.get("seq_len") else " samples") + f", {t.get('dtype')}, {t.get('optimizer')}",
         (f"  mesh         pp={mesh.pp} x dp={mesh.dp} x tp={mesh.tp}  ({mesh.world_size} ranks; tp fastest, then dp, "
@@ -93,6 +95,12 @@ def _header(plan) -> Text:
         *([f"  overlap      {'; '.join(overlaps)}"] if overlaps else []),
     ]
     return Text("\n".join(lines))
+
+
+def _devices(cluster: dict) -> str:
+    """'8 x A100-80GB', or each group's for a heterogeneous cluster: '8 x A100-80GB + 8 x V100-32GB'."""
+    groups = cluster.get("groups") or [cluster]
+    return " + ".join(f"{g.get('num_devices', '?')} x {g.get('device', '?')}" for g in groups)
 
 
 def _stages(plan) -> Table:
@@ -123,9 +131,9 @@ def _stages(plan) -> Table:
         if n:
             parts.append(f"kept gathered (ZeRO-2) x{n}")
         rank = st.index % mesh.pp
-        where = (groups[rank],) if groups else ()
+        where = (Text(groups[rank]),) if groups else ()  # plan text as Text: never read as rich markup
         table.add_row(str(st.index), f"{rank * per_stage}-{(rank + 1) * per_stage - 1}", *where,
-                      _ranges(st.modules), ", ".join(parts))
+                      Text(_ranges(st.modules)), ", ".join(parts))
     return table
 
 
@@ -138,7 +146,8 @@ def _time(pred: dict) -> Table:
     hidden = pred.get("hidden_comm_s", 0.0)
     for key, v in pred.get("breakdown", {}).items():
         if v > 1e-9 * step:
-            table.add_row(_TIME_LABELS.get(key, key[:-2].replace("_", " ")), f"{v:.4g}", f"{100 * v / step:.0f}%")
+            table.add_row(Text(_TIME_LABELS.get(key, key[:-2].replace("_", " "))), f"{v:.4g}",
+                          f"{100 * v / step:.0f}%")
     if "exposed_comm_s" in pred:
         table.add_section()
         table.add_row("exposed communication", f"{pred['exposed_comm_s']:.4g}", f"{100 * pred['exposed_comm_s'] / step:.0f}%")
@@ -155,7 +164,7 @@ def above_published(plan) -> str:
     """For a GPU plan predicted above PUBLISHED_MFU: one sentence naming what the prediction rests on
     (the shares of the step that published runs at this scale spend elsewhere); else ""."""
     pred = plan.predicted
-    if not pred or pred.get("mfu", 0) <= PUBLISHED_MFU or plan.cluster.get("device") == "cpu":
+    if "step_time_s" not in pred or pred.get("mfu", 0) <= PUBLISHED_MFU or plan.cluster.get("device") == "cpu":
         return ""
     step, bd = pred["step_time_s"], pred.get("breakdown", {})
     share = lambda *keys: 100 * sum(bd.get(k, 0.0) for k in keys) / step
@@ -184,8 +193,9 @@ def _memory(pred: dict) -> Table:
     caps = pred.get("memory_capacity_per_stage") or [cap] * len(pred.get("memory_per_stage", []))
     usable = human_bytes(cap) if len(set(caps)) <= 1 else "per stage: " + ", ".join(human_bytes(c) for c in caps)
     if "memory_headroom_bytes" in pred:  # (plans written before the headroom existed do not say)
-        usable += (f" usable, after a {human_bytes(pred['memory_reserved_bytes'])} reserve (CUDA context, NCCL) and a "
-                   f"{100 * pred['memory_headroom']:.3g}% allocator headroom ({human_bytes(pred['memory_headroom_bytes'])})")
+        usable += (f" usable, after a {human_bytes(pred.get('memory_reserved_bytes', 0))} reserve (CUDA context, NCCL) "
+                   f"and a {100 * pred.get('memory_headroom', 0):.3g}% allocator headroom "
+                   f"({human_bytes(pred['memory_headroom_bytes'])})")
     else:
         usable += " usable"
     table = Table(title=f"memory per device of each pipeline rank ({usable}; "
@@ -197,7 +207,7 @@ def _memory(pred: dict) -> Table:
         cats = ", ".join(f"{k.replace('_', ' ')} {human_bytes(row[k])}" for k in CATEGORY_STYLE if row.get(k, 0) > 0)
         if row.get("phase") and row["phase"] != "forward/backward":
             cats += f" (peak at the {row['phase']})"
-        table.add_row(str(i), _bar(row, caps[i]), human_bytes(row["total"]), cats)
+        table.add_row(str(i), _bar(row, caps[i] if i < len(caps) else cap), human_bytes(row["total"]), Text(cats))
     return table
 
 
@@ -227,10 +237,10 @@ def _baselines(plan) -> Table:
     for b in plan.baselines:
         p = b.get("predicted") or {}
         if not p:
-            table.add_row(b["name"], b.get("why", "does not fit"), "", "", "", "")
+            table.add_row(Text(b["name"]), Text(b.get("why", "does not fit")), "", "", "", "")
             continue
         m = b["mesh"]
-        table.add_row(b["name"], f"{p['step_time_s']:.4g}", f"{p['tflops_per_device']:.3g}", f"{100 * p['mfu']:.1f}%",
+        table.add_row(Text(b["name"]), f"{p['step_time_s']:.4g}", f"{p['tflops_per_device']:.3g}", f"{100 * p['mfu']:.1f}%",
                       f"pp={m['pp']} dp={m['dp']} tp={m['tp']} ZeRO-{m['zero_stage']} mb={m['micro_batch_size']}",
                       f"{p['step_time_s'] / ours:.2f}x" if ours else "")
     return table
@@ -263,14 +273,14 @@ def renderables(plan) -> Group:
     if plan.predicted:
         pred = plan.predicted
         unit = "tokens/s" if plan.train.get("seq_len") else "samples/s"
-        headline = Text(f"predicted step {pred['step_time_s']:.4g} s: {pred['tokens_per_s']:,.0f} {unit}, "
-                        f"{pred['tflops_per_device']:.3g} TFLOP/s per device (model FLOPs), MFU {100 * pred['mfu']:.1f}%",
-                        style="bold")
+        headline = Text(f"predicted step {figure(pred, 'step_time_s', '.4g')} s: {figure(pred, 'tokens_per_s', ',.0f')} "
+                        f"{unit}, {figure(pred, 'tflops_per_device', '.3g')} TFLOP/s per device (model FLOPs), MFU "
+                        f"{figure(pred, 'mfu', '.1f', 100)}%", style="bold")
         parts += [Text(""), headline]
         why = above_published(plan)
         if why:
             parts.append(Text(why, style="yellow"))
-        parts += [_time(pred), Text(""), _memory(pred)]
+        parts += [*([_time(pred)] if "step_time_s" in pred else []), Text(""), _memory(pred)]
         if pred.get("uncosted_ops"):
             parts += [Text(""), uncosted_line(pred["uncosted_ops"])]
         parts += executable_lines(plan)

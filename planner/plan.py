@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from partita.costmodel.errors import PartitaError
+from partita.planner.plan_sections import problems as section_problems
 
 SCHEMA = "partita.plan/1"
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
@@ -307,6 +308,11 @@ class Plan:
         for key, value in overlap.items():
             if key not in OVERLAPS or not isinstance(value, bool):
                 raise PlanError(f"overlap.{key} is {value!r}; accepted: {', '.join(OVERLAPS)}, each true or false")
+        for key in ("model", "cluster", "predicted", "solver"):
+            _obj(data.get(key, {}), key)
+        _list(data.get("baselines", []), "baselines")
+        if found := section_problems(data, mesh.pp):  # what explain, compare, export and reports read
+            raise PlanError(found[0])
         train = _check_train(_obj(data["train"], "train"))
         gb = train.get("global_batch")
         if not isinstance(gb, int) or gb != mesh.dp * schedule.num_microbatches * schedule.micro_batch_size:

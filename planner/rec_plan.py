@@ -47,6 +47,7 @@ from partita.costmodel.hardware import Cluster
 from partita.costmodel.sparse import PLACEMENTS, SHARDINGS, SPARSE_OPTIMIZERS, SparseContext
 from partita.costmodel.sparse_torchrec import PRICINGS
 from partita.planner.embeddings import floor_s, option_costs, parse_fixed, solve_tables
+from partita.planner.plan_sections import COUNT, NUMBER, TEXT, checked
 
 SECTION_SCHEMA = "partita.embeddings/1"
 DENSE_ZERO = (0, 3)
@@ -281,7 +282,20 @@ def validate_section(data, world_size: int) -> dict | None:
     if data.get("pricing", "partita") not in PRICINGS:
         raise PlanError(f"embeddings.pricing must be one of {', '.join(PRICINGS)}")
     _validate_dense(data.get("dense"))
+    if found := checked(data, _section_spec(world_size), "embeddings"):
+        raise PlanError(found[0])
     return data
+
+
+def _section_spec(world_size: int) -> dict:
+    """The section's figures as `partita explain` reads them (renderables), a list per rank for each rank."""
+    per_rank = [NUMBER, world_size]
+    return {"tables": [{"pooling": NUMBER, "cache_fraction": NUMBER, "cache_miss_ratio": NUMBER, "shards": COUNT,
+                        "predicted": {"*": NUMBER}}],
+            "predicted!": {"step_time_s!": NUMBER, "latency_s!": NUMBER, "dense_step_s": NUMBER,
+                           "per_rank!": {"time_s!": per_rank, "hbm_bytes!": per_rank, "host_bytes!": per_rank}},
+            "solver!": {"status!": TEXT, "formulation!": TEXT, "mip_gap!": NUMBER, "lower_bound_s!": NUMBER,
+                        "wall_time_s!": NUMBER, "options!": COUNT}}
 
 
 def _number(x) -> bool:
@@ -332,8 +346,8 @@ def renderables(plan) -> list:
                                          t["placement"] + (f" {t['cache_fraction']:.0%}" if t["placement"] == "cache"
                                                            else "")) == (kind, place)]
         ranks = sorted({r for t in members for r in t["ranks"]})
-        grid.add_row(kind, place, str(n), _span(ranks), ", ".join(t["name"] for t in members[:3])
-                     + (" ..." if n > 3 else ""))
+        grid.add_row(kind, place, str(n), _span(ranks), Text(", ".join(t["name"] for t in members[:3])  # not markup
+                                                             + (" ..." if n > 3 else "")))
     out.append(grid)
     pr = e["predicted"]["per_rank"]
     slow = max(range(len(pr["time_s"])), key=lambda r: pr["time_s"][r])

@@ -17,7 +17,7 @@ How a batch is made from a model:
   The loss is `spec.loss_fn(module, *batch)`.
 
 Sources:
-- `SyntheticTokens`: random tokens from `torch.Generator().manual_seed(seed * 1_000_003 + step)`; for
+- `SyntheticTokens`: random tokens from `torch.Generator().manual_seed(derived_seed(seed, step))`; for
   token LMs exactly `spec.tokens(global_batch, generator)`.
 - `DatasetSource` (`--data package.module:factory`, runtime.datasets): a user's torch Dataset or
   IterableDataset, in an order that depends on (seed, step) alone as well.
@@ -169,6 +169,13 @@ class _Source:
         raise NotImplementedError
 
 
+def derived_seed(seed: int, k: int, stride: int = 1_000_003) -> int:
+    """The seed of the generator for step (or epoch) `k` of a run seeded `seed`: seed x stride + k, modulo 2^64 --
+    what torch.manual_seed does with a negative seed, and what keeps any seed it takes (planner.run_inputs.
+    SEED_RANGE) in its range (2^64 / stride and above overflowed it in the workers)."""
+    return (seed * stride + k) % 2**64
+
+
 class SyntheticTokens(_Source):
     def __init__(self, spec: ModelSpec, global_batch: int, seed: int = 0):
         self.spec, self.global_batch, self.seed = spec, global_batch, seed
@@ -178,7 +185,7 @@ class SyntheticTokens(_Source):
             raise ValueError(str(e)) from None
 
     def rows(self, step: int, start: int, stop: int) -> Batch:
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        gen = torch.Generator().manual_seed(derived_seed(self.seed, step))
         lay = self.layout
         if lay.kind == "lm":
             window = self.spec.tokens(self.global_batch, gen)

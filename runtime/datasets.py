@@ -31,7 +31,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from partita.costmodel.errors import PartitaError
-from partita.runtime.data import _Source
+from partita.runtime.data import _Source, derived_seed
 
 FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 """A `package.module:factory` name (a --data value that is no existing file)."""
@@ -86,7 +86,7 @@ class DatasetSource(_Source):
     # ---- reading samples by stream position ----------------------------------------------------------
     def _order(self, epoch: int) -> torch.Tensor:
         if epoch not in self._orders:
-            gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            gen = torch.Generator().manual_seed(derived_seed(self.seed, epoch))
             self._orders = {epoch: torch.randperm(self.length, generator=gen)}  # keep one epoch's order
         return self._orders[epoch]
 

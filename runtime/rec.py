@@ -51,6 +51,7 @@ from partita.costmodel.sparse import TORCHREC_KERNELS
 from partita.planner.plan import Plan, PlanError
 from partita.runtime.apply import average_grads
 from partita.runtime.console import STDOUT
+from partita.runtime.data import derived_seed
 
 FP32_TOLERANCE = 1e-5
 PARAM_TOLERANCE = 1e-3
@@ -410,7 +411,7 @@ def _tables_on_meta():
 
 def _batch(spec, tables_rows: int, batch: int, step: int, seed: int) -> tuple:
     """The global batch of `step`: dense features N(0, 1), IDs uniform over the smallest table's rows."""
-    g = torch.Generator().manual_seed(seed * 100_003 + step)
+    g = torch.Generator().manual_seed(derived_seed(seed, step, 100_003))
     out = []
     for t in spec.example_inputs(batch):
         if t.is_floating_point():

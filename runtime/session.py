@@ -37,6 +37,7 @@ import torch.distributed as dist
 from partita.costmodel import PartitaError, model_fingerprint
 from partita.costmodel.models import ModelSpec, with_seq
 from partita.planner.plan import Plan
+from partita.planner.run_inputs import option_errors
 from partita.runtime import checkpoint as ckpt
 from partita.runtime import ep as expert_parallel
 from partita.runtime import batchnorm, memory
@@ -51,6 +52,7 @@ from partita.runtime.mesh import Topology, backend_for, init
 from partita.runtime.guards import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, EXIT_VERIFY, NonFiniteLoss,  # noqa: F401
                                     NonFiniteParameters, Stopped, keep_partial, params_finite, reduce_loss_and_stop)
 from partita.runtime.resume import Candidates, candidates, start_checkpoints
+from partita.runtime.sizes import check_sizes
 from partita.runtime.stop import StopSignal, record_step
 from partita.runtime.precision import train_dtype
 from partita.runtime.progress import DEFAULT_EVERY, Progress, summary_writer
@@ -187,8 +189,12 @@ def build(spec: ModelSpec, opts: RunOptions, topo: Topology):
     return model
 
 
-def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int) -> Prepared:
-    """Every check that can fail before training (PartitaError, one line). No process group needed."""
+def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ranks: int | None = None) -> Prepared:
+    """Every check that can fail before training (PartitaError, one line). No process group needed.
+    `local_ranks`: the ranks on this host (default: torchrun's LOCAL_WORLD_SIZE, else `world`)."""
+    errors = option_errors(lr=opts.lr, seed=opts.seed)
+    if errors:
+        raise PartitaError(errors[0])
     if opts.steps < 1:
         raise PartitaError("--steps must be at least 1")
     if opts.checkpoint_every < 0:
@@ -201,6 +207,7 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int) -> Prepar
     prep.notes += expert_parallel.check_run(plan, spec, opts.checkpoint_dir, opts.verify)
     prep.device_note = device_note(plan, world)
     prep.data = make_data(spec, plan.train["global_batch"], opts.seed, opts.data, opts.data_dtype)
+    check_sizes(plan, spec, prep.data, local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     parse_faults(os.environ.get(FAULT_ENV))
     if opts.verify and (p := dropout_probability(spec)):
         prep.notes.append(f"note: the model has dropout (p={p:g}): a parallel layout draws its random masks in "

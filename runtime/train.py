@@ -52,6 +52,7 @@ import gc  # noqa: E402
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.planner.plan import Plan
+from partita.planner.run_inputs import option_errors
 from partita.runtime.console import STDOUT, stderr_line
 from partita.runtime.data import DTYPES
 from partita.runtime.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK
@@ -130,6 +131,7 @@ def argument_errors(args: argparse.Namespace) -> list[str]:
             errors.append(f"--{name.replace('_', '-')} must be at least 1")
     if (args.nnodes or 1) > 1 and not args.rdzv_endpoint and not args.check:
         errors.append(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    errors += option_errors(lr=args.lr, seed=args.seed)
     return errors
 
 
@@ -210,7 +212,7 @@ def _worker(args: argparse.Namespace) -> int:
             return _rec(plan, spec, opts, world, rank, args)
         if not args.check:
             agree_on_attempt()
-        prep = prepare(plan, spec, opts, world)
+        prep = prepare(plan, spec, opts, world, args.nproc_per_node if args.check else None)
         if args.check and args.checkpoint_dir and args.checkpoint_every and \
                 (holder := ownership.is_locked(args.checkpoint_dir)):
             raise PartitaError(f"--checkpoint-dir {args.checkpoint_dir} is in use by another run ({holder}): wait "

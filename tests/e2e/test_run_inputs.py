@@ -1,0 +1,143 @@
+"""What a run is given is checked before it trains (issue 47 item 12): one line, exit code 2, nothing launched.
+
+- Item 12: sizes each in range but absurd -- a global batch of 2e8, seq_len 2^31-1, 2^20 micro-batches -- are
+  refused by the pre-flight with the field and the bound (runtime.sizes) instead of an allocator traceback or
+  a step that never ends; `--lr nan`, `--lr -1` and `--seed 2^64` are refused before launch instead of
+  failing in every worker, and every seed torch.manual_seed takes now trains.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from partita.costmodel import PartitaError, resolve_model
+from partita.planner import cli
+from partita.planner.plan import Plan, PlanError
+from partita.runtime import train
+from partita.runtime.data import SyntheticTokens, derived_seed
+from partita.runtime.session import RunOptions, at_seq_len, prepare
+from partita.runtime.sizes import MAX_MICROBATCHES
+from partita.runtime.stop import StopSignal
+from test_plans_match_single_process import ROOT, _env, make_plan
+
+LLAMA = "llama:layers=2,hidden=64,heads=4,kv_heads=4,ffn=128,vocab=256,seq=32"
+"""A model without learned positions: its fingerprint does not depend on the sequence length, so a plan's
+seq_len alone can be absurd."""
+
+
+@pytest.fixture
+def plan_file(tmp_path) -> Path:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(make_plan(dp=2)))
+    return path
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """`partita run` must refuse before it starts its pre-flight (a process) or the launcher."""
+    def launched(*a, **k):
+        raise AssertionError(f"started a process: {a[0] if a else k}")
+    monkeypatch.setattr(cli.subprocess, "run", launched)
+    monkeypatch.setattr(cli, "run_forwarding_signals", launched)
+
+
+def one_line(argv, capsys) -> str:
+    assert cli.main(argv) == 2, argv
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("partita: error: "), captured.err
+    return lines[0]
+
+
+def run_args(plan: Path, *more: str) -> list[str]:
+    return ["run", str(plan), "--model", "tiny-gpt", "--steps", "1", *more]
+
+
+# ---- item 12: sizes, learning rate, seed -------------------------------------------------------------------
+
+def _absurd(edit, model: str = "tiny-gpt") -> tuple[Plan, object]:
+    d = make_plan(model)
+    edit(d)
+    plan = Plan.from_dict(d)  # in range: the loader lets it through
+    return plan, at_seq_len(resolve_model(model), plan.train.get("seq_len"))
+
+
+def _batch(d: dict, micro: int, size: int) -> None:
+    d["schedule"].update(num_microbatches=micro, micro_batch_size=size)
+    d["train"]["global_batch"] = micro * size
+
+
+@pytest.mark.parametrize("edit, model, fields", [
+    (lambda d: _batch(d, 1, 200_000_000), "tiny-gpt", ("train.global_batch", "schedule.micro_batch_size")),
+    (lambda d: _batch(d, 100_000_000, 2), "tiny-gpt", ("train.global_batch", "schedule.num_microbatches")),
+    (lambda d: _batch(d, 2**20, 2), "tiny-gpt", ("schedule.num_microbatches", "train.global_batch")),
+    (lambda d: d["train"].update(seq_len=2**31 - 1), LLAMA, ("train.seq_len",)),
+])
+def test_absurd_sizes_are_one_line_from_the_preflight(edit, model, fields):
+    """session.prepare is what `partita run`'s pre-flight (runtime.train --check) and every worker run first.
+    Which bound a size meets first depends on this host's memory; each names its field."""
+    plan, spec = _absurd(edit, model)
+    with pytest.raises(PlanError) as e:
+        prepare(plan, spec, RunOptions(steps=1), 1)
+    assert any(f in str(e.value) for f in fields), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_the_microbatch_bound_is_the_one_said(tmp_path, monkeypatch):
+    plan, spec = _absurd(lambda d: _batch(d, MAX_MICROBATCHES + 1, 1))
+    with pytest.raises(PlanError, match=rf"^schedule.num_microbatches is {MAX_MICROBATCHES + 1:,}, more than the "
+                                        rf"{MAX_MICROBATCHES:,} micro-batches partita runs in a step"):
+        prepare(plan, spec, RunOptions(steps=1), 1)
+    plan, spec = _absurd(lambda d: _batch(d, MAX_MICROBATCHES, 1))
+    prepare(plan, spec, RunOptions(steps=1), 1)  # the bound itself runs
+
+
+def test_2_to_the_20_microbatches_through_partita_run(tmp_path):
+    """The whole path, with its real pre-flight process: one line and exit 2 where the run used to sit in its first
+    step for more than an hour."""
+    d = make_plan()
+    _batch(d, 2**20, 2)
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(d))
+    r = subprocess.run([sys.executable, "-m", "partita.planner.cli", *run_args(path)], cwd=ROOT, env=_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stderr.strip().startswith("partita: error: schedule.num_microbatches is 1,048,576"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--lr", "nan"], "--lr must be a finite number above 0, got nan"),
+    (["--lr", "-1"], "--lr must be a finite number above 0, got -1.0"),
+    (["--lr", "inf"], "--lr must be a finite number above 0, got inf"),
+    (["--seed", str(2**64)], "--seed must be a whole number from -2^63 to 2^64-1 (what torch.manual_seed takes)"),
+    (["--seed", str(-2**63 - 1)], "--seed must be a whole number from -2^63 to 2^64-1"),
+])
+def test_lr_and_seed_are_checked_before_launch(plan_file, no_launch, capsys, flags, needle):
+    assert needle in one_line(run_args(plan_file, *flags), capsys)
+    args = train.build_parser().parse_args([str(plan_file), "--model", "tiny-gpt", *flags])
+    assert needle in train.argument_errors(args)[0]  # runtime.train and runtime.api.launch
+
+
+def test_the_api_refuses_a_nan_learning_rate():
+    plan = Plan.from_dict(make_plan())
+    spec = at_seq_len(resolve_model("tiny-gpt"), plan.train["seq_len"])
+    with pytest.raises(PartitaError, match="--lr must be a finite number above 0, got nan"):
+        prepare(plan, spec, RunOptions(steps=1, lr=math.nan), 1)
+
+
+@pytest.mark.parametrize("seed", [2**64 - 1, 2**63, -2**63, 10**13 * 2])
+def test_every_seed_torch_takes_draws_batches(seed):
+    """Synthetic batches seed their generator with seed x 1,000,003 + step: from 2^64 / 1,000,003 on that
+    overflowed torch.manual_seed in every worker. Taken modulo 2^64 (what torch does with a negative seed), every
+    seed trains, and the seeds that worked draw what they drew."""
+    data = SyntheticTokens(resolve_model("tiny-gpt"), 4, seed)
+    assert data.rows(5, 0, 4)[0].shape == (4, 32)
+    assert derived_seed(7, 3) == 7 * 1_000_003 + 3
+    assert torch.Generator().manual_seed(-1 * 1_000_003 + 3).initial_seed() == derived_seed(-1, 3)

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from partita.costmodel import PartitaError, model_fingerprint
 from partita.costmodel.models import ModelSpec, with_seq
 from partita.planner.plan import Plan
-from partita.planner.run_inputs import option_errors
+from partita.planner.run_inputs import option_errors, output_errors
 from partita.runtime import checkpoint as ckpt
 from partita.runtime import ep as expert_parallel
 from partita.runtime import batchnorm, memory
@@ -192,7 +192,9 @@ def build(spec: ModelSpec, opts: RunOptions, topo: Topology):
 def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ranks: int | None = None) -> Prepared:
     """Every check that can fail before training (PartitaError, one line). No process group needed.
     `local_ranks`: the ranks on this host (default: torchrun's LOCAL_WORLD_SIZE, else `world`)."""
-    errors = option_errors(lr=opts.lr, seed=opts.seed)
+    data_file = opts.data if isinstance(opts.data, (str, os.PathLike)) else None
+    errors = option_errors(lr=opts.lr, seed=opts.seed) + output_errors(
+        losses_out=opts.losses_out, tensorboard=opts.tensorboard, inputs={"the --data file": data_file})
     if errors:
         raise PartitaError(errors[0])
     if opts.steps < 1:

@@ -52,7 +52,7 @@ import gc  # noqa: E402
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.planner.plan import Plan
-from partita.planner.run_inputs import option_errors
+from partita.planner.run_inputs import option_errors, output_errors
 from partita.runtime.console import STDOUT, stderr_line
 from partita.runtime.data import DTYPES
 from partita.runtime.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK
@@ -132,6 +132,8 @@ def argument_errors(args: argparse.Namespace) -> list[str]:
     if (args.nnodes or 1) > 1 and not args.rdzv_endpoint and not args.check:
         errors.append(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
     errors += option_errors(lr=args.lr, seed=args.seed)
+    errors += output_errors(losses_out=args.losses_out, tensorboard=args.tensorboard,
+                            inputs={"the plan": args.plan, "the --data file": args.data})
     return errors
 
 

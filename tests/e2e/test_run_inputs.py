@@ -1,5 +1,10 @@
-"""What a run is given is checked before it trains (issue 47 item 12): one line, exit code 2, nothing launched.
+"""What a run is given is checked before it trains (issue 47 items 8 and 12): one line, exit code 2, nothing
+launched, nothing lost.
 
+- Item 8: output paths. `--losses-out` into a missing directory trained the whole run and then lost its history
+  in a traceback; `--losses-out plan.json` overwrote the plan; a bad `--tensorboard` path was a 35-line
+  traceback. Now each is refused before the pre-flight starts (planner.run_inputs), and the runtime's own
+  entry points (runtime.train, the API's prepare) refuse the same.
 - Item 12: sizes each in range but absurd -- a global batch of 2e8, seq_len 2^31-1, 2^20 micro-batches -- are
   refused by the pre-flight with the field and the bound (runtime.sizes) instead of an allocator traceback or
   a step that never ends; `--lr nan`, `--lr -1` and `--seed 2^64` are refused before launch instead of
@@ -57,6 +62,39 @@ def one_line(argv, capsys) -> str:
 
 def run_args(plan: Path, *more: str) -> list[str]:
     return ["run", str(plan), "--model", "tiny-gpt", "--steps", "1", *more]
+
+
+# ---- item 8: outputs -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, needle", [
+    (lambda d: ["--losses-out", str(d / "missing" / "losses.json")], "its directory '{d}/missing' does not exist"),
+    (lambda d: ["--losses-out", str(d / "plan.json")], "is the plan this run reads"),
+    (lambda d: ["--losses-out", str(d)], "is a directory; give a file path"),
+    (lambda d: ["--losses-out", str(d / "tokens.npy"), "--data", str(d / "tokens.npy")], "is the --data file this run"),
+    (lambda d: ["--tensorboard", str(d / "plan.json" / "tb")], "cannot be created: '{d}/plan.json' is a file"),
+    (lambda d: ["--tensorboard", str(d / "notes.txt")], "is a file, not a directory"),
+    (lambda d: ["--losses-out", str(d / "x"), "--tensorboard", str(d / "x")], "name the same path"),
+])
+def test_outputs_are_checked_before_anything_runs(plan_file, no_launch, capsys, flags, needle):
+    d = plan_file.parent
+    (d / "notes.txt").write_text("mine\n")
+    import numpy as np
+    np.save(d / "tokens.npy", np.arange(1000, dtype=np.int64) % 256)
+    before = {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+    line = one_line(run_args(plan_file, *flags(d)), capsys)
+    assert needle.format(d=d) in line, line
+    assert {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()} == before  # nothing overwritten or left
+    assert not (d / "x").exists()
+
+
+def test_the_runtime_entry_points_check_outputs_too(plan_file, tmp_path):
+    """runtime.train (what `partita export --to slurm` scripts start) and the Python API refuse the same paths."""
+    args = train.build_parser().parse_args([str(plan_file), "--model", "tiny-gpt", "--losses-out", str(plan_file)])
+    assert train.argument_errors(args)[0].startswith(f"--losses-out {str(plan_file)!r} is the plan this run reads")
+    plan = Plan.from_dict(make_plan())
+    spec = at_seq_len(resolve_model("tiny-gpt"), plan.train["seq_len"])
+    with pytest.raises(PartitaError, match="does not exist; create it first"):
+        prepare(plan, spec, RunOptions(steps=1, losses_out=str(tmp_path / "no" / "l.json")), 1)
 
 
 # ---- item 12: sizes, learning rate, seed -------------------------------------------------------------------

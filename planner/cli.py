@@ -24,7 +24,7 @@ from partita.costmodel.errors import PartitaError
 from partita.planner.child import run_forwarding_signals
 from partita.costmodel.hardware import DEFAULT_ALLOCATOR_HEADROOM
 from partita.planner.plan import RECOMPUTE
-from partita.planner.run_inputs import option_errors, output_errors
+from partita.planner.run_inputs import job_environment_error, option_errors, output_errors
 
 
 def _cmd_plan(args) -> int:
@@ -125,6 +125,8 @@ def _cmd_run(args) -> int:
         raise PartitaError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
     if args.rdzv_timeout is not None and not 0 < args.rdzv_timeout <= 86400:
         raise PartitaError("--rdzv-timeout must be more than 0 and at most 86400 seconds")
+    if why := job_environment_error(os.environ):
+        raise PartitaError(why)
     given = {"lr": 1e-3 if args.lr is None else args.lr, "seed": 0 if args.seed is None else args.seed}
     errors = option_errors(**given) + output_errors(losses_out=args.losses_out, tensorboard=args.tensorboard,
                                                     inputs={"the plan": args.plan, "the --data file": args.data})

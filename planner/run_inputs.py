@@ -1,5 +1,5 @@
-"""What a run checks of its own inputs before anything launches: numbers torch can take (--lr, --seed) and the
-paths it will write (--losses-out, --tensorboard).
+"""What a run checks of its own inputs before anything launches: numbers torch can take (--lr, --seed), the
+paths it will write (--losses-out, --tensorboard), and the environment it is started in.
 
 `partita run` (planner.cli) checks them before it starts its pre-flight; runtime.train (its launcher and its
 pre-flight `--check`) and the Python API (runtime.session.prepare) check the same, so every way of starting a
@@ -119,3 +119,24 @@ def _probe(directory: str) -> str | None:
     except OSError as e:
         return e.strerror or str(e)
     return None
+
+
+# ---- the environment -----------------------------------------------------------------------------------------
+
+WORKER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+"""What torchrun (and deepspeed, accelerate, a Kubeflow PyTorchJob ...) sets for each process it starts: the
+environment of a worker, which runtime.mesh reads to find its place in the job."""
+
+
+def job_environment_error(environ) -> str | None:
+    """A launcher (`partita run`, runtime.train with launcher flags) started with a worker's variables: it would
+    take them for its own place in a job it is not part of, and its pre-flight, run as that rank, said
+    nothing (only rank 0 reports). One line saying what to do, or None."""
+    found = [name for name in WORKER_VARIABLES if name in environ]
+    if not found:
+        return None
+    shown = ", ".join(f"{name}={one_line(environ[name], 40)}" for name in found)
+    return (f"{shown} {'is' if len(found) == 1 else 'are'} set, as for one worker of another launcher's job "
+            "(torchrun, deepspeed, a PyTorchJob): partita run is itself the launcher and starts the plan's ranks; "
+            f"run it outside another launcher, once per node (several nodes: --nnodes N --rdzv-endpoint HOST:PORT), "
+            f"or unset {' and '.join(found)}")

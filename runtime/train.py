@@ -52,7 +52,7 @@ import gc  # noqa: E402
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.planner.plan import Plan
-from partita.planner.run_inputs import option_errors, output_errors
+from partita.planner.run_inputs import job_environment_error, option_errors, output_errors
 from partita.runtime.console import STDOUT, stderr_line
 from partita.runtime.data import DTYPES
 from partita.runtime.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK
@@ -174,7 +174,11 @@ def _error(rank: int, e: Exception | str, code: int = EXIT_ERROR, origin: int | 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    if not args.check and any(getattr(args, name) is not None for name in LAUNCHER_FLAGS):
+    launcher = any(getattr(args, name) is not None for name in LAUNCHER_FLAGS)
+    if launcher and (why := job_environment_error(os.environ)):  # (a worker's variables: planner.run_inputs)
+        stderr_line(f"partita: error: {why}")
+        return EXIT_ERROR
+    if not args.check and launcher:
         from partita.runtime.api import agent_main
         return agent_main(args, argv)
     rank = env_world()[0]

@@ -1,10 +1,13 @@
-"""What a run is given is checked before it trains (issue 47 items 8 and 12): one line, exit code 2, nothing
+"""What a run is given is checked before it trains (issue 47 items 8, 10 and 12): one line, exit code 2, nothing
 launched, nothing lost.
 
 - Item 8: output paths. `--losses-out` into a missing directory trained the whole run and then lost its history
   in a traceback; `--losses-out plan.json` overwrote the plan; a bad `--tensorboard` path was a 35-line
   traceback. Now each is refused before the pre-flight starts (planner.run_inputs), and the runtime's own
   entry points (runtime.train, the API's prepare) refuse the same.
+- Item 10: `RANK=3 WORLD_SIZE=8 partita run ...` exited 2 with no output: its pre-flight took the variables for
+  its own place in a job, refused the plan as rank 3, and only rank 0 reports. A launcher started with a
+  worker's variables now says so.
 - Item 12: sizes each in range but absurd -- a global batch of 2e8, seq_len 2^31-1, 2^20 micro-batches -- are
   refused by the pre-flight with the field and the bound (runtime.sizes) instead of an allocator traceback or
   a step that never ends; `--lr nan`, `--lr -1` and `--seed 2^64` are refused before launch instead of
@@ -95,6 +98,46 @@ def test_the_runtime_entry_points_check_outputs_too(plan_file, tmp_path):
     spec = at_seq_len(resolve_model("tiny-gpt"), plan.train["seq_len"])
     with pytest.raises(PartitaError, match="does not exist; create it first"):
         prepare(plan, spec, RunOptions(steps=1, losses_out=str(tmp_path / "no" / "l.json")), 1)
+
+
+# ---- item 10: a worker's environment -----------------------------------------------------------------------
+
+def test_a_job_environment_is_one_line_not_a_silent_exit(plan_file):
+    """Through the real CLI and its real pre-flight process: before, rc 2 and nothing on stderr."""
+    env = {**_env(), "RANK": "3", "WORLD_SIZE": "8"}
+    r = subprocess.run([sys.executable, "-m", "partita.planner.cli", *run_args(plan_file)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("partita: error: RANK=3, WORLD_SIZE=8 are set"), r.stderr
+    assert "unset RANK and WORLD_SIZE" in lines[0]
+
+
+def test_the_launcher_and_its_preflight_say_it_too(plan_file, monkeypatch, capsys):
+    """runtime.train with launcher flags (what partita run and SLURM scripts start): its --check ran as rank 3 of
+    8 and said nothing."""
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    try:
+        code = train.main([str(plan_file), "--model", "tiny-gpt", "--steps", "1", "--nproc-per-node", "2", "--check"])
+    finally:
+        if StopSignal.current is not None:
+            StopSignal.current.restore()
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("partita: error: RANK=3, WORLD_SIZE=8 are set"), err
+
+
+def test_a_worker_without_launcher_flags_still_reads_its_environment(plan_file, monkeypatch, capsys):
+    """runtime.train as an env:// worker (no launcher flags) is what RANK and WORLD_SIZE are for: not refused."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    try:
+        code = train.main([str(plan_file), "--model", "tiny-gpt", "--steps", "1", "--check"])
+    finally:
+        if StopSignal.current is not None:
+            StopSignal.current.restore()
+    assert code == 0, capsys.readouterr().err
+    assert "fits --model tiny-gpt on 2 rank(s)" in capsys.readouterr().out
 
 
 # ---- item 12: sizes, learning rate, seed -------------------------------------------------------------------

@@ -23,6 +23,7 @@ import torch
 
 from partita.costmodel import ModelSpec
 from partita.planner.plan import Plan, PlanError
+from partita.runtime.allocator import configure_allocator
 from partita.runtime.data import Layout, SyntheticTokens, TokenFile
 from partita.runtime.precision import train_dtype
 
@@ -39,9 +40,12 @@ def host_memory() -> int:
 
 
 def device_memory(local_ranks: int) -> tuple[int, str]:
-    """(bytes, description) of the memory one rank computes in: a GPU's, or on CPU this host's share per rank."""
+    """(bytes, description) of the memory one rank computes in: its GPU's, or on CPU this host's share per rank.
+    Asking for a GPU's properties initialises CUDA, so the allocator's configuration is set first, as
+    runtime.mesh.select_device sets it (runtime.allocator: it is read once, when CUDA initialises)."""
     if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
+        configure_allocator(cuda=True)
+        props = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
         return props.total_memory, f"a {props.name}'s {_gib(props.total_memory)}"
     share = host_memory() // max(1, local_ranks)
     return share, f"this host's {_gib(host_memory())} shared by {local_ranks} rank(s)"

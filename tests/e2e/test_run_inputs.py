@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -222,3 +223,25 @@ def test_every_seed_torch_takes_draws_batches(seed):
     assert data.rows(5, 0, 4)[0].shape == (4, 32)
     assert derived_seed(7, 3) == 7 * 1_000_003 + 3
     assert torch.Generator().manual_seed(-1 * 1_000_003 + 3).initial_seed() == derived_seed(-1, 3)
+
+
+def test_the_gpu_bound_sets_the_allocator_before_cuda_starts(monkeypatch):
+    """On a GPU the micro-batch bound asks CUDA for the device's memory, which initialises CUDA in the pre-flight
+    and in each worker before runtime.mesh.select_device would; the allocator reads its configuration then
+    (runtime.allocator), so it is set first. (This machine has no GPU: torch.cuda's answers are stood in.)"""
+    from types import SimpleNamespace
+
+    from partita.runtime import allocator, sizes
+    seen = {}
+    for name in allocator.NAMES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+
+    def properties(index):
+        seen.update(index=index, conf=os.environ.get(allocator.ENV))
+        return SimpleNamespace(total_memory=141 * 2**30, name="H200")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    assert sizes.device_memory(8) == (141 * 2**30, "a H200's 141.0 GiB")
+    assert seen == {"index": 3, "conf": allocator.SETTING}

@@ -3,7 +3,7 @@
     python -m benchmarks.examples      # writes benchmarks/results/examples.json; benchmarks.report puts it in README.md
 
 Each example is a shell command line of the `partita` CLI run in a fresh process from the repository root
-(`partita` is `python -m partita.planner.cli`); its standard output is recorded as printed, at 120 columns.
+(`partita` is `python -m partita.cli`); its standard output is recorded as printed, at 120 columns.
 The tiny run trains on this machine, so its measured times are this machine's.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ def run(command: str) -> dict:
     assert argv[0] == "partita"
     env = {**os.environ, "COLUMNS": "120", "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "partita.planner.cli", *argv[1:]], cwd=ROOT, env=env, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "partita.cli", *argv[1:]], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=1800)
     if p.returncode != 0:
         raise SystemExit(f"benchmarks.examples: `{command}` failed ({p.returncode}): {p.stderr.strip()[-500:]}")

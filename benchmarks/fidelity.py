@@ -9,12 +9,12 @@
    (ZeRO-2/3); compiled layers -- plan a small GPT with the planner's own machinery on that many of the
    calibrated devices: `partita.planner.search.search` restricted to that mesh and ZeRO stage (no
    recompute or offload, 1F1B; the search still picks the micro-batch size) and
-   `partita.planner.build.build_plan`, so each plan's `predicted` comes from the real cost model. A bf16
-   capture records the model as CPU autocast runs it (costmodel.trace, autocast="cpu").
+   `partita.planner.estimate.build.build_plan`, so each plan's `predicted` comes from the real cost model. A bf16
+   capture records the model as CPU autocast runs it (costmodel.capture.trace, autocast="cpu").
 3. Run each plan with torchrun on gloo (`python -m torch.distributed.run --standalone --nproc-per-node W
    -m partita.runtime.train plan.json --model M --steps N --losses-out out.json`) and set its measured step time
    (median of steps 2..N, each step the slowest rank's) and peak memory (the runtime's, see
-   runtime/memory.py) beside the prediction.
+   runtime/loop/memory.py) beside the prediction.
 
 Reported: per plan, and over the fp32 eager plans (the ones the calibrated time model is checked on) the
 median absolute step-time error and the Spearman rank correlation of predicted and measured step times;
@@ -23,7 +23,7 @@ correlation >= 0.9, median step-time error <= 20%, memory error <= 5%.
 
 The cost model charges, beside FLOPs and bytes, what this runtime costs on a CPU host and `partita
 calibrate` measures (costmodel.hardware.Device): operator launches (op_latency), each collective message
-step inside a step (sync_latency, costmodel.comm), DTensor's dispatch on tensor-parallel nodes
+step inside a step (sync_latency, costmodel.price.comm), DTensor's dispatch on tensor-parallel nodes
 (sharded_op_latency), per tensor-parallel collective (redistribute_latency) and per DTensor parameter
 in the optimizer (sharded_param_latency), and the loss all-reduce of every step (planner.search).
 
@@ -66,8 +66,8 @@ class Case(NamedTuple):
 
     @property
     def precision(self) -> str:
-        """The runtime's precision path (runtime/precision.py), with "compiled" for compiled layers."""
-        from partita.planner.executable import runs_autocast
+        """The runtime's precision path (runtime/parallel/precision.py), with "compiled" for compiled layers."""
+        from partita.planner.plan.executable import runs_autocast
         path = ("fp32" if self.dtype == "fp32" else
                 "bf16 autocast" if runs_autocast(self.dtype, self.zero) else "bf16 FSDP2")
         return path + (", compiled" if self.kernels == "compiled" else "")
@@ -114,7 +114,7 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 def calibrated_cluster(resources: dict, devices: int):
     """The calibrated resource list with `devices` devices on its one node (measured figures unchanged)."""
-    from partita.costmodel.resources import cluster_from_dict
+    from partita.costmodel.hardware.resources import cluster_from_dict
     d = copy.deepcopy(resources)
     d["groups"][0]["devices_per_node"] = devices
     return cluster_from_dict(d, spec=f"{devices}x calibrated cpu")
@@ -126,10 +126,10 @@ def make_plans(resources, model: str = MODEL, plans=PLANS, global_batch: int = G
     pick = resources if callable(resources) else (lambda world: resources)
     from partita.costmodel import model_fingerprint
     from partita.costmodel.models import resolve_model
-    from partita.costmodel.trace import capture
-    from partita.planner.build import build_plan
+    from partita.costmodel.capture.trace import capture
+    from partita.planner.estimate.build import build_plan
     from partita.planner.search import SearchSpace, TrainConfig, search
-    from partita.runtime.checks import build_meta
+    from partita.runtime.launcher.checks import build_meta
     spec = resolve_model(model)
     graphs = {}
     fingerprint = model_fingerprint(build_meta(spec))
@@ -233,7 +233,7 @@ def summarise(rows: list[dict]) -> dict:
 def notes(rows: list[dict], summary: dict, calibrations: dict) -> list[str]:
     """What the numbers say about where the error comes from (every figure computed from the data)."""
     cpus = os.cpu_count() or 1
-    out = [f"measured memory is {rows[0]['memory_method']} (runtime/memory.py: one extra, untimed step traced "
+    out = [f"measured memory is {rows[0]['memory_method']} (runtime/loop/memory.py: one extra, untimed step traced "
            "by PyTorch's allocator events; the largest rank)"]
     phases = sorted({r["predicted_memory_largest_stage"].get("phase", "?") for r in rows})
     out.append(f"the predicted peak is the largest phase of the largest stage (planner/search.py memory_phases): "
@@ -272,7 +272,7 @@ def notes(rows: list[dict], summary: dict, calibrations: dict) -> list[str]:
         worst = max(upper, key=lambda r: abs(r["memory_error"]))
         m = worst["mesh"]
         out.append(f"{len(upper)} plans' measured peaks are upper bounds: blocks freed on gloo's threads are not "
-                   f"reported and count as live until their address is reused (runtime/memory.py); on the one "
+                   f"reported and count as live until their address is reused (runtime/loop/memory.py); on the one "
                    f"predicted furthest below its measurement, pp{m['pp']} dp{m['dp']} tp{m['tp']} "
                    f"({worst.get('precision', TIMED)}, {100 * worst['memory_error']:+.1f}%), "
                    f"{worst['measured_memory_detail']['unreported_free_bytes'] / 2**20:.1f} MiB were counted so")

@@ -8,18 +8,18 @@ What is fitted to what (every constant in costmodel/fitted_constants.json says w
 
 1. Kernel timings (`KERNEL_SETS`: what a lent GPU measured, benchmarks/data/kernels_*.json) give their
    generation and stack everything they measure: the GEMM curve (e_max, h_mn, the split-K slice, the per-launch
-   latency), each attention kernel's curve, the achievable HBM bandwidth (costmodel.kernel_fit).
+   latency), each attention kernel's curve, the achievable HBM bandwidth (costmodel.hardware.kernel_fit).
 2. Published training runs (benchmarks.published_data, each with its stack) give the *levels* of the
    other groups: per (generation, stack) the GEMM efficiency e_gemm and the fused-attention efficiency
    e_attn (forward and backward together, the kernel curve's backward/forward ratio kept; stacks that
-   share their GEMMs share e_gemm, costmodel.stacks `gemm`), and per (generation, attention kernel) the
+   share their GEMMs share e_gemm, costmodel.hardware.stacks `gemm`), and per (generation, attention kernel) the
    sequence length h_seq at which attention runs at half of it -- only where one model ran at sequences
    SWEEP (4x) apart (llm-foundry's sweeps over 512-65536 tokens); elsewhere level and curve cannot be told
    apart and the kernel timings' curve holds. No efficiency is fitted above 1. A group with kernel
    timings keeps them, and its whole steps on one GPU fit one number, its `step_efficiency` (memory-bound
    operators inside a training step against a copy timed alone; GEMMs and attention keep their timed
-   rate, costmodel.kernels.node_time). A stack that runs its memory-bound operators as eager PyTorch
-   kernels (costmodel.stacks `eager_elementwise`) fits its step_efficiency to its published rows too, per
+   rate, costmodel.price.kernels.node_time). A stack that runs its memory-bound operators as eager PyTorch
+   kernels (costmodel.hardware.stacks `eager_elementwise`) fits its step_efficiency to its published rows too, per
    (generation, GEMM family) beside e_gemm: the models' widths tell them apart (norms, activations and
    residual adds grow with the width h, GEMMs with h^2). A stack that fuses them (apex, Transformer Engine,
    flash-attn's fused MLP) keeps 1: its fusion is not modelled, and a rate fitted to it would stand in for
@@ -27,7 +27,7 @@ What is fitted to what (every constant in costmodel/fitted_constants.json says w
    Published kernel timings (benchmarks.published_kernels: FlashAttention-2's README charts, each bar a
    kernel row of its stack's attention kernel, forward + backward) fit, beside them, the attention level e_attn
    of their (generation, stack) and their kernel's h_seq on that generation, each bar priced exactly
-   (costmodel.kernel_fit.predict, the pricing a training step's attention gets) and weighted by the same rule.
+   (costmodel.hardware.kernel_fit.predict, the pricing a training step's attention gets) and weighted by the same rule.
 3. Shapes nobody measured are carried by stated rules (`derive`): Ampere's and Volta's GEMM tile curve is
    Hopper's with h_mn scaled by the SM count (108, 80 against 132 SMs: the output tiles that fill the
    GPU); a kernel's head-width and causal-block constants and its backward/forward ratio are the H200
@@ -77,9 +77,9 @@ from benchmarks.common import commit, p95, write
 from benchmarks.published_data import ITERATION, ROWS, Row
 from benchmarks.published_kernels import KERNEL_ROWS, KernelRow
 from partita.costmodel.hardware import FITTED_CONSTANTS, GPUS, KERNEL_FIELDS, gpu_device
-from partita.costmodel.kernel_fit import errors as kernel_errors, fit_kernel_constants
-from partita.costmodel.kernels import saturation, sdpa_kernel
-from partita.costmodel.stacks import STACKS
+from partita.costmodel.hardware.kernel_fit import errors as kernel_errors, fit_kernel_constants
+from partita.costmodel.price.kernels import saturation, sdpa_kernel
+from partita.costmodel.hardware.stacks import STACKS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,7 +124,7 @@ def step_row(row: Row, kgroups: dict) -> bool:
 
 
 def attention_kernel(gen: str, stack: str) -> str:
-    """The fused-attention kernel a (generation, stack) runs for 16-bit training (costmodel.kernels)."""
+    """The fused-attention kernel a (generation, stack) runs for 16-bit training (costmodel.price.kernels)."""
     return sdpa_kernel(SimpleNamespace(name=gen, stack=stack, generation=gen), "bf16", 128)
 
 
@@ -138,7 +138,7 @@ def kernel_groups() -> dict[str, dict]:
         fitted = dataclasses.replace(device, **constants)
         errs = kernel_errors(data["rows"], fitted, anomalies=True)
         out[f"{generation(ks.preset)}/{ks.stack}"] = {
-            "constants": constants, "source": f"fitted (costmodel.kernel_fit) to {ks.path}: {data['source']}",
+            "constants": constants, "source": f"fitted (costmodel.hardware.kernel_fit) to {ks.path}: {data['source']}",
             "errors": [{"kind": e["row"]["kind"], "row": {k: v for k, v in e["row"].items() if k != "anomaly"},
                         "key": e["key"], "error": e["error"], "anomaly": e["anomaly"]} for e in errs]}
     return out
@@ -147,7 +147,7 @@ def kernel_groups() -> dict[str, dict]:
 # ------------------------------------------------------------------------------------ the parameters
 
 def gemm_group(group: str) -> str:
-    """gen/stack -> gen/gemm family: stacks that differ only in attention share their GEMMs (costmodel.stacks)."""
+    """gen/stack -> gen/gemm family: stacks that differ only in attention share their GEMMs (costmodel.hardware.stacks)."""
     gen, stack = group.split("/")
     return f"{gen}/{STACKS[stack].gemm_family}"
 
@@ -220,8 +220,8 @@ def timed_groups(krows: list[KernelRow]) -> frozenset:
 
 def kernel_log_errors(krows: list[KernelRow], groups: dict) -> list[float]:
     """log(predicted / measured) forward + backward seconds of each published kernel timing, priced exactly
-    (costmodel.kernel_fit.predict: the same pricing as a training step's attention) with its group's constants."""
-    from partita.costmodel.kernel_fit import predict
+    (costmodel.hardware.kernel_fit.predict: the same pricing as a training step's attention) with its group's constants."""
+    from partita.costmodel.hardware.kernel_fit import predict
     devices, out = {}, []
     for kr in krows:
         g = kernel_group(kr)

@@ -11,11 +11,11 @@ H100-80GB, an H200 H200-141GB), the fixed set of plans for one such GPU (benchma
 GPU-MEASUREMENTS.md as the planner chooses it and with no recompute, full recompute, micro-batch 2 and compiled
 layers; llama3-8b as the planner chooses it; the largest llama3-8b-shaped model that fits), runs each with
 
-    partita run PLAN --model MODEL --steps N --losses-out OUT      (python -m partita.planner.cli, a subprocess)
+    partita run PLAN --model MODEL --steps N --losses-out OUT      (python -m partita.cli, a subprocess)
 
 and writes, per plan, predicted beside measured to benchmarks/results/gpu.json:
 
-- step time: the plan's `predicted.step_time_s` against the run's mean of steps 2..N (runtime/report.py);
+- step time: the plan's `predicted.step_time_s` against the run's mean of steps 2..N (runtime/loop/report.py);
 - peak memory: the plan's `predicted.peak_memory_bytes` against torch.cuda.max_memory_allocated (what the
   prediction counts), and torch.cuda.max_memory_reserved beside it (allocated + the caching allocator's cache,
   what an out-of-memory is decided against);
@@ -82,7 +82,7 @@ def result_row(planned: Planned, returncode: int | None, output: str, measured: 
                wall_s: float | None = None) -> dict:
     """One row of gpu.json: the case, the plan's choices and prediction, and what its run measured.
 
-    `measured` is the run's --losses-out JSON (runtime.session), None when the run wrote none; `output` its
+    `measured` is the run's --losses-out JSON (runtime.loop.session), None when the run wrote none; `output` its
     stdout and stderr, read for the error line and whether it ran out of memory."""
     case = planned.case
     row = {"name": case.name, "what": case.what, "model": case.model, "global_batch": case.global_batch,
@@ -118,7 +118,7 @@ def run_case(planned: Planned, steps: int, workdir: Path, timeout_s: float = TIM
     plan_file, out_file = workdir / f"{name}.plan.json", workdir / f"{name}.out.json"
     planned.plan.save(plan_file)
     out_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "partita.planner.cli", "run", str(plan_file), "--model", planned.case.model,
+    cmd = [sys.executable, "-m", "partita.cli", "run", str(plan_file), "--model", planned.case.model,
            "--steps", str(steps), "--losses-out", str(out_file)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     t0 = time.perf_counter()

@@ -40,7 +40,7 @@ BATCHES = 5
 def time_batches(fn, device, min_s: float, batches: int = BATCHES) -> float:
     """Median seconds per call of `fn` over `batches` batches, each of at least `min_s` seconds and 5 calls
     (calibrate_kernels.time_call: CUDA events on a GPU, perf_counter elsewhere, after its warm-up calls)."""
-    from partita.costmodel.calibrate_kernels import time_call
+    from partita.costmodel.calibrate.kernels import time_call
     reps = max(5, int(min_s / max(time_call(fn, device, 1), 1e-6)))
     return statistics.median(time_call(fn, device, reps) for _ in range(batches))
 
@@ -88,7 +88,7 @@ def _copy(row: dict, device, min_s: float) -> dict:
 def measure_row(row: dict, device, dtype_name: str = "bf16", min_s: float = 0.05) -> dict:
     """`row` (a data file's row) with its times measured here under the same keys; "error" if it cannot run."""
     import torch
-    from partita.costmodel.calibrate_kernels import _error, _release
+    from partita.costmodel.calibrate.kernels import _error, _release
     keep = {k: v for k, v in row.items() if k not in ("fwd_s", "bwd_s", "fwd_bwd_s", "seconds", "anomaly",
                                                        "tflops", "note")}
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
@@ -108,7 +108,7 @@ def measure_row(row: dict, device, dtype_name: str = "bf16", min_s: float = 0.05
 
 def compare(source: dict, measured: dict, device) -> list[dict]:
     """Per time of `measured`: the source session's time, this session's, and the preset's price."""
-    from partita.costmodel.kernel_fit import measured_keys, predict
+    from partita.costmodel.hardware.kernel_fit import measured_keys, predict
     if "error" in measured:
         return []
     price = predict(measured, device)

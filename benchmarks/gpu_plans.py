@@ -20,7 +20,7 @@ The set (CASES, then `largest_case`), bf16 with Adam, each planned for one GPU (
   up to LARGEST_MAX_LAYERS): the plan that fills memory.
 
 Every plan is made for the lent machine's torch (LENT_TORCH): where its checkpoint policies do not see op
-outputs (torch 2.11), no layer offloads what a selective or op recompute keeps (planner.executable).
+outputs (torch 2.11), no layer offloads what a selective or op recompute keeps (planner.plan.executable).
 
 Planning needs the solver (cvxpy, HiGHS). The lent GPU machines have neither and reach no package index
 (TORCH-NOTES.md), so the set is planned beforehand on a CPU machine and shipped in benchmarks/gpu_plans/PRESET/
@@ -84,13 +84,13 @@ UNSEEN = (
 
 LENT_TORCH = {"version": "2.11.0+cu130", "policies_see_outputs": False}
 """The torch of the lent GPU machines (gpu.json's "torch"), which the plans must run on: its selective-checkpoint
-policies are not handed op outputs (planner.executable.checkpoint_policies_see_outputs)."""
+policies are not handed op outputs (planner.plan.executable.checkpoint_policies_see_outputs)."""
 
 
 @contextmanager
 def for_lent_torch():
     """Plan as the planner would on the lent machine's torch (LENT_TORCH), whatever torch plans here."""
-    from partita.planner import executable
+    from partita.planner.plan import executable
     saved = executable.checkpoint_policies_see_outputs
     executable.checkpoint_policies_see_outputs = lambda: LENT_TORCH["policies_see_outputs"]
     try:

@@ -10,7 +10,7 @@ times the whole process from launch to exit.
   (benchmarks.table1.ROWS);
 - cluster size: gpt3-175b on 64 .. 4096 A100-80GB (global batch 1536, seq 2048), llama3-405b on
   1,024 .. 16,384 H100-80GB (global batch 2048);
-- headline targets, timed as a user runs them (`python -m partita.planner.cli plan ... --json`, the `partita`
+- headline targets, timed as a user runs them (`python -m partita.cli plan ... --json`, the `partita`
   console script's module, in a fresh process, wall time from launch to exit, `REPEATS` times):
   gpt3-175b on 1024 A100-80GB under 30 s, llama3-405b on 16,384 H100-80GB under 60 s.
 
@@ -85,8 +85,8 @@ def measure(model: str, cluster: str, global_batch: int, seq: int | None = None,
 
 def headline(name: str, model: str, cluster: str, global_batch: int, seq: int | None, target: float,
              repeats: int = REPEATS) -> dict:
-    """`python -m partita.planner.cli plan ... --json` in a fresh process, timed from launch to exit."""
-    cmd = [sys.executable, "-m", "partita.planner.cli", "plan", "--model", model, "--cluster", cluster,
+    """`python -m partita.cli plan ... --json` in a fresh process, timed from launch to exit."""
+    cmd = [sys.executable, "-m", "partita.cli", "plan", "--model", model, "--cluster", cluster,
            "--global-batch", str(global_batch), "--json"] + (["--seq", str(seq)] if seq else [])
     walls, solver = [], {}
     for _ in range(repeats):

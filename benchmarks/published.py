@@ -9,7 +9,7 @@ for its GPU, `Row.device_overrides`). Where the source leaves a choice out, the 
 row's notes say which). The prediction is converted to the published metric:
 
     tokens_per_s_per_gpu     global batch x seq / predicted step time / GPUs
-    model_tflops_per_gpu     planner.build.predicted's tflops_per_device (model FLOPs of the graph)
+    model_tflops_per_gpu     planner.estimate.build.predicted's tflops_per_device (model FLOPs of the graph)
     hardware_tflops_per_gpu  the same x 96 (1 + s/6h + V/16lh) / (72 (1 + s/6h + V/12lh)), Megatron's
                              full-recompute count over model FLOPs (REFERENCE.md; as benchmarks.table1)
     iteration_s              predicted step time
@@ -33,13 +33,13 @@ from collections import Counter
 from benchmarks.common import hardware_over_model as common_ratio, p95, pyplot, save_figure, try_plot, write
 from benchmarks.published_data import (HARDWARE_TFLOPS, ITERATION, MODEL_TFLOPS, ROWS, SKIPPED, TOKENS, Model, Row)
 from partita.costmodel.errors import PartitaError
-from partita.costmodel.graph import OpGraph
+from partita.costmodel.capture.graph import OpGraph
 from partita.costmodel.hardware import Cluster, GiB, gpu_device, parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.trace import capture
-from partita.planner.build import predicted
+from partita.costmodel.capture.trace import capture
+from partita.planner.estimate.build import predicted
 from partita.planner.search import SearchResult, explain_infeasible, search
-from partita.planner.space import SearchSpace, TrainConfig
+from partita.planner.enumerate.space import SearchSpace, TrainConfig
 
 TARGET_MEDIAN, TARGET_P95, TARGET_MAX = 0.10, 0.20, 0.25
 """Targets for the cost model (not for this benchmark to force): median and p95 |error| on rows the fit did
@@ -72,7 +72,7 @@ def model_spec(model: Model, seq: int):
 
 def cluster_for(row: Row, kernels: dict | None = None) -> Cluster:
     """The row's cluster: its GPU with the kernel constants of the software stack it ran on
-    (costmodel.stacks), or `kernels` (Device kernel fields, as benchmarks.fit tries them) instead."""
+    (costmodel.hardware.stacks), or `kernels` (Device kernel fields, as benchmarks.fit tries them) instead."""
     if row.gpus % 8 and row.gpus > 8:
         raise PartitaError(f"{row.gpus} GPUs are not whole 8-GPU nodes")
     cluster = parse_cluster(f"{row.gpus // 8}x8x{row.hardware}" if row.gpus >= 8 else f"{row.gpus}x{row.hardware}")
@@ -87,7 +87,7 @@ def published_space(row: Row) -> SearchSpace:
     """The search space of exactly the published configuration (None where the source is silent)."""
     missing = [f for f in NEEDED_SPACE_FIELDS if f not in SearchSpace.__dataclass_fields__]
     if missing:
-        raise PartitaError(f"benchmarks.published needs SearchSpace fields {', '.join(missing)} (planner/space.py) "
+        raise PartitaError(f"benchmarks.published needs SearchSpace fields {', '.join(missing)} (planner/enumerate/space.py) "
                            "to fix the published configuration; without them the rows cannot be priced as published")
     return SearchSpace(
         name="published", tp=(row.tp,), pp=(row.pp,), dp=(row.dp,), cp=(row.cp,), ep=(row.ep,), zero=row.zero,
@@ -100,7 +100,7 @@ def published_space(row: Row) -> SearchSpace:
         # Megatron-LM's pipeline sends use its scatter/gather (SC'21 §4.1), as Megatron-Core's (te-2024 stacks)
         # do; DeepSpeed's pipeline engine does not
         p2p_scatter_gather=row.table.framework.startswith("Megatron-LM") or row.table.stack.startswith("te-2024"),
-        kernels=row.table.kernels,  # a torch.compile'd run is priced with fused kernels (costmodel.fusion)
+        kernels=row.table.kernels,  # a torch.compile'd run is priced with fused kernels (costmodel.price.fusion)
         stack=row.table.stack,  # its overlaps and distributed optimizer as that stack runs them
         tp_comm_overlap=None if row.tp_comm_overlap is None else (row.tp_comm_overlap,))
 
@@ -187,9 +187,9 @@ def _unbounded(row: Row, graph: OpGraph, kernels: dict | None = None) -> dict:
 
 
 def _no_candidate(row: Row, graph: OpGraph) -> str:
-    """Why the published configuration admits no candidate at all (planner.space.check_space's sentence)."""
-    from partita.planner.candidates import split_model
-    from partita.planner.space import check_space
+    """Why the published configuration admits no candidate at all (planner.enumerate.space.check_space's sentence)."""
+    from partita.planner.enumerate.candidates import split_model
+    from partita.planner.enumerate.space import check_space
     layers = split_model(graph)[1]
     try:
         check_space(cluster_for(row), train_for(row), published_space(row), max_pp=max(1, len(layers)),

@@ -56,7 +56,7 @@ class Model:
     attention: str = "sdpa"
     dropout: float = 0.0
     loss: str = "plain"
-    """"fused": a fused cross-entropy kernel (keeps the logits, no fp32 copies); costmodel.losses."""
+    """"fused": a fused cross-entropy kernel (keeps the logits, no fp32 copies); costmodel.models.losses."""
     notes: str = ""
     """Where the published architecture differs from the partita family it is priced as."""
     string: str = ""
@@ -77,10 +77,10 @@ class Table:
     precision: str = "bf16"
     framework: str = ""
     stack: str
-    """The software stack the run used (costmodel.stacks.STACKS): which kernels ran, and the kernel constants
+    """The software stack the run used (costmodel.hardware.stacks.STACKS): which kernels ran, and the kernel constants
     (fitted per GPU generation and stack by benchmarks.fit) it is priced with."""
     kernels: str = "eager"
-    """How the run executed its operators: "eager", or "compiled" (torch.compile; costmodel.fusion)."""
+    """How the run executed its operators: "eager", or "compiled" (torch.compile; costmodel.price.fusion)."""
     autocast: bool = False
     """The run computed bf16 under torch.autocast over fp32 parameters, as partita's runtime does (its own
     runs); False: a bf16 model (Megatron-LM) or an FSDP policy's bf16 parameters."""
@@ -240,7 +240,7 @@ _LLMF = ("mosaicml/llm-foundry scripts/train/benchmarking/README.md @ 495218376 
 # defaults to 'triton' at all three table commits and their sweep.sh never passes it (it became 'flash' in
 # 7f0fdae66, 2024-03-26, after them). That is FlashAttention written in Triton -- flash-attn 1.0.3's
 # flash_attn_triton on the A100 tables, llmfoundry/models/layers/flash_attn_triton.py on triton-pre-mlir on the
-# H100 one -- not the CUDA FlashAttention-2 of the flash-2023 stack: these tables run costmodel.stacks'
+# H100 one -- not the CUDA FlashAttention-2 of the flash-2023 stack: these tables run costmodel.hardware.stacks'
 # "triton-2023". The large-scale H100 table was made by the sweep.py its commit adds (5e85bd62d: 128/256/512
 # H100s, each model's micro-batch, sharding and checkpointing as the table prints them; its MP mode flag is
 # not passed on by submit_benchmarks.py, so DEFAULT, as printed): it passes `--attn_impl flash` (flash-attn

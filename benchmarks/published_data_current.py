@@ -313,12 +313,12 @@ CURRENT_SKIPPED = [
                    "NeMo container's recipes, not in the repository"),
     Skipped(source="dgxc-benchmarking", what="Grok-1 314B, DeepSeek-V3, Llama 4, Nemotron-H; MaxText and PaxML recipes",
             reason="MoE and hybrid Mamba models whose expert/Mamba layers partita's families do not express, and "
-                   "JAX stacks (no costmodel.stacks entry)"),
+                   "JAX stacks (no costmodel.hardware.stacks entry)"),
     Skipped(source="megatron-lm-h100", what="README weak- and strong-scaling figures (GPT-3 175B on 96 to 4,608 H100s)",
             reason="plotted without printed values (the model table's rows are transcribed)"),
     Skipped(source="flash-attention", what="Huggingface and Megatron-LM bars of gpt2/gpt3_training_efficiency.jpg",
             reason="baselines: the Megatron-LM runs' configuration is not published; the Huggingface runs used "
-                   "transformers 4.24's eager GPT-2, a stack costmodel.stacks does not describe"),
+                   "transformers 4.24's eager GPT-2, a stack costmodel.hardware.stacks does not describe"),
     Skipped(source="flash-attention", what="FlashAttention-2 paper (arXiv 2307.08691) Table 1: GPT3-1.3B/2.7B at 2k "
                                            "and 8k on 8 x A100",
             reason="the table's values could not be read from the stored sources here"),

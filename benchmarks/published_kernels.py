@@ -12,7 +12,7 @@ them was committed 11 days later (60499abc, benchmarks/benchmark_flash_attention
 - FLOPs = 4 b s^2 h d, halved when causal, times 3.5 for forward + backward (backward 2.5x forward);
 - TFLOP/s = those FLOPs / the measured forward + backward seconds. So seconds = FLOPs / printed.
 
-What the bars ran, and the stack partita prices each one with (costmodel.stacks; a stack names its kernel):
+What the bars ran, and the stack partita prices each one with (costmodel.hardware.stacks; a stack names its kernel):
 - 'FlashAttention-2': flash-attn 2.0, the CUDA kernel -> flash-2023 (kernel flash2).
 - 'FlashAttention': FlashAttention-1, flash-attn < 2.0 -> flash1-2022 (kernel flash1).
 - 'FlashAttention Triton' (A100 only): triton.ops.flash_attention, OpenAI Triton's FlashAttention, the
@@ -55,7 +55,7 @@ class Chart:
 
 @dataclasses.dataclass(frozen=True)
 class KernelRow:
-    """One bar: a kernel_fit row (costmodel.kernel_fit's format, `backend` "default": the stack's own kernel)
+    """One bar: a kernel_fit row (costmodel.hardware.kernel_fit's format, `backend` "default": the stack's own kernel)
     with the seconds the printed TFLOP/s imply."""
     chart: Chart
     causal: bool

@@ -96,9 +96,9 @@ def _large(inst: dict) -> bool:
 # ------------------------------------------------------------------------------------------------- partita
 
 def _partita_inputs(inst: dict, pricing: str = "partita"):
-    from partita.costmodel.embeddings import Table, zipf_access
+    from partita.costmodel.sparse.embeddings import Table, zipf_access
     from partita.costmodel.hardware import parse_cluster
-    from partita.costmodel.sparse import SparseContext
+    from partita.costmodel.sparse.costs import SparseContext
     tables = [Table(name=t["name"], rows=t["rows"], dim=t["dim"]) for t in inst["tables"]]
     accesses = {t["name"]: zipf_access(t["rows"], inst["alpha"], t["pooling"]) for t in inst["tables"]}
     cl = parse_cluster(inst["cluster"])
@@ -108,7 +108,7 @@ def _partita_inputs(inst: dict, pricing: str = "partita"):
 def partita_plan(inst: dict, pricing: str = "partita") -> dict:
     """partita's embedding program on `inst`, its pieces priced by partita's model or by TorchRec's estimator."""
     from partita.costmodel.errors import PartitaError
-    from partita.planner.embeddings import solve_tables
+    from partita.planner.sparse.embeddings import solve_tables
     tables, accesses, ctx = _partita_inputs(inst, pricing)
     t0 = time.perf_counter()
     try:
@@ -124,7 +124,7 @@ def partita_plan(inst: dict, pricing: str = "partita") -> dict:
 
 def partita_score(inst: dict, choices: list[dict]) -> float:
     """partita's step seconds of the tables under `choices` (slowest rank + the collectives' latency)."""
-    from partita.costmodel.sparse import Option, collective_latency, piece_cost
+    from partita.costmodel.sparse.costs import Option, collective_latency, piece_cost
     tables, accesses, ctx = _partita_inputs(inst)
     by_name = {t.name: t for t in tables}
     load = np.zeros(ctx.ranks)
@@ -149,7 +149,7 @@ def _quiet():
 
 def _topology(cluster: str):
     from partita.costmodel.hardware import parse_cluster
-    from partita.costmodel.sparse_torchrec import topology
+    from partita.costmodel.sparse.torchrec_costs import topology
     return topology(parse_cluster(cluster))
 
 
@@ -294,7 +294,7 @@ def summary(rows: list[dict]) -> dict:
 
 def whole_plan(model: str, cluster: str, batch: int, zipf: float | None = None) -> tuple[dict, float]:
     from partita.planner.api import plan
-    from partita.planner.rec_plan import SparseInputs
+    from partita.planner.sparse.rec_plan import SparseInputs
     from partita.planner.search import TrainConfig
     t0 = time.perf_counter()
     p = plan(model, cluster=cluster, train=TrainConfig(global_batch=batch), sparse=SparseInputs(zipf=zipf))
@@ -302,7 +302,7 @@ def whole_plan(model: str, cluster: str, batch: int, zipf: float | None = None) 
 
 
 def scale_case(name: str, model: str, cluster: str, batch: int, timeout_s: int) -> dict:
-    from partita.costmodel.embeddings import find_tables
+    from partita.costmodel.sparse.embeddings import find_tables
     from partita.costmodel.models import resolve_model
     import torch
     d, seconds = whole_plan(model, cluster, batch, zipf=1.05)
@@ -348,7 +348,7 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", action="store_true", help="keep the instances an interrupted run finished")
     args = ap.parse_args(argv)
     import partita.planner.api  # noqa: F401 -- everything imported before the first case: edits during a
-    import partita.planner.rec_plan  # noqa: F401 -- run do not mix two versions of the code
+    import partita.planner.sparse.rec_plan  # noqa: F401 -- run do not mix two versions of the code
     import torchrec.distributed.planner  # noqa: F401
     import json
     partial = common.RESULTS / "rec.partial.jsonl"  # rows so far: --resume continues an interrupted run

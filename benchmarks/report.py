@@ -211,7 +211,7 @@ def table1(results: dict) -> str:
     text += (f". {no_full} of the {len(plans)} plans never recompute a whole layer, where the published runs "
              f"recompute every layer; {len(zero3)} use ZeRO-3 data parallelism ({unpiped} of them in place of the "
              "published pipeline), whose gathers and reduce-scatters hide behind compute only as far as the "
-             "stream model allows (costmodel/streams.py)")
+             "stream model allows (costmodel/price/streams.py)")
     exposed = [p["exposed_comm_s"] / p["step_time_s"] for p in plans if "exposed_comm_s" in p]
     if exposed:
         text += (f"; exposed communication is {pct(min(exposed))}-{pct(max(exposed))} of the plans' predicted "
@@ -255,7 +255,7 @@ def published(results: dict) -> str:
     held = (d.get("summary") or {}).get("held_out") or {}
     out = [paragraph("**Published measurements** (`python -m benchmarks.published`: every published LLM-training "
                      "measurement collected in `benchmarks/published_data*.py`, each priced by partita's cost model "
-                     "in its exact published configuration and software stack (costmodel/stacks.py); error = "
+                     "in its exact published configuration and software stack (costmodel/hardware/stacks.py); error = "
                      f"predicted / measured - 1 on the published metric; {provenance(d)}). The kernel constants "
                      "are fitted by a program (`python -m benchmarks.fit`, least squares per GPU generation and "
                      "stack); *held out* is each source priced with constants fitted without it:")]
@@ -622,7 +622,7 @@ def _brief_overhead(d: dict) -> str:
 
 def _compiled_rows(rows: list[dict]) -> list[str]:
     """Rows measured with torch.compile beside the eager run of the same configuration: the gain the source
-    measured and the gain the fused-kernel pricing (costmodel.fusion) predicts."""
+    measured and the gain the fused-kernel pricing (costmodel.price.fusion) predicts."""
     eager = {r["key"]: r for r in rows}
     pairs = [(r, eager.get(r["key"].removesuffix("/compiled"))) for r in rows
              if r["config"].get("kernels", "eager") != "eager" and r.get("predicted")]
@@ -641,7 +641,7 @@ def _compiled_rows(rows: list[dict]) -> list[str]:
                          f"{me['predicted_peak_gib']:.1f} -> {m['predicted_peak_gib']:.1f} GiB")
         lines.append(line)
     return [paragraph("Rows measured with torch.compile, priced with fused kernels (`--kernels compiled`, "
-                      "costmodel.fusion: each connected run of elementwise ops and norms as one kernel, saving no "
+                      "costmodel.price.fusion: each connected run of elementwise ops and norms as one kernel, saving no "
                       "tensor that stays inside it). The fusion model explains part of the measured gain, not all "
                       "of it:"), "\n".join(lines)]
 

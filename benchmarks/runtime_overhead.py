@@ -43,7 +43,7 @@ def make_plan(model: str, kind: str, world: int, global_batch: int) -> dict:
     from partita.costmodel import model_fingerprint
     from partita.costmodel.models import resolve_model
     from partita.planner.plan import Plan
-    from partita.runtime.checks import build_meta
+    from partita.runtime.launcher.checks import build_meta
     spec = resolve_model(model)
     meta = build_meta(spec)
     dp, tp = (1, world) if kind == "tp" else (world, 1)
@@ -149,7 +149,7 @@ def run(configs=CONFIGS, model: str = MODEL, steps: int = STEPS, rounds: int = R
                       "floor on this machine (2 cores, shared); a ratio within that spread of 1 is not a "
                       "measured overhead",
                       "partita's timed step includes its CPU memory tracking (saved-tensor hooks on every "
-                      "saved activation, runtime/memory.py); the hand-written scripts have none"],
+                      "saved activation, runtime/loop/memory.py); the hand-written scripts have none"],
             "load_average": {"before": load_before, "after": os.getloadavg()},
             "benchmark_wall_s": time.perf_counter() - t0}
 

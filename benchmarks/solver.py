@@ -8,7 +8,7 @@
     schedule) of gpt3-175b on 1,024 A100-80GB (global batch 1536) and llama3-405b on 16,384 H100-80GB
     (global batch 2048), each solved as the search would but without the incumbent cutoff (so no
     candidate is pruned or cut short): median, p90, max of the per-candidate wall time (building
-    the matrices included: planner.stage_matrix), and how many hit the 3 s time limit.
+    the matrices included: planner.solve.stage_matrix), and how many hit the 3 s time limit.
 (c) HiGHS against CBC on the same programs and settings (relative gap 0.5%, time limit 3 s; no cutoff):
     the relative difference of the objectives and the ratio of the wall times. CBC comes from cvxpy's
     CBC interface (the `cylp` package); without it the JSON says so and (c) is skipped. To keep the
@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from benchmarks.common import pyplot, save_figure, try_plot, write
-from partita.planner.milp import StageProblem, evaluate, fits, solve_stages
+from partita.planner.solve.milp import StageProblem, evaluate, fits, solve_stages
 
 INSTANCES = 500
 CBC_STRIDE = 8
@@ -116,9 +116,9 @@ def exactness(instances: int = INSTANCES, seed: int = 0) -> dict:
 def real_candidates(model: str, cluster: str, global_batch: int):
     from partita.costmodel.hardware import parse_cluster
     from partita.costmodel.models import resolve_model
-    from partita.costmodel.trace import capture
+    from partita.costmodel.capture.trace import capture
     from partita.planner.search import SearchSpace, TrainConfig
-    from partita.planner.candidates import enumerate_candidates
+    from partita.planner.enumerate.candidates import enumerate_candidates
     graph = capture(resolve_model(model), dtype="bf16")
     *_, cands = enumerate_candidates(graph, parse_cluster(cluster), TrainConfig(global_batch=global_batch),
                                      SearchSpace())

@@ -6,7 +6,7 @@ the load average it had (stated: other work on 2 cores doubles these):
 
     python     `python -c pass`                                        the interpreter alone
     torch      `python -c "import torch"`                              what every process of a run pays first
-    cli        `python -m partita.planner.cli models`                  the CLI's own start (no torch)
+    cli        `python -m partita.cli models`                  the CLI's own start (no torch)
     plan       `partita plan --model tiny-gpt --cluster 2xcpu ...`     capture + search + report of a small model
     check      `python -m partita.runtime.train PLAN --check`          the pre-flight process of `partita run`
     run        `partita run PLAN --model tiny-gpt --steps 2`           pre-flight, torchrun's agent, 2 workers,
@@ -47,7 +47,7 @@ def timed(cmd: list[str], cwd: Path) -> float:
 
 
 def phases(work: Path) -> dict[str, list[str]]:
-    py, cli = sys.executable, [sys.executable, "-m", "partita.planner.cli"]
+    py, cli = sys.executable, [sys.executable, "-m", "partita.cli"]
     plan = str(work / "tiny.json")
     return {
         "python": [py, "-c", "pass"],

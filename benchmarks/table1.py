@@ -19,9 +19,9 @@ import time
 from benchmarks.common import hardware_over_model as common_ratio, pyplot, save_figure, try_plot, write
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import PRESETS
-from partita.costmodel.trace import capture
+from partita.costmodel.capture.trace import capture
 from partita.costmodel.models import resolve_model
-from partita.planner.build import predicted
+from partita.planner.estimate.build import predicted
 from partita.planner.search import SearchSpace, TrainConfig, search
 
 STACK = "megatron-2021"
@@ -47,7 +47,7 @@ def run_row(name, tp, pp, gpus, batch, published) -> dict:
     graph = capture(resolve_model(name), dtype="bf16")
     cluster = parse_cluster(f"{gpus // 8}x8xA100-80GB")
     train = TrainConfig(global_batch=batch)
-    # both priced on the software the published runs had (costmodel.stacks: Megatron-LM 2021), like for like
+    # both priced on the software the published runs had (costmodel.hardware.stacks: Megatron-LM 2021), like for like
     ours = search(graph, cluster, train, space=SearchSpace(stack=STACK))
     best = predicted(ours, ours.best)
     plan_s = time.perf_counter() - t0

@@ -10,7 +10,7 @@ import importlib
 
 from partita.costmodel.errors import PartitaError, InfeasibleError
 
-_NAMES = {"model_fingerprint": "partita.costmodel.fingerprint", "ModelSpec": "partita.costmodel.models.registry",
+_NAMES = {"model_fingerprint": "partita.costmodel.capture.fingerprint", "ModelSpec": "partita.costmodel.models.registry",
           "resolve_model": "partita.costmodel.models.registry", "PRESETS": "partita.costmodel.models.configs"}
 __all__ = ["PartitaError", "InfeasibleError", *_NAMES]
 

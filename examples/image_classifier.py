@@ -13,7 +13,7 @@ Run from the directory that holds `examples/` (the working directory is importab
   on every rank; keep it cheap and free of side effects.
 - `dataset()` is the data factory: it returns a `torch.utils.data.Dataset` (or IterableDataset) whose items
   are one row of a batch, `(image, label)`. partita shards it over the data-parallel ranks in an order that
-  depends only on the seed and the step (runtime/datasets.py), so a run resumed from a checkpoint, or on
+  depends only on the seed and the step (runtime/data/datasets.py), so a run resumed from a checkpoint, or on
   another number of ranks, sees the same batches.
 
 BatchNorm normalises over the samples it sees: under data parallelism each rank sees its own slice, so the

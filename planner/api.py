@@ -15,18 +15,18 @@ import torch
 import torch.nn as nn
 
 from partita.costmodel import ModelSpec, model_fingerprint, resolve_model
-from partita.costmodel.embeddings import find_tables
+from partita.costmodel.sparse.embeddings import find_tables
 from partita.costmodel.errors import InfeasibleError, PartitaError
 from partita.costmodel.models.meta import meta_build
 from partita.costmodel.hardware import Cluster, parse_cluster
 from partita.costmodel.models import with_seq
-from partita.costmodel.resources import with_allocator_headroom
-from partita.costmodel.trace import capture
-from partita.planner.build import build_plan
-from partita.planner.candidates import split_model, use_block_program
+from partita.costmodel.hardware.resources import with_allocator_headroom
+from partita.costmodel.capture.trace import capture
+from partita.planner.estimate.build import build_plan
+from partita.planner.enumerate.candidates import split_model, use_block_program
 from partita.planner.plan import Plan
 from partita.planner.search import SearchResult, TrainConfig, search
-from partita.planner.space import FIXABLE, SearchSpace, _ByDevice, check_scale, check_space, describe_fixed
+from partita.planner.enumerate.space import FIXABLE, SearchSpace, _ByDevice, check_scale, check_space, describe_fixed
 
 
 def _spec_for(model, example_inputs) -> ModelSpec:
@@ -55,7 +55,7 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     (after the CUDA context and NCCL reserve) plans leave free for the caching allocator; None keeps the
     device's (costmodel.hardware.DEFAULT_ALLOCATOR_HEADROOM for the presets).
 
-    A model with embedding tables (nn.EmbeddingBag) is planned by planner.rec_plan, its sparse part from
+    A model with embedding tables (nn.EmbeddingBag) is planned by planner.sparse.rec_plan, its sparse part from
     `sparse` (a rec_plan.SparseInputs: data sample or Zipf skew, fixed table shardings); the search
     result is then None."""
     space = _space_for(space, fixed)
@@ -88,7 +88,7 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     if space.fixed():
         p.solver["fixed"] = {k: list(v) if isinstance(v, tuple) else v for k, v in space.fixed().items()}
     if baselines:
-        from partita.planner.baselines import run_baselines
+        from partita.planner.estimate.baselines import run_baselines
         p.baselines = run_baselines(graph, cl, train, space.kernels, space.stack)
     p.solver["total_s"] = time.perf_counter() - t0
     return result, p
@@ -106,9 +106,9 @@ def plan(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConf
 
 
 def _plan_tables(spec, tables, cluster, train, space, sparse, fingerprint, progress, baselines) -> Plan:
-    """A model with embedding tables: planner.rec_plan (the dense part replicated or sharded over every rank,
+    """A model with embedding tables: planner.sparse.rec_plan (the dense part replicated or sharded over every rank,
     chosen with the tables' placement; `--zero 0` or `--zero 3` fixes that choice)."""
-    from partita.planner.rec_plan import DENSE_ZERO, SparseInputs, plan_rec
+    from partita.planner.sparse.rec_plan import DENSE_ZERO, SparseInputs, plan_rec
     if not tables:
         raise PartitaError(f"--data, --zipf, --pooling, --sparse-optimizer, --embedding-sharding and --embedding-costs "
                            f"apply to models with embedding tables (nn.EmbeddingBag); {spec.name} has none")
@@ -142,6 +142,6 @@ def _space_for(space: SearchSpace | None, fixed: dict) -> SearchSpace:
 
 
 def _fingerprint(spec: ModelSpec) -> str:
-    """The fingerprint the runtime checks, from the model built the same way (runtime.checks.build_meta:
+    """The fingerprint the runtime checks, from the model built the same way (runtime.launcher.checks.build_meta:
     on the meta device, ~10x faster than under fake mode)."""
     return model_fingerprint(meta_build(spec.build))

@@ -12,8 +12,8 @@ from rich.table import Table
 from rich.text import Text
 
 from partita.planner.plan import RECOMPUTE, one_line
-from partita.planner.strategies import SPLIT
-from partita.planner.space import fixed_text
+from partita.planner.enumerate.strategies import SPLIT
+from partita.planner.enumerate.space import fixed_text
 
 CATEGORY_STYLE = {"model_states": "cyan", "activations": "magenta", "workspace": "yellow", "embeddings": "green"}
 
@@ -285,10 +285,10 @@ def renderables(plan) -> Group:
             parts += [Text(""), uncosted_line(pred["uncosted_ops"])]
         parts += executable_lines(plan)
         if pred.get("assumptions"):
-            parts += [Text(""), Text("assumptions in force (costmodel.kernels, costmodel.streams, costmodel.comm):")]
+            parts += [Text(""), Text("assumptions in force (costmodel.price.kernels, costmodel.price.streams, costmodel.price.comm):")]
             parts += [Text(f"  - {a}") for a in pred["assumptions"]]
     if plan.embeddings:
-        from partita.planner.rec_plan import renderables as embedding_renderables
+        from partita.planner.sparse.rec_plan import renderables as embedding_renderables
         parts += [Text(""), *embedding_renderables(plan)]
     if plan.solver:
         parts += [Text(""), _solver(plan)]
@@ -306,7 +306,7 @@ def uncosted_line(ops: dict[str, int]) -> Text:
 
 def executable_lines(plan) -> list[Text]:
     """Tied weights held on two pipeline stages with their charged gradient all-reduce, and why a model was
-    planned without a pipeline (planner.executable)."""
+    planned without a pipeline (planner.plan.executable)."""
     out = []
     for t in plan.predicted.get("tied_weights") or []:
         a, b = t["params"]

@@ -1,10 +1,10 @@
-"""The outer search: every candidate of the space (planner.space, planner.candidates), solved by the
+"""The outer search: every candidate of the space (planner.enumerate.space, planner.enumerate.candidates), solved by the
 stage program in order of its lower bound.
 
-Candidates are solved in order of their lower bound (planner.candidates), skipping every one whose
+Candidates are solved in order of their lower bound (planner.enumerate.candidates), skipping every one whose
 bound is no better than the best plan found. The bound is valid, so pruning never loses the optimum.
 
-A `SearchSpace` restricts the choices; the baselines (planner.baselines) are searches over restricted
+A `SearchSpace` restricts the choices; the baselines (planner.estimate.baselines) are searches over restricted
 spaces with the same cost model and solver, so "the plan beats the baselines" is like for like.
 """
 from __future__ import annotations
@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from partita.costmodel.errors import InfeasibleError, PartitaError
-from partita.costmodel.fusion import with_kernels
-from partita.costmodel.graph import OpGraph
+from partita.costmodel.price.fusion import with_kernels
+from partita.costmodel.capture.graph import OpGraph
 from partita.costmodel.hardware import Cluster, GiB
-from partita.planner.candidates import Candidate, enumerate_candidates
-from partita.planner.executable import COMPILED_OFFLOAD_RECOMPUTE, offload_refusal
-from partita.planner.milp import TIME_LIMIT_NO_INCUMBENT, min_memory, phase_memory, polish, solve_stages
-from partita.planner.milp_blocks import solve_blocks, stage_p2p
-from partita.planner.phases import stage_memory
-from partita.planner.space import SearchSpace, TrainConfig, no_candidates_reason, resolve_stack
+from partita.planner.enumerate.candidates import Candidate, enumerate_candidates
+from partita.planner.plan.executable import COMPILED_OFFLOAD_RECOMPUTE, offload_refusal
+from partita.planner.solve.milp import TIME_LIMIT_NO_INCUMBENT, min_memory, phase_memory, polish, solve_stages
+from partita.planner.solve.milp_blocks import solve_blocks, stage_p2p
+from partita.planner.estimate.phases import stage_memory
+from partita.planner.enumerate.space import SearchSpace, TrainConfig, no_candidates_reason, resolve_stack
 
 
 @dataclass
@@ -44,7 +44,7 @@ def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
            space: SearchSpace = SearchSpace(), raise_infeasible: bool = True) -> SearchResult:
     t0 = time.perf_counter()
     cluster, space = resolve_stack(cluster, space)  # the stack's kernel constants and overlaps
-    graph = with_kernels(graph, space.kernels)  # a compiled run prices fused kernels (costmodel.fusion)
+    graph = with_kernels(graph, space.kernels)  # a compiled run prices fused kernels (costmodel.price.fusion)
     prefix, layers, suffix, cands = enumerate_candidates(graph, cluster, train, space)
     if not cands and raise_infeasible:
         kinds = {graph.g.nodes[n]["kind"] for group in layers for n in graph.nodes_of(group)}

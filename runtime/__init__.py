@@ -8,7 +8,7 @@ Python API (runtime.api): `run(plan, model_fn, dataset=None, steps=100, ...)` in
 train, steps, ...)` to plan on rank 0 and train on all ranks.
 
 Names load on first use (as in partita/__init__.py): a worker started as `-m partita.runtime.train` installs
-its signal handlers (runtime.stop) before torch is imported.
+its signal handlers (runtime.loop.stop) before torch is imported.
 """
 import importlib
 

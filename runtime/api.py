@@ -38,19 +38,19 @@ import torch.nn as nn
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.costmodel.models import ModelSpec
-from partita.planner.child import LOG_DIR_ENV, LOG_DIR_PREFIX, run_forwarding_signals
+from partita.child import LOG_DIR_ENV, LOG_DIR_PREFIX, run_forwarding_signals
 from partita.planner.plan import Plan
-from partita.runtime.allocator import configure_allocator
-from partita.runtime.console import stderr_line
-from partita.runtime.mesh import agree_on_attempt, broadcast_text, env_world, init_default, teardown
-from partita.runtime.report import (PEER_LOST, RankFailure, RunResult, first_failure, read_failure,
+from partita.runtime.loop.allocator import configure_allocator
+from partita.runtime.loop.console import stderr_line
+from partita.runtime.launcher.mesh import agree_on_attempt, broadcast_text, env_world, init_default, teardown
+from partita.runtime.loop.report import (PEER_LOST, RankFailure, RunResult, first_failure, read_failure,
                                     show_library_warnings_once)
-from partita.runtime.progress import DEFAULT_EVERY
-from partita.runtime.guards import EXIT_OK, stop_line
-from partita.runtime.stop import PROGRESS_ENV, die_with_parent, handled, recorded_step
+from partita.runtime.loop.progress import DEFAULT_EVERY
+from partita.runtime.loop.guards import EXIT_OK, stop_line
+from partita.runtime.loop.stop import PROGRESS_ENV, die_with_parent, handled, recorded_step
 
 PROGRESS_FILE = "steps-passed.json"
-"""In the launcher's directory: the step boundaries local rank 0 passed (runtime.stop.record_step)."""
+"""In the launcher's directory: the step boundaries local rank 0 passed (runtime.loop.stop.record_step)."""
 
 ModelArg = str | ModelSpec | Callable[[], nn.Module]
 
@@ -82,8 +82,8 @@ def model_spec(model: ModelArg, name: str | None = None, *, example_inputs=None,
     ids in the example batch (a token model given `vocab` trains on token cross-entropy without a `loss_fn`). `name` is read as data only: a preset, family or hf: name, never an import
     path (a plan file must not choose code; the plan's fingerprint is checked against `model_fn`'s module
     by the pre-flight instead). `seq_len` (the plan's): a MODEL string's model is built at that length
-    (runtime.session.at_seq_len), a given ModelSpec is taken as it is."""
-    from partita.runtime.session import at_seq_len  # loaded on use: the launcher (agent) never needs it
+    (runtime.loop.session.at_seq_len), a given ModelSpec is taken as it is."""
+    from partita.runtime.loop.session import at_seq_len  # loaded on use: the launcher (agent) never needs it
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):
@@ -117,12 +117,12 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset=None,
     """Train `steps` steps of the model `model_fn` builds under `plan`, on every rank of the job.
 
     `dataset`: None for the model's synthetic batches, a token file, a `package.module:factory` name of a
-    torch dataset, or a `torch.utils.data` Dataset / IterableDataset itself (runtime.data, runtime.datasets).
-    The other keywords are runtime.train's flags; progress lines (runtime.progress) go out with the report
+    torch dataset, or a `torch.utils.data` Dataset / IterableDataset itself (runtime.data, runtime.data.datasets).
+    The other keywords are runtime.train's flags; progress lines (runtime.loop.progress) go out with the report
     (`print_report`). Raises PartitaError for a plan, data or checkpoint that does not fit (before any step),
     session.NonFiniteLoss for a NaN/inf loss, and VerifyFailed (on every rank, after the report) when
     `verify` finds the run differs from one process -- where the CLI exits 1."""
-    from partita.runtime.session import RunOptions, execute, prepare
+    from partita.runtime.loop.session import RunOptions, execute, prepare
     p = _plan(plan)
     spec = model_spec(model_fn, p.model.get("name"), example_inputs=example_inputs, loss_fn=loss_fn, vocab=vocab,
                       seq_len=p.train.get("seq_len"))
@@ -217,7 +217,7 @@ def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | No
     One node: `nproc` defaults to the plan's world size. Several nodes: call it with the same arguments on
     every node, `nnodes=N, rdzv_endpoint="host:port"` (c10d rendezvous on a port of one of the nodes) and
     optionally `rdzv_id` (one per job) and `rdzv_timeout` (seconds to wait for the other nodes, default
-    runtime.rendezvous.DEFAULT_TIMEOUT); `nproc` defaults to world size / nnodes. `max_restarts` goes to
+    runtime.launcher.rendezvous.DEFAULT_TIMEOUT); `nproc` defaults to world size / nnodes. `max_restarts` goes to
     torchrun and runtime.train; other keywords are runtime.train flags (verify=True, checkpoint_dir="ckpt",
     checkpoint_every=2, resume=True, data="tokens.bin", losses_out="out.json", seed=..., lr=...). Raises
     PartitaError for a value that cannot run (steps < 1, nnodes not dividing the world size) before any
@@ -348,7 +348,7 @@ def _attempt_failures(log_dir: str) -> list:
 def _report(first) -> int:
     """Print a worker's failure (or a stop it was asked for) as the one line the user sees, and the traceback
     of an unexpected exception below it; return the exit code."""
-    if first.exitcode > 128:  # runtime.session.Stopped: every rank stopped after the same step
+    if first.exitcode > 128:  # runtime.loop.session.Stopped: every rank stopped after the same step
         stderr_line(f"partita: {first.message}")
     else:
         stderr_line(f"partita: error: {first.line()}")
@@ -358,7 +358,7 @@ def _report(first) -> int:
 
 
 def _name_the_cause(losses_out: str | None, first, since: float) -> None:
-    """--losses-out holds rank 0's failure: when that only says a peer went away (runtime.report.PEER_LOST)
+    """--losses-out holds rank 0's failure: when that only says a peer went away (runtime.loop.report.PEER_LOST)
     and the launcher knows which rank failed first, the file's `failure` names that rank (what rank 0 saw
     is kept as `failure_noticed`). Only a file this launcher's workers wrote (`since`: when it started)."""
     if not losses_out or first.peer_lost:
@@ -385,7 +385,7 @@ def _name_the_cause(losses_out: str | None, first, since: float) -> None:
 def _unreported_stop(signum: int, log_dir: str) -> int:
     """A signal stopped the job but no worker said where (none had started, or torchrun killed them before
     they reached a step boundary: a worker paused, or stuck in a collective): one line from the steps local
-    rank 0 recorded (runtime.stop.record_step); returns 128 + the signal."""
+    rank 0 recorded (runtime.loop.stop.record_step); returns 128 + the signal."""
     passed = recorded_step(Path(log_dir) / PROGRESS_FILE)
     if passed is None:
         line = f"stopped by {signal.Signals(signum).name} before the first step ended"
@@ -406,7 +406,7 @@ def _stop_on_signal(signum, frame):
 
 @contextlib.contextmanager
 def _stop_signals():
-    """Handlers of the stop signals (runtime.stop.handled; SIGINT stays KeyboardInterrupt) while the agent
+    """Handlers of the stop signals (runtime.loop.stop.handled; SIGINT stays KeyboardInterrupt) while the agent
     starts, and torchrun's own list of the signals it passes to the workers (the same, so a SIGHUP ignored
     under nohup stays ignored here too)."""
     signals = handled()
@@ -427,27 +427,27 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     and return the exit code: 0, or the first failing worker's (1 if it died by a signal).
 
     One node: `--standalone`. Several: c10d rendezvous at `rdzv_endpoint` (the same command on every
-    node), watched by runtime.rendezvous (deadline `rdzv_timeout`, progress lines, one line on failure).
-    The workers write their errors into torchrun's per-worker error files (runtime.report) in a log
+    node), watched by runtime.launcher.rendezvous (deadline `rdzv_timeout`, progress lines, one line on failure).
+    The workers write their errors into torchrun's per-worker error files (runtime.loop.report) in a log
     directory of this launcher; the first failure is printed as one line, `partita: error: rank R: ...`,
     with the traceback of an unexpected exception below it; the directory is removed. A worker that ends the
     job on purpose exits 0 with its code in its error file (runtime.train.AGENT_ENV), so that torchrun does
     not restart it, and that code is returned. SIGTERM, SIGINT, SIGHUP and SIGQUIT reach the workers through
-    torchrun's agent, which passes them on; the workers stop at a step boundary (runtime.stop) and their line
+    torchrun's agent, which passes them on; the workers stop at a step boundary (runtime.loop.stop) and their line
     is printed -- or, when torchrun had to kill them first, a line from the last step boundary they passed
-    (`_unreported_stop`). The directory is the one planner.child made (LOG_DIR_ENV) when it started this
+    (`_unreported_stop`). The directory is the one partita.child made (LOG_DIR_ENV) when it started this
     launcher, else a new one."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from partita.runtime import rendezvous
+    from partita.runtime.launcher import rendezvous
     from partita.runtime.train import AGENT_ENV
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # a fresh rendezvous store per attempt (runtime.mesh._store; pytorch#135712); needed across nodes
+    # a fresh rendezvous store per attempt (runtime.launcher.mesh._store; pytorch#135712); needed across nodes
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     os.environ[AGENT_ENV] = "1"
-    configure_allocator()  # the workers inherit it (runtime.allocator)
+    configure_allocator()  # the workers inherit it (runtime.loop.allocator)
     argv = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}"]
     if rdzv_endpoint:
         timeout = rdzv_timeout or rendezvous.DEFAULT_TIMEOUT
@@ -459,7 +459,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
         argv += [*rendezvous.register(rdzv_endpoint, timeout), f"--rdzv-id={rdzv_id or 'partita'}"]
     else:
         argv.append("--standalone")
-    log_dir = os.environ.get(LOG_DIR_ENV) or tempfile.mkdtemp(prefix=LOG_DIR_PREFIX)  # planner.child makes it
+    log_dir = os.environ.get(LOG_DIR_ENV) or tempfile.mkdtemp(prefix=LOG_DIR_PREFIX)  # partita.child makes it
     os.environ[PROGRESS_ENV] = str(Path(log_dir) / PROGRESS_FILE)
     argv += [f"--log-dir={log_dir}", "-m", "partita.runtime.train", *worker_argv]
     quiet = _AgentLog(log_dir, nnodes)

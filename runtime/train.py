@@ -20,14 +20,14 @@ line, `partita: error: rank R: <message>`, and the exit code is the first failin
 
 Checkpoints (runtime.checkpoint): with --checkpoint-every N, a DCP checkpoint is written atomically to
 DIR/step-<k> after every N-th step and after the last (--keep N: only the newest N); --resume continues from
-the newest intact one (under any plan and world size; runtime.resume). With --max-restarts K (the same K as
+the newest intact one (under any plan and world size; runtime.checkpoint.resume). With --max-restarts K (the same K as
 torchrun's), a run that torchrun restarts after a failure resumes from the newest intact checkpoint of its
-own run in DIR (runtime.ownership). Data (runtime.data): synthetic by default, windows of the token file
---data FILE, or the samples of a torch dataset --data package.module:factory (runtime.datasets). Progress
-(runtime.progress): rank 0 prints a line every --log-every steps, and writes TensorBoard scalars with
---tensorboard DIR; a closed or full stdout turns those lines off, never the training (runtime.console). Faults
-for tests: PARTITA_FAULT (runtime.faults). SIGTERM, SIGINT, SIGHUP and SIGQUIT stop every rank after the same
-step (runtime.stop).
+own run in DIR (runtime.checkpoint.ownership). Data (runtime.data): synthetic by default, windows of the token file
+--data FILE, or the samples of a torch dataset --data package.module:factory (runtime.data.datasets). Progress
+(runtime.loop.progress): rank 0 prints a line every --log-every steps, and writes TensorBoard scalars with
+--tensorboard DIR; a closed or full stdout turns those lines off, never the training (runtime.loop.console). Faults
+for tests: PARTITA_FAULT (runtime.loop.faults). SIGTERM, SIGINT, SIGHUP and SIGQUIT stop every rank after the same
+step (runtime.loop.stop).
 
 Exit codes: 0 success; 1 --verify found the losses differ beyond the dtype's tolerance; 2 the plan, data
 or checkpoint does not fit the model or world size (one line on stderr, before any step), or a checkpoint
@@ -42,8 +42,8 @@ import os
 import sys
 
 if __name__ == "__main__" and "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker: before torch loads,
-    from partita.runtime.stop import StopSignal, die_with_parent    # so a signal never prints a traceback
-    StopSignal().install()                                          # per rank (runtime.stop)
+    from partita.runtime.loop.stop import StopSignal, die_with_parent    # so a signal never prints a traceback
+    StopSignal().install()                                          # per rank (runtime.loop.stop)
     if os.environ.get("PARTITA_AGENT"):
         die_with_parent()
 
@@ -52,16 +52,16 @@ import gc  # noqa: E402
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.planner.plan import Plan
-from partita.planner.run_inputs import job_environment_error, option_errors, output_errors
-from partita.runtime.console import STDOUT, stderr_line
+from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors
+from partita.runtime.loop.console import STDOUT, stderr_line
 from partita.runtime.data import DTYPES
-from partita.runtime.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK
-from partita.runtime.mesh import agree_on_attempt, env_world, first_said, init_default, teardown
-from partita.runtime.progress import DEFAULT_EVERY
-from partita.runtime.report import show_library_warnings_once, write_error_file
-from partita.runtime.stop import StopSignal, die_with_parent
+from partita.runtime.loop.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK
+from partita.runtime.launcher.mesh import agree_on_attempt, env_world, first_said, init_default, teardown
+from partita.runtime.loop.progress import DEFAULT_EVERY
+from partita.runtime.loop.report import show_library_warnings_once, write_error_file
+from partita.runtime.loop.stop import StopSignal, die_with_parent
 
-# runtime.session (DCP, FSDP, DTensor: seconds of imports) loads in the workers only: the launcher process
+# runtime.loop.session (DCP, FSDP, DTensor: seconds of imports) loads in the workers only: the launcher process
 # (torchrun's agent, below) starts sooner without it
 
 
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous endpoint, the same on every node")
     g.add_argument("--rdzv-id", metavar="ID", help="job id, the same on every node (default: partita)")
     g.add_argument("--rdzv-timeout", type=float, metavar="S",
-                   help="seconds to wait for every node to join the rendezvous (runtime.rendezvous; default "
+                   help="seconds to wait for every node to join the rendezvous (runtime.launcher.rendezvous; default "
                         "300)")
     return p
 
@@ -147,7 +147,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def options(args: argparse.Namespace):
-    from partita.runtime.session import RunOptions
+    from partita.runtime.loop.session import RunOptions
     return RunOptions(steps=args.steps, seed=args.seed, lr=args.lr, verify=args.verify,
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       resume=args.resume, max_restarts=args.max_restarts, data=args.data,
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     launcher = any(getattr(args, name) is not None for name in LAUNCHER_FLAGS)
-    if launcher and (why := job_environment_error(os.environ)):  # (a worker's variables: planner.run_inputs)
+    if launcher and (why := job_environment_error(os.environ)):  # (a worker's variables: runtime.launcher.inputs)
         stderr_line(f"partita: error: {why}")
         return EXIT_ERROR
     if not args.check and launcher:
@@ -202,8 +202,8 @@ def main(argv=None) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    from partita.runtime import ownership
-    from partita.runtime.session import NonFiniteLoss, Stopped, at_seq_len, execute, prepare
+    from partita.runtime.checkpoint import ownership
+    from partita.runtime.loop.session import NonFiniteLoss, Stopped, at_seq_len, execute, prepare
     rank, _, world = env_world()
     show_library_warnings_once(rank)
     opts = options(args)
@@ -214,7 +214,7 @@ def _worker(args: argparse.Namespace) -> int:
         if args.check and "WORLD_SIZE" not in os.environ:
             # checking a plan outside torchrun: the launcher's world size if given, else the plan's
             world = (args.nproc_per_node * (args.nnodes or 1) if args.nproc_per_node else plan.mesh.world_size)
-        if plan.embeddings is not None:  # tables: TorchRec (runtime.rec)
+        if plan.embeddings is not None:  # tables: TorchRec (runtime.parallel.rec)
             return _rec(plan, spec, opts, world, rank, args)
         if not args.check:
             agree_on_attempt()
@@ -256,7 +256,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _rec(plan, spec, opts, world: int, rank: int, args) -> int:
-    from partita.runtime import rec
+    from partita.runtime.parallel import rec
     notes = rec.check(plan, spec, world)
     if args.check:
         if rank == 0:

@@ -57,7 +57,8 @@ def serve(conn) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     torch.set_num_threads(1)
-    from partita.runtime import session, train  # noqa: F401 -- imported once, for every job
+    from partita.runtime.loop import session  # noqa: F401 -- imported once, for every job
+    from partita.runtime import train
     home = os.getcwd()
     while True:
         job = conn.recv()
@@ -184,9 +185,9 @@ def close_shared() -> None:
 
 
 def cli(*args: str, cwd) -> Finished:
-    """partita's CLI (planner.cli.main) in this process, in `cwd`: `plan`, `explain`, `export` ... without a
+    """partita's CLI (partita.cli.main) in this process, in `cwd`: `plan`, `explain`, `export` ... without a
     process launch (a `run` is not for here: `run_plan` runs a plan's ranks)."""
-    from partita.planner.cli import main
+    from partita.cli import main
     home, out, err = os.getcwd(), io.StringIO(), io.StringIO()
     try:
         os.chdir(cwd)

@@ -129,7 +129,7 @@ def test_listing_and_explaining_import_no_torch(tmp_path):
     from partita.planner.search import TrainConfig
     plan("tiny-gpt", cluster="2xcpu", train=TrainConfig(global_batch=4)).save(tmp_path / "p.json")
     for argv in (["models"], ["explain", str(tmp_path / "p.json")]):
-        code = ("import sys; from partita.planner.cli import main; code = main(sys.argv[1:]); "
+        code = ("import sys; from partita.cli import main; code = main(sys.argv[1:]); "
                 "sys.stderr.write(repr(sorted(m for m in ('torch', 'cvxpy') if m in sys.modules))); sys.exit(code)")
         out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
                              cwd=tmp_path)

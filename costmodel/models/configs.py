@@ -25,7 +25,7 @@ class GPTConfig:
     """Dropout probability after attention scores, the attention output and the MLP (GPT-2 placement)."""
     loss: str = "plain"
     """Token cross-entropy: "plain" (F.cross_entropy on fp32 logits) or "fused" (one kernel keeping only the
-    logits, as llm-foundry and Liger train; costmodel.losses)."""
+    logits, as llm-foundry and Liger train; costmodel.models.losses)."""
     experts: int = 0
     """Mixture of experts: every block's MLP is `MoE` with this many SwiGLU experts (llama family); 0 means the
     dense MLP."""

@@ -15,8 +15,8 @@ is 128 + 27 * 26 / 2 = 479 wide).
 Tables are `nn.EmbeddingBag(rows, dim, mode="sum")` in a ModuleDict `embeddings`, one per feature, named
 `cat_0` ... (TorchRec's DLRM example names its features the same way). The forward takes the dense
 features (batch, dense) and the IDs (batch, tables, pooling): a fixed number of IDs per feature and
-sample, the mean pooling factor the plan is priced at (costmodel.embeddings). The planner finds the tables
-by their type (costmodel.embeddings.find_tables), so a user's own module with EmbeddingBag tables is
+sample, the mean pooling factor the plan is priced at (costmodel.sparse.embeddings). The planner finds the tables
+by their type (costmodel.sparse.embeddings.find_tables), so a user's own module with EmbeddingBag tables is
 planned the same way.
 
 `dlrm:` MODEL strings set every field: `dlrm:tables=500,rows=2000000,dim=128,bottom=512-256-128,

@@ -45,7 +45,7 @@ def _rotate_half(x):
 class Attention(nn.Module):
     context = None
     """None: causal attention over the tokens forward receives. Under context parallelism the runtime sets
-    an object whose `attend(attn, q, k, v)` attends over the whole sequence (runtime/cp.py)."""
+    an object whose `attend(attn, q, k, v)` attends over the whole sequence (runtime/parallel/cp.py)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -171,12 +171,12 @@ def grouped_mm(rows, weight, offs):
     multiplies its rows by weight[g] (as torch._grouped_mm, whose CPU and fake kernels want bf16 or aligned
     shapes). One fx node (torch.fx.wrap below) of kind "grouped_mm" running one custom op,
     `partita::grouped_mm`, which the cost model prices as the routed rows (tokens x k) through one expert
-    each (costmodel.flops), its backward as two such products."""
+    each (costmodel.price.flops), its backward as two such products."""
     return torch.ops.partita.grouped_mm(rows.to(weight.dtype), weight, offs)
 
 
 grouped_mm.custom_op = torch.ops.partita.grouped_mm.default
-"""The one operator this function runs: costmodel.trace reads which of its operands need gradients there."""
+"""The one operator this function runs: costmodel.capture.trace reads which of its operands need gradients there."""
 torch.fx.wrap("grouped_mm")
 
 
@@ -184,7 +184,7 @@ class MoEExperts(nn.Module):
     """`num_experts` SwiGLU experts stored as HuggingFace's MixtralExperts stores them -- gate_up_proj
     [E, 2 ffn, hidden] (gate rows first), down_proj [E, hidden, ffn] -- with its forward signature
     (hidden_states [T, h], top_k_index [T, k], top_k_weights [T, k]) -> [T, h], so expert parallelism
-    (runtime/ep.py) treats both alike. The routed rows are sorted by expert and run as two grouped GEMMs:
+    (runtime/parallel/ep.py) treats both alike. The routed rows are sorted by expert and run as two grouped GEMMs:
     static shapes, which symbolic_trace and fake tensors follow."""
 
     def __init__(self, cfg: GPTConfig):
@@ -242,7 +242,7 @@ class GPT(nn.Module):
 
     positions = None
     """None: the tokens forward receives are at positions 0..s-1. Under context parallelism the runtime sets
-    the global positions of this rank's tokens (a LongTensor of s; runtime/cp.py)."""
+    the global positions of this rank's tokens (a LongTensor of s; runtime/parallel/cp.py)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()

@@ -43,7 +43,7 @@ Loss and example batch (`example_inputs(batch)` = (input_ids, labels), both [bat
   (`_speech_inputs`); a speech model with other audio inputs is one line. A head whose forward takes no
   `input_ids` is refused likewise (`_takes_token_ids`).
 
-These models are captured with torch.export (costmodel.export_capture): symbolic_trace cannot follow
+These models are captured with torch.export (costmodel.capture.export): symbolic_trace cannot follow
 their control flow. `export_context()` makes the trace follow the path eager training takes on such a
 batch (see its docstring).
 """
@@ -259,7 +259,7 @@ def _culprits(e: BaseException, kw: dict[str, Any]) -> str:
 
 def _architecture(cfg) -> dict[str, Any]:
     """What an export needs beyond sizes to name the architecture: the rotary base and whether the input and
-    output embeddings are tied (planner.export)."""
+    output embeddings are tied (partita.export)."""
     rope = getattr(cfg, "rope_parameters", None) or {}
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None
     theta = theta if theta is not None else getattr(cfg, "rope_theta", None)
@@ -364,7 +364,7 @@ def export_context(root: nn.Module | None = None):
       the experts a batch hits (`nonzero`) and gathers each expert's tokens: shapes that depend on the
       routing, which torch.export cannot follow on fake tensors. "grouped_mm" sorts the tokens x top-k
       routed rows by expert and runs one grouped GEMM over them: the same rows through the same experts
-      (FLOPs = tokens x k x one expert's, costmodel.flops), static shapes, and the dispatch (sort, gather)
+      (FLOPs = tokens x k x one expert's, costmodel.price.flops), static shapes, and the dispatch (sort, gather)
       and combine (weighted sum) as memory-bound ops. It is also transformers' default where it can run.
     """
     try:

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from partita.costmodel.errors import PartitaError
-from partita.costmodel.kjt import adapt, is_kjt
+from partita.costmodel.sparse.kjt import adapt, is_kjt
 from partita.costmodel.models.gpt import GPT, GPTConfig
 
 from partita.costmodel.models.configs import PRESETS  # noqa: E402 (the presets, torch-free)
@@ -48,7 +48,7 @@ class ModelSpec:
     """FQN prefix of the repeated layers (e.g. "blocks"), when known; otherwise found from the graph."""
     vocab: int | None = None
     capture: str = "auto"
-    """How costmodel.trace captures it: "fx" (torch.fx.symbolic_trace), "export" (torch.export, e.g. for
+    """How costmodel.capture.trace captures it: "fx" (torch.fx.symbolic_trace), "export" (torch.export, e.g. for
     HuggingFace models), or "auto" (symbolic_trace, then torch.export if that fails)."""
     loss_fn: Callable[..., torch.Tensor] | None = None
     """loss_fn(model, *example_inputs) -> scalar loss, captured with the model. None: token cross-entropy
@@ -57,7 +57,7 @@ class ModelSpec:
     """The same model at another sequence length, for families whose `config` is not a GPTConfig."""
     at_depth: Callable[[int], "ModelSpec"] | None = None
     """The same model with n layers under `layer_prefix`: capture records a deep stack from a 3-layer copy
-    (costmodel.replicate), 30x fewer nodes to run for a 100-layer model."""
+    (costmodel.capture.replicate), 30x fewer nodes to run for a 100-layer model."""
 
     def tokens(self, batch: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """A batch of token ids of shape (batch, seq_len + 1): inputs are [:, :-1], targets [:, 1:]."""
@@ -126,14 +126,14 @@ def _import_factory(spec: str) -> ModelSpec:
 
     Planning never allocates the model: the factory is probed (for the inputs' shapes and dtypes) on the
     meta device, or under FakeTensorMode if its code reads tensor values, and capture builds it the same
-    way (costmodel.trace.build_fake). Only `build()` outside those modes -- the runtime -- makes real
+    way (costmodel.capture.trace.build_fake). Only `build()` outside those modes -- the runtime -- makes real
     parameters. Example inputs are zeros of the probed shapes and dtypes (values do not change costs).
 
     With a `loss_fn(module, *batch) -> scalar loss` (e.g. images and labels -> cross-entropy), the model
     is planned and trained with that loss over batches shaped like the example inputs (runtime.data);
     integer inputs other than tokens (class labels) are drawn below `_label_bound` in synthetic batches.
     Example inputs may hold TorchRec KeyedJaggedTensors (a model with an EmbeddingBagCollection): the model
-    is then planned and run behind costmodel.kjt.KJTModel, which takes each as one ID tensor.
+    is then planned and run behind costmodel.sparse.kjt.KJTModel, which takes each as one ID tensor.
     Without one, a token model -- one integer input [batch, seq] and a vocabulary (`_token_vocab`) -- gets
     `vocab` and `seq_len`, so it is planned and trained as the presets are: token cross-entropy over its
     logits.

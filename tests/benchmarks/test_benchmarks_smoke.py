@@ -54,7 +54,7 @@ def test_planner_speed_one_small_model(results):
 def test_fidelity_plans_and_statistics():
     from benchmarks import fidelity
     from partita.costmodel.hardware import parse_cluster
-    from partita.costmodel.resources import cluster_to_dict
+    from partita.costmodel.hardware.resources import cluster_to_dict
     assert fidelity.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert fidelity.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert fidelity.spearman([1, 2, 2, 3], [1, 2, 2, 3]) == pytest.approx(1.0)

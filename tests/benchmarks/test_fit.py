@@ -13,7 +13,7 @@ from benchmarks.published import row_key
 from benchmarks.published_data import ROWS
 from benchmarks.published_kernels import KERNEL_ROWS
 from partita.costmodel.hardware import KERNEL_FIELDS
-from partita.costmodel.stacks import STACKS
+from partita.costmodel.hardware.stacks import STACKS
 
 
 @pytest.fixture(scope="module")

@@ -127,7 +127,7 @@ def test_an_out_of_memory_run_is_an_oom_row(tmp_path):
     case = Case("oom", "a 2M-token vocabulary", "gpt:layers=1,hidden=256,heads=2,seq=16,vocab=2000000", 2)
     planned = Planned(case, plan_case(case, "H200-141GB"))
     planned.plan.save(tmp_path / "plan.json")
-    run = (f"ulimit -v 1600000; exec {sys.executable} -m partita.planner.cli run {tmp_path / 'plan.json'} "
+    run = (f"ulimit -v 1600000; exec {sys.executable} -m partita.cli run {tmp_path / 'plan.json'} "
            f"--model {case.model} --steps 2 --losses-out {tmp_path / 'out.json'}")
     proc = subprocess.run(["bash", "-c", run], capture_output=True, text=True, cwd=ROOT, timeout=300)
     row = gpu.result_row(planned, proc.returncode, proc.stdout + proc.stderr, None)

@@ -18,7 +18,7 @@ from benchmarks import published  # noqa: E402
 from benchmarks.published_data import (HARDWARE_TFLOPS, METRICS, ROWS, SKIPPED, TOKENS, Model, Row,  # noqa: E402
                                        Table)
 from partita.costmodel.hardware import gpu_device, DEVICES  # noqa: E402
-from partita.planner.options import RECOMPUTE  # noqa: E402
+from partita.planner.enumerate.options import RECOMPUTE  # noqa: E402
 
 
 def test_data_meets_the_benchmark_requirements():

@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
 from benchmarks import published  # noqa: E402  (imports published_data, which appends the current rows)
 from benchmarks.published_data import ROWS, SKIPPED  # noqa: E402
 from benchmarks.published_data_current import CURRENT_ROWS, CURRENT_SKIPPED  # noqa: E402
-from partita.costmodel.stacks import STACKS  # noqa: E402
+from partita.costmodel.hardware.stacks import STACKS  # noqa: E402
 
 COMMIT = re.compile(r"@ [0-9a-f]{7,40}\b")
 

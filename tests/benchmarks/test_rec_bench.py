@@ -24,7 +24,7 @@ def test_scoring_reproduces_torchrecs_own_rating():
 def test_partita_score_is_the_programs_step():
     inst = rec.instances(3)[2]
     ours = rec.partita_plan(inst)
-    from partita.planner.embeddings import solve_tables
+    from partita.planner.sparse.embeddings import solve_tables
     tables, accesses, ctx = rec._partita_inputs(inst)
     step = solve_tables(tables, accesses, ctx, dense_s=0.0, dense_hbm=0.0).step_s
     assert rec.partita_score(inst, ours["choices"]) == pytest.approx(step, rel=1e-9)
@@ -35,7 +35,7 @@ def test_with_torchrecs_costs_the_program_minimises_torchrecs_score():
     objective), and the exact solve is no worse than TorchRec's greedy proposals by that rating."""
     inst = rec.instances(3)[2]
     ours, theirs = rec.partita_plan(inst, pricing="torchrec"), rec.torchrec_plan(inst)
-    from partita.planner.embeddings import solve_tables
+    from partita.planner.sparse.embeddings import solve_tables
     tables, accesses, ctx = rec._partita_inputs(inst, "torchrec")
     sol = solve_tables(tables, accesses, ctx, dense_s=0.0, dense_hbm=0.0)
     score = rec.torchrec_score(inst, ours["choices"])
@@ -52,7 +52,7 @@ def test_rechoosing_options_after_the_placement_shortens_the_step(monkeypatch):
     tables whole that the slowest rank cannot afford; changing one table's option at a time takes the plan from
     worse than TorchRec's planner to better, within memory, and never lengthens the step."""
     import numpy as np
-    import partita.planner.embeddings as emb
+    import partita.planner.sparse.embeddings as emb
     inst = rec.instances(35)[34]
     tables, accesses, ctx = rec._partita_inputs(inst, "torchrec")
     costs = emb.option_costs(tables, accesses, ctx)
@@ -71,7 +71,7 @@ def test_rechoosing_options_after_the_placement_shortens_the_step(monkeypatch):
 def test_the_rank_indexed_solve_gets_its_node_budget(monkeypatch):
     """The exact program improves on the placement for EXACT_NODES branch-and-bound nodes (a local once named
     `nodes`, the cluster's node count, shadowed the budget: 2 nodes on 2 x 8 GPUs)."""
-    import partita.planner.embeddings as emb
+    import partita.planner.sparse.embeddings as emb
     inst = rec.instances(3)[2]  # benchmarks.rec's i02: 8 tables on 2 x 8 A100-80GB, solved rank-indexed
     budgets, solve = [], emb._solve
     monkeypatch.setattr(emb, "_solve", lambda *a, **k: budgets.append(a[4] if len(a) > 4 else k.get("nodes"))

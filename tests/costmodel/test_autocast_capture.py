@@ -1,4 +1,4 @@
-"""A bf16 capture records the model as the runtime's torch.autocast runs it (costmodel.trace, costmodel.autocast).
+"""A bf16 capture records the model as the runtime's torch.autocast runs it (costmodel.capture.trace, costmodel.capture.autocast).
 
 Its saved bytes are checked against a real CPU autocast forward, per recompute policy, by
 tests/costmodel/test_saved_bytes_by_recompute.py. Here: the weight casts on their own -- 2 bytes per element
@@ -9,8 +9,8 @@ import pytest
 import torch.nn as nn
 
 from partita.costmodel.models import resolve_model
-from partita.costmodel.trace import capture
-from partita.runtime.recipe import build_model
+from partita.costmodel.capture.trace import capture
+from partita.runtime.loop.recipe import build_model
 
 MODELS = ["tiny-gpt", "tiny-llama", "hf:gpt2"]
 
@@ -45,7 +45,7 @@ def test_one_bf16_cast_of_each_weight_is_saved_whatever_the_batch(name):
 
 
 def test_cuda_lists_save_a_materialised_softmax_in_fp32():
-    """CUDA autocast runs softmax in fp32 where CPU autocast keeps the input's bf16 (costmodel.autocast):
+    """CUDA autocast runs softmax in fp32 where CPU autocast keeps the input's bf16 (costmodel.capture.autocast):
     the saved attention probabilities of a materialised attention are twice the bytes under CUDA's lists."""
     spec = resolve_model("gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32,attention=math")
     by = {p: capture(spec, dtype="bf16", autocast=p).as_run("autocast") for p in ("cpu", "cuda")}

@@ -14,7 +14,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from partita.costmodel import calibrate, calibrate_fit, calibrate_links, comm
+from partita.costmodel import calibrate
+
+from partita.costmodel.calibrate import fit as calibrate_fit, links as calibrate_links
+
+from partita.costmodel.price import comm
 from partita.costmodel.hardware import parse_cluster
 from tests.runtime.spawned import teardown
 
@@ -148,7 +152,7 @@ def test_the_summary_says_why_the_written_peak_is_below_the_printed_one():
 
 def test_quick_promises_no_duration_it_cannot_keep(capsys):
     """It said ~5 s (partita calibrate --help) and ~20 s (python -m partita.costmodel.calibrate) and took 59 s."""
-    from partita.planner.cli import build_parser
+    from partita.cli import build_parser
     helps = [a.help for p in (build_parser()._subparsers._group_actions[0].choices["calibrate"],)
              for a in p._actions if "--quick" in a.option_strings]
     with pytest.raises(SystemExit):

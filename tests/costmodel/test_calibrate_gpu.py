@@ -12,8 +12,8 @@ import torch
 import torch.multiprocessing as mp
 
 from partita.costmodel import calibrate
-from partita.costmodel.calibrate_device import Gpu, links_preset
-from partita.costmodel.calibrate_links import measure_collectives, rank_device
+from partita.costmodel.calibrate.device import Gpu, links_preset
+from partita.costmodel.calibrate.links import measure_collectives, rank_device
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.hardware import DEVICES, parse_cluster
 
@@ -147,8 +147,8 @@ def test_a_real_h200_calibration_keeps_the_datasheet_peak_and_prices_what_it_mea
     """On the H200 the quick probe's largest square matmul (n = 1024) ran at 78 TFLOP/s, launch-bound; taken
     as the peak it priced that GPU's GEMMs and attention 3-9x too slow. The efficiencies are fractions of the
     datasheet peak, as the presets' are, and the calibrated device prices the kernels it timed."""
-    from partita.costmodel.calibrate_device import gpu_device
-    from partita.costmodel.kernel_fit import errors, usable
+    from partita.costmodel.calibrate.device import gpu_device
+    from partita.costmodel.hardware.kernel_fit import errors, usable
     local, gpu = _h200_calibration()
     assert max(r["flops_per_s"] for r in local["matmul"]["bf16"]) < 0.1 * DEVICES["H200-141GB"].peak_flops["bf16"]
     dev, how = gpu_device(local, None, gpu)
@@ -162,7 +162,7 @@ def test_a_real_h200_calibration_keeps_the_datasheet_peak_and_prices_what_it_mea
 
 
 def test_a_gpu_without_a_preset_takes_its_fastest_measured_rate_as_peak():
-    from partita.costmodel.calibrate_device import gpu_peaks
+    from partita.costmodel.calibrate.device import gpu_peaks
     local, _ = _h200_calibration()
     peak = gpu_peaks(local, Gpu("NVIDIA H999", 100 * 2**30, (9, 0), 1))
     fastest = max(r["tflops"] for r in local["kernels"] if r["kind"] == "gemm" and "tflops" in r) * 1e12

@@ -1,11 +1,11 @@
 """Tree all-reduce and the ring/tree choice, all-to-all, broadcast: hand-computed from the formulas in
-costmodel/comm.py's docstring with a reference device (alpha_i 5 us, beta_i 600 GB/s; alpha_e 10 us,
+costmodel/price/comm.py's docstring with a reference device (alpha_i 5 us, beta_i 600 GB/s; alpha_e 10 us,
 beta_e 25 GB/s; links at their full figures), so the numbers below are the formulas' own."""
 from dataclasses import replace
 
 import pytest
 
-from partita.costmodel import comm
+from partita.costmodel.price import comm
 from partita.costmodel.hardware import parse_cluster
 
 

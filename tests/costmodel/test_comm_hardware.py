@@ -1,6 +1,6 @@
 import pytest
 
-from partita.costmodel import comm
+from partita.costmodel.price import comm
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.hardware import DEVICES, parse_cluster
 

@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from partita.costmodel import PartitaError
 from partita.costmodel.models import resolve_model
 from partita.planner.api import plan
-from partita.planner.space import TrainConfig
+from partita.planner.enumerate.space import TrainConfig
 
 _RECORDING_FACTORY = '''
 import torch
@@ -60,7 +60,7 @@ _MEASURE = '''
 import json, resource, sys
 sys.path.insert(0, sys.argv[1])
 from partita.planner.api import plan
-from partita.planner.space import TrainConfig
+from partita.planner.enumerate.space import TrainConfig
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 p = plan("partita_big_factory:factory", cluster="8xA100-80GB", train=TrainConfig(global_batch=8))
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -59,7 +59,7 @@ def test_bad_family_strings_are_one_clear_line(spec, needle):
 
 
 def test_the_listings_name_the_keys(capsys):
-    from partita.planner.cli import main
+    from partita.cli import main
     assert main(["models"]) == 0
     out = capsys.readouterr().out
     assert "attention=sdpa|math" in out and "dropout=" in out and "kv_heads" in out

@@ -2,10 +2,10 @@
 each test fails if its term is dropped, by checking that a prediction grows by exactly the term times
 its count.
 
-- Device.sync_latency: every message step of a collective in a step (costmodel.comm, alpha + sync);
-- Device.sharded_op_latency: every launch of a node run on DTensors (planner.strategies);
+- Device.sync_latency: every message step of a collective in a step (costmodel.price.comm, alpha + sync);
+- Device.sharded_op_latency: every launch of a node run on DTensors (planner.enumerate.strategies);
 - Device.redistribute_latency: every tensor-parallel collective, a DTensor redistribution;
-- Device.sharded_param_latency: every parameter held as a DTensor, per optimizer step (planner.options);
+- Device.sharded_param_latency: every parameter held as a DTensor, per optimizer step (planner.enumerate.options);
 - the loss all-reduce every step issues (planner.search.step_sync);
 - one backward all-reduce per column-parallel layer, as DTensor's ColwiseParallel issues them.
 """
@@ -14,12 +14,14 @@ import json
 
 import pytest
 
-from partita.costmodel import calibrate_fit, calibrate_local, comm
+from partita.costmodel.calibrate import fit as calibrate_fit, local as calibrate_local
+
+from partita.costmodel.price import comm
 from partita.costmodel.hardware import DEVICES, Cluster, conservative_device
-from partita.costmodel.memory import state_bytes
-from partita.costmodel.resources import SCHEMA, cluster_from_dict, cluster_to_dict
-from partita.planner.options import Variant, cost_variant
-from partita.planner.strategies import BACKWARD_LAUNCHES, launches, replicate_option, sequence_option, tensor_option
+from partita.costmodel.price.memory import state_bytes
+from partita.costmodel.hardware.resources import SCHEMA, cluster_from_dict, cluster_to_dict
+from partita.planner.enumerate.options import Variant, cost_variant
+from partita.planner.enumerate.strategies import BACKWARD_LAUNCHES, launches, replicate_option, sequence_option, tensor_option
 
 MODEL = "gpt:layers=2,hidden=64,heads=4,seq=16,vocab=128"
 CPU = DEVICES["cpu"]
@@ -181,7 +183,7 @@ def test_sharded_param_latency_is_paid_per_dtensor_parameter_per_step(graph_of):
 
 def test_every_step_pays_one_loss_all_reduce_over_all_ranks(graph_of):
     from partita.planner.search import SearchSpace, TrainConfig
-    from partita.planner.candidates import _Bases, build_candidate, split_model, step_sync
+    from partita.planner.enumerate.candidates import _Bases, build_candidate, split_model, step_sync
     g = graph_of(MODEL)
     s = 6e-4
     base, slow = _cluster(4), _cluster(4, sync_latency=s)
@@ -196,7 +198,7 @@ def test_every_step_pays_one_loss_all_reduce_over_all_ranks(graph_of):
     # one stage, no TP: the runtime's DDP, whose buckets overlap the backward but the last (25 MiB)
     extra = sum(cost_variant(Variant(o), base, state_bytes("fp32", "adam"), 0, 4, 1, 2, ddp_overlap=True).flush
                 for o in c.parts["extra_options"].values())
-    from partita.planner.candidates import DDP_BUCKET_BYTES
+    from partita.planner.enumerate.candidates import DDP_BUCKET_BYTES
     grads = 4 * sum(sum(d["params"].values()) for _, d in g.g.nodes(data=True))
     last = comm.all_reduce(base, comm.group_for(base, 4, 1), min(DDP_BUCKET_BYTES, grads)) \
         * (1 - base.device.overlap_slowdown)
@@ -206,7 +208,7 @@ def test_every_step_pays_one_loss_all_reduce_over_all_ranks(graph_of):
 # ------------------------------------------------------------------------------------ offload
 
 def test_offloaded_activations_add_their_copies_out_and_back_to_the_step(graph_of):
-    """runtime.offload copies a block's saved activations on the compute stream (costmodel.streams): the variant
+    """runtime.parallel.offload copies a block's saved activations on the compute stream (costmodel.price.streams): the variant
     that offloads costs its twin's time plus the bytes out and back at the host link, however fast the
     link, and the host lane (the states' copies) carries none of them."""
     g, layer = _layer(graph_of)

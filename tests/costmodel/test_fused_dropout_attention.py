@@ -1,10 +1,10 @@
-"""scaled_dot_product_attention with dropout is captured as the fused kernel a GPU runs (costmodel.trace,
+"""scaled_dot_product_attention with dropout is captured as the fused kernel a GPU runs (costmodel.capture.trace,
 fused_attention_call): it keeps q, k, v, its output, the log-sum-exp and the generator state, never the
 s x s scores, probabilities or mask that CPU's math fallback would save."""
 from partita.costmodel.models import resolve_model
-from partita.costmodel.trace import RNG_STATE_BYTES, capture
+from partita.costmodel.capture.trace import RNG_STATE_BYTES, capture
 from partita.planner.api import plan
-from partita.planner.space import SearchSpace, TrainConfig
+from partita.planner.enumerate.space import SearchSpace, TrainConfig
 
 GPT = "gpt:layers=2,hidden=128,heads=4,vocab=256,seq={seq},dropout={p}"
 

@@ -1,4 +1,4 @@
-"""costmodel.fusion: a compiled run prices each connected run of memory-bound operators as one kernel that
+"""costmodel.price.fusion: a compiled run prices each connected run of memory-bound operators as one kernel that
 moves only its external bytes and saves no tensor that never leaves its group (as AOTAutograd's
 partitioner, checked against a real torch.compile'd block); matmuls and attention are untouched; groups
 never make the graph cyclic. A compiled plan is predicted faster and smaller than the same plan run
@@ -9,18 +9,18 @@ import networkx as nx
 import pytest
 
 from partita.costmodel.errors import PartitaError
-from partita.costmodel.fusion import compiled, fusion_groups, group_bytes, is_layer
+from partita.costmodel.price.fusion import compiled, fusion_groups, group_bytes, is_layer
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.trace import capture
+from partita.costmodel.capture.trace import capture
 from partita.planner.api import plan
-from partita.planner.candidates import split_model
+from partita.planner.enumerate.candidates import split_model
 from partita.planner.explain import explain
 from partita.planner.plan import Plan, PlanError
-from partita.planner.space import SearchSpace, TrainConfig
-from partita.planner.strategies import launches, node_seconds
-from partita.runtime.blocks import is_layer as runtime_is_layer
-from partita.runtime.checks import preflight
+from partita.planner.enumerate.space import SearchSpace, TrainConfig
+from partita.planner.enumerate.strategies import launches, node_seconds
+from partita.runtime.parallel.blocks import is_layer as runtime_is_layer
+from partita.runtime.launcher.checks import preflight
 
 LLAMA = "llama:layers=3,hidden=256,heads=8,kv_heads=4,seq=256,vocab=512"
 GPT = "gpt:layers=3,hidden=256,heads=8,seq=256,vocab=512"
@@ -185,7 +185,7 @@ def test_a_compiled_plan_is_faster_says_so_and_the_runtime_takes_it():
 
 
 def test_a_compiled_search_never_offloads_what_a_selective_checkpoint_keeps():
-    """The runtime cannot compile a selective checkpoint that offloads (planner.executable.offload_refusal),
+    """The runtime cannot compile a selective checkpoint that offloads (planner.plan.executable.offload_refusal),
     so the search leaves that variant out: eager, memory pressure makes the plan offload selectively kept
     activations; compiled, the plan does without, and the runtime takes it."""
     train, fixed = TrainConfig(global_batch=16, dtype="bf16"), dict(tp=1, recompute="selective")
@@ -200,7 +200,7 @@ def test_a_compiled_search_never_offloads_what_a_selective_checkpoint_keeps():
 
 
 def test_only_the_layers_are_compiled(graph):
-    """The runtime compiles the layers (costmodel.fusion.is_layer, which runtime.blocks uses); the embedding
+    """The runtime compiles the layers (costmodel.price.fusion.is_layer, which runtime.parallel.blocks uses); the embedding
     and the head are priced eager, as they run."""
     layers = {g for g in graph.groups if is_layer(g)}
     assert layers == set(graph.repeated())  # a transformer's layers are its repeated groups
@@ -241,7 +241,7 @@ def test_a_torch_whose_policies_do_not_see_outputs_gets_no_selective_offload(mon
     """Offloading what a selective or op checkpoint keeps needs SelectiveCheckpointContext.op_output (torch
     2.13 has it, 2.11 has not; a shipped plan doing it failed on a lent H200's torch 2.11). Under such a torch
     the search leaves those variants out and the pre-flight refuses a plan that has one, in one line."""
-    from partita.planner import executable
+    from partita.planner.plan import executable
     train, fixed = TrainConfig(global_batch=16, dtype="bf16"), dict(tp=1, recompute="selective")
     eager = plan("llama3-8b", cluster="1x8xA100-40GB", train=train, **fixed)
     assert any(b.offload_activations and b.recompute == "selective" for b in eager.blocks)

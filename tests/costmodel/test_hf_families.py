@@ -11,11 +11,11 @@ from torch.utils.flop_counter import FlopCounterMode
 pytest.importorskip("transformers")
 
 from partita.costmodel.errors import PartitaError  # noqa: E402
-from partita.costmodel.flops import register_missing_formulas  # noqa: E402
+from partita.costmodel.price.flops import register_missing_formulas  # noqa: E402
 from partita.costmodel.models import resolve_model  # noqa: E402
-from partita.costmodel.trace import capture  # noqa: E402
+from partita.costmodel.capture.trace import capture  # noqa: E402
 from partita.planner.api import plan_search  # noqa: E402
-from partita.planner.space import TrainConfig  # noqa: E402
+from partita.planner.enumerate.space import TrainConfig  # noqa: E402
 
 _TINY = "num_hidden_layers=2,hidden_size=128,num_attention_heads=4,vocab_size=512"
 _DECODER = f"{_TINY},intermediate_size=256,num_key_value_heads=2"
@@ -173,7 +173,7 @@ def test_whisper_is_planned_whole_encoder_and_decoder():
     fqns = [b.fqn for b in p.blocks]
     assert sum(f.startswith("model.encoder.layers.") for f in fqns) == 2  # encoder_layers is read
     assert sum(f.startswith("model.decoder.layers.") for f in fqns) == 3
-    assert p.mesh.pp == 1  # a sequence-to-sequence model is not pipelined (planner.executable)
+    assert p.mesh.pp == 1  # a sequence-to-sequence model is not pipelined (planner.plan.executable)
     with pytest.raises(PartitaError, match=r"^'hf:speech_to_text' \(Speech2TextForConditionalGeneration\) is a "
                                            r"speech model whose audio inputs partita does not make"):
         resolve_model("hf:speech_to_text")

@@ -1,11 +1,11 @@
-"""costmodel.kernel_fit: kernel constants by least squares from kernel timings. Rows priced by a device with
+"""costmodel.hardware.kernel_fit: kernel constants by least squares from kernel timings. Rows priced by a device with
 known constants come back as those constants (the fit is the inverse of the pricing)."""
 import dataclasses
 
 import pytest
 
 from partita.costmodel.hardware import DEVICES
-from partita.costmodel.kernel_fit import fit_kernel_constants, normalise, predict, usable
+from partita.costmodel.hardware.kernel_fit import fit_kernel_constants, normalise, predict, usable
 
 TRUE = dataclasses.replace(
     DEVICES["H200-141GB"], matmul_efficiency=0.72, gemm_half_mn=3e5, gemm_split_k=8192.0, gemm_half_dim=0.0,
@@ -59,7 +59,7 @@ def test_rows_that_failed_to_run_or_are_spelled_mkn_are_read():
 
 
 def test_a_host_bound_gemm_backward_is_left_out_of_fits_and_named_when_judged():
-    from partita.costmodel.kernel_fit import host_bound, measured_keys
+    from partita.costmodel.hardware.kernel_fit import host_bound, measured_keys
     compute_bound = {"kind": "gemm", "m": 8192, "k": 4096, "n": 4096, "fwd_s": 4.0e-4, "bwd_s": 8.4e-4}
     waited = {"kind": "gemm", "mkn": [1024, 8192, 1024], "fwd_s": 3.9e-5, "fwd_bwd_s": 3.4e-4}  # H200, quick calibrate
     assert host_bound(compute_bound) == set() and measured_keys(compute_bound) == ["fwd_s", "bwd_s"]

@@ -1,5 +1,5 @@
 """Every kernel a real GPU timed (GPU-MEASUREMENTS.md, as data in benchmarks/data/) priced by the preset
-for that GPU and today's PyTorch: the constants come from a fit (costmodel.kernel_fit via benchmarks.fit),
+for that GPU and today's PyTorch: the constants come from a fit (costmodel.hardware.kernel_fit via benchmarks.fit),
 and this checks the preset prices what was measured.
 
 Bounds, from the data themselves: the 'Kernels' table (default dispatch, the shapes of the two models the
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from partita.costmodel.hardware import DEVICES
-from partita.costmodel.kernel_fit import errors, predict
+from partita.costmodel.hardware.kernel_fit import errors, predict
 
 DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "kernels_h200_torch2.11.json"
 ROWS = json.loads(DATA.read_text())["rows"]

@@ -1,12 +1,12 @@
-"""Compute by kernel kind and shape (costmodel.kernels): GEMMs on a shape-dependent roofline, fused
+"""Compute by kernel kind and shape (costmodel.price.kernels): GEMMs on a shape-dependent roofline, fused
 attention by the kernel the stack dispatches, everything else memory-bound."""
 from dataclasses import replace
 
 import pytest
 
 from partita.costmodel.hardware import DEVICES, gpu_device, parse_cluster
-from partita.costmodel.kernels import (attention_work_share, gemm_efficiency, node_time, saturation, sdpa_kernel)
-from partita.planner.strategies import node_seconds, replicate_option, tensor_option
+from partita.costmodel.price.kernels import (attention_work_share, gemm_efficiency, node_time, saturation, sdpa_kernel)
+from partita.planner.enumerate.strategies import node_seconds, replicate_option, tensor_option
 
 # A device with every curve set to known values, so the tests check the formulas, not fitted numbers.
 DEV = replace(DEVICES["H100-80GB"], matmul_efficiency=0.7, gemm_half_mn=2e5, gemm_split_k=4096.0, gemm_half_dim=0.0,
@@ -127,7 +127,7 @@ def test_a_device_without_shape_curve_runs_every_gemm_at_one_efficiency():
 
 
 def test_block_options_carry_the_shape_effect(graph_of):
-    """The planner's per-node times (planner.strategies.node_seconds) carry the curve: a column-parallel
+    """The planner's per-node times (planner.enumerate.strategies.node_seconds) carry the curve: a column-parallel
     Linear of a small layer split 4 ways costs each rank more than 1/4 of the whole; without the curve
     exactly 1/4. The per-micro-batch GEMM term reaches the block options and their recompute re-runs."""
     g = graph_of("small-gpt")
@@ -145,7 +145,7 @@ def test_block_options_carry_the_shape_effect(graph_of):
 def test_calibrate_fits_the_gemm_curve_it_is_given():
     """`partita calibrate` on a CPU fits e_max and x_half to square matmuls; synthetic rates from known
     parameters come back."""
-    from partita.costmodel.calibrate_fit import fit_gemm_curve
+    from partita.costmodel.calibrate.fit import fit_gemm_curve
     peak, e, half = 300e12, 0.8, 128.0
     rows = [{"n": n, "flops_per_s": peak * e * (n / (n + half)) ** 3} for n in (256, 512, 1024, 2048, 4096, 8192)]
     fit = fit_gemm_curve(rows, peak)
@@ -187,11 +187,11 @@ def test_a_cluster_on_another_stack_takes_that_stacks_kernel_constants():
 
 
 def test_inside_a_step_memory_bound_operators_run_at_the_step_efficiency_and_gemms_and_attention_at_their_own():
-    """Kernel timings (costmodel.kernel_fit) are isolated kernels. On the H200, GEMMs and attention ran inside
+    """Kernel timings (costmodel.hardware.kernel_fit) are isolated kernels. On the H200, GEMMs and attention ran inside
     whole steps at their timed rate (a 32K-token step, half attention, took what its kernels' sum says),
     while eager elementwise work did not (compiled layers, fusing it, ran 22% faster): Device.step_efficiency
     slows the memory-bound operators only (benchmarks.fit fits it to whole steps)."""
-    from partita.costmodel.kernels import isolated_node_time
+    from partita.costmodel.price.kernels import isolated_node_time
     slow = replace(DEV, step_efficiency=0.5)
     for d in (linear(4096, 4096, 4096), attention(1, 16, 4096, 128, True), bmm(16, 1024, 1024, 1024)):
         assert node_time(d, slow, "bf16") == isolated_node_time(d, slow, "bf16") == node_time(d, DEV, "bf16")

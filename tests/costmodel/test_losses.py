@@ -1,12 +1,12 @@
-"""partita.costmodel.losses: the fused cross-entropy equals PyTorch's (loss and gradient) and is captured with
+"""partita.costmodel.models.losses: the fused cross-entropy equals PyTorch's (loss and gradient) and is captured with
 the fused kernel's memory: the logits kept, not fp32 copies of them."""
 import pytest
 import torch
 import torch.nn.functional as F
 
-from partita.costmodel import losses
+from partita.costmodel.models import losses
 from partita.costmodel.models import resolve_model
-from partita.costmodel.trace import capture
+from partita.costmodel.capture.trace import capture
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])

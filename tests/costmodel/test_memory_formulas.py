@@ -2,10 +2,10 @@
 import pytest
 
 from partita.costmodel.hardware import parse_cluster
-from partita.costmodel.memory import state_bytes
+from partita.costmodel.price.memory import state_bytes
 from partita.costmodel.models import PRESETS
-from partita.planner.options import zero_state_bytes
-from partita.planner.strategies import replicate_option, tensor_option
+from partita.planner.enumerate.options import zero_state_bytes
+from partita.planner.enumerate.strategies import replicate_option, tensor_option
 
 
 @pytest.mark.parametrize("stage,expected_gb", [(0, 120), (1, 31.4), (2, 16.6), (3, 1.9)])
@@ -73,7 +73,7 @@ def test_korthikanti_sequence_parallel_rows(name, graph_of):
     ColwiseParallel keeps that Megatron-LM does not: the all-gathered (whole) outputs of the two
     LayerNorms that feed column-parallel layers, 2 x 2 s b h (1 - 1/t), where Megatron keeps the shard
     and gathers again in the backward; plus the LayerNorm statistics, sharded like everything else."""
-    from partita.planner.strategies import sequence_option
+    from partita.planner.enumerate.strategies import sequence_option
     graph, s, h, a = _layer(graph_of, name)
     cluster = parse_cluster("8xA100-80GB")
     for t in (2, 4, 8):

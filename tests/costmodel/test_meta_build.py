@@ -31,7 +31,7 @@ def test_torch_is_left_as_it_was_and_real_tensors_are_still_filled():
 
 def test_a_meta_build_imports_no_dynamo():
     code = ("import sys; from partita.costmodel import resolve_model; "
-            "from partita.runtime.checks import build_meta; build_meta(resolve_model('tiny-gpt')); "
+            "from partita.runtime.launcher.checks import build_meta; build_meta(resolve_model('tiny-gpt')); "
             "print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr

@@ -7,10 +7,10 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from partita.costmodel.errors import PartitaError
-from partita.costmodel.flops import register_missing_formulas
+from partita.costmodel.price.flops import register_missing_formulas
 from partita.costmodel.models import resolve_model
 from partita.costmodel.models.gpt import MoE
-from partita.costmodel.trace import capture
+from partita.costmodel.capture.trace import capture
 
 MOE = "tiny-moe"
 DENSE = "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=256,seq=32"  # tiny-moe with one dense MLP
@@ -64,7 +64,7 @@ def test_flops_equal_the_flop_counter_on_a_real_run(graphs):
 
 def test_the_planner_prices_the_experts():
     from partita.planner.api import plan_search
-    from partita.planner.cp_ep import experts_of
+    from partita.planner.enumerate.cp_ep import experts_of
     from partita.planner.search import TrainConfig
     result, p = plan_search(MOE, cluster="4xcpu", train=TrainConfig(global_batch=8, dtype="fp32"))
     g = result.graph

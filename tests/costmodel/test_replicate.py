@@ -1,12 +1,12 @@
-"""partita.costmodel.replicate: a deep stack recorded from its 3-layer copy gives the same OpGraph, node for node,
+"""partita.costmodel.capture.replicate: a deep stack recorded from its 3-layer copy gives the same OpGraph, node for node,
 as recording every node of the deep model."""
 import dataclasses
 
 import pytest
 
 from partita.costmodel.models import resolve_model
-from partita.costmodel import trace
-from partita.costmodel.trace import capture
+from partita.costmodel.capture import trace
+from partita.costmodel.capture.trace import capture
 
 MODELS = [
     "gpt:layers=7,hidden=64,heads=4,vocab=128,seq=16",
@@ -48,8 +48,8 @@ def test_shallow_record_equals_full_record(model, dtype, monkeypatch):
 def test_graphs_that_are_not_the_same_stack_do_not_pair():
     """A shallow copy whose layers differ from the deep model's (here: another hidden size) is refused,
     so the deep graph is recorded node by node rather than copied from the wrong model."""
-    from partita.costmodel.replicate import SHALLOW, pair_nodes
-    from partita.costmodel.trace import _owner, _trace_fx
+    from partita.costmodel.capture.replicate import SHALLOW, pair_nodes
+    from partita.costmodel.capture.trace import _owner, _trace_fx
     deep = resolve_model("gpt:layers=5,hidden=64,heads=4,vocab=128,seq=16")
     other = resolve_model("gpt:layers=3,hidden=64,heads=4,vocab=128,seq=16,attention=math")
     same = deep.at_depth(SHALLOW)

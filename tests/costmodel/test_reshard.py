@@ -1,7 +1,7 @@
 """Resharding costs against DTensor's own redistribute on a fake process group (shapes and bytes only).
 
 The fake process group moves no data, so these tests check which collectives DTensor issues, in which
-order, over which group size and on which local tensor shapes, against costmodel.reshard; the numbers
+order, over which group size and on which local tensor shapes, against costmodel.price.reshard; the numbers
 (times) are checked by hand-computed formulas.
 """
 import itertools
@@ -16,10 +16,10 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from partita.costmodel import comm
+from partita.costmodel.price import comm
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.hardware import parse_cluster
-from partita.costmodel.reshard import P, R, S, local_shape, placement, reshard
+from partita.costmodel.price.reshard import P, R, S, local_shape, placement, reshard
 
 WORLD = 8
 

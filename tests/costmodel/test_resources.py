@@ -7,7 +7,7 @@ import pytest
 
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.hardware import DEVICES, GiB, parse_cluster
-from partita.costmodel.resources import SCHEMA, cluster_from_dict, cluster_to_dict, load_resources, save_resources
+from partita.costmodel.hardware.resources import SCHEMA, cluster_from_dict, cluster_to_dict, load_resources, save_resources
 
 CUSTOM = {"name": "box", "peak_flops": {"bf16": 4.0e10, "fp32": 8.0e10}, "memory_bytes": 8.0e9,
           "mem_bandwidth": 1.2e10, "intra_node_bw": 2.0e9, "inter_node_bw": 1.0e8,

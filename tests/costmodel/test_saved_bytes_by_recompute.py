@@ -2,8 +2,8 @@
 in fp32 and as the runtime's bf16 autocast runs the fp32 model.
 
 For each model and each recompute policy (none / selective / full, applied to every repeated layer by the
-runtime's own code, runtime.blocks -> runtime.recompute), one fp32 forward of a micro-batch runs under
-the CPU allocator trace (runtime.memory.AllocatorTrace). What it allocated and still holds when the
+runtime's own code, runtime.parallel.blocks -> runtime.parallel.recompute), one fp32 forward of a micro-batch runs under
+the CPU allocator trace (runtime.loop.memory.AllocatorTrace). What it allocated and still holds when the
 loss is returned is what autograd keeps for the backward -- saved tensors, what a checkpoint keeps (its
 inputs, and under "selective" the outputs it caches) -- plus, identified and taken out:
 
@@ -14,7 +14,7 @@ inputs, and under "selective" the outputs it caches) -- plus, identified and tak
 
 The prediction is the planner's: `BlockOption.saved_by_policy[policy]` of each repeated layer (and
 `saved_by_policy["none"]` of the embeddings and head, which are never recomputed), summed, times the
-micro-batch (planner/options.py charges exactly that). The batch is cloned inside the measured window,
+micro-batch (planner/enumerate/options.py charges exactly that). The batch is cloned inside the measured window,
 so the inputs autograd saves (the token ids an embedding keeps, the targets of the loss) are counted on
 both sides.
 
@@ -32,15 +32,15 @@ import torch
 
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.trace import capture
+from partita.costmodel.capture.trace import capture
 from partita.planner.plan import BlockChoice
-from partita.planner.candidates import split_model
-from partita.planner.strategies import replicate_option
-from partita.runtime.blocks import apply_block_choices
+from partita.planner.enumerate.candidates import split_model
+from partita.planner.enumerate.strategies import replicate_option
+from partita.runtime.parallel.blocks import apply_block_choices
 from partita.runtime.data import make_data
-from partita.runtime.memory import measure_live_bytes
-from partita.runtime.precision import DTYPES, autocast_forward
-from partita.runtime.recipe import build_model, loss_for
+from partita.runtime.loop.memory import measure_live_bytes
+from partita.runtime.parallel.precision import DTYPES, autocast_forward
+from partita.runtime.loop.recipe import build_model, loss_for
 from tests.conftest import captured, measured_saved_bytes
 
 MODELS = ["tiny-gpt", "tiny-llama", "hf:gpt2"]
@@ -51,12 +51,12 @@ TOLERANCE = 0.02
 
 @functools.lru_cache(maxsize=None)
 def captured_for_cpu_autocast(name: str):
-    """The model as CPU autocast runs it (the lists of the device this test runs on: costmodel.autocast)."""
+    """The model as CPU autocast runs it (the lists of the device this test runs on: costmodel.capture.autocast)."""
     return capture(resolve_model(name), dtype="bf16", autocast="cpu").as_run("autocast")
 
 
 def predicted_saved_bytes(graph, policy: str, micro_batch: int) -> int:
-    """What the planner charges one micro-batch's forward (planner.options.cost_variant): every group's
+    """What the planner charges one micro-batch's forward (planner.enumerate.options.cost_variant): every group's
     activations under its policy, and the weight copies (autocast's casts) of the groups not recomputed."""
     _, layers, _ = split_model(graph)
     cluster = parse_cluster("1xcpu")  # saved bytes do not depend on the device
@@ -91,7 +91,7 @@ def forward_under_policy(name: str, policy: str, micro_batch: int, dtype: torch.
 @pytest.mark.parametrize("name", MODELS)
 def test_predicted_saved_bytes_equal_allocator_measured_bytes_per_recompute_policy(name, policy, dtype):
     """bf16: the fp32 model under the runtime's autocast, priced from the capture's autocast record
-    (costmodel.trace; its weight casts once per micro-batch)."""
+    (costmodel.capture.trace; its weight casts once per micro-batch)."""
     if name.startswith("hf:"):
         pytest.importorskip("transformers")
     graph = captured(name) if dtype == "fp32" else captured_for_cpu_autocast(name)

@@ -1,7 +1,7 @@
-"""How overlap is priced (costmodel.streams): windows of compute beside communication lanes."""
+"""How overlap is priced (costmodel.price.streams): windows of compute beside communication lanes."""
 import pytest
 
-from partita.costmodel.streams import LayerStreams, bucketed_all_reduce, layer_timing, window
+from partita.costmodel.price.streams import LayerStreams, bucketed_all_reduce, layer_timing, window
 
 K = 0.15
 
@@ -78,7 +78,7 @@ def test_no_overlap_at_full_slowdown_and_perfect_overlap_at_none(compute, comm):
 @pytest.fixture(scope="module")
 def gpt3():
     from partita.costmodel.models import resolve_model
-    from partita.costmodel.trace import capture
+    from partita.costmodel.capture.trace import capture
     return capture(resolve_model("gpt3-175b"), dtype="bf16")
 
 
@@ -89,7 +89,7 @@ def test_zero3_gathers_are_exposed_where_a_layer_computes_for_less_time_than_it_
     charged no contention."""
     from dataclasses import replace
     from partita.costmodel.hardware import parse_cluster
-    from partita.planner.build import predicted
+    from partita.planner.estimate.build import predicted
     from partita.planner.search import SearchSpace, TrainConfig, search
     fast = parse_cluster("192x8xA100-80GB")
     slow = replace(fast, device=replace(fast.device, inter_node_bw=fast.device.inter_node_bw / 4))

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import partita.runtime as runtime
 from partita.costmodel import resolve_model
-from partita.runtime.mesh import init_default
+from partita.runtime.launcher.mesh import init_default
 from tests.runtime.spawned import teardown  # PYTHONPATH has the repo root (the tests' _env)
 
 

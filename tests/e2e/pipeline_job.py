@@ -10,7 +10,7 @@ import sys
 import torch.distributed as dist
 
 import partita.runtime as runtime
-from partita.runtime.mesh import init_default
+from partita.runtime.launcher.mesh import init_default
 from tests.runtime.spawned import teardown  # PYTHONPATH has the repo root (the tests' _env)
 
 

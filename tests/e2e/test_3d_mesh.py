@@ -5,9 +5,9 @@ import pytest
 import partita.planner as planner
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.trace import capture
+from partita.costmodel.capture.trace import capture
 from partita.planner.api import _fingerprint
-from partita.planner.build import build_plan
+from partita.planner.estimate.build import build_plan
 from partita.planner.search import SearchSpace, search
 from tests.e2e.test_plans_match_single_process import assert_matches, launch
 

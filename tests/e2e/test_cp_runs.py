@@ -1,5 +1,5 @@
-"""Context-parallel plans (runtime/cp.py) run under torchrun on gloo and train like one process (fp32: losses
-1e-5, parameters runtime.verify.PARAM_TOLERANCE over 3 steps), and --verify fails when a piece of cp is
+"""Context-parallel plans (runtime/parallel/cp.py) run under torchrun on gloo and train like one process (fp32: losses
+1e-5, parameters runtime.loop.verify.PARAM_TOLERANCE over 3 steps), and --verify fails when a piece of cp is
 deliberately broken. Launches are few: `partita run` once (the CLI path), then several plans per process
 group through this file's own worker (`torchrun ... tests/e2e/test_cp_runs.py JOB.json`: each plan trained
 in turn with partita.runtime.run(verify=True), a bug patched in for that plan only). The pre-flight
@@ -27,7 +27,7 @@ def cp_plan(model: str = "tiny-llama", *, dp: int = 1, cp: int = 2, tp: int = 1,
     """A plan dict with context parallelism, as `partita plan --cp` makes it: partita.plan with cp fixed
     (and dp, tp, pp = 1, the ZeRO stage and the micro-batching fixed)."""
     import partita
-    from partita.planner.space import SearchSpace, TrainConfig
+    from partita.planner.enumerate.space import SearchSpace, TrainConfig
 
     plan = partita.plan(model, cluster=f"{dp * cp * tp}xcpu",
                         train=TrainConfig(global_batch=dp * micro * mb, seq_len=resolve_model(model).seq_len,
@@ -53,7 +53,7 @@ def _env() -> dict:
 @contextlib.contextmanager
 def _bug(name: str):
     """One deliberately wrong piece of context parallelism, undone afterwards."""
-    from partita.runtime import cp
+    from partita.runtime.parallel import cp
     saved = [(cp.ContextParallel, "__init__", cp.ContextParallel.__init__), (cp, "install", cp.install),
              (cp, "replica_mesh", cp.replica_mesh)]
     original_init, original_install = cp.ContextParallel.__init__, cp.install
@@ -84,7 +84,7 @@ def _worker(spec: str) -> None:
     import torch.distributed as dist
 
     import partita.runtime as runtime
-    from partita.runtime.mesh import init_default
+    from partita.runtime.launcher.mesh import init_default
     from tests.runtime.spawned import teardown
 
     init_default()
@@ -135,7 +135,7 @@ def test_partita_run_cp2_verifies(tmp_path):
     """The command lines of the issue: `partita plan --model tiny-llama --cp 2`, then `partita run PLAN --model
     tiny-llama --verify` (2 ranks; sdpa, grouped-query attention, rotary positions)."""
     plan_file, out = tmp_path / "cp2.json", tmp_path / "out.json"
-    cli = [sys.executable, "-c", "import sys; from partita.planner.cli import main; sys.exit(main())"]
+    cli = [sys.executable, "-c", "import sys; from partita.cli import main; sys.exit(main())"]
     made = subprocess.run([*cli, "plan", "--model", "tiny-llama", "--cluster", "2xcpu", "--global-batch", "2",
                            "--cp", "2", "--out", str(plan_file)], cwd=ROOT, env=_env(), capture_output=True,
                           text=True, timeout=300)
@@ -220,7 +220,7 @@ def test_cp2_x_tp2_sequence_and_vocab_parallel(tmp_path):
 
 
 def _refusal(plan: dict, model: str, **mesh) -> str:
-    from partita.runtime.checks import preflight
+    from partita.runtime.launcher.checks import preflight
     plan = json.loads(json.dumps(plan))
     plan["mesh"].update(mesh)
     p = Plan.from_dict(plan)

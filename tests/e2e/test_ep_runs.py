@@ -1,8 +1,8 @@
-"""Expert-parallel plans (mesh.ep, runtime/ep.py) run under torchrun on gloo and train like one process (fp32:
+"""Expert-parallel plans (mesh.ep, runtime/parallel/ep.py) run under torchrun on gloo and train like one process (fp32:
 1e-5 over 3 steps): partita's tiny-moe (DDP and ZeRO-3 for the dense parameters) and a tiny HuggingFace
 Mixtral, ep = dp = 2 (~13 s and ~6 s on 2 cores); ep = 2 of dp = 4 (slow: 4 ranks).
 
-Adam is invariant to a constant factor on a tensor's gradient, so the expert-gradient factor (runtime.ep: the
+Adam is invariant to a constant factor on a tensor's gradient, so the expert-gradient factor (runtime.parallel.ep: the
 replica group's sum / dp) is pinned by SGD runs, and a run with the wrong factor must fail --verify. Several
 plans share one launch (this file is also the torchrun worker: `python -m torch.distributed.run ...
 tests/e2e/test_ep_runs.py OUT STEPS BUG=PLAN ...`). Pieces of ep in one process group: tests/runtime/test_ep.py.
@@ -23,9 +23,9 @@ MIXTRAL = ("hf:mixtral:num_hidden_layers=2,hidden_size=64,intermediate_size=96,n
            "num_key_value_heads=2,vocab_size=256,num_local_experts=4,num_experts_per_tok=2,seq=32")
 BUGS = ("none", "replica-mean", "fsdp-replica-mean")
 """replica-mean: expert gradients averaged over the replica group (same ep index) instead of summed there and
-divided by dp -- ep times too large (zero_stage 0: runtime.ep.sync_expert_grads). fsdp-replica-mean: the same
+divided by dp -- ep times too large (zero_stage 0: runtime.parallel.ep.sync_expert_grads). fsdp-replica-mean: the same
 with ZeRO 2/3, where the experts' FSDP units reduce-scatter over the replica group (FSDP's default divide
-factor, not runtime.ep's dp)."""
+factor, not runtime.parallel.ep's dp)."""
 
 
 def ep_plan(model: str = "tiny-moe", *, ep: int = 2, dp: int = 2, optimizer: str = "adam", micro: int = 1,
@@ -71,7 +71,7 @@ def test_partita_plan_ep2_then_run_verifies_a_tiny_mixtral(tmp_path):
     """The command lines of the issue: `partita plan --model MIXTRAL --ep 2` on 2 CPU processes, then
     `partita run PLAN --model MIXTRAL --verify`."""
     plan_file, out = tmp_path / "ep2.json", tmp_path / "out.json"
-    cli = [sys.executable, "-c", "import sys; from partita.planner.cli import main; sys.exit(main())"]
+    cli = [sys.executable, "-c", "import sys; from partita.cli import main; sys.exit(main())"]
     made = subprocess.run([*cli, "plan", "--model", MIXTRAL, "--cluster", "2xcpu", "--global-batch", "4",
                            "--ep", "2", "--out", str(plan_file)], cwd=ROOT, env=_env(), capture_output=True,
                           text=True, timeout=300)
@@ -136,8 +136,8 @@ def _launch_worker(tmp_path: Path, ranks: int, plans: dict, runs: list[tuple[str
 
 
 def _replica_mean(original):
-    """runtime.ep.sync_expert_grads with the wrong factor: the replica group's mean instead of its sum / dp."""
-    from partita.runtime import ep
+    """runtime.parallel.ep.sync_expert_grads with the wrong factor: the replica group's mean instead of its sum / dp."""
+    from partita.runtime.parallel import ep
 
     def sync(params):
         original(params)
@@ -154,8 +154,8 @@ def _worker(out: str, steps: int, runs: list[str]) -> None:
     import torch.distributed as dist
 
     import partita.runtime as runtime
-    from partita.runtime import ep
-    from partita.runtime.mesh import init_default
+    from partita.runtime.parallel import ep
+    from partita.runtime.launcher.mesh import init_default
     from tests.runtime.spawned import teardown
 
     init_default()

@@ -1,11 +1,11 @@
 """A model with loss=fused trains under a data-parallel plan with the fused cross-entropy on every rank
-and in the single-process reference (runtime.recipe.lm_loss), and matches it under --verify."""
+and in the single-process reference (runtime.loop.recipe.lm_loss), and matches it under --verify."""
 from __future__ import annotations
 
 import json
 
 from partita.costmodel.models import resolve_model
-from partita.runtime.recipe import loss_for
+from partita.runtime.loop.recipe import loss_for
 from rank_pool import cli, run_plan
 from test_plans_match_single_process import ROOT
 
@@ -13,7 +13,7 @@ MODEL = "gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32,loss=fused"
 
 
 def test_the_runtime_trains_with_the_fused_loss(tmp_path, monkeypatch):
-    import partita.costmodel.losses as losses
+    import partita.costmodel.models.losses as losses
     calls = []
     real = losses._FusedCrossEntropy.apply
     monkeypatch.setattr(losses._FusedCrossEntropy, "apply", lambda *a: calls.append(1) or real(*a))

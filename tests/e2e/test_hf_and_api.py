@@ -3,7 +3,7 @@ FSDP (ZeRO-3) and tensor parallelism, and the Python API (runtime.plan_and_run, 
 torchrun launch of a user script (api_job.py) on 2 gloo ranks; fp32 losses within 1e-5 of one process.
 
 The TP, FSDP and DDP plans come from the planner itself (its search restricted to each mesh), so they
-also show what planner.strategies makes of Llama: q/k/v/gate/up column-parallel, o/down row-parallel.
+also show what planner.enumerate.strategies makes of Llama: q/k/v/gate/up column-parallel, o/down row-parallel.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 
 from partita.costmodel import resolve_model
 from partita.costmodel.hardware import parse_cluster
-from partita.costmodel.trace import capture
+from partita.costmodel.capture.trace import capture
 from partita.planner.api import _fingerprint
-from partita.planner.build import build_plan
+from partita.planner.estimate.build import build_plan
 from partita.planner.plan import Plan
 from partita.planner.search import SearchSpace, TrainConfig, search
 from test_plans_match_single_process import ROOT, _env

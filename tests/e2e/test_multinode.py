@@ -38,7 +38,7 @@ def two_nodes(tmp_path: Path, plan: dict, *args: str, env: dict | None = None, n
     procs, files = [], []
     for node in range(2):
         out, err = open(tmp_path / f"node{node}.out", "w+"), open(tmp_path / f"node{node}.err", "w+")
-        cmd = [sys.executable, "-m", "partita.planner.cli", "run", str(plan_file), "--model", "tiny-gpt", *args,
+        cmd = [sys.executable, "-m", "partita.cli", "run", str(plan_file), "--model", "tiny-gpt", *args,
                "--nnodes", "2", "--rdzv-endpoint", endpoint, "--rdzv-id", job,
                "--losses-out", str(tmp_path / f"node{node}.json")]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=_env(**(env or {}), **node_env[node]), stdout=out, stderr=err, text=True))
@@ -84,7 +84,7 @@ def test_two_nodes_of_two_processes_train_a_dp_tp_plan_under_verify(tmp_path):
 def test_a_rank_killed_on_one_node_restarts_both_nodes_from_the_shared_checkpoint(tmp_path):
     """Global rank 3 dies in step 2 (after the step-1 checkpoint). Its node's agent restarts its workers; the
     other node's workers lose their peer and restart too (possibly without counting a restart: the attempt
-    number is agreed across nodes, runtime.mesh.agree_on_attempt). Every rank resumes from step 1 and the
+    number is agreed across nodes, runtime.launcher.mesh.agree_on_attempt). Every rank resumes from step 1 and the
     losses of steps 2-3 are those of one uninterrupted process."""
     ck = tmp_path / "ck"
     results = two_nodes(tmp_path, make_plan(dp=2, tp=2), "--steps", "3", "--verify", "--checkpoint-dir", str(ck),

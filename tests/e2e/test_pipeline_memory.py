@@ -3,7 +3,7 @@
 torch.distributed.pipelining holds, per micro-batch in flight, what a stage received and, on the last stage,
 the logits it outputs; a stage whose first backward comes before its micro-batches run out peaks at its
 second backward when a micro-batch's activations weigh less than the stage's gradients; and the last stage's
-loss gradients and the head's second gradient are not live at once (planner.phases). One torchrun launch
+loss gradients and the head's second gradient are not live at once (planner.estimate.phases). One torchrun launch
 each (~10-15 s on 2 cores).
 """
 import json
@@ -13,10 +13,10 @@ import pytest
 from partita.costmodel import model_fingerprint
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.trace import capture
-from partita.planner.build import build_plan
+from partita.costmodel.capture.trace import capture
+from partita.planner.estimate.build import build_plan
 from partita.planner.search import SearchSpace, TrainConfig, search
-from partita.runtime.checks import build_meta
+from partita.runtime.launcher.checks import build_meta
 from rank_pool import run_plan
 from tests.e2e.test_plans_match_single_process import ROOT
 

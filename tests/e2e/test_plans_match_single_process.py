@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from partita.costmodel import model_fingerprint, resolve_model
 from partita.planner.plan import Plan
-from partita.runtime.checks import build_meta
+from partita.runtime.launcher.checks import build_meta
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3

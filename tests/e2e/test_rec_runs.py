@@ -14,8 +14,8 @@ import torch
 
 from partita.costmodel.models import resolve_model
 from partita.planner.api import plan
-from partita.planner.cli import main
-from partita.planner.rec_plan import SparseInputs
+from partita.cli import main
+from partita.planner.sparse.rec_plan import SparseInputs
 from partita.planner.search import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def _plan_file(tmp_path, model, cluster, fixed, optimizer, **dense) -> str:
 
 def _run(plan_path: str, model: str, verify: bool = True, pythonpath: str = "") -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), pythonpath]))}
-    return subprocess.run([sys.executable, "-m", "partita.planner.cli", "run", plan_path, "--model", model,
+    return subprocess.run([sys.executable, "-m", "partita.cli", "run", plan_path, "--model", model,
                            "--steps", "3", "--lr", "0.05", *(["--verify"] if verify else [])], env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -61,7 +61,7 @@ def test_table_row_wise_over_two_nodes_trains_like_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_without_verify_no_rank_builds_the_whole_tables(tmp_path):
-    # the tables stay on the meta device (runtime.rec.build) and each rank holds its TorchRec pieces only
+    # the tables stay on the meta device (runtime.parallel.rec.build) and each rank holds its TorchRec pieces only
     out = _run(_plan_file(tmp_path, SMALL, "2xcpu", "*=row_wise", "sgd"), SMALL, verify=False)
     assert out.returncode == 0, out.stdout + out.stderr
     losses = [float(line.split()[1]) for line in out.stdout.splitlines() if line[:4].strip().isdigit()]
@@ -96,7 +96,7 @@ def test_a_torchrec_model_is_built_lean_with_its_constructors_buffers():
     # tables on the meta device, everything else as the factory builds it: TorchRec's InteractionArch computes
     # its triu_indices buffer in its constructor, which materialising a meta-built module would lose
     sys.path.insert(0, str(ROOT / "tests"))
-    from partita.runtime.rec import build
+    from partita.runtime.parallel.rec import build
     import torchrec_factories
     lean = build(resolve_model("torchrec_factories:dlrm"), torch.device("cpu"), tables=False)
     tables = lean.model.sparse_arch.embedding_bag_collection.embedding_bags
@@ -107,7 +107,7 @@ def test_a_torchrec_model_is_built_lean_with_its_constructors_buffers():
 
 
 def test_the_run_builds_tables_only_to_verify():
-    from partita.runtime.rec import build
+    from partita.runtime.parallel.rec import build
     spec = resolve_model(SMALL)
     lean, whole = build(spec, torch.device("cpu"), tables=False), build(spec, torch.device("cpu"), tables=True)
     assert lean.embeddings["cat_0"].weight.is_meta and not lean.bottom[0].weight.is_meta
@@ -115,7 +115,7 @@ def test_the_run_builds_tables_only_to_verify():
 
 
 def test_split_into_ids_and_dense_part_is_the_model():
-    from partita.runtime.rec import split
+    from partita.runtime.parallel.rec import split
     spec = resolve_model(SMALL)
     model = spec.build()
     ids, dense, names = split(model)
@@ -156,7 +156,7 @@ def test_run_refuses_another_model_in_one_line(tmp_path, capsys):
 
 def test_without_torchrec_the_run_says_how_to_install_it(monkeypatch):
     from partita.costmodel.errors import PartitaError
-    from partita.runtime import rec
+    from partita.runtime.parallel import rec
     monkeypatch.setitem(sys.modules, "torchrec", None)
     with pytest.raises(PartitaError, match=r"partita\[rec\].*--no-deps torchrec"):
         rec.require_torchrec()

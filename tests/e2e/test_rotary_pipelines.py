@@ -3,7 +3,7 @@
 Llama, Mistral, Qwen2, Gemma and Phi-3 compute their rotary cos/sin once and give them to every layer; a
 pipeline of more than two stages then had a skip connection from stage 0 to stage 2 that torch's schedules
 refuse ("Backward of skip connections not supported yet"), so `partita run --pp 2 --verify` crashed on the
-first step. runtime.pp_relay relays such values stage by stage. Each family is planned with pp=2 and two
+first step. runtime.parallel.pp_relay relays such values stage by stage. Each family is planned with pp=2 and two
 model chunks per rank (interleaved 1F1B: four stages, so stage 0's tables must reach stages 2 and 3) and
 trained 3 steps with --verify's checks in one torchrun launch (tests/e2e/pipeline_job.py). So are Gemma-2, BLOOM
 (its ALiBi biases relayed likewise) and Mamba, which item 6 made plannable.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from partita.planner.space import TrainConfig
+from partita.planner.enumerate.space import TrainConfig
 from test_pipeline_tied_and_own_loss import pipelines_in_one_launch
 
 SMALL = "num_hidden_layers=4,hidden_size=64,intermediate_size=128,num_attention_heads=4,num_key_value_heads=2,vocab_size=256"

@@ -9,13 +9,13 @@ import sys
 import pytest
 
 from partita.costmodel import PartitaError
-from partita.planner import cli
-from partita.runtime import report
+from partita import cli
+from partita.runtime.loop import report
 from test_plans_match_single_process import ROOT, _env, make_plan
 
 
 def partita(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "partita.planner.cli", *args], cwd=ROOT, env=_env(), capture_output=True,
+    return subprocess.run([sys.executable, "-m", "partita.cli", *args], cwd=ROOT, env=_env(), capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -94,7 +94,7 @@ def test_a_bug_prints_its_traceback_and_leaves_no_log_directory(tmp_path):
 
 
 def test_the_first_failure_is_the_earliest_that_torchrun_did_not_stop_itself(tmp_path, monkeypatch):
-    """Error files as workers write them (runtime.report.write_error_file), read back as the launcher does."""
+    """Error files as workers write them (runtime.loop.report.write_error_file), read back as the launcher does."""
     files = {}
     for rank, message in ((2, "RuntimeError: Connection closed by peer"), (1, "plan is for 4 ranks")):
         files[rank] = tmp_path / f"{rank}.json"

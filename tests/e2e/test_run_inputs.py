@@ -3,13 +3,13 @@ launched, nothing lost.
 
 - Item 8: output paths. `--losses-out` into a missing directory trained the whole run and then lost its history
   in a traceback; `--losses-out plan.json` overwrote the plan; a bad `--tensorboard` path was a 35-line
-  traceback. Now each is refused before the pre-flight starts (planner.run_inputs), and the runtime's own
+  traceback. Now each is refused before the pre-flight starts (runtime.launcher.inputs), and the runtime's own
   entry points (runtime.train, the API's prepare) refuse the same.
 - Item 10: `RANK=3 WORLD_SIZE=8 partita run ...` exited 2 with no output: its pre-flight took the variables for
   its own place in a job, refused the plan as rank 3, and only rank 0 reports. A launcher started with a
   worker's variables now says so.
 - Item 12: sizes each in range but absurd -- a global batch of 2e8, seq_len 2^31-1, 2^20 micro-batches -- are
-  refused by the pre-flight with the field and the bound (runtime.sizes) instead of an allocator traceback or
+  refused by the pre-flight with the field and the bound (runtime.launcher.sizes) instead of an allocator traceback or
   a step that never ends; `--lr nan`, `--lr -1` and `--seed 2^64` are refused before launch instead of
   failing in every worker, and every seed torch.manual_seed takes now trains.
 """
@@ -26,13 +26,13 @@ import pytest
 import torch
 
 from partita.costmodel import PartitaError, resolve_model
-from partita.planner import cli
+from partita import cli
 from partita.planner.plan import Plan, PlanError
 from partita.runtime import train
 from partita.runtime.data import SyntheticTokens, derived_seed
-from partita.runtime.session import RunOptions, at_seq_len, prepare
-from partita.runtime.sizes import MAX_MICROBATCHES
-from partita.runtime.stop import StopSignal
+from partita.runtime.loop.session import RunOptions, at_seq_len, prepare
+from partita.runtime.launcher.sizes import MAX_MICROBATCHES
+from partita.runtime.loop.stop import StopSignal
 from test_plans_match_single_process import ROOT, _env, make_plan
 
 LLAMA = "llama:layers=2,hidden=64,heads=4,kv_heads=4,ffn=128,vocab=256,seq=32"
@@ -106,7 +106,7 @@ def test_the_runtime_entry_points_check_outputs_too(plan_file, tmp_path):
 def test_a_job_environment_is_one_line_not_a_silent_exit(plan_file):
     """Through the real CLI and its real pre-flight process: before, rc 2 and nothing on stderr."""
     env = {**_env(), "RANK": "3", "WORLD_SIZE": "8"}
-    r = subprocess.run([sys.executable, "-m", "partita.planner.cli", *run_args(plan_file)], cwd=ROOT, env=env,
+    r = subprocess.run([sys.executable, "-m", "partita.cli", *run_args(plan_file)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
@@ -187,7 +187,7 @@ def test_2_to_the_20_microbatches_through_partita_run(tmp_path):
     _batch(d, 2**20, 2)
     path = tmp_path / "p.json"
     path.write_text(json.dumps(d))
-    r = subprocess.run([sys.executable, "-m", "partita.planner.cli", *run_args(path)], cwd=ROOT, env=_env(),
+    r = subprocess.run([sys.executable, "-m", "partita.cli", *run_args(path)], cwd=ROOT, env=_env(),
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
     assert r.stderr.strip().startswith("partita: error: schedule.num_microbatches is 1,048,576"), r.stderr
@@ -227,11 +227,13 @@ def test_every_seed_torch_takes_draws_batches(seed):
 
 def test_the_gpu_bound_sets_the_allocator_before_cuda_starts(monkeypatch):
     """On a GPU the micro-batch bound asks CUDA for the device's memory, which initialises CUDA in the pre-flight
-    and in each worker before runtime.mesh.select_device would; the allocator reads its configuration then
-    (runtime.allocator), so it is set first. (This machine has no GPU: torch.cuda's answers are stood in.)"""
+    and in each worker before runtime.launcher.mesh.select_device would; the allocator reads its configuration then
+    (runtime.loop.allocator), so it is set first. (This machine has no GPU: torch.cuda's answers are stood in.)"""
     from types import SimpleNamespace
 
-    from partita.runtime import allocator, sizes
+    from partita.runtime.loop import allocator
+
+    from partita.runtime.launcher import sizes
     seen = {}
     for name in allocator.NAMES:
         monkeypatch.delenv(name, raising=False)

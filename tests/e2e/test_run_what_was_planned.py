@@ -16,7 +16,7 @@ import pytest
 from rank_pool import cli, run_plan
 
 from partita.planner.plan import Plan
-from partita.runtime.session import device_note
+from partita.runtime.loop.session import device_note
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTE = "note: this plan was made for"

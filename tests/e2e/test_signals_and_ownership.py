@@ -40,7 +40,7 @@ def start(tmp_path: Path, *args: str, plan: dict | None = None, env: dict | None
     path.write_text(json.dumps(plan or make_plan(dp=2)))
     (tmp_path / "tmp").mkdir(exist_ok=True)
     popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **popen}
-    return subprocess.Popen([sys.executable, "-m", "partita.planner.cli", "run", str(path), "--model", "tiny-gpt",
+    return subprocess.Popen([sys.executable, "-m", "partita.cli", "run", str(path), "--model", "tiny-gpt",
                              *args], cwd=ROOT, env=_env(TMPDIR=str(tmp_path / "tmp"), **(env or {})), text=True,
                             start_new_session=new_session, **popen)
 

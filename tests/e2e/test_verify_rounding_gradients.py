@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from partita.planner.api import plan
-from partita.planner.space import TrainConfig
+from partita.planner.enumerate.space import TrainConfig
 from rank_pool import run_plan
 from test_plans_match_single_process import ROOT
 

@@ -9,7 +9,7 @@ import pytest
 import rank_pool
 
 from partita.planner.api import plan
-from partita.planner.space import TrainConfig
+from partita.planner.enumerate.space import TrainConfig
 from test_plans_match_single_process import ROOT
 
 WHISPER = ("hf:whisper:d_model=64,encoder_layers=2,decoder_layers=2,encoder_attention_heads=4,decoder_attention_heads=4,"

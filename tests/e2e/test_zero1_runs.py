@@ -1,4 +1,4 @@
-"""ZeRO-1 plans run under torchrun on gloo (torch's ZeroRedundancyOptimizer, runtime/zero1.py) and train
+"""ZeRO-1 plans run under torchrun on gloo (torch's ZeroRedundancyOptimizer, runtime/parallel/zero1.py) and train
 exactly like one process (fp32: 1e-5), holding half of Adam's state per rank on 2 ranks; their checkpoints
 hold every parameter's optimizer state, written by the rank that owns it, and resume exactly."""
 from __future__ import annotations

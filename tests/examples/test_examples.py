@@ -46,7 +46,7 @@ def test_plan_hf_model_plans_a_transformers_llama(tmp_path):
 def test_custom_module_planned_by_import_path_from_the_cli():
     """As its docstring says: the console script, from the repository root, no PYTHONPATH (issue 30 item 14)."""
     partita = Path(sys.executable).with_name("partita")
-    cmd = [str(partita)] if partita.exists() else [sys.executable, "-m", "partita.planner.cli"]
+    cmd = [str(partita)] if partita.exists() else [sys.executable, "-m", "partita.cli"]
     assert "PYTHONPATH" not in (EXAMPLES / "custom_module.py").read_text()
     proc = run(cmd + ["plan", "--model", "examples.custom_module:build", "--cluster", "8xA100-80GB",
                       "--global-batch", "256", "--json"], PYTHONPATH="")

@@ -34,7 +34,7 @@ def commands() -> list[list[str]]:
 
 def partita(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, "-m", "partita.planner.cli", *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "partita.cli", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=600, env={**env, "OMP_NUM_THREADS": "1"})
 
 
@@ -77,7 +77,7 @@ def test_without_sync_batchnorm_the_run_says_why_before_training_and_verify_fail
 
 
 def test_the_readme_resource_list_loads(tmp_path):
-    from partita.costmodel.resources import load_resources
+    from partita.costmodel.hardware.resources import load_resources
     (yaml_text,) = blocks("yaml")
     (tmp_path / "cluster.yaml").write_text(yaml_text)
     cluster = load_resources(str(tmp_path / "cluster.yaml"))

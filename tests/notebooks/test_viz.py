@@ -1,6 +1,6 @@
-"""partita.planner.viz: the data behind the notebooks' pictures (Pareto front, schedule simulator, candidate points).
+"""partita.report.viz: the data behind the notebooks' pictures (Pareto front, schedule simulator, candidate points).
 
-The simulator is checked against the closed forms the planner's objective is built on (planner.milp):
+The simulator is checked against the closed forms the planner's objective is built on (planner.solve.milp):
 with p equal stages and m micro-batches, 1F1B and GPipe take (m + p - 1)(f + b), interleaving with v
 chunks m (f + b) + (p - 1)(f + b) / v; with unequal stages the objective is an upper bound.
 """
@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import partita.planner as planner
-from partita.planner import TrainConfig, viz
-from partita.planner.build import predicted
+from partita.planner import TrainConfig
+from partita.report import viz
+from partita.planner.estimate.build import predicted
 
 
 # ---- Pareto front ------------------------------------------------------------------------------
@@ -84,7 +85,7 @@ def test_interleaving_shrinks_the_bubble_v_fold(p, m, v):
     assert tl.pipeline_s == pytest.approx(m * (f + b) + (p - 1) * (f + b) / v)
     plain = viz.simulate_pipeline("1F1B", m, [f] * p, [b] * p)
     assert tl.pipeline_s < plain.pipeline_s
-    # the planner's objective (planner.milp) for equal stages tau = f + b
+    # the planner's objective (planner.solve.milp) for equal stages tau = f + b
     tau = f + b
     assert tl.pipeline_s == pytest.approx((m - 1 / v) * tau + p * tau / v)
 
@@ -157,7 +158,7 @@ def _cached_search(model: str):
 
 @pytest.fixture
 def search_of(two_tower):
-    """small-gpt: identical layers (planner.milp); two-tower: unlike blocks (planner.milp_blocks)."""
+    """small-gpt: identical layers (planner.solve.milp); two-tower: unlike blocks (planner.solve.milp_blocks)."""
     return lambda model: _cached_search(two_tower if model == "two-tower" else model)
 
 

@@ -5,9 +5,9 @@ import sys
 import pytest
 
 import partita.planner as planner
-from partita.planner.baselines import baseline_spaces
+from partita.planner.estimate.baselines import baseline_spaces
 
-GAP = 5e-3  # the solver's relative optimality gap (planner.milp.StageProblem.mip_rel_gap)
+GAP = 5e-3  # the solver's relative optimality gap (planner.solve.milp.StageProblem.mip_rel_gap)
 
 
 @pytest.mark.parametrize("model,cluster,batch", [

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from partita.costmodel.hardware import DEVICES, Cluster, GiB
-from partita.planner.build import predicted
+from partita.planner.estimate.build import predicted
 from partita.planner.search import SearchSpace, TrainConfig, search
 
 SPACE = SearchSpace(pp=(1,), tp=(1,), zero=(3,), recompute=("none",), offload=False)
@@ -38,7 +38,7 @@ def test_memory_decides_how_many_layers_stay_gathered(graph_of):
     delta = kept.state - resharded.state
     peak = predicted(roomy, roomy.best)["peak_memory_bytes"]
     # each resharded layer frees delta, and once one reshards, two layers' bf16 parameters are gathered at a
-    # time (planner.phases): freeing half a layer's worth takes the fewest k with k delta >= delta / 2 + that
+    # time (planner.estimate.phases): freeing half a layer's worth takes the fewest k with k delta >= delta / 2 + that
     gathered = 2 * kept.base.param_numel * 2
     want = math.ceil((0.5 * delta + gathered) / delta)
     tight = search(g, slow_network(peak - 0.5 * delta), TrainConfig(global_batch=8), space=SPACE)

@@ -1,8 +1,8 @@
-"""partita.planner.candidates: the layer options a tensor-parallel degree offers."""
+"""partita.planner.enumerate.candidates: the layer options a tensor-parallel degree offers."""
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.trace import capture
-from partita.planner.candidates import _Bases, split_model
+from partita.costmodel.capture.trace import capture
+from partita.planner.enumerate.candidates import _Bases, split_model
 
 
 def test_a_layer_tp_cannot_split_keeps_its_replicated_option():
@@ -18,7 +18,7 @@ def test_a_layer_tp_cannot_split_keeps_its_replicated_option():
 def test_a_search_copies_the_autocast_graph_once_not_per_candidate(monkeypatch):
     """Every bf16 candidate runs under autocast (OpGraph.as_run copies the captured graph); the copy is made
     once per search. Made per candidate it cost gpt3-175b's search 15 of its 17 seconds."""
-    from partita.costmodel.graph import OpGraph
+    from partita.costmodel.capture.graph import OpGraph
     from partita.planner.api import TrainConfig, plan_search
 
     copies = []

@@ -6,7 +6,7 @@ import pytest
 
 import partita.planner as planner
 from partita.costmodel.hardware import parse_cluster
-from partita.costmodel.memory import state_bytes
+from partita.costmodel.price.memory import state_bytes
 from partita.costmodel.models import resolve_model
 from partita.planner.plan import Plan
 from partita.planner.search import SearchSpace, search
@@ -37,7 +37,7 @@ def test_tensor_and_pipeline_parallel_when_data_parallel_cannot_fit(graph_of):
 
 def test_tensor_parallel_splits_layers_megatron_style(graph_of):
     """Without ZeRO, an 18B model must be split; tensor parallelism inside a node beats deeper pipelines."""
-    from partita.planner.build import build_plan
+    from partita.planner.estimate.build import build_plan
     plain = SearchSpace(zero=(0,), recompute=("none",), offload=False)
     result = search(graph_of("megatron-18b", "bf16"), parse_cluster("32x8xA100-80GB"),
                     planner.TrainConfig(global_batch=1024), space=plain)
@@ -135,7 +135,7 @@ def test_models_without_one_repeated_run_use_the_general_program():
 
 def test_general_program_splits_unlike_blocks_into_a_pipeline(two_tower):
     from partita.costmodel.models import resolve_model
-    from partita.costmodel.trace import capture
+    from partita.costmodel.capture.trace import capture
     from partita.planner.search import SearchSpace, search
     graph = capture(resolve_model(two_tower), dtype="bf16")
     result = search(graph, parse_cluster("2xA100-80GB"), planner.TrainConfig(global_batch=8),
@@ -146,7 +146,7 @@ def test_general_program_splits_unlike_blocks_into_a_pipeline(two_tower):
 
 
 def test_an_encoder_decoder_pipeline_is_refused_with_the_runtimes_reason():
-    """The runtime does not pipeline seq2seq models (planner.executable): a fixed pp=2 is one line."""
+    """The runtime does not pipeline seq2seq models (planner.plan.executable): a fixed pp=2 is one line."""
     with pytest.raises(PartitaError, match="pp=2 cannot run: .* sequence-to-sequence"):
         planner.plan("hf:t5:num_layers=4,num_decoder_layers=4,d_model=256,d_ff=1024", cluster="2xA100-80GB",
                      train=planner.TrainConfig(global_batch=8), pp=2)
@@ -183,7 +183,7 @@ def test_a_model_with_nothing_to_split_gets_no_tensor_parallel_ranks():
 def test_interleaved_plans_count_the_activations_the_schedule_keeps_in_flight(graph_of):
     """Rank s of an interleaved 1F1B warms up 2 (p - s - 1) + (v - 1) p chunks: it holds that + 1 chunks,
     each 1/v of its activations (rank 0: p (1 + (p - 1) / (p v)), Korthikanti et al.)."""
-    from partita.planner.candidates import _Bases, build_candidate, split_model
+    from partita.planner.enumerate.candidates import _Bases, build_candidate, split_model
     graph = graph_of("megatron-39b", "bf16")
     bases = _Bases(graph, parse_cluster("8x8xA100-80GB"), *split_model(graph))
     p, v, m = 4, 2, 16

@@ -5,11 +5,11 @@ import sys
 
 import pytest
 
-from partita.planner.cli import main
+from partita.cli import main
 
 
 def partita(*args):
-    return subprocess.run([sys.executable, "-m", "partita.planner.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "partita.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_plan_json_has_the_stable_fields(capsys):

@@ -1,4 +1,4 @@
-"""Context and expert parallelism as planner choices (planner.cp_ep): what they cost, when the search takes
+"""Context and expert parallelism as planner choices (planner.enumerate.cp_ep): what they cost, when the search takes
 them, and one line when a model cannot run them."""
 import dataclasses
 
@@ -7,14 +7,14 @@ import pytest
 from partita import planner
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.hardware import parse_cluster as make_cluster
-from partita.costmodel.memory import state_bytes
+from partita.costmodel.price.memory import state_bytes
 from partita.costmodel.models import resolve_model
-from partita.costmodel.trace import capture
-from partita.planner.candidates import split_model
-from partita.planner.cp_ep import attention_kv_bytes, experts_of
-from partita.planner.options import Variant, cost_variant
-from partita.planner.space import TrainConfig
-from partita.planner.strategies import replicate_option
+from partita.costmodel.capture.trace import capture
+from partita.planner.enumerate.candidates import split_model
+from partita.planner.enumerate.cp_ep import attention_kv_bytes, experts_of
+from partita.planner.enumerate.options import Variant, cost_variant
+from partita.planner.enumerate.space import TrainConfig
+from partita.planner.enumerate.strategies import replicate_option
 
 LONG = TrainConfig(global_batch=64, seq_len=131072)
 MIXTRAL = ("hf:mixtral:num_hidden_layers=2,hidden_size=128,num_attention_heads=4,vocab_size=512,"
@@ -95,7 +95,7 @@ def test_ep_planned_as_asked_and_refused_for_dense_models():
 
 
 def test_the_search_stays_inside_what_the_runtime_runs_and_a_fixed_what_if_says_so():
-    # searched: cp never meets pp (runtime/cp.py cannot split a pipeline stage's traced attention)
+    # searched: cp never meets pp (runtime/parallel/cp.py cannot split a pipeline stage's traced attention)
     p = planner.plan("llama3-8b", cluster="8x8xH100-80GB", train=LONG, cp=4)
     assert p.mesh.pp == 1 and "not_executed" not in p.solver
     # fixed by the user, as a published run was: priced, and the plan says the runtime will not run it

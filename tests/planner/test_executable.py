@@ -1,5 +1,5 @@
-"""partita.planner.executable: the planner plans only what the runtime executes, and the runtime's pre-flight checks
-consult the same description -- a plan the planner makes is never refused by `partita.runtime.checks.preflight`
+"""partita.planner.plan.executable: the planner plans only what the runtime executes, and the runtime's pre-flight checks
+consult the same description -- a plan the planner makes is never refused by `partita.runtime.launcher.checks.preflight`
 (issue 12). Tied weights split over the first and last pipeline stage are charged (memory of both copies,
 one gradient all-reduce per step). Single process: planning and pre-flight need no process group."""
 from __future__ import annotations
@@ -13,16 +13,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from partita.costmodel import comm, resolve_model
+from partita.costmodel.price import comm
+
+from partita.costmodel import resolve_model
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import ModelSpec
-from partita.planner import executable
+from partita.planner.plan import executable
 from partita.planner.api import plan
 from partita.planner.explain import explain
 from partita.planner.plan import PlanError, Stage
-from partita.planner.space import TrainConfig
-from partita.runtime.checks import preflight
+from partita.planner.enumerate.space import TrainConfig
+from partita.runtime.launcher.checks import preflight
 
 E2E = str(Path(__file__).resolve().parents[1] / "e2e")  # tests/e2e/two_tower.py: the user's factory
 GPT2 = "hf:gpt2:n_layer=4,n_embd=64,n_head=4,vocab_size=128"
@@ -102,8 +104,8 @@ def test_model_kinds_and_what_a_pipeline_runs(two_tower):
 
 
 def test_the_runtime_and_the_planner_list_the_same_schedules():
-    from partita.runtime.pp import SCHEDULES
-    from partita.planner.space import SCHEDULE_CHOICES
+    from partita.runtime.parallel.pp import SCHEDULES
+    from partita.planner.enumerate.space import SCHEDULE_CHOICES
     assert tuple(SCHEDULES) == executable.SCHEDULES
     assert set(SCHEDULE_CHOICES) - {"auto"} == set(executable.SCHEDULES)
 

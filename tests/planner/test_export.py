@@ -16,8 +16,8 @@ import pytest
 
 import partita.planner as planner
 from partita.costmodel.errors import PartitaError
-from partita.planner.cli import main
-from partita.planner.export import ExportError, SlurmOptions, export, layers_per_stage, to_megatron, to_slurm, to_torchtitan
+from partita.cli import main
+from partita.export import ExportError, SlurmOptions, export, layers_per_stage, to_megatron, to_slurm, to_torchtitan
 from partita.planner.plan import Plan
 
 SMALL = "gpt:layers=4,hidden=128,heads=4,seq=64,vocab=512"
@@ -435,7 +435,7 @@ def test_slurm_refuses_plans_that_are_not_whole_nodes(piped, edit, opts, needle)
 def test_export_through_the_cli(piped, tmp_path):
     plan = tmp_path / "plan.json"
     piped.save(plan)
-    r = subprocess.run([sys.executable, "-m", "partita.planner.cli", "export", str(plan), "--to", "torchtitan"],
+    r = subprocess.run([sys.executable, "-m", "partita.cli", "export", str(plan), "--to", "torchtitan"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert tomllib.loads(r.stdout)["parallelism"]["tensor_parallel_degree"] == 2

@@ -10,8 +10,8 @@ import pytest
 
 from partita.costmodel.hardware import GiB, parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.trace import capture
-from partita.planner.build import predicted
+from partita.costmodel.capture.trace import capture
+from partita.planner.estimate.build import predicted
 from partita.planner.search import SearchSpace, TrainConfig, search
 
 M1 = "llama:layers=16,hidden=2048,heads=32,kv_heads=8,ffn=8192,vocab=128256,seq=4096"

@@ -8,9 +8,9 @@ import pytest
 
 from partita.costmodel.errors import InfeasibleError, PartitaError
 from partita.costmodel.hardware import DEFAULT_ALLOCATOR_HEADROOM, DEVICES, GiB, Cluster, parse_cluster
-from partita.costmodel.resources import cluster_from_dict, cluster_to_dict, with_allocator_headroom
-from partita.planner.build import predicted
-from partita.planner.cli import main
+from partita.costmodel.hardware.resources import cluster_from_dict, cluster_to_dict, with_allocator_headroom
+from partita.planner.estimate.build import predicted
+from partita.cli import main
 from partita.planner.search import SearchSpace, TrainConfig, search
 
 TRAIN = TrainConfig(global_batch=16)

@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 
 from partita.costmodel.hardware import parse_cluster
-from partita.costmodel.memory import state_bytes
-from partita.planner.milp import phase_memory
+from partita.costmodel.price.memory import state_bytes
+from partita.planner.solve.milp import phase_memory
 from partita.planner.search import SearchSpace, TrainConfig
-from partita.planner.candidates import _Bases, build_candidate, split_model
-from partita.planner.phases import stage_memory
+from partita.planner.enumerate.candidates import _Bases, build_candidate, split_model
+from partita.planner.estimate.phases import stage_memory
 
 SB = state_bytes("fp32", "adam")
 

@@ -4,8 +4,8 @@ import itertools
 import numpy as np
 import pytest
 
-from partita.planner.milp import counted_use_errors
-from partita.planner.milp_blocks import BlockProblem, block_plan_errors, evaluate_blocks, fits_blocks, solve_blocks
+from partita.planner.solve.milp import counted_use_errors
+from partita.planner.solve.milp_blocks import BlockProblem, block_plan_errors, evaluate_blocks, fits_blocks, solve_blocks
 
 
 def random_blocks(rng, p, B):

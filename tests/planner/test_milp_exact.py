@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from partita.planner.milp import (MemoryPhase, StageProblem, assignment_errors, counted_use_errors, evaluate, fits,
+from partita.planner.solve.milp import (MemoryPhase, StageProblem, assignment_errors, counted_use_errors, evaluate, fits,
                                   polish, solve_stages)
 
 
@@ -135,7 +135,7 @@ def test_a_fixed_option_count_is_kept_and_optimal(seed):
 
 @pytest.mark.parametrize("seed", range(8))
 def test_another_backend_given_the_same_matrices_finds_the_same_optimum(seed):
-    """planner.stage_matrix writes the program once; HiGHS takes it directly and any other cvxpy backend
+    """planner.solve.stage_matrix writes the program once; HiGHS takes it directly and any other cvxpy backend
     (here SciPy's MILP) takes the same rows. Both agree with enumeration, memory phases and counts included."""
     import cvxpy as cp
     rng = np.random.default_rng(4000 + seed)

@@ -1,4 +1,4 @@
-"""Communication overlaps as plan choices (costmodel.streams, planner.space.overlap_choices): tensor-parallel
+"""Communication overlaps as plan choices (costmodel.price.streams, planner.enumerate.space.overlap_choices): tensor-parallel
 collectives pipelined with the GEMMs they feed (Megatron-Core --tp-comm-overlap, torch async TP) and an
 interleaved pipeline's sends beside compute (--overlap-p2p-communication). Priced, searched where the stack
 runs them and partita's runtime does not run the stack, exported to Megatron-LM, refused by `partita run`."""
@@ -6,12 +6,12 @@ import pytest
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.costmodel.hardware import parse_cluster
-from partita.costmodel.streams import LayerStreams, layer_timing, tp_overlap
+from partita.costmodel.price.streams import LayerStreams, layer_timing, tp_overlap
 from partita.planner.api import plan
-from partita.planner.export import to_megatron, to_torchtitan
+from partita.export import to_megatron, to_torchtitan
 from partita.planner.plan import PlanError
-from partita.planner.space import SearchSpace, TrainConfig, check_space
-from partita.runtime.checks import preflight
+from partita.planner.enumerate.space import SearchSpace, TrainConfig, check_space
+from partita.runtime.launcher.checks import preflight
 
 K = 0.15
 GPT = "gpt:layers=8,hidden=6144,heads=48,seq=2048,vocab=51200"

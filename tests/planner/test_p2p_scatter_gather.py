@@ -2,10 +2,10 @@
 boundary activation and the receivers all-gather it inside the node (SearchSpace.p2p_scatter_gather)."""
 import pytest
 
-from partita.costmodel import comm
+from partita.costmodel.price import comm
 from partita.costmodel.hardware import parse_cluster
-from partita.planner.candidates import _Bases, build_candidate, split_model
-from partita.planner.space import SearchSpace, TrainConfig
+from partita.planner.enumerate.candidates import _Bases, build_candidate, split_model
+from partita.planner.enumerate.space import SearchSpace, TrainConfig
 
 
 def _p2p(g, cluster, space, sp=False):

@@ -1,12 +1,12 @@
-"""ZeRO inside a pipeline is priced as torch.distributed.pipelining runs an FSDP2 stage (planner.options):
+"""ZeRO inside a pipeline is priced as torch.distributed.pipelining runs an FSDP2 stage (planner.enumerate.options):
 gradients accumulate whole in fp32 and are reduce-scattered once per step, parameters stay gathered."""
 import pytest
 
 import partita.planner as planner
 from partita.costmodel.hardware import parse_cluster
-from partita.costmodel.memory import state_bytes
-from partita.planner.options import Variant, cost_variant
-from partita.planner.strategies import replicate_option
+from partita.costmodel.price.memory import state_bytes
+from partita.planner.enumerate.options import Variant, cost_variant
+from partita.planner.enumerate.strategies import replicate_option
 
 MODEL = "gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000"
 
@@ -61,7 +61,7 @@ def test_the_pipeline_reduce_scatter_does_not_grow_with_the_micro_batches():
 def test_interleaving_is_also_tried_as_deep_as_the_layers_allow():
     """Besides v = 2 and 4, the deepest interleaving that gives every chunk a layer (up to 8): the smallest
     bubble, the one a 126-layer model on 16 stages (Llama 3 405B) reaches with v = 7."""
-    from partita.planner.space import _schedules, deepest_virtual
+    from partita.planner.enumerate.space import _schedules, deepest_virtual
     assert deepest_virtual(16, 126) == 7 and deepest_virtual(8, 96) == 8 and deepest_virtual(1, 96) == 1
     tried = [v for s, v in _schedules("auto", 16, 32, 126) if s == "Interleaved1F1B"]
     assert tried == [2, 4, 7]

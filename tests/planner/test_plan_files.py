@@ -2,7 +2,7 @@
 one line before anything runs, and every check of a plan happens before `partita run` launches a process.
 
 All checks of the file itself are in planner.plan's loader (Plan.load / Plan.from_dict); the checks against the
-model are runtime.checks.preflight, which `partita run` runs in its pre-flight (`runtime.train --check`)."""
+model are runtime.launcher.checks.preflight, which `partita run` runs in its pre-flight (`runtime.train --check`)."""
 import json
 import os
 import sys
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from partita.planner import cli
+from partita import cli
 from partita.planner.plan import MAX_DEPTH, Plan, PlanError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))

@@ -12,18 +12,18 @@ import pytest
 
 import partita.planner.search as search_module
 from partita.costmodel.hardware import parse_cluster
-from partita.costmodel.memory import state_bytes
+from partita.costmodel.price.memory import state_bytes
 from partita.costmodel.models import resolve_model
-from partita.costmodel.trace import capture
+from partita.costmodel.capture.trace import capture
 from partita.planner.api import plan
-from partita.planner.baselines import baseline_spaces
-from partita.planner.candidates import enumerate_candidates
-from partita.planner.milp import evaluate, fits, polish, solve_stages
-from partita.planner.milp_blocks import fits_blocks, solve_blocks
-from partita.planner.options import Variant, cost_variant, pareto_indices
+from partita.planner.estimate.baselines import baseline_spaces
+from partita.planner.enumerate.candidates import enumerate_candidates
+from partita.planner.solve.milp import evaluate, fits, polish, solve_stages
+from partita.planner.solve.milp_blocks import fits_blocks, solve_blocks
+from partita.planner.enumerate.options import Variant, cost_variant, pareto_indices
 from partita.planner.search import search
-from partita.planner.space import SearchSpace, TrainConfig
-from partita.planner.strategies import replicate_option
+from partita.planner.enumerate.space import SearchSpace, TrainConfig
+from partita.planner.enumerate.strategies import replicate_option
 
 GPT48 = "gpt:layers=48,hidden=256,heads=4,seq=128,vocab=1000"
 """48 small layers: many integer counts per stage, so HiGHS has work left when the time limit is tiny."""
@@ -98,7 +98,7 @@ def test_search_whose_solves_all_hit_the_time_limit_finds_no_plan(monkeypatch):
 
 def test_block_program_time_limit_without_incumbent_is_not_a_plan(two_tower):
     """A model that is not one stack of identical layers is planned with the per-block program
-    (planner.milp_blocks): 4 stages of its 7 blocks."""
+    (planner.solve.milp_blocks): 4 stages of its 7 blocks."""
     cands = candidates_of(two_tower, "1x4xA100-80GB", 16)
     c = max((c for c in cands if c.formulation == "blocks"), key=lambda c: (c.pp, len(c.problem.block_of)))
     assert c.pp == 4 and c.problem.num_blocks > c.pp
@@ -206,7 +206,7 @@ def test_the_memory_bound_refuses_only_programs_with_no_assignment(monkeypatch):
     one HiGHS solves, and it should catch most that HiGHS finds infeasible (capacities cut to make some)."""
     import numpy as np
 
-    import partita.planner.milp as milp
+    import partita.planner.solve.milp as milp
     cases = [replace(c.problem, capacity=np.asarray(c.problem.capacity) * f)
              for c in candidates_of(GPT48, "2x8xA100-80GB", 64)[:40] if c.formulation == "counts"
              for f in (1.0, 0.02, 0.005, 0.002)]

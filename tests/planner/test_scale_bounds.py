@@ -13,7 +13,7 @@ import pytest
 
 import partita.planner as planner
 from partita.costmodel.errors import PartitaError
-from partita.planner.space import MAX_GLOBAL_BATCH, divisors
+from partita.planner.enumerate.space import MAX_GLOBAL_BATCH, divisors
 
 
 @pytest.mark.parametrize("n", [1, 2, 12, 36, 97, 360, 1024, 9973 * 2, 2**20 * 3])
@@ -27,7 +27,7 @@ def test_divisors_are_every_divisor_up_to_the_bound(n):
 def test_the_largest_global_batch_plans_in_bounded_time():
     """2^30 samples on 8 devices: the old search enumerated range(2^27) per data-parallel degree; a
     subprocess with a deadline, so the old code fails rather than hangs the suite."""
-    r = subprocess.run([sys.executable, "-m", "partita.planner.cli", "plan", "--model", "tiny-gpt", "--cluster",
+    r = subprocess.run([sys.executable, "-m", "partita.cli", "plan", "--model", "tiny-gpt", "--cluster",
                         "8xA100-80GB", "--global-batch", str(MAX_GLOBAL_BATCH), "--json"],
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]

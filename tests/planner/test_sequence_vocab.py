@@ -3,11 +3,11 @@ communicates, and how the search uses them."""
 import numpy as np
 import pytest
 
-from partita.costmodel import comm
+from partita.costmodel.price import comm
 from partita.costmodel.hardware import parse_cluster
 from partita.planner.search import SearchSpace, TrainConfig, search
-from partita.planner.candidates import _Bases, _edge_reshards, build_candidate, split_model
-from partita.planner.strategies import replicate_option, sequence_option, tensor_option
+from partita.planner.enumerate.candidates import _Bases, _edge_reshards, build_candidate, split_model
+from partita.planner.enumerate.strategies import replicate_option, sequence_option, tensor_option
 
 CLUSTER = parse_cluster("8xA100-80GB")
 
@@ -43,7 +43,7 @@ def test_head_and_loss_are_split_over_the_vocabulary(graph_of):
     softmax = g.g.nodes[ce]["saved_bytes"]  # what the loss keeps of the logits: sharded; the targets: not
     assert vocab.saved_bytes == softmax // 2 + (rep.saved_bytes - softmax)
     # half the work per sample, but a GEMM with half the vocabulary columns runs further from peak
-    # (costmodel.kernels): its per-micro-batch term, the tiles it leaves empty, does not halve
+    # (costmodel.price.kernels): its per-micro-batch term, the tiles it leaves empty, does not halve
     assert vocab.fwd_s == pytest.approx(rep.fwd_s / 2, rel=0.05)
     b = 4
     whole = lambda o: b * (o.fwd_s + o.bwd_s) + o.fixed_s  # noqa: E731
@@ -79,7 +79,7 @@ def test_sequence_parallel_sends_a_shard_between_pipeline_stages(graph_of):
     plain = build_candidate(bases, train, space, 2, 2, 4, 0, 1, "1F1B", 1, sp=False)
     sp = build_candidate(bases, train, space, 2, 2, 4, 0, 1, "1F1B", 1, sp=True)
     across = 2 * 4 >= cluster.devices_per_node
-    # a bf16 ZeRO-0 plan runs under autocast, whose residual stream stays fp32 (costmodel.trace)
+    # a bf16 ZeRO-0 plan runs under autocast, whose residual stream stays fp32 (costmodel.capture.trace)
     whole = g.as_run("autocast").boundary_bytes(layers[0])
     assert whole == 2 * g.boundary_bytes(layers[0])
     assert plain.parts["e_p2p"][0] == pytest.approx(2 * comm.p2p(cluster, whole, across))

@@ -6,9 +6,9 @@ import torch
 import torch.nn as nn
 
 from partita.planner.api import plan
-from partita.planner.cli import main
+from partita.cli import main
 from partita.planner.explain import explain
-from partita.planner.space import TrainConfig
+from partita.planner.enumerate.space import TrainConfig
 
 
 @torch.library.custom_op("partita_test::opaque_mix", mutates_args=())

@@ -64,7 +64,7 @@ def test_devices_and_fifos_are_refused_before_a_byte_is_read(tmp_path):
 
 
 def test_a_directory_and_an_oversize_file_are_one_line(tmp_path, capsys):
-    from partita.planner import cli
+    from partita import cli
     from partita.planner.plan import MAX_PLAN_BYTES
     big = tmp_path / "big.json"
     with open(big, "wb") as f:  # sparse: no disk, and never read
@@ -103,8 +103,8 @@ def base_plans() -> dict[str, dict]:
     """Real plans made by the planner: tiny-gpt over dp=2 with its baselines, tiny-gpt over pp=2 x tp=2 (stages,
     placements, a pipeline schedule), and a small DLRM's (an embeddings section)."""
     from partita.planner.api import plan_search
-    from partita.planner.rec_plan import SparseInputs
-    from partita.planner.space import SearchSpace, TrainConfig
+    from partita.planner.sparse.rec_plan import SparseInputs
+    from partita.planner.enumerate.space import SearchSpace, TrainConfig
     dp = plan_search("tiny-gpt", cluster="2xcpu", train=TrainConfig(global_batch=4), baselines=True)[1]
     pp = plan_search("tiny-gpt", cluster="4xcpu", train=TrainConfig(global_batch=4),
                      space=SearchSpace(pp=(2,), tp=(2,)))[1]
@@ -151,7 +151,7 @@ def test_bad_descriptive_fields_are_one_line_in_every_command(base_plans, tmp_pa
     """Each of these made `explain`, `compare` or `export` end in a traceback (KeyError, TypeError, ValueError,
     ZeroDivisionError, OverflowError, IndexError) once Plan.from_dict had let the field through; where
     `needle` is None the field is one a plan may leave out, and every command shows the plan."""
-    from partita.planner import cli
+    from partita import cli
     plan = copy.deepcopy(base_plans[base])
     edit(plan)
     path, other = tmp_path / "p.json", tmp_path / "base.json"
@@ -175,7 +175,7 @@ def test_plan_text_is_never_read_as_markup_or_written_unencodable(base_plans, tm
     """Module, baseline and stage-group names reach rich tables: "[/]" raised MarkupError there; a superscript
     digit ending a module name passed str.isdigit and failed int(); a lone surrogate could not be printed.
     Printable names are shown as they are; a surrogate is refused in one line."""
-    from partita.planner import cli
+    from partita import cli
     plan = copy.deepcopy(base_plans["dp2"])
     plan["baselines"][0]["name"] = text
     plan["predicted"]["breakdown"][text + "_s"] = 0.001
@@ -390,9 +390,9 @@ def _drive(cases_file: str) -> None:
     (`runtime.train --check`, which `partita run` starts as a subprocess) called in-process as well."""
     import types
 
-    from partita.planner import cli
+    from partita import cli
     from partita.runtime import train
-    from partita.runtime.stop import StopSignal
+    from partita.runtime.loop.stop import StopSignal
 
     def preflight(cmd, env=None, **kwargs):  # cli._cmd_run's subprocess.run([python, -m, runtime.train, ...])
         assert cmd[1:3] == ["-m", "partita.runtime.train"] and cmd[-1] == "--check", cmd

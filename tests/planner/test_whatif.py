@@ -8,13 +8,13 @@ import pytest
 
 import partita.planner as planner
 from partita.costmodel.errors import InfeasibleError, PartitaError
-from partita.planner.cli import main
+from partita.cli import main
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.trace import capture
-from partita.planner.milp import min_memory
+from partita.costmodel.capture.trace import capture
+from partita.planner.solve.milp import min_memory
 from partita.planner.search import explain_infeasible, search
-from partita.planner.space import SearchSpace
+from partita.planner.enumerate.space import SearchSpace
 
 MODEL = "gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000"
 DEEP = "gpt:layers=8,hidden=256,heads=8,seq=128,vocab=1000"
@@ -144,7 +144,7 @@ def test_a_tp_the_layers_cannot_take_is_named(capsys):
 
 def test_a_fixed_config_that_does_not_fit_says_how_much_memory_it_needs():
     """In a subprocess, as a user sees it: exit code 2 and one line with the memory needed and available."""
-    r = subprocess.run([sys.executable, "-m", "partita.planner.cli", "plan", "--model", "megatron-7.5b", "--cluster",
+    r = subprocess.run([sys.executable, "-m", "partita.cli", "plan", "--model", "megatron-7.5b", "--cluster",
                         "8xA100-80GB", "--global-batch", "16", "--tp", "1", "--pp", "1", "--zero", "0",
                         "--recompute", "none", "--offload", "off"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stdout == ""
@@ -222,7 +222,7 @@ def test_search_space_fields_normalise_and_validate():
 
 def test_the_baseline_spaces_are_unchanged_by_the_new_fields():
     from partita.costmodel.hardware import parse_cluster
-    from partita.planner.baselines import baseline_spaces
+    from partita.planner.estimate.baselines import baseline_spaces
     for s in baseline_spaces(parse_cluster("4x8xA100-80GB")):
         assert s.dp is None and s.micro_batch is None and s.virtual_stages is None
 
@@ -230,7 +230,7 @@ def test_the_baseline_spaces_are_unchanged_by_the_new_fields():
 def test_a_sequence_too_long_to_fit_names_context_parallelism_and_its_flag():
     """Issue 30 item 13: a 10M-token sequence does not fit 8 H100s even split over cp=8; the line shows the cp
     of the footprint it reports and names --cp among the remedies, not only 'context ... parallelism'."""
-    r = subprocess.run([sys.executable, "-m", "partita.planner.cli", "plan", "--model", "llama3-8b", "--cluster",
+    r = subprocess.run([sys.executable, "-m", "partita.cli", "plan", "--model", "llama3-8b", "--cluster",
                         "8xH100-80GB", "--global-batch", "8", "--seq", "10000000", "--cp", "8"],
                        capture_output=True, text=True, timeout=300)
     lines = r.stderr.strip().splitlines()

@@ -1,5 +1,5 @@
 """ZeRO-1 (optimizer state sharded over the data-parallel ranks) is priced, searched where partita's runtime
-runs it (torch's ZeroRedundancyOptimizer, runtime/zero1.py), and exported as Megatron's distributed
+runs it (torch's ZeroRedundancyOptimizer, runtime/parallel/zero1.py), and exported as Megatron's distributed
 optimizer. The runs themselves: tests/e2e/test_zero1_runs.py."""
 import pytest
 import torch
@@ -10,9 +10,9 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from partita.costmodel import resolve_model
 from partita.costmodel.errors import InfeasibleError
 from partita.planner.api import plan
-from partita.planner.cli import main
-from partita.planner.export import to_megatron
-from partita.planner.space import SearchSpace, TrainConfig
+from partita.cli import main
+from partita.export import to_megatron
+from partita.planner.enumerate.space import SearchSpace, TrainConfig
 
 GPT_1B = "gpt:layers=24,hidden=2048,heads=16,seq=1024,vocab=51200"
 GPT_3B = "gpt:layers=32,hidden=2560,heads=32,seq=1024,vocab=51200"

@@ -4,9 +4,9 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from partita.costmodel.embeddings import Table, load_sample, lru_stack_distances, sample_access, zipf_access
+from partita.costmodel.sparse.embeddings import Table, load_sample, lru_stack_distances, sample_access, zipf_access
 from partita.costmodel.errors import PartitaError
-from partita.planner.cli import main
+from partita.cli import main
 
 
 def lru_misses(ids, capacity: int) -> float:

@@ -1,13 +1,13 @@
 """The dense part of a recommendation model is chosen with its tables (issue 28, item 4): replicated (DDP) or
 sharded (FSDP, ZeRO-3), whichever gives the faster whole step with the tables placed in the memory it leaves
-(planner.rec_plan). An option skipped by the floor bound must be no faster when solved."""
+(planner.sparse.rec_plan). An option skipped by the floor bound must be no faster when solved."""
 from __future__ import annotations
 
 import pytest
 
 from partita.costmodel.errors import PartitaError
 from partita.planner.api import plan
-from partita.planner.rec_plan import SparseInputs
+from partita.planner.sparse.rec_plan import SparseInputs
 from partita.planner.search import TrainConfig
 
 # a DLRM whose top MLP has 0.8B parameters: replicated, every rank updates all of them each step

@@ -3,12 +3,12 @@ meta/fake tensors (issue 28, item 1)."""
 import pytest
 import torch
 
-from partita.costmodel.embeddings import find_tables
+from partita.costmodel.sparse.embeddings import find_tables
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.models import resolve_model
 from partita.costmodel.models.dlrm import CRITEO_1TB_ROWS
 from partita.planner.api import plan
-from partita.planner.rec_plan import SparseInputs
+from partita.planner.sparse.rec_plan import SparseInputs
 from partita.planner.search import TrainConfig
 
 
@@ -78,7 +78,7 @@ def test_sparse_flags_need_tables():
 
 
 def test_cli_names_the_table_that_fits_nowhere(capsys):
-    from partita.planner.cli import main
+    from partita.cli import main
     code = main(["plan", "--model", "dlrm:tables=2,rows=1000-1000000000000,dim=128", "--cluster", "2xA100-40GB",
                  "--global-batch", "64"])
     err = capsys.readouterr().err.strip()
@@ -87,7 +87,7 @@ def test_cli_names_the_table_that_fits_nowhere(capsys):
 
 
 def test_cli_dim_that_does_not_split_is_one_line(capsys):
-    from partita.planner.cli import main
+    from partita.cli import main
     code = main(["plan", "--model", "dlrm:tables=2,rows=100,dim=24,bottom=32-24", "--cluster", "4xA100-40GB",
                  "--global-batch", "64", "--embedding-sharding", "embeddings.cat_0=column_wise:4"])
     err = capsys.readouterr().err.strip()

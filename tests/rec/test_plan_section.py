@@ -6,9 +6,9 @@ import json
 import pytest
 
 from partita.planner.api import plan
-from partita.planner.cli import main
+from partita.cli import main
 from partita.planner.plan import Plan, PlanError
-from partita.planner.rec_plan import SECTION_SCHEMA, SparseInputs
+from partita.planner.sparse.rec_plan import SECTION_SCHEMA, SparseInputs
 from partita.planner.search import TrainConfig
 
 MODEL = "dlrm:tables=4,rows=64-80-96-50,dim=8,bottom=16-8,top=16-1,dense=4,pooling=2"
@@ -86,7 +86,7 @@ def test_the_export_keeps_a_plans_free_text_in_its_comment(rec_plan, tmp_path, c
     import ast
     import dataclasses
 
-    from partita.planner.export_torchrec import to_torchrec
+    from partita.export.torchrec import to_torchrec
     d = copy.deepcopy(rec_plan.to_dict())
     d["model"]["name"] = "x\nimport os; os.system('echo owned')"
     path = tmp_path / "p.json"

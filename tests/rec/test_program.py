@@ -5,11 +5,11 @@ import itertools
 import numpy as np
 import pytest
 
-import partita.planner.embeddings as E
-from partita.costmodel.embeddings import Table, zipf_access
+import partita.planner.sparse.embeddings as E
+from partita.costmodel.sparse.embeddings import Table, zipf_access
 from partita.costmodel.errors import InfeasibleError, PartitaError
 from partita.costmodel.hardware import parse_cluster
-from partita.costmodel.sparse import SHARDINGS, SparseContext, collective_latency, piece_cost
+from partita.costmodel.sparse.costs import SHARDINGS, SparseContext, collective_latency, piece_cost
 
 
 def _brute_force(tables, accesses, ctx, dense_s, dense_hbm):
@@ -110,7 +110,7 @@ def test_sharding_names_are_torchrecs():
 def test_the_data_sets_what_a_cache_is_worth():
     # one 51 GB table on one 40 GB GPU: it cannot live in HBM; with a skewed sample a small HBM cache catches most
     # lookups, with a uniform one it misses nearly all of them, and the plan's step says so
-    from partita.costmodel.embeddings import sample_access
+    from partita.costmodel.sparse.embeddings import sample_access
     table = Table(name="t", rows=100_000_000, dim=128)
     ctx = SparseContext(cluster=parse_cluster("1xA100-40GB"), global_batch=4096)
     rng = np.random.default_rng(0)

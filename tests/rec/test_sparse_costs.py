@@ -1,10 +1,10 @@
 """Costs of embedding tables by sharding and placement (issue 28, item 3): the properties the formulas of
-costmodel.sparse must have, on the device's own constants."""
+costmodel.sparse.costs must have, on the device's own constants."""
 import pytest
 
-from partita.costmodel.embeddings import Table, zipf_access
+from partita.costmodel.sparse.embeddings import Table, zipf_access
 from partita.costmodel.hardware import parse_cluster
-from partita.costmodel.sparse import (CACHE_MAP_BYTES, CACHE_PROBE_BYTES, CACHE_SLOT_BYTES, Option, SparseContext,
+from partita.costmodel.sparse.costs import (CACHE_MAP_BYTES, CACHE_PROBE_BYTES, CACHE_SLOT_BYTES, Option, SparseContext,
                                       collective_latency, piece_cost)
 
 TABLE = Table(name="t", rows=10_000_000, dim=128)
@@ -122,7 +122,7 @@ def test_a_torchrec_fp16_table_is_found_at_its_width():
     torchrec = pytest.importorskip("torchrec")
     import torch
 
-    from partita.costmodel.embeddings import find_tables
+    from partita.costmodel.sparse.embeddings import find_tables
     ebc = torchrec.EmbeddingBagCollection(device=torch.device("meta"), tables=[
         torchrec.EmbeddingBagConfig(name="a", embedding_dim=8, num_embeddings=100, feature_names=["f"],
                                     data_type=torchrec.DataType.FP16)])

@@ -16,13 +16,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the fact
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor  # noqa: E402
 
 import torchrec_factories  # noqa: E402
-from partita.costmodel.embeddings import find_tables  # noqa: E402
+from partita.costmodel.sparse.embeddings import find_tables  # noqa: E402
 from partita.costmodel.errors import PartitaError  # noqa: E402
-from partita.costmodel.kjt import Features, KJTFromIds  # noqa: E402
+from partita.costmodel.sparse.kjt import Features, KJTFromIds  # noqa: E402
 from partita.costmodel.models import resolve_model  # noqa: E402
 from partita.planner.api import plan  # noqa: E402
-from partita.planner.embeddings import parse_fixed  # noqa: E402
-from partita.planner.rec_plan import SparseInputs, accesses_for  # noqa: E402
+from partita.planner.sparse.embeddings import parse_fixed  # noqa: E402
+from partita.planner.sparse.rec_plan import SparseInputs, accesses_for  # noqa: E402
 from partita.planner.search import TrainConfig  # noqa: E402
 
 MODEL = "torchrec_factories:dlrm"
@@ -103,7 +103,7 @@ def test_a_weighted_kjt_is_refused_in_one_line(monkeypatch):
 
 
 def test_export_names_the_collection_and_its_config_names(tmp_path, capsys):
-    from partita.planner.cli import main
+    from partita.cli import main
     p = plan(MODEL, cluster="2xA100-40GB", train=TrainConfig(global_batch=16),
              sparse=SparseInputs(fixed="t_users=row_wise,t_items=column_wise:2,t_ads=table_wise,t_tags=data_parallel"))
     path = tmp_path / "plan.json"
@@ -120,7 +120,7 @@ def test_export_names_the_collection_and_its_config_names(tmp_path, capsys):
 
 def test_a_sample_names_a_collections_tables_by_their_config_names(tmp_path):
     import numpy as np
-    from partita.costmodel.embeddings import load_sample
+    from partita.costmodel.sparse.embeddings import load_sample
     _, tables = _tables()
     rng = np.random.default_rng(0)
     arrays = {t.key: rng.integers(0, t.rows, 400) for t in tables}

@@ -9,7 +9,7 @@ def topo():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from partita.runtime.mesh import Topology
+    from partita.runtime.launcher.mesh import Topology
 
     def make(dp, tp):
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=dp * tp)

@@ -1,6 +1,6 @@
 """Deliberately wrong runtimes for the negative tests of --verify: a torchrun worker that patches one
 runtime function, then runs the ordinary entry point. Lives under tests/, so no user of the runtime can
-turn a gradient sync off by accident (an environment variable in runtime/apply.py used to).
+turn a gradient sync off by accident (an environment variable in runtime/parallel/apply.py used to).
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/runtime/injected_bugs.py \\
         BUG train PLAN --model M --steps N --verify ...     # runtime.train's command line
@@ -10,7 +10,7 @@ turn a gradient sync off by accident (an environment variable in runtime/apply.p
 
 BUG is one of `BUGS` ("none" patches nothing):
 - skip-dp-grad-sync: data-parallel gradients are never averaged -- DDP never all-reduces its buckets, and
-  the by-hand path (runtime.apply.average_grads, used with tp > 1 or pp > 1) does nothing.
+  the by-hand path (runtime.parallel.apply.average_grads, used with tp > 1 or pp > 1) does nothing.
 - drop-tp-input-grad-reduce: a column-parallel layer's input gradient is not all-reduced over tp in the
   backward (Megatron's f operator loses its backward all-reduce): each tp rank passes on only its
   shard's partial sum, so the norms and layers before it, and the embeddings, get wrong gradients. The
@@ -26,7 +26,7 @@ BUGS = ("none", "skip-dp-grad-sync", "drop-tp-input-grad-reduce")
 
 
 def skip_dp_grad_sync() -> None:
-    import partita.runtime.apply as apply
+    import partita.runtime.parallel.apply as apply
 
     class NoSyncDDP(apply.DDP):
         def __init__(self, *args, **kwargs):
@@ -40,7 +40,7 @@ def skip_dp_grad_sync() -> None:
 def drop_tp_input_grad_reduce() -> None:
     from torch.distributed.tensor import DTensor, Replicate
 
-    from partita.runtime import tp
+    from partita.runtime.parallel import tp
 
     original = tp.Colwise._prepare_input_fn
 
@@ -70,7 +70,7 @@ def run_plans(out: str, steps: int, plans: list[str]) -> None:
     from spawned import teardown
 
     import partita.runtime as runtime
-    from partita.runtime.mesh import init_default
+    from partita.runtime.launcher.mesh import init_default
 
     init_default()
     results = {}

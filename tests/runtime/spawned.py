@@ -1,6 +1,6 @@
 """Run a test's worker in spawned gloo processes and read back what rank 0 wrote (tests/runtime); and
 `teardown`, how every multi-process test worker (spawned here or launched by torchrun) ends its group:
-the runtime's (runtime.mesh.teardown), every rank's collectives done before any tears down."""
+the runtime's (runtime.launcher.mesh.teardown), every rank's collectives done before any tears down."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import tempfile
 
 import torch.multiprocessing as mp
 
-from partita.runtime.mesh import teardown  # noqa: F401 -- the runtime's own: barrier (gloo), then destroy
+from partita.runtime.launcher.mesh import teardown  # noqa: F401 -- the runtime's own: barrier (gloo), then destroy
 
 
 def spawned_json(worker, nprocs: int = 2):

@@ -1,12 +1,12 @@
 """The runtime turns on the CUDA caching allocator's expandable segments unless the user configured the
-allocator (runtime.allocator); on CPU nothing changes."""
+allocator (runtime.loop.allocator); on CPU nothing changes."""
 import os
 import subprocess
 import sys
 
 import pytest
 
-from partita.runtime.allocator import ENV, SETTING, allocator_env, configure_allocator
+from partita.runtime.loop.allocator import ENV, SETTING, allocator_env, configure_allocator
 
 
 def test_cuda_without_a_user_setting_gets_expandable_segments():
@@ -31,7 +31,7 @@ def test_nothing_is_set_without_cuda():
 def test_a_cpu_process_is_left_unchanged():
     """Here (no CUDA) the default arguments read torch.cuda.is_available() and set nothing in os.environ."""
     code = ("import os; os.environ.pop('PYTORCH_CUDA_ALLOC_CONF', None); os.environ.pop('PYTORCH_ALLOC_CONF', None);"
-            "from partita.runtime.allocator import configure_allocator; print(configure_allocator(), "
+            "from partita.runtime.loop.allocator import configure_allocator; print(configure_allocator(), "
             "'PYTORCH_CUDA_ALLOC_CONF' in os.environ)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})

@@ -1,4 +1,4 @@
-"""The CPU allocator trace (runtime.memory.AllocatorTrace) is exact, and the runtime reports its peak.
+"""The CPU allocator trace (runtime.loop.memory.AllocatorTrace) is exact, and the runtime reports its peak.
 
 Exactness is checked against allocations whose size is known: `torch.empty` of N bytes is N bytes (no
 rounding, whatever N), nothing is counted for an empty tensor, frees are matched to their allocations
@@ -16,11 +16,11 @@ import torch.nn as nn
 
 from partita.costmodel import resolve_model
 from partita.planner.plan import Plan
-from partita.runtime import apply as runtime_apply
-from partita.runtime.memory import (ALLOCATOR_METHOD, CPU_METHOD, AllocatorTrace, MemoryEvent, _ordered,
+from partita.runtime.parallel import apply as runtime_apply
+from partita.runtime.loop.memory import (ALLOCATOR_METHOD, CPU_METHOD, AllocatorTrace, MemoryEvent, _ordered,
                             measure_live_bytes)
-from partita.runtime.recipe import build_model
-from partita.runtime.session import RunOptions, execute, prepare
+from partita.runtime.loop.recipe import build_model
+from partita.runtime.loop.session import RunOptions, execute, prepare
 from tests.conftest import captured
 from tests.costmodel.test_saved_bytes_by_recompute import predicted_saved_bytes
 from tests.e2e.test_plans_match_single_process import make_plan
@@ -180,7 +180,7 @@ def test_the_session_reports_the_allocator_peak_and_keeps_the_tracked_figure(run
     # before the step: parameters and AdamW's two moments (each step count a 4-byte tensor)
     assert d["resident_bytes"] == 3 * param_bytes + 4 * len(params)
     # what the step leaves: the gradients -- and at times the 4-byte loss, when gloo's worker thread drops
-    # the last reference to the all-reduced loss (a free the profiler does not see: runtime/memory.py)
+    # the last reference to the all-reduced loss (a free the profiler does not see: runtime/loop/memory.py)
     assert d["step_end_bytes"] in (param_bytes, param_bytes + loss_bytes)
     assert d["by_phase"]["optimizer"] > param_bytes  # gradients + the optimizer's temporaries
     # the peak is in the backward pass, with every saved activation of the forward still live: the
@@ -195,7 +195,7 @@ def test_the_planners_peak_is_the_allocators_within_five_percent(runs):
     yet made, the activations, the logits and their gradient) against the allocator's, for the same
     one-process plan."""
     from partita.costmodel.hardware import parse_cluster
-    from partita.planner.build import predicted
+    from partita.planner.estimate.build import predicted
     from partita.planner.search import SearchSpace, TrainConfig, search
     traced, _, _ = runs
     space = SearchSpace(pp=(1,), tp=(1,), zero=(0,), recompute=("none",), offload=False)

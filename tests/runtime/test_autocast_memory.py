@@ -1,6 +1,6 @@
 """A bf16 plan without FSDP is priced as the runtime's autocast runs it: fp32 master weights, gradients and
-moments as model states, and one bf16 copy of every matmul weight among the activations (costmodel.memory,
-costmodel.trace). Checked against the CPU allocator (runtime.memory.trace_training_step) on one rank, by
+moments as model states, and one bf16 copy of every matmul weight among the activations (costmodel.price.memory,
+costmodel.capture.trace). Checked against the CPU allocator (runtime.loop.memory.trace_training_step) on one rank, by
 category, so that pricing the copies as model states (or the masters as bf16) fails even where the total
 happens to agree: before any gradient exists the bf16 model's 2 + 12 bytes per parameter equal the fp32
 masters' 4 + 8 plus the 2-byte copy.
@@ -14,12 +14,12 @@ import torch.nn as nn
 from partita.costmodel import model_fingerprint
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.trace import capture
-from partita.planner.build import build_plan
+from partita.costmodel.capture.trace import capture
+from partita.planner.estimate.build import build_plan
 from partita.planner.search import SearchSpace, TrainConfig, search
-from partita.runtime.checks import build_meta
-from partita.runtime.recipe import build_model
-from partita.runtime.session import RunOptions, execute, prepare
+from partita.runtime.launcher.checks import build_meta
+from partita.runtime.loop.recipe import build_model
+from partita.runtime.loop.session import RunOptions, execute, prepare
 
 MODEL = "tiny-llama"
 CASES = {"one micro-batch": (4, 1), "two micro-batches": (2, 2)}  # (micro-batch, micro-batches)
@@ -81,7 +81,7 @@ def test_activations_include_one_bf16_copy_of_each_matmul_weight(run):
 
 def test_autocasts_cache_holds_every_weight_cast_to_the_forwards_end():
     """Under full recompute no cast is saved, but autocast caches one per weight for the whole forward of a
-    micro-batch (planner.phases): with weights far larger than the activations, the step peaks at the end of
+    micro-batch (planner.estimate.phases): with weights far larger than the activations, the step peaks at the end of
     the second micro-batch's forward, the first's gradients held, every cast live."""
     spec = resolve_model("gpt:layers=4,hidden=512,heads=8,vocab=64,seq=16")
     graph = capture(spec, dtype="bf16", autocast="cpu")

@@ -1,4 +1,4 @@
-"""Issue 30 item 5: BatchNorm under data parallelism (runtime.batchnorm). In one 2-process gloo job, a small
+"""Issue 30 item 5: BatchNorm under data parallelism (runtime.parallel.batchnorm). In one 2-process gloo job, a small
 CNN's BatchNorm layers synchronised over the ranks give each rank's slice of the batch the outputs, running
 statistics and (averaged over the ranks, as DDP does) parameter gradients of one process on the whole batch;
 left per-rank, they do not. The note that says so before training names --sync-batchnorm."""
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from spawned import spawned_json, teardown
 
-from partita.runtime import batchnorm
+from partita.runtime.parallel import batchnorm
 
 ROOT = Path(__file__).resolve().parents[2]
 

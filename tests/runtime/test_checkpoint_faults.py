@@ -28,9 +28,9 @@ import partita.runtime as runtime
 from partita.costmodel import resolve_model
 from partita.planner.plan import Plan
 from partita.runtime import checkpoint as ckpt
-from partita.runtime import ownership
+from partita.runtime.checkpoint import ownership
 from partita.runtime.checkpoint import CheckpointError
-from partita.runtime.session import NonFiniteLoss, NonFiniteParameters, RunOptions, Stopped, prepare
+from partita.runtime.loop.session import NonFiniteLoss, NonFiniteParameters, RunOptions, Stopped, prepare
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))

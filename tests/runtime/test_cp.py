@@ -1,4 +1,4 @@
-"""Context parallelism's pieces (runtime/cp.py, runtime.data.context_positions): the causal load-balanced
+"""Context parallelism's pieces (runtime/parallel/cp.py, runtime.data.context_positions): the causal load-balanced
 chunks and their global positions, the mask, and -- in one 2-process gloo job -- the gathered attention of
 partita's GPT / Llama models against the full sequence in one process, forward and gradients. Runs of
 whole plans under --verify: tests/e2e/test_cp_runs.py."""
@@ -14,9 +14,9 @@ import torch.distributed as dist
 from spawned import spawned_json, teardown
 
 from partita.costmodel.models.gpt import GPT, GPTConfig
-from partita.runtime import cp as context_parallel
+from partita.runtime.parallel import cp as context_parallel
 from partita.runtime.data import context_positions, context_shard
-from partita.runtime.recipe import lm_loss
+from partita.runtime.loop.recipe import lm_loss
 
 
 def test_chunks_are_head_and_tail_and_cover_the_sequence_once():

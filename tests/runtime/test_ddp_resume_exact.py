@@ -5,7 +5,7 @@ ones to the last bit.
 The cause of the drift this guards against: DDP builds its gradient buckets in reverse parameter order and builds
 them again after its first backward, in the order the gradients became ready; with more than 2 ranks, where an
 element sits in a bucket changes the order of its floating-point sum. A resumed run took its first step on the
-first layout where the uninterrupted run was on the second (runtime.session.settle_ddp_buckets). The test
+first layout where the uninterrupted run was on the second (runtime.loop.session.settle_ddp_buckets). The test
 also resumes with that step skipped, to show the layouts differ here: the losses then drift.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from spawned import spawned_json, teardown
 
 from partita import runtime
-from partita.runtime import session
+from partita.runtime.loop import session
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from test_plans_match_single_process import make_plan  # noqa: E402
@@ -31,7 +31,7 @@ STEPS, SAVED = 5, 2
 
 def _worker(rank: int, world: int, store_path: str, out: str) -> None:
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))  # runtime.mesh reads them
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))  # runtime.launcher.mesh reads them
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     plan, ck = make_plan(dp=4, mb=2), Path(out).with_name("ck")
     try:

@@ -1,4 +1,4 @@
-"""Expert parallelism's pieces (runtime/ep.py): in one 2-process gloo job, the all_to_all dispatch and combine of
+"""Expert parallelism's pieces (runtime/parallel/ep.py): in one 2-process gloo job, the all_to_all dispatch and combine of
 sharded experts against the unsharded layer in one process -- partita's MoE (router included) and
 transformers' MixtralExperts, routing uneven and routing that leaves one rank's experts without a token --
 forward, input gradients and expert gradients after `sync_expert_grads`; and, in one process, which plans and
@@ -16,7 +16,7 @@ from spawned import spawned_json, teardown
 
 from partita.costmodel.models.gpt import MoE, MoEExperts, GPTConfig
 from partita.planner.plan import Mesh, PlanError
-from partita.runtime import ep as expert_parallel
+from partita.runtime.parallel import ep as expert_parallel
 
 CFG = GPTConfig(layers=1, hidden=16, heads=2, vocab=32, seq=8, ffn=24, family="llama", experts=4, top_k=2)
 TOKENS = 12
@@ -160,7 +160,7 @@ def _plan(**kw):
 ])
 def test_unsupported_ep_plans_are_refused_in_one_line(kw, needle):
     from partita.costmodel.models import resolve_model
-    from partita.runtime.checks import build_meta
+    from partita.runtime.launcher.checks import build_meta
     spec = resolve_model("tiny-moe")
     with pytest.raises(PlanError) as e:
         expert_parallel.check_plan(_plan(**kw), spec, build_meta(spec))
@@ -169,7 +169,7 @@ def test_unsupported_ep_plans_are_refused_in_one_line(kw, needle):
 
 def test_a_dense_model_has_no_experts_to_shard():
     from partita.costmodel.models import resolve_model
-    from partita.runtime.checks import build_meta
+    from partita.runtime.launcher.checks import build_meta
     spec = resolve_model("tiny-llama")
     with pytest.raises(PlanError, match="has no mixture-of-experts layers"):
         expert_parallel.check_plan(_plan(), spec, build_meta(spec))
@@ -182,7 +182,7 @@ def test_a_dense_model_has_no_experts_to_shard():
 def test_experts_modules_of_transformers_moe_families():
     pytest.importorskip("transformers")
     from partita.costmodel.models import resolve_model
-    from partita.runtime.checks import build_meta
+    from partita.runtime.launcher.checks import build_meta
     tiny = "num_hidden_layers=1,hidden_size=32,intermediate_size=48,num_attention_heads=2,num_key_value_heads=1"
     for spec, n in ((f"hf:mixtral:{tiny},num_local_experts=4", 4),
                     (f"hf:qwen2_moe:{tiny},num_experts=4,moe_intermediate_size=16,shared_expert_intermediate_size=16", 4),

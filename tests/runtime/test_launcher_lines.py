@@ -12,7 +12,9 @@ import pytest
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousTimeoutError
 
 from partita.costmodel import PartitaError
-from partita.runtime import api, rendezvous, report
+from partita.runtime import api
+from partita.runtime.launcher import rendezvous
+from partita.runtime.loop import report
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))

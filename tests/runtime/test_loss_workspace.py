@@ -1,4 +1,4 @@
-"""The loss's backward holds what planner.phases.loss_gradient_bytes charges, measured on the CPU allocator:
+"""The loss's backward holds what planner.estimate.phases.loss_gradient_bytes charges, measured on the CPU allocator:
 PyTorch's cross-entropy on fp32 logits two logit-sized tensors, torch's loss_parallel on vocabulary-sharded
 logits three shards (its gradient is one expression, (zeros_like(x) + exp(x)) * grad)."""
 import torch
@@ -8,8 +8,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from partita.planner.phases import loss_gradient_bytes
-from partita.runtime.memory import AllocatorTrace
+from partita.planner.estimate.phases import loss_gradient_bytes
+from partita.runtime.loop.memory import AllocatorTrace
 
 TOKENS, VOCAB = 512, 1024
 SMALL = 64 * 1024

@@ -1,4 +1,4 @@
-"""partita.runtime.pp.split on models with their own loss, in one process (no process group: the Pipe's stage modules
+"""partita.runtime.parallel.pp.split on models with their own loss, in one process (no process group: the Pipe's stage modules
 run one after the other): the stages' output is the model's logits and the pipeline's loss computed from
 them equals the model's own loss; tied parameters are found on both stages that use them."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 
 from partita.costmodel import resolve_model
 from partita.planner.api import plan
-from partita.planner.space import TrainConfig
-from partita.runtime import pp
-from partita.runtime.recipe import build_model
+from partita.planner.enumerate.space import TrainConfig
+from partita.runtime.parallel import pp
+from partita.runtime.loop.recipe import build_model
 
 MODELS = ["hf:gpt2:n_layer=2,n_embd=64,n_head=4,vocab_size=128",  # tied wte / lm_head
           "hf:llama",                                              # rotary embedding, untied

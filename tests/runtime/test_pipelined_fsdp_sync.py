@@ -1,4 +1,4 @@
-"""What the planner prices for ZeRO inside a pipeline (planner/options.py) is what the runtime does: a
+"""What the planner prices for ZeRO inside a pipeline (planner/enumerate/options.py) is what the runtime does: a
 pipeline stage under FSDP2 reduce-scatters its gradients once per step, not once per micro-batch, and
 ZeRO-2 gathers its parameters once per step; the memory that holds them and whole gradients is the
 predicted one (one 4-process gloo job, pp=2 x dp=2, 4 micro-batches)."""
@@ -14,7 +14,7 @@ from spawned import spawned_json, teardown
 
 import partita
 from partita import runtime
-from partita.planner.space import TrainConfig
+from partita.planner.enumerate.space import TrainConfig
 
 MODEL = "tiny-gpt"
 MICRO = 4
@@ -31,7 +31,7 @@ def _plan(zero: int) -> dict:
 
 def _worker(rank: int, world: int, store_path: str, out: str) -> None:
     torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))  # runtime.mesh reads them
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))  # runtime.launcher.mesh reads them
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
     counts = {"reduce_scatter": 0, "all_gather": 0}
     plain_rs, plain_ag = dist.reduce_scatter_single, dist.all_gather_single
@@ -51,7 +51,7 @@ def _worker(rank: int, world: int, store_path: str, out: str) -> None:
                 counts.update(reduce_scatter=0, all_gather=0)
                 plan = _plan(zero)
                 result = runtime.run(plan, MODEL, steps=steps, print_report=False)
-                detail = result.memory_detail  # this rank's traced step (runtime.memory.StepMemory)
+                detail = result.memory_detail  # this rank's traced step (runtime.loop.memory.StepMemory)
                 rows[f"zero{zero}-steps{steps}"] = dict(counts, memory=result.peak_memory_bytes,
                                                         predicted=plan["predicted"]["peak_memory_bytes"],
                                                         local=detail["peak_bytes"],
@@ -85,7 +85,7 @@ def test_a_pipeline_stage_under_fsdp_syncs_gradients_once_per_step():
     # the largest rank against the planner's largest stage. The trace bounds each rank's peak from above
     # only: a block a gloo thread frees goes unreported and counts as live until its address is reused,
     # and a trace whose events could not be put in order (`in_order` False) may replay a free before its
-    # allocation (runtime.memory). So a rank's peak lies between its figure less those unreported bytes
+    # allocation (runtime.loop.memory). So a rank's peak lies between its figure less those unreported bytes
     # (without order: its tracked figure, states plus saved activations) and its figure; the prediction
     # must be within 5% of that range.
     for zero in (2, 3):

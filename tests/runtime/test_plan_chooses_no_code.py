@@ -11,7 +11,7 @@ import pytest
 import partita
 from partita.costmodel import PartitaError, resolve_model
 from partita.planner.plan import Plan, PlanError
-from partita.runtime.checks import preflight
+from partita.runtime.launcher.checks import preflight
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))

@@ -1,4 +1,4 @@
-"""Ranks that each looked at shared state alone end alike (runtime.mesh.first_said, runtime.resume.common_candidates),
+"""Ranks that each looked at shared state alone end alike (runtime.launcher.mesh.first_said, runtime.checkpoint.resume.common_candidates),
 in one 2-process gloo job: a refusal on one rank ends both with its line; a checkpoint only rank 0 can see yet is
 passed over by both, and both resume from the same one; a checkpoint no rank but one can see stops both.
 Before, rank 0 waited in a collective for a rank that had ended (the CI hang of issue 29's two-runs case), and
@@ -16,8 +16,8 @@ import torch.distributed as dist
 from spawned import spawned_json, teardown
 
 from partita.runtime import checkpoint as ckpt
-from partita.runtime.mesh import first_said
-from partita.runtime.resume import Candidates, choose_intact, common_candidates
+from partita.runtime.launcher.mesh import first_said
+from partita.runtime.checkpoint.resume import Candidates, choose_intact, common_candidates
 
 
 def _candidate(root: str, step: int):

@@ -10,16 +10,16 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import partita.runtime.offload
+import partita.runtime.parallel.offload
 from partita import runtime
 from partita.costmodel import resolve_model
 from partita.costmodel.models.gpt import GPT as GPTModel, GPTConfig
 from partita.planner.plan import Plan
-from partita.runtime.blocks import apply_block_choices, blocks_in
+from partita.runtime.parallel.blocks import apply_block_choices, blocks_in
 from partita.runtime.data import SyntheticTokens
-from partita.runtime.memory import SavedActivations
-from partita.runtime.recipe import build_model, lm_loss
-from partita.runtime.recompute import SelectivePolicy
+from partita.runtime.loop.memory import SavedActivations
+from partita.runtime.loop.recipe import build_model, lm_loss
+from partita.runtime.parallel.recompute import SelectivePolicy
 
 GPT = resolve_model("tiny-gpt")
 BLOCKS = ("blocks.0", "blocks.1")
@@ -163,7 +163,7 @@ def test_activation_offload_packs_saved_tensors_into_host_copies(plain, monkeypa
 def test_selective_offload_moves_kept_outputs_to_host_until_recompute(plain, monkeypatch, policy, reruns):
     stashes = []
 
-    class Spy(runtime.offload.HostStash):
+    class Spy(runtime.parallel.offload.HostStash):
         def __init__(self):
             super().__init__()
             stashes.append(self)
@@ -175,7 +175,7 @@ def test_selective_offload_moves_kept_outputs_to_host_until_recompute(plain, mon
             for dev, host in stash.stashed:
                 assert dev.nbytes() == 0 and host.nbytes() > 0 and host.device.type == "cpu"
 
-    monkeypatch.setattr(runtime.offload, "HostStash", Spy)
+    monkeypatch.setattr(runtime.parallel.offload, "HostStash", Spy)
     grads, ops, _ = train_step(after_forward, recompute=policy, offload_activations=True)
     assert all(not s.stashed for s in stashes)  # brought back for the recompute
     assert ops["addmm"] == reruns and ops["_scaled_dot_product_flash_attention_for_cpu"] == 0 and ops["gelu"] == 2

@@ -2,7 +2,7 @@
 
 - `partita.run(..., verify=True)` raises VerifyFailed (a PartitaError naming what diverged) when the run
   differs from one process, as `partita run --verify` exits 1; it used to return normally;
-- progress lines while training, from the formatter `partita run` uses too (runtime.progress): rank 0
+- progress lines while training, from the formatter `partita run` uses too (runtime.loop.progress): rank 0
   prints one after the first step, every N steps and after the last;
 - `tensorboard=DIR` writes each step's loss, step time, throughput and memory; without the tensorboard
   package it is one line before training.
@@ -89,7 +89,7 @@ class _Stream:
 def test_a_progress_bar_only_on_a_terminal(tty):
     import torch
 
-    from partita.runtime.progress import Progress
+    from partita.runtime.loop.progress import Progress
 
     stream = _Stream(tty)
     p = Progress(5, 0, 8, "samples", console=True, every=2, stream=stream)

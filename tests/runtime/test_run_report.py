@@ -2,8 +2,8 @@
 run measured it (CUDA), and left out elsewhere."""
 import dataclasses
 
-from partita.runtime.memory import CPU_METHOD, GPU_METHOD
-from partita.runtime.report import RunResult, render
+from partita.runtime.loop.memory import CPU_METHOD, GPU_METHOD
+from partita.runtime.loop.report import RunResult, render
 
 MiB = 2**20
 

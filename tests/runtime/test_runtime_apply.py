@@ -10,10 +10,10 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from partita.costmodel import resolve_model
 from partita.planner.plan import Plan, PlanError
-from partita.runtime import pp as pipeline_parallel
-from partita.runtime.checks import preflight
-from partita.runtime.recipe import build_model
-from partita.runtime.tp import apply_tp, styles
+from partita.runtime.parallel import pp as pipeline_parallel
+from partita.runtime.launcher.checks import preflight
+from partita.runtime.loop.recipe import build_model
+from partita.runtime.parallel.tp import apply_tp, styles
 
 
 def plan_dict(**over) -> dict:

@@ -19,8 +19,8 @@ import partita.runtime as runtime
 from partita.costmodel import PartitaError, resolve_model
 from partita.planner.plan import Plan
 from partita.runtime import checkpoint as ckpt
-from partita.runtime.faults import Faults, parse
-from partita.runtime.session import NonFiniteLoss, RunOptions, prepare
+from partita.runtime.loop.faults import Faults, parse
+from partita.runtime.loop.session import NonFiniteLoss, RunOptions, prepare
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))

@@ -1,4 +1,4 @@
-"""Issue 30 item 3: `--data package.module:factory`, a user's torch Dataset or IterableDataset (runtime.datasets).
+"""Issue 30 item 3: `--data package.module:factory`, a user's torch Dataset or IterableDataset (runtime.data.datasets).
 
 A batch depends on the seed and the step alone, as with token files: the data-parallel ranks' shards of any
 world size put together are the same global batch, a source built afresh at step k (a resumed run) reads

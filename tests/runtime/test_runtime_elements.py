@@ -8,10 +8,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
 from partita.costmodel import resolve_model
 from partita.planner.plan import Plan, PlanError
-from partita.runtime.apply import parallelize
-from partita.runtime.checks import preflight
+from partita.runtime.parallel.apply import parallelize
+from partita.runtime.launcher.checks import preflight
 from partita.runtime.data import SyntheticTokens
-from partita.runtime.recipe import build_model, lm_loss
+from partita.runtime.loop.recipe import build_model, lm_loss
 from test_recompute_offload import OpCounter  # sibling test module
 
 GPT = resolve_model("tiny-gpt")
@@ -173,7 +173,7 @@ def test_preflight_accepts_interleaved_schedules_torch_can_run():
 
 def test_preflight_refuses_to_pipeline_a_model_with_its_own_loss():
     """A HuggingFace causal LM is pipelined (its last stage computes HF's loss from the logits,
-    planner.executable); a user's loss_fn(module, *batch) is not, in the planner's words."""
+    planner.plan.executable); a user's loss_fn(module, *batch) is not, in the planner's words."""
     hf = resolve_model("hf:llama")
     user = dataclasses.replace(hf, name="user-llama", config={},
                                loss_fn=lambda module, ids, labels: module(input_ids=ids, labels=labels).loss)

@@ -5,7 +5,7 @@ import torch
 
 from partita.costmodel import resolve_model
 from partita.runtime.data import SyntheticTokens
-from partita.runtime.verify import TOLERANCE, compare, reference_losses
+from partita.runtime.loop.verify import TOLERANCE, compare, reference_losses
 
 TOL = TOLERANCE[torch.float32]
 
@@ -38,7 +38,7 @@ def test_reference_is_deterministic():
 
 
 def test_a_failed_check_names_the_step_or_the_parameter():
-    from partita.runtime.verify import failures, loss_check, param_check
+    from partita.runtime.loop.verify import failures, loss_check, param_check
 
     ok = loss_check("losses", [5.5, 5.4], [5.5, 5.4 + 5e-6], TOL)
     bad = loss_check("losses", [5.5, 5.4, 5.3], [5.5, 5.4 + 3e-5, 5.3], TOL)
@@ -56,7 +56,7 @@ def test_a_failed_check_names_the_step_or_the_parameter():
 
 
 def test_parameter_differences_are_scaled_by_the_whole_models_update():
-    from partita.runtime.verify import ParamStats
+    from partita.runtime.loop.verify import ParamStats
 
     # tensor "noise" was not updated by the reference (a zero gradient): its own update would divide
     # noise by noise; the whole model's update RMS (here 1e-3 per element) is the scale
@@ -70,7 +70,7 @@ def test_a_model_with_dropout_is_said_before_verify_compares_it():
     """With dropout a parallel layout draws masks in another order than the one-process reference, so a
     correct plan can fail --verify (OPT's default 0.1 did at pp=2): the run says so before training."""
     from partita.costmodel.models import resolve_model
-    from partita.runtime.session import dropout_probability
+    from partita.runtime.loop.session import dropout_probability
     assert dropout_probability(resolve_model("gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32,dropout=0.1")) == 0.1
     assert dropout_probability(resolve_model("hf:opt:num_hidden_layers=2,hidden_size=64,num_attention_heads=4,"
                                              "ffn_dim=128,word_embed_proj_dim=64")) == 0.1
@@ -82,8 +82,8 @@ def test_a_rounding_level_gradient_is_judged_by_adams_step_bound_and_a_real_one_
     measure and is judged against 2 x Adam's largest step x steps; every other tensor keeps the measure, and
     under SGD nothing is set apart."""
     from partita.costmodel.models import resolve_model as resolve
-    from partita.runtime.recipe import build_model, loss_for
-    from partita.runtime.verify import ADAM_STEP_BOUND, GradientRMS, ParamStats, param_checks
+    from partita.runtime.loop.recipe import build_model, loss_for
+    from partita.runtime.loop.verify import ADAM_STEP_BOUND, GradientRMS, ParamStats, param_checks
 
     spec = resolve("tiny-gpt")
     model = build_model(spec, 0)

@@ -20,18 +20,18 @@ def _loaded(code: str, modules: list[str]) -> dict[str, bool]:
 
 
 def test_the_cli_parses_and_launches_without_torch():
-    assert _loaded("import partita.planner.cli", ["torch"]) == {"torch": False}
+    assert _loaded("import partita.cli", ["torch"]) == {"torch": False}
 
 
 @pytest.mark.parametrize("code", ["import partita.runtime.train, partita.runtime.api",
                                   "from partita.runtime.api import agent_main"])
 def test_the_launcher_loads_neither_the_training_session_nor_the_pipeline_library(code):
-    assert _loaded(code, ["partita.runtime.session", "torch.distributed.tensor", "torch._dynamo"]) == \
-        {"partita.runtime.session": False, "torch.distributed.tensor": False, "torch._dynamo": False}
+    assert _loaded(code, ["partita.runtime.loop.session", "torch.distributed.tensor", "torch._dynamo"]) == \
+        {"partita.runtime.loop.session": False, "torch.distributed.tensor": False, "torch._dynamo": False}
 
 
 def test_a_worker_without_a_pipeline_does_not_load_the_pipeline_library():
-    loaded = _loaded("import partita.runtime.train, partita.runtime.session", ["torch.distributed.pipelining"])
+    loaded = _loaded("import partita.runtime.train, partita.runtime.loop.session", ["torch.distributed.pipelining"])
     assert loaded == {"torch.distributed.pipelining": False}
 
 

@@ -62,7 +62,7 @@ def plan_dict(model: str = "tiny-gpt", *, sequence=False, vocab=False, pp=1, dp=
 def _model_and_plan(name: str, **kw):
     from partita.costmodel import resolve_model
     from partita.planner.plan import Plan
-    from partita.runtime.recipe import build_model
+    from partita.runtime.loop.recipe import build_model
 
     spec = resolve_model(name)
     return spec, build_model(spec, 0), Plan.from_dict(plan_dict(name, **kw))
@@ -72,7 +72,7 @@ def _model_and_plan(name: str, **kw):
 def test_parameters_are_sharded_as_the_styles_say(topo, name):
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    from partita.runtime.apply import parallelize
+    from partita.runtime.parallel.apply import parallelize
 
     spec, model, plan = _model_and_plan(name, sequence=True, vocab=True)
     applied = parallelize(model, plan, topo(1, 2))
@@ -93,7 +93,7 @@ def test_parameters_are_sharded_as_the_styles_say(topo, name):
 
 
 def _styles(name: str, **kw):
-    from partita.runtime.tp import styles
+    from partita.runtime.parallel.tp import styles
 
     _, model, plan = _model_and_plan(name, **kw)
     return styles(plan.placements, model)
@@ -102,7 +102,7 @@ def _styles(name: str, **kw):
 def test_layout_rule_hands_sequence_shards_only_to_modules_that_take_them():
     from torch.distributed.tensor import Replicate, Shard
 
-    from partita.runtime.tp import GatherSequence, SequenceBlock, SequenceNorm, VocabEmbedding
+    from partita.runtime.parallel.tp import GatherSequence, SequenceBlock, SequenceNorm, VocabEmbedding
 
     gpt = _styles("tiny-gpt", sequence=True, vocab=True)
     llama = _styles("tiny-llama", sequence=True, vocab=True)
@@ -128,9 +128,9 @@ def test_layout_rule_on_pipeline_stages():
     gathers what it sends on."""
     from partita.costmodel import resolve_model
     from partita.planner.plan import Plan
-    from partita.runtime import pp as pipeline_parallel
-    from partita.runtime.recipe import build_model
-    from partita.runtime.tp import SequenceBlock, SequenceNorm, VocabEmbedding, styles
+    from partita.runtime.parallel import pp as pipeline_parallel
+    from partita.runtime.loop.recipe import build_model
+    from partita.runtime.parallel.tp import SequenceBlock, SequenceNorm, VocabEmbedding, styles
 
     spec = resolve_model("tiny-llama")
     plan = Plan.from_dict(plan_dict("tiny-llama", sequence=True, vocab=True, pp=2, micro=2))
@@ -154,9 +154,9 @@ def test_sequence_and_vocab_parallelism_communicate_like_megatron(topo):
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from partita.runtime.apply import parallelize
-    from partita.runtime.recipe import lm_loss
-    from partita.runtime.tp import loss_context, settle_grads
+    from partita.runtime.parallel.apply import parallelize
+    from partita.runtime.loop.recipe import lm_loss
+    from partita.runtime.parallel.tp import loss_context, settle_grads
 
     spec, model, plan = _model_and_plan("tiny-llama", sequence=True, vocab=True)
     parallelize(model, plan, topo(1, 2))
@@ -184,9 +184,9 @@ def test_executor_runs_the_loss_vocab_parallel_and_settles_gradients(topo):
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from partita.runtime.apply import LocalExecutor
+    from partita.runtime.parallel.apply import LocalExecutor
     from partita.runtime.data import SyntheticTokens
-    from partita.runtime.recipe import loss_for
+    from partita.runtime.loop.recipe import loss_for
 
     spec, model, plan = _model_and_plan("tiny-llama", sequence=True, vocab=True)
     executor = LocalExecutor(model, plan, topo(1, 2), loss_for(spec))
@@ -210,7 +210,7 @@ def test_executor_runs_the_loss_vocab_parallel_and_settles_gradients(topo):
 def test_preflight_refuses_bad_placements(placed, msg):
     from partita.costmodel import resolve_model
     from partita.planner.plan import Plan, PlanError
-    from partita.runtime.checks import preflight
+    from partita.runtime.launcher.checks import preflight
 
     with pytest.raises(PlanError, match=msg) as e:
         preflight(Plan.from_dict(plan_dict(placed=placed)), resolve_model("tiny-gpt"), 2)
@@ -222,7 +222,7 @@ def test_preflight_refuses_bad_placements(placed, msg):
 def test_preflight_refuses_what_tp_does_not_divide(placed, msg):
     from partita.costmodel import resolve_model
     from partita.planner.plan import Plan, PlanError
-    from partita.runtime.checks import preflight
+    from partita.runtime.launcher.checks import preflight
 
     with pytest.raises(PlanError, match=msg):
         preflight(Plan.from_dict(plan_dict(placed=placed, tp=3)), resolve_model("tiny-gpt"), 3)
@@ -259,7 +259,7 @@ def _assert_matches(results: dict, want: set[str]) -> None:
     for case, r in results.items():
         print(f"{case}: max |loss diff| = {r['max_abs_diff']:.2e} in {r['seconds']:.1f} s ({r['applied']})")
     for case, r in results.items():
-        tol = 1e-2 if case.endswith("bf16") else 1e-5  # runtime.verify's tolerances
+        tol = 1e-2 if case.endswith("bf16") else 1e-5  # runtime.loop.verify's tolerances
         assert r["verified"] and len(r["losses"]) == STEPS, (case, r)
         assert r["max_abs_diff"] <= tol, (case, r)
         assert max(abs(a - b) for a, b in zip(r["losses"], r["reference_losses"])) <= tol, (case, r)
@@ -288,7 +288,7 @@ def test_sequence_and_vocab_compose_with_zero3_and_pipelining(tmp_path):
 def main(out: str, plans: list[str]) -> None:
     """The torchrun job: run each plan with --verify in this one process group; rank 0 writes summaries."""
     import partita.runtime as runtime
-    from partita.runtime.mesh import init_default
+    from partita.runtime.launcher.mesh import init_default
 
     init_default()
     results = {}

@@ -1,0 +1,441 @@
+"""Devices, links and clusters.
+
+Device peaks are the dense bf16/fp16 tensor-core figures of REFERENCE.md (vendor datasheets); fp32
+peaks are the vendors' non-tensor-core FP32 figures. Achievable efficiency is a property of the device
+preset (one place), not scattered through the search; `partita calibrate` replaces it with a measurement.
+
+CLUSTER strings (DESIGN.md): "8xA100-80GB" (one node of 8), "128x8xA100-80GB" (nodes x devices per
+node), "4xcpu" (local processes), or the path of a resource list (JSON/YAML, `partita.costmodel.hardware.resources`, as
+written by `partita calibrate`), which may hold several groups of different devices.
+
+A heterogeneous cluster keeps the homogeneous view the planner uses today, chosen to be conservative:
+`device` is the field-wise worst device of all groups (`conservative_device`), `devices_per_node` the
+greatest common divisor of the groups' devices per node (so a group of that many ranks is inside one
+node of every group), `nodes` = total devices / devices_per_node, so `num_devices` is exact. The groups
+themselves are in `cluster.groups`, each a homogeneous `Cluster`, for a planner that places stages on
+different groups.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import dataclasses
+from dataclasses import dataclass, asdict, fields
+
+from partita.costmodel.errors import PartitaError
+
+GB = 1e9
+GiB = 2**30
+
+
+DEFAULT_ALLOCATOR_HEADROOM = 0.05
+"""Device.allocator_headroom when none is given: 5% of the memory after the reserve (6.9 GiB of an H200,
+3.9 GiB of an H100-80GB). From the first runs on a GPU (GPU-MEASUREMENTS.md, H200, torch 2.11): with
+PyTorch's default allocator a 1.5B-parameter plan failed holding 12.55 GiB reserved but unallocated beside
+114.12 GiB allocated (11% of what it held), which is why the runtime turns on expandable segments
+(runtime/loop/allocator.py); with them the same plan ran at 129.78 GiB allocated of 140.40, so what the
+allocator kept beyond its peak, the CUDA context and NCCL fitted in 10.6 GiB (7.6%); and the plan the
+search had filled to 138.38 of 138.40 usable GiB (llama3-8b) failed with 21 MiB free. 5%, half the
+default allocator's fragmentation, keeps a plan clear of that edge and still admits the 129.78 GiB plan
+that ran ((140.40 - 2) x 0.95 = 131.5 GiB usable). Not measured with expandable segments beyond that
+run: a run that measures peak reserved against peak allocated (torch.cuda.max_memory_reserved) is what
+would refine it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Device:
+    name: str
+    peak_flops: dict
+    """Dense peak FLOP/s by dtype ("bf16", "fp32")."""
+    memory_bytes: float
+    mem_bandwidth: float
+    """HBM (or DRAM) bytes/s."""
+    intra_node_bw: float
+    """Bytes/s one device can send to its node peers, one direction (NVLink: the per-direction figure of
+    REFERENCE.md, half the two-way total a datasheet headlines)."""
+    inter_node_bw: float
+    """Bytes/s one device can send off-node, one direction (its share of the node's NICs)."""
+    stack: str = "pytorch"
+    """The software stack whose kernel constants these are (costmodel.hardware.stacks): which attention kernel runs,
+    whether TP collectives can overlap GEMMs."""
+    generation: str = ""
+    """GPU generation ("volta", "ampere", "hopper"; "" for a CPU or an unknown device): which kernels the
+    stack dispatches (costmodel.price.kernels.sdpa_kernel)."""
+    matmul_efficiency: float = 0.75
+    """Fraction of peak that large GEMMs reach (costmodel.price.kernels: e_max)."""
+    gemm_half_mn: float = 0.0
+    """Output elements M N at which a GEMM's rate halves (costmodel.price.kernels: s(M N, h_mn)); 0: no curve."""
+    gemm_split_k: float = 0.0
+    """Inner-dimension slice of a split-K GEMM: a product with a deep K counts M N max(1, K / k_split)
+    units of parallel work (costmodel.price.kernels); 0: no split."""
+    gemm_half_dim: float = 0.0
+    """Older per-dimension form s(M, x) s(N, x) s(K, x) (resource lists written before 2026-11-26); 0: none."""
+    attention_efficiency: float = 0.0
+    """Fraction of peak the stack's fused attention kernel reaches in its forward on long sequences
+    (costmodel.price.kernels: e_fwd, on the work it does); 0: matmul_efficiency."""
+    attention_bwd_efficiency: float = 0.0
+    """The same for its backward (e_bwd); 0: attention_efficiency."""
+    attention_half_seq: float = 0.0
+    """Query length at which fused attention runs at half its efficiency (s(seq, h_seq)); 0: no curve."""
+    attention_half_dim: float = 0.0
+    """Head width at which fused attention runs at half its efficiency (s(d, h_d)); 0: no curve."""
+    attention_causal_block: float = 0.0
+    """Rows per block of a kernel that skips the blocks above a causal mask's diagonal (work share
+    1/2 + B / 2s); 0: the whole s x s square is computed."""
+    other_attention: dict | None = None
+    """Curves of attention kernels other than the stack's own, by kernel name ("cudnn", "flash2",
+    "efficient"), each {efficiency, bwd_efficiency, half_seq, half_dim, causal_block}: where torch
+    dispatches another kernel for a dtype or head width (costmodel.price.kernels.sdpa_kernel)."""
+    step_efficiency: float = 1.0
+    """Fraction of their isolated rate (a large copy's, costmodel.hardware.kernel_fit) that memory-bound operators
+    (elementwise, norms, casts, the loss) reach inside a training step; GEMMs and fused attention run at
+    the rate timed alone (costmodel.price.kernels.node_time). Eager PyTorch's elementwise kernels move their
+    bytes in several passes and strided views, far from a copy's rate; torch.compile fuses them
+    (costmodel.price.fusion). Fitted to whole steps (benchmarks.fit): on the H200 (kernel-timed) its one-GPU
+    steps tell the classes apart -- compiled layers (fewer memory-bound bytes) and a 32K-token step
+    (attention half the time) against eager 4K-token steps; for a stack of published runs whose
+    memory-bound operators run eager (costmodel.hardware.stacks `eager_elementwise`), the models' widths do. 1 for
+    stacks that fuse them (apex, Transformer Engine)."""
+    mem_efficiency: float = 1.0
+    """Fraction of mem_bandwidth memory-bound kernels achieve."""
+    intra_link_efficiency: float = 1.0
+    """Fraction of intra_node_bw a collective achieves (nccl-tests bus bandwidth / link peak)."""
+    inter_link_efficiency: float = 1.0
+    """Fraction of inter_node_bw a collective achieves across nodes."""
+    overlap_slowdown: float = 0.0
+    """Compute slows by this fraction of the time a collective runs beside it (costmodel.price.streams): NCCL
+    kernels take SMs and HBM bandwidth from the GEMMs they overlap."""
+    intra_node_latency: float = 5e-6
+    inter_node_latency: float = 10e-6
+    host_bw: float = 25 * GB
+    """Device <-> host memory bytes/s (PCIe 4.0 x16 ~25 GB/s), for offload."""
+    reserved_bytes: float = 2 * GiB
+    """Device memory outside PyTorch's caching allocator, which no plan may use: the CUDA context (the
+    driver's per-process state and the kernels of torch, cuBLAS, cuDNN and NCCL it loads: some hundreds of
+    MiB under CUDA 12's lazy module loading) and NCCL's buffers (per communicator, channel and peer, one
+    buffer per protocol -- NCCL_BUFFSIZE, 4 MiB by default, for the Simple protocol, NVIDIA's NCCL User
+    Guide, "Environment Variables"; a rank opens a communicator for each process group it communicates
+    in -- data, tensor, pipeline -- each some hundreds of MiB over NVLink's many channels). 2 GiB on the GPU
+    presets. Measured bound (GPU-MEASUREMENTS.md, one H200, one rank): at the llama3-8b OOM 135.77 GiB were
+    allocated and 21 MiB free of 140.40 GiB, so the context, NCCL and the allocator's cached blocks held
+    4.61 GiB between them."""
+    allocator_headroom: float = DEFAULT_ALLOCATOR_HEADROOM
+    """Fraction of the memory after `reserved_bytes` that a plan leaves free for the caching allocator:
+    blocks it has cached but not handed out (fragmentation, rounding to its block sizes). usable_memory()
+    is what remains; `partita plan --memory-headroom` sets it (DEFAULT_ALLOCATOR_HEADROOM's docstring says
+    where the default comes from)."""
+    op_latency: float = 5e-6
+    """Seconds every operator costs beyond its FLOPs and bytes: a CUDA kernel launch (~5 us), or PyTorch's
+    eager dispatch on CPU (tens of us, measured by `partita calibrate`). Dominates small models."""
+    host_memory_bytes: float = 0.0
+    """Host DRAM this device may fill with offloaded activations and states (its share of the node's);
+    0 where the device's memory already is host memory (a CPU), which rules offload out."""
+    sync_latency: float = 0.0
+    """Seconds each message step of a collective (each of a ring all-reduce's 2 (n-1) steps, a
+    point-to-point transfer) costs inside a training step on top of the back-to-back latency alpha
+    (costmodel.price.comm uses alpha + sync_latency): the ranks arrive from computing, so the peer's
+    communication thread must be woken -- with more ranks than cores, scheduled -- before the message
+    moves. `partita calibrate` measures it on CPU from what one small collective adds to a loop of
+    compute bursts on all ranks (calibrate_links.measure_in_step, calibrate_fit.sync_latency). 0 for the GPU
+    presets: NCCL kernels queue on the stream behind the compute that precedes them."""
+    sharded_op_latency: float = 0.0
+    """Seconds an operator on DTensors costs beyond `op_latency`: DTensor's Python dispatch (sharding
+    propagation lookup, unwrapping and wrapping local tensors), paid per operator the planner counts
+    (planner.enumerate.strategies: forward and backward launches of every node run on DTensors, and the optimizer's
+    operators on DTensor parameters). `partita calibrate` measures it on CPU, where it is on the critical
+    path. 0 for the GPU presets: the host dispatches ahead of the GPU, so it hides behind kernels that
+    run longer than it does (large-model training)."""
+    sharded_param_latency: float = 0.0
+    """Seconds an optimizer step costs per parameter held as a DTensor, beyond its memory traffic: the
+    runtime's AdamW (foreach=False) runs a handful of operators per parameter, each dispatched by DTensor
+    (tensor-parallel weights; every parameter under FSDP). Measured by `partita calibrate` as above; 0
+    for the GPU presets."""
+    redistribute_latency: float = 0.0
+    """Seconds each tensor-parallel collective costs the CPU beyond the collective itself: it is a DTensor
+    redistribution (planning, functional-collective launch, wrapping the result, its autograd node),
+    charged once per forward or backward collective of a tensor-parallel block (planner.enumerate.strategies).
+    Measured by `partita calibrate` (calibrate_dtensor.measure_dtensor); 0 for the GPU presets."""
+
+    def usable_memory(self) -> float:
+        """Bytes a plan's peak may reach: the memory less the reserve (CUDA context, NCCL), less the
+        allocator headroom of what is left."""
+        return (self.memory_bytes - self.reserved_bytes) - self.headroom_bytes()
+
+    def headroom_bytes(self) -> float:
+        """The allocator headroom in bytes (`allocator_headroom` of the memory after the reserve)."""
+        return (self.memory_bytes - self.reserved_bytes) * self.allocator_headroom
+
+    def peak(self, dtype: str) -> float:
+        return self.peak_flops["bf16" if dtype in ("bf16", "fp16") else "fp32"]
+
+
+# How links run on each GPU generation (cited, not fitted: the published runs hardly test them):
+# - link efficiencies: nccl-tests bus bandwidth against the per-direction peak (NVLink ~75-80%,
+#   InfiniBand/RoCE ~80-90% at training scale);
+# - overlap_slowdown: compute stretch while NCCL kernels run beside it (T3, Pati et al. ASPLOS'24:
+#   concurrent GEMMs and collectives slow each other by tens of percent).
+GPU_OVERLAP_SLOWDOWN = 0.15
+"""Device.overlap_slowdown of every GPU preset, and what `partita calibrate` keeps on a GPU (not measured)."""
+_GPU_LINKS = dict(intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap_slowdown=GPU_OVERLAP_SLOWDOWN)
+
+# How kernels run: one set of constants per GPU generation and software stack (costmodel.hardware.stacks), for every
+# model and configuration, written by the fitting program (`python -m benchmarks.fit`) into
+# fitted_constants.json beside this file, each group with the measurements it was fitted to (or the rule
+# it was derived by, where no measurement exists). Nothing here is set by hand.
+KERNEL_FIELDS = ("matmul_efficiency", "gemm_half_mn", "gemm_split_k", "gemm_half_dim", "attention_efficiency",
+                 "attention_bwd_efficiency", "attention_half_seq", "attention_half_dim", "attention_causal_block",
+                 "mem_efficiency", "other_attention", "op_latency", "step_efficiency")
+FITTED_CONSTANTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fitted_constants.json")
+"""Where the fitting program writes them in a checkout; an installed partita reads the copy its wheel ships
+(package data of partita.costmodel) through importlib.resources."""
+
+
+def fitted_constants() -> dict:
+    """The fitting program's output: {"groups": {"hopper/pytorch": {"constants": {...}, "source": ...}}, ...}."""
+    global _FITTED
+    if _FITTED is None:
+        import json
+        from importlib.resources import files
+        _FITTED = json.loads(files("partita.costmodel.hardware").joinpath("fitted_constants.json").read_text(encoding="utf-8"))
+    return _FITTED
+
+
+_FITTED = None
+
+
+def kernel_constants(generation: str, stack: str) -> dict:
+    """The Device kernel fields of `generation` under `stack` (fitted_constants.json)."""
+    from partita.costmodel.hardware.stacks import get_stack
+    get_stack(stack)  # an unknown stack is one line naming the known ones
+    groups = fitted_constants()["groups"]
+    key = f"{generation}/{stack}"
+    if key not in groups:
+        raise PartitaError(f"no kernel constants for {key} in {FITTED_CONSTANTS}; run `python -m benchmarks.fit`")
+    return {k: v for k, v in groups[key]["constants"].items() if k in KERNEL_FIELDS}
+
+
+# REFERENCE.md "Hardware": NVLink per direction (150 / 300 / 450 GB/s). Memory as the driver reports it
+# (nvidia-smi's total, MiB): the "80GB" of A100-80GB is 80 GiB (81920 MiB), H100-80GB 81559 MiB,
+# H200 143771 MiB, A100-40GB 40960 MiB, V100 16160 / 32510 MiB. Host link per GPU (offload copies): the
+# DGX/HGX boards pair two GPUs (and their NICs) behind one PCIe switch with one x16 uplink to the CPU,
+# so when every GPU offloads each gets half of it: PCIe 3.0 (DGX-1) ~16 GB/s -> 8, PCIe 4.0 (A100)
+# ~25 GB/s -> 12.5, PCIe 5.0 (H100/H200) ~50 GB/s -> 25. Off-node bandwidth per GPU:
+# Selene has 8 HDR HCAs (200 Gb/s = 25 GB/s) per 8-GPU node; Llama 3's H100 cluster 400 Gb/s (50 GB/s)
+# per GPU. Host memory per GPU: the DGX node's DRAM over its 8 GPUs (DGX-1 V100 512 GB, DGX A100 1 TB,
+# DGX H100/H200 2 TB).
+#          name: (generation, bf16 TFLOP/s, fp32 TFLOP/s, memory MiB, HBM GB/s, NVLink GB/s, NIC GB/s per GPU,
+#                 host GB per GPU, host link GB/s per GPU)
+GPUS = {
+    "V100-16GB": ("volta", 125, 15.7, 16160, 900, 150, 12.5, 64, 8),
+    "V100-32GB": ("volta", 125, 15.7, 32510, 900, 150, 12.5, 64, 8),
+    "A100-40GB": ("ampere", 312, 19.5, 40960, 1555, 300, 25, 128, 12.5),
+    "A100-80GB": ("ampere", 312, 19.5, 81920, 2039, 300, 25, 128, 12.5),
+    "H100-80GB": ("hopper", 989, 67, 81559, 3350, 450, 50, 256, 25),
+    "H200-141GB": ("hopper", 989, 67, 143771, 4800, 450, 50, 256, 25),
+}
+
+
+def gpu_device(name: str, stack: str = "pytorch", kernels: dict | None = None) -> Device:
+    """The preset GPU `name` with the kernel constants of its generation under `stack` (or `kernels`,
+    Device kernel fields given whole, as the fitting program tries them)."""
+    if name not in GPUS:
+        raise PartitaError(f"unknown GPU {name!r}; presets: {', '.join(GPUS)}")
+    gen, bf16, fp32, mem_mib, hbm, nvlink, nic, host_gb, host_link = GPUS[name]
+    return Device(name=name, peak_flops={"bf16": bf16 * 1e12, "fp32": fp32 * 1e12}, memory_bytes=mem_mib * 2**20,
+                  mem_bandwidth=hbm * GB, intra_node_bw=nvlink * GB, inter_node_bw=nic * GB,
+                  host_memory_bytes=host_gb * GB, host_bw=host_link * GB, stack=stack, generation=gen,
+                  **_GPU_LINKS, **(kernel_constants(gen, stack) if kernels is None else kernels))
+
+
+DEVICES: dict[str, Device] = {d.name: d for d in [
+    *(gpu_device(name) for name in GPUS),
+    # One CPU process of a small host, gloo over loopback. Rough defaults measured on the 2-core
+    # development machine (TORCH-NOTES.md: 64 MB all_reduce ~72 ms on 2 ranks); `partita calibrate`
+    # measures the real figures.
+    Device(name="cpu", peak_flops={"bf16": 50e9, "fp32": 100e9}, memory_bytes=4 * GiB, mem_bandwidth=10 * GB,
+           intra_node_bw=1 * GB, inter_node_bw=0.1 * GB, matmul_efficiency=0.5, intra_node_latency=5e-4,
+           inter_node_latency=1e-3, host_bw=10 * GB, reserved_bytes=0.25 * GiB, op_latency=2e-5,
+           # gloo's threads run on the cores that compute: what a collective overlaps, compute loses
+           overlap_slowdown=1.0),
+]}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    """Nodes of identical devices, or (with `groups`) the conservative view of several such groups.
+
+    `spec` is the string or file it came from.
+    """
+
+    nodes: int
+    devices_per_node: int
+    device: Device
+    spec: str = ""
+    groups: tuple = ()
+    """Homogeneous `Cluster`s (each with a `spec` naming the group, no groups of its own) when the
+    cluster came from a resource list; empty for a CLUSTER string (the cluster is its own one group)."""
+    inter_group_bw: float | None = None
+    """Bytes/s one device can send to a device of another group; None: the groups' inter_node_bw."""
+    inter_group_latency: float | None = None
+    nodes_per_pod: int = 0
+    """Nodes under one leaf/spine pod of a fat tree with full bandwidth inside it; 0: one flat,
+    non-blocking fabric."""
+    pod_oversubscription: float = 1.0
+    """Ratio of a pod's node-facing to its uplink bandwidth (2.0: a 2:1 oversubscribed pod): a collective
+    whose group spans pods runs its inter-node phase at inter_node_bw / this (costmodel.price.comm)."""
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    @property
+    def heterogeneous(self) -> bool:
+        return any(g.device != self.groups[0].device for g in self.groups)
+
+    def group_list(self) -> tuple:
+        """The homogeneous groups: `groups`, or the cluster itself."""
+        return self.groups or (self,)
+
+    def describe(self) -> dict:
+        d = {"spec": self.spec, "num_devices": self.num_devices, "nodes": self.nodes,
+             "devices_per_node": self.devices_per_node, "device": asdict(self.device)}
+        if self.nodes_per_pod:
+            d["nodes_per_pod"], d["pod_oversubscription"] = self.nodes_per_pod, self.pod_oversubscription
+        if self.groups:
+            d["groups"] = [{"name": g.spec, "nodes": g.nodes, "devices_per_node": g.devices_per_node,
+                            "device": asdict(g.device)} for g in self.groups]
+            d["inter_group_bw"] = self.inter_group_bw
+            d["inter_group_latency"] = self.inter_group_latency
+        return d
+
+
+# Fields of Device where the conservative value is the largest (the rest: the smallest).
+_SAME_OR_UNKNOWN = {"stack": "pytorch", "generation": "", "other_attention": None}
+_WORST_IS_MAX = {"gemm_half_dim", "gemm_half_mn", "gemm_split_k", "attention_half_seq", "attention_half_dim", "overlap_slowdown", "intra_node_latency", "inter_node_latency", "reserved_bytes", "allocator_headroom", "op_latency", "sync_latency",
+                 "sharded_op_latency", "sharded_param_latency", "redistribute_latency"}
+
+
+def device_on_stack(device: Device, stack: str) -> Device:
+    """`device` running `stack`: a preset GPU takes the kernel constants of its generation under that stack;
+    a device whose kernels were measured (a resource list, a CPU) keeps them and only names the stack."""
+    if device.generation and device.name in GPUS:
+        return dataclasses.replace(device, stack=stack, **kernel_constants(device.generation, stack))
+    return dataclasses.replace(device, stack=stack)
+
+
+def cluster_on_stack(cluster: Cluster, stack: str) -> Cluster:
+    """`cluster` with every device on `stack` (device_on_stack)."""
+    if not cluster.groups:
+        return dataclasses.replace(cluster, device=device_on_stack(cluster.device, stack))
+    groups = tuple(dataclasses.replace(g, device=device_on_stack(g.device, stack)) for g in cluster.groups)
+    return dataclasses.replace(cluster_from_groups(groups, inter_group_bw=cluster.inter_group_bw,
+                                                   inter_group_latency=cluster.inter_group_latency, spec=cluster.spec),
+                               nodes_per_pod=cluster.nodes_per_pod, pod_oversubscription=cluster.pod_oversubscription)
+
+
+def conservative_device(devices, inter_group_bw: float | None = None,
+                        inter_group_latency: float | None = None) -> Device:
+    """The field-wise worst of `devices`: a lower bound of each, so a plan sized and timed for it fits
+    on every group and runs at least as fast there (up to the cost model's own error).
+
+    Peaks, memory, bandwidths and efficiency take the minimum; latencies and reserved memory the
+    maximum. With several groups the links between groups bound the off-node figures too.
+    """
+    devices = list(devices)
+    if all(d == devices[0] for d in devices) and inter_group_bw is None and inter_group_latency is None:
+        return devices[0]
+    kw = {}
+    for f in fields(Device):
+        if f.name == "name":
+            continue
+        vals = [getattr(d, f.name) for d in devices]
+        if f.name == "peak_flops":
+            kw[f.name] = {k: min(v[k] for v in vals) for k in ("bf16", "fp32")}
+        elif f.name in _SAME_OR_UNKNOWN:
+            # the stack, generation and per-kernel curves of mixed groups are none of theirs: unknown, so
+            # attention is priced by the field-wise worst attention_* fields
+            kw[f.name] = vals[0] if all(v == vals[0] for v in vals) else _SAME_OR_UNKNOWN[f.name]
+        elif f.name == "attention_causal_block":
+            kw[f.name] = 0.0 if 0 in vals else max(vals)  # 0: a kernel that computes the whole square
+        else:
+            kw[f.name] = max(vals) if f.name in _WORST_IS_MAX else min(vals)
+    if inter_group_bw is not None:
+        kw["inter_node_bw"] = min(kw["inter_node_bw"], inter_group_bw)
+    if inter_group_latency is not None:
+        kw["inter_node_latency"] = max(kw["inter_node_latency"], inter_group_latency)
+    names = list(dict.fromkeys(d.name for d in devices))
+    # One name keeps checks such as `device.name == "cpu"` meaningful when all groups share a kind.
+    name = names[0] if len(names) == 1 else "min(" + ",".join(names) + ")"
+    return Device(name=name, **kw)
+
+
+def cluster_from_groups(groups, *, inter_group_bw: float | None = None,
+                        inter_group_latency: float | None = None, spec: str = "") -> Cluster:
+    """A Cluster over homogeneous `groups` (Clusters), with the conservative homogeneous view."""
+    groups = tuple(groups)
+    if not groups:
+        raise PartitaError("a cluster needs at least one group of devices")
+    total = sum(g.num_devices for g in groups)
+    per_node = math.gcd(*(g.devices_per_node for g in groups))
+    multi = len(groups) > 1
+    device = conservative_device([g.device for g in groups], inter_group_bw if multi else None,
+                                 inter_group_latency if multi else None)
+    return Cluster(nodes=total // per_node, devices_per_node=per_node, device=device, spec=spec,
+                   groups=groups, inter_group_bw=inter_group_bw, inter_group_latency=inter_group_latency)
+
+
+_CLUSTER_RE = re.compile(r"^(?:(\d+)x)?(\d+)x([A-Za-z0-9][A-Za-z0-9.\-]*)$")
+
+
+def get_device(name: str) -> Device:
+    try:
+        return DEVICES[name]
+    except KeyError:
+        raise PartitaError(f"unknown device {name!r}; presets: {', '.join(DEVICES)}") from None
+
+
+GENERATION_PRESETS = {7: "V100-32GB", 8: "A100-80GB", 9: "H100-80GB"}
+"""The preset standing for each CUDA compute-capability major (Volta/Turing, Ampere/Ada, Hopper): the links
+and host of a GPU that has no preset of its own (`gpu_preset` returned None)."""
+
+
+def gpu_preset(name: str, memory_bytes: float) -> str | None:
+    """The preset of a local GPU, from the name the driver gives it (torch.cuda.get_device_name, e.g. "NVIDIA
+    H200", "NVIDIA A100-SXM4-40GB") and its memory: a preset whose model ("H200", "A100") is in the name and
+    whose memory is within 10% of the GPU's (an "H100 NVL" of 94 GB or a GH200 of 96 GB is not the H100-80GB or
+    H200-141GB preset); the closest in memory where several match. None when no preset is this GPU."""
+    upper = name.upper()
+    found = [d for d in DEVICES.values() if d.name != "cpu" and d.name.split("-")[0] in upper
+             and abs(d.memory_bytes - memory_bytes) <= 0.1 * d.memory_bytes]
+    return min(found, key=lambda d: abs(d.memory_bytes - memory_bytes)).name if found else None
+
+
+def generation_preset(capability: tuple[int, int]) -> str:
+    """GENERATION_PRESETS' preset for a compute capability (newer than Hopper: Hopper's)."""
+    major = capability[0]
+    return GENERATION_PRESETS[min(max(major, min(GENERATION_PRESETS)), max(GENERATION_PRESETS))]
+
+
+def _is_resource_file(spec) -> bool:
+    if isinstance(spec, os.PathLike):
+        return True
+    return os.path.isfile(spec) or spec.strip().lower().endswith((".json", ".yaml", ".yml"))
+
+
+def parse_cluster(spec: str) -> Cluster:
+    """'8xA100-80GB' -> 1 node of 8; '128x8xA100-80GB' -> 128 nodes of 8; '4xcpu' -> 4 processes;
+    a path to a resource list (an existing file, or a name ending .json/.yaml/.yml) -> its Cluster."""
+    if _is_resource_file(spec):
+        from partita.costmodel.hardware.resources import load_resources  # resources imports this module
+        return load_resources(spec)
+    m = _CLUSTER_RE.match(spec.strip())
+    if not m:
+        raise PartitaError(f"malformed cluster {spec!r}; use DEVICESxNAME or NODESxDEVICESxNAME, "
+                           f"e.g. 8xA100-80GB, 128x8xA100-80GB, 4xcpu (devices: {', '.join(DEVICES)}), "
+                           f"or the path of a resource list (.json/.yaml, see `partita calibrate`)")
+    nodes, per_node, name = int(m.group(1) or 1), int(m.group(2)), m.group(3)
+    device = get_device(name)
+    if nodes < 1 or per_node < 1:
+        raise PartitaError(f"cluster {spec!r} must have at least one node and one device per node")
+    return Cluster(nodes=nodes, devices_per_node=per_node, device=device, spec=spec)

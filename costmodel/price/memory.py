@@ -1,0 +1,62 @@
+"""Bytes of model state per parameter, by precision policy and optimizer.
+
+ZeRO (Rajbhandari et al. SC'20, REFERENCE.md): mixed-precision Adam keeps 2 bytes of bf16/fp16
+parameters, 2 bytes of gradients and K = 12 bytes of optimizer state (fp32 master weights, momentum,
+variance) per parameter: 16 bytes in all. In fp32, Adam keeps 4 + 4 + 8 = 16 bytes; SGD without momentum
+4 + 4.
+
+Gradient communication (`grad_comm`, bytes per parameter on the wire): 4 whatever the precision, as
+partita's runtime reduces gradients in fp32 -- FSDP2's MixedPrecisionPolicy(reduce_dtype=fp32) under
+ZeRO-2/3, and the fp32 gradients of autocast's fp32 parameters under ZeRO-0 (runtime.parallel.precision). So do
+Megatron-LM in bf16 (fp32 main_grad all-reduce), torchtitan's FSDP2 default and Composer's DEFAULT mixed
+precision.
+
+Gathered parameters (`shard_copy`): where FSDP keeps a layer's parameters gathered (ZeRO-2, a pipeline
+stage), its sharded parameter stays too. In mixed precision that shard is the fp32 master, already
+among the optimizer's 12 bytes; in fp32 it is one more p-byte copy of 1/d of the parameters.
+
+Optimizer-step traffic (bytes read + written per parameter, memory-bound): Adam reads gradient, master
+weight, momentum and variance and writes master weight, momentum, variance and the working copy.
+
+bf16 under autocast (`autocast=True`: partita's runtime without FSDP, runtime.parallel.precision): the model keeps
+its fp32 parameters, their fp32 gradients (autograd casts the bf16 weight gradient back to the fp32 leaf)
+and fp32 Adam moments -- the fp32 layout, 4 + 4 + 8 bytes; what bf16 adds is a bf16 cast of each weight
+that autograd saves for the backward (2 bytes per matmul parameter while its layer's activations live),
+priced as saved tensors (costmodel.capture.trace `weight_saved_bytes`), not as model state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from partita.costmodel.errors import PartitaError
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    param: int
+    grad: int
+    optimizer: int
+    step_traffic: int
+    grad_comm: int = 4
+    """Bytes per parameter a gradient all-reduce or reduce-scatter sends (module docstring)."""
+    shard_copy: int = 0
+    """Bytes per parameter of the sharded parameter FSDP keeps beside a gathered one (module docstring)."""
+
+    @property
+    def total(self) -> int:
+        return self.param + self.grad + self.optimizer
+
+
+def state_bytes(dtype: str, optimizer: str = "adam", autocast: bool = False) -> StateBytes:
+    """Model-state bytes per parameter (module docstring); `autocast`: a bf16 model run under autocast."""
+    if optimizer not in ("adam", "sgd"):
+        raise PartitaError(f"unknown optimizer {optimizer!r}; accepted: adam, sgd")
+    half = dtype in ("bf16", "fp16") and not autocast
+    p = 2 if half else 4
+    if optimizer == "adam":
+        opt = 12 if half else 8   # fp32 master + m + v, or m + v
+        traffic = p + 4 * 3 + (4 * 3 if half else 4 * 2) + p
+    else:
+        opt = 4 if half else 0    # fp32 master weights only
+        traffic = 2 * p + (8 if half else 0)
+    return StateBytes(param=p, grad=p, optimizer=opt, step_traffic=traffic, shard_copy=0 if half else p)

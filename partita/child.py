@@ -1,0 +1,83 @@
+"""Start the training launcher as a child process and stay its parent until it ends, passing signals on.
+
+`partita run` (and runtime.api.launch) start `python -m partita.runtime.train ... --nproc-per-node W`, which
+is torchrun's agent for this node, in a session of its own: a Ctrl-C at the terminal reaches only this
+process, and a SIGTERM / SIGINT / SIGHUP / SIGQUIT sent here is passed to the launcher once -- it passes it
+to its workers, which stop at a step boundary and say where (runtime.loop.stop). A SIGHUP (a closed terminal,
+a dropped ssh connection) is forwarded too, and one ignored from the start stays ignored (`nohup`). A second
+signal other than SIGHUP kills the launcher (SIGKILL); its workers then get SIGTERM from the kernel (they
+asked for it, runtime.loop.stop.die_with_parent) and stop the same way. A SIGHUP after the first signal is not a
+second request, and is not passed on: a closing terminal may send it twice (the shell passes its own on,
+and the kernel signals the foreground group when the shell exits). The launcher in turn asks for SIGTERM when this process dies, so killing
+`partita run` itself with SIGKILL leaves no training behind either. A launcher killed by a signal is one
+line, not a silent exit code 247.
+
+The launcher's working directory (torchrun's log directory, where the workers leave their error files and
+the steps they passed) is made here, named in LOG_DIR_ENV, and removed here when the launcher has ended:
+this process outlives a launcher killed by SIGKILL, which cannot clean up after itself.
+"""
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+"""runtime.loop.stop.SIGNALS, the signals that stop a run (this layer cannot import runtime)."""
+REPEATABLE = (signal.SIGHUP,)
+"""Signals that may arrive twice for one event: forwarded once, never escalated to SIGKILL."""
+LOG_DIR_ENV = "PARTITA_LOG_DIR"
+"""The launcher's working directory, made and removed by `run_forwarding_signals` (runtime.api.agent)."""
+LOG_DIR_PREFIX = "partita-torchrun-"
+
+
+def _forwarded() -> list[signal.Signals]:
+    """FORWARDED, less a SIGHUP this process was started ignoring (nohup)."""
+    return [s for s in FORWARDED if not (s == signal.SIGHUP and signal.getsignal(s) is signal.SIG_IGN)]
+
+
+def run_forwarding_signals(cmd: list[str], env: dict) -> int:
+    """Run `cmd` to its end with the signals of the module docstring passed on; returns its exit code
+    (128 + N when a signal N ended it). The launcher's working directory is removed after it, however it
+    ended."""
+    log_dir = tempfile.mkdtemp(prefix=LOG_DIR_PREFIX)
+    try:
+        return _run(cmd, {**env, LOG_DIR_ENV: log_dir})
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _run(cmd: list[str], env: dict) -> int:
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    received: list[int] = []
+
+    def forward(signum, frame):
+        if proc.poll() is None and (not received or signum not in REPEATABLE):
+            proc.send_signal(signal.SIGKILL if received else signum)
+        received.append(signum)
+
+    main = threading.current_thread() is threading.main_thread()  # only the main thread may set handlers
+    previous = {s: signal.signal(s, forward) for s in _forwarded()} if main else {}
+    try:
+        code = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if code >= 0:
+        return code
+    escalated = code == -signal.SIGKILL and any(s not in REPEATABLE for s in received[1:])
+    why = " after a second signal" if escalated else ""
+    _stderr_line(f"partita: error: the launcher (pid {proc.pid}) was killed by {signal.Signals(-code).name}{why}; "
+                 "its workers stop at their next step boundary")
+    return 128 - code
+
+
+def _stderr_line(text: str) -> None:
+    """One line on stderr, dropped when stderr is gone (a closed terminal): it must not change the exit code."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass

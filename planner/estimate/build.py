@@ -1,0 +1,308 @@
+"""Turn a solved search candidate into a Plan: stages, per-block choices, placements, predictions."""
+from __future__ import annotations
+
+import numpy as np
+
+from partita.planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
+from partita.planner.enumerate.candidates import Candidate
+from partita.planner.enumerate.cp_ep import EP_IMBALANCE
+from partita.planner.plan.executable import (composition_refusal, cp_refusal_for, overlap_refusal, pipeline_refusal_for,
+                                       zero_refusal)
+from partita.planner.enumerate.options import pipelined_fsdp
+from partita.planner.search import SearchResult
+from partita.planner.estimate.phases import stage_memory
+from partita.planner.enumerate.strategies import SPLIT
+
+
+def predicted(result: SearchResult, c: Candidate) -> dict:
+    """Step time, throughput, FLOP/s and memory of a solved candidate, with their breakdown.
+
+    The breakdown follows the objective: the bottleneck stage s* paces m micro-batches (its compute, the
+    compute's slowdown while collectives overlap it ("contention"), and the communication no compute
+    covers: tensor-parallel, ZeRO, offload, point-to-point -- costmodel.price.streams), the other stages' fill
+    and drain are the bubble, and the slowest stage's flush (the data-parallel all-reduce's exposed part,
+    the optimizer step) follows; the breakdown adds up to the step time. `exposed_comm_s` sums its exposed
+    kinds; `hidden_comm_s` (not part of the step) is communication that ran beside compute, costing
+    only its contention.
+    """
+    sol, prob, parts = c.solution, c.problem, c.parts
+    train, cluster = result.train, result.cluster
+    counts = sol.counts
+    m = c.num_microbatches
+    s_star = int(np.argmax(sol.stage_time))
+    stage_opts = parts.get("stage_options")  # heterogeneous clusters: each stage's own costs
+
+    def col(attr, s=None):
+        opts = stage_opts[s] if stage_opts is not None and s is not None else c.options
+        return np.array([getattr(v, attr) for v in opts] or [0.0])
+    n = counts[s_star]
+
+    def timing(kind: str) -> np.ndarray:  # per option: seconds of `kind` in its stream timing
+        opts = stage_opts[s_star] if stage_opts is not None else c.options
+        get = {"contention": lambda t: t.contention, "hidden": lambda t: t.hidden,
+               "zero": lambda t: t.exposed["zero"], "offload": lambda t: t.exposed["offload"]}[kind]
+        return np.array([get(v.timing) if v.timing is not None else 0.0 for v in opts] or [0.0])
+    compute = n @ col("compute", s_star) + parts["e_compute"][s_star]
+    tp_comm = n @ col("tp_comm", s_star) + parts["e_tp"][s_star]
+    cp_comm, ep_comm = n @ col("cp_comm", s_star), n @ col("ep_comm", s_star)
+    p2p = parts["e_p2p"][s_star]
+    # overlapped pipeline sends (costmodel.price.streams.overlapped_sends): their contention and hidden seconds
+    p2p_contention = parts.get("e_p2p_contention", np.zeros(c.pp))[s_star]
+    contention = n @ timing("contention") + p2p_contention
+    # the blocks outside the layers (embeddings, head) and each stage's first gathers / last
+    # reduce-scatter are in e_zero: exposed ZeRO traffic (and their small contention)
+    zero_exposed = n @ timing("zero") + parts["e_zero"][s_star]
+    exposed_offload = n @ timing("offload")
+    hidden = n @ timing("hidden") + parts.get("e_p2p_hidden", np.zeros(c.pp))[s_star]
+    # objective = m tau* + (sum tau - tau*) / v + flush: fill and drain shrink v-fold when interleaved
+    bubble = float(sol.stage_time.sum() - sol.stage_time[s_star]) / c.virtual_stages
+    f_star = int(np.argmax(sol.stage_flush))
+    fn = counts[f_star]
+    dp_comm = float(fn @ col("dp_exposed", f_star) + parts["e_dp"][f_star])
+    dp_contention = float(fn @ col("dp_contention", f_star))
+    dp_hidden = float(fn @ (col("dp_comm", f_star) - col("dp_exposed", f_star)))
+    # a pipelined stage's once-per-step ZeRO traffic (planner.enumerate.options): exposed, and its contention
+    zero_flush = float(fn @ col("zero_flush_exposed", f_star) + parts.get("e_zero_flush", np.zeros(c.pp))[f_star])
+    zero_flush_contention = float(fn @ col("zero_flush_contention", f_star))
+    zero_flush_hidden = float(fn @ col("zero_flush_hidden", f_star))
+    p2p_fill = float(parts.get("e_p2p_fill", np.zeros(c.pp))[f_star])  # overlapped sends' fill and flush
+    optimizer = float(sol.stage_flush[f_star] - dp_comm - dp_contention - zero_flush - zero_flush_contention
+                      - p2p_fill)
+    step = sol.objective
+    tokens = train.global_batch * (result.graph.seq_len or 1)
+    # Model FLOPs (Korthikanti et al. 2022): forward + backward = 3x the forward FLOPs, recomputation
+    # not counted, so plans with and without recompute compare fairly.
+    model_flops = 3 * result.graph.totals()["fwd_flops"] * train.global_batch
+    tflops = model_flops / step / cluster.num_devices / 1e12
+    memory = [stage_memory(c, s) for s in range(c.pp)]
+    breakdown = {"compute_s": m * compute, "contention_s": m * contention + dp_contention + zero_flush_contention,
+                 "tp_comm_s": m * tp_comm, "cp_comm_s": m * cp_comm, "ep_comm_s": m * ep_comm,
+                 "zero_comm_s": m * zero_exposed + zero_flush, "offload_s": m * exposed_offload,
+                 "p2p_s": m * p2p + p2p_fill, "bubble_s": bubble, "dp_comm_s": dp_comm, "optimizer_s": optimizer}
+    breakdown = {k: max(0.0, float(v)) if abs(v) > 1e-12 * step else 0.0 for k, v in breakdown.items()}
+    exposed_comm = sum(breakdown[k] for k in ("tp_comm_s", "cp_comm_s", "ep_comm_s", "zero_comm_s", "offload_s",
+                                              "p2p_s", "dp_comm_s"))
+    return {
+        "step_time_s": step,
+        "tokens_per_s": tokens / step,
+        "tflops_per_device": tflops,
+        # against the cluster's own peaks (on a heterogeneous list: the sum over its groups)
+        "mfu": model_flops / step / sum(g.num_devices * g.device.peak(train.dtype) for g in cluster.group_list()),
+        "peak_memory_bytes": max(r["total"] for r in memory),
+        "memory_capacity_bytes": int(np.min(prob.capacity)),
+        # what the capacity leaves out (costmodel.hardware.Device): the reserve for the CUDA context and NCCL,
+        # and the allocator headroom (a fraction of what is left after the reserve), on the conservative device
+        "memory_reserved_bytes": int(cluster.device.reserved_bytes),
+        "memory_headroom": cluster.device.allocator_headroom,
+        "memory_headroom_bytes": int(cluster.device.headroom_bytes()),
+        "exposed_comm_s": exposed_comm,
+        "hidden_comm_s": max(0.0, float(m * hidden + dp_hidden + zero_flush_hidden)),
+        "assumptions": (assumptions(cluster, train.dtype, c.tp_overlap, c.p2p_overlap)
+                        + kernel_assumptions(result.space.kernels)
+                        + parallelism_assumptions(c)),
+        # operators that compute but have no FLOP formula (costmodel.price.flops): priced by their bytes only
+        "uncosted_ops": result.graph.uncosted_ops(),
+        "breakdown": breakdown,
+        "memory_per_stage": memory,
+        **tied_charges(c),
+        **({"memory_capacity_per_stage": [int(x) for x in np.broadcast_to(prob.capacity, (c.pp,))]}
+           if np.ndim(prob.capacity) else {}),
+    }
+
+
+def kernel_assumptions(kernels: str) -> list[str]:
+    """How the operators are taken to run (costmodel.price.fusion), when not as partita's runtime runs them."""
+    if kernels == "eager":
+        return []
+    return ["kernels: compiled (torch.compile per block): each connected run of elementwise ops and reductions "
+            "is one kernel moving only the bytes it reads and writes outside the run, and saves for backward no "
+            "tensor that stays inside the run (AOTAutograd recomputes it); partita's runtime compiles each layer, "
+            "the embedding and head run eager"]
+
+
+def parallelism_assumptions(c: Candidate) -> list[str]:
+    """What the plan's pipelined ZeRO, ZeRO-1, overlaps, context and expert parallelism are priced by
+    (planner.enumerate.options, costmodel.price.streams, planner.enumerate.cp_ep), in words."""
+    out = []
+    if c.zero == 1 and c.dp * c.cp > 1:
+        broadcast = c.options and any(v.zero1_sync for v in c.options)
+        out.append("ZeRO-1: gradients all-reduced whole, each rank steps 1/dp of the parameters"
+                   + (" and broadcasts them after the step, exposed (torch's ZeroRedundancyOptimizer)" if broadcast
+                      else " (Megatron's distributed optimizer: reduce-scatter and all-gather, the all-reduce's "
+                           "bytes)"))
+    if c.tp_overlap:
+        out.append(f"tensor-parallel overlap: each all-gather / reduce-scatter of sequence parallelism in {c.tp} "
+                   "chunks pipelined with the GEMMs it feeds or follows (Megatron-Core --tp-comm-overlap, torch async "
+                   "TP; Wang et al. ASPLOS'23): one chunk exposed, the rest hidden as far as the GEMMs last")
+    if c.p2p_overlap:
+        out.append("pipeline sends overlapped with another chunk's compute in the steady 1F1B phase (Megatron-Core "
+                   "--overlap-p2p-communication): exposed only where a send outlasts one layer's compute; the "
+                   "fill's and flush's sends exposed")
+    if pipelined_fsdp(c.pp > 1, c.zero, c.dp * c.cp):
+        out.append("pipeline with FSDP (torch.distributed.pipelining): each stage keeps its parameters gathered and "
+                   "accumulates whole fp32 gradients over the micro-batches, reduce-scattered once per step after its "
+                   "last backward (exposed)" + ("; ZeRO-3 re-gathers before each backward" if c.zero == 3 else ""))
+    if c.cp > 1:
+        out.append(f"context parallelism: each sequence in {2 * c.cp} chunks, a head and a tail chunk per cp rank "
+                   "(balanced causal attention); every layer all-gathers K and V over its cp ranks and "
+                   "reduce-scatters their gradients, exposed (Llama 3's all-gather form)")
+    if c.ep > 1:
+        out.append(f"expert parallelism: all-to-all dispatch and combine of every MoE layer, exposed; the busiest "
+                   f"rank's expert GEMMs take {EP_IMBALANCE:g}x their balanced time (load-imbalance factor: the "
+                   "Switch Transformer's capacity factor)")
+    return out
+
+
+def assumptions(cluster, dtype: str, tp_overlap: bool = False, p2p_overlap: bool = False) -> list[str]:
+    """The cost model's parameters in force for this cluster, in words (explain prints them); which of the
+    tensor-parallel collectives and pipeline sends are exposed depends on the plan's overlaps."""
+    d = cluster.device
+    exposed = [what for what, overlapped in (("tensor-parallel collectives", tp_overlap),
+                                             ("pipeline sends", p2p_overlap)) if not overlapped]
+    peak = d.peak(dtype) / 1e12
+    if d.gemm_half_mn:
+        split = f"max(1, K / {d.gemm_split_k:.0f})" if d.gemm_split_k else "1"
+        shape = f", W / (W + {d.gemm_half_mn:.3g}) of that for an M x K x N GEMM, W = M N {split}"
+    elif d.gemm_half_dim:
+        shape = f", each GEMM dimension x scaling that by x / (x + {d.gemm_half_dim:g})"
+    else:
+        shape = ", whatever their shape"
+    out = [f"{d.name}: {peak:g} TFLOP/s dense {dtype} peak; large GEMMs at {100 * d.matmul_efficiency:.0f}% of it"
+           + shape,
+           f"fused attention at {100 * (d.attention_efficiency or d.matmul_efficiency):.0f}% of peak"
+           + (f" on long sequences, s / (s + {d.attention_half_seq:.0f}) of that at s tokens"
+              if d.attention_half_seq else "")
+           + "; memory-bound "
+           f"ops at {100 * d.mem_efficiency:.0f}% of {d.mem_bandwidth / 1e9:g} GB/s; {d.op_latency * 1e6:.3g} us per "
+           "kernel launch"
+           + (f"; inside a training step, memory-bound operators at {100 * d.step_efficiency:.0f}% of the rate "
+              "timed alone (GEMMs and attention at theirs)"
+              if d.step_efficiency != 1.0 else ""),
+           f"links per direction: {d.intra_node_bw / 1e9:g} GB/s in a node at {100 * d.intra_link_efficiency:.0f}%, "
+           f"{d.inter_node_bw / 1e9:g} GB/s per device across nodes at {100 * d.inter_link_efficiency:.0f}%"
+           + (f", / {cluster.pod_oversubscription:g} beyond a pod of {cluster.nodes_per_pod} nodes"
+              if cluster.nodes_per_pod else "")
+           + "; ring or tree all-reduce, whichever is faster; hierarchical across nodes",
+           "overlap: FSDP gathers prefetch one layer ahead and hide behind that layer's compute in the same "
+           "direction; each stage's first gathers and last reduce-scatter are exposed; DDP buckets overlap the "
+           "backward (one stage, no TP) but the last"
+           + (f"; {' and '.join(exposed)} are exposed" if exposed else ""),
+           f"compute slows by {100 * d.overlap_slowdown:.0f}% of the time a collective overlaps it"]
+    return out
+
+
+def _layer_choices(c: Candidate, counts_s: np.ndarray) -> list:
+    """The variants of a stage's layers in order: the first counts[0] take option 0, and so on."""
+    return [c.options[o] for o in range(len(c.options)) for _ in range(int(counts_s[o]))]
+
+
+def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: dict,
+               candidate: Candidate | None = None) -> Plan:
+    c = candidate or result.best
+    assert c is not None and c.solution is not None and c.solution.feasible
+    if c.formulation == "blocks":
+        stages, blocks, placements = _block_layout(result, c)
+    else:
+        stages, blocks, placements = _counts_layout(result, c)
+    train = result.train
+    solved = [x for x in result.candidates if x.solution is not None]
+    return Plan(
+        model={"name": model_name, "fingerprint": fingerprint, "config": config,
+               "parameters": int(result.graph.totals()["param_numel"])},
+        cluster={"spec": result.cluster.spec, "num_devices": result.cluster.num_devices,
+                 "devices_per_node": result.cluster.devices_per_node, "device": result.cluster.device.name,
+                 **({"groups": [{"name": g.spec, "num_devices": g.num_devices, "device": g.device.name}
+                                for g in result.cluster.groups], "stage_groups": c.parts["stage_groups"]}
+                    if "stage_groups" in c.parts else {})},
+        train={"global_batch": train.global_batch, "seq_len": result.graph.seq_len, "dtype": train.dtype,
+               "optimizer": train.optimizer},
+        mesh=Mesh(pp=c.pp, dp=c.dp, cp=c.cp, tp=c.tp, ep=c.ep),
+        schedule=Schedule(name=c.schedule, num_microbatches=c.num_microbatches, micro_batch_size=c.micro_batch,
+                          virtual_stages=c.virtual_stages),
+        stages=stages, blocks=blocks, placements=placements, zero_stage=c.zero,
+        overlap={"tp_comm": c.tp_overlap, "p2p": c.p2p_overlap},
+        predicted=predicted(result, c),
+        solver={"status": c.solution.status, "wall_time_s": result.wall_time_s, "mip_gap": c.solution.mip_gap,
+                "backend": "cvxpy+HiGHS", "formulation": c.formulation, "candidates": len(result.candidates),
+                "candidates_solved": len(solved), "capture_s": result.graph.capture_seconds,
+                "graph_nodes": len(result.graph), **pipeline_note(result, c)},
+    )
+
+
+def tied_charges(c: Candidate) -> dict:
+    """{"tied_weights": [...]}: the tied weights the candidate holds on two stages (planner.enumerate.candidates
+    `_charge_tied`): names, stages, gradient bytes and the all-reduce seconds charged per step; {} if none."""
+    tied = c.parts.get("tied") or []
+    return {"tied_weights": [{k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in t.items()}
+                             for t in tied]} if tied else {}
+
+
+def pipeline_note(result: SearchResult, c: Candidate) -> dict:
+    """What planner.plan.executable says of the plan: {"pipeline": why} when a one-stage plan was not allowed
+    pipeline stages, {"not_executed": why} for a choice priced (what-if, or for another stack) that the
+    runtime does not run."""
+    why = pipeline_refusal_for(result.graph.name) if c.pp == 1 else None
+    out = {"pipeline": f"not planned: {why}"} if why else {}
+    why = (composition_refusal(c.pp, c.tp, c.cp, c.ep) or (cp_refusal_for(result.graph.name) if c.cp > 1 else None)
+           or zero_refusal(c.zero, c.tp, c.cp, c.ep) or overlap_refusal(c.tp_overlap, c.p2p_overlap))
+    if why:  # a what-if the user fixed, or a stack partita does not run (planner.enumerate.candidates, planner.enumerate.space)
+        out["not_executed"] = f"priced as asked but not executed: {why}"
+    return out
+
+
+def _block_layout(result: SearchResult, c: Candidate):
+    """Stages, block choices and placements from the general program's one-hot assignment."""
+    from partita.planner.solve.milp_blocks import assignment
+    stage_of, option_of = assignment(c.problem, c.solution.counts)
+    stages, blocks, placements = [], [], {}
+    for s in range(c.pp):
+        mine = [g for g, st in zip(result.graph.groups, stage_of) if st == s]
+        stages.append(Stage(index=s, modules=mine, split_at=None if s == 0 else mine[0]))
+    for grp, s, j in zip(result.graph.groups, stage_of, option_of):
+        var = c.options[j]
+        blocks.append(BlockChoice(fqn=grp, stage=int(s), sharding=var.sharding, recompute=var.recompute,
+                                  offload_activations=var.offload_activations, offload_states=var.offload_states,
+                                  zero_stage=var.zero))
+        if var.sharding in SPLIT:
+            placements.update(var.base.placements)
+    return stages, blocks, placements
+
+
+def _counts_layout(result: SearchResult, c: Candidate):
+    """Stages, block choices and placements from the counting program (identical layers)."""
+    counts = c.solution.counts
+    p, v = c.pp, c.virtual_stages
+    # device s holds counts[s] layers in v chunks (sizes differ by at most one); virtual stage
+    # chunk * p + s runs on device s, and layers flow through virtual stages in model order
+    per_device = [_layer_choices(c, counts[s]) if result.layers else [] for s in range(p)]
+    chunks = [[len(per_device[s]) // v + (1 if k < len(per_device[s]) % v else 0) for k in range(v)]
+              for s in range(p)]
+    taken = [0] * p
+    stages, blocks, placements = [], [], {}
+    start = 0
+    for index in range(p * v):
+        k, s = divmod(index, p)
+        n = chunks[s][k]
+        mine = result.layers[start:start + n]
+        choices = per_device[s][taken[s]:taken[s] + n]
+        taken[s] += n
+        modules = (result.prefix if index == 0 else []) + mine + (result.suffix if index == p * v - 1 else [])
+        stages.append(Stage(index=index, modules=modules, split_at=None if index == 0 else mine[0]))
+        for grp, var in zip(mine, choices):
+            blocks.append(BlockChoice(fqn=grp, stage=index, sharding=var.sharding, recompute=var.recompute,
+                                      offload_activations=var.offload_activations,
+                                      offload_states=var.offload_states, zero_stage=var.zero))
+            if var.sharding in SPLIT:
+                ref = result.layers[0]
+                placements.update({f"{grp}.{key[len(ref) + 1:]}": st for key, st in var.base.placements.items()})
+        start += n
+    extra_options = c.parts.get("extra_options", {})
+    for s, extra in ((0, result.prefix), (p * v - 1, result.suffix)):
+        for grp in extra:
+            option = extra_options.get(grp)  # embeddings, head: the option the candidate was costed with
+            sharding = option.name if option is not None else "replicate"
+            blocks.append(BlockChoice(fqn=grp, stage=s, sharding=sharding))
+            if sharding in SPLIT:
+                placements.update(option.placements)
+    blocks.sort(key=lambda b: result.graph.groups.index(b.fqn))
+    return stages, blocks, placements

@@ -1,0 +1,182 @@
+"""A stage's memory at each moment it can peak (planner.solve.milp's phases), and its breakdown by category.
+
+Measured against this machine's allocator (runtime.loop.memory.AllocatorTrace; benchmarks/fidelity.py).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from partita.planner.solve.milp import MemoryPhase, per_stage, phase_memory
+from partita.planner.enumerate.strategies import SPLIT, BlockOption
+
+if TYPE_CHECKING:
+    from partita.planner.enumerate.candidates import Candidate, _Bases
+    from partita.planner.enumerate.options import Variant
+
+
+def grads_absent(m: int, in_flight: np.ndarray, zero: int, dp: int, tp: int) -> np.ndarray:
+    """chi_s = 1 where stage s peaks before any gradient exists: its first backward comes before its
+    micro-batches run out (m <= k_s) and a step starts with none -- but not under DDP (the runtime's
+    choice for zero <= 1, dp > 1, tp = 1 and one stage), whose gradient buckets, the gradients'
+    storage, live on."""
+    if zero <= 1 and dp > 1 and tp == 1 and len(in_flight) == 1:
+        return np.zeros(len(in_flight))
+    return (m <= in_flight).astype(float)
+
+
+def loss_gradient_bytes(logits: float, vocab_split: bool) -> float:
+    """What the token loss's backward holds at once beside the saved activations (memory_phases): the fp32
+    gradients of the log-probabilities and of the logits, 2 x the logits' bytes; with the logits split over
+    the vocabulary, torch's loss_parallel computes (zeros_like(x) + exp(x)) * grad, 3 x the rank's shard."""
+    return (3 if vocab_split else 2) * logits
+
+
+def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.ndarray, m: int, b: int, pp: int,
+                  tp: int, zero: int, dp: int, sb, sp: bool, suf: list[BlockOption],
+                  gathered: float) -> tuple[np.ndarray, list[MemoryPhase], np.ndarray]:
+    """Each stage's memory at the moments it can peak (planner.solve.milp's phases); returns the main phase's
+    constant per stage, the other phases, and the main phase's transient workspace per stage.
+
+    forward/backward (main): model states, less the gradients while none exist yet (chi_s = 1 when the
+        stage's first backward comes before its micro-batches run out, m <= k_s: a step starts with
+        none; but never under DDP, whose gradient buckets live through the run), + k_s micro-batches of activations + the gradient arriving at the stage's output: on the
+        last stage the logits and their gradient (2 x the largest output: the fp32 gradient of the
+        log-probabilities and of the logits, both live in LogSoftmaxBackward; with the head split over
+        the vocabulary 3 x the rank's shard, as torch's loss_parallel computes the gradient in one
+        expression, (zeros_like(x) + exp(x)) * grad, holding three shards at once:
+        torch/distributed/tensor/parallel/loss.py `_nll_loss_and_log_softmax_backward`, measured on
+        the CPU allocator); elsewhere the gradient of the boundary activation (/ tp when
+        sequence-sharded); + once gradients exist, a second gradient of the stage's largest parameter
+        (computed whole, then accumulated into the one held) -- on the last stage not beside the loss's
+        gradients but after them, beside the logits' gradient (the larger of the two moments).
+    In a pipeline, torch.distributed.pipelining also holds, per micro-batch in flight, what a stage
+        received (saved by its first operator, but charged by the capture to the stage that produced it)
+        and on the last stage the stage's output, the logits, which the schedule keeps for the backward:
+        counted with the activations of every phase.
+    second backward (stages whose first backward comes before their micro-batches run out, chi_s = 1,
+        with m >= 2 micro-batches): the first backward has made every gradient of the stage, and the next
+        one runs with them, one micro-batch fewer in flight, its arriving gradient and the transient
+        second gradient of the largest parameter -- above the main phase when a micro-batch's activations
+        are fewer bytes than the stage's gradients (measured: a 4-stage pipeline's first stage).
+    forward/backward with ZeRO-3 gathers (binds only on stages holding a layer that reshards after its
+        forward, ZeRO-3 not kept gathered): the main phase + two such layers' parameters gathered at a
+        time (the one computing and the one prefetched).
+    rebuild (binds only on stages holding a recomputed layer): all model states + activations + the
+        boundary gradient + one layer's re-run activations (its "none" saved bytes less its policy's, and
+        the weight copies its re-run saves: autocast's casts).
+    forward end, under autocast (binds only on stages holding a recomputed layer): autocast caches one
+        bf16 cast of every weight for the whole forward of a micro-batch, so at its end the casts of the
+        recomputed layers are live beside the activations of the micro-batches in flight, which keep
+        their own layers' casts (strategies: `weight_saved`); no workspace yet (the loss comes after).
+    optimizer step: all model states + 2 x the largest parameter's local shard (the step's fp32
+        temporaries, a per-tensor step as the runtime's optimizers take on CPU; foreach steps on GPUs
+        hold more).
+    Measured on this machine's allocator (runtime.loop.memory.AllocatorTrace; benchmarks/fidelity.py).
+    """
+    graph = bases.graph
+    g = graph.g
+    if "memory" not in bases._cache:  # per-graph constants, computed once per search
+        big = lambda groups: max([max(g.nodes[n]["params"].values(), default=0)
+                                  for grp in groups for n in graph.nodes_of(grp)] or [0])
+        bases._cache["memory"] = dict(
+            out=max([d["out_bytes"] for _, d in g.nodes(data=True)] or [0]),
+            param=max([max(d["params"].values(), default=0) for _, d in g.nodes(data=True)] or [0]),
+            layer=big(bases.layers[:1]), prefix=big(bases.prefix), suffix=big(bases.suffix),
+            boundary=graph.boundary_bytes(bases.layers[0]) if bases.layers else 0,
+            head=max([d["out_bytes"] for grp in bases.suffix for n in graph.nodes_of(grp)
+                      for d in [g.nodes[n]] if d["kind"] == "linear"] or [0]))
+    k = bases._cache["memory"]
+    logits = k["out"] * b
+    head_split = any(st == "vocab" for o in suf for st in o.placements.values() if o.name in SPLIT)
+    logits_per_rank = logits / (tp if head_split else 1)
+    boundary = k["boundary"] * b / (tp if sp else 1)
+    if pp > 1:  # what the pipeline holds per micro-batch in flight (docstring): counted as activations
+        e["act"] = e["act"].copy()
+        e["act"][1:] += boundary
+        e["act"][-1] += k["head"] * b / (tp if head_split else 1)
+    arriving = np.full(pp, float(boundary))
+    arriving[-1] = loss_gradient_bytes(logits_per_rank, head_split)
+    chi = grads_absent(m, in_flight, zero, dp, tp)
+    # a weight's gradient is computed whole, then added to the one held: once gradients exist, the
+    # stage's largest parameter has a second, transient gradient (first stage: the embedding; last: the
+    # head; between: a layer's largest weight)
+    per_stage_param = np.full(pp, float(k["layer"]))
+    per_stage_param[0] = max(k["layer"], k["prefix"])
+    per_stage_param[-1] = max(per_stage_param[-1], k["suffix"])
+    accumulate = (1 - chi) * sb.grad * per_stage_param / tp
+    workspace = arriving + accumulate
+    # on the last stage the loss's gradients and the head's second gradient are not live at once: the head's
+    # backward runs after the loss's, holding the logits' gradient (at most the fp32 logits) beside it
+    workspace[-1] = max(arriving[-1], logits_per_rank + accumulate[-1])
+    main = e["state"] - chi * e["grad"] + in_flight * e["act"] + workspace
+    states = np.array([o.state for o in opts] or [0.0])
+    act = np.array([o.act for o in opts] or [0.0])
+    held = states[None, :] - chi[:, None] * np.array([o.grad for o in opts] or [0.0])[None, :]
+    main_parts = {"model_states": e["state"] - chi * e["grad"], "activations": in_flight * e["act"],
+                  "state_coeff": held}
+    phases = []
+    if m >= 2 and chi.any():
+        again = chi * (arriving + sb.grad * per_stage_param / tp)
+        phases.append(MemoryPhase("second backward", states[None, :] + (in_flight - 1)[:, None] * act[None, :],
+                                  e["state"] + (in_flight - 1) * e["act"] + again,
+                                  parts={"model_states": e["state"], "activations": (in_flight - 1) * e["act"],
+                                         "workspace": again}))
+    resharding = np.array([zero == 3 and o.zero in (None, 3) for o in opts] or [False])
+    if gathered and resharding.any():
+        phases.append(MemoryPhase("forward/backward with ZeRO-3 gathers", held + in_flight[:, None] * act[None, :],
+                                  main + gathered, gate=resharding,
+                                  parts={**main_parts, "workspace": workspace + gathered}))
+    largest = k["param"]
+    # (the largest parameters -- embeddings, head, layer weights -- are the ones tensor parallelism splits)
+    step_tmp = 2 * 4 * largest / (dp if zero >= 2 else 1) / tp
+    phases.append(MemoryPhase("optimizer step", states, e["state"] + step_tmp,
+                              parts={"model_states": e["state"], "activations": np.zeros(pp),
+                                     "workspace": np.full(pp, step_tmp)}))
+    rec = np.array([o.recompute != "none" for o in opts] or [False])
+    if rec.any():
+        rebuild = max((o.base.saved_by_policy["none"] - o.base.saved_by_policy[o.recompute]) * b
+                      + o.base.weight_saved for o in opts if o.recompute != "none")
+        ws = boundary + rebuild + gathered
+        phases.append(MemoryPhase("recompute", states + in_flight[:, None] * act[None, :],
+                                  e["state"] + in_flight * e["act"] + ws, gate=rec,
+                                  parts={"model_states": e["state"], "activations": in_flight * e["act"],
+                                         "workspace": np.full(pp, ws)}))
+        casts = np.array([o.base.weight_saved if o.recompute != "none" else 0.0 for o in opts])
+        if graph.g.graph.get("run") == "autocast" and casts.any():
+            phases.append(MemoryPhase("forward end (autocast's weight casts)",
+                                      held + in_flight[:, None] * act[None, :] + casts[None, :],
+                                      main - workspace, gate=rec, parts={**main_parts, "workspace": np.zeros(pp)}))
+    return main, phases, workspace
+
+
+def stage_memory(c: Candidate, s: int, counts: np.ndarray | None = None) -> dict:
+    """Stage s's predicted peak by category, at the phase where it peaks (memory_phases), for the
+    candidate's solution or for `counts`."""
+    prob, parts = c.problem, c.parts
+    counts = c.solution.counts if counts is None else counts
+    if c.formulation == "blocks":  # one phase: model states, activations in flight, a fixed workspace
+        states = float(counts[s] @ prob.state + parts["e_state"][s])
+        act = float(counts[s] @ (prob.act * prob.in_flight[s]) + prob.in_flight[s] * parts["e_act"][s])
+        row = {k: int(round(v)) for k, v in (("model_states", states), ("activations", act),
+                                              ("workspace", prob.workspace))}
+        return {**row, "total": sum(row.values()), "phase": "forward/backward"}
+    phases = phase_memory(prob, counts)[:, s]
+    q = int(np.argmax(phases))
+    total = float(phases[q])
+    workspace = np.broadcast_to(parts["workspace"], (c.pp,))[s] if q == 0 else prob.phases[q - 1].parts["workspace"][s]
+    state = per_stage(prob, prob.option_state)[s]
+    if q == 0:
+        act = float(counts[s] @ (per_stage(prob, prob.option_act)[s] * prob.in_flight[s])
+                    + prob.in_flight[s] * parts["e_act"][s])
+        states = total - act - workspace
+    else:
+        q_parts = prob.phases[q - 1].parts  # (a phase whose state is not every option's: its own coefficients)
+        coeff = q_parts["state_coeff"][s] if "state_coeff" in q_parts else state
+        states = float(counts[s] @ coeff + q_parts["model_states"][s])
+        act = total - states - workspace
+    row = {k: int(round(v)) for k, v in (("model_states", states), ("activations", act), ("workspace", workspace))}
+    row["total"] = sum(row.values())
+    row["phase"] = "forward/backward" if q == 0 else prob.phases[q - 1].name
+    return row

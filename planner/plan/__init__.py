@@ -1,0 +1,525 @@
+"""The Plan: the one artifact that crosses from planner to runtime.
+
+A plan is versioned JSON (`"schema": "partita.plan/1"`), keyed by module FQNs, holding the mesh, the
+stages, per-module placements, the schedule, the predicted costs and the solver facts. A hand-written
+plan has the same shape and goes through the same `Plan.from_dict` validation; loading never executes
+code (json only: no pickle, no eval).
+
+Shape (the keys scripts rely on are marked *; see DESIGN.md):
+
+    schema*      "partita.plan/1"
+    model        {"name", "fingerprint", "config"}   fingerprint = costmodel.model_fingerprint(module)
+    cluster      {"spec", "num_devices", "devices_per_node", "device"}
+    train        {"global_batch", "seq_len", "dtype", "optimizer"}
+    mesh*        {"pp", "dp", "cp", "tp", "ep"}   ranks are laid out pp-major, then dp, then cp, then tp (tp
+                 fastest); cp (context parallelism) splits every sequence over cp ranks; ep (expert
+                 parallelism) shards each MoE layer's experts over ep consecutive dp ranks (ep divides dp;
+                 it adds no ranks). cp and ep are optional and 1 when absent (plans written before them)
+    schedule*    {"name", "num_microbatches", "micro_batch_size", "virtual_stages"}
+    stages       [{"index", "modules": [fqn ...], "split_at": fqn | null}]   pp x virtual_stages of them,
+                 in model order; stage i runs on pipeline rank i % pp (interleaved: rank r holds stages
+                 r, r + pp, r + 2 pp, ...)
+    blocks       [{"fqn", "stage", "sharding": "replicate" | "tensor" | "sequence", "recompute": "none" | "selective" |
+                  "op" | "full", "offload_activations": bool, "offload_states": bool}]
+                 offload_states: the block's sharded parameters, gradients and optimizer state live in
+                 host memory (FSDP2 CPUOffloadPolicy; needs zero_stage 3); optional "zero_stage": 2 | 3,
+                 the block's own stage in a sharded plan (2: parameters stay gathered forward to backward)
+    zero_stage   0-3: ZeRO sharding of parameters, gradients and optimizer state over the dp axis
+    overlap      {"tp_comm": bool, "p2p": bool}: tensor-parallel collectives pipelined with the GEMMs they feed
+                 (Megatron-Core --tp-comm-overlap, torch async TP), pipeline sends overlapped with compute
+                 (--overlap-p2p-communication); priced, not run by partita's runtime. Absent: neither
+    placements   {module fqn: "colwise" | "rowwise" | "sequence" | "vocab"}   tensor-parallel modules;
+                 absent = replicated. colwise/rowwise: Megatron TP on an nn.Linear; sequence: a norm runs
+                 sequence-parallel (Korthikanti et al. 2022), its block's residual stream sharded on the
+                 sequence; vocab: an nn.Embedding split by vocabulary rows, or the LM head split by
+                 vocabulary columns with a parallel cross-entropy (rules: runtime/parallel/tp.py)
+    predicted*   {"step_time_s", "tokens_per_s", "tflops_per_device", "mfu", "peak_memory_bytes",
+                  "exposed_comm_s", "hidden_comm_s", "breakdown": {...seconds, adding up to the step},
+                  "memory_per_stage": [{category: bytes}], "assumptions": [str]}
+    solver*      {"status", "wall_time_s", "mip_gap", "fixed": {decision: value}, ...}; fixed "kernels":
+                 "compiled" means the plan was priced for torch.compile'd layers, and the runtime compiles them
+    baselines    [{"name", "predicted", "mesh", "fits"}]   (with --baselines)
+    embeddings   {"schema": "partita.embeddings/1", "tables": [...], ...}   a model's embedding tables: each
+                 table's sharding, placement and ranks (planner.sparse.rec_plan); absent for models without tables
+                 (plans written before it load unchanged)
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import unicodedata
+from dataclasses import dataclass, field, asdict
+from pathlib import Path
+from typing import Any
+
+from partita.costmodel.errors import PartitaError
+from partita.planner.plan.sections import problems as section_problems
+
+SCHEMA = "partita.plan/1"
+SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
+SHARDINGS = ("replicate", "tensor", "sequence")
+RECOMPUTE = ("none", "selective", "op", "full")
+"""Activation recompute policies, most memory first (planner/enumerate/strategies.py says what each keeps)."""
+TP_STYLES = ("colwise", "rowwise", "sequence", "vocab")
+OVERLAPS = ("tp_comm", "p2p")
+"""Keys of a plan's `overlap`: what communication it overlaps with compute (module docstring)."""
+
+
+class PlanError(PartitaError):
+    """A plan file that is malformed, from another schema, or does not fit the model or world size."""
+
+
+def is_control(ch: str) -> bool:
+    """A character that moves, colours or reorders text rather than showing it: newlines, terminal escapes,
+    bidirectional overrides (Unicode categories Cc and Cf, and the line and paragraph separators); and a lone
+    surrogate (Cs: JSON's "\\ud800" escape reads as one), which no UTF-8 stream can write."""
+    return unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs")
+
+
+def one_line(text, limit: int = 200) -> str:
+    """Free text as one printable line for a comment, a script or a terminal: every control character shown as
+    its escape (a newline cannot end a comment and start a command; an ANSI escape does not reach a
+    terminal), cut at `limit` characters."""
+    shown = "".join(ch.encode("unicode_escape").decode("ascii") if is_control(ch) else ch for ch in str(text))
+    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
+
+
+@dataclass(kw_only=True)
+class Mesh:
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    """Context parallelism: each sequence split over cp ranks (attention gathers keys and values)."""
+    tp: int = 1
+    ep: int = 1
+    """Expert parallelism: MoE experts sharded over ep consecutive dp ranks; a divisor of dp, adds no ranks."""
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.cp * self.tp
+
+    def coords(self, rank: int) -> tuple[int, int, int, int]:
+        """(pp, dp, cp, tp) coordinates of a global rank; tp varies fastest, then cp, then dp."""
+        return (rank // (self.dp * self.cp * self.tp), (rank // (self.cp * self.tp)) % self.dp,
+                (rank // self.tp) % self.cp, rank % self.tp)
+
+    def ep_coords(self, rank: int) -> tuple[int, int]:
+        """(group, index) of a rank's expert-parallel group: dp ranks 0..ep-1 form group 0, and so on."""
+        dp_rank = self.coords(rank)[1]
+        return dp_rank // self.ep, dp_rank % self.ep
+
+
+@dataclass(kw_only=True)
+class Schedule:
+    name: str = "1F1B"
+    num_microbatches: int = 1
+    micro_batch_size: int = 1
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (Interleaved1F1B); 1 otherwise."""
+
+
+@dataclass(kw_only=True)
+class Stage:
+    index: int
+    modules: list[str]
+    split_at: str | None = None
+    """The module FQN this stage begins at (a pipeline split point); None for the first stage."""
+
+
+@dataclass(kw_only=True)
+class BlockChoice:
+    fqn: str
+    stage: int
+    sharding: str = "replicate"
+    recompute: str = "none"
+    offload_activations: bool = False
+    offload_states: bool = False
+    zero_stage: int | None = None
+    """This block's own ZeRO stage, 2 or 3, where it differs from the plan's (a sharded plan may keep some
+    blocks' parameters gathered from forward to backward); None: the plan's zero_stage."""
+
+
+@dataclass(kw_only=True)
+class Plan:
+    model: dict[str, Any]
+    cluster: dict[str, Any]
+    train: dict[str, Any]
+    mesh: Mesh
+    schedule: Schedule
+    stages: list[Stage]
+    blocks: list[BlockChoice]
+    placements: dict[str, str] = field(default_factory=dict)
+    zero_stage: int = 0
+    overlap: dict[str, bool] = field(default_factory=dict)
+    """{"tp_comm": bool, "p2p": bool} (module docstring); {} or a missing key: not overlapped."""
+    predicted: dict[str, Any] = field(default_factory=dict)
+    solver: dict[str, Any] = field(default_factory=dict)
+    baselines: list[dict[str, Any]] = field(default_factory=list)
+    embeddings: dict[str, Any] | None = None
+    """The embedding tables' section (planner.sparse.rec_plan), or None for a model without tables."""
+    schema: str = SCHEMA
+
+    @property
+    def kernels(self) -> str:
+        """How the plan was priced to run its layers (costmodel.price.fusion.KERNELS): "eager" unless fixed."""
+        fixed = self.solver.get("fixed")
+        return fixed.get("kernels", "eager") if isinstance(fixed, dict) else "eager"
+
+    def explain(self) -> str:
+        """The report `partita plan` prints."""
+        from partita.planner.explain import explain
+        return explain(self)
+
+    # ---- serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for b in d["blocks"]:
+            if b["zero_stage"] is None:
+                del b["zero_stage"]
+        out = {"schema": d.pop("schema")}
+        out.update(d)
+        if not self.baselines:
+            out.pop("baselines")
+        if self.embeddings is None:
+            out.pop("embeddings")
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
+
+    MEASURED = ("wall_time_s", "capture_s", "total_s")
+
+    def canonical_json(self) -> str:
+        """The plan without the solver's measured wall times: byte-identical for identical inputs."""
+        d = self.to_dict()
+        d["solver"] = {k: v for k, v in d["solver"].items() if k not in self.MEASURED}
+        return json.dumps(d, indent=2) + "\n"
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        """Read and validate a plan file: every check of the file itself happens here (what the file is, its size,
+        text, JSON, nesting, shape, numbers); the runtime adds the checks against the model (runtime.launcher.checks), all
+        before launch."""
+        raw = _read_plan_file(path)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise PlanError(f"plan {_shown_path(path)} is not a text file (byte 0x{raw[e.start]:02x} at offset {e.start} "
+                            "is not UTF-8): a plan is the JSON file `partita plan --out` writes") from None
+        try:
+            data = json.loads(text, parse_constant=_no_constant)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"plan {_shown_path(path)} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        except RecursionError:
+            raise PlanError(f"plan {_shown_path(path)} nests JSON deeper than Python can read; a plan nests at most "
+                            f"{MAX_DEPTH} levels") from None
+        except _Constant as e:  # NaN / Infinity literals
+            raise PlanError(f"plan {_shown_path(path)}: {e}") from None
+        except ValueError:  # an integer literal of thousands of digits (sys.get_int_max_str_digits)
+            raise PlanError(f"plan {_shown_path(path)} holds a number of more digits than Python reads; no plan's "
+                            "number has more than a few dozen") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Plan":
+        """Validate a plan (solved or hand-written) and build it. Raises PlanError saying what is wrong."""
+        if not isinstance(data, dict):
+            raise PlanError("a plan must be a JSON object")
+        if (depth := _depth(data)) > MAX_DEPTH:
+            raise PlanError(f"plan nests {depth} levels deep; a plan nests at most {MAX_DEPTH}")
+        if data.get("schema") != SCHEMA:
+            raise PlanError(f"plan schema is {one_line(repr(data.get('schema')), 60)}; this partita reads {SCHEMA!r}")
+        _check_text(data)
+        missing = [k for k in ("model", "cluster", "train", "mesh", "schedule", "stages", "blocks") if k not in data]
+        if missing:
+            raise PlanError(f"plan is missing {missing}")
+        mesh_raw = _obj(data["mesh"], "mesh")
+        mesh = Mesh(**_ints(mesh_raw, "mesh", ("pp", "dp", "tp")),
+                    **_ints({k: mesh_raw.get(k, 1) for k in ("cp", "ep")}, "mesh", ("cp", "ep")))
+        if mesh.world_size > MAX_DEVICES:
+            raise PlanError(f"mesh pp x dp x cp x tp = {mesh.world_size:,} ranks, more than any cluster partita plans "
+                            f"or runs: at most {MAX_DEVICES:,} (2^20)")
+        if mesh.dp % mesh.ep:
+            raise PlanError(f"mesh.ep ({mesh.ep}) must divide mesh.dp ({mesh.dp}): experts are sharded over "
+                            f"data-parallel ranks")
+        sched_raw = _obj(data["schedule"], "schedule")
+        if sched_raw.get("name") not in SCHEDULES:
+            raise PlanError(f"schedule.name is {sched_raw.get('name')!r}; accepted: {list(SCHEDULES)}")
+        schedule = Schedule(name=sched_raw["name"],
+                            **_ints(sched_raw, "schedule", ("num_microbatches", "micro_batch_size")),
+                            virtual_stages=_ints({"virtual_stages": sched_raw.get("virtual_stages", 1)},
+                                                 "schedule", ("virtual_stages",))["virtual_stages"])
+        if (schedule.virtual_stages > 1) != (schedule.name == "Interleaved1F1B"):
+            raise PlanError("schedule.virtual_stages > 1 goes with Interleaved1F1B, and only with it")
+        stages = []
+        for i, s in enumerate(_list(data["stages"], "stages")):
+            s = _obj(s, f"stages[{i}]")
+            mods = _list(s.get("modules"), f"stages[{i}].modules")
+            if not all(isinstance(m, str) for m in mods) or not mods:
+                raise PlanError(f"stages[{i}].modules must be a non-empty list of module names")
+            if s.get("index") != i:
+                raise PlanError(f"stages[{i}].index must be {i}")
+            split_at = s.get("split_at")
+            if (i == 0) != (split_at is None) or (split_at is not None and not isinstance(split_at, str)):
+                raise PlanError(f"stages[{i}].split_at must be null for the first stage and a module name otherwise")
+            stages.append(Stage(index=i, modules=list(mods), split_at=split_at))
+        _check_stage_lists(stages)
+        if len(stages) != mesh.pp * schedule.virtual_stages:
+            raise PlanError(f"plan has {len(stages)} stages but mesh.pp x schedule.virtual_stages = "
+                            f"{mesh.pp * schedule.virtual_stages}")
+        blocks = []
+        for i, b in enumerate(_list(data["blocks"], "blocks")):
+            b = _obj(b, f"blocks[{i}]")
+            if b.get("sharding") not in SHARDINGS:
+                raise PlanError(f"blocks[{i}].sharding is {b.get('sharding')!r}; accepted: {list(SHARDINGS)}")
+            if not isinstance(b.get("fqn"), str) or not isinstance(b.get("stage"), int) \
+                    or not 0 <= b["stage"] < len(stages):
+                raise PlanError(f"blocks[{i}] needs a string fqn and a stage in [0, {len(stages)})")
+            recompute = b.get("recompute", "none")
+            if recompute not in RECOMPUTE:
+                raise PlanError(f"blocks[{i}].recompute is {recompute!r}; accepted: {list(RECOMPUTE)}")
+            flags = {k: b.get(k, False) for k in ("offload_activations", "offload_states")}
+            if not all(isinstance(v, bool) for v in flags.values()):
+                raise PlanError(f"blocks[{i}].offload_activations / offload_states must be true or false")
+            own_zero = b.get("zero_stage")
+            if own_zero is not None and (own_zero not in (2, 3) or isinstance(own_zero, bool)):
+                raise PlanError(f"blocks[{i}].zero_stage is {own_zero!r}; accepted: 2, 3 (or absent: the plan's)")
+            blocks.append(BlockChoice(fqn=b["fqn"], stage=b["stage"], sharding=b["sharding"],
+                                      recompute=recompute, zero_stage=own_zero, **flags))
+        _check_blocks_listed(blocks, stages)
+        placements = _obj(data.get("placements", {}), "placements")
+        for fqn, style in placements.items():
+            if style not in TP_STYLES:
+                raise PlanError(f"placements[{fqn!r}] is {style!r}; accepted: {list(TP_STYLES)}")
+        if placements and mesh.tp == 1:
+            raise PlanError("plan has tensor-parallel placements but mesh.tp = 1")
+        zero = data.get("zero_stage", 0)
+        if zero not in (0, 1, 2, 3) or isinstance(zero, bool):
+            raise PlanError(f"zero_stage is {zero!r}; accepted: 0, 1, 2, 3")
+        if zero != 3 and any(b.offload_states for b in blocks):
+            raise PlanError("offload_states needs zero_stage 3 (FSDP2 offloads sharded states)")
+        if zero not in (2, 3) and any(b.zero_stage is not None for b in blocks):
+            raise PlanError(f"a block's own zero_stage needs a sharded plan (zero_stage 2 or 3), not {zero}")
+        overlap = _obj(data.get("overlap", {}), "overlap")
+        for key, value in overlap.items():
+            if key not in OVERLAPS or not isinstance(value, bool):
+                raise PlanError(f"overlap.{key} is {value!r}; accepted: {', '.join(OVERLAPS)}, each true or false")
+        for key in ("model", "cluster", "predicted", "solver"):
+            _obj(data.get(key, {}), key)
+        _list(data.get("baselines", []), "baselines")
+        if found := section_problems(data, mesh.pp):  # what explain, compare, export and reports read
+            raise PlanError(found[0])
+        train = _check_train(_obj(data["train"], "train"))
+        gb = train.get("global_batch")
+        if not isinstance(gb, int) or gb != mesh.dp * schedule.num_microbatches * schedule.micro_batch_size:
+            raise PlanError(f"train.global_batch ({gb}) must equal mesh.dp x num_microbatches x micro_batch_size "
+                            f"({mesh.dp} x {schedule.num_microbatches} x {schedule.micro_batch_size})")
+        return cls(model=_check_model(_obj(data["model"], "model")),
+                   cluster=_check_cluster(_obj(data["cluster"], "cluster")), train=train,
+                   mesh=mesh, schedule=schedule, stages=stages, blocks=blocks, placements=dict(placements),
+                   zero_stage=zero, overlap=dict(overlap),
+                   predicted=_obj(data.get("predicted", {}), "predicted"),
+                   solver=_obj(data.get("solver", {}), "solver"),
+                   baselines=_list(data.get("baselines", []), "baselines"),
+                   embeddings=_embeddings(data.get("embeddings"), mesh.world_size, zero))
+
+
+def _embeddings(data: Any, world_size: int, zero_stage: int) -> dict | None:
+    if data is None:  # a model without tables, or a plan written before them
+        return None
+    from partita.planner.sparse.rec_plan import DENSE_ZERO, validate_section  # the section's own module
+    if zero_stage not in DENSE_ZERO:
+        raise PlanError(f"a plan with embedding tables runs its dense part replicated or sharded: zero_stage must be "
+                        f"one of {', '.join(map(str, DENSE_ZERO))}, not {zero_stage}")
+    return validate_section(data, world_size)
+
+
+MAX_COUNT = 2**31 - 1
+"""The largest count a plan may hold (degrees, micro-batches, batch, sequence length): beyond it a number is a
+typo, and it would overflow the runtime's int32 indices long before it trained."""
+MAX_GLOBAL_BATCH = 2**30
+"""The largest global batch planned (planner.enumerate.space.TrainConfig) and held by a plan (samples per step): beyond
+~1e12 the step program's coefficients (micro-batch counts times seconds) are too large for HiGHS, which then
+returns no solution (measured at 1e20); 2^30 = 1,073,741,824 is far above any published training run's batch
+(thousands of sequences)."""
+MAX_DEVICES = 2**20
+"""The largest cluster planned (devices), and the most ranks a plan's mesh may have: 1,048,576, above the largest
+training clusters reported."""
+MAX_DEPTH = 32
+"""The deepest JSON nesting a plan may have (a solved plan nests 5 levels)."""
+MAX_PLAN_BYTES = 256 * 2**20
+"""The largest plan file read (a 1,024-layer model's plan is a few MB)."""
+
+
+class _Constant(ValueError):
+    """A NaN or Infinity literal in a plan file (json reads them as floats unless told not to)."""
+
+
+def _no_constant(name: str):
+    raise _Constant(f"{name} is not a number a plan may hold")
+
+
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _shown_path(path) -> str:
+    """A plan's path for an error line: quoted, escaped, short (the path is the user's text)."""
+    return one_line(repr(str(path)), 200)
+
+
+def _read_plan_file(path) -> bytes:
+    """The bytes of a plan file, read only once it is known to be a regular file of at most MAX_PLAN_BYTES: a
+    device (/dev/zero), a FIFO or a directory is refused before a byte is read, and at most MAX_PLAN_BYTES + 1
+    bytes are read whatever size the file claims (a /proc file says 0; a file may grow while it is read).
+    The file is opened without blocking (a FIFO without a writer would wait forever) and checked through
+    the descriptor it was read from, so it cannot be swapped between the check and the read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError as e:
+        raise PlanError(f"cannot read plan {_shown_path(path)}: {e.strerror}") from None
+    try:
+        mode, size = (st := os.fstat(fd)).st_mode, st.st_size
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+            raise PlanError(f"plan {_shown_path(path)} is {kind}, not a file: give the plan file `partita plan "
+                            "--out` wrote")
+        raw = b""
+        if size <= MAX_PLAN_BYTES:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                raw = f.read(MAX_PLAN_BYTES + 1)
+            size = len(raw)
+    except OSError as e:
+        raise PlanError(f"cannot read plan {_shown_path(path)}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    if size > MAX_PLAN_BYTES:  # checked again after the read: the file may have grown
+        raise PlanError(f"plan {_shown_path(path)} is larger than any plan (more than {MAX_PLAN_BYTES:,} bytes): is "
+                        "it the plan file `partita plan --out` wrote?")
+    return raw
+
+
+def _depth(data: Any) -> int:
+    """How deeply `data` nests lists and objects (iteratively: a hostile plan must not exhaust the stack)."""
+    deepest, todo = 0, [(data, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            if d > MAX_DEPTH:
+                return d
+            todo += [(x, d + 1) for x in (v.values() if isinstance(v, dict) else v)]
+    return deepest
+
+
+def _check_text(data: Any) -> None:
+    """No string of the plan, key or value, holds a control character (is_control): a plan is untrusted input,
+    and its names reach scripts (partita export), terminals (explain) and logs. Walked iteratively."""
+    todo = [(data, "plan")]
+    while todo:
+        v, where = todo.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                todo += [(k, f"a key of {where}"), (x, f"{where}.{k}" if isinstance(k, str) else where)]
+        elif isinstance(v, list):
+            todo += [(x, f"{where}[{i}]") for i, x in enumerate(v)]
+        elif isinstance(v, str) and any(is_control(ch) for ch in v):
+            raise PlanError(f"{one_line(where, 80)} holds a control character ({one_line(v, 60)}): names and text in "
+                            "a plan are single printable lines")
+
+
+def _check_model(model: dict) -> dict:
+    for key in ("name", "fingerprint"):
+        if model.get(key) is not None and not isinstance(model[key], str):
+            raise PlanError(f"model.{key} must be a string, got {_show(model[key])}")
+    return model
+
+
+def _check_cluster(cluster: dict) -> dict:
+    """cluster's fields the exporters and the runtime read: names as strings, counts as whole numbers."""
+    for key in ("spec", "device"):
+        if cluster.get(key) is not None and not isinstance(cluster[key], str):
+            raise PlanError(f"cluster.{key} must be a string, got {_show(cluster[key])}")
+    for key in ("num_devices", "devices_per_node"):
+        v = cluster.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_DEVICES):
+            raise PlanError(f"cluster.{key} must be a whole number from 1 to {MAX_DEVICES:,}, got {_show(v)}")
+    return cluster
+
+
+def _check_train(train: dict) -> dict:
+    """train's fields the runtime reads: counts in range, names as strings."""
+    for key, most in (("global_batch", MAX_GLOBAL_BATCH), ("seq_len", MAX_COUNT)):
+        v = train.get(key)
+        if v is None and key == "seq_len":
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= most:
+            raise PlanError(f"train.{key} must be a whole number from 1 to {most:,}, got {_show(v)}")
+    for key in ("dtype", "optimizer"):
+        if train.get(key) is not None and not isinstance(train[key], str):
+            raise PlanError(f"train.{key} must be a name (a string), got {_show(train[key])}")
+    return train
+
+
+def _show(v: Any) -> str:
+    """A value for an error line: short, whatever it is."""
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_stage_lists(stages: list[Stage]) -> None:
+    """No module listed twice: not twice in one stage, not in two stages, not beside one of its ancestors."""
+    where: dict[str, int] = {}
+    for s in stages:
+        for fqn in s.modules:
+            if fqn in where:
+                again = "a second time" if where[fqn] == s.index else f"already on stages[{where[fqn]}]"
+                raise PlanError(f"stages[{s.index}] lists module {fqn!r} {again}: a module runs on one stage, once")
+            where[fqn] = s.index
+    for fqn, i in where.items():
+        parts = fqn.split(".") if fqn else []
+        for k in range(len(parts)):
+            parent = ".".join(parts[:k])
+            if parent in where:
+                raise PlanError(f"stages[{i}] lists module {fqn!r}, which stages[{where[parent]}] already holds "
+                                f"as part of {parent or 'the whole model'!r}")
+
+
+def _check_blocks_listed(blocks: list[BlockChoice], stages: list[Stage]) -> None:
+    """Each block lies in the modules its stage lists (itself, an ancestor, or all of its listed parts)."""
+    listed = {fqn: s.index for s in stages for fqn in s.modules}
+    for i, b in enumerate(blocks):
+        parts = b.fqn.split(".") if b.fqn else []
+        owner = next((listed[a] for a in (".".join(parts[:k]) for k in range(len(parts), -1, -1)) if a in listed),
+                     None)
+        inside = {s for fqn, s in listed.items() if not b.fqn or fqn.startswith(b.fqn + ".")}
+        if owner is None and not inside:
+            raise PlanError(f"blocks[{i}] names module {b.fqn!r}, which no stage lists: list it in "
+                            f"stages[{b.stage}].modules")
+
+
+def _obj(v: Any, where: str) -> dict:
+    if not isinstance(v, dict):
+        raise PlanError(f"{where} must be a JSON object")
+    return v
+
+
+def _list(v: Any, where: str) -> list:
+    if not isinstance(v, list):
+        raise PlanError(f"{where} must be a JSON list")
+    return v
+
+
+def _ints(d: Any, where: str, keys: tuple[str, ...]) -> dict[str, int]:
+    d = _obj(d, where)
+    out = {}
+    for k in keys:
+        v = d.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_COUNT:
+            raise PlanError(f"{where}.{k} must be a whole number from 1 to {MAX_COUNT:,}, got {_show(v)}")
+        out[k] = v
+    return out

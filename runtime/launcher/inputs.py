@@ -1,0 +1,142 @@
+"""What a run checks of its own inputs before anything launches: numbers torch can take (--lr, --seed), the
+paths it will write (--losses-out, --tensorboard), and the environment it is started in.
+
+`partita run` (partita.cli) checks them before it starts its pre-flight; runtime.train (its launcher and its
+pre-flight `--check`) and the Python API (runtime.loop.session.prepare) check the same, so every way of starting a
+run refuses the same input with the same line -- before the first step, not after the last one.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import stat
+
+from partita.planner.plan import one_line
+
+SEED_RANGE = (-2**63, 2**64 - 1)
+"""What torch.manual_seed accepts (a negative seed counts modulo 2^64); the data sources derive the seeds of
+their generators from it modulo 2^64 too (runtime.data), so every seed in this range trains."""
+
+
+def _show(value) -> str:
+    try:
+        text = one_line(repr(value), 200)
+    except ValueError:  # an int of more digits than Python converts (sys.get_int_max_str_digits)
+        return "a number of thousands of digits"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _path(path) -> str:
+    """A path for an error line: quoted, escaped, whole (up to 300 characters)."""
+    return one_line(repr(str(path)), 300)
+
+
+def option_errors(*, lr, seed) -> list[str]:
+    """--lr and --seed values that would only fail in the workers (a NaN learning rate, a seed torch refuses)."""
+    errors = []
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+        errors.append(f"--lr must be a finite number above 0, got {_show(lr)}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        errors.append(f"--seed must be a whole number from -2^63 to 2^64-1 (what torch.manual_seed takes), got "
+                      f"{_show(seed)}")
+    return errors
+
+
+# ---- outputs -----------------------------------------------------------------------------------------------
+
+def output_errors(*, losses_out: str | None = None, tensorboard: str | None = None,
+                  inputs: dict[str, str | None] | None = None) -> list[str]:
+    """What is wrong with the run's output paths, checked before training: --losses-out is a file in a
+    writable directory, --tensorboard a directory that is or can be made writable, and neither is one of the
+    run's own inputs (`inputs`: {how the line names it: path}, e.g. {"the plan": PLAN, "--data": FILE})."""
+    errors = []
+    own = {name: path for name, path in (inputs or {}).items() if path and os.path.exists(path)}
+    if losses_out:
+        errors += _same_as_input("--losses-out", losses_out, own) or _file_errors("--losses-out", losses_out)
+    if tensorboard:
+        errors += _same_as_input("--tensorboard", tensorboard, own) or _directory_errors("--tensorboard", tensorboard)
+    if losses_out and tensorboard and os.path.abspath(losses_out) == os.path.abspath(tensorboard):
+        errors.append(f"--losses-out and --tensorboard name the same path {_path(losses_out)}: give each its own")
+    return errors
+
+
+def _same_as_input(flag: str, path: str, inputs: dict[str, str]) -> list[str]:
+    if not os.path.exists(path):
+        return []
+    for name, given in inputs.items():
+        try:
+            same = os.path.samefile(path, given)
+        except OSError:
+            same = False
+        if same:
+            return [f"{flag} {_path(path)} is {name} this run reads ({_path(given)}): writing it would overwrite "
+                    "it; give another path"]
+    return []
+
+
+def _file_errors(flag: str, path: str) -> list[str]:
+    """A file the run writes at its end: not a directory, in a directory that exists and takes a new file; an
+    existing regular file opens for writing (a device such as /dev/null is the user's choice)."""
+    if os.path.isdir(path):
+        return [f"{flag} {_path(path)} is a directory; give a file path, e.g. {_path(os.path.join(path, 'losses.json'))}"]
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        what = "is not a directory" if os.path.exists(parent) else "does not exist"
+        return [f"{flag} {_path(path)}: its directory {_path(parent)} {what}; create it first or give another path"]
+    if why := _probe(parent):
+        return [f"{flag} {_path(path)}: cannot write in {_path(parent)} ({why}); give a writable path"]
+    if os.path.exists(path) and stat.S_ISREG(os.stat(path).st_mode):
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))  # opens without changing it
+        except OSError as e:
+            return [f"{flag} {_path(path)} cannot be written ({e.strerror}); give a writable path"]
+    return []
+
+
+def _directory_errors(flag: str, path: str) -> list[str]:
+    """A directory the run writes into: an existing one takes a new file; one that does not exist yet can be
+    made (its nearest existing ancestor is a writable directory)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return [f"{flag} {_path(path)} is a file, not a directory; give a directory (it is created if needed)"]
+    ancestor = os.path.abspath(path)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        return [f"{flag} {_path(path)} cannot be created: {_path(ancestor)} is a file"]
+    if why := _probe(ancestor):
+        return [f"{flag} {_path(path)}: cannot write in {_path(ancestor)} ({why}); give a writable directory"]
+    return []
+
+
+def _probe(directory: str) -> str | None:
+    """Why a new file cannot be made in `directory` (by making and removing one; permission bits do not say
+    for root or on a read-only filesystem), or None."""
+    probe = os.path.join(directory, f".partita-probe-{socket.gethostname()}-{os.getpid()}")
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+# ---- the environment -----------------------------------------------------------------------------------------
+
+WORKER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+"""What torchrun (and deepspeed, accelerate, a Kubeflow PyTorchJob ...) sets for each process it starts: the
+environment of a worker, which runtime.launcher.mesh reads to find its place in the job."""
+
+
+def job_environment_error(environ) -> str | None:
+    """A launcher (`partita run`, runtime.train with launcher flags) started with a worker's variables: it would
+    take them for its own place in a job it is not part of, and its pre-flight, run as that rank, said
+    nothing (only rank 0 reports). One line saying what to do, or None."""
+    found = [name for name in WORKER_VARIABLES if name in environ]
+    if not found:
+        return None
+    shown = ", ".join(f"{name}={one_line(environ[name], 40)}" for name in found)
+    return (f"{shown} {'is' if len(found) == 1 else 'are'} set, as for one worker of another launcher's job "
+            "(torchrun, deepspeed, a PyTorchJob): partita run is itself the launcher and starts the plan's ranks; "
+            f"run it outside another launcher, once per node (several nodes: --nnodes N --rdzv-endpoint HOST:PORT), "
+            f"or unset {' and '.join(found)}")

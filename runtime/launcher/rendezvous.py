@@ -1,0 +1,225 @@
+"""The rendezvous of several nodes, watched: a deadline, progress lines while waiting, one line when it fails.
+
+torchrun's c10d rendezvous waits in silence (10 minutes by default) and fails with an empty message, and an
+endpoint whose port another program holds hangs in the store's connect retries and prints pages of C++ frames.
+partita's launcher (runtime.api.agent) uses the same c10d rendezvous under its own backend name, BACKEND,
+whose handler only adds watching:
+
+- `check_endpoint`, before anything starts: on the node that hosts the endpoint, a port that cannot be bound
+  must belong to a rendezvous store (another node of this job on the same machine); any other program holding
+  it is one line. The probe runs in a child process with a deadline (a store client connecting to a silent
+  program never returns) and its own stderr (the store's C++ retry warnings).
+- While waiting: each node adds itself to a counter in the rendezvous store (a key of this job and round),
+  and a thread prints `partita: rendezvous at HOST:PORT: 1 of 2 nodes joined (12 s of 300 s)` to stderr when
+  the count changes and every `EVERY` seconds; nothing when the rendezvous completes within `QUIET` seconds.
+- The deadline `timeout` (--rdzv-timeout, default DEFAULT_TIMEOUT) bounds both the join and the wait for the
+  store itself on a node that does not host it; `failure_line` turns torch's rendezvous errors into one line
+  with the count last seen.
+"""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from partita.costmodel.errors import PartitaError
+from partita.runtime.loop.console import stderr_line
+
+BACKEND = "partita-c10d"
+DEFAULT_TIMEOUT = 300.0
+"""Seconds: long enough for the nodes of one batch allocation to start, short of torchrun's 600."""
+QUIET, EVERY = 3.0, 15.0
+KEY = "partita/rendezvous/{run_id}/{round}"
+
+
+@dataclass
+class Seen:
+    """What the watcher last saw, for the failure line."""
+
+    joined: int = 0
+    expected: int = 0
+    endpoint: str = ""
+    timeout: float = DEFAULT_TIMEOUT
+
+
+SEEN = Seen()
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise PartitaError(f"--rdzv-endpoint {endpoint!r} must be HOST:PORT with a port from 1 to 65535")
+    return host.strip("[]"), int(port)
+
+
+def _is_local(host: str) -> bool:
+    if host in ("localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        return any(a[4][0].startswith("127.") for a in socket.getaddrinfo(host, None)) or \
+            host in {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None)}
+    except OSError:
+        return False
+
+
+def _can_bind(host: str, port: int) -> bool:
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, port))
+        return True
+    except OSError:
+        return False
+
+
+_PROBE = """
+import datetime, os, sys, threading
+import torch.distributed as d
+host, port, wait = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+answered = []
+threading.Thread(target=lambda: answered.append(d.TCPStore(host, port, is_master=False, use_libuv=True,
+                 timeout=datetime.timedelta(seconds=wait))), daemon=True).start()
+for _ in range(int(wait * 10)):
+    if answered:
+        break
+    threading.Event().wait(0.1)
+os._exit(0 if answered else 1)  # a client connected to a silent program never returns: do not wait for it
+"""
+
+
+def _is_store(host: str, port: int, wait: float) -> bool:
+    """Whether a c10d store answers at host:port within `wait` seconds (in a child process: see the module
+    docstring)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE, host, str(port), str(wait)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=wait + 120)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
+
+
+def check_endpoint(endpoint: str, wait: float = 5.0) -> None:
+    """PartitaError (one line) when this node hosts `endpoint` and another program holds its port."""
+    host, port = split_endpoint(endpoint)
+    if not _is_local(host) or _can_bind(host, port) or _is_store(host, port, wait):
+        return
+    raise PartitaError(f"rendezvous endpoint {host}:{port}: the port is held by another program, not a rendezvous "
+                       "store: choose a free port for --rdzv-endpoint (the same on every node)")
+
+
+class _Ticker:
+    """A thread printing the rendezvous' progress (module docstring) until stopped."""
+
+    def __init__(self, count, expected: int):
+        self.count, self.expected = count, expected
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join(timeout=5)
+
+    def _run(self) -> None:
+        start, last_line, last_count = time.monotonic(), 0.0, None
+        while not self.done.wait(1.0):
+            now = time.monotonic() - start
+            try:
+                joined = self.count()
+            except Exception:  # noqa: BLE001 -- the store went away: the rendezvous itself will say why
+                return
+            if joined is not None:
+                SEEN.joined = joined
+            if now < QUIET or (joined == last_count and now - last_line < EVERY):
+                continue
+            what = f"{joined} of {self.expected} nodes joined" if joined is not None else \
+                "waiting for the node that hosts the rendezvous store"
+            stderr_line(f"partita: rendezvous at {SEEN.endpoint}: {what} ({now:.0f} s of {SEEN.timeout:g} s)")
+            last_line, last_count = now, joined
+
+
+def _handler_type():
+    from torch.distributed.elastic.rendezvous import RendezvousHandler
+
+    class Watched(RendezvousHandler):
+        """torch's c10d DynamicRendezvousHandler, each `next_rendezvous` counted and watched."""
+
+        def __init__(self, inner, store, run_id: str, expected: int):
+            self.inner, self.store, self.run_id, self.expected, self.rounds = inner, store, run_id, expected, 0
+
+        def next_rendezvous(self):
+            self.rounds += 1
+            key = KEY.format(run_id=self.run_id, round=self.rounds)
+            self.store.add(key, 1)
+            with _Ticker(lambda: self.store.add(key, 0), self.expected):
+                return self.inner.next_rendezvous()
+
+        def get_backend(self) -> str:
+            return BACKEND  # the registry checks that a handler is of the backend asked for
+
+        @property
+        def use_agent_store(self) -> bool:
+            return self.inner.use_agent_store
+
+        def is_closed(self) -> bool:
+            return self.inner.is_closed()
+
+        def set_closed(self):
+            return self.inner.set_closed()
+
+        def num_nodes_waiting(self) -> int:
+            return self.inner.num_nodes_waiting()
+
+        def get_run_id(self) -> str:
+            return self.inner.get_run_id()
+
+        def shutdown(self) -> bool:
+            return self.inner.shutdown()
+
+    return Watched
+
+
+def _create(params):
+    """The registry's creator for BACKEND: torch's c10d backend and handler, watched."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+    SEEN.expected = params.max_nodes
+    with _Ticker(lambda: None, params.max_nodes):  # a node that does not host the store waits for it here
+        backend, store = create_backend(params)
+    return _handler_type()(create_handler(store, backend, params), store, params.run_id, params.max_nodes)
+
+
+def register(endpoint: str, timeout: float) -> list[str]:
+    """Register BACKEND with torch's rendezvous registry (once) and return torchrun's rendezvous arguments."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+    SEEN.endpoint, SEEN.timeout, SEEN.joined = endpoint, timeout, 0
+    try:
+        rendezvous_handler_registry.register(BACKEND, _create)
+    except ValueError:  # registered before in this process
+        pass
+    seconds = max(1, round(timeout))
+    return [f"--rdzv-backend={BACKEND}", f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-conf=join_timeout={seconds},read_timeout={seconds}"]
+
+
+def failure_line(e: BaseException) -> str | None:
+    """One line for a rendezvous failure (torch's RendezvousError family), or None for anything else."""
+    from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError, RendezvousConnectionError,
+                                                          RendezvousError, RendezvousTimeoutError)
+    where = f"rendezvous at {SEEN.endpoint}"
+    if isinstance(e, RendezvousTimeoutError):
+        return (f"{where} timed out after {SEEN.timeout:g} s with {SEEN.joined} of {SEEN.expected} nodes joined: "
+                "start the same command on every node, or give them longer with --rdzv-timeout")
+    if isinstance(e, RendezvousConnectionError):
+        return (f"{where}: no rendezvous store answered within {SEEN.timeout:g} s: start the node that hosts "
+                "HOST first (or together), and check that HOST:PORT is reachable from here")
+    if isinstance(e, RendezvousClosedError):
+        return f"{where} is closed (its job has ended): give this run another --rdzv-id"
+    if isinstance(e, RendezvousError):
+        return f"{where} failed: {' '.join(str(e).split()) or type(e).__name__}"
+    return None

@@ -1,0 +1,572 @@
+"""One training run under a plan: shared by the `partita.runtime.train` entry point and the Python API (runtime.api).
+
+`prepare` runs on every rank before any process group exists: the plan's pre-flight checks, the data
+source, the fault switch, and the checkpoint to resume from (validated), so a bad plan, data file or
+checkpoint stops the run with one line before the first step. `execute` trains inside the process
+group: build and parallelize the model, load the checkpoint, run the steps, save checkpoints, stop on a
+non-finite loss, measure, and (--verify) compare with single-process training.
+
+Each step: forward and backward of this rank's data-parallel slice (runtime.parallel.apply), the loss averaged
+over dp (one all-reduce), a non-finite loss stops the run before the optimizer step (NonFiniteLoss),
+then the optimizer step. With `checkpoint_every` N > 0 a checkpoint is saved after every N-th step and
+after the last (runtime.checkpoint).
+
+--verify (runtime.loop.verify): every rank trains, rank 0 also trains the unpartitioned reference, and the run's
+losses and final parameters are compared with it; a bf16 run also gets an fp32 verification pass of the
+same layout (`_verification_pass`), which is what is judged tightly. Every rank computes the same checks
+(the reference's losses are broadcast, parameter differences all-reduced), so all return the same code.
+
+Resuming: with `resume`, or on a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) when a checkpoint
+directory is given, training continues from the latest complete checkpoint there (from step 0 if there
+is none yet). Batches depend only on (seed, step), so the continued run sees the batches the
+uninterrupted one would have, whatever the plan and world size.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from partita.costmodel import PartitaError, model_fingerprint
+from partita.costmodel.models import ModelSpec, with_seq
+from partita.planner.plan import Plan
+from partita.runtime.launcher.inputs import option_errors, output_errors
+from partita.runtime import checkpoint as ckpt
+from partita.runtime.parallel import ep as expert_parallel
+from partita.runtime.parallel import batchnorm
+from partita.runtime.loop import memory
+from partita.runtime.parallel.apply import make_executor, make_plan_optimizer, settle_ddp_buckets
+from partita.runtime.launcher.checks import build_meta, optimizer_name, preflight
+from partita.runtime.loop.console import STDOUT
+from partita.runtime.parallel.cp import replica_mesh
+from partita.runtime.data import make_data
+from partita.runtime.checkpoint import ownership
+from partita.runtime.loop.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
+from partita.runtime.launcher.mesh import Topology, backend_for, init
+from partita.runtime.loop.guards import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, EXIT_VERIFY, NonFiniteLoss,  # noqa: F401
+                                    NonFiniteParameters, Stopped, keep_partial, params_finite, reduce_loss_and_stop)
+from partita.runtime.checkpoint.resume import Candidates, candidates, start_checkpoints
+from partita.runtime.launcher.sizes import check_sizes
+from partita.runtime.loop.stop import StopSignal, record_step
+from partita.runtime.parallel.precision import train_dtype
+from partita.runtime.loop.progress import DEFAULT_EVERY, Progress, summary_writer
+from partita.runtime.loop.recipe import build_model
+from partita.runtime.loop.report import RunResult, preamble, render
+from partita.runtime.loop.verify import (PARAM_TOLERANCE, TOLERANCE, VERIFY_DTYPE, Check, GradientRMS, compare, failures,
+                            loss_check, param_checks, param_stats, reference_run, shared_names)
+
+@dataclass
+class RunOptions:
+    steps: int = 10
+    seed: int = 0
+    lr: float = 1e-3
+    verify: bool = False
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    max_restarts: int = 0
+    data: object = None
+    """A token file, a `package.module:factory` of a torch dataset, or a Dataset itself (runtime.data)."""
+    data_dtype: str | None = None
+    losses_out: str | None = None
+    sync_batchnorm: bool = False
+    """BatchNorm normalises over the whole data-parallel batch (runtime.parallel.batchnorm)."""
+    log_every: int = DEFAULT_EVERY
+    """A progress line after every N-th step (runtime.loop.progress; 0: none)."""
+    tensorboard: str | None = None
+    """A directory rank 0 writes TensorBoard scalars into."""
+    keep: int = 0
+    """With checkpoint_every: keep only the newest `keep` checkpoints of this run (0: all)."""
+    print_report: bool = True
+    memory_trace: bool = True
+    """On CPU, measure the peak memory of a training step with the allocator trace (`_measure_step`):
+    one extra step after the run, whose effects are undone. Off: the tracked figure (runtime/loop/memory.py)."""
+
+
+@dataclass
+class CheckedResult(RunResult):
+    """A RunResult with --verify's checks (runtime.loop.verify.Check): `verified` is whether all of them passed."""
+
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def verified(self) -> bool | None:
+        if self.reference_losses is None:
+            return None
+        return all(c.passed for c in self.checks) if self.checks else super().verified
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "checks": [c.as_dict() for c in self.checks]}
+
+    @property
+    def failure(self) -> str:
+        """One line naming what diverged ("verify FAILED: ..."), or "" when every check passed."""
+        return failures(self.checks)
+
+    def report_lines(self) -> list[str]:
+        """The checks beyond the run's losses (which `render` prints) and the verdict, naming what diverged."""
+        if self.reference_losses is None:
+            return []
+        elementwise = ([f"verify: max |parameter - reference| = {self.param_max_abs_diff:.2e} (elementwise, "
+                        "reported, not judged)"] if self.param_max_abs_diff is not None else [])
+        return elementwise + [c.line() for c in self.checks[1:]] + [failures(self.checks) or "verify: OK"]
+
+    def for_render(self) -> RunResult:
+        """The plain RunResult `render` takes: its verify line is the run's loss check alone, and the
+        parameter differences are printed by `report_lines`."""
+        plain = RunResult(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RunResult)})
+        plain.param_max_abs_diff = None
+        return plain
+
+
+@dataclass
+class Prepared:
+    notes: list[str] = field(default_factory=list)
+    data: object = None
+    resume: ckpt.Checkpoint | None = None
+    """The newest checkpoint that passed the pre-flight checks; execute then takes the newest intact one."""
+    metadata: object = None
+    candidates: Candidates | None = None
+    """Checkpoints a continuing run may resume from (runtime.checkpoint.resume), newest first; None: not continuing."""
+    attempt: int = 0
+    device_note: str | None = None
+    """The plan was priced for another kind of device (`device_note`): printed by rank 0 before training,
+    and kept in the report's notes."""
+
+
+def attempt_number() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def at_seq_len(spec: ModelSpec, seq: int | None) -> ModelSpec:
+    """The model at the plan's sequence length `seq` (its `train.seq_len`), the one source of it: a MODEL
+    string names a model whose default length may differ from the `--seq` it was planned at (presets,
+    gpt:/llama: families, hf: models). A model of fixed shape is returned as it is; the pre-flight check
+    then names the mismatch."""
+    if seq is None or spec.seq_len is None or seq == spec.seq_len:
+        return spec
+    try:
+        return with_seq(spec, seq)
+    except PartitaError:
+        return spec
+
+
+def device_note(plan: Plan, world: int, device: torch.device | None = None) -> str | None:
+    """One line when the plan was priced for another kind of device than the one this run uses (a GPU
+    plan on CPU processes, or a CPU plan on GPUs): its predicted step time and memory are of that device."""
+    planned = plan.cluster.get("device")
+    if not planned:
+        return None
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if (planned == "cpu") == (device.type == "cpu"):
+        return None
+    count = plan.cluster.get("num_devices") or plan.mesh.world_size
+    here = (f"{world} CPU process(es) ({backend_for(device)})" if device.type == "cpu"
+            else f"{world} GPU(s) ({torch.cuda.get_device_name(device)}, {backend_for(device)})")
+    return (f"note: this plan was made for {count} x {planned}; running it on {here}: its predicted step time "
+            "does not apply here")
+
+
+def _batchnorm_notes(plan: Plan, spec: ModelSpec, opts: RunOptions) -> list[str]:
+    model = build_meta(spec)
+    if opts.sync_batchnorm and not batchnorm.batchnorm_layers(model):
+        return ["note: --sync-batchnorm: the model has no BatchNorm layer"]
+    line = batchnorm.note(model, plan.mesh.dp * plan.mesh.cp, plan.schedule.num_microbatches, opts.sync_batchnorm)
+    return [line] if line else []
+
+
+def build(spec: ModelSpec, opts: RunOptions, topo: Topology):
+    """The model on this rank's device, initialised as on every rank, its BatchNorm synchronised on request."""
+    model = build_model(spec, seed=opts.seed).to(topo.device)
+    if opts.sync_batchnorm:
+        batchnorm.synchronise(model, replica_mesh(topo).get_group())
+    return model
+
+
+def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ranks: int | None = None) -> Prepared:
+    """Every check that can fail before training (PartitaError, one line). No process group needed.
+    `local_ranks`: the ranks on this host (default: torchrun's LOCAL_WORLD_SIZE, else `world`)."""
+    data_file = opts.data if isinstance(opts.data, (str, os.PathLike)) else None
+    errors = option_errors(lr=opts.lr, seed=opts.seed) + output_errors(
+        losses_out=opts.losses_out, tensorboard=opts.tensorboard, inputs={"the --data file": data_file})
+    if errors:
+        raise PartitaError(errors[0])
+    if opts.steps < 1:
+        raise PartitaError("--steps must be at least 1")
+    if opts.checkpoint_every < 0:
+        raise PartitaError("--checkpoint-every must be >= 0")
+    if opts.keep < 0:
+        raise PartitaError("--keep must be >= 0")
+    if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
+        raise PartitaError(f"{'--resume' if opts.resume else '--checkpoint-every'} needs --checkpoint-dir")
+    prep = Prepared(notes=preflight(plan, spec, world), attempt=attempt_number())
+    prep.notes += expert_parallel.check_run(plan, spec, opts.checkpoint_dir, opts.verify)
+    prep.device_note = device_note(plan, world)
+    prep.data = make_data(spec, plan.train["global_batch"], opts.seed, opts.data, opts.data_dtype)
+    check_sizes(plan, spec, prep.data, local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    parse_faults(os.environ.get(FAULT_ENV))
+    if opts.verify and (p := dropout_probability(spec)):
+        prep.notes.append(f"note: the model has dropout (p={p:g}): a parallel layout draws its random masks in "
+                          "another order than one process, so --verify can fail on a correct plan; verify with "
+                          "dropout off")
+    prep.notes += _batchnorm_notes(plan, spec, opts)
+    if opts.tensorboard:
+        summary_writer()  # one line now if tensorboard is missing, not after the first step
+    if opts.max_restarts and not opts.checkpoint_dir:
+        prep.notes.append("note: --max-restarts without --checkpoint-dir: a restarted attempt trains from step 0")
+    elastic = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
+    if opts.max_restarts and elastic is not None and int(elastic) != opts.max_restarts:
+        prep.notes.append(f"note: --max-restarts {opts.max_restarts}, but torchrun allows {elastic} restarts")
+    continuing = opts.resume or (prep.attempt > 0 and bool(opts.checkpoint_dir))
+    if opts.checkpoint_dir and opts.checkpoint_every:  # a run that writes checkpoints (runtime.checkpoint.ownership)
+        ownership.refuse_foreign(opts.checkpoint_dir, continuing)
+        ownership.check_writable(opts.checkpoint_dir)
+    if continuing:
+        prep.candidates = candidates(plan, spec, opts.checkpoint_dir, opts.steps, prep.data.describe())
+        if not prep.candidates.found:
+            prep.notes.append(f"no checkpoint in {opts.checkpoint_dir} yet: training from step 0")
+        else:
+            newest = prep.candidates.found[0]
+            prep.resume, prep.metadata = newest.checkpoint, newest.metadata
+            prep.notes += newest.notes
+    return prep
+
+
+def dropout_probability(spec: ModelSpec) -> float:
+    """The largest dropout probability the model trains with: a `dropout` in its config (gpt:/llama:
+    families), an nn.Dropout module (user modules), or a *drop* probability of a HuggingFace config
+    (dropout, attention_dropout, resid_pdrop ...); 0 when none."""
+    found = [float(spec.config.get("dropout") or 0.0)]
+    for m in build_meta(spec).modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            found.append(m.p)
+        config = getattr(m, "config", None)
+        if config is not None and hasattr(config, "to_dict"):
+            found += [v for k, v in config.to_dict().items()
+                      if "drop" in k and isinstance(v, float) and not isinstance(v, bool) and v < 1.0]
+    return max(found)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _reduce_loss(executor, loss: torch.Tensor, topo: Topology) -> float:
+    """The step's global mean loss on every rank: one holder per (dp, cp) rank -- each cp rank's loss is the
+    mean over its equal share of the tokens (runtime.parallel.cp) --, the sum over them / (dp x cp)."""
+    held = loss if executor.holds_loss else torch.zeros_like(loss)
+    dist.all_reduce(held)
+    return held.item() / (topo.dp * topo.cp)
+
+
+def _allreduce(values: list[float], op, device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+class _Snapshot:
+    """Parameters, buffers, gradients, optimizer state and the RNG state of this rank, put back by `restore`."""
+
+    def __init__(self, executor, opt: torch.optim.Optimizer):
+        with torch.no_grad():
+            tensors = [*executor.params, *(b for m in executor.modules for b in m.buffers())]
+            self.tensors = [(t, memory.local(t).detach().clone()) for t in tensors]
+            self.grads = [(p, p.grad) for p in executor.params]
+            self.state = {p: {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in st.items()}
+                          for p, st in opt.state.items()}
+        self.opt, self.rng = opt, torch.get_rng_state()
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for t, saved in self.tensors:
+                memory.local(t).copy_(saved)
+        for p, g in self.grads:
+            p.grad = g
+        for p in list(self.opt.state):
+            if p in self.state:
+                self.opt.state[p] = self.state[p]
+            else:
+                del self.opt.state[p]
+        torch.set_rng_state(self.rng)
+
+
+def _ddp_bucket_bytes(executor) -> int:
+    """Bytes of DDP's gradient buckets (allocated when DDP is built, so before any traced step)."""
+    ddp = getattr(executor, "ddp", None)
+    if ddp is None:
+        return 0
+    try:
+        info = ddp._get_ddp_logging_data()
+    except (AttributeError, RuntimeError):  # a private API: without it the buckets go uncounted
+        return 0
+    sizes = str(info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes") or "")
+    return sum(int(b) for b in sizes.replace(",", " ").split())
+
+
+def _measure_step(executor, opt: torch.optim.Optimizer, data, topo: Topology, k: int,
+                  warm: bool) -> memory.StepMemory:
+    """One more training step (forward, backward, loss reduce, optimizer) on the batch of step k + 1, after
+    the run, under the allocator trace (runtime.loop.memory.trace_training_step); every rank takes it. The
+    parameters, buffers, gradients, optimizer state and RNG state are put back afterwards, so the run's
+    results are those of its reported steps, and the timed steps never run under the profiler. `warm`:
+    fewer than two steps ran, so one untraced step goes first (DDP rebuilds its buckets in its second
+    step; pipeline stages allocate their buffers in the first)."""
+    snapshot = _Snapshot(executor, opt)
+
+    def one(trace=None):
+        phase = trace.phase if trace is not None else (lambda name: contextlib.nullcontext())
+        with phase("data"):
+            batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
+        with phase("step"):
+            loss = executor.step(batch)
+        with phase("loss"):
+            held = loss if executor.holds_loss else torch.zeros_like(loss)
+            dist.all_reduce(held)
+        with phase("optimizer"):
+            opt.step()
+
+    try:
+        if warm:
+            opt.zero_grad(set_to_none=True)
+            one()
+        return memory.trace_training_step(one, executor.params, opt, executor.modules, _ddp_bucket_bytes(executor))
+    finally:
+        snapshot.restore()
+
+
+def _manifest(plan: Plan, spec: ModelSpec, opts: RunOptions, data, fingerprint: str) -> dict:
+    return {"model": {"name": spec.name, "fingerprint": fingerprint},
+            "train": {"global_batch": plan.train["global_batch"], "seq_len": spec.seq_len,
+                      "optimizer": optimizer_name(plan), "dtype": plan.train.get("dtype") or "fp32", "lr": opts.lr},
+            "seed": opts.seed, "data": data.describe(), "world_size": plan.mesh.world_size,
+            "plan": {"mesh": asdict(plan.mesh), "zero_stage": plan.zero_stage, "schedule": asdict(plan.schedule)}}
+
+
+def throughput_unit(plan: Plan, spec: ModelSpec) -> tuple[str, int]:
+    """("tokens", tokens per step) for a model with a sequence length, else ("samples", the global batch): the
+    plan's unit too (planner.explain)."""
+    if spec.seq_len:
+        return "tokens", plan.train["global_batch"] * spec.seq_len
+    return "samples", plan.train["global_batch"]
+
+
+def _header(plan: Plan, spec: ModelSpec, opts: RunOptions, topo: Topology, data) -> str:
+    m, s = plan.mesh, plan.schedule
+    sched = s.name + (f" v={s.virtual_stages}" if s.virtual_stages > 1 else "")
+    src = data.describe()
+    where = {"file": f"tokens of {src.get('path')}", "dataset": f"dataset {src.get('factory')}"}.get(src["kind"],
+                                                                                                 "synthetic data")
+    batch = f"{plan.train['global_batch']} x {spec.seq_len} tokens" if spec.seq_len else f"{plan.train['global_batch']} samples"
+    return (f"partita run: {spec.name} on {m.world_size} rank(s) (pp={m.pp} dp={m.dp}{f' ep={m.ep}' if m.ep > 1 else ''}{f' cp={m.cp}' if m.cp > 1 else ''} tp={m.tp}, "
+            f"{sched} x{s.num_microbatches} microbatches, zero_stage {plan.zero_stage}, "
+            f"{plan.train.get('dtype') or 'fp32'}, {optimizer_name(plan)}), {dist.get_backend()}/{topo.device.type}, "
+            f"global batch {batch} ({where}), {opts.steps} steps")
+
+
+def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tuple[RunResult, int]:
+    """Train under the plan on this rank (every rank calls it); returns (result, exit code: 0, or 1 when
+    --verify found a difference). Raises NonFiniteLoss, Stopped (a signal asked to stop), or PartitaError
+    raised alike on every rank. Holds the checkpoint directory's lock (rank 0) while it trains, and the stop
+    signals' handlers unless the entry point installed them (runtime.loop.stop)."""
+    topo = init(plan)
+    stop, lock = StopSignal.current, None
+    own_stop = stop is None
+    if own_stop:
+        stop = StopSignal().install()
+    try:
+        run_id, lock, notes = start_checkpoints(opts, prep, topo)
+        return _execute(plan, spec, opts, prep, topo, stop, run_id, notes)
+    finally:
+        ownership.release(lock)
+        if own_stop:
+            stop.restore()
+
+
+def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: Topology, stop: StopSignal,
+             run_id: str | None, notes: list[str]) -> tuple[RunResult, int]:
+    data, opt_name = prep.data, optimizer_name(plan)
+    notes = list(prep.notes) + ([prep.device_note] if prep.device_note else []) + notes
+    model = build(spec, opts, topo)
+    fingerprint = model_fingerprint(model)
+    names = [(n, p.shape) for n, p in model.named_parameters()]
+    executor = make_executor(model, plan, topo, spec)
+    del model
+    opt = make_plan_optimizer(executor, plan, opts.lr, opt_name)
+    start, kept = 0, []  # kept: (step, path) of the checkpoints this run stands on, oldest first
+    if prep.resume is not None:
+        if note := ckpt.load(prep.resume, prep.metadata, executor.modules, executor.params, opt):
+            notes.append(note)
+        start, kept = prep.resume.step, [(prep.resume.step, str(prep.resume.path))]
+    faults = Faults(topo.rank, opts.checkpoint_dir)
+    if start:
+        settle_ddp_buckets(executor, data, topo, start)
+    manifest = {**_manifest(plan, spec, opts, data, fingerprint), "run_id": run_id}
+    saved = memory.SavedActivations(executor.params)
+    if topo.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(topo.device)
+    losses, times, state, saves, save_time = [], [], 0, [], 0.0
+    if topo.rank == 0 and opts.print_report:  # before training: the progress lines and the report come after
+        first = [prep.device_note] if prep.device_note else []  # first of all, as the run's own preamble
+        STDOUT.line(preamble(_header(plan, spec, opts, topo, data), [n for n in notes if n not in first], first))
+    unit, per_step = throughput_unit(plan, spec)
+    progress = Progress(opts.steps, start, per_step, unit, console=topo.rank == 0 and opts.print_report,
+                        every=opts.log_every, tensorboard=opts.tensorboard if topo.rank == 0 else None)
+    try:
+        for k in range(start, opts.steps):
+            step = k + 1
+            batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
+            _sync(topo.device)
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            with saved:
+                loss = executor.step(batch)
+            faults.exit_during_step(step)
+            faults.raise_during_step(step)
+            faults.signal_during_step(step)
+            if faults.nan_at(step):
+                loss = loss * float("nan")
+            value, stopping = reduce_loss_and_stop(executor, loss, topo, stop.requested)
+            if not math.isfinite(value):
+                raise NonFiniteLoss(step, value, kept)
+            opt.step()
+            faults.inf_after_update(step, executor.params)
+            losses.append(value)
+            _sync(topo.device)
+            times.append(time.perf_counter() - t0)
+            progress.step(step, value, times[-1], topo.device)
+            state = max(state, memory.state_bytes(executor.params, opt))
+            stopping = stopping if step < opts.steps else 0  # asked during the last step: the run is done
+            if opts.checkpoint_every and (step % opts.checkpoint_every == 0 or step == opts.steps or stopping):
+                t1 = time.perf_counter()
+                if not params_finite(executor, topo):
+                    raise NonFiniteParameters(step, kept)
+                kept.append((step, str(ckpt.save(opts.checkpoint_dir, step, executor.modules, opt, manifest,
+                                                  topo.rank, faults, keep=opts.keep))))
+                save_time += time.perf_counter() - t1
+                saves.append(kept[-1][1])
+            record_step(step, opts.steps, kept[-1][1] if kept else None, bool(opts.checkpoint_every))
+            if stopping:
+                raise Stopped(stopping, step, opts.steps, kept[-1][1] if kept else None, bool(opts.checkpoint_every))
+        if not params_finite(executor, topo):  # what the run hands back (and --verify compares) is finite
+            raise NonFiniteParameters(opts.steps, kept)
+    except Exception as e:
+        keep_partial(opts, prep, topo, losses, start, saves, run_id, e)
+        raise
+    finally:
+        progress.close()
+    n = len(times)
+    tracked, step_memory, rss = state + saved.peak, None, memory.peak_rss_bytes()  # RSS before the extra step
+    reserved = torch.cuda.max_memory_reserved(topo.device) if topo.device.type == "cuda" else 0
+    if topo.device.type == "cuda":
+        peak, method = torch.cuda.max_memory_allocated(topo.device), memory.GPU_METHOD
+    elif opts.memory_trace and n:
+        step_memory = _measure_step(executor, opt, data, topo, opts.steps - 1, warm=n < 2)
+        step_memory.tracked_bytes = tracked
+        peak, method = step_memory.peak_bytes, memory.ALLOCATOR_METHOD
+    else:
+        peak, method = tracked, memory.CPU_METHOD
+    maxed = _allreduce(times + [peak, rss, tracked, reserved], dist.ReduceOp.MAX, topo.device)
+    result = CheckedResult(losses=losses, step_times=maxed[:n], peak_memory_bytes=int(maxed[n]), memory_method=method,
+                           peak_rss_bytes=int(maxed[n + 1]), tokens_per_step=per_step, unit=unit,
+                           peak_reserved_bytes=int(maxed[n + 3]) if topo.device.type == "cuda" else None,
+                           applied={**asdict(executor.applied), "summary": executor.applied.summary()},
+                           notes=notes, first_step=start, resumed_from=str(prep.resume.path) if prep.resume else None,
+                           attempt=prep.attempt, checkpoints=saves, checkpoint_time_s=save_time, run_id=run_id)
+    # beside RunResult's fields (runtime/loop/report.py): the tracked figure (largest rank), and this rank's
+    # allocator breakdown of the traced step (None when the figure is not the allocator's)
+    result.tracked_memory_bytes = int(maxed[n + 2])
+    result.memory_detail = step_memory.as_dict() if step_memory is not None else None
+    code = EXIT_OK
+    if opts.verify:
+        reference = _verify(result, plan, spec, opts, data, topo, executor, names)
+        if train_dtype(plan) != VERIFY_DTYPE:
+            del executor, opt, saved  # the pass builds its own copy of the model
+            gc.collect()
+            result.checks += _verification_pass(plan, spec, opts, data, topo, names, *reference)
+        code = EXIT_OK if result.verified else EXIT_VERIFY
+    else:
+        result.param_checksum = param_stats(executor.modules, _coords(topo), names, None, topo.device,
+                                            compare_params=False).checksum
+    if topo.rank == 0:
+        if opts.print_report:
+            STDOUT.line(render(result.for_render(), None, plan.predicted), *result.report_lines())
+        if opts.losses_out:
+            import json
+            with open(opts.losses_out, "w") as f:
+                json.dump({**result.to_json(), "tracked_memory_bytes": result.tracked_memory_bytes,
+                           "memory_detail": result.memory_detail}, f, indent=2)
+    return result, code
+
+
+def _coords(topo: Topology) -> dict[str, int]:
+    return {"dp": topo.dp_rank, "cp": topo.cp_rank, "tp": topo.tp_rank}  # cp ranks hold replicas (runtime.parallel.cp)
+
+
+def _verify(result: CheckedResult, plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo: Topology,
+            executor, names: list) -> tuple:
+    """--verify's checks of the run itself, on every rank: rank 0 trains the reference; the run's losses
+    and final parameters are compared with it (judged when the run is in VERIFY_DTYPE; a run in another
+    dtype then gets `_verification_pass`, runtime.loop.verify's docstring says why). Fills `result.checks`;
+    returns (reference model, initial model, reference losses, rounding-level tensors) for the pass (the
+    models on rank 0 only)."""
+    dtype, start, device = train_dtype(plan), result.first_step, topo.device
+    reference = initial = None
+    shared = torch.zeros(1 + opts.steps, dtype=torch.float64, device=device)
+    gradients = GradientRMS() if topo.rank == 0 else None
+    if topo.rank == 0:
+        initial = build_model(spec, opts.seed).to(device)
+        ref_losses, reference = reference_run(spec, data, opts.steps, opts.seed, opts.lr, device,
+                                              optimizer_name(plan), gradients)
+        shared[0] = sum(p.detach().double().sum() for p in reference.parameters())
+        shared[1:] = torch.tensor(ref_losses, dtype=torch.float64)
+    dist.broadcast(shared, src=0)  # the reference's checksum and losses on every rank
+    ref_losses = shared[1:].tolist()
+    noise = shared_names(gradients.at_rounding_level() if gradients else None, names, device)
+    result.reference_param_checksum = float(shared[0])
+    result.reference_losses = ref_losses[start:]
+    result.tolerance = TOLERANCE[dtype]
+    result.max_abs_diff, _ = compare(result.losses, result.reference_losses, result.tolerance)
+    stats = param_stats(executor.modules, _coords(topo), names, reference, device, compare_params=True,
+                        initial=initial)
+    result.param_checksum, result.param_max_abs_diff = stats.checksum, stats.max_abs_diff
+    judged = dtype == VERIFY_DTYPE
+    run = "" if judged else f"{_DTYPE_NAMES.get(dtype, str(dtype))} run, "
+    result.checks = [loss_check(f"{run}losses", result.losses, result.reference_losses, result.tolerance, start),
+                     *param_checks(f"{run}parameters after step {opts.steps}", stats, PARAM_TOLERANCE if judged else None,
+                                   optimizer_name(plan), noise, opts.lr, opts.steps)]
+    return reference, initial, ref_losses, noise
+
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _verification_pass(plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo: Topology, names: list,
+                       reference, initial, ref_losses: list[float], noise: list[str]) -> list[Check]:
+    """The plan's layout trained in VERIFY_DTYPE from the same init on the same batches (steps 1..steps, no
+    checkpoints, no faults), judged against the reference: losses and final parameters."""
+    verify_plan = dataclasses.replace(plan, train={**plan.train, "dtype": _DTYPE_NAMES[VERIFY_DTYPE]})
+    model = build(spec, opts, topo)
+    executor = make_executor(model, verify_plan, topo, spec)
+    del model
+    opt = make_plan_optimizer(executor, verify_plan, opts.lr, optimizer_name(plan))
+    losses = []
+    for k in range(opts.steps):
+        batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
+        opt.zero_grad(set_to_none=True)
+        losses.append(_reduce_loss(executor, executor.step(batch), topo))
+        opt.step()
+    stats = param_stats(executor.modules, _coords(topo), names, reference, topo.device, compare_params=True,
+                        initial=initial)
+    what = f"{_DTYPE_NAMES[VERIFY_DTYPE]} pass of the same layout"
+    return [loss_check(f"{what}, losses", losses, ref_losses, TOLERANCE[VERIFY_DTYPE]),
+            *param_checks(f"{what}, parameters after step {opts.steps}", stats, PARAM_TOLERANCE, optimizer_name(plan),
+                          noise, opts.lr, opts.steps)]

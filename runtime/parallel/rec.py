@@ -1,0 +1,596 @@
+"""Run a plan with embedding tables through TorchRec (the one module that imports it; `partita[rec]`).
+
+The model is split once by torch.fx, with its `nn.EmbeddingBag` tables as leaves (a recommendation model's
+table inputs never depend on table outputs):
+
+    ids(inputs)              -> the inputs of every table (the IDs, sliced from the batch as the model does)
+    dense(inputs, pooled...) -> the model's output, each table call replaced by its pooled vectors
+
+The tables become one TorchRec EmbeddingBagCollection (one feature per table), sharded by the plan's
+`embeddings` section (table_wise, column_wise, row_wise, table_row_wise, data_parallel on the listed ranks:
+TorchRec's ParameterSharding, `sharding_plan`) and wrapped in DistributedModelParallel with a fused
+optimizer (FBGEMM's EXACT_SGD / EXACT_ROWWISE_ADAGRAD / ADAM); the dense part is data-parallel (DDP, as
+partita runs a dp plan) or, where the plan shards it (zero_stage 3), FSDP2 over every rank, with the plan's
+dense optimizer, and so are data_parallel tables (TorchRec's "dense" kernel leaves their optimizer to the user).
+
+A TorchRec model (costmodel.sparse.kjt.KJTModel: an EmbeddingBagCollection and a KeyedJaggedTensor input) is not
+split: DistributedModelParallel shards its collections in place and wraps the rest in DDP, as TorchRec users
+run it (shard_collections). Under a sharded dense plan each part of the model without a collection is its own
+FSDP2 unit; the collection keeps its data_parallel tables in its own DDP, and what neither holds has its
+gradients averaged by hand after the backward (replicated_by_hand).
+
+Gradients: each rank's loss is the mean over its b = B / R samples. DDP (or FSDP2's reduce-scatter) averages
+dense gradients over the ranks, which gives the gradient of the mean over B, and TorchRec's backward all-to-all and reduce-scatter
+divide the pooled gradients they sum by R (torchrec.distributed.comm_ops' gradient division, on by
+default), so a sharded table gets the same: the run trains what single-process training on the global
+batch trains. `--verify` checks it step by step (losses within the fp32 tolerance) and, after the last
+step, every rank's table pieces against the reference's tables (a piece the run never updated, or updated
+at another scale, is off by a large part of the reference's change).
+
+On CPU (gloo) every table runs FBGEMM's CPU kernel ("fused"): the UVM and UVM-caching kernels of a host or
+cache placement need a GPU, so a plan that places tables there says so in one line and runs them from
+memory; on GPUs the plan's placements become TorchRec's compute kernels and cache load factors.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+import torch.nn as nn
+
+from partita.costmodel import PartitaError, model_fingerprint
+from partita.costmodel.sparse.embeddings import find_tables, table_modules
+from partita.costmodel.sparse.kjt import KJT_PREFIX, is_ebc
+from partita.costmodel.sparse.costs import TORCHREC_KERNELS
+from partita.planner.plan import Plan, PlanError
+from partita.runtime.parallel.apply import average_grads
+from partita.runtime.loop.console import STDOUT
+from partita.runtime.data import derived_seed
+
+FP32_TOLERANCE = 1e-5
+PARAM_TOLERANCE = 1e-3
+"""Of the reference's largest change to a table (elementwise, after the run): a piece never updated is off by 1."""
+ADAGRAD_EPS = 1e-8
+
+
+def require_torchrec() -> None:
+    try:
+        import fbgemm_gpu  # noqa: F401
+        import torchrec  # noqa: F401
+    except Exception as e:  # noqa: BLE001 -- ImportError, or fbgemm's own load errors
+        raise PartitaError(f"this plan has embedding tables, which run through TorchRec: pip install 'partita[rec]' "
+                           f"and then pip install --no-deps torchrec==1.8.0 (on GPU hosts: pip install torchrec "
+                           f"fbgemm-gpu) ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+
+
+def table_key(fqn: str) -> str:
+    """The TorchRec table and feature name of the table at module `fqn`."""
+    return fqn.replace(".", "__")
+
+
+def check(plan: Plan, spec, world: int) -> list[str]:
+    """The plan against the model and world size, before any process group; notes worth printing."""
+    if world != plan.mesh.world_size:
+        raise PlanError(f"plan is for {plan.mesh.world_size} ranks but WORLD_SIZE is {world}")
+    with torch.device("meta"):
+        model = spec.build()
+    want = plan.model.get("fingerprint")
+    if want is not None and want != (got := model_fingerprint(model)):
+        raise PlanError(f"plan was made for model {plan.model.get('name')!r} with fingerprint {want}, but --model "
+                        f"{spec.name} has fingerprint {got} (different parameters)")
+    have = {t.name: t for t in find_tables(model)}
+    plain = [n for n, t in have.items() if not t.key]
+    if plain and len(plain) < len(have):
+        raise PlanError(f"--model {spec.name} holds TorchRec EmbeddingBagCollections and plain nn.EmbeddingBag tables "
+                        f"({plain[0]}); partita runs one kind per model: put {plain[0]} in a collection")
+    planned = {t["name"]: t for t in plan.embeddings["tables"]}
+    if set(have) != set(planned):
+        raise PlanError(f"the plan's tables ({', '.join(sorted(planned)[:4])} ...) are not --model {spec.name}'s "
+                        f"({', '.join(sorted(have)[:4])} ...)")
+    for name, t in planned.items():
+        if (t["rows"], t["dim"]) != (have[name].rows, have[name].dim):
+            raise PlanError(f"table {name} is {have[name].rows} x {have[name].dim} in --model {spec.name}, "
+                            f"{t['rows']} x {t['dim']} in the plan")
+    require_torchrec()
+    elsewhere = [t["name"] for t in planned.values() if t.get("placement", "hbm") != "hbm"]
+    if elsewhere and not torch.cuda.is_available():
+        return [f"{len(elsewhere)} table(s) placed in host memory or an HBM cache ({elsewhere[0]} ...) run from "
+                "memory here: UVM kernels need a GPU"]
+    return []
+
+
+# ----------------------------------------------------------------------------------------------- the split
+
+class _Tracer(fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return isinstance(m, nn.EmbeddingBag) or super().is_leaf_module(m, qualname)
+
+
+def split(model: nn.Module) -> tuple[fx.GraphModule, fx.GraphModule, list[str]]:
+    """(ids, dense, table FQNs in call order): module docstring."""
+    graph = _Tracer().trace(model)
+    calls = [n for n in graph.nodes if n.op == "call_module"
+             and isinstance(model.get_submodule(n.target), nn.EmbeddingBag)]
+    names = [n.target for n in calls]
+    if len(set(names)) != len(names):
+        raise PlanError("a table is looked up twice in one forward; TorchRec pools each feature once")
+    for n in calls:
+        if len(n.args) != 1 or n.kwargs:
+            raise PlanError(f"table {n.target} is called with offsets or weights; the TorchRec runtime takes "
+                            "(batch, IDs per sample) inputs")
+    ids_graph = copy.deepcopy(graph)
+    ids_calls = [n for n in ids_graph.nodes if n.op == "call_module" and n.target in names]
+    out = next(n for n in ids_graph.nodes if n.op == "output")
+    out.args = (tuple(n.args[0] for n in ids_calls),)
+    for n in ids_calls:
+        n.replace_all_uses_with(n.args[0])
+        ids_graph.erase_node(n)
+    last_input = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    with graph.inserting_after(last_input):
+        pooled = []
+        for _ in calls:  # each inserted right after the inputs: created last-first, they end in call order
+            pooled.insert(0, graph.placeholder(f"pooled_{len(calls) - 1 - len(pooled)}"))
+    for n, p in zip(calls, pooled):
+        n.replace_all_uses_with(p)
+        graph.erase_node(n)
+    out = []
+    for g in (ids_graph, graph):
+        gm = fx.GraphModule(model, g)
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+        out.append(gm)
+    return out[0], out[1], names
+
+
+class _Sparse(nn.Module):
+    def __init__(self, ebc: nn.Module):
+        super().__init__()
+        self.ebc = ebc
+
+    def forward(self, kjt):
+        return self.ebc(kjt)
+
+
+class RecModel(nn.Module):
+    """ids -> the sharded tables (DistributedModelParallel) -> the dense part (DDP, or FSDP2 units)."""
+
+    def __init__(self, ids: fx.GraphModule, dense: nn.Module, sparse: nn.Module, keys: list[str]):
+        super().__init__()
+        self.ids, self.dense, self.sparse, self.keys = ids, dense, sparse, keys
+
+    def forward(self, *inputs):
+        from torchrec import KeyedJaggedTensor
+        per_table = self.ids(*inputs)
+        batch, pooling = per_table[0].shape[0], [t.shape[1] for t in per_table]
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=self.keys, values=torch.cat([t.reshape(-1) for t in per_table]),
+            lengths=torch.cat([torch.full((batch,), p, dtype=torch.int32) for p in pooling]))
+        out = self.sparse(kjt)
+        pooled = out.wait().to_dict() if hasattr(out, "wait") else out.to_dict()
+        return self.dense(*inputs, *(pooled[k] for k in self.keys))
+
+
+# ---------------------------------------------------------------------------------------- sharding
+
+def kernel(table: dict, device_type: str) -> str:
+    """TorchRec's compute kernel for a planned table: its placement's on GPUs, FBGEMM's CPU kernel on CPU."""
+    if table["sharding"] == "data_parallel":
+        return "dense"
+    return TORCHREC_KERNELS[table.get("placement", "hbm")] if device_type == "cuda" else "fused"
+
+
+def _generators(plan: Plan, device_type: str) -> dict:
+    from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise, table_row_wise, table_wise
+    out = {}
+    per_node = plan.cluster.get("devices_per_node") or plan.mesh.world_size
+    for t in plan.embeddings["tables"]:
+        kind, ranks = t["sharding"], t["ranks"]
+        k = kernel(t, device_type)
+        out[table_key(t["name"])] = {
+            "data_parallel": lambda: data_parallel(),
+            "table_wise": lambda: table_wise(rank=ranks[0], compute_kernel=k),
+            "column_wise": lambda: column_wise(ranks=list(ranks), compute_kernel=k),
+            "row_wise": lambda: row_wise(compute_kernel=k),
+            "table_row_wise": lambda: table_row_wise(host_index=ranks[0] // per_node),
+        }[kind]()
+    return out
+
+
+def fused_params(optimizer: str, lr: float) -> dict:
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    kind = {"sgd": EmbOptimType.EXACT_SGD, "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            "adam": EmbOptimType.ADAM}[optimizer]
+    return {"optimizer": kind, "learning_rate": lr, "eps": ADAGRAD_EPS}
+
+
+def _module_plan(plan: Plan, ebc: nn.Module, generators: dict, device: torch.device, keys: dict[str, str]) -> dict:
+    """TorchRec's per-table ParameterSharding of one collection; `keys`: its tables' names -> plan names."""
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+    from torchrec.distributed.types import CacheParams
+    world = dist.get_world_size()
+    per_node = plan.cluster.get("devices_per_node") or world
+    module_plan = construct_module_sharding_plan(ebc, generators, local_size=min(per_node, world), world_size=world,
+                                                 device_type=device.type)
+    tables = {t["name"]: t for t in plan.embeddings["tables"]}
+    for key, name in keys.items():  # table_row_wise's generator takes no kernel: every table gets its own
+        t = tables[name]
+        module_plan[key].compute_kernel = kernel(t, device.type)
+        if t.get("placement") == "cache" and device.type == "cuda":
+            module_plan[key].cache_params = CacheParams(load_factor=t["cache_fraction"])
+    return module_plan
+
+
+def _set_local_world(plan: Plan) -> None:
+    # TorchRec finds its nodes (table_row_wise's host groups) by LOCAL_WORLD_SIZE: the plan's node size, also
+    # where one host runs several of the plan's nodes (CPU tests)
+    world = dist.get_world_size()
+    os.environ["LOCAL_WORLD_SIZE"] = str(min(plan.cluster.get("devices_per_node") or world, world))
+
+
+def _sharder(plan: Plan, lr: float):
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    return EmbeddingBagCollectionSharder(fused_params=fused_params(plan.embeddings.get("optimizer", "sgd"), lr))
+
+
+def shard_collections(plan: Plan, model: nn.Module, device: torch.device, lr: float) -> nn.Module:
+    """A TorchRec model (costmodel.sparse.kjt.KJTModel) in DistributedModelParallel, as TorchRec users run it: each
+    EmbeddingBagCollection sharded in place by the plan, the rest wrapped in DDP by TorchRec's default
+    data-parallel wrapper; a model built whole (--verify) gets its tables' values copied into the pieces."""
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.types import ShardingPlan
+    _set_local_world(plan)
+    by_collection: dict[str, dict[str, str]] = {}
+    for t in find_tables(model):
+        by_collection.setdefault(t.collection, {})[t.key] = t.name
+    generators = _generators(plan, device.type)
+    plans = {}
+    for collection, keys in by_collection.items():
+        fqn = KJT_PREFIX + collection if collection else KJT_PREFIX.rstrip(".")  # a collection the factory returned
+        own = {k: generators[table_key(n)] for k, n in keys.items()}
+        plans[fqn] = _module_plan(plan, model.get_submodule(fqn), own, device, keys)
+    weights = {name: m.weight for name, m in table_modules(model).items()}
+    sharded_dense = plan.zero_stage == 3 and dist.get_world_size() > 1
+    dmp = DistributedModelParallel(model, device=device, plan=ShardingPlan(plans), sharders=[_sharder(plan, lr)],
+                                   init_data_parallel=not sharded_dense)
+    if not any(w.is_meta for w in weights.values()):
+        _copy_weights(dmp, weights)
+    if sharded_dense:
+        from torchrec.distributed.types import ShardedModule
+        # FSDP units hold no collection nor any part of one: a unit takes every parameter below it; a module
+        # around a collection keeps its own parameters replicated (replicated_by_hand)
+        inside = {id(m) for c in model.modules() if isinstance(c, ShardedModule) for m in c.modules()}
+        _fully_shard([m for m in model.modules() if id(m) not in inside
+                      and not any(isinstance(x, ShardedModule) for x in m.modules())], device)
+        dmp._partita_sharded_dense = True
+    return dmp
+
+
+def shard(plan: Plan, model: nn.Module, device: torch.device, lr: float) -> nn.Module:
+    """`model` (real, the same on every rank) with its tables sharded by the plan (weights copied where it was
+    built whole): a RecModel, or for a TorchRec model its DistributedModelParallel (shard_collections)."""
+    if any(is_ebc(m) for m in model.modules()):
+        return shard_collections(plan, model, device, lr)
+    from torch.nn.parallel import DistributedDataParallel
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
+    from torchrec.distributed import DistributedModelParallel
+    from torchrec.distributed.types import ShardingPlan
+    world = dist.get_world_size()
+    _set_local_world(plan)
+    ids, dense, order = split(model)
+    tables = {fqn: model.get_submodule(fqn) for fqn in order}
+    configs = [EmbeddingBagConfig(name=table_key(fqn), embedding_dim=m.embedding_dim, num_embeddings=m.num_embeddings,
+                                  feature_names=[table_key(fqn)], data_type=_data_type(m.weight.dtype),
+                                  pooling=PoolingType.SUM if m.mode == "sum" else PoolingType.MEAN)
+               for fqn, m in tables.items()]
+    sparse = _Sparse(EmbeddingBagCollection(tables=configs, device=torch.device("meta")))
+    module_plan = _module_plan(plan, sparse.ebc, _generators(plan, device.type), device,
+                               {table_key(t["name"]): t["name"] for t in plan.embeddings["tables"]})
+    dmp = DistributedModelParallel(sparse, device=device, plan=ShardingPlan({"ebc": module_plan}),
+                                   sharders=[_sharder(plan, lr)])
+    if not any(m.weight.is_meta for m in tables.values()):  # a model built whole: its tables' values
+        _copy_weights(dmp, {fqn: m.weight for fqn, m in tables.items()})
+    if world > 1 and any(True for _ in dense.parameters()):
+        if plan.zero_stage == 3:
+            _fully_shard(list(dense.modules()), device)
+        else:
+            dense = DistributedDataParallel(dense)
+    return RecModel(ids, dense, dmp, [table_key(f) for f in order])
+
+
+def _fully_shard(modules: list[nn.Module], device: torch.device) -> None:
+    """FSDP2 over every rank (the plan's dense part sharded, ZeRO-3): each module holding parameters of its own
+    (a Linear, a norm) is its own unit, so one layer's parameters are gathered at a time, as the planner prices
+    ZeRO-3 (a layer ahead prefetched). fp32, as the replicated dense part runs."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for m in modules:
+        if any(True for _ in m.parameters(recurse=False)):
+            fully_shard(m, mesh=mesh)
+
+
+def replicated_by_hand(rec: nn.Module) -> list[nn.Parameter]:
+    """Parameters of a TorchRec model under a sharded dense plan that neither FSDP nor TorchRec holds (should a
+    module keep parameters FSDP left replicated): their gradients are averaged over the ranks after each backward
+    (runtime.parallel.apply.average_grads), as DDP would. TorchRec's sharded collection keeps its data_parallel tables in
+    its own DDP (ShardedEmbeddingBagCollection.init_data_parallel) and updates the rest in its backward."""
+    from torch.distributed.tensor import DTensor
+    from torchrec.distributed.types import ShardedModule
+    if not getattr(rec, "_partita_sharded_dense", False) or dist.get_world_size() == 1:
+        return []
+    torchrecs = {id(p) for m in rec.modules() if isinstance(m, ShardedModule) for p in m.parameters()}
+    return [p for p in rec.parameters() if not isinstance(p, DTensor) and id(p) not in torchrecs]
+
+
+def table_of(state_name: str, tables) -> str | None:
+    """The planned table (its name) a state-dict entry of a sharded model holds, or None: a TorchRec model's
+    entries carry the table's FQN (after KJTModel's prefix), a RecModel's the table's TorchRec key."""
+    if not state_name.endswith(".weight") or "embedding_bags." not in state_name:
+        return None
+    path = state_name[:-len(".weight")]
+    for name in (path.removeprefix(KJT_PREFIX) if path.startswith(KJT_PREFIX) else None,
+                 path.split("embedding_bags.")[-1].replace("__", ".")):
+        if name in tables:
+            return name
+    return None
+
+
+def _data_type(dtype: torch.dtype):
+    """TorchRec's DataType of a plain table's weights (the planner priced it at that width)."""
+    from torchrec import DataType
+    kinds = {torch.float32: DataType.FP32, torch.float16: DataType.FP16}
+    if dtype not in kinds:
+        raise PartitaError(f"an nn.EmbeddingBag of {dtype} runs through TorchRec as fp32 or fp16 only")
+    return kinds[dtype]
+
+
+@torch.no_grad()
+def _copy_weights(dmp: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Each rank's pieces of every table from the full table (the same on every rank); `weights` by table name."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    copied = set()
+    for name, value in dmp.state_dict().items():
+        key = table_of(name, weights)
+        if key is None:
+            continue
+        copied.add(key)
+        full = weights[key]
+        if isinstance(value, ShardedTensor):
+            for s in value.local_shards():
+                (r0, c0), (nr, nc) = s.metadata.shard_offsets, s.metadata.shard_sizes
+                s.tensor.copy_(full[r0:r0 + nr, c0:c0 + nc])
+        else:
+            value.copy_(full)
+    if missing := sorted(set(weights) - copied):
+        raise PartitaError(f"table {missing[0]} is not in the sharded model's state under a name partita maps back "
+                           "to it; its pieces cannot be set from the model's values (rename the table without '__')")
+
+
+# ----------------------------------------------------------------------------------------- training
+
+def build(spec, device: torch.device, tables: bool) -> nn.Module:
+    """The model, the same on every rank (seeded). `tables` False: its tables are built on the meta device --
+    each rank then holds only its own pieces, initialised by TorchRec -- and everything else as the factory
+    builds it (buffers its constructor computes keep their values); True (--verify): the whole model, whose
+    tables the pieces are copied from."""
+    with contextlib.nullcontext() if tables else _tables_on_meta():
+        model = spec.build()
+    for m in model.modules():
+        if isinstance(m, nn.EmbeddingBag) and not tables:
+            continue
+        if any(t.is_meta for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]):
+            # built on the meta device by the factory (TorchRec's EmbeddingBagCollection(device="meta"))
+            m.to_empty(device=device, recurse=False)
+            if hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+        else:
+            m._apply(lambda t: t.to(device), recurse=False)
+    return model
+
+
+@contextlib.contextmanager
+def _tables_on_meta():
+    """nn.EmbeddingBag built on the meta device whatever device its caller names (TorchRec's
+    EmbeddingBagCollection passes its own)."""
+    init = nn.EmbeddingBag.__init__
+
+    def on_meta(self, *args, **kwargs):
+        init(self, *args, **{**kwargs, "device": torch.device("meta")})
+    nn.EmbeddingBag.__init__ = on_meta
+    try:
+        yield
+    finally:
+        nn.EmbeddingBag.__init__ = init
+
+
+def _batch(spec, tables_rows: int, batch: int, step: int, seed: int) -> tuple:
+    """The global batch of `step`: dense features N(0, 1), IDs uniform over the smallest table's rows."""
+    g = torch.Generator().manual_seed(derived_seed(seed, step, 100_003))
+    out = []
+    for t in spec.example_inputs(batch):
+        if t.is_floating_point():
+            out.append(torch.randn(t.shape, generator=g))
+        else:
+            out.append(torch.randint(0, tables_rows, t.shape, generator=g))
+    return tuple(out)
+
+
+def _loss(spec, module, inputs) -> torch.Tensor:
+    if spec.loss_fn is not None:
+        return spec.loss_fn(module, *inputs)
+    return module(*inputs).float().square().mean()
+
+
+def _optimizer(name: str, params, lr: float):
+    params = list(params)
+    if not params:
+        return None
+    return torch.optim.Adam(params, lr=lr) if name == "adam" else torch.optim.SGD(params, lr=lr)
+
+
+class _SparseReference:
+    """FBGEMM's fused row updates, on the full tables of the single-process reference (rows without a
+    gradient do not move: their gradient rows are zero). Row-wise Adagrad keeps one accumulator per row of
+    each piece: a column-wise table's k pieces each average their own d / k columns."""
+
+    def __init__(self, kind: str, params: list[tuple[torch.Tensor, int]], lr: float):
+        self.kind, self.params, self.lr = kind, params, lr
+        self.state = [torch.zeros(p.shape[0], pieces) for p, pieces in params]
+
+    @torch.no_grad()
+    def step(self):
+        for (p, pieces), state in zip(self.params, self.state):
+            g = p.grad
+            if self.kind == "sgd":
+                p -= self.lr * g
+            elif self.kind == "rowwise_adagrad":
+                g3 = g.view(g.shape[0], pieces, -1)
+                state += g3.square().mean(dim=2)
+                p -= (self.lr * g3 / (state.sqrt() + ADAGRAD_EPS)[:, :, None]).view_as(p)
+            else:
+                raise PartitaError("--verify compares sgd and rowwise_adagrad tables; plan with --sparse-optimizer "
+                                   "sgd or rowwise_adagrad to verify")
+            p.grad = None
+
+
+def quiet_torchrec() -> None:
+    """TorchRec's and FBGEMM's deprecation notices and sharding logs, once per rank, are not the user's."""
+    import logging
+    import warnings
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    for module in ("torchrec", "fbgemm_gpu", "torch.distributed", "torch.autograd", "torch.fx"):
+        warnings.filterwarnings("ignore", module=module)
+    warnings.filterwarnings("ignore", message=".*autograd kernel was not registered.*")
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+
+
+def run(plan: Plan, spec, opts, world: int) -> int:
+    """Train under the plan on the torchrun ranks; print losses (and the reference's) on rank 0."""
+    from partita.runtime.launcher.mesh import init_default
+    quiet_torchrec()
+    device = init_default()
+    rank = dist.get_rank()
+    torch.manual_seed(opts.seed)
+    model = build(spec, device, tables=opts.verify)
+    reference = copy.deepcopy(model) if opts.verify else None  # every rank: each checks its own pieces
+    # the tables before training (sharding a TorchRec model replaces its collections in place)
+    initial = {n: m.weight.detach().clone() for n, m in table_modules(model).items()} if opts.verify else {}
+    rec = shard(plan, model, device, opts.lr)
+    sharded_tables = {t["name"] for t in plan.embeddings["tables"] if t["sharding"] != "data_parallel"}
+    # the dense parameters and data_parallel tables: TorchRec's "dense" kernel leaves their update to the user
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+    opt = _optimizer(plan.train.get("optimizer", "adam"),
+                     [p for _, p in in_backward_optimizer_filter(rec.named_parameters())], opts.lr)
+    by_hand = replicated_by_hand(rec)
+    rows = min(t["rows"] for t in plan.embeddings["tables"])
+    B, b = plan.train["global_batch"], plan.train["global_batch"] // world
+    losses, times = [], []
+    for step in range(opts.steps):
+        inputs = tuple(x[rank * b:(rank + 1) * b].to(device) for x in _batch(spec, rows, B, step, opts.seed))
+        t0 = time.perf_counter()
+        loss = _loss(spec, rec, inputs)
+        loss.backward()
+        if by_hand:
+            average_grads(by_hand, None, world)
+        if opt is not None:
+            opt.step()
+            opt.zero_grad()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        times.append(time.perf_counter() - t0)
+        losses.append(float(total) / world)
+    ref = _reference(plan, spec, reference, sharded_tables, rows, opts) if reference is not None else None
+    gap, seen = _table_gap(rec, reference, initial) if reference is not None else (0.0, 0)
+    t = torch.tensor([max(times[1:] or times), gap])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    checked = torch.tensor([seen], dtype=torch.float64)
+    dist.all_reduce(checked)
+    if rank != 0:
+        return 0
+    # every element of every table lies in one rank's piece (a data_parallel table in every rank's copy): the
+    # pieces checked must cover exactly that, or some table went unchecked
+    unchecked = sum(t["rows"] * t["dim"] * (world if t["sharding"] == "data_parallel" else 1)
+                    for t in plan.embeddings["tables"]) - int(checked) if ref else 0
+    from torch.distributed.fsdp import FSDPModule
+    dense_kind = "sharded (FSDP2)" if any(isinstance(m, FSDPModule) for m in rec.modules()) else "data-parallel"
+    return _report(plan, spec, world, losses, ref, float(t[0]), opts, float(t[1]), unchecked, dense_kind)
+
+
+@torch.no_grad()
+def _table_gap(rec: nn.Module, reference: nn.Module, initial: dict[str, torch.Tensor]) -> tuple[float, int]:
+    """Largest |this rank's piece - the reference's rows| of a table, over the largest change the reference
+    made to that table: 0 for pieces trained as the reference trained them, about 1 for a piece never updated;
+    and the table elements this rank's pieces hold (all checked)."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    worst, seen = 0.0, 0
+    after = table_modules(reference)
+    for name, value in rec.state_dict().items():
+        fqn = table_of(name, after)
+        if fqn is None:
+            continue
+        full = after[fqn].weight
+        moved = float((full - initial[fqn]).abs().max()) or 1.0
+        pieces = ([(s.tensor, s.metadata.shard_offsets, s.metadata.shard_sizes) for s in value.local_shards()]
+                  if isinstance(value, ShardedTensor) else [(value, (0, 0), tuple(full.shape))])
+        for local, (r0, c0), (nr, nc) in pieces:
+            worst = max(worst, float((local - full[r0:r0 + nr, c0:c0 + nc]).abs().max()) / moved)
+            seen += nr * nc
+    return worst, seen
+
+
+def _reference(plan, spec, model, sharded_tables: set[str], rows: int, opts) -> list[float]:
+    """Single-process training on the global batches: dense parameters and data_parallel tables under the
+    plan's dense optimizer, sharded tables under FBGEMM's fused update (_SparseReference)."""
+    pieces = {t["name"]: t.get("shards", 1) if t["sharding"] == "column_wise" else 1 for t in plan.embeddings["tables"]}
+    sparse = [(m.weight, pieces[fqn]) for fqn, m in table_modules(model).items() if fqn in sharded_tables]
+    others = [p for p in model.parameters() if not any(p is w for w, _ in sparse)]
+    dense_opt = _optimizer(plan.train.get("optimizer", "adam"), others, opts.lr)
+    sparse_opt = _SparseReference(plan.embeddings.get("optimizer", "sgd"), sparse, opts.lr)
+    out = []
+    for step in range(opts.steps):
+        inputs = _batch(spec, rows, plan.train["global_batch"], step, opts.seed)
+        loss = _loss(spec, model, inputs)
+        loss.backward()
+        if dense_opt is not None:
+            dense_opt.step()
+            dense_opt.zero_grad()
+        sparse_opt.step()
+        out.append(float(loss.detach()))
+    return out
+
+
+def _report(plan, spec, world, losses, ref, step_s, opts, param_gap: float, unchecked: int = 0,
+            dense_kind: str = "data-parallel") -> int:
+    say = STDOUT.line
+    kinds = sorted({t["sharding"] for t in plan.embeddings["tables"]})
+    say(f"partita run: {spec.name} on {world} rank(s), {len(plan.embeddings['tables'])} embedding tables through "
+        f"TorchRec DistributedModelParallel ({', '.join(kinds)}; {plan.embeddings.get('optimizer')}), dense part "
+        f"{dense_kind}, global batch {plan.train['global_batch']}, {opts.steps} steps")
+    say("step  loss          reference     |diff|" if ref else "step  loss")
+    worst = 0.0
+    for i, loss in enumerate(losses):
+        if ref:
+            worst = max(worst, abs(loss - ref[i]))
+            say(f"{i + 1:>4}  {loss:.8f}    {ref[i]:.8f}    {abs(loss - ref[i]):.1e}")
+        else:
+            say(f"{i + 1:>4}  {loss:.8f}")
+    say(f"step time  measured {step_s:.4g} s, predicted {plan.predicted.get('step_time_s', float('nan')):.4g} s "
+        "(slowest rank)")
+    if not all(math.isfinite(x) for x in losses):
+        say("partita: error: a loss is not finite")
+        return 3
+    if ref:
+        ok = worst <= FP32_TOLERANCE
+        say(f"verify: max |loss - reference| = {worst:.2e} (tolerance {FP32_TOLERANCE:g}): {'OK' if ok else 'FAILED'}")
+        fine = param_gap <= PARAM_TOLERANCE and not unchecked
+        missing = f"; the pieces checked hold {-unchecked:+d} table elements against the tables'" if unchecked else ""
+        say(f"verify: tables after step {len(losses)}: max |piece - reference| / the reference's largest change = "
+            f"{param_gap:.2e} (tolerance {PARAM_TOLERANCE:g}){missing}: {'OK' if fine else 'FAILED'}")
+        return 0 if ok and fine else 1
+    return 0

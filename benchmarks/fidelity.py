@@ -126,7 +126,7 @@ def make_plans(resources, model: str = MODEL, plans=PLANS, global_batch: int = G
     pick = resources if callable(resources) else (lambda world: resources)
     from partita.costmodel import model_fingerprint
     from partita.costmodel.models import resolve_model
-    from partita.costmodel.capture.trace import capture
+    from partita.costmodel.capture import capture
     from partita.planner.estimate.build import build_plan
     from partita.planner.search import SearchSpace, TrainConfig, search
     from partita.runtime.launcher.checks import build_meta

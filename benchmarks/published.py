@@ -36,7 +36,7 @@ from partita.costmodel.errors import PartitaError
 from partita.costmodel.capture.graph import OpGraph
 from partita.costmodel.hardware import Cluster, GiB, gpu_device, parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from partita.planner.estimate.build import predicted
 from partita.planner.search import SearchResult, explain_infeasible, search
 from partita.planner.enumerate.space import SearchSpace, TrainConfig

@@ -116,7 +116,7 @@ def exactness(instances: int = INSTANCES, seed: int = 0) -> dict:
 def real_candidates(model: str, cluster: str, global_batch: int):
     from partita.costmodel.hardware import parse_cluster
     from partita.costmodel.models import resolve_model
-    from partita.costmodel.capture.trace import capture
+    from partita.costmodel.capture import capture
     from partita.planner.search import SearchSpace, TrainConfig
     from partita.planner.enumerate.candidates import enumerate_candidates
     graph = capture(resolve_model(model), dtype="bf16")

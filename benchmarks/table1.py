@@ -19,7 +19,7 @@ import time
 from benchmarks.common import hardware_over_model as common_ratio, pyplot, save_figure, try_plot, write
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import PRESETS
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from partita.costmodel.models import resolve_model
 from partita.planner.estimate.build import predicted
 from partita.planner.search import SearchSpace, TrainConfig, search

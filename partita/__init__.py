@@ -22,7 +22,7 @@ _NAMES = {
     "plan": "partita.planner.api", "plan_search": "partita.planner.api",
     "TrainConfig": "partita.planner.search", "SearchSpace": "partita.planner.search",
     "Plan": "partita.planner.plan", "PlanError": "partita.planner.plan",
-    "run": "partita.runtime.api", "launch": "partita.runtime.api", "plan_and_run": "partita.runtime.api",
+    "run": "partita.runtime.api", "launch": "partita.runtime.api", "plan_and_run": "partita.api",
     "VerifyFailed": "partita.runtime.api",
     "PartitaError": "partita.costmodel.errors", "resolve_model": "partita.costmodel.models",
     "ModelSpec": "partita.costmodel.models",

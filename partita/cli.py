@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 from partita.costmodel.errors import PartitaError
-from partita.child import run_forwarding_signals
+from partita.runtime.launcher.child import run_forwarding_signals
 from partita.costmodel.hardware import DEFAULT_ALLOCATOR_HEADROOM
 from partita.planner.plan import RECOMPUTE
 from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors
@@ -56,7 +56,7 @@ def _cmd_plan(args) -> int:
     if args.json:
         sys.stdout.write(p.to_json())
     else:
-        from partita.planner.explain import print_plan
+        from partita.planner.plan.explain import print_plan
         print_plan(p)
         if args.out:
             print(f"\nplan written to {args.out}")
@@ -100,7 +100,7 @@ def _space_from_args(args):
 
 
 def _cmd_explain(args) -> int:
-    from partita.planner.explain import print_plan
+    from partita.planner.plan.explain import print_plan
     from partita.planner.plan import Plan
     print_plan(Plan.load(args.plan))
     return 0
@@ -167,7 +167,7 @@ def _cmd_run(args) -> int:
                      *(["--rdzv-timeout", str(args.rdzv_timeout)] if args.rdzv_timeout else [])]
     # runtime.train with launcher flags runs torchrun's agent for this node (standalone on one node, c10d
     # rendezvous across nodes) and reports the first failing rank as one line; signals sent to this
-    # process reach it, and through it the workers (partita.child)
+    # process reach it, and through it the workers (partita.runtime.launcher.child)
     cmd = [sys.executable, "-m", "partita.runtime.train", args.plan, *flags, *(["--verify"] if args.verify else []),
            *launcher]
     return run_forwarding_signals(cmd, env)
@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     except PartitaError as e:
         print(f"partita: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # before anything was launched (a run passes signals on: partita.child)
+    except KeyboardInterrupt:  # before anything was launched (a run passes signals on: partita.runtime.launcher.child)
         print("partita: interrupted", file=sys.stderr)
         return 130
 

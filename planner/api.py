@@ -21,7 +21,7 @@ from partita.costmodel.models.meta import meta_build
 from partita.costmodel.hardware import Cluster, parse_cluster
 from partita.costmodel.models import with_seq
 from partita.costmodel.hardware.resources import with_allocator_headroom
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from partita.planner.estimate.build import build_plan
 from partita.planner.enumerate.candidates import split_model, use_block_program
 from partita.planner.plan import Plan

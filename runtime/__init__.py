@@ -4,15 +4,15 @@ data, verify.
 
 Entry point: `python -m torch.distributed.run ... -m partita.runtime.train PLAN.json --model MODEL --steps N`.
 Python API (runtime.api): `run(plan, model_fn, dataset=None, steps=100, ...)` inside a torchrun job,
-`launch(plan_path, model, steps, nproc=None, **flags)` to spawn one, and `plan_and_run(model, cluster,
-train, steps, ...)` to plan on rank 0 and train on all ranks.
+and `launch(plan_path, model, steps, nproc=None, **flags)` to spawn one (`partita.plan_and_run`, above the
+runtime, also plans on rank 0).
 
 Names load on first use (as in partita/__init__.py): a worker started as `-m partita.runtime.train` installs
 its signal handlers (runtime.loop.stop) before torch is imported.
 """
 import importlib
 
-__all__ = ["run", "launch", "plan_and_run", "VerifyFailed"]
+__all__ = ["run", "launch", "VerifyFailed"]
 
 
 def __getattr__(name):

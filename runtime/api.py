@@ -2,13 +2,12 @@
 
     # in a script started by torchrun (or a plain `python` for a one-rank plan):
     result = runtime.run(plan, model_fn, dataset=None, steps=100, verify=True)
-    result = runtime.plan_and_run("hf:llama", "2xcpu", {"global_batch": 4, "dtype": "fp32"}, steps=10)
     # from anywhere: spawn torchrun on runtime.train and wait for it
     code = runtime.launch("plan.json", "tiny-gpt", steps=100, verify=True, checkpoint_dir="ckpt")
     # the same on each of several nodes (c10d rendezvous; processes per node = world size / nnodes)
     code = runtime.launch("plan.json", "tiny-gpt", steps=100, nnodes=2, rdzv_endpoint="node0:29400")
 
-`run` and `plan_and_run` initialise the default process group from the torchrun environment if none
+`run` initialises the default process group from the torchrun environment if none
 exists (and destroy it again at the end); a group the caller created is used and left alone, so one
 script can run several plans. They raise PartitaError (one line) where the entry point exits 2 or 3,
 print the run report on rank 0, and return the RunResult on every rank; with `verify=True` a run that
@@ -31,18 +30,18 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch.distributed as dist
 import torch.nn as nn
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.costmodel.models import ModelSpec
-from partita.child import LOG_DIR_ENV, LOG_DIR_PREFIX, run_forwarding_signals
+from partita.runtime.launcher.child import LOG_DIR_ENV, LOG_DIR_PREFIX, run_forwarding_signals
 from partita.planner.plan import Plan
 from partita.runtime.loop.allocator import configure_allocator
 from partita.runtime.loop.console import stderr_line
-from partita.runtime.launcher.mesh import agree_on_attempt, broadcast_text, env_world, init_default, teardown
+from partita.runtime.launcher.mesh import agree_on_attempt, env_world, teardown
 from partita.runtime.loop.report import (PEER_LOST, RankFailure, RunResult, first_failure, read_failure,
                                     show_library_warnings_once)
 from partita.runtime.loop.progress import DEFAULT_EVERY
@@ -147,47 +146,6 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset=None,
     finally:
         if own:
             gc.collect()  # free FSDP state (reference cycles) while its process groups still exist
-            teardown(ok)
-
-
-def plan_and_run(model: ModelArg, cluster: Any = None, train: Any = None, steps: int = 100, *,
-                 example_inputs=None, loss_fn=None, dataset=None, plan_out: str | os.PathLike | None = None,
-                 **run_kwargs) -> RunResult:
-    """Plan on rank 0 and train under that plan on every rank of a torchrun job.
-
-    `cluster`: a CLUSTER string or planner Cluster (default "<world size>xcpu"; name the real cluster on
-    GPUs); `train`: a planner.TrainConfig or a dict of its fields. The plan travels to
-    the other ranks as JSON text; `plan_out` also writes it (rank 0). Other keywords go to `run`."""
-    own = not dist.is_initialized()
-    ok = False
-    init_default()
-    try:
-        text = None
-        if dist.get_rank() == 0:
-            try:
-                import partita.planner as planner  # lazily: only rank 0 loads the solver stack
-                from partita.planner.search import TrainConfig
-                cfg = train if isinstance(train, TrainConfig) else TrainConfig(**(train or {}))
-                spec = model_spec(model, model if isinstance(model, str) else None,
-                                  example_inputs=example_inputs, loss_fn=loss_fn)
-                plan = planner.plan(spec, cluster=cluster or f"{dist.get_world_size()}xcpu", train=cfg)
-                text = plan.to_json()
-                if plan_out is not None:
-                    Path(plan_out).write_text(text)
-            except PartitaError as e:
-                text = json.dumps({"error": str(e)})
-            except TypeError as e:  # bad TrainConfig fields
-                text = json.dumps({"error": f"train: {e}"})
-        data = json.loads(broadcast_text(text))
-        if "error" in data and "schema" not in data:
-            raise PartitaError(f"planning failed: {data['error']}")
-        result = run(Plan.from_dict(data), model, dataset, steps, example_inputs=example_inputs, loss_fn=loss_fn,
-                     **run_kwargs)
-        ok = True
-        return result
-    finally:
-        if own:
-            gc.collect()
             teardown(ok)
 
 
@@ -435,7 +393,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     not restart it, and that code is returned. SIGTERM, SIGINT, SIGHUP and SIGQUIT reach the workers through
     torchrun's agent, which passes them on; the workers stop at a step boundary (runtime.loop.stop) and their line
     is printed -- or, when torchrun had to kill them first, a line from the last step boundary they passed
-    (`_unreported_stop`). The directory is the one partita.child made (LOG_DIR_ENV) when it started this
+    (`_unreported_stop`). The directory is the one partita.runtime.launcher.child made (LOG_DIR_ENV) when it started this
     launcher, else a new one."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -459,7 +417,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
         argv += [*rendezvous.register(rdzv_endpoint, timeout), f"--rdzv-id={rdzv_id or 'partita'}"]
     else:
         argv.append("--standalone")
-    log_dir = os.environ.get(LOG_DIR_ENV) or tempfile.mkdtemp(prefix=LOG_DIR_PREFIX)  # partita.child makes it
+    log_dir = os.environ.get(LOG_DIR_ENV) or tempfile.mkdtemp(prefix=LOG_DIR_PREFIX)  # partita.runtime.launcher.child makes it
     os.environ[PROGRESS_ENV] = str(Path(log_dir) / PROGRESS_FILE)
     argv += [f"--log-dir={log_dir}", "-m", "partita.runtime.train", *worker_argv]
     quiet = _AgentLog(log_dir, nnodes)

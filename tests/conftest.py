@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from partita.costmodel.models import resolve_model
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 
 
 @functools.lru_cache(maxsize=None)

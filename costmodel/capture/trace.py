@@ -437,31 +437,6 @@ class _Tracer(fx.Tracer):
             raise
 
 
-def capture(spec: ModelSpec, dtype: str = "fp32", batch: int = 1, autocast: str | None = "cuda") -> OpGraph:
-    """Trace `spec`'s model with its loss on fake tensors into an OpGraph (per-sample costs when batch=1).
-
-    A bf16 capture also records the model as partita's runtime runs a bf16 plan without FSDP, under
-    autocast following `autocast`'s lists ("cuda" or "cpu"; None: no such record), kept on each node as
-    `autocast` (module docstring; `OpGraph.as_run`)."""
-    if dtype not in DTYPES:
-        raise PartitaError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
-    autocast = autocast_policy(dtype, autocast)
-    how = getattr(spec, "capture", "auto") or "auto"
-    if how not in ("fx", "export", "auto"):
-        raise PartitaError(f"model {spec.name!r}: capture must be 'fx', 'export' or 'auto', got {how!r}")
-    register_missing_formulas()
-    failures: list[CaptureFailed] = []
-    for front in (["fx", "export"] if how == "auto" else [how]):
-        try:
-            if front == "fx":
-                return _capture_fx(spec, dtype, batch, autocast)
-            from partita.costmodel.capture.export import capture_export  # late: it imports this module
-            return capture_export(spec, dtype, batch, autocast)
-        except CaptureFailed as f:
-            failures.append(f)
-    raise capture_error(spec, failures)
-
-
 def capture_error(spec: ModelSpec, failures: list[CaptureFailed]) -> PartitaError:
     """One actionable message: which module (innermost FQN being traced), why, and what to try."""
     mod, cls = next(((f.module, f.cls) for f in reversed(failures) if f.module is not None), (None, None))

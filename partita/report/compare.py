@@ -5,9 +5,9 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from partita.planner.explain import figure, human_bytes, report_console
+from partita.planner.plan.explain import figure, human_bytes, report_console
 from partita.planner.plan import RECOMPUTE
-from partita.planner.enumerate.strategies import SPLIT
+from partita.planner.plan import SPLIT
 
 
 def _facts(plan) -> dict[str, str]:

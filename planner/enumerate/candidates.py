@@ -34,7 +34,8 @@ from partita.planner.enumerate.options import (Variant, cost_variant, pareto_ind
 from partita.planner.estimate.phases import grads_absent, memory_phases
 from partita.planner.enumerate.space import (SearchSpace, TrainConfig, _meshes, _micro_batch_allowed, _schedules, divisors,
                                    overlap_choices, micro_batch_cap)
-from partita.planner.enumerate.strategies import SPLIT, BlockOption, replicate_option, sequence_option, tensor_option
+from partita.planner.plan import SPLIT
+from partita.planner.enumerate.strategies import BlockOption, replicate_option, sequence_option, tensor_option
 
 
 @dataclass

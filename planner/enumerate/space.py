@@ -20,6 +20,7 @@ from partita.costmodel.price.fusion import KERNELS
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.hardware.stacks import STACKS, get_stack
 from partita.planner.enumerate.options import RECOMPUTE
+from partita.planner.plan import fixed_text  # noqa: F401 (re-exported: the flags of fixed choices)
 from partita.planner.plan import MAX_DEVICES, MAX_GLOBAL_BATCH  # noqa: F401 -- what a plan may hold is what is planned
 
 
@@ -316,14 +317,6 @@ def _schedules(requested: str, pp: int, m: int, layers: int,
 def describe_fixed(space: SearchSpace) -> str:
     """The space's fixed choices as a user wrote them: "tp=2, pp=2, zero=3, recompute=full"."""
     return fixed_text(space.fixed())
-
-
-def fixed_text(fixed: dict) -> str:
-    """Fixed choices {field: value or values} (SearchSpace.fixed, or a plan's solver.fixed with lists) as
-    the flags that fix them: "tp=2, recompute=none|full, offload=off"."""
-    show = lambda v: "on" if v is True else "off" if v is False else str(v)
-    return ", ".join(f"{name.replace('_', '-')}={'|'.join(map(show, v)) if isinstance(v, (tuple, list)) else show(v)}"
-                     for name, v in fixed.items())
 
 
 def check_scale(cluster: Cluster) -> None:

@@ -147,8 +147,6 @@ class BlockOption:
                 + self.tp_comm_s(cluster, micro_batch))
 
 
-SPLIT = ("tensor", "sequence")
-"""Option names that split a block over the tensor-parallel ranks."""
 
 
 def launches(d: dict) -> int:

@@ -11,7 +11,7 @@ from partita.planner.plan.executable import (composition_refusal, cp_refusal_for
 from partita.planner.enumerate.options import pipelined_fsdp
 from partita.planner.search import SearchResult
 from partita.planner.estimate.phases import stage_memory
-from partita.planner.enumerate.strategies import SPLIT
+from partita.planner.plan import SPLIT
 
 
 def predicted(result: SearchResult, c: Candidate) -> dict:

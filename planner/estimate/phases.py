@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from partita.planner.solve.milp import MemoryPhase, per_stage, phase_memory
-from partita.planner.enumerate.strategies import SPLIT, BlockOption
+from partita.planner.plan import SPLIT
+from partita.planner.enumerate.strategies import BlockOption
 
 if TYPE_CHECKING:
     from partita.planner.enumerate.candidates import Candidate, _Bases

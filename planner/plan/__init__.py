@@ -61,6 +61,8 @@ SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 SHARDINGS = ("replicate", "tensor", "sequence")
 RECOMPUTE = ("none", "selective", "op", "full")
 """Activation recompute policies, most memory first (planner/enumerate/strategies.py says what each keeps)."""
+SPLIT = ("tensor", "sequence")
+"""Shardings that split a block over the tensor-parallel ranks (SHARDINGS less replicate)."""
 TP_STYLES = ("colwise", "rowwise", "sequence", "vocab")
 OVERLAPS = ("tp_comm", "p2p")
 """Keys of a plan's `overlap`: what communication it overlaps with compute (module docstring)."""
@@ -168,7 +170,7 @@ class Plan:
 
     def explain(self) -> str:
         """The report `partita plan` prints."""
-        from partita.planner.explain import explain
+        from partita.planner.plan.explain import explain
         return explain(self)
 
     # ---- serialisation -------------------------------------------------------------------------
@@ -331,7 +333,7 @@ class Plan:
 def _embeddings(data: Any, world_size: int, zero_stage: int) -> dict | None:
     if data is None:  # a model without tables, or a plan written before them
         return None
-    from partita.planner.sparse.rec_plan import DENSE_ZERO, validate_section  # the section's own module
+    from partita.planner.plan.embeddings import DENSE_ZERO, validate_section  # the section's own module
     if zero_stage not in DENSE_ZERO:
         raise PlanError(f"a plan with embedding tables runs its dense part replicated or sharded: zero_stage must be "
                         f"one of {', '.join(map(str, DENSE_ZERO))}, not {zero_stage}")
@@ -523,3 +525,11 @@ def _ints(d: Any, where: str, keys: tuple[str, ...]) -> dict[str, int]:
             raise PlanError(f"{where}.{k} must be a whole number from 1 to {MAX_COUNT:,}, got {_show(v)}")
         out[k] = v
     return out
+
+
+def fixed_text(fixed: dict) -> str:
+    """Fixed choices {field: value or values} (SearchSpace.fixed, or a plan's solver.fixed with lists) as
+    the flags that fix them: "tp=2, recompute=none|full, offload=off"."""
+    show = lambda v: "on" if v is True else "off" if v is False else str(v)
+    return ", ".join(f"{name.replace('_', '-')}={'|'.join(map(show, v)) if isinstance(v, (tuple, list)) else show(v)}"
+                     for name, v in fixed.items())

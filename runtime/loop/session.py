@@ -353,7 +353,7 @@ def _manifest(plan: Plan, spec: ModelSpec, opts: RunOptions, data, fingerprint: 
 
 def throughput_unit(plan: Plan, spec: ModelSpec) -> tuple[str, int]:
     """("tokens", tokens per step) for a model with a sequence length, else ("samples", the global batch): the
-    plan's unit too (planner.explain)."""
+    plan's unit too (planner.plan.explain)."""
     if spec.seq_len:
         return "tokens", plan.train["global_batch"] * spec.seq_len
     return "samples", plan.train["global_batch"]

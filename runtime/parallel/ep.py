@@ -129,8 +129,8 @@ def check_run(plan: Plan, spec, checkpoint_dir: str | None, verify: bool) -> lis
                            "drop --checkpoint-dir, or use an ep=1 plan")
     if not verify or plan.mesh.dp * plan.mesh.cp == 1:
         return []
-    from partita.runtime.launcher.checks import build_meta
-    coef = max((float(getattr(m.config, "router_aux_loss_coef", 0) or 0) for m in build_meta(spec).modules()
+    from partita.costmodel.models.meta import meta_build
+    coef = max((float(getattr(m.config, "router_aux_loss_coef", 0) or 0) for m in meta_build(spec.build).modules()
                 if getattr(getattr(m, "config", None), "output_router_logits", False)), default=0.0)
     if not coef:
         return []

@@ -9,7 +9,7 @@ import pytest
 import torch.nn as nn
 
 from partita.costmodel.models import resolve_model
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from partita.runtime.loop.recipe import build_model
 
 MODELS = ["tiny-gpt", "tiny-llama", "hf:gpt2"]

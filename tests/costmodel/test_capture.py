@@ -6,7 +6,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from partita.costmodel.price.flops import register_missing_formulas
 from partita.costmodel.models import resolve_model, PRESETS
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from tests.conftest import measured_saved_bytes
 
 
@@ -89,7 +89,7 @@ def test_a_tied_weight_is_captured_and_counted_once():
     import torch
     import torch.nn as nn
     from partita.costmodel.models import ModelSpec
-    from partita.costmodel.capture.trace import capture
+    from partita.costmodel.capture import capture
 
     class Tied(nn.Module):
         def __init__(self):

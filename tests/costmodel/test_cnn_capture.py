@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.price.flops import register_missing_formulas
 from partita.costmodel.models import ModelSpec, resolve_model
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from tests.conftest import measured_saved_bytes
 
 CNNS = ["tiny-resnet", "resnet:depth=50,width=16,image=64,classes=10"]

@@ -2,7 +2,8 @@
 fused_attention_call): it keeps q, k, v, its output, the log-sum-exp and the generator state, never the
 s x s scores, probabilities or mask that CPU's math fallback would save."""
 from partita.costmodel.models import resolve_model
-from partita.costmodel.capture.trace import RNG_STATE_BYTES, capture
+from partita.costmodel.capture import capture
+from partita.costmodel.capture.trace import RNG_STATE_BYTES
 from partita.planner.api import plan
 from partita.planner.enumerate.space import SearchSpace, TrainConfig
 

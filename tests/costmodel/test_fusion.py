@@ -12,10 +12,10 @@ from partita.costmodel.errors import PartitaError
 from partita.costmodel.price.fusion import compiled, fusion_groups, group_bytes, is_layer
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from partita.planner.api import plan
 from partita.planner.enumerate.candidates import split_model
-from partita.planner.explain import explain
+from partita.planner.plan.explain import explain
 from partita.planner.plan import Plan, PlanError
 from partita.planner.enumerate.space import SearchSpace, TrainConfig
 from partita.planner.enumerate.strategies import launches, node_seconds

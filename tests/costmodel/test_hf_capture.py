@@ -16,7 +16,7 @@ from partita.costmodel.price.flops import register_missing_formulas  # noqa: E40
 from partita.costmodel.hardware import parse_cluster  # noqa: E402
 from partita.costmodel.models import ModelSpec, resolve_model, with_seq  # noqa: E402
 from partita.costmodel.models.hf import parse  # noqa: E402
-from partita.costmodel.capture.trace import capture  # noqa: E402
+from partita.costmodel.capture import capture  # noqa: E402
 from partita.planner.enumerate.strategies import tensor_option  # noqa: E402
 from tests.conftest import measured_saved_bytes
 

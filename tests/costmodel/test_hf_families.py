@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 from partita.costmodel.errors import PartitaError  # noqa: E402
 from partita.costmodel.price.flops import register_missing_formulas  # noqa: E402
 from partita.costmodel.models import resolve_model  # noqa: E402
-from partita.costmodel.capture.trace import capture  # noqa: E402
+from partita.costmodel.capture import capture  # noqa: E402
 from partita.planner.api import plan_search  # noqa: E402
 from partita.planner.enumerate.space import TrainConfig  # noqa: E402
 

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from partita.costmodel.models import losses
 from partita.costmodel.models import resolve_model
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])

@@ -10,7 +10,7 @@ from partita.costmodel.errors import PartitaError
 from partita.costmodel.price.flops import register_missing_formulas
 from partita.costmodel.models import resolve_model
 from partita.costmodel.models.gpt import MoE
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 
 MOE = "tiny-moe"
 DENSE = "llama:layers=2,hidden=64,heads=4,kv_heads=2,ffn=96,vocab=256,seq=32"  # tiny-moe with one dense MLP

@@ -6,7 +6,7 @@ import pytest
 
 from partita.costmodel.models import resolve_model
 from partita.costmodel.capture import trace
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 
 MODELS = [
     "gpt:layers=7,hidden=64,heads=4,vocab=128,seq=16",

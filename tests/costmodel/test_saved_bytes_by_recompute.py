@@ -32,7 +32,7 @@ import torch
 
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from partita.planner.plan import BlockChoice
 from partita.planner.enumerate.candidates import split_model
 from partita.planner.enumerate.strategies import replicate_option

@@ -78,7 +78,7 @@ def test_no_overlap_at_full_slowdown_and_perfect_overlap_at_none(compute, comm):
 @pytest.fixture(scope="module")
 def gpt3():
     from partita.costmodel.models import resolve_model
-    from partita.costmodel.capture.trace import capture
+    from partita.costmodel.capture import capture
     return capture(resolve_model("gpt3-175b"), dtype="bf16")
 
 

@@ -1,7 +1,7 @@
 """A user's training script, run by test_hf_and_api.py under torchrun (2 ranks) in one launch.
 
-It creates the process group itself (so `partita.runtime.run` and `partita.runtime.plan_and_run` use it and leave it
-alone), plans a HuggingFace Llama on rank 0 with `partita.runtime.plan_and_run`, then runs the given plan files
+It creates the process group itself (so `partita.runtime.run` and `partita.plan_and_run` use it and leave it
+alone), plans a HuggingFace Llama on rank 0 with `partita.plan_and_run`, then runs the given plan files
 with `partita.runtime.run` on the user's own module builder, each with --verify's comparison. Every rank writes
 what it got to OUT.rank<r>.json.
 
@@ -12,6 +12,7 @@ import sys
 
 import torch.distributed as dist
 
+import partita
 import partita.runtime as runtime
 from partita.costmodel import resolve_model
 from partita.runtime.launcher.mesh import init_default
@@ -27,7 +28,7 @@ def summary(result) -> dict:
 def main(out: str, plans: list[str]) -> None:
     init_default()
     results = {}
-    result = runtime.plan_and_run("hf:llama", "2xcpu", {"global_batch": 4, "dtype": "fp32"}, steps=3, verify=True,
+    result = partita.plan_and_run("hf:llama", "2xcpu", {"global_batch": 4, "dtype": "fp32"}, steps=3, verify=True,
                                   plan_out=out + ".plan.json")
     results["plan_and_run"] = summary(result)
     build = resolve_model("hf:llama").build  # the user's module: transformers' LlamaForCausalLM, unchanged

@@ -5,7 +5,7 @@ import pytest
 import partita.planner as planner
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from partita.planner.api import _fingerprint
 from partita.planner.estimate.build import build_plan
 from partita.planner.search import SearchSpace, search

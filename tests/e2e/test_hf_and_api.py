@@ -1,5 +1,5 @@
 """HuggingFace models (hf:llama, built from its config) planned and run under data parallelism (DDP),
-FSDP (ZeRO-3) and tensor parallelism, and the Python API (runtime.plan_and_run, runtime.run), all in one
+FSDP (ZeRO-3) and tensor parallelism, and the Python API (partita.plan_and_run, runtime.run), all in one
 torchrun launch of a user script (api_job.py) on 2 gloo ranks; fp32 losses within 1e-5 of one process.
 
 The TP, FSDP and DDP plans come from the planner itself (its search restricted to each mesh), so they
@@ -15,7 +15,7 @@ import pytest
 
 from partita.costmodel import resolve_model
 from partita.costmodel.hardware import parse_cluster
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from partita.planner.api import _fingerprint
 from partita.planner.estimate.build import build_plan
 from partita.planner.plan import Plan

@@ -13,7 +13,7 @@ import pytest
 from partita.costmodel import model_fingerprint
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from partita.planner.estimate.build import build_plan
 from partita.planner.search import SearchSpace, TrainConfig, search
 from partita.runtime.launcher.checks import build_meta

@@ -1,7 +1,7 @@
 """partita.planner.enumerate.candidates: the layer options a tensor-parallel degree offers."""
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from partita.planner.enumerate.candidates import _Bases, split_model
 
 

@@ -135,7 +135,7 @@ def test_models_without_one_repeated_run_use_the_general_program():
 
 def test_general_program_splits_unlike_blocks_into_a_pipeline(two_tower):
     from partita.costmodel.models import resolve_model
-    from partita.costmodel.capture.trace import capture
+    from partita.costmodel.capture import capture
     from partita.planner.search import SearchSpace, search
     graph = capture(resolve_model(two_tower), dtype="bf16")
     result = search(graph, parse_cluster("2xA100-80GB"), planner.TrainConfig(global_batch=8),

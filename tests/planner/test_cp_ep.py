@@ -9,7 +9,7 @@ from partita.costmodel.errors import PartitaError
 from partita.costmodel.hardware import parse_cluster as make_cluster
 from partita.costmodel.price.memory import state_bytes
 from partita.costmodel.models import resolve_model
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from partita.planner.enumerate.candidates import split_model
 from partita.planner.enumerate.cp_ep import attention_kv_bytes, experts_of
 from partita.planner.enumerate.options import Variant, cost_variant

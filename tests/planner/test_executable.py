@@ -21,7 +21,7 @@ from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import ModelSpec
 from partita.planner.plan import executable
 from partita.planner.api import plan
-from partita.planner.explain import explain
+from partita.planner.plan.explain import explain
 from partita.planner.plan import PlanError, Stage
 from partita.planner.enumerate.space import TrainConfig
 from partita.runtime.launcher.checks import preflight

@@ -10,7 +10,7 @@ import pytest
 
 from partita.costmodel.hardware import GiB, parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from partita.planner.estimate.build import predicted
 from partita.planner.search import SearchSpace, TrainConfig, search
 

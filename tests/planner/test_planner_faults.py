@@ -14,7 +14,7 @@ import partita.planner.search as search_module
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.price.memory import state_bytes
 from partita.costmodel.models import resolve_model
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from partita.planner.api import plan
 from partita.planner.estimate.baselines import baseline_spaces
 from partita.planner.enumerate.candidates import enumerate_candidates

@@ -7,7 +7,7 @@ import torch.nn as nn
 
 from partita.planner.api import plan
 from partita.cli import main
-from partita.planner.explain import explain
+from partita.planner.plan.explain import explain
 from partita.planner.enumerate.space import TrainConfig
 
 

@@ -11,7 +11,7 @@ from partita.costmodel.errors import InfeasibleError, PartitaError
 from partita.cli import main
 from partita.costmodel.hardware import parse_cluster
 from partita.costmodel.models import resolve_model
-from partita.costmodel.capture.trace import capture
+from partita.costmodel.capture import capture
 from partita.planner.solve.milp import min_memory
 from partita.planner.search import explain_infeasible, search
 from partita.planner.enumerate.space import SearchSpace

@@ -11,9 +11,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from partita.planner.plan import RECOMPUTE, one_line
-from partita.planner.enumerate.strategies import SPLIT
-from partita.planner.enumerate.space import fixed_text
+from partita.planner.plan import RECOMPUTE, SPLIT, fixed_text, one_line
 
 CATEGORY_STYLE = {"model_states": "cyan", "activations": "magenta", "workspace": "yellow", "embeddings": "green"}
 
@@ -288,7 +286,7 @@ def renderables(plan) -> Group:
             parts += [Text(""), Text("assumptions in force (costmodel.price.kernels, costmodel.price.streams, costmodel.price.comm):")]
             parts += [Text(f"  - {a}") for a in pred["assumptions"]]
     if plan.embeddings:
-        from partita.planner.sparse.rec_plan import renderables as embedding_renderables
+        from partita.planner.plan.embeddings import renderables as embedding_renderables
         parts += [Text(""), *embedding_renderables(plan)]
     if plan.solver:
         parts += [Text(""), _solver(plan)]

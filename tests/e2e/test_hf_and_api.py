@@ -8,10 +8,9 @@ also show what planner.enumerate.strategies makes of Llama: q/k/v/gate/up column
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+import rank_pool
 
 from partita.costmodel import resolve_model
 from partita.costmodel.hardware import parse_cluster
@@ -20,7 +19,7 @@ from partita.planner.api import _fingerprint
 from partita.planner.estimate.build import build_plan
 from partita.planner.plan import Plan
 from partita.planner.search import SearchSpace, TrainConfig, search
-from test_plans_match_single_process import ROOT, _env
+from test_plans_match_single_process import ROOT
 
 SPACES = {  # the planner's search restricted to one kind of parallelism on 2 CPU ranks
     "tp": SearchSpace(tp=(2,), pp=(1,), zero=(0,), recompute=("none",), offload=False),
@@ -63,9 +62,7 @@ def test_hf_llama_and_the_python_api_under_torchrun(tmp_path, hf_plans):
         plan.save(tmp_path / f"{name}.json")
         paths.append(str(tmp_path / f"{name}.json"))
     out = str(tmp_path / "out")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(ROOT / "tests" / "e2e" / "api_job.py"), out, *paths]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    proc = rank_pool.shared().run(2, [out, *paths], cwd=ROOT, timeout=600, script=ROOT / "tests" / "e2e" / "api_job.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ranks = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0].keys() == ranks[1].keys() == {"plan_and_run", *paths}

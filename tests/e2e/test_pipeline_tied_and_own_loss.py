@@ -10,26 +10,20 @@ not summed between the two stages, the two-tower run diverges at step 2 (3e-3), 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+import rank_pool
 
 from partita.planner.api import plan
 from partita.planner.enumerate.space import TrainConfig
-from test_plans_match_single_process import ROOT, _env
+from rank_pool import run_plan
+from test_plans_match_single_process import ROOT
 
 E2E = str(ROOT / "tests" / "e2e")
+PIPELINE_JOB = ROOT / "tests" / "e2e" / "pipeline_job.py"
 TWO_TOWER = "two_tower:factory"
 GPT2 = "hf:gpt2:n_layer=2,n_embd=64,n_head=4,vocab_size=128"
 LLAMA = "hf:llama"  # 2 layers, hidden 128, vocabulary 1024 (costmodel.models.hf)
-
-
-def _env_with_factory() -> dict:
-    env = _env()
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), E2E])
-    return env
 
 
 def pipelines_in_one_launch(tmp_path, models, train: TrainConfig, stages: int, **fixed) -> list[dict]:
@@ -41,9 +35,7 @@ def pipelines_in_one_launch(tmp_path, models, train: TrainConfig, stages: int, *
         assert p.mesh.pp == 2 and len(p.stages) == stages, model
         p.save(tmp_path / f"plan{i}.json")
         args += [str(tmp_path / f"plan{i}.json"), model]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(ROOT / "tests" / "e2e" / "pipeline_job.py"), str(tmp_path / "out"), *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+    proc = rank_pool.shared().run(2, [str(tmp_path / "out"), *args], cwd=ROOT, timeout=900, script=PIPELINE_JOB)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in range(2)]
 
@@ -62,9 +54,7 @@ def test_tied_two_tower_factory_and_hf_causal_lm_pipelines_match_one_process(tmp
         p.save(path)
         args += [str(path), model]
     out = str(tmp_path / "out")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(ROOT / "tests" / "e2e" / "pipeline_job.py"), out, *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env_with_factory(), capture_output=True, text=True, timeout=600)
+    proc = rank_pool.shared().run(2, [out, *args], cwd=ROOT, timeout=600, script=PIPELINE_JOB)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ranks = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in range(2)]
     for model in (TWO_TOWER, GPT2, LLAMA):
@@ -81,9 +71,7 @@ def test_hf_gpt2_planned_at_global_batch_7_on_4_ranks_runs_with_verify(tmp_path)
     p = plan(model, cluster="4xcpu", train=TrainConfig(global_batch=7, dtype="fp32"))
     assert p.mesh.pp == 4  # the tied wte/lm_head copies are on pipeline ranks 0 and 3 only
     p.save(tmp_path / "plan.json")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m",
-           "partita.runtime.train", str(tmp_path / "plan.json"), "--model", model, "--steps", "3", "--verify"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    proc = run_plan(tmp_path / "plan.json", model, "--steps", "3", "--verify", cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verify: OK" in proc.stdout
 
@@ -99,9 +87,7 @@ def test_tied_copies_under_fsdp_on_a_pp2_dp2_mesh_match_one_process(tmp_path, mo
     (tied,) = p.predicted["tied_weights"]
     assert tied["grad_bytes"] == 96 * 32 * 4 / 2  # each dp rank's gradient shard
     p.save(tmp_path / "plan.json")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4", "-m",
-           "partita.runtime.train", str(tmp_path / "plan.json"), "--model", TWO_TOWER, "--steps", "3", "--verify"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env_with_factory(), capture_output=True, text=True, timeout=600)
+    proc = run_plan(tmp_path / "plan.json", TWO_TOWER, "--steps", "3", "--verify", cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verify: OK" in proc.stdout and "FSDP2" in proc.stdout
 

@@ -52,15 +52,16 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 import torch.nn as nn
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from partita.costmodel.errors import PartitaError
+
+if TYPE_CHECKING:  # DCP (and DTensor under it) load when a checkpoint is read or written: ~1.3 s of every
+    from torch.distributed.checkpoint.metadata import Metadata  # worker's start otherwise
 from partita.runtime.checkpoint.integrity import describe_files, recorded_size
 from partita.runtime.launcher.mesh import broadcast_text
 from partita.runtime.parallel.zero1 import owned
@@ -141,6 +142,7 @@ def read_metadata(path: Path) -> Metadata:
         raise DamagedCheckpoint(f"checkpoint {path} has no DCP .metadata file") from None
     except Exception as e:  # garbage: any unpickling failure
         raise DamagedCheckpoint(f"checkpoint {path}: DCP .metadata is unreadable ({type(e).__name__}: {e})") from None
+    from torch.distributed.checkpoint.metadata import Metadata
     if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict):
         raise DamagedCheckpoint(f"checkpoint {path}: .metadata is not DCP metadata")
     return md
@@ -170,6 +172,7 @@ def validate(ckpt: Checkpoint, model: nn.Module, fingerprint: str, model_name: s
              steps: int, train: dict, data: dict | None = None) -> tuple[Metadata, list[str]]:
     """Check `ckpt` against the model to train (`model` may be on the meta device) before any step.
     Returns DCP's metadata and notes worth printing; raises CheckpointError with one line."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     path, man = ckpt.path, ckpt.manifest
     got = (man.get("model") or {}).get("fingerprint")
     if got != fingerprint:
@@ -362,6 +365,7 @@ def save(root: str | os.PathLike, step: int, modules: list[nn.Module], optimizer
     in the checkpoint directory (DCP's writes, the temporary directory, the hashes, the manifest, the rename,
     --keep's removals) raises CheckpointError on every rank, one line naming the newest checkpoint, which
     the atomic save left intact."""
+    import torch.distributed.checkpoint as dcp
     root = Path(root)
     tmp, final = tmp_dir(root, step), step_dir(root, step)
     what = f"saving the checkpoint of step {step} to {tmp}"
@@ -424,6 +428,9 @@ def load(ckpt: Checkpoint, md: Metadata, modules: list[nn.Module], params: list[
 
     Optimizer state is created for each local parameter the checkpoint holds state of, with the
     parameter's placement (DTensor or plain), and DCP reads into it the chunks this rank needs."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
     state = model_state(modules)
     names = _names(modules)
     saved: dict[str, dict[str, TensorStorageMetadata]] = {}

@@ -19,7 +19,7 @@ from partita.runtime.parallel import ep as expert_parallel
 from partita.runtime.parallel.fsdp import sharded
 from partita.runtime.parallel.pp import check_schedule
 from partita.runtime.loop.recipe import OPTIMIZERS
-from partita.runtime.parallel.tp import is_norm
+from partita.runtime.parallel.layers import is_norm
 from partita.runtime.parallel.precision import describe, train_dtype
 
 

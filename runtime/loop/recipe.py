@@ -1,15 +1,22 @@
 """What is trained, shared by the distributed run and the single-process reference: init, loss, optimizer."""
 from __future__ import annotations
 
+import sys
 from typing import Callable, Iterable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
 
 from partita.costmodel.models.losses import cross_entropy as fused_cross_entropy
 from partita.costmodel.models import ModelSpec
+
+
+def is_dtensor(t) -> bool:
+    """Whether `t` is a DTensor, without importing DTensor (~1.5 s of a worker's start): none exists unless a
+    plan's tensor or ZeRO-3 parallelism loaded it."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 
 
 def build_model(spec: ModelSpec, seed: int) -> nn.Module:
@@ -27,10 +34,10 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, fused: bool = False) ->
     enters around forward and backward, the cross-entropy is then computed on the shards (Megatron's
     vocab-parallel cross-entropy, whichever `fused` says) and the loss is a replicated DTensor, returned
     here as the plain tensor it equals on every tp rank."""
-    if fused and not isinstance(logits, DTensor):
+    if fused and not is_dtensor(logits):
         return fused_cross_entropy(logits.flatten(0, -2), targets.flatten())
     loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
-    return loss.full_tensor() if isinstance(loss, DTensor) else loss
+    return loss.full_tensor() if is_dtensor(loss) else loss
 
 
 def hf_causal_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -48,9 +48,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor, Shard
-from torch.distributed.tensor.placement_types import _StridedShard  # FSDP2's dp shard of a tp-sharded dim
 
+from partita.runtime.loop.recipe import is_dtensor
 from partita.costmodel.models import ModelSpec
 from partita.runtime.parallel import ep as expert_parallel
 from partita.runtime.loop.recipe import build_model, loss_for, make_optimizer
@@ -229,7 +228,9 @@ def _counted_here(p: torch.Tensor, coords: dict[str, int]) -> bool:
     is its first coordinate."""
     names, placements = (), ()
     coords = expert_parallel.checksum_coords(p, coords)  # an expert shard counts on ep group 0
-    if isinstance(p, DTensor):
+    if is_dtensor(p):
+        from torch.distributed.tensor import Shard
+        from torch.distributed.tensor.placement_types import _StridedShard  # FSDP2's dp shard of a tp-sharded dim
         names, placements = p.device_mesh.mesh_dim_names or (), p.placements
     for axis, coord in coords.items():
         sharded = any(axis in name.split("_") and isinstance(pl, (Shard, _StridedShard))
@@ -275,7 +276,7 @@ def param_stats(modules: list[nn.Module], coords: dict[str, int], names: list[tu
     total = torch.zeros((), dtype=torch.float64, device=device)
     for p in local.values():
         if _counted_here(p, coords):
-            t = p.to_local() if isinstance(p, DTensor) else p
+            t = p.to_local() if is_dtensor(p) else p
             total += t.detach().double().sum()
     dist.all_reduce(total)
     if not compare_params:

@@ -40,7 +40,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from partita.costmodel.models import ModelSpec
 from partita.planner.plan import Plan
-from partita.runtime.parallel import pp as pipeline_parallel
 from partita.runtime.parallel import cp as context_parallel
 from partita.runtime.parallel import ep as expert_parallel
 from partita.runtime.parallel.blocks import apply_block_choices, blocks_in
@@ -50,7 +49,27 @@ from partita.runtime.loop.memory import local
 from partita.runtime.launcher.mesh import Topology
 from partita.runtime.parallel.precision import autocast_forward, describe, train_dtype
 from partita.runtime.loop.recipe import LossFn, lm_loss, loss_for, make_optimizer
-from partita.runtime.parallel.tp import apply_tp, loss_context, plain, settle_grads, vocab_head
+from partita.runtime.loop.recipe import is_dtensor
+
+
+def _tp():
+    """runtime.parallel.tp, imported by the plans that use it: it loads DTensor (~1 s of a worker's start)."""
+    from partita.runtime.parallel import tp
+    return tp
+
+
+def loss_context(parallel: bool):
+    return _tp().loss_context(True) if parallel else contextlib.nullcontext()
+
+
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """A (replicated) DTensor loss as a plain tensor, differentiably."""
+    return t.full_tensor() if is_dtensor(t) else t
+
+
+def settle_grads(params: list[torch.Tensor]) -> None:
+    if any(is_dtensor(p) for p in params):  # (runtime.parallel.tp.settle_grads)
+        _tp().settle_grads(params)
 from partita.runtime.parallel.zero1 import make_zero1
 
 
@@ -131,7 +150,7 @@ def parallelize(module: nn.Module, plan: Plan, topo: Topology, stage: int | None
     if plan.mesh.ep > 1:
         done.expert_layers = expert_parallel.apply(module, plan, topo)
     if topo.tp > 1:
-        done.tp_layers = apply_tp(module, plan.placements, topo.mesh["tp"])
+        done.tp_layers = _tp().apply_tp(module, plan.placements, topo.mesh["tp"])
     dtype = train_dtype(plan)
     if sharded(plan):
         done.fsdp_units = apply_fsdp(module, blocks, plan.zero_stage, context_parallel.replica_mesh(topo), dtype,
@@ -165,7 +184,7 @@ class LocalExecutor:
                            device_ids=[topo.device.index] if topo.device.type == "cuda" else None)
         self.module = self.ddp if self.ddp is not None else model
         self.holds_loss = topo.tp_rank == 0
-        self.loss_parallel = topo.tp > 1 and vocab_head(plan.placements, model)
+        self.loss_parallel = topo.tp > 1 and _tp().vocab_head(plan.placements, model)
 
     def step(self, batch: tuple) -> torch.Tensor:
         """Forward and backward of this rank's batch; returns its mean loss (detached)."""
@@ -221,6 +240,7 @@ class PipelineExecutor:
         self.topo = topo
         self.replicas, self.n_replicas = topo.group("dp"), topo.dp  # the ranks that average gradients
         example = torch.zeros(plan.schedule.micro_batch_size, seq_len, dtype=torch.long, device=topo.device)
+        from partita.runtime.parallel import pp as pipeline_parallel  # torch's pipelining: pipelined plans only
         pipe = pipeline_parallel.split(model, plan, example)
         self.stage_indices = pipeline_parallel.local_stages(plan, topo.pp_rank)
         self.modules = [pipe.get_stage_module(i) for i in self.stage_indices]
@@ -232,7 +252,7 @@ class PipelineExecutor:
         self.params = [p for m in self.modules for p in m.parameters() if p.requires_grad]
         self.first, self.last = 0 in self.stage_indices, len(plan.stages) - 1 in self.stage_indices
         self.holds_loss = self.last and topo.tp_rank == 0
-        self.loss_parallel = topo.tp > 1 and any(vocab_head(plan.placements, m) for m in self.modules)
+        self.loss_parallel = topo.tp > 1 and any(_tp().vocab_head(plan.placements, m) for m in self.modules)
 
     def step(self, batch: tuple) -> torch.Tensor:
         """Run the schedule on this rank's batch; returns its mean loss on the last stage, else 0."""

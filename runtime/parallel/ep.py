@@ -60,8 +60,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-from torch.distributed.tensor import DTensor
 
+from partita.runtime.loop.recipe import is_dtensor
 from partita.costmodel import PartitaError
 from partita.planner.plan.executable import composition_refusal
 from partita.planner.plan import Mesh, Plan, PlanError
@@ -252,7 +252,7 @@ def _ep_forward(mod: nn.Module, local_forward, g: ExpertGroups, hidden_states: t
 def sync_expert_grads(params: list[torch.Tensor]) -> None:
     """Expert gradients as single-process training on the global batch: summed over the replica group, / dp
     (module docstring). A no-op without expert shards."""
-    shards = [p for p in params if hasattr(p, EP_ATTR) and not isinstance(p, DTensor)]  # DTensor: FSDP's
+    shards = [p for p in params if hasattr(p, EP_ATTR) and not is_dtensor(p)]  # DTensor: FSDP's
     if not shards:
         return
     g = getattr(shards[0], EP_ATTR)
@@ -271,7 +271,7 @@ def sync_expert_grads(params: list[torch.Tensor]) -> None:
 def full_tensor(p: torch.Tensor) -> torch.Tensor:
     """The whole of parameter `p` (collective): a DTensor's full tensor, an expert shard gathered over its ep
     group into all experts, any other tensor as it is."""
-    t = p.full_tensor() if isinstance(p, DTensor) else p
+    t = p.full_tensor() if is_dtensor(p) else p
     g = getattr(p, EP_ATTR, None)
     if g is None:
         return t

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 from partita.planner.plan import BlockChoice, Plan
 from partita.runtime.parallel.offload import state_policy
@@ -29,6 +31,7 @@ def sharded(plan: Plan) -> bool:
 def apply_fsdp(module: nn.Module, blocks: dict[str, BlockChoice], zero_stage: int, dp_mesh: DeviceMesh,
                dtype: torch.dtype, stage_root: bool = False) -> int:
     """Shard `module` in place; `blocks` maps FQNs within it to their choices. Returns the number of units."""
+    from torch.distributed.fsdp import fully_shard  # imports DTensor: only plans that shard load it
     assert zero_stage in (2, 3), zero_stage
     reshard = zero_stage == 3
     order = sorted((fqn for fqn in blocks if fqn), key=lambda f: -f.count("."))  # children before parents

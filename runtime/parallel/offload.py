@@ -20,7 +20,6 @@ from __future__ import annotations
 from functools import partial
 
 import torch
-from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
 from partita.planner.plan.executable import offload_refusal
 from partita.planner.plan import PlanError
@@ -34,7 +33,9 @@ def pin() -> bool:
     return torch.cuda.is_available()
 
 
-def state_policy(offload_states: bool) -> OffloadPolicy:
+def state_policy(offload_states: bool):
+    """FSDP2's offload policy for a unit (torch.distributed.fsdp, imported here: only sharded plans need it)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
     return CPUOffloadPolicy(pin_memory=pin()) if offload_states else OffloadPolicy()
 
 

@@ -34,8 +34,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
 
+from partita.runtime.loop.recipe import is_dtensor
 from partita.planner.plan import executable
 from partita.planner.plan import Plan, PlanError
 from partita.runtime.parallel.blocks import blocks_in
@@ -250,7 +250,7 @@ class TiedSync:
             for p in copies:
                 if p.grad is not None:
                     local(p.grad).copy_(total)
-                elif not isinstance(p, DTensor):
+                elif not is_dtensor(p):
                     p.grad = total.clone()
                 else:
                     raise PlanError("a tied parameter's sharded copy got no gradient on its stage")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from partita.planner.plan import Plan, PlanError
 from partita.runtime.parallel.wrap import within, wrap_forward
@@ -34,8 +33,9 @@ def train_dtype(plan: Plan) -> torch.dtype:
     return DTYPES[name]
 
 
-def fsdp_policy(dtype: torch.dtype, stage_root: bool = False) -> MixedPrecisionPolicy:
+def fsdp_policy(dtype: torch.dtype, stage_root: bool = False):
     """FSDP2's policy for a unit; `stage_root`: a pipeline stage's root, whose output goes out in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy  # only sharded plans need FSDP
     if dtype == torch.float32:
         return MixedPrecisionPolicy()
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,

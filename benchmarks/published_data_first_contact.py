@@ -154,7 +154,7 @@ TINYLLAMA_ROWS = [
 FIRST_CONTACT_ROWS: list[Row] = INTERNLM_ROWS + NEMO_ROWS + TINYLLAMA_ROWS
 """Every row entered through the ledger, admitted to the fit or not."""
 
-ADMITTED: tuple[str, ...] = ()
+ADMITTED: tuple[str, ...] = ("internlm", "nemo-megatron-launcher", "tinyllama")
 """Sources whose first-contact pricing is committed to the ledger and that the fit's data (ROWS) now holds."""
 
 FIRST_CONTACT_SKIPPED = [

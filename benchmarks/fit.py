@@ -533,16 +533,19 @@ def measured_kernel(param: tuple[str, str]) -> str | None:
     return None
 
 
-def defects(values: dict, levels: dict, rows: list[Row], kgroups: dict) -> dict:
+def defects(values: dict, levels: dict, rows: list[Row], kgroups: dict, krows: list[KernelRow] = ()) -> dict:
     """Fitted values the kernel measurements do not allow (`BAND`), values at their least-squares bounds, and the
-    efficiencies no kernel timing bounds: {"band", "defects": [...], "unbounded": [...]}."""
+    efficiencies no kernel timing bounds: {"band", "defects": [...], "unbounded": [...]}; each names the sources
+    whose rows (or published kernel timings) enter its residuals."""
     fitted_by = defaultdict(set)
     for r in rows:
         for p in row_params(r, kgroups):
             fitted_by[p].add(r.table.source)
+    for p in kernel_params(list(krows), kgroups):
+        fitted_by[p] |= {kr.source for kr in krows}
     out, unbounded = [], []
     for p, v in values.items():
-        name, sources = f"{p[0]}:{p[1]}", sorted(fitted_by.get(p, set())) or ["published kernel charts"]
+        name, sources = f"{p[0]}:{p[1]}", sorted(fitted_by.get(p, set()))
         lo_ls, hi_ls = LS_BOUNDS[p[0]]
         if min(abs(v / lo_ls - 1), abs(v / hi_ls - 1)) < 1e-6:
             out.append({"param": name, "value": v, "kind": "at the fit's bound", "bound": lo_ls if
@@ -606,7 +609,7 @@ def fit(rows: list[Row] | None = None, tolerance: float = TOLERANCE, max_iterati
                            "largest_move": move, "moved": moved},
            "linearisation": {k: [lin.eps_gemm[k], lin.eps_attn[k], lin.eps_step.get(k, 0.0)] for k in lin.priced},
            "kernel_levels": {k: [{"level": v, "measured_by": w} for v, w in m] for k, m in sorted(levels.items())},
-           "defects": defects(values, levels, rows, kgroups),
+           "defects": defects(values, levels, rows, kgroups, krows),
            "in_sample": {row_key(r): _err(final[row_key(r)]) for r in rows},
            "kernels_in_sample": _kernel_errs(krows, groups)}
     if loso:

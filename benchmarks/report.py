@@ -268,7 +268,8 @@ def _headline(d: dict) -> list[str]:
     out = [table(["", "rows / sources", "median \\|error\\|", "p95 \\|error\\|", "median of per-source medians"],
                  rows)]
     if fc.get("rows"):
-        per = "; ".join(f"{src} {pct(v.get('median_abs_error'))} over {v['rows']} rows ({', '.join(v['stacks'])}, "
+        per = "; ".join(f"{src} {pct(v.get('median_abs_error'))} over {v['rows']} row{'s' if v['rows'] != 1 else ''} "
+                        f"({', '.join(v['stacks'])}, "
                         f"priced at {', '.join(v['commits'])})" for src, v in fc["per_source"].items())
         out.append(paragraph(
             f"First contact: every row of a source added since the ledger began (`{fc.get('ledger')}`, appended by "
@@ -779,7 +780,11 @@ def _brief_published(d: dict) -> str:
     t = o["targets"]
     memory = sum(r.get("error") is None and "predicted_if_memory_unbounded" in r for r in d["rows"])
     other = o["rows"] - o["priced"] - memory
-    return (f"{o['priced']} of {o['rows']} published rows from {o['sources']} sources priced in their published "
+    fc = (d.get("summary") or {}).get("first_contact") or {}
+    first = (f"first contact (priced before the fit saw them) {pct(fc.get('median_abs_error'))} median, "
+             f"{pct(fc.get('p95_abs_error'))} p95 over {fc['priced']} rows from {fc['sources']} new sources; "
+             if fc.get("rows") else "")
+    return first + (f"{o['priced']} of {o['rows']} published rows from {o['sources']} sources priced in their published "
             f"configuration ({memory} do not fit the memory model and count as misses"
             + (f", {other} not priced for another reason" if other else "") + "); "
             f"median |error| {pct(o['median'])}, max {pct(o['max'])} (targets {pct(t.get('median_abs_error'), 0)} and "

@@ -210,11 +210,24 @@ def test_a_kernel_a_chart_measured_is_seen_by_the_fold_that_holds_the_training_r
 
 # ------------------------------------------------------------------ convergence, bounds and the headline
 
+def one_more_step(result: dict, kgroups: dict) -> tuple[float, str]:
+    """(largest move, its parameter) of one more Gauss-Newton step from a fit's result: the rows priced exactly at
+    its constants (its in-sample pricing), the elasticities of its last linearisation, the surrogate fitted again
+    with the published kernel timings priced exactly."""
+    values = {tuple(k.split(":", 1)): v for k, v in result["values"].items()}
+    groups = fit.derive(values, kgroups, fit.timed_groups(KERNEL_ROWS))
+    priced = {k: {"predicted": None if v["predicted"] is None else {"value": v["predicted"]}}
+              for k, v in result["in_sample"].items()}
+    eps = result["linearisation"]
+    lin = fit.Linearisation(groups, priced, {k: e[0] for k, e in eps.items()}, {k: e[1] for k, e in eps.items()},
+                            {k: e[2] for k, e in eps.items()})
+    return fit.largest_move(values, fit.fit_published(list(ROWS), lin, kgroups, start=values, krows=KERNEL_ROWS))
+
+
 def test_one_more_iteration_at_the_shipped_constants_moves_no_constant_more_than_1pct(kgroups):
-    """results/fit.json is the fit of the constants in force; one more Gauss-Newton step from them -- the rows
-    priced exactly at those constants (its in-sample pricing), the elasticities of its last linearisation, the
-    surrogate fitted again with the published kernel timings priced exactly -- moves no fitted value by more
-    than 1%."""
+    """results/fit.json is the fit of the constants in force, and one more step from them moves no fitted value by
+    more than 1%. (From the constants of a fit stopped after 2 steps, as it was before, the same step moves
+    e_attn:hopper/te-2024-flash2 by 16%; the fit's own third iteration, elasticities measured again, by 28%.)"""
     import json
     from benchmarks.common import RESULTS
     from partita.costmodel.hardware import fitted_constants
@@ -222,15 +235,8 @@ def test_one_more_iteration_at_the_shipped_constants_moves_no_constant_more_than
     assert result["digest"] == fitted_constants()["digest"], "rerun `python -m benchmarks.fit`"
     assert result["convergence"]["converged"] and result["convergence"]["largest_move"] <= fit.TOLERANCE
     values = {tuple(k.split(":", 1)): v for k, v in result["values"].items()}
-    groups = fit.derive(values, kgroups, fit.timed_groups(KERNEL_ROWS))
-    assert fit.constants_digest(groups) == result["digest"]  # the recorded values are the constants shipped
-    priced = {k: {"predicted": None if v["predicted"] is None else {"value": v["predicted"]}}
-              for k, v in result["in_sample"].items()}
-    eps = result["linearisation"]
-    lin = fit.Linearisation(groups, priced, {k: e[0] for k, e in eps.items()}, {k: e[1] for k, e in eps.items()},
-                            {k: e[2] for k, e in eps.items()})
-    again = fit.fit_published(list(ROWS), lin, kgroups, start=values, krows=KERNEL_ROWS)
-    move, which = fit.largest_move(values, again)
+    assert fit.constants_digest(fit.derive(values, kgroups, fit.timed_groups(KERNEL_ROWS))) == result["digest"]
+    move, which = one_more_step(result, kgroups)
     assert move <= 0.01, f"{which} moved {100 * move:.2f}%"
 
 

@@ -83,7 +83,7 @@ def test_the_readme_leads_with_first_contact_beside_held_out_and_in_sample_per_r
     assert lines[first_table + 2].startswith("| **first contact**") and "| 3 / 2 | 4.7% | 27.5% | 6.1% |" in text
     assert "| held out (leave-one-source-out, all sources) | 1 / 2 | 8.3% | 21.4% | 7.0% |" in text
     assert "| src-x | flash1-2022 | 1 / 2 | 4.1% / 10.0% | 8.3% / 21.4% / 21.4% | 5.0% / 5.0% |" in text
-    assert "src-new 9.8% over 1 rows (megatron-2021, priced at cba07c9efd)" in " ".join(text.split())
+    assert "src-new 9.8% over 1 row (megatron-2021, priced at cba07c9efd)" in " ".join(text.split())
 
 
 def test_the_fits_convergence_and_defects_are_reported():

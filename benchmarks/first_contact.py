@@ -187,10 +187,21 @@ def history_problems(cwd: Path = ROOT, ledger_path: str = LEDGER_PATH, fit_check
 _FIT_CACHE: dict = {}
 
 
+def constants_paths() -> list[str]:
+    """Where costmodel/fitted_constants.json lives in the repository, now and in earlier commits (it moves with
+    costmodel.hardware)."""
+    from partita.costmodel.hardware import FITTED_CONSTANTS
+    try:
+        now = [str(Path(FITTED_CONSTANTS).resolve().relative_to(ROOT.resolve()))]
+    except ValueError:  # an installed partita: not in this checkout
+        now = []
+    return list(dict.fromkeys(now + ["costmodel/fitted_constants.json", "costmodel/hardware/fitted_constants.json"]))
+
+
 def _fit_at(commit: str, entry: dict, cwd: Path) -> list[str]:
     """The constants in force at `commit` are the line's, and the fit that made them had not seen the row."""
     if commit not in _FIT_CACHE:
-        constants = json.loads(show(commit, "costmodel/fitted_constants.json", cwd) or "{}")
+        constants = next((json.loads(text) for path in constants_paths() if (text := show(commit, path, cwd))), {})
         fit = json.loads(show(commit, "benchmarks/results/fit.json", cwd) or "{}")
         _FIT_CACHE[commit] = (constants.get("digest"), fit.get("digest"), set(fit.get("in_sample") or {}))
     digest, fit_digest, seen = _FIT_CACHE[commit]

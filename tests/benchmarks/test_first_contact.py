@@ -172,3 +172,10 @@ def test_a_row_changed_after_its_first_contact_is_named(scratch, monkeypatch):
     changed = [dataclasses.replace(pending.FIRST_CONTACT_ROWS[0], value=2e5)] + pending.FIRST_CONTACT_ROWS[1:]
     monkeypatch.setattr(pending, "FIRST_CONTACT_ROWS", changed)
     assert any("differs from its first-contact line" in p for p in fc.identity_problems(entries))
+
+
+def test_a_refused_add_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        fc.main(["add", "no-such-source"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err and err.startswith("python -m benchmarks.first_contact: error: no rows")

@@ -93,6 +93,20 @@ def identity(row) -> dict:
             "autocast": row.table.autocast, "measured": {"metric": row.table.metric, "value": row.value}}
 
 
+def identity_changes(entry: dict, row) -> list[str]:
+    """The identity fields of `row` that differ from what its ledger line recorded. A field the line does not
+    record (a configuration field added to the data model since) is not a change: the line's row ran without it."""
+    now, out = identity(row), []
+    for field, recorded in entry.items():
+        if field not in now:
+            continue
+        if field == "config":
+            out += [f"config.{k}" for k, v in recorded.items() if json.loads(json.dumps(now["config"].get(k))) != v]
+        elif json.loads(json.dumps(now[field])) != recorded:
+            out.append(field)
+    return out
+
+
 def identity_digest(row) -> str:
     return hashlib.sha256(canonical(identity(row)).encode()).hexdigest()[:16]
 
@@ -357,8 +371,9 @@ def identity_problems(entries: list[dict] | None = None) -> list[str]:
     out = []
     for r in FIRST_CONTACT_ROWS:
         e = latest.get(row_key(r))
-        if e is not None and e["identity"] != identity_digest(r):
-            out.append(f"{row_key(r)}: its configuration or measured value differs from its first-contact line")
+        changed = identity_changes(e, r) if e is not None else []
+        if changed:
+            out.append(f"{row_key(r)}: its {', '.join(changed)} differ from its first-contact line")
     for r in ROWS:
         if r.table.source not in LEGACY_SOURCES and row_key(r) not in latest:
             out.append(f"{row_key(r)}: in the fit's data without a first-contact line ({LEDGER_PATH})")

@@ -168,10 +168,17 @@ def test_a_line_whose_pricing_commit_does_not_precede_it_is_not_first_contact(sc
 def test_a_row_changed_after_its_first_contact_is_named(scratch, monkeypatch):
     ledger = scratch / fc.LEDGER_PATH
     entries = fc.add("fc-test", path=ledger, cwd=scratch)
-    assert not any("differs" in p for p in fc.identity_problems(entries))
+    assert not any("differ" in p for p in fc.identity_problems(entries))
     changed = [dataclasses.replace(pending.FIRST_CONTACT_ROWS[0], value=2e5)] + pending.FIRST_CONTACT_ROWS[1:]
     monkeypatch.setattr(pending, "FIRST_CONTACT_ROWS", changed)
-    assert any("differs from its first-contact line" in p for p in fc.identity_problems(entries))
+    assert any("measured differ from its first-contact line" in p for p in fc.identity_problems(entries))
+    # a configuration field the data model gains later is not a change of the row
+    entries[1]["config"].pop("schedule")
+    monkeypatch.setattr(pending, "FIRST_CONTACT_ROWS", changed[1:])
+    assert not any("differ" in p for p in fc.identity_problems(entries))
+    # but a recorded field that changes is
+    monkeypatch.setattr(pending, "FIRST_CONTACT_ROWS", [dataclasses.replace(changed[1], micro_batch=1)])
+    assert any("config.micro_batch" in p for p in fc.identity_problems(entries))
 
 
 def test_a_refused_add_is_one_line_and_exit_2(capsys):

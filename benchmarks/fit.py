@@ -49,8 +49,16 @@ source in its group), so one large table does not own a group's constants. Prici
 with each elasticity eps measured by re-pricing the row with that kernel class (memory-bound operators for
 eps_step) 10% slower (so overlap,
 bubbles and the search's own choices are in it), S the row's sequence length. The surrogate is fitted,
-the rows re-priced exactly at the result, and the step repeated (`ITERATIONS`); every published error is
-an exact pricing, never the surrogate's.
+the rows re-priced exactly at the result, and the step repeated until no fitted value moves by more than
+`TOLERANCE` (0.5%) in an iteration; every published error is an exact pricing, never the surrogate's.
+
+Physical bounds (`kernel_levels`, `defects`): a fitted efficiency is a kernel's rate inside training steps. Where
+kernel timings measure that kernel on that GPU -- a lent GPU's (KERNEL_SETS), or the published charts
+(benchmarks.published_kernels, fitted alone) -- the fitted level must lie within `BAND` of what they measured.
+The fit does not clamp it there: a level outside the band, or a value at the least-squares bounds, is reported as
+a model defect (the constant takes up what the rest of the model misses), in results/fit.json and on the console.
+
+The headline weighs sources equally: beside the median over rows, the median of the per-source medians.
 
 Leave-one-source-out: for each source (training runs or kernel timings), the published fit is redone on the
 surrogate (at the final linearisation) without that source's rows, groups left without data are derived as in
@@ -98,7 +106,11 @@ SMS = {"volta": 80, "ampere": 108, "hopper": 132}
 """Streaming multiprocessors per GPU (NVIDIA V100, A100 and H100 SXM datasheets): h_mn scales with them."""
 SHAPE_FROM = "hopper"
 """The generation whose kernel timings give every generation's curve shapes (the only one measured)."""
-ITERATIONS = 2
+TOLERANCE = 0.005
+"""The fit has converged when an iteration -- the rows re-priced exactly at the last constants, the elasticities
+measured again, the surrogate fitted -- moves no fitted value by more than this fraction."""
+MAX_ITERATIONS = 12
+"""Iterations before the fit stops unconverged (and says so: `result["converged"]` False, a warning printed)."""
 STEP = 1.1
 """Elasticities: each kernel class re-priced this much slower."""
 START = {"e_gemm": 0.7, "e_attn": 0.5, "h_seq": 1000.0, "step": 0.9}
@@ -472,12 +484,102 @@ def fit_published(rows: list[Row], lin: Linearisation, kgroups: dict, start: dic
     return {p: math.exp(v) for p, v in zip(params, x)}
 
 
+# ------------------------------------------------------------------------------- physical bounds
+
+BAND = (0.5, 1.2)
+"""A fitted efficiency may lie from half to 1.2x of what kernel timings measured for that kernel on that GPU (the
+lowest to the highest measurement where several exist). A kernel does not run faster inside a training step than
+timed alone (1.2: the curve a fit puts through the timings' shapes against the training runs'); at less than half
+of its timed rate the constant is taking up time the rest of the model misses."""
+LS_BOUNDS = {"e_gemm": (0.05, 1.0), "e_attn": (0.05, 1.0), "step": (0.05, 1.0), "h_seq": (1.0, 1e5)}
+"""The least-squares bounds of each kind of published parameter (fit_published)."""
+
+
+def kernel_levels(kgroups: dict, krows: list[KernelRow]) -> dict[str, list[tuple[float, str]]]:
+    """{"gen/gemm" or "gen/kernel": [(level, what measured it)]}: the GEMM and attention-kernel levels that kernel
+    timings measure -- a lent GPU's (KERNEL_SETS) and the published charts (fitted alone)."""
+    out = defaultdict(dict)
+    for g, kg in kgroups.items():
+        gen, stack = g.split("/")
+        c, where = kg["constants"], kg["source"].split(":")[0]
+        out[f"{gen}/gemm"][where] = c["matmul_efficiency"]
+        out[f"{gen}/{attention_kernel(gen, stack)}"][where] = c["attention_efficiency"]
+        for kernel, cc in (c.get("other_attention") or {}).items():
+            out[f"{gen}/{kernel}"][where] = cc["efficiency"]
+    if krows:
+        start = {p: START[p[0]] for p in kernel_params(krows, kgroups)}
+        charts = fit_published([], Linearisation(derive(start, kgroups), {}, {}, {}), kgroups, start=start,
+                               krows=krows)
+        for (kind, key), v in charts.items():
+            if kind == "e_attn":
+                gen, stack = key.split("/")
+                out[f"{gen}/{attention_kernel(gen, stack)}"][f"published kernel charts ({kernel_group_sources(krows)})"] = v
+    return {k: sorted((v, w) for w, v in m.items()) for k, m in out.items()}
+
+
+def kernel_group_sources(krows: list[KernelRow]) -> str:
+    return ", ".join(sorted({kr.source for kr in krows}))
+
+
+def measured_kernel(param: tuple[str, str]) -> str | None:
+    """The "gen/gemm" or "gen/kernel" a published efficiency parameter is the in-step level of (None: not an
+    efficiency of one kernel)."""
+    kind, key = param
+    gen, rest = key.split("/")
+    if kind == "e_gemm":
+        return f"{gen}/gemm"
+    if kind == "e_attn":
+        return f"{gen}/{attention_kernel(gen, rest)}"
+    return None
+
+
+def defects(values: dict, levels: dict, rows: list[Row], kgroups: dict, krows: list[KernelRow] = ()) -> dict:
+    """Fitted values the kernel measurements do not allow (`BAND`), values at their least-squares bounds, and the
+    efficiencies no kernel timing bounds: {"band", "defects": [...], "unbounded": [...]}; each names the sources
+    whose rows (or published kernel timings) enter its residuals."""
+    fitted_by = defaultdict(set)
+    for r in rows:
+        for p in row_params(r, kgroups):
+            fitted_by[p].add(r.table.source)
+    for p in kernel_params(list(krows), kgroups):
+        fitted_by[p] |= {kr.source for kr in krows}
+    out, unbounded = [], []
+    for p, v in values.items():
+        name, sources = f"{p[0]}:{p[1]}", sorted(fitted_by.get(p, set()))
+        lo_ls, hi_ls = LS_BOUNDS[p[0]]
+        if min(abs(v / lo_ls - 1), abs(v / hi_ls - 1)) < 1e-6:
+            out.append({"param": name, "value": v, "kind": "at the fit's bound", "bound": lo_ls if
+                        abs(v / lo_ls - 1) < 1e-6 else hi_ls, "fitted_by": sources})
+            continue
+        kernel = measured_kernel(p)
+        if kernel is None:
+            continue
+        measured = levels.get(kernel)
+        if not measured:
+            unbounded.append({"param": name, "value": v, "kernel": kernel, "fitted_by": sources})
+            continue
+        lo, hi = BAND[0] * measured[0][0], BAND[1] * measured[-1][0]
+        if not lo <= v <= hi:
+            out.append({"param": name, "value": v, "kind": "outside what kernel timings allow", "kernel": kernel,
+                        "measured": [{"level": m, "measured_by": w} for m, w in measured], "allowed": [lo, hi],
+                        "fitted_by": sources})
+    return {"band": list(BAND), "defects": out, "unbounded": unbounded}
+
+
 # ------------------------------------------------------------------------------------------- the fit
 
-def fit(rows: list[Row] | None = None, iterations: int = ITERATIONS, loso: bool = True,
-        krows: list[KernelRow] | None = None) -> dict:
-    """The whole fit (module docstring): constants for every group, in-sample and leave-one-source-out
-    errors of the published rows and of the published kernel timings, kernel-row errors."""
+def largest_move(before: dict, after: dict) -> tuple[float, str]:
+    """(largest |after / before - 1| over the fitted values, its parameter) between two iterations."""
+    moves = [(abs(after[p] / before[p] - 1), f"{p[0]}:{p[1]}") for p in after if p in before]
+    moves += [(math.inf, f"{p[0]}:{p[1]}") for p in after if p not in before]
+    return max(moves) if moves else (0.0, "")
+
+
+def fit(rows: list[Row] | None = None, tolerance: float = TOLERANCE, max_iterations: int = MAX_ITERATIONS,
+        loso: bool = True, krows: list[KernelRow] | None = None) -> dict:
+    """The whole fit (module docstring): constants for every group, iterated until no fitted value moves by more
+    than `tolerance`, in-sample and leave-one-source-out errors of the published rows and of the published kernel
+    timings, kernel-row errors, and the constants' defects against the kernel measurements."""
     from benchmarks.published import row_key
     rows = list(ROWS if rows is None else rows)
     krows = list(KERNEL_ROWS if krows is None else krows)
@@ -485,16 +587,29 @@ def fit(rows: list[Row] | None = None, iterations: int = ITERATIONS, loso: bool 
     kgroups = kernel_groups()
     values = {p: START[p[0]] for p in dict.fromkeys(published_params(rows, kgroups) + kernel_params(krows, kgroups))}
     groups = derive(values, kgroups, timed_groups(krows))
-    history = []
-    for it in range(iterations):
+    history, converged = [], False
+    for it in range(max_iterations):
         print(f"iteration {it + 1}: linearising {len(rows)} rows", flush=True)
         lin = linearise(rows, groups, graphs, kgroups)
-        values = fit_published(rows, lin, kgroups, start=values, krows=krows)
+        before, values = values, fit_published(rows, lin, kgroups, start=values, krows=krows)
         groups = derive(values, kgroups, timed_groups(krows))
-        history.append({"iteration": it + 1, "values": _named(values)})
-        print(f"  fitted: {_named(values)}", flush=True)
+        move, moved = largest_move(before, values)
+        history.append({"iteration": it + 1, "values": _named(values), "largest_move": move, "moved": moved})
+        print(f"  fitted: {_named(values)}\n  largest move {100 * move:.2f}% ({moved})", flush=True)
+        if it > 0 and move <= tolerance:
+            converged = True
+            break
+    if not converged:
+        print(f"WARNING: the fit did not converge in {max_iterations} iterations (last move {100 * move:.2f}% of "
+              f"{moved}, tolerance {100 * tolerance:.2f}%)", flush=True)
     final = price_rows(rows, groups, graphs, label="in-sample")
+    levels = kernel_levels(kgroups, krows)
     out = {"groups": groups, "values": _named(values), "history": history, "kernel_groups": kgroups,
+           "convergence": {"converged": converged, "iterations": len(history), "tolerance": tolerance,
+                           "largest_move": move, "moved": moved},
+           "linearisation": {k: [lin.eps_gemm[k], lin.eps_attn[k], lin.eps_step.get(k, 0.0)] for k in lin.priced},
+           "kernel_levels": {k: [{"level": v, "measured_by": w} for v, w in m] for k, m in sorted(levels.items())},
+           "defects": defects(values, levels, rows, kgroups, krows),
            "in_sample": {row_key(r): _err(final[row_key(r)]) for r in rows},
            "kernels_in_sample": _kernel_errs(krows, groups)}
     if loso:
@@ -579,8 +694,16 @@ def summary(result: dict) -> dict:
         return {"priced": len(a), "median_abs_error": statistics.median(a), "p95_abs_error": p95(a),
                 "max_abs_error": a[-1], **({"unseen": unseen} if unseen else {})}
     everything = [k for keys in by_source.values() for k in keys]
-    return {part: {"all": stats(everything, part), "per_source": {s: stats(k, part) for s, k in by_source.items()}}
-            for part in ("in_sample", "loso") if part in result}
+    out = {}
+    for part in ("in_sample", "loso"):
+        if part not in result:
+            continue
+        per_source = {s: stats(k, part) for s, k in by_source.items()}
+        medians = [v["median_abs_error"] for v in per_source.values() if v.get("priced")]
+        out[part] = {"all": {**stats(everything, part),
+                             "median_of_source_medians": statistics.median(medians) if medians else None},
+                     "per_source": per_source}
+    return out
 
 
 def kernel_summary(result: dict) -> dict:
@@ -619,12 +742,23 @@ def main(argv=None) -> int:
     ks = kernel_summary(result)
     for label, part in [(p, v) for p, v in s.items()] + [(f"kernel timings {p}", v) for p, v in ks.items()]:
         a = part["all"]
+        weighed = (f"; median of per-source medians {a['median_of_source_medians']:.3f}"
+                   if a.get("median_of_source_medians") is not None else "")
         print(f"{label}: {a['priced']} rows, median |error| {a['median_abs_error']:.3f}, p95 {a['p95_abs_error']:.3f}, "
-              f"max {a['max_abs_error']:.3f}")
+              f"max {a['max_abs_error']:.3f}{weighed}")
+    c = result["convergence"]
+    print(f"convergence: {'converged' if c['converged'] else 'NOT converged'} after {c['iterations']} iterations "
+          f"(last move {100 * c['largest_move']:.2f}% of {c['moved']}, tolerance {100 * c['tolerance']:.2f}%)")
+    for d in result["defects"]["defects"]:
+        print(f"MODEL DEFECT {d['param']} = {d['value']:.4g}: {d['kind']}"
+              + (f" (allowed {d['allowed'][0]:.3g}-{d['allowed'][1]:.3g} from {d['kernel']})" if "allowed" in d else "")
+              + f"; fitted by {', '.join(d['fitted_by'])}")
     if args.check:
         return 0
     write_constants(result["groups"])
     path = write("fit", {"digest": constants_digest(result["groups"]), "summary": s, "values": result["values"],
+                         "convergence": result["convergence"], "defects": result["defects"],
+                         "kernel_levels": result["kernel_levels"], "linearisation": result["linearisation"],
                          "history": result["history"], "in_sample": result["in_sample"], "loso": result.get("loso"),
                          "kernel_rows": {g: v["errors"] for g, v in result["kernel_groups"].items()},
                          "published_kernels": {"summary": ks, "in_sample": result["kernels_in_sample"],

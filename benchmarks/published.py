@@ -276,6 +276,17 @@ def held_out(rows: list[dict]) -> dict | None:
     return {"stale": False, "commit": fit.get("commit"), "digest": fit["digest"]}
 
 
+def _median_of(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def first_contact_summary() -> dict:
+    """The ledger's first-contact figures (benchmarks.first_contact.summary)."""
+    from benchmarks.first_contact import summary
+    return summary()
+
+
 def summarize(rows: list[dict], wall_s: float) -> dict:
     priced = [r for r in rows if r["error"] is not None]
     loso = held_out(rows)
@@ -290,9 +301,15 @@ def summarize(rows: list[dict], wall_s: float) -> dict:
         if held:
             unseen = sorted({u for r in mine for u in r.get("loso_unseen", [])})
             per_source[source]["held_out"] = {"priced": len(held), **_stats(held), **({"unseen": unseen} if unseen else {})}
-    overall = _stats([r["error"] for r in priced])
+    overall = {**_stats([r["error"] for r in priced]),
+               "median_of_source_medians": _median_of([v["median_abs_error"] for v in per_source.values()])}
     held = [r["loso_error"] for r in rows if r.get("loso_error") is not None]
-    held_stats = {"priced": len(held), **_stats(held)} if held else None
+    held_stats = {"priced": len(held), **_stats(held), "median_of_source_medians": _median_of(
+        [(v.get("held_out") or {}).get("median_abs_error") for v in per_source.values()])} if held else None
+    first = first_contact_summary()
+    for source, v in first["per_source"].items():
+        if source in per_source:
+            per_source[source]["first_contact"] = v
     seen = [r["loso_error"] for r in rows if r.get("loso_error") is not None and not r.get("loso_unseen")]
     if held and seen:  # the rows whose every fitted constant some other source measures too
         held_stats["seen"] = {"priced": len(seen), **_stats(seen)}
@@ -307,6 +324,8 @@ def summarize(rows: list[dict], wall_s: float) -> dict:
         "held_out": {**(loso or {"stale": None}), **({"all": held_stats} if held_stats else {}),
                      "note": "leave-one-source-out (benchmarks.fit): each source's rows priced with constants "
                              "fitted without them"},
+        "first_contact": {**first, "note": "each row of a source added since the ledger began, priced before the "
+                                           "fit saw it, at the commit its ledger line names (benchmarks.first_contact)"},
         "targets": {"median_abs_error": TARGET_MEDIAN, "p95_abs_error": TARGET_P95,
                     "judged_on": "held-out (leave-one-source-out) errors of the priced rows",
                     "met": bool(held_stats) and held_stats["median_abs_error"] <= TARGET_MEDIAN
@@ -385,11 +404,17 @@ def main(argv=None) -> int:
         rows.append(price(row, graphs))
         _print_row(rows[-1])
     summary = summarize(rows, time.perf_counter() - t0)
+    fc = summary["first_contact"]
+    if fc["rows"]:
+        print(f"first contact (benchmarks/data/first_contact.jsonl): {fc['priced']} of {fc['rows']} rows from "
+              f"{fc['sources']} sources priced before the fit saw them, median |error| {_num(fc['median_abs_error'])}, "
+              f"p95 {_num(fc['p95_abs_error'])}; median of per-source medians {_num(fc['median_of_source_medians'])}")
     held = summary["held_out"]
     if held.get("all"):
         a = held["all"]
         print(f"held out (leave-one-source-out, benchmarks.fit): {a['priced']} rows, median |error| "
-              f"{_num(a['median_abs_error'])}, p95 {_num(a['p95_abs_error'])} (targets {TARGET_MEDIAN}, {TARGET_P95})")
+              f"{_num(a['median_abs_error'])}, p95 {_num(a['p95_abs_error'])} (targets {TARGET_MEDIAN}, {TARGET_P95}); "
+              f"median of per-source medians {_num(a.get('median_of_source_medians'))}")
     else:
         print("held out: no current leave-one-source-out errors (run `python -m benchmarks.fit` for the constants "
               "in force)")

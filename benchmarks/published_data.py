@@ -28,6 +28,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from benchmarks.stack_rule import RunFacts
+
 TOKENS = "tokens_per_s_per_gpu"
 MODEL_TFLOPS = "model_tflops_per_gpu"
 HARDWARE_TFLOPS = "hardware_tflops_per_gpu"
@@ -85,6 +87,9 @@ class Table:
     """The run computed bf16 under torch.autocast over fp32 parameters, as partita's runtime does (its own
     runs); False: a bf16 model (Megatron-LM) or an FSDP policy's bf16 parameters."""
     notes: str = ""
+    run: RunFacts | None = None
+    """What the run used (benchmarks.stack_rule): where given, `stack` is the one the written rule assigns to
+    these facts (tests check it); every source entered through the first-contact ledger states them."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -766,3 +771,5 @@ SKIPPED = [
 import benchmarks.published_data_current  # noqa: E402,F401
 # Whole training steps partita ran on a lent GPU (shared/GPU-MEASUREMENTS.md): today's PyTorch on Hopper.
 import benchmarks.published_data_gpu  # noqa: E402,F401
+# Sources entered through the first-contact ledger (issue 45): their rows join ROWS once ADMITTED.
+import benchmarks.published_data_first_contact  # noqa: E402,F401

@@ -249,6 +249,37 @@ def _verdict(value, target) -> str:
     return f"target <= {pct(target, 0)}: {'met' if value is not None and value <= target else 'not met'}"
 
 
+def _headline(d: dict) -> list[str]:
+    """The three figures the README leads with, per row and per source (each source weighed once): first contact
+    (the ledger's rows, priced before the fit saw them), held out (leave-one-source-out) and in-sample."""
+    s = d.get("summary") or {}
+    fc, held = s.get("first_contact") or {}, (s.get("held_out") or {}).get("all") or {}
+    rows = []
+    if fc.get("rows"):
+        rows.append(["**first contact** (sources added since the ledger began)", f"{fc['priced']} / {fc['sources']}",
+                     pct(fc.get("median_abs_error")), pct(fc.get("p95_abs_error")),
+                     pct(fc.get("median_of_source_medians"))])
+    if held:
+        rows.append(["held out (leave-one-source-out, all sources)", f"{held['priced']} / {s.get('sources', '?')}",
+                     pct(held.get("median_abs_error")), pct(held.get("p95_abs_error")),
+                     pct(held.get("median_of_source_medians"))])
+    rows.append(["in-sample (fitted with every source)", f"{s.get('priced', '?')} / {s.get('sources', '?')}",
+                 pct(s.get("median_abs_error")), pct(s.get("p95_abs_error")), pct(s.get("median_of_source_medians"))])
+    out = [table(["", "rows / sources", "median \\|error\\|", "p95 \\|error\\|", "median of per-source medians"],
+                 rows)]
+    if fc.get("rows"):
+        per = "; ".join(f"{src} {pct(v.get('median_abs_error'))} over {v['rows']} row{'s' if v['rows'] != 1 else ''} "
+                        f"({', '.join(v['stacks'])}, "
+                        f"priced at {', '.join(v['commits'])})" for src, v in fc["per_source"].items())
+        out.append(paragraph(
+            f"First contact: every row of a source added since the ledger began (`{fc.get('ledger')}`, appended by "
+            f"`python -m benchmarks.first_contact add SOURCE` and never edited: tests check its hash chain and its git "
+            f"history) was priced with the constants in force at the commit its line names, on the stack "
+            f"benchmarks/stack_rule.py assigns to what the run used, before the fit saw it. Per source (median "
+            f"|error|): {per}."))
+    return out
+
+
 def published(results: dict) -> str:
     d = results["published"]
     o, rows = _published_overall(d), d["rows"]
@@ -259,18 +290,22 @@ def published(results: dict) -> str:
                      f"predicted / measured - 1 on the published metric; {provenance(d)}). The kernel constants "
                      "are fitted by a program (`python -m benchmarks.fit`, least squares per GPU generation and "
                      "stack); *held out* is each source priced with constants fitted without it:")]
+    out += _headline(d)
     body = []
     for s, v in _per_source(d).items():
-        h = v.get("held_out") or {}
+        h, f = v.get("held_out") or {}, v.get("first_contact") or {}
         body.append([s, ", ".join(v.get("stacks", [])), f"{v['priced']} / {v['count']}",
+                     f"{pct(f.get('median_abs_error'))} / {pct(f.get('max_abs_error'))}" if f else "",
                      f"{pct(h.get('median_abs_error'))} / {pct(h.get('p95_abs_error'))} / {pct(h.get('max_abs_error'))}"
                      if h else "n/a", f"{pct(v.get('median_abs_error'))} / {pct(v.get('max_abs_error'))}"])
     a = held.get("all") or {}
+    fc = (d.get("summary") or {}).get("first_contact") or {}
     body.append(["all", "", f"{o['priced']} / {o['rows']}",
+                 f"{pct(fc.get('median_abs_error'))} / {pct(fc.get('max_abs_error'))}" if fc.get("rows") else "",
                  f"{pct(a.get('median_abs_error'))} / {pct(a.get('p95_abs_error'))} / {pct(a.get('max_abs_error'))}"
                  if a else "n/a", f"{pct(o['median'])} / {pct(o['max'])}"])
-    out.append(table(["source", "stack", "rows priced / total", "held out: median / p95 / max \\|error\\|",
-                      "in-sample: median / max \\|error\\|"], body))
+    out.append(table(["source", "stack", "rows priced / total", "first contact: median / max \\|error\\|",
+                      "held out: median / p95 / max \\|error\\|", "in-sample: median / max \\|error\\|"], body))
     t = o["targets"]
     memory = sum(r.get("error") is None and "predicted_if_memory_unbounded" in r for r in rows)
     other = o["rows"] - o["priced"] - memory
@@ -403,7 +438,37 @@ def kernels(results: dict) -> str:
                      f"attention's time from the rest of a step), median {pct(h['median_abs_error'])}, max "
                      f"{pct(h['max_abs_error'])}.")
         out.append(paragraph(text))
+    out += _fit_health(d)
     return "\n\n".join(out) if out else missing("fit")
+
+
+def _fit_health(d: dict) -> list[str]:
+    """The fit's convergence and the defects it reports (benchmarks.fit: BAND, LS_BOUNDS)."""
+    out = []
+    c = d.get("convergence")
+    if c:
+        out.append(paragraph(
+            f"**The fit** ({provenance(d)}) {'converged' if c['converged'] else 'did NOT converge'} in "
+            f"{c['iterations']} iterations: its last iteration (the rows re-priced exactly at the previous constants) "
+            f"moved no fitted value by more than {pct(c['largest_move'], 2)} ({c['moved']}; tolerance "
+            f"{pct(c['tolerance'], 1)})."))
+    df = d.get("defects") or {}
+    if df.get("defects"):
+        band = df.get("band") or [None, None]
+        out.append(paragraph(
+            f"Model defects, reported and not clamped: a fitted efficiency outside {band[0]}-{band[1]}x of what kernel "
+            "timings of that GPU measured for that kernel, or a value at the fit's bounds:"))
+        items = []
+        for x in df["defects"]:
+            why = (f"allowed {x['allowed'][0]:.3f}-{x['allowed'][1]:.3f} ({x['kernel']} measured "
+                   + ", ".join(f"{m['level']:.3f}" for m in x["measured"]) + ")") if "allowed" in x else \
+                f"at the bound {x['bound']:g}"
+            items.append(f"- `{x['param']}` = {x['value']:.3f}: {why}; fitted by {', '.join(x['fitted_by'])}")
+        out.append("\n".join(items))
+    if df.get("unbounded"):
+        out.append(paragraph("No kernel timing measures these on their GPU, so nothing bounds them: " + ", ".join(
+            f"`{x['param']}` = {x['value']:.3f}" for x in df["unbounded"]) + "."))
+    return out
 
 
 def _mesh_text(mesh: dict) -> str:
@@ -715,7 +780,11 @@ def _brief_published(d: dict) -> str:
     t = o["targets"]
     memory = sum(r.get("error") is None and "predicted_if_memory_unbounded" in r for r in d["rows"])
     other = o["rows"] - o["priced"] - memory
-    return (f"{o['priced']} of {o['rows']} published rows from {o['sources']} sources priced in their published "
+    fc = (d.get("summary") or {}).get("first_contact") or {}
+    first = (f"first contact (priced before the fit saw them) {pct(fc.get('median_abs_error'))} median, "
+             f"{pct(fc.get('p95_abs_error'))} p95 over {fc['priced']} rows from {fc['sources']} new sources; "
+             if fc.get("rows") else "")
+    return first + (f"{o['priced']} of {o['rows']} published rows from {o['sources']} sources priced in their published "
             f"configuration ({memory} do not fit the memory model and count as misses"
             + (f", {other} not priced for another reason" if other else "") + "); "
             f"median |error| {pct(o['median'])}, max {pct(o['max'])} (targets {pct(t.get('median_abs_error'), 0)} and "

@@ -116,7 +116,7 @@ def test_the_rows_are_written_and_rendered(tiny_run, tmp_path, monkeypatch):
     assert path.name == "gpu.json" and d["rows"] == [json.loads(json.dumps(row))] and d["steps"] == 3
     assert d["summary"]["ran"] == 1 and d["summary"]["oom"] == 0
     text = report.render("gpu", {"gpu": d, report.GPU_SHARED: report.load()[report.GPU_SHARED]})
-    assert "| `tiny` | a tiny GPT |" in text and f"{row['measured']['step_time_s']:.3f} s" in text
+    assert "| `tiny` | no | a tiny GPT |" in text and f"{row['measured']['step_time_s']:.3f} s" in text
     assert "GPU-MEASUREMENTS" not in text  # a run's own results replace the shared measurements
 
 

@@ -17,6 +17,7 @@ if str(ROOT) not in sys.path:
 from benchmarks import published  # noqa: E402
 from benchmarks.published_data import (HARDWARE_TFLOPS, METRICS, ROWS, SKIPPED, TOKENS, Model, Row,  # noqa: E402
                                        Table)
+from benchmarks.published_data_first_contact import FIRST_CONTACT_ROWS  # noqa: E402
 from partita.costmodel.hardware import gpu_device, DEVICES  # noqa: E402
 from partita.planner.enumerate.options import RECOMPUTE  # noqa: E402
 
@@ -50,7 +51,8 @@ def test_compiled_runs_are_priced_compiled_and_keyed_apart_from_their_eager_run(
     assert any(published.row_key(r).removesuffix("/compiled") in keys for r in compiled)
 
 
-@pytest.mark.parametrize("row", ROWS, ids=published.row_key)
+@pytest.mark.parametrize("row", list({published.row_key(r): r for r in ROWS + FIRST_CONTACT_ROWS}.values()),
+                         ids=published.row_key)
 def test_every_row_is_a_consistent_published_configuration(row):
     assert row.tp * row.pp * row.dp * row.cp == row.gpus
     assert row.dp % row.ep == 0 and (row.cp == 1 or row.seq % (2 * row.cp) == 0)

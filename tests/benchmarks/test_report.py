@@ -32,7 +32,7 @@ def _published(error: float) -> dict:
 
 def test_the_renderer_puts_the_results_values_into_the_section():
     text = report.render("published", {"published": _published(0.1234)})
-    assert "| src-x |  | 1 / 2 | n/a | 12.3% / 12.3% |" in text  # per-source row, computed where the summary lacks it
+    assert "| src-x |  | 1 / 2 |  | n/a | 12.3% / 12.3% |" in text  # per-source row, computed where the summary lacks it
     assert "`src-x/model-y`: measured 1000 tokens/s per GPU, predicted 1123 (+12.3%)" in text
     assert "1 of the 2 rows" in text and "not priced" in text and "commit abc1234" in text
     assert "No held-out errors" in text  # no benchmarks.fit results for these constants
@@ -47,7 +47,7 @@ def test_the_headline_is_the_held_out_error_and_its_verdicts():
                                              "stacks": ["te-2024"], "held_out": held}},
                     "rows": 2, "priced": 1, "median_abs_error": 0.05, "max_abs_error": 0.05}
     text = report.render("published", {"published": d})
-    assert "| src-x | te-2024 | 1 / 2 | 8.3% / 21.4% / 21.4% | 5.0% / 5.0% |" in text
+    assert "| src-x | te-2024 | 1 / 2 |  | 8.3% / 21.4% / 21.4% | 5.0% / 5.0% |" in text
     text = " ".join(text.split())  # paragraphs are wrapped
     assert "Held out, over 1 rows" in text and "median |error| 8.3% (target <= 10%: met)" in text
     assert "p95 21.4% (target <= 20%: not met)" in text and "In-sample (constants fitted with every source)" in text
@@ -59,6 +59,51 @@ def test_the_headline_is_the_held_out_error_and_its_verdicts():
     text = " ".join(report.render("published", {"published": d}).split())
     assert ("Over the 1 rows priced only with constants that other sources measure too, the held-out median "
             "|error| is 3.1%, p95 7.2%, max 9.0%.") in text
+
+
+def test_the_readme_leads_with_first_contact_beside_held_out_and_in_sample_per_row_and_per_source():
+    d = _published(0.05)
+    held = {"priced": 1, "median_abs_error": 0.083, "p95_abs_error": 0.214, "max_abs_error": 0.214,
+            "median_of_source_medians": 0.07}
+    first = {"rows": 3, "priced": 3, "sources": 2, "median_abs_error": 0.047, "p95_abs_error": 0.275,
+             "max_abs_error": 0.29, "median_of_source_medians": 0.061, "ledger": "benchmarks/data/first_contact.jsonl",
+             "per_source": {"src-x": {"rows": 2, "priced": 2, "median_abs_error": 0.041, "max_abs_error": 0.1,
+                                      "stacks": ["flash1-2022"], "commits": ["cba07c9efd"]},
+                            "src-new": {"rows": 1, "priced": 1, "median_abs_error": 0.098, "max_abs_error": 0.098,
+                                        "stacks": ["megatron-2021"], "commits": ["cba07c9efd"]}}}
+    d["summary"] = {"held_out": {"all": held}, "first_contact": first, "rows": 2, "priced": 1, "sources": 2,
+                    "median_abs_error": 0.05, "p95_abs_error": 0.05, "max_abs_error": 0.05,
+                    "median_of_source_medians": 0.05,
+                    "per_source": {"src-x": {"count": 2, "priced": 1, "median_abs_error": 0.05, "max_abs_error": 0.05,
+                                             "stacks": ["flash1-2022"], "held_out": held,
+                                             "first_contact": first["per_source"]["src-x"]}}}
+    text = report.render("published", {"published": d})
+    lines = text.splitlines()
+    first_table = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
+    assert lines[first_table + 2].startswith("| **first contact**") and "| 3 / 2 | 4.7% | 27.5% | 6.1% |" in text
+    assert "| held out (leave-one-source-out, all sources) | 1 / 2 | 8.3% | 21.4% | 7.0% |" in text
+    assert "| src-x | flash1-2022 | 1 / 2 | 4.1% / 10.0% | 8.3% / 21.4% / 21.4% | 5.0% / 5.0% |" in text
+    assert "src-new 9.8% over 1 row (megatron-2021, priced at cba07c9efd)" in " ".join(text.split())
+
+
+def test_the_fits_convergence_and_defects_are_reported():
+    d = {"commit": "abc1234", "machine": {"date": "2026-01-02"},
+         "convergence": {"converged": True, "iterations": 6, "tolerance": 0.005, "largest_move": 0.0031,
+                         "moved": "e_attn:hopper/te-2024-flash2"},
+         "defects": {"band": [0.5, 1.2], "defects": [
+             {"param": "e_attn:hopper/te-2024-flash2", "value": 0.154, "kind": "outside what kernel timings allow",
+              "kernel": "hopper/flash2", "measured": [{"level": 0.345, "measured_by": "h200"}, {"level": 0.398,
+                                                                                               "measured_by": "chart"}],
+              "allowed": [0.1725, 0.4776], "fitted_by": ["dgxc-benchmarking"]},
+             {"param": "h_seq:ampere/flash1", "value": 1.0, "kind": "at the fit's bound", "bound": 1.0,
+              "fitted_by": ["published kernel charts"]}],
+             "unbounded": [{"param": "e_gemm:ampere/megatron-2021", "value": 0.66, "kernel": "ampere/gemm"}]}}
+    text = " ".join(report.render("kernels", {"fit": d}).split())
+    assert "converged in 6 iterations" in text and "more than 0.31% (e_attn:hopper/te-2024-flash2" in text
+    assert ("`e_attn:hopper/te-2024-flash2` = 0.154: allowed 0.172-0.478 (hopper/flash2 measured 0.345, 0.398); "
+            "fitted by dgxc-benchmarking") in text
+    assert "`h_seq:ampere/flash1` = 1.000: at the bound 1" in text
+    assert "nothing bounds them: `e_gemm:ampere/megatron-2021` = 0.660" in text
 
 
 def test_a_memory_miss_is_listed_with_the_time_model_error_when_memory_is_lifted():

@@ -1,0 +1,171 @@
+"""Published measurements entered through the first-contact ledger (issue 45): data only, under the conventions of
+benchmarks.published_data.
+
+Every source here is priced by `python -m benchmarks.first_contact add SOURCE` -- with the fitted constants in
+force and on the stack benchmarks.stack_rule assigns to the facts its Table states (`Table.run`) -- and the
+prediction is committed to benchmarks/data/first_contact.jsonl before the source enters the fit. A source
+enters the fit's data (ROWS) only once its name is in ADMITTED; tests/benchmarks/test_first_contact.py checks
+that every row of an admitted source has its first-contact line, priced at a commit where the fit had not seen
+it, and that a row's configuration and measured value are still those its line records.
+"""
+from __future__ import annotations
+
+from benchmarks.published_data import FULL, NONE, ROWS, SELECTIVE, SKIPPED, TOKENS, Model, Row, Skipped, Table
+from benchmarks.stack_rule import RunFacts, stack_for
+
+
+def ruled_table(run: RunFacts, **kwargs) -> Table:
+    """A Table on the stack the written rule assigns to `run` (never chosen by hand)."""
+    return Table(stack=stack_for(run), run=run, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------
+# InternLM, doc/en/train_performance.md @ c18bec9 (2023-07-08), section "FLOPS Testing": InternLM-7B
+# (configs/7B_sft.py: 32 layers, hidden 4096, 32 heads, vocab 103168, SwiGLU MLP of int(4096 x 8/3) rounded up to a
+# multiple of 256 = 11008, RMSNorm, rotary positions) on nvidia_a100-sxm4-80gb with 4 x 100 Gb RoCE between nodes,
+# bf16, sequence 2048, tp 1, `zero1=8` (the optimizer states sharded over the 8 GPUs of a node), pack_sample_into_one
+# True (every 2048-token chunk of a packed micro-batch is its own causal sequence: internlm/data/packed_dataset.py
+# PackedDatasetWithoutCuSeqlen sets cu_seqlens at multiples of 2048). "Micro Bsz" sequences per micro-batch, "Micro
+# Num" micro-batches per step; "Activation Ckpt" True checkpoints every block (model.checkpoint). Stack facts from
+# doc/en/install.md @ c18bec9: PyTorch 1.13.1, flash-attention v1.0.5, apex 23.05 (MixedFusedRMSNorm), flash-attn's
+# fused dense, rotary and cross-entropy.
+INTERNLM_RUN = RunFacts(framework="InternLM @ c18bec9 (torch 1.13.1, flash-attention 1.0.5, apex 23.05)",
+                        elementwise="fused", attention="flash1", torch="1.13")
+INTERNLM = ruled_table(
+    INTERNLM_RUN, source="internlm",
+    citation="InternLM/InternLM doc/en/train_performance.md @ c18bec9 (2023-07-08), section 'FLOPS Testing', column "
+             "TGS (tokens per GPU per second); model configs/7B_sft.py, stack doc/en/install.md @ c18bec9",
+    metric=TOKENS, framework="InternLM (hybrid ZeRO-1, flash-attention 1.0.5, apex fused RMSNorm)",
+    notes="`zero1=8` shards the optimizer states over a node's 8 GPUs (hybrid ZeRO, gradient reduce overlapped "
+          "with the backward): priced as partita's ZeRO-1 over all data-parallel ranks; 4 x 100 Gb RoCE per node "
+          "priced as published: 6.25 GB/s per GPU across nodes")
+INTERNLM_7B = Model(name="internlm-7b", family="llama", layers=32, hidden=4096, heads=32, vocab=103168, ffn=11008,
+                    loss="fused", notes="InternLM-7B has biases on the attention projections (partita's llama has "
+                                        "none); flash-attn's fused cross-entropy")
+_ILM = dict(table=INTERNLM, model=INTERNLM_7B, seq=2048, hardware="A100-80GB", device_overrides=(("inter_node_bw", 6.25e9),),
+            tp=1, zero=(1,), sharding="InternLM hybrid ZeRO-1 (zero1=8)")
+
+
+def _internlm(gpus: int, micro_bsz: int, micro_num: int, ckpt: bool, tgs: float) -> Row:
+    return Row(**_ILM, gpus=gpus, dp=gpus, micro_batch=micro_bsz, global_batch=gpus * micro_bsz * micro_num,
+               recompute=FULL if ckpt else NONE, value=tgs, variant="ckpt" if ckpt else "no-ckpt",
+               notes=f"Micro Bsz {micro_bsz}, Micro Num {micro_num}, Activation Ckpt {'TRUE' if ckpt else 'FALSE'}")
+
+
+INTERNLM_ROWS = [
+    _internlm(8, 8, 1, True, 3314), _internlm(16, 8, 1, True, 3268), _internlm(32, 8, 1, True, 3323),
+    _internlm(64, 8, 1, True, 3217), _internlm(128, 8, 1, True, 3260), _internlm(256, 8, 1, True, 3215),
+    _internlm(512, 8, 1, True, 3199), _internlm(1024, 8, 1, True, 3163), _internlm(512, 4, 1, True, 2963),
+    _internlm(1024, 2, 1, True, 2341), _internlm(1024, 4, 1, True, 2796),
+    _internlm(8, 2, 4, False, 4103), _internlm(16, 2, 4, False, 3939), _internlm(32, 2, 4, False, 3919),
+    _internlm(64, 2, 4, False, 3944), _internlm(128, 2, 4, False, 3928), _internlm(256, 2, 4, False, 3920),
+    _internlm(512, 2, 4, False, 3900), _internlm(1024, 2, 4, False, 3625), _internlm(512, 2, 2, False, 3084),
+    _internlm(1024, 2, 1, False, 2346), _internlm(1024, 2, 2, False, 2817),
+]
+
+# ---------------------------------------------------------------------------------------------------
+# NVIDIA NeMo Megatron (BigNLP-Scripts / NeMo-Megatron-Launcher, now NVIDIA/NeMo-Framework-Launcher), README.md
+# section 7.1.2 "Training Performance Results": GPT-3 5B and 175B on DGX SuperPOD (DGX A100 80GB, HDR InfiniBand),
+# the cluster's "Tokens per Second" by node count. Each table was measured with the repository's predefined config
+# of its commit (conf/training/gpt3/{5b,175b}.yaml), which the README names as the configurations to train with:
+#   2022-06 (b20f85d4) 5B: TP 2, MBS 2, GBS 1440, no recompute (block method, 0 layers), fused_adam
+#   2022-07 (d4317ddd) 175B: TP 8, PP 8, MBS 2, GBS 1536, selective recompute + sequence parallelism, fused_adam
+#   2022-09 (a2b2f83a) 5B: TP 1, MBS 2, GBS 2048, no recompute, distributed_fused_adam
+#   2022-09 (1f1e6be5) 175B: TP 8, PP 8, MBS 2, GBS 2048, selective + sequence parallelism, distributed_fused_adam
+# bf16 with megatron_amp_O2 (bf16 model, fp32 main parameters), seq 2048, GPT-2 BPE (50257) padded to a multiple of
+# 128 x TP, learned positions, hidden and attention dropout 0.1, Megatron's fused kernels (persistent LayerNorm,
+# masked-softmax, bias-GELU, bias-dropout-add) and unfused attention; support matrix: PyTorch 1.12, NeMo 1.9-1.10.
+NEMO_RUN = RunFacts(framework="NeMo Megatron 22.0x (NeMo 1.9-1.10, PyTorch 1.12, apex fused kernels)",
+                    elementwise="fused", attention="math", torch="1.12")
+_NEMO_CITE = ("NVIDIA/NeMo-Framework-Launcher README.md @ {} ({}), section 7.1.2 'Training Performance Results', "
+              "row 'Tokens per Second' (the cluster's); config conf/training/gpt3/{}.yaml @ {}")
+_NEMO_NOTES = ("value = the printed cluster throughput / GPUs; the README does not name the config it measured "
+               "with: the predefined config of the same commit is taken as it")
+
+
+def _nemo_table(commit: str, date: str, size: str) -> Table:
+    return ruled_table(NEMO_RUN, source="nemo-megatron-launcher", citation=_NEMO_CITE.format(commit, date, size, commit),
+                       metric=TOKENS, precision="bf16 (megatron_amp_O2)", framework="NeMo Megatron (Megatron-LM GPT, "
+                       "PyTorch Lightning DDP)", notes=_NEMO_NOTES)
+
+
+def _nemo_gpt(name: str, layers: int, hidden: int, heads: int, vocab: int) -> Model:
+    return Model(name=name, family="gpt", layers=layers, hidden=hidden, heads=heads, vocab=vocab, attention="math",
+                 dropout=0.1, notes=f"GPT-2 BPE (50257) padded to {vocab}; attention dropout 0.1 (NeMo's default)")
+
+
+NEMO_5B_TP2 = _nemo_gpt("nemo-gpt3-5b", 24, 4096, 32, 50432)
+NEMO_5B_TP1 = _nemo_gpt("nemo-gpt3-5b", 24, 4096, 32, 50304)
+NEMO_175B = _nemo_gpt("nemo-gpt3-175b", 96, 12288, 96, 51200)
+_N = dict(seq=2048, hardware="A100-80GB", micro_batch=2)
+_N5_0622 = dict(_N, table=_nemo_table("b20f85d4", "2022-06-03", "5b"), model=NEMO_5B_TP2, tp=2, global_batch=1440,
+                zero=(0,), sharding="data parallel (fused_adam)", recompute=NONE, variant="2022-06")
+_N175_0722 = dict(_N, table=_nemo_table("d4317ddd", "2022-07-14", "175b"), model=NEMO_175B, tp=8, pp=8,
+                  global_batch=1536, zero=(0,), sharding="data parallel (fused_adam)", recompute=SELECTIVE,
+                  sequence_parallel=True, variant="2022-07")
+_DIST = "NeMo distributed_fused_adam (optimizer states sharded over the data-parallel ranks, priced as ZeRO-1)"
+_N5_0922 = dict(_N, table=_nemo_table("a2b2f83a", "2022-09-06", "5b"), model=NEMO_5B_TP1, tp=1, global_batch=2048,
+                zero=(1,), sharding=_DIST, recompute=NONE, variant="2022-09")
+_N175_0922 = dict(_N, table=_nemo_table("1f1e6be5", "2022-09-07", "175b"), model=NEMO_175B, tp=8, pp=8,
+                  global_batch=2048, sharding=_DIST, recompute=SELECTIVE, sequence_parallel=True, variant="2022-09")
+
+
+def _nemo(base: dict, nodes: int, cluster_tokens: float) -> Row:
+    gpus = 8 * nodes
+    dp = gpus // (base["tp"] * base.get("pp", 1))
+    extra = {} if "zero" in base else {"zero": (1,) if dp > 1 else (0,)}
+    return Row(**base, **extra, gpus=gpus, dp=dp, value=cluster_tokens / gpus,
+               notes=f"{nodes} nodes: {cluster_tokens:.0f} tokens/s printed for the cluster")
+
+
+NEMO_ROWS = ([_nemo(_N5_0622, n, v) for n, v in ((1, 39543), (2, 79128), (5, 195047), (9, 344523), (10, 383500),
+                                                 (18, 670254), (20, 731791))]
+             + [_nemo(_N175_0722, n, v) for n, v in ((16, 20642), (32, 38025), (128, 141306))]
+             + [_nemo(_N5_0922, n, v) for n, v in ((1, 40345), (2, 79815), (4, 161754), (8, 312774), (16, 659481),
+                                                   (32, 1159288))]
+             + [_nemo(_N175_0922, n, v) for n, v in ((8, 7500), (16, 14950), (32, 29537), (64, 58211),
+                                                     (128, 109684))])
+
+# ---------------------------------------------------------------------------------------------------
+# TinyLlama, jzhang38/TinyLlama README.md @ 09baa9e (2023-09-04): "a throughput of 24k tokens per second per A100-40G
+# GPU ... without activation checkpointing", "per-gpu batch size of 16k tokens", 16 A100-40G GPUs, batch 2 million
+# tokens (2048 x 1024). pretrain/tinyllama.py @ 09baa9e: micro_batch_size 8, 64 sequences per device per step
+# (global_batch_size 512 / num_of_devices 8, per node), Lightning Fabric FSDPStrategy wrapping each Block with no
+# activation checkpointing and no sharding strategy set (FULL_SHARD, the default); lit_gpt/config.py tiny_LLaMA_1b:
+# 22 layers, hidden 2048, 32 heads, 4 query groups, MLP 5632, vocab 32000, FusedRMSNorm; PRETRAIN.md: torch 2.1
+# nightly, flash-attention 2 with its fused layernorm, rotary and cross-entropy, xformers' fused SwiGLU.
+TINYLLAMA_RUN = RunFacts(framework="TinyLlama @ 09baa9e (lit-gpt + Lightning Fabric FSDP, torch 2.1 nightly, "
+                                   "flash-attention 2, xformers SwiGLU)",
+                         elementwise="fused", attention="flash2", torch="2.1")
+TINYLLAMA = ruled_table(
+    TINYLLAMA_RUN, source="tinyllama",
+    citation="jzhang38/TinyLlama README.md @ 09baa9e (2023-09-04), 'Blazingly Fast' and 'Training Details'; "
+             "pretrain/tinyllama.py, lit_gpt/config.py and PRETRAIN.md @ 09baa9e",
+    metric=TOKENS, framework="lit-gpt + Lightning Fabric FSDP (FULL_SHARD), flash-attention 2",
+    notes="'24k' as printed (rounded); the network between the two nodes is not published (the preset's); Fabric's "
+          "bf16-mixed precision under FSDP priced as bf16 parameters")
+TINYLLAMA_11B = Model(name="tinyllama-1.1b", family="llama", layers=22, hidden=2048, heads=32, kv_heads=4, ffn=5632,
+                      vocab=32000, loss="fused")
+TINYLLAMA_ROWS = [
+    Row(table=TINYLLAMA, model=TINYLLAMA_11B, seq=2048, hardware="A100-40GB", gpus=16, dp=16, zero=(3,),
+        sharding="FSDP FULL_SHARD (Fabric's default)", micro_batch=8, global_batch=1024, recompute=NONE, value=24000),
+]
+
+FIRST_CONTACT_ROWS: list[Row] = INTERNLM_ROWS + NEMO_ROWS + TINYLLAMA_ROWS
+"""Every row entered through the ledger, admitted to the fit or not."""
+
+ADMITTED: tuple[str, ...] = ("internlm", "nemo-megatron-launcher", "tinyllama")
+"""Sources whose first-contact pricing is committed to the ledger and that the fit's data (ROWS) now holds."""
+
+FIRST_CONTACT_SKIPPED = [
+    Skipped(source="internlm", what="train_performance.md 'Throughput Measurement' table (tp 1/2, zero1 -1/8/4; 32 "
+                                    "values)",
+            reason="measured with pack_sample_into_one=False: attention runs over each packed sample's own length, "
+                   "which the data decides and the table does not state; the FLOPS tables (pack_sample_into_one "
+                   "True) are priced"),
+    Skipped(source="nemo-megatron-launcher", what="T5, mT5 and BERT training-performance tables",
+            reason="encoder-decoder and encoder models: not expressible by partita's decoder families"),
+]
+
+ROWS.extend(r for r in FIRST_CONTACT_ROWS if r.table.source in ADMITTED)
+SKIPPED.extend(FIRST_CONTACT_SKIPPED)

@@ -127,8 +127,11 @@ class RankPool:
             proc.join()
         self.workers = []
 
-    def run(self, ranks: int, argv: list, cwd, env: dict | None = None, timeout: float = 300) -> Finished:
-        """`partita.runtime.train.main(argv)` on `ranks` ranks, in `cwd`, with `env` added to the environment."""
+    def run(self, ranks: int, argv: list, cwd, env: dict | None = None, timeout: float = 300,
+            rank_argv: dict | None = None, rank_env: dict | None = None) -> Finished:
+        """`partita.runtime.train.main(argv)` on `ranks` ranks, in `cwd`, with `env` added to the environment;
+        `rank_argv` {rank: argv} and `rank_env` {rank: variables} give single ranks their own (as the nodes
+        of a multi-node job are each started by their own command)."""
         if not 1 <= ranks <= self.size:
             raise ValueError(f"the pool has {self.size} workers; a job of {ranks} ranks does not fit")
         self._grow(ranks)
@@ -136,8 +139,8 @@ class RankPool:
         for r in range(ranks):
             job_env = {"RANK": str(r), "LOCAL_RANK": str(r), "GROUP_RANK": "0", "WORLD_SIZE": str(ranks),
                        "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                       **(env or {})}
-            self.workers[r][1].send((job_env, [str(a) for a in argv], str(cwd)))
+                       **(env or {}), **(rank_env or {}).get(r, {})}
+            self.workers[r][1].send((job_env, [str(a) for a in (rank_argv or {}).get(r, argv)], str(cwd)))
         deadline, results = time.monotonic() + timeout, []
         for r in range(ranks):
             conn = self.workers[r][1]

@@ -1,0 +1,126 @@
+"""Nodes that agree (issue 47 item 3).
+
+- The run agreement check (runtime.agreement): ranks started with another --lr, --steps, plan content or data
+  content stop before any step, every rank with one line naming the rank, its host and the field; the same
+  plan and data under other paths agree. On the session's long-lived ranks (tests/rank_pool.py), each rank a
+  "node" of its own (LOCAL_RANK 0) with its own command line; then once through two real `partita run` nodes
+  with other --steps, which gloo used to end in SIGABRT and pages of C++ frames (or a hang).
+
+Real processes, gloo, tiny-gpt; a test's `timeout` only bounds a hang.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rank_pool
+from test_plans_match_single_process import ROOT, _env, make_plan
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- the agreement check, on the pool's ranks --------------------------------------------------------------
+
+NODES = {r: {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(r)} for r in range(2)}
+"""Two ranks, each the only rank of its own node."""
+
+
+def two_ranks(tmp_path: Path, argv: list, rank1: list | None = None):
+    return rank_pool.shared().run(2, argv, cwd=ROOT, timeout=180, rank_argv={1: rank1} if rank1 else None,
+                                  rank_env=NODES)
+
+
+def tokens(path: Path, seed: int) -> Path:
+    np.random.default_rng(seed).integers(0, 256, size=4096, dtype=np.uint16).tofile(path)
+    return path
+
+
+def test_ranks_that_disagree_stop_before_any_step_naming_the_rank_and_the_field(tmp_path):
+    host = socket.gethostname()
+    plan, other, same = tmp_path / "plan.json", tmp_path / "other.json", tmp_path / "copy" / "plan.json"
+    plan.write_text(json.dumps(make_plan(dp=2)))
+    other.write_text(json.dumps(make_plan(dp=2, micro=2)))  # another plan: two microbatches
+    same.parent.mkdir()
+    same.write_text(json.dumps(json.loads(plan.read_text()), indent=4))  # the same plan, written otherwise
+    data, swapped, moved = tokens(tmp_path / "a.bin", 1), tokens(tmp_path / "b.bin", 2), tmp_path / "c.bin"
+    moved.write_bytes(data.read_bytes())
+    base = [str(plan), "--model", "tiny-gpt", "--steps", "2"]
+
+    cases = [
+        (base + ["--lr", "0.001"], base + ["--lr", "0.1"],
+         f"the nodes disagree on --lr: rank 1 (host {host}) runs with --lr 0.1, rank 0 (host {host}) with --lr 0.001"),
+        (base, [str(plan), "--model", "tiny-gpt", "--steps", "3"],
+         f"the nodes disagree on --steps: rank 1 (host {host}) runs with --steps 3, rank 0 (host {host}) with "
+         "--steps 2"),
+        (base, [str(other), *base[1:]], f"the nodes disagree on the plan: rank 1 (host {host}) runs with {other} "
+                                        "(content sha256 "),
+        (base + ["--data", str(data)], base + ["--data", str(swapped)],
+         f"the nodes disagree on the data (--data): rank 1 (host {host}) runs with content sha256 "),
+    ]
+    for rank0, rank1, line in cases:
+        done = two_ranks(tmp_path, rank0, rank1)
+        assert done.returncode == 2, (rank1, done.stderr)
+        assert line in done.stderr, (rank1, done.stderr)
+        assert done.stderr.count("partita: error:") == 1 and "Traceback" not in done.stderr, done.stderr
+        assert "partita run:" not in done.stdout, done.stdout  # no rank began training
+    agreed = two_ranks(tmp_path, base + ["--data", str(data)], [str(same), *base[1:], "--data", str(moved)])
+    assert agreed.returncode == 0, agreed.stderr  # the same content under other paths: the same job
+
+
+# ---- two real nodes ------------------------------------------------------------------------------------------
+
+def start_nodes(tmp_path: Path, args: list, node_args=([], []), plan: dict | None = None) -> tuple[list, str]:
+    """Two `partita run` nodes of one 4-rank job on this machine, each in its own session; returns the
+    processes (stdout and stderr in tmp_path/node<i>.out/.err) and the endpoint."""
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps(plan or make_plan(dp=2, tp=2)))
+    endpoint, job = f"127.0.0.1:{free_port()}", f"partita-test-{uuid.uuid4().hex[:8]}"
+    procs = []
+    for node in range(2):
+        cmd = [sys.executable, "-m", "partita.planner.cli", "run", str(plan_file), "--model", "tiny-gpt", *args,
+               *node_args[node], "--nnodes", "2", "--rdzv-endpoint", endpoint, "--rdzv-id", job]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=_env(), text=True, start_new_session=True,
+                                      stdout=open(tmp_path / f"node{node}.out", "w"),
+                                      stderr=open(tmp_path / f"node{node}.err", "w")))
+    return procs, endpoint
+
+
+def stderr_of(tmp_path: Path, node: int) -> str:
+    return (tmp_path / f"node{node}.err").read_text()
+
+
+def wait_all(procs, timeout: float = 240) -> list[int]:
+    try:
+        return [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_two_nodes_started_with_other_steps_stop_in_one_line_each(tmp_path):
+    procs, _ = start_nodes(tmp_path, [], node_args=(["--steps", "2"], ["--steps", "3"]))
+    codes = wait_all(procs)
+    for node in range(2):
+        err = stderr_of(tmp_path, node)
+        assert codes[node] == 2, err
+        lines = [line for line in err.splitlines() if not line.startswith("partita: rendezvous at ")]
+        assert len(lines) == 1, err
+        assert re.fullmatch(r"partita: error: rank \d: the nodes disagree on --steps: rank \d \(host .+\) runs with "
+                            r"--steps \d, rank 0 \(host .+\) with --steps \d: start every node with the same command, "
+                            r"plan and data", lines[0]), err

@@ -46,6 +46,13 @@ if __name__ == "__main__" and "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun
     StopSignal().install()                                          # per rank (runtime.stop)
     if os.environ.get("PARTITA_AGENT"):
         die_with_parent()
+# The launcher (torchrun's agent, several nodes): the rendezvous store's C++ warnings -- a page of C++ frames per
+# connection retry -- stay off the console, where runtime.rendezvous says what failed in one line. torch reads
+# the level once, when it loads; the workers it starts do not inherit it.
+_QUIET_CPP = (__name__ == "__main__" and "TORCHELASTIC_RUN_ID" not in os.environ and "TORCH_CPP_LOG_LEVEL" not in
+              os.environ and "--check" not in sys.argv and any(a.startswith("--rdzv-endpoint") for a in sys.argv))
+if _QUIET_CPP:
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
@@ -61,6 +68,8 @@ from partita.runtime.progress import DEFAULT_EVERY
 from partita.runtime.report import show_library_warnings_once, write_error_file
 from partita.runtime.stop import StopSignal, die_with_parent
 
+if _QUIET_CPP:
+    os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
 # runtime.session (DCP, FSDP, DTensor: seconds of imports) loads in the workers only: the launcher process
 # (torchrun's agent, below) starts sooner without it
 

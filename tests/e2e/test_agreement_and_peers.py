@@ -1,10 +1,12 @@
-"""Nodes that agree (issue 47 item 3).
+"""Nodes that agree, and a rendezvous endpoint's real cause (issue 47 items 3 and 9).
 
 - The run agreement check (runtime.agreement): ranks started with another --lr, --steps, plan content or data
   content stop before any step, every rank with one line naming the rank, its host and the field; the same
   plan and data under other paths agree. On the session's long-lived ranks (tests/rank_pool.py), each rank a
   "node" of its own (LOCAL_RANK 0) with its own command line; then once through two real `partita run` nodes
   with other --steps, which gloo used to end in SIGABRT and pages of C++ frames (or a hang).
+- A rendezvous endpoint held by a silent program on 0.0.0.0 (a launcher that used to hang forever) is one line,
+  exit 2.
 
 Real processes, gloo, tiny-gpt; a test's `timeout` only bounds a hang.
 """
@@ -124,3 +126,23 @@ def test_two_nodes_started_with_other_steps_stop_in_one_line_each(tmp_path):
         assert re.fullmatch(r"partita: error: rank \d: the nodes disagree on --steps: rank \d \(host .+\) runs with "
                             r"--steps \d, rank 0 \(host .+\) with --steps \d: start every node with the same command, "
                             r"plan and data", lines[0]), err
+
+
+@pytest.mark.slow
+def test_an_endpoint_held_by_a_silent_program_on_all_addresses_is_one_line(tmp_path):
+    """A program listening on 0.0.0.0:P that never answers: a node given --rdzv-endpoint 0.0.0.0:P connected to
+    it as a store client and hung there for good, deadline and signals ignored."""
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen(16)
+        port = held.getsockname()[1]
+        plan = tmp_path / "plan.json"
+        plan.write_text(json.dumps(make_plan(dp=2, tp=2)))
+        done = subprocess.run([sys.executable, "-m", "partita.planner.cli", "run", str(plan), "--model", "tiny-gpt",
+                               "--steps", "2", "--nnodes", "2", "--rdzv-endpoint", f"0.0.0.0:{port}",
+                               "--rdzv-timeout", "10"], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                              timeout=180)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"partita: error: rendezvous endpoint 0.0.0.0:{port}: the port is held by another program, not a rendezvous "
+        "store: choose a free port for --rdzv-endpoint (the same on every node)"], done.stderr

@@ -7,8 +7,8 @@ Layout of `--checkpoint-dir DIR`:
         .metadata               DCP's index (global shapes, which file holds which chunk)
         partita.json            manifest: format, step, run id, model fingerprint, train config, seed, data,
                                 the plan it was saved under, and the size and SHA-256 of every file above
-    DIR/step-00000004.sha256    the SHA-256 of step-00000004/partita.json (`sha256sum -c` reads it): the manifest
-                                is checked against it, so an entry edited or removed in the manifest is seen
+    DIR/.step-00000004.sha256   the SHA-256 of step-00000004/partita.json (`sha256sum -c` reads it in DIR): the
+                                manifest is checked against it, so an entry edited or removed in it is seen
     DIR/.step-00000006.tmp/     a save in progress (or one that crashed): never read
     DIR/partita-run.json        the run that owns DIR; DIR/.partita.lock: held while it trains (runtime.ownership)
 
@@ -72,8 +72,9 @@ from partita.runtime.zero1 import owned
 
 FORMAT = "partita.checkpoint/1"
 MANIFEST = "partita.json"
-SIDECAR = "{name}.sha256"
-"""Beside a step directory: the digest of its manifest, in sha256sum's format."""
+SIDECAR = ".{name}.sha256"
+"""Beside a step directory: the digest of its manifest, in sha256sum's format (hidden, so that what lists
+DIR/step-* sees the checkpoints alone)."""
 _STEP = re.compile(r"^step-(\d{8})$")
 _TMP = re.compile(r"^\.step-(\d{8})\.tmp$")
 

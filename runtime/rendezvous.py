@@ -15,6 +15,8 @@ whose handler only adds watching:
   with the count last seen. A store client that connected to something that never answers does not return
   by itself (its C++ connect loop ignores the deadline and signals): past the deadline by GRACE the ticker ends
   the launcher with the same line (`FATAL`).
+- Once the first rendezvous has completed, the launchers watch each other (runtime.peers.PeerWatch, `WATCH`):
+  a lost node is noticed in seconds, not after torchrun's 300 s exit barrier.
 
 `check_endpoint` runs on every node, before anything starts:
 - a HOST that does not resolve is one line (torch would retry it for the whole deadline, printing a warning
@@ -58,6 +60,8 @@ class Seen:
 
 
 SEEN = Seen()
+WATCH = None
+"""This launcher's runtime.peers.PeerWatch, once its first rendezvous completed (several nodes only)."""
 
 
 def _fatal(line: str) -> None:
@@ -66,7 +70,10 @@ def _fatal(line: str) -> None:
 
 
 FATAL = _fatal
-"""Ends the launcher with one line when a wait ignores its deadline."""
+"""Ends the launcher with one line when a wait ignores its deadline; runtime.api.agent also stops its workers
+and removes its directory first."""
+ON_LOST = None
+"""What the launcher does when its PeerWatch finds a lost node (runtime.api.agent sets it)."""
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
@@ -206,7 +213,13 @@ def _handler_type():
             key = KEY.format(run_id=self.run_id, round=self.rounds)
             self.store.add(key, 1)
             with _Ticker(lambda: self.store.add(key, 0), self.expected):
-                return self.inner.next_rendezvous()
+                info = self.inner.next_rendezvous()
+            global WATCH
+            if WATCH is None and self.expected > 1:
+                from partita.runtime.peers import PeerWatch
+                host, port = split_endpoint(SEEN.endpoint)
+                WATCH = PeerWatch(host, port, self.run_id, on_lost=ON_LOST).start()
+            return info
 
         def get_backend(self) -> str:
             return BACKEND  # the registry checks that a handler is of the backend asked for
@@ -247,7 +260,9 @@ def _create(params):
 def register(endpoint: str, timeout: float) -> list[str]:
     """Register BACKEND with torch's rendezvous registry (once) and return torchrun's rendezvous arguments."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+    global WATCH
     SEEN.endpoint, SEEN.timeout, SEEN.joined = endpoint, timeout, 0
+    WATCH = None
     try:
         rendezvous_handler_registry.register(BACKEND, _create)
     except ValueError:  # registered before in this process

@@ -1,17 +1,23 @@
-"""Nodes that agree, and a rendezvous endpoint's real cause (issue 47 items 3 and 9).
+"""Nodes that agree, and nodes that notice a lost peer (issue 47 items 3, 5 and 9).
 
 - The run agreement check (runtime.agreement): ranks started with another --lr, --steps, plan content or data
   content stop before any step, every rank with one line naming the rank, its host and the field; the same
   plan and data under other paths agree. On the session's long-lived ranks (tests/rank_pool.py), each rank a
   "node" of its own (LOCAL_RANK 0) with its own command line; then once through two real `partita run` nodes
-  with other --steps, which gloo used to end in SIGABRT and pages of C++ frames (or a hang).
+  with other --steps, which gloo used to end in SIGABRT and pages of C++ frames.
+- A lost node (runtime.peers, runtime.api): two `partita run` nodes train; one is killed outright (its launcher,
+  its agent and its workers at once) and the other names it and stops, exit 1; or only its `partita run` is
+  SIGKILLed (the issue's case, where the survivor used to wait 300 s in torchrun's exit barrier) and both stop
+  at the same step boundary, the survivor at once.
 - A rendezvous endpoint held by a silent program on 0.0.0.0 (a launcher that used to hang forever) is one line,
   exit 2.
 
-Real processes, gloo, tiny-gpt; a test's `timeout` only bounds a hang.
+Real processes, gloo, tiny-gpt. Outcomes never depend on timing: the kills wait for a checkpoint to exist, and a
+test's `timeout` only bounds a hang.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -27,6 +34,7 @@ import pytest
 
 import rank_pool
 from test_plans_match_single_process import ROOT, _env, make_plan
+from test_signals_and_ownership import alive, children
 
 
 def free_port() -> int:
@@ -105,13 +113,52 @@ def stderr_of(tmp_path: Path, node: int) -> str:
     return (tmp_path / f"node{node}.err").read_text()
 
 
+def tree(pid: int) -> list[int]:
+    try:
+        return [pid, *(q for c in children(pid) for q in tree(c))]
+    except OSError:
+        return [pid]
+
+
 def wait_all(procs, timeout: float = 240) -> list[int]:
+    """The nodes' exit codes; any node still running after `timeout` (a failed test) is killed with every
+    process under it (its launcher runs in a session of its own)."""
     try:
         return [p.wait(timeout=timeout) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+                for pid in tree(p.pid):
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                p.wait()
+
+
+def wait_for_dir(path: Path, procs, timeout: float = 240) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert all(p.poll() is None for p in procs), [p.returncode for p in procs]
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+def store_host(procs, port: int) -> int:
+    """The index of the node whose launcher listens on the rendezvous port (it hosts the store)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            fields = row.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # LISTEN
+                inodes.add(fields[9])
+    for node, p in enumerate(procs):
+        for pid in tree(p.pid):
+            try:
+                links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+            except OSError:
+                continue
+            if any(f"socket:[{i}]" in links for i in inodes):
+                return node
+    raise AssertionError(f"no launcher listens on port {port}")
 
 
 @pytest.mark.slow
@@ -126,6 +173,57 @@ def test_two_nodes_started_with_other_steps_stop_in_one_line_each(tmp_path):
         assert re.fullmatch(r"partita: error: rank \d: the nodes disagree on --steps: rank \d \(host .+\) runs with "
                             r"--steps \d, rank 0 \(host .+\) with --steps \d: start every node with the same command, "
                             r"plan and data", lines[0]), err
+
+
+@pytest.mark.slow
+def test_a_node_killed_outright_is_named_by_the_other_which_stops(tmp_path):
+    """Every process of the node that does not host the rendezvous store is SIGKILLed at once: the other node's
+    workers lose their peers, and its launcher names the lost node (its launcher's pid) instead of a rank that
+    only saw a connection reset."""
+    ck = tmp_path / "ck"
+    procs, endpoint = start_nodes(tmp_path, ["--steps", "100000", "--checkpoint-dir", str(ck),
+                                             "--checkpoint-every", "2"])
+    wait_for_dir(ck / "step-00000002", procs)
+    host = store_host(procs, int(endpoint.rsplit(":", 1)[1]))
+    victim = 1 - host
+    agent = children(procs[victim].pid)[0]
+    for pid in tree(procs[victim].pid):
+        os.kill(pid, signal.SIGKILL)
+    codes = wait_all([procs[host]], timeout=120)
+    err = stderr_of(tmp_path, host)
+    assert codes == [1], err
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(rf"partita: error: lost node {re.escape(socket.gethostname())} \(launcher pid {agent}\): no "
+                        r"heartbeat for \d+ s -- it was killed, or its machine or network went down; this node stops "
+                        rf"after step \d+ of 100000; resume from {re.escape(str(ck))}/step-\d{{8}} with --resume",
+                        last), err
+    assert "Traceback" not in err
+    wait_all(procs)
+
+
+@pytest.mark.slow
+def test_a_killed_partita_run_stops_both_nodes_at_once(tmp_path):
+    """The issue's case: SIGKILL one node's `partita run` -- the node that does not host the rendezvous store (had
+    it hosted it, the store would go with it and wake the other node). Its launcher's workers stop the whole job
+    at a step boundary (runtime.stop.die_with_parent); the other node used to wait out torchrun's 300 s exit
+    barrier for that launcher, silent, and now stops as soon as its own workers have."""
+    ck = tmp_path / "ck"
+    procs, endpoint = start_nodes(tmp_path, ["--steps", "100000", "--checkpoint-dir", str(ck),
+                                             "--checkpoint-every", "2"])
+    wait_for_dir(ck / "step-00000002", procs)
+    host = store_host(procs, int(endpoint.rsplit(":", 1)[1]))
+    every = [pid for p in procs for pid in tree(p.pid)]  # both launchers, their agents and workers
+    procs[1 - host].send_signal(signal.SIGKILL)
+    codes = wait_all([procs[host]], timeout=120)  # a bound on a hang: it used to take 301 s
+    err = stderr_of(tmp_path, host)
+    assert codes == [143], err
+    assert re.fullmatch(r"partita: stopped by SIGTERM after step \d+ of 100000; resume from .*/step-\d{8} with "
+                        r"--resume", err.strip().splitlines()[-1]), err
+    wait_all(procs)
+    end = time.monotonic() + 60  # the killed node's agent and workers end too (they stopped with the job)
+    while alive(every) and time.monotonic() < end:
+        time.sleep(0.5)
+    assert not alive(every)
 
 
 @pytest.mark.slow

@@ -45,10 +45,11 @@ def data_fields(describe: dict | None) -> dict:
 
 
 def run_fields(args, plan=None, data: dict | None = None) -> dict:
-    """This rank's fields (module docstring): `args` runtime.train's namespace, `plan` the loaded plan (None when
-    it could not be loaded: that rank's refusal says why), `data` its data source's `describe()`."""
+    """This rank's fields (module docstring): `args` runtime.train's namespace, `plan` the loaded plan and `data`
+    its data source's `describe()` -- None when the rank's checks stopped before them (its refusal says why):
+    such a field is not compared."""
     fields = {"host": socket.gethostname(), "plan_path": str(args.plan), "model": args.model,
-              "checkpoint_dir": bool(args.checkpoint_dir), "data": data_fields(data)}
+              "checkpoint_dir": bool(args.checkpoint_dir), "data": data_fields(data) if data is not None else None}
     fields.update({name: getattr(args, name) for name in FLAGS})
     if plan is not None:
         fields["plan"] = plan_digest(plan)
@@ -68,6 +69,8 @@ def _differs(name: str, mine: dict, theirs: dict) -> str | None:
             f"{mine['plan_path']} (content sha256 {mine['plan'][:12]})"
     if name == "data":
         a, b = mine["data"], theirs["data"]
+        if a is None or b is None:
+            return None
         keys = [k for k in ("kind", "factory", "samples", "tokens", "dtype", "sha256") if k in a or k in b]
         for k in keys:
             if k == "sha256" and (k not in a or k not in b):

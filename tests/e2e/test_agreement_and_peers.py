@@ -87,6 +87,10 @@ def test_ranks_that_disagree_stop_before_any_step_naming_the_rank_and_the_field(
         assert line in done.stderr, (rank1, done.stderr)
         assert done.stderr.count("partita: error:") == 1 and "Traceback" not in done.stderr, done.stderr
         assert "partita run:" not in done.stdout, done.stdout  # no rank began training
+    refused = two_ranks(tmp_path, base, base + ["--data", str(tmp_path / "missing.bin")])
+    assert refused.returncode == 2 and "the nodes disagree" not in refused.stderr, refused.stderr
+    assert f"partita: error: token file {tmp_path / 'missing.bin'} does not exist" in refused.stderr  # what rank 1
+    # could not check is not compared: its refusal is the line
     agreed = two_ranks(tmp_path, base + ["--data", str(data)], [str(same), *base[1:], "--data", str(moved)])
     assert agreed.returncode == 0, agreed.stderr  # the same content under other paths: the same job
 

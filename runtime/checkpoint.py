@@ -7,7 +7,8 @@ Layout of `--checkpoint-dir DIR`:
         .metadata               DCP's index (global shapes, which file holds which chunk)
         partita.json            manifest: format, step, run id, model fingerprint, train config, seed, data,
                                 the plan it was saved under, and the size and SHA-256 of every file above
-    DIR/.step-00000004.sha256   the SHA-256 of step-00000004/partita.json (`sha256sum -c` reads it in DIR): the
+    DIR/.partita-digests/step-00000004.sha256
+                                the SHA-256 of step-00000004/partita.json (`sha256sum -c` reads it in DIR): the
                                 manifest is checked against it, so an entry edited or removed in it is seen
     DIR/.step-00000006.tmp/     a save in progress (or one that crashed): never read
     DIR/partita-run.json        the run that owns DIR; DIR/.partita.lock: held while it trains (runtime.ownership)
@@ -36,7 +37,7 @@ line, as DCP's own failures do. DIR must be one directory for all ranks (a share
 With `keep` N, a save then removes the run's older checkpoints beyond the newest N.
 
 Before the first step, `validate` checks a checkpoint against the model and plan -- manifest readable and
-equal to its recorded digest (the sidecar beside the directory), fingerprint equal, every file present at its
+equal to its recorded digest (the sidecar in DIR/.partita-digests), fingerprint equal, every file present at its
 recorded size and no file the manifest does not list, the data the same (a token file by its content
 digest, runtime.data.content_digest), DCP's metadata readable (through a
 restricted unpickler that admits only DCP's own metadata classes), every model tensor present with its
@@ -72,9 +73,10 @@ from partita.runtime.zero1 import owned
 
 FORMAT = "partita.checkpoint/1"
 MANIFEST = "partita.json"
-SIDECAR = ".{name}.sha256"
-"""Beside a step directory: the digest of its manifest, in sha256sum's format (hidden, so that what lists
-DIR/step-* sees the checkpoints alone)."""
+DIGESTS = ".partita-digests"
+SIDECAR = DIGESTS + "/{name}.sha256"
+"""Relative to DIR, for step directory `name`: the digest of its manifest, in sha256sum's format; in a hidden
+directory of its own, so that what lists DIR/step-* or DIR/.step-* sees the checkpoints alone."""
 _STEP = re.compile(r"^step-(\d{8})$")
 _TMP = re.compile(r"^\.step-(\d{8})\.tmp$")
 
@@ -155,7 +157,7 @@ def read_metadata(path: Path) -> Metadata:
 
 
 def sidecar(path: Path) -> Path:
-    return path.with_name(SIDECAR.format(name=path.name))
+    return path.parent / SIDECAR.format(name=path.name)
 
 
 def manifest_digest(raw: bytes) -> str:
@@ -165,18 +167,18 @@ def manifest_digest(raw: bytes) -> str:
 def _check_manifest_digest(path: Path, raw: bytes, manifest: dict) -> None:
     """DamagedCheckpoint when the manifest differs from the digest recorded beside the directory, or when a
     manifest that says it has one lost it. Checkpoints written before sidecars existed are not checked."""
-    side = sidecar(path)
+    side, name = sidecar(path), SIDECAR.format(name=path.name)
     try:
         recorded = side.read_text().split()[0]
     except FileNotFoundError:
         if manifest.get("manifest_sidecar"):
-            raise DamagedCheckpoint(f"checkpoint {path}: {side.name}, the digest of its {MANIFEST}, is missing") from None
+            raise DamagedCheckpoint(f"checkpoint {path}: {name}, the digest of its {MANIFEST}, is missing") from None
         return
     except (OSError, UnicodeDecodeError, IndexError):
-        raise DamagedCheckpoint(f"checkpoint {path}: {side.name}, the digest of its {MANIFEST}, is unreadable") from None
+        raise DamagedCheckpoint(f"checkpoint {path}: {name}, the digest of its {MANIFEST}, is unreadable") from None
     if recorded != manifest_digest(raw):
-        raise DamagedCheckpoint(f"checkpoint {path}: {MANIFEST} does not match its digest in {side.name} (the "
-                                "manifest was changed since the checkpoint was saved)")
+        raise DamagedCheckpoint(f"checkpoint {path}: {MANIFEST} does not match its digest in {name} (the manifest was "
+                                "changed since the checkpoint was saved)")
 
 
 def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -352,6 +354,7 @@ def _commit(tmp: Path, final: Path, manifest: dict, files: dict) -> None:
     atomic_write(tmp / MANIFEST, text)
     side = sidecar(final)
     before = side.read_text() if side.is_file() else None  # an older checkpoint of this step being replaced
+    side.parent.mkdir(exist_ok=True)
     atomic_write(side, f"{manifest_digest(text.encode())}  {final.name}/{MANIFEST}\n")
     old = None
     try:

@@ -179,7 +179,7 @@ def test_a_restart_resumes_only_its_own_runs_steps(trained, tmp_path, monkeypatc
     root = fresh(trained, tmp_path)
     shutil.copytree(root / "step-00000004", root / "step-00000005")
     manifest = json.loads((root / "step-00000005" / "partita.json").read_text())
-    manifest.update(step=5, run_id="0therrun0000", manifest_sidecar=".step-00000005.sha256")
+    manifest.update(step=5, run_id="0therrun0000", manifest_sidecar=".partita-digests/step-00000005.sha256")
     (root / "step-00000005" / "partita.json").write_text(json.dumps(manifest))
     ckpt.sidecar(root / "step-00000005").write_text(  # as the other run saved it, its manifest's digest beside it
         ckpt.manifest_digest((root / "step-00000005" / "partita.json").read_bytes()))

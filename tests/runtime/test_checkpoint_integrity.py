@@ -1,6 +1,6 @@
 """Integrity of the whole checkpoint (issue 47 item 6), on a one-process gloo group (runtime.run):
 
-- the manifest itself is hashed: its digest lies beside the step directory (.step-N.sha256, sha256sum's format),
+- the manifest itself is hashed: its digest lies outside the step directory (DIR/.partita-digests/step-N.sha256, sha256sum's format),
   so removing a shard's entry from partita.json and corrupting that shard at the same size -- which used to
   resume silently with other losses -- is caught, and the run resumes from the newest intact checkpoint;
 - files the manifest does not list are refused, even when the sidecar was rewritten to match the edited
@@ -71,7 +71,7 @@ def drop_entry_and_corrupt(step: Path) -> str:
 def test_the_manifest_digest_and_the_data_digest_are_recorded(trained):
     step = trained[1] / "step-00000004"
     side = ckpt.sidecar(step)
-    assert side.name == ".step-00000004.sha256"
+    assert side == trained[1] / ".partita-digests" / "step-00000004.sha256"
     digest, name = side.read_text().split()
     assert name == "step-00000004/partita.json"
     assert digest == hashlib.sha256((step / ckpt.MANIFEST).read_bytes()).hexdigest()
@@ -84,7 +84,7 @@ def test_an_entry_removed_from_the_manifest_and_its_shard_corrupted_is_caught(tr
     drop_entry_and_corrupt(root / "step-00000004")
     result = run(6, root, resume=True, dataset=str(data))
     assert result.resumed_from == str(root / "step-00000002")
-    assert any("step-00000004: partita.json does not match its digest in .step-00000004.sha256" in n
+    assert any("step-00000004: partita.json does not match its digest in .partita-digests/step-00000004.sha256" in n
                for n in result.notes), result.notes
     assert result.losses == trained[0].losses[2:]  # the trajectory of the uninterrupted run, not other losses
 
@@ -107,7 +107,7 @@ def test_a_manifest_whose_sidecar_is_gone_is_not_trusted(trained, tmp_path):
     ckpt.sidecar(root / "step-00000004").unlink()
     result = run(6, root, resume=True, dataset=str(data))
     assert result.resumed_from == str(root / "step-00000002")
-    assert any(".step-00000004.sha256, the digest of its partita.json, is missing" in n for n in result.notes)
+    assert any(".partita-digests/step-00000004.sha256, the digest of its partita.json, is missing" in n for n in result.notes)
 
 
 def test_a_token_file_swapped_for_same_size_content_stops_the_resume_in_one_line(trained, tmp_path):

@@ -378,6 +378,151 @@ def _stop_signals():
             signal.signal(s, handler)
 
 
+def _children() -> list[int]:
+    """This process's child processes (torchrun's workers, in the agent's process), from /proc (Linux)."""
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 1 and int(fields[1]) == me:
+            found.append(int(entry))
+    return found
+
+
+WORKER_GRACE = 5.0
+"""Seconds the workers of a node whose peer was lost get to end on SIGTERM before SIGKILL."""
+
+
+def _stop_children(grace: float = WORKER_GRACE) -> None:
+    """SIGTERM this process's children (the workers stop at a step boundary if they still can), SIGKILL those
+    left after `grace` seconds (stuck in a collective with a lost peer)."""
+    kids = _children()
+    for pid in kids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while time.monotonic() < end and any(_alive(pid) for pid in kids):
+        time.sleep(0.2)
+    for pid in kids:
+        if _alive(pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether child `pid` still runs (reaped here when it has ended)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return done == 0
+
+
+def _lost_line(line: str, log_dir: str) -> str:
+    """A lost node's line, with the last step every rank of this node passed (runtime.loop.stop.record_step)."""
+    passed = recorded_step(Path(log_dir) / PROGRESS_FILE)
+    if passed is None:
+        return f"{line}; this node stops (no training step had ended)"
+    where = f"; resume from {passed['checkpoint']} with --resume" if passed.get("checkpoint") else ""
+    return f"{line}; this node stops after step {passed['step']} of {passed.get('steps', '?')}{where}"
+
+
+def _abandon(line: str, log_dir: str) -> None:
+    """End this launcher now from another thread than torchrun's (which may be blocked in a store wait that
+    ignores signals): stop the workers, print `line`, remove the directory, exit 1."""
+    _stop_children()
+    stderr_line(f"partita: error: {line}")
+    shutil.rmtree(log_dir, ignore_errors=True)
+    os._exit(1)
+
+
+@contextlib.contextmanager
+def _watch_exit_barrier(nnodes: int):
+    """While torchrun's agent runs here: a node whose workers have all ended (torchrun's exit barrier) tells its
+    peers (runtime.launcher.peers.PeerWatch.mark_done), so that its end is not taken for a loss; and an agent that ends
+    any other way (a signal, its workers failed for good) checks in to that barrier on its way out
+    (`_check_in`). torchrun's agents leave that barrier only when every agent has arrived or after 300 s: the
+    node whose launcher was killed (its agent then stops on the SIGTERM runtime.loop.stop.die_with_parent sends) never
+    arrived, and its peers, whose workers had stopped with it, waited out the 300 s in silence."""
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    from partita.runtime.launcher import rendezvous
+    barrier, invoke = SimpleElasticAgent._exit_barrier, SimpleElasticAgent._invoke_run
+    seen: dict = {}
+
+    @functools.wraps(barrier)
+    def marked(agent_self):
+        seen["barrier"] = True
+        if rendezvous.WATCH is not None:
+            rendezvous.WATCH.mark_done()
+        return barrier(agent_self)
+
+    @functools.wraps(invoke)
+    def held(agent_self, *args, **kwargs):
+        seen["agent"] = agent_self
+        return invoke(agent_self, *args, **kwargs)
+    SimpleElasticAgent._exit_barrier, SimpleElasticAgent._invoke_run = marked, held
+    try:
+        yield
+    finally:
+        SimpleElasticAgent._exit_barrier, SimpleElasticAgent._invoke_run = barrier, invoke
+        if nnodes > 1 and "agent" in seen and not seen.get("barrier"):
+            _check_in(seen["agent"])
+
+
+CHECK_IN_WAIT = 10.0
+"""Seconds an agent that ends gives its check-in to the exit barrier (a store that no longer answers)."""
+
+
+def _check_in(torchrun_agent) -> None:
+    """Arrive at torchrun's exit barrier without waiting in it (what SimpleElasticAgent._exit_barrier does
+    before it waits), so the agents of the other nodes are not kept waiting for this one. Bounded: in a thread
+    given CHECK_IN_WAIT seconds; any failure (the store gone with its node) is ignored."""
+    def arrive():
+        from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
+        from torch.distributed.elastic.utils.store import _barrier_nonblocking
+        group = torchrun_agent._worker_group
+        _barrier_nonblocking(torchrun_agent._store, group.group_world_size, _TERMINAL_STATE_SYNC_ID)
+
+    def guarded():
+        with contextlib.suppress(Exception):
+            arrive()
+    t = threading.Thread(target=guarded, daemon=True)
+    t.start()
+    t.join(CHECK_IN_WAIT)
+
+
+def _lost_instead(first, log_dir: str, nnodes: int):
+    """When this node's first failure only says that a peer went away (or a worker ended without a word), and
+    another node was lost: that node's line (runtime.launcher.peers.PeerWatch.verdict), else None. (A stop is reported
+    as it is: the workers of a node whose launcher was killed get SIGTERM and stop the whole job at a step
+    boundary, and that is what every node says.)"""
+    from partita.runtime.launcher import peers, rendezvous
+    if nnodes < 2 or rendezvous.WATCH is None or not (first.peer_lost or first.error_file is None):
+        return None
+    line = rendezvous.WATCH.verdict(peers.LOST + 2 * peers.BEAT)
+    return _lost_line(line, log_dir) if line else None
+
+
+def _store_lost(log_dir: str, watch) -> int:
+    """torchrun's agent failed after the rendezvous had completed: its store went away with the node that hosted
+    it (that node's launcher ended, or was killed). What this node's workers said, if they said anything (a stop
+    the other node's workers asked for on their way out), else the lost node; returns the exit code."""
+    failures = _attempt_failures(log_dir)
+    first = first_failure(failures) if failures else None
+    if first is not None and not first.peer_lost:
+        return _report(first)
+    line = watch.verdict(0) or (  # the store is gone: the watch can learn nothing more from it
+        f"lost the rendezvous store at {watch.host}:{watch.port}: the node that hosts it ended or was killed")
+    stderr_line(f"partita: error: {_lost_line(line, log_dir)}")
+    return 1
+
+
 def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint: str | None = None,
           rdzv_id: str | None = None, max_restarts: int = 0, rdzv_timeout: float | None = None,
           losses_out: str | None = None) -> int:
@@ -393,8 +538,14 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     not restart it, and that code is returned. SIGTERM, SIGINT, SIGHUP and SIGQUIT reach the workers through
     torchrun's agent, which passes them on; the workers stop at a step boundary (runtime.loop.stop) and their line
     is printed -- or, when torchrun had to kill them first, a line from the last step boundary they passed
-    (`_unreported_stop`). The directory is the one partita.runtime.launcher.child made (LOG_DIR_ENV) when it started this
-    launcher, else a new one."""
+    (`_unreported_stop`). The directory is the one runtime.launcher.child made (LOG_DIR_ENV) when it started this
+    launcher, else a new one.
+
+    Several nodes: the launchers watch each other (runtime.launcher.peers). A node lost outright is named by the others
+    within LOST seconds of its last heartbeat (`_abandon`: their workers stopped, one line, exit 1) -- also when
+    their workers only saw a connection reset (`_lost_instead`) or the store went with it (`_store_lost`); a
+    node that ends any other way checks in to torchrun's exit barrier (`_watch_exit_barrier`), so its peers do
+    not wait 300 s for it there."""
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -407,6 +558,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     os.environ[AGENT_ENV] = "1"
     configure_allocator()  # the workers inherit it (runtime.loop.allocator)
     argv = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}"]
+    rendezvous.WATCH = None  # started by this agent's first rendezvous (several nodes)
     if rdzv_endpoint:
         timeout = rdzv_timeout or rendezvous.DEFAULT_TIMEOUT
         try:
@@ -417,7 +569,9 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
         argv += [*rendezvous.register(rdzv_endpoint, timeout), f"--rdzv-id={rdzv_id or 'partita'}"]
     else:
         argv.append("--standalone")
-    log_dir = os.environ.get(LOG_DIR_ENV) or tempfile.mkdtemp(prefix=LOG_DIR_PREFIX)  # partita.runtime.launcher.child makes it
+    log_dir = os.environ.get(LOG_DIR_ENV) or tempfile.mkdtemp(prefix=LOG_DIR_PREFIX)  # runtime.launcher.child makes it
+    rendezvous.FATAL = lambda line: _abandon(line, log_dir)
+    rendezvous.ON_LOST = lambda line: _abandon(_lost_line(line, log_dir), log_dir)
     os.environ[PROGRESS_ENV] = str(Path(log_dir) / PROGRESS_FILE)
     argv += [f"--log-dir={log_dir}", "-m", "partita.runtime.train", *worker_argv]
     quiet = _AgentLog(log_dir, nnodes)
@@ -429,13 +583,22 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     restarts_log.setLevel(logging.INFO)  # the restart notice is an INFO record
     started = time.time()
     try:
-        with _stop_signals(), watch_failures(quiet):
+        with _stop_signals(), watch_failures(quiet), _watch_exit_barrier(nnodes):
             torchrun.run(torchrun.parse_args(argv))
         failures = _attempt_failures(log_dir)  # workers that ended the job on purpose (exit 0, code in the file)
-        return _report(first_failure(failures)) if failures else 0
+        if not failures:
+            return 0
+        first = first_failure(failures)
+        if lost := _lost_instead(first, log_dir, nnodes):
+            stderr_line(f"partita: error: {lost}")
+            return 1
+        return _report(first)
     except ChildFailedError as e:
         first = first_failure([read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file) else None,
                                             f.timestamp) for rank, f in e.failures.items()])
+        if lost := _lost_instead(first, log_dir, nnodes):
+            stderr_line(f"partita: error: {lost}")
+            return 1
         _name_the_cause(losses_out, first, started)
         return _report(first)
     except (SignalException, KeyboardInterrupt) as e:
@@ -444,10 +607,14 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
             return _report(first_failure(failures))
         return _unreported_stop(int(getattr(e, "sigval", signal.SIGINT)), log_dir)
     except Exception as e:  # the agent itself: rendezvous timeout, unreachable endpoint
+        if rendezvous.WATCH is not None:  # after the rendezvous: the store went away with the node hosting it
+            return _store_lost(log_dir, rendezvous.WATCH)
         line = rendezvous.failure_line(e) or f"torchrun: {type(e).__name__}: {e}".strip().splitlines()[0]
         stderr_line(f"partita: error: {line}")
         return 1
     finally:
+        if rendezvous.WATCH is not None:
+            rendezvous.WATCH.stop()
         for h in handlers:
             h.removeFilter(quiet)
         restarts_log.setLevel(level)

@@ -30,9 +30,9 @@ for tests: PARTITA_FAULT (runtime.loop.faults). SIGTERM, SIGINT, SIGHUP and SIGQ
 step (runtime.loop.stop).
 
 Exit codes: 0 success; 1 --verify found the losses differ beyond the dtype's tolerance; 2 the plan, data
-or checkpoint does not fit the model or world size (one line on stderr, before any step), or a checkpoint
-could not be written; 3 a NaN or infinite loss (or weight) stopped training (the step is named; earlier
-checkpoints are kept); 128 + N a signal N stopped it at a step boundary (129 SIGHUP, 130 SIGINT, 131 SIGQUIT,
+or checkpoint does not fit the model or world size, or the nodes were started with another plan, model,
+flags or data (runtime.launcher.agreement) (one line on stderr, before any step), or a checkpoint could not be
+written; 3 a NaN or infinite loss (or weight) stopped training (the step is named; earlier checkpoints are kept); 128 + N a signal N stopped it at a step boundary (129 SIGHUP, 130 SIGINT, 131 SIGQUIT,
 143 SIGTERM). Under
 plain torchrun a failing worker makes torchrun itself exit non-zero (torchrun's own code is 1).
 """
@@ -46,6 +46,13 @@ if __name__ == "__main__" and "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun
     StopSignal().install()                                          # per rank (runtime.loop.stop)
     if os.environ.get("PARTITA_AGENT"):
         die_with_parent()
+# The launcher (torchrun's agent, several nodes): the rendezvous store's C++ warnings -- a page of C++ frames per
+# connection retry -- stay off the console, where runtime.launcher.rendezvous says what failed in one line. torch reads
+# the level once, when it loads; the workers it starts do not inherit it.
+_QUIET_CPP = (__name__ == "__main__" and "TORCHELASTIC_RUN_ID" not in os.environ and "TORCH_CPP_LOG_LEVEL" not in
+              os.environ and "--check" not in sys.argv and any(a.startswith("--rdzv-endpoint") for a in sys.argv))
+if _QUIET_CPP:
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
@@ -56,11 +63,14 @@ from partita.runtime.launcher.inputs import job_environment_error, option_errors
 from partita.runtime.loop.console import STDOUT, stderr_line
 from partita.runtime.data import DTYPES
 from partita.runtime.loop.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK
-from partita.runtime.launcher.mesh import agree_on_attempt, env_world, first_said, init_default, teardown
+from partita.runtime.launcher.agreement import agree, run_fields
+from partita.runtime.launcher.mesh import agree_on_attempt, env_world, init_default, teardown
 from partita.runtime.loop.progress import DEFAULT_EVERY
 from partita.runtime.loop.report import show_library_warnings_once, write_error_file
 from partita.runtime.loop.stop import StopSignal, die_with_parent
 
+if _QUIET_CPP:
+    os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
 # runtime.loop.session (DCP, FSDP, DTensor: seconds of imports) loads in the workers only: the launcher process
 # (torchrun's agent, below) starts sooner without it
 
@@ -207,8 +217,10 @@ def _worker(args: argparse.Namespace) -> int:
     rank, _, world = env_world()
     show_library_warnings_once(rank)
     opts = options(args)
-    refusal = None
+    refusal, plan, prep = None, None, None
     try:
+        if not args.check:
+            agree_on_attempt()  # several nodes: one all-reduce on every rank, whatever its plan and flags say
         plan = Plan.load(args.plan)
         spec = at_seq_len(resolve_model(args.model), plan.train.get("seq_len"))
         if args.check and "WORLD_SIZE" not in os.environ:
@@ -216,8 +228,6 @@ def _worker(args: argparse.Namespace) -> int:
             world = (args.nproc_per_node * (args.nnodes or 1) if args.nproc_per_node else plan.mesh.world_size)
         if plan.embeddings is not None:  # tables: TorchRec (runtime.parallel.rec)
             return _rec(plan, spec, opts, world, rank, args)
-        if not args.check:
-            agree_on_attempt()
         prep = prepare(plan, spec, opts, world, args.nproc_per_node if args.check else None)
         if args.check and args.checkpoint_dir and args.checkpoint_every and \
                 (holder := ownership.is_locked(args.checkpoint_dir)):
@@ -228,9 +238,12 @@ def _worker(args: argparse.Namespace) -> int:
     if not args.check and world > 1:
         # Every rank ran these checks alone; they end alike. Checks of shared state can disagree: a rank
         # that looked at --checkpoint-dir just before another run committed its first step found no
-        # foreign checkpoint while its peers did, and went on to wait for them forever.
+        # foreign checkpoint while its peers did, and went on to wait for them forever. And the nodes, each
+        # started by its own command, must run the same job (runtime.launcher.agreement): checked here, before the
+        # mesh and the model are built.
         init_default()
-        said = first_said(str(refusal) if refusal else None)
+        fields = run_fields(args, plan, prep.data.describe() if prep is not None and prep.data is not None else None)
+        said = agree(str(refusal) if refusal else None, fields)
         if said:
             return _error(rank, said[1], origin=said[0])
     elif refusal:

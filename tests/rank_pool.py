@@ -136,10 +136,12 @@ class RankPool:
         self.workers = []
 
     def run(self, ranks: int, argv: list, cwd, env: dict | None = None, timeout: float = 300,
-            script: str | None = None) -> Finished:
+            script: str | None = None, rank_argv: dict | None = None, rank_env: dict | None = None) -> Finished:
         """`partita.runtime.train.main(argv)` on `ranks` ranks, in `cwd`, with `env` added to the environment;
         with `script`, that file run as __main__ with `argv` (a test's own worker, which must leave the
-        runtime as it found it: a script that patches it belongs under torchrun)."""
+        runtime as it found it: a script that patches it belongs under torchrun); `rank_argv` {rank: argv}
+        and `rank_env` {rank: variables} give single ranks their own (as the nodes of a multi-node job are
+        each started by their own command)."""
         if not 1 <= ranks <= self.size:
             raise ValueError(f"the pool has {self.size} workers; a job of {ranks} ranks does not fit")
         self._grow(ranks)
@@ -147,8 +149,9 @@ class RankPool:
         for r in range(ranks):
             job_env = {"RANK": str(r), "LOCAL_RANK": str(r), "GROUP_RANK": "0", "WORLD_SIZE": str(ranks),
                        "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                       **(env or {})}
-            self.workers[r][1].send((job_env, [str(a) for a in argv], str(cwd), script and str(script)))
+                       **(env or {}), **(rank_env or {}).get(r, {})}
+            self.workers[r][1].send((job_env, [str(a) for a in (rank_argv or {}).get(r, argv)], str(cwd),
+                                     script and str(script)))
         deadline, results = time.monotonic() + timeout, []
         for r in range(ranks):
             conn = self.workers[r][1]

@@ -7,6 +7,9 @@ Layout of `--checkpoint-dir DIR`:
         .metadata               DCP's index (global shapes, which file holds which chunk)
         partita.json            manifest: format, step, run id, model fingerprint, train config, seed, data,
                                 the plan it was saved under, and the size and SHA-256 of every file above
+    DIR/.partita-digests/step-00000004.sha256
+                                the SHA-256 of step-00000004/partita.json (`sha256sum -c` reads it in DIR): the
+                                manifest is checked against it, so an entry edited or removed in it is seen
     DIR/.step-00000006.tmp/     a save in progress (or one that crashed): never read
     DIR/partita-run.json        the run that owns DIR; DIR/.partita.lock: held while it trains (runtime.checkpoint.ownership)
 
@@ -33,8 +36,10 @@ read-only, a full disk, a `step-N` name taken by a file or a symlink -- ends eve
 line, as DCP's own failures do. DIR must be one directory for all ranks (a shared filesystem across nodes).
 With `keep` N, a save then removes the run's older checkpoints beyond the newest N.
 
-Before the first step, `validate` checks a checkpoint against the model and plan -- manifest readable,
-fingerprint equal, every file present at its recorded size, DCP's metadata readable (through a
+Before the first step, `validate` checks a checkpoint against the model and plan -- manifest readable and
+equal to its recorded digest (the sidecar in DIR/.partita-digests), fingerprint equal, every file present at its
+recorded size and no file the manifest does not list, the data the same (a token file by its content
+digest, runtime.data.content_digest), DCP's metadata readable (through a
 restricted unpickler that admits only DCP's own metadata classes), every model tensor present with its
 shape, the same optimizer -- and raises CheckpointError (one line) otherwise: DamagedCheckpoint when the
 checkpoint itself is broken (a resume then falls back to an older one, runtime.loop.session), plain
@@ -44,6 +49,7 @@ BaseException) become one CheckpointError line that names the checkpoint still i
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -68,6 +74,10 @@ from partita.runtime.parallel.zero1 import owned
 
 FORMAT = "partita.checkpoint/1"
 MANIFEST = "partita.json"
+DIGESTS = ".partita-digests"
+SIDECAR = DIGESTS + "/{name}.sha256"
+"""Relative to DIR, for step directory `name`: the digest of its manifest, in sha256sum's format; in a hidden
+directory of its own, so that what lists DIR/step-* or DIR/.step-* sees the checkpoints alone."""
 _STEP = re.compile(r"^step-(\d{8})$")
 _TMP = re.compile(r"^\.step-(\d{8})\.tmp$")
 
@@ -148,12 +158,39 @@ def read_metadata(path: Path) -> Metadata:
     return md
 
 
+def sidecar(path: Path) -> Path:
+    return path.parent / SIDECAR.format(name=path.name)
+
+
+def manifest_digest(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
+def _check_manifest_digest(path: Path, raw: bytes, manifest: dict) -> None:
+    """DamagedCheckpoint when the manifest differs from the digest recorded beside the directory, or when a
+    manifest that says it has one lost it. Checkpoints written before sidecars existed are not checked."""
+    side, name = sidecar(path), SIDECAR.format(name=path.name)
+    try:
+        recorded = side.read_text().split()[0]
+    except FileNotFoundError:
+        if manifest.get("manifest_sidecar"):
+            raise DamagedCheckpoint(f"checkpoint {path}: {name}, the digest of its {MANIFEST}, is missing") from None
+        return
+    except (OSError, UnicodeDecodeError, IndexError):
+        raise DamagedCheckpoint(f"checkpoint {path}: {name}, the digest of its {MANIFEST}, is unreadable") from None
+    if recorded != manifest_digest(raw):
+        raise DamagedCheckpoint(f"checkpoint {path}: {MANIFEST} does not match its digest in {name} (the manifest was "
+                                "changed since the checkpoint was saved)")
+
+
 def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
-    """Read a checkpoint directory's manifest; CheckpointError if it is missing or garbage."""
+    """Read a checkpoint directory's manifest; CheckpointError if it is missing, garbage, or changed since it
+    was saved (`_check_manifest_digest`)."""
     path = Path(path)
     m = _STEP.match(path.name)
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        raw = (path / MANIFEST).read_bytes()
+        manifest = json.loads(raw)
     except FileNotFoundError:
         raise DamagedCheckpoint(f"checkpoint {path} has no {MANIFEST}: not a complete partita checkpoint") from None
     except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError) as e:
@@ -165,6 +202,7 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise DamagedCheckpoint(f"checkpoint {path}: manifest step {step!r} does not match the directory")
     if not isinstance(manifest.get("files"), dict):
         raise DamagedCheckpoint(f"checkpoint {path}: manifest has no file list")
+    _check_manifest_digest(path, raw, manifest)
     return Checkpoint(path=path, step=step, manifest=manifest)
 
 
@@ -185,6 +223,10 @@ def validate(ckpt: Checkpoint, model: nn.Module, fingerprint: str, model_name: s
         if f.stat().st_size != size:
             raise DamagedCheckpoint(f"checkpoint {path}: file {name} has {f.stat().st_size} bytes, "
                                     f"the checkpoint recorded {size} (truncated or overwritten)")
+    unlisted = sorted(f.name for f in path.iterdir() if f.name != MANIFEST and f.name not in man["files"])
+    if unlisted:
+        raise DamagedCheckpoint(f"checkpoint {path} holds {unlisted[0]}, which its {MANIFEST} does not list (a "
+                                "file added, or its entry removed, since the checkpoint was saved)")
     md = read_metadata(path)
     for info in (md.storage_data or {}).values():
         rel = getattr(info, "relative_path", None)
@@ -208,15 +250,40 @@ def validate(ckpt: Checkpoint, model: nn.Module, fingerprint: str, model_name: s
         if was != now:
             notes.append(f"note: checkpoint trained with {key} {was}, this run uses {now}")
     was = man.get("data")
-    if data is not None and was is not None and was != data:
-        notes.append(f"note: the batches differ from those the checkpoint trained on (then {_data(was)}, now "
-                     f"{_data(data)}), so the run does not continue the checkpoint's trajectory")
+    if data is not None and isinstance(was, dict):
+        _check_data_content(path, was, data)
+        if not _same_data(was, data):
+            notes.append(f"note: the batches differ from those the checkpoint trained on (then {_data(was)}, now "
+                         f"{_data(data)}), so the run does not continue the checkpoint's trajectory")
     return md, notes
 
 
+def _same_data(was: dict, now: dict) -> bool:
+    """Whether two data descriptions (runtime.data `describe()`) give the same batches: a token file by its
+    content digest where both have one (the path may change), else every field."""
+    if was.get("kind") == now.get("kind") == "file" and was.get("sha256") and now.get("sha256"):
+        return was["sha256"] == now["sha256"] and was.get("seed") == now.get("seed")
+    drop = {"sha256"}
+    return {k: v for k, v in was.items() if k not in drop} == {k: v for k, v in now.items() if k not in drop}
+
+
+def _check_data_content(path: Path, was: dict, now: dict) -> None:
+    """CheckpointError when the token file the checkpoint trained on, at the same path, now holds other
+    content: the run would silently continue on other batches."""
+    if not (was.get("kind") == now.get("kind") == "file" and was.get("path") == now.get("path")):
+        return
+    then, here = was.get("sha256"), now.get("sha256")
+    if then and here and then != here:
+        raise CheckpointError(f"checkpoint {path} trained on token file {now.get('path')} with content sha256 "
+                              f"{then[:16]}; the file now has sha256 {here[:16]} (it changed since the checkpoint "
+                              "was saved): put the original file back to continue the run, or give the new data "
+                              "under another file name to train on it from this checkpoint")
+
+
 def _data(d: dict) -> str:
-    where = d.get("path") if d.get("kind") == "file" else "synthetic"
-    return f"{where}, seed {d.get('seed')}"
+    where = {"file": d.get("path"), "dataset": f"dataset {d.get('factory')}"}.get(d.get("kind"), "synthetic")
+    digest = f", sha256 {d['sha256'][:16]}" if d.get("sha256") else ""
+    return f"{where}{digest}, seed {d.get('seed')}"
 
 
 # ---- saving and loading --------------------------------------------------------------------------
@@ -286,17 +353,24 @@ def _commit(tmp: Path, final: Path, manifest: dict, files: dict) -> None:
     if final.is_symlink() or (final.exists() and not final.is_dir()):
         raise CheckpointError(f"{final} is in the way: it is a {'symbolic link' if final.is_symlink() else 'file'}, "
                               "not a checkpoint directory; move it out of the checkpoint directory")
-    atomic_write(tmp / MANIFEST, json.dumps({**manifest, "files": files}, indent=2))
+    text = json.dumps({**manifest, "files": files, "manifest_sidecar": SIDECAR.format(name=final.name)}, indent=2)
+    atomic_write(tmp / MANIFEST, text)
+    side = sidecar(final)
+    before = side.read_text() if side.is_file() else None  # an older checkpoint of this step being replaced
+    side.parent.mkdir(exist_ok=True)
+    atomic_write(side, f"{manifest_digest(text.encode())}  {final.name}/{MANIFEST}\n")
     old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        final.rename(old)
     try:
+        if final.exists():
+            old = final.with_name(f".{final.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
         tmp.rename(final)
     except OSError:
         if old is not None:
             old.rename(final)
+        if before is not None:
+            atomic_write(side, before)
         raise
     _fsync_dir(final.parent)
     if old is not None:
@@ -411,6 +485,7 @@ def prune(root: Path, keep: int, run_id: str | None) -> list[Path]:
         old = p.with_name(f".{p.name}.old")
         p.rename(old)  # out of sight first: a crash mid-removal never leaves a half checkpoint named step-N
         shutil.rmtree(old, ignore_errors=True)
+        sidecar(p).unlink(missing_ok=True)
     return removed
 
 

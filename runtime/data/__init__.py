@@ -207,8 +207,10 @@ class TokenFile(_Source):
     that is missing, empty, too short for one sample, not 1-D integers, or holds ids beyond the vocabulary."""
 
     def __init__(self, path: str | os.PathLike, spec: ModelSpec, global_batch: int, seed: int = 0,
-                 dtype: str | None = None, check_all: bool = True):
+                 dtype: str | None = None, check_all: bool = True, hash_content: bool = False):
         self.path, self.spec, self.global_batch, self.seed = str(path), spec, global_batch, seed
+        self.sha256: str | None = None
+        """The file's content digest (`hash_content`): recorded in checkpoints and compared between nodes."""
         self.layout = Layout(spec)
         if not self.layout.token_only:
             raise PartitaError(f"--data holds token ids, but model {spec.name!r} also takes non-token inputs")
@@ -219,6 +221,8 @@ class TokenFile(_Source):
                                f"{self.window}")
         if check_all:
             self._check_range()
+        if hash_content:
+            self.sha256 = content_digest(self.path)
 
     def _open(self, dtype: str | None) -> np.ndarray:
         if not os.path.isfile(self.path):
@@ -268,14 +272,40 @@ class TokenFile(_Source):
         return self.layout.assemble(window, stop - start, None)
 
     def describe(self) -> dict:
-        return {"kind": "file", "path": os.path.abspath(self.path), "tokens": len(self.tokens),
-                "dtype": str(self.tokens.dtype), "seed": self.seed}
+        out = {"kind": "file", "path": os.path.abspath(self.path), "tokens": len(self.tokens),
+               "dtype": str(self.tokens.dtype), "seed": self.seed}
+        if self.sha256:
+            out["sha256"] = self.sha256
+        return out
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def content_digest(path: str) -> str:
+    """SHA-256 of a token file's bytes, computed once per process for a given file (path, size, mtime, inode):
+    read in 8 MiB chunks, about a second per GB. The ranks that need it compute it (runtime.loop.session.prepare:
+    one rank per node) -- a token file swapped for another of the same size changes it."""
+    import hashlib
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                while block := f.read(8 * 2**20):
+                    h.update(block)
+        except OSError as e:
+            raise PartitaError(f"token file {path} cannot be read: {e.strerror or e}") from None
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
 
 
 def make_data(spec: ModelSpec, global_batch: int, seed: int = 0, path=None,
-              dtype: str | None = None, check_all: bool = True) -> _Source:
+              dtype: str | None = None, check_all: bool = True, hash_content: bool = False) -> _Source:
     """The run's data source: `path` a token file, a `package.module:factory` of a torch dataset, or a torch
-    Dataset / IterableDataset itself (runtime.data.datasets); else synthetic data for the model."""
+    Dataset / IterableDataset itself (runtime.data.datasets); else synthetic data for the model. `hash_content`: a
+    token file's content digest is computed (`content_digest`) and `describe()` includes it."""
     from partita.runtime.data import datasets  # it builds on _Source, defined here
     if path is not None and (not isinstance(path, (str, os.PathLike)) or datasets.is_factory(str(path))):
         if dtype is not None:
@@ -287,7 +317,7 @@ def make_data(spec: ModelSpec, global_batch: int, seed: int = 0, path=None,
                                "name, or a torch.utils.data Dataset / IterableDataset")
         return datasets.DatasetSource(dataset, name, Layout(spec).sample(), global_batch, seed)
     if path is not None:
-        return TokenFile(path, spec, global_batch, seed, dtype, check_all)
+        return TokenFile(path, spec, global_batch, seed, dtype, check_all, hash_content)
     if dtype is not None:
         raise PartitaError("--data-dtype needs --data")
     try:

@@ -79,25 +79,26 @@ def _store(rank: int, world: int):
 
 
 def agree_on_attempt() -> None:
-    """Multi-node elastic jobs: make TORCHELASTIC_RESTART_COUNT the same on every rank (the largest).
+    """Multi-node jobs: make TORCHELASTIC_RESTART_COUNT the same on every rank (the largest).
 
     torchrun's agents count restarts per node: a node whose workers failed counts one, a node restarted
     only because another node re-joined the rendezvous does not. Whether an attempt resumes from a
     checkpoint (runtime.loop.session) and whether an injected fault fires (runtime.loop.faults) follow this count,
-    so every rank must read the same value. One all-reduce on the default group, which this initialises.
-    A no-op on one node, or without restarts."""
+    so every rank must read the same value. One all-reduce on the default group, which this initialises,
+    on every rank of a multi-node job whatever its own --max-restarts says (a node started with other flags
+    than its peers must still reach runtime.launcher.agreement's check, not a collective its peers never call). A
+    no-op on one node."""
     world = env_world()[2]
     if int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world:
         return
-    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) == 0:
-        return
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        raise PartitaError("restarts across nodes need a fresh rendezvous store per attempt: set "
-                           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node (partita run does)")
     device = init_default()
     count = torch.tensor([int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)], device=device)
     dist.all_reduce(count, op=dist.ReduceOp.MAX)
     os.environ["TORCHELASTIC_RESTART_COUNT"] = str(int(count.item()))
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) and \
+            os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        raise PartitaError("restarts across nodes need a fresh rendezvous store per attempt: set "
+                           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every node (partita run does)")
 
 
 def init_default() -> torch.device:

@@ -5,19 +5,31 @@ endpoint whose port another program holds hangs in the store's connect retries a
 partita's launcher (runtime.api.agent) uses the same c10d rendezvous under its own backend name, BACKEND,
 whose handler only adds watching:
 
-- `check_endpoint`, before anything starts: on the node that hosts the endpoint, a port that cannot be bound
-  must belong to a rendezvous store (another node of this job on the same machine); any other program holding
-  it is one line. The probe runs in a child process with a deadline (a store client connecting to a silent
-  program never returns) and its own stderr (the store's C++ retry warnings).
+- `check_endpoint`, before anything starts (below): a host that does not resolve, or a port held by another
+  program than a rendezvous store, is one line.
 - While waiting: each node adds itself to a counter in the rendezvous store (a key of this job and round),
   and a thread prints `partita: rendezvous at HOST:PORT: 1 of 2 nodes joined (12 s of 300 s)` to stderr when
   the count changes and every `EVERY` seconds; nothing when the rendezvous completes within `QUIET` seconds.
 - The deadline `timeout` (--rdzv-timeout, default DEFAULT_TIMEOUT) bounds both the join and the wait for the
   store itself on a node that does not host it; `failure_line` turns torch's rendezvous errors into one line
-  with the count last seen.
+  with the count last seen. A store client that connected to something that never answers does not return
+  by itself (its C++ connect loop ignores the deadline and signals): past the deadline by GRACE the ticker ends
+  the launcher with the same line (`FATAL`).
+- Once the first rendezvous has completed, the launchers watch each other (runtime.launcher.peers.PeerWatch, `WATCH`):
+  a lost node is noticed in seconds, not after torchrun's 300 s exit barrier.
+
+`check_endpoint` runs on every node, before anything starts:
+- a HOST that does not resolve is one line (torch would retry it for the whole deadline, printing a warning
+  for each try, and then blame the store);
+- an endpoint where something accepts connections but does not answer as a rendezvous store (another program
+  on the port, e.g. on 0.0.0.0) is one line, whichever node reaches it under whichever address: a store client
+  connected to such a program never returns. On the node that hosts the endpoint, a port that cannot be bound
+  must belong to a rendezvous store too (another node of this job on the same machine). The store probe runs
+  in a child process with a deadline and its own stderr (the store's C++ retry warnings).
 """
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -32,6 +44,8 @@ BACKEND = "partita-c10d"
 DEFAULT_TIMEOUT = 300.0
 """Seconds: long enough for the nodes of one batch allocation to start, short of torchrun's 600."""
 QUIET, EVERY = 3.0, 15.0
+GRACE = 30.0
+"""Seconds past the deadline after which a store wait that never returned ends the launcher (`_Ticker`)."""
 KEY = "partita/rendezvous/{run_id}/{round}"
 
 
@@ -46,6 +60,20 @@ class Seen:
 
 
 SEEN = Seen()
+WATCH = None
+"""This launcher's runtime.launcher.peers.PeerWatch, once its first rendezvous completed (several nodes only)."""
+
+
+def _fatal(line: str) -> None:
+    stderr_line(f"partita: error: {line}")
+    os._exit(1)
+
+
+FATAL = _fatal
+"""Ends the launcher with one line when a wait ignores its deadline; runtime.api.agent also stops its workers
+and removes its directory first."""
+ON_LOST = None
+"""What the launcher does when its PeerWatch finds a lost node (runtime.api.agent sets it)."""
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
@@ -100,10 +128,33 @@ def _is_store(host: str, port: int, wait: float) -> bool:
     return done.returncode == 0
 
 
+def _resolve(host: str, port: int) -> None:
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as e:
+        why = getattr(e, "strerror", None) or str(e)
+        raise PartitaError(f"rendezvous endpoint {host}:{port}: the host name {host!r} does not resolve ({why}): give "
+                           "--rdzv-endpoint a name every node can resolve, or the IP address of the node that hosts "
+                           "the rendezvous") from None
+
+
+def _accepts(host: str, port: int, wait: float = 3.0) -> bool:
+    """Whether something accepts TCP connections at host:port now."""
+    try:
+        with socket.create_connection((host, port), timeout=wait):
+            return True
+    except OSError:
+        return False
+
+
 def check_endpoint(endpoint: str, wait: float = 5.0) -> None:
-    """PartitaError (one line) when this node hosts `endpoint` and another program holds its port."""
+    """PartitaError (one line) when `endpoint`'s host does not resolve, or its port is held by another program
+    than a rendezvous store: one that accepts connections there, or (on the node that hosts the endpoint) one
+    that keeps the port from being bound. Nothing listening yet is no error: the hosting node may start later."""
     host, port = split_endpoint(endpoint)
-    if not _is_local(host) or _can_bind(host, port) or _is_store(host, port, wait):
+    _resolve(host, port)
+    taken = _accepts(host, port) or (_is_local(host) and not _can_bind(host, port))
+    if not taken or _is_store(host, port, wait):
         return
     raise PartitaError(f"rendezvous endpoint {host}:{port}: the port is held by another program, not a rendezvous "
                        "store: choose a free port for --rdzv-endpoint (the same on every node)")
@@ -112,8 +163,8 @@ def check_endpoint(endpoint: str, wait: float = 5.0) -> None:
 class _Ticker:
     """A thread printing the rendezvous' progress (module docstring) until stopped."""
 
-    def __init__(self, count, expected: int):
-        self.count, self.expected = count, expected
+    def __init__(self, count, expected: int, deadline: float | None = None):
+        self.count, self.expected, self.deadline = count, expected, deadline
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -129,6 +180,11 @@ class _Ticker:
         start, last_line, last_count = time.monotonic(), 0.0, None
         while not self.done.wait(1.0):
             now = time.monotonic() - start
+            if self.deadline is not None and now > self.deadline:
+                FATAL(f"rendezvous at {SEEN.endpoint}: no rendezvous store answered within {SEEN.timeout:g} s: "
+                      "start the node that hosts HOST first (or together), and check that HOST:PORT is reachable "
+                      "from here")
+                return
             try:
                 joined = self.count()
             except Exception:  # noqa: BLE001 -- the store went away: the rendezvous itself will say why
@@ -157,7 +213,13 @@ def _handler_type():
             key = KEY.format(run_id=self.run_id, round=self.rounds)
             self.store.add(key, 1)
             with _Ticker(lambda: self.store.add(key, 0), self.expected):
-                return self.inner.next_rendezvous()
+                info = self.inner.next_rendezvous()
+            global WATCH
+            if WATCH is None and self.expected > 1:
+                from partita.runtime.launcher.peers import PeerWatch
+                host, port = split_endpoint(SEEN.endpoint)
+                WATCH = PeerWatch(host, port, self.run_id, on_lost=ON_LOST).start()
+            return info
 
         def get_backend(self) -> str:
             return BACKEND  # the registry checks that a handler is of the backend asked for
@@ -189,7 +251,8 @@ def _create(params):
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
     SEEN.expected = params.max_nodes
-    with _Ticker(lambda: None, params.max_nodes):  # a node that does not host the store waits for it here
+    with _Ticker(lambda: None, params.max_nodes, deadline=SEEN.timeout + GRACE):  # a node that does not host
+        # the store waits for it here
         backend, store = create_backend(params)
     return _handler_type()(create_handler(store, backend, params), store, params.run_id, params.max_nodes)
 
@@ -197,7 +260,9 @@ def _create(params):
 def register(endpoint: str, timeout: float) -> list[str]:
     """Register BACKEND with torch's rendezvous registry (once) and return torchrun's rendezvous arguments."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+    global WATCH
     SEEN.endpoint, SEEN.timeout, SEEN.joined = endpoint, timeout, 0
+    WATCH = None
     try:
         rendezvous_handler_registry.register(BACKEND, _create)
     except ValueError:  # registered before in this process

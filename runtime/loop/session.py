@@ -49,7 +49,7 @@ from partita.runtime.parallel.cp import replica_mesh
 from partita.runtime.data import make_data
 from partita.runtime.checkpoint import ownership
 from partita.runtime.loop.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
-from partita.runtime.launcher.mesh import Topology, backend_for, init
+from partita.runtime.launcher.mesh import Topology, backend_for, env_world, init
 from partita.runtime.loop.guards import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, EXIT_VERIFY, NonFiniteLoss,  # noqa: F401
                                     NonFiniteParameters, Stopped, keep_partial, params_finite, reduce_loss_and_stop)
 from partita.runtime.checkpoint.resume import Candidates, candidates, start_checkpoints
@@ -209,7 +209,9 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ran
     prep = Prepared(notes=preflight(plan, spec, world), attempt=attempt_number())
     prep.notes += expert_parallel.check_run(plan, spec, opts.checkpoint_dir, opts.verify)
     prep.device_note = device_note(plan, world)
-    prep.data = make_data(spec, plan.train["global_batch"], opts.seed, opts.data, opts.data_dtype)
+    # a token file's content digest (checkpoints record it, resumes and the nodes compare it): one rank per node
+    prep.data = make_data(spec, plan.train["global_batch"], opts.seed, opts.data, opts.data_dtype,
+                          hash_content=env_world()[1] == 0)
     check_sizes(plan, spec, prep.data, local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     parse_faults(os.environ.get(FAULT_ENV))
     if opts.verify and (p := dropout_probability(spec)):

@@ -100,13 +100,15 @@ def test_no_intact_checkpoint_left_is_one_line(trained, tmp_path):
 
 
 def test_dcp_failing_to_load_is_one_line(trained, tmp_path):
-    """A checkpoint written before content hashes (sizes only) with a garbage shard of the right size: DCP's
+    """A checkpoint written before content hashes (sizes only, no manifest digest) with a garbage shard of the right size: DCP's
     CheckpointException -- a BaseException, which `except Exception` missed -- becomes one line, exit code 2."""
     root = fresh(trained, tmp_path)
     shutil.rmtree(root / "step-00000004")
     d = root / "step-00000002"
     manifest = json.loads((d / "partita.json").read_text())
     manifest["files"] = {name: entry["bytes"] for name, entry in manifest["files"].items()}
+    manifest.pop("manifest_sidecar")  # nor the manifest's digest beside the directory (issue 47 item 6)
+    ckpt.sidecar(d).unlink()
     (d / "partita.json").write_text(json.dumps(manifest))
     (d / "__0_0.distcp").write_bytes(b"\x00" * (d / "__0_0.distcp").stat().st_size)
     proc = entry_point(tmp_path, "--steps", "4", "--checkpoint-dir", str(root), "--resume")
@@ -177,8 +179,10 @@ def test_a_restart_resumes_only_its_own_runs_steps(trained, tmp_path, monkeypatc
     root = fresh(trained, tmp_path)
     shutil.copytree(root / "step-00000004", root / "step-00000005")
     manifest = json.loads((root / "step-00000005" / "partita.json").read_text())
-    manifest.update(step=5, run_id="0therrun0000")
+    manifest.update(step=5, run_id="0therrun0000", manifest_sidecar=".partita-digests/step-00000005.sha256")
     (root / "step-00000005" / "partita.json").write_text(json.dumps(manifest))
+    ckpt.sidecar(root / "step-00000005").write_text(  # as the other run saved it, its manifest's digest beside it
+        ckpt.manifest_digest((root / "step-00000005" / "partita.json").read_bytes()))
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     result = run(6, root, checkpoint_every=2)
     assert result.resumed_from == str(root / "step-00000004") and result.losses == trained[0].losses[4:]

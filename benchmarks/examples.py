@@ -1,6 +1,6 @@
 """The README's example outputs, produced by running their commands (never retyped).
 
-    python -m benchmarks.examples      # writes benchmarks/results/examples.json; benchmarks.report puts it in README.md
+    python -m benchmarks.examples      # writes benchmarks/results/examples.json; benchmarks.report puts it in README.md and docs/plans.md
 
 Each example is a shell command line of the `partita` CLI run in a fresh process from the repository root
 (`partita` is `python -m partita.cli`); its standard output is recorded as printed, at 120 columns.

@@ -1,6 +1,6 @@
 """Write the READMEs' benchmark figures from benchmarks/results/*.json, so none is ever retyped.
 
-    python -m benchmarks.report            # rewrite the generated sections of README.md and benchmarks/README.md
+    python -m benchmarks.report            # rewrite the generated sections of README.md, docs/ and benchmarks/README.md
     python -m benchmarks.report --check    # exit 1, naming the section, where a README differs from the results
 
 A generated section is the text between two marker comments in a README,
@@ -28,8 +28,10 @@ import benchmarks.common as common
 
 ROOT = Path(__file__).resolve().parents[1]
 READMES = {
-    "README.md": ("plan_example", "tiny_run", "what_if", "sources", "planner_speed", "solver", "table1", "published",
-                  "kernels", "fidelity", "gpu", "runtime_overhead", "rec"),
+    "README.md": ("plan_headline",),
+    "docs/plans.md": ("plan_example", "tiny_run", "what_if"),
+    "docs/benchmarks.md": ("sources", "planner_speed", "solver", "table1", "published", "kernels", "fidelity", "gpu",
+                           "runtime_overhead", "rec"),
     "benchmarks/README.md": ("run_all", "last_results"),
 }
 """Which generated sections each README holds (path relative to the repository root)."""
@@ -809,6 +811,15 @@ def plan_example(results: dict) -> str:
     return _console(results["examples"]["plan"])
 
 
+def plan_headline(results: dict) -> str:
+    """The README's excerpt of the plan example: its command, the header and the predicted step."""
+    run = results["examples"]["plan"]
+    lines = run["stdout"].splitlines()
+    head = lines[:lines.index("")] if "" in lines else lines[:4]
+    step = next((line for line in lines if line.startswith("predicted step")), None)
+    return _console({"command": run["command"], "stdout": "\n".join(head + (["...", step] if step else []))})
+
+
 def tiny_run(results: dict) -> str:
     e = results["examples"]
     return _console(e["tiny_plan"], e["tiny_run"])
@@ -818,7 +829,7 @@ def what_if(results: dict) -> str:
     return _console(results["examples"]["what_if"])
 
 
-RENDERERS = {"plan_example": (plan_example, ("examples",)), "tiny_run": (tiny_run, ("examples",)),
+RENDERERS = {"plan_example": (plan_example, ("examples",)), "plan_headline": (plan_headline, ("examples",)), "tiny_run": (tiny_run, ("examples",)),
              "what_if": (what_if, ("examples",)), "sources": (sources, ()), "planner_speed": (planner_speed, ("planner_speed",)),
              "solver": (solver, ("solver",)), "table1": (table1, ("table1",)),
              "published": (published, ("published",)), "kernels": (kernels, ("fit",)),

@@ -223,8 +223,8 @@ def _cmd_models(args) -> int:
     print("\nor a family: gpt:layers=..,hidden=..,heads=..,seq=..,vocab=..[,ffn=..][,kv_heads=..]"
           "[,attention=sdpa|math][,dropout=0.1]  llama:... (the same keys)  resnet:depth=..,width=..,image=..,classes=..\n"
           "or hf:FAMILY[:key=value,...] (a transformers model type built from its config)\n"
-          "or your own: package.module:factory returning (module, example_inputs[, loss_fn]) (README: Train your own "
-          "model on your own data)")
+          "or your own: package.module:factory returning (module, example_inputs[, loss_fn]) (docs/own-models.md: "
+          "Train your own model on your own data)")
     print("recommendation models: dlrm-criteo-1tb (the MLPerf DLRM), dlrm:tables=..,rows=..[,dim=..,dense=..,"
           "bottom=a-b-c,top=a-b-1,pooling=..], or a factory with nn.EmbeddingBag tables")
     return 0

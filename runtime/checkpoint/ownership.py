@@ -13,7 +13,7 @@
 
 The lock is an advisory flock(2) on the shared filesystem, held by one process (global rank 0 of the
 current attempt): between a failed attempt and its restart nobody holds it, and a filesystem without
-working flock (some network mounts) gives no exclusion -- the README says what is not guaranteed.
+working flock (some network mounts) gives no exclusion -- docs/reliability.md says what is not guaranteed.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ worker installs it first.
 
 Every terminating signal a terminal or a scheduler sends is a stop: SIGHUP is what a closed terminal or a
 dropped ssh connection sends, SIGQUIT what Ctrl-\\ sends. A SIGHUP that is ignored when the process starts
-stays ignored: `nohup partita run ...` detaches a run from its terminal (the README says how).
+stays ignored: `nohup partita run ...` detaches a run from its terminal (docs/reliability.md says how).
 
 The worker entry point (runtime.train) installs the handlers first thing, so Ctrl-C never prints a
 KeyboardInterrupt traceback per rank; under partita's launcher a worker whose agent dies gets SIGTERM from

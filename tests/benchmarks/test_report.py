@@ -152,24 +152,27 @@ def test_check_names_a_section_whose_number_was_retyped(tmp_path, monkeypatch, c
     for readme in report.READMES:
         (tmp_path / readme).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / readme, tmp_path / readme)
-    readme = tmp_path / "README.md"
+    readme = tmp_path / "docs" / "benchmarks.md"
     body = report.sections(readme.read_text())["runtime_overhead"]
     readme.write_text(readme.read_text().replace(body, body.replace("Target <=", "Target <= 9", 1)))
     monkeypatch.setattr(report, "ROOT", tmp_path)
     assert report.main(["--check"]) == 1
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "README.md: section runtime_overhead differs" in err
+    assert "\n" not in err and "docs/benchmarks.md: section runtime_overhead differs" in err
     assert report.main([]) == 0 and report.main(["--check"]) == 0  # rewriting restores it
-    assert readme.read_text() == (ROOT / "README.md").read_text()
+    assert readme.read_text() == (ROOT / "docs" / "benchmarks.md").read_text()
 
 
 def test_a_missing_or_repeated_marker_is_reported(tmp_path):
     (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "docs").mkdir()
     block = f"{report.START.format('run_all')}\nx\n{report.END.format('run_all')}\n"
     (tmp_path / "README.md").write_text("no markers\n")
+    for page in ("benchmarks.md", "plans.md"):
+        (tmp_path / "docs" / page).write_text("no markers\n")
     (tmp_path / "benchmarks" / "README.md").write_text(block + block)
     found = report.problems(tmp_path, {})
-    assert any("README.md: section table1 has no markers" in p for p in found)
+    assert any("docs/benchmarks.md: section table1 has no markers" in p for p in found)
     assert any("section run_all appears twice" in p for p in found)
 
 

@@ -41,7 +41,7 @@ def _explain_in_subprocess(path: Path) -> subprocess.CompletedProcess:
     loader that reads an endless file fails with MemoryError rather than filling the machine; the timeout
     guards a loader that waits on a FIFO."""
     code = ("import os, resource, sys\n"
-            "from partita.planner import cli, explain, plan\n"
+            "from partita import cli\n"
             "size = int(open('/proc/self/statm').read().split()[0]) * os.sysconf('SC_PAGE_SIZE')\n"
             "resource.setrlimit(resource.RLIMIT_AS, (size + 2**31, resource.getrlimit(resource.RLIMIT_AS)[1]))\n"
             "sys.exit(cli.main(['explain', sys.argv[1]]))\n")

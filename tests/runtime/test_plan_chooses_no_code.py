@@ -56,14 +56,17 @@ def test_the_fingerprint_decides_not_the_name(planted):
 
 def test_a_name_that_differs_from_model_is_a_checked_line():
     plan = make_plan()
-    plan["model"]["name"] = "../../etc/passwd\x1b[2J"
+    plan["model"]["name"] = "../../etc/passwd; rm -rf ~"
     notes = preflight(Plan.from_dict(plan), GPT, 1)
-    assert notes == ["note: plan was made for model '../../etc/passwd\\x1b[2J'; --model tiny-gpt has the same "
+    assert notes == ["note: plan was made for model '../../etc/passwd; rm -rf ~'; --model tiny-gpt has the same "
                      f"parameters (fingerprint {plan['model']['fingerprint']}), so it runs"]
     del plan["model"]["fingerprint"]
     assert preflight(Plan.from_dict(plan), GPT, 1) == [
-        "note: plan was made for model '../../etc/passwd\\x1b[2J', not --model tiny-gpt, and records no fingerprint "
-        "to check that they are the same model"]
+        "note: plan was made for model '../../etc/passwd; rm -rf ~', not --model tiny-gpt, and records no "
+        "fingerprint to check that they are the same model"]
+    plan["model"]["name"] = "tiny\x1b[2J"  # a terminal escape never reaches a note: the file is refused first
+    with pytest.raises(PlanError, match="control character"):
+        Plan.from_dict(plan)
 
 
 def test_the_cli_pre_flight_prints_the_mismatch(tmp_path):

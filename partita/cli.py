@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 from partita.costmodel.errors import PartitaError
@@ -154,18 +153,11 @@ def _cmd_run(args) -> int:
     if args.max_restarts:
         flags += ["--max-restarts", str(args.max_restarts)]
     launcher = ["--nproc-per-node", str(nproc), "--nnodes", str(args.nnodes)]
-    # the runtime's own pre-flight (model fingerprint, world size nproc x nnodes, module names, data file, the
-    # checkpoint --resume would load) in one process, so a mismatch is one line and exit code 2 rather than a
-    # torchrun failure
-    check = subprocess.run([sys.executable, "-m", "partita.runtime.train", args.plan, *flags, *launcher, "--check"],
-                           env=env, capture_output=True, text=True)
-    if check.returncode != 0:
-        sys.stderr.write(check.stderr or check.stdout)
-        return 2 if check.returncode == 2 else check.returncode
     if args.rdzv_endpoint:
         launcher += ["--rdzv-endpoint", args.rdzv_endpoint, *(["--rdzv-id", args.rdzv_id] if args.rdzv_id else []),
                      *(["--rdzv-timeout", str(args.rdzv_timeout)] if args.rdzv_timeout else [])]
-    # runtime.train with launcher flags runs torchrun's agent for this node (standalone on one node, c10d
+    # runtime.train with launcher flags runs the pre-flight checks (runtime.train._check_before_launch), then
+    # torchrun's agent for this node (standalone on one node, c10d
     # rendezvous across nodes) and reports the first failing rank as one line; signals sent to this
     # process reach it, and through it the workers (partita.runtime.launcher.child)
     cmd = [sys.executable, "-m", "partita.runtime.train", args.plan, *flags, *(["--verify"] if args.verify else []),

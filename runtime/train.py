@@ -189,6 +189,8 @@ def main(argv=None) -> int:
         stderr_line(f"partita: error: {why}")
         return EXIT_ERROR
     if not args.check and launcher:
+        if (code := _check_before_launch(args)) != EXIT_OK:
+            return code
         from partita.runtime.api import agent_main
         return agent_main(args, argv)
     rank = env_world()[0]
@@ -211,7 +213,19 @@ def main(argv=None) -> int:
         teardown(ok=code == 0)
 
 
-def _worker(args: argparse.Namespace) -> int:
+def _check_before_launch(args: argparse.Namespace) -> int:
+    """The pre-flight (`--check`: model fingerprint, world size, module names, data file, the checkpoint
+    --resume would load) in the launcher's own process, before torchrun starts a worker: a mismatch is one line
+    and exit code 2, not a torchrun failure. It was `partita run`'s first process of its own, a second
+    interpreter and torch import (2-3 s of every run). Silent when it passes: the workers print the notes.
+    The devices are not looked at here, so the launcher never initialises CUDA."""
+    import contextlib
+    import io
+    with contextlib.redirect_stdout(io.StringIO()):
+        return _worker(argparse.Namespace(**{**vars(args), "check": True}), look_at_devices=False)
+
+
+def _worker(args: argparse.Namespace, look_at_devices: bool = True) -> int:
     from partita.runtime.checkpoint import ownership
     from partita.runtime.loop.session import NonFiniteLoss, Stopped, at_seq_len, execute, prepare
     rank, _, world = env_world()
@@ -228,7 +242,8 @@ def _worker(args: argparse.Namespace) -> int:
             world = (args.nproc_per_node * (args.nnodes or 1) if args.nproc_per_node else plan.mesh.world_size)
         if plan.embeddings is not None:  # tables: TorchRec (runtime.parallel.rec)
             return _rec(plan, spec, opts, world, rank, args)
-        prep = prepare(plan, spec, opts, world, args.nproc_per_node if args.check else None)
+        prep = prepare(plan, spec, opts, world, args.nproc_per_node if args.check else None,
+                       look_at_devices=look_at_devices)
         if args.check and args.checkpoint_dir and args.checkpoint_every and \
                 (holder := ownership.is_locked(args.checkpoint_dir)):
             raise PartitaError(f"--checkpoint-dir {args.checkpoint_dir} is in use by another run ({holder}): wait "

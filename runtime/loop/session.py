@@ -190,9 +190,11 @@ def build(spec: ModelSpec, opts: RunOptions, topo: Topology):
     return model
 
 
-def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ranks: int | None = None) -> Prepared:
+def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ranks: int | None = None,
+            look_at_devices: bool = True) -> Prepared:
     """Every check that can fail before training (PartitaError, one line). No process group needed.
-    `local_ranks`: the ranks on this host (default: torchrun's LOCAL_WORLD_SIZE, else `world`)."""
+    `local_ranks`: the ranks on this host (default: torchrun's LOCAL_WORLD_SIZE, else `world`);
+    `look_at_devices`: False in the launcher, which must not initialise CUDA (no `device_note`)."""
     data_file = opts.data if isinstance(opts.data, (str, os.PathLike)) else None
     errors = option_errors(lr=opts.lr, seed=opts.seed) + output_errors(
         losses_out=opts.losses_out, tensorboard=opts.tensorboard, inputs={"the --data file": data_file})
@@ -208,7 +210,7 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ran
         raise PartitaError(f"{'--resume' if opts.resume else '--checkpoint-every'} needs --checkpoint-dir")
     prep = Prepared(notes=preflight(plan, spec, world), attempt=attempt_number())
     prep.notes += expert_parallel.check_run(plan, spec, opts.checkpoint_dir, opts.verify)
-    prep.device_note = device_note(plan, world)
+    prep.device_note = device_note(plan, world) if look_at_devices else None
     # a token file's content digest (checkpoints record it, resumes and the nodes compare it): one rank per node
     prep.data = make_data(spec, plan.train["global_batch"], opts.seed, opts.data, opts.data_dtype,
                           hash_content=env_world()[1] == 0)

@@ -26,17 +26,17 @@ def plan4(tmp_path):
     return path
 
 
-def test_a_wrong_launch_prints_the_first_failing_rank_once(plan4):
-    """A 4-rank plan started on 2 processes: every rank refuses it; the user sees one line naming a rank, not
-    torchrun's report, and the workers' exit code (2: the plan does not fit the world size)."""
+def test_a_wrong_launch_is_one_line_before_any_worker_starts(plan4):
+    """A 4-rank plan started on 2 processes: the launcher's pre-flight refuses it before torchrun starts a
+    worker; the user sees one line, not torchrun's report, and exit code 2 (the plan does not fit the world
+    size). (A failure only the workers can see names the rank: test_signals_and_ownership, test_multinode.)"""
     code = f"import sys, runtime; sys.exit(runtime.launch({str(plan4)!r}, 'tiny-gpt', 2, nproc=2))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith(("partita: error: rank 0: ", "partita: error: rank 1: ")), lines
-    assert lines[0].endswith("plan is for 4 ranks (pp=1 x dp=2 x tp=2) but WORLD_SIZE is 2"), lines
+    assert lines == ["partita: error: plan is for 4 ranks (pp=1 x dp=2 x tp=2) but WORLD_SIZE is 2"], lines
     assert proc.stdout == ""
 
 
@@ -51,9 +51,9 @@ def test_a_wrong_launch_prints_the_first_failing_rank_once(plan4):
 def test_argument_errors_are_one_line_before_anything_is_launched(plan4, monkeypatch, capsys, args, message):
     def no_process(*a, **k):
         raise AssertionError(f"launched {a[0] if a else k}")
-    monkeypatch.setattr(cli.subprocess, "run", no_process)
-    monkeypatch.setattr(cli.subprocess, "call", no_process)
-    monkeypatch.setattr(cli.subprocess, "Popen", no_process)
+    monkeypatch.setattr(subprocess, "run", no_process)
+    monkeypatch.setattr(subprocess, "call", no_process)
+    monkeypatch.setattr(subprocess, "Popen", no_process)
     assert cli.main(["run", str(plan4), "--model", "tiny-gpt", *args]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"partita: error: {message}"), lines
@@ -90,7 +90,8 @@ def test_a_bug_prints_its_traceback_and_leaves_no_log_directory(tmp_path):
     assert lines[0] == "partita: error: rank 1: RuntimeError: PARTITA_FAULT: rank 1 raises during step 2", proc.stderr
     assert lines[1] == "traceback of rank 1:" and lines[2].startswith("Traceback (most recent call last):")
     assert lines[-1] == "RuntimeError: PARTITA_FAULT: rank 1 raises during step 2"
-    assert list((tmp_path / "tmp").iterdir()) == []
+    # torch's own caches (torchinductor_<user>, made by the workers' imports) may stay: they are meant to
+    assert [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")] == []
 
 
 def test_the_first_failure_is_the_earliest_that_torchrun_did_not_stop_itself(tmp_path, monkeypatch):

@@ -52,7 +52,7 @@ def no_launch(monkeypatch):
     """`partita run` must refuse before it starts its pre-flight (a process) or the launcher."""
     def launched(*a, **k):
         raise AssertionError(f"started a process: {a[0] if a else k}")
-    monkeypatch.setattr(cli.subprocess, "run", launched)
+    monkeypatch.setattr(subprocess, "run", launched)
     monkeypatch.setattr(cli, "run_forwarding_signals", launched)
 
 

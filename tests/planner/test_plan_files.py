@@ -5,6 +5,7 @@ All checks of the file itself are in planner.plan's loader (Plan.load / Plan.fro
 model are runtime.launcher.checks.preflight, which `partita run` runs in its pre-flight (`runtime.train --check`)."""
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -37,9 +38,9 @@ def no_launch(monkeypatch):
     """`partita run` must refuse the plan before it starts any process."""
     def launched(*a, **k):
         raise AssertionError(f"started a process: {a[0] if a else k}")
-    monkeypatch.setattr(cli.subprocess, "run", launched)
-    monkeypatch.setattr(cli.subprocess, "call", launched)
-    monkeypatch.setattr(cli.subprocess, "Popen", launched)
+    monkeypatch.setattr(subprocess, "run", launched)
+    monkeypatch.setattr(subprocess, "call", launched)
+    monkeypatch.setattr(subprocess, "Popen", launched)
 
 
 def test_a_binary_plan_file_is_one_line_for_every_command(tmp_path, capsys, no_launch):
@@ -96,16 +97,16 @@ def test_nan_literal_is_refused(tmp_path):
 
 def test_a_stage_list_that_omits_a_layer_is_refused_before_launch(tmp_path, monkeypatch, capsys):
     """A pp=2 plan whose stage lists and blocks both leave out blocks.1 is a well-formed file; against the model
-    it would leave blocks.1 untrained. `partita run`'s pre-flight (one process, `runtime.train --check`) refuses
-    it in one line, and torchrun is never started."""
+    it would leave blocks.1 untrained. `partita run`'s pre-flight (in its launcher process, before torchrun's
+    agent) refuses it in one line, and torchrun is never started."""
     plan = make_plan(pp=2, micro=2)
     plan["stages"][1]["modules"].remove("blocks.1")
     plan["blocks"] = [b for b in plan["blocks"] if b["fqn"] != "blocks.1"]
     path = tmp_path / "omit.json"
     path.write_text(json.dumps(plan))
     Plan.load(path)  # the file alone is well formed
-    monkeypatch.setattr(cli, "run_forwarding_signals", lambda *a, **k: pytest.fail("torchrun was started"))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(Path(cli.__file__).resolve().parents[1]),
-                                                                  os.environ.get("PYTHONPATH")])))
+    from partita.runtime import api, train
+    monkeypatch.setattr(api, "agent_main", lambda *a, **k: pytest.fail("torchrun was started"))
+    monkeypatch.setattr(cli, "run_forwarding_signals", lambda cmd, env: train.main(cmd[3:]))  # in this process
     line = one_line_error(["run", str(path), "--model", "tiny-gpt", "--steps", "1"], capsys)
     assert "no stage lists module 'blocks.1' of --model tiny-gpt" in line, line

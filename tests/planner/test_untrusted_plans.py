@@ -386,23 +386,22 @@ def _call(fn, *args) -> tuple[int, str, str, str]:
 
 
 def _drive(cases_file: str) -> None:
-    """Every command on every case, in this process: `partita run` up to its launch, its pre-flight
-    (`runtime.train --check`, which `partita run` starts as a subprocess) called in-process as well."""
-    import types
-
+    """Every command on every case, in this process: `partita run` up to torchrun's agent, its launcher process
+    (`runtime.train` with launcher flags, which runs the pre-flight checks first) called in-process as well."""
     from partita import cli
-    from partita.runtime import train
+    from partita.runtime import api, train
     from partita.runtime.loop.stop import StopSignal
 
-    def preflight(cmd, env=None, **kwargs):  # cli._cmd_run's subprocess.run([python, -m, runtime.train, ...])
-        assert cmd[1:3] == ["-m", "partita.runtime.train"] and cmd[-1] == "--check", cmd
-        code, out, err, tb = _call(train.main, cmd[3:])
-        if StopSignal.current is not None:
-            StopSignal.current.restore()
-        return subprocess.CompletedProcess(cmd, code, out, err + tb)
+    def launcher(cmd, env):  # cli._cmd_run's run_forwarding_signals([python, -m, runtime.train, ...])
+        assert cmd[1:3] == ["-m", "partita.runtime.train"], cmd
+        try:
+            return train.main(cmd[3:])
+        finally:
+            if StopSignal.current is not None:
+                StopSignal.current.restore()
 
-    cli.subprocess = types.SimpleNamespace(run=preflight)
-    cli.run_forwarding_signals = lambda cmd, env: 0  # the launch itself: the pre-flight passed
+    cli.run_forwarding_signals = launcher
+    api.agent_main = lambda args, argv: 0  # the launch itself: the pre-flight passed
     for case in json.loads(Path(cases_file).read_text()):
         for argv in [*_commands(Path(case["plan"]), Path(case["other"]), Path(case["out"]), case["model"]),
                      ["run", case["plan"], "--model", case["model"], "--steps", "1"]]:

@@ -15,12 +15,12 @@ the planner never imports the runtime (DESIGN.md layering).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from partita.costmodel.errors import PartitaError
 from partita.runtime.launcher.child import run_forwarding_signals
+from partita.runtime.launcher.flags import NODE_FLAGS, RUN_FLAGS, add_flags, to_argv
 from partita.costmodel.hardware import DEFAULT_ALLOCATOR_HEADROOM
 from partita.planner.plan import RECOMPUTE
 from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors
@@ -120,8 +120,9 @@ def _cmd_run(args) -> int:
                                ("--log-every", args.log_every, 0), ("--keep", args.keep, 0)):
         if value is not None and value < least:
             raise PartitaError(f"{name} must be {'at least 1' if least else '>= 0'}")
-    if args.nnodes > 1 and not args.rdzv_endpoint:
-        raise PartitaError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
+    nnodes = args.nnodes or 1
+    if nnodes > 1 and not args.rdzv_endpoint:
+        raise PartitaError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
     if args.rdzv_timeout is not None and not 0 < args.rdzv_timeout <= 86400:
         raise PartitaError("--rdzv-timeout must be more than 0 and at most 86400 seconds")
     if why := job_environment_error(os.environ):
@@ -133,35 +134,23 @@ def _cmd_run(args) -> int:
         raise PartitaError(errors[0])
     plan = Plan.load(args.plan)  # validate before launching anything
     world = plan.mesh.world_size
-    if world % args.nnodes:
+    if world % nnodes:
         fits = ", ".join(str(n) for n in range(1, world + 1) if world % n == 0)
-        raise PartitaError(f"the plan is for {world} ranks, which {args.nnodes} nodes cannot share equally "
+        raise PartitaError(f"the plan is for {world} ranks, which {nnodes} nodes cannot share equally "
                            f"(processes per node = world size / nnodes): use --nnodes {fits}")
-    nproc = world // args.nnodes
+    nproc = world // nnodes
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     # torchrun's restarts on its shared rendezvous store would see the failed attempt's keys (pytorch#135712):
     # give every attempt a fresh store
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    flags = ["--model", args.model, "--steps", str(args.steps)]
-    for name in ("data", "data_dtype", "checkpoint_dir", "checkpoint_every", "keep", "seed", "lr", "losses_out",
-                 "log_every", "tensorboard"):
-        value = getattr(args, name)
-        if value is not None:
-            flags += ["--" + name.replace("_", "-"), str(value)]
-    flags += [f"--{name}" for name in ("resume", "sync-batchnorm") if getattr(args, name.replace("-", "_"))]
-    if args.max_restarts:
-        flags += ["--max-restarts", str(args.max_restarts)]
-    launcher = ["--nproc-per-node", str(nproc), "--nnodes", str(args.nnodes)]
-    if args.rdzv_endpoint:
-        launcher += ["--rdzv-endpoint", args.rdzv_endpoint, *(["--rdzv-id", args.rdzv_id] if args.rdzv_id else []),
-                     *(["--rdzv-timeout", str(args.rdzv_timeout)] if args.rdzv_timeout else [])]
+    flags = ["--model", args.model, *to_argv(args, RUN_FLAGS)]
+    launcher = ["--nproc-per-node", str(nproc), *to_argv({**vars(args), "nnodes": nnodes}, NODE_FLAGS)]
     # runtime.train with launcher flags runs the pre-flight checks (runtime.train._check_before_launch), then
-    # torchrun's agent for this node (standalone on one node, c10d
-    # rendezvous across nodes) and reports the first failing rank as one line; signals sent to this
-    # process reach it, and through it the workers (partita.runtime.launcher.child)
-    cmd = [sys.executable, "-m", "partita.runtime.train", args.plan, *flags, *(["--verify"] if args.verify else []),
-           *launcher]
+    # torchrun's agent for this node (standalone on one node, c10d rendezvous across nodes) and reports the
+    # first failing rank as one line; signals sent to this process reach it, and through it the workers
+    # (partita.runtime.launcher.child)
+    cmd = [sys.executable, "-m", "partita.runtime.train", args.plan, *flags, *launcher]
     return run_forwarding_signals(cmd, env)
 
 
@@ -365,42 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "  partita run plan.json --model tiny-gpt --steps 100 --nnodes 2 "
                               "--rdzv-endpoint node0:29400 --rdzv-id job42")
     r.add_argument("plan")
-    r.add_argument("--model", required=True)
-    r.add_argument("--steps", type=int, default=10)
-    r.add_argument("--verify", action="store_true", help="also train in one process and compare the losses")
-    r.add_argument("--data", metavar="FILE|MODULE:FACTORY", help="token file (.npy, or raw little-endian "
-                   "uint16/uint32 tokens), or package.module:factory returning a torch Dataset / IterableDataset "
-                   "whose items are one row of a batch; default: synthetic batches")
-    r.add_argument("--data-dtype", choices=["uint16", "uint32"], default=None,
-                   help="token type of a raw --data file (default uint16)")
-    r.add_argument("--checkpoint-dir", metavar="DIR", help="where DCP checkpoints are written and resumed from")
-    r.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
-                   help="save a checkpoint after every N steps and after the last")
-    r.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in DIR "
-                   "(under this plan, whatever plan wrote it); a run without it refuses a DIR holding checkpoints")
-    r.add_argument("--keep", type=int, default=None, metavar="N",
-                   help="keep only the newest N checkpoints of this run (default: all)")
-    r.add_argument("--max-restarts", type=int, default=0, metavar="K",
-                   help="torchrun restarts the job up to K times after a failure; it resumes from the latest "
-                        "checkpoint")
-    r.add_argument("--seed", type=int, default=None)
-    r.add_argument("--lr", type=float, default=None)
-    r.add_argument("--losses-out", metavar="FILE", help="write losses, reference, step time and memory as JSON")
-    r.add_argument("--sync-batchnorm", action="store_true",
-                   help="BatchNorm normalises over the whole data-parallel batch (SyncBatchNorm), as one process does")
-    r.add_argument("--log-every", type=int, default=None, metavar="N",
-                   help="print a progress line (step, loss, step time, tokens or samples/s, memory, ETA) every N "
-                        "steps (default 10; 0: none); on a terminal a progress bar")
-    r.add_argument("--tensorboard", metavar="DIR", help="write the per-step scalars for TensorBoard into DIR "
-                   "(pip install 'partita[tensorboard]')")
+    r.add_argument("--model", required=True, help="model preset or MODEL string, e.g. tiny-gpt")
+    add_flags(r, RUN_FLAGS, given_only=True)  # runtime.launcher.flags: the worker's defaults apply
     n = r.add_argument_group("several nodes (run the same command on every node; processes per node = the "
                              "plan's world size / N)")
-    n.add_argument("--nnodes", type=int, default=1, metavar="N", help="number of nodes (default 1)")
-    n.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous endpoint: a free port on one of "
-                   "the nodes, the same on every node")
-    n.add_argument("--rdzv-id", metavar="ID", help="job id, the same on every node (default: partita)")
-    n.add_argument("--rdzv-timeout", type=float, metavar="S", help="seconds to wait for every node to join, "
-                   "printing progress meanwhile (default 300)")
+    add_flags(n, NODE_FLAGS, given_only=True)
     n.add_argument("--node-rank", type=int, metavar="R", help="accepted for batch scripts; c10d rendezvous "
                    "numbers the nodes as they join, so it does not change which ranks a node runs")
     r.set_defaults(func=_cmd_run)

@@ -24,7 +24,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess  # noqa: F401 -- tests stop it from starting anything (runtime.api.subprocess.Popen)
 import sys
 import tempfile
 import threading
@@ -149,10 +148,6 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset=None,
             teardown(ok)
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def procs_per_node(world: int, nnodes: int) -> int:
     """Worker processes per node: the plan's world size shared equally by the nodes."""
     if nnodes < 1:
@@ -180,10 +175,9 @@ def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | No
     checkpoint_every=2, resume=True, data="tokens.bin", losses_out="out.json", seed=..., lr=...). Raises
     PartitaError for a value that cannot run (steps < 1, nnodes not dividing the world size) before any
     process starts."""
-    from partita.runtime.train import LAUNCHER_FLAGS, argument_errors, build_parser
-    parser = build_parser()
-    known = {a.dest for a in parser._actions} - set(LAUNCHER_FLAGS) - {"plan", "model", "steps", "help", "check",
-                                                                       "max_restarts"}
+    from partita.runtime.launcher.flags import RUN_FLAGS, names, to_argv
+    from partita.runtime.train import argument_errors, build_parser
+    known = names(RUN_FLAGS) - {"steps", "max_restarts"}
     unknown = sorted(k for k in flags if k not in known)
     if unknown:
         raise TypeError(f"launch() got flags runtime.train does not take: {', '.join(unknown)}")
@@ -195,12 +189,8 @@ def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | No
                  *(["--rdzv-timeout", str(rdzv_timeout)] if rdzv_timeout else [])]
     if max_restarts:
         argv += ["--max-restarts", str(max_restarts)]
-    for key, value in flags.items():
-        if value is True:
-            argv.append(_flag(key))
-        elif value is not None and value is not False:
-            argv += [_flag(key), str(value)]
-    errors = argument_errors(parser.parse_args(argv))
+    argv += to_argv(flags, RUN_FLAGS)
+    errors = argument_errors(build_parser().parse_args(argv))
     if errors:
         raise PartitaError(errors[0])
     full_env = {**os.environ, **(env or {})}
@@ -624,22 +614,14 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
 def agent_main(args, argv: list[str]) -> int:
     """partita.runtime.train's launcher mode: torchrun's agent for this node on the same command minus the launcher
     flags (runtime.train.LAUNCHER_FLAGS)."""
-    from partita.runtime.train import LAUNCHER_FLAGS, build_parser
+    from partita.runtime.launcher.flags import RUN_FLAGS, to_argv
     try:
         nnodes = args.nnodes or 1
         nproc = args.nproc_per_node or procs_per_node(Plan.load(args.plan).mesh.world_size, nnodes)
     except PartitaError as e:
         stderr_line(f"partita: error: {e}")
         return 2
-    worker = [args.plan]
-    for action in build_parser()._actions:
-        if action.dest in ("help", "plan", *LAUNCHER_FLAGS) or not action.option_strings:
-            continue
-        value = getattr(args, action.dest)
-        if value is True:
-            worker.append(action.option_strings[0])
-        elif value is not None and value is not False:
-            worker += [action.option_strings[0], str(value)]
+    worker = [args.plan, "--model", args.model, *to_argv(args, RUN_FLAGS)]  # minus the launcher flags
     die_with_parent()  # a launcher whose own parent (partita run, a batch script) is killed stops its workers
     return agent(worker, nproc, nnodes=nnodes, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
                  max_restarts=args.max_restarts, rdzv_timeout=args.rdzv_timeout, losses_out=args.losses_out)

@@ -59,13 +59,12 @@ import gc  # noqa: E402
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.planner.plan import Plan
+from partita.runtime.launcher.flags import NODE_FLAGS, RUN_FLAGS, add_flags
 from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors
 from partita.runtime.loop.console import STDOUT, stderr_line
-from partita.runtime.data import DTYPES
 from partita.runtime.loop.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK
 from partita.runtime.launcher.agreement import agree, run_fields
 from partita.runtime.launcher.mesh import agree_on_attempt, env_world, init_default, teardown
-from partita.runtime.loop.progress import DEFAULT_EVERY
 from partita.runtime.loop.report import show_library_warnings_once, write_error_file
 from partita.runtime.loop.stop import StopSignal, die_with_parent
 
@@ -79,45 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m partita.runtime.train", description=__doc__.split("\n")[0])
     p.add_argument("plan", help="plan JSON (partita.plan/1)")
     p.add_argument("--model", required=True, help="model preset or MODEL string, e.g. tiny-gpt")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--verify", action="store_true", help="also train the unpartitioned model on rank 0 and compare")
-    p.add_argument("--losses-out", metavar="FILE", help="write losses, reference, step time and memory as JSON")
+    add_flags(p, RUN_FLAGS, given_only=False)  # runtime.launcher.flags: the same table as `partita run`'s
     p.add_argument("--check", action="store_true",
                    help="only check the plan (and --data, and the checkpoint --resume would load) against the "
                         "model and WORLD_SIZE")
-    p.add_argument("--data", metavar="FILE|MODULE:FACTORY", help="token file (.npy, or raw little-endian "
-                   "uint16/uint32 tokens), or package.module:factory returning a torch Dataset / IterableDataset")
-    p.add_argument("--data-dtype", choices=list(DTYPES), default=None, help="token type of a raw --data file "
-                   "(default uint16)")
-    p.add_argument("--sync-batchnorm", action="store_true",
-                   help="BatchNorm normalises over the whole data-parallel batch (SyncBatchNorm)")
-    p.add_argument("--log-every", type=int, default=DEFAULT_EVERY, metavar="N",
-                   help=f"a progress line every N steps (default {DEFAULT_EVERY}; 0: none)")
-    p.add_argument("--tensorboard", metavar="DIR", help="write loss, step time, throughput and memory per step "
-                   "as TensorBoard scalars into DIR (needs the tensorboard package)")
-    p.add_argument("--checkpoint-dir", metavar="DIR", help="where DCP checkpoints are written and resumed from")
-    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
-                   help="save a checkpoint after every N steps and after the last (0: never)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest intact checkpoint in DIR")
-    p.add_argument("--keep", type=int, default=0, metavar="N",
-                   help="keep only this run's newest N checkpoints (default 0: all)")
-    p.add_argument("--max-restarts", type=int, default=0, metavar="K",
-                   help="torchrun's --max-restarts: a restarted attempt resumes from the latest checkpoint")
     g = p.add_argument_group("launcher (this process becomes torchrun's agent for this node)")
     g.add_argument("--nproc-per-node", type=int, metavar="W", help="worker processes on this node "
                    "(default: the plan's world size / --nnodes)")
-    g.add_argument("--nnodes", type=int, metavar="N", help="nodes, each running this same command")
-    g.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous endpoint, the same on every node")
-    g.add_argument("--rdzv-id", metavar="ID", help="job id, the same on every node (default: partita)")
-    g.add_argument("--rdzv-timeout", type=float, metavar="S",
-                   help="seconds to wait for every node to join the rendezvous (runtime.launcher.rendezvous; default "
-                        "300)")
+    add_flags(g, NODE_FLAGS, given_only=True)
     return p
 
 
-LAUNCHER_FLAGS = ("nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "rdzv_timeout")
+LAUNCHER_FLAGS = ("nproc_per_node", *(f.dest for f in NODE_FLAGS))
 
 
 def argument_errors(args: argparse.Namespace) -> list[str]:

@@ -1,0 +1,101 @@
+"""The flags of a run, defined once: `partita run` (partita/cli.py), the launcher and worker entry point
+`python -m partita.runtime.train`, and the Python API's `runtime.launch` all read this table.
+
+`partita run` parses them with no defaults (None: not given), so it forwards only what the user gave, and
+the worker's defaults -- RunOptions' (runtime.loop.session) -- apply once, in one place. The launcher turns
+parsed values back into a worker's argv with `to_argv`, from this table, never from argparse's internals.
+Torch-free: the CLI imports it to build its parser.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+DATA_DTYPES = ("uint16", "uint32")  # runtime.data.DTYPES' keys (tests/runtime/test_run_flags.py checks)
+DEFAULT_LOG_EVERY = 10              # runtime.loop.progress.DEFAULT_EVERY (checked alike)
+
+
+@dataclass(frozen=True)
+class Flag:
+    dest: str
+    help: str
+    type: type | None = None
+    """int, float or str: takes a value; None: a switch (store_true)."""
+    default: object = None
+    """The worker's default, as RunOptions has it (a switch's is False)."""
+
+    def __post_init__(self):
+        if self.type is None:
+            object.__setattr__(self, "default", False)
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def option(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+
+RUN_FLAGS = (
+    Flag("steps", "training steps (default 10)", int, 10),
+    Flag("verify", "also train in one process and compare the losses and final parameters"),
+    Flag("data", "token file (.npy, or raw little-endian uint16/uint32 tokens), or package.module:factory "
+         "returning a torch Dataset / IterableDataset whose items are one row of a batch; default: synthetic "
+         "batches", str, None, "FILE|MODULE:FACTORY"),
+    Flag("data_dtype", "token type of a raw --data file (default uint16)", str, None, choices=DATA_DTYPES),
+    Flag("checkpoint_dir", "where DCP checkpoints are written and resumed from", str, None, "DIR"),
+    Flag("checkpoint_every", "save a checkpoint after every N steps and after the last (default 0: never)", int, 0,
+         "N"),
+    Flag("resume", "continue from the newest intact checkpoint in DIR (under this plan, whatever plan wrote "
+         "it); a run without it refuses a DIR holding checkpoints"),
+    Flag("keep", "keep only the newest N checkpoints of this run (default 0: all)", int, 0, "N"),
+    Flag("max_restarts", "torchrun restarts the job up to K times after a failure; it resumes from the latest "
+         "checkpoint (default 0)", int, 0, "K"),
+    Flag("seed", "seed of the model's initialisation and the synthetic batches (default 0)", int, 0),
+    Flag("lr", "learning rate (default 1e-3)", float, 1e-3),
+    Flag("losses_out", "write losses, reference, step time and memory as JSON", str, None, "FILE"),
+    Flag("sync_batchnorm", "BatchNorm normalises over the whole data-parallel batch (SyncBatchNorm), as one "
+         "process does"),
+    Flag("log_every", "print a progress line (step, loss, step time, tokens or samples/s, memory, ETA) every N "
+         f"steps (default {DEFAULT_LOG_EVERY}; 0: none); on a terminal a progress bar", int, DEFAULT_LOG_EVERY, "N"),
+    Flag("tensorboard", "write the per-step scalars for TensorBoard into DIR (pip install "
+         "'partita[tensorboard]')", str, None, "DIR"),
+)
+
+NODE_FLAGS = (
+    Flag("nnodes", "number of nodes, each running this same command (default 1)", int, None, "N"),
+    Flag("rdzv_endpoint", "c10d rendezvous endpoint: a free port on one of the nodes, the same on every node",
+         str, None, "HOST:PORT"),
+    Flag("rdzv_id", "job id, the same on every node (default: partita)", str, None, "ID"),
+    Flag("rdzv_timeout", "seconds to wait for every node to join, printing progress meanwhile (default 300)",
+         float, None, "S"),
+)
+
+
+def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flags: tuple[Flag, ...],
+              given_only: bool) -> None:
+    """Add `flags` to `parser`. `given_only`: every default None (a switch False), so what was not given is
+    not forwarded and the worker's default applies."""
+    for f in flags:
+        if f.type is None:
+            parser.add_argument(f.option, action="store_true", help=f.help)
+        else:
+            parser.add_argument(f.option, type=f.type, default=None if given_only else f.default, metavar=f.metavar,
+                                choices=f.choices, help=f.help)
+
+
+def to_argv(values, flags: tuple[Flag, ...]) -> list[str]:
+    """The command-line form of `values` (a parsed namespace, or a dict) for `flags`: a switch when True, a
+    value when not None."""
+    get = values.get if isinstance(values, dict) else (lambda name: getattr(values, name, None))
+    argv: list[str] = []
+    for f in flags:
+        value = get(f.dest)
+        if f.type is None:
+            argv += [f.option] if value else []
+        elif value is not None:
+            argv += [f.option, str(value)]
+    return argv
+
+
+def names(flags: tuple[Flag, ...]) -> set[str]:
+    return {f.dest for f in flags}

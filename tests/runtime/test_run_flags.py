@@ -1,0 +1,67 @@
+"""The run's flags are one table (runtime.launcher.flags): `partita run`, `python -m partita.runtime.train` and
+`runtime.launch` take the same flags with the same help, the worker's defaults are RunOptions', and the
+launcher rebuilds a worker's command line from the table (issue 43 step 5: no flag defined twice, no argparse
+internals)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from partita import cli
+from partita.runtime import train
+from partita.runtime.data import DTYPES
+from partita.runtime.launcher.flags import DATA_DTYPES, DEFAULT_LOG_EVERY, NODE_FLAGS, RUN_FLAGS, names, to_argv
+from partita.runtime.loop.progress import DEFAULT_EVERY
+from partita.runtime.loop.session import RunOptions
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {a.dest: a for group in parser._action_groups for a in group._group_actions}  # read, never written
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    return cli.build_parser()._subparsers._group_actions[0].choices["run"]
+
+
+def test_the_table_mirrors_the_workers_options():
+    defaults = {f.name: f.default for f in dataclasses.fields(RunOptions)}
+    for flag in RUN_FLAGS:
+        if flag.dest != "max_restarts" or "max_restarts" in defaults:
+            assert flag.default == defaults[flag.dest], flag.dest
+    assert DATA_DTYPES == tuple(DTYPES) and DEFAULT_LOG_EVERY == DEFAULT_EVERY
+
+
+def test_both_entry_points_take_every_flag_with_the_same_help():
+    ours, workers = _options(_run_parser()), _options(train.build_parser())
+    for flag in RUN_FLAGS + NODE_FLAGS:
+        assert ours[flag.dest].help == workers[flag.dest].help == flag.help, flag.dest
+        assert ours[flag.dest].default in (None, False), flag.dest  # partita run forwards only what was given
+        expected = flag.default if flag in RUN_FLAGS or flag.type is None else None
+        assert workers[flag.dest].default == expected, flag.dest
+    assert set(train.LAUNCHER_FLAGS) == names(NODE_FLAGS) | {"nproc_per_node"}
+
+
+@pytest.mark.parametrize("argv", [
+    [],
+    ["--steps", "3", "--verify", "--lr", "0.01", "--seed", "7", "--data-dtype", "uint32", "--keep", "2",
+     "--checkpoint-dir", "ckpt", "--checkpoint-every", "1", "--resume", "--sync-batchnorm", "--log-every", "0",
+     "--losses-out", "o.json", "--tensorboard", "tb", "--data", "t.bin", "--max-restarts", "1"],
+])
+def test_what_partita_run_forwards_parses_to_what_was_given(argv):
+    given = _run_parser().parse_args(["p.json", "--model", "tiny-gpt", *argv])
+    forwarded = to_argv(given, RUN_FLAGS)
+    assert sorted(forwarded) == sorted(argv)  # nothing the user did not give
+    worker = train.build_parser().parse_args(["p.json", "--model", "tiny-gpt", *forwarded])
+    for flag in RUN_FLAGS:
+        expected = getattr(given, flag.dest)
+        assert getattr(worker, flag.dest) == (flag.default if expected is None else expected), flag.dest
+    again = train.build_parser().parse_args(["p.json", "--model", "tiny-gpt", *to_argv(worker, RUN_FLAGS)])
+    assert vars(again) == vars(worker)  # the launcher's rebuilt worker command is the same run
+
+
+def test_the_api_refuses_a_flag_the_worker_does_not_take(tmp_path):
+    from partita.runtime.api import launch
+    with pytest.raises(TypeError, match="runtime.train does not take: colour"):
+        launch(tmp_path / "p.json", "tiny-gpt", 1, colour="red")

@@ -114,13 +114,6 @@ def _interleaved_order(p: int, m: int, rank: int, v: int) -> list[Pass]:
     return _steady(fwd, bwd, min((p - rank - 1) * 2 + (v - 1) * p, m * v))
 
 
-def _looped_bfs_order(p: int, m: int, rank: int, v: int) -> list[Pass]:
-    """torch's ScheduleLoopedBFS (Lamy-Poirier 2022, breadth-first): every micro-batch through chunk 0, then
-    chunk 1, ...; then the backwards, last chunk first, micro-batches in reverse."""
-    return ([("F", i, c) for c in range(v) for i in range(m)]
-            + [("B", i, c) for c in reversed(range(v)) for i in reversed(range(m))])
-
-
 # ---- memory -----------------------------------------------------------------------------------------
 
 def _all_in_flight(m: int, p: int, v: int) -> np.ndarray:
@@ -170,15 +163,6 @@ def _interleaved_refusal(m: int, pp: int, v: int) -> str | None:
     return None
 
 
-def _looped_bfs_refusal(m: int, pp: int, v: int) -> str | None:
-    """With m < pp a chunk waits for the last stage before its next one, beyond the priced bubble."""
-    if why := _needs_pipeline("LoopedBFS", pp, v):
-        return why
-    if m < pp:
-        return f"LoopedBFS needs at least as many microbatches as stages ({m} < pp={pp})"
-    return None
-
-
 # ---- the registry ----------------------------------------------------------------------------------
 
 SCHEDULES: dict[str, PipelineSchedule] = {s.name: s for s in (
@@ -191,10 +175,6 @@ SCHEDULES: dict[str, PipelineSchedule] = {s.name: s for s in (
     PipelineSchedule(name="Interleaved1F1B", torch_class="ScheduleInterleaved1F1B", virtual=True, searched=True,
                      megatron_gap=None, in_flight_fn=_interleaved_in_flight, refusal_fn=_interleaved_refusal,
                      order_fn=_interleaved_order),
-    PipelineSchedule(name="LoopedBFS", torch_class="ScheduleLoopedBFS", virtual=True, searched=False,
-                     megatron_gap="Megatron-LM has no breadth-first schedule (its interleaved 1F1B has the same "
-                                  "bubble and fewer activations in flight); the plan's memory prediction is for LoopedBFS",
-                     in_flight_fn=_all_in_flight, refusal_fn=_looped_bfs_refusal, order_fn=_looped_bfs_order),
 )}
 """Every schedule partita plans and runs, by plan-file name, in the order listings show them."""
 AUTO = "auto"

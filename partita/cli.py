@@ -23,6 +23,7 @@ from partita.runtime.launcher.child import run_forwarding_signals
 from partita.runtime.launcher.flags import NODE_FLAGS, RUN_FLAGS, add_flags, to_argv
 from partita.costmodel.hardware import DEFAULT_ALLOCATOR_HEADROOM
 from partita.planner.plan import RECOMPUTE
+from partita.planner.plan.schedules import AUTO, SCHEDULES
 from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors
 
 
@@ -256,7 +257,7 @@ def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
     w.add_argument("--sequence-parallel", choices=["on", "off"],
                    help="Megatron sequence parallelism in the tensor-parallel layers (on needs tp > 1)")
     w.add_argument("--micro-batch", type=int, metavar="N", help="samples per micro-batch per data-parallel rank")
-    w.add_argument("--schedule", choices=["auto", "1F1B", "GPipe", "Interleaved1F1B"], default="auto",
+    w.add_argument("--schedule", choices=[AUTO, *SCHEDULES], default=AUTO,
                    help="pipeline schedule (default auto: the planner picks 1F1B or interleaved 1F1B)")
     w.add_argument("--virtual-stages", type=int, metavar="N",
                    help="model chunks per device: N > 1 is interleaved 1F1B with N chunks, 1 no interleaving")

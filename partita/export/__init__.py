@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 from partita.costmodel.errors import PartitaError
 from partita.planner.plan import RECOMPUTE, BlockChoice, Plan, one_line
+from partita.planner.plan.schedules import schedule
 
 FORMATS = ("slurm", "megatron", "torchtitan", "torchrec")
 
@@ -365,9 +366,8 @@ def _megatron_pipeline(plan: Plan, out: _Args) -> None:
                      f"{MEGATRON}; older releases split layers evenly and have no equivalent")
         elif v > 1:
             out.arg("--num-layers-per-virtual-pipeline-stage", counts[0])
-    if plan.schedule.name == "GPipe":
-        out.note(_no_equivalent(MEGATRON, "the GPipe schedule", "Megatron-LM runs 1F1B (same bubble, fewer "
-                                "activations in flight); the plan's memory prediction is for GPipe"))
+    if gap := schedule(plan.schedule.name).megatron_gap:
+        out.note(_no_equivalent(MEGATRON, f"the {plan.schedule.name} schedule", gap))
 
 
 def _megatron_tensor(plan: Plan, out: _Args) -> None:

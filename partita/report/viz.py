@@ -13,7 +13,8 @@ only when something is drawn, so `import partita.report.viz` needs nothing beyon
 The schedule simulator replays each pipeline rank's order of forward (F) and backward (B) passes under
 their data dependencies: F of micro-batch i on virtual stage k needs F of i on stage k - 1; B of i on k
 needs B of i on k + 1 (and, on the last stage, F of i). A pass starts when its rank is free and its
-input has arrived (point-to-point time is already inside the planner's per-stage time). Orders:
+input has arrived (point-to-point time is already inside the planner's per-stage time). Each schedule's
+order is its record's (planner.plan.schedules):
 
     GPipe       all forwards, then all backwards
     1F1B        rank r runs min(p - r - 1, m) forwards, then alternates one forward and one backward,
@@ -37,6 +38,7 @@ from partita.planner.estimate.build import build_plan, predicted
 from partita.planner.solve.milp import solve_stages
 from partita.planner.solve.milp_blocks import solve_blocks, stage_p2p
 from partita.planner.plan import Plan
+from partita.planner.plan.schedules import SCHEDULES
 from partita.planner.enumerate.candidates import Candidate, plan_key
 from partita.planner.search import SearchResult, TrainConfig, search
 
@@ -164,30 +166,11 @@ class Timeline:
 
 def schedule_order(schedule: str, num_stages: int, num_microbatches: int, rank: int,
                    virtual_stages: int = 1) -> list[tuple[str, int, int]]:
-    """The (kind, micro-batch, chunk) passes pipeline rank `rank` runs, in order (module docstring)."""
-    p, m, v = num_stages, num_microbatches, virtual_stages
-    if not 0 <= rank < p:
-        raise ValueError(f"rank {rank} outside 0..{p - 1}")
-    if schedule == "GPipe":
-        return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
-    if schedule == "1F1B":
-        fwd = [(i, 0) for i in range(m)]
-        bwd = [(i, 0) for i in range(m)]
-        warmup = min(p - rank - 1, m)
-    elif schedule == "Interleaved1F1B":
-        if m % p:
-            raise ValueError(f"interleaved 1F1B needs the micro-batches ({m}) divisible by the stages ({p})")
-        mb = lambda k: (k // (p * v)) * p + k % p
-        fwd = [(mb(k), (k // p) % v) for k in range(m * v)]
-        bwd = [(mb(k), v - 1 - (k // p) % v) for k in range(m * v)]
-        warmup = min((p - rank - 1) * 2 + (v - 1) * p, m * v)
-    else:
-        raise ValueError(f"unknown schedule {schedule!r}; accepted: GPipe, 1F1B, Interleaved1F1B")
-    order = [("F", *fwd[k]) for k in range(warmup)]
-    for k in range(len(fwd) - warmup):
-        order += [("F", *fwd[warmup + k]), ("B", *bwd[k])]
-    order += [("B", *bwd[k]) for k in range(len(bwd) - warmup, len(bwd))]
-    return order
+    """The (kind, micro-batch, chunk) passes pipeline rank `rank` runs, in order: the schedule's own
+    (planner.plan.schedules, `order`)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; accepted: {', '.join(SCHEDULES)}")
+    return SCHEDULES[schedule].order(num_stages, num_microbatches, rank, virtual_stages)
 
 
 def simulate_pipeline(schedule: str, num_microbatches: int, fwd: Sequence[float], bwd: Sequence[float],

@@ -35,6 +35,7 @@ from partita.planner.estimate.phases import grads_absent, memory_phases
 from partita.planner.enumerate.space import (SearchSpace, TrainConfig, _meshes, _micro_batch_allowed, _schedules, divisors,
                                    overlap_choices, micro_batch_cap)
 from partita.planner.plan import SPLIT
+from partita.planner.plan.schedules import AUTO, SCHEDULES
 from partita.planner.enumerate.strategies import BlockOption, replicate_option, sequence_option, tensor_option
 
 
@@ -314,15 +315,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
             e["flush"] += e["p2p_fill"]
         else:
             e["p2p"][:] = chunks * send
-    if schedule == "GPipe":
-        in_flight = np.full(pp, float(m))
-    elif v > 1:
-        # interleaved 1F1B: rank s warms up 2 (p - s - 1) + (v - 1) p chunk forwards before its first
-        # backward, so it holds that many + 1 chunks, each 1/v of the stage's activations; on rank 0 this
-        # is p (1 + (p - 1) / (p v)), Korthikanti et al.'s factor (their m is the chunk count v)
-        in_flight = np.array([min(m, (2 * (pp - s - 1) + (v - 1) * pp + 1) / v) for s in range(pp)])
-    else:  # 1F1B: rank s holds p - s micro-batches
-        in_flight = np.array([min(pp - s, m) for s in range(pp)], dtype=float)
+    in_flight = SCHEDULES[schedule].in_flight(m, pp, v)  # micro-batches held per rank (planner.plan.schedules)
     # ZeRO-3's two layers gathered at a time (in a pipeline the states already count them all gathered)
     gathered = 2 * min(o.param_numel for o in layer_bases) * sb.param \
         if zero == 3 and layer_bases and not pipelined_fsdp(pp > 1, zero, dp) else 0.0
@@ -347,7 +340,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         option_rank=np.array([o.complexity for o in opts] or [0], dtype=float))
     # (m - 1/v) t_max + sum tau / v  >=  sum tau ((m - 1/v) / p + 1 / v), as t_max >= the mean stage
     t_min = problem.option_time.min()
-    lb = (((m - 1 / v) / pp + 1 / v) * (len(layers) * t_min + extra_time.sum())
+    lb = (SCHEDULES[schedule].lower_bound_factor(m, pp, v) * (len(layers) * t_min + extra_time.sum())
           + (len(layers) * problem.option_flush.min() + e["flush"].sum()) / pp)
     return Candidate(pp=pp, dp=mesh_dp, tp=tp, zero=zero, micro_batch=micro_batch, num_microbatches=m,
                      schedule=schedule, virtual_stages=v, lower_bound=lb, sequence_parallel=sp, cp=cp, ep=ep,
@@ -439,8 +432,7 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
             lat = cl.inter_group_latency or max(stage_groups[s].device.inter_node_latency,
                                                 stage_groups[s + 1].device.inter_node_latency)
             e["p2p"][s] = 2 * (lat + boundary / bw)
-    in_flight = (np.full(pp, float(m)) if train.schedule == "GPipe"
-                 else np.array([min(pp - s, m) for s in range(pp)], dtype=float))
+    in_flight = SCHEDULES[_plain_schedule(train, pp)].in_flight(m, pp)
     max_out = max([graph.g.nodes[n]["out_bytes"] for n in graph.g.nodes] or [0])
     workspace = 2.0 * max_out * b + max(o.base.saved_bytes for o in opts) * b
     if zero == 3 and not pipelined_fsdp(pp > 1, zero, dp):  # (a pipeline's states count every layer gathered)
@@ -456,10 +448,11 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
         option_host_state=mat("host_state"), option_host_act=mat("host_act"),
         host_capacity=np.array([gc.device.host_memory_bytes for gc in stage_groups]),
         option_rank=np.array([o.complexity for o in opts], dtype=float))
-    lb = ((m + pp - 1) / pp * (len(layers) * problem.option_time.min() + extra_time.sum())
+    lb = (SCHEDULES[_plain_schedule(train, pp)].lower_bound_factor(m, pp)
+          * (len(layers) * problem.option_time.min() + extra_time.sum())
           + (len(layers) * problem.option_flush.min() + e["flush"].sum()) / pp)
     return Candidate(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, num_microbatches=m,
-                     schedule="GPipe" if train.schedule == "GPipe" and pp > 1 else "1F1B", virtual_stages=1,
+                     schedule=_plain_schedule(train, pp), virtual_stages=1,
                      lower_bound=lb, problem=problem, options=opts,
                      parts={**{f"e_{k}": v for k, v in e.items()}, "workspace": workspace, "stage_options": by_stage,
                             "stage_groups": [gc.spec for gc in stage_groups],
@@ -543,8 +536,7 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
     latency += step_sync(cluster)
     across = dp * tp >= cluster.devices_per_node
     boundary = np.array([2 * comm.p2p(cluster, graph.boundary_bytes(g) * b, across) for g in graph.groups[:-1]])
-    in_flight = (np.full(pp, float(m)) if schedule == "GPipe"
-                 else np.array([min(pp - s, m) for s in range(pp)], dtype=float))
+    in_flight = SCHEDULES[schedule].in_flight(m, pp)
     max_out = max([graph.g.nodes[n]["out_bytes"] for n in graph.g.nodes] or [0])
     workspace = 2.0 * max_out * b + max(o.base.saved_bytes for o in opts) * b
     if zero == 3 and not pipelined_fsdp(pp > 1, zero, dp):  # (a pipeline's states count every layer gathered)
@@ -633,15 +625,21 @@ def _zero_runs_or_fixed(space: SearchSpace, zero: int, tp: int, cp: int, ep: int
 def _enumerate_blocks(bases: _Bases, cluster: Cluster, train: TrainConfig, space: SearchSpace) -> list[Candidate]:
     out = []
     for pp, dp, tp, zero, b, m, _ in _meshes(cluster, train, space, len(bases.graph.groups)):
-        if train.schedule == "Interleaved1F1B" and pp > 1:
+        if train.schedule != AUTO and SCHEDULES[train.schedule].virtual and pp > 1:
             continue  # interleaving is planned for repeated layers only
         if not _zero_runs_or_fixed(space, zero, tp, 1, 1):
             continue
-        schedule = "GPipe" if train.schedule == "GPipe" and pp > 1 else "1F1B"
-        c = build_block_candidate(bases, train, space, pp, dp, tp, zero, b, schedule)
+        c = build_block_candidate(bases, train, space, pp, dp, tp, zero, b, _plain_schedule(train, pp))
         if c is not None:
             out.append(c)
     return out
+
+
+def _plain_schedule(train: TrainConfig, pp: int) -> str:
+    """The schedule of a candidate with one model chunk per rank (blocks, heterogeneous clusters): the
+    requested one when it runs one chunk, else 1F1B (also for pp = 1, where every schedule is the same)."""
+    asked = SCHEDULES.get(train.schedule)
+    return train.schedule if pp > 1 and asked is not None and not asked.virtual else "1F1B"
 
 
 def executable_space(graph: OpGraph, space: SearchSpace) -> SearchSpace:

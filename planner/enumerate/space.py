@@ -22,9 +22,11 @@ from partita.costmodel.hardware.stacks import STACKS, get_stack
 from partita.planner.enumerate.options import RECOMPUTE
 from partita.planner.plan import fixed_text  # noqa: F401 (re-exported: the flags of fixed choices)
 from partita.planner.plan import MAX_DEVICES, MAX_GLOBAL_BATCH  # noqa: F401 -- what a plan may hold is what is planned
+from partita.planner.plan.schedules import AUTO, SCHEDULES, virtual_schedules
 
 
-SCHEDULE_CHOICES = ("auto", "1F1B", "GPipe", "Interleaved1F1B")
+SCHEDULE_CHOICES = (AUTO, *SCHEDULES)
+"""TrainConfig.schedule and --schedule: "auto" or a schedule of the registry (planner.plan.schedules)."""
 VIRTUAL_STAGES = (2, 4)
 """Model chunks per device tried for interleaved 1F1B, beside the deepest the layers allow (deepest_virtual)."""
 MAX_VIRTUAL_STAGES = 8
@@ -59,8 +61,8 @@ class TrainConfig:
     cluster's device kind when planned through planner.api (fp32 on CPU, bf16 on accelerators; `BY_DEVICE`)."""
     optimizer: str = "adam"
     schedule: str = "auto"
-    """Pipeline schedule: "auto" (the planner picks 1F1B or interleaved 1F1B), "1F1B", "GPipe" or
-    "Interleaved1F1B"."""
+    """Pipeline schedule: "auto" (the planner picks 1F1B or interleaved 1F1B) or a name of
+    planner.plan.schedules' registry: "1F1B", "GPipe", "Interleaved1F1B"."""
     max_micro_batch: int = 64
     autocast: bool = True
     """How a bf16 plan without FSDP computes: under torch.autocast over fp32 parameters, as partita's
@@ -300,18 +302,18 @@ def _micro_batch_allowed(b: int, train: TrainConfig, space: SearchSpace) -> bool
 
 def _schedules(requested: str, pp: int, m: int, layers: int,
                virtual: tuple[int, ...] | None = None) -> list[tuple[str, int]]:
-    """(schedule, virtual stages) pairs to try, v among `virtual` (None: 1, VIRTUAL_STAGES and the deepest).
-    Interleaving needs m divisible by pp (torch's Interleaved1F1B) and at least v layers per device."""
+    """(schedule, virtual stages) pairs to try: the requested schedule, or under "auto" every `searched` one
+    of the registry; a schedule of chunks with v among `virtual` (None: VIRTUAL_STAGES and the deepest),
+    the others with v = 1 when `virtual` allows it; each within its refusal rule (planner.plan.schedules:
+    interleaving needs m divisible by pp and at least v layers per device)."""
     plain_ok = virtual is None or 1 in virtual
     if pp == 1:
         return [("1F1B", 1)] if plain_ok else []
-    plain = ([("GPipe", 1)] if requested == "GPipe" else [("1F1B", 1)]) if plain_ok else []
     tried = (tuple(sorted({*VIRTUAL_STAGES, deepest_virtual(pp, layers)} - {1})) if virtual is None
              else tuple(v for v in virtual if v > 1))
-    inter = [("Interleaved1F1B", v) for v in tried if m % pp == 0 and layers >= pp * v]
-    if requested == "Interleaved1F1B":
-        return inter
-    return plain + inter if requested == "auto" else plain
+    names = [n for n, s in SCHEDULES.items() if s.searched] if requested == AUTO else [requested]
+    return [(n, v) for n in names for v in (tried if SCHEDULES[n].virtual else (1,) if plain_ok else ())
+            if SCHEDULES[n].refusal(m, pp, v, layers) is None]
 
 
 def describe_fixed(space: SearchSpace) -> str:
@@ -371,15 +373,16 @@ def _why_nothing(cluster, train, space, max_pp, layers, seq) -> str | None:
     if why := _why_no_overlap(train, space):
         return why
     v = space.virtual_stages
-    if v is not None and 1 not in v and train.schedule in ("1F1B", "GPipe"):
-        return (f"virtual stages {'|'.join(map(str, v))} interleave model chunks, which is the Interleaved1F1B "
-                f"schedule, not {train.schedule}")
-    if v is not None and set(v) == {1} and train.schedule == "Interleaved1F1B":
-        return "the Interleaved1F1B schedule needs more than one virtual stage per device (virtual stages > 1)"
+    chunked = train.schedule != AUTO and SCHEDULES[train.schedule].virtual
+    if v is not None and 1 not in v and train.schedule != AUTO and not chunked:
+        return (f"virtual stages {'|'.join(map(str, v))} interleave model chunks, which is the "
+                f"{' or '.join(virtual_schedules())} schedule, not {train.schedule}")
+    if v is not None and set(v) == {1} and chunked:
+        return f"the {train.schedule} schedule needs more than one virtual stage per device (virtual stages > 1)"
     if cluster.groups and cluster.heterogeneous:  # enumerated by groups (planner.enumerate.candidates)
         if False not in space.sequence_parallel:
             return "sequence parallelism is not planned on heterogeneous clusters"
-        if (v is not None and 1 not in v) or train.schedule == "Interleaved1F1B":
+        if (v is not None and 1 not in v) or chunked:
             return "interleaved 1F1B is not planned on heterogeneous clusters"
         if (space.cp and max(space.cp) > 1) or (space.ep and max(space.ep) > 1):
             return "context and expert parallelism are not planned on heterogeneous clusters"
@@ -437,7 +440,7 @@ def _why_nothing(cluster, train, space, max_pp, layers, seq) -> str | None:
     if not (piped := [r for r in runs if r[1] == 1 or r[4] >= r[1]]):
         return _fewest(runs)
     if not any(_schedules(train.schedule, p, m, layers, v) for t, p, d, b, m in piped):
-        return _why_no_interleaving(piped, layers, v)
+        return _why_no_interleaving(piped, layers, v, train.schedule)
     return None
 
 
@@ -452,7 +455,8 @@ def _why_no_overlap(train: TrainConfig, space: SearchSpace) -> str | None:
         if space.tp is not None and max(space.tp) == 1:
             return "tp-comm-overlap=on overlaps tensor-parallel collectives: it needs tp > 1"
     if False not in p2p_overlap:
-        if train.schedule in ("1F1B", "GPipe") or space.virtual_stages == (1,) or space.pp == (1,):
+        if (train.schedule != AUTO and not SCHEDULES[train.schedule].virtual) or space.virtual_stages == (1,) \
+                or space.pp == (1,):
             return ("p2p-overlap=on overlaps an interleaved pipeline's sends with the next chunk's compute "
                     "(Megatron-Core's --overlap-p2p-communication runs with interleaved 1F1B only): it needs "
                     "pp > 1 and the Interleaved1F1B schedule (virtual stages > 1)")
@@ -474,18 +478,20 @@ def _fewest(runs) -> str:
             f"pp={p} pipeline stages (a pipeline needs at least one micro-batch per stage)")
 
 
-def _why_no_interleaving(runs, layers: int, v: tuple[int, ...] | None) -> str:
+def _why_no_interleaving(runs, layers: int, v: tuple[int, ...] | None, requested: str = AUTO) -> str:
+    """Why no run takes a schedule of model chunks: the pipeline or layers missing, else the schedule's own
+    refusal (planner.plan.schedules) for the closest run."""
     piped = [r for r in runs if r[1] > 1]
     if not piped:
         return "interleaved 1F1B needs pipeline stages (pp > 1)"
     if layers == 0:
         return "interleaved 1F1B is planned only for models that are a stack of repeated layers"
+    record = SCHEDULES[requested if requested != AUTO and SCHEDULES[requested].virtual else "Interleaved1F1B"]
     chunks = min((x for x in v or VIRTUAL_STAGES if x > 1), default=2)
-    divisible = [r for r in piped if r[4] % r[1] == 0]
-    if not divisible:
+    runnable = [r for r in piped if record.refusal(r[4], r[1], chunks) is None]
+    if not runnable:
         t, p, d, b, m = piped[0]
-        return (f"interleaved 1F1B needs the number of micro-batches divisible by pp: {m} micro-batches "
-                f"over pp={p} stages")
-    p = min(r[1] for r in divisible)
-    return (f"interleaving {chunks} model chunks per device over pp={p} stages needs at least {p * chunks} "
-            f"layers; the model has {layers}")
+        return record.refusal(m, p, chunks)
+    p = min(r[1] for r in runnable)
+    m = next(r[4] for r in runnable if r[1] == p)
+    return record.refusal(m, p, chunks, layers) or f"no mesh runs {record.name} with {chunks} model chunks per device"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from partita.planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
+from partita.planner.plan.schedules import SCHEDULES
 from partita.planner.enumerate.candidates import Candidate
 from partita.planner.enumerate.cp_ep import EP_IMBALANCE
 from partita.planner.plan.executable import (composition_refusal, cp_refusal_for, overlap_refusal, pipeline_refusal_for,
@@ -55,7 +56,7 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     exposed_offload = n @ timing("offload")
     hidden = n @ timing("hidden") + parts.get("e_p2p_hidden", np.zeros(c.pp))[s_star]
     # objective = m tau* + (sum tau - tau*) / v + flush: fill and drain shrink v-fold when interleaved
-    bubble = float(sol.stage_time.sum() - sol.stage_time[s_star]) / c.virtual_stages
+    bubble = SCHEDULES[c.schedule].bubble_s(sol.stage_time, c.virtual_stages)
     f_star = int(np.argmax(sol.stage_flush))
     fn = counts[f_star]
     dp_comm = float(fn @ col("dp_exposed", f_star) + parts["e_dp"][f_star])

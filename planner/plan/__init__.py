@@ -53,11 +53,11 @@ from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Any
 
-from partita.costmodel.errors import PartitaError
+from partita.planner.plan.errors import PlanError
+from partita.planner.plan.schedules import SCHEDULES, virtual_schedules
 from partita.planner.plan.sections import problems as section_problems
 
 SCHEMA = "partita.plan/1"
-SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 SHARDINGS = ("replicate", "tensor", "sequence")
 RECOMPUTE = ("none", "selective", "op", "full")
 """Activation recompute policies, most memory first (planner/enumerate/strategies.py says what each keeps)."""
@@ -66,10 +66,6 @@ SPLIT = ("tensor", "sequence")
 TP_STYLES = ("colwise", "rowwise", "sequence", "vocab")
 OVERLAPS = ("tp_comm", "p2p")
 """Keys of a plan's `overlap`: what communication it overlaps with compute (module docstring)."""
-
-
-class PlanError(PartitaError):
-    """A plan file that is malformed, from another schema, or does not fit the model or world size."""
 
 
 def is_control(ch: str) -> bool:
@@ -118,7 +114,7 @@ class Schedule:
     num_microbatches: int = 1
     micro_batch_size: int = 1
     virtual_stages: int = 1
-    """Model chunks per pipeline rank (Interleaved1F1B); 1 otherwise."""
+    """Model chunks per pipeline rank (Interleaved1F1B: planner.plan.schedules, `virtual`); 1 otherwise."""
 
 
 @dataclass(kw_only=True)
@@ -255,8 +251,8 @@ class Plan:
                             **_ints(sched_raw, "schedule", ("num_microbatches", "micro_batch_size")),
                             virtual_stages=_ints({"virtual_stages": sched_raw.get("virtual_stages", 1)},
                                                  "schedule", ("virtual_stages",))["virtual_stages"])
-        if (schedule.virtual_stages > 1) != (schedule.name == "Interleaved1F1B"):
-            raise PlanError("schedule.virtual_stages > 1 goes with Interleaved1F1B, and only with it")
+        if (schedule.virtual_stages > 1) != SCHEDULES[schedule.name].virtual:
+            raise PlanError(f"schedule.virtual_stages > 1 goes with {' or '.join(virtual_schedules())}, and only with it")
         stages = []
         for i, s in enumerate(_list(data["stages"], "stages")):
             s = _obj(s, f"stages[{i}]")
@@ -320,6 +316,8 @@ class Plan:
         if not isinstance(gb, int) or gb != mesh.dp * schedule.num_microbatches * schedule.micro_batch_size:
             raise PlanError(f"train.global_batch ({gb}) must equal mesh.dp x num_microbatches x micro_batch_size "
                             f"({mesh.dp} x {schedule.num_microbatches} x {schedule.micro_batch_size})")
+        if why := SCHEDULES[schedule.name].refusal(schedule.num_microbatches, mesh.pp, schedule.virtual_stages):
+            raise PlanError(why)  # the runtime's pre-flight says the same (runtime/parallel/pp.check_schedule)
         return cls(model=_check_model(_obj(data["model"], "model")),
                    cluster=_check_cluster(_obj(data["cluster"], "cluster")), train=train,
                    mesh=mesh, schedule=schedule, stages=stages, blocks=blocks, placements=dict(placements),

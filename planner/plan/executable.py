@@ -3,7 +3,8 @@ these limits and the runtime's pre-flight checks (runtime/launcher/checks.py) re
 same words, so a plan the planner makes is never one the runtime refuses. The planner cannot import the
 runtime (costmodel <- planner <- runtime), so this module lives here and the runtime imports it.
 
-- Schedules: `SCHEDULES` (torch.distributed.pipelining's 1F1B, GPipe, interleaved 1F1B).
+- Schedules: `SCHEDULES`, the names of planner.plan.schedules' registry (torch.distributed.pipelining's
+  1F1B, GPipe, interleaved 1F1B); each record's `refusal` says which micro-batch counts and depths run.
 - ZeRO: `ZERO_STAGES` -- 0 (DDP or hand-averaged gradients), 1 (torch's ZeroRedundancyOptimizer over
   those gradients, runtime/parallel/zero1.py; `zero_refusal`: not beside tensor, context or expert parallelism),
   2 and 3 (FSDP2).
@@ -34,13 +35,15 @@ import functools
 from typing import TYPE_CHECKING
 
 from partita.costmodel.errors import PartitaError
+from partita.planner.plan import schedules
 if TYPE_CHECKING:  # torch loads where a function needs it: `partita explain` and listings start without it
     import torch.nn as nn
 
     from partita.costmodel.models import ModelSpec
 
-SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
-"""Pipeline schedules the runtime runs (runtime/parallel/pp.py maps each to torch's class)."""
+SCHEDULES = tuple(schedules.SCHEDULES)
+"""Pipeline schedules the runtime runs: the registry's names (planner.plan.schedules; runtime/parallel/pp.py
+resolves each record's torch class)."""
 ZERO_STAGES = (0, 1, 2, 3)
 """ZeRO stages the runtime executes (runtime/parallel/zero1.py, runtime/parallel/fsdp.py), within `zero_refusal`."""
 ZERO1_RUNS_WITH = ("dp", "pp")

@@ -1,11 +1,11 @@
-"""Pipeline parallelism: split the user's module at the plan's FQNs and run a 1F1B, GPipe or interleaved
-1F1B schedule.
+"""Pipeline parallelism: split the user's module at the plan's FQNs and run the plan's schedule (1F1B, GPipe,
+interleaved 1F1B: torch's class named by planner.plan.schedules).
 
 `torch.distributed.pipelining.pipeline()` traces the module (torch.export) with one example
 microbatch and splits it at the beginning of each stage's `split_at` module; stage modules keep
 the original parameter FQNs, so tensor parallelism can still be applied by name. With interleaved 1F1B
 the plan has pp x virtual_stages stages in model order and pipeline rank r holds stages r, r + pp, ...
-(`local_stages`): one PipelineStage each, all driven by one ScheduleInterleaved1F1B.
+(`local_stages`): one PipelineStage each, all driven by one multi-stage schedule (ScheduleInterleaved1F1B).
 
 Models with their own loss (planner.plan.executable says which a pipeline runs): a HuggingFace causal or masked
 LM is traced with a forward that returns its logits (`_logits_forward`, with the capture's patches of
@@ -36,17 +36,16 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from partita.runtime.loop.recipe import is_dtensor
-from partita.planner.plan import executable
+from partita.planner.plan import schedules
 from partita.planner.plan import Plan, PlanError
 from partita.runtime.parallel.blocks import blocks_in
 from partita.runtime.loop.memory import local
 from partita.runtime.parallel.pp_relay import relay_skips, skip_edges, split_markers
 from partita.runtime.loop.recipe import hf_causal_loss, lm_loss
 
-SCHEDULES = {"1F1B": "Schedule1F1B", "GPipe": "ScheduleGPipe", "Interleaved1F1B": "ScheduleInterleaved1F1B"}
-"""The plan's schedule names and torch.distributed.pipelining's classes for them. That module (torch._dynamo
-with it, about a second per process) is imported only by a rank that runs a pipeline."""
-assert tuple(SCHEDULES) == executable.SCHEDULES, "runtime/parallel/pp.py and planner/plan/executable.py must list the same schedules"
+SCHEDULES = {name: s.torch_class for name, s in schedules.SCHEDULES.items()}
+"""The plan's schedule names and torch.distributed.pipelining's classes for them (planner.plan.schedules). That
+module (torch._dynamo with it, about a second per process) is imported only by a rank that runs a pipeline."""
 PIPE_LOSS = "_partita_loss"
 """Attribute of the Pipe holding the last stage's loss(output, target) when the model needs its own."""
 PIPE_TIED = "_partita_tied"
@@ -59,18 +58,11 @@ def local_stages(plan: Plan, pp_rank: int) -> list[int]:
 
 
 def check_schedule(plan: Plan) -> None:
-    """PlanError if torch's schedule cannot run the plan's microbatches and stages."""
-    s, pp = plan.schedule, plan.mesh.pp
-    if s.name == "1F1B" and s.num_microbatches < pp:
-        raise PlanError(f"1F1B needs at least as many microbatches as stages ({s.num_microbatches} < pp={pp})")
-    if s.name == "Interleaved1F1B":
-        if pp < 2:
-            raise PlanError(f"Interleaved1F1B (virtual_stages {s.virtual_stages}) needs pp >= 2; "
-                            "with pp=1 use a plain 1F1B plan")
-        rounds = max(1, s.num_microbatches // pp)  # torch's ScheduleInterleaved1F1B
-        if s.num_microbatches % rounds:
-            raise PlanError(f"Interleaved1F1B runs microbatches in rounds of pp={pp}: num_microbatches "
-                            f"{s.num_microbatches} must be a multiple of {rounds} (e.g. a multiple of pp)")
+    """PlanError if torch's schedule cannot run the plan's microbatches and stages: the schedule's own
+    refusal (planner.plan.schedules), which plan validation states in the same words."""
+    s = plan.schedule
+    if why := schedules.schedule(s.name).refusal(s.num_microbatches, plan.mesh.pp, s.virtual_stages):
+        raise PlanError(why)
 
 
 def _hf_loss(model: nn.Module):
@@ -184,9 +176,10 @@ def build_schedule(pipe, plan: Plan, stage_indices: list[int], device: torch.dev
     """
     stages = [pipe.build_stage(i, device, group=group) for i in stage_indices]
     from torch.distributed import pipelining
-    cls, n = getattr(pipelining, SCHEDULES[plan.schedule.name]), plan.schedule.num_microbatches
+    record = schedules.schedule(plan.schedule.name)
+    cls, n = getattr(pipelining, record.torch_class), plan.schedule.num_microbatches
     loss_fn = getattr(pipe, PIPE_LOSS, None) or loss_fn
-    if cls is pipelining.ScheduleInterleaved1F1B:
+    if record.virtual:  # torch's multi-stage schedules take the list of this rank's stages
         schedule = cls(stages, n_microbatches=n, loss_fn=loss_fn, scale_grads=True)
     else:
         assert len(stages) == 1, stage_indices

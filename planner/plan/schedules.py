@@ -1,0 +1,194 @@
+"""Pipeline schedules: one record per schedule, the only place a schedule's facts are stated.
+
+A record (`PipelineSchedule`) holds what every layer reads of a schedule:
+- its plan-file name and torch.distributed.pipelining's class for it (a string: the runtime resolves it,
+  runtime/parallel/pp.py; torchtitan takes the same names, partita/export);
+- whether it runs several model chunks per pipeline rank (`virtual`: the plan's virtual_stages > 1);
+- `in_flight(m, pp, v)`: per pipeline rank, the micro-batches whose activations it holds at its peak (the k_s
+  of the MILP's memory constraint, planner/solve/milp.py), in whole micro-batches (a chunk is 1/v of one);
+- the step-time terms the candidate cost uses: `bubble_s`, the fill and drain of one step, and
+  `lower_bound_factor`, what bounds the step from below (planner/enumerate/candidates.py);
+- `refusal(m, pp, v, layers)`: one line saying why the schedule cannot run m micro-batches over pp stages
+  with v chunks each, or None -- what plan validation, the search space and the runtime all say;
+- `order(pp, m, rank, v)`: the passes rank `rank` runs, in order, as (kind "F" | "B", micro-batch, chunk):
+  what partita/report/viz.py replays for the Gantt plot, the order torch's class runs.
+`SCHEDULES` is the registry every other place reads (the CLI's --schedule choices, the search space's
+"auto" set, the runtime's class map); `schedule(name)` looks one up. Adding a schedule is adding a record.
+
+Step time (Narayanan et al. SC'21): with per-micro-batch stage times tau_s the slowest stage paces the
+m - 1 steady micro-batches and every stage's time is paid once in fill and drain; running v chunks per rank
+shrinks fill and drain v-fold: step = m max tau + (sum tau - max tau) / v. Every schedule here has that
+critical path (partita/report/viz.py's simulator checks it, tests/planner/test_schedules.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from partita.planner.plan.errors import PlanError
+
+Pass = tuple[str, int, int]
+"""One pass of a rank's order: ("F" or "B", micro-batch, chunk)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineSchedule:
+    """A pipeline schedule's facts (module docstring)."""
+
+    name: str
+    """The name in a plan file, the CLI and torchtitan's --parallelism.pipeline_parallel_schedule."""
+    torch_class: str
+    """torch.distributed.pipelining's class running it (resolved by runtime/parallel/pp.py)."""
+    virtual: bool
+    """Runs several model chunks per pipeline rank (virtual_stages > 1); False: exactly one."""
+    searched: bool
+    """Tried by the search under --schedule auto."""
+    megatron_gap: str | None
+    """Why Megatron-LM has no equivalent (a note in `partita export --to megatron`); None: it runs it."""
+    in_flight_fn: Callable[[int, int, int], np.ndarray]
+    refusal_fn: Callable[[int, int, int], str | None]
+    order_fn: Callable[[int, int, int, int], list[Pass]]
+
+    def in_flight(self, m: int, pp: int, v: int = 1) -> np.ndarray:
+        """Per pipeline rank, the micro-batches whose activations it holds at its peak (floats: a chunk is 1/v)."""
+        return np.asarray(self.in_flight_fn(m, pp, v), dtype=float)
+
+    def bubble_s(self, stage_times: Sequence[float], v: int = 1) -> float:
+        """Fill and drain of one step given each stage's seconds per micro-batch (module docstring)."""
+        tau = np.asarray(stage_times, dtype=float)
+        return float(tau.sum() - tau.max()) / v
+
+    def pipeline_s(self, m: int, stage_times: Sequence[float], v: int = 1) -> float:
+        """The pipeline part of a step (no flush): m max tau + the bubble; the MILP's objective less d_max."""
+        return m * float(np.max(stage_times)) + self.bubble_s(stage_times, v)
+
+    def lower_bound_factor(self, m: int, pp: int, v: int = 1) -> float:
+        """x with pipeline_s >= x sum tau for any stage times (max tau >= the mean): (m - 1/v) / pp + 1/v."""
+        return (m - 1 / v) / pp + 1 / v
+
+    def refusal(self, m: int, pp: int, v: int = 1, layers: int | None = None) -> str | None:
+        """None when the schedule runs m micro-batches over pp stages with v chunks each (and, given the
+        model's repeated `layers`, a layer for every chunk); else one line saying why not."""
+        if why := self.refusal_fn(m, pp, v):
+            return why
+        if self.virtual and layers is not None and layers < pp * v:
+            return (f"interleaving {v} model chunks per device over pp={pp} stages needs at least {pp * v} "
+                    f"layers; the model has {layers}")
+        return None
+
+    def order(self, pp: int, m: int, rank: int, v: int = 1) -> list[Pass]:
+        """The passes pipeline rank `rank` runs, in order (module docstring)."""
+        if not 0 <= rank < pp:
+            raise ValueError(f"rank {rank} outside 0..{pp - 1}")
+        return self.order_fn(pp, m, rank, v)
+
+
+# ---- orders ---------------------------------------------------------------------------------------
+
+def _steady(fwd: list[tuple[int, int]], bwd: list[tuple[int, int]], warmup: int) -> list[Pass]:
+    """`warmup` forwards, then one forward and one backward at a time, then the remaining backwards."""
+    order = [("F", *fwd[k]) for k in range(warmup)]
+    for k in range(len(fwd) - warmup):
+        order += [("F", *fwd[warmup + k]), ("B", *bwd[k])]
+    return order + [("B", *bwd[k]) for k in range(len(bwd) - warmup, len(bwd))]
+
+
+def _gpipe_order(p: int, m: int, rank: int, v: int) -> list[Pass]:
+    return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
+
+
+def _1f1b_order(p: int, m: int, rank: int, v: int) -> list[Pass]:
+    return _steady([(i, 0) for i in range(m)], [(i, 0) for i in range(m)], min(p - rank - 1, m))
+
+
+def _interleaved_order(p: int, m: int, rank: int, v: int) -> list[Pass]:
+    """Megatron's order (torch's ScheduleInterleaved1F1B with m a multiple of p): chunks in rounds of p
+    micro-batches, 2 (p - rank - 1) + (v - 1) p warm-up forwards."""
+    if m % p:
+        raise ValueError(f"interleaved 1F1B needs the micro-batches ({m}) divisible by the stages ({p})")
+    mb = lambda k: (k // (p * v)) * p + k % p
+    fwd = [(mb(k), (k // p) % v) for k in range(m * v)]
+    bwd = [(mb(k), v - 1 - (k // p) % v) for k in range(m * v)]
+    return _steady(fwd, bwd, min((p - rank - 1) * 2 + (v - 1) * p, m * v))
+
+
+# ---- memory -----------------------------------------------------------------------------------------
+
+def _all_in_flight(m: int, p: int, v: int) -> np.ndarray:
+    """Every micro-batch forwarded before the first backward: m on every rank."""
+    return np.full(p, float(m))
+
+
+def _1f1b_in_flight(m: int, p: int, v: int) -> np.ndarray:
+    """Rank s warms up p - s - 1 forwards and runs one more before its first backward: p - s (at most m)."""
+    return np.array([min(p - s, m) for s in range(p)], dtype=float)
+
+
+def _interleaved_in_flight(m: int, p: int, v: int) -> np.ndarray:
+    """Rank s warms up 2 (p - s - 1) + (v - 1) p chunk forwards before its first backward, so it holds that
+    many + 1 chunks, each 1/v of the stage's activations; on rank 0 this is p (1 + (p - 1) / (p v)),
+    Korthikanti et al.'s factor (their m is the chunk count v)."""
+    return np.array([min(m, (2 * (p - s - 1) + (v - 1) * p + 1) / v) for s in range(p)])
+
+
+# ---- limits -----------------------------------------------------------------------------------------
+
+def _gpipe_refusal(m: int, pp: int, v: int) -> str | None:
+    return None
+
+
+def _1f1b_refusal(m: int, pp: int, v: int) -> str | None:
+    if m < pp:  # torch's Schedule1F1B raises otherwise
+        return f"1F1B needs at least as many microbatches as stages ({m} < pp={pp})"
+    return None
+
+
+def _needs_pipeline(name: str, pp: int, v: int) -> str | None:
+    if pp < 2:
+        return f"{name} (virtual_stages {v}) needs pp >= 2; with pp=1 use a plain 1F1B plan"
+    return None
+
+
+def _interleaved_refusal(m: int, pp: int, v: int) -> str | None:
+    """torch's ScheduleInterleaved1F1B also runs some m that are not multiples of pp (rounds of m // pp
+    micro-batches), but then in another order, with other warm-ups and in-flight counts than Megatron's,
+    which the cost is for (`_interleaved_in_flight`): partita plans and runs multiples of pp only."""
+    if why := _needs_pipeline("Interleaved1F1B", pp, v):
+        return why
+    if m % pp:
+        return (f"Interleaved1F1B needs the number of micro-batches divisible by pp: {m} micro-batches over "
+                f"pp={pp} stages (it runs them in rounds of pp: num_microbatches {m} must be a multiple of {pp})")
+    return None
+
+
+# ---- the registry ----------------------------------------------------------------------------------
+
+SCHEDULES: dict[str, PipelineSchedule] = {s.name: s for s in (
+    PipelineSchedule(name="1F1B", torch_class="Schedule1F1B", virtual=False, searched=True, megatron_gap=None,
+                     in_flight_fn=_1f1b_in_flight, refusal_fn=_1f1b_refusal, order_fn=_1f1b_order),
+    PipelineSchedule(name="GPipe", torch_class="ScheduleGPipe", virtual=False, searched=False,
+                     megatron_gap="Megatron-LM runs 1F1B (same bubble, fewer activations in flight); the plan's "
+                                  "memory prediction is for GPipe",
+                     in_flight_fn=_all_in_flight, refusal_fn=_gpipe_refusal, order_fn=_gpipe_order),
+    PipelineSchedule(name="Interleaved1F1B", torch_class="ScheduleInterleaved1F1B", virtual=True, searched=True,
+                     megatron_gap=None, in_flight_fn=_interleaved_in_flight, refusal_fn=_interleaved_refusal,
+                     order_fn=_interleaved_order),
+)}
+"""Every schedule partita plans and runs, by plan-file name, in the order listings show them."""
+AUTO = "auto"
+"""--schedule's default: the search tries every `searched` schedule."""
+
+
+def schedule(name: str) -> PipelineSchedule:
+    """The record of schedule `name`; PlanError naming the accepted ones otherwise."""
+    try:
+        return SCHEDULES[name]
+    except (KeyError, TypeError):
+        raise PlanError(f"schedule {name!r} is not one partita runs; accepted: {', '.join(SCHEDULES)}") from None
+
+
+def virtual_schedules() -> list[str]:
+    """The schedules that run several model chunks per rank (virtual_stages > 1)."""
+    return [n for n, s in SCHEDULES.items() if s.virtual]

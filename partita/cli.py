@@ -96,6 +96,8 @@ def _space_from_args(args):
             fixed[name] = (getattr(args, name) == "on",)
     if args.stack is not None:
         fixed["stack"] = args.stack
+    if args.sync is not None:  # an unknown mode: SearchSpace's one line (no argparse usage block)
+        fixed["sync"] = args.sync
     return SearchSpace(**fixed)
 
 
@@ -328,6 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fraction of each device's memory, after the CUDA context and NCCL reserve, that plans "
                         f"leave free for the caching allocator (default {DEFAULT_ALLOCATOR_HEADROOM:g}; "
                         "costmodel.hardware.DEFAULT_ALLOCATOR_HEADROOM says why)")
+    from partita.planner.plan.sync import SYNC_MODES, SYNCHRONOUS
+    p.add_argument("--sync", default=None, metavar="{" + ",".join(SYNC_MODES) + "}",
+                   help=f"how data-parallel replicas agree on the weights (default {SYNCHRONOUS}: gradients "
+                        "averaged in every step's backward; planner.plan.sync)")
     _add_what_if_flags(p)
     _add_rec_flags(p)
     p.add_argument("--baselines", action="store_true",

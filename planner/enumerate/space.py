@@ -23,6 +23,7 @@ from partita.planner.enumerate.options import RECOMPUTE
 from partita.planner.plan import fixed_text  # noqa: F401 (re-exported: the flags of fixed choices)
 from partita.planner.plan import MAX_DEVICES, MAX_GLOBAL_BATCH  # noqa: F401 -- what a plan may hold is what is planned
 from partita.planner.plan.schedules import AUTO, SCHEDULES, virtual_schedules
+from partita.planner.plan.sync import SYNCHRONOUS, mode_problem
 
 
 SCHEDULE_CHOICES = (AUTO, *SCHEDULES)
@@ -167,6 +168,9 @@ class SearchSpace:
     scatter/gather): each of the t ranks sends 1/t of the boundary activation and the receiving ranks
     all-gather it over the node's links. partita's runtime sends whole tensors (1/t only under sequence
     parallelism), so this is off except when pricing a Megatron-LM configuration (benchmarks)."""
+    sync: str = SYNCHRONOUS
+    """How the data-parallel replicas agree on the weights (planner.plan.sync.SYNC_MODES): "synchronous" (gradients
+    averaged in every step's backward) is the only mode accepted today; planner.estimate.sync prices it."""
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "sequence_parallel", "micro_batch",
@@ -196,6 +200,8 @@ class SearchSpace:
             raise PartitaError(f"kernels must be one of {', '.join(KERNELS)}, got {self.kernels!r}")
         if not isinstance(self.offload, bool):
             raise PartitaError(f"offload must be True (allowed, searched) or False (none), got {self.offload!r}")
+        if why := mode_problem(self.sync, "sync"):
+            raise PartitaError(why)
         if self.stack is not None and self.stack not in STACKS:
             raise PartitaError(f"stack must be one of {', '.join(STACKS)}, got {self.stack!r}")
         stack = get_stack(self.stack)
@@ -217,7 +223,7 @@ class SearchSpace:
 
 ZERO_STAGES = (0, 1, 2, 3)
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "full_recompute_layers", "offload", "kernels",
-           "sequence_parallel", "micro_batch", "virtual_stages", "stack", "tp_comm_overlap", "p2p_overlap")
+           "sequence_parallel", "micro_batch", "virtual_stages", "stack", "tp_comm_overlap", "p2p_overlap", "sync")
 """The SearchSpace fields a user fixes (planner.api.plan keywords, `partita plan` flags)."""
 
 

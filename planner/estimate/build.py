@@ -13,6 +13,7 @@ from partita.planner.enumerate.options import pipelined_fsdp
 from partita.planner.search import SearchResult
 from partita.planner.estimate.phases import stage_memory
 from partita.planner.plan import SPLIT
+from partita.planner.plan.sync import Sync
 
 
 def predicted(result: SearchResult, c: Candidate) -> dict:
@@ -222,6 +223,7 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
                           virtual_stages=c.virtual_stages),
         stages=stages, blocks=blocks, placements=placements, zero_stage=c.zero,
         overlap={"tp_comm": c.tp_overlap, "p2p": c.p2p_overlap},
+        sync=Sync(mode=result.space.sync),
         predicted=predicted(result, c),
         solver={"status": c.solution.status, "wall_time_s": result.wall_time_s, "mip_gap": c.solution.mip_gap,
                 "backend": "cvxpy+HiGHS", "formulation": c.formulation, "candidates": len(result.candidates),

@@ -42,6 +42,9 @@ Shape (the keys scripts rely on are marked *; see DESIGN.md):
     embeddings   {"schema": "partita.embeddings/1", "tables": [...], ...}   a model's embedding tables: each
                  table's sharding, placement and ranks (planner.sparse.rec_plan); absent for models without tables
                  (plans written before it load unchanged)
+    sync         {"mode": "synchronous", "options": {...}}   how the data-parallel replicas agree on the weights
+                 (planner.plan.sync: the registry of modes); absent: synchronous, and a synchronous plan is
+                 written without it (plans written before it load unchanged)
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ from typing import Any
 from partita.planner.plan.errors import PlanError
 from partita.planner.plan.schedules import SCHEDULES, virtual_schedules
 from partita.planner.plan.sections import problems as section_problems
+from partita.planner.plan.sync import Sync, from_section as sync_from_section, problems as sync_problems
 
 SCHEMA = "partita.plan/1"
 SHARDINGS = ("replicate", "tensor", "sequence")
@@ -156,6 +160,8 @@ class Plan:
     baselines: list[dict[str, Any]] = field(default_factory=list)
     embeddings: dict[str, Any] | None = None
     """The embedding tables' section (planner.sparse.rec_plan), or None for a model without tables."""
+    sync: Sync = field(default_factory=Sync)
+    """How the data-parallel replicas agree on the weights (planner.plan.sync); synchronous by default."""
     schema: str = SCHEMA
 
     @property
@@ -181,6 +187,10 @@ class Plan:
             out.pop("baselines")
         if self.embeddings is None:
             out.pop("embeddings")
+        if self.sync.is_default:  # the default is written as before the section existed
+            out.pop("sync")
+        else:
+            out["sync"] = self.sync.to_dict()
         return out
 
     def to_json(self) -> str:
@@ -311,6 +321,8 @@ class Plan:
         _list(data.get("baselines", []), "baselines")
         if found := section_problems(data, mesh.pp):  # what explain, compare, export and reports read
             raise PlanError(found[0])
+        if found := sync_problems(data.get("sync")):
+            raise PlanError(found[0])
         train = _check_train(_obj(data["train"], "train"))
         gb = train.get("global_batch")
         if not isinstance(gb, int) or gb != mesh.dp * schedule.num_microbatches * schedule.micro_batch_size:
@@ -325,7 +337,8 @@ class Plan:
                    predicted=_obj(data.get("predicted", {}), "predicted"),
                    solver=_obj(data.get("solver", {}), "solver"),
                    baselines=_list(data.get("baselines", []), "baselines"),
-                   embeddings=_embeddings(data.get("embeddings"), mesh.world_size, zero))
+                   embeddings=_embeddings(data.get("embeddings"), mesh.world_size, zero),
+                   sync=sync_from_section(data.get("sync")))
 
 
 def _embeddings(data: Any, world_size: int, zero_stage: int) -> dict | None:

@@ -3,13 +3,14 @@
 `prepare` runs on every rank before any process group exists: the plan's pre-flight checks, the data
 source, the fault switch, and the checkpoint to resume from (validated), so a bad plan, data file or
 checkpoint stops the run with one line before the first step. `execute` trains inside the process
-group: build and parallelize the model, load the checkpoint, run the steps, save checkpoints, stop on a
-non-finite loss, measure, and (--verify) compare with single-process training.
+group, in named steps: build and parallelize the model (`_build`), load the checkpoint (`_resume`), run the
+steps (`_train`: runtime.loop.trainer's loop with the run's hooks -- the plan's sync mode, the test faults,
+progress lines, checkpoints every `checkpoint_every` N > 0 steps and after the last), measure (`_measure`),
+and (--verify) compare with single-process training (`_check`), then report (`_report`).
 
-Each step: forward and backward of this rank's data-parallel slice (runtime.parallel.apply), the loss averaged
-over dp (one all-reduce), a non-finite loss stops the run before the optimizer step (NonFiniteLoss),
-then the optimizer step. With `checkpoint_every` N > 0 a checkpoint is saved after every N-th step and
-after the last (runtime.checkpoint).
+Each step (runtime.loop.trainer): forward and backward of this rank's data-parallel slice
+(runtime.parallel.apply), the loss averaged over dp (one all-reduce), a non-finite loss stops the run before
+the optimizer step (NonFiniteLoss), then the optimizer step between the sync mode's hooks (runtime.loop.sync).
 
 --verify (runtime.loop.verify): every rank trains, rank 0 also trains the unpartitioned reference, and the run's
 losses and final parameters are compared with it; a bf16 run also gets an fp32 verification pass of the
@@ -26,9 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import math
 import os
-import time
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -51,13 +50,15 @@ from partita.runtime.checkpoint import ownership
 from partita.runtime.loop.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
 from partita.runtime.launcher.mesh import Topology, backend_for, env_world, init
 from partita.runtime.loop.guards import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, EXIT_VERIFY, NonFiniteLoss,  # noqa: F401
-                                    NonFiniteParameters, Stopped, keep_partial, params_finite, reduce_loss_and_stop)
+                                    NonFiniteParameters, Stopped, keep_partial)
 from partita.runtime.checkpoint.resume import Candidates, candidates, start_checkpoints
 from partita.runtime.launcher.sizes import check_sizes
-from partita.runtime.loop.stop import StopSignal, record_step
+from partita.runtime.loop.stop import StopSignal
 from partita.runtime.parallel.precision import train_dtype
 from partita.runtime.loop.progress import DEFAULT_EVERY, Progress, summary_writer
 from partita.runtime.loop.recipe import build_model
+from partita.runtime.loop.sync import make_hook as make_sync_hook
+from partita.runtime.loop.trainer import CheckpointHook, FaultHook, History, ProgressHook, Trainer
 from partita.runtime.loop.report import RunResult, preamble, render
 from partita.runtime.loop.verify import (PARAM_TOLERANCE, TOLERANCE, VERIFY_DTYPE, Check, GradientRMS, compare, failures,
                             loss_check, param_checks, param_stats, reference_run, shared_names)
@@ -258,11 +259,6 @@ def dropout_probability(spec: ModelSpec) -> float:
     return max(found)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _reduce_loss(executor, loss: torch.Tensor, topo: Topology) -> float:
     """The step's global mean loss on every rank: one holder per (dp, cp) rank -- each cp rank's loss is the
     mean over its equal share of the tokens (runtime.parallel.cp) --, the sum over them / (dp x cp)."""
@@ -395,120 +391,148 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
             stop.restore()
 
 
+@dataclass
+class _Built:
+    """What `_execute`'s steps hand each other: the parallelized model, its optimizer, the parameter names of the
+    unpartitioned model (--verify compares by them) and its fingerprint (checkpoints record it)."""
+
+    executor: object
+    opt: torch.optim.Optimizer
+    names: list
+    fingerprint: str
+    saved: memory.SavedActivations | None = None
+
+    def release(self) -> None:
+        """Drop the run's model and optimizer (a bf16 run's verification pass builds its own copy)."""
+        self.executor = self.opt = self.saved = None
+        gc.collect()
+
+
 def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: Topology, stop: StopSignal,
              run_id: str | None, notes: list[str]) -> tuple[RunResult, int]:
-    data, opt_name = prep.data, optimizer_name(plan)
+    """The run's named steps: build, resume, train (the step loop), measure, verify, report."""
     notes = list(prep.notes) + ([prep.device_note] if prep.device_note else []) + notes
+    built = _build(plan, spec, opts, topo)
+    history = _resume(built, prep, notes)
+    faults = Faults(topo.rank, opts.checkpoint_dir)
+    if history.start:
+        settle_ddp_buckets(built.executor, prep.data, topo, history.start)
+    built.saved = memory.SavedActivations(built.executor.params)
+    if topo.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(topo.device)
+    if topo.rank == 0 and opts.print_report:  # before training: the progress lines and the report come after
+        first = [prep.device_note] if prep.device_note else []  # first of all, as the run's own preamble
+        STDOUT.line(preamble(_header(plan, spec, opts, topo, prep.data), [n for n in notes if n not in first], first))
+    _train(plan, spec, opts, prep, topo, stop, run_id, built, history, faults)
+    result = _measure(plan, spec, opts, prep, topo, run_id, notes, built, history)
+    code = _check(result, plan, spec, opts, prep.data, topo, built)
+    _report(result, plan, opts, topo)
+    return result, code
+
+
+def _build(plan: Plan, spec: ModelSpec, opts: RunOptions, topo: Topology) -> _Built:
+    """The model built as on every rank, parallelized under the plan (runtime.parallel.apply), and its optimizer."""
     model = build(spec, opts, topo)
     fingerprint = model_fingerprint(model)
     names = [(n, p.shape) for n, p in model.named_parameters()]
     executor = make_executor(model, plan, topo, spec)
     del model
-    opt = make_plan_optimizer(executor, plan, opts.lr, opt_name)
-    start, kept = 0, []  # kept: (step, path) of the checkpoints this run stands on, oldest first
-    if prep.resume is not None:
-        if note := ckpt.load(prep.resume, prep.metadata, executor.modules, executor.params, opt):
-            notes.append(note)
-        start, kept = prep.resume.step, [(prep.resume.step, str(prep.resume.path))]
-    faults = Faults(topo.rank, opts.checkpoint_dir)
-    if start:
-        settle_ddp_buckets(executor, data, topo, start)
-    manifest = {**_manifest(plan, spec, opts, data, fingerprint), "run_id": run_id}
-    saved = memory.SavedActivations(executor.params)
-    if topo.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(topo.device)
-    losses, times, state, saves, save_time = [], [], 0, [], 0.0
-    if topo.rank == 0 and opts.print_report:  # before training: the progress lines and the report come after
-        first = [prep.device_note] if prep.device_note else []  # first of all, as the run's own preamble
-        STDOUT.line(preamble(_header(plan, spec, opts, topo, data), [n for n in notes if n not in first], first))
+    return _Built(executor=executor, opt=make_plan_optimizer(executor, plan, opts.lr, optimizer_name(plan)),
+                  names=names, fingerprint=fingerprint)
+
+
+def _resume(built: _Built, prep: Prepared, notes: list[str]) -> History:
+    """Load the checkpoint the run continues from, if any (a note is appended to `notes`); the loop's history
+    starts at its step, standing on it."""
+    if prep.resume is None:
+        return History()
+    if note := ckpt.load(prep.resume, prep.metadata, built.executor.modules, built.executor.params, built.opt):
+        notes.append(note)
+    return History(start=prep.resume.step, kept=[(prep.resume.step, str(prep.resume.path))])
+
+
+def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: Topology, stop: StopSignal,
+           run_id: str | None, built: _Built, history: History, faults: Faults) -> None:
+    """The step loop (runtime.loop.trainer) with the run's hooks: the plan's sync mode, the test faults, the
+    progress lines, the checkpoints. A run that fails after training began keeps its losses (keep_partial)."""
+    executor, opt = built.executor, built.opt
     unit, per_step = throughput_unit(plan, spec)
-    progress = Progress(opts.steps, start, per_step, unit, console=topo.rank == 0 and opts.print_report,
+    progress = Progress(opts.steps, history.start, per_step, unit, console=topo.rank == 0 and opts.print_report,
                         every=opts.log_every, tensorboard=opts.tensorboard if topo.rank == 0 else None)
+    manifest = {**_manifest(plan, spec, opts, prep.data, built.fingerprint), "run_id": run_id}
+    hooks = [make_sync_hook(plan.sync, executor, topo), FaultHook(faults, executor.params),
+             ProgressHook(progress, topo.device),
+             CheckpointHook(history, opts.checkpoint_every, opts.steps, opts.checkpoint_dir, executor, opt, manifest,
+                            topo, faults, opts.keep)]
+    trainer = Trainer(executor=executor, opt=opt, data=prep.data, topo=topo, steps=opts.steps, stop=stop,
+                      saved=built.saved, hooks=hooks, checkpointing=bool(opts.checkpoint_every))
     try:
-        for k in range(start, opts.steps):
-            step = k + 1
-            batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
-            _sync(topo.device)
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            with saved:
-                loss = executor.step(batch)
-            faults.exit_during_step(step)
-            faults.raise_during_step(step)
-            faults.signal_during_step(step)
-            if faults.nan_at(step):
-                loss = loss * float("nan")
-            value, stopping = reduce_loss_and_stop(executor, loss, topo, stop.requested)
-            if not math.isfinite(value):
-                raise NonFiniteLoss(step, value, kept)
-            opt.step()
-            faults.inf_after_update(step, executor.params)
-            losses.append(value)
-            _sync(topo.device)
-            times.append(time.perf_counter() - t0)
-            progress.step(step, value, times[-1], topo.device)
-            state = max(state, memory.state_bytes(executor.params, opt))
-            stopping = stopping if step < opts.steps else 0  # asked during the last step: the run is done
-            if opts.checkpoint_every and (step % opts.checkpoint_every == 0 or step == opts.steps or stopping):
-                t1 = time.perf_counter()
-                if not params_finite(executor, topo):
-                    raise NonFiniteParameters(step, kept)
-                kept.append((step, str(ckpt.save(opts.checkpoint_dir, step, executor.modules, opt, manifest,
-                                                  topo.rank, faults, keep=opts.keep))))
-                save_time += time.perf_counter() - t1
-                saves.append(kept[-1][1])
-            record_step(step, opts.steps, kept[-1][1] if kept else None, bool(opts.checkpoint_every))
-            if stopping:
-                raise Stopped(stopping, step, opts.steps, kept[-1][1] if kept else None, bool(opts.checkpoint_every))
-        if not params_finite(executor, topo):  # what the run hands back (and --verify compares) is finite
-            raise NonFiniteParameters(opts.steps, kept)
+        trainer.run(history)
     except Exception as e:
-        keep_partial(opts, prep, topo, losses, start, saves, run_id, e)
+        keep_partial(opts, prep, topo, history.losses, history.start, history.saves, run_id, e)
         raise
     finally:
         progress.close()
-    n = len(times)
-    tracked, step_memory, rss = state + saved.peak, None, memory.peak_rss_bytes()  # RSS before the extra step
+
+
+def _measure(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: Topology, run_id: str | None,
+             notes: list[str], built: _Built, history: History) -> CheckedResult:
+    """The run's result: step times and peak memory, the largest over the ranks (on CPU, the peak of one more
+    step under the allocator trace, `_measure_step`)."""
+    executor, times = built.executor, history.times
+    n, unit, per_step = len(times), *throughput_unit(plan, spec)
+    # RSS before the extra step
+    tracked, step_memory, rss = history.state_bytes + built.saved.peak, None, memory.peak_rss_bytes()
     reserved = torch.cuda.max_memory_reserved(topo.device) if topo.device.type == "cuda" else 0
     if topo.device.type == "cuda":
         peak, method = torch.cuda.max_memory_allocated(topo.device), memory.GPU_METHOD
     elif opts.memory_trace and n:
-        step_memory = _measure_step(executor, opt, data, topo, opts.steps - 1, warm=n < 2)
+        step_memory = _measure_step(executor, built.opt, prep.data, topo, opts.steps - 1, warm=n < 2)
         step_memory.tracked_bytes = tracked
         peak, method = step_memory.peak_bytes, memory.ALLOCATOR_METHOD
     else:
         peak, method = tracked, memory.CPU_METHOD
     maxed = _allreduce(times + [peak, rss, tracked, reserved], dist.ReduceOp.MAX, topo.device)
-    result = CheckedResult(losses=losses, step_times=maxed[:n], peak_memory_bytes=int(maxed[n]), memory_method=method,
-                           peak_rss_bytes=int(maxed[n + 1]), tokens_per_step=per_step, unit=unit,
-                           peak_reserved_bytes=int(maxed[n + 3]) if topo.device.type == "cuda" else None,
+    result = CheckedResult(losses=history.losses, step_times=maxed[:n], peak_memory_bytes=int(maxed[n]),
+                           memory_method=method, peak_rss_bytes=int(maxed[n + 1]), tokens_per_step=per_step,
+                           unit=unit, peak_reserved_bytes=int(maxed[n + 3]) if topo.device.type == "cuda" else None,
                            applied={**asdict(executor.applied), "summary": executor.applied.summary()},
-                           notes=notes, first_step=start, resumed_from=str(prep.resume.path) if prep.resume else None,
-                           attempt=prep.attempt, checkpoints=saves, checkpoint_time_s=save_time, run_id=run_id)
+                           notes=notes, first_step=history.start,
+                           resumed_from=str(prep.resume.path) if prep.resume else None, attempt=prep.attempt,
+                           checkpoints=history.saves, checkpoint_time_s=history.save_time, run_id=run_id)
     # beside RunResult's fields (runtime/loop/report.py): the tracked figure (largest rank), and this rank's
     # allocator breakdown of the traced step (None when the figure is not the allocator's)
     result.tracked_memory_bytes = int(maxed[n + 2])
     result.memory_detail = step_memory.as_dict() if step_memory is not None else None
-    code = EXIT_OK
-    if opts.verify:
-        reference = _verify(result, plan, spec, opts, data, topo, executor, names)
-        if train_dtype(plan) != VERIFY_DTYPE:
-            del executor, opt, saved  # the pass builds its own copy of the model
-            gc.collect()
-            result.checks += _verification_pass(plan, spec, opts, data, topo, names, *reference)
-        code = EXIT_OK if result.verified else EXIT_VERIFY
-    else:
-        result.param_checksum = param_stats(executor.modules, _coords(topo), names, None, topo.device,
+    return result
+
+
+def _check(result: CheckedResult, plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo: Topology,
+           built: _Built) -> int:
+    """--verify's checks (`_verify`, and for a run in another dtype `_verification_pass`); without --verify the
+    run's parameter checksum. Returns the exit code."""
+    if not opts.verify:
+        result.param_checksum = param_stats(built.executor.modules, _coords(topo), built.names, None, topo.device,
                                             compare_params=False).checksum
-    if topo.rank == 0:
-        if opts.print_report:
-            STDOUT.line(render(result.for_render(), None, plan.predicted), *result.report_lines())
-        if opts.losses_out:
-            import json
-            with open(opts.losses_out, "w") as f:
-                json.dump({**result.to_json(), "tracked_memory_bytes": result.tracked_memory_bytes,
-                           "memory_detail": result.memory_detail}, f, indent=2)
-    return result, code
+        return EXIT_OK
+    reference = _verify(result, plan, spec, opts, data, topo, built.executor, built.names)
+    if train_dtype(plan) != VERIFY_DTYPE:
+        built.release()  # the pass builds its own copy of the model
+        result.checks += _verification_pass(plan, spec, opts, data, topo, built.names, *reference)
+    return EXIT_OK if result.verified else EXIT_VERIFY
+
+
+def _report(result: CheckedResult, plan: Plan, opts: RunOptions, topo: Topology) -> None:
+    """Rank 0 prints the report and writes --losses-out."""
+    if topo.rank != 0:
+        return
+    if opts.print_report:
+        STDOUT.line(render(result.for_render(), None, plan.predicted), *result.report_lines())
+    if opts.losses_out:
+        import json
+        with open(opts.losses_out, "w") as f:
+            json.dump({**result.to_json(), "tracked_memory_bytes": result.tracked_memory_bytes,
+                       "memory_detail": result.memory_detail}, f, indent=2)
 
 
 def _coords(topo: Topology) -> dict[str, int]:

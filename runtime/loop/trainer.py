@@ -1,0 +1,190 @@
+"""The trainer's step loop, with its hooks (runtime.loop.session builds them and runs it).
+
+Each step k + 1 of first_step + 1 .. steps, in this order:
+
+    batch                  this rank's data-parallel slice of step k's batch (depends on (seed, step) only)
+    forward + backward     executor.step, under the saved-activation tracker and every hook's `during_backward`
+    after_backward         may replace the loss (faults inject here: runtime.loop.faults)
+    loss and stop          one all-reduce: the global mean loss and any rank's stop request
+                           (guards.reduce_loss_and_stop); a non-finite loss stops before the optimizer (NonFiniteLoss)
+    before_optimizer       the sync mode's hook (runtime.loop.sync)
+    optimizer step
+    after_optimizer        the sync mode's hook, then faults after the update
+    after_step             the progress line (runtime.loop.progress); the step's time and loss are recorded
+    checkpoint             every N-th step, the last, and a stopping one (runtime.checkpoint)
+    stop                   record the step for a signal handler (runtime.loop.stop); a requested stop raises Stopped
+
+After the last step the parameters are checked finite on every rank (NonFiniteParameters). Hooks run in the
+order they are given; a hook overrides only the points it needs (StepHook's are no-ops).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from partita.runtime import checkpoint as ckpt
+from partita.runtime.loop import memory
+from partita.runtime.loop.guards import NonFiniteLoss, NonFiniteParameters, Stopped, params_finite, reduce_loss_and_stop
+from partita.runtime.loop.stop import record_step
+
+
+class StepHook:
+    """One hook of the loop: each method is a point of the step (module docstring); the defaults do nothing."""
+
+    def during_backward(self, step: int):
+        """A context the step's forward and backward run in."""
+        return contextlib.nullcontext()
+
+    def after_backward(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        """This rank's loss of the step, before it is reduced; returns the loss the step goes on with."""
+        return loss
+
+    def before_optimizer(self, step: int) -> None:
+        pass
+
+    def after_optimizer(self, step: int) -> None:
+        pass
+
+    def after_step(self, step: int, loss: float, seconds: float) -> None:
+        """The step's global mean loss and its time."""
+
+    def checkpoint(self, step: int, stopping: int) -> None:
+        """After the step (`stopping`: the signal a rank asked to stop with, or 0)."""
+
+
+@dataclass
+class History:
+    """What the loop has done: shared with the hooks, and what a failed run keeps (guards.keep_partial)."""
+
+    start: int = 0
+    """Steps done before this run (a resumed checkpoint's step)."""
+    losses: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    kept: list[tuple[int, str]] = field(default_factory=list)
+    """(step, path) of the checkpoints this run stands on, oldest first."""
+    saves: list[str] = field(default_factory=list)
+    """The checkpoints this run saved."""
+    save_time: float = 0.0
+    state_bytes: int = 0
+    """The largest model-state bytes (parameters, gradients, optimizer state) seen after a step."""
+
+    @property
+    def newest(self) -> str | None:
+        return self.kept[-1][1] if self.kept else None
+
+
+def device_sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class Trainer:
+    """The step loop over an executor (runtime.parallel.apply) and its optimizer."""
+
+    executor: object
+    opt: torch.optim.Optimizer
+    data: object
+    topo: object
+    steps: int
+    stop: object
+    """The run's StopSignal (runtime.loop.stop): its `requested` signal travels in the loss all-reduce."""
+    saved: memory.SavedActivations
+    hooks: list[StepHook]
+    checkpointing: bool = False
+    """Whether the run saves checkpoints (what a stop line says about them)."""
+
+    def run(self, history: History) -> None:
+        for k in range(history.start, self.steps):
+            self.step(k + 1, history)
+        if not params_finite(self.executor, self.topo):  # what the run hands back (and --verify compares) is finite
+            raise NonFiniteParameters(self.steps, history.kept)
+
+    def step(self, step: int, history: History) -> None:
+        executor, topo = self.executor, self.topo
+        batch = tuple(t.to(topo.device) for t in self.data.shard(step - 1, topo.dp_rank, topo.dp))
+        device_sync(topo.device)
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        with self.saved, contextlib.ExitStack() as around:
+            for hook in self.hooks:
+                around.enter_context(hook.during_backward(step))
+            loss = executor.step(batch)
+        for hook in self.hooks:
+            loss = hook.after_backward(step, loss)
+        value, stopping = reduce_loss_and_stop(executor, loss, topo, self.stop.requested)
+        if not math.isfinite(value):
+            raise NonFiniteLoss(step, value, history.kept)
+        self._optimizer_step(step)
+        history.losses.append(value)
+        device_sync(topo.device)
+        history.times.append(time.perf_counter() - t0)
+        for hook in self.hooks:
+            hook.after_step(step, value, history.times[-1])
+        history.state_bytes = max(history.state_bytes, memory.state_bytes(executor.params, self.opt))
+        stopping = stopping if step < self.steps else 0  # asked during the last step: the run is done
+        for hook in self.hooks:
+            hook.checkpoint(step, stopping)
+        record_step(step, self.steps, history.newest, self.checkpointing)
+        if stopping:
+            raise Stopped(stopping, step, self.steps, history.newest, self.checkpointing)
+
+    def _optimizer_step(self, step: int) -> None:
+        for hook in self.hooks:
+            hook.before_optimizer(step)
+        self.opt.step()
+        for hook in self.hooks:
+            hook.after_optimizer(step)
+
+
+class FaultHook(StepHook):
+    """The test faults of PARTITA_FAULTS (runtime.loop.faults): during the step (exit, raise, signal, a NaN loss)
+    and after the update (an infinite weight)."""
+
+    def __init__(self, faults, params):
+        self.faults, self.params = faults, params
+
+    def after_backward(self, step, loss):
+        self.faults.exit_during_step(step)
+        self.faults.raise_during_step(step)
+        self.faults.signal_during_step(step)
+        return loss * float("nan") if self.faults.nan_at(step) else loss
+
+    def after_optimizer(self, step):
+        self.faults.inf_after_update(step, self.params)
+
+
+class ProgressHook(StepHook):
+    """A progress line per step (runtime.loop.progress)."""
+
+    def __init__(self, progress, device: torch.device):
+        self.progress, self.device = progress, device
+
+    def after_step(self, step, loss, seconds):
+        self.progress.step(step, loss, seconds, self.device)
+
+
+class CheckpointHook(StepHook):
+    """Saves a checkpoint after every `every`-th step, the last one, and one a rank asked to stop after; never one
+    holding a non-finite weight (NonFiniteParameters). Appends to the history's `kept` and `saves`."""
+
+    def __init__(self, history: History, every: int, steps: int, directory, executor, opt, manifest: dict, topo,
+                 faults, keep: int):
+        self.history, self.every, self.steps, self.directory = history, every, steps, directory
+        self.executor, self.opt, self.manifest, self.topo, self.faults, self.keep = \
+            executor, opt, manifest, topo, faults, keep
+
+    def checkpoint(self, step, stopping):
+        if not (self.every and (step % self.every == 0 or step == self.steps or stopping)):
+            return
+        h, t1 = self.history, time.perf_counter()
+        if not params_finite(self.executor, self.topo):
+            raise NonFiniteParameters(step, h.kept)
+        h.kept.append((step, str(ckpt.save(self.directory, step, self.executor.modules, self.opt, self.manifest,
+                                            self.topo.rank, self.faults, keep=self.keep))))
+        h.save_time += time.perf_counter() - t1
+        h.saves.append(h.kept[-1][1])

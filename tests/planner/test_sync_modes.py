@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -83,8 +84,8 @@ def test_a_bad_section_is_one_line_in_every_command(old_plan, tmp_path, capsys, 
     """At load: explain, compare, export and run (refused before anything is launched)."""
     def launched(*a, **k):
         raise AssertionError("started a process")
-    monkeypatch.setattr(cli.subprocess, "run", launched)
-    monkeypatch.setattr(cli.subprocess, "Popen", launched)
+    monkeypatch.setattr(subprocess, "run", launched)
+    monkeypatch.setattr(subprocess, "Popen", launched)
     path = tmp_path / "p.json"
     path.write_text(json.dumps({**copy.deepcopy(old_plan), "sync": section}))
     with pytest.raises(PlanError, match=None) as refused:

@@ -22,7 +22,7 @@ import sys
 from partita.costmodel.errors import PartitaError
 from partita.runtime.launcher.child import run_forwarding_signals
 from partita.costmodel.hardware import DEFAULT_ALLOCATOR_HEADROOM
-from partita.planner.plan import RECOMPUTE
+from partita.planner.plan import MASTER_WEIGHTS, RECOMPUTE
 from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors
 
 
@@ -34,7 +34,8 @@ def _cmd_plan(args) -> int:
     cluster = parse_cluster(args.cluster)
     # no --dtype: TrainConfig's default, which planner.api resolves by device kind (api.default_dtype)
     train = TrainConfig(global_batch=args.global_batch, seq_len=args.seq, optimizer=args.optimizer,
-                        schedule=args.schedule, **({"dtype": args.dtype} if args.dtype else {}))
+                        schedule=args.schedule, master_weights=args.master_weights,
+                        **({"dtype": args.dtype} if args.dtype else {}))
     space = _space_from_args(args)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -328,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                    help="training precision (default: bf16 on GPUs, fp32 on cpu)")
+    p.add_argument("--master-weights", choices=list(MASTER_WEIGHTS), default="fp32",
+                   help="fp32 (default): a bf16 model's optimizer steps an fp32 master copy, 16 bytes of state per "
+                        "parameter with Adam; none: pure bf16, parameters, gradients and Adam moments in bf16, "
+                        "8 bytes (nanotron, torchtitan on a bf16 model); implies --dtype bf16")
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     from partita.costmodel.hardware.stacks import DEFAULT_STACK, STACKS
     p.add_argument("--stack", choices=list(STACKS), default=None,

@@ -115,7 +115,7 @@ class _Bases:
     def running(self, train: TrainConfig, zero: int) -> "_Bases":
         """The options of the model as the runtime runs a candidate with this ZeRO stage: under autocast
         (planner.plan.executable.runs_autocast; OpGraph.as_run) or as captured."""
-        how = "autocast" if runs_autocast(train.dtype, zero, train.autocast) else "as-captured"
+        how = "autocast" if runs_autocast(train.dtype, zero, train.autocast, train.master_weights) else "as-captured"
         key = ("run", how)
         if key not in self._others:  # (as_run copies the whole graph: once per search, not per candidate)
             graph = self.graph.as_run(how)
@@ -219,7 +219,8 @@ def counted_full_recompute(opts, space: SearchSpace) -> tuple[np.ndarray, int] |
 
 def model_state_bytes(train: TrainConfig, zero: int):
     """Model-state bytes per parameter (costmodel.price.memory) as the runtime holds them at this ZeRO stage."""
-    return state_bytes(train.dtype, train.optimizer, runs_autocast(train.dtype, zero, train.autocast))
+    return state_bytes(train.dtype, train.optimizer, runs_autocast(train.dtype, zero, train.autocast, train.master_weights),
+                       train.master_weights)
 
 
 def _prune(space: SearchSpace) -> bool:
@@ -248,6 +249,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     # (a pipeline stage syncs its ZeRO gradients once per step: options.py)
     bcast = zero1_broadcast(space)
     key = ("variants", tp, sp, zero, dp, b, space.recompute, space.offload, ddp, train.dtype, train.optimizer,
+           train.master_weights,
            cp, ep, pp > 1, space.keep_gathered, _prune(space), space.kernels, tp_overlap, bcast)
     layer_variants = lambda bases_, prune: variants(
         bases_, cluster, sb, zero, dp, tp, b, space.recompute, space.offload, ddp_overlap=ddp, cp=cp, ep=ep,

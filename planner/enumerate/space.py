@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.price.fusion import KERNELS
+from partita.costmodel.price.memory import MASTER_WEIGHTS
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.hardware.stacks import STACKS, get_stack
 from partita.planner.enumerate.options import RECOMPUTE
@@ -57,6 +58,13 @@ class TrainConfig:
     dtype: str = BY_DEVICE
     """"bf16" (bf16 parameters and activations, fp32 master weights) or "fp32". Not given: by the
     cluster's device kind when planned through planner.api (fp32 on CPU, bf16 on accelerators; `BY_DEVICE`)."""
+    master_weights: str = "fp32"
+    """Where a bf16 model's optimizer keeps its weights: "fp32" (a master copy; with Adam 2 + 2 + 12 bytes of
+    state per parameter, ZeRO's mixed precision) or "none" (pure bf16: bf16 parameters, gradients and Adam
+    moments, 2 + 2 + 2 + 2 = 8 bytes, as nanotron, some Megatron-LM configurations and torchtitan on a bf16
+    model run; costmodel.price.memory). A field beside `dtype`, not a third dtype: the compute dtype is bf16
+    either way (every reader of `dtype` -- peaks, captures, exporters -- stays right), and what changes is
+    the optimizer's state. "none" needs dtype "bf16" (given, or by device: it then chooses bf16 on CPUs too)."""
     optimizer: str = "adam"
     schedule: str = "auto"
     """Pipeline schedule: "auto" (the planner picks 1F1B or interleaved 1F1B), "1F1B", "GPipe" or
@@ -78,6 +86,12 @@ class TrainConfig:
         if self.dtype not in ("bf16", "fp32"):
             raise PartitaError(f"dtype {self.dtype!r} not supported; accepted: bf16, fp32 (fp16 would need loss "
                                "scaling, which the runtime does not do)")
+        if self.master_weights not in MASTER_WEIGHTS:
+            raise PartitaError(f"master weights {self.master_weights!r} not supported; accepted: "
+                               f"{', '.join(MASTER_WEIGHTS)} (none: pure bf16, no fp32 copy)")
+        if self.master_weights == "none" and self.dtype != "bf16":
+            raise PartitaError(f"master weights none (pure bf16) needs dtype bf16, got {self.dtype}: "
+                               "fp32 parameters are their own master weights")
         if self.schedule not in SCHEDULE_CHOICES:
             raise PartitaError(f"schedule {self.schedule!r} not supported; accepted: {', '.join(SCHEDULE_CHOICES)}")
 

@@ -85,6 +85,8 @@ def _space_from_args(args):
         fixed["recompute"] = args.recompute
     if args.full_recompute_layers is not None:
         fixed["full_recompute_layers"] = args.full_recompute_layers
+    if args.stage_layers is not None:
+        fixed["stage_layers"] = args.stage_layers
     if args.sequence_parallel is not None:
         fixed["sequence_parallel"] = (args.sequence_parallel == "on",)
     if args.offload is not None:
@@ -244,10 +246,22 @@ def _policies(text: str) -> tuple[str, ...]:
     return policies
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    """--stage-layers' value: a comma list of whole numbers (SearchSpace.stage_layers says what else it must be)."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of layer counts (e.g. 10,11,11,10)") from None
+
+
 def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
     w = p.add_argument_group("what-if (each flag fixes one decision; the others are still searched)")
     w.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree (divides the devices per node)")
     w.add_argument("--pp", type=int, metavar="N", help="pipeline stages")
+    w.add_argument("--stage-layers", type=_counts, metavar="N,N,...",
+                   help="pin the pipeline split: repeated layers per stage, first stage first (10,11,11,10), summing "
+                        "to the model's layers; fixes --pp to their number (Megatron-LM's "
+                        "--decoder-first-pipeline-num-layers, torchtitan's split points)")
     w.add_argument("--dp", type=int, metavar="N",
                    help="data-parallel degree (tp x pp x dp x cp = number of devices)")
     w.add_argument("--cp", type=int, metavar="N",

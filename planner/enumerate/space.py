@@ -154,6 +154,12 @@ class SearchSpace:
     """Model chunks per device: 1 is no interleaving, v > 1 interleaved 1F1B with v chunks (so a set
     without 1 implies TrainConfig.schedule "Interleaved1F1B", and pp > 1); None: 1 and VIRTUAL_STAGES as
     the schedule allows."""
+    stage_layers: tuple[int, ...] | None = None
+    """The repeated layers each pipeline stage holds, first stage first (a pinned split: Megatron-LM's
+    --decoder-first-pipeline-num-layers, torchtitan's pipeline split points), summing to the model's layers;
+    the prefix (embeddings) stays on the first stage and the suffix (norm, head) on the last. It fixes pp to
+    its length and one model chunk per device (virtual_stages 1); the stage program prices exactly these
+    counts (planner.solve.milp: sum_o h[s, o] = n_s), its other choices still searched. None: searched."""
     min_pp: bool = False
     """Keep only the smallest pipeline depth that fits (Megatron practice: as few stages as memory allows)."""
     keep_gathered: bool = True
@@ -189,6 +195,8 @@ class SearchSpace:
             if values is not None and (not values or not all(_is_int(x) and x >= 1 for x in values)):
                 got = values[0] if len(values) == 1 else values
                 raise PartitaError(f"{name.replace('_', '-')} must be a positive integer, got {got!r}")
+        if self.stage_layers is not None:
+            self._pin_stages()
         if not self.zero or not all(_is_int(z) and z in ZERO_STAGES for z in self.zero):
             raise PartitaError(f"zero must be ZeRO stages among {ZERO_STAGES}, got {self.zero!r}")
         if not self.recompute or not all(r in RECOMPUTE for r in self.recompute):
@@ -221,6 +229,24 @@ class SearchSpace:
                 raise PartitaError(f"{name.replace('_', '-')}=on: the {stack.name} stack does not {what} "
                                    f"(costmodel.hardware.stacks); stacks that do: {', '.join(able)} (--stack)")
 
+    def _pin_stages(self) -> None:
+        """Check `stage_layers` against itself and pp/virtual_stages, then fix those to it (its docstring)."""
+        n = _as_tuple(self.stage_layers)
+        if not n or not all(_is_int(x) and x >= 0 for x in n):
+            raise PartitaError(f"stage-layers must be whole numbers of layers per stage, got {self.stage_layers!r}")
+        if 0 in n:
+            raise PartitaError(f"stage-layers {','.join(map(str, n))}: stage {n.index(0)} holds no layer; every "
+                               "pipeline stage needs at least one (use fewer stages)")
+        if self.pp is not None and self.pp != (len(n),):
+            raise PartitaError(f"stage-layers {','.join(map(str, n))} gives {len(n)} pipeline stages but pp="
+                               f"{'|'.join(map(str, self.pp))}: give one count per stage (or leave pp out)")
+        if self.virtual_stages is not None and self.virtual_stages != (1,):
+            raise PartitaError(f"stage-layers pins one model chunk per pipeline stage, but virtual stages="
+                               f"{'|'.join(map(str, self.virtual_stages))}: leave virtual stages out (or 1)")
+        object.__setattr__(self, "stage_layers", n)
+        object.__setattr__(self, "pp", (len(n),))
+        object.__setattr__(self, "virtual_stages", (1,))
+
     def fixed(self) -> dict:
         """The choices this space restricts, relative to the full space: {field: values}."""
         full = SearchSpace()
@@ -229,7 +255,8 @@ class SearchSpace:
 
 ZERO_STAGES = (0, 1, 2, 3)
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "full_recompute_layers", "offload", "kernels",
-           "sequence_parallel", "micro_batch", "virtual_stages", "stack", "tp_comm_overlap", "p2p_overlap")
+           "sequence_parallel", "micro_batch", "virtual_stages", "stack", "tp_comm_overlap", "p2p_overlap",
+           "stage_layers")
 """The SearchSpace fields a user fixes (planner.api.plan keywords, `partita plan` flags)."""
 
 
@@ -346,7 +373,7 @@ def check_space(cluster: Cluster, train: TrainConfig, space: SearchSpace, *, max
     schedule to price -- before any solving. `max_pp`: the most stages the model splits into; `layers`:
     its repeated layers (0 when it is not a stack of them: no interleaving); `seq`: tokens per sample
     (None: not a sequence model). Whether a configuration fits in memory is the search's to say."""
-    why = _why_nothing(cluster, train, space, max_pp, layers, seq)
+    why = stage_layers_refusal(space.stage_layers, layers) or _why_nothing(cluster, train, space, max_pp, layers, seq)
     if why is None and layers and (space.full_recompute_layers or 0) > layers:
         why = (f"full-recompute-layers={space.full_recompute_layers} but the model has {layers} repeated layers: "
                f"fix at most {layers}")
@@ -357,6 +384,21 @@ def check_space(cluster: Cluster, train: TrainConfig, space: SearchSpace, *, max
         why = f"no mesh of the {cluster.num_devices} devices has {describe_fixed(space) or 'the requested choices'}"
     if why:
         raise PartitaError(why)
+
+
+def stage_layers_refusal(stage_layers: tuple[int, ...] | None, layers: int) -> str | None:
+    """Why a pinned split (SearchSpace.stage_layers) does not fit a model of `layers` repeated layers (0: not
+    a stack of identical layers); None when it does."""
+    if stage_layers is None:
+        return None
+    split = ",".join(map(str, stage_layers))
+    if not layers:
+        return (f"stage-layers {split} counts repeated layers, and the model is not a stack of identical layers: "
+                "leave the split to the planner (--pp N)")
+    if sum(stage_layers) != layers:
+        return (f"stage-layers {split} places {sum(stage_layers)} layers but the model has {layers} repeated "
+                f"layers: the counts must sum to {layers}")
+    return None
 
 
 def no_candidates_reason(cluster: Cluster, train: TrainConfig, space: SearchSpace, kinds: set[str] = frozenset()) -> str:

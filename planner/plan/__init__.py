@@ -539,5 +539,6 @@ def fixed_text(fixed: dict) -> str:
     """Fixed choices {field: value or values} (SearchSpace.fixed, or a plan's solver.fixed with lists) as
     the flags that fix them: "tp=2, recompute=none|full, offload=off"."""
     show = lambda v: "on" if v is True else "off" if v is False else str(v)
-    return ", ".join(f"{name.replace('_', '-')}={'|'.join(map(show, v)) if isinstance(v, (tuple, list)) else show(v)}"
+    sep = lambda name: "," if name == "stage_layers" else "|"  # one count per stage, not alternatives
+    return ", ".join(f"{name.replace('_', '-')}={sep(name).join(map(show, v)) if isinstance(v, (tuple, list)) else show(v)}"
                      for name, v in fixed.items())

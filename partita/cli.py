@@ -22,7 +22,7 @@ from partita.costmodel.errors import PartitaError
 from partita.runtime.launcher.child import run_forwarding_signals
 from partita.runtime.launcher.flags import NODE_FLAGS, RUN_FLAGS, add_flags, to_argv
 from partita.costmodel.hardware import DEFAULT_ALLOCATOR_HEADROOM
-from partita.planner.plan import RECOMPUTE
+from partita.planner.plan import MASTER_WEIGHTS, RECOMPUTE
 from partita.planner.plan.schedules import AUTO, SCHEDULES
 from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors
 
@@ -35,7 +35,8 @@ def _cmd_plan(args) -> int:
     cluster = parse_cluster(args.cluster)
     # no --dtype: TrainConfig's default, which planner.api resolves by device kind (api.default_dtype)
     train = TrainConfig(global_batch=args.global_batch, seq_len=args.seq, optimizer=args.optimizer,
-                        schedule=args.schedule, **({"dtype": args.dtype} if args.dtype else {}))
+                        schedule=args.schedule, master_weights=args.master_weights,
+                        **({"dtype": args.dtype} if args.dtype else {}))
     space = _space_from_args(args)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -85,6 +86,8 @@ def _space_from_args(args):
         fixed["recompute"] = args.recompute
     if args.full_recompute_layers is not None:
         fixed["full_recompute_layers"] = args.full_recompute_layers
+    if args.stage_layers is not None:
+        fixed["stage_layers"] = args.stage_layers
     if args.sequence_parallel is not None:
         fixed["sequence_parallel"] = (args.sequence_parallel == "on",)
     if args.offload is not None:
@@ -235,10 +238,22 @@ def _policies(text: str) -> tuple[str, ...]:
     return policies
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    """--stage-layers' value: a comma list of whole numbers (SearchSpace.stage_layers says what else it must be)."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of layer counts (e.g. 10,11,11,10)") from None
+
+
 def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
     w = p.add_argument_group("what-if (each flag fixes one decision; the others are still searched)")
     w.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree (divides the devices per node)")
     w.add_argument("--pp", type=int, metavar="N", help="pipeline stages")
+    w.add_argument("--stage-layers", type=_counts, metavar="N,N,...",
+                   help="pin the pipeline split: repeated layers per stage, first stage first (10,11,11,10), summing "
+                        "to the model's layers; fixes --pp to their number (Megatron-LM's "
+                        "--decoder-first-pipeline-num-layers, torchtitan's split points)")
     w.add_argument("--dp", type=int, metavar="N",
                    help="data-parallel degree (tp x pp x dp x cp = number of devices)")
     w.add_argument("--cp", type=int, metavar="N",
@@ -320,6 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
                    help="training precision (default: bf16 on GPUs, fp32 on cpu)")
+    p.add_argument("--master-weights", choices=list(MASTER_WEIGHTS), default="fp32",
+                   help="fp32 (default): a bf16 model's optimizer steps an fp32 master copy, 16 bytes of state per "
+                        "parameter with Adam; none: pure bf16, parameters, gradients and Adam moments in bf16, "
+                        "8 bytes (nanotron, torchtitan on a bf16 model); implies --dtype bf16")
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     from partita.costmodel.hardware.stacks import DEFAULT_STACK, STACKS
     p.add_argument("--stack", choices=list(STACKS), default=None,

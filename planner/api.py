@@ -64,7 +64,7 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     check_scale(cl)
     cl = with_allocator_headroom(cl, memory_headroom)
     if isinstance(train.dtype, _ByDevice):  # no dtype given: the device kind's, as the CLI chooses it
-        train = dataclasses.replace(train, dtype=default_dtype(cl))
+        train = dataclasses.replace(train, dtype="bf16" if train.master_weights == "none" else default_dtype(cl))
     t0 = time.perf_counter()
     meta = meta_build(spec.build)  # the runtime checks the fingerprint of the model built the same way
     fingerprint = model_fingerprint(meta)
@@ -128,7 +128,8 @@ def _on_cpus(cluster: Cluster) -> bool:
 
 def default_dtype(cluster: Cluster) -> str:
     """The training dtype when none is given: fp32 on CPUs (no fast bf16 there, and the runtime's fp32
-    numerics are what `--verify` checks), bf16 on accelerators (mixed precision, as they train)."""
+    numerics are what `--verify` checks), bf16 on accelerators (mixed precision, as they train). A pure-bf16
+    TrainConfig (master_weights "none") is bf16 wherever it runs."""
     return "fp32" if _on_cpus(cluster) else "bf16"
 
 

@@ -23,6 +23,20 @@ its fp32 parameters, their fp32 gradients (autograd casts the bf16 weight gradie
 and fp32 Adam moments -- the fp32 layout, 4 + 4 + 8 bytes; what bf16 adds is a bf16 cast of each weight
 that autograd saves for the backward (2 bytes per matmul parameter while its layer's activations live),
 priced as saved tensors (costmodel.capture.trace `weight_saved_bytes`), not as model state.
+
+Pure bf16 (`master_weights="none"`: TrainConfig.master_weights): bf16 parameters, bf16 gradients and bf16
+optimizer state, no fp32 master copy -- torchtitan with `mixed_precision_param = "bfloat16"` on a bf16 model,
+nanotron and Megatron-LM configurations that keep bf16 weights. In ZeRO's notation (Rajbhandari et al. SC'20,
+section 3.1, REFERENCE.md: (2 + 2 + K) Psi with K = 12 for fp32 master + m + v) the optimizer term loses the
+master and halves the moments, K = 2 + 2 = 4 for Adam (m and v in bf16) and K = 0 for SGD without momentum:
+
+    Adam: 2 (param) + 2 (grad) + 2 (m) + 2 (v) = 8 bytes per parameter, against 16 with fp32 master weights
+    SGD:  2 (param) + 2 (grad)                 = 4 bytes per parameter, against 8
+
+Each term shards under ZeRO as before (planner.enumerate.options.zero_state_bytes). Gradients are reduced in
+bf16 (`grad_comm` 2: DDP reduces in the parameters' dtype; FSDP2 without a reduce dtype), the shard FSDP keeps
+beside a gathered parameter is a bf16 copy (`shard_copy` 2: no fp32 master holds it), and the Adam step
+reads gradient, parameter, m and v and writes parameter, m and v: 7 x 2 = 14 bytes (SGD: 3 x 2 = 6).
 """
 from __future__ import annotations
 
@@ -47,10 +61,24 @@ class StateBytes:
         return self.param + self.grad + self.optimizer
 
 
-def state_bytes(dtype: str, optimizer: str = "adam", autocast: bool = False) -> StateBytes:
-    """Model-state bytes per parameter (module docstring); `autocast`: a bf16 model run under autocast."""
+MASTER_WEIGHTS = ("fp32", "none")
+"""Where a 16-bit model's optimizer keeps its weights: an fp32 master copy, or none (pure bf16, module docstring)."""
+
+
+def state_bytes(dtype: str, optimizer: str = "adam", autocast: bool = False,
+                master_weights: str = "fp32") -> StateBytes:
+    """Model-state bytes per parameter (module docstring); `autocast`: a bf16 model run under autocast;
+    `master_weights` "none": pure bf16, every state in bf16 (8 bytes per parameter with Adam)."""
     if optimizer not in ("adam", "sgd"):
         raise PartitaError(f"unknown optimizer {optimizer!r}; accepted: adam, sgd")
+    if master_weights not in MASTER_WEIGHTS:
+        raise PartitaError(f"master weights {master_weights!r}; accepted: {', '.join(MASTER_WEIGHTS)}")
+    if master_weights == "none":
+        if dtype not in ("bf16", "fp16"):
+            raise PartitaError(f"master weights 'none' needs 16-bit parameters (dtype bf16), got {dtype!r}")
+        moments = 2 * 2 if optimizer == "adam" else 0   # bf16 m and v, or none
+        traffic = 2 * (7 if optimizer == "adam" else 3)  # read g, p(, m, v); write p(, m, v)
+        return StateBytes(param=2, grad=2, optimizer=moments, step_traffic=traffic, grad_comm=2, shard_copy=2)
     half = dtype in ("bf16", "fp16") and not autocast
     p = 2 if half else 4
     if optimizer == "adam":

@@ -116,7 +116,7 @@ class _Bases:
     def running(self, train: TrainConfig, zero: int) -> "_Bases":
         """The options of the model as the runtime runs a candidate with this ZeRO stage: under autocast
         (planner.plan.executable.runs_autocast; OpGraph.as_run) or as captured."""
-        how = "autocast" if runs_autocast(train.dtype, zero, train.autocast) else "as-captured"
+        how = "autocast" if runs_autocast(train.dtype, zero, train.autocast, train.master_weights) else "as-captured"
         key = ("run", how)
         if key not in self._others:  # (as_run copies the whole graph: once per search, not per candidate)
             graph = self.graph.as_run(how)
@@ -218,9 +218,18 @@ def counted_full_recompute(opts, space: SearchSpace) -> tuple[np.ndarray, int] |
     return np.array([o.recompute == "full" for o in opts], dtype=bool), space.full_recompute_layers
 
 
+def pinned_layers(space: SearchSpace, pp: int) -> np.ndarray | None:
+    """The stage program's pinned split (planner.solve.milp, n_s): SearchSpace.stage_layers, for its pp."""
+    if space.stage_layers is None:
+        return None
+    assert len(space.stage_layers) == pp, (space.stage_layers, pp)  # SearchSpace fixed pp to its length
+    return np.array(space.stage_layers)
+
+
 def model_state_bytes(train: TrainConfig, zero: int):
     """Model-state bytes per parameter (costmodel.price.memory) as the runtime holds them at this ZeRO stage."""
-    return state_bytes(train.dtype, train.optimizer, runs_autocast(train.dtype, zero, train.autocast))
+    return state_bytes(train.dtype, train.optimizer, runs_autocast(train.dtype, zero, train.autocast, train.master_weights),
+                       train.master_weights)
 
 
 def _prune(space: SearchSpace) -> bool:
@@ -249,6 +258,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     # (a pipeline stage syncs its ZeRO gradients once per step: options.py)
     bcast = zero1_broadcast(space)
     key = ("variants", tp, sp, zero, dp, b, space.recompute, space.offload, ddp, train.dtype, train.optimizer,
+           train.master_weights,
            cp, ep, pp > 1, space.keep_gathered, _prune(space), space.kernels, tp_overlap, bcast)
     layer_variants = lambda bases_, prune: variants(
         bases_, cluster, sb, zero, dp, tp, b, space.recompute, space.offload, ddp_overlap=ddp, cp=cp, ep=ep,
@@ -333,7 +343,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         virtual_stages=v, phases=phases, option_grad=np.array([o.grad for o in opts] or [0.0]),
         grads_absent=grads_absent(m, in_flight, zero, dp, tp),
         must_use=np.array([tp > 1 and o.sharding in SPLIT for o in opts] or [False]),
-        count_use=counted_full_recompute(opts, space),
+        count_use=counted_full_recompute(opts, space), stage_layers=pinned_layers(space, pp),
         option_host_state=np.array([o.host_state for o in opts] or [0.0]),
         option_host_act=np.array([o.host_act for o in opts] or [0.0]),
         host_capacity=cluster.device.host_memory_bytes,
@@ -444,7 +454,7 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
         extra_mem=e["state"] + in_flight * e["act"] + workspace, extra_flush=e["flush"], in_flight=in_flight,
         capacity=np.array([gc.device.usable_memory() for gc in stage_groups]),
         must_use=np.array([tp > 1 and o.sharding in SPLIT for o in opts]),
-        count_use=counted_full_recompute(opts, space),
+        count_use=counted_full_recompute(opts, space), stage_layers=pinned_layers(space, pp),
         option_host_state=mat("host_state"), option_host_act=mat("host_act"),
         host_capacity=np.array([gc.device.host_memory_bytes for gc in stage_groups]),
         option_rank=np.array([o.complexity for o in opts], dtype=float))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.price.fusion import KERNELS
+from partita.costmodel.price.memory import MASTER_WEIGHTS
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.hardware.stacks import STACKS, get_stack
 from partita.planner.enumerate.options import RECOMPUTE
@@ -60,6 +61,13 @@ class TrainConfig:
     dtype: str = BY_DEVICE
     """"bf16" (bf16 parameters and activations, fp32 master weights) or "fp32". Not given: by the
     cluster's device kind when planned through planner.api (fp32 on CPU, bf16 on accelerators; `BY_DEVICE`)."""
+    master_weights: str = "fp32"
+    """Where a bf16 model's optimizer keeps its weights: "fp32" (a master copy; with Adam 2 + 2 + 12 bytes of
+    state per parameter, ZeRO's mixed precision) or "none" (pure bf16: bf16 parameters, gradients and Adam
+    moments, 2 + 2 + 2 + 2 = 8 bytes, as nanotron, some Megatron-LM configurations and torchtitan on a bf16
+    model run; costmodel.price.memory). A field beside `dtype`, not a third dtype: the compute dtype is bf16
+    either way (every reader of `dtype` -- peaks, captures, exporters -- stays right), and what changes is
+    the optimizer's state. "none" needs dtype "bf16" (given, or by device: it then chooses bf16 on CPUs too)."""
     optimizer: str = "adam"
     schedule: str = "auto"
     """Pipeline schedule: "auto" (the planner picks 1F1B or interleaved 1F1B) or a name of
@@ -81,6 +89,12 @@ class TrainConfig:
         if self.dtype not in ("bf16", "fp32"):
             raise PartitaError(f"dtype {self.dtype!r} not supported; accepted: bf16, fp32 (fp16 would need loss "
                                "scaling, which the runtime does not do)")
+        if self.master_weights not in MASTER_WEIGHTS:
+            raise PartitaError(f"master weights {self.master_weights!r} not supported; accepted: "
+                               f"{', '.join(MASTER_WEIGHTS)} (none: pure bf16, no fp32 copy)")
+        if self.master_weights == "none" and self.dtype != "bf16":
+            raise PartitaError(f"master weights none (pure bf16) needs dtype bf16, got {self.dtype}: "
+                               "fp32 parameters are their own master weights")
         if self.schedule not in SCHEDULE_CHOICES:
             raise PartitaError(f"schedule {self.schedule!r} not supported; accepted: {', '.join(SCHEDULE_CHOICES)}")
 
@@ -143,6 +157,12 @@ class SearchSpace:
     """Model chunks per device: 1 is no interleaving, v > 1 interleaved 1F1B with v chunks (so a set
     without 1 implies TrainConfig.schedule "Interleaved1F1B", and pp > 1); None: 1 and VIRTUAL_STAGES as
     the schedule allows."""
+    stage_layers: tuple[int, ...] | None = None
+    """The repeated layers each pipeline stage holds, first stage first (a pinned split: Megatron-LM's
+    --decoder-first-pipeline-num-layers, torchtitan's pipeline split points), summing to the model's layers;
+    the prefix (embeddings) stays on the first stage and the suffix (norm, head) on the last. It fixes pp to
+    its length and one model chunk per device (virtual_stages 1); the stage program prices exactly these
+    counts (planner.solve.milp: sum_o h[s, o] = n_s), its other choices still searched. None: searched."""
     min_pp: bool = False
     """Keep only the smallest pipeline depth that fits (Megatron practice: as few stages as memory allows)."""
     keep_gathered: bool = True
@@ -181,6 +201,8 @@ class SearchSpace:
             if values is not None and (not values or not all(_is_int(x) and x >= 1 for x in values)):
                 got = values[0] if len(values) == 1 else values
                 raise PartitaError(f"{name.replace('_', '-')} must be a positive integer, got {got!r}")
+        if self.stage_layers is not None:
+            self._pin_stages()
         if not self.zero or not all(_is_int(z) and z in ZERO_STAGES for z in self.zero):
             raise PartitaError(f"zero must be ZeRO stages among {ZERO_STAGES}, got {self.zero!r}")
         if not self.recompute or not all(r in RECOMPUTE for r in self.recompute):
@@ -215,6 +237,24 @@ class SearchSpace:
                 raise PartitaError(f"{name.replace('_', '-')}=on: the {stack.name} stack does not {what} "
                                    f"(costmodel.hardware.stacks); stacks that do: {', '.join(able)} (--stack)")
 
+    def _pin_stages(self) -> None:
+        """Check `stage_layers` against itself and pp/virtual_stages, then fix those to it (its docstring)."""
+        n = _as_tuple(self.stage_layers)
+        if not n or not all(_is_int(x) and x >= 0 for x in n):
+            raise PartitaError(f"stage-layers must be whole numbers of layers per stage, got {self.stage_layers!r}")
+        if 0 in n:
+            raise PartitaError(f"stage-layers {','.join(map(str, n))}: stage {n.index(0)} holds no layer; every "
+                               "pipeline stage needs at least one (use fewer stages)")
+        if self.pp is not None and self.pp != (len(n),):
+            raise PartitaError(f"stage-layers {','.join(map(str, n))} gives {len(n)} pipeline stages but pp="
+                               f"{'|'.join(map(str, self.pp))}: give one count per stage (or leave pp out)")
+        if self.virtual_stages is not None and self.virtual_stages != (1,):
+            raise PartitaError(f"stage-layers pins one model chunk per pipeline stage, but virtual stages="
+                               f"{'|'.join(map(str, self.virtual_stages))}: leave virtual stages out (or 1)")
+        object.__setattr__(self, "stage_layers", n)
+        object.__setattr__(self, "pp", (len(n),))
+        object.__setattr__(self, "virtual_stages", (1,))
+
     def fixed(self) -> dict:
         """The choices this space restricts, relative to the full space: {field: values}."""
         full = SearchSpace()
@@ -223,7 +263,8 @@ class SearchSpace:
 
 ZERO_STAGES = (0, 1, 2, 3)
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "full_recompute_layers", "offload", "kernels",
-           "sequence_parallel", "micro_batch", "virtual_stages", "stack", "tp_comm_overlap", "p2p_overlap", "sync")
+           "sequence_parallel", "micro_batch", "virtual_stages", "stack", "tp_comm_overlap", "p2p_overlap", "sync",
+           "stage_layers")
 """The SearchSpace fields a user fixes (planner.api.plan keywords, `partita plan` flags)."""
 
 
@@ -340,7 +381,7 @@ def check_space(cluster: Cluster, train: TrainConfig, space: SearchSpace, *, max
     schedule to price -- before any solving. `max_pp`: the most stages the model splits into; `layers`:
     its repeated layers (0 when it is not a stack of them: no interleaving); `seq`: tokens per sample
     (None: not a sequence model). Whether a configuration fits in memory is the search's to say."""
-    why = _why_nothing(cluster, train, space, max_pp, layers, seq)
+    why = stage_layers_refusal(space.stage_layers, layers) or _why_nothing(cluster, train, space, max_pp, layers, seq)
     if why is None and layers and (space.full_recompute_layers or 0) > layers:
         why = (f"full-recompute-layers={space.full_recompute_layers} but the model has {layers} repeated layers: "
                f"fix at most {layers}")
@@ -351,6 +392,21 @@ def check_space(cluster: Cluster, train: TrainConfig, space: SearchSpace, *, max
         why = f"no mesh of the {cluster.num_devices} devices has {describe_fixed(space) or 'the requested choices'}"
     if why:
         raise PartitaError(why)
+
+
+def stage_layers_refusal(stage_layers: tuple[int, ...] | None, layers: int) -> str | None:
+    """Why a pinned split (SearchSpace.stage_layers) does not fit a model of `layers` repeated layers (0: not
+    a stack of identical layers); None when it does."""
+    if stage_layers is None:
+        return None
+    split = ",".join(map(str, stage_layers))
+    if not layers:
+        return (f"stage-layers {split} counts repeated layers, and the model is not a stack of identical layers: "
+                "leave the split to the planner (--pp N)")
+    if sum(stage_layers) != layers:
+        return (f"stage-layers {split} places {sum(stage_layers)} layers but the model has {layers} repeated "
+                f"layers: the counts must sum to {layers}")
+    return None
 
 
 def no_candidates_reason(cluster: Cluster, train: TrainConfig, space: SearchSpace, kinds: set[str] = frozenset()) -> str:

@@ -217,7 +217,8 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
                                 for g in result.cluster.groups], "stage_groups": c.parts["stage_groups"]}
                     if "stage_groups" in c.parts else {})},
         train={"global_batch": train.global_batch, "seq_len": result.graph.seq_len, "dtype": train.dtype,
-               "optimizer": train.optimizer},
+               "optimizer": train.optimizer,
+               **({"master_weights": train.master_weights} if train.master_weights != "fp32" else {})},
         mesh=Mesh(pp=c.pp, dp=c.dp, cp=c.cp, tp=c.tp, ep=c.ep),
         schedule=Schedule(name=c.schedule, num_microbatches=c.num_microbatches, micro_batch_size=c.micro_batch,
                           virtual_stages=c.virtual_stages),

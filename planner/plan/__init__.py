@@ -10,7 +10,9 @@ Shape (the keys scripts rely on are marked *; see DESIGN.md):
     schema*      "partita.plan/1"
     model        {"name", "fingerprint", "config"}   fingerprint = costmodel.model_fingerprint(module)
     cluster      {"spec", "num_devices", "devices_per_node", "device"}
-    train        {"global_batch", "seq_len", "dtype", "optimizer"}
+    train        {"global_batch", "seq_len", "dtype", "optimizer", "master_weights"}   master_weights "none": pure
+                 bf16 (bf16 parameters, gradients and optimizer state, no fp32 copy); absent: "fp32", a bf16
+                 plan's optimizer on fp32 master weights (plans written before it load unchanged)
     mesh*        {"pp", "dp", "cp", "tp", "ep"}   ranks are laid out pp-major, then dp, then cp, then tp (tp
                  fastest); cp (context parallelism) splits every sequence over cp ranks; ep (expert
                  parallelism) shards each MoE layer's experts over ep consecutive dp ranks (ep divides dp;
@@ -56,6 +58,7 @@ from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Any
 
+from partita.costmodel.price.memory import MASTER_WEIGHTS  # noqa: F401 -- train.master_weights' values, one source
 from partita.planner.plan.errors import PlanError
 from partita.planner.plan.schedules import SCHEDULES, virtual_schedules
 from partita.planner.plan.sections import problems as section_problems
@@ -472,9 +475,14 @@ def _check_train(train: dict) -> dict:
             continue
         if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= most:
             raise PlanError(f"train.{key} must be a whole number from 1 to {most:,}, got {_show(v)}")
-    for key in ("dtype", "optimizer"):
+    for key in ("dtype", "optimizer", "master_weights"):
         if train.get(key) is not None and not isinstance(train[key], str):
             raise PlanError(f"train.{key} must be a name (a string), got {_show(train[key])}")
+    master = train.get("master_weights", "fp32")
+    if master not in MASTER_WEIGHTS:
+        raise PlanError(f"train.master_weights must be one of {', '.join(MASTER_WEIGHTS)}, got {_show(master)}")
+    if master == "none" and train.get("dtype") != "bf16":
+        raise PlanError(f"train.master_weights none (pure bf16) needs train.dtype bf16, got {_show(train.get('dtype'))}")
     return train
 
 
@@ -542,5 +550,6 @@ def fixed_text(fixed: dict) -> str:
     """Fixed choices {field: value or values} (SearchSpace.fixed, or a plan's solver.fixed with lists) as
     the flags that fix them: "tp=2, recompute=none|full, offload=off"."""
     show = lambda v: "on" if v is True else "off" if v is False else str(v)
-    return ", ".join(f"{name.replace('_', '-')}={'|'.join(map(show, v)) if isinstance(v, (tuple, list)) else show(v)}"
+    sep = lambda name: "," if name == "stage_layers" else "|"  # one count per stage, not alternatives
+    return ", ".join(f"{name.replace('_', '-')}={sep(name).join(map(show, v)) if isinstance(v, (tuple, list)) else show(v)}"
                      for name, v in fixed.items())

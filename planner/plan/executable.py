@@ -13,7 +13,8 @@ runtime (costmodel <- planner <- runtime), so this module lives here and the run
   receives before the next compute; plans that overlap them (Megatron-Core's --tp-comm-overlap and
   --overlap-p2p-communication, torch's async TP) are priced, exported, and refused by `partita run`.
 - Precision (`runs_autocast`): a bf16 plan computes under torch.autocast over fp32 parameters unless FSDP
-  (ZeRO-2/3) holds the parameters, whose MixedPrecisionPolicy gathers them in bf16 (runtime/parallel/precision.py).
+  (ZeRO-2/3) holds the parameters, whose MixedPrecisionPolicy gathers them in bf16 (runtime/parallel/precision.py);
+  a pure-bf16 plan (train.master_weights "none") runs a bf16 model with its optimizer on the bf16 parameters.
 - Activation offload (`offload_refusal`): never under full recompute; in a compiled layer only where
   nothing is recomputed.
 - Pipelines (`pipeline_refusal`): a pipeline's first stage is fed the batch's token ids and its last stage
@@ -65,10 +66,11 @@ def zero_refusal(zero: int, tp: int = 1, cp: int = 1, ep: int = 1) -> str | None
 
 
 
-def runs_autocast(dtype: str, zero: int, autocast: bool = True) -> bool:
+def runs_autocast(dtype: str, zero: int, autocast: bool = True, master_weights: str = "fp32") -> bool:
     """Whether the runtime trains a plan of this dtype and ZeRO stage under torch.autocast over fp32
-    parameters (module docstring); `autocast` False prices a bf16 model instead (TrainConfig.autocast)."""
-    return dtype == "bf16" and autocast and zero < 2
+    parameters (module docstring); `autocast` False prices a bf16 model instead (TrainConfig.autocast), as
+    does a pure-bf16 plan (`master_weights` "none": the runtime builds the model in bf16)."""
+    return dtype == "bf16" and autocast and zero < 2 and master_weights != "none"
 
 
 PIPELINE_KINDS = ("lm", "hf-causal", "hf-mlm")

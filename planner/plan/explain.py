@@ -80,7 +80,7 @@ def _header(plan) -> Text:
         one_line(f"partita plan  {model.get('name', '?')}" + (f" ({_count(params)} parameters)" if params else "")
                  + f" on {plan.cluster.get('spec') or plan.cluster.get('num_devices')} ({_devices(plan.cluster)})", 1000),
         f"  train        global batch {t['global_batch']}"
-        + (f", seq {t['seq_len']}" if t.get("seq_len") else " samples") + f", {t.get('dtype')}, {t.get('optimizer')}",
+        + (f", seq {t['seq_len']}" if t.get("seq_len") else " samples") + f", {_precision(t)}, {t.get('optimizer')}",
         (f"  mesh         pp={mesh.pp} x dp={mesh.dp} x tp={mesh.tp}  ({mesh.world_size} ranks; tp fastest, then dp, "
          f"then pp); data parallel with {zero}" if mesh.cp == 1 else
          f"  mesh         pp={mesh.pp} x dp={mesh.dp} x cp={mesh.cp} x tp={mesh.tp}  ({mesh.world_size} ranks; tp "
@@ -93,6 +93,13 @@ def _header(plan) -> Text:
         *([f"  overlap      {'; '.join(overlaps)}"] if overlaps else []),
     ]
     return Text("\n".join(lines))
+
+
+def _precision(train: dict) -> str:
+    """'fp32', 'bf16' (on fp32 master weights) or 'pure bf16 (no fp32 master weights)'."""
+    if train.get("master_weights") == "none":
+        return f"pure {train.get('dtype')} (no fp32 master weights)"
+    return str(train.get("dtype"))
 
 
 def _devices(cluster: dict) -> str:

@@ -25,6 +25,7 @@ and the program (all linear; HiGHS solves it, planner.solve.stage_matrix writes 
                sum_s sum_{o in R} h[s,o] >= 1
                sum_s sum_{o in N} h[s,o] = n
                sum_o h[s,o] (V_o + k_s U_o) <= H         for all s
+               sum_o h[s,o] = n_s                        for all s       (optional: a pinned split)
 
 E_s, M_s, F_s are the prefix/suffix costs on the first/last stage (plus each stage's transient
 workspace in M_s), P_s the point-to-point send of a stage boundary, k_s the micro-batches stage s keeps
@@ -35,7 +36,9 @@ per device). R is the set of
 tensor-parallel options on a mesh with tp > 1 (empty otherwise): a mesh whose tp ranks split no layer
 would only duplicate work, which a smaller tp with more data parallelism does strictly better. N and n
 (optional) fix how many layers take the options in N: the layers with full recompute when a user fixes
-their number (SearchSpace.full_recompute_layers, Megatron-LM's --recompute-num-layers). The objective is the 1F1B
+their number (SearchSpace.full_recompute_layers, Megatron-LM's --recompute-num-layers). n_s (optional) pins
+the layers of each stage (SearchSpace.stage_layers, Megatron-LM's --decoder-first-pipeline-num-layers): the
+options within each stage are still chosen. The objective is the 1F1B
 critical path: the slowest stage paces the m - 1 steady-state micro-batches and every stage's own time
 is paid once in fill and drain, so the bubble is sum_s tau_s - t_max; the gradient all-reduce and
 optimizer step follow the pipeline flush (not overlapped, as in Megatron-LM's pipeline schedule).
@@ -122,6 +125,7 @@ class StageProblem:
     virtual_stages: int = 1        # v (interleaved 1F1B); 1 for 1F1B and GPipe
     must_use: np.ndarray | None = None   # R, a boolean mask over options
     count_use: tuple[np.ndarray, int] | None = None   # (N, n): exactly n layers take an option in N
+    stage_layers: np.ndarray | None = None   # n_s: stage s holds exactly n_s layers (a pinned split)
     option_host_state: np.ndarray | None = None   # V_o, bytes
     option_host_act: np.ndarray | None = None     # U_o, bytes per micro-batch
     host_capacity: float = float("inf")           # H
@@ -148,7 +152,7 @@ class StageProblem:
             extra_flush=self.extra_flush / t, in_flight=self.in_flight, capacity=self.capacity / m,
             time_limit_s=self.time_limit_s, mip_rel_gap=self.mip_rel_gap, node_limit=self.node_limit,
             must_use=self.must_use,
-            count_use=self.count_use,
+            count_use=self.count_use, stage_layers=self.stage_layers,
             option_host_state=None if self.option_host_state is None else self.option_host_state / hm,
             option_host_act=None if self.option_host_act is None else self.option_host_act / hm,
             host_capacity=self.host_capacity / hm, option_rank=self.option_rank,
@@ -379,7 +383,8 @@ def cannot_fit(prob: StageProblem) -> bool:
             by_phase = np.where(least > 0, np.floor(room / np.where(least > 0, least, 1.0) + 1e-9),
                                 np.where(room >= 0, np.inf, -1.0))
         most = np.minimum(most, by_phase)
-    return bool((most < prob.virtual_stages).any() or most.sum() < prob.num_layers)
+    least_held = prob.virtual_stages if prob.stage_layers is None else np.asarray(prob.stage_layers)
+    return bool((most < least_held).any() or most.sum() < prob.num_layers)
 
 
 def evaluate(prob: StageProblem, counts: np.ndarray) -> float:
@@ -417,6 +422,8 @@ def assignment_errors(prob: StageProblem, counts: np.ndarray) -> list[str]:
     short = np.flatnonzero(counts.sum(axis=1) < prob.virtual_stages) if prob.num_layers else []
     if len(short):
         errors.append(f"stage(s) {', '.join(map(str, short))} hold fewer than {prob.virtual_stages} layer(s)")
+    if prob.stage_layers is not None and not np.array_equal(counts.sum(axis=1), prob.stage_layers):
+        errors.append(f"stages hold {counts.sum(axis=1).tolist()} layers, not the pinned {list(prob.stage_layers)}")
     return errors + counted_use_errors(prob.count_use, counts)
 
 

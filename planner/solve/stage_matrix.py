@@ -153,6 +153,9 @@ def stage_matrix(prob, memory_bound: bool = False, step_bound: float | None = No
         rows.add(list(h[s]) + [d_max], list(D[s]) + [-1.0], -inf, -float(prob.extra_flush[s]))
     if prob.must_use is not None and prob.must_use.any():
         rows.add(h[:, np.flatnonzero(prob.must_use)], np.ones((p, int(prob.must_use.sum()))), 1.0, inf)
+    if prob.stage_layers is not None:  # a pinned split: stage s holds exactly n_s layers
+        for s in range(p):
+            rows.add(h[s], np.ones(n), float(prob.stage_layers[s]), float(prob.stage_layers[s]))
     if prob.count_use is not None:
         mask, count = prob.count_use
         cols = h[:, np.flatnonzero(mask)]

@@ -20,7 +20,7 @@ from partita.runtime.parallel.fsdp import sharded
 from partita.runtime.parallel.pp import check_schedule
 from partita.runtime.loop.recipe import OPTIMIZERS
 from partita.runtime.parallel.layers import is_norm
-from partita.runtime.parallel.precision import describe, train_dtype
+from partita.runtime.parallel.precision import describe, is_pure, train_dtype
 
 
 def build_meta(spec: ModelSpec) -> nn.Module:
@@ -53,7 +53,7 @@ def preflight(plan: Plan, spec: ModelSpec, world_size: int) -> list[str]:
     check_blocks(plan, modules, spec.name)
     optimizer_name(plan)
     fsdp, dtype = sharded(plan), train_dtype(plan)
-    return notes + ([] if dtype == torch.float32 else [describe(dtype, fsdp)])
+    return notes + ([] if dtype == torch.float32 else [describe(dtype, fsdp, is_pure(plan))])
 
 
 def check_model(plan: Plan, spec: ModelSpec, model: nn.Module) -> list[str]:

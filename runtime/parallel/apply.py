@@ -47,7 +47,7 @@ from partita.runtime.data import split_batch
 from partita.runtime.parallel.fsdp import apply_fsdp, sharded
 from partita.runtime.loop.memory import local
 from partita.runtime.launcher.mesh import Topology
-from partita.runtime.parallel.precision import autocast_forward, describe, train_dtype
+from partita.runtime.parallel.precision import autocast_forward, describe, is_pure, to_pure, train_dtype
 from partita.runtime.loop.recipe import LossFn, lm_loss, loss_for, make_optimizer
 from partita.runtime.loop.recipe import is_dtensor
 
@@ -144,6 +144,9 @@ def parallelize(module: nn.Module, plan: Plan, topo: Topology, stage: int | None
     """Apply the plan to `module` (the model, or pipeline stage `stage`) in place, as the module docstring
     says. With FSDP (`Applied.fsdp_units` > 0) FSDP also reduces the gradients over dp."""
     blocks = blocks_in(module, plan, stage)
+    pure = is_pure(plan)
+    if pure:  # before any parallelism: DTensor and FSDP shards are then bf16, and so is the optimizer's state
+        to_pure(module, stage=stage is not None)
     compiled = apply_block_choices(module, blocks, compiled=plan.kernels == "compiled")
     done = Applied(recompute={f: b.recompute for f, b in blocks.items() if b.recompute != "none"},
                    offload_activations=[f for f, b in blocks.items() if b.offload_activations], compiled=compiled)
@@ -154,12 +157,12 @@ def parallelize(module: nn.Module, plan: Plan, topo: Topology, stage: int | None
     dtype = train_dtype(plan)
     if sharded(plan):
         done.fsdp_units = apply_fsdp(module, blocks, plan.zero_stage, context_parallel.replica_mesh(topo), dtype,
-                                     stage_root=stage is not None)
+                                     stage_root=stage is not None, pure=pure)
         done.reshard_after_forward = plan.zero_stage == 3
         done.offload_states = [f for f, b in blocks.items() if b.offload_states]
-    else:
+    elif not pure:
         autocast_forward(module, dtype, topo.device)
-    done.precision = describe(dtype, done.fsdp_units > 0)
+    done.precision = describe(dtype, done.fsdp_units > 0, pure)
     done.local_params = sum(local(p).numel() for p in module.parameters())
     return done
 

@@ -166,7 +166,7 @@ def apply(module: nn.Module, plan: Plan, topo) -> int:
     plan each experts module is then its own FSDP2 unit over the replica ranks, whose reduce-scatter sums the
     expert gradients over them and divides by dp (module docstring), and which the dp units around it skip."""
     from partita.runtime.parallel.fsdp import sharded
-    from partita.runtime.parallel.precision import fsdp_policy, train_dtype
+    from partita.runtime.parallel.precision import fsdp_policy, is_pure, train_dtype
     n = shard_experts(module, plan.mesh, topo.rank, topo.device.type)
     if not n or not sharded(plan):
         return n
@@ -174,7 +174,7 @@ def apply(module: nn.Module, plan: Plan, topo) -> int:
     g = expert_groups(plan.mesh, topo.rank, topo.device.type)
     for mod in experts_modules(module).values():
         fully_shard(mod, mesh=g.replica_mesh, reshard_after_forward=plan.zero_stage == 3,
-                    mp_policy=fsdp_policy(train_dtype(plan)))
+                    mp_policy=fsdp_policy(train_dtype(plan), pure=is_pure(plan)))
         mod.set_gradient_divide_factor(float(g.dp))
         for p in mod.parameters():
             setattr(p, EP_ATTR, g)  # FSDP's sharded parameters are new tensors

@@ -29,8 +29,9 @@ def sharded(plan: Plan) -> bool:
 
 
 def apply_fsdp(module: nn.Module, blocks: dict[str, BlockChoice], zero_stage: int, dp_mesh: DeviceMesh,
-               dtype: torch.dtype, stage_root: bool = False) -> int:
-    """Shard `module` in place; `blocks` maps FQNs within it to their choices. Returns the number of units."""
+               dtype: torch.dtype, stage_root: bool = False, pure: bool = False) -> int:
+    """Shard `module` in place; `blocks` maps FQNs within it to their choices; `pure`: a pure-bf16 model
+    (runtime.parallel.precision). Returns the number of units."""
     from torch.distributed.fsdp import fully_shard  # imports DTensor: only plans that shard load it
     assert zero_stage in (2, 3), zero_stage
     reshard = zero_stage == 3
@@ -39,8 +40,8 @@ def apply_fsdp(module: nn.Module, blocks: dict[str, BlockChoice], zero_stage: in
         own = blocks[fqn].zero_stage  # a block's own stage: 2 keeps its parameters gathered after forward
         fully_shard(module.get_submodule(fqn), mesh=dp_mesh,
                     reshard_after_forward=reshard if own is None else own == 3,
-                    mp_policy=fsdp_policy(dtype), offload_policy=state_policy(blocks[fqn].offload_states))
+                    mp_policy=fsdp_policy(dtype, pure=pure), offload_policy=state_policy(blocks[fqn].offload_states))
     root = blocks.get("")
-    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=fsdp_policy(dtype, stage_root),
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=fsdp_policy(dtype, stage_root, pure),
                 offload_policy=state_policy(root is not None and root.offload_states))
     return len(order) + 1

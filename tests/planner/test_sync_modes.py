@@ -26,21 +26,13 @@ from partita.planner.plan.sync import SYNC_MODES, Sync, SyncMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from test_plans_match_single_process import make_plan  # noqa: E402
+from test_plan_files import one_line_error  # noqa: E402  (tests/planner, beside this file)
 
 
 @pytest.fixture(scope="module")
 def old_plan() -> dict:
     """A plan dict of the shape written before the sync section existed (dp=2, tiny-gpt)."""
     return make_plan(dp=2)
-
-
-def _one_line(argv, capsys) -> str:
-    assert cli.main(argv) == 2, argv
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("partita: error: "), captured.err
-    assert "Traceback" not in captured.err + captured.out
-    return lines[0]
 
 
 def test_a_plan_without_the_section_loads_as_synchronous_and_round_trips(old_plan, tmp_path):
@@ -94,7 +86,7 @@ def test_a_bad_section_is_one_line_in_every_command(old_plan, tmp_path, capsys, 
     p = str(path)
     for argv in (["explain", p], ["compare", p, p], ["export", p, "--to", "megatron"],
                  ["run", p, "--model", "tiny-gpt", "--steps", "1"]):
-        assert needle in _one_line(argv, capsys)
+        assert needle in one_line_error(argv, capsys)
 
 
 @pytest.mark.parametrize("mode", ["diloco", "", 5, None, ("synchronous",)])
@@ -106,8 +98,8 @@ def test_search_space_accepts_only_registered_modes(mode):
     assert str(refused.value) == f"sync is {mode!r}; accepted: synchronous"
 
 
-def test_the_cli_flag_refuses_an_unknown_mode_in_one_line(tmp_path, capsys):
-    line = _one_line(["plan", "--model", "tiny-gpt", "--cluster", "2xcpu", "--global-batch", "4", "--sync", "diloco",
+def test_the_cli_flag_refuses_an_unknown_mode_inone_line_error(tmp_path, capsys):
+    line = one_line_error(["plan", "--model", "tiny-gpt", "--cluster", "2xcpu", "--global-batch", "4", "--sync", "diloco",
                       "--out", str(tmp_path / "p.json")], capsys)
     assert line == "partita: error: sync is 'diloco'; accepted: synchronous"
     assert not (tmp_path / "p.json").exists()

@@ -29,8 +29,8 @@ and the program (all linear; HiGHS solves it, planner.solve.stage_matrix writes 
 
 E_s, M_s, F_s are the prefix/suffix costs on the first/last stage (plus each stage's transient
 workspace in M_s), P_s the point-to-point send of a stage boundary, k_s the micro-batches stage s keeps
-in flight (1F1B: min(p - s, m); GPipe: m; interleaved: the 1F1B figure times 1 + (p - 1) / (p m),
-Korthikanti et al. 2022), C the usable memory of a device; V_o, U_o and H the
+in flight (each schedule's `in_flight` in planner/plan/schedules.py, which also says where each count comes
+from), C the usable memory of a device; V_o, U_o and H the
 same for host memory (offloaded optimizer state, offloaded activations per micro-batch, the host memory
 per device). R is the set of
 tensor-parallel options on a mesh with tp > 1 (empty otherwise): a mesh whose tp ranks split no layer

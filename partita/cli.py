@@ -318,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="partita", description="Plan and run parallel training for PyTorch models.")
     sub = ap.add_subparsers(dest="command", required=True)
 
+    for add in (_add_plan, _add_explain_compare, _add_run, _add_export, _add_calibrate_models):
+        add(sub)
+    return ap
+
+
+def _add_plan(sub) -> None:
     p = sub.add_parser("plan", help="find the fastest plan that fits", formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  partita plan --model gpt3-175b --cluster 128x8xA100-80GB --global-batch 1536 --seq 2048\n"
                               "  partita plan --model tiny-gpt --cluster 4xcpu --global-batch 8 --out plan.json\n"
@@ -361,6 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="also write the plan to this file")
     p.set_defaults(func=_cmd_plan)
 
+
+def _add_explain_compare(sub) -> None:
     e = sub.add_parser("explain", help="print the report of a saved plan", epilog="example: partita explain plan.json")
     e.add_argument("plan")
     e.set_defaults(func=_cmd_explain)
@@ -371,6 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("b")
     cp.set_defaults(func=_cmd_compare)
 
+
+def _add_run(sub) -> None:
     r = sub.add_parser("run", help="train with a plan on local processes or several nodes (torchrun)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  partita run plan.json --model tiny-gpt --steps 3 --verify\n"
@@ -389,6 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "numbers the nodes as they join, so it does not change which ranks a node runs")
     r.set_defaults(func=_cmd_run)
 
+
+def _add_export(sub) -> None:
     from partita.export import FORMATS
     x = sub.add_parser("export", help="translate a plan into a SLURM batch script, Megatron-LM arguments or a "
                        "torchtitan config", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -418,6 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(default: python from the job's PATH; $PYTHON overrides either at submission)")
     x.set_defaults(func=_cmd_export)
 
+
+def _add_calibrate_models(sub) -> None:
     c = sub.add_parser("calibrate", help="measure this machine's devices and links into a resource list",
                        epilog="example: partita calibrate --out cluster.json && "
                               "partita plan --model tiny-gpt --cluster cluster.json --global-batch 8")
@@ -431,9 +445,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("models", help="list the built-in model presets")
     m.set_defaults(func=_cmd_models)
-    return ap
-
-
 
 
 def main(argv: list[str] | None = None) -> int:

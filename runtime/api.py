@@ -541,6 +541,47 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from partita.runtime.launcher import rendezvous
+    try:
+        argv = _torchrun_flags(nproc, nnodes, rdzv_endpoint, rdzv_id, max_restarts, rdzv_timeout)
+    except PartitaError as e:
+        stderr_line(f"partita: error: {e}")
+        return 2
+    log_dir = os.environ.get(LOG_DIR_ENV) or tempfile.mkdtemp(prefix=LOG_DIR_PREFIX)  # runtime.launcher.child makes it
+    rendezvous.FATAL = lambda line: _abandon(line, log_dir)
+    rendezvous.ON_LOST = lambda line: _abandon(_lost_line(line, log_dir), log_dir)
+    os.environ[PROGRESS_ENV] = str(Path(log_dir) / PROGRESS_FILE)
+    argv += [f"--log-dir={log_dir}", "-m", "partita.runtime.train", *worker_argv]
+    started = time.time()
+    with _quiet_torchrun_logs(log_dir, nnodes) as quiet:
+        try:
+            with _stop_signals(), watch_failures(quiet), _watch_exit_barrier(nnodes):
+                torchrun.run(torchrun.parse_args(argv))
+            return _after_attempts(log_dir, nnodes)
+        except ChildFailedError as e:
+            return _after_failed_children(e, log_dir, nnodes, losses_out, started)
+        except (SignalException, KeyboardInterrupt) as e:
+            failures = _attempt_failures(log_dir)
+            if failures:  # the workers stopped at a step boundary and said where
+                return _report(first_failure(failures))
+            return _unreported_stop(int(getattr(e, "sigval", signal.SIGINT)), log_dir)
+        except Exception as e:  # the agent itself: rendezvous timeout, unreachable endpoint
+            if rendezvous.WATCH is not None:  # after the rendezvous: the store went away with the node hosting it
+                return _store_lost(log_dir, rendezvous.WATCH)
+            line = rendezvous.failure_line(e) or f"torchrun: {type(e).__name__}: {e}".strip().splitlines()[0]
+            stderr_line(f"partita: error: {line}")
+            return 1
+        finally:
+            if rendezvous.WATCH is not None:
+                rendezvous.WATCH.stop()
+            shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _torchrun_flags(nproc: int, nnodes: int, rdzv_endpoint: str | None, rdzv_id: str | None, max_restarts: int,
+                    rdzv_timeout: float | None) -> list[str]:
+    """torchrun's flags for this node (one node: --standalone; several: c10d rendezvous registered with
+    runtime.launcher.rendezvous), and the environment the workers inherit. PartitaError: an endpoint that
+    cannot be used (one line)."""
+    from partita.runtime.launcher import rendezvous
     from partita.runtime.train import AGENT_ENV
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # a fresh rendezvous store per attempt (runtime.launcher.mesh._store; pytorch#135712); needed across nodes
@@ -549,66 +590,54 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     configure_allocator()  # the workers inherit it (runtime.loop.allocator)
     argv = [f"--nnodes={nnodes}", f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}"]
     rendezvous.WATCH = None  # started by this agent's first rendezvous (several nodes)
-    if rdzv_endpoint:
-        timeout = rdzv_timeout or rendezvous.DEFAULT_TIMEOUT
-        try:
-            rendezvous.check_endpoint(rdzv_endpoint)
-        except PartitaError as e:
-            stderr_line(f"partita: error: {e}")
-            return 2
-        argv += [*rendezvous.register(rdzv_endpoint, timeout), f"--rdzv-id={rdzv_id or 'partita'}"]
-    else:
-        argv.append("--standalone")
-    log_dir = os.environ.get(LOG_DIR_ENV) or tempfile.mkdtemp(prefix=LOG_DIR_PREFIX)  # runtime.launcher.child makes it
-    rendezvous.FATAL = lambda line: _abandon(line, log_dir)
-    rendezvous.ON_LOST = lambda line: _abandon(_lost_line(line, log_dir), log_dir)
-    os.environ[PROGRESS_ENV] = str(Path(log_dir) / PROGRESS_FILE)
-    argv += [f"--log-dir={log_dir}", "-m", "partita.runtime.train", *worker_argv]
+    if not rdzv_endpoint:
+        return argv + ["--standalone"]
+    rendezvous.check_endpoint(rdzv_endpoint)
+    timeout = rdzv_timeout or rendezvous.DEFAULT_TIMEOUT
+    return argv + [*rendezvous.register(rdzv_endpoint, timeout), f"--rdzv-id={rdzv_id or 'partita'}"]
+
+
+@contextlib.contextmanager
+def _quiet_torchrun_logs(log_dir: str, nnodes: int):
+    """torchrun's log records filtered by `_AgentLog` (what partita says in its own lines is not repeated), the
+    restart notice (an INFO record) let through; everything as it was afterwards. Yields the filter."""
     quiet = _AgentLog(log_dir, nnodes)
     handlers = [h for name in ("torch.distributed", "torch", "") for h in logging.getLogger(name).handlers]
     for h in handlers:
         h.addFilter(quiet)
     restarts_log = logging.getLogger("torch.distributed.elastic.agent.server.api")
     level = restarts_log.level
-    restarts_log.setLevel(logging.INFO)  # the restart notice is an INFO record
-    started = time.time()
+    restarts_log.setLevel(logging.INFO)
     try:
-        with _stop_signals(), watch_failures(quiet), _watch_exit_barrier(nnodes):
-            torchrun.run(torchrun.parse_args(argv))
-        failures = _attempt_failures(log_dir)  # workers that ended the job on purpose (exit 0, code in the file)
-        if not failures:
-            return 0
-        first = first_failure(failures)
-        if lost := _lost_instead(first, log_dir, nnodes):
-            stderr_line(f"partita: error: {lost}")
-            return 1
-        return _report(first)
-    except ChildFailedError as e:
-        first = first_failure([read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file) else None,
-                                            f.timestamp) for rank, f in e.failures.items()])
-        if lost := _lost_instead(first, log_dir, nnodes):
-            stderr_line(f"partita: error: {lost}")
-            return 1
-        _name_the_cause(losses_out, first, started)
-        return _report(first)
-    except (SignalException, KeyboardInterrupt) as e:
-        failures = _attempt_failures(log_dir)
-        if failures:  # the workers stopped at a step boundary and said where
-            return _report(first_failure(failures))
-        return _unreported_stop(int(getattr(e, "sigval", signal.SIGINT)), log_dir)
-    except Exception as e:  # the agent itself: rendezvous timeout, unreachable endpoint
-        if rendezvous.WATCH is not None:  # after the rendezvous: the store went away with the node hosting it
-            return _store_lost(log_dir, rendezvous.WATCH)
-        line = rendezvous.failure_line(e) or f"torchrun: {type(e).__name__}: {e}".strip().splitlines()[0]
-        stderr_line(f"partita: error: {line}")
-        return 1
+        yield quiet
     finally:
-        if rendezvous.WATCH is not None:
-            rendezvous.WATCH.stop()
         for h in handlers:
             h.removeFilter(quiet)
         restarts_log.setLevel(level)
-        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _after_attempts(log_dir: str, nnodes: int) -> int:
+    """torchrun ended without a failed child: 0, or the code a worker that ended the job on purpose left in its
+    error file (exit 0, code in the file)."""
+    failures = _attempt_failures(log_dir)
+    if not failures:
+        return 0
+    first = first_failure(failures)
+    if lost := _lost_instead(first, log_dir, nnodes):
+        stderr_line(f"partita: error: {lost}")
+        return 1
+    return _report(first)
+
+
+def _after_failed_children(e, log_dir: str, nnodes: int, losses_out: str | None, started: float) -> int:
+    """torchrun gave up on a failed worker (its restarts spent): the first failure, one line."""
+    first = first_failure([read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file) else None,
+                                        f.timestamp) for rank, f in e.failures.items()])
+    if lost := _lost_instead(first, log_dir, nnodes):
+        stderr_line(f"partita: error: {lost}")
+        return 1
+    _name_the_cause(losses_out, first, started)
+    return _report(first)
 
 
 def agent_main(args, argv: list[str]) -> int:

@@ -23,7 +23,7 @@ import re
 import dataclasses
 from dataclasses import dataclass, asdict, fields
 
-from partita.costmodel.errors import PartitaError
+from partita.costmodel.errors import PartitaError, did_you_mean
 
 GB = 1e9
 GiB = 2**30
@@ -392,7 +392,8 @@ def get_device(name: str) -> Device:
     try:
         return DEVICES[name]
     except KeyError:
-        raise PartitaError(f"unknown device {name!r}; presets: {', '.join(DEVICES)}") from None
+        raise PartitaError(f"unknown device {name!r}{did_you_mean(name, DEVICES)}; presets: "
+                           f"{', '.join(DEVICES)}") from None
 
 
 GENERATION_PRESETS = {7: "V100-32GB", 8: "A100-80GB", 9: "H100-80GB"}

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from partita.costmodel.errors import PartitaError
+from partita.costmodel.errors import PartitaError, did_you_mean
 from partita.costmodel.sparse.kjt import adapt, is_kjt
 from partita.costmodel.models.gpt import GPT, GPTConfig
 
@@ -104,7 +104,8 @@ def _parse_family(spec: str) -> ModelSpec:
         key, eq, value = item.partition("=")
         key = key.strip()
         if not eq or key not in allowed:
-            raise PartitaError(f"bad model parameter {item!r} in {spec!r}: use key=value with keys "
+            near = did_you_mean(key, allowed) if not eq or key not in allowed else ""
+            raise PartitaError(f"bad model parameter {item!r} in {spec!r}{near}: use key=value with keys "
                                f"{', '.join(allowed)} (attention={'|'.join(_CHOICES['attention'])})")
         if key in kwargs:
             raise PartitaError(f"model parameter {key!r} is given twice in {spec!r}")
@@ -247,7 +248,8 @@ def resolve_model(spec: str, *, imports: bool = True) -> ModelSpec:
         if not imports:
             raise PartitaError(f"model {spec!r} is an import path; it is not imported here")
         return _import_factory(spec)
-    raise PartitaError(f"unknown model {spec!r}; presets: {', '.join(sorted(PRESETS))}, "
+    near = did_you_mean(spec, [*PRESETS, *CNN_PRESETS, *dlrm.PRESETS])
+    raise PartitaError(f"unknown model {spec!r}{near}; presets: {', '.join(sorted(PRESETS))}, "
                        f"{', '.join(sorted(CNN_PRESETS))}; or gpt:layers=..,hidden=..,heads=..,seq=..,vocab=.."
                        "[,ffn=..,kv_heads=..,attention=sdpa|math,dropout=..], llama:... (the same keys), "
                        "llama:...,experts=..,top_k=.. (a mixture of experts), "

@@ -37,6 +37,12 @@ def test_plan_report_and_explain_agree(tmp_path, capsys):
 @pytest.mark.parametrize("args,needle", [
     (["plan", "--model", "nope", "--cluster", "8xA100-80GB", "--global-batch", "8"], "unknown model 'nope'; presets:"),
     (["plan", "--model", "tiny-gpt", "--cluster", "8xZ9", "--global-batch", "8"], "unknown device 'Z9'; presets:"),
+    (["plan", "--model", "llama3-8", "--cluster", "8xA100-80GB", "--global-batch", "8"],
+     "unknown model 'llama3-8' (did you mean 'llama3-8b'?); presets:"),
+    (["plan", "--model", "tiny-gpt", "--cluster", "8xh100-80gb", "--global-batch", "8"],
+     "unknown device 'h100-80gb' (did you mean 'H100-80GB'?); presets:"),
+    (["plan", "--model", "gpt:layers=2,hiden=64", "--cluster", "4xcpu", "--global-batch", "8"],
+     "bad model parameter 'hiden=64' in 'gpt:layers=2,hiden=64' (did you mean 'hidden'?)"),
     (["plan", "--model", "tiny-gpt", "--cluster", "eight", "--global-batch", "8"], "malformed cluster 'eight'"),
     (["plan", "--model", "gpt:layers=2,hidden=64", "--cluster", "4xcpu", "--global-batch", "8"], "is missing"),
     (["plan", "--model", "gpt3-175b", "--cluster", "2xA100-80GB", "--global-batch", "8"], "no plan fits"),

@@ -202,6 +202,21 @@ class SyntheticTokens(_Source):
 DTYPES = {"uint16": "<u2", "uint32": "<u4"}
 
 
+def _text_hint(path: str) -> str:
+    """"; it looks like text: ..." when the file's first 4 KiB are printable UTF-8 (a raw token file of ids
+    below 65536 almost always holds bytes below 0x20 that are not whitespace), else ""."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+        text = head.decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
+    if not text or any(ord(c) < 32 and c not in "\t\n\r" for c in text):
+        return ""
+    return ("; it looks like text: --data takes token ids, so tokenize it first (e.g. the model's tokenizer, "
+            "ids saved with numpy.save as a .npy file)")
+
+
 class TokenFile(_Source):
     """A token file read with numpy memmap (module docstring). Raises PartitaError, one line, for a file
     that is missing, empty, too short for one sample, not 1-D integers, or holds ids beyond the vocabulary."""
@@ -218,13 +233,17 @@ class TokenFile(_Source):
         self.window = self.layout.window
         if len(self.tokens) < self.window:
             raise PartitaError(f"token file {self.path} holds {len(self.tokens)} tokens; one sample needs "
-                               f"{self.window}")
+                               f"{self.window}{_text_hint(self.path)}")
         if check_all:
             self._check_range()
         if hash_content:
             self.sha256 = content_digest(self.path)
 
     def _open(self, dtype: str | None) -> np.ndarray:
+        if os.path.isdir(self.path):
+            raise PartitaError(f"--data {self.path} is a directory: give one token file (.npy, or raw "
+                               "little-endian uint16/uint32 token ids) or package.module:factory returning a "
+                               "torch Dataset")
         if not os.path.isfile(self.path):
             raise PartitaError(f"token file {self.path} does not exist")
         try:
@@ -240,7 +259,7 @@ class TokenFile(_Source):
                 size = os.path.getsize(self.path)
                 if size == 0 or size % np_dtype.itemsize:
                     raise PartitaError(f"token file {self.path} has {size} bytes, not a whole number of "
-                                       f"{dtype or 'uint16'} tokens")
+                                       f"{dtype or 'uint16'} tokens{_text_hint(self.path)}")
                 arr = np.memmap(self.path, dtype=np_dtype, mode="r")
         except PartitaError:
             raise
@@ -258,7 +277,8 @@ class TokenFile(_Source):
             lo, hi = min(lo, int(part.min())), max(hi, int(part.max()))
         if lo < 0 or hi >= self.layout.vocab:
             raise PartitaError(f"token file {self.path} holds token id {hi if hi >= self.layout.vocab else lo}, "
-                               f"outside model {self.spec.name!r}'s vocabulary of {self.layout.vocab}")
+                               f"outside model {self.spec.name!r}'s vocabulary of {self.layout.vocab}"
+                               f"{_text_hint(self.path)}")
 
     def starts(self, step: int) -> np.ndarray:
         """Start offsets of the global batch's windows at `step`: a function of (seed, step, global batch)."""

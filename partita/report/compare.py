@@ -56,10 +56,29 @@ def comparison(a, b, name_a: str = "a", name_b: str = "b") -> Group:
             va, vb = ba.get(key, 0.0), bb.get(key, 0.0)
             if max(abs(va), abs(vb)) > 1e-9 * max(a.predicted["step_time_s"], b.predicted["step_time_s"]):
                 t.add_row(Text(key[:-2].replace("_", " ")), f"{va:.4g}", f"{vb:.4g}", f"{vb - va:+.4g}")
-        ra, rb = a.predicted["step_time_s"], b.predicted["step_time_s"]
-        faster = name_a if ra < rb else name_b
-        parts += [Text(""), t, Text(f"\n{faster} is predicted {max(ra, rb) / min(ra, rb):.2f}x faster")]
+        parts += [Text(""), t, Text("\n" + verdict(a, b, name_a, name_b))]
     return Group(*parts)
+
+
+def _job(plan) -> dict[str, object]:
+    """What one step of a plan trains: the same job in two plans makes their step times comparable."""
+    model = plan.model or {}
+    return {"model": model.get("fingerprint") or model.get("name"), "global batch": plan.train.get("global_batch"),
+            "sequence length": plan.train.get("seq_len")}
+
+
+def verdict(a, b, name_a: str = "a", name_b: str = "b") -> str:
+    """Which plan is predicted faster, when a step of one trains what a step of the other does (the same
+    model, global batch and sequence length); otherwise what differs, and no ratio."""
+    ja, jb = _job(a), _job(b)
+    differ = [k for k in ja if ja[k] != jb[k]]
+    if differ:
+        return (f"not compared: the plans train different jobs ({' and '.join(differ)} "
+                f"{'differ' if len(differ) > 1 else 'differs'}), so a step of one is "
+                "not a step of the other")
+    ra, rb = a.predicted["step_time_s"], b.predicted["step_time_s"]
+    faster = name_a if ra < rb else name_b
+    return f"{faster} is predicted {max(ra, rb) / min(ra, rb):.2f}x faster"
 
 
 def print_comparison(a, b, name_a="a", name_b="b", console: Console | None = None) -> None:

@@ -85,6 +85,24 @@ def test_compare_shows_what_differs_and_where_the_time_goes(tmp_path, capsys):
     assert "is predicted" in out and "faster" in out
 
 
+def test_compare_gives_no_ratio_for_plans_of_different_jobs():
+    """A step of a 4-layer model is not a step of a 2-layer one, nor a step of 16 samples one of 8 (#46)."""
+    from partita import planner
+    from partita.report.compare import verdict
+
+    def small_plan(model: str, batch: int, cluster: str = "2xcpu"):
+        return planner.plan(model, cluster=cluster, train=planner.TrainConfig(global_batch=batch))
+
+    base = small_plan("gpt:layers=2,hidden=64,heads=4,seq=32,vocab=256", 8)
+    other_cluster = small_plan("gpt:layers=2,hidden=64,heads=4,seq=32,vocab=256", 8, cluster="4xcpu")
+    assert "x faster" in verdict(base, other_cluster)  # the same job on another cluster: comparable
+    deeper = small_plan("gpt:layers=4,hidden=64,heads=4,seq=32,vocab=256", 8)
+    assert verdict(base, deeper) == ("not compared: the plans train different jobs (model differs), so a step of "
+                                     "one is not a step of the other")
+    bigger = small_plan("gpt:layers=2,hidden=64,heads=4,seq=32,vocab=256", 16)
+    assert "(global batch differs)" in verdict(base, bigger)
+
+
 def test_plan_json_stdout_is_only_the_json_object():
     """In a fresh process (where a solver could print its banner at the C level, as highspy 1.16 does on
     the first solve), `--json` writes the JSON object and nothing else to stdout."""

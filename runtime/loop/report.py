@@ -90,6 +90,29 @@ def preamble(header: str, notes: list[str], first: list[str] = ()) -> str:
     return "\n".join([*first, header, *notes])
 
 
+SHOWN_STEPS = 10
+"""The report's loss table shows the first and the last this many steps of a longer run (and, under --verify, the
+step furthest from the reference); --losses-out holds every step."""
+
+
+def _shown_steps(losses: list[float], ref: list[float] | None) -> list[int | range]:
+    """Indices of the steps the table shows, in order, with the range of those left out between them."""
+    n = len(losses)
+    if n <= 2 * SHOWN_STEPS + 1:
+        return list(range(n))
+    keep = set(range(SHOWN_STEPS)) | set(range(n - SHOWN_STEPS, n))
+    if ref:
+        keep.add(max(range(n), key=lambda i: abs(losses[i] - ref[i])))
+    shown: list[int | range] = []
+    last = -1
+    for i in sorted(keep):
+        if i > last + 1:
+            shown.append(range(last + 1, i))
+        shown.append(i)
+        last = i
+    return shown
+
+
 def render(r: RunResult, header: str | None, predicted: dict) -> str:
     """The report after training; `header` None: the header and notes went out before training (`preamble`)."""
     lines = [header, *r.notes] if header is not None else []
@@ -100,7 +123,11 @@ def render(r: RunResult, header: str | None, predicted: dict) -> str:
         lines.append(f"resumed from {r.resumed_from} (after step {r.first_step})"
                      + (f", torchrun attempt {r.attempt + 1}" if r.attempt else ""))
     lines.append("step  loss" + ("          reference     |diff|" if ref else ""))
-    for i, loss in enumerate(r.losses):
+    for i in _shown_steps(r.losses, ref):
+        if isinstance(i, range):
+            lines.append(f" ...  {len(i)} step(s) not shown (--losses-out keeps every step's loss)")
+            continue
+        loss = r.losses[i]
         row = f"{r.first_step + i + 1:>4}  {loss:.8f}"
         if ref:
             row += f"    {ref[i]:.8f}    {abs(loss - ref[i]):.1e}"

@@ -361,13 +361,16 @@ def throughput_unit(plan: Plan, spec: ModelSpec) -> tuple[str, int]:
 
 def _header(plan: Plan, spec: ModelSpec, opts: RunOptions, topo: Topology, data) -> str:
     m, s = plan.mesh, plan.schedule
-    sched = s.name + (f" v={s.virtual_stages}" if s.virtual_stages > 1 else "")
+    micro = f"{s.num_microbatches} micro-batch{'es' if s.num_microbatches > 1 else ''} of {s.micro_batch_size}"
+    # one pipeline rank runs no schedule: its micro-batches are gradient accumulation
+    sched = (f"{s.name}{f' v={s.virtual_stages}' if s.virtual_stages > 1 else ''}, {micro}" if m.pp > 1 else
+             micro + (" (gradient accumulation)" if s.num_microbatches > 1 else ""))
     src = data.describe()
     where = {"file": f"tokens of {src.get('path')}", "dataset": f"dataset {src.get('factory')}"}.get(src["kind"],
                                                                                                  "synthetic data")
     batch = f"{plan.train['global_batch']} x {spec.seq_len} tokens" if spec.seq_len else f"{plan.train['global_batch']} samples"
     return (f"partita run: {spec.name} on {m.world_size} rank(s) (pp={m.pp} dp={m.dp}{f' ep={m.ep}' if m.ep > 1 else ''}{f' cp={m.cp}' if m.cp > 1 else ''} tp={m.tp}, "
-            f"{sched} x{s.num_microbatches} microbatches, zero_stage {plan.zero_stage}, "
+            f"{sched}, zero_stage {plan.zero_stage}, "
             f"{plan.train.get('dtype') or 'fp32'}, {optimizer_name(plan)}), {dist.get_backend()}/{topo.device.type}, "
             f"global batch {batch} ({where}), {opts.steps} steps")
 

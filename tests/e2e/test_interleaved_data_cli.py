@@ -31,7 +31,7 @@ def test_partita_run_interleaved_1f1b_on_a_token_file(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
     assert len(res["losses"]) == 4 and res["max_abs_diff"] <= 1e-5, res
-    assert "Interleaved1F1B v=2 x4 microbatches" in proc.stdout and f"tokens of {tmp_path / 'tokens.bin'}" in proc.stdout
+    assert "Interleaved1F1B v=2, 4 micro-batches of " in proc.stdout and f"tokens of {tmp_path / 'tokens.bin'}" in proc.stdout
     assert res["tokens_per_s"] > 0 and "tokens/s" in proc.stdout
     assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step-")) == ["step-00000002", "step-00000004"]
     manifest = json.loads((ck / "step-00000004" / "partita.json").read_text())

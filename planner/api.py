@@ -74,6 +74,8 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
         return None, _plan_tables(spec, tables, cl, train, space, sparse, fingerprint, progress, baselines)
     # a bf16 plan without FSDP runs under autocast, with the lists of the devices it runs on
     graph = capture(spec, dtype=train.dtype, autocast="cpu" if _on_cpus(cl) else "cuda")
+    if graph.g.graph.get("min_micro_batch", 1) > train.min_micro_batch:  # a BatchNorm over the batch alone
+        train = dataclasses.replace(train, min_micro_batch=graph.g.graph["min_micro_batch"])
     prefix, layers, suffix = split_model(graph)
     blocks = use_block_program(graph, prefix, layers, suffix)
     check_space(cl, train, space, max_pp=len(graph.groups) if blocks else max(1, len(layers)),

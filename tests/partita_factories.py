@@ -84,3 +84,11 @@ class ShiftedLM(TokenLM):
 
 def shifted_lm():
     return ShiftedLM(), (torch.zeros(2, SEQ, dtype=torch.long),)
+
+
+def batchnorm_mlp():
+    """A tabular MLP with BatchNorm1d after a Linear (#46 item 2): one value per channel per sample, which
+    training refuses on one sample and the one-sample capture used to fail on."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 4))
+    return model, (torch.randn(1, 16), torch.randint(0, 4, (1,))), lambda m, x, y: F.cross_entropy(m(x), y)

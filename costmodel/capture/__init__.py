@@ -1,5 +1,7 @@
 """Capture: a model as an operator graph on fake tensors (fx or torch.export), its layers found and replicated, its fingerprint."""
+import contextlib
 import importlib
+import math
 
 from partita.costmodel.errors import PartitaError
 
@@ -31,10 +33,45 @@ def capture(spec: "ModelSpec", dtype: str = "fp32", batch: int = 1, autocast: st
     failures: list[CaptureFailed] = []
     for front in (["fx", "export"] if how == "auto" else [how]):
         try:
-            if front == "fx":
-                return _capture_fx(spec, dtype, batch, autocast)
-            from partita.costmodel.capture.export import capture_export  # torch.export: HF models
-            return capture_export(spec, dtype, batch, autocast)
+            with _one_sample_batch_norm():
+                if front == "fx":
+                    return _note_batch_statistics(_capture_fx(spec, dtype, batch, autocast))
+                from partita.costmodel.capture.export import capture_export  # torch.export: HF models
+                return _note_batch_statistics(capture_export(spec, dtype, batch, autocast))
         except CaptureFailed as f:
             failures.append(f)
     raise capture_error(spec, failures)
+
+
+@contextlib.contextmanager
+def _one_sample_batch_norm():
+    """The capture runs one sample. A BatchNorm in training mode cannot normalise one value per channel
+    (BatchNorm1d after a Linear: torch refuses it, and the variance's n / (n - 1) divides by zero), so while
+    capturing such a call computes with its running statistics, as in eval mode: the same shapes, the same
+    elementwise work per sample (the batch mean and variance it leaves out are two reductions of its input).
+    `_note_batch_statistics` then keeps the plan's micro-batches at 2 samples or more, where training runs it."""
+    import torch.nn.functional as F
+    batch_norm = F.batch_norm
+
+    def one_sample_aware(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
+                         eps=1e-5):  # torch.nn.functional.batch_norm's signature
+        if training and running_mean is not None and input.dim() >= 2 and input.numel() == input.shape[1]:
+            training = False
+        return batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+    F.batch_norm = one_sample_aware
+    try:
+        yield
+    finally:
+        F.batch_norm = batch_norm
+
+
+def _note_batch_statistics(graph: "OpGraph") -> "OpGraph":
+    """`min_micro_batch` 2 on a graph with a batch norm over one value per channel per sample ([1, C] in the
+    one-sample capture): with micro-batches of one sample, training would refuse it at its first step."""
+    for _, d in graph.g.nodes(data=True):
+        kind, shape = str(d.get("kind", "")), d.get("shape") or ()
+        if ("batch_norm" in kind or "batchnorm" in kind) and len(shape) >= 2 and math.prod(shape[2:]) == 1:
+            graph.g.graph["min_micro_batch"] = 2
+            break
+    return graph

@@ -73,6 +73,10 @@ class TrainConfig:
     """Pipeline schedule: "auto" (the planner picks 1F1B or interleaved 1F1B) or a name of
     planner.plan.schedules' registry: "1F1B", "GPipe", "Interleaved1F1B"."""
     max_micro_batch: int = 64
+    min_micro_batch: int = 1
+    """The fewest samples a micro-batch may hold: 2 for a model with a BatchNorm over one value per channel per
+    sample, which training refuses on one sample (planner.api sets it from the capture,
+    costmodel.capture._note_batch_statistics)."""
     autocast: bool = True
     """How a bf16 plan without FSDP computes: under torch.autocast over fp32 parameters, as partita's
     runtime runs it (True: fp32 parameters, gradients and moments, and the bf16 casts and fp32 activations
@@ -344,6 +348,8 @@ def _meshes(cluster: Cluster, train: TrainConfig, space: SearchSpace, max_pp: in
 
 
 def _micro_batch_allowed(b: int, train: TrainConfig, space: SearchSpace) -> bool:
+    if b < train.min_micro_batch:
+        return False
     return b <= train.max_micro_batch if space.micro_batch is None else b in space.micro_batch
 
 
@@ -495,6 +501,15 @@ def _why_nothing(cluster, train, space, max_pp, layers, seq) -> str | None:
                     f"divisible by tp={'|'.join(str(t) for t in sorted({s[0] for s in before}))}")
     runs = [(t, p, d, b, gb // d // b) for t, p, d in shapes for b in divisors(gb // d, micro_batch_cap(train, space))
             if _micro_batch_allowed(b, train, space)]
+    if not runs and train.min_micro_batch > 1 and (space.micro_batch is None or
+                                                   min(space.micro_batch) < train.min_micro_batch):
+        d = shapes[0][2]
+        return (f"the model normalises over the batch (a BatchNorm over one value per channel per sample), so a "
+                f"micro-batch needs at least {train.min_micro_batch} samples; "
+                + (f"micro-batch {'|'.join(map(str, space.micro_batch))} is fixed: fix {train.min_micro_batch} or "
+                   "more" if space.micro_batch else
+                   f"global batch / dp = {gb} / {d} leaves {gb // d} per data-parallel rank: a larger global "
+                   "batch, or fewer data-parallel ranks"))
     if not runs:
         t, p, d = shapes[0]
         return (f"micro-batch {'|'.join(map(str, space.micro_batch))} does not divide global batch / dp = "

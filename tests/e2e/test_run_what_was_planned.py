@@ -113,3 +113,20 @@ def test_the_python_api_builds_a_model_string_at_the_plans_seq():
         raise AssertionError("not built here")
     own = model_spec(model_fn, string, seq_len=32)
     assert own.seq_len == 32 and own.build is model_fn
+
+
+def test_a_batchnorm_over_the_batch_alone_plans_with_two_samples_per_micro_batch_and_verifies(tmp_path):
+    """BatchNorm1d after a Linear (#46 item 2) used to be a 60-line capture traceback. It plans: the capture
+    computes it with running statistics for its one sample, and the plan keeps at least 2 samples per
+    micro-batch (here 4 samples over 2 ranks: 2 each, never 2 x 1), which trains like one process."""
+    planned, run, out = plan_and_run(tmp_path, "partita_factories:batchnorm_mlp",
+                                     run_flags=("--steps", "3", "--verify", "--sync-batchnorm"))
+    plan = Plan.load(out)
+    assert plan.schedule.micro_batch_size >= 2 and plan.mesh.dp * plan.schedule.micro_batch_size \
+        * plan.schedule.num_microbatches == 4
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "verify: OK" in run.stdout
+    fixed = cli("plan", "--model", "partita_factories:batchnorm_mlp", "--cluster", "2xcpu", "--global-batch", "4",
+                "--micro-batch", "1", cwd=tmp_path)
+    assert fixed.returncode == 2 and fixed.stderr.strip().endswith(
+        "a micro-batch needs at least 2 samples; micro-batch 1 is fixed: fix 2 or more"), fixed.stderr

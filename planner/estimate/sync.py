@@ -174,7 +174,7 @@ def choose(predicted: dict, setting: SyncSetting, allowed, every: int | None = N
                 priced[mode] = why
                 continue
             price = sync_price(mode, predicted, setting, sync)
-            if price.extra_memory_bytes > room:
+            if price.extra_memory_bytes and price.extra_memory_bytes > room:
                 priced[mode] = (f"{mode} needs {price.extra_memory_bytes / 2**30:.2f} GiB more per rank than the plan "
                                 f"leaves free ({max(0, room) / 2**30:.2f} GiB)")
                 continue

@@ -7,6 +7,8 @@ parameter checksum after every optimizer step). Seeds: the runs' default (--seed
 - H = 4 with the published outer optimizer (Nesterov, lr 0.7, momentum 0.9): the replicas' parameters differ
   between outer steps and are identical right after each (steps 4 and 8); the losses are finite and fall on a learnable token
   file (next token = this one + 1 mod 16).
+- 4 ranks in 2 islands of 2 (inner averaging on each island's group, outer all-reduce across): H = 1, outer lr 1,
+  no momentum equals 4-rank synchronous DP within 1e-5.
 - DiLoCo with --checkpoint-every is refused in one line before anything trains.
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "runtime"))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 import rank_pool  # noqa: E402
 from test_trainer_hooks import JOB, _plan_file  # noqa: E402
 
@@ -79,3 +82,25 @@ def test_checkpoints_with_diloco_are_refused_in_one_line(tmp_path):
     assert done["code"] != 0
     line = "--checkpoint-every with the diloco sync mode is not supported yet"
     assert line in done["stderr"], done["stderr"][-2000:]
+
+
+def test_two_islands_of_two_replicas_h1_is_synchronous_dp(tmp_path):
+    """4 ranks in 2 islands of 2 (option islands = 2): inner gradients averaged over each island's own group,
+    the outer all-reduce over the peers in the other island; H = 1, outer lr 1, no momentum is synchronous DP."""
+    from test_plans_match_single_process import make_plan
+    losses = {}
+    for name, sync in (("sync4", None),
+                       ("islands4", {"mode": "diloco", "options": {"every": 1, "outer_lr": 1, "outer_momentum": 0,
+                                                                   "islands": 2}})):
+        plan = make_plan(dp=4)
+        plan["train"]["optimizer"] = "sgd"
+        if sync:
+            plan["sync"] = sync
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(plan))
+        out = tmp_path / f"{name}.losses.json"
+        done = rank_pool.shared().run(4, [str(path), *FLAGS[:3], "4", *FLAGS[4:], "--losses-out", str(out)],
+                                      cwd=ROOT, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        losses[name] = json.loads(out.read_text())["losses"]
+    assert max(abs(a - b) for a, b in zip(losses["islands4"], losses["sync4"])) < 1e-5, losses

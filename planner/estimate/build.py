@@ -8,7 +8,7 @@ from partita.planner.plan.schedules import SCHEDULES
 from partita.planner.enumerate.candidates import Candidate
 from partita.planner.enumerate.cp_ep import EP_IMBALANCE
 from partita.planner.plan.executable import (composition_refusal, cp_refusal_for, overlap_refusal, pipeline_refusal_for,
-                                       zero_refusal)
+                                       sync_refusal, zero_refusal)
 from partita.planner.enumerate.options import pipelined_fsdp
 from partita.planner.search import SearchResult
 from partita.planner.estimate.phases import stage_memory
@@ -230,7 +230,7 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
         solver={"status": c.solution.status, "wall_time_s": result.wall_time_s, "mip_gap": c.solution.mip_gap,
                 "backend": "cvxpy+HiGHS", "formulation": c.formulation, "candidates": len(result.candidates),
                 "candidates_solved": len(solved), "capture_s": result.graph.capture_seconds,
-                "graph_nodes": len(result.graph), **pipeline_note(result, c)},
+                "graph_nodes": len(result.graph), **pipeline_note(result, c, sync.mode)},
     )
 
 
@@ -263,14 +263,15 @@ def tied_charges(c: Candidate) -> dict:
                              for t in tied]} if tied else {}
 
 
-def pipeline_note(result: SearchResult, c: Candidate) -> dict:
+def pipeline_note(result: SearchResult, c: Candidate, sync_mode: str = "synchronous") -> dict:
     """What planner.plan.executable says of the plan: {"pipeline": why} when a one-stage plan was not allowed
     pipeline stages, {"not_executed": why} for a choice priced (what-if, or for another stack) that the
     runtime does not run."""
     why = pipeline_refusal_for(result.graph.name) if c.pp == 1 else None
     out = {"pipeline": f"not planned: {why}"} if why else {}
     why = (composition_refusal(c.pp, c.tp, c.cp, c.ep) or (cp_refusal_for(result.graph.name) if c.cp > 1 else None)
-           or zero_refusal(c.zero, c.tp, c.cp, c.ep) or overlap_refusal(c.tp_overlap, c.p2p_overlap))
+           or zero_refusal(c.zero, c.tp, c.cp, c.ep) or overlap_refusal(c.tp_overlap, c.p2p_overlap)
+           or sync_refusal(sync_mode, c.pp, c.tp, c.cp, c.ep, c.zero))
     if why:  # a what-if the user fixed, or a stack partita does not run (planner.enumerate.candidates, planner.enumerate.space)
         out["not_executed"] = f"priced as asked but not executed: {why}"
     return out

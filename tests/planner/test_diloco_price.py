@@ -131,3 +131,12 @@ def test_a_diloco_plan_round_trips_and_bad_options_are_one_line(plans, tmp_path)
         with pytest.raises(PlanError) as refused:
             Plan.from_dict({**base, "sync": {"mode": "diloco", "options": options}})
         assert needle in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_diloco_plan_the_runtime_does_not_run_says_so():
+    """The runtime runs DiLoCo on DDP replicas: a ZeRO-2 DiLoCo plan is priced and marked not executed."""
+    from partita.planner.api import plan_search
+    from partita.planner.enumerate.space import SearchSpace, TrainConfig
+    p = plan_search("tiny-gpt", cluster=SLOW, train=TrainConfig(global_batch=4),
+                    space=SearchSpace(dp=(2,), zero=(2,), sync="diloco"))[1]
+    assert p.sync.mode == "diloco" and "diloco with zero=2 is not run by partita's runtime" in p.solver["not_executed"]

@@ -5,7 +5,8 @@ peaks are the vendors' non-tensor-core FP32 figures. Achievable efficiency is a 
 preset (one place), not scattered through the search; `partita calibrate` replaces it with a measurement.
 
 CLUSTER strings (DESIGN.md): "8xA100-80GB" (one node of 8), "128x8xA100-80GB" (nodes x devices per
-node), "4xcpu" (local processes), or the path of a resource list (JSON/YAML, `partita.costmodel.hardware.resources`, as
+node), "4xcpu" (local processes), islands of one of those joined by a slower link ("2x8x8xH100-80GB@2x100Gbps,20ms":
+2 islands of 8 nodes of 8, 2 x 100 Gb/s and 20 ms between them; ISLANDS_FORMAT, `parse_islands`), or the path of a resource list (JSON/YAML, `partita.costmodel.hardware.resources`, as
 written by `partita calibrate`), which may hold several groups of different devices.
 
 A heterogeneous cluster keeps the homogeneous view the planner uses today, chosen to be conservative:

@@ -209,7 +209,7 @@ def _worker(args: argparse.Namespace, look_at_devices: bool = True) -> int:
         if not args.check:
             agree_on_attempt()  # several nodes: one all-reduce on every rank, whatever its plan and flags say
         plan = Plan.load(args.plan)
-        if why := sync_run_refusal(plan.sync, opts.checkpoint_every):
+        if why := sync_run_refusal(plan.sync, opts.checkpoint_every, opts.steps, opts.verify):
             raise PartitaError(why)
         spec = at_seq_len(resolve_model(args.model), plan.train.get("seq_len"))
         if args.check and "WORLD_SIZE" not in os.environ:

@@ -131,9 +131,19 @@ def make_hook(sync: Sync, executor, topo) -> SyncHook:
     return HOOKS[sync.mode](executor, topo, dict(sync.options))
 
 
-def run_refusal(sync: Sync, checkpoint_every: int) -> str | None:
+def run_refusal(sync: Sync, checkpoint_every: int = 0, steps: int = 0, verify: bool = False) -> str | None:
     """One line when the run cannot honour the plan's sync mode with these flags; None when it can."""
-    if sync.mode == DILOCO and checkpoint_every:
+    if sync.mode != DILOCO:
+        return None
+    every = sync.option("every")
+    if checkpoint_every:
         return ("--checkpoint-every with the diloco sync mode is not supported yet: its anchor weights and outer "
                 "momentum are not in the checkpoint, so a resume would not be exact; run without checkpoints")
+    if steps % every:
+        return (f"--steps {steps} is not a multiple of the plan's diloco H = {every}: the replicas would end the run "
+                f"apart, after {steps % every} inner step(s) with no outer step; run {steps - steps % every or every} "
+                "steps or re-plan with --sync-every")
+    if verify and (every, sync.option("outer_lr"), sync.option("outer_momentum")) != (1, 1, 0):
+        return ("--verify compares with single-process training, which diloco reproduces only with H = 1, outer_lr 1 "
+                "and outer_momentum 0; run without --verify")
     return None

@@ -9,7 +9,8 @@ parameter checksum after every optimizer step). Seeds: the runs' default (--seed
   file (next token = this one + 1 mod 16).
 - 4 ranks in 2 islands of 2 (inner averaging on each island's group, outer all-reduce across): H = 1, outer lr 1,
   no momentum equals 4-rank synchronous DP within 1e-5.
-- DiLoCo with --checkpoint-every is refused in one line before anything trains.
+- DiLoCo with --checkpoint-every is refused in one line before anything trains; so are --steps that are not a
+  multiple of H (the replicas would end apart) and --verify outside the H = 1 identity.
 """
 from __future__ import annotations
 
@@ -104,3 +105,15 @@ def test_two_islands_of_two_replicas_h1_is_synchronous_dp(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
         losses[name] = json.loads(out.read_text())["losses"]
     assert max(abs(a - b) for a, b in zip(losses["islands4"], losses["sync4"])) < 1e-5, losses
+
+
+def test_flags_diloco_cannot_honour_are_one_line_each():
+    from partita.planner.plan.sync import Sync
+    from partita.runtime.loop.sync import run_refusal
+    diloco = Sync(mode="diloco", options={"every": 4})
+    assert run_refusal(diloco, 0, 8) is None and run_refusal(Sync(), 2, 7, True) is None
+    assert "not a multiple of the plan's diloco H = 4" in run_refusal(diloco, 0, 10)
+    assert "run 8 steps" in run_refusal(diloco, 0, 10)
+    assert "--checkpoint-every with the diloco sync mode" in run_refusal(diloco, 2, 8)
+    assert "--verify compares with single-process training" in run_refusal(diloco, 0, 8, True)
+    assert run_refusal(Sync(mode="diloco", options={"every": 1, "outer_lr": 1, "outer_momentum": 0}), 0, 3, True) is None

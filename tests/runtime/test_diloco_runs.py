@@ -5,8 +5,8 @@ parameter checksum after every optimizer step). Seeds: the runs' default (--seed
 - H = 1, outer lr 1, no momentum equals synchronous DP (the mean of one local SGD step from the same weights is
   the step on the mean gradient) within 1e-5 per step's loss.
 - H = 4 with the published outer optimizer (Nesterov, lr 0.7, momentum 0.9): the replicas' parameters differ
-  between outer steps and are identical right after each (steps 4 and 8); the losses are finite and fall on a learnable token
-  file (next token = this one + 1 mod 16).
+  between outer steps and are identical right after each (steps 4 and 8); the losses are finite and fall on a
+  learnable token file (next token = this one + 1 mod 16).
 - 4 ranks in 2 islands of 2 (inner averaging on each island's group, outer all-reduce across): H = 1, outer lr 1,
   no momentum equals 4-rank synchronous DP within 1e-5.
 - DiLoCo with --checkpoint-every is refused in one line before anything trains; so are --steps that are not a

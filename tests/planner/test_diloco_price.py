@@ -140,3 +140,12 @@ def test_a_diloco_plan_the_runtime_does_not_run_says_so():
     p = plan_search("tiny-gpt", cluster=SLOW, train=TrainConfig(global_batch=4),
                     space=SearchSpace(dp=(2,), zero=(2,), sync="diloco"))[1]
     assert p.sync.mode == "diloco" and "diloco with zero=2 is not run by partita's runtime" in p.solver["not_executed"]
+
+
+def test_the_cross_island_term_counts_islands_spanned_and_the_ring_factors():
+    from partita.costmodel.price import comm
+    c = parse_cluster("4x2x8xH100-80GB@400Gbps,10ms")   # 4 islands of 16 devices, 50e9 bytes/s, 10 ms
+    assert [comm.islands_spanned(c, n) for n in (1, 16, 17, 32, 64, 128)] == [1, 1, 2, 2, 4, 4]
+    assert comm.cross_island_all_reduce(c, 4, 1e9) == pytest.approx(2 * 3 * 0.01 + 2 * 3 / 4 * 1e9 / 50e9)
+    assert comm.cross_island_all_reduce(c, 1, 1e9) == 0.0
+    assert comm.islands_spanned(parse_cluster("8x8xH100-80GB"), 64) == 1

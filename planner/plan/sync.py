@@ -3,10 +3,13 @@ contract the runtime reads; stdlib only).
 
     sync         {"mode": "synchronous"}   absent: synchronous (plans written before the section load unchanged,
                  and a plan in the default mode is written without it, byte for byte as before)
+                 {"mode": "diloco", "options": {"every": H, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 32,
+                                                "islands": I}}   every required; the rest default as shown (islands:
+                                                                 one per data-parallel replica)
 
 A sync mode is one registry entry here (its name, what it means, the options it takes), one price function in
 the planner's estimate layer (planner.estimate.sync.PRICES) and one hook class in the runtime's trainer loop
-(runtime.loop.sync.HOOKS): synchronous data parallelism today; local SGD, DiLoCo and streaming DiLoCo are
+(runtime.loop.sync.HOOKS): synchronous data parallelism and DiLoCo today; local SGD and streaming DiLoCo are
 modes around the optimizer step of the same loop (DESIGN.md, "Where new capabilities go").
 """
 from __future__ import annotations

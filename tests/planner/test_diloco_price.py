@@ -149,3 +149,11 @@ def test_the_cross_island_term_counts_islands_spanned_and_the_ring_factors():
     assert comm.cross_island_all_reduce(c, 4, 1e9) == pytest.approx(2 * 3 * 0.01 + 2 * 3 / 4 * 1e9 / 50e9)
     assert comm.cross_island_all_reduce(c, 1, 1e9) == 0.0
     assert comm.islands_spanned(parse_cluster("8x8xH100-80GB"), 64) == 1
+
+
+def test_an_export_of_a_diloco_plan_says_the_mode_has_no_equivalent(plans):
+    from partita.export import export
+    for fmt, tool in (("megatron", "Megatron-LM"), ("torchtitan", "torchtitan")):
+        text = export(plans["slow"], fmt)
+        assert f"the diloco sync mode (H = {plans['slow'].sync.options['every']}) has no {tool} equivalent" in text
+        assert "sync mode" not in export(plans["one"], fmt)

@@ -100,7 +100,12 @@ def _space_from_args(args):
     if args.stack is not None:
         fixed["stack"] = args.stack
     if args.sync is not None:  # an unknown mode: SearchSpace's one line (no argparse usage block)
-        fixed["sync"] = args.sync
+        fixed["sync"] = tuple(args.sync.split(",")) if "," in args.sync else args.sync
+    for name in ("sync_every", "sync_bits"):
+        if getattr(args, name) is not None:
+            fixed[name] = getattr(args, name)
+    if args.sync_allow_any_every:
+        fixed["sync_allow_any_every"] = True
     return SearchSpace(**fixed)
 
 
@@ -356,9 +361,16 @@ def _add_plan(sub) -> None:
                         f"leave free for the caching allocator (default {DEFAULT_ALLOCATOR_HEADROOM:g}; "
                         "costmodel.hardware.DEFAULT_ALLOCATOR_HEADROOM says why)")
     from partita.planner.plan.sync import SYNC_MODES, SYNCHRONOUS
-    p.add_argument("--sync", default=None, metavar="{" + ",".join(SYNC_MODES) + "}",
-                   help=f"how data-parallel replicas agree on the weights (default {SYNCHRONOUS}: gradients "
-                        "averaged in every step's backward; planner.plan.sync)")
+    p.add_argument("--sync", default=None, metavar="{auto," + ",".join(SYNC_MODES) + "}",
+                   help=f"how data-parallel replicas agree on the weights (planner.plan.sync): a mode, several "
+                        f"separated by commas, or auto (default: every mode, the fastest within its quality "
+                        f"envelope; {SYNCHRONOUS} on a cluster without islands)")
+    p.add_argument("--sync-every", type=int, default=None, metavar="H",
+                   help="DiLoCo's inner steps per outer step (default: the planner picks H)")
+    p.add_argument("--sync-bits", type=int, default=None, choices=(16, 32),
+                   help="bit width of DiLoCo's outer all-reduce (default 32)")
+    p.add_argument("--sync-allow-any-every", action="store_true",
+                   help="price an H above DiLoCo's published envelope (500)")
     _add_what_if_flags(p)
     _add_rec_flags(p)
     p.add_argument("--baselines", action="store_true",

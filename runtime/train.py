@@ -200,6 +200,7 @@ def _check_before_launch(args: argparse.Namespace) -> int:
 def _worker(args: argparse.Namespace, look_at_devices: bool = True) -> int:
     from partita.runtime.checkpoint import ownership
     from partita.runtime.loop.session import NonFiniteLoss, Stopped, at_seq_len, execute, prepare
+    from partita.runtime.loop.sync import run_refusal as sync_run_refusal
     rank, _, world = env_world()
     show_library_warnings_once(rank)
     opts = options(args)
@@ -208,6 +209,8 @@ def _worker(args: argparse.Namespace, look_at_devices: bool = True) -> int:
         if not args.check:
             agree_on_attempt()  # several nodes: one all-reduce on every rank, whatever its plan and flags say
         plan = Plan.load(args.plan)
+        if why := sync_run_refusal(plan.sync, opts.checkpoint_every, opts.steps, opts.verify):
+            raise PartitaError(why)
         spec = at_seq_len(resolve_model(args.model), plan.train.get("seq_len"))
         if args.check and "WORLD_SIZE" not in os.environ:
             # checking a plan outside torchrun: the launcher's world size if given, else the plan's

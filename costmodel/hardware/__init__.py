@@ -5,7 +5,8 @@ peaks are the vendors' non-tensor-core FP32 figures. Achievable efficiency is a 
 preset (one place), not scattered through the search; `partita calibrate` replaces it with a measurement.
 
 CLUSTER strings (DESIGN.md): "8xA100-80GB" (one node of 8), "128x8xA100-80GB" (nodes x devices per
-node), "4xcpu" (local processes), or the path of a resource list (JSON/YAML, `partita.costmodel.hardware.resources`, as
+node), "4xcpu" (local processes), islands of one of those joined by a slower link ("2x8x8xH100-80GB@2x100Gbps,20ms":
+2 islands of 8 nodes of 8, 2 x 100 Gb/s and 20 ms between them; ISLANDS_FORMAT, `parse_islands`), or the path of a resource list (JSON/YAML, `partita.costmodel.hardware.resources`, as
 written by `partita calibrate`), which may hold several groups of different devices.
 
 A heterogeneous cluster keeps the homogeneous view the planner uses today, chosen to be conservative:
@@ -284,10 +285,24 @@ class Cluster:
     pod_oversubscription: float = 1.0
     """Ratio of a pod's node-facing to its uplink bandwidth (2.0: a 2:1 oversubscribed pod): a collective
     whose group spans pods runs its inter-node phase at inter_node_bw / this (costmodel.price.comm)."""
+    islands: int = 1
+    """Equal blocks of consecutive nodes (rank order is node-major) joined by one slower link: pods behind an
+    oversubscribed spine, data centres, providers. 1: no islands. Inside an island everything is priced as on
+    any cluster; the data-parallel traffic that crosses islands pays `island_bw` (costmodel.price.comm
+    `cross_island_all_reduce`), which is what the sync modes (planner.estimate.sync) trade against."""
+    island_bw: float = 0.0
+    """Bytes/s one island sends to the others, per direction, all its devices together (2x100 Gb/s: 25e9)."""
+    island_latency: float = 0.0
+    """Seconds of one message over the island link (20 ms between data centres)."""
 
     @property
     def num_devices(self) -> int:
         return self.nodes * self.devices_per_node
+
+    @property
+    def island_devices(self) -> int:
+        """Devices per island (all of them without islands)."""
+        return self.num_devices // self.islands
 
     @property
     def heterogeneous(self) -> bool:
@@ -302,6 +317,8 @@ class Cluster:
              "devices_per_node": self.devices_per_node, "device": asdict(self.device)}
         if self.nodes_per_pod:
             d["nodes_per_pod"], d["pod_oversubscription"] = self.nodes_per_pod, self.pod_oversubscription
+        if self.islands > 1:
+            d.update(islands=self.islands, island_bw=self.island_bw, island_latency=self.island_latency)
         if self.groups:
             d["groups"] = [{"name": g.spec, "nodes": g.nodes, "devices_per_node": g.devices_per_node,
                             "device": asdict(g.device)} for g in self.groups]
@@ -329,9 +346,18 @@ def cluster_on_stack(cluster: Cluster, stack: str) -> Cluster:
     if not cluster.groups:
         return dataclasses.replace(cluster, device=device_on_stack(cluster.device, stack))
     groups = tuple(dataclasses.replace(g, device=device_on_stack(g.device, stack)) for g in cluster.groups)
-    return dataclasses.replace(cluster_from_groups(groups, inter_group_bw=cluster.inter_group_bw,
-                                                   inter_group_latency=cluster.inter_group_latency, spec=cluster.spec),
-                               nodes_per_pod=cluster.nodes_per_pod, pod_oversubscription=cluster.pod_oversubscription)
+    return with_fabric(cluster_from_groups(groups, inter_group_bw=cluster.inter_group_bw,
+                                           inter_group_latency=cluster.inter_group_latency, spec=cluster.spec), cluster)
+
+
+FABRIC_FIELDS = ("nodes_per_pod", "pod_oversubscription", "islands", "island_bw", "island_latency")
+"""The Cluster fields that describe the fabric between nodes rather than its groups: carried over when a
+cluster is rebuilt from its groups (`with_fabric`)."""
+
+
+def with_fabric(cluster: Cluster, like: Cluster) -> Cluster:
+    """`cluster` with the pods and islands of `like` (a rebuild from groups keeps them)."""
+    return dataclasses.replace(cluster, **{f: getattr(like, f) for f in FABRIC_FIELDS})
 
 
 def conservative_device(devices, inter_group_bw: float | None = None,
@@ -386,6 +412,11 @@ def cluster_from_groups(groups, *, inter_group_bw: float | None = None,
 
 
 _CLUSTER_RE = re.compile(r"^(?:(\d+)x)?(\d+)x([A-Za-z0-9][A-Za-z0-9.\-]*)$")
+_ISLANDS_RE = re.compile(r"^(\d+)x(.+)@(?:(\d+)x)?(\d+(?:\.\d+)?)(Gbps|Gb/s|Mbps|Mb/s|GB/s)"
+                         r"(?:,(\d+(?:\.\d+)?)(ms|us|s))?$")
+_BITS_PER_S = {"Gbps": 1e9, "Gb/s": 1e9, "Mbps": 1e6, "Mb/s": 1e6, "GB/s": 8e9}
+_SECONDS = {"ms": 1e-3, "us": 1e-6, "s": 1.0}
+ISLANDS_FORMAT = "ISLANDSx<cluster>@[LINKSx]BANDWIDTH[,LATENCY], e.g. 2x8x8xH100-80GB@2x100Gbps,20ms"
 
 
 def get_device(name: str) -> Device:
@@ -430,6 +461,8 @@ def parse_cluster(spec: str) -> Cluster:
     if _is_resource_file(spec):
         from partita.costmodel.hardware.resources import load_resources  # resources imports this module
         return load_resources(spec)
+    if "@" in spec:
+        return parse_islands(spec)
     m = _CLUSTER_RE.match(spec.strip())
     if not m:
         raise PartitaError(f"malformed cluster {spec!r}; use DEVICESxNAME or NODESxDEVICESxNAME, "
@@ -440,3 +473,24 @@ def parse_cluster(spec: str) -> Cluster:
     if nodes < 1 or per_node < 1:
         raise PartitaError(f"cluster {spec!r} must have at least one node and one device per node")
     return Cluster(nodes=nodes, devices_per_node=per_node, device=device, spec=spec)
+
+
+def parse_islands(spec: str) -> Cluster:
+    """'2x8x8xH100-80GB@2x100Gbps,20ms' -> 2 islands, each the cluster '8x8xH100-80GB' (8 nodes of 8), joined by
+    a link of 2 x 100 Gb/s per direction (25e9 bytes/s each way for the whole island) with 20 ms latency.
+    ISLANDS_FORMAT: the count of islands, `x`, one island as a CLUSTER string, `@`, the link between islands:
+    [LINKSx]BANDWIDTH in Gbps, Gb/s, Mbps, Mb/s or GB/s, then optionally `,` and a latency in ms, us or s (0 if
+    left out). '2x64xH100-80GB@2x100Gbps,20ms' reads as 2 islands of one 64-device node each."""
+    m = _ISLANDS_RE.match(spec.strip())
+    if not m:
+        raise PartitaError(f"malformed island cluster {spec!r}; use {ISLANDS_FORMAT}")
+    count, links = int(m.group(1)), int(m.group(3) or 1)
+    if count < 2 or links < 1:
+        raise PartitaError(f"island cluster {spec!r} needs 2 or more islands and 1 or more links; use {ISLANDS_FORMAT}")
+    one = parse_cluster(m.group(2))
+    if one.groups or one.islands > 1:
+        raise PartitaError(f"island cluster {spec!r}: one island must be a CLUSTER string such as 8x8xH100-80GB")
+    bw = links * float(m.group(4)) * _BITS_PER_S[m.group(5)] / 8
+    latency = float(m.group(6)) * _SECONDS[m.group(7)] if m.group(6) else 0.0
+    return dataclasses.replace(one, nodes=count * one.nodes, spec=spec, islands=count, island_bw=bw,
+                               island_latency=latency)

@@ -40,6 +40,12 @@ Schema `partita.cluster/1` (units: bytes, bytes/s, FLOP/s, seconds):
       "inter_group_latency": 2e-5,                optional: seconds
       "nodes_per_pod": 32,                        optional: nodes under one full-bandwidth pod
       "pod_oversubscription": 2.0,                optional (with nodes_per_pod): uplink oversubscription, >= 1
+      "islands": {"bandwidth": 2.5e10,            optional: islands joined by a slower link (Cluster.islands):
+                  "latency": 0.02,                bytes/s one island sends to the others per direction, all its
+                  "count": 2},                    devices together; seconds per message; count (optional): the
+                                                  one group split into this many equal islands of whole nodes.
+                                                  Without count, every group is an island (all of equal size);
+                                                  the string form is costmodel.hardware.ISLANDS_FORMAT
       "kernels": [{"kind": "gemm", ...}, ...],    optional: kernel timings of this device (calibrate on a GPU:
                                                   costmodel.calibrate.kernels' rows), for the kernel-constant fit
       "measurements": {...}                       optional, free-form: calibrate's raw data (not read)
@@ -63,11 +69,12 @@ import re
 from dataclasses import asdict, fields, replace
 
 from partita.costmodel.errors import PartitaError
-from partita.costmodel.hardware import DEVICES, Cluster, Device, cluster_from_groups
+from partita.costmodel.hardware import DEVICES, Cluster, Device, cluster_from_groups, with_fabric
 
 SCHEMA = "partita.cluster/1"
 _TOP_KEYS = {"schema", "name", "groups", "inter_group_bw", "inter_group_latency", "nodes_per_pod",
-             "pod_oversubscription", "kernels", "measurements"}
+             "pod_oversubscription", "kernels", "measurements", "islands"}
+_ISLAND_KEYS = {"bandwidth", "latency", "count"}
 _GROUP_KEYS = {"name", "nodes", "devices_per_node", "device"}
 _DEVICE_FIELDS = {f.name for f in fields(Device)}
 _DEVICE_KEYS = _DEVICE_FIELDS | {"base"}
@@ -228,11 +235,35 @@ def cluster_from_dict(d, spec: str = "") -> Cluster:
     elif "pod_oversubscription" in d:
         _fail("pod_oversubscription", "needs nodes_per_pod (how many nodes one pod holds)")
     out = [replace(g, **pods) for g in out]
-    return replace(cluster_from_groups(
+    cluster = replace(cluster_from_groups(
         out, spec=spec,
         inter_group_bw=None if inter_bw is None else _number("inter_group_bw", inter_bw),
         inter_group_latency=None if inter_lat is None else _number("inter_group_latency", inter_lat,
                                                                     positive=False)), **pods)
+    return replace(cluster, **_islands(d["islands"], out)) if "islands" in d else cluster
+
+
+def _islands(spec, groups: list[Cluster]) -> dict:
+    """The Cluster island fields of a resource list's `islands` object (module docstring); one line if they do
+    not add up."""
+    if not isinstance(spec, dict):
+        _fail("islands", f"must be an object with bandwidth, latency and optionally count, got {spec!r}")
+    _unknown("islands", spec, _ISLAND_KEYS)
+    if "bandwidth" not in spec:
+        _fail("islands", "missing bandwidth (bytes/s one island sends to the others, per direction)")
+    bw = _number("islands.bandwidth", spec["bandwidth"])
+    latency = _number("islands.latency", spec.get("latency", 0.0), positive=False)
+    if "count" in spec:
+        count = _integer("islands.count", spec["count"])
+        if len(groups) != 1 or count < 2 or groups[0].nodes % count:
+            _fail("islands.count", f"{count} islands must split one group's nodes evenly (2 or more); the list has "
+                                   f"{len(groups)} group(s) of {', '.join(str(g.nodes) for g in groups)} node(s)")
+    else:
+        count, sizes = len(groups), {g.num_devices for g in groups}
+        if count < 2 or len(sizes) > 1:
+            _fail("islands", f"every group is an island: needs 2 or more groups of equal size, got "
+                             f"{', '.join(f'{g.spec} ({g.num_devices})' for g in groups)}; or give count")
+    return {"islands": count, "island_bw": bw, "island_latency": latency}
 
 
 def _read(path: str):
@@ -291,6 +322,9 @@ def cluster_to_dict(cluster: Cluster, name: str | None = None, measurements: dic
         d["inter_group_latency"] = cluster.inter_group_latency
     if cluster.nodes_per_pod:
         d["nodes_per_pod"], d["pod_oversubscription"] = cluster.nodes_per_pod, cluster.pod_oversubscription
+    if cluster.islands > 1:
+        d["islands"] = {"bandwidth": cluster.island_bw, "latency": cluster.island_latency,
+                        **({"count": cluster.islands} if len(groups) != cluster.islands else {})}
     if kernels is not None:
         d["kernels"] = kernels
     if measurements is not None:
@@ -329,4 +363,4 @@ def with_allocator_headroom(cluster: Cluster, headroom: float | None) -> Cluster
     groups = [with_allocator_headroom(g, headroom) for g in cluster.groups]
     out = cluster_from_groups(groups, inter_group_bw=cluster.inter_group_bw,
                               inter_group_latency=cluster.inter_group_latency, spec=cluster.spec)
-    return replace(out, nodes_per_pod=cluster.nodes_per_pod, pod_oversubscription=cluster.pod_oversubscription)
+    return with_fabric(out, cluster)

@@ -290,3 +290,27 @@ def affine(collective, cluster: Cluster, group: Group, algorithm: str | None = N
             raise ValueError("affine() needs one all-reduce algorithm ('ring' or 'tree'), not 'auto'")
         return _line(lambda c, g, b: collective(c, g, b, algorithm=algo), cluster, group)
     return _line(collective, cluster, group)
+
+
+# ------------------------------------------------------------------------------------------- islands
+
+def islands_spanned(cluster: Cluster, span: int) -> int:
+    """How many of the cluster's islands (Cluster.islands) a group of consecutive ranks `span` wide reaches:
+    1 inside one island; all of them when it spans the cluster."""
+    if cluster.islands <= 1 or span <= cluster.island_devices:
+        return 1
+    return min(cluster.islands, -(-span // cluster.island_devices))
+
+
+def cross_island_all_reduce(cluster: Cluster, islands: int, nbytes: float) -> float:
+    """Seconds of the cross-island phase of a hierarchical all-reduce of a tensor of `nbytes` per replica over
+    `islands` islands: reduce-scatter inside each island (priced as any in-island collective), a ring all-reduce
+    across the islands on the island link, all-gather inside. Each island's ranks together send the whole
+    tensor once over its link, so with I islands, beta_I = Cluster.island_bw and alpha_I = island_latency:
+
+        cross-island   2 (I - 1) alpha_I + 2 (I - 1) / I * B / beta_I        (0 when I = 1)
+
+    (the ring's factors, module docstring, with the island as one rank of it)."""
+    if islands <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (islands - 1) * cluster.island_latency + 2 * (islands - 1) / islands * nbytes / cluster.island_bw

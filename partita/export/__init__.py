@@ -428,7 +428,18 @@ def _megatron_recompute(plan: Plan, out: _Args) -> None:
                                     "Megatron-LM's selective recompute applies to every layer"))
 
 
+def _sync_note(tool: str, plan: Plan) -> str | None:
+    """The note for a plan whose sync mode (planner.plan.sync) the tool's arguments do not carry; None: synchronous."""
+    if plan.sync.mode == "synchronous":
+        return None
+    every = plan.sync.options.get("every")
+    return _no_equivalent(tool, f"the {plan.sync.mode} sync mode (H = {every})",
+                          "these arguments train synchronous data parallelism; the prediction assumed the plan's mode")
+
+
 def _megatron_states(plan: Plan, out: _Args) -> None:
+    if note := _sync_note(MEGATRON, plan):
+        out.note(note)
     zero, differ = layer_zero(plan)
     if zero in (1, 2, 3):
         out.arg("--use-distributed-optimizer")
@@ -497,6 +508,8 @@ TORCHTITAN = "torchtitan"
 
 def _torchtitan_parallelism(plan: Plan, notes: _Args) -> dict:
     m, s = plan.mesh, plan.schedule
+    if note := _sync_note(TORCHTITAN, plan):
+        notes.note(note)
     zero, differ = layer_zero(plan)
     sharded = zero in (2, 3) and m.dp > 1
     par = {"data_parallel_replicate_degree": 1 if sharded else m.dp,

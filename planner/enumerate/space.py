@@ -24,7 +24,7 @@ from partita.planner.enumerate.options import RECOMPUTE
 from partita.planner.plan import fixed_text  # noqa: F401 (re-exported: the flags of fixed choices)
 from partita.planner.plan import MAX_DEVICES, MAX_GLOBAL_BATCH  # noqa: F401 -- what a plan may hold is what is planned
 from partita.planner.plan.schedules import AUTO, SCHEDULES, virtual_schedules
-from partita.planner.plan.sync import SYNCHRONOUS, mode_problem
+from partita.planner.plan.sync import mode_problem
 
 
 SCHEDULE_CHOICES = (AUTO, *SCHEDULES)
@@ -192,9 +192,34 @@ class SearchSpace:
     scatter/gather): each of the t ranks sends 1/t of the boundary activation and the receiving ranks
     all-gather it over the node's links. partita's runtime sends whole tensors (1/t only under sequence
     parallelism), so this is off except when pricing a Megatron-LM configuration (benchmarks)."""
-    sync: str = SYNCHRONOUS
-    """How the data-parallel replicas agree on the weights (planner.plan.sync.SYNC_MODES): "synchronous" (gradients
-    averaged in every step's backward) is the only mode accepted today; planner.estimate.sync prices it."""
+    sync: str | tuple = "auto"
+    """How the data-parallel replicas agree on the weights (planner.plan.sync.SYNC_MODES): one mode, a tuple of modes
+    the planner chooses the fastest of (planner.estimate.sync.choose), or "auto": every mode. "auto" is the default
+    because it is today's synchronous plan wherever there is nothing to trade: on a cluster without islands every
+    other mode is refused (DiLoCo has no slow link to save) and the plan is synchronous, byte for byte as before;
+    on a cluster with islands the modes are priced against each other."""
+    sync_every: int | None = None
+    """DiLoCo's H (inner steps per outer step); None: the planner picks it (planner.estimate.sync.DILOCO_EVERY_LADDER)."""
+    sync_bits: int | None = None
+    """Bit width of DiLoCo's outer all-reduce, 16 or 32; None: 32 (the mode's default)."""
+    sync_allow_any_every: bool = False
+    """Price a DiLoCo H above the published envelope (planner.plan.sync.DILOCO_MAX_EVERY)."""
+
+    def _check_sync(self):
+        if isinstance(self.sync, list):
+            object.__setattr__(self, "sync", tuple(self.sync))
+        modes = (self.sync,) if isinstance(self.sync, str) else self.sync
+        if self.sync != "auto":
+            if not isinstance(modes, tuple) or not modes:
+                raise PartitaError(f"sync must be a mode, a tuple of modes or 'auto'; got {self.sync!r}")
+            for mode in modes:
+                if why := mode_problem(mode, "sync"):
+                    raise PartitaError(why + ", auto")
+        every = self.sync_every
+        if every is not None and (not _is_int(every) or every < 1):
+            raise PartitaError(f"sync-every is DiLoCo's H, the inner steps per outer step: 1 or more; got {every!r}")
+        if self.sync_bits is not None and self.sync_bits not in (16, 32):
+            raise PartitaError(f"sync-bits is the bit width of DiLoCo's outer all-reduce, 16 or 32; got {self.sync_bits!r}")
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "sequence_parallel", "micro_batch",
@@ -226,8 +251,7 @@ class SearchSpace:
             raise PartitaError(f"kernels must be one of {', '.join(KERNELS)}, got {self.kernels!r}")
         if not isinstance(self.offload, bool):
             raise PartitaError(f"offload must be True (allowed, searched) or False (none), got {self.offload!r}")
-        if why := mode_problem(self.sync, "sync"):
-            raise PartitaError(why)
+        self._check_sync()
         if self.stack is not None and self.stack not in STACKS:
             raise PartitaError(f"stack must be one of {', '.join(STACKS)}, got {self.stack!r}")
         stack = get_stack(self.stack)
@@ -268,7 +292,7 @@ class SearchSpace:
 ZERO_STAGES = (0, 1, 2, 3)
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "full_recompute_layers", "offload", "kernels",
            "sequence_parallel", "micro_batch", "virtual_stages", "stack", "tp_comm_overlap", "p2p_overlap", "sync",
-           "stage_layers")
+           "stage_layers", "sync_every", "sync_bits", "sync_allow_any_every")
 """The SearchSpace fields a user fixes (planner.api.plan keywords, `partita plan` flags)."""
 
 

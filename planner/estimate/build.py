@@ -8,12 +8,12 @@ from partita.planner.plan.schedules import SCHEDULES
 from partita.planner.enumerate.candidates import Candidate
 from partita.planner.enumerate.cp_ep import EP_IMBALANCE
 from partita.planner.plan.executable import (composition_refusal, cp_refusal_for, overlap_refusal, pipeline_refusal_for,
-                                       zero_refusal)
+                                       sync_refusal, zero_refusal)
 from partita.planner.enumerate.options import pipelined_fsdp
 from partita.planner.search import SearchResult
 from partita.planner.estimate.phases import stage_memory
 from partita.planner.plan import SPLIT
-from partita.planner.plan.sync import Sync
+from partita.planner.estimate import sync as sync_price
 
 
 def predicted(result: SearchResult, c: Candidate) -> dict:
@@ -208,6 +208,7 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
         stages, blocks, placements = _counts_layout(result, c)
     train = result.train
     solved = [x for x in result.candidates if x.solution is not None]
+    sync, predicted_step = choose_sync(result, c)
     return Plan(
         model={"name": model_name, "fingerprint": fingerprint, "config": config,
                "parameters": int(result.graph.totals()["param_numel"])},
@@ -224,13 +225,34 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
                           virtual_stages=c.virtual_stages),
         stages=stages, blocks=blocks, placements=placements, zero_stage=c.zero,
         overlap={"tp_comm": c.tp_overlap, "p2p": c.p2p_overlap},
-        sync=Sync(mode=result.space.sync),
-        predicted=predicted(result, c),
+        sync=sync,
+        predicted=predicted_step,
         solver={"status": c.solution.status, "wall_time_s": result.wall_time_s, "mip_gap": c.solution.mip_gap,
                 "backend": "cvxpy+HiGHS", "formulation": c.formulation, "candidates": len(result.candidates),
                 "candidates_solved": len(solved), "capture_s": result.graph.capture_seconds,
-                "graph_nodes": len(result.graph), **pipeline_note(result, c)},
+                "graph_nodes": len(result.graph), **pipeline_note(result, c, sync.mode)},
     )
+
+
+def sync_setting(result: SearchResult, c: Candidate) -> sync_price.SyncSetting:
+    """Where candidate `c`'s replicas synchronise (planner.estimate.sync): ranks are laid out pp-major, so its
+    data-parallel group spans dp x cp x tp consecutive ranks."""
+    train = result.train
+    pure_half = train.master_weights == "none" and train.dtype in ("bf16", "fp16")
+    return sync_price.SyncSetting(cluster=result.cluster, parameters=int(result.graph.totals()["param_numel"]),
+                                  dp=c.dp, model_parallel=c.tp * c.pp, dp_span=c.dp * c.cp * c.tp, zero=c.zero,
+                                  grad_bytes=2 if pure_half else 4)
+
+
+def choose_sync(result: SearchResult, c: Candidate):
+    """The sync mode of the plan (the fastest SearchSpace.sync allows: planner.estimate.sync.choose) and the
+    candidate's prediction with its cross-island time and memory."""
+    space, base, setting = result.space, predicted(result, c), sync_setting(result, c)
+    sync, price, priced = sync_price.choose(base, setting, space.sync, every=space.sync_every, bits=space.sync_bits,
+                                            allow_any_every=space.sync_allow_any_every)
+    if sync.mode == "diloco" and setting.islands != setting.dp:  # the runtime's islands: the dp ranks in each
+        sync = type(sync)(mode=sync.mode, options={**sync.options, "islands": setting.islands})
+    return sync, sync_price.with_sync(base, sync, price, priced, setting.islands)
 
 
 def tied_charges(c: Candidate) -> dict:
@@ -241,14 +263,15 @@ def tied_charges(c: Candidate) -> dict:
                              for t in tied]} if tied else {}
 
 
-def pipeline_note(result: SearchResult, c: Candidate) -> dict:
+def pipeline_note(result: SearchResult, c: Candidate, sync_mode: str = "synchronous") -> dict:
     """What planner.plan.executable says of the plan: {"pipeline": why} when a one-stage plan was not allowed
     pipeline stages, {"not_executed": why} for a choice priced (what-if, or for another stack) that the
     runtime does not run."""
     why = pipeline_refusal_for(result.graph.name) if c.pp == 1 else None
     out = {"pipeline": f"not planned: {why}"} if why else {}
     why = (composition_refusal(c.pp, c.tp, c.cp, c.ep) or (cp_refusal_for(result.graph.name) if c.cp > 1 else None)
-           or zero_refusal(c.zero, c.tp, c.cp, c.ep) or overlap_refusal(c.tp_overlap, c.p2p_overlap))
+           or zero_refusal(c.zero, c.tp, c.cp, c.ep) or overlap_refusal(c.tp_overlap, c.p2p_overlap)
+           or sync_refusal(sync_mode, c.pp, c.tp, c.cp, c.ep, c.zero))
     if why:  # a what-if the user fixed, or a stack partita does not run (planner.enumerate.candidates, planner.enumerate.space)
         out["not_executed"] = f"priced as asked but not executed: {why}"
     return out

@@ -1,10 +1,25 @@
 """The price of a sync mode (planner.plan.sync.SYNC_MODES): what keeping the data-parallel replicas in agreement
 costs a candidate per step -- the communication no compute hides, and the memory the mode holds beyond the
-model states the memory phases already count.
+model states the memory phases already count -- and the choice among the modes a SearchSpace allows.
 
-One function per mode, of one signature, `price(predicted) -> SyncPrice`, over the candidate's priced step
-(planner.estimate.build.predicted): a new mode (local SGD, DiLoCo) adds its function to PRICES under the name of
-its registry entry, and its runtime hook to runtime.loop.sync.HOOKS.
+One function per mode, of one signature, `price(predicted, setting, sync) -> SyncPrice`, over the candidate's
+priced step (planner.estimate.build.predicted), where it runs (`SyncSetting`) and the mode's options: a new mode
+adds its function to PRICES under the name of its registry entry, and its runtime hook to runtime.loop.sync.HOOKS.
+
+On a cluster with islands (costmodel.hardware.Cluster.islands) the data-parallel group that spans I islands is
+priced hierarchically: the in-island part as today (the breakdown's `dp_comm_s`), plus the cross-island phase on
+the island link (costmodel.price.comm.cross_island_all_reduce), exposed -- nothing in the step is left to hide
+a 20 ms link behind, and the MILP's bucket overlap prices the fabric inside. Per step, for P parameters:
+
+    in-island     the breakdown's dp_comm_s, 0 when each island holds one replica (planner.estimate.sync.in_island)
+    synchronous   cross = X(P * g)             g = bytes per gradient element (4: fp32 gradients, 2: pure bf16)
+    diloco        cross = X(P * bits / 8) / H  once every H steps the parameter change, amortised per step
+                  memory + 8 P / (tp pp) / s   the fp32 anchor and outer momentum of the rank's parameters,
+                                               s = dp / I under ZeRO (sharded like the optimizer state inside
+                                               the island), 1 without
+
+with X(B) = 2 (I-1) alpha_I + 2 (I-1)/I * B / beta_I. On one island X = 0: synchronous keeps today's figures, and
+DiLoCo is refused (it has nothing to save there).
 """
 from __future__ import annotations
 
@@ -12,7 +27,16 @@ from dataclasses import dataclass
 from typing import Callable
 
 from partita.costmodel.errors import PartitaError
-from partita.planner.plan.sync import SYNC_MODES, SYNCHRONOUS, accepted
+from partita.costmodel.hardware import Cluster
+from partita.costmodel.price import comm
+from partita.planner.plan.sync import DILOCO, DILOCO_MAX_EVERY, SYNC_MODES, SYNCHRONOUS, Sync, accepted
+
+DILOCO_EVERY_LADDER = (10, 20, 50, 100, 200, DILOCO_MAX_EVERY)
+"""The H the planner tries for DiLoCo when the user fixes none, smallest first."""
+DILOCO_SLACK = 0.05
+"""The planner takes the smallest H of the ladder whose amortised cross-island time is at most this fraction of
+the step without it (the largest otherwise): a smaller H stays closer to synchronous training (Douillard et al.
+2023 report quality falling slowly as H grows), and past that point a larger H buys little time."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,24 +47,165 @@ class SyncPrice:
     """Seconds of data-parallel synchronisation on the step's critical path (part of the step time)."""
     extra_memory_bytes: int
     """Bytes per rank the mode holds beyond the model states, activations and workspace of the memory phases."""
+    cross_island_s: float = 0.0
+    """The part of exposed_s on the island link, per step (amortised over H for DiLoCo)."""
+    cross_island_bytes: float = 0.0
+    """Bytes one island sends over its link per all-reduce (each H steps for DiLoCo)."""
 
 
-def synchronous(predicted: dict) -> SyncPrice:
-    """Synchronous data parallelism as the estimator prices it today (nothing here changes a prediction): the
-    exposed part of the data-parallel gradient synchronisation in the slowest stage's flush, the breakdown's
-    `dp_comm_s` (planner.estimate.build.predicted: the layers' exposed dp traffic, e.g. what DDP's buckets leave
-    uncovered, plus its latency and last bucket); the ZeRO stream's own traffic is `zero_comm_s`, not priced
-    here. No extra memory: the gradients it averages are model states (under DDP its buckets, from the first
-    step on: planner.estimate.phases.grads_absent)."""
-    return SyncPrice(exposed_s=float(predicted.get("breakdown", {}).get("dp_comm_s", 0.0)), extra_memory_bytes=0)
+@dataclass(frozen=True, kw_only=True)
+class SyncSetting:
+    """Where a candidate's replicas synchronise: the cluster, the model size and the candidate's mesh."""
+
+    cluster: Cluster
+    parameters: int
+    """Parameters of the model (one replica)."""
+    dp: int
+    model_parallel: int = 1
+    """tp x pp: how many ranks one replica's parameters are split over."""
+    dp_span: int = 1
+    """Consecutive ranks the data-parallel group spans (dp x the ranks between replicas)."""
+    zero: int = 0
+    grad_bytes: int = 4
+
+    @property
+    def islands(self) -> int:
+        """Islands the data-parallel group spans."""
+        return comm.islands_spanned(self.cluster, self.dp_span) if self.dp > 1 else 1
 
 
-PRICES: dict[str, Callable[[dict], SyncPrice]] = {SYNCHRONOUS: synchronous}
+def _dp_exposed(predicted: dict) -> float:
+    return float(predicted.get("breakdown", {}).get("dp_comm_s", 0.0))
+
+
+def in_island(predicted: dict, setting: SyncSetting | None) -> float:
+    """The exposed data-parallel seconds inside the islands: the breakdown's `dp_comm_s` (priced by the MILP on
+    the whole data-parallel group over the fabric: an upper bound of the in-island group's), 0 when each island
+    holds one replica (nothing to average inside)."""
+    if setting is not None and setting.islands > 1 and setting.dp // setting.islands <= 1:
+        return 0.0
+    return _dp_exposed(predicted)
+
+
+def synchronous(predicted: dict, setting: SyncSetting | None = None, sync: Sync | None = None) -> SyncPrice:
+    """Synchronous data parallelism: the exposed in-island gradient synchronisation of the slowest stage's flush,
+    the breakdown's `dp_comm_s` (planner.estimate.build.predicted: what DDP's buckets leave uncovered, plus its
+    latency and last bucket; the ZeRO stream's own traffic is `zero_comm_s`, not priced here), and the
+    cross-island phase of every step's all-reduce (module docstring). No extra memory: the gradients it averages
+    are model states (under DDP its buckets: planner.estimate.phases.grads_absent)."""
+    nbytes = setting.parameters * setting.grad_bytes if setting else 0.0
+    cross = comm.cross_island_all_reduce(setting.cluster, setting.islands, nbytes) if setting else 0.0
+    return SyncPrice(exposed_s=in_island(predicted, setting) + cross, extra_memory_bytes=0, cross_island_s=cross,
+                     cross_island_bytes=nbytes if cross else 0.0)
+
+
+def diloco(predicted: dict, setting: SyncSetting, sync: Sync) -> SyncPrice:
+    """DiLoCo (module docstring): synchronous inside each island, the outer all-reduce of the parameter change
+    every H = `every` steps across them; the anchor and the outer momentum in fp32 on every rank."""
+    every, bits = sync.option("every"), sync.option("bits")
+    nbytes = setting.parameters * bits / 8
+    cross = comm.cross_island_all_reduce(setting.cluster, setting.islands, nbytes) / every
+    shards = max(1, setting.dp // setting.islands) if setting.zero >= 1 else 1
+    extra = 8 * setting.parameters // (setting.model_parallel * shards)
+    return SyncPrice(exposed_s=in_island(predicted, setting) + cross, extra_memory_bytes=extra, cross_island_s=cross,
+                     cross_island_bytes=nbytes)
+
+
+PRICES: dict[str, Callable[..., SyncPrice]] = {SYNCHRONOUS: synchronous, DILOCO: diloco}
 """A price function per registered sync mode (the same names as planner.plan.sync.SYNC_MODES)."""
 
 
-def sync_price(mode: str, predicted: dict) -> SyncPrice:
+def sync_price(mode: str, predicted: dict, setting: SyncSetting | None = None, sync: Sync | None = None) -> SyncPrice:
     """The price of sync mode `mode` for a candidate whose step is priced as `predicted`."""
     if mode not in SYNC_MODES or mode not in PRICES:
         raise PartitaError(f"sync mode {mode!r} has no price; accepted: {accepted()}")
-    return PRICES[mode](predicted)
+    return PRICES[mode](predicted, setting, sync or Sync(mode=mode))
+
+
+# ------------------------------------------------------------------------------------------- choice
+
+def refusal(sync: Sync, setting: SyncSetting, allow_any_every: bool = False) -> str | None:
+    """Why `sync` cannot run, or is outside its quality envelope, for this candidate; None when it may."""
+    if sync.mode != DILOCO:
+        return None
+    if setting.islands < 2:
+        return ("diloco trains islands apart and this plan's data-parallel group spans one island; give a cluster "
+                "with islands, e.g. 2x8x8xH100-80GB@2x100Gbps,20ms")
+    every = sync.option("every")
+    if every > DILOCO_MAX_EVERY and not allow_any_every:
+        return (f"diloco with H = {every} is outside the published envelope (H <= {DILOCO_MAX_EVERY}: Douillard et al. "
+                "2023); allow it with sync_allow_any_every (--sync-allow-any-every)")
+    return None
+
+
+def _candidates(mode: str, predicted: dict, setting: SyncSetting, every: int | None, bits: int | None) -> list[Sync]:
+    if mode != DILOCO:
+        return [Sync(mode=mode)]
+    opts = {"bits": bits} if bits else {}
+    if every is not None:
+        return [Sync(mode=DILOCO, options={"every": every, **opts})]
+    base = predicted["step_time_s"]
+    ladder = [Sync(mode=DILOCO, options={"every": h, **opts}) for h in DILOCO_EVERY_LADDER]
+    for s in ladder:
+        if diloco(predicted, setting, s).cross_island_s <= DILOCO_SLACK * base:
+            return [s]
+    return ladder[-1:]
+
+
+def modes_of(sync) -> tuple[str, ...]:
+    """The modes a SearchSpace's `sync` allows: "auto" (every registered mode), one name, or a tuple of names."""
+    if sync == "auto":
+        return tuple(m for m in SYNC_MODES if m in PRICES)
+    return (sync,) if isinstance(sync, str) else tuple(sync)
+
+
+def choose(predicted: dict, setting: SyncSetting, allowed, every: int | None = None, bits: int | None = None,
+           allow_any_every: bool = False) -> tuple[Sync, SyncPrice, dict]:
+    """The fastest of the `allowed` modes (SearchSpace.sync) that may run inside its envelope and fits memory:
+    (its Sync, its price, {mode: predicted step seconds, or why not}). A mode other than synchronous replaces an
+    earlier one only when it is more than DILOCO_SLACK faster: it trades some quality for its time, and a few
+    percent is inside the cost model's own error. One line when none may run."""
+    step0 = predicted["step_time_s"] - _dp_exposed(predicted)
+    room = predicted.get("memory_capacity_bytes", float("inf")) - predicted.get("peak_memory_bytes", 0)
+    best, priced = None, {}
+    for mode in modes_of(allowed):
+        for sync in _candidates(mode, predicted, setting, every, bits):
+            if why := refusal(sync, setting, allow_any_every):
+                priced[mode] = why
+                continue
+            price = sync_price(mode, predicted, setting, sync)
+            if price.extra_memory_bytes and price.extra_memory_bytes > room:
+                priced[mode] = (f"{mode} needs {price.extra_memory_bytes / 2**30:.2f} GiB more per rank than the plan "
+                                f"leaves free ({max(0, room) / 2**30:.2f} GiB)")
+                continue
+            priced[mode] = step0 + price.exposed_s
+            handicap = 1.0 if mode == SYNCHRONOUS else 1.0 - DILOCO_SLACK
+            if best is None or priced[mode] < handicap * priced[best[0].mode]:
+                best = (sync, price)
+    if best is None:
+        raise PartitaError("no sync mode may run: " + "; ".join(f"{m}: {w}" for m, w in priced.items()))
+    return best[0], best[1], priced
+
+
+def with_sync(predicted: dict, sync: Sync, price: SyncPrice, priced: dict, islands: int) -> dict:
+    """`predicted` with the chosen mode's synchronisation in place of the estimator's `dp_comm_s` (in-island
+    and cross-island seconds: step, throughput, breakdown, `exposed_comm_s`) and its memory added and a `sync` entry for explain; unchanged on one island in synchronous mode,
+    so single-island predictions stay what they were."""
+    if islands < 2 and sync.mode == SYNCHRONOUS:
+        return predicted
+    out = dict(predicted)
+    dp_comm = _dp_exposed(predicted)
+    step = predicted["step_time_s"] - dp_comm + price.exposed_s
+    for key in ("tokens_per_s", "samples_per_s", "tflops_per_device", "mfu", "hfu"):
+        if key in out:
+            out[key] = out[key] * predicted["step_time_s"] / step
+    out["step_time_s"] = step
+    out["breakdown"] = {**predicted.get("breakdown", {}), "dp_comm_s": price.exposed_s - price.cross_island_s,
+                        "cross_island_s": price.cross_island_s}
+    out["exposed_comm_s"] = predicted.get("exposed_comm_s", 0.0) - dp_comm + price.exposed_s
+    out["peak_memory_bytes"] = predicted.get("peak_memory_bytes", 0) + price.extra_memory_bytes
+    out["sync"] = {"mode": sync.mode, **({"every": sync.option("every")} if sync.mode == DILOCO else {}),
+                   "islands": islands, "cross_island_s": price.cross_island_s,
+                   "cross_island_bytes": price.cross_island_bytes, "extra_memory_bytes": price.extra_memory_bytes,
+                   "priced": priced}
+    return out

@@ -190,6 +190,7 @@ _TIME_LABELS = {"compute_s": "compute", "contention_s": "compute slowed by overl
                 "ep_comm_s": "ep all-to-all (exposed)", "zero_comm_s": "zero comm (exposed)",
                 "offload_s": "offload copies (exposed)", "p2p_s": "pipeline p2p (exposed)",
                 "bubble_s": "pipeline bubble", "dp_comm_s": "dp all-reduce (exposed)", "optimizer_s": "optimizer",
+                "cross_island_s": "cross-island sync (exposed)",
                 "embeddings_s": "embedding tables (slowest rank)"}
 
 
@@ -285,7 +286,7 @@ def renderables(plan) -> Group:
         why = above_published(plan)
         if why:
             parts.append(Text(why, style="yellow"))
-        parts += [*([_time(pred)] if "step_time_s" in pred else []), Text(""), _memory(pred)]
+        parts += [*([_time(pred)] if "step_time_s" in pred else []), *sync_lines(plan), Text(""), _memory(pred)]
         if pred.get("uncosted_ops"):
             parts += [Text(""), uncosted_line(pred["uncosted_ops"])]
         parts += executable_lines(plan)
@@ -300,6 +301,24 @@ def renderables(plan) -> Group:
     if plan.baselines:
         parts += [Text(""), _baselines(plan)]
     return Group(*parts)
+
+
+def sync_lines(plan) -> list[Text]:
+    """The sync mode on a cluster with islands (planner.estimate.sync): what crosses the slow link, how often, its
+    exposed seconds per step, and the other modes' predicted steps (or why they were not taken)."""
+    s = plan.predicted.get("sync")
+    if not isinstance(s, dict):
+        return []
+    every = s.get("every", 1)
+    mode = f"{s['mode']}" + (f", H = {every}" if s["mode"] == "diloco" else "")
+    what = "the parameter change" if s["mode"] == "diloco" else "the gradients"
+    out = [Text(f"sync: {mode} across {s['islands']} islands -- {what} ({human_bytes(s['cross_island_bytes'])} per "
+                f"island) all-reduced over the island link every {every} step(s): {s['cross_island_s']:.4g} s exposed "
+                f"per step" + (f"; +{human_bytes(s['extra_memory_bytes'])} per rank (anchor and outer momentum)"
+                               if s.get("extra_memory_bytes") else ""), style="bold")]
+    for other, v in s.get("priced", {}).items():
+        out.append(Text(f"  {other}: " + (f"predicted step {v:.4g} s" if isinstance(v, (int, float)) else str(v))))
+    return [Text(""), *out]
 
 
 def uncosted_line(ops: dict[str, int]) -> Text:

@@ -119,7 +119,8 @@ def check_executable(plan: Plan, spec: ModelSpec, model: nn.Module) -> None:
                         f"{' or '.join(KERNELS)}: re-plan with --kernels {{{','.join(KERNELS)}}}")
     m = plan.mesh
     if why := (executable.zero_refusal(plan.zero_stage, m.tp, m.cp, m.ep)
-               or executable.overlap_refusal(plan.overlap.get("tp_comm", False), plan.overlap.get("p2p", False))):
+               or executable.overlap_refusal(plan.overlap.get("tp_comm", False), plan.overlap.get("p2p", False))
+               or executable.sync_refusal(plan.sync.mode, m.pp, m.tp, m.cp, m.ep, plan.zero_stage)):
         raise PlanError(why)
 
 

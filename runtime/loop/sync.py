@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import contextlib
 
+import torch
+import torch.distributed as dist
+
 from partita.costmodel import PartitaError
-from partita.planner.plan.sync import SYNC_MODES, SYNCHRONOUS, Sync, accepted
+from partita.planner.plan.sync import DILOCO, SYNC_MODES, SYNCHRONOUS, Sync, accepted
 from partita.runtime.loop.trainer import StepHook
 
 
@@ -37,7 +40,87 @@ class Synchronous(SyncHook):
     stage. By the optimizer step every replica holds the same averaged gradients."""
 
 
-HOOKS: dict[str, type[SyncHook]] = {SYNCHRONOUS: Synchronous}
+class DiLoCo(SyncHook):
+    """DiLoCo (Douillard et al. 2023, arXiv:2311.08105, Algorithm 1) over the data-parallel replicas, split into
+    `islands` blocks of consecutive replicas (option `islands`; default: each replica its own island):
+
+    - inner steps: the plan's optimizer on gradients averaged inside the island only (DDP's `no_sync` keeps them
+      local; an island of several replicas averages them over its own process group before the step);
+    - every H = `every` steps, the outer step: delta = anchor - params (fp32), all-reduced to its mean across the
+      islands (in `bits` 16 as bf16, or 32), then torch's SGD (Nesterov when momentum > 0) steps the anchor with
+      delta as its gradient (lr `outer_lr`, momentum `outer_momentum`), and the parameters become the anchor.
+
+    With H = 1, outer lr 1 and no momentum under an SGD inner optimizer this is synchronous DP: the anchor
+    becomes the mean of one local step from the same weights, the step on the mean gradient. Runs on plans with
+    DDP (zero 0, no tensor or pipeline parallelism) and on one replica; the anchor and the outer momentum are
+    not in checkpoints yet (`run_refusal`)."""
+
+    def __init__(self, executor, topo, options: dict):
+        super().__init__(executor, topo, options)
+        sync = Sync(mode=DILOCO, options=options)
+        self.every, self.bits = sync.option("every"), sync.option("bits")
+        n = executor.n_replicas if executor is not None else 1
+        if n > 1 and executor.ddp is None:
+            raise PartitaError("diloco runs on data-parallel plans with DDP (zero 0, no tensor or pipeline "
+                               "parallelism) today; this plan shards or splits the model")
+        self.islands = sync.option("islands") or n
+        if n % self.islands:
+            raise PartitaError(f"sync.options.islands = {self.islands} does not divide the plan's {n} data-parallel "
+                               "replicas into equal islands")
+        self.inner, self.outer = self._groups(n)
+        with torch.no_grad():
+            self.anchor = [p.detach().clone().float() for p in executor.params]
+        momentum = sync.option("outer_momentum")
+        self.outer_opt = torch.optim.SGD(self.anchor, lr=sync.option("outer_lr"), momentum=momentum,
+                                         nesterov=momentum > 0)
+
+    def _groups(self, n: int):
+        """(the island's own group or None, the group of this replica's peers in the other islands or None)."""
+        if n <= 1 or self.islands <= 1:
+            return None, None
+        if self.islands == n:
+            return None, self.executor.replicas
+        per, ranks = n // self.islands, dist.get_process_group_ranks(self.executor.replicas)
+        mine = ranks.index(dist.get_rank())
+        inner = outer = None
+        for i in range(self.islands):  # every rank creates every group, in the same order (new_group's rule)
+            g = dist.new_group(ranks[i * per:(i + 1) * per])
+            inner = g if mine // per == i else inner
+        for j in range(per):
+            g = dist.new_group(ranks[j::per])
+            outer = g if mine % per == j else outer
+        return inner, outer
+
+    def during_backward(self, step: int):
+        ddp = self.executor.ddp if self.executor is not None else None
+        return ddp.no_sync() if ddp is not None and self.outer is not None else contextlib.nullcontext()
+
+    def before_optimizer(self, step: int) -> None:
+        if self.inner is None:
+            return
+        for p in self.executor.params:
+            if p.grad is not None:
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=self.inner)
+
+    def after_optimizer(self, step: int) -> None:
+        if step % self.every:
+            return
+        with torch.no_grad():
+            for anchor, p in zip(self.anchor, self.executor.params):
+                delta = anchor - p.detach().float()
+                if self.outer is not None:
+                    wire = delta.to(torch.bfloat16) if self.bits == 16 else delta
+                    dist.all_reduce(wire, op=dist.ReduceOp.AVG, group=self.outer)
+                    delta = wire.float()
+                anchor.grad = delta
+        self.outer_opt.step()
+        with torch.no_grad():
+            for anchor, p in zip(self.anchor, self.executor.params):
+                p.copy_(anchor)
+                anchor.grad = None
+
+
+HOOKS: dict[str, type[SyncHook]] = {SYNCHRONOUS: Synchronous, DILOCO: DiLoCo}
 """A hook class per registered sync mode (the same names as planner.plan.sync.SYNC_MODES)."""
 
 
@@ -46,3 +129,21 @@ def make_hook(sync: Sync, executor, topo) -> SyncHook:
     if sync.mode not in SYNC_MODES or sync.mode not in HOOKS:
         raise PartitaError(f"sync mode {sync.mode!r} has no runtime hook; accepted: {accepted()}")
     return HOOKS[sync.mode](executor, topo, dict(sync.options))
+
+
+def run_refusal(sync: Sync, checkpoint_every: int = 0, steps: int = 0, verify: bool = False) -> str | None:
+    """One line when the run cannot honour the plan's sync mode with these flags; None when it can."""
+    if sync.mode != DILOCO:
+        return None
+    every = sync.option("every")
+    if checkpoint_every:
+        return ("--checkpoint-every with the diloco sync mode is not supported yet: its anchor weights and outer "
+                "momentum are not in the checkpoint, so a resume would not be exact; run without checkpoints")
+    if steps % every:
+        return (f"--steps {steps} is not a multiple of the plan's diloco H = {every}: the replicas would end the run "
+                f"apart, after {steps % every} inner step(s) with no outer step; run {steps - steps % every or every} "
+                "steps or re-plan with --sync-every")
+    if verify and (every, sync.option("outer_lr"), sync.option("outer_momentum")) != (1, 1, 0):
+        return ("--verify compares with single-process training, which diloco reproduces only with H = 1, outer_lr 1 "
+                "and outer_momentum 0; run without --verify")
+    return None

@@ -56,7 +56,7 @@ def test_an_explicit_synchronous_section_loads_and_is_written_as_the_default(old
 
 
 @pytest.mark.parametrize("section, needle", [
-    ({"mode": "diloco"}, "sync.mode is 'diloco'; accepted: synchronous"),
+    ({"mode": "streaming"}, "sync.mode is 'streaming'; accepted: synchronous, diloco"),
     ({"mode": None}, "sync.mode is None; accepted: synchronous"),
     ({"mode": 3}, "sync.mode is 3; accepted: synchronous"),
     ({"mode": ["synchronous"]}, "sync.mode is ['synchronous']; accepted: synchronous"),
@@ -89,19 +89,22 @@ def test_a_bad_section_is_one_line_in_every_command(old_plan, tmp_path, capsys, 
         assert needle in one_line_error(argv, capsys)
 
 
-@pytest.mark.parametrize("mode", ["diloco", "", 5, None, ("synchronous",)])
+@pytest.mark.parametrize("mode", ["streaming", "", 5, None, ("synchronous", "x")])
 def test_search_space_accepts_only_registered_modes(mode):
     from partita.planner.enumerate.space import SearchSpace
-    assert SearchSpace().sync == "synchronous" and SearchSpace(sync="synchronous").fixed() == {}
+    assert SearchSpace().sync == "auto" and SearchSpace(sync="synchronous").fixed() == {"sync": "synchronous"}
+    assert SearchSpace(sync=("synchronous", "diloco")).sync == ("synchronous", "diloco")
     with pytest.raises(PartitaError) as refused:
         SearchSpace(sync=mode)
-    assert str(refused.value) == f"sync is {mode!r}; accepted: synchronous"
+    shown = mode[-1] if isinstance(mode, tuple) else mode
+    assert str(refused.value) in (f"sync is {shown!r}; accepted: synchronous, diloco, auto",
+                                  f"sync must be a mode, a tuple of modes or 'auto'; got {mode!r}")
 
 
 def test_the_cli_flag_refuses_an_unknown_mode_inone_line_error(tmp_path, capsys):
-    line = one_line_error(["plan", "--model", "tiny-gpt", "--cluster", "2xcpu", "--global-batch", "4", "--sync", "diloco",
+    line = one_line_error(["plan", "--model", "tiny-gpt", "--cluster", "2xcpu", "--global-batch", "4", "--sync", "streaming",
                       "--out", str(tmp_path / "p.json")], capsys)
-    assert line == "partita: error: sync is 'diloco'; accepted: synchronous"
+    assert line == "partita: error: sync is 'streaming'; accepted: synchronous, diloco, auto"
     assert not (tmp_path / "p.json").exists()
 
 
@@ -115,14 +118,16 @@ def test_the_synchronous_price_is_the_estimators_dp_comm_and_no_memory(tmp_path,
     plain = plan_search("tiny-gpt", cluster="2xcpu", train=train, space=SearchSpace(dp=(2,), zero=(0,)))[1]
     asked = plan_search("tiny-gpt", cluster="2xcpu", train=train,
                         space=SearchSpace(dp=(2,), zero=(0,), sync="synchronous"))[1]
-    assert asked.canonical_json() == plain.canonical_json() and "sync" not in plain.to_dict()
+    # on one island "auto" (the default) is synchronous: the same plan, which records the restriction asked for
+    assert asked.predicted == plain.predicted and asked.mesh == plain.mesh and "sync" not in plain.to_dict()
+    assert asked.solver["fixed"] == {**plain.solver["fixed"], "sync": "synchronous"}
     price = sync_price("synchronous", plain.predicted)
     dp_comm = plain.predicted["breakdown"]["dp_comm_s"]
     assert dp_comm > 0  # two ranks: the gradient all-reduce has a latency at least
     assert price == SyncPrice(exposed_s=dp_comm, extra_memory_bytes=0)
     assert set(PRICES) == set(SYNC_MODES)
-    with pytest.raises(PartitaError, match="sync mode 'diloco' has no price; accepted: synchronous"):
-        sync_price("diloco", plain.predicted)
+    with pytest.raises(PartitaError, match="sync mode 'streaming' has no price; accepted: synchronous, diloco"):
+        sync_price("streaming", plain.predicted)
     out = tmp_path / "cli.json"
     assert cli.main(["plan", "--model", "tiny-gpt", "--cluster", "2xcpu", "--global-batch", "4", "--dp", "2",
                      "--zero", "0", "--sync", "synchronous", "--json", "--out", str(out)]) == 0
@@ -145,4 +150,4 @@ def test_a_registered_mode_takes_its_declared_options_only(old_plan, monkeypatch
         with pytest.raises(PlanError, match=None) as refused:
             Plan.from_dict({**old_plan, "sync": {"mode": "local_sgd", "options": options}})
         assert needle in str(refused.value)
-    assert sync_contract.accepted() == "synchronous, local_sgd"
+    assert sync_contract.accepted() == "synchronous, diloco, local_sgd"

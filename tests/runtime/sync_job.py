@@ -3,6 +3,8 @@ two toy sync modes for the length of one `partita.runtime.train.main(ARGV)` run 
 
 - "counted": a hook that does nothing to training and records, per step, when each of its points ran and
   whether the parameters had changed by then (so it is known to sit around the optimizer step);
+- "diloco_probe": the DiLoCo hook (runtime.loop.sync.DiLoCo) with its options, recording each rank's parameter
+  checksum after every optimizer step;
 - "local_sgd" (option `every` = H): no gradient averaging in the backward (DDP's no_sync), each replica steps on its
   own gradients, and the parameters are averaged across the data-parallel replicas after every H-th optimizer
   step -- local SGD, the simplest of the modes that DiLoCo generalises.
@@ -60,7 +62,19 @@ class LocalSGD(runtime_sync.SyncHook):
         RECORD.append(["averaged", step])
 
 
-MODES = {"counted": (SyncMode(name="counted", summary="records its calls"), Counted),
+class DiLoCoProbe(runtime_sync.DiLoCo):
+    """The DiLoCo hook, recording after every optimizer step this rank's parameter checksum (after the outer step
+    on the steps that take one)."""
+
+    def after_optimizer(self, step):
+        super().after_optimizer(step)
+        RECORD.append(["params", step, _checksum(self.executor.params)])
+
+
+MODES = {"diloco_probe": (SyncMode(name="diloco_probe", summary="diloco, recording parameter checksums",
+                                   options=SYNC_MODES["diloco"].options, defaults=SYNC_MODES["diloco"].defaults,
+                                   check=SYNC_MODES["diloco"].check), DiLoCoProbe),
+         "counted": (SyncMode(name="counted", summary="records its calls"), Counted),
          "local_sgd": (SyncMode(name="local_sgd", summary="average parameters every H steps",
                                 options={"every": COUNT}), LocalSGD)}
 

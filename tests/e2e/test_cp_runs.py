@@ -239,6 +239,7 @@ def test_preflight_refuses_what_cp_does_not_run():
                        {"index": 1, "modules": ["blocks.1", "ln_f", "head"], "split_at": "blocks.1"}]
     for b in piped["blocks"]:
         b["stage"] = int(b["fqn"] not in ("tok_emb", "blocks.0"))
+    piped["schedule"]["name"] = "GPipe"  # one micro-batch over two stages: 1F1B refuses it when the plan loads
     assert "with pp=2 is not run by partita's runtime" in _refusal(piped, "tiny-llama", pp=2)
     assert "2 x cp = 6 chunks" in _refusal(llama, "tiny-llama", cp=3)  # 32 tokens
     cnn = json.loads(json.dumps(llama))

@@ -11,8 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import rank_pool
 import torch.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: also for the worker scripts importing this
+import rank_pool  # noqa: E402
 
 from partita.costmodel import model_fingerprint, resolve_model
 from partita.planner.plan import Plan

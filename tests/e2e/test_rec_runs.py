@@ -146,11 +146,12 @@ def test_export_to_torchrec_builds_the_planned_shardings(tmp_path, capsys):
     assert main(["export", str(ROOT / "tests" / "e2e" / "missing.json"), "--to", "torchrec"]) == 2
 
 
-def test_run_refuses_another_model_in_one_line(tmp_path, capsys):
+def test_run_refuses_another_model_in_one_line(tmp_path, capfd):
+    """The launcher process's pre-flight says it (on the file descriptor: it is a process of its own)."""
     path = _plan_file(tmp_path, SMALL, "2xcpu", None, "sgd")
     env_model = "dlrm:tables=4,rows=64-80-96-51,dim=8,bottom=16-8,top=16-1,dense=4,pooling=2"
     code = main(["run", path, "--model", env_model, "--steps", "1"])
-    err = capsys.readouterr().err.strip()
+    err = capfd.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "fingerprint" in err
 
 

@@ -276,12 +276,14 @@ class PipelineExecutor:
 Executor = LocalExecutor | PipelineExecutor
 
 
-def make_plan_optimizer(executor: Executor, plan: Plan, lr: float, name: str) -> torch.optim.Optimizer:
+def make_plan_optimizer(executor: Executor, plan: Plan, lr: float, name: str,
+                        weight_decay: float = 0.0) -> torch.optim.Optimizer:
     """The optimizer over this rank's parameters: under ZeRO-1 its state sharded over the ranks that
-    average the gradients (runtime.parallel.zero1), else whole (FSDP's parameters are already shards)."""
+    average the gradients (runtime.parallel.zero1), else whole (FSDP's parameters are already shards);
+    `weight_decay` of the matrices (runtime.loop.recipe.param_groups)."""
     if plan.zero_stage == 1 and executor.n_replicas > 1:
-        return make_zero1(executor.params, lr, name, executor.replicas)
-    return make_optimizer(executor.params, lr, name)
+        return make_zero1(executor.params, lr, name, executor.replicas, weight_decay)
+    return make_optimizer(executor.params, lr, name, weight_decay)
 
 
 def make_executor(model: nn.Module, plan: Plan, topo: Topology, spec: ModelSpec) -> Executor:

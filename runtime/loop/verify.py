@@ -222,11 +222,13 @@ def param_checks(what: str, stats: "ParamStats", tol: float | None, optimizer: s
     return [param_check(what, judged, tol)] + ([extra] if extra is not None else [])
 
 
-GRAD_NORM_TOLERANCE = 1e-4
+GRAD_NORM_TOLERANCE = 1e-3
 """Largest |norm - reference norm| / reference norm of the gradients' global norm at any step (with clipping, in
-an fp32 run): the norms differ only by the order of fp32 sums (~1e-6 relative, tiny-gpt dp=2 and pp=2), while a
-norm missing a pipeline stage or a shard's part is off by tens of percent -- which the loss and parameter
-checks can miss, as Adam's update hardly depends on the gradients' scale."""
+an fp32 run). Correct runs differ by the order of fp32 sums and the trajectory's drift: measured 1.1e-7 and 1.2e-7
+(tiny-gpt dp=2 and pp=2, 6 steps) up to 9.3e-5 (the BatchNorm CNN of docs/own-models.md under SGD, dp=2, step 7 of 8),
+so 10x above the largest; a pp=2 run whose stages each clip by their own norm is off by 0.41 (tests/e2e/
+test_training_recipe.py), 400x above. Judged because a wrong norm can hide from the loss and parameter checks:
+Adam's update hardly depends on the gradients' scale."""
 
 
 def grad_norm_check(what: str, norms: list[float], reference: list[float], first_step: int = 0) -> Check:

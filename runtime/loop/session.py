@@ -11,6 +11,10 @@ and (--verify) compare with single-process training (`_check`), then report (`_r
 Each step (runtime.loop.trainer): forward and backward of this rank's data-parallel slice
 (runtime.parallel.apply), the loss averaged over dp (one all-reduce), a non-finite loss stops the run before
 the optimizer step (NonFiniteLoss), then the optimizer step between the sync mode's hooks (runtime.loop.sync).
+The training recipe (runtime.loop.recipe.Recipe, `recipe_of`: weight decay, the lr schedule, clipping by the global
+gradient norm, runtime.loop.clip) is a hook of the same loop (trainer.RecipeHook), positioned at the resumed step;
+--verify's reference and the verification pass train with it too. With `save_final`, the trained weights are
+saved as one plain state dict after the run (runtime.checkpoint.final), before --verify's checks.
 
 --verify (runtime.loop.verify): every rank trains, rank 0 also trains the unpartitioned reference, and the run's
 losses and final parameters are compared with it; a bf16 run also gets an fp32 verification pass of the
@@ -584,7 +588,8 @@ def _verify(result: CheckedResult, plan: Plan, spec: ModelSpec, opts: RunOptions
     """--verify's checks of the run itself, on every rank: rank 0 trains the reference; the run's losses
     and final parameters are compared with it (judged when the run is in VERIFY_DTYPE; a run in another
     dtype then gets `_verification_pass`, runtime.loop.verify's docstring says why). Fills `result.checks`;
-    returns (reference model, initial model, reference losses, rounding-level tensors) for the pass (the
+    returns (reference model, initial model, reference losses, rounding-level tensors, reference grad norms or
+    None) for the pass (the
     models on rank 0 only)."""
     dtype, start, device = train_dtype(plan), result.first_step, topo.device
     reference = initial = None
@@ -619,14 +624,15 @@ def _verify(result: CheckedResult, plan: Plan, spec: ModelSpec, opts: RunOptions
         norms = grad_norm_check(f"{run}grad norms before clipping", result.grad_norms, result.reference_grad_norms,
                                 start)
         result.checks.append(norms if judged else dataclasses.replace(norms, tolerance=None))
-    return reference, initial, ref_losses, noise
+    return reference, initial, ref_losses, noise, ref_norms
 
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def _verification_pass(plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo: Topology, names: list,
-                       reference, initial, ref_losses: list[float], noise: list[str]) -> list[Check]:
+                       reference, initial, ref_losses: list[float], noise: list[str],
+                       ref_norms: list[float] | None) -> list[Check]:
     """The plan's layout trained in VERIFY_DTYPE from the same init on the same batches (steps 1..steps, no
     checkpoints, no faults), judged against the reference: losses and final parameters."""
     verify_plan = dataclasses.replace(plan, train={**plan.train, "dtype": _DTYPE_NAMES[VERIFY_DTYPE]})
@@ -636,13 +642,13 @@ def _verification_pass(plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo
     opt = make_plan_optimizer(executor, verify_plan, opts.lr, optimizer_name(plan), opts.weight_decay)
     recipe = recipe_of(opts)
     schedule = make_schedule(opt, recipe)
-    losses = []
+    losses, norms = [], []
     for k in range(opts.steps):
         batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
         opt.zero_grad(set_to_none=True)
         losses.append(_reduce_loss(executor, executor.step(batch), topo))
         if recipe.clip_grad_norm is not None:
-            clip_grad_norm(executor.params, recipe.clip_grad_norm, _pp_group(topo))
+            norms.append(clip_grad_norm(executor.params, recipe.clip_grad_norm, _pp_group(topo)))
         opt.step()
         schedule.step()
     stats = param_stats(executor.modules, _coords(topo), names, reference, topo.device, compare_params=True,
@@ -650,4 +656,5 @@ def _verification_pass(plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo
     what = f"{_DTYPE_NAMES[VERIFY_DTYPE]} pass of the same layout"
     return [loss_check(f"{what}, losses", losses, ref_losses, TOLERANCE[VERIFY_DTYPE]),
             *param_checks(f"{what}, parameters after step {opts.steps}", stats, PARAM_TOLERANCE, optimizer_name(plan),
-                          noise, opts.lr, opts.steps)]
+                          noise, opts.lr, opts.steps),
+            *([grad_norm_check(f"{what}, grad norms before clipping", norms, ref_norms)] if ref_norms else [])]

@@ -400,7 +400,15 @@ def _header(plan: Plan, spec: ModelSpec, opts: RunOptions, topo: Topology, data)
     return (f"partita run: {spec.name} on {m.world_size} rank(s) (pp={m.pp} dp={m.dp}{f' ep={m.ep}' if m.ep > 1 else ''}{f' cp={m.cp}' if m.cp > 1 else ''} tp={m.tp}, "
             f"{sched} x{s.num_microbatches} microbatches, zero_stage {plan.zero_stage}, "
             f"{plan.train.get('dtype') or 'fp32'}, {optimizer_name(plan)}), {dist.get_backend()}/{topo.device.type}, "
-            f"global batch {batch} ({where}), {opts.steps} steps\n{recipe_of(opts).describe(optimizer_name(plan))}")
+            f"global batch {batch} ({where}), {opts.steps} steps{_recipe_line(opts, plan)}")
+
+
+def _recipe_line(opts: RunOptions, plan: Plan) -> str:
+    """The recipe's line under the header, when it is more than one learning rate (the run then says its
+    weight decay, schedule and clipping; --losses-out records the recipe either way)."""
+    recipe = recipe_of(opts)
+    plain = Recipe(lr=recipe.lr, steps=recipe.steps, min_lr_ratio=recipe.min_lr_ratio)
+    return "" if recipe == plain else "\n" + recipe.describe(optimizer_name(plan))
 
 
 def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tuple[RunResult, int]:

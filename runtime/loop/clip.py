@@ -10,7 +10,8 @@ norm is that of one replica, which may itself be spread over ranks:
   squared norms are summed over the ep group;
 - a pipeline stage (pp > 1): each rank holds its stages' parameters only, so the squared norms of the stages
   are summed over the pp group (torchtitan's `clip_grad_norm_(..., pp_mesh)` does the same; pytorch/torchtitan
-  issue 596);
+  issue 596); a tied parameter (an embedding and a head on different stages) has a copy on each stage holding the
+  same summed gradient, and counts once (measured: counted twice, a tied GPT-2's norm was 14% off);
 - any other gradient (DDP, a replicated tensor beside tensor-parallel ones, cp replicas) is whole on this rank.
 
 Then `torch.nn.utils.clip_grads_with_norm_` scales every gradient by min(1, max_norm / (norm + 1e-6)) -- the
@@ -59,10 +60,17 @@ def global_grad_norm(params: list[torch.Tensor], pp_group=None) -> torch.Tensor:
     return total.sqrt()
 
 
+def _unique(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    return list({id(p): p for p in params}.values())
+
+
 @torch.no_grad()
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float, pp_group=None) -> float:
-    """Scale the gradients so that their global norm is at most `max_norm`; returns the norm before clipping."""
-    norm = global_grad_norm(params, pp_group)
-    grads = [p for p in params if p.grad is not None]
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, pp_group=None,
+                   counted: list[torch.Tensor] | None = None) -> float:
+    """Scale the gradients of `params` so that their global norm is at most `max_norm`; returns the norm before
+    clipping. `counted`: the parameters the norm counts on this rank (default `params`): a pipeline's copies of a
+    tied parameter on several stages are one parameter, whose gradient counts once (runtime.parallel.pp.TiedSync)."""
+    norm = global_grad_norm(_unique(params if counted is None else counted), pp_group)
+    grads = [p for p in _unique(params) if p.grad is not None]
     torch.nn.utils.clip_grads_with_norm_(grads, max_norm, norm.float(), foreach=False)
     return float(norm)

@@ -503,7 +503,7 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
                         every=opts.log_every, tensorboard=opts.tensorboard if topo.rank == 0 else None)
     manifest = {**_manifest(plan, spec, opts, prep.data, built.fingerprint), "run_id": run_id}
     hooks = [make_sync_hook(plan.sync, executor, topo),
-             RecipeHook(opt, recipe_of(opts), history.start, executor.params, _pp_group(topo), history),
+             RecipeHook(opt, recipe_of(opts), history.start, executor, _pp_group(topo), history),
              FaultHook(faults, executor.params),
              ProgressHook(progress, topo.device),
              CheckpointHook(history, opts.checkpoint_every, opts.steps, opts.checkpoint_dir, executor, opt, manifest,
@@ -656,7 +656,7 @@ def _verification_pass(plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo
         opt.zero_grad(set_to_none=True)
         losses.append(_reduce_loss(executor, executor.step(batch), topo))
         if recipe.clip_grad_norm is not None:
-            norms.append(clip_grad_norm(executor.params, recipe.clip_grad_norm, _pp_group(topo)))
+            norms.append(clip_grad_norm(executor.params, recipe.clip_grad_norm, _pp_group(topo), executor.norm_params))
         opt.step()
         schedule.step()
     stats = param_stats(executor.modules, _coords(topo), names, reference, topo.device, compare_params=True,

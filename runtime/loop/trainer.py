@@ -153,14 +153,15 @@ class RecipeHook(StepHook):
     clips the gradients by the whole model's norm (runtime.loop.clip; `pp_group`: the pipeline's, whose stages
     each hold a part), and steps the schedule after the update. `start`: the steps done before (a resume)."""
 
-    def __init__(self, opt, recipe: Recipe, start: int, params, pp_group, history: History):
-        self.opt, self.recipe, self.params, self.pp_group, self.history = opt, recipe, params, pp_group, history
+    def __init__(self, opt, recipe: Recipe, start: int, executor, pp_group, history: History):
+        self.opt, self.recipe, self.executor, self.pp_group, self.history = opt, recipe, executor, pp_group, history
         self.schedule = make_schedule(opt, recipe, start)
 
     def before_optimizer(self, step):
         self.history.learning_rates.append(current_lr(self.opt))
         if self.recipe.clip_grad_norm is not None:
-            self.history.grad_norms.append(clip_grad_norm(self.params, self.recipe.clip_grad_norm, self.pp_group))
+            self.history.grad_norms.append(clip_grad_norm(self.executor.params, self.recipe.clip_grad_norm,
+                                                          self.pp_group, self.executor.norm_params))
 
     def after_optimizer(self, step):
         self.schedule.step()

@@ -191,3 +191,29 @@ def test_expert_parallel_clips_by_all_experts_and_saves_them_all(tmp_path):
     model.load_state_dict(torch.load(tmp_path / "ep.pt", weights_only=True))
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))
     assert math.isclose(checksum, r["param_checksum"], rel_tol=1e-9), (checksum, r["param_checksum"])
+
+
+def test_a_tied_head_on_another_stage_counts_once_and_saves_under_both_names(tmp_path):
+    """GPT-2's wte is tied to lm_head, and pp=2 puts them on different stages, each with a copy whose gradient
+    is the tied sum (runtime.parallel.pp.TiedSync): the norm counts that gradient once, as one process does,
+    and the saved dict has both names, as the model's own state_dict does."""
+    from partita.planner.api import plan
+    from partita.planner.enumerate.space import TrainConfig
+    gpt2 = "hf:gpt2:n_layer=2,n_embd=64,n_head=4,vocab_size=128"
+    plan(gpt2, cluster="2xcpu", train=TrainConfig(global_batch=4, dtype="fp32"), pp=2).save(tmp_path / "gpt2.json")
+    out = tmp_path / "gpt2.losses.json"
+    done = run_plan(tmp_path / "gpt2.json", gpt2, "--steps", "3", "--clip-grad-norm", "0.1", "--verify",
+                    "--log-every", "0", "--losses-out", str(out), "--save-final", str(tmp_path / "gpt2.pt"), cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    r = json.loads(out.read_text())
+    worst = max(abs(a - b) / b for a, b in zip(r["grad_norms"], r["reference_grad_norms"]))
+    print(f"tied gpt2 pp=2: largest relative difference of the grad norms from the reference {worst:.1e}")
+    assert r["verified"] is True and worst < 1e-4, r["checks"]
+    state = torch.load(tmp_path / "gpt2.pt", weights_only=True)
+    assert torch.equal(state["transformer.wte.weight"], state["lm_head.weight"])  # the stages' copies agree
+    model = resolve_model(gpt2).build().float()
+    model.load_state_dict(state)
+    checksum = float(sum(p.detach().double().sum() for p in model.parameters()))  # the tied one once
+    # the run's own checksum counts each stage's copy (runtime.loop.verify), one process's counts it once
+    print(f"loaded {checksum!r}, reference {r['reference_param_checksum']!r}, run {r['param_checksum']!r}")
+    assert math.isclose(checksum, r["reference_param_checksum"], rel_tol=1e-6)

@@ -143,6 +143,20 @@ class Recipe:
         shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if self.lr_decay == "cosine" else 1.0 - progress
         return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * shape
 
+    @property
+    def plain(self) -> bool:
+        """One learning rate throughout: no decay of the weights or of the lr, no warm-up, no clipping."""
+        return (not self.weight_decay and not self.warmup_steps and self.lr_decay == "none"
+                and self.clip_grad_norm is None)
+
+    def notes(self) -> list[str]:
+        """What the run says before training about a recipe that may not be what was meant."""
+        if self.warmup_steps < self.steps:
+            return []
+        decay = f"; --lr-decay {self.lr_decay} never starts" if self.lr_decay != "none" else ""
+        return [f"note: --warmup-steps {self.warmup_steps} >= --steps {self.steps}: the learning rate rises over the "
+                f"whole run{decay}"]
+
     def describe(self, optimizer: str = "adam") -> str:
         """The recipe in one line, for the run's header."""
         parts = [f"{'AdamW' if optimizer == 'adam' else 'SGD'} lr {self.lr:g}"]

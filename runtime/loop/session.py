@@ -113,14 +113,6 @@ def recipe_of(opts: RunOptions) -> Recipe:
                   lr_decay=opts.lr_decay, min_lr_ratio=opts.min_lr_ratio, clip_grad_norm=opts.clip_grad_norm)
 
 
-def _recipe_notes(opts: RunOptions) -> list[str]:
-    if opts.warmup_steps >= opts.steps:
-        decay = f"; --lr-decay {opts.lr_decay} never starts" if opts.lr_decay != "none" else ""
-        return [f"note: --warmup-steps {opts.warmup_steps} >= --steps {opts.steps}: the learning rate rises over the "
-                f"whole run{decay}"]
-    return []
-
-
 @dataclass
 class CheckedResult(RunResult):
     """A RunResult with --verify's checks (runtime.loop.verify.Check): `verified` is whether all of them passed."""
@@ -240,7 +232,7 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ran
         raise PartitaError("--keep must be >= 0")
     if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
         raise PartitaError(f"{'--resume' if opts.resume else '--checkpoint-every'} needs --checkpoint-dir")
-    prep = Prepared(notes=preflight(plan, spec, world) + _recipe_notes(opts), attempt=attempt_number())
+    prep = Prepared(notes=preflight(plan, spec, world) + recipe_of(opts).notes(), attempt=attempt_number())
     prep.notes += expert_parallel.check_run(plan, spec, opts.checkpoint_dir, opts.verify)
     prep.device_note = device_note(plan, world) if look_at_devices else None
     # a token file's content digest (checkpoints record it, resumes and the nodes compare it): one rank per node
@@ -400,15 +392,12 @@ def _header(plan: Plan, spec: ModelSpec, opts: RunOptions, topo: Topology, data)
     return (f"partita run: {spec.name} on {m.world_size} rank(s) (pp={m.pp} dp={m.dp}{f' ep={m.ep}' if m.ep > 1 else ''}{f' cp={m.cp}' if m.cp > 1 else ''} tp={m.tp}, "
             f"{sched} x{s.num_microbatches} microbatches, zero_stage {plan.zero_stage}, "
             f"{plan.train.get('dtype') or 'fp32'}, {optimizer_name(plan)}), {dist.get_backend()}/{topo.device.type}, "
-            f"global batch {batch} ({where}), {opts.steps} steps{_recipe_line(opts, plan)}")
+            f"global batch {batch} ({where}), {opts.steps} steps" + _recipe_line(recipe_of(opts), optimizer_name(plan)))
 
 
-def _recipe_line(opts: RunOptions, plan: Plan) -> str:
-    """The recipe's line under the header, when it is more than one learning rate (the run then says its
-    weight decay, schedule and clipping; --losses-out records the recipe either way)."""
-    recipe = recipe_of(opts)
-    plain = Recipe(lr=recipe.lr, steps=recipe.steps, min_lr_ratio=recipe.min_lr_ratio)
-    return "" if recipe == plain else "\n" + recipe.describe(optimizer_name(plan))
+def _recipe_line(recipe: Recipe, optimizer: str) -> str:
+    """The recipe's line under the header when it is more than one learning rate (--losses-out records it always)."""
+    return "" if recipe.plain else "\n" + recipe.describe(optimizer)
 
 
 def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tuple[RunResult, int]:

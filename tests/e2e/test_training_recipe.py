@@ -146,8 +146,8 @@ def test_save_final_is_checked_before_launch(tmp_path, monkeypatch, capsys):
 
 
 def test_a_warmup_longer_than_the_run_is_allowed_with_a_note():
-    from partita.runtime.loop.session import RunOptions, _recipe_notes
-    assert _recipe_notes(RunOptions(steps=3, warmup_steps=5, lr_decay="cosine")) == [
+    from partita.runtime.loop.session import RunOptions, recipe_of
+    assert recipe_of(RunOptions(steps=3, warmup_steps=5, lr_decay="cosine")).notes() == [
         "note: --warmup-steps 5 >= --steps 3: the learning rate rises over the whole run; --lr-decay cosine never "
         "starts"]
     assert Recipe(lr=1.0, steps=3, warmup_steps=5, lr_decay="cosine").lr_factor(2) == pytest.approx(0.5)

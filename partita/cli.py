@@ -20,7 +20,7 @@ import sys
 
 from partita.costmodel.errors import PartitaError
 from partita.runtime.launcher.child import run_forwarding_signals
-from partita.runtime.launcher.flags import NODE_FLAGS, RUN_FLAGS, add_flags, to_argv
+from partita.runtime.launcher.flags import NODE_FLAGS, RECIPE_FLAGS, RUN_FLAGS, add_flags, to_argv
 from partita.costmodel.hardware import DEFAULT_ALLOCATOR_HEADROOM
 from partita.planner.plan import MASTER_WEIGHTS, RECOMPUTE
 from partita.planner.plan.schedules import AUTO, SCHEDULES
@@ -139,8 +139,10 @@ def _cmd_run(args) -> int:
     if why := job_environment_error(os.environ):
         raise PartitaError(why)
     given = {"lr": 1e-3 if args.lr is None else args.lr, "seed": 0 if args.seed is None else args.seed}
-    errors = option_errors(**given) + output_errors(losses_out=args.losses_out, tensorboard=args.tensorboard,
-                                                    inputs={"the plan": args.plan, "the --data file": args.data})
+    recipe = {name: getattr(args, name) for name in RECIPE_FLAGS}
+    errors = option_errors(**given, **recipe) + output_errors(
+        losses_out=args.losses_out, tensorboard=args.tensorboard, save_final=args.save_final,
+        inputs={"the plan": args.plan, "the --data file": args.data})
     if errors:  # before the pre-flight, before training: an output checked only at the end lost the run
         raise PartitaError(errors[0])
     plan = Plan.load(args.plan)  # validate before launching anything

@@ -111,7 +111,9 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset=None,
         checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0, keep: int = 0, resume: bool = False,
         max_restarts: int = 0, data_dtype: str | None = None, losses_out: str | None = None,
         sync_batchnorm: bool = False, log_every: int = DEFAULT_EVERY, tensorboard: str | os.PathLike | None = None,
-        print_report: bool = True, example_inputs=None, loss_fn=None, vocab: int | None = None) -> RunResult:
+        print_report: bool = True, example_inputs=None, loss_fn=None, vocab: int | None = None,
+        weight_decay: float = 0.0, warmup_steps: int = 0, lr_decay: str = "none", min_lr_ratio: float = 0.1,
+        clip_grad_norm: float | None = None, save_final: str | os.PathLike | None = None) -> RunResult:
     """Train `steps` steps of the model `model_fn` builds under `plan`, on every rank of the job.
 
     `dataset`: None for the model's synthetic batches, a token file, a `package.module:factory` name of a
@@ -129,7 +131,10 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset=None,
                       checkpoint_every=checkpoint_every, keep=keep, resume=resume, max_restarts=max_restarts,
                       data=str(dataset) if isinstance(dataset, os.PathLike) else dataset, data_dtype=data_dtype,
                       losses_out=losses_out, sync_batchnorm=sync_batchnorm, log_every=log_every,
-                      tensorboard=str(tensorboard) if tensorboard is not None else None, print_report=print_report)
+                      tensorboard=str(tensorboard) if tensorboard is not None else None, print_report=print_report,
+                      weight_decay=weight_decay, warmup_steps=warmup_steps, lr_decay=lr_decay,
+                      min_lr_ratio=min_lr_ratio, clip_grad_norm=clip_grad_norm,
+                      save_final=str(save_final) if save_final is not None else None)
     world = dist.get_world_size() if dist.is_initialized() else env_world()[2]
     show_library_warnings_once(dist.get_rank() if dist.is_initialized() else env_world()[0])
     own = not dist.is_initialized()

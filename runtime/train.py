@@ -59,7 +59,7 @@ import gc  # noqa: E402
 
 from partita.costmodel import PartitaError, resolve_model
 from partita.planner.plan import Plan
-from partita.runtime.launcher.flags import NODE_FLAGS, RUN_FLAGS, add_flags
+from partita.runtime.launcher.flags import NODE_FLAGS, RECIPE_FLAGS, RUN_FLAGS, add_flags
 from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors
 from partita.runtime.loop.console import STDOUT, stderr_line
 from partita.runtime.loop.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK
@@ -113,8 +113,8 @@ def argument_errors(args: argparse.Namespace) -> list[str]:
             errors.append(f"--{name.replace('_', '-')} must be at least 1")
     if (args.nnodes or 1) > 1 and not args.rdzv_endpoint and not args.check:
         errors.append(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
-    errors += option_errors(lr=args.lr, seed=args.seed)
-    errors += output_errors(losses_out=args.losses_out, tensorboard=args.tensorboard,
+    errors += option_errors(lr=args.lr, seed=args.seed, **{name: getattr(args, name) for name in RECIPE_FLAGS})
+    errors += output_errors(losses_out=args.losses_out, tensorboard=args.tensorboard, save_final=args.save_final,
                             inputs={"the plan": args.plan, "the --data file": args.data})
     return errors
 
@@ -134,7 +134,8 @@ def options(args: argparse.Namespace):
                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
                       resume=args.resume, max_restarts=args.max_restarts, data=args.data,
                       data_dtype=args.data_dtype, losses_out=args.losses_out, sync_batchnorm=args.sync_batchnorm,
-                      log_every=args.log_every, tensorboard=args.tensorboard, keep=args.keep)
+                      log_every=args.log_every, tensorboard=args.tensorboard, keep=args.keep,
+                      save_final=args.save_final, **{name: getattr(args, name) for name in RECIPE_FLAGS})
 
 
 AGENT_ENV = "PARTITA_AGENT"

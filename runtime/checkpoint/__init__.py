@@ -18,7 +18,8 @@ What is saved: the model state dict under "model.<fqn>" and each parameter's opt
 (FSDP2 and tensor-parallel parameters as DTensors, pipeline stages each their own names, data-parallel
 replicas once; under ZeRO-1 each by the rank that owns it, runtime.parallel.zero1), so DCP reshards on load: a checkpoint of 4 ranks under one mesh loads into 2 ranks under
 another, or into one process. The step is the data position too (batches depend on (seed, step) only).
-Hyperparameters (lr, betas) come from the run's flags and plan, not from the checkpoint.
+Hyperparameters (lr, betas, the recipe) come from the run's flags and plan, not from the checkpoint: the lr
+schedule is a function of the step (runtime.loop.recipe), so it needs no state of its own.
 
 Each rank's random number generators are saved too, under "rng.rank<R>.cpu" (torch's default CPU
 generator) and "rng.rank<R>.cuda" (the current CUDA device's, when there is one), and restored on resume

@@ -11,7 +11,8 @@ token type; a dataset by its factory name) and the checkpoint settings. runtime.
 fields with its refusal, in one exchange of text right after the default process group starts and before any
 collective whose shape depends on them (the mesh, the model build); `disagreement` names the first field in
 which a rank differs from rank 0 in one line, and every rank ends with it (exit 2, before any step).
-Output settings (--losses-out, --log-every, --tensorboard) concern rank 0 alone and are not compared.
+Output settings (--losses-out, --log-every, --tensorboard, --save-final) concern rank 0 alone and are not
+compared.
 """
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ import hashlib
 import json
 import socket
 
+from partita.runtime.launcher.flags import RECIPE_FLAGS
+
 FLAGS = ("steps", "lr", "seed", "verify", "data_dtype", "sync_batchnorm", "checkpoint_every", "keep", "resume",
-         "max_restarts")
+         "max_restarts", *RECIPE_FLAGS)
 """runtime.train flags (argparse names) that must be equal on every rank."""
 
 

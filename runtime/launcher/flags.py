@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 DATA_DTYPES = ("uint16", "uint32")  # runtime.data.DTYPES' keys (tests/runtime/test_run_flags.py checks)
 DEFAULT_LOG_EVERY = 10              # runtime.loop.progress.DEFAULT_EVERY (checked alike)
+LR_DECAYS = ("none", "cosine", "linear")  # runtime.loop.recipe.Recipe.lr_factor's shapes
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,21 @@ RUN_FLAGS = (
     Flag("max_restarts", "torchrun restarts the job up to K times after a failure; it resumes from the latest "
          "checkpoint (default 0)", int, 0, "K"),
     Flag("seed", "seed of the model's initialisation and the synthetic batches (default 0)", int, 0),
-    Flag("lr", "learning rate (default 1e-3)", float, 1e-3),
-    Flag("losses_out", "write losses, reference, step time and memory as JSON", str, None, "FILE"),
+    Flag("lr", "learning rate (default 1e-3); the peak one with --warmup-steps or --lr-decay", float, 1e-3),
+    Flag("weight_decay", "AdamW's decoupled weight decay of the weight matrices; biases and norms are not decayed "
+         "(default 0.0)", float, 0.0, "W"),
+    Flag("warmup_steps", "raise the learning rate linearly from lr/(N+1) to lr over the first N steps (default 0)",
+         int, 0, "N"),
+    Flag("lr_decay", "after the warm-up, decay the learning rate to --min-lr-ratio x lr at the last step "
+         "(default none)", str, "none", choices=LR_DECAYS),
+    Flag("min_lr_ratio", "the learning rate at the last step under --lr-decay, as a fraction of lr (default 0.1)",
+         float, 0.1, "R"),
+    Flag("clip_grad_norm", "scale the gradients so that the whole model's L2 norm is at most X (default: no "
+         "clipping)", float, None, "X"),
+    Flag("losses_out", "write losses, learning rates, grad norms, reference, step time and memory as JSON", str,
+         None, "FILE"),
+    Flag("save_final", "after the last step, rank 0 saves the trained weights as one state dict of the model's own "
+         "parameter names (torch.save; load it with model.load_state_dict)", str, None, "FILE"),
     Flag("sync_batchnorm", "BatchNorm normalises over the whole data-parallel batch (SyncBatchNorm), as one "
          "process does"),
     Flag("log_every", "print a progress line (step, loss, step time, tokens or samples/s, memory, ETA) every N "
@@ -60,6 +74,9 @@ RUN_FLAGS = (
     Flag("tensorboard", "write the per-step scalars for TensorBoard into DIR (pip install "
          "'partita[tensorboard]')", str, None, "DIR"),
 )
+
+RECIPE_FLAGS = ("weight_decay", "warmup_steps", "lr_decay", "min_lr_ratio", "clip_grad_norm")
+"""The flags of the training recipe (runtime.loop.recipe.Recipe's fields but lr and steps)."""
 
 NODE_FLAGS = (
     Flag("nnodes", "number of nodes, each running this same command (default 1)", int, None, "N"),

@@ -32,28 +32,57 @@ def _path(path) -> str:
     return one_line(repr(str(path)), 300)
 
 
-def option_errors(*, lr, seed) -> list[str]:
-    """--lr and --seed values that would only fail in the workers (a NaN learning rate, a seed torch refuses)."""
+def _number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def recipe_errors(*, weight_decay=None, warmup_steps=None, lr_decay=None, min_lr_ratio=None,
+                  clip_grad_norm=None) -> list[str]:
+    """The training recipe's values (runtime.loop.recipe.Recipe) that make no schedule; None: not given. A warm-up
+    as long as the run or longer is allowed (the lr then only rises; the run's notes say so)."""
+    errors = []
+    if weight_decay is not None and not (_number(weight_decay) and weight_decay >= 0):
+        errors.append(f"--weight-decay must be a finite number >= 0, got {_show(weight_decay)}")
+    if warmup_steps is not None and (isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int)
+                                     or warmup_steps < 0):
+        errors.append(f"--warmup-steps must be a whole number >= 0, got {_show(warmup_steps)}")
+    if lr_decay is not None and lr_decay not in ("none", "cosine", "linear"):
+        errors.append(f"--lr-decay must be none, cosine or linear, got {_show(lr_decay)}")
+    if min_lr_ratio is not None and not (_number(min_lr_ratio) and 0 <= min_lr_ratio <= 1):
+        errors.append(f"--min-lr-ratio must be a number from 0 to 1, got {_show(min_lr_ratio)}")
+    if clip_grad_norm is not None and not (_number(clip_grad_norm) and clip_grad_norm > 0):
+        errors.append(f"--clip-grad-norm must be a finite number above 0, got {_show(clip_grad_norm)}")
+    return errors
+
+
+def option_errors(*, lr, seed, **recipe) -> list[str]:
+    """--lr and --seed values that would only fail in the workers (a NaN learning rate, a seed torch refuses), and
+    the recipe's (`recipe_errors`, by its keywords)."""
     errors = []
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
         errors.append(f"--lr must be a finite number above 0, got {_show(lr)}")
     if isinstance(seed, bool) or not isinstance(seed, int) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         errors.append(f"--seed must be a whole number from -2^63 to 2^64-1 (what torch.manual_seed takes), got "
                       f"{_show(seed)}")
-    return errors
+    return errors + recipe_errors(**recipe)
 
 
 # ---- outputs -----------------------------------------------------------------------------------------------
 
-def output_errors(*, losses_out: str | None = None, tensorboard: str | None = None,
+def output_errors(*, losses_out: str | None = None, tensorboard: str | None = None, save_final: str | None = None,
                   inputs: dict[str, str | None] | None = None) -> list[str]:
-    """What is wrong with the run's output paths, checked before training: --losses-out is a file in a
-    writable directory, --tensorboard a directory that is or can be made writable, and neither is one of the
-    run's own inputs (`inputs`: {how the line names it: path}, e.g. {"the plan": PLAN, "--data": FILE})."""
+    """What is wrong with the run's output paths, checked before training: --losses-out and --save-final are
+    files in a writable directory (not the same one), --tensorboard a directory that is or can be made
+    writable, and none is one of the run's own inputs (`inputs`: {how the line names it: path}, e.g.
+    {"the plan": PLAN, "--data": FILE})."""
     errors = []
     own = {name: path for name, path in (inputs or {}).items() if path and os.path.exists(path)}
     if losses_out:
         errors += _same_as_input("--losses-out", losses_out, own) or _file_errors("--losses-out", losses_out)
+    if save_final:
+        errors += _same_as_input("--save-final", save_final, own) or _file_errors("--save-final", save_final)
+    if save_final and losses_out and os.path.abspath(save_final) == os.path.abspath(losses_out):
+        errors.append(f"--losses-out and --save-final name the same file {_path(save_final)}: give each its own")
     if tensorboard:
         errors += _same_as_input("--tensorboard", tensorboard, own) or _directory_errors("--tensorboard", tensorboard)
     if losses_out and tensorboard and os.path.abspath(losses_out) == os.path.abspath(tensorboard):

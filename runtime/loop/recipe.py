@@ -1,7 +1,19 @@
-"""What is trained, shared by the distributed run and the single-process reference: init, loss, optimizer."""
+"""What is trained, shared by the distributed run and the single-process reference: init, loss, optimizer, and the
+training recipe around the optimizer step (`Recipe`: weight decay, learning-rate schedule, gradient clipping).
+
+The schedule is torch's LambdaLR over one multiplier of the learning rate, `Recipe.lr_factor(i)` for the optimizer
+step after i steps: a linear warm-up from lr / (warmup + 1) to lr over `warmup_steps` steps (nanoGPT's and
+torchtitan's form), then `lr_decay` from lr at the first step after the warm-up to `min_lr_ratio` x lr at the last
+step (cosine: half a cosine period; linear: a straight line; none: lr throughout). LambdaLR computes each step's lr
+from the step number alone (lr x factor(step), never from the previous lr), so a run resumed at step k gets the lr
+an uninterrupted run had there, to the bit (`make_schedule(opt, recipe, start=k)`); the checkpoint holds no
+scheduler state, as it holds no lr (runtime.checkpoint).
+"""
 from __future__ import annotations
 
+import math
 import sys
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
@@ -10,6 +22,7 @@ import torch.nn.functional as F
 
 from partita.costmodel.models.losses import cross_entropy as fused_cross_entropy
 from partita.costmodel.models import ModelSpec
+from partita.runtime.launcher import flags
 
 
 def is_dtensor(t) -> bool:
@@ -76,7 +89,105 @@ def optimizer_class(name: str) -> tuple[type[torch.optim.Optimizer], dict]:
     raise ValueError(f"optimizer {name!r}; accepted: {list(OPTIMIZERS)}")
 
 
-def make_optimizer(params: Iterable[torch.Tensor], lr: float, name: str = "adam") -> torch.optim.Optimizer:
-    """The optimizer `name` (`optimizer_class`) over `params`."""
+def param_groups(params: Iterable[torch.Tensor], weight_decay: float) -> list[torch.Tensor] | list[dict]:
+    """`params` as the optimizer takes them: with weight decay, two groups -- matrices (ndim >= 2: linear and
+    embedding weights) decayed, the rest (biases, norms' scales) not, as nanoGPT and torchtitan do; without,
+    the plain list (one group, as ever). A DTensor's ndim is its global one, so every plan groups alike."""
+    params = list(params)
+    if not weight_decay:
+        return params
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+
+def make_optimizer(params: Iterable[torch.Tensor], lr: float, name: str = "adam",
+                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """The optimizer `name` (`optimizer_class`) over `params`, decaying the matrices by `weight_decay`
+    (`param_groups`; AdamW's decoupled decay, SGD's L2 term -- the same update without momentum)."""
     cls, kwargs = optimizer_class(name)
-    return cls(params, lr=lr, **kwargs)
+    return cls(param_groups(params, weight_decay), lr=lr, **kwargs)
+
+
+LR_DECAYS = flags.LR_DECAYS
+"""--lr-decay's values (module docstring)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """How the optimizer steps, beside its kind (the plan's `train["optimizer"]`): the run's flags of the same names."""
+
+    lr: float = 1e-3
+    """The peak learning rate (after the warm-up)."""
+    steps: int = 10
+    """The run's last step: the decay reaches `min_lr_ratio` x lr there."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay of the matrices (`param_groups`); 0: none."""
+    warmup_steps: int = 0
+    """Steps of linear warm-up; 0: none."""
+    lr_decay: str = "none"
+    """"none", "cosine" or "linear" (LR_DECAYS)."""
+    min_lr_ratio: float = 0.1
+    """The learning rate at the last step, as a fraction of `lr` (nanoGPT's min_lr = lr / 10)."""
+    clip_grad_norm: float | None = None
+    """Largest global L2 norm of the gradients (the whole model's, over every rank's shards and stages); None: no
+    clipping."""
+
+    def lr_factor(self, i: int) -> float:
+        """The multiplier of lr for the optimizer step after `i` steps (LambdaLR's lambda)."""
+        if i < self.warmup_steps:
+            return (i + 1) / (self.warmup_steps + 1)
+        if self.lr_decay == "none":
+            return 1.0
+        span = self.steps - 1 - self.warmup_steps
+        progress = min(1.0, (i - self.warmup_steps) / span) if span > 0 else 1.0
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if self.lr_decay == "cosine" else 1.0 - progress
+        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * shape
+
+    @property
+    def plain(self) -> bool:
+        """One learning rate throughout: no decay of the weights or of the lr, no warm-up, no clipping."""
+        return (not self.weight_decay and not self.warmup_steps and self.lr_decay == "none"
+                and self.clip_grad_norm is None)
+
+    def notes(self) -> list[str]:
+        """What the run says before training about a recipe that may not be what was meant."""
+        if self.warmup_steps < self.steps:
+            return []
+        decay = f"; --lr-decay {self.lr_decay} never starts" if self.lr_decay != "none" else ""
+        return [f"note: --warmup-steps {self.warmup_steps} >= --steps {self.steps}: the learning rate rises over the "
+                f"whole run{decay}"]
+
+    def describe(self, optimizer: str = "adam") -> str:
+        """The recipe in one line, for the run's header."""
+        parts = [f"{'AdamW' if optimizer == 'adam' else 'SGD'} lr {self.lr:g}"]
+        if self.weight_decay:
+            parts.append(f"weight decay {self.weight_decay:g} (matrices only)")
+        if self.warmup_steps:
+            parts.append(f"warm-up {self.warmup_steps} steps")
+        if self.lr_decay != "none":
+            parts.append(f"{self.lr_decay} decay to {self.min_lr_ratio:g} x lr at step {self.steps}")
+        if self.clip_grad_norm is not None:
+            parts.append(f"grad norm clipped at {self.clip_grad_norm:g}")
+        return "recipe: " + ", ".join(parts)
+
+
+def make_schedule(opt: torch.optim.Optimizer, recipe: Recipe, start: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+    """The learning-rate schedule over `opt`, positioned for the step after `start` steps (a resumed run's): the
+    param groups' lr is then recipe.lr x lr_factor(start). Call its `step()` after each optimizer step."""
+    for group in opt.param_groups:
+        group["lr"] = recipe.lr
+        group.setdefault("initial_lr", recipe.lr)
+    return torch.optim.lr_scheduler.LambdaLR(opt, recipe.lr_factor, last_epoch=start - 1)
+
+
+@dataclass
+class RecipeTrace:
+    """What the recipe did at each step: the learning rate, and with clipping the gradients' norm before it."""
+
+    learning_rates: list[float] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+
+
+def current_lr(opt: torch.optim.Optimizer) -> float:
+    """The learning rate the next optimizer step takes (every group has the same)."""
+    return float(opt.param_groups[0]["lr"])

@@ -40,6 +40,16 @@ class RunResult:
     reference_param_checksum: float | None = None
     unit: str = "tokens"
     """What the throughput counts: "tokens" or "samples" (runtime.loop.session.throughput_unit)."""
+    recipe: str | None = None
+    """The training recipe in one line (runtime.loop.recipe.Recipe.describe)."""
+    learning_rates: list[float] = field(default_factory=list)
+    """The learning rate of each step, as `losses`."""
+    grad_norms: list[float] | None = None
+    """With clipping, each step's global gradient norm before clipping; None without."""
+    reference_grad_norms: list[float] | None = None
+    """--verify with clipping: the single-process reference's norms of the same steps."""
+    saved_final: str | None = None
+    """Where --save-final wrote the trained weights."""
     param_max_abs_diff: float | None = None
     """Largest |trained parameter - reference parameter| over all elements (--verify). Reported, not
     judged: Adam scales every update to about lr, so an element whose gradient is near zero takes the
@@ -73,7 +83,9 @@ class RunResult:
                 "attempt": self.attempt + 1, "restarts": self.attempt, "run_id": self.run_id,
                 "checkpoints": self.checkpoints, "checkpoint_time_s": self.checkpoint_time_s,
                 "param_checksum": self.param_checksum, "reference_param_checksum": self.reference_param_checksum,
-                "param_max_abs_diff": self.param_max_abs_diff, "verified": self.verified}
+                "param_max_abs_diff": self.param_max_abs_diff, "verified": self.verified,
+                "recipe": self.recipe, "learning_rates": self.learning_rates, "grad_norms": self.grad_norms,
+                "reference_grad_norms": self.reference_grad_norms, "saved_final": self.saved_final}
 
 
 def _mib(b) -> str:
@@ -149,6 +161,9 @@ def render(r: RunResult, header: str | None, predicted: dict) -> str:
         lines.append(f"{name:<12}{measured:>14}  {pred:>14}" + (f"   ({note})" if note else ""))
     if r.checkpoints:
         lines.append(f"checkpoints: {', '.join(r.checkpoints)} ({r.checkpoint_time_s:.2f} s saving)")
+    if r.saved_final:
+        lines.append(f"final weights: {r.saved_final} (one process loads them: "
+                     "model.load_state_dict(torch.load(PATH)))")
     if r.param_checksum is not None:
         lines.append(f"parameter checksum: {r.param_checksum:.10e}"
                      + (f" (reference {r.reference_param_checksum:.10e})" if r.reference_param_checksum is not None else ""))

@@ -11,6 +11,10 @@ and (--verify) compare with single-process training (`_check`), then report (`_r
 Each step (runtime.loop.trainer): forward and backward of this rank's data-parallel slice
 (runtime.parallel.apply), the loss averaged over dp (one all-reduce), a non-finite loss stops the run before
 the optimizer step (NonFiniteLoss), then the optimizer step between the sync mode's hooks (runtime.loop.sync).
+The training recipe (runtime.loop.recipe.Recipe, `recipe_of`: weight decay, the lr schedule, clipping by the global
+gradient norm, runtime.loop.clip) is a hook of the same loop (trainer.RecipeHook), positioned at the resumed step;
+--verify's reference and the verification pass train with it too. With `save_final`, the trained weights are
+saved as one plain state dict after the run (runtime.checkpoint.final), before --verify's checks.
 
 --verify (runtime.loop.verify): every rank trains, rank 0 also trains the unpartitioned reference, and the run's
 losses and final parameters are compared with it; a bf16 run also gets an fp32 verification pass of the
@@ -36,6 +40,7 @@ import torch.distributed as dist
 from partita.costmodel import PartitaError, model_fingerprint
 from partita.costmodel.models import ModelSpec, with_seq
 from partita.planner.plan import Plan
+from partita.runtime.launcher.flags import RECIPE_FLAGS
 from partita.runtime.launcher.inputs import option_errors, output_errors
 from partita.runtime import checkpoint as ckpt
 from partita.runtime.parallel import ep as expert_parallel
@@ -56,18 +61,29 @@ from partita.runtime.launcher.sizes import check_sizes
 from partita.runtime.loop.stop import StopSignal
 from partita.runtime.parallel.precision import train_dtype
 from partita.runtime.loop.progress import DEFAULT_EVERY, Progress, summary_writer
-from partita.runtime.loop.recipe import build_model
+from partita.runtime.checkpoint.final import save_final
+from partita.runtime.loop.recipe import Recipe, build_model, make_schedule
 from partita.runtime.loop.sync import make_hook as make_sync_hook
-from partita.runtime.loop.trainer import CheckpointHook, FaultHook, History, ProgressHook, Trainer
+from partita.runtime.loop.trainer import CheckpointHook, FaultHook, History, ProgressHook, RecipeHook, Trainer
 from partita.runtime.loop.report import RunResult, preamble, render
+from partita.runtime.loop.clip import clip_grad_norm
+from partita.runtime.loop.recipe import RecipeTrace
 from partita.runtime.loop.verify import (PARAM_TOLERANCE, TOLERANCE, VERIFY_DTYPE, Check, GradientRMS, compare, failures,
-                            loss_check, param_checks, param_stats, reference_run, shared_names)
+                            grad_norm_check, loss_check, param_checks, param_stats, reference_run, shared_names)
 
 @dataclass
 class RunOptions:
     steps: int = 10
     seed: int = 0
     lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    lr_decay: str = "none"
+    min_lr_ratio: float = 0.1
+    clip_grad_norm: float | None = None
+    """The training recipe (runtime.loop.recipe.Recipe: the fields of the same names)."""
+    save_final: str | None = None
+    """A file rank 0 saves the trained weights into, as one plain state dict (runtime.checkpoint.final)."""
     verify: bool = False
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
@@ -89,6 +105,12 @@ class RunOptions:
     memory_trace: bool = True
     """On CPU, measure the peak memory of a training step with the allocator trace (`_measure_step`):
     one extra step after the run, whose effects are undone. Off: the tracked figure (runtime/loop/memory.py)."""
+
+
+def recipe_of(opts: RunOptions) -> Recipe:
+    """The run's training recipe (runtime.loop.recipe), from its options."""
+    return Recipe(lr=opts.lr, steps=opts.steps, weight_decay=opts.weight_decay, warmup_steps=opts.warmup_steps,
+                  lr_decay=opts.lr_decay, min_lr_ratio=opts.min_lr_ratio, clip_grad_norm=opts.clip_grad_norm)
 
 
 @dataclass
@@ -197,8 +219,9 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ran
     `local_ranks`: the ranks on this host (default: torchrun's LOCAL_WORLD_SIZE, else `world`);
     `look_at_devices`: False in the launcher, which must not initialise CUDA (no `device_note`)."""
     data_file = opts.data if isinstance(opts.data, (str, os.PathLike)) else None
-    errors = option_errors(lr=opts.lr, seed=opts.seed) + output_errors(
-        losses_out=opts.losses_out, tensorboard=opts.tensorboard, inputs={"the --data file": data_file})
+    errors = option_errors(lr=opts.lr, seed=opts.seed, **{name: getattr(opts, name) for name in RECIPE_FLAGS}) + \
+        output_errors(losses_out=opts.losses_out, tensorboard=opts.tensorboard, save_final=opts.save_final,
+                      inputs={"the --data file": data_file})
     if errors:
         raise PartitaError(errors[0])
     if opts.steps < 1:
@@ -209,7 +232,7 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ran
         raise PartitaError("--keep must be >= 0")
     if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
         raise PartitaError(f"{'--resume' if opts.resume else '--checkpoint-every'} needs --checkpoint-dir")
-    prep = Prepared(notes=preflight(plan, spec, world), attempt=attempt_number())
+    prep = Prepared(notes=preflight(plan, spec, world) + recipe_of(opts).notes(), attempt=attempt_number())
     prep.notes += expert_parallel.check_run(plan, spec, opts.checkpoint_dir, opts.verify)
     prep.device_note = device_note(plan, world) if look_at_devices else None
     # a token file's content digest (checkpoints record it, resumes and the nodes compare it): one rank per node
@@ -372,7 +395,12 @@ def _header(plan: Plan, spec: ModelSpec, opts: RunOptions, topo: Topology, data)
     return (f"partita run: {spec.name} on {m.world_size} rank(s) (pp={m.pp} dp={m.dp}{f' ep={m.ep}' if m.ep > 1 else ''}{f' cp={m.cp}' if m.cp > 1 else ''} tp={m.tp}, "
             f"{sched}, zero_stage {plan.zero_stage}, "
             f"{plan.train.get('dtype') or 'fp32'}, {optimizer_name(plan)}), {dist.get_backend()}/{topo.device.type}, "
-            f"global batch {batch} ({where}), {opts.steps} steps")
+            f"global batch {batch} ({where}), {opts.steps} steps" + _recipe_line(recipe_of(opts), optimizer_name(plan)))
+
+
+def _recipe_line(recipe: Recipe, optimizer: str) -> str:
+    """The recipe's line under the header when it is more than one learning rate (--losses-out records it always)."""
+    return "" if recipe.plain else "\n" + recipe.describe(optimizer)
 
 
 def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tuple[RunResult, int]:
@@ -428,6 +456,9 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
         STDOUT.line(preamble(_header(plan, spec, opts, topo, prep.data), [n for n in notes if n not in first], first))
     _train(plan, spec, opts, prep, topo, stop, run_id, built, history, faults)
     result = _measure(plan, spec, opts, prep, topo, run_id, notes, built, history)
+    if opts.save_final:  # before _check, which may release the model (a bf16 run's verification pass)
+        save_final(opts.save_final, built.executor, topo)
+        result.saved_final = opts.save_final
     code = _check(result, plan, spec, opts, prep.data, topo, built)
     _report(result, plan, opts, topo)
     return result, code
@@ -440,8 +471,8 @@ def _build(plan: Plan, spec: ModelSpec, opts: RunOptions, topo: Topology) -> _Bu
     names = [(n, p.shape) for n, p in model.named_parameters()]
     executor = make_executor(model, plan, topo, spec)
     del model
-    return _Built(executor=executor, opt=make_plan_optimizer(executor, plan, opts.lr, optimizer_name(plan)),
-                  names=names, fingerprint=fingerprint)
+    opt = make_plan_optimizer(executor, plan, opts.lr, optimizer_name(plan), opts.weight_decay)
+    return _Built(executor=executor, opt=opt, names=names, fingerprint=fingerprint)
 
 
 def _resume(built: _Built, prep: Prepared, notes: list[str]) -> History:
@@ -463,7 +494,9 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
     progress = Progress(opts.steps, history.start, per_step, unit, console=topo.rank == 0 and opts.print_report,
                         every=opts.log_every, tensorboard=opts.tensorboard if topo.rank == 0 else None)
     manifest = {**_manifest(plan, spec, opts, prep.data, built.fingerprint), "run_id": run_id}
-    hooks = [make_sync_hook(plan.sync, executor, topo), FaultHook(faults, executor.params),
+    hooks = [make_sync_hook(plan.sync, executor, topo),
+             RecipeHook(opt, recipe_of(opts), history.start, executor, _pp_group(topo), history),
+             FaultHook(faults, executor.params),
              ProgressHook(progress, topo.device),
              CheckpointHook(history, opts.checkpoint_every, opts.steps, opts.checkpoint_dir, executor, opt, manifest,
                             topo, faults, opts.keep)]
@@ -476,6 +509,11 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
         raise
     finally:
         progress.close()
+
+
+def _pp_group(topo: Topology):
+    """The pipeline's group, over which the stages' gradient norms add up (runtime.loop.clip); None when pp = 1."""
+    return topo.group("pp") if topo.pp > 1 else None
 
 
 def _measure(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: Topology, run_id: str | None,
@@ -502,7 +540,10 @@ def _measure(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
                            applied={**asdict(executor.applied), "summary": executor.applied.summary()},
                            notes=notes, first_step=history.start,
                            resumed_from=str(prep.resume.path) if prep.resume else None, attempt=prep.attempt,
-                           checkpoints=history.saves, checkpoint_time_s=history.save_time, run_id=run_id)
+                           checkpoints=history.saves, checkpoint_time_s=history.save_time, run_id=run_id,
+                           recipe=recipe_of(opts).describe(optimizer_name(plan)),
+                           learning_rates=history.learning_rates,
+                           grad_norms=history.grad_norms if opts.clip_grad_norm is not None else None)
     # beside RunResult's fields (runtime/loop/report.py): the tracked figure (largest rank), and this rank's
     # allocator breakdown of the traced step (None when the figure is not the allocator's)
     result.tracked_memory_bytes = int(maxed[n + 2])
@@ -547,20 +588,24 @@ def _verify(result: CheckedResult, plan: Plan, spec: ModelSpec, opts: RunOptions
     """--verify's checks of the run itself, on every rank: rank 0 trains the reference; the run's losses
     and final parameters are compared with it (judged when the run is in VERIFY_DTYPE; a run in another
     dtype then gets `_verification_pass`, runtime.loop.verify's docstring says why). Fills `result.checks`;
-    returns (reference model, initial model, reference losses, rounding-level tensors) for the pass (the
+    returns (reference model, initial model, reference losses, rounding-level tensors, reference grad norms or
+    None) for the pass (the
     models on rank 0 only)."""
     dtype, start, device = train_dtype(plan), result.first_step, topo.device
     reference = initial = None
-    shared = torch.zeros(1 + opts.steps, dtype=torch.float64, device=device)
+    clipped = opts.clip_grad_norm is not None
+    shared = torch.zeros(1 + opts.steps * (2 if clipped else 1), dtype=torch.float64, device=device)
     gradients = GradientRMS() if topo.rank == 0 else None
     if topo.rank == 0:
         initial = build_model(spec, opts.seed).to(device)
+        trace = RecipeTrace()
         ref_losses, reference = reference_run(spec, data, opts.steps, opts.seed, opts.lr, device,
-                                              optimizer_name(plan), gradients)
+                                              optimizer_name(plan), gradients, recipe_of(opts), trace)
         shared[0] = sum(p.detach().double().sum() for p in reference.parameters())
-        shared[1:] = torch.tensor(ref_losses, dtype=torch.float64)
-    dist.broadcast(shared, src=0)  # the reference's checksum and losses on every rank
-    ref_losses = shared[1:].tolist()
+        shared[1:] = torch.tensor(ref_losses + (trace.grad_norms if clipped else []), dtype=torch.float64)
+    dist.broadcast(shared, src=0)  # the reference's checksum, losses and grad norms on every rank
+    ref_losses = shared[1:1 + opts.steps].tolist()
+    ref_norms = shared[1 + opts.steps:].tolist() if clipped else None
     noise = shared_names(gradients.at_rounding_level() if gradients else None, names, device)
     result.reference_param_checksum = float(shared[0])
     result.reference_losses = ref_losses[start:]
@@ -574,30 +619,42 @@ def _verify(result: CheckedResult, plan: Plan, spec: ModelSpec, opts: RunOptions
     result.checks = [loss_check(f"{run}losses", result.losses, result.reference_losses, result.tolerance, start),
                      *param_checks(f"{run}parameters after step {opts.steps}", stats, PARAM_TOLERANCE if judged else None,
                                    optimizer_name(plan), noise, opts.lr, opts.steps)]
-    return reference, initial, ref_losses, noise
+    if clipped:
+        result.reference_grad_norms = ref_norms[start:]
+        norms = grad_norm_check(f"{run}grad norms before clipping", result.grad_norms, result.reference_grad_norms,
+                                start)
+        result.checks.append(norms if judged else dataclasses.replace(norms, tolerance=None))
+    return reference, initial, ref_losses, noise, ref_norms
 
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def _verification_pass(plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo: Topology, names: list,
-                       reference, initial, ref_losses: list[float], noise: list[str]) -> list[Check]:
+                       reference, initial, ref_losses: list[float], noise: list[str],
+                       ref_norms: list[float] | None) -> list[Check]:
     """The plan's layout trained in VERIFY_DTYPE from the same init on the same batches (steps 1..steps, no
     checkpoints, no faults), judged against the reference: losses and final parameters."""
     verify_plan = dataclasses.replace(plan, train={**plan.train, "dtype": _DTYPE_NAMES[VERIFY_DTYPE]})
     model = build(spec, opts, topo)
     executor = make_executor(model, verify_plan, topo, spec)
     del model
-    opt = make_plan_optimizer(executor, verify_plan, opts.lr, optimizer_name(plan))
-    losses = []
+    opt = make_plan_optimizer(executor, verify_plan, opts.lr, optimizer_name(plan), opts.weight_decay)
+    recipe = recipe_of(opts)
+    schedule = make_schedule(opt, recipe)
+    losses, norms = [], []
     for k in range(opts.steps):
         batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
         opt.zero_grad(set_to_none=True)
         losses.append(_reduce_loss(executor, executor.step(batch), topo))
+        if recipe.clip_grad_norm is not None:
+            norms.append(clip_grad_norm(executor.params, recipe.clip_grad_norm, _pp_group(topo), executor.norm_params))
         opt.step()
+        schedule.step()
     stats = param_stats(executor.modules, _coords(topo), names, reference, topo.device, compare_params=True,
                         initial=initial)
     what = f"{_DTYPE_NAMES[VERIFY_DTYPE]} pass of the same layout"
     return [loss_check(f"{what}, losses", losses, ref_losses, TOLERANCE[VERIFY_DTYPE]),
             *param_checks(f"{what}, parameters after step {opts.steps}", stats, PARAM_TOLERANCE, optimizer_name(plan),
-                          noise, opts.lr, opts.steps)]
+                          noise, opts.lr, opts.steps),
+            *([grad_norm_check(f"{what}, grad norms before clipping", norms, ref_norms)] if ref_norms else [])]

@@ -7,9 +7,10 @@ Each step k + 1 of first_step + 1 .. steps, in this order:
     after_backward         may replace the loss (faults inject here: runtime.loop.faults)
     loss and stop          one all-reduce: the global mean loss and any rank's stop request
                            (guards.reduce_loss_and_stop); a non-finite loss stops before the optimizer (NonFiniteLoss)
-    before_optimizer       the sync mode's hook (runtime.loop.sync)
+    before_optimizer       the sync mode's hook (runtime.loop.sync), then the recipe's: the step's learning rate
+                           recorded, the gradients clipped by their global norm (runtime.loop.clip)
     optimizer step
-    after_optimizer        the sync mode's hook, then faults after the update
+    after_optimizer        the sync mode's hook, the recipe's schedule steps, then faults after the update
     after_step             the progress line (runtime.loop.progress); the step's time and loss are recorded
     checkpoint             every N-th step, the last, and a stopping one (runtime.checkpoint)
     stop                   record the step for a signal handler (runtime.loop.stop); a requested stop raises Stopped
@@ -28,6 +29,8 @@ import torch
 
 from partita.runtime import checkpoint as ckpt
 from partita.runtime.loop import memory
+from partita.runtime.loop.clip import clip_grad_norm
+from partita.runtime.loop.recipe import Recipe, current_lr, make_schedule
 from partita.runtime.loop.guards import NonFiniteLoss, NonFiniteParameters, Stopped, params_finite, reduce_loss_and_stop
 from partita.runtime.loop.stop import record_step
 
@@ -64,6 +67,10 @@ class History:
     """Steps done before this run (a resumed checkpoint's step)."""
     losses: list[float] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
+    learning_rates: list[float] = field(default_factory=list)
+    """The learning rate of each step (runtime.loop.recipe's schedule)."""
+    grad_norms: list[float] = field(default_factory=list)
+    """With clipping, each step's global gradient norm before clipping."""
     kept: list[tuple[int, str]] = field(default_factory=list)
     """(step, path) of the checkpoints this run stands on, oldest first."""
     saves: list[str] = field(default_factory=list)
@@ -139,6 +146,25 @@ class Trainer:
         self.opt.step()
         for hook in self.hooks:
             hook.after_optimizer(step)
+
+
+class RecipeHook(StepHook):
+    """The training recipe around the optimizer step (runtime.loop.recipe): records the step's learning rate,
+    clips the gradients by the whole model's norm (runtime.loop.clip; `pp_group`: the pipeline's, whose stages
+    each hold a part), and steps the schedule after the update. `start`: the steps done before (a resume)."""
+
+    def __init__(self, opt, recipe: Recipe, start: int, executor, pp_group, history: History):
+        self.opt, self.recipe, self.executor, self.pp_group, self.history = opt, recipe, executor, pp_group, history
+        self.schedule = make_schedule(opt, recipe, start)
+
+    def before_optimizer(self, step):
+        self.history.learning_rates.append(current_lr(self.opt))
+        if self.recipe.clip_grad_norm is not None:
+            self.history.grad_norms.append(clip_grad_norm(self.executor.params, self.recipe.clip_grad_norm,
+                                                          self.pp_group, self.executor.norm_params))
+
+    def after_optimizer(self, step):
+        self.schedule.step()
 
 
 class FaultHook(StepHook):

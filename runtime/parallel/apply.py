@@ -179,6 +179,8 @@ class LocalExecutor:
         self.fsdp = self.applied.fsdp_units > 0
         self.modules = [model]
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.norm_params = self.params
+        """The parameters a norm over all ranks counts here (runtime.loop.clip)."""
         self.ddp = None
         if self.n_replicas > 1 and topo.tp == 1 and not self.fsdp:
             # gradients as views of DDP's buckets: one copy of the gradients, not two (the buckets live
@@ -253,6 +255,10 @@ class PipelineExecutor:
         self.stages, self.schedule = pipeline_parallel.build_schedule(
             pipe, plan, self.stage_indices, topo.device, topo.group("pp"), lm_loss)
         self.params = [p for m in self.modules for p in m.parameters() if p.requires_grad]
+        tied = getattr(self.schedule, "tied", None)
+        left_out = {id(p) for p in tied.uncounted} if tied is not None else set()
+        self.norm_params = [p for p in self.params if id(p) not in left_out]
+        """The parameters a norm over all ranks counts here (runtime.loop.clip): each tied one once."""
         self.first, self.last = 0 in self.stage_indices, len(plan.stages) - 1 in self.stage_indices
         self.holds_loss = self.last and topo.tp_rank == 0
         self.loss_parallel = topo.tp > 1 and any(_tp().vocab_head(plan.placements, m) for m in self.modules)
@@ -276,12 +282,14 @@ class PipelineExecutor:
 Executor = LocalExecutor | PipelineExecutor
 
 
-def make_plan_optimizer(executor: Executor, plan: Plan, lr: float, name: str) -> torch.optim.Optimizer:
+def make_plan_optimizer(executor: Executor, plan: Plan, lr: float, name: str,
+                        weight_decay: float = 0.0) -> torch.optim.Optimizer:
     """The optimizer over this rank's parameters: under ZeRO-1 its state sharded over the ranks that
-    average the gradients (runtime.parallel.zero1), else whole (FSDP's parameters are already shards)."""
+    average the gradients (runtime.parallel.zero1), else whole (FSDP's parameters are already shards);
+    `weight_decay` of the matrices (runtime.loop.recipe.param_groups)."""
     if plan.zero_stage == 1 and executor.n_replicas > 1:
-        return make_zero1(executor.params, lr, name, executor.replicas)
-    return make_optimizer(executor.params, lr, name)
+        return make_zero1(executor.params, lr, name, executor.replicas, weight_decay)
+    return make_optimizer(executor.params, lr, name, weight_decay)
 
 
 def make_executor(model: nn.Module, plan: Plan, topo: Topology, spec: ModelSpec) -> Executor:

@@ -191,9 +191,12 @@ def build_schedule(pipe, plan: Plan, stage_indices: list[int], device: torch.dev
 class TiedSync:
     """The copies of tied parameters on several pipeline stages kept one parameter (module docstring)."""
 
-    def __init__(self, links: list[tuple[list[torch.Tensor], object]]):
+    def __init__(self, links: list[tuple[list[torch.Tensor], object]], uncounted: list[torch.Tensor] = ()):
         self.links = links
         """Per tied parameter this rank holds a copy of: (its local copies, the process group of its holders)."""
+        self.uncounted = list(uncounted)
+        """The copies a norm over all ranks leaves out, so that each tied parameter counts once: every copy but
+        one on the first owner's pipeline rank (runtime.loop.clip)."""
 
     @classmethod
     def build(cls, pipe, plan: Plan, stage_indices: list[int], pp_group) -> "TiedSync | None":
@@ -206,7 +209,8 @@ class TiedSync:
         coord = mine[0] % width
         if mine != [coord + k * width for k in range(pp)]:
             raise PlanError(f"pipeline group {mine} is not the (pp, dp, tp) mesh's column of rank {dist.get_rank()}")
-        links = []
+        links, uncounted = [], []
+        here = stage_indices[0] % pp
         for names in getattr(pipe, PIPE_TIED, []):
             holders = {}  # stage index -> its copy
             for i in range(pipe.num_stages):
@@ -228,7 +232,8 @@ class TiedSync:
                 for p in copies:  # the first owner's values on every copy
                     dist.broadcast(local(p).detach(), src=coord + first * width, group=mine_group)
                 links.append((copies, mine_group))
-        return cls(links) if links else None
+                uncounted += copies[1:] if here == first else copies
+        return cls(links, uncounted) if links else None
 
     def wrap(self, schedule):
         return _SyncedSchedule(schedule, self)

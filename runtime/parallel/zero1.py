@@ -22,14 +22,17 @@ import torch
 if TYPE_CHECKING:
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from partita.runtime.loop.recipe import optimizer_class
+from partita.runtime.loop.recipe import optimizer_class, param_groups
 
 
-def make_zero1(params: Iterable[torch.Tensor], lr: float, name: str, group) -> ZeroRedundancyOptimizer:
-    """The optimizer `name` (runtime.loop.recipe) sharded over the ranks of `group` (module docstring)."""
+def make_zero1(params: Iterable[torch.Tensor], lr: float, name: str, group,
+               weight_decay: float = 0.0) -> ZeroRedundancyOptimizer:
+    """The optimizer `name` (runtime.loop.recipe) sharded over the ranks of `group` (module docstring), decaying
+    the matrices by `weight_decay` (runtime.loop.recipe.param_groups)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer  # a third of a second: imported when used
     cls, kwargs = optimizer_class(name)
-    opt = ZeroRedundancyOptimizer(list(params), optimizer_class=cls, process_group=group, lr=lr, **kwargs)
+    opt = ZeroRedundancyOptimizer(param_groups(params, weight_decay), optimizer_class=cls, process_group=group,
+                                  lr=lr, **kwargs)
     opt.state = opt.optim.state  # this rank's state, keyed by the parameters it owns
     return opt
 

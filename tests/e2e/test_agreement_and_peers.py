@@ -73,6 +73,9 @@ def test_ranks_that_disagree_stop_before_any_step_naming_the_rank_and_the_field(
     cases = [
         (base + ["--lr", "0.001"], base + ["--lr", "0.1"],
          f"the nodes disagree on --lr: rank 1 (host {host}) runs with --lr 0.1, rank 0 (host {host}) with --lr 0.001"),
+        (base + ["--weight-decay", "0.1"], base + ["--weight-decay", "0.01"],  # the recipe's flags too (issue 46)
+         f"the nodes disagree on --weight-decay: rank 1 (host {host}) runs with --weight-decay 0.01, rank 0 (host "
+         f"{host}) with --weight-decay 0.1"),
         (base, [str(plan), "--model", "tiny-gpt", "--steps", "3"],
          f"the nodes disagree on --steps: rank 1 (host {host}) runs with --steps 3, rank 0 (host {host}) with "
          "--steps 2"),

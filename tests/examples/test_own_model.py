@@ -1,7 +1,8 @@
 """docs/own-models.md, "Train your own model on your own data", runs as written (issue 30): its commands -- a CNN
 model factory carrying its loss, a map-style image dataset factory, 2 gloo ranks, --sync-batchnorm, --verify
 -- are read from that page and run from a directory holding `examples/` (importable as the working
-directory, no PYTHONPATH); the resource list shown there loads."""
+directory, no PYTHONPATH); so are the run with a training recipe and --save-final, and the Python lines that
+load the saved weights into one process (issue 46); the resource list shown there loads."""
 from __future__ import annotations
 
 import os
@@ -28,8 +29,9 @@ def blocks(lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", section(), re.S)
 
 
-def commands() -> list[list[str]]:
-    (bash,) = blocks("bash")
+def commands(block: int = 0) -> list[list[str]]:
+    """The `partita` commands of the page's `block`-th bash block (0: plan and run; 1: the run with a recipe)."""
+    bash = blocks("bash")[block].replace("\\\n", " ")
     return [shlex.split(line)[1:] for line in bash.splitlines() if line.startswith("partita ")]
 
 
@@ -75,6 +77,26 @@ def test_without_sync_batchnorm_the_run_says_why_before_training_and_verify_fail
     first_step = next(i for i, ln in enumerate(out) if ln.startswith("step 1/2"))
     assert note and note[0] < first_step and "--sync-batchnorm" in out[note[0]]
     assert "verify FAILED: losses" in ran.stdout
+
+
+def test_the_recipe_run_and_loading_its_weights_run_as_written(workdir):
+    (plan, _), (run,) = commands(0), commands(1)
+    assert "--save-final" in run and "--clip-grad-norm" in run and "--verify" in run
+    assert partita(plan, workdir).returncode == 0
+    ran = partita(run, workdir)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    out = ran.stdout.splitlines()
+    assert out[1] == ("recipe: SGD lr 0.1, weight decay 0.0001 (matrices only), warm-up 2 steps, cosine decay to "
+                      "0.1 x lr at step 8, grad norm clipped at 1")
+    assert "verify: OK" in out and any(ln.startswith("verify: grad norms before clipping") for ln in out)
+    load = blocks("python")[-1]
+    checksum = "\nprint(sum(float(p.double().sum()) for p in module.parameters()))"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    loaded = subprocess.run([sys.executable, "-c", load + checksum], cwd=workdir, capture_output=True, text=True,
+                            timeout=300, env=env)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    said = next(ln for ln in out if ln.startswith("parameter checksum: ")).split()[2]
+    assert float(loaded.stdout.split()[-1]) == pytest.approx(float(said), rel=1e-9)
 
 
 def test_the_readme_resource_list_loads(tmp_path):

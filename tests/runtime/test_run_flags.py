@@ -47,7 +47,9 @@ def test_both_entry_points_take_every_flag_with_the_same_help():
     [],
     ["--steps", "3", "--verify", "--lr", "0.01", "--seed", "7", "--data-dtype", "uint32", "--keep", "2",
      "--checkpoint-dir", "ckpt", "--checkpoint-every", "1", "--resume", "--sync-batchnorm", "--log-every", "0",
-     "--losses-out", "o.json", "--tensorboard", "tb", "--data", "t.bin", "--max-restarts", "1"],
+     "--losses-out", "o.json", "--tensorboard", "tb", "--data", "t.bin", "--max-restarts", "1",
+     "--weight-decay", "0.1", "--warmup-steps", "2", "--lr-decay", "cosine", "--min-lr-ratio", "0.05",
+     "--clip-grad-norm", "1.0", "--save-final", "w.pt"],
 ])
 def test_what_partita_run_forwards_parses_to_what_was_given(argv):
     given = _run_parser().parse_args(["p.json", "--model", "tiny-gpt", *argv])

@@ -26,3 +26,16 @@ def spawned_json(worker, nprocs: int = 2):
             os.environ.pop("OMP_NUM_THREADS") if old is None else os.environ.__setitem__("OMP_NUM_THREADS", old)
         with open(out) as f:
             return json.load(f)
+
+
+def gather_and_end(rows, out: str) -> None:
+    """Every rank's `rows` gathered, the group torn down, and the list (by rank) written to `out` by rank 0: how a
+    spawned worker hands back what it measured."""
+    import torch.distributed as dist
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, rows)
+    rank = dist.get_rank()
+    teardown()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(every, f)

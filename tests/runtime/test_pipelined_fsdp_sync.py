@@ -4,13 +4,12 @@ ZeRO-2 gathers its parameters once per step; the memory that holds them and whol
 predicted one (one 4-process gloo job, pp=2 x dp=2, 4 micro-batches)."""
 from __future__ import annotations
 
-import json
 import os
 
 import torch
 import torch.distributed as dist
 
-from spawned import spawned_json, teardown
+from spawned import gather_and_end, spawned_json
 
 import partita
 from partita import runtime
@@ -59,12 +58,7 @@ def _worker(rank: int, world: int, store_path: str, out: str) -> None:
                                                         in_order=detail["in_order"], tracked=detail["tracked_bytes"])
     finally:
         dist.reduce_scatter_single, dist.all_gather_single = plain_rs, plain_ag
-    every = [None] * world
-    dist.all_gather_object(every, rows)
-    teardown()
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(every, f)
+    gather_and_end(rows, out)
 
 
 def test_a_pipeline_stage_under_fsdp_syncs_gradients_once_per_step():

@@ -4,7 +4,6 @@ steps AdamW on the bf16 parameters (bf16 moments, no fp32 master), and the model
 (costmodel.price.memory: 2 + 2 + 2 + 2 bytes per parameter) -- one 2-process gloo job, dp=2, ZeRO-0 and ZeRO-3."""
 from __future__ import annotations
 
-import json
 import math
 import os
 
@@ -12,7 +11,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from spawned import spawned_json, teardown
+from spawned import gather_and_end, spawned_json
 
 import partita
 from partita import runtime
@@ -63,12 +62,7 @@ def _worker(rank: int, world: int, store_path: str, out: str) -> None:
                                        parameters=plan["model"]["parameters"])
     finally:
         memory.state_bytes = plain
-    every = [None] * world
-    dist.all_gather_object(every, rows)
-    teardown()
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(every, f)
+    gather_and_end(rows, out)
 
 
 def test_a_pure_bf16_plan_trains_in_bf16_with_the_predicted_state_bytes():

@@ -8,9 +8,10 @@ the load average it had (stated: other work on 2 cores doubles these):
     torch      `python -c "import torch"`                              what every process of a run pays first
     cli        `python -m partita.cli models`                  the CLI's own start (no torch)
     plan       `partita plan --model tiny-gpt --cluster 2xcpu ...`     capture + search + report of a small model
-    check      `python -m partita.runtime.train PLAN --check`          the pre-flight process of `partita run`
-    run        `partita run PLAN --model tiny-gpt --steps 2`           pre-flight, torchrun's agent, 2 workers,
-                                                                       2 steps and the report
+    check      `python -m partita.runtime.train PLAN --check`          the pre-flight alone (inside `partita run`
+                                                                       it runs in the launcher's process)
+    run        `partita run PLAN --model tiny-gpt --steps 2`           launcher with its pre-flight, torchrun's
+                                                                       agent, 2 workers, 2 steps and the report
 
     python -m benchmarks.startup        # writes benchmarks/results/startup.json
 """

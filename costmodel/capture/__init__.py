@@ -1,18 +1,12 @@
 """Capture: a model as an operator graph on fake tensors (fx or torch.export), its layers found and replicated, its fingerprint."""
 import contextlib
-import importlib
 import math
 
 from partita.costmodel.errors import PartitaError
+from partita.costmodel.lazy import submodules
 
 
-def __getattr__(name):  # a submodule loads on first use, as an attribute too
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"{__name__}.{name}":  # the submodule exists; something it imports is missing
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+__getattr__ = submodules(__name__)  # a submodule loads on first use, as an attribute too
 
 
 def capture(spec: "ModelSpec", dtype: str = "fp32", batch: int = 1, autocast: str | None = "cuda") -> "OpGraph":

@@ -1,11 +1,5 @@
 """Embedding tables: their accesses, costs and TorchRec's own estimators."""
-import importlib
+from partita.costmodel.lazy import submodules
 
 
-def __getattr__(name):  # a submodule loads on first use, as an attribute too
-    try:
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"{__name__}.{name}":  # the submodule exists; something it imports is missing
-            raise
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+__getattr__ = submodules(__name__)  # a submodule loads on first use, as an attribute too

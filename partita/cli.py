@@ -50,8 +50,12 @@ def _cmd_plan(args) -> int:
         def progress(i, n):
             bar.update(task, total=n, completed=i + 1)
 
+        if args.nnodes:
+            return _plan_set(args, cluster, train, space, progress)
         p = make_plan(args.model, cluster=cluster, train=train, progress=progress, baselines=args.baselines,
                       space=space, sparse=_sparse_from_args(args), memory_headroom=args.memory_headroom)
+    if args.mtbf:
+        p.predicted["resilience"] = _resilience(args, p, cluster.nodes).to_dict()
     if args.out:
         p.save(args.out)
     if args.json:
@@ -59,8 +63,46 @@ def _cmd_plan(args) -> int:
     else:
         from partita.planner.plan.explain import print_plan
         print_plan(p)
+        if args.mtbf:
+            r = _resilience(args, p, cluster.nodes)
+            print("\n" + r.line() + "".join(f"\n  assumed: {a}" for a in r.assumptions))
         if args.out:
             print(f"\nplan written to {args.out}")
+    return 0
+
+
+def _resilience(args, p, nodes: int):
+    from partita.planner.estimate import resilience
+    t = p.train
+    return resilience.price(parameters=p.model["parameters"], dtype=t["dtype"], optimizer=t["optimizer"],
+                            master_weights=t.get("master_weights", "fp32"), nodes=nodes,
+                            step_s=p.predicted["step_time_s"], mtbf_s=args.mtbf * resilience.HOUR,
+                            storage_bw=_bandwidth(args), restart_s=args.restart_seconds)
+
+
+def _bandwidth(args) -> float | None:
+    return None if args.checkpoint_bandwidth is None else args.checkpoint_bandwidth * 1e9
+
+
+def _plan_set(args, cluster, train, space, progress) -> int:
+    """`partita plan --nnodes MIN:MAX`: one plan per size, the table of what each lost node costs."""
+    import json
+    from partita.planner.api import plan_set
+    if args.baselines or _sparse_from_args(args) is not None:
+        raise PartitaError("--nnodes plans a dense model's sizes; leave out --baselines and the embedding flags")
+    s = plan_set(args.model, cluster=cluster, train=train, nnodes=args.nnodes, progress=progress, space=space,
+                 memory_headroom=args.memory_headroom, mtbf_h=args.mtbf, storage_bw=_bandwidth(args),
+                 restart_s=args.restart_seconds)
+    if args.out:
+        s.save(args.out)
+    if args.json:
+        sys.stdout.write(json.dumps(s.summary(), indent=2) + "\n")
+        return 0
+    print(f"{s.full.plan.model['name']} on {args.nnodes[0]} to {args.nnodes[1]} nodes of {cluster.devices_per_node} "
+          f"{cluster.device.name}, global batch {train.global_batch} at every size")
+    print(s.table())
+    if args.out:
+        print(f"\nplans written to {args.out}/ (nodes-N.json, one per size; plan-set.json, this table)")
     return 0
 
 
@@ -112,6 +154,12 @@ def _space_from_args(args):
 def _cmd_explain(args) -> int:
     from partita.planner.plan.explain import print_plan
     from partita.planner.plan import Plan
+    from partita.planner.plan import planset
+    if planset.is_plan_set(args.plan):
+        s = planset.from_directory(args.plan)
+        print(f"plan set {args.plan}: {s.full.plan.model.get('name')}, {s.sizes[0].nodes} to {s.full.nodes} nodes")
+        print(s.table())
+        return 0
     print_plan(Plan.load(args.plan))
     return 0
 
@@ -232,6 +280,25 @@ def _fraction(text: str) -> float:
         value = -1.0
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in [0, 1) (e.g. 0.05 for 5%)")
+    return value
+
+
+def _node_range(text: str) -> tuple[int, int]:
+    """--nnodes' value: MIN:MAX node counts (a single N is N:N)."""
+    lo, _, hi = text.partition(":")
+    try:
+        return int(lo), int(hi or lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not MIN:MAX node counts (e.g. 3:4)") from None
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
     return value
 
 
@@ -375,11 +442,27 @@ def _add_plan(sub) -> None:
                    help="price an H above DiLoCo's published envelope (500)")
     _add_what_if_flags(p)
     _add_rec_flags(p)
+    _add_elastic_flags(p)
     p.add_argument("--baselines", action="store_true",
                    help="also plan DDP, FSDP, Megatron TP x PP and recompute-everything under the same cost model")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--out", help="also write the plan to this file")
+    p.add_argument("--out", help="also write the plan to this file (with --nnodes: to this directory)")
     p.set_defaults(func=_cmd_plan)
+
+
+def _add_elastic_flags(p: argparse.ArgumentParser) -> None:
+    e = p.add_argument_group("elastic jobs and failures (planner.estimate.resilience)")
+    e.add_argument("--nnodes", type=_node_range, metavar="MIN:MAX",
+                   help="plan every size from MIN to MAX nodes (--cluster is the full allocation, MAX nodes) and show "
+                        "what losing nodes costs; --out DIR writes one plan per size (nodes-N.json) and plan-set.json")
+    e.add_argument("--mtbf", type=_positive, metavar="HOURS",
+                   help="the job's mean hours between interruptions at the cluster's size (Llama 3 on 16,384 GPUs: "
+                        "3.09): add the checkpoint interval (Young/Daly) and the expected time lost to failures")
+    e.add_argument("--checkpoint-bandwidth", type=_positive, metavar="GB/s",
+                   help="checkpoint storage bandwidth per node, writing and reading, in GB/s (default: 2, assumed)")
+    e.add_argument("--restart-seconds", type=float, metavar="S",
+                   help="seconds from a failure to the workers started again, before the checkpoint is read "
+                        "(default: 60, assumed)")
 
 
 def _add_explain_compare(sub) -> None:

@@ -9,6 +9,7 @@ keywords naming its fields (a single value fixes it):
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 
 import torch
@@ -25,6 +26,7 @@ from partita.costmodel.capture import capture
 from partita.planner.estimate.build import build_plan
 from partita.planner.enumerate.candidates import split_model, use_block_program
 from partita.planner.plan import Plan
+from partita.planner.plan.planset import PlanSet, Size
 from partita.planner.search import SearchResult, TrainConfig, search
 from partita.planner.enumerate.space import FIXABLE, SearchSpace, _ByDevice, check_scale, check_space, describe_fixed
 
@@ -148,3 +150,62 @@ def _fingerprint(spec: ModelSpec) -> str:
     """The fingerprint the runtime checks, from the model built the same way (runtime.launcher.checks.build_meta:
     on the meta device, ~10x faster than under fake mode)."""
     return model_fingerprint(meta_build(spec.build))
+
+
+def plan_set(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConfig, nnodes: tuple[int, int],
+             progress=None, space: SearchSpace | None = None, memory_headroom: float | None = None,
+             mtbf_h: float | None = None, storage_bw: float | None = None, restart_s: float | None = None,
+             **fixed) -> PlanSet:
+    """One plan per node count from nnodes = (MIN, MAX), for an elastic job: `cluster` is the full allocation (MAX
+    nodes); each smaller size keeps its node shape and the global batch (more accumulation on fewer ranks). The
+    model is captured once and searched per size. A size no plan fits is kept with the reason; `mtbf_h`, the job's
+    mean hours between interruptions at the full size, adds each size's checkpoint interval and expected time lost
+    (planner.estimate.resilience; a job of N nodes fails N/MAX as often)."""
+    lo, hi = nnodes
+    cl = parse_cluster(cluster) if isinstance(cluster, str) else cluster
+    _check_nnodes(cl, lo, hi)
+    result, full = plan_search(model, example_inputs, cluster=cl, train=train, progress=progress, space=space,
+                               memory_headroom=memory_headroom, **fixed)
+    if result is None:
+        raise PartitaError("plan sets (--nnodes) are for dense models; a model with embedding tables is planned for "
+                           "one cluster size")
+    sizes = [_size_of_set(result, full, n) for n in range(lo, hi)] + [Size(hi, full)]
+    if mtbf_h is not None:
+        from partita.planner.estimate import resilience
+        for s in sizes:
+            if s.plan is not None:
+                t = s.plan.train
+                s.resilience = resilience.price(
+                    parameters=s.plan.model["parameters"], dtype=t["dtype"], optimizer=t["optimizer"],
+                    master_weights=t.get("master_weights", "fp32"), nodes=s.nodes,
+                    step_s=s.plan.predicted["step_time_s"], mtbf_s=mtbf_h * resilience.HOUR * hi / s.nodes,
+                    storage_bw=storage_bw, restart_s=restart_s)
+                s.plan.predicted["resilience"] = s.resilience.to_dict()
+    return PlanSet(sizes)
+
+
+def _check_nnodes(cl: Cluster, lo: int, hi: int) -> None:
+    if not 1 <= lo <= hi:
+        raise PartitaError(f"--nnodes {lo}:{hi}: MIN must be at least 1 and at most MAX")
+    if cl.groups or cl.islands > 1:
+        raise PartitaError("--nnodes plans one kind of node on one fabric; a resource list of several groups or a "
+                           "cluster of islands is planned for one size (leave out --nnodes)")
+    if hi != cl.nodes:
+        raise PartitaError(f"--nnodes {lo}:{hi} and --cluster {cl.spec!r} ({cl.nodes} node(s)) disagree: the cluster "
+                           f"is the full allocation, so MAX must be its node count (or give --cluster with {hi} nodes)")
+
+
+def _size_of_set(result: SearchResult, full: Plan, nodes: int) -> Size:
+    """The plan for `nodes` nodes of the captured model in `result`, or why none fits."""
+    cl = result.cluster
+    spec = re.sub(r"^\d+x(?=\d+x)", f"{nodes}x", cl.spec) if re.match(r"^\d+x\d+x", cl.spec) else \
+        f"{cl.spec} ({nodes} of {cl.nodes} nodes)"
+    smaller = dataclasses.replace(cl, nodes=nodes, spec=spec)
+    try:
+        found = search(result.graph, smaller, result.train, space=result.space)
+    except PartitaError as e:
+        return Size(nodes, None, why=str(e))
+    p = build_plan(found, full.model["name"], full.model.get("fingerprint", ""), full.model.get("config", {}))
+    if full.solver.get("fixed"):
+        p.solver["fixed"] = full.solver["fixed"]
+    return Size(nodes, p)

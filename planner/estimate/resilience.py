@@ -1,0 +1,154 @@
+"""What failures cost a run, and how often it should checkpoint (Young 1974; Daly 2006).
+
+Symbols, all in seconds:
+
+    M   the job's mean time between interruptions (failures are a Poisson process of rate 1/M)
+    d   how long one checkpoint save stalls training (delta in the papers)
+    R   from a failure to training again: detection, restart, rendezvous, reading the checkpoint back
+    t   training time between two saves (tau)
+
+Daly's model ("A higher order estimate of the optimum checkpoint interval for restart dumps", Future Generation
+Computer Systems 22, 2006): a failure may strike while computing, saving or restarting, and the work since
+the last save is redone. The expected wall time of T_s seconds of training is
+
+    T_w(t) = M e^(R/M) (e^((t + d)/M) - 1) T_s / t
+
+and the fraction of the job's time that failures and saves take is 1 - T_s / T_w. Its minimum over t is close to
+
+    t* = sqrt(2 d M) [1 + sqrt(d / (2M)) / 3 + (d / (2M)) / 9] - d      for d < 2M, else t* = M      (Daly)
+
+whose first term alone is Young's first-order optimum sqrt(2 d M) ("A first order approximation to the optimum
+checkpoint interval", CACM 17, 1974). tests/planner/test_resilience.py checks t* against the numerical minimum of
+T_w and the lost fraction against a simulation of Poisson failures.
+
+The save and the read-back are priced from the checkpoint's bytes -- every parameter's weights and optimizer state
+once (DCP writes each shard once, replicas deduplicated), all nodes writing in parallel -- over a storage bandwidth
+per node the user states (`--checkpoint-bandwidth`; the default is an assumption, and said so).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from partita.costmodel.errors import PartitaError
+from partita.costmodel.price.memory import state_bytes
+
+HOUR = 3600.0
+DEFAULT_STORAGE_BW = 2e9
+"""Bytes/s one node writes (and reads) a checkpoint at, when the user states none: an assumption (a shared
+file system's share per node), printed with every figure it produces."""
+DEFAULT_RESTART_S = 60.0
+"""Seconds from a failure to the workers rendezvoused again, before the checkpoint is read: an assumption
+(detection, the agents' restart, process start and imports), printed with every figure it produces."""
+LLAMA3_INTERRUPTIONS = (419, 54 * 24 * HOUR, 16384)
+"""Llama 3's pre-training: 419 unexpected interruptions in 54 days on 16,384 H100s (Dubey et al. 2024,
+"The Llama 3 Herd of Models", section 3.3.4): a job MTBF of 3.09 hours at that size."""
+
+
+def daly_interval(save_s: float, mtbf_s: float) -> float:
+    """Daly's higher-order optimum of the training time between saves (module docstring)."""
+    _check_positive(save_s=save_s, mtbf_s=mtbf_s)
+    if save_s >= 2 * mtbf_s:
+        return mtbf_s
+    x = save_s / (2 * mtbf_s)
+    return math.sqrt(2 * save_s * mtbf_s) * (1 + math.sqrt(x) / 3 + x / 9) - save_s
+
+
+def young_interval(save_s: float, mtbf_s: float) -> float:
+    """Young's first-order optimum sqrt(2 d M)."""
+    _check_positive(save_s=save_s, mtbf_s=mtbf_s)
+    return math.sqrt(2 * save_s * mtbf_s)
+
+
+def wall_per_work(interval_s: float, save_s: float, restart_s: float, mtbf_s: float) -> float:
+    """T_w / T_s under Daly's model: wall seconds per second of training (module docstring)."""
+    _check_positive(interval_s=interval_s, mtbf_s=mtbf_s)
+    return mtbf_s * math.exp(restart_s / mtbf_s) * math.expm1((interval_s + save_s) / mtbf_s) / interval_s
+
+
+def lost_fraction(interval_s: float, save_s: float, restart_s: float, mtbf_s: float) -> float:
+    """The expected fraction of the job's wall time spent saving, restarting and redoing lost work."""
+    return 1.0 - 1.0 / wall_per_work(interval_s, save_s, restart_s, mtbf_s)
+
+
+@dataclass(frozen=True)
+class Resilience:
+    """How often a plan should checkpoint, and what failures are expected to cost it."""
+
+    mtbf_s: float
+    """The job's mean time between interruptions at this plan's size."""
+    checkpoint_bytes: float
+    """Bytes of one checkpoint: every parameter's weights and optimizer state, once."""
+    save_s: float
+    restart_s: float
+    """From a failure to training again: the assumed restart plus reading the checkpoint back."""
+    interval_s: float
+    """Daly's optimum training time between saves."""
+    every_steps: int
+    """The same in optimizer steps of the plan (`partita run --checkpoint-every`)."""
+    lost_fraction: float
+    """Expected fraction of wall time lost to saves, restarts and redone work at that interval."""
+    assumptions: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["assumptions"] = list(self.assumptions)
+        return d
+
+    def line(self) -> str:
+        return (f"checkpoint every {self.every_steps} steps ({_duration(self.interval_s)}; a save takes "
+                f"{self.save_s:.3g} s, a restart {self.restart_s:.3g} s): expected time lost to failures "
+                f"{self.lost_fraction:.1%} at one interruption every {_duration(self.mtbf_s)}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Resilience | None":
+        """A plan file's `predicted.resilience` back, or None when it is not the shape to_dict writes."""
+        try:
+            return cls(**{**d, "assumptions": tuple(str(a) for a in d.get("assumptions", ()))})
+        except (TypeError, AttributeError):
+            return None
+
+
+def checkpoint_bytes(parameters: int, dtype: str, optimizer: str, master_weights: str = "fp32") -> float:
+    """Bytes of one checkpoint of `parameters` parameters: each one's weights and optimizer state once."""
+    s = state_bytes(dtype, optimizer, master_weights=master_weights)
+    return float(parameters) * (s.param + s.optimizer)
+
+
+def price(*, parameters: int, dtype: str, optimizer: str, master_weights: str, nodes: int, step_s: float,
+          mtbf_s: float, storage_bw: float | None = None, restart_s: float | None = None) -> Resilience:
+    """The checkpoint interval and expected lost time of a plan of `parameters` parameters on `nodes` nodes whose
+    step takes `step_s`, for a job that is interrupted once every `mtbf_s` on average."""
+    _check_positive(nodes=nodes, step_s=step_s, mtbf_s=mtbf_s)
+    bw = DEFAULT_STORAGE_BW if storage_bw is None else storage_bw
+    fixed = DEFAULT_RESTART_S if restart_s is None else restart_s
+    _check_positive(storage_bw=bw)
+    if fixed < 0:
+        raise PartitaError(f"the restart time must be at least 0 s, got {fixed:g}")
+    size = checkpoint_bytes(parameters, dtype, optimizer, master_weights)
+    save = size / (bw * nodes)
+    restart = fixed + save  # the read-back at the write bandwidth
+    interval = daly_interval(save, mtbf_s)
+    every = max(1, round(interval / step_s))
+    assumed = []
+    if storage_bw is None:
+        assumed.append(f"checkpoint storage at {bw / 1e9:g} GB/s per node, writing and reading (assumed; "
+                       "--checkpoint-bandwidth)")
+    if restart_s is None:
+        assumed.append(f"{fixed:g} s from a failure to the workers started again, before the checkpoint is read "
+                       "(assumed; --restart-seconds)")
+    return Resilience(mtbf_s=mtbf_s, checkpoint_bytes=size, save_s=save, restart_s=restart, interval_s=interval,
+                      every_steps=every, lost_fraction=lost_fraction(every * step_s, save, restart, mtbf_s),
+                      assumptions=tuple(assumed))
+
+
+def _duration(s: float) -> str:
+    if s >= 1000 * HOUR:
+        return f"{s / HOUR:,.0f} h"
+    return f"{s / HOUR:.3g} h" if s >= HOUR else f"{s / 60:.3g} min" if s >= 60 else f"{s:.3g} s"
+
+
+def _check_positive(**values: float) -> None:
+    for name, v in values.items():
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise PartitaError(f"{name.replace('_', ' ')} must be a positive number, got {v!r}")

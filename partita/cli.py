@@ -23,6 +23,7 @@ from partita.runtime.launcher.child import run_forwarding_signals
 from partita.runtime.launcher.flags import NODE_FLAGS, RECIPE_FLAGS, RUN_FLAGS, add_flags, to_argv
 from partita.costmodel.hardware import DEFAULT_ALLOCATOR_HEADROOM
 from partita.planner.plan import MASTER_WEIGHTS, RECOMPUTE
+from partita.planner.plan import planset
 from partita.planner.plan.schedules import AUTO, SCHEDULES
 from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors
 
@@ -186,6 +187,8 @@ def _cmd_run(args) -> int:
         raise PartitaError("--rdzv-timeout must be more than 0 and at most 86400 seconds")
     if why := job_environment_error(os.environ):
         raise PartitaError(why)
+    if planset.is_plan_set(args.plan):
+        args.plan = _plan_of_set(args.plan, nnodes)
     given = {"lr": 1e-3 if args.lr is None else args.lr, "seed": 0 if args.seed is None else args.seed}
     recipe = {name: getattr(args, name) for name in RECIPE_FLAGS}
     errors = option_errors(**given, **recipe) + output_errors(
@@ -213,6 +216,19 @@ def _cmd_run(args) -> int:
     # (partita.runtime.launcher.child)
     cmd = [sys.executable, "-m", "partita.runtime.train", args.plan, *flags, *launcher]
     return run_forwarding_signals(cmd, env)
+
+
+def _plan_of_set(directory: str, nnodes: int) -> str:
+    """The plan file of a plan set (`partita plan --nnodes`) for `nnodes` nodes, said in one line."""
+    used, p = planset.for_nodes(directory, nnodes)
+    if used != nnodes:
+        raise PartitaError(f"plan set {directory!r}: with {nnodes} node(s) its fastest plan is the one for {used} "
+                           f"(nodes-{used}.json); start {used} nodes (--nnodes {used}), the others as spares")
+    path = os.path.join(directory, planset.FILE.format(used))
+    m = p.mesh
+    print(f"partita: plan set {directory}: {planset.FILE.format(used)} for {used} node(s) (pp={m.pp} dp={m.dp} "
+          f"tp={m.tp}, predicted step {p.predicted['step_time_s']:.4g} s)", file=sys.stderr, flush=True)
+    return path
 
 
 def _cmd_export(args) -> int:

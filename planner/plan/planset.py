@@ -47,16 +47,27 @@ class PlanSet:
     def full(self) -> Size:
         return self.sizes[-1]
 
+    def runs(self, size: Size) -> Size | None:
+        """The size whose plan runs when `size.nodes` nodes are up: the fastest plan of at most that many nodes --
+        its own, or a smaller size's, the nodes beyond it waiting as spares. A global batch that no mesh of N nodes
+        divides well makes losing one node cost more than its share (Llama 3's batch on 2,047 of 2,048 nodes:
+        benchmarks.resilience), and then fewer nodes can be faster."""
+        fitting = [s for s in self.sizes if s.plan is not None and s.nodes <= size.nodes]
+        return min(fitting, key=lambda s: (s.plan.predicted["step_time_s"], -s.nodes)) if fitting else None
+
     def relative(self, size: Size) -> float | None:
         """Throughput of `size` over the full size's (the same global batch: step time ratio)."""
-        if size.plan is None or self.full.plan is None:
+        used, full = self.runs(size), self.runs(self.full)
+        if used is None or full is None:
             return None
-        return self.full.plan.predicted["step_time_s"] / size.plan.predicted["step_time_s"]
+        return full.plan.predicted["step_time_s"] / used.plan.predicted["step_time_s"]
 
     def rows(self) -> list[dict]:
         out = []
         for s in self.sizes:
-            row: dict = {"nodes": s.nodes, "file": FILE.format(s.nodes) if s.plan else None}
+            used = self.runs(s)
+            row: dict = {"nodes": s.nodes, "file": FILE.format(s.nodes) if s.plan else None,
+                         "runs": used and used.nodes, "relative_throughput": self.relative(s)}
             if s.plan is None:
                 row["why"] = s.why
             else:
@@ -64,7 +75,7 @@ class PlanSet:
                 row.update(devices=m.world_size, mesh={"pp": m.pp, "dp": m.dp, "tp": m.tp, "cp": m.cp},
                            zero_stage=s.plan.zero_stage, micro_batches=sch.num_microbatches,
                            micro_batch_size=sch.micro_batch_size, step_time_s=pred["step_time_s"],
-                           tokens_per_s=pred.get("tokens_per_s"), relative_throughput=self.relative(s))
+                           tokens_per_s=pred.get("tokens_per_s"))
             if s.resilience is not None:
                 row["resilience"] = s.resilience.to_dict()
             out.append(row)
@@ -94,8 +105,15 @@ class PlanSet:
         lines = [f"{'nodes':>5}  {'devices':>7}  {'pp x dp x tp':<14} {'micro-batches':<14} {'step':>10}  "
                  f"{'throughput':>10}"]
         for s in self.sizes:
+            used = self.runs(s)
+            if used is not None and used is not s:
+                own = f"no plan of its own: {one_line(s.why, 120)}" if s.plan is None else \
+                    f"its own plan is slower ({s.plan.predicted['step_time_s']:.4g} s)"
+                lines.append(f"{s.nodes:>5}  runs the {used.nodes}-node plan, {s.nodes - used.nodes} idle: "
+                             f"{self.relative(s):.2f}x; {own}")
+                continue
             if s.plan is None:
-                lines.append(f"{s.nodes:>5}  no plan fits: {one_line(s.why, 160)}")
+                lines.append(f"{s.nodes:>5}  no plan fits: {one_line(s.why, 140)}")
                 continue
             m, sch = s.plan.mesh, s.plan.schedule
             lines.append(f"{s.nodes:>5}  {m.world_size:>7}  {f'{m.pp} x {m.dp} x {m.tp}':<14} "
@@ -149,10 +167,12 @@ def load(directory: str | Path) -> dict[int, Plan]:
     return plans
 
 
-def for_nodes(directory: str | Path, nodes: int) -> Plan:
-    """The set's plan for `nodes` nodes; PlanError naming the sizes it has when it has none for that size."""
+def for_nodes(directory: str | Path, nodes: int) -> tuple[int, Plan]:
+    """The plan to run with `nodes` nodes up and its size: the fastest of the set's plans for at most that many
+    nodes (PlanSet.runs); PlanError naming the sizes the set has when none is that small."""
     plans = load(directory)
-    if nodes not in plans:
-        raise PlanError(f"plan set {str(directory)!r} has no plan for {nodes} node(s) (it has "
+    used = PlanSet([Size(n, p) for n, p in sorted(plans.items())]).runs(Size(nodes, None))
+    if used is None:
+        raise PlanError(f"plan set {str(directory)!r} has no plan for {nodes} node(s) or fewer (it has "
                         f"{', '.join(map(str, sorted(plans)))}): plan that size with `partita plan --nnodes`")
-    return plans[nodes]
+    return used.nodes, used.plan

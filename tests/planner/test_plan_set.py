@@ -30,9 +30,12 @@ def test_each_size_is_planned_as_that_cluster_alone_with_the_same_global_batch(t
     summary = json.loads((out / "plan-set.json").read_text())
     assert summary["schema"] == "partita.planset/1" and summary["nnodes"] == [1, 3]
     rows = {r["nodes"]: r for r in summary["sizes"]}
-    assert rows[3]["relative_throughput"] == 1.0
-    for n in (1, 2):
-        assert rows[n]["relative_throughput"] == pytest.approx(rows[3]["step_time_s"] / rows[n]["step_time_s"])
+    # with n nodes up the fastest plan of at most n nodes runs (on cpus, whose links between nodes are slow, fewer
+    # nodes can be faster), and its throughput is stated relative to the best with every node up
+    best = {n: min(rows[k]["step_time_s"] for k in rows if k <= n) for n in rows}
+    for n in (1, 2, 3):
+        assert rows[n]["relative_throughput"] == pytest.approx(best[3] / best[n])
+        assert rows[rows[n]["runs"]]["step_time_s"] == best[n]
     # a job of n nodes fails n/3 as often as the full one (10 h between interruptions at 3 nodes)
     assert rows[1]["resilience"]["mtbf_s"] == pytest.approx(30 * 3600)
     assert rows[3]["resilience"]["mtbf_s"] == pytest.approx(10 * 3600)
@@ -50,12 +53,27 @@ def test_a_size_no_plan_fits_says_why_and_the_others_are_kept(tmp_path, capsys):
     assert main(["plan", "--model", BIG, "--cluster", "2x1xcpu", "--global-batch", "4", "--nnodes", "1:2",
                  "--out", str(out), "--json"]) == 0
     rows = {r["nodes"]: r for r in json.loads(capsys.readouterr().out)["sizes"]}
-    assert rows[1]["file"] is None and "GiB per device" in rows[1]["why"]
+    assert rows[1]["file"] is None and "GiB per device" in rows[1]["why"] and rows[1]["runs"] is None
     assert rows[2]["file"] == "nodes-2.json" and (out / "nodes-2.json").is_file()
     assert not (out / "nodes-1.json").exists()
-    with pytest.raises(PlanError, match=r"no plan for 1 node\(s\) \(it has 2\)"):
+    with pytest.raises(PlanError, match=r"no plan for 1 node\(s\) or fewer \(it has 2\)"):
         planset.for_nodes(out, 1)
-    assert planset.for_nodes(out, 2).mesh.world_size == 2
+    assert planset.for_nodes(out, 2)[1].mesh.world_size == 2
+
+
+def test_a_size_whose_meshes_cannot_split_the_batch_runs_a_smaller_sizes_plan(tmp_path, capsys):
+    """Global batch 8 on 3 nodes of 1 device: no data-parallel degree of a 3-device mesh divides 8 without a
+    pipeline, so with 3 nodes up the 2-node plan runs and one node waits; the table says what that costs."""
+    out = tmp_path / "set"
+    assert main(["plan", "--model", "tiny-gpt", "--cluster", "4x1xcpu", "--global-batch", "8", "--nnodes", "2:4",
+                 "--pp", "1", "--out", str(out)]) == 0
+    report = capsys.readouterr().out
+    summary = json.loads((out / "plan-set.json").read_text())
+    rows = {r["nodes"]: r for r in summary["sizes"]}
+    assert rows[3]["file"] is None and rows[3]["runs"] == 2 and "divid" in rows[3]["why"]
+    assert rows[3]["relative_throughput"] == rows[2]["relative_throughput"]
+    assert "runs the 2-node plan, 1 idle" in report
+    assert planset.for_nodes(out, 3) == (2, Plan.load(out / "nodes-2.json"))
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -91,3 +109,25 @@ def test_a_set_holding_another_models_plan_or_no_plan_is_refused_in_one_line(tmp
     assert main(["plan", "--model", "tiny-gpt", "--cluster", "2x2xcpu", "--global-batch", "8", "--nnodes", "2:2",
                  "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["nodes-2.json", "plan-set.json"]
+
+
+def test_partita_run_of_a_set_takes_the_plan_for_its_node_count(tmp_path):
+    import subprocess
+    import sys
+    one, three = tmp_path / "one", tmp_path / "three"
+    assert main(["plan", "--model", "tiny-gpt", "--cluster", "2x2xcpu", "--global-batch", "8", "--nnodes", "1:2",
+                 "--out", str(one)]) == 0
+    assert main(["plan", "--model", "tiny-gpt", "--cluster", "4x1xcpu", "--global-batch", "8", "--nnodes", "2:4",
+                 "--pp", "1", "--out", str(three)]) == 0
+
+    def run(directory, *args):
+        return subprocess.run([sys.executable, "-m", "partita.cli", "run", str(directory), "--model", "tiny-gpt",
+                               *args], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+    trained = run(one, "--steps", "2", "--losses-out", str(tmp_path / "l.json"))  # one node: nodes-1.json, 2 ranks
+    assert trained.returncode == 0, trained.stderr
+    assert "nodes-1.json for 1 node(s) (pp=1 dp=2 tp=1" in trained.stderr
+    assert len(json.loads((tmp_path / "l.json").read_text())["losses"]) == 2
+    refused = run(three, "--nnodes", "3", "--rdzv-endpoint", "127.0.0.1:29999")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "with 3 node(s) its fastest plan is the one for 2 (nodes-2.json); start 2 nodes" in refused.stderr

@@ -19,7 +19,7 @@ import importlib
 __version__ = "0.1.0"
 
 _NAMES = {
-    "plan": "partita.planner.api", "plan_search": "partita.planner.api",
+    "plan": "partita.planner.api", "plan_search": "partita.planner.api", "plan_set": "partita.planner.api",
     "TrainConfig": "partita.planner.search", "SearchSpace": "partita.planner.search",
     "Plan": "partita.planner.plan", "PlanError": "partita.planner.plan",
     "run": "partita.runtime.api", "launch": "partita.runtime.api", "plan_and_run": "partita.api",

@@ -183,8 +183,9 @@ def _cmd_run(args) -> int:
     nnodes = args.nnodes or 1
     if nnodes > 1 and not args.rdzv_endpoint:
         raise PartitaError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
-    if args.rdzv_timeout is not None and not 0 < args.rdzv_timeout <= 86400:
-        raise PartitaError("--rdzv-timeout must be more than 0 and at most 86400 seconds")
+    for name, value in (("--rdzv-timeout", args.rdzv_timeout), ("--hang-timeout", args.hang_timeout)):
+        if value is not None and not 0 < value <= 86400:
+            raise PartitaError(f"{name} must be more than 0 and at most 86400 seconds")
     if why := job_environment_error(os.environ):
         raise PartitaError(why)
     if planset.is_plan_set(args.plan):

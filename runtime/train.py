@@ -105,6 +105,8 @@ def argument_errors(args: argparse.Namespace) -> list[str]:
         errors.append("--log-every must be >= 0")
     if args.keep < 0:
         errors.append("--keep must be >= 0")
+    if args.hang_timeout is not None and not 0 < args.hang_timeout <= 86400:
+        errors.append("--hang-timeout must be more than 0 and at most 86400 seconds")
     if args.rdzv_timeout is not None and not 0 < args.rdzv_timeout <= 86400:
         errors.append("--rdzv-timeout must be more than 0 and at most 86400 seconds")
     for name in ("nproc_per_node", "nnodes"):
@@ -135,7 +137,8 @@ def options(args: argparse.Namespace):
                       resume=args.resume, max_restarts=args.max_restarts, data=args.data,
                       data_dtype=args.data_dtype, losses_out=args.losses_out, sync_batchnorm=args.sync_batchnorm,
                       log_every=args.log_every, tensorboard=args.tensorboard, keep=args.keep,
-                      save_final=args.save_final, **{name: getattr(args, name) for name in RECIPE_FLAGS})
+                      save_final=args.save_final, hang_timeout=args.hang_timeout,
+                      **{name: getattr(args, name) for name in RECIPE_FLAGS})
 
 
 AGENT_ENV = "PARTITA_AGENT"

@@ -28,12 +28,11 @@ per node the user states (`--checkpoint-bandwidth`; the default is an assumption
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.price.memory import state_bytes
+from partita.planner.plan.resilience import HOUR, Resilience
 
-HOUR = 3600.0
 DEFAULT_STORAGE_BW = 2e9
 """Bytes/s one node writes (and reads) a checkpoint at, when the user states none: an assumption (a shared
 file system's share per node), printed with every figure it produces."""
@@ -71,44 +70,6 @@ def lost_fraction(interval_s: float, save_s: float, restart_s: float, mtbf_s: fl
     return 1.0 - 1.0 / wall_per_work(interval_s, save_s, restart_s, mtbf_s)
 
 
-@dataclass(frozen=True)
-class Resilience:
-    """How often a plan should checkpoint, and what failures are expected to cost it."""
-
-    mtbf_s: float
-    """The job's mean time between interruptions at this plan's size."""
-    checkpoint_bytes: float
-    """Bytes of one checkpoint: every parameter's weights and optimizer state, once."""
-    save_s: float
-    restart_s: float
-    """From a failure to training again: the assumed restart plus reading the checkpoint back."""
-    interval_s: float
-    """Daly's optimum training time between saves."""
-    every_steps: int
-    """The same in optimizer steps of the plan (`partita run --checkpoint-every`)."""
-    lost_fraction: float
-    """Expected fraction of wall time lost to saves, restarts and redone work at that interval."""
-    assumptions: tuple[str, ...]
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["assumptions"] = list(self.assumptions)
-        return d
-
-    def line(self) -> str:
-        return (f"checkpoint every {self.every_steps} steps ({_duration(self.interval_s)}; a save takes "
-                f"{self.save_s:.3g} s, a restart {self.restart_s:.3g} s): expected time lost to failures "
-                f"{self.lost_fraction:.1%} at one interruption every {_duration(self.mtbf_s)}")
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Resilience | None":
-        """A plan file's `predicted.resilience` back, or None when it is not the shape to_dict writes."""
-        try:
-            return cls(**{**d, "assumptions": tuple(str(a) for a in d.get("assumptions", ()))})
-        except (TypeError, AttributeError):
-            return None
-
-
 def checkpoint_bytes(parameters: int, dtype: str, optimizer: str, master_weights: str = "fp32") -> float:
     """Bytes of one checkpoint of `parameters` parameters: each one's weights and optimizer state once."""
     s = state_bytes(dtype, optimizer, master_weights=master_weights)
@@ -140,12 +101,6 @@ def price(*, parameters: int, dtype: str, optimizer: str, master_weights: str, n
     return Resilience(mtbf_s=mtbf_s, checkpoint_bytes=size, save_s=save, restart_s=restart, interval_s=interval,
                       every_steps=every, lost_fraction=lost_fraction(every * step_s, save, restart, mtbf_s),
                       assumptions=tuple(assumed))
-
-
-def _duration(s: float) -> str:
-    if s >= 1000 * HOUR:
-        return f"{s / HOUR:,.0f} h"
-    return f"{s / HOUR:.3g} h" if s >= HOUR else f"{s / 60:.3g} min" if s >= 60 else f"{s:.3g} s"
 
 
 def _check_positive(**values: float) -> None:

@@ -134,7 +134,7 @@ def is_plan_set(path: str | Path) -> bool:
 def from_directory(directory: str | Path) -> PlanSet:
     """The set in `directory` as `partita plan --nnodes` made it, from its plan files alone (`load`); the sizes no
     plan fitted are not in it."""
-    from partita.planner.estimate.resilience import Resilience
+    from partita.planner.plan.resilience import Resilience
     plans = load(directory)
     sizes = [Size(n, p) for n, p in sorted(plans.items())]
     for s in sizes:

@@ -51,6 +51,9 @@ RUN_FLAGS = (
     Flag("keep", "keep only the newest N checkpoints of this run (default 0: all)", int, 0, "N"),
     Flag("max_restarts", "torchrun restarts the job up to K times after a failure; it resumes from the latest "
          "checkpoint (default 0)", int, 0, "K"),
+    Flag("hang_timeout", "a rank that makes no progress for S seconds during training (paused, stuck, or waiting in "
+         "a collective a peer never joins) ends the attempt as a failure naming the rank and where it stopped; "
+         "--max-restarts restarts it from the newest checkpoint (default: not watched)", float, None, "S"),
     Flag("seed", "seed of the model's initialisation and the synthetic batches (default 0)", int, 0),
     Flag("lr", "learning rate (default 1e-3); the peak one with --warmup-steps or --lr-decay", float, 1e-3),
     Flag("weight_decay", "AdamW's decoupled weight decay of the weight matrices; biases and norms are not decayed "

@@ -281,6 +281,10 @@ def first_failure(failures: list[RankFailure]) -> RankFailure:
     """The failure that started it: the earliest, leaving out workers torchrun stopped because of it and
     workers that only noticed a peer go away (a worker the out-of-memory killer ended writes nothing, and its
     peers' "Connection reset by peer" may well be timed before torchrun notices it died)."""
+    said = {f.rank for f in failures if f.error_file is not None}
+    # a rank's bare end (killed, no file) gives way to a file about that rank: its own, or the hang watch's of the
+    # peer that ended it (runtime.loop.hang)
+    failures = [f for f in failures if f.error_file is not None or f.rank not in said] or failures
     primary = ([f for f in failures if not f.secondary and not f.peer_lost]
                or [f for f in failures if not f.secondary] or failures)
     return min(primary, key=lambda f: (f.time, f.rank))

@@ -59,6 +59,7 @@ from partita.runtime.loop.guards import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, EX
 from partita.runtime.checkpoint.resume import Candidates, candidates, start_checkpoints
 from partita.runtime.launcher.sizes import check_sizes
 from partita.runtime.loop.stop import StopSignal
+from partita.runtime.loop.hang import hang_watch
 from partita.runtime.parallel.precision import train_dtype
 from partita.runtime.loop.progress import DEFAULT_EVERY, Progress, summary_writer
 from partita.runtime.checkpoint.final import save_final
@@ -101,6 +102,8 @@ class RunOptions:
     """A directory rank 0 writes TensorBoard scalars into."""
     keep: int = 0
     """With checkpoint_every: keep only the newest `keep` checkpoints of this run (0: all)."""
+    hang_timeout: float | None = None
+    """Seconds without progress after which a rank is a failure (runtime.loop.hang); None: not watched."""
     print_report: bool = True
     memory_trace: bool = True
     """On CPU, measure the peak memory of a training step with the allocator trace (`_measure_step`):
@@ -494,9 +497,12 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
     progress = Progress(opts.steps, history.start, per_step, unit, console=topo.rank == 0 and opts.print_report,
                         every=opts.log_every, tensorboard=opts.tensorboard if topo.rank == 0 else None)
     manifest = {**_manifest(plan, spec, opts, prep.data, built.fingerprint), "run_id": run_id}
-    hooks = [make_sync_hook(plan.sync, executor, topo),
+    watch = hang_watch(opts.hang_timeout, topo.rank)
+    hooks = [*([watch] if watch else []),
+             make_sync_hook(plan.sync, executor, topo),
              RecipeHook(opt, recipe_of(opts), history.start, executor, _pp_group(topo), history),
              FaultHook(faults, executor.params),
+             *([watch.after_loss()] if watch else []),
              ProgressHook(progress, topo.device),
              CheckpointHook(history, opts.checkpoint_every, opts.steps, opts.checkpoint_dir, executor, opt, manifest,
                             topo, faults, opts.keep)]
@@ -509,6 +515,8 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
         raise
     finally:
         progress.close()
+        if watch:
+            watch.close()
 
 
 def _pp_group(topo: Topology):

@@ -194,7 +194,7 @@ def _cmd_run(args) -> int:
     recipe = {name: getattr(args, name) for name in RECIPE_FLAGS}
     errors = option_errors(**given, **recipe) + output_errors(
         losses_out=args.losses_out, tensorboard=args.tensorboard, save_final=args.save_final,
-        inputs={"the plan": args.plan, "the --data file": args.data})
+        inputs={"the plan": args.plan, "the --data file": args.data, "the --eval-data file": args.eval_data})
     if errors:  # before the pre-flight, before training: an output checked only at the end lost the run
         raise PartitaError(errors[0])
     plan = Plan.load(args.plan)  # validate before launching anything

@@ -117,7 +117,8 @@ def argument_errors(args: argparse.Namespace) -> list[str]:
         errors.append(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
     errors += option_errors(lr=args.lr, seed=args.seed, **{name: getattr(args, name) for name in RECIPE_FLAGS})
     errors += output_errors(losses_out=args.losses_out, tensorboard=args.tensorboard, save_final=args.save_final,
-                            inputs={"the plan": args.plan, "the --data file": args.data})
+                            inputs={"the plan": args.plan, "the --data file": args.data,
+                                    "the --eval-data file": args.eval_data})
     return errors
 
 
@@ -137,7 +138,8 @@ def options(args: argparse.Namespace):
                       resume=args.resume, max_restarts=args.max_restarts, data=args.data,
                       data_dtype=args.data_dtype, losses_out=args.losses_out, sync_batchnorm=args.sync_batchnorm,
                       log_every=args.log_every, tensorboard=args.tensorboard, keep=args.keep,
-                      save_final=args.save_final, hang_timeout=args.hang_timeout,
+                      save_final=args.save_final, hang_timeout=args.hang_timeout, eval_data=args.eval_data,
+                      eval_every=args.eval_every, eval_batches=args.eval_batches,
                       **{name: getattr(args, name) for name in RECIPE_FLAGS})
 
 

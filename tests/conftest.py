@@ -20,6 +20,18 @@ def graph_of():
 E2E = str(Path(__file__).resolve().parent / "e2e")
 
 
+LONGEST_FIRST = ("tests/notebooks/", "tests/e2e/", "tests/examples/", "tests/benchmarks/test_rec_bench.py")
+"""Folders and files whose tests take longest (scripts/test.sh --durations=40): under pytest-xdist (scripts/test.sh
+runs two workers) they are handed out first, so that no long test starts last while the other worker idles."""
+
+
+def pytest_collection_modifyitems(session, config, items):
+    def rank(item) -> int:
+        path = item.nodeid
+        return next((i for i, prefix in enumerate(LONGEST_FIRST) if path.startswith(prefix)), len(LONGEST_FIRST))
+    items.sort(key=rank)  # stable: each file's tests keep their order
+
+
 def pytest_sessionfinish(session, exitstatus):
     """The long-lived ranks of tests/rank_pool.py end with the session."""
     import rank_pool

@@ -66,6 +66,12 @@ RUN_FLAGS = (
          float, 0.1, "R"),
     Flag("clip_grad_norm", "scale the gradients so that the whole model's L2 norm is at most X (default: no "
          "clipping)", float, None, "X"),
+    Flag("eval_data", "held-out data (what --data takes): its loss, forward only, after the last step and every "
+         "--eval-every steps", str, None, "FILE|MODULE:FACTORY"),
+    Flag("eval_every", "evaluate on --eval-data after every N steps too (default 0: after the last only)", int, 0,
+         "N"),
+    Flag("eval_batches", "global batches of --eval-data per evaluation, the same ones each time (default 1)", int, 1,
+         "K"),
     Flag("losses_out", "write losses, learning rates, grad norms, reference, step time and memory as JSON", str,
          None, "FILE"),
     Flag("save_final", "after the last step, rank 0 saves the trained weights as one state dict of the model's own "

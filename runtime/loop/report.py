@@ -44,6 +44,8 @@ class RunResult:
     """The training recipe in one line (runtime.loop.recipe.Recipe.describe)."""
     learning_rates: list[float] = field(default_factory=list)
     """The learning rate of each step, as `losses`."""
+    eval_losses: list = field(default_factory=list)
+    """[step, loss] of each evaluation on --eval-data (runtime.loop.evaluate)."""
     grad_norms: list[float] | None = None
     """With clipping, each step's global gradient norm before clipping; None without."""
     reference_grad_norms: list[float] | None = None
@@ -85,6 +87,7 @@ class RunResult:
                 "param_checksum": self.param_checksum, "reference_param_checksum": self.reference_param_checksum,
                 "param_max_abs_diff": self.param_max_abs_diff, "verified": self.verified,
                 "recipe": self.recipe, "learning_rates": self.learning_rates, "grad_norms": self.grad_norms,
+                "eval_losses": self.eval_losses,
                 "reference_grad_norms": self.reference_grad_norms, "saved_final": self.saved_final}
 
 

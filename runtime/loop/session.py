@@ -60,6 +60,7 @@ from partita.runtime.checkpoint.resume import Candidates, candidates, start_chec
 from partita.runtime.launcher.sizes import check_sizes
 from partita.runtime.loop.stop import StopSignal
 from partita.runtime.loop.hang import hang_watch
+from partita.runtime.loop.evaluate import EvalHook, refusal as eval_refusal
 from partita.runtime.parallel.precision import train_dtype
 from partita.runtime.loop.progress import DEFAULT_EVERY, Progress, summary_writer
 from partita.runtime.checkpoint.final import save_final
@@ -102,6 +103,10 @@ class RunOptions:
     """A directory rank 0 writes TensorBoard scalars into."""
     keep: int = 0
     """With checkpoint_every: keep only the newest `keep` checkpoints of this run (0: all)."""
+    eval_data: object = None
+    """Held-out data, as `data` (runtime.loop.evaluate); None: no evaluation."""
+    eval_every: int = 0
+    eval_batches: int = 1
     hang_timeout: float | None = None
     """Seconds without progress after which a rank is a failure (runtime.loop.hang); None: not watched."""
     print_report: bool = True
@@ -156,6 +161,7 @@ class CheckedResult(RunResult):
 class Prepared:
     notes: list[str] = field(default_factory=list)
     data: object = None
+    eval_data: object = None
     resume: ckpt.Checkpoint | None = None
     """The newest checkpoint that passed the pre-flight checks; execute then takes the newest intact one."""
     metadata: object = None
@@ -241,6 +247,11 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ran
     # a token file's content digest (checkpoints record it, resumes and the nodes compare it): one rank per node
     prep.data = make_data(spec, plan.train["global_batch"], opts.seed, opts.data, opts.data_dtype,
                           hash_content=env_world()[1] == 0)
+    if why := eval_refusal(plan, opts):
+        raise PartitaError(why)
+    if opts.eval_data is not None:
+        prep.eval_data = make_data(spec, plan.train["global_batch"], opts.seed, opts.eval_data, opts.data_dtype,
+                                   hash_content=False)
     check_sizes(plan, spec, prep.data, local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     parse_faults(os.environ.get(FAULT_ENV))
     if opts.verify and (p := dropout_probability(spec)):
@@ -504,6 +515,8 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
              FaultHook(faults, executor.params),
              *([watch.after_loss()] if watch else []),
              ProgressHook(progress, topo.device),
+             *([EvalHook(executor, prep.eval_data, topo, opts.steps, opts.eval_every, opts.eval_batches,
+                         history.evals, topo.rank == 0 and opts.print_report)] if prep.eval_data is not None else []),
              CheckpointHook(history, opts.checkpoint_every, opts.steps, opts.checkpoint_dir, executor, opt, manifest,
                             topo, faults, opts.keep)]
     trainer = Trainer(executor=executor, opt=opt, data=prep.data, topo=topo, steps=opts.steps, stop=stop,
@@ -550,7 +563,7 @@ def _measure(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
                            resumed_from=str(prep.resume.path) if prep.resume else None, attempt=prep.attempt,
                            checkpoints=history.saves, checkpoint_time_s=history.save_time, run_id=run_id,
                            recipe=recipe_of(opts).describe(optimizer_name(plan)),
-                           learning_rates=history.learning_rates,
+                           learning_rates=history.learning_rates, eval_losses=history.evals,
                            grad_norms=history.grad_norms if opts.clip_grad_norm is not None else None)
     # beside RunResult's fields (runtime/loop/report.py): the tracked figure (largest rank), and this rank's
     # allocator breakdown of the traced step (None when the figure is not the allocator's)

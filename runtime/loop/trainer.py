@@ -71,6 +71,8 @@ class History:
     """The learning rate of each step (runtime.loop.recipe's schedule)."""
     grad_norms: list[float] = field(default_factory=list)
     """With clipping, each step's global gradient norm before clipping."""
+    evals: list[list] = field(default_factory=list)
+    """[step, held-out loss] of each evaluation (runtime.loop.evaluate)."""
     kept: list[tuple[int, str]] = field(default_factory=list)
     """(step, path) of the checkpoints this run stands on, oldest first."""
     saves: list[str] = field(default_factory=list)

@@ -210,6 +210,16 @@ class LocalExecutor:
         expert_parallel.sync_expert_grads(self.params)
         return total
 
+    def evaluate(self, batch: tuple) -> torch.Tensor:
+        """The forward of this rank's batch only (the caller holds no_grad and eval mode): its mean loss."""
+        total = torch.zeros((), device=self.topo.device)
+        if self.cp is not None:
+            batch = self.cp.shard(batch)
+        for mb in split_batch(batch, self.n_micro):
+            with loss_context(self.loss_parallel):
+                total += plain(self.loss(self.module, mb)).detach() / self.n_micro
+        return total
+
 
 def settle_ddp_buckets(executor, data, topo: Topology, k: int) -> None:
     """DDP lays its gradient buckets out twice: at construction in reverse parameter order, and again before

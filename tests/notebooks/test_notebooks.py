@@ -36,9 +36,14 @@ def kernel_manager_for_this_python(tmp_dir: Path):
 def run_notebook(path: Path, tmp_dir: Path, cwd: Path | None = None) -> "nbformat.NotebookNode":
     """Execute a notebook in a fresh kernel with working directory `cwd` (default: the notebook's folder)."""
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=TIMEOUT_S, km=kernel_manager_for_this_python(tmp_dir),
+    km = kernel_manager_for_this_python(tmp_dir)
+    client = nbclient.NotebookClient(nb, timeout=TIMEOUT_S, km=km,
                                      resources={"metadata": {"path": str(cwd or path.parent)}})
-    client.execute()
+    try:
+        client.execute()
+    finally:  # a kernel manager handed in is not shut down by nbclient: its kernel outlived the test (~500 MiB)
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
     return nb
 
 

@@ -69,9 +69,11 @@ def test_a_directory_and_an_oversize_file_are_one_line(tmp_path, capsys):
     big = tmp_path / "big.json"
     with open(big, "wb") as f:  # sparse: no disk, and never read
         f.truncate(MAX_PLAN_BYTES + 1)
-    for path, needle in ((tmp_path, "is a directory, not a file"),
-                         (big, f"is larger than any plan (more than {MAX_PLAN_BYTES:,} bytes)")):
-        assert cli.main(["explain", str(path)]) == 2
+    # explain reads a directory as a plan set (planner.plan.planset); compare wants two plan files
+    for command, path, needle in (("explain", tmp_path, "holds no plan file nodes-N.json"),
+                                  ("compare", tmp_path, "is a directory, not a file"),
+                                  ("explain", big, f"is larger than any plan (more than {MAX_PLAN_BYTES:,} bytes)")):
+        assert cli.main([command, str(path)] + ([str(path)] if command == "compare" else [])) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("partita: error: ") and needle in err, err
 

@@ -222,6 +222,10 @@ def _worker(args: argparse.Namespace, look_at_devices: bool = True) -> int:
             # checking a plan outside torchrun: the launcher's world size if given, else the plan's
             world = (args.nproc_per_node * (args.nnodes or 1) if args.nproc_per_node else plan.mesh.world_size)
         if plan.embeddings is not None:  # tables: TorchRec (runtime.parallel.rec)
+            if given := [flag for flag, value in (("--eval-data", opts.eval_data), ("--hang-timeout", opts.hang_timeout))
+                         if value is not None]:
+                raise PartitaError(f"{' and '.join(given)} apply to dense plans; this plan has embedding tables "
+                                   "(TorchRec's loop does not evaluate or watch for hangs yet): leave them out")
             return _rec(plan, spec, opts, world, rank, args)
         prep = prepare(plan, spec, opts, world, args.nproc_per_node if args.check else None,
                        look_at_devices=look_at_devices)

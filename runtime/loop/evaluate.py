@@ -7,25 +7,22 @@ step's is. D takes what --data takes (a token file, or `package.module:factory`)
 plan's global batch. Evaluation draws no random numbers, so the training losses of a run are the same with it and
 without it (tests/e2e/test_evaluation.py).
 
-Plans without pipeline stages (pp = 1); a pipelined plan with --eval-data is refused before training.
+A pipelined plan runs its schedule forward only (torch's `eval`: the schedule without its backward actions); the
+loss is the last stage's.
 """
 from __future__ import annotations
 
 import torch
 
-from partita.costmodel.errors import PartitaError
 from partita.runtime.loop.console import STDOUT
 from partita.runtime.loop.guards import reduce_loss_and_stop
 from partita.runtime.loop.trainer import StepHook
 
 
-def refusal(plan, opts) -> str | None:
+def refusal(opts) -> str | None:
     """Why this run cannot evaluate as asked, or None."""
     if opts.eval_data is None:
         return "--eval-every and --eval-batches need --eval-data" if opts.eval_every or opts.eval_batches != 1 else None
-    if len(plan.stages) > 1:
-        return ("--eval-data evaluates plans without pipeline stages (pp=1) for now; this plan has "
-                f"{len(plan.stages)} stages: leave out --eval-data, or plan with --pp 1")
     if opts.eval_every < 0 or opts.eval_batches < 1:
         return "--eval-every must be >= 0 and --eval-batches at least 1"
     return None
@@ -49,8 +46,6 @@ class EvalHook(StepHook):
 
 def evaluate(executor, data, topo, batches: int) -> float:
     """The global mean loss of the first `batches` batches of `data`, forward only, in eval mode."""
-    if not hasattr(executor, "evaluate"):
-        raise PartitaError("evaluation needs a plan without pipeline stages")
     modes = [(m, m.training) for module in executor.modules for m in module.modules()]
     for module in executor.modules:
         module.eval()

@@ -247,7 +247,7 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ran
     # a token file's content digest (checkpoints record it, resumes and the nodes compare it): one rank per node
     prep.data = make_data(spec, plan.train["global_batch"], opts.seed, opts.data, opts.data_dtype,
                           hash_content=env_world()[1] == 0)
-    if why := eval_refusal(plan, opts):
+    if why := eval_refusal(opts):
         raise PartitaError(why)
     if opts.eval_data is not None:
         prep.eval_data = make_data(spec, plan.train["global_batch"], opts.seed, opts.eval_data, opts.data_dtype,

@@ -288,6 +288,19 @@ class PipelineExecutor:
             return torch.zeros((), device=self.topo.device)
         return torch.stack([l.detach() for l in losses]).mean()
 
+    def evaluate(self, batch: tuple) -> torch.Tensor:
+        """The schedule forward only (torch's `eval`: no backward actions) on this rank's batch; its mean loss on
+        the last stage, else 0 (the caller holds no_grad and eval mode)."""
+        inputs, targets = batch
+        losses: list[torch.Tensor] = []
+        args = (inputs,) if self.first else ()
+        kwargs = {"target": targets, "losses": losses} if self.last else {}
+        with loss_context(self.loss_parallel):
+            self.schedule.eval(*args, **kwargs)
+        if not losses:
+            return torch.zeros((), device=self.topo.device)
+        return torch.stack([l.detach() for l in losses]).mean()
+
 
 Executor = LocalExecutor | PipelineExecutor
 

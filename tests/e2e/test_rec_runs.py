@@ -155,6 +155,15 @@ def test_run_refuses_another_model_in_one_line(tmp_path, capfd):
     assert code == 2 and len(err.splitlines()) == 1 and "fingerprint" in err
 
 
+def test_run_refuses_evaluation_and_the_hang_watch_in_one_line(tmp_path, capfd):
+    """TorchRec's loop neither evaluates nor watches for hangs yet: said before launch, not ignored."""
+    path = _plan_file(tmp_path, SMALL, "2xcpu", None, "sgd")
+    code = main(["run", path, "--model", SMALL, "--steps", "1", "--eval-data", path, "--hang-timeout", "5"])
+    err = capfd.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "--eval-data and --hang-timeout apply to dense plans; this plan has embedding tables" in err
+
+
 def test_without_torchrec_the_run_says_how_to_install_it(monkeypatch):
     from partita.costmodel.errors import PartitaError
     from partita.runtime.parallel import rec

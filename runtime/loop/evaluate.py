@@ -16,6 +16,7 @@ import torch
 
 from partita.runtime.loop.console import STDOUT
 from partita.runtime.loop.guards import reduce_loss_and_stop
+from partita.runtime.loop.hang import still_going
 from partita.runtime.loop.trainer import StepHook
 
 
@@ -56,6 +57,7 @@ def evaluate(executor, data, topo, batches: int) -> float:
             with torch.no_grad():
                 loss = executor.evaluate(batch)
             total += reduce_loss_and_stop(executor, loss, topo, None)[0]
+            still_going()  # --hang-timeout: a long evaluation is no hang (runtime.loop.hang)
         return total / batches
     finally:
         for m, training in modes:

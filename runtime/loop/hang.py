@@ -8,7 +8,7 @@ hook of runtime.loop.trainer):
     0  forward and backward        (the gradient collectives of DDP and FSDP run inside)
     1  the loss all-reduce         (runtime.loop.guards.reduce_loss_and_stop)
     2  the optimizer step          (gradient clipping's all-reduce, the sync mode's)
-    3  the checkpoint save         (and the next batch)
+    3  the checkpoint save         (and the evaluation, which marks each batch it finishes, and the next batch)
 
 in a small file of the launcher's directory (`hang-rank<R>.json`: its step, phase and pid, written whole). A
 thread on every rank wakes each second; when its own rank has not moved for S seconds it reads its node's marks:
@@ -20,7 +20,7 @@ at the same point, the rank holding them up is on another node, or the collectiv
 network): the line says that.
 
 Not watched: the time before the first step (building the model, loading a checkpoint), where a slow file system
-is no hang. A rank whose own watch thread cannot run (a paused process) is named by its peers on its node.
+is no hang. S must exceed the longest step and the longest checkpoint save: a save is one phase. A rank whose own watch thread cannot run (a paused process) is named by its peers on its node.
 """
 from __future__ import annotations
 
@@ -72,10 +72,18 @@ class HangWatch(StepHook):
     def before_optimizer(self, step):
         self._mark(step, 2)
 
+    def after_step(self, step, loss, seconds):
+        self._mark(step, 3)
+        HangWatch.current = self
+
     def checkpoint(self, step, stopping):
         self._mark(step, 3)
 
+    current = None
+    """The watch of this process's run, once a step has ended (`still_going`)."""
+
     def close(self) -> None:
+        HangWatch.current = None
         self.done.set()
         with contextlib.suppress(OSError):
             (self.dir / FILE.format(self.rank)).unlink()
@@ -108,6 +116,13 @@ class HangWatch(StepHook):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
         os._exit(EXIT)
+
+
+def still_going() -> None:
+    """Work between the marks that goes on (an evaluation batch finished): this rank is not hung."""
+    watch = HangWatch.current
+    if watch is not None and watch.place is not None:
+        watch._mark(*watch.place)
 
 
 def hang_watch(timeout: float | None, rank: int) -> HangWatch | None:

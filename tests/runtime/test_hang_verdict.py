@@ -1,5 +1,6 @@
 """The hang watch's verdict (runtime.loop.hang): the ranks furthest behind are the ones holding the others up."""
 import json
+import time
 
 from partita.runtime.loop import hang
 
@@ -29,3 +30,17 @@ def test_ranks_a_step_behind_and_ranks_all_waiting_alike(tmp_path):
     line, blamed = hang.verdict({0: {"step": 7, "phase": 2}, 1: {"step": 7, "phase": 2}}, 2.0)
     assert blamed == [] and "every rank of this node (0, 1)" in line and "the optimizer step of step 7" in line
     assert "another node" in line
+
+
+def test_work_between_marks_keeps_the_rank_alive_and_close_removes_its_mark(tmp_path):
+    """An evaluation calls still_going after each batch: the rank's place stays, its clock restarts (a long
+    evaluation under --hang-timeout is no hang)."""
+    watch = hang.HangWatch(60.0, tmp_path, rank=3)
+    watch.after_step(5, 1.0, 0.1)
+    assert hang.HangWatch.current is watch and hang.marks(tmp_path)[3]["step"] == 5
+    watch.since -= 100  # as if the evaluation had run for 100 s
+    hang.still_going()
+    assert watch.place == (5, 3) and watch.since > time.monotonic() - 5
+    watch.close()
+    assert hang.HangWatch.current is None and hang.marks(tmp_path) == {}
+    hang.still_going()  # no watch: nothing to do

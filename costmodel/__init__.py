@@ -9,18 +9,17 @@ import torch, so `partita run` and a launcher process start without it.
 import importlib
 
 from partita.costmodel.errors import PartitaError, InfeasibleError
+from partita.costmodel.lazy import submodules
 
 _NAMES = {"model_fingerprint": "partita.costmodel.capture.fingerprint", "ModelSpec": "partita.costmodel.models.registry",
           "resolve_model": "partita.costmodel.models.registry", "PRESETS": "partita.costmodel.models.configs"}
 __all__ = ["PartitaError", "InfeasibleError", *_NAMES]
 
 
+_submodule = submodules("partita.costmodel")
+
+
 def __getattr__(name):
     if name in _NAMES:
         return getattr(importlib.import_module(_NAMES[name]), name)
-    try:
-        return importlib.import_module(f"partita.costmodel.{name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"partita.costmodel.{name}":  # the submodule exists; something it imports is missing
-            raise
-        raise AttributeError(f"module 'partita.costmodel' has no attribute {name!r}") from None
+    return _submodule(name)

@@ -74,11 +74,8 @@ def _cmd_plan(args) -> int:
 
 def _resilience(args, p, nodes: int):
     from partita.planner.estimate import resilience
-    t = p.train
-    return resilience.price(parameters=p.model["parameters"], dtype=t["dtype"], optimizer=t["optimizer"],
-                            master_weights=t.get("master_weights", "fp32"), nodes=nodes,
-                            step_s=p.predicted["step_time_s"], mtbf_s=args.mtbf * resilience.HOUR,
-                            storage_bw=_bandwidth(args), restart_s=args.restart_seconds)
+    return resilience.price_plan(p, nodes=nodes, mtbf_s=args.mtbf * resilience.HOUR, storage_bw=_bandwidth(args),
+                                 restart_s=args.restart_seconds)
 
 
 def _bandwidth(args) -> float | None:

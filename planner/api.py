@@ -174,12 +174,9 @@ def plan_set(model, example_inputs=None, *, cluster: str | Cluster, train: Train
         from partita.planner.estimate import resilience
         for s in sizes:
             if s.plan is not None:
-                t = s.plan.train
-                s.resilience = resilience.price(
-                    parameters=s.plan.model["parameters"], dtype=t["dtype"], optimizer=t["optimizer"],
-                    master_weights=t.get("master_weights", "fp32"), nodes=s.nodes,
-                    step_s=s.plan.predicted["step_time_s"], mtbf_s=mtbf_h * resilience.HOUR * hi / s.nodes,
-                    storage_bw=storage_bw, restart_s=restart_s)
+                mtbf_s = mtbf_h * resilience.HOUR * hi / s.nodes
+                s.resilience = resilience.price_plan(s.plan, nodes=s.nodes, mtbf_s=mtbf_s, storage_bw=storage_bw,
+                                                     restart_s=restart_s)
                 s.plan.predicted["resilience"] = s.resilience.to_dict()
     return PlanSet(sizes)
 

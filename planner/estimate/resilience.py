@@ -107,3 +107,12 @@ def _check_positive(**values: float) -> None:
     for name, v in values.items():
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             raise PartitaError(f"{name.replace('_', ' ')} must be a positive number, got {v!r}")
+
+
+def price_plan(plan, *, nodes: int, mtbf_s: float, storage_bw: float | None = None,
+               restart_s: float | None = None) -> Resilience:
+    """`price` for a plan (planner.plan.Plan) on `nodes` nodes: its parameters, training states and predicted step."""
+    t = plan.train
+    return price(parameters=plan.model["parameters"], dtype=t["dtype"], optimizer=t["optimizer"],
+                 master_weights=t.get("master_weights", "fp32"), nodes=nodes, step_s=plan.predicted["step_time_s"],
+                 mtbf_s=mtbf_s, storage_bw=storage_bw, restart_s=restart_s)

@@ -35,6 +35,11 @@ def test_held_out_losses_match_across_plans_and_leave_training_alone(tmp_path):
     assert one.returncode == 0, one.stderr
     assert [s for s, _ in ref["eval_losses"]] == [2, 4]
     assert "eval after step 2: loss" in one.stdout and "eval after step 4: loss" in one.stdout
+    # a loss of the held-out tokens (uniform over 256 ids: about ln 256 = 5.55), not a training loss or a
+    # constant: the model changes between the two evaluations
+    (_, at2), (_, at4) = ref["eval_losses"]
+    assert 5.0 < at2 < 6.5 and 5.0 < at4 < 6.5 and at2 != at4
+    assert at2 not in ref["losses"] and at4 not in ref["losses"]
     # data parallel (DDP), a 2-stage 1F1B pipeline (torch's forward-only schedule), Megatron TP: the same global batch
     runs = {}
     for name, plan in (("dp2", make_plan(dp=2)), ("pp2", make_plan(pp=2, micro=2)), ("tp2", make_plan(tp=2, mb=4))):

@@ -79,7 +79,7 @@ def instances(n: int = INSTANCES, seed: int = 0) -> list[dict]:
         dims = rng.choice([32, 64, 128, 256], size=count)
         raw = 10 ** rng.uniform(3, 8, size=count)
         fill = rng.uniform(0.05, 1.2)
-        target = fill * cl.num_devices * cl.device.usable_memory()
+        target = fill * cl.num_devices * cl.device.usable_memory(flat=True)
         rows = np.maximum(100, raw * target / float(np.sum(raw * dims * 4))).astype(np.int64)
         out.append({"name": f"i{i:02d}", "cluster": cluster, "ranks": cl.num_devices, "fill": round(float(fill), 3),
                     "alpha": round(float(rng.uniform(0.6, 1.3)), 3),

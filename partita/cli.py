@@ -440,9 +440,10 @@ def _add_plan(sub) -> None:
                         "te-2024 (Megatron-Core + Transformer Engine) also searches its TP and pipeline-send "
                         "overlaps and prices its distributed optimizer -- a plan partita prices but does not run")
     p.add_argument("--memory-headroom", type=_fraction, default=None, metavar="FRACTION",
-                   help="fraction of each device's memory, after the CUDA context and NCCL reserve, that plans "
-                        f"leave free for the caching allocator (default {DEFAULT_ALLOCATOR_HEADROOM:g}; "
-                        "costmodel.hardware.DEFAULT_ALLOCATOR_HEADROOM says why)")
+                   help="a flat fraction of each device's memory, after the CUDA context and NCCL reserve, that "
+                        "plans leave free for the caching allocator (default on GPU presets: the allocator's cache "
+                        "predicted per stage, costmodel.hardware.ALLOCATOR_CACHE_FACTOR; on cpu "
+                        f"{DEFAULT_ALLOCATOR_HEADROOM:g})")
     from partita.planner.plan.sync import SYNC_MODES, SYNCHRONOUS
     p.add_argument("--sync", default=None, metavar="{auto," + ",".join(SYNC_MODES) + "}",
                    help=f"how data-parallel replicas agree on the weights (planner.plan.sync): a mode, several "

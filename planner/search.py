@@ -156,12 +156,16 @@ def explain_infeasible(result: SearchResult) -> str:
         if need < best[0]:
             best = (need, c, counts)
     need, c, counts = best
-    cap = result.cluster.device.usable_memory()
     dev = result.cluster.device.name
     if c is None:
         return f"no plan fits on {result.cluster.num_devices} x {dev}"
     prob = c.problem
     s = int(np.argmax(phase_memory(prob, counts).max(axis=0)))
+    cap = float(np.broadcast_to(prob.capacity, (c.pp,))[s])
+    usable = f"{cap / GiB:.1f} GiB usable"
+    if result.cluster.device.charges_allocator_cache:
+        usable += (f" (after {(result.cluster.device.usable_memory() - cap) / GiB:.1f} GiB for the caching "
+                   "allocator's predicted cache)")
     row = stage_memory(c, s, counts)
     act, states, workspace = row["activations"], row["model_states"], row["workspace"]
     binding = "activations" if act > states else "model states (parameters, gradients, optimizer)"
@@ -171,7 +175,7 @@ def explain_infeasible(result: SearchResult) -> str:
             f"{act / GiB:.1f} GiB for {int(prob.in_flight[s])} micro-batch(es) in flight, workspace "
             f"{workspace / GiB:.1f} GiB (at the {row['phase']}), at pp={c.pp}, dp={c.dp}, tp={c.tp}"
             f"{f', cp={c.cp}' if c.cp > 1 else ''}, ZeRO-{c.zero}, micro-batch "
-            f"{c.micro_batch}, with {_considered(result.space)}) but each {dev} has {cap / GiB:.1f} GiB usable; "
+            f"{c.micro_batch}, with {_considered(result.space)}) but each {dev} has {usable}; "
             f"{advice}")
 
 

@@ -31,17 +31,32 @@ GiB = 2**30
 
 
 DEFAULT_ALLOCATOR_HEADROOM = 0.05
-"""Device.allocator_headroom when none is given: 5% of the memory after the reserve (6.9 GiB of an H200,
-3.9 GiB of an H100-80GB). From the first runs on a GPU (GPU-MEASUREMENTS.md, H200, torch 2.11): with
-PyTorch's default allocator a 1.5B-parameter plan failed holding 12.55 GiB reserved but unallocated beside
-114.12 GiB allocated (11% of what it held), which is why the runtime turns on expandable segments
-(runtime/loop/allocator.py); with them the same plan ran at 129.78 GiB allocated of 140.40, so what the
-allocator kept beyond its peak, the CUDA context and NCCL fitted in 10.6 GiB (7.6%); and the plan the
-search had filled to 138.38 of 138.40 usable GiB (llama3-8b) failed with 21 MiB free. 5%, half the
-default allocator's fragmentation, keeps a plan clear of that edge and still admits the 129.78 GiB plan
-that ran ((140.40 - 2) x 0.95 = 131.5 GiB usable). Not measured with expandable segments beyond that
-run: a run that measures peak reserved against peak allocated (torch.cuda.max_memory_reserved) is what
-would refine it."""
+"""The flat allocator headroom of devices without a CUDA caching allocator to model (the cpu preset) and of
+paths that price no transients (the embedding-table planners): 5% of the memory after the reserve. From the
+first runs on a GPU (GPU-MEASUREMENTS.md, H200, torch 2.11): with PyTorch's default allocator a
+1.5B-parameter plan failed holding 12.55 GiB reserved but unallocated beside 114.12 GiB allocated, which is
+why the runtime turns on expandable segments (runtime/loop/allocator.py). The GPU presets no longer use it
+for dense plans: their headroom is the allocator's cache as ALLOCATOR_CACHE_FACTOR prices it, per stage."""
+
+ALLOCATOR_CACHE_FACTOR = 1.06
+"""The CUDA caching allocator's cache at a stage's peak (peak reserved less peak allocated), as a multiple of
+the stage's largest transient: the largest tensor its matrix multiplications produce -- on the last stage the
+head's output, the logits (micro-batch x sequence x vocabulary / the head's tensor-parallel split, in the
+compute dtype), elsewhere a layer's widest projection. Measured on the H200 with expandable segments
+(benchmarks/results/gpu.json: four plans of a 1.5B Llama without recompute, eager and compiled, micro-batch 2
+and 8): the cache was 1.03-1.05 x the logits (8.13 GiB beside 7.83 GiB of logits), where the flat 5%
+headroom it replaces (6.9 GiB) was below it. The factor is the upper envelope of those ratios, rounded up
+to 0.01: `python -m benchmarks.allocator_cache` fits it from gpu.json (results/allocator_cache.json), and
+tests/planner/test_allocator_cache.py fails when it is below a measured ratio. Not measured yet: stages
+without the head (pipelines), tensor-parallel heads, other GPUs."""
+
+RECOMPUTE_CACHE_FACTOR = 0.47
+"""What a stage that recomputes caches beyond ALLOCATOR_CACHE_FACTOR's share, as a multiple of one re-run
+layer's activations (what its recompute policy dropped, planner.estimate.phases). Measured on the same H200
+(two plans): full recompute of every layer added 1.93 GiB of cache beside a 3.80 GiB re-run layer (0.46 x); a
+selective and an op-level recomputed layer at 32k tokens added 0.11 GiB beside 2.89 GiB (0.04 x). The
+envelope of the two, rounded up (`python -m benchmarks.allocator_cache`): a fit on two plans, conservative
+for the second."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,11 +136,12 @@ class Device:
     presets. Measured bound (GPU-MEASUREMENTS.md, one H200, one rank): at the llama3-8b OOM 135.77 GiB were
     allocated and 21 MiB free of 140.40 GiB, so the context, NCCL and the allocator's cached blocks held
     4.61 GiB between them."""
-    allocator_headroom: float = DEFAULT_ALLOCATOR_HEADROOM
-    """Fraction of the memory after `reserved_bytes` that a plan leaves free for the caching allocator:
-    blocks it has cached but not handed out (fragmentation, rounding to its block sizes). usable_memory()
-    is what remains; `partita plan --memory-headroom` sets it (DEFAULT_ALLOCATOR_HEADROOM's docstring says
-    where the default comes from)."""
+    allocator_headroom: float | None = None
+    """What a plan leaves free for the caching allocator: blocks it has cached but not handed out
+    (fragmentation, rounding to its block sizes). None (the GPU presets): the cache each stage of the plan
+    is predicted to hold, ALLOCATOR_CACHE_FACTOR x its largest transient (allocator_cache_bytes); a fraction
+    in [0, 1): that flat share of the memory after `reserved_bytes` instead (`partita plan --memory-headroom`,
+    a resource list's `allocator_headroom`; the cpu preset's DEFAULT_ALLOCATOR_HEADROOM)."""
     op_latency: float = 5e-6
     """Seconds every operator costs beyond its FLOPs and bytes: a CUDA kernel launch (~5 us), or PyTorch's
     eager dispatch on CPU (tens of us, measured by `partita calibrate`). Dominates small models."""
@@ -158,14 +174,32 @@ class Device:
     charged once per forward or backward collective of a tensor-parallel block (planner.enumerate.strategies).
     Measured by `partita calibrate` (calibrate_dtensor.measure_dtensor); 0 for the GPU presets."""
 
-    def usable_memory(self) -> float:
-        """Bytes a plan's peak may reach: the memory less the reserve (CUDA context, NCCL), less the
-        allocator headroom of what is left."""
-        return (self.memory_bytes - self.reserved_bytes) - self.headroom_bytes()
+    def usable_memory(self, flat: bool = False) -> float:
+        """Bytes a plan's peak may reach before the allocator's cache of its transients
+        (allocator_cache_bytes, which the dense planner takes off per stage): the memory less the reserve
+        (CUDA context, NCCL), less a flat headroom where one is set. `flat`: for paths that price no
+        transients, a device without one keeps DEFAULT_ALLOCATOR_HEADROOM instead."""
+        return (self.memory_bytes - self.reserved_bytes) - self.headroom_bytes(flat)
 
-    def headroom_bytes(self) -> float:
-        """The allocator headroom in bytes (`allocator_headroom` of the memory after the reserve)."""
-        return (self.memory_bytes - self.reserved_bytes) * self.allocator_headroom
+    def headroom_bytes(self, flat: bool = False) -> float:
+        """The flat allocator headroom in bytes (`allocator_headroom` of the memory after the reserve); 0
+        where the headroom is the predicted cache, unless `flat` (usable_memory)."""
+        share = self.allocator_headroom
+        if share is None:
+            share = DEFAULT_ALLOCATOR_HEADROOM if flat else 0.0
+        return (self.memory_bytes - self.reserved_bytes) * share
+
+    def allocator_cache_bytes(self, transient, rebuilt=0.0):
+        """The caching allocator's predicted cache beside a stage whose largest transient is `transient`
+        bytes and whose largest re-run layer (when it recomputes) `rebuilt` bytes (ALLOCATOR_CACHE_FACTOR,
+        RECOMPUTE_CACHE_FACTOR). A plan leaves it free where `charges_allocator_cache`; a flat headroom
+        stands in for it otherwise."""
+        return ALLOCATOR_CACHE_FACTOR * transient + RECOMPUTE_CACHE_FACTOR * rebuilt
+
+    @property
+    def charges_allocator_cache(self) -> bool:
+        """True where the headroom a plan leaves is the allocator's predicted cache (no flat headroom set)."""
+        return self.allocator_headroom is None
 
     def peak(self, dtype: str) -> float:
         return self.peak_flops["bf16" if dtype in ("bf16", "fp16") else "fp32"]
@@ -257,6 +291,7 @@ DEVICES: dict[str, Device] = {d.name: d for d in [
     Device(name="cpu", peak_flops={"bf16": 50e9, "fp32": 100e9}, memory_bytes=4 * GiB, mem_bandwidth=10 * GB,
            intra_node_bw=1 * GB, inter_node_bw=0.1 * GB, matmul_efficiency=0.5, intra_node_latency=5e-4,
            inter_node_latency=1e-3, host_bw=10 * GB, reserved_bytes=0.25 * GiB, op_latency=2e-5,
+           allocator_headroom=DEFAULT_ALLOCATOR_HEADROOM,  # no caching allocator to model on a CPU
            # gloo's threads run on the cores that compute: what a collective overlaps, compute loses
            overlap_slowdown=1.0),
 ]}
@@ -382,6 +417,8 @@ def conservative_device(devices, inter_group_bw: float | None = None,
             # the stack, generation and per-kernel curves of mixed groups are none of theirs: unknown, so
             # attention is priced by the field-wise worst attention_* fields
             kw[f.name] = vals[0] if all(v == vals[0] for v in vals) else _SAME_OR_UNKNOWN[f.name]
+        elif f.name == "allocator_headroom":  # a flat headroom where any group states one (the largest)
+            kw[f.name] = max((v for v in vals if v is not None), default=None)
         elif f.name == "attention_causal_block":
             kw[f.name] = 0.0 if 0 in vals else max(vals)  # 0: a kernel that computes the whole square
         else:

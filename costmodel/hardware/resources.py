@@ -29,7 +29,8 @@ Schema `partita.cluster/1` (units: bytes, bytes/s, FLOP/s, seconds):
            "overlap_slowdown": 0.15,              compute stretch while collectives overlap it
            "host_bw": 1e10,                       device <-> host bytes/s (offload)
            "reserved_bytes": 2.5e8,               memory outside the allocator (CUDA context, NCCL)
-           "allocator_headroom": 0.05,            fraction of the rest kept free for the allocator, in [0, 1)
+           "allocator_headroom": 0.05,            fraction of the rest kept free for the allocator, in [0, 1);
+                                                  null: the allocator's predicted cache (the GPU presets)
            "op_latency": 6e-6,                    seconds per operator launch
            "sync_latency": 8e-4,                  in-step seconds per collective message step
            "sharded_op_latency": 1e-4,            DTensor dispatch seconds per launch
@@ -153,6 +154,9 @@ def _device(where: str, spec) -> Device:
     if kw.get("other_attention") is not None:
         kw["other_attention"] = _attention_curves(f"{where}.other_attention", kw["other_attention"])
     for k in _DEVICE_FIELDS - {"name", "peak_flops", "stack", "generation", "other_attention"}:
+        if k == "allocator_headroom" and kw.get(k) is None:  # null: the predicted cache (Device.allocator_headroom)
+            kw.pop(k, None)
+            continue
         if k in kw:
             kw[k] = _number(f"{where}.{k}", kw[k], positive=k not in _NONNEGATIVE)
     for k in ("matmul_efficiency", "mem_efficiency", "intra_link_efficiency", "inter_link_efficiency", "step_efficiency"):

@@ -52,7 +52,7 @@ def topology(cluster: Cluster):
     _quiet()
     d = cluster.device
     per_ms = MS
-    return Topology(world_size=cluster.num_devices, compute_device="cuda", hbm_cap=int(d.usable_memory()),
+    return Topology(world_size=cluster.num_devices, compute_device="cuda", hbm_cap=int(d.usable_memory(flat=True)),
                     ddr_cap=int(d.host_memory_bytes), local_world_size=cluster.devices_per_node,
                     hbm_mem_bw=d.mem_bandwidth * d.mem_efficiency * per_ms, ddr_mem_bw=d.host_bw * per_ms,
                     hbm_to_ddr_mem_bw=d.host_bw * per_ms,

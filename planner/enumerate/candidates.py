@@ -31,7 +31,7 @@ from partita.planner.solve.milp import StageProblem, StageSolution
 from partita.planner.solve.milp_blocks import BlockProblem
 from partita.planner.enumerate.options import (Variant, cost_variant, pareto_indices, pipelined_fsdp, variants, zero1_excess,
                                      zero_state_bytes)
-from partita.planner.estimate.phases import grads_absent, memory_phases
+from partita.planner.estimate.phases import grads_absent, memory_phases, widest_product
 from partita.planner.enumerate.space import (SearchSpace, TrainConfig, _meshes, _micro_batch_allowed, _schedules, divisors,
                                    overlap_choices, micro_batch_cap)
 from partita.planner.plan import SPLIT
@@ -329,8 +329,8 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
     # ZeRO-3's two layers gathered at a time (in a pipeline the states already count them all gathered)
     gathered = 2 * min(o.param_numel for o in layer_bases) * sb.param \
         if zero == 3 and layer_bases and not pipelined_fsdp(pp > 1, zero, dp) else 0.0
-    main_mem, phases, workspace = memory_phases(bases, opts, e, in_flight, m, b, pp, tp, zero, dp, sb, sp,
-                                                suf, gathered)
+    main_mem, phases, workspace, cache = memory_phases(bases, opts, e, in_flight, m, b, pp, tp, zero, dp, sb, sp,
+                                                       suf, gathered, cluster.device)
     extra_time = e["compute"] + e["tp"] + e["zero"] + e["p2p"] + e["p2p_contention"]
     problem = StageProblem(
         num_stages=pp, num_layers=len(layers), num_microbatches=m,
@@ -339,7 +339,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
         option_act=np.array([o.act for o in opts] or [0.0]),
         option_flush=np.array([o.flush for o in opts] or [0.0]),
         extra_time=extra_time, extra_mem=main_mem,
-        extra_flush=e["flush"], in_flight=in_flight, capacity=cluster.device.usable_memory(),
+        extra_flush=e["flush"], in_flight=in_flight, capacity=capacity_less_cache(cluster.device, cluster.device.allocator_cache_bytes(cache["stages"])),
         virtual_stages=v, phases=phases, option_grad=np.array([o.grad for o in opts] or [0.0]),
         grads_absent=grads_absent(m, in_flight, zero, dp, tp),
         must_use=np.array([tp > 1 and o.sharding in SPLIT for o in opts] or [False]),
@@ -357,6 +357,7 @@ def build_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: i
                      tp_overlap=tp_overlap, p2p_overlap=p2p_overlap, problem=problem, options=opts,
                      parts={**{f"e_{k}": x for k, x in e.items()},
                                                           "workspace": workspace, "tied": tied,
+                                                          "allocator_cache": cache,
                                                           "extra_options": dict(zip((*bases.prefix, *bases.suffix),
                                                                                     (*pre, *suf)))})
 
@@ -443,6 +444,7 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
                                                 stage_groups[s + 1].device.inter_node_latency)
             e["p2p"][s] = 2 * (lat + boundary / bw)
     in_flight = SCHEDULES[_plain_schedule(train, pp)].in_flight(m, pp)
+    transient = widest_product(graph) * b / tp
     max_out = max([graph.g.nodes[n]["out_bytes"] for n in graph.g.nodes] or [0])
     workspace = 2.0 * max_out * b + max(o.base.saved_bytes for o in opts) * b
     if zero == 3 and not pipelined_fsdp(pp > 1, zero, dp):  # (a pipeline's states count every layer gathered)
@@ -452,7 +454,8 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
         num_stages=pp, num_layers=len(layers), num_microbatches=m, option_time=mat("time"),
         option_state=mat("state"), option_act=mat("act"), option_flush=mat("flush"), extra_time=extra_time,
         extra_mem=e["state"] + in_flight * e["act"] + workspace, extra_flush=e["flush"], in_flight=in_flight,
-        capacity=np.array([gc.device.usable_memory() for gc in stage_groups]),
+        capacity=np.array([capacity_less_cache(gc.device, gc.device.allocator_cache_bytes(transient))
+                           for gc in stage_groups]),
         must_use=np.array([tp > 1 and o.sharding in SPLIT for o in opts]),
         count_use=counted_full_recompute(opts, space), stage_layers=pinned_layers(space, pp),
         option_host_state=mat("host_state"), option_host_act=mat("host_act"),
@@ -503,6 +506,14 @@ def _enumerate_hetero(bases: _Bases, cluster: Cluster, train: TrainConfig, space
                         if c is not None:
                             out.append(c)
     return out
+
+
+def capacity_less_cache(device, cache) -> float | np.ndarray:
+    """What a stage's predicted peak may reach: the device's usable memory less the allocator's predicted
+    cache of the stage's transients (costmodel.hardware.Device.allocator_cache_bytes); one figure for every
+    stage under a flat headroom, which stands in for the cache."""
+    cache = np.asarray(cache, dtype=float)
+    return device.usable_memory() - cache if device.charges_allocator_cache else device.usable_memory()
 
 
 HEAVY_EXTRAS = 1 / 3
@@ -557,7 +568,8 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
     problem = BlockProblem(
         num_stages=pp, num_microbatches=m, block_of=np.array(block_of), time=col("time"), state=col("state"),
         act=col("act"), flush=col("flush"), boundary_time=boundary, in_flight=in_flight,
-        capacity=cluster.device.usable_memory(), workspace=workspace, flush_latency=latency,
+        capacity=capacity_less_cache(cluster.device, cluster.device.allocator_cache_bytes(widest_product(graph) * b / tp)),
+        workspace=workspace, flush_latency=latency,
         host_state=col("host_state"), host_act=col("host_act"), host_capacity=cluster.device.host_memory_bytes,
         must_use=must, count_use=counted_full_recompute(opts, space), rank=col("complexity"))
     if "tied_blocks" not in bases._cache:

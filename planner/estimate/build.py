@@ -93,10 +93,10 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "peak_memory_bytes": max(r["total"] for r in memory),
         "memory_capacity_bytes": int(np.min(prob.capacity)),
         # what the capacity leaves out (costmodel.hardware.Device): the reserve for the CUDA context and NCCL,
-        # and the allocator headroom (a fraction of what is left after the reserve), on the conservative device
+        # and the allocator's share: its predicted cache per stage, or a flat fraction of what is left after
+        # the reserve, on the conservative device
         "memory_reserved_bytes": int(cluster.device.reserved_bytes),
-        "memory_headroom": cluster.device.allocator_headroom,
-        "memory_headroom_bytes": int(cluster.device.headroom_bytes()),
+        **allocator_share(c, cluster.device),
         "exposed_comm_s": exposed_comm,
         "hidden_comm_s": max(0.0, float(m * hidden + dp_hidden + zero_flush_hidden)),
         "assumptions": (assumptions(cluster, train.dtype, c.tp_overlap, c.p2p_overlap)
@@ -110,6 +110,37 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         **({"memory_capacity_per_stage": [int(x) for x in np.broadcast_to(prob.capacity, (c.pp,))]}
            if np.ndim(prob.capacity) else {}),
     }
+
+
+def allocator_share(c: Candidate, device) -> dict:
+    """The memory a plan leaves to the caching allocator: a flat headroom (`memory_headroom`, its fraction),
+    or the cache predicted per stage (`memory_allocator_cache_per_stage`: ALLOCATOR_CACHE_FACTOR x the stage's
+    largest transient, and on a stage holding a recomputed layer the re-run layer's too; planner.estimate.
+    phases.memory_phases); `memory_headroom_bytes` is the largest of either."""
+    cache = c.parts.get("allocator_cache")
+    if not device.charges_allocator_cache:
+        return {"memory_headroom": device.allocator_headroom, "memory_headroom_bytes": int(device.headroom_bytes())}
+    if cache is None:  # (the per-block and heterogeneous programs: one transient on every stage)
+        cache = np.broadcast_to(device.usable_memory() - c.problem.capacity, (c.pp,))
+    else:
+        cache = predicted_cache(c, cache, device)
+    return {"memory_headroom_bytes": int(np.max(cache)), "memory_allocator_cache_per_stage": [int(x) for x in cache]}
+
+
+def cache_terms(c: Candidate) -> tuple[np.ndarray, np.ndarray]:
+    """Per stage, under the candidate's solution: its largest transient and its largest re-run layer among
+    the recompute policies it uses (0 where it recomputes nothing): planner.estimate.phases.memory_phases."""
+    cache, counts = c.parts["allocator_cache"], c.solution.counts
+    rebuilt = np.zeros(c.pp)
+    for policy, bytes_ in cache["recompute"].items():
+        uses = counts[:, [o.recompute == policy for o in c.options]].sum(axis=1) > 0
+        rebuilt = np.maximum(rebuilt, uses * bytes_)
+    return np.broadcast_to(cache["stages"], (c.pp,)), rebuilt
+
+
+def predicted_cache(c: Candidate, cache: dict, device) -> list[int]:
+    """Each stage's predicted allocator cache (costmodel.hardware.Device.allocator_cache_bytes)."""
+    return [int(x) for x in device.allocator_cache_bytes(*cache_terms(c))]
 
 
 def kernel_assumptions(kernels: str) -> list[str]:

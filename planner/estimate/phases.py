@@ -36,9 +36,14 @@ def loss_gradient_bytes(logits: float, vocab_split: bool) -> float:
 
 def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.ndarray, m: int, b: int, pp: int,
                   tp: int, zero: int, dp: int, sb, sp: bool, suf: list[BlockOption],
-                  gathered: float) -> tuple[np.ndarray, list[MemoryPhase], np.ndarray]:
+                  gathered: float, device=None) -> tuple[np.ndarray, list[MemoryPhase], np.ndarray, dict]:
     """Each stage's memory at the moments it can peak (planner.solve.milp's phases); returns the main phase's
-    constant per stage, the other phases, and the main phase's transient workspace per stage.
+    constant per stage, the other phases, the main phase's transient workspace per stage, and what the
+    caching allocator's predicted cache is made of (`device`'s allocator_cache_bytes, costmodel.hardware):
+    {"stages": each stage's largest transient (`allocator_transient`), "recompute": {policy: the largest
+    layer that policy re-runs}}. Where the device charges the cache (no flat headroom), the stages' share
+    comes off their capacity (the candidate's) and each policy's is one more phase, gated on the stage
+    holding such a layer, that bounds the cache and not the allocated peak.
 
     forward/backward (main): model states, less the gradients while none exist yet (chi_s = 1 when the
         stage's first backward comes before its micro-batches run out, m <= k_s: a step starts with
@@ -87,7 +92,9 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
             layer=big(bases.layers[:1]), prefix=big(bases.prefix), suffix=big(bases.suffix),
             boundary=graph.boundary_bytes(bases.layers[0]) if bases.layers else 0,
             head=max([d["out_bytes"] for grp in bases.suffix for n in graph.nodes_of(grp)
-                      for d in [g.nodes[n]] if d["kind"] == "linear"] or [0]))
+                      for d in [g.nodes[n]] if d["kind"] == "linear"] or [0]),
+            projection=max([d["out_bytes"] for grp in bases.layers[:1] for n in graph.nodes_of(grp)
+                            for d in [g.nodes[n]] if d["kind"] == "linear"] or [0]))
     k = bases._cache["memory"]
     logits = k["out"] * b
     head_split = any(st == "vocab" for o in suf for st in o.placements.values() if o.name in SPLIT)
@@ -136,9 +143,18 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
                               parts={"model_states": e["state"], "activations": np.zeros(pp),
                                      "workspace": np.full(pp, step_tmp)}))
     rec = np.array([o.recompute != "none" for o in opts] or [False])
+    rebuilt = lambda o: (o.base.saved_by_policy["none"] - o.base.saved_by_policy[o.recompute]) * b + o.base.weight_saved
+    cache = {"stages": allocator_transient(k, b, pp, tp, head_split), "recompute": {}}
+    for policy in sorted({o.recompute for o in opts} - {"none"}):  # the re-run layer's blocks stay cached too
+        gate = np.array([o.recompute == policy for o in opts])
+        cache["recompute"][policy] = max(rebuilt(o) for o, g in zip(opts, gate) if g)
+        extra = device.allocator_cache_bytes(0.0, cache["recompute"][policy]) if device is not None else 0.0
+        if extra and device.charges_allocator_cache:
+            phases.append(MemoryPhase(f"allocator cache beside {policy} recompute",
+                                      held + in_flight[:, None] * act[None, :], main + extra,
+                                      gate=gate, parts={**main_parts, "workspace": workspace}, reserved_only=True))
     if rec.any():
-        rebuild = max((o.base.saved_by_policy["none"] - o.base.saved_by_policy[o.recompute]) * b
-                      + o.base.weight_saved for o in opts if o.recompute != "none")
+        rebuild = max(rebuilt(o) for o in opts if o.recompute != "none")
         ws = boundary + rebuild + gathered
         phases.append(MemoryPhase("recompute", states + in_flight[:, None] * act[None, :],
                                   e["state"] + in_flight * e["act"] + ws, gate=rec,
@@ -149,7 +165,27 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
             phases.append(MemoryPhase("forward end (autocast's weight casts)",
                                       held + in_flight[:, None] * act[None, :] + casts[None, :],
                                       main - workspace, gate=rec, parts={**main_parts, "workspace": np.zeros(pp)}))
-    return main, phases, workspace
+    return main, phases, workspace, cache
+
+
+def widest_product(graph) -> float:
+    """The bytes per sample of the widest output a matrix multiplication of `graph` produces (the largest
+    output of any operator where none is a linear layer): the transient the formulations without per-stage
+    constants (the per-block program, heterogeneous groups) charge the allocator's cache for, on every
+    stage."""
+    g = graph.g
+    linear = [d["out_bytes"] for _, d in g.nodes(data=True) if d["kind"] == "linear"]
+    return float(max(linear or [d["out_bytes"] for _, d in g.nodes(data=True)] or [0]))
+
+
+def allocator_transient(k: dict, b: int, pp: int, tp: int, head_split: bool) -> np.ndarray:
+    """Each stage's largest transient, which the caching allocator keeps cached beside its peak
+    (costmodel.hardware.ALLOCATOR_CACHE_FACTOR): the widest output of a layer's projections (/ tp, as tensor
+    parallelism splits them), and on the last stage the head's output, the logits, if wider (/ tp where the
+    head is split over the vocabulary). `k`: memory_phases' per-graph constants, per sample."""
+    transient = np.full(pp, k["projection"] * b / tp)
+    transient[-1] = max(transient[-1], k["head"] * b / (tp if head_split else 1))
+    return transient
 
 
 def stage_memory(c: Candidate, s: int, counts: np.ndarray | None = None) -> dict:
@@ -164,6 +200,7 @@ def stage_memory(c: Candidate, s: int, counts: np.ndarray | None = None) -> dict
                                               ("workspace", prob.workspace))}
         return {**row, "total": sum(row.values()), "phase": "forward/backward"}
     phases = phase_memory(prob, counts)[:, s]
+    phases[1:][[q.reserved_only for q in prob.phases]] = -np.inf  # (bounds on the cache, not allocations)
     q = int(np.argmax(phases))
     total = float(phases[q])
     workspace = np.broadcast_to(parts["workspace"], (c.pp,))[s] if q == 0 else prob.phases[q - 1].parts["workspace"][s]

@@ -198,9 +198,14 @@ def _memory(pred: dict) -> Table:
     cap = pred.get("memory_capacity_bytes", 0)
     caps = pred.get("memory_capacity_per_stage") or [cap] * len(pred.get("memory_per_stage", []))
     usable = human_bytes(cap) if len(set(caps)) <= 1 else "per stage: " + ", ".join(human_bytes(c) for c in caps)
-    if "memory_headroom_bytes" in pred:  # (plans written before the headroom existed do not say)
-        usable += (f" usable, after a {human_bytes(pred.get('memory_reserved_bytes', 0))} reserve (CUDA context, NCCL) "
-                   f"and a {100 * pred.get('memory_headroom', 0):.3g}% allocator headroom "
+    reserve = f" usable, after a {human_bytes(pred.get('memory_reserved_bytes', 0))} reserve (CUDA context, NCCL)"
+    if "memory_allocator_cache_per_stage" in pred:
+        cache = pred["memory_allocator_cache_per_stage"]
+        usable += (f"{reserve} and the caching allocator's predicted cache ("
+                   + (human_bytes(cache[0]) if len(set(cache)) <= 1 else "per stage: " + ", ".join(map(human_bytes, cache)))
+                   + ", from each stage's largest transient: on the last stage the logits)")
+    elif "memory_headroom_bytes" in pred:  # (plans written before the headroom existed do not say)
+        usable += (f"{reserve} and a {100 * pred.get('memory_headroom', 0):.3g}% allocator headroom "
                    f"({human_bytes(pred['memory_headroom_bytes'])})")
     else:
         usable += " usable"

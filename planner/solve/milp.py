@@ -90,9 +90,14 @@ class MemoryPhase:
     const: np.ndarray              # Y[s]: bytes
     gate: np.ndarray | None = None # options whose presence on a stage makes the phase bind there
     parts: dict = field(default_factory=dict)   # per-stage constants by category, for the report
+    reserved_only: bool = False
+    """A bound on what the allocator reserves beside an allocation (its cache), not an allocation: it
+    constrains the stage like any phase, but the predicted peak (planner.estimate.phases.stage_memory) is the
+    largest of the others."""
 
     def scaled(self, m: float) -> "MemoryPhase":
-        return MemoryPhase(self.name, np.asarray(self.coeff) / m, np.asarray(self.const) / m, self.gate, self.parts)
+        return MemoryPhase(self.name, np.asarray(self.coeff) / m, np.asarray(self.const) / m, self.gate, self.parts,
+                           self.reserved_only)
 
 
 NODE_LIMIT = 2000

@@ -660,10 +660,10 @@ def solve_tables(tables: list[Table], accesses: dict[str, Access], ctx: SparseCo
     t0 = time.perf_counter()
     fixed = fixed or {}
     dev = ctx.cluster.device
-    hbm_cap = dev.usable_memory() - dense_hbm
+    hbm_cap = dev.usable_memory(flat=True) - dense_hbm
     if hbm_cap <= 0:
         raise InfeasibleError(f"the dense part alone needs {dense_hbm / GiB:.2f} GiB per rank, more than the "
-                              f"{dev.usable_memory() / GiB:.2f} GiB usable")
+                              f"{dev.usable_memory(flat=True) / GiB:.2f} GiB usable")
     costs = costs if costs is not None else option_costs(tables, accesses, ctx, fixed)
     p = _Problem(tables=tables, costs=costs, ctx=ctx, dense_s=dense_s, hbm_cap=hbm_cap,
                  host_cap=dev.host_memory_bytes, latency={k: collective_latency(ctx, k) for k in SHARDINGS})

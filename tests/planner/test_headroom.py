@@ -1,6 +1,7 @@
-"""The planner keeps the device's reserve (CUDA context, NCCL) and an allocator headroom free
-(costmodel.hardware.Device.allocator_headroom): no plan the search returns peaks above usable memory, which
-the headroom lowers; `--memory-headroom` / `memory_headroom=` set it, and the plan says what it kept."""
+"""The planner keeps the device's reserve (CUDA context, NCCL) and a flat allocator headroom free where one is
+set (costmodel.hardware.Device.allocator_headroom: the cpu preset, `--memory-headroom`, `memory_headroom=`, a
+resource list): no plan the search returns peaks above usable memory, which the headroom lowers, and the plan
+says what it kept. The GPU presets' default, the allocator's predicted cache, is tests/planner/test_allocator_cache.py."""
 import dataclasses
 import json
 
@@ -28,11 +29,17 @@ def peak(result) -> float:
 
 
 def test_usable_memory_is_memory_less_reserve_less_headroom():
-    dev = DEVICES["H200-141GB"]
-    assert dev.allocator_headroom == DEFAULT_ALLOCATOR_HEADROOM > 0
+    dev = DEVICES["cpu"]  # (no caching allocator to predict: a flat headroom)
+    assert dev.allocator_headroom == DEFAULT_ALLOCATOR_HEADROOM > 0 and not dev.charges_allocator_cache
     after_reserve = dev.memory_bytes - dev.reserved_bytes
     assert dev.headroom_bytes() == pytest.approx(after_reserve * DEFAULT_ALLOCATOR_HEADROOM)
     assert dev.usable_memory() == pytest.approx(after_reserve - dev.headroom_bytes())
+    # a GPU preset leaves the allocator's predicted cache per stage instead (tests/planner/test_allocator_cache.py);
+    # the paths that price no transients keep the flat default
+    gpu = DEVICES["H200-141GB"]
+    assert gpu.allocator_headroom is None and gpu.charges_allocator_cache
+    assert gpu.usable_memory() == gpu.memory_bytes - gpu.reserved_bytes
+    assert gpu.usable_memory(flat=True) == pytest.approx((gpu.memory_bytes - gpu.reserved_bytes) * (1 - DEFAULT_ALLOCATOR_HEADROOM))
 
 
 def test_the_search_never_returns_a_plan_above_usable_memory_minus_headroom(graph_of):

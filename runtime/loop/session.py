@@ -92,7 +92,7 @@ class RunOptions:
     resume: bool = False
     max_restarts: int = 0
     data: object = None
-    """A token file, a `package.module:factory` of a torch dataset, or a Dataset itself (runtime.data)."""
+    """A token file, a `package.module:factory` of a dataset, or a dataset itself (runtime.data)."""
     data_dtype: str | None = None
     losses_out: str | None = None
     sync_batchnorm: bool = False

@@ -162,7 +162,7 @@ class DatasetSource(_Source):
                 return self.dataset[index]
             except Exception as e:  # noqa: BLE001 -- the user's object: say which read failed, in one line
                 raise PartitaError(f"dataset {self.name!r} ({type(self.dataset).__name__}): reading sample "
-                                   f"dataset[{index}] failed: {type(e).__name__}: {e}") from None
+                                   f"dataset[{index}] failed: {_line(e)}") from None
         for value in self._restart(0)[2]:
             return value
         raise PartitaError(f"dataset {self.name!r} yields no samples")
@@ -243,8 +243,7 @@ class DatasetSource(_Source):
         try:
             batch = default_collate(rows)
         except (TypeError, RuntimeError) as e:
-            raise PartitaError(f"dataset {self.name!r}: {what} cannot be made into a batch "
-                               f"({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}); "
+            raise PartitaError(f"dataset {self.name!r}: {what} cannot be made into a batch ({_line(e)}); "
                                "yield tensors, numbers or lists of numbers, of one shape in every sample") from None
         batch = tuple(batch) if isinstance(batch, (list, tuple)) else (batch,)
         if (bad := next((b for b in batch if not isinstance(b, torch.Tensor)), None)) is not None:
@@ -272,6 +271,12 @@ class DatasetSource(_Source):
 
     def describe(self) -> dict:
         return {"kind": "dataset", "factory": self.name, "samples": self.length, "seed": self.seed}
+
+
+def _line(e: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 def _differs(value, assumed: int) -> bool:

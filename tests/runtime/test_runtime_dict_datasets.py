@@ -8,6 +8,7 @@ model's loss_fn parameters), whatever the order of its keys; python lists of tok
 the model does not take are named once in a note, unless leaving one out would change what the model computes
 (a padding attention_mask); a missing key, or a model whose inputs have no names, is one line. The order
 guarantees of tuple samples hold: any world size's shards make the same global batch, a fresh source resumes.
+A read that fails, or a later batch whose samples differ in shape, is one line too.
 """
 from __future__ import annotations
 
@@ -165,3 +166,24 @@ def test_dicts_for_a_model_whose_inputs_have_no_names_say_what_to_yield():
                                            r"or give loss_fn one named parameter per input"):
         make_data(starred, 4, path=[{"x": [0.0] * 4}])
     assert make_data(starred, 2, path=[([0.0, 1.0, 2.0, 3.0],)] * 2).batch(0)[0].shape == (2, 4)  # a tuple works
+
+
+class Keyed:
+    """Map-style by its methods, but read by key (a pandas DataFrame's column lookup is the like of it)."""
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, key):
+        return {"a": (torch.zeros(3, 16, 16), 0)}[key]
+
+
+def test_reads_and_batches_that_fail_later_are_one_line_naming_where(cnn):
+    with pytest.raises(PartitaError, match=r"dataset 'Keyed' \(Keyed\): reading sample dataset\[\d\] failed: KeyError"):
+        make_data(cnn, 2, path=Keyed())
+    ragged = [(torch.zeros(3, 16, 16), 0)] * 3 + [(torch.zeros(3, 8, 8), 0)]  # the first sample fits the model
+    data = make_data(cnn, 2, path=Stream(ragged))
+    assert data.batch(0)[0].shape == (2, 3, 16, 16)
+    with pytest.raises(PartitaError, match=r"the samples of step 1 cannot be made into a batch \(RuntimeError: stack "
+                                           r"expects each tensor to be equal size.*of one shape in every sample"):
+        data.batch(1)

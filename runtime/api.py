@@ -117,7 +117,7 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset=None,
     """Train `steps` steps of the model `model_fn` builds under `plan`, on every rank of the job.
 
     `dataset`: None for the model's synthetic batches, a token file, a `package.module:factory` name of a
-    torch dataset, or a `torch.utils.data` Dataset / IterableDataset itself (runtime.data, runtime.data.datasets).
+    dataset, or a map-style or iterable dataset itself (torch, HuggingFace, a list; runtime.data.datasets).
     The other keywords are runtime.train's flags; progress lines (runtime.loop.progress) go out with the report
     (`print_report`). Raises PartitaError for a plan, data or checkpoint that does not fit (before any step),
     session.NonFiniteLoss for a NaN/inf loss, and VerifyFailed (on every rank, after the report) when

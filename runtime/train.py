@@ -23,7 +23,7 @@ DIR/step-<k> after every N-th step and after the last (--keep N: only the newest
 the newest intact one (under any plan and world size; runtime.checkpoint.resume). With --max-restarts K (the same K as
 torchrun's), a run that torchrun restarts after a failure resumes from the newest intact checkpoint of its
 own run in DIR (runtime.checkpoint.ownership). Data (runtime.data): synthetic by default, windows of the token file
---data FILE, or the samples of a torch dataset --data package.module:factory (runtime.data.datasets). Progress
+--data FILE, or the samples of a dataset --data package.module:factory (runtime.data.datasets). Progress
 (runtime.loop.progress): rank 0 prints a line every --log-every steps, and writes TensorBoard scalars with
 --tensorboard DIR; a closed or full stdout turns those lines off, never the training (runtime.loop.console). Faults
 for tests: PARTITA_FAULT (runtime.loop.faults). SIGTERM, SIGINT, SIGHUP and SIGQUIT stop every rank after the same

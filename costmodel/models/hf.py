@@ -332,6 +332,7 @@ def hf_spec(spec: str, seq: int | None = None):
         config={"family": "hf", "arch": arch, "model": a.model, "task": a.task, "seq": seq,
                 "overrides": {k: v for k, v in overrides.items() if k != "seq"}, **sizes},
         capture="export", loss_fn=functools.partial(hf_loss, names), at_seq=lambda s: hf_spec(spec, seq=s),
+        input_names=names,
     )
 
 

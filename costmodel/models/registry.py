@@ -58,11 +58,43 @@ class ModelSpec:
     at_depth: Callable[[int], "ModelSpec"] | None = None
     """The same model with n layers under `layer_prefix`: capture records a deep stack from a 3-layer copy
     (costmodel.capture.replicate), 30x fewer nodes to run for a 100-layer model."""
+    input_names: tuple[str, ...] | None = None
+    """The name of each example input, in order: the keyword the model takes it by (an `hf:` model's input_ids
+    and labels). None: `named_inputs` reads them from `loss_fn`'s parameters."""
+
+    def named_inputs(self) -> tuple[str, ...] | None:
+        """The names of the example inputs, in order: `input_names`, else the parameters `loss_fn(module, a, b)`
+        names after the module (`images`, `labels`); None when neither names them (no loss_fn: a token LM; or a
+        loss taking `*batch`). A dataset's dict samples are matched to these by key (runtime.data.datasets)."""
+        if self.input_names is not None:
+            return tuple(self.input_names)
+        if self.loss_fn is None:
+            return None
+        template = self.example_inputs(1)
+        count = len(template) if isinstance(template, tuple) else 1
+        return _positional_names(self.loss_fn, 1 + count)[1:] or None
 
     def tokens(self, batch: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """A batch of token ids of shape (batch, seq_len + 1): inputs are [:, :-1], targets [:, 1:]."""
         assert self.vocab is not None and self.seq_len is not None
         return torch.randint(0, self.vocab, (batch, self.seq_len + 1), generator=generator)
+
+
+def _positional_names(fn: Callable, count: int) -> tuple[str, ...]:
+    """The names of `fn`'s first `count` positional parameters; () when it has fewer, takes `*args` before
+    them, or has no signature Python can read."""
+    import inspect
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return ()
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = []
+    for p in params[:count]:
+        if p.kind not in positional:
+            return ()
+        names.append(p.name)
+    return tuple(names) if len(names) == count else ()
 
 
 def gpt_spec(name: str, cfg: GPTConfig) -> ModelSpec:

@@ -19,8 +19,9 @@ How a batch is made from a model:
 Sources:
 - `SyntheticTokens`: random tokens from `torch.Generator().manual_seed(derived_seed(seed, step))`; for
   token LMs exactly `spec.tokens(global_batch, generator)`.
-- `DatasetSource` (`--data package.module:factory`, runtime.data.datasets): a user's torch Dataset or
-  IterableDataset, in an order that depends on (seed, step) alone as well.
+- `DatasetSource` (`--data package.module:factory`, runtime.data.datasets): a user's map-style or iterable
+  dataset (torch, HuggingFace `datasets`, a list) of tuple or dict samples, in an order that depends on
+  (seed, step) alone as well.
 - `TokenFile` (`--data FILE`): a 1-D token array read through numpy memmap -- `.npy` (any integer
   dtype), or raw little-endian uint16 (default) / uint32 (`--data-dtype uint32`), e.g. a file written
   with `np.memmap` or `array.tofile()`. At step k the global batch's window start offsets are drawn
@@ -33,7 +34,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset
 
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.models import ModelSpec
@@ -152,6 +152,8 @@ class _Source:
 
     layout: Layout
     global_batch: int
+    notes: tuple[str, ...] | list[str] = ()
+    """Lines the run prints once before training (a dataset's keys it does not use)."""
 
     def rows(self, step: int, start: int, stop: int) -> Batch:
         raise NotImplementedError
@@ -243,7 +245,8 @@ class TokenFile(_Source):
         if os.path.isdir(self.path):
             raise PartitaError(f"--data {self.path} is a directory: give one token file (.npy, or raw "
                                "little-endian uint16/uint32 token ids) or package.module:factory returning a "
-                               "torch Dataset")
+                               "dataset (a saved HuggingFace dataset folder: a factory returning "
+                               "datasets.load_from_disk(folder))")
         if not os.path.isfile(self.path):
             raise PartitaError(f"token file {self.path} does not exist")
         try:
@@ -323,8 +326,8 @@ def content_digest(path: str) -> str:
 
 def make_data(spec: ModelSpec, global_batch: int, seed: int = 0, path=None,
               dtype: str | None = None, check_all: bool = True, hash_content: bool = False) -> _Source:
-    """The run's data source: `path` a token file, a `package.module:factory` of a torch dataset, or a torch
-    Dataset / IterableDataset itself (runtime.data.datasets); else synthetic data for the model. `hash_content`: a
+    """The run's data source: `path` a token file, a `package.module:factory` of a dataset, or a map-style or
+    iterable dataset itself (runtime.data.datasets); else synthetic data for the model. `hash_content`: a
     token file's content digest is computed (`content_digest`) and `describe()` includes it."""
     from partita.runtime.data import datasets  # it builds on _Source, defined here
     if path is not None and (not isinstance(path, (str, os.PathLike)) or datasets.is_factory(str(path))):
@@ -332,10 +335,9 @@ def make_data(spec: ModelSpec, global_batch: int, seed: int = 0, path=None,
             raise PartitaError("--data-dtype applies to token files, not to a dataset")
         name = str(path) if isinstance(path, (str, os.PathLike)) else type(path).__name__
         dataset = datasets.load(name) if isinstance(path, (str, os.PathLike)) else path
-        if not isinstance(dataset, (Dataset, IterableDataset)):
-            raise PartitaError(f"dataset is a {type(dataset).__name__}; give a token file, a package.module:factory "
-                               "name, or a torch.utils.data Dataset / IterableDataset")
-        return datasets.DatasetSource(dataset, name, Layout(spec).sample(), global_batch, seed)
+        if datasets.kind(dataset) is None:
+            raise PartitaError(f"the dataset given is of type {datasets.refusal(dataset)}")
+        return datasets.DatasetSource(dataset, name, Layout(spec), global_batch, seed)
     if path is not None:
         return TokenFile(path, spec, global_batch, seed, dtype, check_all, hash_content)
     if dtype is not None:

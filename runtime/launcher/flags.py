@@ -40,8 +40,9 @@ RUN_FLAGS = (
     Flag("steps", "training steps (default 10)", int, 10),
     Flag("verify", "also train in one process and compare the losses and final parameters"),
     Flag("data", "token file (.npy, or raw little-endian uint16/uint32 tokens), or package.module:factory "
-         "returning a torch Dataset / IterableDataset whose items are one row of a batch; default: synthetic "
-         "batches", str, None, "FILE|MODULE:FACTORY"),
+         "returning a dataset (torch or HuggingFace, map-style or iterable) whose items are one row of a batch, "
+         "a tuple or a dict keyed by the model's input names; default: synthetic batches", str, None,
+         "FILE|MODULE:FACTORY"),
     Flag("data_dtype", "token type of a raw --data file (default uint16)", str, None, choices=DATA_DTYPES),
     Flag("checkpoint_dir", "where DCP checkpoints are written and resumed from", str, None, "DIR"),
     Flag("checkpoint_every", "save a checkpoint after every N steps and after the last (default 0: never)", int, 0,

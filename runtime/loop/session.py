@@ -92,7 +92,7 @@ class RunOptions:
     resume: bool = False
     max_restarts: int = 0
     data: object = None
-    """A token file, a `package.module:factory` of a torch dataset, or a Dataset itself (runtime.data)."""
+    """A token file, a `package.module:factory` of a dataset, or a dataset itself (runtime.data)."""
     data_dtype: str | None = None
     losses_out: str | None = None
     sync_batchnorm: bool = False
@@ -252,6 +252,7 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ran
     if opts.eval_data is not None:
         prep.eval_data = make_data(spec, plan.train["global_batch"], opts.seed, opts.eval_data, opts.data_dtype,
                                    hash_content=False)
+    prep.notes += [*prep.data.notes, *(prep.eval_data.notes if prep.eval_data is not None else ())]
     check_sizes(plan, spec, prep.data, local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     parse_faults(os.environ.get(FAULT_ENV))
     if opts.verify and (p := dropout_probability(spec)):

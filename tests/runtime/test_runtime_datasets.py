@@ -98,7 +98,8 @@ class Wrong(Dataset):
     ((torch.zeros(3, 8, 8), 1), r"yields samples \(3x8x8 float32, scalar int64\), but the model trains on samples "
                                 r"\(3x16x16 float32, scalar int64\)"),
     ((torch.zeros(3, 16, 16),), r"yields samples \(3x16x16 float32\)"),
-    ({"image": torch.zeros(3, 16, 16), "label": 1}, "yields a dict; yield a tuple"),
+    ({"image": torch.zeros(3, 16, 16), "label": 1}, r"yields dicts without images, labels \(keys: image, label\); "
+                                                     r"model 'examples.image_classifier:model' takes images, labels"),
 ])
 def test_a_dataset_that_does_not_fit_the_model_is_one_line(cnn, sample, message):
     with pytest.raises(PartitaError, match=message):
@@ -109,9 +110,9 @@ def test_a_factory_name_is_imported_and_checked(cnn, tmp_path, monkeypatch):
     data = make_data(cnn, 8, path="examples.image_classifier:dataset")
     assert data.describe() == {"kind": "dataset", "factory": "examples.image_classifier:dataset", "samples": 256,
                                "seed": 0}
-    (tmp_path / "not_a_dataset.py").write_text("def factory():\n    return [1, 2, 3]\n")
+    (tmp_path / "not_a_dataset.py").write_text("def factory():\n    return 3\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(PartitaError, match="returned list; return a torch.utils.data.Dataset"):
+    with pytest.raises(PartitaError, match=r"returned int; give a map-style dataset \(__getitem__ and __len__"):
         make_data(cnn, 8, path="not_a_dataset:factory")
     with pytest.raises(PartitaError, match="cannot import dataset factory 'no_such_module:factory'"):
         make_data(cnn, 8, path="no_such_module:factory")

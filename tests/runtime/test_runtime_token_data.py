@@ -73,7 +73,8 @@ def test_token_file_errors_are_one_line(tmp_path):
     fails("--data-dtype applies to raw", tmp_path / "f.npy", dtype="uint32")
     with pytest.raises(PartitaError, match="needs --data"):
         make_data(GPT, 4, 0, None, "uint32")
-    fails(r"is a directory: give one token file \(.npy, or raw", tmp_path)
+    fails(r"is a directory: give one token file \(.npy, or raw .* or package.module:factory returning a dataset "
+          r"\(a saved HuggingFace dataset folder: a factory returning datasets.load_from_disk\(folder\)\)", tmp_path)
     # text given as tokens: each way it fails says to tokenize it; token ids never get that hint
     hint = "it looks like text: --data takes token ids, so tokenize it first"
     for name, text in (("short.txt", "hello world"), ("odd.txt", "hello world, hello."), ("long.txt", "the fox. " * 50)):

@@ -1,0 +1,22 @@
+"""A `--data package.module:factory` of dict samples, as a HuggingFace user has them (tests/e2e/test_dict_data_runs.py):
+
+    partita run plan.json --model hf:llama --data dict_rows:llama_rows ...   (with tests/e2e importable)
+"""
+from __future__ import annotations
+
+import datasets
+
+SEQ, VOCAB = 64, 1024  # hf:llama (costmodel.models.hf)
+
+
+def llama_rows():
+    """32 rows of token ids in python lists, keys in another order than the model's, an unused text column and
+    an all-ones attention_mask; the labels mask the first half of each row (-100), which the model would refuse
+    as input ids (an index out of its embedding), so labels and input_ids cannot be swapped unnoticed."""
+    ids = [[(7 * i + 3 * j) % VOCAB for j in range(SEQ)] for i in range(32)]
+    return datasets.Dataset.from_dict({
+        "labels": [[-100] * (SEQ // 2) + row[SEQ // 2:] for row in ids],
+        "text": [f"row {i}" for i in range(32)],
+        "attention_mask": [[1] * SEQ for _ in ids],
+        "input_ids": ids,
+    })

@@ -9,9 +9,9 @@ ALLOCATOR_CACHE_FACTOR x the stage's largest transient (costmodel.hardware; plan
 the logits on the last stage, a layer's widest projection elsewhere, plus one re-run layer on a stage that
 recomputes) and leaves it free. This program is the fit of that factor:
 
-1. each measured case is planned again as it was planned when it ran (the flat 5% headroom the shipped
-   plans were made under), so that the plan is the one measured -- a case whose plan now differs is
-   reported and left out;
+1. each measured case is planned again as it was planned when it ran (under the headroom its row records,
+   or the flat 5% the first shipped plans were made under), so that the plan is the one measured -- a case
+   whose plan now differs is reported and left out;
 2. the ratio of the measured cache (peak reserved - peak allocated) to the predicted transient is computed
    per case;
 3. the factor is their upper envelope, rounded up to 0.01: a headroom must cover the cache, so the largest
@@ -34,8 +34,16 @@ from benchmarks import common
 GiB = 2**30
 GPU_JSON = Path(__file__).resolve().parent / "results" / "gpu.json"
 SHIPPED_HEADROOM = 0.05
-"""The flat allocator headroom the measured plans were made under (benchmarks/gpu_plans, commit f36054f):
-planning again under it gives the plan that ran."""
+"""The flat allocator headroom of the measured plans whose rows do not say what they were planned under
+(benchmarks/gpu_plans at commit f36054f, before rows recorded `predicted.memory_headroom`): planning again
+under it gives the plan that ran."""
+
+
+def planned_headroom(row: dict) -> float | None:
+    """The headroom `row`'s plan was made under: its recorded flat fraction, None for the allocator's
+    predicted cache, SHIPPED_HEADROOM where the row predates the record."""
+    predicted = row.get("predicted") or {}
+    return predicted["memory_headroom"] if "memory_headroom" in predicted else SHIPPED_HEADROOM
 
 
 def measured_rows(gpu: dict) -> list[dict]:
@@ -44,7 +52,7 @@ def measured_rows(gpu: dict) -> list[dict]:
 
 
 def case_cache(row: dict, preset: str) -> dict:
-    """The row's case planned again under the flat headroom it ran with: whether the plan is the one that ran,
+    """The row's case planned again under the headroom it ran with: whether the plan is the one that ran,
     its predicted allocated peak and its stage's predicted transient (the cache over the factor)."""
     from benchmarks.gpu import _plan_summary
     from benchmarks.gpu_plans import Case, for_lent_torch
@@ -53,7 +61,7 @@ def case_cache(row: dict, preset: str) -> dict:
     from partita.planner.search import TrainConfig
     case = Case(row["name"], row["what"], row["model"], row["global_batch"], row.get("seq"), row["plan"]["fixed"])
     with for_lent_torch():
-        result, plan = plan_search(case.model, cluster=f"1x{preset}", memory_headroom=SHIPPED_HEADROOM,
+        result, plan = plan_search(case.model, cluster=f"1x{preset}", memory_headroom=planned_headroom(row),
                                    train=TrainConfig(global_batch=case.global_batch, seq_len=case.seq), **case.fixed)
     summary = _plan_summary(json.loads(plan.to_json()))
     same = all(summary[k] == row["plan"][k] for k in ("mesh", "micro_batch", "recompute", "kernels"))

@@ -93,7 +93,11 @@ def result_row(planned: Planned, returncode: int | None, output: str, measured: 
     pred = plan["predicted"]
     row.update(plan=_plan_summary(plan), predicted={"step_time_s": pred["step_time_s"],
                                                     "peak_memory_bytes": pred["peak_memory_bytes"],
-                                                    "usable_bytes": pred.get("memory_capacity_bytes")},
+                                                    "usable_bytes": pred.get("memory_capacity_bytes"),
+                                                    # the headroom it was planned under: a flat fraction, or
+                                                    # null for the allocator's predicted cache
+                                                    "memory_headroom": pred.get("memory_headroom"),
+                                                    "allocator_cache_bytes": pred.get("memory_allocator_cache_per_stage")},
                returncode=returncode, wall_s=wall_s, alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
     ok = returncode == 0 and measured is not None
     row["oom"] = not ok and bool(OOM.search(output))

@@ -391,7 +391,7 @@ def _edge_reshards(bases: _Bases, pre: list[BlockOption], suf: list[BlockOption]
 
 
 def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace, pp: int, dp: int, tp: int,
-                           zero: int, b: int, stage_groups: list[Cluster]) -> Candidate | None:
+                           zero: int, b: int, stage_groups: list[Cluster], schedule: str = "1F1B") -> Candidate | None:
     """A candidate on a heterogeneous cluster: stage s runs on the devices of stage_groups[s].
 
     Every stage offers the same variants (the union of each group's Pareto-optimal ones), each costed on
@@ -443,7 +443,7 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
             lat = cl.inter_group_latency or max(stage_groups[s].device.inter_node_latency,
                                                 stage_groups[s + 1].device.inter_node_latency)
             e["p2p"][s] = 2 * (lat + boundary / bw)
-    in_flight = SCHEDULES[_plain_schedule(train, pp)].in_flight(m, pp)
+    in_flight = SCHEDULES[schedule].in_flight(m, pp)
     transient = widest_product(graph) * b / tp
     max_out = max([graph.g.nodes[n]["out_bytes"] for n in graph.g.nodes] or [0])
     workspace = 2.0 * max_out * b + max(o.base.saved_bytes for o in opts) * b
@@ -461,11 +461,11 @@ def build_hetero_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace
         option_host_state=mat("host_state"), option_host_act=mat("host_act"),
         host_capacity=np.array([gc.device.host_memory_bytes for gc in stage_groups]),
         option_rank=np.array([o.complexity for o in opts], dtype=float))
-    lb = (SCHEDULES[_plain_schedule(train, pp)].lower_bound_factor(m, pp)
+    lb = (SCHEDULES[schedule].lower_bound_factor(m, pp)
           * (len(layers) * problem.option_time.min() + extra_time.sum())
           + (len(layers) * problem.option_flush.min() + e["flush"].sum()) / pp)
     return Candidate(pp=pp, dp=dp, tp=tp, zero=zero, micro_batch=b, num_microbatches=m,
-                     schedule=_plain_schedule(train, pp), virtual_stages=1,
+                     schedule=schedule, virtual_stages=1,
                      lower_bound=lb, problem=problem, options=opts,
                      parts={**{f"e_{k}": v for k, v in e.items()}, "workspace": workspace, "stage_options": by_stage,
                             "stage_groups": [gc.spec for gc in stage_groups],
@@ -500,9 +500,10 @@ def _enumerate_hetero(bases: _Bases, cluster: Cluster, train: TrainConfig, space
                         continue
                     for b in divisors(local, micro_batch_cap(train, space)):
                         m = local // b
-                        if not _micro_batch_allowed(b, train, space) or (pp > 1 and m < pp):
+                        schedule = _plain_schedule(train, pp, m)
+                        if not _micro_batch_allowed(b, train, space) or schedule is None:
                             continue
-                        c = build_hetero_candidate(bases, train, space, pp, dp, tp, zero, b, stage_groups)
+                        c = build_hetero_candidate(bases, train, space, pp, dp, tp, zero, b, stage_groups, schedule)
                         if c is not None:
                             out.append(c)
     return out
@@ -649,19 +650,23 @@ def _enumerate_blocks(bases: _Bases, cluster: Cluster, train: TrainConfig, space
     for pp, dp, tp, zero, b, m, _ in _meshes(cluster, train, space, len(bases.graph.groups)):
         if train.schedule != AUTO and SCHEDULES[train.schedule].virtual and pp > 1:
             continue  # interleaving is planned for repeated layers only
-        if not _zero_runs_or_fixed(space, zero, tp, 1, 1):
+        schedule = _plain_schedule(train, pp, m)
+        if not _zero_runs_or_fixed(space, zero, tp, 1, 1) or schedule is None:
             continue
-        c = build_block_candidate(bases, train, space, pp, dp, tp, zero, b, _plain_schedule(train, pp))
+        c = build_block_candidate(bases, train, space, pp, dp, tp, zero, b, schedule)
         if c is not None:
             out.append(c)
     return out
 
 
-def _plain_schedule(train: TrainConfig, pp: int) -> str:
-    """The schedule of a candidate with one model chunk per rank (blocks, heterogeneous clusters): the
-    requested one when it runs one chunk, else 1F1B (also for pp = 1, where every schedule is the same)."""
+def _plain_schedule(train: TrainConfig, pp: int, m: int) -> str | None:
+    """The schedule of a candidate with one model chunk per rank (blocks, heterogeneous clusters) running m
+    micro-batches over pp stages: the requested one when it runs one chunk, else what --schedule auto tries
+    with one chunk (space._schedules: 1F1B, GPipe where m < pp; 1F1B for pp = 1, where every schedule is the
+    same); None when the requested one refuses m over pp (1F1B with m < pp)."""
     asked = SCHEDULES.get(train.schedule)
-    return train.schedule if pp > 1 and asked is not None and not asked.virtual else "1F1B"
+    requested = train.schedule if asked is not None and not asked.virtual else AUTO
+    return next((name for name, _ in _schedules(requested, pp, m, 0, (1,))), None)
 
 
 def executable_space(graph: OpGraph, space: SearchSpace) -> SearchSpace:

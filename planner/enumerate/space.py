@@ -3,7 +3,9 @@ enumeration of meshes (pp x dp x tp, ZeRO stage, micro-batch size) and pipeline 
 
 Meshes are pp x dp x tp = number of devices with tp inside a node (tp | devices per node), pp <= layers,
 dp | global batch, a ZeRO stage (0-3, only 0 when dp = 1), and micro-batch sizes b | global_batch / dp
-with m = global_batch / (dp b) >= pp micro-batches, each within the SearchSpace's restrictions.
+giving m = global_batch / (dp b) micro-batches, each within the SearchSpace's restrictions. m may be below pp
+(a 2-stage pipeline fed one micro-batch per step): the schedules decide, each by its own rule
+(planner.plan.schedules: `refusal`, and `searched` for what --schedule auto tries -- GPipe there).
 
 What-if (DESIGN.md): a user fixes some choices (SearchSpace fields, `partita plan --tp/--pp/...`) and the
 rest are searched; `check_space` walks the same constraints one by one before any solving and names, in
@@ -70,8 +72,8 @@ class TrainConfig:
     the optimizer's state. "none" needs dtype "bf16" (given, or by device: it then chooses bf16 on CPUs too)."""
     optimizer: str = "adam"
     schedule: str = "auto"
-    """Pipeline schedule: "auto" (the planner picks 1F1B or interleaved 1F1B) or a name of
-    planner.plan.schedules' registry: "1F1B", "GPipe", "Interleaved1F1B"."""
+    """Pipeline schedule: "auto" (the planner picks 1F1B or interleaved 1F1B, and GPipe where there are fewer
+    micro-batches than stages) or a name of planner.plan.schedules' registry: "1F1B", "GPipe", "Interleaved1F1B"."""
     max_micro_batch: int = 64
     min_micro_batch: int = 1
     """The fewest samples a micro-batch may hold: 2 for a model with a BatchNorm over one value per channel per
@@ -367,7 +369,7 @@ def _meshes(cluster: Cluster, train: TrainConfig, space: SearchSpace, max_pp: in
                 for zero in (space.zero if dp * cp > 1 else (0,) if 0 in space.zero else ()):
                     for b in divisors(local, micro_batch_cap(train, space)):
                         m = local // b
-                        if _micro_batch_allowed(b, train, space) and (pp == 1 or m >= pp):
+                        if _micro_batch_allowed(b, train, space):  # m < pp too: the schedules decide
                             yield pp, dp, tp, zero, b, m, cp
 
 
@@ -379,16 +381,17 @@ def _micro_batch_allowed(b: int, train: TrainConfig, space: SearchSpace) -> bool
 
 def _schedules(requested: str, pp: int, m: int, layers: int,
                virtual: tuple[int, ...] | None = None) -> list[tuple[str, int]]:
-    """(schedule, virtual stages) pairs to try: the requested schedule, or under "auto" every `searched` one
-    of the registry; a schedule of chunks with v among `virtual` (None: VIRTUAL_STAGES and the deepest),
-    the others with v = 1 when `virtual` allows it; each within its refusal rule (planner.plan.schedules:
-    interleaving needs m divisible by pp and at least v layers per device)."""
+    """(schedule, virtual stages) pairs to try: the requested schedule, or under "auto" every one of the
+    registry `searched` for (m, pp) (GPipe only where m < pp); a schedule of chunks with v among `virtual`
+    (None: VIRTUAL_STAGES and the deepest), the others with v = 1 when `virtual` allows it; each within its
+    refusal rule (planner.plan.schedules: 1F1B needs m >= pp, interleaving m divisible by pp and at least v
+    layers per device)."""
     plain_ok = virtual is None or 1 in virtual
     if pp == 1:
         return [("1F1B", 1)] if plain_ok else []
     tried = (tuple(sorted({*VIRTUAL_STAGES, deepest_virtual(pp, layers)} - {1})) if virtual is None
              else tuple(v for v in virtual if v > 1))
-    names = [n for n, s in SCHEDULES.items() if s.searched] if requested == AUTO else [requested]
+    names = [n for n, s in SCHEDULES.items() if s.searched(m, pp)] if requested == AUTO else [requested]
     return [(n, v) for n in names for v in (tried if SCHEDULES[n].virtual else (1,) if plain_ok else ())
             if SCHEDULES[n].refusal(m, pp, v, layers) is None]
 
@@ -538,10 +541,10 @@ def _why_nothing(cluster, train, space, max_pp, layers, seq) -> str | None:
         t, p, d = shapes[0]
         return (f"micro-batch {'|'.join(map(str, space.micro_batch))} does not divide global batch / dp = "
                 f"{gb} / {d} = {gb // d} samples per data-parallel rank")
-    if not (piped := [r for r in runs if r[1] == 1 or r[4] >= r[1]]):
-        return _fewest(runs)
-    if not any(_schedules(train.schedule, p, m, layers, v) for t, p, d, b, m in piped):
-        return _why_no_interleaving(piped, layers, v, train.schedule)
+    if not any(_schedules(train.schedule, p, m, layers, v) for t, p, d, b, m in runs):
+        if train.schedule != AUTO and not SCHEDULES[train.schedule].virtual:
+            return _why_not_plain(runs, train.schedule)
+        return _why_no_interleaving(runs, layers, v, train.schedule)
     return None
 
 
@@ -572,11 +575,12 @@ def _pp_choices(devices: int, max_pp: int, space: SearchSpace, cp: int) -> list[
     return sorted(ps)
 
 
-def _fewest(runs) -> str:
-    """Every run has fewer micro-batches than stages: the closest one, as a message."""
-    t, p, d, b, m = max(runs, key=lambda r: r[4] / r[1])
-    return (f"global batch / (dp x micro-batch) = {d * b * m} / ({d} x {b}) = {m} micro-batch(es), fewer than the "
-            f"pp={p} pipeline stages (a pipeline needs at least one micro-batch per stage)")
+def _why_not_plain(runs, requested: str) -> str:
+    """Why no run takes the requested one-chunk schedule: its own refusal (planner.plan.schedules) for the
+    run closest to what it needs, the one with the most micro-batches per stage (1F1B: m >= pp)."""
+    record = SCHEDULES[requested]
+    t, p, d, b, m = max((r for r in runs if r[1] > 1), key=lambda r: r[4] / r[1], default=runs[0])
+    return record.refusal(m, p) or f"no mesh runs {record.name}"
 
 
 def _why_no_interleaving(runs, layers: int, v: tuple[int, ...] | None, requested: str = AUTO) -> str:

@@ -11,14 +11,21 @@ A record (`PipelineSchedule`) holds what every layer reads of a schedule:
 - `refusal(m, pp, v, layers)`: one line saying why the schedule cannot run m micro-batches over pp stages
   with v chunks each, or None -- what plan validation, the search space and the runtime all say;
 - `order(pp, m, rank, v)`: the passes rank `rank` runs, in order, as (kind "F" | "B", micro-batch, chunk):
-  what partita/report/viz.py replays for the Gantt plot, the order torch's class runs.
+  what partita/report/viz.py replays for the Gantt plot, the order torch's class runs;
+- `searched(m, pp)`: whether --schedule auto tries it for m micro-batches over pp stages (within its refusal).
 `SCHEDULES` is the registry every other place reads (the CLI's --schedule choices, the search space's
 "auto" set, the runtime's class map); `schedule(name)` looks one up. Adding a schedule is adding a record.
+
+Fewer micro-batches than stages (m < pp, e.g. a 2-stage pipeline fed one micro-batch per step) is legal and
+pays its bubble: under "auto" such a step runs GPipe, the one-chunk schedule torch runs with m < pp
+(`_only_where_1f1b_cannot`); an explicit 1F1B keeps its refusal (torch's Schedule1F1B raises).
 
 Step time (Narayanan et al. SC'21): with per-micro-batch stage times tau_s the slowest stage paces the
 m - 1 steady micro-batches and every stage's time is paid once in fill and drain; running v chunks per rank
 shrinks fill and drain v-fold: step = m max tau + (sum tau - max tau) / v. Every schedule here has that
-critical path (partita/report/viz.py's simulator checks it, tests/planner/test_schedules.py).
+critical path (partita/report/viz.py's simulator checks it, tests/planner/test_schedules.py), for any m >= 1:
+with m < pp too the last micro-batch's forward crosses every stage after the first m - 1 have left stage 0,
+and its backward crosses them again, so equal stages tau take (m + pp - 1) tau, a bubble of (pp - 1) tau.
 """
 from __future__ import annotations
 
@@ -43,8 +50,8 @@ class PipelineSchedule:
     """torch.distributed.pipelining's class running it (resolved by runtime/parallel/pp.py)."""
     virtual: bool
     """Runs several model chunks per pipeline rank (virtual_stages > 1); False: exactly one."""
-    searched: bool
-    """Tried by the search under --schedule auto."""
+    searched_fn: Callable[[int, int], bool]
+    """(m, pp) -> whether the search tries it under --schedule auto (`searched`)."""
     megatron_gap: str | None
     """Why Megatron-LM has no equivalent (a note in `partita export --to megatron`); None: it runs it."""
     in_flight_fn: Callable[[int, int, int], np.ndarray]
@@ -65,8 +72,15 @@ class PipelineSchedule:
         return m * float(np.max(stage_times)) + self.bubble_s(stage_times, v)
 
     def lower_bound_factor(self, m: int, pp: int, v: int = 1) -> float:
-        """x with pipeline_s >= x sum tau for any stage times (max tau >= the mean): (m - 1/v) / pp + 1/v."""
+        """x with pipeline_s >= x sum tau for any stage times (max tau >= the mean): (m - 1/v) / pp + 1/v.
+        It holds for every m >= 1, m < pp included: pipeline_s = (m - 1/v) max tau + sum tau / v, and
+        m - 1/v >= 0 lets max tau >= sum tau / pp bound it (with m = v = 1 it is sum tau, exactly)."""
         return (m - 1 / v) / pp + 1 / v
+
+    def searched(self, m: int, pp: int) -> bool:
+        """Whether --schedule auto tries this schedule for m micro-batches over pp stages; the search then
+        also asks its `refusal` (and tries it with each number of chunks it allows)."""
+        return self.searched_fn(m, pp)
 
     def refusal(self, m: int, pp: int, v: int = 1, layers: int | None = None) -> str | None:
         """None when the schedule runs m micro-batches over pp stages with v chunks each (and, given the
@@ -163,22 +177,40 @@ def _interleaved_refusal(m: int, pp: int, v: int) -> str | None:
     return None
 
 
+# ---- what --schedule auto tries -------------------------------------------------------------------
+
+def _always(m: int, pp: int) -> bool:
+    return True
+
+
+def _only_where_1f1b_cannot(m: int, pp: int) -> bool:
+    """GPipe under auto: only with fewer micro-batches than stages (m < pp), where torch's Schedule1F1B
+    refuses to run (`_1f1b_refusal`). With m >= pp 1F1B has GPipe's step (the same critical path, module
+    docstring) and holds min(pp - s, m) <= m micro-batches on rank s where GPipe holds m: GPipe never beats
+    it, and trying both would only double the search. With m < pp GPipe is the one-chunk schedule torch
+    runs; it holds m on every rank, which is what 1F1B's own order (warm-up min(pp - s - 1, m) forwards)
+    would hold on rank 0, so the plan gives up no memory the pipeline could have saved there; its step is
+    m max tau + the full bubble (equal stages: (m + pp - 1) tau for m tau of work)."""
+    return m < pp
+
+
 # ---- the registry ----------------------------------------------------------------------------------
 
 SCHEDULES: dict[str, PipelineSchedule] = {s.name: s for s in (
-    PipelineSchedule(name="1F1B", torch_class="Schedule1F1B", virtual=False, searched=True, megatron_gap=None,
-                     in_flight_fn=_1f1b_in_flight, refusal_fn=_1f1b_refusal, order_fn=_1f1b_order),
-    PipelineSchedule(name="GPipe", torch_class="ScheduleGPipe", virtual=False, searched=False,
+    PipelineSchedule(name="1F1B", torch_class="Schedule1F1B", virtual=False, searched_fn=_always,
+                     megatron_gap=None, in_flight_fn=_1f1b_in_flight, refusal_fn=_1f1b_refusal,
+                     order_fn=_1f1b_order),
+    PipelineSchedule(name="GPipe", torch_class="ScheduleGPipe", virtual=False, searched_fn=_only_where_1f1b_cannot,
                      megatron_gap="Megatron-LM runs 1F1B (same bubble, fewer activations in flight); the plan's "
                                   "memory prediction is for GPipe",
                      in_flight_fn=_all_in_flight, refusal_fn=_gpipe_refusal, order_fn=_gpipe_order),
-    PipelineSchedule(name="Interleaved1F1B", torch_class="ScheduleInterleaved1F1B", virtual=True, searched=True,
+    PipelineSchedule(name="Interleaved1F1B", torch_class="ScheduleInterleaved1F1B", virtual=True, searched_fn=_always,
                      megatron_gap=None, in_flight_fn=_interleaved_in_flight, refusal_fn=_interleaved_refusal,
                      order_fn=_interleaved_order),
 )}
 """Every schedule partita plans and runs, by plan-file name, in the order listings show them."""
 AUTO = "auto"
-"""--schedule's default: the search tries every `searched` schedule."""
+"""--schedule's default: the search tries every schedule `searched` for the step's m and pp."""
 
 
 def schedule(name: str) -> PipelineSchedule:

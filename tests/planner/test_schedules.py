@@ -23,7 +23,8 @@ from partita.report import viz
 from partita.runtime.parallel import pp as runtime_pp
 
 ROOT = Path(__file__).resolve().parents[2]
-SHAPES = [(1, 1), (2, 2), (3, 2), (4, 2), (6, 3), (8, 4), (3, 4), (12, 4), (16, 8), (5, 3)]  # (m, pp)
+SHAPES = [(1, 1), (2, 2), (3, 2), (4, 2), (6, 3), (8, 4), (3, 4), (12, 4), (16, 8), (5, 3),
+          (1, 2), (1, 4), (2, 8)]  # (m, pp); the last four: fewer micro-batches than stages
 
 
 def _runs(record):
@@ -140,16 +141,25 @@ def test_what_validation_accepts_the_runtime_accepts(name):
 def test_the_search_space_tries_exactly_what_the_rule_lets_run():
     layers = 8
     for (m, p), requested in itertools.product(SHAPES, SCHEDULE_CHOICES):
-        if p == 1 or m < p:
-            continue  # pp = 1 plans no pipeline; fewer micro-batches than stages leave the mesh (space._meshes)
+        if p == 1:
+            continue  # pp = 1 plans no pipeline
         tried = _schedules(requested, p, m, layers)
         for name, v in tried:
             assert SCHEDULES[name].refusal(m, p, v, layers) is None
-        names = [n for n, s in SCHEDULES.items() if s.searched] if requested == AUTO else [requested]
+        names = [n for n, s in SCHEDULES.items() if s.searched(m, p)] if requested == AUTO else [requested]
         for name in names:
             for v in ((2, 4) if SCHEDULES[name].virtual else (1,)):
                 if SCHEDULES[name].refusal(m, p, v, layers) is None:
                     assert (name, v) in tried, (requested, m, p, name, v)
+
+
+def test_auto_runs_every_pipeline_shape_and_gpipe_only_below_one_microbatch_per_stage():
+    """Fewer micro-batches than stages: 1F1B and interleaving refuse, and --schedule auto plans GPipe (its
+    bubble priced: m max tau + sum tau - max tau); from m = pp on, 1F1B (and interleaving where it runs)."""
+    for m, p in SHAPES:
+        if p > 1:
+            plain = [n for n, v in _schedules(AUTO, p, m, 8) if v == 1]
+            assert plain == (["GPipe"] if m < p else ["1F1B"]), (m, p)
 
 
 def test_the_search_space_names_the_rules_refusal(capsys):

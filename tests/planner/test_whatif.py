@@ -15,6 +15,7 @@ from partita.costmodel.capture import capture
 from partita.planner.solve.milp import min_memory
 from partita.planner.search import explain_infeasible, search
 from partita.planner.enumerate.space import SearchSpace
+from partita.planner.plan.schedules import SCHEDULES
 
 MODEL = "gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1000"
 DEEP = "gpt:layers=8,hidden=256,heads=8,seq=128,vocab=1000"
@@ -45,9 +46,11 @@ def layer_blocks(d: dict) -> list[dict]:
      lambda d: d["mesh"]["tp"] > 1 and {b["sharding"] for b in layer_blocks(d)} == {"sequence"}),
     (["--pp", "2", "--virtual-stages", "2"],
      lambda d: d["schedule"]["name"] == "Interleaved1F1B" and d["schedule"]["virtual_stages"] == 2),
-    (["--pp", "2", "--virtual-stages", "1"],
-     lambda d: d["schedule"]["name"] == "1F1B" and d["schedule"]["virtual_stages"] == 1),
+    (["--pp", "2", "--virtual-stages", "1"],  # one chunk: here GPipe, one micro-batch of 4 (faster than 1F1B's 2 of 2)
+     lambda d: not SCHEDULES[d["schedule"]["name"]].virtual and d["schedule"]["virtual_stages"] == 1),
     (["--pp", "2", "--schedule", "GPipe"], lambda d: d["schedule"]["name"] == "GPipe"),
+    (["--pp", "4", "--dp", "2", "--micro-batch", "4"],  # fewer micro-batches than stages: GPipe, with its bubble
+     lambda d: (d["schedule"]["name"], d["schedule"]["num_microbatches"]) == ("GPipe", 2)),
     (["--tp", "8"], lambda d: d["mesh"]["tp"] == 8),  # priced as asked, though it never pays here
     (["--recompute", "none,full", "--full-recompute-layers", "3"],
      lambda d: sorted(b["recompute"] for b in layer_blocks(d)) == ["full"] * 3 + ["none"]),
@@ -81,7 +84,8 @@ def test_the_report_names_what_the_user_fixed(capsys):
     (["--pp", "8"], "pp=8 exceeds the model's 4 layers"),
     (["--dp", "3"], "dp=3 does not divide the 8 devices"),
     (["--dp", "4", "--micro-batch", "3"], "micro-batch 3 does not divide global batch / dp = 16 / 4 = 4"),
-    (["--pp", "4", "--dp", "2", "--micro-batch", "4"], "2 micro-batch(es), fewer than the pp=4 pipeline stages"),
+    (["--pp", "4", "--dp", "2", "--micro-batch", "4", "--schedule", "1F1B"],
+     "1F1B needs at least as many microbatches as stages (2 < pp=4)"),
     (["--tp", "8", "--dp", "1", "--zero", "3"], "ZeRO-3 shards model states over data-parallel ranks and needs dp > 1"),
     (["--tp", "1", "--sequence-parallel", "on"], "sequence parallelism splits activations over tensor-parallel ranks"),
     (["--pp", "4", "--virtual-stages", "2"], "interleaving 2 model chunks per device over pp=4 stages needs at least"),

@@ -260,7 +260,8 @@ def _cmd_export(args) -> int:
 
 def _cmd_calibrate(args) -> int:
     from partita.costmodel.calibrate import main as calibrate_main
-    argv = ["--out", args.out] + (["--ranks", str(args.ranks)] if args.ranks else []) + (["--quick"] if args.quick else [])
+    argv = (["--out", args.out] + (["--ranks", str(args.ranks)] if args.ranks else []) + (["--quick"] if args.quick else [])
+            + (["--force"] if args.force else []))
     return calibrate_main(argv)
 
 
@@ -553,6 +554,9 @@ def _add_calibrate_models(sub) -> None:
                    "its preset's links)")
     c.add_argument("--quick", action="store_true", help="fewer matrix and message sizes and repetitions than a full "
                    "calibration (the summary says how long it took)")
+    c.add_argument("--force", action="store_true", help="write the figures even when other work kept the machine "
+                   "busy before or during the calibration (refused by default: they would price plans for a slower "
+                   "machine)")
     c.set_defaults(func=_cmd_calibrate)
 
     m = sub.add_parser("models", help="list the built-in model presets")

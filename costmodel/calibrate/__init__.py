@@ -103,6 +103,35 @@ SETTINGS = {
 }
 
 
+BUSY_LOAD_PER_CPU = 0.5
+"""Other work beyond which a calibration is refused: a 1-minute load average, less calibrate's own ranks,
+above this many runnable processes per CPU. Figures timed while other processes share the cores price every
+plan for a slower, noisier machine: a calibration written beside a busy test suite mispredicted steps 14x
+(issue 46). The load average lags by about a minute, so a machine that has just gone quiet is refused too:
+wait a minute, or `--force`."""
+
+
+def machine_load() -> float:
+    """This machine's 1-minute load average (runnable processes, averaged); 0 where the OS has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def busy(load: float, own: int, when: str) -> str | None:
+    """Why figures measured at 1-minute load `load`, `own` of it calibrate's own ranks, are not trusted; None
+    when the other work is within BUSY_LOAD_PER_CPU per CPU."""
+    cpus = os.cpu_count() or 1
+    other = max(0.0, load - own)
+    if other <= BUSY_LOAD_PER_CPU * cpus:
+        return None
+    return (f"the machine was busy {when}: 1-minute load {load:.1f} on {cpus} CPUs, {other:.1f} of it other work "
+            f"than calibrate's own {own} rank(s), above {BUSY_LOAD_PER_CPU:g} per CPU; figures timed beside other "
+            "work price plans for a slower machine. Stop the other work and run it again a minute later, or pass "
+            "--force to write them anyway (the file records the load)")
+
+
 def default_ranks() -> int:
     """Rank processes on a CPU host: min(4, cores), at least 2."""
     return max(2, min(4, os.cpu_count() or 2))
@@ -153,11 +182,12 @@ def measure_local(device, s: Settings, kernels: bool) -> dict:
 
 
 def calibrate(out_path, ranks: int | None = None, quick: bool = False, *, settings: Settings | None = None,
-              device=None) -> dict:
+              device=None, force: bool = False) -> dict:
     """Measure this machine, write its resource list to `out_path` (JSON or YAML) and return it.
 
     `settings` overrides SETTINGS["quick" if quick else "full"]; `device` is where one device's kernels are
-    timed (default: the first GPU, or the CPU)."""
+    timed (default: the first GPU, or the CPU). The load is checked before measuring and again before writing
+    (`busy`): on a busy machine PartitaError, and `out_path` is left as it was, unless `force`."""
     import torch
     from partita.costmodel.calibrate.device import (compute_share, cpu_device, gpu_device, link_measurements,
                                                     local_gpu)
@@ -169,6 +199,9 @@ def calibrate(out_path, ranks: int | None = None, quick: bool = False, *, settin
     gpus = visible_gpus()
     ranks = choose_ranks(ranks, gpus)
     s = settings or SETTINGS["quick" if quick else "full"]
+    load = {"before": machine_load(), "cpus": os.cpu_count() or 1, "forced": force}
+    if (why := busy(load["before"], 0, "before calibrating")) and not force:
+        raise PartitaError(why)
     started = time.perf_counter()
     if device is None:
         device = torch.device("cuda", 0) if gpus else torch.device("cpu")
@@ -199,6 +232,10 @@ def calibrate(out_path, ranks: int | None = None, quick: bool = False, *, settin
     cluster = Cluster(nodes=1, devices_per_node=ranks, device=dev, spec=host)
     d = cluster_to_dict(cluster, name=f"calibrated {host}", measurements=measurements, kernels=local.get("kernels"))
     measurements["wall_time_s"] = time.perf_counter() - started
+    load["after"] = machine_load()
+    measurements["load_average_1min"] = load
+    if (why := busy(load["after"], ranks if not gpus else 0, "while calibrating")) and not force:
+        raise PartitaError(f"{why}; {out_path} was not written")
     write_resources(d, out_path)
     return d
 
@@ -290,9 +327,11 @@ def main(argv=None) -> int:
                         f"{default_ranks()}); on a GPU host one per GPU, at most the GPUs (default: every GPU)")
     p.add_argument("--quick", action="store_true", help="fewer matrix and message sizes and repetitions than a "
                    "full calibration (the summary says how long it took)")
+    p.add_argument("--force", action="store_true", help="write the figures even when the machine was busy before or "
+                   f"during the calibration (1-minute load above {BUSY_LOAD_PER_CPU:g} per CPU beyond its own ranks)")
     args = p.parse_args(argv)
     try:
-        d = calibrate(args.out, ranks=args.ranks, quick=args.quick)
+        d = calibrate(args.out, ranks=args.ranks, quick=args.quick, force=args.force)
     except PartitaError as e:
         print(f"partita: error: {e}", file=sys.stderr)
         return 2

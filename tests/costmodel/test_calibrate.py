@@ -30,7 +30,8 @@ def calibrated(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("cal") / "cluster.json")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert calibrate.main(["--out", path, "--ranks", "2", "--quick"]) == 0
+        # (--force: the suite's other workers keep the machine busy; the refusal is tested below)
+        assert calibrate.main(["--out", path, "--ranks", "2", "--quick", "--force"]) == 0
     return path, out.getvalue()
 
 
@@ -160,3 +161,32 @@ def test_quick_promises_no_duration_it_cannot_keep(capsys):
     helps.append(capsys.readouterr().out)
     assert all("the summary says how long it took" in " ".join(h.split()) for h in helps)
     assert not any(s in h for h in helps for s in ("~5 s", "~20 s"))
+
+
+def test_a_busy_machine_is_refused_before_measuring_and_leaves_the_file(tmp_path, capsys, monkeypatch):
+    """Other work above BUSY_LOAD_PER_CPU per CPU: one line, exit 2, nothing measured or written."""
+    out = tmp_path / "cluster.json"
+    out.write_text("earlier figures")
+    cpus = os.cpu_count() or 1
+    monkeypatch.setattr(calibrate, "machine_load", lambda: 2.0 * cpus)
+    monkeypatch.setattr(calibrate, "measure_local", lambda *a, **k: pytest.fail("measured on a busy machine"))
+    assert calibrate.main(["--out", str(out), "--ranks", "2", "--quick"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "busy before calibrating" in err and "--force" in err
+    assert out.read_text() == "earlier figures"
+
+
+def test_the_busy_verdict_counts_calibrates_own_ranks_as_its_own():
+    cpus = os.cpu_count() or 1
+    quiet = calibrate.BUSY_LOAD_PER_CPU * cpus
+    assert calibrate.busy(quiet, 0, "now") is None
+    assert "busy now" in calibrate.busy(quiet + 1, 0, "now")
+    assert calibrate.busy(quiet + 2, 2, "while calibrating") is None  # its own two ranks ran
+    assert "busy while calibrating" in calibrate.busy(quiet + 3, 2, "while calibrating")
+
+
+def test_forced_figures_record_the_load_they_were_measured_at(calibrated):
+    path, _ = calibrated
+    load = json.load(open(path))["measurements"]["load_average_1min"]
+    assert load["forced"] is True and load["cpus"] == (os.cpu_count() or 1)
+    assert load["before"] >= 0 and load["after"] >= 0

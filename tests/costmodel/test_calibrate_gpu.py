@@ -2,6 +2,7 @@
 GPUs of a given name and memory) so that calibrate takes the ranks and the path a GPU host would take, while
 everything it measures is measured for real on this CPU, at tiny shapes. No rank process may start where none
 should: `torch.multiprocessing.start_processes` is replaced by a recorder that stops the run."""
+import os
 import dataclasses
 import json
 from pathlib import Path
@@ -70,7 +71,7 @@ def test_rank_choice_for_0_1_and_4_gpus():
 def test_one_gpu_measures_its_kernels_and_keeps_its_presets_links(tmp_path, fake_gpus):
     launches = fake_gpus(1)
     path = str(tmp_path / "cluster.json")
-    d = calibrate.calibrate(path, settings=TINY, device=torch.device("cpu"))
+    d = calibrate.calibrate(path, settings=TINY, device=torch.device("cpu"), force=True)
     assert launches == []  # one GPU: no rank processes, so no NCCL group on one device
     cluster = parse_cluster(path)
     assert (cluster.nodes, cluster.devices_per_node) == (1, 1)
@@ -99,7 +100,7 @@ def test_one_gpu_measures_its_kernels_and_keeps_its_presets_links(tmp_path, fake
 def test_four_gpus_start_one_rank_per_gpu(tmp_path, fake_gpus):
     launches = fake_gpus(4)
     with pytest.raises(Launched):
-        calibrate.calibrate(str(tmp_path / "c.json"), settings=TINY, device=torch.device("cpu"))
+        calibrate.calibrate(str(tmp_path / "c.json"), settings=TINY, device=torch.device("cpu"), force=True)
     assert launches == [{"nprocs": 4, "gpus": 4}]
 
 
@@ -167,3 +168,15 @@ def test_a_gpu_without_a_preset_takes_its_fastest_measured_rate_as_peak():
     peak = gpu_peaks(local, Gpu("NVIDIA H999", 100 * 2**30, (9, 0), 1))
     fastest = max(r["tflops"] for r in local["kernels"] if r["kind"] == "gemm" and "tflops" in r) * 1e12
     assert peak["bf16"] == pytest.approx(fastest)
+
+
+def test_work_that_starts_during_a_calibration_keeps_its_figures_out_of_the_file(tmp_path, fake_gpus, monkeypatch):
+    """Quiet before, busy after (other work beyond calibrate's own ranks): PartitaError, the file as it was."""
+    fake_gpus(1)
+    path = tmp_path / "cluster.json"
+    path.write_text("earlier figures")
+    loads = iter([0.0, 3.0 * (os.cpu_count() or 1)])
+    monkeypatch.setattr(calibrate, "machine_load", lambda: next(loads))
+    with pytest.raises(PartitaError, match=r"busy while calibrating.*cluster\.json was not written"):
+        calibrate.calibrate(str(path), settings=TINY, device=torch.device("cpu"))
+    assert path.read_text() == "earlier figures"

@@ -20,3 +20,13 @@ def llama_rows():
         "attention_mask": [[1] * SEQ for _ in ids],
         "input_ids": ids,
     })
+
+
+GPT2_VOCAB = 128  # tests/e2e/test_hf_weights_out.py's hf:gpt2 (seq 64)
+
+
+def gpt2_rows():
+    """4 rows (one global batch of 4) of token ids for a causal LM with a 128-token vocabulary, labels = input_ids:
+    every row has as many predicted tokens, so the mean loss of the batch is that of its rows in any order."""
+    ids = [[(11 * i + 5 * j + j * j) % GPT2_VOCAB for j in range(SEQ)] for i in range(4)]
+    return datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})

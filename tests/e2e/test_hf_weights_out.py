@@ -5,8 +5,8 @@ One 2-rank run: hf:gpt2 (its lm_head tied to wte) split into pp=2 stages, so the
 to live on different ranks and the weights are gathered from both stages. It trains on 4 rows (one global batch,
 tests/e2e/dict_rows.py) and evaluates on them after its last step (--eval-data); a fresh Python process loads the
 folder, with no missing or unexpected key and the head tied again, and its loss on those rows equals the run's
-(1e-5), while the untrained initialisation's is 0.8 higher -- so the folder holds the trained weights. A folder for a model that is not a
-transformers model is one line before training.
+(1e-5), while the untrained initialisation's is 0.8 higher -- so the folder holds the trained weights. A folder
+for a model that is not a transformers model is one line before training.
 """
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def gpt2_pp2(path) -> None:
             "schedule": {"name": "1F1B", "num_microbatches": 2, "micro_batch_size": 2},
             "stages": [{"index": 0, "modules": first, "split_at": None},
                        {"index": 1, "modules": last, "split_at": "transformer.h.1"}],
-            "blocks": [{"fqn": m, "stage": i, "sharding": "replicate"} for i, ms in enumerate((first, last)) for m in ms],
+            "blocks": [{"fqn": m, "stage": i, "sharding": "replicate"}
+                       for i, ms in enumerate((first, last)) for m in ms],
             "placements": {}, "predicted": {"step_time_s": 0.01, "peak_memory_bytes": 2_000_000}}
     Plan.from_dict(plan)
     path.write_text(json.dumps(plan))
@@ -64,14 +65,15 @@ def gpt2_pp2(path) -> None:
 def test_a_pipelined_hf_model_saves_a_folder_that_from_pretrained_loads_trained(tmp_path):
     gpt2_pp2(tmp_path / "plan.json")
     folder, out = tmp_path / "gpt2-out", tmp_path / "losses.json"
+    # trained and evaluated on the rows of dict_rows, importable from the working directory as a user's module is
     done = run_plan(tmp_path / "plan.json", GPT2, "--steps", "3", "--lr", "1e-2", "--log-every", "0",
-                    "--data", "dict_rows:gpt2_rows", "--eval-data", "dict_rows:gpt2_rows", "--losses-out", str(out), "--save-final", f"{folder}/",
-                    cwd=E2E)  # dict_rows importable from the working directory, as a user's module is
+                    "--data", "dict_rows:gpt2_rows", "--eval-data", "dict_rows:gpt2_rows", "--losses-out", str(out),
+                    "--save-final", f"{folder}/", cwd=E2E)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["saved_final"] == f"{folder}/" and "Writing model shards" not in done.stderr
-    assert f"final weights: {folder}/ (one process loads them: transformers.AutoModelForCausalLM.from_pretrained(PATH))" \
-        in done.stdout
+    how = "transformers.AutoModelForCausalLM.from_pretrained(PATH)"
+    assert f"final weights: {folder}/ (one process loads them: {how})" in done.stdout
     assert {"config.json", "model.safetensors"} <= {p.name for p in folder.iterdir()}
     assert not (tmp_path / "gpt2-out.partita-tmp").exists()
     loaded = subprocess.run([sys.executable, "-c", LOAD, str(folder), GPT2], cwd=E2E, env=_env(PYTHONPATH=str(ROOT)),

@@ -476,8 +476,9 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
     _train(plan, spec, opts, prep, topo, stop, run_id, built, history, faults)
     result = _measure(plan, spec, opts, prep, topo, run_id, notes, built, history)
     if opts.save_final:  # before _check, which may release the model (a bf16 run's verification pass)
-        save_final(opts.save_final, built.executor, topo, spec)
-        result.saved_final, result.final_loader = opts.save_final, loader(opts.save_final, spec)
+        written = save_final(opts.save_final, built.executor, topo, spec)  # (tensors, bytes) on rank 0, which reports
+        result.saved_final = opts.save_final
+        result.final_loader = loader(opts.save_final, spec) if written is not None else None
     code = _check(result, plan, spec, opts, prep.data, topo, built)
     _report(result, plan, opts, topo)
     return result, code

@@ -279,7 +279,8 @@ def _cmd_models(args) -> int:
         print(f"{name:<16} {depth:>6} {c.width:>6} {c.image:>6} {c.classes:>8}")
     print("\nor a family: gpt:layers=..,hidden=..,heads=..,seq=..,vocab=..[,ffn=..][,kv_heads=..]"
           "[,attention=sdpa|math][,dropout=0.1]  llama:... (the same keys)  resnet:depth=..,width=..,image=..,classes=..\n"
-          "or hf:FAMILY[:key=value,...] (a transformers model type built from its config)\n"
+          "or hf:FAMILY[-cls][:key=value,...] (a transformers model type built from its config; -cls: its "
+          "classification head, e.g. hf:bert-cls, hf:vit)\n"
           "or your own: package.module:factory returning (module, example_inputs[, loss_fn]) (docs/own-models.md: "
           "Train your own model on your own data)")
     print("recommendation models: dlrm-criteo-1tb (the MLPerf DLRM), dlrm:tables=..,rows=..[,dim=..,dense=..,"

@@ -119,9 +119,11 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset=None,
     `dataset`: None for the model's synthetic batches, a token file, a `package.module:factory` name of a
     dataset, or a map-style or iterable dataset itself (torch, HuggingFace, a list; runtime.data.datasets).
     The other keywords are runtime.train's flags; progress lines (runtime.loop.progress) go out with the report
-    (`print_report`). Raises PartitaError for a plan, data or checkpoint that does not fit (before any step),
-    session.NonFiniteLoss for a NaN/inf loss, and VerifyFailed (on every rank, after the report) when
-    `verify` finds the run differs from one process -- where the CLI exits 1."""
+    (`print_report`). `save_final`: a file gets one state dict; a folder -- a str ending in "/", or a directory
+    that exists (a pathlib.Path drops the trailing "/") -- a transformers model's save_pretrained output.
+    Raises PartitaError for a plan, data or checkpoint that does not fit (before any step), session.NonFiniteLoss
+    for a NaN/inf loss, and VerifyFailed (on every rank, after the report) when `verify` finds the run differs
+    from one process -- where the CLI exits 1."""
     from partita.runtime.loop.session import RunOptions, execute, prepare
     p = _plan(plan)
     spec = model_spec(model_fn, p.model.get("name"), example_inputs=example_inputs, loss_fn=loss_fn, vocab=vocab,

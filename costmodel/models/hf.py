@@ -3,32 +3,41 @@
     hf:gpt2                                       GPT2LMHeadModel, small defaults
     hf:llama:num_hidden_layers=4,hidden_size=256  LlamaForCausalLM with overrides
     hf:bert  /  hf:t5                             BertForMaskedLM / T5ForConditionalGeneration
+    hf:bert-cls[:num_labels=5]                    BertForSequenceClassification (2 labels unless overridden)
+    hf:vit[:image_size=64,num_labels=100]         ViTForImageClassification (32 x 32 images, 10 labels); = hf:vit-cls
     hf:mistral, hf:mixtral, hf:qwen2, hf:phi3 ... any transformers model type, at its config's defaults
+    hf:roberta-cls, hf:deit-cls, hf:llama-cls:pad_token_id=0 ...   any model type's classification head
+
+The grammar is `hf:FAMILY[-TASK][:key=value,...]`. TASK is optional; the one task is `cls`, the model type's
+classification head: its sequence-classification head (AutoModelForSequenceClassification) if it has one, else
+its image-classification head (AutoModelForImageClassification), at the family's small defaults where it has
+them (hf:bert-cls, hf:llama-cls). A misspelt task or model type is one line with the nearest name ("did you mean").
 
 Overrides are attributes of the config class (`GPT2Config`, `LlamaConfig`, `BertConfig`, `T5Config`),
 parsed as int, float, bool (true/false) or none, else kept as strings; plus `seq`, the tokens per sample.
-For gpt2, llama, bert and t5 the defaults are small, so captures and tests are fast: 2 layers, hidden 128,
-4 heads, vocabulary 1024, 64 tokens. Any other model type transformers knows (`hf:FAMILY`, FAMILY as in
-`AutoConfig.for_model`) is built from `AutoConfig.for_model(FAMILY, **overrides)` at that config's own
-defaults (`hf:mixtral` is Mixtral-8x7B; planning captures on fake tensors, so its size costs no memory),
-with the first head transformers has for it: causal LM (AutoModelForCausalLM), else sequence-to-sequence
-LM, else masked LM. A config that rejects the overrides, an override the config does not have, or a
-special token id outside the vocabulary is one PartitaError line naming the key; a default special token
-id outside an overridden (smaller) vocabulary becomes its last id.
+For gpt2, llama, bert, t5 and vit the defaults are small, so captures and tests are fast: 2 layers, hidden 128,
+4 heads, vocabulary 1024, 64 tokens (vit: 32 x 32 images in 8 x 8 patches, 10 labels). Any other model type
+transformers knows (`hf:FAMILY`, FAMILY as in `AutoConfig.for_model`) is built from
+`AutoConfig.for_model(FAMILY, **overrides)` at that config's own defaults (`hf:mixtral` is Mixtral-8x7B; planning
+captures on fake tensors, so its size costs no memory), with the first head transformers has for it: causal LM
+(AutoModelForCausalLM), else sequence-to-sequence LM, else masked LM (a model type with none of them, e.g. CLIP,
+is one line naming its `-cls` head if it has one). A config that rejects the overrides, an override the config
+does not have, or a special token id outside the vocabulary is one PartitaError line naming the key; a default
+special token id outside an overridden (smaller) vocabulary becomes its last id.
 
 Attention runs as SDPA (fused) where the model class supports it, else eager (`attention_implementation`):
 Gemma-2 (logit soft-capping) and BLOOM (ALiBi) refuse SDPA. Mamba has no attention; its selective scan is
 captured and priced as transformers' PyTorch path (a loop over the sequence of elementwise ops), which is
 what runs without the mamba-ssm CUDA kernels (with them the fused scan is faster than priced).
 
-`use_cache` is always off (training). For the four small families dropout is off unless overridden (as in
+`use_cache` is always off (training). For the five small families dropout is off unless overridden (as in
 our own presets and Llama's defaults; on CPU a dropout inside attention would also switch SDPA to its math
 kernel, which materialises the s x s scores that GPU flash kernels never store); other families keep their
 config's dropout. Position tables grow to `seq` when it
 exceeds them. Tied input/output embeddings keep each model's HF default (GPT-2, BERT, T5 tie; Llama
 does not); a tied weight is counted once, at its first use.
 
-Loss and example batch (`example_inputs(batch)` = (input_ids, labels), both [batch, seq], token ids):
+Loss and example batch (`example_inputs(batch)` = (input_ids, labels), both [batch, seq], token ids, unless said):
 
 - causal LMs (gpt2, llama, mistral, mixtral, ...): labels = the inputs; the model shifts them and takes the
   mean next-token cross-entropy (HF's `ForCausalLMLoss`).
@@ -38,6 +47,13 @@ Loss and example batch (`example_inputs(batch)` = (input_ids, labels), both [bat
   the batch is unpadded, so SDPA runs unmasked as in eager training.
 - t5: sequence-to-sequence LM cross-entropy; the decoder input is the labels shifted right (HF's
   `_shift_right`), so the decoder sees `seq` tokens too.
+- classifiers (`-cls`, hf:vit): cross-entropy of one class label per sample over `num_labels` >= 2 classes (HF's
+  problem_type "single_label_classification", set in the config): (input_ids [batch, seq], labels [batch]) for
+  sequence classification -- BERT-style heads pool the first token, decoder heads (GPT-2, Llama) each row's last
+  token that is not `pad_token_id`, which they need (one line asks for it); (pixel_values [batch, num_channels,
+  image_size, image_size], labels [batch]) for image classification, planned and counted in samples (no `seq`:
+  the sequence is the image's patches; a model type whose config has no image_size gets 224). A pipeline does
+  not run them (planner.plan.executable).
 - speech sequence-to-sequence models (`hf:whisper`, planned whole: encoder and decoder): (input_features,
   labels), the log-mel features [batch, num_mel_bins, 2 x max_source_positions] and `seq` label tokens
   (`_speech_inputs`); a speech model with other audio inputs is one line. A head whose forward takes no
@@ -58,16 +74,24 @@ from unittest import mock
 import torch
 import torch.nn as nn
 
-from partita.costmodel.errors import PartitaError
+from partita.costmodel.errors import PartitaError, did_you_mean
 
 
 @dataclass(frozen=True)
 class _Arch:
     config: str
     model: str
-    task: str                       # "causal" | "mlm" | "seq2seq"
+    task: str                       # "causal" | "mlm" | "seq2seq" | "speech-seq2seq" | "seq-cls" | "image-cls"
     positions: str | None           # config attribute holding the position-table size
     defaults: dict[str, Any] = field(default_factory=dict)
+    model_type: str | None = None   # the transformers model type of a family without small defaults
+
+
+_BERT = dict(num_hidden_layers=2, hidden_size=128, intermediate_size=512, num_attention_heads=4, vocab_size=1024,
+             max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+_ONE_LABEL = dict(problem_type="single_label_classification")
+"""A classifier's loss: cross-entropy of one class label per sample (HF's problem_type, set rather than inferred
+from the labels' dtype in forward)."""
 
 
 _ARCHS: dict[str, _Arch] = {
@@ -77,15 +101,23 @@ _ARCHS: dict[str, _Arch] = {
     "llama": _Arch("LlamaConfig", "LlamaForCausalLM", "causal", "max_position_embeddings", dict(
         num_hidden_layers=2, hidden_size=128, intermediate_size=352, num_attention_heads=4,
         num_key_value_heads=2, vocab_size=1024, max_position_embeddings=64)),
-    "bert": _Arch("BertConfig", "BertForMaskedLM", "mlm", "max_position_embeddings", dict(
-        num_hidden_layers=2, hidden_size=128, intermediate_size=512, num_attention_heads=4, vocab_size=1024,
-        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+    "bert": _Arch("BertConfig", "BertForMaskedLM", "mlm", "max_position_embeddings", _BERT),
+    "vit": _Arch("ViTConfig", "ViTForImageClassification", "image-cls", None, dict(
+        num_hidden_layers=2, hidden_size=128, intermediate_size=512, num_attention_heads=4, image_size=32,
+        patch_size=8, num_labels=10, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **_ONE_LABEL)),
     "t5": _Arch("T5Config", "T5ForConditionalGeneration", "seq2seq", None, dict(
         num_layers=2, d_model=128, d_ff=512, num_heads=4, d_kv=32, vocab_size=1024,
         dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)),
 }
+_ALIASES = {"vit-cls": "vit"}
+"""Names of a family with small defaults given with the task it already has."""
+TASKS = {"cls": "a classification head: sequence classification (input_ids, one label per row), or image "
+                "classification for a vision model (pixel_values, one label per image)"}
+"""The task suffixes of `hf:FAMILY-TASK` (module docstring)."""
 _LOSS_TYPE = {"causal": "ForCausalLM", "mlm": "ForMaskedLM", "seq2seq": "ForConditionalGeneration",
-              "speech-seq2seq": "ForConditionalGeneration"}
+              "speech-seq2seq": "ForConditionalGeneration", "seq-cls": "ForSequenceClassification",
+              "image-cls": "ForImageClassification"}
+CLASSIFIERS = ("seq-cls", "image-cls")
 DEFAULT_SEQ = 64
 _POSITIONS = ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length")
 """Config attributes that may hold a position-table size, in the order they are looked for."""
@@ -95,30 +127,81 @@ _SIZE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_atte
 _TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 
 
-def _arch(family: str, spec: str) -> _Arch:
-    """The config class, head and task of a transformers model type: one of the four with small defaults,
-    else whatever AutoConfig knows, with its first head among causal LM, seq2seq LM and masked LM."""
-    if family in _ARCHS:
-        return _ARCHS[family]
+def _arch(name: str, spec: str) -> _Arch:
+    """The config class, head and task of `hf:NAME`: a family with small defaults (`_ARCHS`), or a transformers
+    model type with its first head among causal LM, seq2seq LM and masked LM; with a task suffix (`FAMILY-cls`)
+    the family's classification head, at its small defaults if it has them."""
+    name = _ALIASES.get(name, name)
+    if name in _ARCHS:
+        return _ARCHS[name]
     from transformers.models.auto import modeling_auto as ma
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    examples = "hf:gpt2, hf:llama, hf:mistral, hf:mixtral, hf:qwen2, hf:bert, hf:t5"
-    if family not in CONFIG_MAPPING_NAMES:
-        raise PartitaError(f"unknown HuggingFace model type {family!r} in {spec!r}; accepted: {examples} or any "
-                           "other transformers model type (as AutoConfig.for_model takes it), with optional "
-                           ":key=value,... overrides")
+    family, task = _family_task(name, spec)
+    if task == "cls":
+        return _classifier(family, spec)
     if family in ma.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:  # the whole encoder-decoder, not its text decoder
-        return _Arch(CONFIG_MAPPING_NAMES[family], ma.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES[family], "speech-seq2seq",
-                     None)
+        return _Arch(CONFIG_MAPPING_NAMES[family], ma.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES[family],
+                     "speech-seq2seq", None, model_type=family)
     heads = (("causal", ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
              ("seq2seq", ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES),
              ("mlm", ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES))
     for task, mapping in heads:
         if family in mapping:
             _takes_token_ids(family, mapping[family], spec)
-            return _Arch(CONFIG_MAPPING_NAMES[family], mapping[family], task, None)
+            return _Arch(CONFIG_MAPPING_NAMES[family], mapping[family], task, None, model_type=family)
+    other = (f"; hf:{family}-cls is its classifier ({_classifier(family, spec).model})"
+             if _has_classifier(family) else f"; e.g. {_EXAMPLES}")
     raise PartitaError(f"HuggingFace model type {family!r} ({spec!r}) has no causal-LM, sequence-to-sequence LM or "
-                       f"masked-LM head in transformers, which is what partita trains; e.g. {examples}")
+                       f"masked-LM head in transformers, which hf:{family} trains{other}")
+
+
+_EXAMPLES = "hf:gpt2, hf:llama, hf:mistral, hf:mixtral, hf:qwen2, hf:bert, hf:t5, hf:bert-cls, hf:vit"
+
+
+def _family_task(name: str, spec: str) -> tuple[str, str | None]:
+    """'roberta-cls' -> ('roberta', 'cls'); a model type alone -> (it, None); else one line naming the nearest
+    model type or task."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    if name in CONFIG_MAPPING_NAMES:
+        return name, None
+    family, dash, task = name.rpartition("-")
+    if dash and family in CONFIG_MAPPING_NAMES:
+        if task in TASKS:
+            return family, task
+        tasks = "; ".join(f"-{t}, {what}" for t, what in TASKS.items())
+        raise PartitaError(f"unknown task {task!r} in {spec!r}{did_you_mean(task, TASKS)}; the tasks are {tasks} "
+                           f"(hf:{family} alone is its default head)")
+    near = did_you_mean(name, [*CONFIG_MAPPING_NAMES, *(f"{f}-{t}" for f in _ARCHS for t in TASKS)])
+    raise PartitaError(f"unknown HuggingFace model type {name!r} in {spec!r}{near}; accepted: {_EXAMPLES} or any other "
+                       "transformers model type (as AutoConfig.for_model takes it), each optionally with -cls (its "
+                       "classification head) and :key=value,... overrides")
+
+
+def _has_classifier(family: str) -> bool:
+    from transformers.models.auto import modeling_auto as ma
+    return (family in ma.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+            or family in ma.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES)
+
+
+def _classifier(family: str, spec: str) -> _Arch:
+    """`hf:FAMILY-cls`: the model type's sequence-classification head (token ids), else its image-classification
+    head (pixel values), at the family's small defaults where it has them (`_ARCHS`: hf:bert-cls, hf:llama-cls);
+    one line when it has neither head."""
+    from transformers.models.auto import modeling_auto as ma
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    for task, mapping in (("seq-cls", ma.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES),
+                          ("image-cls", ma.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES)):
+        if family not in mapping:
+            continue
+        head = mapping[family] if isinstance(mapping[family], str) else mapping[family][0]  # DeiT: (plain, teacher)
+        if task == "seq-cls":
+            _takes_token_ids(family, head, spec)
+        small = _ARCHS.get(family)
+        if small is not None:
+            return _Arch(small.config, head, task, small.positions, {**small.defaults, **_ONE_LABEL})
+        return _Arch(CONFIG_MAPPING_NAMES[family], head, task, None, dict(_ONE_LABEL), model_type=family)
+    raise PartitaError(f"HuggingFace model type {family!r} ({spec!r}) has no sequence- or image-classification head "
+                       f"in transformers; drop -cls for its language-model head, or e.g. hf:bert-cls, hf:vit")
 
 
 def _takes_token_ids(family: str, model: str, spec: str) -> None:
@@ -185,7 +268,7 @@ def _config(arch: str, overrides: dict[str, Any], spec: str):
     tf = _transformers()
     a = _arch(arch, spec)
     kw = {k: v for k, v in overrides.items() if k != "seq"}
-    make = getattr(tf, a.config) if arch in _ARCHS else functools.partial(tf.AutoConfig.for_model, arch)
+    make = getattr(tf, a.config) if a.model_type is None else functools.partial(tf.AutoConfig.for_model, a.model_type)
     probe = make()
     unknown = sorted(k for k in kw if not hasattr(probe, k) and k not in _READ_IF_SET)
     if unknown:
@@ -198,7 +281,7 @@ def _config(arch: str, overrides: dict[str, Any], spec: str):
     if not isinstance(seq, int) or isinstance(seq, bool) or seq <= 1:
         raise PartitaError(f"model {spec!r}: seq must be an integer > 1, got {seq!r}")
     merged = {**a.defaults, **kw, "use_cache": False}
-    positions = a.positions if arch in _ARCHS else next(
+    positions = a.positions if a.model_type is None or a.task == "image-cls" else next(
         (p for p in _POSITIONS if isinstance(getattr(probe, p, None), int) and not isinstance(getattr(probe, p), bool)),
         None)
     if positions is not None:
@@ -317,23 +400,75 @@ def hf_spec(spec: str, seq: int | None = None):
         model.loss_type = loss_type
         return model
 
+    if a.task in CLASSIFIERS:
+        _check_classifier(spec, a, cfg, overrides)
     if a.task == "speech-seq2seq":
         example_inputs, names, keys = _speech_inputs(spec, a, cfg, seq)
+    elif a.task == "image-cls":
+        example_inputs, names, keys = _image_inputs(cfg)
+        seq = None  # a fixed input shape: its sequence is the image's patches
     else:
+        rows = (lambda batch: ()) if a.task == "seq-cls" else (lambda batch: (seq,))
+
         def example_inputs(batch: int):
             ids = torch.zeros(batch, seq, dtype=torch.long)
-            return ids, ids.clone()
+            return ids, torch.zeros(batch, *rows(batch), dtype=torch.long)
         names, keys = ("input_ids", "labels"), a.defaults
-    keys = sorted({*keys, *_SIZE_KEYS, *(k for k in overrides if k != "seq")})
-    sizes = {k: getattr(cfg, k) for k in keys if isinstance(getattr(cfg, k, None), (int, float))}
+    keys = sorted({*keys, *_SIZE_KEYS, *(k for k in overrides if k != "seq"),
+                   *(("num_labels",) if a.task in CLASSIFIERS else ())})
+    sizes = {k: getattr(cfg, k) for k in keys if isinstance(getattr(cfg, k, None), (int, float))
+             and not isinstance(getattr(cfg, k), bool)}
     sizes.update(_architecture(cfg))
     return ModelSpec(
         name=spec, build=build, example_inputs=example_inputs, seq_len=seq,
         config={"family": "hf", "arch": arch, "model": a.model, "task": a.task, "seq": seq,
                 "overrides": {k: v for k, v in overrides.items() if k != "seq"}, **sizes},
-        capture="export", loss_fn=functools.partial(hf_loss, names), at_seq=lambda s: hf_spec(spec, seq=s),
-        input_names=names,
+        capture="export", loss_fn=functools.partial(hf_loss, names),
+        at_seq=None if seq is None else (lambda s: hf_spec(spec, seq=s)), input_names=names,
     )
+
+
+def _check_classifier(spec: str, a: _Arch, cfg, overrides: dict[str, Any]) -> None:
+    """One line for a classifier partita cannot train as asked: labels are one class id per sample (cross-entropy
+    over num_labels >= 2 classes); an image model has no `seq`; a head that finds each row's last token by
+    `pad_token_id` (decoder classifiers: GPT-2, Llama, ...) needs one."""
+    if not isinstance(cfg.num_labels, int) or cfg.num_labels < 2:
+        raise PartitaError(f"model {spec!r}: num_labels={cfg.num_labels} -- partita trains classifiers on one class "
+                           "label per sample (cross-entropy): give num_labels=2 or more")
+    if cfg.problem_type != _ONE_LABEL["problem_type"]:
+        raise PartitaError(f"model {spec!r}: problem_type={cfg.problem_type} -- partita trains classifiers on one "
+                           "class label per sample (cross-entropy): drop problem_type")
+    if a.task == "image-cls" and "seq" in overrides:
+        raise PartitaError(f"model {spec!r} is an image classifier, whose sequence is its image's patches: drop seq "
+                           "and set the image's size (e.g. image_size, patch_size)")
+    if a.task == "seq-cls" and _pools_last_token(a.model) and getattr(cfg, "pad_token_id", None) is None:
+        raise PartitaError(f"model {spec!r}: {a.model} classifies each row's last token that is not padding, found by "
+                           f"pad_token_id, which {a.config} leaves unset: add pad_token_id=ID (the id your data "
+                           "pads with; partita's batches are unpadded)")
+
+
+def _pools_last_token(model: str) -> bool:
+    """Whether the head finds each row's last token by `pad_token_id` (its forward reads it), as decoder
+    classifiers do, and refuses batches of more than one row without it."""
+    import inspect
+    try:
+        return "pad_token_id" in inspect.getsource(getattr(_transformers(), model).forward)
+    except (OSError, TypeError):
+        return False
+
+
+def _image_inputs(cfg):
+    """An image classifier's (pixel_values, labels): [batch, num_channels, height, width] floats (the config's
+    image_size, 224 when it has none) and one class label per image. Returns (example_inputs, names, config keys
+    worth recording)."""
+    size = getattr(cfg, "image_size", None) or 224
+    height, width = (size, size) if isinstance(size, int) else tuple(size)
+    channels = getattr(cfg, "num_channels", None) or 3
+
+    def example_inputs(batch: int):
+        return torch.zeros(batch, channels, height, width), torch.zeros(batch, dtype=torch.long)
+
+    return example_inputs, ("pixel_values", "labels"), ("image_size", "patch_size", "num_channels")
 
 
 def is_hf_model(model: nn.Module) -> bool:

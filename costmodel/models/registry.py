@@ -6,7 +6,8 @@ a key: layers, hidden, heads, vocab, seq, ffn, kv_heads, attention=sdpa|math, dr
 for a mixture of experts), or an import path
 `package.module:factory` (a callable returning `(module, example_inputs)` or `(module, example_inputs,
 loss_fn)`; `_import_factory`), HuggingFace models built from
-their config classes (`hf:gpt2`, `hf:llama:num_hidden_layers=4,hidden_size=256`; models/hf.py) and
+their config classes (`hf:gpt2`, `hf:llama:num_hidden_layers=4,hidden_size=256`, classifiers `hf:bert-cls`,
+`hf:vit`; models/hf.py) and
 ResNet-style CNNs (`tiny-resnet`, `resnet50`, `resnet:depth=..`; models/cnn.py), each give a `ModelSpec`: a
 way to build the module (on any device, including fake/meta), an example batch, and how to capture it.
 """
@@ -285,8 +286,9 @@ def resolve_model(spec: str, *, imports: bool = True) -> ModelSpec:
                        f"{', '.join(sorted(CNN_PRESETS))}; or gpt:layers=..,hidden=..,heads=..,seq=..,vocab=.."
                        "[,ffn=..,kv_heads=..,attention=sdpa|math,dropout=..], llama:... (the same keys), "
                        "llama:...,experts=..,top_k=.. (a mixture of experts), "
-                       "resnet:depth=..,width=..,image=..,classes=.., dlrm-criteo-1tb, dlrm:tables=..,rows=..[,dim=..,bottom=..,top=..], hf:FAMILY[:key=value,...] (any transformers "
-                       "model type: gpt2, llama, mistral, mixtral, qwen2, bert, t5, ...), "
+                       "resnet:depth=..,width=..,image=..,classes=.., dlrm-criteo-1tb, dlrm:tables=..,rows=..[,dim=..,bottom=..,top=..], "
+                       "hf:FAMILY[-cls][:key=value,...] (any transformers model type: gpt2, llama, mistral, mixtral, "
+                       "qwen2, bert, t5, ...; -cls its classification head: bert-cls, vit), "
                        "or package.module:factory")
 
 

@@ -26,9 +26,10 @@ runtime (costmodel <- planner <- runtime), so this module lives here and the run
     every position (the runtime's batches label every position).
   It is not for models with any other `loss_fn(module, *batch)`: such a function calls the module and
   computes the loss in one piece of user code the pipeline cannot cut in two; nor for sequence-to-
-  sequence models (t5), whose forward also needs the decoder inputs; nor for our CNN classifiers, whose
-  BatchNorm would see micro-batches (`PIPELINE_KINDS`). The planner plans them with pp=1 and says why (`pipeline_refusal_for`); the runtime
-  refuses a hand-written pp>1 plan for them.
+  sequence models (t5), whose forward also needs the decoder inputs; nor for HuggingFace classifiers
+  (`hf:bert-cls`, `hf:vit`), whose last stage would need a loss over pooled logits (not built yet); nor for our
+  CNN classifiers, whose BatchNorm would see micro-batches (`PIPELINE_KINDS`). The planner plans them with pp=1
+  and says why (`pipeline_refusal_for`); the runtime refuses a hand-written pp>1 plan for them.
 """
 from __future__ import annotations
 
@@ -116,14 +117,16 @@ def token_model_shape(spec: ModelSpec, module: nn.Module | None = None) -> tuple
 
 
 def model_kind(spec: ModelSpec) -> str:
-    """"lm", "hf-causal", "hf-mlm", "seq2seq", "classifier", "own-loss" or "no-batches" (PIPELINE_KINDS)."""
+    """"lm", "hf-causal", "hf-mlm", "hf-classifier", "seq2seq", "classifier", "own-loss" or "no-batches"
+    (PIPELINE_KINDS)."""
     if spec.loss_fn is None:
         if spec.vocab and spec.seq_len:
             return "lm"
         return "lm" if token_model_shape(spec) is not None else "no-batches"
     cfg = spec.config if isinstance(spec.config, dict) else {}
     if cfg.get("family") == "hf":
-        return {"causal": "hf-causal", "mlm": "hf-mlm"}.get(cfg.get("task"), "seq2seq")
+        return {"causal": "hf-causal", "mlm": "hf-mlm", "seq-cls": "hf-classifier",
+                "image-cls": "hf-classifier"}.get(cfg.get("task"), "seq2seq")
     from partita.costmodel.models.cnn import classification_loss
     return "classifier" if spec.loss_fn is classification_loss else "own-loss"
 
@@ -134,6 +137,9 @@ _WHY = {
                 "its output and the targets (done for token LMs and HuggingFace causal/masked LMs)",
     "seq2seq": "is a sequence-to-sequence model, whose forward takes the decoder inputs besides the token ids, "
                "while a pipeline's first stage is fed the token ids alone",
+    "hf-classifier": "is a HuggingFace classifier, whose loss is the cross-entropy of one label per sample (logits "
+                     "pooled from its tokens or patches); a pipeline's last stage computes token losses only "
+                     "(HuggingFace causal and masked LMs)",
     "classifier": "is an image classifier whose BatchNorm layers normalise over each micro-batch a pipeline "
                   "runs, so it would not train as one process does (measured: losses 0.15 apart at step 2)",
     "no-batches": "has neither a vocabulary and sequence length nor a loss_fn, so the runtime cannot make its "

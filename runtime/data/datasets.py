@@ -11,11 +11,12 @@ dimension, as
 - a tuple in the order the loss takes them: `(image, label)` for a factory model with `loss_fn(module, images,
   labels)`, `(input_ids, target_ids)` for a token LM (each [seq]); or
 - a dict whose keys name them (`ModelSpec.named_inputs`): an `hf:` model's `input_ids` and `labels` (Whisper's
-  `input_features` and `labels`), a factory model's loss_fn parameters (`images`, `labels`). Other keys are not
-  used -- the model is planned and run on its named inputs alone, so a key it is not given cannot change what
-  it computes; the run says once which (a note before training). A key the model would assume a value for
-  when left out is refused instead where the samples hold another value (`ASSUMED`: an `attention_mask`
-  that masks padding, `token_type_ids` that are not 0), since leaving it out would change the result.
+  `input_features` and `labels`, an image classifier's `pixel_values` and `labels`), a factory model's loss_fn
+  parameters (`images`, `labels`). Other keys are not used -- the model is planned and run on its named inputs
+  alone, so a key it is not given cannot change what it computes; the run says once which (a note before
+  training). A key the model would assume a value for when left out is refused instead where the samples hold
+  another value (`ASSUMED`: an `attention_mask` that masks padding, `token_type_ids` that are not 0), since
+  leaving it out would change the result.
 Numbers and python lists of numbers (HuggingFace rows hold token ids as lists) become tensors (torch's
 default_collate); floating tensors take the dtype of the model's example inputs.
 

@@ -75,8 +75,11 @@ RUN_FLAGS = (
          "K"),
     Flag("losses_out", "write losses, learning rates, grad norms, reference, step time and memory as JSON", str,
          None, "FILE"),
-    Flag("save_final", "after the last step, rank 0 saves the trained weights as one state dict of the model's own "
-         "parameter names (torch.save; load it with model.load_state_dict)", str, None, "FILE"),
+    Flag("save_final", "after the last step, rank 0 saves the trained weights: to a FILE as one state dict of the "
+         "model's own parameter names (torch.save; load it with model.load_state_dict); to a DIR/ (a path ending "
+         "in '/', or an existing directory) for a transformers model (hf:...) as its save_pretrained output "
+         "(config and safetensors weights; load it with AutoModelFor....from_pretrained(DIR))", str, None,
+         "FILE|DIR/"),
     Flag("sync_batchnorm", "BatchNorm normalises over the whole data-parallel batch (SyncBatchNorm), as one "
          "process does"),
     Flag("log_every", "print a progress line (step, loss, step time, tokens or samples/s, memory, ETA) every N "

@@ -71,16 +71,17 @@ def option_errors(*, lr, seed, **recipe) -> list[str]:
 
 def output_errors(*, losses_out: str | None = None, tensorboard: str | None = None, save_final: str | None = None,
                   inputs: dict[str, str | None] | None = None) -> list[str]:
-    """What is wrong with the run's output paths, checked before training: --losses-out and --save-final are
-    files in a writable directory (not the same one), --tensorboard a directory that is or can be made
-    writable, and none is one of the run's own inputs (`inputs`: {how the line names it: path}, e.g.
-    {"the plan": PLAN, "--data": FILE})."""
+    """What is wrong with the run's output paths, checked before training: --losses-out and a --save-final file
+    are files in a writable directory (not the same one), --tensorboard and a --save-final folder
+    (`names_folder`) directories that are or can be made writable, and none is one of the run's own inputs
+    (`inputs`: {how the line names it: path}, e.g. {"the plan": PLAN, "--data": FILE})."""
     errors = []
     own = {name: path for name, path in (inputs or {}).items() if path and os.path.exists(path)}
     if losses_out:
         errors += _same_as_input("--losses-out", losses_out, own) or _file_errors("--losses-out", losses_out)
     if save_final:
-        errors += _same_as_input("--save-final", save_final, own) or _file_errors("--save-final", save_final)
+        where = _directory_errors if names_folder(save_final) else _file_errors
+        errors += _same_as_input("--save-final", save_final, own) or where("--save-final", save_final)
     if save_final and losses_out and os.path.abspath(save_final) == os.path.abspath(losses_out):
         errors.append(f"--losses-out and --save-final name the same file {_path(save_final)}: give each its own")
     if tensorboard:
@@ -88,6 +89,14 @@ def output_errors(*, losses_out: str | None = None, tensorboard: str | None = No
     if losses_out and tensorboard and os.path.abspath(losses_out) == os.path.abspath(tensorboard):
         errors.append(f"--losses-out and --tensorboard name the same path {_path(losses_out)}: give each its own")
     return errors
+
+
+def names_folder(path: str | os.PathLike) -> bool:
+    """Whether --save-final `path` names a folder -- it ends in a path separator ("out/") or is an existing
+    directory -- which gets HuggingFace `save_pretrained` output (runtime.checkpoint.final); else it names a
+    file, which gets one torch.save state dict."""
+    text = os.fspath(path)
+    return text.endswith(("/", os.sep)) or os.path.isdir(text)
 
 
 def _same_as_input(flag: str, path: str, inputs: dict[str, str]) -> list[str]:

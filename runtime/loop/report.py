@@ -52,6 +52,8 @@ class RunResult:
     """--verify with clipping: the single-process reference's norms of the same steps."""
     saved_final: str | None = None
     """Where --save-final wrote the trained weights."""
+    final_loader: str | None = None
+    """How one process loads them, a line of Python with PATH for `saved_final` (runtime.checkpoint.final.loader)."""
     param_max_abs_diff: float | None = None
     """Largest |trained parameter - reference parameter| over all elements (--verify). Reported, not
     judged: Adam scales every update to about lr, so an element whose gradient is near zero takes the
@@ -88,7 +90,8 @@ class RunResult:
                 "param_max_abs_diff": self.param_max_abs_diff, "verified": self.verified,
                 "recipe": self.recipe, "learning_rates": self.learning_rates, "grad_norms": self.grad_norms,
                 "eval_losses": self.eval_losses,
-                "reference_grad_norms": self.reference_grad_norms, "saved_final": self.saved_final}
+                "reference_grad_norms": self.reference_grad_norms, "saved_final": self.saved_final,
+                "final_loader": self.final_loader}
 
 
 def _mib(b) -> str:
@@ -165,8 +168,8 @@ def render(r: RunResult, header: str | None, predicted: dict) -> str:
     if r.checkpoints:
         lines.append(f"checkpoints: {', '.join(r.checkpoints)} ({r.checkpoint_time_s:.2f} s saving)")
     if r.saved_final:
-        lines.append(f"final weights: {r.saved_final} (one process loads them: "
-                     "model.load_state_dict(torch.load(PATH)))")
+        how = r.final_loader or "model.load_state_dict(torch.load(PATH))"
+        lines.append(f"final weights: {r.saved_final} (one process loads them: {how})")
     if r.param_checksum is not None:
         lines.append(f"parameter checksum: {r.param_checksum:.10e}"
                      + (f" (reference {r.reference_param_checksum:.10e})" if r.reference_param_checksum is not None else ""))

@@ -14,7 +14,8 @@ the optimizer step (NonFiniteLoss), then the optimizer step between the sync mod
 The training recipe (runtime.loop.recipe.Recipe, `recipe_of`: weight decay, the lr schedule, clipping by the global
 gradient norm, runtime.loop.clip) is a hook of the same loop (trainer.RecipeHook), positioned at the resumed step;
 --verify's reference and the verification pass train with it too. With `save_final`, the trained weights are
-saved as one plain state dict after the run (runtime.checkpoint.final), before --verify's checks.
+saved after the run as one plain state dict, or an HF model's save_pretrained folder (runtime.checkpoint.final),
+before --verify's checks.
 
 --verify (runtime.loop.verify): every rank trains, rank 0 also trains the unpartitioned reference, and the run's
 losses and final parameters are compared with it; a bf16 run also gets an fp32 verification pass of the
@@ -63,7 +64,7 @@ from partita.runtime.loop.hang import hang_watch
 from partita.runtime.loop.evaluate import EvalHook, refusal as eval_refusal
 from partita.runtime.parallel.precision import train_dtype
 from partita.runtime.loop.progress import DEFAULT_EVERY, Progress, summary_writer
-from partita.runtime.checkpoint.final import save_final
+from partita.runtime.checkpoint.final import folder_refusal, loader, save_final
 from partita.runtime.loop.recipe import Recipe, build_model, make_schedule
 from partita.runtime.loop.sync import make_hook as make_sync_hook
 from partita.runtime.loop.trainer import CheckpointHook, FaultHook, History, ProgressHook, RecipeHook, Trainer
@@ -85,7 +86,8 @@ class RunOptions:
     clip_grad_norm: float | None = None
     """The training recipe (runtime.loop.recipe.Recipe: the fields of the same names)."""
     save_final: str | None = None
-    """A file rank 0 saves the trained weights into, as one plain state dict (runtime.checkpoint.final)."""
+    """Where rank 0 saves the trained weights: a file gets one plain state dict, a folder (ending in "/" or an
+    existing directory) an HF model's save_pretrained output (runtime.checkpoint.final)."""
     verify: bool = False
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
@@ -233,6 +235,8 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ran
                       inputs={"the --data file": data_file})
     if errors:
         raise PartitaError(errors[0])
+    if opts.save_final and (why := folder_refusal(opts.save_final, spec)):
+        raise PartitaError(why)
     if opts.steps < 1:
         raise PartitaError("--steps must be at least 1")
     if opts.checkpoint_every < 0:
@@ -472,8 +476,9 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
     _train(plan, spec, opts, prep, topo, stop, run_id, built, history, faults)
     result = _measure(plan, spec, opts, prep, topo, run_id, notes, built, history)
     if opts.save_final:  # before _check, which may release the model (a bf16 run's verification pass)
-        save_final(opts.save_final, built.executor, topo)
+        written = save_final(opts.save_final, built.executor, topo, spec)  # (tensors, bytes) on rank 0, which reports
         result.saved_final = opts.save_final
+        result.final_loader = loader(opts.save_final, spec) if written is not None else None
     code = _check(result, plan, spec, opts, prep.data, topo, built)
     _report(result, plan, opts, topo)
     return result, code

@@ -89,7 +89,7 @@ def test_the_recipe_run_and_loading_its_weights_run_as_written(workdir):
     assert out[1] == ("recipe: SGD lr 0.1, weight decay 0.0001 (matrices only), warm-up 2 steps, cosine decay to "
                       "0.1 x lr at step 8, grad norm clipped at 1")
     assert "verify: OK" in out and any(ln.startswith("verify: grad norms before clipping") for ln in out)
-    load = blocks("python")[-1]
+    load = next(b for b in blocks("python") if "load_state_dict" in b)  # not the HF folder's block
     checksum = "\nprint(sum(float(p.double().sum()) for p in module.parameters()))"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     loaded = subprocess.run([sys.executable, "-c", load + checksum], cwd=workdir, capture_output=True, text=True,

@@ -97,6 +97,9 @@ def test_model_kinds_and_what_a_pipeline_runs(two_tower):
     assert executable.model_kind(resolve_model("hf:bert")) == "hf-mlm"
     assert executable.model_kind(resolve_model("hf:t5")) == "seq2seq"
     assert "sequence-to-sequence" in executable.pipeline_refusal(resolve_model("hf:t5"))
+    for classifier in ("hf:bert-cls", "hf:vit"):  # tests/e2e/test_hf_classifiers.py runs them at pp=1
+        assert executable.model_kind(resolve_model(classifier)) == "hf-classifier"
+        assert "is a HuggingFace classifier" in executable.pipeline_refusal(resolve_model(classifier))
     assert executable.model_kind(_loss_fn_spec()) == "own-loss"
     assert "BatchNorm" in executable.pipeline_refusal(resolve_model("tiny-resnet"))
     assert executable.pipeline_refusal_for("tiny-gpt") is None

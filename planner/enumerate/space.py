@@ -347,11 +347,22 @@ def micro_batch_cap(train: TrainConfig, space: SearchSpace) -> int:
     return train.max_micro_batch if space.micro_batch is None else max(space.micro_batch)
 
 
+def tp_degrees(cluster: Cluster, space: SearchSpace) -> list[int]:
+    """The tensor-parallel degrees the search considers: every divisor of a node's devices, and a fixed degree
+    that spans whole nodes (published runs use TP=16 over two 8-GPU nodes), its collectives then priced on
+    the inter-node link (costmodel.price.comm.group_for: a group of tp ranks, a node's worth on each node).
+    The search itself keeps tp inside a node: its activations' all-reduces on every layer cost more over a
+    NIC than any split they buy, so only a user's choice goes beyond."""
+    n, node = cluster.num_devices, cluster.devices_per_node
+    spanning = sorted(t for t in (space.tp or ()) if t > node and t % node == 0 and n % t == 0)
+    return divisors(min(n, node)) + spanning
+
+
 def _meshes(cluster: Cluster, train: TrainConfig, space: SearchSpace, max_pp: int, cps: tuple[int, ...] = (1,)):
     """Every (pp, dp, tp, ZeRO stage, micro-batch size, micro-batches, cp) the search considers, cp among
     `cps` (the caller's: the space's fixed degrees or cp_ep.default_cp)."""
     n = cluster.num_devices
-    for tp in divisors(min(n, cluster.devices_per_node)):
+    for tp in tp_degrees(cluster, space):
         if n % tp or (space.tp is not None and tp not in space.tp):
             continue
         for pp in divisors(n // tp, max_pp):
@@ -488,14 +499,17 @@ def _why_nothing(cluster, train, space, max_pp, layers, seq) -> str | None:
     cp = one("cp") or 1
     if cp > 1 and (n % cp or cp > n):
         return f"cp={cp} does not divide the {n} devices"
-    if tp is not None and tp > node:
-        return f"tp={tp} exceeds the {node} devices per node (tensor parallelism stays inside a node)"
-    if tp is not None and node % tp:
-        return f"tp={tp} does not divide the {node} devices per node (tensor parallelism stays inside a node)"
+    if tp is not None and tp > n:
+        return f"tp={tp} exceeds the cluster's {n} devices"
+    if tp is not None and tp > node and (tp % node or n % tp):
+        return (f"tp={tp} spans nodes of {node} devices, so it must be a whole number of nodes that divides the "
+                f"{n} devices (e.g. tp={2 * node}), each node holding {node} of its ranks")
+    if tp is not None and tp <= node and node % tp:
+        return f"tp={tp} does not divide the {node} devices per node (a tensor-parallel group within a node)"
     for name, x in (("pp", pp), ("dp", dp)):
         if x is not None and (x > n or n % x):
             return f"{name}={x} does not divide the {n} devices"
-    shapes = [(t, p, n // (t * p * cp)) for t in divisors(node) for p in _pp_choices(n // t, max_pp, space, cp)
+    shapes = [(t, p, n // (t * p * cp)) for t in tp_degrees(cluster, space) for p in _pp_choices(n // t, max_pp, space, cp)
               if (n // (t * p)) % cp == 0]
     shapes = [s for s in shapes if all(getattr(space, k) is None or x in getattr(space, k)
                                        for k, x in zip(("tp", "pp", "dp"), s))]

@@ -77,7 +77,7 @@ def test_the_report_names_what_the_user_fixed(capsys):
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--tp", "16"], "tp=16 exceeds the 8 devices per node"),
+    (["--tp", "16"], "tp=16 exceeds the cluster's 8 devices"),
     (["--tp", "3"], "tp=3 does not divide the 8 devices per node"),
     (["--tp", "2", "--pp", "2", "--dp", "4"], "tp x pp x dp = 2 x 2 x 4 = 16, but the cluster has 8 devices"),
     (["--tp", "4", "--pp", "4"], "tp x pp = 4 x 4 = 16 does not divide the 8 devices"),

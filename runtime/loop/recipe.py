@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
 
 import torch
@@ -156,6 +156,20 @@ class Recipe:
         decay = f"; --lr-decay {self.lr_decay} never starts" if self.lr_decay != "none" else ""
         return [f"note: --warmup-steps {self.warmup_steps} >= --steps {self.steps}: the learning rate rises over the "
                 f"whole run{decay}"]
+
+    def record(self) -> dict:
+        """The recipe as a checkpoint's manifest keeps it (`changes_since` reads it back)."""
+        return asdict(self)
+
+    def changes_since(self, was: dict | None) -> list[str]:
+        """What differs from the recipe a checkpoint recorded (`record`), as "lr 0.001 -> 0.0003"; --steps only
+        where it moves the schedule (a decay ends at the last step). Empty for a checkpoint that recorded none."""
+        if not isinstance(was, dict):
+            return []
+        now = self.record()
+        decays = self.lr_decay != "none" or was.get("lr_decay", "none") != "none"
+        keys = [k for k in now if k in was and (k != "steps" or decays) and was[k] != now[k]]
+        return [f"{k.replace('_', '-')} {was[k]} -> {now[k]}" for k in keys]
 
     def describe(self, optimizer: str = "adam") -> str:
         """The recipe in one line, for the run's header."""

@@ -283,6 +283,9 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ran
             newest = prep.candidates.found[0]
             prep.resume, prep.metadata = newest.checkpoint, newest.metadata
             prep.notes += newest.notes
+            if changed := recipe_of(opts).changes_since(newest.checkpoint.manifest.get("recipe")):
+                prep.notes.append(f"note: the training recipe differs from the one checkpoint {newest.checkpoint.path} "
+                                  f"trained with ({', '.join(changed)}): from its step on the run follows this one")
     return prep
 
 
@@ -389,7 +392,8 @@ def _manifest(plan: Plan, spec: ModelSpec, opts: RunOptions, data, fingerprint: 
     return {"model": {"name": spec.name, "fingerprint": fingerprint},
             "train": {"global_batch": plan.train["global_batch"], "seq_len": spec.seq_len,
                       "optimizer": optimizer_name(plan), "dtype": plan.train.get("dtype") or "fp32", "lr": opts.lr},
-            "seed": opts.seed, "data": data.describe(), "world_size": plan.mesh.world_size,
+            "seed": opts.seed, "data": data.describe(), "recipe": recipe_of(opts).record(),
+            "world_size": plan.mesh.world_size,
             "plan": {"mesh": asdict(plan.mesh), "zero_stage": plan.zero_stage, "schedule": asdict(plan.schedule)}}
 
 

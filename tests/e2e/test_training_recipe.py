@@ -63,6 +63,9 @@ def runs(tmp_path_factory) -> dict:
     shutil.rmtree(ck / "step-00000006")
     (ck / ".partita-digests" / "step-00000006.sha256").unlink(missing_ok=True)
     out["resumed"] = _run(tmp, dp, "resumed", "--checkpoint-dir", str(ck), "--resume")
+    out["manifest"] = json.loads((ck / "step-00000003" / "partita.json").read_text())
+    # and once more from step 3 with another peak lr: said before training, then followed
+    out["relr"] = _run(tmp, dp, "relr", "--checkpoint-dir", str(ck), "--resume", "--lr", str(LR / 3))
     out["tmp"] = tmp
     return out
 
@@ -89,6 +92,23 @@ def test_the_pipelines_norms_are_the_whole_models(runs):
     the grad norms, the losses (6.4e-4) and the parameters (3.5e-2)."""
     norms, ref = runs["pp"]["grad_norms"], runs["dp"]["reference_grad_norms"]
     assert norms == pytest.approx(ref, rel=1e-4)  # same model, batches and recipe: the same reference
+
+
+def test_the_checkpoint_keeps_the_recipe_and_a_resume_under_another_says_so(runs):
+    assert runs["manifest"]["recipe"] == Recipe(lr=LR, steps=STEPS, weight_decay=0.1, warmup_steps=2, lr_decay="cosine",
+                                                 min_lr_ratio=0.1, clip_grad_norm=CLIP).record()
+    assert "training recipe differs" not in runs["resumed"]["stdout"]
+    note = next(line for line in runs["relr"]["stdout"].splitlines() if "training recipe differs" in line)
+    assert f"lr {LR} -> {LR / 3}" in note and "step-00000003" in note
+    assert runs["relr"]["learning_rates"] == pytest.approx([x / 3 for x in _schedule()[3:]])
+
+
+def test_recipe_changes_name_the_fields_and_steps_only_where_a_decay_ends_there():
+    was = Recipe(lr=1e-3, steps=10).record()
+    assert Recipe(lr=1e-3, steps=20).changes_since(was) == []  # a constant lr does not depend on the last step
+    assert Recipe(lr=1e-3, steps=20, lr_decay="cosine").changes_since(was) == ["steps 10 -> 20", "lr-decay none -> cosine"]
+    assert Recipe(lr=1e-3, steps=10, clip_grad_norm=1.0).changes_since(was) == ["clip-grad-norm None -> 1.0"]
+    assert Recipe().changes_since(None) == []  # a checkpoint written before recipes were recorded
 
 
 def test_a_resume_mid_schedule_is_bit_exact(runs):

@@ -149,12 +149,22 @@ def pipeline_refusal(spec: ModelSpec) -> str | None:
     return f"model {spec.name!r} {_WHY[kind]}: use a plan with pp=1"
 
 
+def _gpt_config_of(name: str):
+    """The GPTConfig of a MODEL string naming one of partita's GPT or Llama models (resolve_model gives it a
+    token-LM ModelSpec: gpt_spec, no loss_fn), or None; read without importing torch, so a plan whose capture is
+    cached (costmodel.capture.cache) runs without it."""
+    from partita.costmodel.models.configs import gpt_config_of
+    return gpt_config_of(name) if isinstance(name, str) else None
+
+
 @functools.lru_cache(maxsize=64)
 def pipeline_refusal_for(name: str) -> str | None:
     """`pipeline_refusal` of the model a plan names (the runtime rebuilds it from that MODEL string). A name
     that is no MODEL string (a module or ModelSpec given to planner.plan as an object) is run with the
     module and loss_fn the user passes to runtime.run, which a pipeline cannot split: refused too."""
     try:
+        if _gpt_config_of(name) is not None:  # partita's token LMs: known without torch
+            return None
         from partita.costmodel.models import resolve_model
         spec = resolve_model(name)
     except PartitaError:
@@ -249,6 +259,8 @@ def cp_refusal_for(name: str) -> str | None:
     """None when the runtime runs context parallelism for the model a plan names: partita's own GPT and
     Llama models (presets, gpt:/llama: families), whose attention it splits; else one line."""
     try:
+        if _gpt_config_of(name) is not None:  # partita's GPT and Llama models: known without torch
+            return None
         from partita.costmodel.models import resolve_model
         spec = resolve_model(name)
     except PartitaError:

@@ -200,7 +200,7 @@ def test_the_session_cache_is_not_the_users():
     assert not Path(os.environ[cache.ENV]).resolve().is_relative_to(Path.home() / ".cache")
 
 
-# the model kinds a warm plan reads without torch ---------------------------------------------------------------------
+# what a warm plan reads without torch ---------------------------------------------------------------------
 @pytest.mark.parametrize("model", [*PRESETS, *CNN_PRESETS, "gpt:layers=2,hidden=64,heads=4,vocab=256,seq=32",
                                    "llama:layers=2,hidden=64,heads=4,kv_heads=2,vocab=256,seq=32,experts=4"])
 def test_torch_free_model_facts_agree_with_the_resolved_spec(model):
@@ -210,6 +210,9 @@ def test_torch_free_model_facts_agree_with_the_resolved_spec(model):
     if cfg is not None:
         assert cfg.as_dict() == spec.config
         assert executable.pipeline_refusal(spec) is None and executable.model_kind(spec) == "lm"
+    assert executable._kind_without_torch(model) == executable.model_kind(spec)
+    assert executable.pipeline_refusal_for(model) == executable.pipeline_refusal(spec)
+    assert (executable.cp_refusal_for(model) is None) == (cfg is not None)
 
 
 def _small_graph():

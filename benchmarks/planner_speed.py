@@ -1,7 +1,7 @@
 """How long planning takes: capture + costs + search, against model size and against cluster size.
 
-Every configuration is planned in a fresh Python process (so nothing, graph capture included, is
-cached between them) through `partita.planner.api.plan_search`, the call behind `partita plan`; the process
+Every configuration is planned in a fresh Python process with the capture cache off (PARTITA_CACHE_DIR=off:
+nothing, graph capture included, is cached between them) through `partita.planner.api.plan_search`, the call behind `partita plan`; the process
 reports its own split (imports, capture, search, MILP time summed over the candidates solved, how many
 candidates there were and how many were solved rather than pruned by the lower bound), and the parent
 times the whole process from launch to exit.
@@ -41,7 +41,8 @@ LLAMA_GPUS = (1024, 2048, 4096, 8192, 16384)
 
 
 def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            "PARTITA_CACHE_DIR": "off"}  # every plan captures: what a model's first plan costs
 
 
 # ------------------------------------------------------------------------------- in the fresh process

@@ -11,18 +11,12 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn as nn
-
-from partita.costmodel import ModelSpec, model_fingerprint, resolve_model
-from partita.costmodel.sparse.embeddings import find_tables
 from partita.costmodel.errors import InfeasibleError, PartitaError
-from partita.costmodel.models.meta import meta_build
 from partita.costmodel.hardware import Cluster, parse_cluster
-from partita.costmodel.models import with_seq
 from partita.costmodel.hardware.resources import with_allocator_headroom
-from partita.costmodel.capture import capture
+from partita.costmodel.capture import cache as capture_cache, capture
 from partita.planner.estimate.build import build_plan
 from partita.planner.enumerate.candidates import split_model, use_block_program
 from partita.planner.plan import Plan
@@ -30,8 +24,17 @@ from partita.planner.plan.planset import PlanSet, Size
 from partita.planner.search import SearchResult, TrainConfig, search
 from partita.planner.enumerate.space import FIXABLE, SearchSpace, _ByDevice, check_scale, check_space, describe_fixed
 
+if TYPE_CHECKING:
+    from partita.costmodel import ModelSpec
+
+# torch loads with the first model this module resolves, builds or captures: a plan whose capture is cached
+# (costmodel.capture.cache) runs without it
+
 
 def _spec_for(model, example_inputs) -> ModelSpec:
+    import torch.nn as nn
+
+    from partita.costmodel import ModelSpec, resolve_model
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):
@@ -61,21 +64,27 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     `sparse` (a rec_plan.SparseInputs: data sample or Zipf skew, fixed table shardings); the search
     result is then None."""
     space = _space_for(space, fixed)
-    spec = with_seq(_spec_for(model, example_inputs), train.seq_len)
+    # a MODEL string whose capture may be on disk is resolved only if it is not (the resolved spec imports torch)
+    spec = None if sparse is None and capture_cache.cacheable(model) else _resolved(model, example_inputs, train)
     cl = parse_cluster(cluster) if isinstance(cluster, str) else cluster
     check_scale(cl)
     cl = with_allocator_headroom(cl, memory_headroom)
     if isinstance(train.dtype, _ByDevice):  # no dtype given: the device kind's, as the CLI chooses it
         train = dataclasses.replace(train, dtype="bf16" if train.master_weights == "none" else default_dtype(cl))
     t0 = time.perf_counter()
-    meta = meta_build(spec.build)  # the runtime checks the fingerprint of the model built the same way
-    fingerprint = model_fingerprint(meta)
-    tables = find_tables(meta)
-    del meta
-    if tables or sparse is not None:
-        return None, _plan_tables(spec, tables, cl, train, space, sparse, fingerprint, progress, baselines)
-    # a bf16 plan without FSDP runs under autocast, with the lists of the devices it runs on
-    graph = capture(spec, dtype=train.dtype, autocast="cpu" if _on_cpus(cl) else "cuda")
+    autocast = "cpu" if _on_cpus(cl) else "cuda"  # a bf16 plan without FSDP runs under autocast, with these lists
+    key = capture_cache.key(model, seq=train.seq_len, dtype=train.dtype, autocast=autocast) if spec is None else None
+    hit = capture_cache.load(key)
+    if hit is not None:
+        graph, name, config, fingerprint = hit.graph, hit.name, hit.config, hit.fingerprint
+    else:
+        spec = spec or _resolved(model, example_inputs, train)
+        fingerprint, tables = _fingerprint_and_tables(spec)
+        if tables or sparse is not None:
+            return None, _plan_tables(spec, tables, cl, train, space, sparse, fingerprint, progress, baselines)
+        graph = capture(spec, dtype=train.dtype, autocast=autocast)
+        capture_cache.store(key, graph, name=spec.name, config=spec.config, fingerprint=fingerprint)
+        name, config = spec.name, spec.config
     if graph.g.graph.get("min_micro_batch", 1) > train.min_micro_batch:  # a BatchNorm over the batch alone
         train = dataclasses.replace(train, min_micro_batch=graph.g.graph["min_micro_batch"])
     prefix, layers, suffix = split_model(graph)
@@ -88,7 +97,7 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
         if not space.fixed():
             raise
         raise InfeasibleError(f"with {describe_fixed(space)} fixed, {e}") from None
-    p = build_plan(result, spec.name, fingerprint, spec.config)
+    p = build_plan(result, name, fingerprint, config)
     if space.fixed():
         p.solver["fixed"] = {k: list(v) if isinstance(v, tuple) else v for k, v in space.fixed().items()}
     if baselines:
@@ -96,6 +105,21 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
         p.baselines = run_baselines(graph, cl, train, space.kernels, space.stack)
     p.solver["total_s"] = time.perf_counter() - t0
     return result, p
+
+
+def _resolved(model, example_inputs, train: TrainConfig) -> ModelSpec:
+    """`model` as a ModelSpec at the sequence length `train` asks for."""
+    from partita.costmodel.models import with_seq
+    return with_seq(_spec_for(model, example_inputs), train.seq_len)
+
+
+def _fingerprint_and_tables(spec: ModelSpec) -> tuple[str, list]:
+    """The fingerprint the runtime checks, of the model built on meta as it builds it, and its embedding tables."""
+    from partita.costmodel import model_fingerprint
+    from partita.costmodel.models.meta import meta_build
+    from partita.costmodel.sparse.embeddings import find_tables
+    meta = meta_build(spec.build)
+    return model_fingerprint(meta), find_tables(meta)
 
 
 def plan(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConfig, progress=None,
@@ -149,7 +173,7 @@ def _space_for(space: SearchSpace | None, fixed: dict) -> SearchSpace:
 def _fingerprint(spec: ModelSpec) -> str:
     """The fingerprint the runtime checks, from the model built the same way (runtime.launcher.checks.build_meta:
     on the meta device, ~10x faster than under fake mode)."""
-    return model_fingerprint(meta_build(spec.build))
+    return _fingerprint_and_tables(spec)[0]
 
 
 def plan_set(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConfig, nnodes: tuple[int, int],

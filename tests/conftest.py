@@ -1,4 +1,7 @@
 import functools
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,28 @@ E2E = str(Path(__file__).resolve().parent / "e2e")
 LONGEST_FIRST = ("tests/notebooks/", "tests/e2e/", "tests/examples/", "tests/benchmarks/test_rec_bench.py")
 """Folders and files whose tests take longest (scripts/test.sh --durations=40): under pytest-xdist (scripts/test.sh
 runs two workers) they are handed out first, so that no long test starts last while the other worker idles."""
+
+
+SESSION_CACHE_ENV = "PARTITA_TEST_CACHE_DIR"
+"""The session's capture cache (costmodel.capture.cache), made by the first pytest process: pytest-xdist's workers,
+started after it, and every process a test launches inherit it."""
+
+
+def pytest_configure(config):
+    """One capture cache for the whole session, in a temporary folder -- never the user's ~/.cache: the tests
+    plan the same small models many times, in this process and in launched ones, and each captures once. A test
+    that needs a cold capture points PARTITA_CACHE_DIR at its own folder (or at "off")."""
+    if SESSION_CACHE_ENV not in os.environ:  # the first process: the controller, or a run without workers
+        os.environ[SESSION_CACHE_ENV] = tempfile.mkdtemp(prefix="partita-test-cache-")
+        config._partita_cache_made = os.environ[SESSION_CACHE_ENV]
+    os.environ["PARTITA_CACHE_DIR"] = os.environ[SESSION_CACHE_ENV]
+
+
+def pytest_unconfigure(config):
+    made = getattr(config, "_partita_cache_made", None)
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
+        os.environ.pop(SESSION_CACHE_ENV, None)
 
 
 def pytest_collection_modifyitems(session, config, items):

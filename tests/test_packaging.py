@@ -105,7 +105,8 @@ def test_the_wheel_ships_its_data_and_plans_and_runs(wheel_env):
     work.mkdir()
     python, partita = env / "bin" / "python", env / "bin" / "partita"
     run_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    run_env.update(OMP_NUM_THREADS="1", PATH=f"{env / 'bin'}:{run_env.get('PATH', '')}")
+    # the installed package captures for itself (not from the session's capture cache, made from the checkout)
+    run_env.update(OMP_NUM_THREADS="1", PARTITA_CACHE_DIR="off", PATH=f"{env / 'bin'}:{run_env.get('PATH', '')}")
     where = subprocess.run([str(python), "-c", "import partita.costmodel as c; print(c.__file__)"],
                            capture_output=True, text=True, cwd=work, env=run_env, timeout=120)
     assert where.returncode == 0 and where.stdout.startswith(str(env)), (where.stdout, where.stderr)

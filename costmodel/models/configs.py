@@ -3,7 +3,10 @@ the CLI, the planner and the exporters read them, in processes that need not imp
 models` took 5 s, all of it torch). The modules that build the models (gpt.py, cnn.py) import these."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
+
+from partita.costmodel.errors import PartitaError, did_you_mean
 
 
 @dataclass(kw_only=True, slots=True)
@@ -106,6 +109,66 @@ PRESETS: dict[str, GPTConfig] = {
 # activation bytes of Korthikanti et al.'s table, are of the same implementation.
 PRESETS.update({name: GPTConfig(layers=l, hidden=h, heads=a, vocab=51200, seq=2048, attention="math", dropout=0.1)
                 for name, (a, h, l) in _MEGATRON_TABLE1.items()})
+
+FAMILY_KEYS = {family: tuple(f.name for f in dataclasses.fields(GPTConfig) if f.name != "family")
+               for family in ("gpt", "llama")}
+"""The keys of a `gpt:` / `llama:` MODEL string: every GPTConfig field but the family, which the prefix names."""
+_CHOICES = {"attention": ("sdpa", "math"), "loss": ("plain", "fused")}
+_REQUIRED = ("layers", "hidden", "heads", "vocab", "seq")
+
+
+def _family_value(spec: str, key: str, value: str):
+    """`value` parsed as GPTConfig's field `key` is typed (int, float, or one of a few strings)."""
+    is_float = "float" in str({f.name: f.type for f in dataclasses.fields(GPTConfig)}[key])
+    value = value.strip()
+    if key in _CHOICES:
+        if value not in _CHOICES[key]:
+            raise PartitaError(f"model parameter {key}={value!r} in {spec!r}: accepted values "
+                               f"{'|'.join(_CHOICES[key])}")
+        return value
+    try:
+        return float(value) if is_float else int(value)
+    except ValueError:
+        raise PartitaError(f"model parameter {key}={value!r} in {spec!r} is not "
+                           f"{'a number' if is_float else 'an integer'}") from None
+
+
+def parse_family(spec: str) -> GPTConfig:
+    """The GPTConfig of `gpt:key=value,...` or `llama:...`, every GPTConfig field a key parsed by its type;
+    PartitaError, one line, for a string that is not one."""
+    family, _, rest = spec.partition(":")
+    allowed = FAMILY_KEYS[family]
+    kwargs: dict = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or key not in allowed:
+            near = did_you_mean(key, allowed) if not eq or key not in allowed else ""
+            raise PartitaError(f"bad model parameter {item!r} in {spec!r}{near}: use key=value with keys "
+                               f"{', '.join(allowed)} (attention={'|'.join(_CHOICES['attention'])})")
+        if key in kwargs:
+            raise PartitaError(f"model parameter {key!r} is given twice in {spec!r}")
+        kwargs[key] = _family_value(spec, key, value)
+    required = [k for k in _REQUIRED if k not in kwargs]
+    if required:
+        raise PartitaError(f"model {spec!r} is missing {required}; e.g. "
+                           f"{family}:layers=4,hidden=256,heads=4,seq=128,vocab=1000")
+    try:
+        return GPTConfig(family=family, **kwargs)
+    except ValueError as e:
+        raise PartitaError(f"model {spec!r}: {e}") from None
+
+
+def gpt_config_of(model: str) -> GPTConfig | None:
+    """The GPTConfig of a MODEL string naming one of partita's GPT or Llama models (a preset, `gpt:...`,
+    `llama:...`), as costmodel.models.registry.resolve_model builds it, without torch; None for any other string
+    (PartitaError for a `gpt:` / `llama:` string that does not parse)."""
+    if model in PRESETS:
+        return PRESETS[model]
+    if model.partition(":")[0] in FAMILY_KEYS and ":" in model:
+        return parse_family(model)
+    return None
+
 
 _DEPTHS = {18: ((2, 2, 2, 2), False), 34: ((3, 4, 6, 3), False), 50: ((3, 4, 6, 3), True),
            101: ((3, 4, 23, 3), True), 152: ((3, 8, 36, 3), True)}

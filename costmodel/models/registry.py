@@ -26,12 +26,7 @@ from partita.costmodel.sparse.kjt import adapt, is_kjt
 from partita.costmodel.models.gpt import GPT, GPTConfig
 
 from partita.costmodel.models.configs import PRESETS  # noqa: E402 (the presets, torch-free)
-
-_FAMILY_KEYS = {family: tuple(f.name for f in dataclasses.fields(GPTConfig) if f.name != "family")
-                for family in ("gpt", "llama")}
-"""The keys of a `gpt:` / `llama:` MODEL string: every GPTConfig field but the family, which the prefix names."""
-_CHOICES = {"attention": ("sdpa", "math"), "loss": ("plain", "fused")}
-_REQUIRED = ("layers", "hidden", "heads", "vocab", "seq")
+from partita.costmodel.models.configs import FAMILY_KEYS as _FAMILY_KEYS, parse_family
 
 
 @dataclass(kw_only=True)
@@ -112,46 +107,9 @@ def gpt_spec(name: str, cfg: GPTConfig) -> ModelSpec:
     )
 
 
-def _family_value(spec: str, key: str, value: str):
-    """`value` parsed as GPTConfig's field `key` is typed (int, float, or one of a few strings)."""
-    is_float = "float" in str({f.name: f.type for f in dataclasses.fields(GPTConfig)}[key])
-    value = value.strip()
-    if key in _CHOICES:
-        if value not in _CHOICES[key]:
-            raise PartitaError(f"model parameter {key}={value!r} in {spec!r}: accepted values "
-                               f"{'|'.join(_CHOICES[key])}")
-        return value
-    try:
-        return float(value) if is_float else int(value)
-    except ValueError:
-        raise PartitaError(f"model parameter {key}={value!r} in {spec!r} is not "
-                           f"{'a number' if is_float else 'an integer'}") from None
-
-
 def _parse_family(spec: str) -> ModelSpec:
-    """`gpt:key=value,...` or `llama:...` with every GPTConfig field as a key, each parsed by its type."""
-    family, _, rest = spec.partition(":")
-    allowed = _FAMILY_KEYS[family]
-    kwargs: dict = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        key = key.strip()
-        if not eq or key not in allowed:
-            near = did_you_mean(key, allowed) if not eq or key not in allowed else ""
-            raise PartitaError(f"bad model parameter {item!r} in {spec!r}{near}: use key=value with keys "
-                               f"{', '.join(allowed)} (attention={'|'.join(_CHOICES['attention'])})")
-        if key in kwargs:
-            raise PartitaError(f"model parameter {key!r} is given twice in {spec!r}")
-        kwargs[key] = _family_value(spec, key, value)
-    required = [k for k in _REQUIRED if k not in kwargs]
-    if required:
-        raise PartitaError(f"model {spec!r} is missing {required}; e.g. "
-                           f"{family}:layers=4,hidden=256,heads=4,seq=128,vocab=1000")
-    try:
-        cfg = GPTConfig(family=family, **kwargs)
-    except ValueError as e:
-        raise PartitaError(f"model {spec!r}: {e}") from None
-    return gpt_spec(spec, cfg)
+    """`gpt:key=value,...` or `llama:...` (configs.parse_family)."""
+    return gpt_spec(spec, parse_family(spec))
 
 
 def _import_factory(spec: str) -> ModelSpec:

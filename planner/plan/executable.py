@@ -149,10 +149,28 @@ _WHY = {
 
 def pipeline_refusal(spec: ModelSpec) -> str | None:
     """None when a pipeline (pp > 1) runs `spec`; else one line saying why not."""
-    kind = model_kind(spec)
-    if kind in PIPELINE_KINDS:
-        return None
-    return f"model {spec.name!r} {_WHY[kind]}: use a plan with pp=1"
+    return _refusal(spec.name, model_kind(spec))
+
+
+def _refusal(name: str, kind: str) -> str | None:
+    return None if kind in PIPELINE_KINDS else f"model {name!r} {_WHY[kind]}: use a plan with pp=1"
+
+
+def _gpt_config_of(name: str):
+    """The GPTConfig of a MODEL string naming one of partita's GPT or Llama models (resolve_model gives it a
+    token-LM ModelSpec: gpt_spec, no loss_fn), or None; read without importing torch, so a plan whose capture is
+    cached (costmodel.capture.cache) runs without it."""
+    from partita.costmodel.models.configs import gpt_config_of
+    return gpt_config_of(name) if isinstance(name, str) else None
+
+
+def _kind_without_torch(name: str) -> str | None:
+    """`model_kind` of partita's own presets and gpt:/llama: strings, read without torch: a token LM ("lm"), or one
+    of its CNN presets ("classifier": models.cnn's classification_loss); None for any other name."""
+    from partita.costmodel.models.configs import CNN_PRESETS
+    if _gpt_config_of(name) is not None:
+        return "lm"
+    return "classifier" if name in CNN_PRESETS else None
 
 
 @functools.lru_cache(maxsize=64)
@@ -161,14 +179,14 @@ def pipeline_refusal_for(name: str) -> str | None:
     that is no MODEL string (a module or ModelSpec given to planner.plan as an object) is run with the
     module and loss_fn the user passes to runtime.run, which a pipeline cannot split: refused too."""
     try:
+        if (kind := _kind_without_torch(name)) is not None:
+            return _refusal(name, kind)
         from partita.costmodel.models import resolve_model
         spec = resolve_model(name)
     except PartitaError:
         return (f"model {name!r} is not a MODEL string the runtime can rebuild, so it runs with the loss_fn "
                 "given at run time, which a pipeline cannot split: use a plan with pp=1")
     return pipeline_refusal(spec)
-
-
 
 
 def overlap_refusal(tp_comm: bool, p2p: bool) -> str | None:
@@ -255,8 +273,11 @@ def cp_refusal_for(name: str) -> str | None:
     """None when the runtime runs context parallelism for the model a plan names: partita's own GPT and
     Llama models (presets, gpt:/llama: families), whose attention it splits; else one line."""
     try:
+        kind = _kind_without_torch(name)  # partita's own models: known without torch
+        if kind == "lm":
+            return None
         from partita.costmodel.models import resolve_model
-        spec = resolve_model(name)
+        spec = None if kind is not None else resolve_model(name)
     except PartitaError:
         spec = None
     cfg = spec.config if spec is not None and isinstance(spec.config, dict) else {}

@@ -41,7 +41,8 @@ def _plan_in_subprocess(seed: str) -> str:
     code = ("import planner; p = planner.plan('megatron-3.6b', cluster='8x8xA100-80GB', "
             "train=planner.TrainConfig(global_batch=512)); print(p.canonical_json(), end='')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+                       env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
+                            "PARTITA_CACHE_DIR": "off"})  # each process captures (under its own hash seed)
     assert r.returncode == 0, r.stderr
     return r.stdout
 

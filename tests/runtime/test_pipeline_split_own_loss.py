@@ -23,7 +23,7 @@ def test_pipeline_loss_from_the_last_stage_equals_the_models_own_loss(name):
     p = plan(spec, cluster="2xcpu", train=TrainConfig(global_batch=4, dtype="fp32"), pp=2)
     model = build_model(spec, seed=0)
     torch.manual_seed(1)
-    ids = torch.randint(0, spec.config["vocab_size"], spec.example_inputs(2)[0].shape)
+    ids = torch.randint(0, spec.config["vocab_size"], spec.example_inputs(p.schedule.micro_batch_size)[0].shape)
     batch = (ids, ids)  # labels = the inputs, as runtime.data makes HF batches
     want = spec.loss_fn(model, *batch)
     pipe = pp.split(model, p, torch.zeros(p.schedule.micro_batch_size, spec.seq_len, dtype=torch.long))

@@ -460,7 +460,19 @@ def capture_error(spec: ModelSpec, failures: list[CaptureFailed]) -> PartitaErro
         reason = "tracing failed"
         hint = ("make control flow static, capture with torch.export (ModelSpec(capture='export')) if only "
                 "symbolic_trace was tried, and pass example inputs matching forward()")
+    if spec.config.get("family") == "hf":  # transformers' code, not the user's: nothing to make static
+        hint = _hf_hint(spec.config)
     return PartitaError(f"cannot capture model {spec.name!r}: {where}: {reason} ({detail}). Try: {hint}")
+
+
+def _hf_hint(config: dict) -> str:
+    """What a user can do when transformers' own model class cannot be captured: another family, or their own
+    factory; a sequence-to-sequence model is not replaced by its decoder alone (whose cross-attention would get
+    no input and, under data parallelism, no gradient)."""
+    alone = (" (its decoder alone is not planned in its place: the encoder and cross-attention would go "
+             "untrained)") if config.get("task") == "seq2seq" else ""
+    return (f"{config.get('model')} is transformers' code{alone}: plan another hf: family, or give the model as a "
+            "package.module:factory whose forward has no such branch")
 
 
 def _trace_fx(spec: ModelSpec, dtype: str, batch: int):

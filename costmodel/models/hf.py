@@ -15,15 +15,16 @@ them (hf:bert-cls, hf:llama-cls). A misspelt task or model type is one line with
 
 Overrides are attributes of the config class (`GPT2Config`, `LlamaConfig`, `BertConfig`, `T5Config`),
 parsed as int, float, bool (true/false) or none, else kept as strings; plus `seq`, the tokens per sample.
-For gpt2, llama, bert, t5 and vit the defaults are small, so captures and tests are fast: 2 layers, hidden 128,
-4 heads, vocabulary 1024, 64 tokens (vit: 32 x 32 images in 8 x 8 patches, 10 labels). Any other model type
-transformers knows (`hf:FAMILY`, FAMILY as in `AutoConfig.for_model`) is built from
-`AutoConfig.for_model(FAMILY, **overrides)` at that config's own defaults (`hf:mixtral` is Mixtral-8x7B; planning
-captures on fake tensors, so its size costs no memory), with the first head transformers has for it: causal LM
-(AutoModelForCausalLM), else sequence-to-sequence LM, else masked LM (a model type with none of them, e.g. CLIP,
-is one line naming its `-cls` head if it has one). A config that rejects the overrides, an override the config
-does not have, or a special token id outside the vocabulary is one PartitaError line naming the key; a default
-special token id outside an overridden (smaller) vocabulary becomes its last id.
+For gpt2, llama, bert, t5, vit and the text encoder-decoders (hf:bart ...) the defaults are small, so captures and
+tests are fast: 2 layers, hidden 128, 4 heads, vocabulary 1024, 64 tokens (vit: 32 x 32 images in 8 x 8 patches,
+10 labels). Any other model type transformers knows (`hf:FAMILY`, FAMILY as in `AutoConfig.for_model`) is built
+from `AutoConfig.for_model(FAMILY, **overrides)` at that config's own defaults (`hf:mixtral` is Mixtral-8x7B;
+planning captures on fake tensors, so its size costs no memory), with the first head transformers has for it:
+sequence-to-sequence LM (AutoModelForSeq2SeqLM, the whole encoder-decoder), else causal LM, else masked LM (a
+model type with none of them, e.g. CLIP, is one line naming its `-cls` head if it has one). A config that
+rejects the overrides, an override the config does not have, or a special token id outside the vocabulary is
+one PartitaError line naming the key; a default special token id outside an overridden (smaller) vocabulary
+becomes its last id.
 
 Attention runs as SDPA (fused) where the model class supports it, else eager (`attention_implementation`):
 Gemma-2 (logit soft-capping) and BLOOM (ALiBi) refuse SDPA. Mamba has no attention; its selective scan is
@@ -45,8 +46,11 @@ Loss and example batch (`example_inputs(batch)` = (input_ids, labels), both [bat
   A real MLM batch labels ~15% of positions (-100 elsewhere); the logits, FLOPs and saved log-softmax
   are those of all positions either way, so costs do not depend on the masking rate. No attention mask:
   the batch is unpadded, so SDPA runs unmasked as in eager training.
-- t5: sequence-to-sequence LM cross-entropy; the decoder input is the labels shifted right (HF's
-  `_shift_right`), so the decoder sees `seq` tokens too.
+- t5 and the text encoder-decoders (hf:bart, mbart, marian, pegasus, blenderbot, plbart, mvp, bigbird_pegasus ...:
+  planned whole, small defaults in costmodel.models.hf_seq2seq): sequence-to-sequence LM cross-entropy; the
+  decoder input is the labels shifted right (HF's `_shift_right`), so the decoder sees `seq` tokens too. A
+  model type with both heads trains its seq2seq head, never its decoder alone (whose cross-attention would
+  stay idle).
 - classifiers (`-cls`, hf:vit): cross-entropy of one class label per sample over `num_labels` >= 2 classes (HF's
   problem_type "single_label_classification", set in the config): (input_ids [batch, seq], labels [batch]) for
   sequence classification -- BERT-style heads pool the first token, decoder heads (GPT-2, Llama) each row's last
@@ -75,6 +79,7 @@ import torch
 import torch.nn as nn
 
 from partita.costmodel.errors import PartitaError, did_you_mean
+from partita.costmodel.models.hf_seq2seq import SMALL_SEQ2SEQ
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,9 @@ _ARCHS: dict[str, _Arch] = {
         num_layers=2, d_model=128, d_ff=512, num_heads=4, d_kv=32, vocab_size=1024,
         dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)),
 }
+_ARCHS.update({family: _Arch(config, model, "seq2seq", "max_position_embeddings", defaults)
+               for family, (config, model, defaults) in SMALL_SEQ2SEQ.items()})
+"""Text encoder-decoders, planned whole rather than as their decoder (costmodel.models.hf_seq2seq)."""
 _ALIASES = {"vit-cls": "vit"}
 """Names of a family with small defaults given with the task it already has."""
 TASKS = {"cls": "a classification head: sequence classification (input_ids, one label per row), or image "
@@ -129,8 +137,8 @@ _TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_
 
 def _arch(name: str, spec: str) -> _Arch:
     """The config class, head and task of `hf:NAME`: a family with small defaults (`_ARCHS`), or a transformers
-    model type with its first head among causal LM, seq2seq LM and masked LM; with a task suffix (`FAMILY-cls`)
-    the family's classification head, at its small defaults if it has them."""
+    model type with its first head among seq2seq LM (the whole encoder-decoder), causal LM and masked LM; with a
+    task suffix (`FAMILY-cls`) the family's classification head, at its small defaults if it has them."""
     name = _ALIASES.get(name, name)
     if name in _ARCHS:
         return _ARCHS[name]
@@ -142,8 +150,8 @@ def _arch(name: str, spec: str) -> _Arch:
     if family in ma.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:  # the whole encoder-decoder, not its text decoder
         return _Arch(CONFIG_MAPPING_NAMES[family], ma.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES[family],
                      "speech-seq2seq", None, model_type=family)
-    heads = (("causal", ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
-             ("seq2seq", ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES),
+    heads = (("seq2seq", ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES),
+             ("causal", ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
              ("mlm", ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES))
     for task, mapping in heads:
         if family in mapping:

@@ -98,6 +98,8 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
             raise
         raise InfeasibleError(f"with {describe_fixed(space)} fixed, {e}") from None
     p = build_plan(result, name, fingerprint, config)
+    if graph.g.graph.get("batch_coupled"):  # said before training (planner.plan.explain.batch_coupling_warning)
+        p.model["batch_coupled"] = graph.g.graph["batch_coupled"]
     if space.fixed():
         p.solver["fixed"] = {k: list(v) if isinstance(v, tuple) else v for k, v in space.fixed().items()}
     if baselines:

@@ -29,11 +29,14 @@ def capture(spec: "ModelSpec", dtype: str = "fp32", batch: int = 1, autocast: st
         try:
             with _one_sample_batch_norm():
                 if front == "fx":
-                    return _note_batch_statistics(_capture_fx(spec, dtype, batch, autocast))
-                from partita.costmodel.capture.export import capture_export  # torch.export: HF models
-                return _note_batch_statistics(capture_export(spec, dtype, batch, autocast))
+                    graph = _capture_fx(spec, dtype, batch, autocast)
+                else:
+                    from partita.costmodel.capture.export import capture_export  # torch.export: HF models
+                    graph = capture_export(spec, dtype, batch, autocast)
         except CaptureFailed as f:
             failures.append(f)
+            continue
+        return _note_batch_coupling(spec, _note_batch_statistics(graph))
     raise capture_error(spec, failures)
 
 
@@ -58,6 +61,16 @@ def _one_sample_batch_norm():
         yield
     finally:
         F.batch_norm = batch_norm
+
+
+def _note_batch_coupling(spec: "ModelSpec", graph: "OpGraph") -> "OpGraph":
+    """`batch_coupled` on a graph whose loss couples the samples of a batch: why, in one phrase
+    (costmodel.capture.coupling; the planner carries it into the plan, which says what --dp does to it)."""
+    from partita.costmodel.capture import coupling
+    why = coupling.find(spec)
+    if why is not None:
+        graph.g.graph["batch_coupled"] = why
+    return graph
 
 
 def _note_batch_statistics(graph: "OpGraph") -> "OpGraph":

@@ -295,6 +295,8 @@ def renderables(plan) -> Group:
         if pred.get("uncosted_ops"):
             parts += [Text(""), uncosted_line(pred["uncosted_ops"])]
         parts += executable_lines(plan)
+        if (coupled := batch_coupling_warning(plan)) is not None:
+            parts += [Text(""), Text(coupled, style="yellow")]
         if pred.get("assumptions"):
             parts += [Text(""), Text("assumptions in force (costmodel.price.kernels, costmodel.price.streams, costmodel.price.comm):")]
             parts += [Text(f"  - {a}") for a in pred["assumptions"]]
@@ -349,6 +351,22 @@ def executable_lines(plan) -> list[Text]:
     if plan.solver.get("not_executed"):
         out.append(Text(plan.solver["not_executed"], style="yellow"))
     return [Text(""), *out] if out else []
+
+
+def batch_coupling_warning(plan) -> str | None:
+    """One line when the model's loss couples the samples of a batch (costmodel.capture.coupling) and the plan
+    computes it over fewer samples than the global batch: each data-parallel rank and each micro-batch sees only
+    its own samples. None otherwise."""
+    why = plan.model.get("batch_coupled")
+    samples, batch = plan.schedule.micro_batch_size, plan.train.get("global_batch")
+    if not why or not isinstance(batch, int) or samples >= batch:
+        return None
+    parts = [f"--dp {plan.mesh.dp}: each rank's loss sees only its own samples" if plan.mesh.dp > 1 else "",
+             f"{plan.schedule.num_microbatches} micro-batches per step" if plan.schedule.num_microbatches > 1 else ""]
+    return (f"warning: the loss couples the samples of a batch ({why}); this plan computes it over {samples} "
+            f"samples at a time, not the global batch of {batch} ({'; '.join(p for p in parts if p)}), so e.g. "
+            "in-batch negatives are only those of each micro-batch: training differs from one device, and --verify "
+            "will show the difference")
 
 
 def explain(plan, width: int = 120) -> str:

@@ -156,7 +156,8 @@ MODEL_CONFIG = {
                spec=_Optional(COUNT)),
 }
 """The model config keys the exporters read (partita.export: model_shape, architecture): sizes as whole numbers."""
-MODEL = {"parameters": COUNT, "config": MODEL_CONFIG}
+MODEL = {"parameters": COUNT, "config": MODEL_CONFIG, "batch_coupled": TEXT}
+"""`batch_coupled`: why the model's loss couples the samples of a batch (costmodel.capture.coupling), when it does."""
 CLUSTER = {"groups": [{"name": TEXT, "num_devices": _Figure(whole=True, positive=True), "device": TEXT}],
            "stage_groups": [TEXT]}
 """A heterogeneous cluster's groups and the group each pipeline rank runs on (planner.estimate.build)."""

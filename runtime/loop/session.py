@@ -41,6 +41,7 @@ import torch.distributed as dist
 from partita.costmodel import PartitaError, model_fingerprint
 from partita.costmodel.models import ModelSpec, with_seq
 from partita.planner.plan import Plan
+from partita.planner.plan.explain import batch_coupling_warning
 from partita.runtime.launcher.flags import RECIPE_FLAGS
 from partita.runtime.launcher.inputs import option_errors, output_errors
 from partita.runtime import checkpoint as ckpt
@@ -264,6 +265,8 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ran
                           "another order than one process, so --verify can fail on a correct plan; verify with "
                           "dropout off")
     prep.notes += _batchnorm_notes(plan, spec, opts)
+    if (coupled := batch_coupling_warning(plan)) is not None:  # a contrastive loss split across ranks
+        prep.notes.append(coupled)
     if opts.tensorboard:
         summary_writer()  # one line now if tensorboard is missing, not after the first step
     if opts.max_restarts and not opts.checkpoint_dir:

@@ -1,7 +1,8 @@
 """costmodel.price.fusion.fused_kernel_saves: on a stack that runs its norms and gated activations as fused kernels
-(Megatron-Core / Transformer Engine, apex), a Llama layer saves what those kernels save -- an RMSNorm's input and
-output, not eager's x * rsqrt(...); SwiGLU's [gate, up] and its product, not silu(gate) -- while a softmax and a
-dropout keep what eager keeps, and the stack partita runs (eager PyTorch) is priced as captured."""
+(Megatron-Core / Transformer Engine; apex's norms alone on others: Stack.fused_saves), a Llama layer saves what
+those kernels save -- an RMSNorm's input and output, not eager's x * rsqrt(...); SwiGLU's [gate, up] and its
+product, not silu(gate) -- while a softmax and a dropout keep what eager keeps, and the stack partita runs (eager
+PyTorch) is priced as captured."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,6 +40,12 @@ def test_a_fused_llama_layer_drops_the_norms_intermediate_and_silu_gate(llama):
     assert _layer_saved(llama) - _layer_saved(fused) == dropped
 
 
+def test_a_stack_fusing_only_its_norms_keeps_silu_gate(llama):
+    # InternLM's flash1-2022 stack: apex's fused RMSNorm, its SwiGLU eager (F.silu(w1(x)) * w2(x))
+    norms = with_kernels(llama, "eager", "flash1-2022")
+    assert _layer_saved(llama) - _layer_saved(norms) == 2 * SEQ * HIDDEN * BF16
+
+
 def test_softmax_dropout_and_gelu_keep_their_saves():
     graph = capture(resolve_model(GPT_MATH), dtype="bf16")
     fused = fused_kernel_saves(graph)
@@ -50,7 +57,7 @@ def test_with_kernels_follows_the_stack(llama):
     assert with_kernels(llama, "eager", "pytorch") is llama
     assert with_kernels(llama, "eager", "flash-2023") is llama  # eager elementwise kernels: as captured
     fused = with_kernels(llama, "eager", "te-2024")
-    assert fused.g.graph["kernels"] == "fused-saves" and _layer_saved(fused) < _layer_saved(llama)
+    assert fused.g.graph["kernels"] == "fused-saves:norm,gate" and _layer_saved(fused) < _layer_saved(llama)
     assert with_kernels(fused, "eager", "te-2024") is fused
     assert with_kernels(llama, "compiled", "te-2024").g.graph["kernels"] == "compiled"
 

@@ -44,7 +44,8 @@ def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
            space: SearchSpace = SearchSpace(), raise_infeasible: bool = True) -> SearchResult:
     t0 = time.perf_counter()
     cluster, space = resolve_stack(cluster, space)  # the stack's kernel constants and overlaps
-    graph = with_kernels(graph, space.kernels)  # a compiled run prices fused kernels (costmodel.price.fusion)
+    # a compiled run prices fused kernels, an eager run on a fused stack their saves (costmodel.price.fusion)
+    graph = with_kernels(graph, space.kernels, space.stack)
     prefix, layers, suffix, cands = enumerate_candidates(graph, cluster, train, space)
     if not cands and raise_infeasible:
         kinds = {graph.g.nodes[n]["kind"] for group in layers for n in graph.nodes_of(group)}

@@ -43,6 +43,7 @@ each re-reading a shared input: the bytes above are a lower bound on what it mov
 from __future__ import annotations
 
 from partita.costmodel.capture.graph import MEMORY_KEYS, OpGraph
+from partita.costmodel.hardware.stacks import get_stack
 from partita.costmodel.price.kernels import ATTENTION_KINDS, gemm_dims
 
 KERNELS = ("eager", "compiled")
@@ -181,8 +182,66 @@ def _one_cast_per_input(graph: OpGraph) -> None:
             d.update(saved_bytes=d["saved_bytes"] - d["cast_saved_bytes"], cast_saved_bytes=0)
 
 
-def with_kernels(graph: OpGraph, kernels: str) -> OpGraph:
-    """`graph` priced for `kernels` (KERNELS): itself for eager, `compiled(graph)` otherwise."""
-    if kernels == "eager" or graph.g.graph.get("kernels") == kernels:
+FUSED_PIECE_KINDS = frozenset({"pow", "mean", "add", "mul", "silu", "neg", "cat", "chunk", "getitem", "to", "float",
+                               "type_as"})
+"""The eager operators of an RMSNorm (x.pow(2).mean(-1), + eps, x * r, * weight) and of a gated activation
+(silu(gate) * up): what a stack's fused kernels replace (`fused_kernel_saves`). Not rsqrt: its per-row 1 / rms is
+what the fused norm saves too."""
+
+
+def _piece(kinds: set[str]) -> str | None:
+    """Which fused kernel a fusion group is the eager form of: "norm" (an RMSNorm's pow / mean), "gate" (silu)."""
+    if kinds & {"pow", "mean"}:
+        return "norm"
+    return "gate" if "silu" in kinds else None
+
+
+def fused_kernel_saves(graph: OpGraph, pieces: tuple[str, ...] = ("norm", "gate")) -> OpGraph:
+    """A copy of `graph` whose saved bytes are those of a stack that runs `pieces` of each layer as fused kernels
+    (costmodel.hardware.stacks.Stack.fused_saves), its time left eager (the stack's fitted constants price that).
+    Such a kernel saves what its backward needs from outside it, never its intermediates:
+
+    - "norm": a fused RMSNorm (apex's FusedRMSNorm / MixedFusedRMSNorm; Transformer Engine's RMSNorm and
+      LayerNormLinear) saves its input and the per-row 1 / rms (kept), not eager's x * rsqrt(mean(x^2) + eps):
+      its backward recomputes the normalised input from them (apex csrc/layer_norm_cuda_kernel.cu reads input
+      and invvar; TE's rmsnorm_bwd takes x, rsigma and gamma);
+    - "gate": a fused SwiGLU (Megatron-Core's bias_swiglu_impl, megatron/core/fusions/fused_bias_swiglu.py; TE's
+      swiglu) saves the [gate, up] it was given and recomputes silu(gate) in its backward, where eager autograd
+      keeps silu(gate) for the product's backward;
+
+    so on a Llama layer both remove 2 s b h per norm and the ffn-wide silu(gate) (about 11 s b h of eager's 45 at
+    ffn = 3.5 h), leaving Korthikanti et al.'s count for the fused layer. It is the compiled rule's save (a
+    member whose output never leaves its group keeps nothing) restricted to those groups and to the members of
+    FUSED_PIECE_KINDS: a softmax and a dropout keep their saves, as Megatron's fused scale-mask-softmax keeps
+    its output and its bias-dropout-add its mask."""
+    def saves(graph_: OpGraph) -> OpGraph:
+        out = graph_.copy()
+        g = out.g
+        for members in fusion_groups(graph_):
+            if _piece({g.nodes[n]["kind"] for n in members}) not in pieces:
+                continue
+            inside = set(members)
+            for n in members:
+                if g.nodes[n]["kind"] in FUSED_PIECE_KINDS and not _escapes(g, n, inside):
+                    g.nodes[n].update(saved_bytes=0, cast_saved_bytes=0)
+        out.g.graph["kernels"] = "fused-saves:" + ",".join(pieces)
+        return out
+    out = saves(graph)
+    if graph.has_autocast():
+        mixed = saves(graph.as_run("autocast"))
+        for n, d in out.g.nodes(data=True):
+            d["autocast"] = {k: mixed.g.nodes[n][k] for k in MEMORY_KEYS}
+    return out
+
+
+def with_kernels(graph: OpGraph, kernels: str, stack: str | None = None) -> OpGraph:
+    """`graph` priced for `kernels` (KERNELS) on `stack` (costmodel.hardware.stacks): `compiled(graph)` when
+    compiled; eager, itself -- or `fused_kernel_saves` on a stack that fuses some of a layer's pieces."""
+    if kernels == "eager":
+        pieces = get_stack(stack).fused_saves
+        if not pieces or str(graph.g.graph.get("kernels") or "").startswith("fused-saves"):
+            return graph
+        return fused_kernel_saves(graph, pieces)
+    if graph.g.graph.get("kernels") == kernels:
         return graph
     return compiled(graph)

@@ -327,9 +327,32 @@ def pieces(o: Option, ctx: SparseContext) -> int:
     return ctx.ranks if o.sharding in SPREAD else o.shards if o.sharding in LOCAL else _node_split(ctx)[1]
 
 
+@dataclass
+class _Exact:
+    """The rank-indexed program's columns and rows, and where its variables sit (module docstring)."""
+
+    cols: _Columns
+    rows: _Rows
+    T: int
+    q: dict          # sharding type -> its q column
+    z: dict          # (table, option) -> its z column
+    x: dict          # (table, option) -> its first x column (one per rank, or per node for table_row_wise)
+
+
 def _solve_exact(p: _Problem, time_limit: float, incumbent: list[Assignment] | None,
                  nodes: int | None = None) -> tuple[_Result, list | None]:
     """The rank-indexed program (module docstring), warm-started from `incumbent`; its assignments."""
+    prog = _exact_program(p)
+    start = _warm_start(p, prog, incumbent) if incumbent is not None else None
+    res = _solve(prog.cols, prog.rows, time_limit, start, nodes)
+    if res.x is None:
+        return res, None
+    return res, _exact_assignments(p, prog, res.x)
+
+
+def _exact_program(p: _Problem) -> _Exact:
+    """The rank-indexed program's columns and rows: one option per table, its pieces on ranks (or nodes),
+    a q per sharding type used, and per rank its time, HBM and host rows."""
     R = p.ctx.ranks
     n_nodes, per_node = _nodes(p)
     cols, rows = _Columns(), _Rows()
@@ -351,16 +374,13 @@ def _solve_exact(p: _Problem, time_limit: float, incumbent: list[Assignment] | N
                 span = R if opt.sharding in LOCAL else n_nodes
                 x[t, o] = xs = cols.add(True, count=span)
                 rows.add([(xs + i, 1.0) for i in range(span)] + [(zi, -float(opt.shards))], 0.0, 0.0)
-                for r in range(R):
-                    xi = xs + (r if opt.sharding in LOCAL else r // per_node)
-                    time_rows[r].append((xi, c.time_s))
-                    hbm_rows[r].append((xi, c.hbm_bytes))
-                    host_rows[r].append((xi, c.host_bytes))
+                on_rank = [xs + (r if opt.sharding in LOCAL else r // per_node) for r in range(R)]
             else:
-                for r in range(R):
-                    time_rows[r].append((zi, c.time_s))
-                    hbm_rows[r].append((zi, c.hbm_bytes))
-                    host_rows[r].append((zi, c.host_bytes))
+                on_rank = [zi] * R
+            for r in range(R):
+                time_rows[r].append((on_rank[r], c.time_s))
+                hbm_rows[r].append((on_rank[r], c.hbm_bytes))
+                host_rows[r].append((on_rank[r], c.host_bytes))
         rows.add(row, 1.0, 1.0)
     for k in kinds:
         rows.add([(zi, 1.0) for zi in by_kind[k]] + [(q[k], -float(len(p.tables)))], -np.inf, 0.0)
@@ -368,35 +388,43 @@ def _solve_exact(p: _Problem, time_limit: float, incumbent: list[Assignment] | N
         rows.add(time_rows[r], -np.inf, -p.dense_s)
         rows.add(hbm_rows[r], -np.inf, p.hbm_cap)
         rows.add(host_rows[r], -np.inf, p.host_cap)
-    start = None
-    if incumbent is not None:
-        start = np.zeros(cols.n)
-        for t, a in enumerate(incumbent):
-            o = next(i for i, (opt, _) in enumerate(p.costs[t]) if opt == a.option)
-            start[z[t, o]] = 1.0
-            if a.option.sharding in LOCAL:
-                start[[x[t, o] + r for r in a.ranks]] = 1.0
-            elif a.option.sharding == "table_row_wise":
-                start[x[t, o] + a.ranks[0] // per_node] = 1.0
-            start[q[a.option.sharding]] = 1.0
-        inc = _tally(p, incumbent, "", "", 0.0)
-        start[T] = p.dense_s + inc.step_s
-    res = _solve(cols, rows, time_limit, start, nodes)
-    if res.x is None:
-        return res, None
+    return _Exact(cols=cols, rows=rows, T=T, q=q, z=z, x=x)
+
+
+def _warm_start(p: _Problem, prog: _Exact, incumbent: list[Assignment]) -> np.ndarray:
+    """The program's variables at the `incumbent` plan (a feasible start for HiGHS)."""
+    _, per_node = _nodes(p)
+    start = np.zeros(prog.cols.n)
+    for t, a in enumerate(incumbent):
+        o = next(i for i, (opt, _) in enumerate(p.costs[t]) if opt == a.option)
+        start[prog.z[t, o]] = 1.0
+        if a.option.sharding in LOCAL:
+            start[[prog.x[t, o] + r for r in a.ranks]] = 1.0
+        elif a.option.sharding == "table_row_wise":
+            start[prog.x[t, o] + a.ranks[0] // per_node] = 1.0
+        start[prog.q[a.option.sharding]] = 1.0
+    inc = _tally(p, incumbent, "", "", 0.0)
+    start[prog.T] = p.dense_s + inc.step_s
+    return start
+
+
+def _exact_assignments(p: _Problem, prog: _Exact, x: np.ndarray) -> list[Assignment]:
+    """Each table's option and ranks in the program's solution `x`."""
+    R = p.ctx.ranks
+    n_nodes, per_node = _nodes(p)
     assignments = []
     for t, costs in enumerate(p.costs):
-        o = max(range(len(costs)), key=lambda o: res.x[z[t, o]])
+        o = max(range(len(costs)), key=lambda o: x[prog.z[t, o]])
         opt, c = costs[o]
         if opt.sharding in LOCAL:
-            ranks = tuple(r for r in range(R) if res.x[x[t, o] + r] > 0.5)
+            ranks = tuple(r for r in range(R) if x[prog.x[t, o] + r] > 0.5)
         elif opt.sharding == "table_row_wise":
-            n = next(n for n in range(n_nodes) if res.x[x[t, o] + n] > 0.5)
+            n = next(n for n in range(n_nodes) if x[prog.x[t, o] + n] > 0.5)
             ranks = tuple(range(n * per_node, (n + 1) * per_node))
         else:
             ranks = tuple(range(R))
         assignments.append(Assignment(table=p.tables[t], option=opt, cost=c, ranks=ranks))
-    return res, assignments
+    return assignments
 
 
 def _tally(p: _Problem, assignments: list[Assignment], status: str, formulation: str, wall: float) -> SparseSolution:

@@ -40,12 +40,15 @@ rank-indexed program is small (up to EXACT_LIMIT piece variables), HiGHS solves 
 EXACT_NODES nodes (to the end, within the time limit, where the placement found no room), which can only improve
 the plan and raise the bound. The plan states its gap: 1 - (D + bound) / (D + its sparse step). A table
 that fits on no rank by itself is named with the memory it needs.
+
+The block's records (Fixed, Assignment, SparseSolution, the shared problem) are planner.sparse.problem's, the
+placement and its local moves planner.sparse.placement's; the programs and their solving are here.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.sparse import coo_array
@@ -56,6 +59,9 @@ from partita.costmodel.hardware import GiB
 from partita.costmodel.sparse.costs import (PLACEMENTS, SHARDINGS, Option, PieceCost, SparseContext, collective_latency,
                                       piece_cost)
 from partita.costmodel.sparse.torchrec_costs import torchrec_costs
+from partita.planner.sparse.placement import _faster_where_room, _place, _ranks_for
+from partita.planner.sparse.problem import (LOCAL, SPREAD, Assignment, Fixed, SparseSolution,  # noqa: F401 (re-exported)
+                                            _kinds, _nodes, _Problem, _tally, pieces)
 
 CACHE_FRACTIONS = (0.01, 0.05, 0.2)
 """HBM cache sizes the search offers, as fractions of a table's rows (a grid over the miss-ratio curve)."""
@@ -75,50 +81,6 @@ EXACT_LIMIT = 20_000
 EXACT_NODES = 200
 """Branch-and-bound nodes the rank-indexed program may spend improving on the placement's plan and bound
 (small instances): a fixed amount of work, so the same inputs give the same plan on a busy machine too."""
-LOCAL = ("table_wise", "column_wise")
-SPREAD = ("data_parallel", "row_wise")
-
-
-@dataclass(frozen=True)
-class Fixed:
-    """A user's restriction of one table: its sharding, and optionally its pieces and placement."""
-
-    sharding: str
-    shards: int | None = None
-    placement: str | None = None
-
-
-@dataclass(kw_only=True)
-class Assignment:
-    table: Table
-    option: Option
-    cost: PieceCost
-    ranks: tuple[int, ...]
-
-
-@dataclass(kw_only=True)
-class SparseSolution:
-    assignments: list[Assignment]
-    rank_time: np.ndarray
-    """Per rank: its pieces' seconds (without the dense part and the collectives' latency)."""
-    rank_hbm: np.ndarray
-    rank_host: np.ndarray
-    latency_s: float
-    status: str
-    lower_bound_s: float
-    """A lower bound on the sparse part's step seconds (slowest rank plus latency), from the solver."""
-    mip_gap: float
-    """1 - (dense + lower bound) / (dense + sparse step): the gap of the whole step, the program's objective."""
-    formulation: str
-    wall_time_s: float
-    options: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def step_s(self) -> float:
-        return float(self.rank_time.max(initial=0.0)) + self.latency_s
-
-
 def parse_fixed(text: str, tables: list[Table]) -> dict[str, Fixed]:
     """`NAME=SHARDING[:K][@PLACEMENT],...` (NAME a table, or * for every table) -> {table: Fixed}. A TorchRec
     collection's table may be named by its EmbeddingBagConfig name where no other table has that name."""
@@ -184,17 +146,6 @@ def _pareto(costs: list[tuple[Option, PieceCost]]) -> list[tuple[Option, PieceCo
         if not dominated:
             keep.append((o, c))
     return keep
-
-
-@dataclass
-class _Problem:
-    tables: list[Table]
-    costs: list[list[tuple[Option, PieceCost]]]
-    ctx: SparseContext
-    dense_s: float
-    hbm_cap: float
-    host_cap: float
-    latency: dict[str, float]
 
 
 def _check_each_fits(p: _Problem, fixed: dict[str, Fixed]) -> None:
@@ -308,25 +259,6 @@ def _solve(cols: _Columns, rows: _Rows, time_limit: float, start: np.ndarray | N
                    bound=bound, gap=float(info.mip_gap) if has_x else np.inf)
 
 
-def _kinds(p: _Problem) -> list[str]:
-    return sorted({o.sharding for costs in p.costs for o, _ in costs}, key=SHARDINGS.index)
-
-
-def _nodes(p: _Problem) -> tuple[int, int]:
-    return _node_split(p.ctx)
-
-
-def _node_split(ctx: SparseContext) -> tuple[int, int]:
-    """(nodes, ranks per node) as table_row_wise groups them: one node of all ranks where they do not divide."""
-    per_node = ctx.cluster.devices_per_node
-    return (ctx.ranks // per_node, per_node) if ctx.ranks % per_node == 0 else (1, ctx.ranks)
-
-
-def pieces(o: Option, ctx: SparseContext) -> int:
-    """Pieces option `o` puts on ranks: one per rank (spread), its shards (local), or one per rank of a node."""
-    return ctx.ranks if o.sharding in SPREAD else o.shards if o.sharding in LOCAL else _node_split(ctx)[1]
-
-
 @dataclass
 class _Exact:
     """The rank-indexed program's columns and rows, and where its variables sit (module docstring)."""
@@ -427,20 +359,6 @@ def _exact_assignments(p: _Problem, prog: _Exact, x: np.ndarray) -> list[Assignm
     return assignments
 
 
-def _tally(p: _Problem, assignments: list[Assignment], status: str, formulation: str, wall: float) -> SparseSolution:
-    R = p.ctx.ranks
-    rt, rh, ru = np.zeros(R), np.zeros(R), np.zeros(R)
-    for a in assignments:
-        idx = list(a.ranks)
-        rt[idx] += a.cost.time_s
-        rh[idx] += a.cost.hbm_bytes
-        ru[idx] += a.cost.host_bytes
-    latency = sum(p.latency[k] for k in {a.option.sharding for a in assignments})
-    return SparseSolution(assignments=assignments, rank_time=rt, rank_hbm=rh, rank_host=ru, latency_s=latency,
-                          status=status, mip_gap=0.0, lower_bound_s=0.0, formulation=formulation, wall_time_s=wall,
-                          options=sum(len(c) for c in p.costs))
-
-
 def _solve_relaxed(p: _Problem, time_limit: float):
     """The rank-free relaxation (module docstring): option per table, a lower bound; None if infeasible."""
     R = p.ctx.ranks
@@ -490,90 +408,6 @@ def _solve_relaxed(p: _Problem, time_limit: float):
         raise PartitaError(f"the embedding program found no plan within {time_limit:.0f} s; raise the time limit")
     choice = [max(range(len(costs)), key=lambda o: res.x[z[t, o]]) for t, costs in enumerate(p.costs)]
     return choice, max(res.bound, 0.0) - p.dense_s
-
-
-def _place(p: _Problem, choice: list[int]) -> list[Assignment] | None:
-    """Longest processing time first onto the least loaded rank (node, for table_row_wise) with room,
-    then moves off the slowest rank while they shorten it. None if some piece finds no room."""
-    R = p.ctx.ranks
-    load, hbm, host = np.zeros(R), np.zeros(R), np.zeros(R)
-    fixed_ranks: dict[int, tuple[int, ...]] = {}
-    pieces = []
-    for t, o in enumerate(choice):
-        opt, c = p.costs[t][o]
-        if opt.sharding in SPREAD:
-            load += c.time_s
-            hbm += c.hbm_bytes
-            host += c.host_bytes
-            fixed_ranks[t] = tuple(range(R))
-        else:
-            pieces.append((opt.sharding == "table_row_wise", c.time_s, t))
-    pieces.sort(key=lambda x: (not x[0], -x[1], x[2]))
-    placed: dict[int, list[int]] = {}
-    for is_node, _, t in pieces:
-        opt, c = p.costs[t][choice[t]]
-        ranks = _ranks_for(p, opt, c, load, hbm, host)
-        if ranks is None:
-            return None
-        load[ranks] += c.time_s
-        hbm[ranks] += c.hbm_bytes
-        host[ranks] += c.host_bytes
-        if is_node:
-            fixed_ranks[t] = tuple(ranks)
-        else:
-            placed[t] = ranks
-    _improve(p, choice, placed, load, hbm, host)
-    fixed_ranks.update({t: tuple(sorted(rs)) for t, rs in placed.items()})
-    return [Assignment(table=p.tables[t], option=p.costs[t][o][0], cost=p.costs[t][o][1], ranks=fixed_ranks[t])
-            for t, o in enumerate(choice)]
-
-
-def _improve(p, choice, placed, load, hbm, host, rounds: int = 10_000) -> None:
-    """Move a piece from the slowest rank to the least loaded one that has room, while that lowers the
-    slowest rank's load (each move strictly lowers the sum of squared loads, so this ends)."""
-    for _ in range(rounds):
-        worst = int(np.argmax(load))
-        best_move = None
-        for t, rs in placed.items():
-            if worst not in rs:
-                continue
-            c = p.costs[t][choice[t]][1]
-            for r in np.argsort(load, kind="stable"):
-                r = int(r)
-                if r in rs or hbm[r] + c.hbm_bytes > p.hbm_cap or host[r] + c.host_bytes > p.host_cap:
-                    continue
-                if load[r] + c.time_s < load[worst] - 1e-15:
-                    gain = load[worst] - max(load[r] + c.time_s, load[worst] - c.time_s)
-                    if best_move is None or gain > best_move[0]:
-                        best_move = (gain, t, r)
-                break
-        if best_move is None:
-            return
-        _, t, r = best_move
-        c = p.costs[t][choice[t]][1]
-        placed[t][placed[t].index(worst)] = r
-        for arr, v in ((load, c.time_s), (hbm, c.hbm_bytes), (host, c.host_bytes)):
-            arr[worst] -= v
-            arr[r] += v
-
-
-def _ranks_for(p: _Problem, opt: Option, c: PieceCost, load, hbm, host) -> list[int] | None:
-    """Where option `opt` goes on ranks loaded `load` (its table taken off): every rank (spread), the node
-    whose slowest rank is least loaded (table_row_wise), or its pieces on the least loaded ranks with room;
-    None where it finds no room."""
-    R = p.ctx.ranks
-    room = (hbm + c.hbm_bytes <= p.hbm_cap) & (host + c.host_bytes <= p.host_cap)
-    if opt.sharding in SPREAD:
-        return list(range(R)) if room.all() else None
-    if opt.sharding == "table_row_wise":
-        n_nodes, per_node = _nodes(p)
-        spans = [range(n * per_node, (n + 1) * per_node) for n in range(n_nodes)]
-        ok = [list(s) for s in spans if room[list(s)].all()]
-        return min(ok, key=lambda s: (load[s].max(), s[0])) if ok else None
-    fits = np.flatnonzero(room)
-    if len(fits) < opt.shards:
-        return None
-    return sorted(int(r) for r in fits[np.lexsort((fits, load[fits]))[:opt.shards]])
 
 
 def _rechoose(p: _Problem, assignments: list[Assignment], rounds: int | None = None) -> list[Assignment]:
@@ -627,33 +461,6 @@ def _rechoose(p: _Problem, assignments: list[Assignment], rounds: int | None = N
         used[old.option.sharding] -= 1
         used[new.option.sharding] = used.get(new.option.sharding, 0) + 1
         out[i] = new
-    return out
-
-
-def _faster_where_room(p: _Problem, assignments: list[Assignment]) -> list[Assignment]:
-    """Each table on the fastest of its options with the same pieces (sharding and count) that still fits on
-    the ranks it holds -- a cache or host placement back into HBM where there is room. The step time only
-    minimises the slowest rank, so the solver leaves tables off the critical path on any placement that
-    fits; this pass runs them as fast as memory allows. Only their own ranks get faster: no rank's time grows."""
-    sol = _tally(p, assignments, "", "", 0.0)
-    hbm, host = sol.rank_hbm.copy(), sol.rank_host.copy()
-    out = list(assignments)
-    index = {t.name: i for i, t in enumerate(p.tables)}
-    order = sorted(range(len(out)), key=lambda i: -out[i].cost.time_s)
-    for i in order:
-        a = out[i]
-        idx = list(a.ranks)
-        for opt, c in sorted(p.costs[index[a.table.name]], key=lambda oc: oc[1].time_s):
-            if c.time_s >= a.cost.time_s:
-                break
-            if (opt.sharding, opt.shards) != (a.option.sharding, a.option.shards):
-                continue
-            if (max(hbm[idx]) - a.cost.hbm_bytes + c.hbm_bytes <= p.hbm_cap
-                    and max(host[idx]) - a.cost.host_bytes + c.host_bytes <= p.host_cap):
-                hbm[idx] += c.hbm_bytes - a.cost.hbm_bytes
-                host[idx] += c.host_bytes - a.cost.host_bytes
-                out[i] = Assignment(table=a.table, option=opt, cost=c, ranks=a.ranks)
-                break
     return out
 
 

@@ -204,35 +204,21 @@ def _check_before_launch(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace, look_at_devices: bool = True) -> int:
-    from partita.runtime.checkpoint import ownership
-    from partita.runtime.loop.session import NonFiniteLoss, Stopped, at_seq_len, execute, prepare
-    from partita.runtime.loop.sync import run_refusal as sync_run_refusal
+    """One rank of `partita run` (or `--check`): the plan loaded and prepared, every rank agreeing on it,
+    then trained (or the check reported)."""
     rank, _, world = env_world()
     show_library_warnings_once(rank)
     opts = options(args)
-    refusal, plan, prep = None, None, None
+    refusal, plan, spec, prep = None, None, None, None
     try:
-        if not args.check:
-            agree_on_attempt()  # several nodes: one all-reduce on every rank, whatever its plan and flags say
-        plan = Plan.load(args.plan)
-        if why := sync_run_refusal(plan.sync, opts.checkpoint_every, opts.steps, opts.verify):
-            raise PartitaError(why)
-        spec = at_seq_len(resolve_model(args.model), plan.train.get("seq_len"))
-        if args.check and "WORLD_SIZE" not in os.environ:
-            # checking a plan outside torchrun: the launcher's world size if given, else the plan's
-            world = (args.nproc_per_node * (args.nnodes or 1) if args.nproc_per_node else plan.mesh.world_size)
+        plan, spec, world = _load(args, opts, world)
         if plan.embeddings is not None:  # tables: TorchRec (runtime.parallel.rec)
             if given := [flag for flag, value in (("--eval-data", opts.eval_data), ("--hang-timeout", opts.hang_timeout))
                          if value is not None]:
                 raise PartitaError(f"{' and '.join(given)} apply to dense plans; this plan has embedding tables "
                                    "(TorchRec's loop does not evaluate or watch for hangs yet): leave them out")
             return _rec(plan, spec, opts, world, rank, args)
-        prep = prepare(plan, spec, opts, world, args.nproc_per_node if args.check else None,
-                       look_at_devices=look_at_devices)
-        if args.check and args.checkpoint_dir and args.checkpoint_every and \
-                (holder := ownership.is_locked(args.checkpoint_dir)):
-            raise PartitaError(f"--checkpoint-dir {args.checkpoint_dir} is in use by another run ({holder}): wait "
-                               "for it to end, or choose another directory")
+        prep = _prepare(args, plan, spec, opts, world, look_at_devices)
     except PartitaError as e:
         refusal = e
     if not args.check and world > 1:
@@ -255,6 +241,43 @@ def _worker(args: argparse.Namespace, look_at_devices: bool = True) -> int:
             for note in prep.notes + ([prep.device_note] if prep.device_note else []):
                 print(note)
         return 0
+    return _train(plan, spec, opts, prep, rank)
+
+
+def _load(args: argparse.Namespace, opts, world: int) -> tuple[Plan, object, int]:
+    """(the plan, the model at the plan's sequence length, the world size: under --check outside torchrun the
+    launcher's if given, else the plan's); PartitaError where the plan's sync mode refuses the run."""
+    from partita.runtime.loop.session import at_seq_len
+    from partita.runtime.loop.sync import run_refusal as sync_run_refusal
+    if not args.check:
+        agree_on_attempt()  # several nodes: one all-reduce on every rank, whatever its plan and flags say
+    plan = Plan.load(args.plan)
+    if why := sync_run_refusal(plan.sync, opts.checkpoint_every, opts.steps, opts.verify):
+        raise PartitaError(why)
+    spec = at_seq_len(resolve_model(args.model), plan.train.get("seq_len"))
+    if args.check and "WORLD_SIZE" not in os.environ:
+        # checking a plan outside torchrun: the launcher's world size if given, else the plan's
+        world = (args.nproc_per_node * (args.nnodes or 1) if args.nproc_per_node else plan.mesh.world_size)
+    return plan, spec, world
+
+
+def _prepare(args: argparse.Namespace, plan: Plan, spec, opts, world: int, look_at_devices: bool):
+    """The session's preparation (runtime.loop.session.prepare); under --check, PartitaError where another
+    run holds --checkpoint-dir."""
+    from partita.runtime.checkpoint import ownership
+    from partita.runtime.loop.session import prepare
+    prep = prepare(plan, spec, opts, world, args.nproc_per_node if args.check else None,
+                   look_at_devices=look_at_devices)
+    if args.check and args.checkpoint_dir and args.checkpoint_every and \
+            (holder := ownership.is_locked(args.checkpoint_dir)):
+        raise PartitaError(f"--checkpoint-dir {args.checkpoint_dir} is in use by another run ({holder}): wait "
+                           "for it to end, or choose another directory")
+    return prep
+
+
+def _train(plan: Plan, spec, opts, prep, rank: int) -> int:
+    """Train the prepared plan; the exit code, each failure written as one line by every rank alike."""
+    from partita.runtime.loop.session import NonFiniteLoss, Stopped, execute
     try:
         result, code = execute(plan, spec, opts, prep)
         if code != EXIT_OK:  # --verify: the report (rank 0) shows the curves; the error file says why

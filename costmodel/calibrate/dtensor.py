@@ -41,47 +41,7 @@ def measure_dtensor(group, pair, device, repeats: int = 15, hidden: int = 16) ->
     (all ranks measure at once: ranks beyond the cores share them, as in training)."""
     import torch
     import torch.distributed as dist
-    import torch.nn as nn
-    import torch.nn.functional as F
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    class MLP(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc1, self.fc2 = nn.Linear(hidden, 2 * hidden), nn.Linear(2 * hidden, hidden)
-
-        def forward(self, x):
-            return self.fc2(F.gelu(self.fc1(x)))
-
-    mesh = DeviceMesh.from_group(group, device.type)
-    x = torch.randn(2, 4, hidden, device=device, requires_grad=True)
-    times = {}
-    for split in (False, True):
-        model = nn.Sequential(*[MLP() for _ in range(DTENSOR_LAYERS)]).to(device)
-        if split:
-            for mlp in model:
-                parallelize_module(mlp, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, foreach=False)
-
-        def step():
-            model(x).sum().backward()
-
-        for _ in range(2):  # warm-up: DTensor's sharding-propagation caches, optimizer state
-            step()
-            opt.step()
-        fb, st = [], []
-        for _ in range(repeats):
-            sync_device(device)
-            t0 = time.perf_counter()
-            step()
-            sync_device(device)
-            t1 = time.perf_counter()
-            opt.step()
-            sync_device(device)
-            fb.append(t1 - t0)
-            st.append(time.perf_counter() - t1)
-        times[split] = (statistics.median(fb), statistics.median(st), sum(1 for _ in model.parameters()))
+    times = _plain_and_split(group, device, repeats, hidden)
     redistribute = _measure_redistribute(pair, device, hidden, repeats) if pair is not None else {}
     dist.barrier()
     launches = 2 * DTENSOR_LAYERS * LAUNCHES_PER_NODE
@@ -95,6 +55,64 @@ def measure_dtensor(group, pair, device, repeats: int = 15, hidden: int = 16) ->
             "launches": launches, "parameters": times[True][2],
             "forward_backward_s": {"plain": times[False][0], "dtensor": times[True][0]},
             "optimizer_step_s": {"plain": times[False][1], "dtensor": times[True][1]}}
+
+
+
+def _plain_and_split(group, device, repeats: int, hidden: int) -> dict:
+    """{split: (forward + backward seconds, optimizer step seconds, parameters)} of the MLP stack as plain
+    modules (False) and with its Linears split Colwise / Rowwise on the one-rank mesh of `group` (True)."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    mesh = DeviceMesh.from_group(group, device.type)
+    x = torch.randn(2, 4, hidden, device=device, requires_grad=True)
+    times = {}
+    for split in (False, True):
+        model = _mlp_stack(hidden).to(device)
+        if split:
+            for mlp in model:
+                parallelize_module(mlp, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, foreach=False)
+        times[split] = (*_step_times(model, opt, x, device, repeats), sum(1 for _ in model.parameters()))
+    return times
+
+
+def _mlp_stack(hidden: int):
+    """DTENSOR_LAYERS Megatron MLPs (Linear -> GELU -> Linear) of width `hidden`, in a Sequential."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(hidden, 2 * hidden), nn.Linear(2 * hidden, hidden)
+
+        def forward(self, x):
+            return self.fc2(F.gelu(self.fc1(x)))
+
+    return nn.Sequential(*[MLP() for _ in range(DTENSOR_LAYERS)])
+
+
+def _step_times(model, opt, x, device, repeats: int) -> tuple[float, float]:
+    """(median forward + backward seconds, median optimizer step seconds) of `model` on `x`, after a warm-up."""
+    def step():
+        model(x).sum().backward()
+
+    for _ in range(2):  # warm-up: DTensor's sharding-propagation caches, optimizer state
+        step()
+        opt.step()
+    fb, st = [], []
+    for _ in range(repeats):
+        sync_device(device)
+        t0 = time.perf_counter()
+        step()
+        sync_device(device)
+        t1 = time.perf_counter()
+        opt.step()
+        sync_device(device)
+        fb.append(t1 - t0)
+        st.append(time.perf_counter() - t1)
+    return statistics.median(fb), statistics.median(st)
 
 
 def _measure_redistribute(pair, device, hidden: int, repeats: int) -> dict:

@@ -82,15 +82,40 @@ def _worker(rank: int, world: int, init_file: str, message_bytes: list, reps: in
     dist.init_process_group("nccl" if gpus else "gloo", store=dist.FileStore(init_file, world),
                             rank=rank, world_size=world)
     results: dict = {}
-    # every rank multiplies at once: a rank's share of the host when all of them compute (ranks may
-    # outnumber cores), the rate the planner should charge; the slowest rank's rate
+    reps = 60  # (the matmuls' window, and the collectives' repeats below: `reps` as passed is not used)
+    results["concurrent_matmul"] = [_concurrent_matmul(world, device, reps)]
+    for k in range(2, world + 1):
+        group = dist.new_group(list(range(k)))
+        if rank < k:
+            for kind, rows in _back_to_back(k, message_bytes, reps, group, device).items():
+                results.setdefault(kind, []).extend(rows)
+        dist.barrier()
+    results["p2p"] = _ping_pong(rank, message_bytes, reps, device)
+    dist.barrier()
+    results["in_step"] = measure_in_step(rank, world, device, **extra.get("in_step", {}))
+    dist.barrier()
+    singles = [dist.new_group([i]) for i in range(world)]  # every rank creates every group
+    pairs = [dist.new_group([i, i + 1]) for i in range(0, world - 1, 2)]
+    results["dtensor"] = measure_dtensor(singles[rank], pairs[rank // 2] if rank // 2 < len(pairs) else None,
+                                         device, **extra.get("dtensor", {}))
+    dist.barrier()
+    if rank == 0:
+        with open(result_path, "w") as f:
+            json.dump({"backend": dist.get_backend(), "results": results}, f)
+    dist.destroy_process_group()
+
+
+def _concurrent_matmul(world: int, device, reps: int) -> dict:
+    """Every rank multiplies at once: a rank's share of the host when all of them compute (ranks may
+    outnumber cores), the rate the planner should charge; the slowest rank's rate."""
+    import torch
+    import torch.distributed as dist
     n = 512
     a = torch.randn(n, n, device=device)
     torch.mm(a, a)
     dist.barrier()
     # sustained over a window, not per matmul: a rank that waits for a core between matmuls loses that
     # time too (per-matmul medians credited 4 ranks on 2 cores with 0.74 of a core each)
-    reps = 60
     sync_device(device)
     t0 = time.perf_counter()
     for _ in range(reps):
@@ -99,22 +124,30 @@ def _worker(rank: int, world: int, init_file: str, message_bytes: list, reps: in
     t = (time.perf_counter() - t0) / reps
     rate = torch.tensor([2 * n ** 3 / t], dtype=torch.float64, device=device)
     dist.all_reduce(rate, op=dist.ReduceOp.MIN)
-    results["concurrent_matmul"] = [{"ranks": world, "n": n, "flops_per_s": float(rate.item())}]
-    for k in range(2, world + 1):
-        group = dist.new_group(list(range(k)))
-        if rank < k:
-            times = {kind: [_time_collective(_collective_fn(kind, k, b, group, device), _reps(reps, b), device)
-                            for b in message_bytes] for kind in COLLECTIVES}
-            flat = torch.tensor([t for kind in COLLECTIVES for t in times[kind]], dtype=torch.float64,
-                                device=device)
-            dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)  # the slowest rank's time
-            flat = flat.tolist()
-            for i, kind in enumerate(COLLECTIVES):
-                row = flat[i * len(message_bytes):(i + 1) * len(message_bytes)]
-                results.setdefault(kind, []).extend(
-                    {"ranks": k, "bytes": _effective_bytes(b, k), "seconds": t} for b, t in zip(message_bytes, row))
-        dist.barrier()
-    # point to point: ping-pong between ranks 0 and 1, half the round trip
+    return {"ranks": world, "n": n, "flops_per_s": float(rate.item())}
+
+
+def _back_to_back(k: int, message_bytes: list, reps: int, group, device) -> dict[str, list[dict]]:
+    """{collective: rows} of each collective timed back to back among the k ranks of `group`, per message
+    size: the slowest rank's median seconds."""
+    import torch
+    import torch.distributed as dist
+    times = {kind: [_time_collective(_collective_fn(kind, k, b, group, device), _reps(reps, b), device)
+                    for b in message_bytes] for kind in COLLECTIVES}
+    flat = torch.tensor([t for kind in COLLECTIVES for t in times[kind]], dtype=torch.float64, device=device)
+    dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)  # the slowest rank's time
+    flat = flat.tolist()
+    out = {}
+    for i, kind in enumerate(COLLECTIVES):
+        row = flat[i * len(message_bytes):(i + 1) * len(message_bytes)]
+        out[kind] = [{"ranks": k, "bytes": _effective_bytes(b, k), "seconds": t} for b, t in zip(message_bytes, row)]
+    return out
+
+
+def _ping_pong(rank: int, message_bytes: list, reps: int, device) -> list[dict]:
+    """Point to point: ping-pong between ranks 0 and 1, half the round trip (rows on those two ranks)."""
+    import torch
+    import torch.distributed as dist
     p2p = []
     for b in message_bytes:
         buf = torch.ones(max(1, b // 4), device=device)
@@ -129,19 +162,7 @@ def _worker(rank: int, world: int, init_file: str, message_bytes: list, reps: in
         if rank < 2:
             t = _time_collective(ping, _reps(reps, b), device) / 2
             p2p.append({"ranks": 2, "bytes": buf.numel() * 4, "seconds": t})
-    results["p2p"] = p2p
-    dist.barrier()
-    results["in_step"] = measure_in_step(rank, world, device, **extra.get("in_step", {}))
-    dist.barrier()
-    singles = [dist.new_group([i]) for i in range(world)]  # every rank creates every group
-    pairs = [dist.new_group([i, i + 1]) for i in range(0, world - 1, 2)]
-    results["dtensor"] = measure_dtensor(singles[rank], pairs[rank // 2] if rank // 2 < len(pairs) else None,
-                                         device, **extra.get("dtensor", {}))
-    dist.barrier()
-    if rank == 0:
-        with open(result_path, "w") as f:
-            json.dump({"backend": dist.get_backend(), "results": results}, f)
-    dist.destroy_process_group()
+    return p2p
 
 
 def measure_in_step(rank: int, world: int, device, burst_s: float = 20e-3, reps: int = 5, iters: int = 12,
@@ -166,51 +187,8 @@ def measure_in_step(rank: int, world: int, device, burst_s: float = 20e-3, reps:
     adds ~3 ms after 1-4 ms bursts, 5-10 ms after 10-40 ms bursts; 2 ranks ~2 ms either way)."""
     import torch
     import torch.distributed as dist
-    n = 128
-    a = torch.randn(n, n, device=device)
-    for _ in range(20):
-        torch.mm(a, a)
-    sync_device(device)
-    t0 = time.perf_counter()
-    for _ in range(100):
-        torch.mm(a, a)
-    sync_device(device)
-    per = torch.tensor([(time.perf_counter() - t0) / 100], dtype=torch.float64, device=device)
-    dist.all_reduce(per, op=dist.ReduceOp.MAX)  # while all ranks compute: the slowest one's matmul
-    mms = max(1, round(burst_s / float(per.item())))
-
-    def loop(coll) -> float:
-        dist.barrier()
-        t = time.perf_counter()
-        for _ in range(iters):
-            for _ in range(mms):
-                torch.mm(a, a)
-            if coll is not None:
-                coll()
-        sync_device(device)
-        dist.barrier()
-        return time.perf_counter() - t
-
-    def in_step(coll) -> tuple[float | None, float]:
-        # A difference of two wall times: under load the median can come out <= 0, an impossible cost.
-        # Take more pairs (up to IN_STEP_ROUNDS rounds of `reps`) until the median is positive; if it
-        # never is, the machine was too noisy to see this collective: None, never a negative figure.
-        diffs = []
-        for _ in range(IN_STEP_ROUNDS):
-            for _ in range(reps):
-                base = loop(None)
-                diffs.append((loop(coll) - base) / iters)
-            flag = torch.tensor([statistics.median(diffs)], dtype=torch.float64, device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # every rank takes the same decision
-            if float(flag) > 0:
-                break
-        hot = _time_collective(coll, max(10, 2 * iters), device)
-        pair = torch.tensor([statistics.median(diffs), hot], dtype=torch.float64, device=device)
-        dist.all_reduce(pair, op=dist.ReduceOp.MAX)
-        t = float(pair[0])
-        return (t if t > 0 else None), float(pair[1])
-
-    out: dict = {"burst_s": mms * float(per.item()), "matmuls_per_burst": mms, "bytes": nbytes,
+    steps = _Bursts(device, burst_s, reps, iters)
+    out: dict = {"burst_s": steps.mms * steps.per, "matmuls_per_burst": steps.mms, "bytes": nbytes,
                  "all_reduce": [], "p2p": []}
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
         out[kind] = []
@@ -220,23 +198,94 @@ def measure_in_step(rank: int, world: int, device, burst_s: float = 20e-3, reps:
         groups = [dist.new_group(list(range(i, i + k))) for i in range(0, world, k)]
         mine = groups[rank // k]
         for kind in ("all_reduce", "all_gather", "reduce_scatter"):
-            t, hot = in_step(_collective_fn(kind, k, nbytes, mine, device))
-            out[kind].append({"ranks": k, "groups": world // k, "bytes": _effective_bytes(nbytes, k), "in_step_s": t,
-                              "back_to_back_s": hot, "sync_s": None if t is None else max(0.0, t - hot)})
+            t, hot = steps.in_step(_collective_fn(kind, k, nbytes, mine, device))
+            out[kind].append(_in_step_row(k, world // k, _effective_bytes(nbytes, k), t, hot))
     buf = torch.ones(max(1, nbytes // 4), device=device)
     if world % 2 == 0:
-        peer, turn = rank ^ 1, [0]
-
-        def one_way():  # alternate the direction, so that each rank sends as often as it receives
-            turn[0] += 1
-            if (rank % 2 == 0) == (turn[0] % 2 == 0):
-                dist.send(buf, dst=peer)
-            else:
-                dist.recv(buf, src=peer)
-        t, hot = in_step(one_way)
-        out["p2p"].append({"ranks": 2, "groups": world // 2, "bytes": buf.numel() * 4, "in_step_s": t,
-                           "back_to_back_s": hot, "sync_s": None if t is None else max(0.0, t - hot)})
+        t, hot = steps.in_step(_one_way(rank, buf))
+        out["p2p"].append(_in_step_row(2, world // 2, buf.numel() * 4, t, hot))
     return out
+
+
+def _in_step_row(ranks: int, groups: int, nbytes: int, t: float | None, hot: float) -> dict:
+    return {"ranks": ranks, "groups": groups, "bytes": nbytes, "in_step_s": t, "back_to_back_s": hot,
+            "sync_s": None if t is None else max(0.0, t - hot)}
+
+
+def _one_way(rank: int, buf):
+    """A one-way send/recv with the neighbouring rank (rank ^ 1), alternating the direction, so that each rank
+    sends as often as it receives."""
+    import torch.distributed as dist
+    peer, turn = rank ^ 1, [0]
+
+    def one_way():
+        turn[0] += 1
+        if (rank % 2 == 0) == (turn[0] % 2 == 0):
+            dist.send(buf, dst=peer)
+        else:
+            dist.recv(buf, src=peer)
+    return one_way
+
+
+class _Bursts:
+    """measure_in_step's compute bursts: `mms` matmuls of about `burst_s` while every rank computes (`per`: the
+    slowest rank's matmul), run `iters` times with or without a collective after each."""
+
+    def __init__(self, device, burst_s: float, reps: int, iters: int):
+        import torch
+        import torch.distributed as dist
+        self.device, self.reps, self.iters = device, reps, iters
+        n = 128
+        self.a = a = torch.randn(n, n, device=device)
+        for _ in range(20):
+            torch.mm(a, a)
+        sync_device(device)
+        t0 = time.perf_counter()
+        for _ in range(100):
+            torch.mm(a, a)
+        sync_device(device)
+        per = torch.tensor([(time.perf_counter() - t0) / 100], dtype=torch.float64, device=device)
+        dist.all_reduce(per, op=dist.ReduceOp.MAX)  # while all ranks compute: the slowest one's matmul
+        self.per = float(per.item())
+        self.mms = max(1, round(burst_s / self.per))
+
+    def loop(self, coll) -> float:
+        """Wall seconds of `iters` bursts, each followed by `coll` (None: alone), between barriers."""
+        import torch
+        import torch.distributed as dist
+        dist.barrier()
+        t = time.perf_counter()
+        for _ in range(self.iters):
+            for _ in range(self.mms):
+                torch.mm(self.a, self.a)
+            if coll is not None:
+                coll()
+        sync_device(self.device)
+        dist.barrier()
+        return time.perf_counter() - t
+
+    def in_step(self, coll) -> tuple[float | None, float]:
+        """(`coll`'s in-step seconds, its back-to-back seconds), the slowest rank's.
+
+        A difference of two wall times: under load the median can come out <= 0, an impossible cost.
+        Take more pairs (up to IN_STEP_ROUNDS rounds of `reps`) until the median is positive; if it
+        never is, the machine was too noisy to see this collective: None, never a negative figure."""
+        import torch
+        import torch.distributed as dist
+        diffs = []
+        for _ in range(IN_STEP_ROUNDS):
+            for _ in range(self.reps):
+                base = self.loop(None)
+                diffs.append((self.loop(coll) - base) / self.iters)
+            flag = torch.tensor([statistics.median(diffs)], dtype=torch.float64, device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # every rank takes the same decision
+            if float(flag) > 0:
+                break
+        hot = _time_collective(coll, max(10, 2 * self.iters), self.device)
+        pair = torch.tensor([statistics.median(diffs), hot], dtype=torch.float64, device=self.device)
+        dist.all_reduce(pair, op=dist.ReduceOp.MAX)
+        t = float(pair[0])
+        return (t if t > 0 else None), float(pair[1])
 
 
 def _effective_bytes(nbytes: int, k: int) -> int:

@@ -226,69 +226,9 @@ def capture_export(spec: ModelSpec, dtype: str, batch: int, autocast: str | None
     memory = rec.memory_attrs()
     kept = [n.name for n in gm.graph.nodes if n.name in rec.stats and not is_dtype_check(n)]
     mixed = _autocast_record(spec, batch, autocast, kept) if autocast else None
-
-    # which op of a leaf module absorbs its state --------------------------------------------------
-    def owner_of(n: fx.Node) -> tuple[str, nn.Module | None]:
-        stack = n.meta.get("nn_module_stack")
-        if not stack:
-            return "", None
-        path = str(list(stack.values())[-1][0])
-        try:
-            mod = root.get_submodule(path)
-        except AttributeError:
-            mod = None
-        if strip:
-            path = path[len(strip):] if path.startswith(strip) else ("" if path == strip.rstrip(".") else path)
-        return path, mod
-
-    absorbs: dict[str, list[str]] = {}     # op node -> state nodes it absorbs
-    owners: dict[str, tuple[str, nn.Module | None]] = {}
-    for n in gm.graph.nodes:
-        if n.op != "call_function":
-            continue
-        owners[n.name] = path, mod = owner_of(n)
-        if mod is None or not _is_leaf(mod):
-            continue
-        own = {id(t) for t in [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]}
-        taken = [a.name for a in n.all_input_nodes if a.name in state and id(state[a.name][1]) in own]
-        if any(state[s][2] for s in taken):
-            absorbs[n.name] = taken
-    counted: set[int] = set()
-
-    def take_params(names: list[str]) -> dict[str, int]:
-        out = {}
-        for s in names:
-            target, t, is_param = state[s]
-            if is_param and id(t) not in counted:
-                counted.add(id(t))
-                out[target] = t.numel()
-        return out
-
-    param_bytes = {target: t.numel() * t.element_size() for target, t, is_param in state.values() if is_param}
+    owners, absorbs = _absorbed_state(gm, root, strip, state)
     graph = OpGraph(name=spec.name, batch=batch, seq_len=spec.seq_len, dtype=dtype)
-    emitted: set[str] = set()
-
-    def add(name: str, absorbed: tuple[int, int] = (0, 0), **attrs) -> None:
-        """`absorbed`: bytes of the state the node absorbs (a leaf module's op), in the capture's dtype and
-        in fp32, which its mem_bytes leave out (module docstring)."""
-        st = rec.stats[name]
-        params = attrs.pop("params", {})
-        own = {k: v for k, v in memory[name].items() if k != "mem_bytes"}  # mem_bytes: the caller's
-        if mixed:
-            m = mixed[name]
-            own["autocast"] = {**m, "mem_bytes": 0 if st["alias"] else max(0, m["mem_bytes"] - absorbed[1])}
-        graph.add_node(name, shape=st["shape"], dtype=st["dtype"], **own,
-                       fwd_flops=st["fwd_flops"], bwd_flops=st["bwd_flops"], alias=st["alias"],
-                       params=params, param_bytes=sum(param_bytes[p] for p in params),
-                       **({"uncosted": st["uncosted"]} if st["uncosted"] else {}), **attrs)
-        emitted.add(name)
-
-    def emit_state(s: str) -> None:
-        target, t, is_param = state[s]
-        st = rec.stats[s]
-        add(s, op="get_attr", target=target, kind="get_attr", module=target.rpartition(".")[0],
-            mem_bytes=st["mem_bytes"], params=take_params([s]) if is_param else {})
-
+    writer = _GraphWriter(graph, rec, state, memory, mixed)
     for n in gm.graph.nodes:
         if n.op == "output" or n.name in state:
             continue
@@ -297,39 +237,124 @@ def capture_export(spec: ModelSpec, dtype: str, batch: int, autocast: str | None
             continue
         if n.op == "get_attr" or (n.op == "call_function" and not st["out_bytes"] and not n.users):
             continue  # HOP bodies (GraphModules), and checks without outputs
-        for a in n.all_input_nodes:
-            if a.name in state and a.name not in emitted and a.name not in absorbs.get(n.name, ()):
-                emit_state(a.name)
-        if n.op == "placeholder":
-            add(n.name, op="placeholder", target=str(n.target), kind="placeholder", module="",
-                mem_bytes=st["mem_bytes"])
-        elif n.name in absorbs:
-            path, mod = owners[n.name]
-            taken = absorbs[n.name]
-            conv1d = _is_conv1d(mod)
-            kind = "linear" if conv1d else type(mod).__name__.lower()
-            own_bytes = sum(state[s][1].numel() * state[s][1].element_size() for s in taken)
-            fp32_bytes = sum(state[s][1].numel() * (4 if state[s][1].is_floating_point() else state[s][1].element_size())
-                             for s in taken)
-            extra = {"weight_layout": "in_out" if conv1d else "out_in"} if kind == "linear" else {}
-            tied = _tied_names(mod, path, [state[s] for s in taken])
-            add(n.name, (own_bytes, fp32_bytes), op="call_module", target=path, kind=kind, module=path,
-                mem_bytes=0 if st["alias"] else max(0, st["mem_bytes"] - own_bytes),
-                params=take_params(taken), aten=str(n.target), **extra, **({"tied": tied} if tied else {}))
-        else:
-            kind, dim_name = _normalised_kind(n)
-            dims = _dim_args(n, rec.stats, dim_name) if dim_name else {}
-            if _aten_name(n) == "t":
-                dims = {"dims": (0, 1)}
-            if kind == "grouped_mm":  # one GEMM per expert: costmodel.price.kernels prices each on its rows
-                weight = rec.stats.get(getattr(n.args[1], "name", ""), {}).get("shape", ())
-                dims = {"groups": weight[0]} if len(weight) == 3 else {}
-            add(n.name, op=n.op, target=str(n.target), kind=kind, module=owners.get(n.name, ("", None))[0],
-                mem_bytes=st["mem_bytes"], **dims)
-        for a in n.all_input_nodes:
-            if a.name in emitted:
-                graph.add_edge(a.name, n.name, nbytes=rec.stats[a.name]["out_bytes"])
+        writer.write(n, owners, absorbs)
     if mixed:
         graph.g.graph["autocast"] = autocast
     graph.finalize(capture_seconds=time.perf_counter() - t0)
     return graph
+
+
+def _owner_of(n: fx.Node, root: nn.Module, strip: str) -> tuple[str, nn.Module | None]:
+    """(module path with the loss wrapper's prefix stripped, the module) of the innermost module an op runs in."""
+    stack = n.meta.get("nn_module_stack")
+    if not stack:
+        return "", None
+    path = str(list(stack.values())[-1][0])
+    try:
+        mod = root.get_submodule(path)
+    except AttributeError:
+        mod = None
+    if strip:
+        path = path[len(strip):] if path.startswith(strip) else ("" if path == strip.rstrip(".") else path)
+    return path, mod
+
+
+def _absorbed_state(gm: fx.GraphModule, root: nn.Module, strip: str, state: dict) -> tuple[dict, dict]:
+    """Which op of a leaf module absorbs its state: (op node -> (module path, module), op node -> the state
+    nodes it absorbs, for the ops of a leaf module that read at least one of its parameters)."""
+    absorbs: dict[str, list[str]] = {}     # op node -> state nodes it absorbs
+    owners: dict[str, tuple[str, nn.Module | None]] = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        owners[n.name] = path, mod = _owner_of(n, root, strip)
+        if mod is None or not _is_leaf(mod):
+            continue
+        own = {id(t) for t in [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]}
+        taken = [a.name for a in n.all_input_nodes if a.name in state and id(state[a.name][1]) in own]
+        if any(state[s][2] for s in taken):
+            absorbs[n.name] = taken
+    return owners, absorbs
+
+
+class _GraphWriter:
+    """Writes an export graph's recorded nodes into an OpGraph (module docstring): each parameter counted once,
+    at its first use; a state node not absorbed by a leaf module's op written just before its first user."""
+
+    def __init__(self, graph: OpGraph, rec, state: dict, memory: dict, mixed: dict | None):
+        self.graph, self.rec, self.state, self.memory, self.mixed = graph, rec, state, memory, mixed
+        self.param_bytes = {target: t.numel() * t.element_size() for target, t, is_param in state.values() if is_param}
+        self.counted: set[int] = set()
+        self.emitted: set[str] = set()
+
+    def write(self, n: fx.Node, owners: dict, absorbs: dict) -> None:
+        """Node n, after the state it reads and does not absorb, and its edges from what is written."""
+        state, st = self.state, self.rec.stats[n.name]
+        for a in n.all_input_nodes:
+            if a.name in state and a.name not in self.emitted and a.name not in absorbs.get(n.name, ()):
+                self.write_state(a.name)
+        if n.op == "placeholder":
+            self.add(n.name, op="placeholder", target=str(n.target), kind="placeholder", module="",
+                     mem_bytes=st["mem_bytes"])
+        elif n.name in absorbs:
+            self.write_leaf_op(n, *owners[n.name], absorbs[n.name])
+        else:
+            kind, dim_name = _normalised_kind(n)
+            dims = _dim_args(n, self.rec.stats, dim_name) if dim_name else {}
+            if _aten_name(n) == "t":
+                dims = {"dims": (0, 1)}
+            if kind == "grouped_mm":  # one GEMM per expert: costmodel.price.kernels prices each on its rows
+                weight = self.rec.stats.get(getattr(n.args[1], "name", ""), {}).get("shape", ())
+                dims = {"groups": weight[0]} if len(weight) == 3 else {}
+            self.add(n.name, op=n.op, target=str(n.target), kind=kind, module=owners.get(n.name, ("", None))[0],
+                     mem_bytes=st["mem_bytes"], **dims)
+        for a in n.all_input_nodes:
+            if a.name in self.emitted:
+                self.graph.add_edge(a.name, n.name, nbytes=self.rec.stats[a.name]["out_bytes"])
+
+    def write_leaf_op(self, n: fx.Node, path: str, mod: nn.Module, taken: list[str]) -> None:
+        """A leaf module's op that absorbs its state: a call_module node (module docstring)."""
+        state, st = self.state, self.rec.stats[n.name]
+        conv1d = _is_conv1d(mod)
+        kind = "linear" if conv1d else type(mod).__name__.lower()
+        own_bytes = sum(state[s][1].numel() * state[s][1].element_size() for s in taken)
+        fp32_bytes = sum(state[s][1].numel() * (4 if state[s][1].is_floating_point() else state[s][1].element_size())
+                         for s in taken)
+        extra = {"weight_layout": "in_out" if conv1d else "out_in"} if kind == "linear" else {}
+        tied = _tied_names(mod, path, [state[s] for s in taken])
+        self.add(n.name, (own_bytes, fp32_bytes), op="call_module", target=path, kind=kind, module=path,
+                 mem_bytes=0 if st["alias"] else max(0, st["mem_bytes"] - own_bytes),
+                 params=self.take_params(taken), aten=str(n.target), **extra, **({"tied": tied} if tied else {}))
+
+    def write_state(self, s: str) -> None:
+        """A parameter or buffer read by an op that does not absorb it: a get_attr node."""
+        target, t, is_param = self.state[s]
+        st = self.rec.stats[s]
+        self.add(s, op="get_attr", target=target, kind="get_attr", module=target.rpartition(".")[0],
+                 mem_bytes=st["mem_bytes"], params=self.take_params([s]) if is_param else {})
+
+    def take_params(self, names: list[str]) -> dict[str, int]:
+        """{name: numel} of the parameters among the state nodes `names` not counted yet (a tied one counts once)."""
+        out = {}
+        for s in names:
+            target, t, is_param = self.state[s]
+            if is_param and id(t) not in self.counted:
+                self.counted.add(id(t))
+                out[target] = t.numel()
+        return out
+
+    def add(self, name: str, absorbed: tuple[int, int] = (0, 0), **attrs) -> None:
+        """`absorbed`: bytes of the state the node absorbs (a leaf module's op), in the capture's dtype and
+        in fp32, which its mem_bytes leave out (module docstring)."""
+        st = self.rec.stats[name]
+        params = attrs.pop("params", {})
+        own = {k: v for k, v in self.memory[name].items() if k != "mem_bytes"}  # mem_bytes: the caller's
+        if self.mixed:
+            m = self.mixed[name]
+            own["autocast"] = {**m, "mem_bytes": 0 if st["alias"] else max(0, m["mem_bytes"] - absorbed[1])}
+        self.graph.add_node(name, shape=st["shape"], dtype=st["dtype"], **own,
+                            fwd_flops=st["fwd_flops"], bwd_flops=st["bwd_flops"], alias=st["alias"],
+                            params=params, param_bytes=sum(self.param_bytes[p] for p in params),
+                            **({"uncosted": st["uncosted"]} if st["uncosted"] else {}), **attrs)
+        self.emitted.add(name)
+

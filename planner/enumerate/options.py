@@ -201,6 +201,37 @@ def _expert_split(o: BlockOption, dp: int, ep: int) -> tuple[float, float, int]:
     return float(o.param_numel - o.experts.numel), o.experts.numel / ep, dp // ep
 
 
+@dataclass(frozen=True)
+class _Rank:
+    """One layer on one rank of a candidate: what every step of `cost_variant` reads."""
+
+    o: BlockOption
+    cluster: Cluster
+    sb: StateBytes
+    zero: int
+    """The variant's own ZeRO stage (Variant.zero, else the candidate's)."""
+    dp: int
+    tp: int
+    b: float
+    n_dense: float
+    n_expert: float
+    """Expert parameters on this rank (_expert_split), held by `edp` ranks alike."""
+    edp: int
+    dp_group: object
+    edp_group: object
+    """The data-parallel groups of the dense parameters and of the experts (costmodel.price.comm.group_for)."""
+    pipe_fsdp: bool
+
+    @property
+    def dev(self):
+        return self.cluster.device
+
+    @property
+    def shard(self) -> float:
+        """Parameters this rank holds fully sharded."""
+        return self.n_dense / self.dp + self.n_expert / self.edp
+
+
 def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: float,
                  ddp_overlap: bool = False, cp: int = 1, ep: int = 1, pipelined: bool = False,
                  tp_overlap: bool = False, zero1_broadcast: bool = True) -> Variant:
@@ -214,26 +245,13 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     (module docstring). `tp_overlap`: the TP collectives run in tp chunks beside the tensor-parallel GEMMs
     (costmodel.price.streams.tp_overlap). `zero1_broadcast`: ZeRO-1 broadcasts the parameters after the step
     (torch's ZeroRedundancyOptimizer) rather than Megatron's reduce-scatter + all-gather (module docstring)."""
-    o, dev = v.base, cluster.device
+    o = v.base
     n_dense, n_expert, edp = _expert_split(o, dp, ep)
     zero = zero if v.zero is None else v.zero
-    dp_group = comm.group_for(cluster, dp, tp)
-    edp_group = comm.group_for(cluster, edp, ep * tp)
-    flops = o.fwd_s + o.bwd_s
-    per_mb = o.fixed_s + o.launch_s  # per micro-batch seconds, split like the per-sample ones
-    fwd = o.fwd_s * b + (per_mb * o.fwd_s / flops if flops else per_mb / 3)
-    rerun = o.refwd_by_policy[v.recompute] * b + o.refixed_by_policy.get(v.recompute, 0.0) \
-        + o.relaunch_by_policy.get(v.recompute, 0.0)
-    bwd = o.bwd_s * b + per_mb - (fwd - o.fwd_s * b) + rerun
-    if n_expert and o.experts.flops_share:  # the busiest rank's experts pace the all-to-all
-        fwd, bwd = (x * (1 + (EP_IMBALANCE - 1) * o.experts.flops_share) for x in (fwd, bwd))
-    pipe_fsdp = pipelined_fsdp(pipelined, zero, dp)
-    v.accumulate = 0.0
-    if pipe_fsdp:  # each micro-batch's gradients are added into the fp32 accumulators: a memory-bound kernel
-        v.accumulate = (n_dense + n_expert) * (sb.grad + 2 * sb.grad_comm) / (dev.mem_bandwidth * dev.mem_efficiency) \
-            + o.param_tensors * dev.op_latency
-        bwd += v.accumulate
-    v.compute = fwd + bwd
+    r = _Rank(o=o, cluster=cluster, sb=sb, zero=zero, dp=dp, tp=tp, b=b, n_dense=n_dense, n_expert=n_expert,
+              edp=edp, dp_group=comm.group_for(cluster, dp, tp), edp_group=comm.group_for(cluster, edp, ep * tp),
+              pipe_fsdp=pipelined_fsdp(pipelined, zero, dp))
+    fwd, bwd = _compute_seconds(v, r)
     tp_all, tp_fwd = o.tp_comm_s(cluster, b), o.tp_fwd_comm_s(cluster, b)
     gemm_fwd, gemm_bwd = o.gemm_s(b)
     if v.recompute == "full":  # the re-run forward repeats its collectives (beside its GEMMs) in the backward
@@ -241,75 +259,134 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     kv = o.kv_bytes * b * cp  # the K and V of the rank's whole sequences
     v.cp_comm = cp_comm(cluster, kv, cp, tp, v.recompute)
     v.ep_comm = ep_comm(cluster, o.experts.dispatch_bytes * b, ep, tp, cp, v.recompute) if n_expert else 0.0
-    # what the block keeps for its backward: activations, and without recompute the weight copies autograd
-    # saves (autocast's bf16 casts: one per micro-batch, whatever its size; strategies module docstring)
-    kept = o.saved_by_policy[v.recompute] * b + (o.weight_saved if v.recompute == "none" else 0)
-    if cp > 1 and v.recompute != "full":  # the gathered K and V are saved for the backward
-        kept += kv * (cp - 1) / cp
+    kept = _kept_bytes(v, r, kv, cp)
     v.act = 0.0 if v.offload_activations else float(kept)
     v.host_act = float(kept) if v.offload_activations else 0.0
-    ag = (comm.all_gather(cluster, dp_group, n_dense * sb.param) if dp > 1 else 0.0) \
-        + (comm.all_gather(cluster, edp_group, n_expert * sb.param) if edp > 1 else 0.0)
-    rs = (comm.reduce_scatter(cluster, dp_group, n_dense * sb.grad_comm) if dp > 1 else 0.0) \
-        + (comm.reduce_scatter(cluster, edp_group, n_expert * sb.grad_comm) if edp > 1 else 0.0)
-    gather_fwd = ag if zero >= 2 and not pipe_fsdp else 0.0  # ZeRO-2 (reshard_after_forward off): once
-    gather_bwd = ag if zero == 3 else 0.0          # ZeRO-3: again before the backward
-    scatter = rs if zero >= 2 and not pipe_fsdp else 0.0
-    shard = n_dense / dp + n_expert / edp          # parameters this rank holds fully sharded
-    out = back = 0.0
-    serial = 2 * kept / dev.host_bw if v.offload_activations else 0.0  # out and back, on the compute stream
-    if v.offload_states and not pipe_fsdp:  # parameter shard up before the forward, gradient shard down after
-        out += shard * sb.param / dev.host_bw
-        back += shard * sb.grad / dev.host_bw
-    elif v.offload_states and gather_bwd:  # pipelined ZeRO-3: the shard goes up before each backward's gather
-        back += shard * sb.param / dev.host_bw
+    ag, rs, gather_fwd, gather_bwd, scatter = _zero_traffic(r)
+    out, back, serial, nic_f, nic_b = _host_traffic(v, r, kept, gather_fwd, gather_bwd, scatter)
     v.zero_first, v.zero_scatter = None, 0.0
-    if pipe_fsdp:  # once per step: the first forward's gathers, then one reduce-scatter after the last backward
-        v.zero_first = streams.window(fwd, ag, shard * sb.param / dev.host_bw if v.offload_states else 0.0,
-                                      dev.overlap_slowdown)
-        v.zero_scatter = rs + (shard * sb.grad / dev.host_bw if v.offload_states else 0.0)
-    nic_f = nic_b = 0.0
-    if out or back or serial:  # the NIC's off-node bytes cross the same PCIe switch as the host copies
-        off = lambda nbytes: (comm.off_node_bytes(cluster, dp_group, n_dense * nbytes)
-                              + comm.off_node_bytes(cluster, edp_group, n_expert * nbytes)) / dev.host_bw
-        nic_f = off(sb.param) if gather_fwd else 0.0
-        nic_b = off(sb.param) * (gather_bwd > 0) + off(sb.grad_comm) * (scatter > 0)
+    if r.pipe_fsdp:  # once per step: the first forward's gathers, then one reduce-scatter after the last backward
+        v.zero_first = streams.window(fwd, ag, r.shard * sb.param / r.dev.host_bw if v.offload_states else 0.0,
+                                      r.dev.overlap_slowdown)
+        v.zero_scatter = rs + (r.shard * sb.grad / r.dev.host_bw if v.offload_states else 0.0)
     timing = streams.layer_timing(streams.LayerStreams(
         compute_fwd=fwd, compute_bwd=bwd, tp=tp_all, tp_fwd=tp_fwd, tp_chunks=tp if tp_overlap and tp > 1 else 0,
         gemm_fwd=gemm_fwd, gemm_bwd=gemm_bwd, cp=v.cp_comm, ep=v.ep_comm, gather_fwd=gather_fwd,
         gather_bwd=gather_bwd, scatter_bwd=scatter, offload_out=out, offload_in=back, offload_serial=serial,
-        nic_fwd=nic_f, nic_bwd=nic_b), dev.overlap_slowdown)
+        nic_fwd=nic_f, nic_bwd=nic_b), r.dev.overlap_slowdown)
     v.timing = timing
     v.time = timing.total
     v.tp_comm = timing.tp
     v.zero_comm = gather_fwd + gather_bwd + scatter
     v.offload_traffic = out + back + serial
-    full = zero_state_bytes(n_dense, sb, zero, dp) + zero_state_bytes(n_expert, sb, zero, edp)
+    _charge_state(v, r)
+    _charge_flush(v, r, bwd, ddp_overlap, zero1_broadcast)
+    return v
+
+
+def _compute_seconds(v: Variant, r: _Rank) -> tuple[float, float]:
+    """(forward, backward) compute seconds per micro-batch: b x per-sample seconds + the per-micro-batch
+    GEMM and launch seconds split like them, the recompute re-run in the backward, the busiest expert rank's
+    imbalance, and (pipelined FSDP) the gradient accumulation kernel; sets v.accumulate and v.compute."""
+    o, b, dev = r.o, r.b, r.dev
+    flops = o.fwd_s + o.bwd_s
+    per_mb = o.fixed_s + o.launch_s  # per micro-batch seconds, split like the per-sample ones
+    fwd = o.fwd_s * b + (per_mb * o.fwd_s / flops if flops else per_mb / 3)
+    rerun = o.refwd_by_policy[v.recompute] * b + o.refixed_by_policy.get(v.recompute, 0.0) \
+        + o.relaunch_by_policy.get(v.recompute, 0.0)
+    bwd = o.bwd_s * b + per_mb - (fwd - o.fwd_s * b) + rerun
+    if r.n_expert and o.experts.flops_share:  # the busiest rank's experts pace the all-to-all
+        fwd, bwd = (x * (1 + (EP_IMBALANCE - 1) * o.experts.flops_share) for x in (fwd, bwd))
+    v.accumulate = 0.0
+    if r.pipe_fsdp:  # each micro-batch's gradients are added into the fp32 accumulators: a memory-bound kernel
+        v.accumulate = (r.n_dense + r.n_expert) * (r.sb.grad + 2 * r.sb.grad_comm) \
+            / (dev.mem_bandwidth * dev.mem_efficiency) + o.param_tensors * dev.op_latency
+        bwd += v.accumulate
+    v.compute = fwd + bwd
+    return fwd, bwd
+
+
+def _kept_bytes(v: Variant, r: _Rank, kv: float, cp: int) -> float:
+    """What the block keeps for its backward: activations, and without recompute the weight copies autograd
+    saves (autocast's bf16 casts: one per micro-batch, whatever its size; strategies module docstring), and
+    under context parallelism the gathered K and V."""
+    kept = r.o.saved_by_policy[v.recompute] * r.b + (r.o.weight_saved if v.recompute == "none" else 0)
+    if cp > 1 and v.recompute != "full":  # the gathered K and V are saved for the backward
+        kept += kv * (cp - 1) / cp
+    return kept
+
+
+def _zero_traffic(r: _Rank) -> tuple[float, float, float, float, float]:
+    """(all-gather, reduce-scatter of the layer's parameters and gradients over their data-parallel groups,
+    and per micro-batch: the forward gather, the backward gather, the backward reduce-scatter)."""
+    sb, cluster = r.sb, r.cluster
+    ag = (comm.all_gather(cluster, r.dp_group, r.n_dense * sb.param) if r.dp > 1 else 0.0) \
+        + (comm.all_gather(cluster, r.edp_group, r.n_expert * sb.param) if r.edp > 1 else 0.0)
+    rs = (comm.reduce_scatter(cluster, r.dp_group, r.n_dense * sb.grad_comm) if r.dp > 1 else 0.0) \
+        + (comm.reduce_scatter(cluster, r.edp_group, r.n_expert * sb.grad_comm) if r.edp > 1 else 0.0)
+    gather_fwd = ag if r.zero >= 2 and not r.pipe_fsdp else 0.0  # ZeRO-2 (reshard_after_forward off): once
+    gather_bwd = ag if r.zero == 3 else 0.0          # ZeRO-3: again before the backward
+    scatter = rs if r.zero >= 2 and not r.pipe_fsdp else 0.0
+    return ag, rs, gather_fwd, gather_bwd, scatter
+
+
+def _host_traffic(v: Variant, r: _Rank, kept: float, gather_fwd: float, gather_bwd: float,
+                  scatter: float) -> tuple[float, float, float, float, float]:
+    """Host-link seconds per micro-batch: (out in the forward, back in the backward, serial on the compute
+    stream, the NIC's off-node bytes in the forward and in the backward, which cross the same PCIe switch)."""
+    sb, dev, shard = r.sb, r.dev, r.shard
+    out = back = 0.0
+    serial = 2 * kept / dev.host_bw if v.offload_activations else 0.0  # out and back, on the compute stream
+    if v.offload_states and not r.pipe_fsdp:  # parameter shard up before the forward, gradient shard down after
+        out += shard * sb.param / dev.host_bw
+        back += shard * sb.grad / dev.host_bw
+    elif v.offload_states and gather_bwd:  # pipelined ZeRO-3: the shard goes up before each backward's gather
+        back += shard * sb.param / dev.host_bw
+    nic_f = nic_b = 0.0
+    if out or back or serial:  # the NIC's off-node bytes cross the same PCIe switch as the host copies
+        off = lambda nbytes: (comm.off_node_bytes(r.cluster, r.dp_group, r.n_dense * nbytes)
+                              + comm.off_node_bytes(r.cluster, r.edp_group, r.n_expert * nbytes)) / dev.host_bw
+        nic_f = off(sb.param) if gather_fwd else 0.0
+        nic_b = off(sb.param) * (gather_bwd > 0) + off(sb.grad_comm) * (scatter > 0)
+    return out, back, serial, nic_f, nic_b
+
+
+def _charge_state(v: Variant, r: _Rank) -> None:
+    """The variant's model-state bytes on the device (v.state, of them v.grad) and on the host (module
+    docstring's per-stage formulas; pipelined FSDP: parameters gathered and fp32 accumulators, whole)."""
+    sb, zero, n_dense, n_expert = r.sb, r.zero, r.n_dense, r.n_expert
+    full = zero_state_bytes(n_dense, sb, zero, r.dp) + zero_state_bytes(n_expert, sb, zero, r.edp)
     v.state = 0.0 if v.offload_states else full
-    v.grad = 0.0 if v.offload_states else sb.grad * (n_dense / (dp if zero >= 2 else 1)
-                                                    + n_expert / (edp if zero >= 2 else 1))
+    v.grad = 0.0 if v.offload_states else sb.grad * (n_dense / (r.dp if zero >= 2 else 1)
+                                                    + n_expert / (r.edp if zero >= 2 else 1))
     v.host_state = full if v.offload_states else 0.0
-    if pipe_fsdp:  # parameters gathered and fp32 gradient accumulators, whole, beside the sharded optimizer
+    if r.pipe_fsdp:  # parameters gathered and fp32 gradient accumulators, whole, beside the sharded optimizer
         v.grad = sb.grad_comm * (n_dense + n_expert)
         v.state = sb.param * (n_dense + n_expert) + v.grad \
-            + (0.0 if v.offload_states else (sb.optimizer + sb.shard_copy) * shard)
+            + (0.0 if v.offload_states else (sb.optimizer + sb.shard_copy) * r.shard)
+
+
+def _charge_flush(v: Variant, r: _Rank, bwd: float, ddp_overlap: bool, zero1_broadcast: bool) -> None:
+    """The variant's after-flush seconds (module docstring's D): the data-parallel all-reduce (exposed, or
+    bucketed beside the backward under DDP), ZeRO-1's parameter broadcast, the optimizer step."""
+    o, sb, zero, dp, edp, cluster, dev = r.o, r.sb, r.zero, r.dp, r.edp, r.cluster, r.dev
     ar = 0.0
     if zero <= 1 and dp > 1:
-        ar = n_dense * sb.grad_comm * comm.affine(comm.all_reduce, cluster, dp_group)[1]
+        ar = r.n_dense * sb.grad_comm * comm.affine(comm.all_reduce, cluster, r.dp_group)[1]
         if edp > 1:
-            ar += n_expert * sb.grad_comm * comm.affine(comm.all_reduce, cluster, edp_group)[1]
+            ar += r.n_expert * sb.grad_comm * comm.affine(comm.all_reduce, cluster, r.edp_group)[1]
     v.dp_comm = ar
     v.zero1_sync = 0.0
     if zero == 1 and zero1_broadcast:  # each parameter tensor broadcast from the rank that stepped it
         tensors = max(1, o.param_tensors)
         v.zero1_sync = sum(tensors * comm.broadcast(cluster, group, n * sb.param / tensors)
-                           for n, group, size in ((n_dense, dp_group, dp), (n_expert, edp_group, edp))
+                           for n, group, size in ((r.n_dense, r.dp_group, dp), (r.n_expert, r.edp_group, edp))
                            if n and size > 1)
     v.dp_exposed, v.dp_contention = ar, 0.0
     if ddp_overlap and ar:
         # buckets overlap the last micro-batch's backward of this layer (costmodel.price.streams)
         v.dp_exposed, v.dp_contention = streams.bucketed_all_reduce(ar, bwd, dev.overlap_slowdown)
-    n_opt = shard if zero >= 1 else n_dense + n_expert
+    n_opt = r.shard if zero >= 1 else r.n_dense + r.n_expert
     if v.offload_states:
         step = n_opt * sb.step_traffic / HOST_MEMORY_BW
     else:
@@ -319,7 +396,6 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     dtensors = o.param_tensors if zero >= 2 and dp > 1 else o.dtensor_params
     v.step = step + dtensors * dev.sharded_param_latency
     v.flush = v.dp_exposed + v.dp_contention + v.step + v.zero_flush
-    return v
 
 
 def variants(bases: list[BlockOption], cluster: Cluster, sb: StateBytes, zero: int, dp: int, tp: int, b: float,

@@ -66,14 +66,7 @@ from partita.costmodel.capture.graph import OpGraph
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.price.kernels import BACKWARD_LAUNCHES, NodeTime, node_time
 from partita.planner.enumerate.cp_ep import Experts, attention_kv_bytes, experts_of
-
-_ALIAS_OPS = {"view", "reshape", "transpose", "permute", "contiguous", "flatten", "unflatten", "expand"}
-_ELEMENTWISE = {"add", "sub", "mul", "truediv", "div", "neg", "gelu", "silu", "relu", "tanh", "sigmoid",
-                "exp", "float", "to", "type_as", "dropout", "pow", "rsqrt", "sqrt", "getitem", "iadd", "imul",
-                "softmax", "scaled_masked_softmax", "cat", "chunk", "split", "narrow", "masked_fill"}
-_BATCHED_MATMUL = {"matmul", "bmm", "baddbmm"}
-_LAST_DIM_OPS = {"softmax", "scaled_masked_softmax", "cat", "chunk", "split", "narrow"}  # fine unless along the sharded dim
-
+from partita.planner.enumerate.tp_split import _BATCHED_MATMUL, propagate_tp, sequence_split
 
 @dataclass
 class BlockOption:
@@ -204,6 +197,8 @@ def sequence_option(graph: OpGraph, group: str, cluster: Cluster, tp: int) -> Bl
 
 
 def _split_option(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequence: bool) -> BlockOption | None:
+    """The "tensor" (or, `sequence`, "sequence") option of `group` over tp ranks (module docstring); None when
+    the block cannot be split so."""
     roles = propagate_tp(graph, group, tp, allow_empty=sequence)
     if roles is None:
         return None
@@ -216,54 +211,88 @@ def _split_option(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequenc
     loss = {n for n in graph.nodes_of(group) if g.nodes[n]["kind"] == "cross_entropy"
             and next(iter(g.predecessors(n))) in sharded}
     sharded = sharded | loss
-    fwd = bwd = 0.0
-    numel = saved = weights = 0
-    reduce_fwd: list[int] = []
-    gather_fwd: list[int] = []
-    scatter_fwd: list[int] = []
-    col_inputs: dict[str, int] = {}
-    col_each: list[int] = []  # the input of every column-parallel layer (BlockOption.tp_comm_s)
-    fixed = 0.0
-    gemm = [0.0, 0.0, 0.0, 0.0]  # forward, backward per sample; forward, backward per micro-batch
+    c = _split_costs(graph, group, cluster, tp, sequence, sharded, seq, loss, placements)
+    rows_out = [g.nodes[n]["out_bytes"] for n in graph.nodes_of(group)
+                if g.nodes[n]["kind"] == "linear" and placements.get(g.nodes[n]["module"]) == "rowwise"]
+    opt = BlockOption(name="sequence" if sequence else "tensor", tp=tp, fwd_s=c.fwd, bwd_s=c.bwd,
+                      tp_comm_bytes_fwd=c.reduce_fwd, param_numel=c.numel, saved_bytes=c.saved, placements=placements,
+                      layout="S" if sequence else "R", fixed_s=c.fixed, weight_saved=c.weights)
+    opt.gemm_fwd_s, opt.gemm_bwd_s, opt.gemm_fixed_fwd, opt.gemm_fixed_bwd = c.gemm
+    if sequence:
+        opt.tp_gather_fwd, opt.tp_scatter_fwd = list(c.col_inputs.values()), c.scatter_fwd
+        opt.tp_scatter_bwd, opt.tp_gather_bwd = list(c.col_inputs.values()), rows_out
+    else:
+        opt.tp_comm_bytes_bwd = list(c.col_inputs.values())
+        opt.tp_reduce_each_bwd = c.col_each
+    split_nodes = sharded | seq | {n for n in graph.nodes_of(group)
+                                   if g.nodes[n]["kind"] == "linear" and g.nodes[n]["module"] in placements}
+    opt.param_tensors = sum(len(g.nodes[n]["params"]) for n in graph.nodes_of(group))
+    opt.dtensor_params = sum(len(g.nodes[n]["params"]) for n in graph.nodes_of(group)
+                             if g.nodes[n]["module"] in placements)
+    # (under sequence parallelism the block's input arrives sharded: recompute keeps 1/t of it)
+    opt.kv_bytes, opt.experts = attention_kv_bytes(graph, group) // tp, experts_of(graph, group)
+    _add_recompute_policies(opt, graph, group, cluster, split_nodes, tp, sharded | seq, tp if sequence else 1,
+                            dtensor_nodes=_dtensor_nodes(graph, group, sharded, seq, loss, placements),
+                            placements=placements)
+    return opt
+
+
+@dataclass
+class _SplitCosts:
+    """What a split block costs one rank, summed over its nodes (per sample, and per micro-batch `fixed`)."""
+
+    fwd: float = 0.0
+    bwd: float = 0.0
+    fixed: float = 0.0
+    gemm: list = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+    """The placed Linears' forward, backward per sample; forward, backward per micro-batch."""
+    numel: int = 0
+    saved: int = 0
+    weights: int = 0
+    reduce_fwd: list = field(default_factory=list)
+    scatter_fwd: list = field(default_factory=list)
+    col_inputs: dict = field(default_factory=dict)
+    col_each: list = field(default_factory=list)
+    """The input of every column-parallel layer (BlockOption.tp_comm_s)."""
+
+
+def _split_costs(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequence: bool, sharded: set[str],
+                 seq: set[str], loss: set[str], placements: dict[str, str]) -> _SplitCosts:
+    """Each node's seconds, parameters and saved bytes on one rank, and the tensor-parallel collectives'
+    bytes: a row-parallel layer's (or vocab embedding's) output reduced (or, `sequence`, reduce-scattered),
+    a column-parallel one's input gathered, a vocab-parallel loss's three floats per token reduced."""
+    g, c = graph.g, _SplitCosts()
     for n in graph.nodes_of(group):
         d = g.nodes[n]
         style = placements.get(d["module"]) if d["kind"] in ("linear", "embedding") else None
         split = n in sharded or n in seq or (style is not None and d["kind"] == "linear")
         t = node_seconds(d, cluster, graph.dtype, tp, style, split)
-        fwd, bwd, fixed = fwd + t.fwd, bwd + t.bwd, fixed + t.fixed_fwd + t.fixed_bwd
+        c.fwd, c.bwd, c.fixed = c.fwd + t.fwd, c.bwd + t.bwd, c.fixed + t.fixed_fwd + t.fixed_bwd
         if d["kind"] == "linear" and style in ("colwise", "rowwise"):
-            gemm = [a + b for a, b in zip(gemm, (t.fwd, t.bwd, t.fixed_fwd, t.fixed_bwd))]
-        saved += _saved_share(g, n, tp, sharded, seq, placements)
-        weights += d.get("weight_saved_bytes", 0) // (tp if style else 1)
+            c.gemm = [a + b for a, b in zip(c.gemm, (t.fwd, t.bwd, t.fixed_fwd, t.fixed_bwd))]
+        c.saved += _saved_share(g, n, tp, sharded, seq, placements)
+        c.weights += d.get("weight_saved_bytes", 0) // (tp if style else 1)
         for pname, pn in d["params"].items():
             replicated_bias = style == "rowwise" and pname.endswith("bias")
-            numel += pn // tp if style and not replicated_bias else pn
+            c.numel += pn // tp if style and not replicated_bias else pn
         if style == "rowwise" or (style == "vocab" and d["kind"] == "embedding"):
-            (scatter_fwd if sequence else reduce_fwd).append(d["out_bytes"])
+            (c.scatter_fwd if sequence else c.reduce_fwd).append(d["out_bytes"])
         elif style in ("colwise", "vocab"):
             src = next(iter(g.predecessors(n)))
-            col_inputs[src] = g.nodes[src]["out_bytes"]
-            col_each.append(g.nodes[src]["out_bytes"])
+            c.col_inputs[src] = g.nodes[src]["out_bytes"]
+            c.col_each.append(g.nodes[src]["out_bytes"])
         elif n in loss:
             tokens = g.nodes[next(iter(g.predecessors(n)))]["shape"][0]
-            reduce_fwd += [4 * tokens] * 3  # vocab-parallel loss: row max, sum of exps, target logit (fp32)
-    rows_out = [g.nodes[n]["out_bytes"] for n in graph.nodes_of(group)
-                if g.nodes[n]["kind"] == "linear" and placements.get(g.nodes[n]["module"]) == "rowwise"]
-    opt = BlockOption(name="sequence" if sequence else "tensor", tp=tp, fwd_s=fwd, bwd_s=bwd,
-                      tp_comm_bytes_fwd=reduce_fwd, param_numel=numel, saved_bytes=saved, placements=placements,
-                      layout="S" if sequence else "R", fixed_s=fixed, weight_saved=weights)
-    opt.gemm_fwd_s, opt.gemm_bwd_s, opt.gemm_fixed_fwd, opt.gemm_fixed_bwd = gemm
-    if sequence:
-        opt.tp_gather_fwd, opt.tp_scatter_fwd = list(col_inputs.values()), scatter_fwd
-        opt.tp_scatter_bwd, opt.tp_gather_bwd = list(col_inputs.values()), rows_out
-    else:
-        opt.tp_comm_bytes_bwd = list(col_inputs.values())
-        opt.tp_reduce_each_bwd = col_each
-    split_nodes = sharded | seq | {n for n in graph.nodes_of(group)
-                                   if g.nodes[n]["kind"] == "linear" and g.nodes[n]["module"] in placements}
-    # nodes the runtime runs on DTensors (Device.sharded_op_latency per launch): the placed Linears and
-    # Embeddings, under sequence parallelism all that is split over the sequence, and what a vocab
-    # head's sharded logits pass through to the loss-parallel loss; their parameters are DTensors
+            c.reduce_fwd += [4 * tokens] * 3  # vocab-parallel loss: row max, sum of exps, target logit (fp32)
+    return c
+
+
+def _dtensor_nodes(graph: OpGraph, group: str, sharded: set[str], seq: set[str], loss: set[str],
+                   placements: dict[str, str]) -> set[str]:
+    """Nodes the runtime runs on DTensors (Device.sharded_op_latency per launch): the placed Linears and
+    Embeddings, under sequence parallelism all that is split over the sequence, and what a vocab head's
+    sharded logits pass through to the loss-parallel loss; their parameters are DTensors."""
+    g = graph.g
     on_dtensors = seq | loss | {n for n in graph.nodes_of(group) if g.nodes[n]["kind"] in ("linear", "embedding")
                                 and g.nodes[n]["module"] in placements}
     for n in loss:
@@ -271,14 +300,7 @@ def _split_option(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequenc
         while p in sharded and g.nodes[p]["kind"] != "linear":
             on_dtensors.add(p)
             p = next(iter(g.predecessors(p)))
-    opt.param_tensors = sum(len(g.nodes[n]["params"]) for n in graph.nodes_of(group))
-    opt.dtensor_params = sum(len(g.nodes[n]["params"]) for n in graph.nodes_of(group)
-                             if g.nodes[n]["module"] in placements)
-    # (under sequence parallelism the block's input arrives sharded: recompute keeps 1/t of it)
-    opt.kv_bytes, opt.experts = attention_kv_bytes(graph, group) // tp, experts_of(graph, group)
-    _add_recompute_policies(opt, graph, group, cluster, split_nodes, tp, sharded | seq, tp if sequence else 1,
-                            dtensor_nodes=on_dtensors, placements=placements)
-    return opt
+    return on_dtensors
 
 
 def _saved_share(g, n: str, tp: int, sharded: set[str], seq: set[str], placements: dict[str, str]) -> int:
@@ -305,49 +327,6 @@ def _share(g, n: str, saved: int, tp: int, sharded: set[str], seq: set[str], pla
     if feeds_col and saved >= d["out_bytes"]:
         return d["out_bytes"] + (saved - d["out_bytes"]) // tp
     return saved // tp
-
-
-NORM_KINDS = {"layernorm", "layer_norm", "rmsnorm", "rms_norm"}
-_POSITIONWISE = (_ELEMENTWISE - _LAST_DIM_OPS) | NORM_KINDS | {"mean", "sum", "embedding", "dropout"}
-
-
-def sequence_split(graph: OpGraph, group: str, tp: int, sharded: set[str],
-                   placements: dict[str, str]) -> set[str] | None:
-    """Nodes outside the tensor-parallel regions that sequence parallelism splits over the sequence:
-    those whose output is laid out [batch, seq, ...]. None if one of them mixes positions (it would
-    need the whole sequence) or the sequence does not divide by tp. Norm modules among them get the
-    placement "sequence" (added to `placements`)."""
-    g = graph.g
-    seq_len = graph.seq_len
-    if not seq_len or seq_len % tp:
-        return None
-    out: set[str] = set()
-    mine = set(graph.nodes_of(group))
-    flows: set[str] = set()  # nodes carrying the activations (not buffers such as a causal mask)
-    for n in graph.nodes_of(group):
-        d = g.nodes[n]
-        if d["shape"] and any((p in flows) or (p not in mine and g.nodes[p]["op"] != "get_attr")
-                              for p in g.predecessors(n)):
-            flows.add(n)
-        shape = d["shape"]
-        if (n in sharded or n not in flows or d["op"] in ("placeholder", "get_attr") or len(shape) < 2
-                or shape[1] != seq_len):
-            continue
-        if d["kind"] == "linear" and d["module"] in placements:
-            continue
-        kind = d["kind"]
-        if kind in _LAST_DIM_OPS or kind in ("mean", "sum"):
-            if d.get("reduce_dim") not in (None, len(shape) - 1, -1):
-                return None
-        elif kind not in _POSITIONWISE and kind not in _ALIAS_OPS:
-            return None
-        if kind in _ALIAS_OPS and not any(len(g.nodes[p]["shape"]) >= 2 and g.nodes[p]["shape"][1] == seq_len
-                                         for p in g.predecessors(n)):
-            return None  # a view that makes a sequence dim out of something else
-        out.add(n)
-        if kind in NORM_KINDS or kind == "mean":
-            placements[d["module"]] = "sequence"
-    return out
 
 
 def keeps_output_under_selective(d: dict, takes_param: bool = False) -> bool:
@@ -389,18 +368,42 @@ def _add_recompute_policies(opt: BlockOption, graph: OpGraph, group: str, cluste
     sharded = split if sharded is None else sharded
     placements = placements or {}
     g = graph.g
-    # Parameters, and what is computed from parameters alone (a transpose or cast of a weight), are
-    # weights: an op fed one (and an activation) counts as an operator with parameters.
+    kept = _kept_by_policy(graph, group)
+    keep, rerun, fixed, fixed_all = _policy_costs(graph, group, cluster, kept, split, tp, sharded, placements)
+    inp = input_bytes(graph, group) // input_div
+    dev = cluster.device
+
+    def lat(n: str) -> float:
+        return launches(g.nodes[n]) * (dev.op_latency + (dev.sharded_op_latency if n in dtensor_nodes else 0.0))
+    fwd_launch = sum(lat(n) for n in graph.nodes_of(group))
+    opt.launch_s = fwd_launch * (1 + BACKWARD_LAUNCHES)
+    opt.relaunch_by_policy = {"none": 0.0, **{p: sum(lat(n) for n in graph.nodes_of(group) if n not in nodes)
+                                               for p, nodes in kept.items()}, "full": fwd_launch}
+    opt.saved_by_policy = {"none": opt.saved_bytes, **{p: min(opt.saved_bytes, keep[p] + inp) for p in kept},
+                           "full": min(opt.saved_bytes, inp)}
+    opt.refwd_by_policy = {"none": 0.0, **rerun, "full": opt.fwd_s}
+    opt.refixed_by_policy = {"none": 0.0, **fixed, "full": fixed_all}
+
+
+def _weights(graph: OpGraph, group: str) -> set[str]:
+    """Parameters, and what is computed from parameters alone (a transpose or cast of a weight), are
+    weights: an op fed one (and an activation) counts as an operator with parameters."""
+    g = graph.g
     weights = {p for n in graph.nodes_of(group) for p in g.predecessors(n)
                if g.nodes[p]["op"] == "get_attr" and g.nodes[p]["params"]}
     for n in graph.nodes_of(group):  # graph order is topological
         ins = list(g.predecessors(n))
         if g.nodes[n]["op"] != "placeholder" and ins and all(p in weights for p in ins):
             weights.add(n)
+    return weights
 
-    def takes_weight(n: str) -> bool:
-        return any(p in weights for p in g.predecessors(n))
 
+def _kept_by_policy(graph: OpGraph, group: str) -> dict[str, set[str]]:
+    """{"selective": what operators with parameters and fused attention produce, "op": every other weight
+    matmul and attention} -- the nodes whose outputs each policy keeps (module docstring)."""
+    g = graph.g
+    weights = _weights(graph, group)
+    takes_weight = lambda n: any(p in weights for p in g.predecessors(n))
     kept = {"selective": set(), "op": set()}
     products = 0
     for n in graph.nodes_of(group):
@@ -415,7 +418,14 @@ def _add_recompute_policies(opt: BlockOption, graph: OpGraph, group: str, cluste
                 kept["op"].add(n)
         elif d["kind"] == "scaled_dot_product_attention":
             kept["op"].add(n)
+    return kept
 
+
+def _policy_costs(graph: OpGraph, group: str, cluster: Cluster, kept: dict[str, set[str]], split: set[str],
+                  tp: int, sharded: set[str], placements: dict[str, str]) -> tuple[dict, dict, dict, float]:
+    """Per policy (keep bytes, re-run seconds per sample, re-run seconds per micro-batch), and the whole
+    forward's per-micro-batch seconds (what full recompute re-runs)."""
+    g = graph.g
     keep = dict.fromkeys(kept, 0)
     rerun = dict.fromkeys(kept, 0.0)
     fixed = dict.fromkeys(kept, 0.0)
@@ -438,156 +448,4 @@ def _add_recompute_policies(opt: BlockOption, graph: OpGraph, group: str, cluste
             else:
                 rerun[policy] += t.fwd
                 fixed[policy] += t.fixed_fwd
-    inp = input_bytes(graph, group) // input_div
-    dev = cluster.device
-
-    def lat(n: str) -> float:
-        return launches(g.nodes[n]) * (dev.op_latency + (dev.sharded_op_latency if n in dtensor_nodes else 0.0))
-    fwd_launch = sum(lat(n) for n in graph.nodes_of(group))
-    opt.launch_s = fwd_launch * (1 + BACKWARD_LAUNCHES)
-    opt.relaunch_by_policy = {"none": 0.0, **{p: sum(lat(n) for n in graph.nodes_of(group) if n not in nodes)
-                                               for p, nodes in kept.items()}, "full": fwd_launch}
-    opt.saved_by_policy = {"none": opt.saved_bytes, **{p: min(opt.saved_bytes, keep[p] + inp) for p in kept},
-                           "full": min(opt.saved_bytes, inp)}
-    opt.refwd_by_policy = {"none": 0.0, **rerun, "full": opt.fwd_s}
-    opt.refixed_by_policy = {"none": 0.0, **fixed, "full": fixed_all}
-
-
-def propagate_tp(graph: OpGraph, group: str, tp: int,
-                 allow_empty: bool = False) -> tuple[set[str], dict[str, str]] | None:
-    """Propagate a tensor-parallel sharding through `group`; see the module docstring.
-
-    Returns (nodes whose outputs are sharded, {module fqn: "colwise" | "rowwise" | "vocab"}), or None if
-    the block cannot be split over `tp` ranks (or has nothing to split, unless `allow_empty`).
-    """
-    g = graph.g
-    nodes = graph.nodes_of(group)
-    in_group = set(nodes)
-    dim: dict[str, int] = {}          # node -> sharded dim of its output (absent: replicated)
-    placements: dict[str, str] = {}
-    for n in nodes:
-        d = g.nodes[n]
-        shape = d["shape"]
-        ins = [p for p in g.predecessors(n) if p in dim]
-        if d["kind"] == "embedding" and not ins and _token_embedding(d, g, n, tp):
-            placements[d["module"]] = "vocab"  # rows sharded; the partial lookups are summed: replicated
-            continue
-        if d["kind"] == "cross_entropy" and ins:
-            logits = next(iter(g.predecessors(n)))
-            if ins != [logits] or dim[logits] != len(g.nodes[logits]["shape"]) - 1:
-                return None
-            _mark_vocab_head(g, logits, dim, placements)
-            continue  # the loss of vocab-sharded logits: replicated (module docstring)
-        if d["kind"] == "linear":
-            weight = [p for p in d["params"] if p.endswith("weight")]
-            out_f, in_f = _linear_dims(d, g, n)
-            if not ins:
-                if out_f % tp:
-                    return None
-                placements[d["module"]] = "colwise"
-                dim[n] = len(shape) - 1
-            else:
-                if in_f % tp or dim[ins[0]] != len(g.nodes[ins[0]]["shape"]) - 1 or not weight:
-                    return None
-                placements[d["module"]] = "rowwise"
-            continue
-        if not ins:
-            continue
-        out_dim = _carry(d, [(dim[p], g.nodes[p]["shape"]) for p in ins],
-                         [g.nodes[p]["shape"] for p in g.predecessors(n) if p not in dim], tp)
-        if out_dim is None:
-            return None
-        dim[n] = out_dim
-    # the block's outputs (to later groups, or the model's own outputs) must be replicated
-    for n in nodes:
-        succ = list(g.successors(n))
-        if n in dim and (not succ or any(s not in in_group for s in succ)):
-            return None
-    if not placements and not allow_empty:
-        return None
-    return set(dim), placements
-
-
-def _token_embedding(d: dict, g, n: str, tp: int) -> bool:
-    """An Embedding looked up by the model's token input (not positions), whose rows divide by tp."""
-    weight = [pn for name, pn in d["params"].items() if name.endswith("weight")]
-    hidden = d["shape"][-1] if d["shape"] else 0
-    if not weight or not hidden or (weight[0] // hidden) % tp:
-        return False
-    return any(g.nodes[p]["op"] == "placeholder" for p in g.predecessors(n))
-
-
-def _mark_vocab_head(g, logits: str, dim: dict, placements: dict[str, str]) -> None:
-    """The column-parallel Linear whose vocabulary-sharded output reaches the loss becomes "vocab"."""
-    n = logits
-    while g.nodes[n]["kind"] != "linear":
-        ins = [p for p in g.predecessors(n) if p in dim]
-        if not ins:
-            return
-        n = ins[0]
-    if placements.get(g.nodes[n]["module"]) == "colwise":
-        placements[g.nodes[n]["module"]] = "vocab"
-
-
-def _linear_dims(d: dict, g, n: str) -> tuple[int, int]:
-    out_f = d["shape"][-1] if d["shape"] else 0
-    preds = list(g.predecessors(n))
-    in_f = g.nodes[preds[0]]["shape"][-1] if preds and g.nodes[preds[0]]["shape"] else 0
-    return out_f, in_f
-
-
-def _carry(d: dict, sharded_ins: list[tuple[int, tuple]], other_ins: list[tuple], tp: int) -> int | None:
-    """The sharded dim of a node's output given its sharded inputs, or None if the op breaks the split."""
-    kind = d["kind"]
-    shape = tuple(d["shape"])
-    (sdim, sshape), *rest = sharded_ins
-    if any(r[0] - len(r[1]) != sdim - len(sshape) for r in rest):
-        return None  # sharded inputs disagree on the (right-aligned) sharded dim
-    if kind == "scaled_dot_product_attention":
-        return sdim if sdim == 1 and shape[1] % tp == 0 else None  # split over heads
-    if kind in _BATCHED_MATMUL:  # q @ k^T, probs @ v: both operands split on the same batch (head) dim
-        ok = len(sharded_ins) == 2 and not other_ins and sdim < len(sshape) - 2 and len(shape) == len(sshape)
-        return sdim if ok and shape[sdim] % tp == 0 else None
-    if kind in ("transpose", "permute", "view", "reshape", "flatten", "unflatten", "contiguous", "expand"):
-        return _carry_shape(kind, d, sdim, sshape, shape, tp)
-    if kind in _ELEMENTWISE:
-        if kind in _LAST_DIM_OPS and d.get("reduce_dim") == sdim:
-            return None
-        right = sdim - len(sshape)  # negative, right-aligned position
-        for o in other_ins:  # a replicated operand must broadcast along the sharded dim
-            if o and len(o) >= -right and o[right] != 1:
-                return None
-        if len(shape) < -right:
-            return None
-        return len(shape) + right
-    return None
-
-
-def _carry_shape(kind: str, d: dict, sdim: int, sshape: tuple, shape: tuple, tp: int) -> int | None:
-    if kind in ("transpose", "permute"):
-        perm = d.get("perm")
-        if perm is None:  # transpose(a, b) recorded as two dims
-            a, b = d.get("dims", (None, None))
-            if a is None:
-                return None
-            a, b = a % len(sshape), b % len(sshape)
-            return b if sdim == a else a if sdim == b else sdim
-        return list(perm).index(sdim)
-    if kind == "contiguous":
-        return sdim
-    # view / reshape / flatten: the sharded input dim spans the elements of stride [inner, inner * size);
-    # it stays shardable if some output dim ends at the same outer stride (that dim is then split in t
-    # contiguous chunks exactly like the input), is divisible by tp, and is the one the model sizes with
-    # -1 (so the same code still fits a shard).
-    inner = 1
-    for s in sshape[sdim + 1:]:
-        inner *= s
-    outer = inner * sshape[sdim]
-    acc = 1
-    for i in range(len(shape) - 1, -1, -1):
-        if acc * shape[i] == outer:
-            if shape[i] % tp or d.get("infer_dim_at", i) != i:
-                return None
-            return i
-        acc *= shape[i]
-    return None
+    return keep, rerun, fixed, fixed_all

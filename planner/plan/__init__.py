@@ -2,8 +2,8 @@
 
 A plan is versioned JSON (`"schema": "partita.plan/1"`), keyed by module FQNs, holding the mesh, the
 stages, per-module placements, the schedule, the predicted costs and the solver facts. A hand-written
-plan has the same shape and goes through the same `Plan.from_dict` validation; loading never executes
-code (json only: no pickle, no eval).
+plan has the same shape and goes through the same `Plan.from_dict` validation (one step per section, on the
+checks of planner.plan.checks); loading never executes code (json only: no pickle, no eval).
 
 Shape (the keys scripts rely on are marked *; see DESIGN.md):
 
@@ -53,12 +53,15 @@ from __future__ import annotations
 import json
 import os
 import stat
-import unicodedata
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 from typing import Any
 
 from partita.costmodel.price.memory import MASTER_WEIGHTS  # noqa: F401 -- train.master_weights' values, one source
+from partita.planner.plan.checks import (MAX_COUNT, MAX_DEPTH, MAX_DEVICES, MAX_GLOBAL_BATCH,  # noqa: F401 (re-exported)
+                                         MAX_PLAN_BYTES, is_control, one_line)
+from partita.planner.plan.checks import (_check_blocks_listed, _check_cluster, _check_model, _check_stage_lists,
+                                         _check_text, _check_train, _depth, _ints, _list, _obj)
 from partita.planner.plan.errors import PlanError
 from partita.planner.plan.schedules import SCHEDULES, virtual_schedules
 from partita.planner.plan.sections import problems as section_problems
@@ -73,21 +76,6 @@ SPLIT = ("tensor", "sequence")
 TP_STYLES = ("colwise", "rowwise", "sequence", "vocab")
 OVERLAPS = ("tp_comm", "p2p")
 """Keys of a plan's `overlap`: what communication it overlaps with compute (module docstring)."""
-
-
-def is_control(ch: str) -> bool:
-    """A character that moves, colours or reorders text rather than showing it: newlines, terminal escapes,
-    bidirectional overrides (Unicode categories Cc and Cf, and the line and paragraph separators); and a lone
-    surrogate (Cs: JSON's "\\ud800" escape reads as one), which no UTF-8 stream can write."""
-    return unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs")
-
-
-def one_line(text, limit: int = 200) -> str:
-    """Free text as one printable line for a comment, a script or a terminal: every control character shown as
-    its escape (a newline cannot end a comment and start a command; an ANSI escape does not reach a
-    terminal), cut at `limit` characters."""
-    shown = "".join(ch.encode("unicode_escape").decode("ascii") if is_control(ch) else ch for ch in str(text))
-    return shown if len(shown) <= limit else shown[:limit - 3] + "..."
 
 
 @dataclass(kw_only=True)
@@ -238,101 +226,24 @@ class Plan:
     @classmethod
     def from_dict(cls, data: Any) -> "Plan":
         """Validate a plan (solved or hand-written) and build it. Raises PlanError saying what is wrong."""
-        if not isinstance(data, dict):
-            raise PlanError("a plan must be a JSON object")
-        if (depth := _depth(data)) > MAX_DEPTH:
-            raise PlanError(f"plan nests {depth} levels deep; a plan nests at most {MAX_DEPTH}")
-        if data.get("schema") != SCHEMA:
-            raise PlanError(f"plan schema is {one_line(repr(data.get('schema')), 60)}; this partita reads {SCHEMA!r}")
-        _check_text(data)
-        missing = [k for k in ("model", "cluster", "train", "mesh", "schedule", "stages", "blocks") if k not in data]
-        if missing:
-            raise PlanError(f"plan is missing {missing}")
-        mesh_raw = _obj(data["mesh"], "mesh")
-        mesh = Mesh(**_ints(mesh_raw, "mesh", ("pp", "dp", "tp")),
-                    **_ints({k: mesh_raw.get(k, 1) for k in ("cp", "ep")}, "mesh", ("cp", "ep")))
-        if mesh.world_size > MAX_DEVICES:
-            raise PlanError(f"mesh pp x dp x cp x tp = {mesh.world_size:,} ranks, more than any cluster partita plans "
-                            f"or runs: at most {MAX_DEVICES:,} (2^20)")
-        if mesh.dp % mesh.ep:
-            raise PlanError(f"mesh.ep ({mesh.ep}) must divide mesh.dp ({mesh.dp}): experts are sharded over "
-                            f"data-parallel ranks")
-        sched_raw = _obj(data["schedule"], "schedule")
-        if sched_raw.get("name") not in SCHEDULES:
-            raise PlanError(f"schedule.name is {sched_raw.get('name')!r}; accepted: {list(SCHEDULES)}")
-        schedule = Schedule(name=sched_raw["name"],
-                            **_ints(sched_raw, "schedule", ("num_microbatches", "micro_batch_size")),
-                            virtual_stages=_ints({"virtual_stages": sched_raw.get("virtual_stages", 1)},
-                                                 "schedule", ("virtual_stages",))["virtual_stages"])
-        if (schedule.virtual_stages > 1) != SCHEDULES[schedule.name].virtual:
-            raise PlanError(f"schedule.virtual_stages > 1 goes with {' or '.join(virtual_schedules())}, and only with it")
-        stages = []
-        for i, s in enumerate(_list(data["stages"], "stages")):
-            s = _obj(s, f"stages[{i}]")
-            mods = _list(s.get("modules"), f"stages[{i}].modules")
-            if not all(isinstance(m, str) for m in mods) or not mods:
-                raise PlanError(f"stages[{i}].modules must be a non-empty list of module names")
-            if s.get("index") != i:
-                raise PlanError(f"stages[{i}].index must be {i}")
-            split_at = s.get("split_at")
-            if (i == 0) != (split_at is None) or (split_at is not None and not isinstance(split_at, str)):
-                raise PlanError(f"stages[{i}].split_at must be null for the first stage and a module name otherwise")
-            stages.append(Stage(index=i, modules=list(mods), split_at=split_at))
-        _check_stage_lists(stages)
-        if len(stages) != mesh.pp * schedule.virtual_stages:
-            raise PlanError(f"plan has {len(stages)} stages but mesh.pp x schedule.virtual_stages = "
-                            f"{mesh.pp * schedule.virtual_stages}")
-        blocks = []
-        for i, b in enumerate(_list(data["blocks"], "blocks")):
-            b = _obj(b, f"blocks[{i}]")
-            if b.get("sharding") not in SHARDINGS:
-                raise PlanError(f"blocks[{i}].sharding is {b.get('sharding')!r}; accepted: {list(SHARDINGS)}")
-            if not isinstance(b.get("fqn"), str) or not isinstance(b.get("stage"), int) \
-                    or not 0 <= b["stage"] < len(stages):
-                raise PlanError(f"blocks[{i}] needs a string fqn and a stage in [0, {len(stages)})")
-            recompute = b.get("recompute", "none")
-            if recompute not in RECOMPUTE:
-                raise PlanError(f"blocks[{i}].recompute is {recompute!r}; accepted: {list(RECOMPUTE)}")
-            flags = {k: b.get(k, False) for k in ("offload_activations", "offload_states")}
-            if not all(isinstance(v, bool) for v in flags.values()):
-                raise PlanError(f"blocks[{i}].offload_activations / offload_states must be true or false")
-            own_zero = b.get("zero_stage")
-            if own_zero is not None and (own_zero not in (2, 3) or isinstance(own_zero, bool)):
-                raise PlanError(f"blocks[{i}].zero_stage is {own_zero!r}; accepted: 2, 3 (or absent: the plan's)")
-            blocks.append(BlockChoice(fqn=b["fqn"], stage=b["stage"], sharding=b["sharding"],
-                                      recompute=recompute, zero_stage=own_zero, **flags))
-        _check_blocks_listed(blocks, stages)
+        _check_envelope(data)
+        mesh = _mesh_of(data["mesh"])
+        schedule = _schedule_of(data["schedule"])
+        stages = _stages_of(data["stages"], mesh, schedule)
+        blocks = _blocks_of(data["blocks"], stages)
         placements = _obj(data.get("placements", {}), "placements")
         for fqn, style in placements.items():
             if style not in TP_STYLES:
                 raise PlanError(f"placements[{fqn!r}] is {style!r}; accepted: {list(TP_STYLES)}")
         if placements and mesh.tp == 1:
             raise PlanError("plan has tensor-parallel placements but mesh.tp = 1")
-        zero = data.get("zero_stage", 0)
-        if zero not in (0, 1, 2, 3) or isinstance(zero, bool):
-            raise PlanError(f"zero_stage is {zero!r}; accepted: 0, 1, 2, 3")
-        if zero != 3 and any(b.offload_states for b in blocks):
-            raise PlanError("offload_states needs zero_stage 3 (FSDP2 offloads sharded states)")
-        if zero not in (2, 3) and any(b.zero_stage is not None for b in blocks):
-            raise PlanError(f"a block's own zero_stage needs a sharded plan (zero_stage 2 or 3), not {zero}")
+        zero = _zero_stage_of(data, blocks)
         overlap = _obj(data.get("overlap", {}), "overlap")
         for key, value in overlap.items():
             if key not in OVERLAPS or not isinstance(value, bool):
                 raise PlanError(f"overlap.{key} is {value!r}; accepted: {', '.join(OVERLAPS)}, each true or false")
-        for key in ("model", "cluster", "predicted", "solver"):
-            _obj(data.get(key, {}), key)
-        _list(data.get("baselines", []), "baselines")
-        if found := section_problems(data, mesh.pp):  # what explain, compare, export and reports read
-            raise PlanError(found[0])
-        if found := sync_problems(data.get("sync")):
-            raise PlanError(found[0])
-        train = _check_train(_obj(data["train"], "train"))
-        gb = train.get("global_batch")
-        if not isinstance(gb, int) or gb != mesh.dp * schedule.num_microbatches * schedule.micro_batch_size:
-            raise PlanError(f"train.global_batch ({gb}) must equal mesh.dp x num_microbatches x micro_batch_size "
-                            f"({mesh.dp} x {schedule.num_microbatches} x {schedule.micro_batch_size})")
-        if why := SCHEDULES[schedule.name].refusal(schedule.num_microbatches, mesh.pp, schedule.virtual_stages):
-            raise PlanError(why)  # the runtime's pre-flight says the same (runtime/parallel/pp.check_schedule)
+        _check_sections(data, mesh)
+        train = _train_of(data["train"], mesh, schedule)
         return cls(model=_check_model(_obj(data["model"], "model")),
                    cluster=_check_cluster(_obj(data["cluster"], "cluster")), train=train,
                    mesh=mesh, schedule=schedule, stages=stages, blocks=blocks, placements=dict(placements),
@@ -344,6 +255,130 @@ class Plan:
                    sync=sync_from_section(data.get("sync")))
 
 
+def _check_envelope(data: Any) -> None:
+    """A JSON object of this schema, of bounded depth, single-line text, with every section a plan needs."""
+    if not isinstance(data, dict):
+        raise PlanError("a plan must be a JSON object")
+    if (depth := _depth(data)) > MAX_DEPTH:
+        raise PlanError(f"plan nests {depth} levels deep; a plan nests at most {MAX_DEPTH}")
+    if data.get("schema") != SCHEMA:
+        raise PlanError(f"plan schema is {one_line(repr(data.get('schema')), 60)}; this partita reads {SCHEMA!r}")
+    _check_text(data)
+    missing = [k for k in ("model", "cluster", "train", "mesh", "schedule", "stages", "blocks") if k not in data]
+    if missing:
+        raise PlanError(f"plan is missing {missing}")
+
+
+def _mesh_of(raw: Any) -> Mesh:
+    """The mesh section: whole-number degrees (cp and ep 1 when absent), within MAX_DEVICES ranks, ep | dp."""
+    mesh_raw = _obj(raw, "mesh")
+    mesh = Mesh(**_ints(mesh_raw, "mesh", ("pp", "dp", "tp")),
+                **_ints({k: mesh_raw.get(k, 1) for k in ("cp", "ep")}, "mesh", ("cp", "ep")))
+    if mesh.world_size > MAX_DEVICES:
+        raise PlanError(f"mesh pp x dp x cp x tp = {mesh.world_size:,} ranks, more than any cluster partita plans "
+                        f"or runs: at most {MAX_DEVICES:,} (2^20)")
+    if mesh.dp % mesh.ep:
+        raise PlanError(f"mesh.ep ({mesh.ep}) must divide mesh.dp ({mesh.dp}): experts are sharded over "
+                        f"data-parallel ranks")
+    return mesh
+
+
+def _schedule_of(raw: Any) -> Schedule:
+    """The schedule section: a registered schedule, whole-number counts, virtual stages only where it has them."""
+    sched_raw = _obj(raw, "schedule")
+    if sched_raw.get("name") not in SCHEDULES:
+        raise PlanError(f"schedule.name is {sched_raw.get('name')!r}; accepted: {list(SCHEDULES)}")
+    schedule = Schedule(name=sched_raw["name"],
+                        **_ints(sched_raw, "schedule", ("num_microbatches", "micro_batch_size")),
+                        virtual_stages=_ints({"virtual_stages": sched_raw.get("virtual_stages", 1)},
+                                             "schedule", ("virtual_stages",))["virtual_stages"])
+    if (schedule.virtual_stages > 1) != SCHEDULES[schedule.name].virtual:
+        raise PlanError(f"schedule.virtual_stages > 1 goes with {' or '.join(virtual_schedules())}, and only with it")
+    return schedule
+
+
+def _stages_of(raw: Any, mesh: Mesh, schedule: Schedule) -> list[Stage]:
+    """The stages section: pp x virtual_stages stages in order, each listing modules no other stage lists."""
+    stages = []
+    for i, s in enumerate(_list(raw, "stages")):
+        s = _obj(s, f"stages[{i}]")
+        mods = _list(s.get("modules"), f"stages[{i}].modules")
+        if not all(isinstance(m, str) for m in mods) or not mods:
+            raise PlanError(f"stages[{i}].modules must be a non-empty list of module names")
+        if s.get("index") != i:
+            raise PlanError(f"stages[{i}].index must be {i}")
+        split_at = s.get("split_at")
+        if (i == 0) != (split_at is None) or (split_at is not None and not isinstance(split_at, str)):
+            raise PlanError(f"stages[{i}].split_at must be null for the first stage and a module name otherwise")
+        stages.append(Stage(index=i, modules=list(mods), split_at=split_at))
+    _check_stage_lists(stages)
+    if len(stages) != mesh.pp * schedule.virtual_stages:
+        raise PlanError(f"plan has {len(stages)} stages but mesh.pp x schedule.virtual_stages = "
+                        f"{mesh.pp * schedule.virtual_stages}")
+    return stages
+
+
+def _blocks_of(raw: Any, stages: list[Stage]) -> list[BlockChoice]:
+    """The blocks section: each block's choices from the accepted vocabulary, on a stage that lists it."""
+    blocks = []
+    for i, b in enumerate(_list(raw, "blocks")):
+        b = _obj(b, f"blocks[{i}]")
+        if b.get("sharding") not in SHARDINGS:
+            raise PlanError(f"blocks[{i}].sharding is {b.get('sharding')!r}; accepted: {list(SHARDINGS)}")
+        if not isinstance(b.get("fqn"), str) or not isinstance(b.get("stage"), int) \
+                or not 0 <= b["stage"] < len(stages):
+            raise PlanError(f"blocks[{i}] needs a string fqn and a stage in [0, {len(stages)})")
+        recompute = b.get("recompute", "none")
+        if recompute not in RECOMPUTE:
+            raise PlanError(f"blocks[{i}].recompute is {recompute!r}; accepted: {list(RECOMPUTE)}")
+        flags = {k: b.get(k, False) for k in ("offload_activations", "offload_states")}
+        if not all(isinstance(v, bool) for v in flags.values()):
+            raise PlanError(f"blocks[{i}].offload_activations / offload_states must be true or false")
+        own_zero = b.get("zero_stage")
+        if own_zero is not None and (own_zero not in (2, 3) or isinstance(own_zero, bool)):
+            raise PlanError(f"blocks[{i}].zero_stage is {own_zero!r}; accepted: 2, 3 (or absent: the plan's)")
+        blocks.append(BlockChoice(fqn=b["fqn"], stage=b["stage"], sharding=b["sharding"],
+                                  recompute=recompute, zero_stage=own_zero, **flags))
+    _check_blocks_listed(blocks, stages)
+    return blocks
+
+
+def _zero_stage_of(data: dict, blocks: list[BlockChoice]) -> int:
+    """The plan's ZeRO stage (0 when absent), and what the blocks' own choices need of it."""
+    zero = data.get("zero_stage", 0)
+    if zero not in (0, 1, 2, 3) or isinstance(zero, bool):
+        raise PlanError(f"zero_stage is {zero!r}; accepted: 0, 1, 2, 3")
+    if zero != 3 and any(b.offload_states for b in blocks):
+        raise PlanError("offload_states needs zero_stage 3 (FSDP2 offloads sharded states)")
+    if zero not in (2, 3) and any(b.zero_stage is not None for b in blocks):
+        raise PlanError(f"a block's own zero_stage needs a sharded plan (zero_stage 2 or 3), not {zero}")
+    return zero
+
+
+def _check_sections(data: dict, mesh: Mesh) -> None:
+    """The free-form sections are objects (baselines a list), and what explain, compare, export and reports
+    read of them (planner.plan.sections), and the sync section (planner.plan.sync), have their shape."""
+    for key in ("model", "cluster", "predicted", "solver"):
+        _obj(data.get(key, {}), key)
+    _list(data.get("baselines", []), "baselines")
+    if found := section_problems(data, mesh.pp):  # what explain, compare, export and reports read
+        raise PlanError(found[0])
+    if found := sync_problems(data.get("sync")):
+        raise PlanError(found[0])
+
+
+def _train_of(raw: Any, mesh: Mesh, schedule: Schedule) -> dict:
+    """The train section, whose global batch the mesh and schedule make up, with a schedule that runs."""
+    train = _check_train(_obj(raw, "train"))
+    gb = train.get("global_batch")
+    if not isinstance(gb, int) or gb != mesh.dp * schedule.num_microbatches * schedule.micro_batch_size:
+        raise PlanError(f"train.global_batch ({gb}) must equal mesh.dp x num_microbatches x micro_batch_size "
+                        f"({mesh.dp} x {schedule.num_microbatches} x {schedule.micro_batch_size})")
+    if why := SCHEDULES[schedule.name].refusal(schedule.num_microbatches, mesh.pp, schedule.virtual_stages):
+        raise PlanError(why)  # the runtime's pre-flight says the same (runtime/parallel/pp.check_schedule)
+    return train
+
+
 def _embeddings(data: Any, world_size: int, zero_stage: int) -> dict | None:
     if data is None:  # a model without tables, or a plan written before them
         return None
@@ -352,23 +387,6 @@ def _embeddings(data: Any, world_size: int, zero_stage: int) -> dict | None:
         raise PlanError(f"a plan with embedding tables runs its dense part replicated or sharded: zero_stage must be "
                         f"one of {', '.join(map(str, DENSE_ZERO))}, not {zero_stage}")
     return validate_section(data, world_size)
-
-
-MAX_COUNT = 2**31 - 1
-"""The largest count a plan may hold (degrees, micro-batches, batch, sequence length): beyond it a number is a
-typo, and it would overflow the runtime's int32 indices long before it trained."""
-MAX_GLOBAL_BATCH = 2**30
-"""The largest global batch planned (planner.enumerate.space.TrainConfig) and held by a plan (samples per step): beyond
-~1e12 the step program's coefficients (micro-batch counts times seconds) are too large for HiGHS, which then
-returns no solution (measured at 1e20); 2^30 = 1,073,741,824 is far above any published training run's batch
-(thousands of sequences)."""
-MAX_DEVICES = 2**20
-"""The largest cluster planned (devices), and the most ranks a plan's mesh may have: 1,048,576, above the largest
-training clusters reported."""
-MAX_DEPTH = 32
-"""The deepest JSON nesting a plan may have (a solved plan nests 5 levels)."""
-MAX_PLAN_BYTES = 256 * 2**20
-"""The largest plan file read (a 1,024-layer model's plan is a few MB)."""
 
 
 class _Constant(ValueError):
@@ -417,133 +435,6 @@ def _read_plan_file(path) -> bytes:
         raise PlanError(f"plan {_shown_path(path)} is larger than any plan (more than {MAX_PLAN_BYTES:,} bytes): is "
                         "it the plan file `partita plan --out` wrote?")
     return raw
-
-
-def _depth(data: Any) -> int:
-    """How deeply `data` nests lists and objects (iteratively: a hostile plan must not exhaust the stack)."""
-    deepest, todo = 0, [(data, 1)]
-    while todo:
-        v, d = todo.pop()
-        if isinstance(v, (dict, list)):
-            deepest = max(deepest, d)
-            if d > MAX_DEPTH:
-                return d
-            todo += [(x, d + 1) for x in (v.values() if isinstance(v, dict) else v)]
-    return deepest
-
-
-def _check_text(data: Any) -> None:
-    """No string of the plan, key or value, holds a control character (is_control): a plan is untrusted input,
-    and its names reach scripts (partita export), terminals (explain) and logs. Walked iteratively."""
-    todo = [(data, "plan")]
-    while todo:
-        v, where = todo.pop()
-        if isinstance(v, dict):
-            for k, x in v.items():
-                todo += [(k, f"a key of {where}"), (x, f"{where}.{k}" if isinstance(k, str) else where)]
-        elif isinstance(v, list):
-            todo += [(x, f"{where}[{i}]") for i, x in enumerate(v)]
-        elif isinstance(v, str) and any(is_control(ch) for ch in v):
-            raise PlanError(f"{one_line(where, 80)} holds a control character ({one_line(v, 60)}): names and text in "
-                            "a plan are single printable lines")
-
-
-def _check_model(model: dict) -> dict:
-    for key in ("name", "fingerprint"):
-        if model.get(key) is not None and not isinstance(model[key], str):
-            raise PlanError(f"model.{key} must be a string, got {_show(model[key])}")
-    return model
-
-
-def _check_cluster(cluster: dict) -> dict:
-    """cluster's fields the exporters and the runtime read: names as strings, counts as whole numbers."""
-    for key in ("spec", "device"):
-        if cluster.get(key) is not None and not isinstance(cluster[key], str):
-            raise PlanError(f"cluster.{key} must be a string, got {_show(cluster[key])}")
-    for key in ("num_devices", "devices_per_node"):
-        v = cluster.get(key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_DEVICES):
-            raise PlanError(f"cluster.{key} must be a whole number from 1 to {MAX_DEVICES:,}, got {_show(v)}")
-    return cluster
-
-
-def _check_train(train: dict) -> dict:
-    """train's fields the runtime reads: counts in range, names as strings."""
-    for key, most in (("global_batch", MAX_GLOBAL_BATCH), ("seq_len", MAX_COUNT)):
-        v = train.get(key)
-        if v is None and key == "seq_len":
-            continue
-        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= most:
-            raise PlanError(f"train.{key} must be a whole number from 1 to {most:,}, got {_show(v)}")
-    for key in ("dtype", "optimizer", "master_weights"):
-        if train.get(key) is not None and not isinstance(train[key], str):
-            raise PlanError(f"train.{key} must be a name (a string), got {_show(train[key])}")
-    master = train.get("master_weights", "fp32")
-    if master not in MASTER_WEIGHTS:
-        raise PlanError(f"train.master_weights must be one of {', '.join(MASTER_WEIGHTS)}, got {_show(master)}")
-    if master == "none" and train.get("dtype") != "bf16":
-        raise PlanError(f"train.master_weights none (pure bf16) needs train.dtype bf16, got {_show(train.get('dtype'))}")
-    return train
-
-
-def _show(v: Any) -> str:
-    """A value for an error line: short, whatever it is."""
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _check_stage_lists(stages: list[Stage]) -> None:
-    """No module listed twice: not twice in one stage, not in two stages, not beside one of its ancestors."""
-    where: dict[str, int] = {}
-    for s in stages:
-        for fqn in s.modules:
-            if fqn in where:
-                again = "a second time" if where[fqn] == s.index else f"already on stages[{where[fqn]}]"
-                raise PlanError(f"stages[{s.index}] lists module {fqn!r} {again}: a module runs on one stage, once")
-            where[fqn] = s.index
-    for fqn, i in where.items():
-        parts = fqn.split(".") if fqn else []
-        for k in range(len(parts)):
-            parent = ".".join(parts[:k])
-            if parent in where:
-                raise PlanError(f"stages[{i}] lists module {fqn!r}, which stages[{where[parent]}] already holds "
-                                f"as part of {parent or 'the whole model'!r}")
-
-
-def _check_blocks_listed(blocks: list[BlockChoice], stages: list[Stage]) -> None:
-    """Each block lies in the modules its stage lists (itself, an ancestor, or all of its listed parts)."""
-    listed = {fqn: s.index for s in stages for fqn in s.modules}
-    for i, b in enumerate(blocks):
-        parts = b.fqn.split(".") if b.fqn else []
-        owner = next((listed[a] for a in (".".join(parts[:k]) for k in range(len(parts), -1, -1)) if a in listed),
-                     None)
-        inside = {s for fqn, s in listed.items() if not b.fqn or fqn.startswith(b.fqn + ".")}
-        if owner is None and not inside:
-            raise PlanError(f"blocks[{i}] names module {b.fqn!r}, which no stage lists: list it in "
-                            f"stages[{b.stage}].modules")
-
-
-def _obj(v: Any, where: str) -> dict:
-    if not isinstance(v, dict):
-        raise PlanError(f"{where} must be a JSON object")
-    return v
-
-
-def _list(v: Any, where: str) -> list:
-    if not isinstance(v, list):
-        raise PlanError(f"{where} must be a JSON list")
-    return v
-
-
-def _ints(d: Any, where: str, keys: tuple[str, ...]) -> dict[str, int]:
-    d = _obj(d, where)
-    out = {}
-    for k in keys:
-        v = d.get(k)
-        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_COUNT:
-            raise PlanError(f"{where}.{k} must be a whole number from 1 to {MAX_COUNT:,}, got {_show(v)}")
-        out[k] = v
-    return out
 
 
 def fixed_text(fixed: dict) -> str:

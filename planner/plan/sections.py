@@ -6,7 +6,7 @@ blocks); this module checks the rest, so a plan whose `predicted.step_time_s` is
 mesh or whose model config names a layer count of `[]` is one line when it is loaded, never a traceback in the
 command that formats it. Each field is checked only where it is present (hand-written plans and plans written
 before a field existed leave fields out; the commands show what is there), and fields no command reads are
-left alone (their strings are still single printable lines: planner.plan._check_text).
+left alone (their strings are still single printable lines: planner.plan.checks._check_text).
 
 A figure (seconds, bytes, rates, counts) is a finite number from 0 to MAX_FIGURE; a step time is more than 0
 (reports divide by it).

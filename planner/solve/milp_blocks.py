@@ -87,6 +87,36 @@ def solve_blocks(prob: BlockProblem, cutoff: float | None = None) -> StageSoluti
     """
     import cvxpy as cp  # only this program (models without identical layers) is built with cvxpy
 
+    problem, z, t_scale = _block_program(prob)
+    opts = {"time_limit": prob.time_limit_s, "mip_rel_gap": prob.mip_rel_gap, "mip_max_nodes": prob.node_limit}
+    bounded = cutoff is not None and bool(np.isfinite(cutoff))
+    if bounded:
+        tie_break = 1e-7 * float(prob.rank.max()) if prob.rank is not None and prob.rank.any() else 0.0
+        opts["objective_bound"] = cutoff / t_scale + tie_break
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        problem.solve(solver=cp.HIGHS, **opts)
+    wall = time.perf_counter() - t0
+    counts = np.rint(z.value).astype(int).T if z.value is not None and has_incumbent(problem) else None
+    if counts is None or block_plan_errors(prob, counts):
+        return StageSolution(status=no_solution_status(problem.status, bounded), wall_time_s=wall)
+    if bounded and evaluate_blocks(prob, counts) >= cutoff * (1 - 1e-9):  # no better than the incumbent
+        return StageSolution(status=CUTOFF, wall_time_s=wall)
+    extra = getattr(problem.solver_stats, "extra_stats", None)
+    gap = getattr(extra, "mip_gap", None)
+    gap = float(gap) if gap is not None and np.isfinite(gap) else (0.0 if problem.status == "optimal" else None)
+    return StageSolution(status="optimal" if problem.status == "optimal" else "time_limit",
+                         objective=evaluate_blocks(prob, counts), counts=counts,
+                         stage_time=stage_times(prob, counts), stage_mem=stage_memory(prob, counts),
+                         stage_flush=counts @ prob.flush + prob.flush_latency, wall_time_s=wall, mip_gap=gap)
+
+
+def _block_program(prob: BlockProblem):
+    """(the cvxpy problem of the module docstring, scaled: times by the largest, memory by the capacity; its z
+    variable; the time scale)."""
+    import cvxpy as cp
+
     p, J, B = prob.num_stages, len(prob.block_of), prob.num_blocks
     t_scale = max(float(prob.time.max(initial=0)), float(prob.boundary_time.max(initial=0)), 1e-30)
     m_scale = prob.capacity if prob.capacity > 0 else 1.0
@@ -94,10 +124,8 @@ def solve_blocks(prob: BlockProblem, cutoff: float | None = None) -> StageSoluti
     T, W, A, D = prob.time / t_scale, prob.state / m_scale, prob.act / m_scale, prob.flush / t_scale
     P = prob.boundary_time / t_scale
     k = prob.in_flight
-    sel = _selector(prob)
-
     z = cp.Variable((J, p), boolean=True)
-    x = sel @ z                                   # (B, p)
+    x = _selector(prob) @ z                       # (B, p)
     t_max, d_max = cp.Variable(nonneg=True), cp.Variable(nonneg=True)
     cons = [cp.sum(x, axis=1) == 1, cp.sum(x, axis=0) >= 1]           # assignment, nonempty stages
     cut = None
@@ -121,29 +149,7 @@ def solve_blocks(prob: BlockProblem, cutoff: float | None = None) -> StageSoluti
     objective = (prob.num_microbatches - 1) * t_max + cp.sum(tau) + d_max
     if prob.rank is not None and prob.rank.any():
         objective = objective + 1e-7 * cp.sum(z.T @ prob.rank) / max(1, B)
-    opts = {"time_limit": prob.time_limit_s, "mip_rel_gap": prob.mip_rel_gap, "mip_max_nodes": prob.node_limit}
-    bounded = cutoff is not None and bool(np.isfinite(cutoff))
-    if bounded:
-        tie_break = 1e-7 * float(prob.rank.max()) if prob.rank is not None and prob.rank.any() else 0.0
-        opts["objective_bound"] = cutoff / t_scale + tie_break
-    problem = cp.Problem(cp.Minimize(objective), cons)
-    t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        problem.solve(solver=cp.HIGHS, **opts)
-    wall = time.perf_counter() - t0
-    counts = np.rint(z.value).astype(int).T if z.value is not None and has_incumbent(problem) else None
-    if counts is None or block_plan_errors(prob, counts):
-        return StageSolution(status=no_solution_status(problem.status, bounded), wall_time_s=wall)
-    if bounded and evaluate_blocks(prob, counts) >= cutoff * (1 - 1e-9):  # no better than the incumbent
-        return StageSolution(status=CUTOFF, wall_time_s=wall)
-    extra = getattr(problem.solver_stats, "extra_stats", None)
-    gap = getattr(extra, "mip_gap", None)
-    gap = float(gap) if gap is not None and np.isfinite(gap) else (0.0 if problem.status == "optimal" else None)
-    return StageSolution(status="optimal" if problem.status == "optimal" else "time_limit",
-                         objective=evaluate_blocks(prob, counts), counts=counts,
-                         stage_time=stage_times(prob, counts), stage_mem=stage_memory(prob, counts),
-                         stage_flush=counts @ prob.flush + prob.flush_latency, wall_time_s=wall, mip_gap=gap)
+    return cp.Problem(cp.Minimize(objective), cons), z, t_scale
 
 
 def assignment(prob: BlockProblem, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

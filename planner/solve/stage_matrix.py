@@ -98,59 +98,117 @@ class _Rows:
         self.upper.append(upper)
 
 
+@dataclass(frozen=True)
+class _Columns:
+    """Where each variable of the program sits in x (module docstring's column order)."""
+
+    p: int
+    n: int
+    L: int
+    v: int
+    h: np.ndarray           # h[s, o]: its column
+    y0: int                 # the first y column
+    t_max: int
+    d_max: int
+    m_max: int | None       # the memory bound's column (memory_bound), else None
+    ncol: int
+    cap: np.ndarray         # C_s
+
+
 def stage_matrix(prob, memory_bound: bool = False, step_bound: float | None = None,
                  objective: str = "step") -> StageMatrix:
     """The program of `prob` (a milp.StageProblem, scaled) as matrices (module docstring). `step_bound` adds
     the row "step time <= step_bound" (milp.polish); `objective` is "step" (the step time), "rank" (the
     tie-break weights alone: milp.polish) or "memory" (m_max: milp.min_memory, with `memory_bound`)."""
-    p, n, L = prob.num_stages, prob.option_time.shape[-1], prob.num_layers
-    v, inf = prob.virtual_stages, np.inf
-    h = np.arange(p * n).reshape(p, n)
+    c = _columns(prob, memory_bound)
+    rows = _Rows()
+    T = _add_layer_rows(rows, prob, c)
+    _add_memory_rows(rows, prob, c)
+    D = per_stage(prob, prob.option_flush)
+    for s in range(c.p):
+        rows.add(list(c.h[s]) + [c.d_max], list(D[s]) + [-1.0], -np.inf, -float(prob.extra_flush[s]))
+    _add_choice_rows(rows, prob, c)
+    cost, offset, step = _objective(prob, c, T, objective)
+    if step_bound is not None:
+        nz = np.flatnonzero(step)
+        rows.add(nz, step[nz], -np.inf, step_bound - float(np.sum(prob.extra_time)) / c.v)
+    col_lower, col_upper = np.zeros(c.ncol), np.full(c.ncol, np.inf)
+    col_upper[c.h.ravel()] = max(c.L, 0)
+    col_upper[c.y0:c.t_max] = 1.0
+    if memory_bound:
+        col_lower[c.m_max] = -np.inf
+    integer = np.zeros(c.ncol, dtype=bool)
+    integer[:c.t_max] = True
+    return StageMatrix(cost=cost, offset=offset, start=np.asarray(rows.start, dtype=np.int64),
+                       index=np.asarray(rows.index, dtype=np.int64), value=np.asarray(rows.value),
+                       row_lower=np.asarray(rows.lower, dtype=float), row_upper=np.asarray(rows.upper, dtype=float),
+                       col_lower=col_lower, col_upper=col_upper, integer=integer, stages=c.p, options=c.n,
+                       t_max=c.t_max, m_max=c.m_max)
+
+
+def _columns(prob, memory_bound: bool) -> _Columns:
+    """The column layout of `prob`'s program: h, then one y per gated phase and stage, t_max, d_max, m_max."""
+    p, n = prob.num_stages, prob.option_time.shape[-1]
     gated = [q for q in prob.phases if q.gate is not None and q.gate.any()]
     y0 = p * n
     t_max = y0 + p * len(gated)
     d_max = t_max + 1
-    m_max = d_max + 1 if memory_bound else None
-    ncol = d_max + 1 + (1 if memory_bound else 0)
-    cap = np.broadcast_to(np.asarray(prob.capacity, dtype=float), (p,))
-    rows = _Rows()
+    return _Columns(p=p, n=n, L=prob.num_layers, v=prob.virtual_stages, h=np.arange(p * n).reshape(p, n), y0=y0,
+                    t_max=t_max, d_max=d_max, m_max=d_max + 1 if memory_bound else None,
+                    ncol=d_max + 1 + (1 if memory_bound else 0),
+                    cap=np.broadcast_to(np.asarray(prob.capacity, dtype=float), (p,)))
 
-    def memory_row(s, coeff_s, const_s, extra_cols=(), extra_vals=()):
-        cols, vals = list(h[s]) + list(extra_cols), list(coeff_s) + list(extra_vals)
-        if memory_bound:
-            rows.add(cols + [m_max], vals + [-1.0], -inf, -const_s)
-        else:
-            rows.add(cols, vals, -inf, cap[s] - const_s)
 
-    rows.add(h.ravel(), np.ones(p * n), L, L)
-    if L:
+def _add_layer_rows(rows: _Rows, prob, c: _Columns) -> np.ndarray:
+    """Layer count, non-empty stages and the bottleneck rows; returns T (stages x options)."""
+    p, n, h, inf = c.p, c.n, c.h, np.inf
+    rows.add(h.ravel(), np.ones(p * n), c.L, c.L)
+    if c.L:
         for s in range(p):
-            rows.add(h[s], np.ones(n), v, inf)
+            rows.add(h[s], np.ones(n), c.v, inf)
     T = per_stage(prob, prob.option_time)
     for s in range(p):
-        rows.add(list(h[s]) + [t_max], list(T[s]) + [-1.0], -inf, -float(prob.extra_time[s]))
+        rows.add(list(h[s]) + [c.t_max], list(T[s]) + [-1.0], -inf, -float(prob.extra_time[s]))
+    return T
+
+
+def _memory_row(rows: _Rows, c: _Columns, s: int, coeff_s, const_s, extra_cols=(), extra_vals=()) -> None:
+    """sum_o coeff_s h[s, o] (+ extra) <= C_s - const_s, or (memory_bound) <= m_max - const_s."""
+    cols, vals = list(c.h[s]) + list(extra_cols), list(coeff_s) + list(extra_vals)
+    if c.m_max is not None:
+        rows.add(cols + [c.m_max], vals + [-1.0], -np.inf, -const_s)
+    else:
+        rows.add(cols, vals, -np.inf, c.cap[s] - const_s)
+
+
+def _add_memory_rows(rows: _Rows, prob, c: _Columns) -> None:
+    """The main memory phase's rows, then every other phase's; a gated phase binds only on the stages that
+    hold one of its options (its y column, with a big-M of the phase's largest possible sum)."""
+    p, L, h = c.p, c.L, c.h
     W = mem_coeff(prob)
     for s in range(p):
-        memory_row(s, W[s], float(prob.extra_mem[s]))
+        _memory_row(rows, c, s, W[s], float(prob.extra_mem[s]))
     g = 0
     for q in prob.phases:
         X = per_stage(prob, q.coeff)
         const = np.broadcast_to(np.asarray(q.const, dtype=float), (p,))
         if q.gate is None:
             for s in range(p):
-                memory_row(s, X[s], float(const[s]))
+                _memory_row(rows, c, s, X[s], float(const[s]))
         elif q.gate.any():
             big = np.maximum(X.max(axis=1) * max(L, 1) + const, 0)
             members = np.flatnonzero(q.gate)
             for s in range(p):
-                y = y0 + g * p + s
-                rows.add([y] + list(h[s, members]), [max(L, 1)] + [-1.0] * len(members), 0.0, inf)
+                y = c.y0 + g * p + s
+                rows.add([y] + list(h[s, members]), [max(L, 1)] + [-1.0] * len(members), 0.0, np.inf)
                 # sum X h + B y <= C - Y + B: binds only where y = 1
-                memory_row(s, X[s], float(const[s]) - float(big[s]), [y], [float(big[s])])
+                _memory_row(rows, c, s, X[s], float(const[s]) - float(big[s]), [y], [float(big[s])])
             g += 1
-    D = per_stage(prob, prob.option_flush)
-    for s in range(p):
-        rows.add(list(h[s]) + [d_max], list(D[s]) + [-1.0], -inf, -float(prob.extra_flush[s]))
+
+
+def _add_choice_rows(rows: _Rows, prob, c: _Columns) -> None:
+    """The rows of fixed choices (a tensor-parallel option used, a pinned split, counted options) and host memory."""
+    p, n, h, inf = c.p, c.n, c.h, np.inf
     if prob.must_use is not None and prob.must_use.any():
         rows.add(h[:, np.flatnonzero(prob.must_use)], np.ones((p, int(prob.must_use.sum()))), 1.0, inf)
     if prob.stage_layers is not None:  # a pinned split: stage s holds exactly n_s layers
@@ -166,38 +224,27 @@ def stage_matrix(prob, memory_bound: bool = False, step_bound: float | None = No
         for s in range(p):
             rows.add(h[s], host[s], -inf, float(hcap[s]))
 
-    step = np.zeros(ncol)
+
+def _objective(prob, c: _Columns, T: np.ndarray, objective: str) -> tuple[np.ndarray, float, np.ndarray]:
+    """(cost vector, constant offset, the step time's vector) of the objective asked (stage_matrix)."""
+    v, L, h = c.v, c.L, c.h
+    step = np.zeros(c.ncol)
     step[h.ravel()] = (T / v).ravel()
-    step[t_max], step[d_max] = prob.num_microbatches - 1 / v, 1.0
+    step[c.t_max], step[c.d_max] = prob.num_microbatches - 1 / v, 1.0
     offset = float(np.sum(prob.extra_time)) / v
-    rank = np.zeros(ncol)
+    rank = np.zeros(c.ncol)
     if prob.option_rank is not None and prob.option_rank.any():
-        rank[h.ravel()] = np.broadcast_to(np.asarray(prob.option_rank, dtype=float), (p, n)).ravel()
-    if step_bound is not None:
-        nz = np.flatnonzero(step)
-        rows.add(nz, step[nz], -inf, step_bound - offset)
+        rank[h.ravel()] = np.broadcast_to(np.asarray(prob.option_rank, dtype=float), (c.p, c.n)).ravel()
     if objective == "step":
         cost = step + TIE_BREAK * rank / max(1, L)
     elif objective == "rank":
         cost, offset = rank, 0.0
     elif objective == "memory":
-        cost, offset = np.zeros(ncol), 0.0
-        cost[m_max] = 1.0
+        cost, offset = np.zeros(c.ncol), 0.0
+        cost[c.m_max] = 1.0
     else:
         raise ValueError(f"unknown objective {objective!r}")
-
-    col_lower, col_upper = np.zeros(ncol), np.full(ncol, inf)
-    col_upper[h.ravel()] = max(L, 0)
-    col_upper[y0:t_max] = 1.0
-    if memory_bound:
-        col_lower[m_max] = -inf
-    integer = np.zeros(ncol, dtype=bool)
-    integer[:t_max] = True
-    return StageMatrix(cost=cost, offset=offset, start=np.asarray(rows.start, dtype=np.int64),
-                       index=np.asarray(rows.index, dtype=np.int64), value=np.asarray(rows.value),
-                       row_lower=np.asarray(rows.lower, dtype=float), row_upper=np.asarray(rows.upper, dtype=float),
-                       col_lower=col_lower, col_upper=col_upper, integer=integer, stages=p, options=n,
-                       t_max=t_max, m_max=m_max)
+    return cost, offset, step
 
 
 @dataclass

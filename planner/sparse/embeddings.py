@@ -40,28 +40,31 @@ rank-indexed program is small (up to EXACT_LIMIT piece variables), HiGHS solves 
 EXACT_NODES nodes (to the end, within the time limit, where the placement found no room), which can only improve
 the plan and raise the bound. The plan states its gap: 1 - (D + bound) / (D + its sparse step). A table
 that fits on no rank by itself is named with the memory it needs.
+
+The block's records (Fixed, Assignment, SparseSolution, the shared problem) are planner.sparse.problem's, each
+table's options and their costs planner.sparse.table_options', the placement and its local moves
+planner.sparse.placement's; the programs and their solving are here.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.sparse import coo_array
 
-from partita.costmodel.sparse.embeddings import Access, Table, by_config_name
+from partita.costmodel.sparse.embeddings import Access, Table
 from partita.costmodel.errors import InfeasibleError, PartitaError
 from partita.costmodel.hardware import GiB
-from partita.costmodel.sparse.costs import (PLACEMENTS, SHARDINGS, Option, PieceCost, SparseContext, collective_latency,
-                                      piece_cost)
-from partita.costmodel.sparse.torchrec_costs import torchrec_costs
+from partita.costmodel.sparse.costs import SHARDINGS, SparseContext, collective_latency
+from partita.planner.sparse.placement import _faster_where_room, _place, _ranks_for
+from partita.planner.sparse.table_options import floor_s, option_costs  # noqa: F401 (re-exported: rec_plan reads them here)
+from partita.planner.sparse.table_options import (CACHE_FRACTIONS, COLUMN_SHARDS, MIN_COLUMN_WIDTH,  # noqa: F401 (re-exported)
+                                                  _pareto, parse_fixed, table_options)
+from partita.planner.sparse.problem import (LOCAL, SPREAD, Assignment, Fixed, SparseSolution,  # noqa: F401 (re-exported)
+                                            _kinds, _nodes, _Problem, _tally, pieces)
 
-CACHE_FRACTIONS = (0.01, 0.05, 0.2)
-"""HBM cache sizes the search offers, as fractions of a table's rows (a grid over the miss-ratio curve)."""
-COLUMN_SHARDS = (2, 4, 8)
-MIN_COLUMN_WIDTH = 4
-"""FBGEMM's kernels need each piece's width to be a multiple of 4."""
 MIP_GAP = 0.02
 """Relative gap of the step time (dense + sparse, the objective) at which the solver stops: many near-equal
 tables make the last fraction of a percent a long proof of a balance that does not matter."""
@@ -75,128 +78,6 @@ EXACT_LIMIT = 20_000
 EXACT_NODES = 200
 """Branch-and-bound nodes the rank-indexed program may spend improving on the placement's plan and bound
 (small instances): a fixed amount of work, so the same inputs give the same plan on a busy machine too."""
-LOCAL = ("table_wise", "column_wise")
-SPREAD = ("data_parallel", "row_wise")
-
-
-@dataclass(frozen=True)
-class Fixed:
-    """A user's restriction of one table: its sharding, and optionally its pieces and placement."""
-
-    sharding: str
-    shards: int | None = None
-    placement: str | None = None
-
-
-@dataclass(kw_only=True)
-class Assignment:
-    table: Table
-    option: Option
-    cost: PieceCost
-    ranks: tuple[int, ...]
-
-
-@dataclass(kw_only=True)
-class SparseSolution:
-    assignments: list[Assignment]
-    rank_time: np.ndarray
-    """Per rank: its pieces' seconds (without the dense part and the collectives' latency)."""
-    rank_hbm: np.ndarray
-    rank_host: np.ndarray
-    latency_s: float
-    status: str
-    lower_bound_s: float
-    """A lower bound on the sparse part's step seconds (slowest rank plus latency), from the solver."""
-    mip_gap: float
-    """1 - (dense + lower bound) / (dense + sparse step): the gap of the whole step, the program's objective."""
-    formulation: str
-    wall_time_s: float
-    options: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def step_s(self) -> float:
-        return float(self.rank_time.max(initial=0.0)) + self.latency_s
-
-
-def parse_fixed(text: str, tables: list[Table]) -> dict[str, Fixed]:
-    """`NAME=SHARDING[:K][@PLACEMENT],...` (NAME a table, or * for every table) -> {table: Fixed}. A TorchRec
-    collection's table may be named by its EmbeddingBagConfig name where no other table has that name."""
-    by_name = {t.name: t for t in tables}
-    names = {**{key: by_name[name] for key, name in by_config_name(tables).items()}, **by_name}
-    out: dict[str, Fixed] = {}
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        name, eq, rest = item.partition("=")
-        rest, _, place = rest.partition("@")
-        kind, _, k = rest.partition(":")
-        if not eq or kind not in SHARDINGS or (place and place not in PLACEMENTS):
-            raise PartitaError(f"bad --embedding-sharding {item!r}: use TABLE=SHARDING[:K][@PLACEMENT] with sharding "
-                               f"{'|'.join(SHARDINGS)} and placement {'|'.join(PLACEMENTS)} (TABLE * for all)")
-        if name != "*" and name not in names:
-            raise PartitaError(f"--embedding-sharding names {name!r}, which is no table of the model "
-                               f"(tables: {', '.join(t.name for t in tables[:6])}{' ...' if len(tables) > 6 else ''})")
-        if k and (not k.isdigit() or int(k) < 1 or kind != "column_wise"):
-            raise PartitaError(f"bad --embedding-sharding {item!r}: only column_wise takes :K, a positive number of pieces")
-        fix = Fixed(kind, int(k) if k else None, place or None)
-        for t in (tables if name == "*" else [names[name]]):
-            if fix.shards and (t.dim % fix.shards or t.dim // fix.shards % MIN_COLUMN_WIDTH):
-                raise PartitaError(f"table {t.name} of dim {t.dim} does not split into {fix.shards} column pieces "
-                                   f"(each must be a multiple of {MIN_COLUMN_WIDTH} wide): choose K dividing "
-                                   f"{t.dim} into such pieces")
-            out[t.name] = fix
-    return out
-
-
-def table_options(table: Table, ctx: SparseContext, fixed: Fixed | None = None) -> list[Option]:
-    R, per_node = ctx.ranks, ctx.cluster.devices_per_node
-    places = [("hbm", 0.0), ("host", 0.0)] + [("cache", f) for f in CACHE_FRACTIONS]
-    if fixed and fixed.placement:
-        places = [p for p in places if p[0] == fixed.placement]
-    out = []
-    for kind in SHARDINGS:
-        if fixed and fixed.sharding != kind:
-            continue
-        if kind == "data_parallel":
-            if not fixed or fixed.placement in (None, "hbm"):
-                out.append(Option(sharding=kind))
-            continue
-        if kind == "row_wise" and R == 1 or kind == "table_row_wise" and not (1 < per_node < R):
-            continue
-        shards = [1]
-        if kind == "column_wise":
-            shards = [fixed.shards] if fixed and fixed.shards else [
-                k for k in COLUMN_SHARDS if k <= R and table.dim % k == 0 and table.dim // k % MIN_COLUMN_WIDTH == 0]
-            if fixed and fixed.shards and fixed.shards > R:
-                raise PartitaError(f"table {table.name}: {fixed.shards} column pieces need as many ranks; the "
-                                   f"cluster has {R}")
-        out += [Option(sharding=kind, placement=p, shards=k, cache_fraction=f) for k in shards for p, f in places]
-    return out
-
-
-def _pareto(costs: list[tuple[Option, PieceCost]]) -> list[tuple[Option, PieceCost]]:
-    """Drop an option another of the same sharding and pieces beats in time, HBM and host memory."""
-    keep = []
-    for i, (o, c) in enumerate(costs):
-        dominated = any(j != i and p.sharding == o.sharding and p.shards == o.shards
-                        and d.time_s <= c.time_s and d.hbm_bytes <= c.hbm_bytes and d.host_bytes <= c.host_bytes
-                        and (d.time_s, d.hbm_bytes, d.host_bytes, j) < (c.time_s, c.hbm_bytes, c.host_bytes, i)
-                        for j, (p, d) in enumerate(costs))
-        if not dominated:
-            keep.append((o, c))
-    return keep
-
-
-@dataclass
-class _Problem:
-    tables: list[Table]
-    costs: list[list[tuple[Option, PieceCost]]]
-    ctx: SparseContext
-    dense_s: float
-    hbm_cap: float
-    host_cap: float
-    latency: dict[str, float]
-
-
 def _check_each_fits(p: _Problem, fixed: dict[str, Fixed]) -> None:
     """A table none of whose options fits on an empty rank is named, with the least memory it needs."""
     for t, costs in zip(p.tables, p.costs):
@@ -308,28 +189,32 @@ def _solve(cols: _Columns, rows: _Rows, time_limit: float, start: np.ndarray | N
                    bound=bound, gap=float(info.mip_gap) if has_x else np.inf)
 
 
-def _kinds(p: _Problem) -> list[str]:
-    return sorted({o.sharding for costs in p.costs for o, _ in costs}, key=SHARDINGS.index)
+@dataclass
+class _Exact:
+    """The rank-indexed program's columns and rows, and where its variables sit (module docstring)."""
 
-
-def _nodes(p: _Problem) -> tuple[int, int]:
-    return _node_split(p.ctx)
-
-
-def _node_split(ctx: SparseContext) -> tuple[int, int]:
-    """(nodes, ranks per node) as table_row_wise groups them: one node of all ranks where they do not divide."""
-    per_node = ctx.cluster.devices_per_node
-    return (ctx.ranks // per_node, per_node) if ctx.ranks % per_node == 0 else (1, ctx.ranks)
-
-
-def pieces(o: Option, ctx: SparseContext) -> int:
-    """Pieces option `o` puts on ranks: one per rank (spread), its shards (local), or one per rank of a node."""
-    return ctx.ranks if o.sharding in SPREAD else o.shards if o.sharding in LOCAL else _node_split(ctx)[1]
+    cols: _Columns
+    rows: _Rows
+    T: int
+    q: dict          # sharding type -> its q column
+    z: dict          # (table, option) -> its z column
+    x: dict          # (table, option) -> its first x column (one per rank, or per node for table_row_wise)
 
 
 def _solve_exact(p: _Problem, time_limit: float, incumbent: list[Assignment] | None,
                  nodes: int | None = None) -> tuple[_Result, list | None]:
     """The rank-indexed program (module docstring), warm-started from `incumbent`; its assignments."""
+    prog = _exact_program(p)
+    start = _warm_start(p, prog, incumbent) if incumbent is not None else None
+    res = _solve(prog.cols, prog.rows, time_limit, start, nodes)
+    if res.x is None:
+        return res, None
+    return res, _exact_assignments(p, prog, res.x)
+
+
+def _exact_program(p: _Problem) -> _Exact:
+    """The rank-indexed program's columns and rows: one option per table, its pieces on ranks (or nodes),
+    a q per sharding type used, and per rank its time, HBM and host rows."""
     R = p.ctx.ranks
     n_nodes, per_node = _nodes(p)
     cols, rows = _Columns(), _Rows()
@@ -351,16 +236,13 @@ def _solve_exact(p: _Problem, time_limit: float, incumbent: list[Assignment] | N
                 span = R if opt.sharding in LOCAL else n_nodes
                 x[t, o] = xs = cols.add(True, count=span)
                 rows.add([(xs + i, 1.0) for i in range(span)] + [(zi, -float(opt.shards))], 0.0, 0.0)
-                for r in range(R):
-                    xi = xs + (r if opt.sharding in LOCAL else r // per_node)
-                    time_rows[r].append((xi, c.time_s))
-                    hbm_rows[r].append((xi, c.hbm_bytes))
-                    host_rows[r].append((xi, c.host_bytes))
+                on_rank = [xs + (r if opt.sharding in LOCAL else r // per_node) for r in range(R)]
             else:
-                for r in range(R):
-                    time_rows[r].append((zi, c.time_s))
-                    hbm_rows[r].append((zi, c.hbm_bytes))
-                    host_rows[r].append((zi, c.host_bytes))
+                on_rank = [zi] * R
+            for r in range(R):
+                time_rows[r].append((on_rank[r], c.time_s))
+                hbm_rows[r].append((on_rank[r], c.hbm_bytes))
+                host_rows[r].append((on_rank[r], c.host_bytes))
         rows.add(row, 1.0, 1.0)
     for k in kinds:
         rows.add([(zi, 1.0) for zi in by_kind[k]] + [(q[k], -float(len(p.tables)))], -np.inf, 0.0)
@@ -368,49 +250,43 @@ def _solve_exact(p: _Problem, time_limit: float, incumbent: list[Assignment] | N
         rows.add(time_rows[r], -np.inf, -p.dense_s)
         rows.add(hbm_rows[r], -np.inf, p.hbm_cap)
         rows.add(host_rows[r], -np.inf, p.host_cap)
-    start = None
-    if incumbent is not None:
-        start = np.zeros(cols.n)
-        for t, a in enumerate(incumbent):
-            o = next(i for i, (opt, _) in enumerate(p.costs[t]) if opt == a.option)
-            start[z[t, o]] = 1.0
-            if a.option.sharding in LOCAL:
-                start[[x[t, o] + r for r in a.ranks]] = 1.0
-            elif a.option.sharding == "table_row_wise":
-                start[x[t, o] + a.ranks[0] // per_node] = 1.0
-            start[q[a.option.sharding]] = 1.0
-        inc = _tally(p, incumbent, "", "", 0.0)
-        start[T] = p.dense_s + inc.step_s
-    res = _solve(cols, rows, time_limit, start, nodes)
-    if res.x is None:
-        return res, None
+    return _Exact(cols=cols, rows=rows, T=T, q=q, z=z, x=x)
+
+
+def _warm_start(p: _Problem, prog: _Exact, incumbent: list[Assignment]) -> np.ndarray:
+    """The program's variables at the `incumbent` plan (a feasible start for HiGHS)."""
+    _, per_node = _nodes(p)
+    start = np.zeros(prog.cols.n)
+    for t, a in enumerate(incumbent):
+        o = next(i for i, (opt, _) in enumerate(p.costs[t]) if opt == a.option)
+        start[prog.z[t, o]] = 1.0
+        if a.option.sharding in LOCAL:
+            start[[prog.x[t, o] + r for r in a.ranks]] = 1.0
+        elif a.option.sharding == "table_row_wise":
+            start[prog.x[t, o] + a.ranks[0] // per_node] = 1.0
+        start[prog.q[a.option.sharding]] = 1.0
+    inc = _tally(p, incumbent, "", "", 0.0)
+    start[prog.T] = p.dense_s + inc.step_s
+    return start
+
+
+def _exact_assignments(p: _Problem, prog: _Exact, x: np.ndarray) -> list[Assignment]:
+    """Each table's option and ranks in the program's solution `x`."""
+    R = p.ctx.ranks
+    n_nodes, per_node = _nodes(p)
     assignments = []
     for t, costs in enumerate(p.costs):
-        o = max(range(len(costs)), key=lambda o: res.x[z[t, o]])
+        o = max(range(len(costs)), key=lambda o: x[prog.z[t, o]])
         opt, c = costs[o]
         if opt.sharding in LOCAL:
-            ranks = tuple(r for r in range(R) if res.x[x[t, o] + r] > 0.5)
+            ranks = tuple(r for r in range(R) if x[prog.x[t, o] + r] > 0.5)
         elif opt.sharding == "table_row_wise":
-            n = next(n for n in range(n_nodes) if res.x[x[t, o] + n] > 0.5)
+            n = next(n for n in range(n_nodes) if x[prog.x[t, o] + n] > 0.5)
             ranks = tuple(range(n * per_node, (n + 1) * per_node))
         else:
             ranks = tuple(range(R))
         assignments.append(Assignment(table=p.tables[t], option=opt, cost=c, ranks=ranks))
-    return res, assignments
-
-
-def _tally(p: _Problem, assignments: list[Assignment], status: str, formulation: str, wall: float) -> SparseSolution:
-    R = p.ctx.ranks
-    rt, rh, ru = np.zeros(R), np.zeros(R), np.zeros(R)
-    for a in assignments:
-        idx = list(a.ranks)
-        rt[idx] += a.cost.time_s
-        rh[idx] += a.cost.hbm_bytes
-        ru[idx] += a.cost.host_bytes
-    latency = sum(p.latency[k] for k in {a.option.sharding for a in assignments})
-    return SparseSolution(assignments=assignments, rank_time=rt, rank_hbm=rh, rank_host=ru, latency_s=latency,
-                          status=status, mip_gap=0.0, lower_bound_s=0.0, formulation=formulation, wall_time_s=wall,
-                          options=sum(len(c) for c in p.costs))
+    return assignments
 
 
 def _solve_relaxed(p: _Problem, time_limit: float):
@@ -462,90 +338,6 @@ def _solve_relaxed(p: _Problem, time_limit: float):
         raise PartitaError(f"the embedding program found no plan within {time_limit:.0f} s; raise the time limit")
     choice = [max(range(len(costs)), key=lambda o: res.x[z[t, o]]) for t, costs in enumerate(p.costs)]
     return choice, max(res.bound, 0.0) - p.dense_s
-
-
-def _place(p: _Problem, choice: list[int]) -> list[Assignment] | None:
-    """Longest processing time first onto the least loaded rank (node, for table_row_wise) with room,
-    then moves off the slowest rank while they shorten it. None if some piece finds no room."""
-    R = p.ctx.ranks
-    load, hbm, host = np.zeros(R), np.zeros(R), np.zeros(R)
-    fixed_ranks: dict[int, tuple[int, ...]] = {}
-    pieces = []
-    for t, o in enumerate(choice):
-        opt, c = p.costs[t][o]
-        if opt.sharding in SPREAD:
-            load += c.time_s
-            hbm += c.hbm_bytes
-            host += c.host_bytes
-            fixed_ranks[t] = tuple(range(R))
-        else:
-            pieces.append((opt.sharding == "table_row_wise", c.time_s, t))
-    pieces.sort(key=lambda x: (not x[0], -x[1], x[2]))
-    placed: dict[int, list[int]] = {}
-    for is_node, _, t in pieces:
-        opt, c = p.costs[t][choice[t]]
-        ranks = _ranks_for(p, opt, c, load, hbm, host)
-        if ranks is None:
-            return None
-        load[ranks] += c.time_s
-        hbm[ranks] += c.hbm_bytes
-        host[ranks] += c.host_bytes
-        if is_node:
-            fixed_ranks[t] = tuple(ranks)
-        else:
-            placed[t] = ranks
-    _improve(p, choice, placed, load, hbm, host)
-    fixed_ranks.update({t: tuple(sorted(rs)) for t, rs in placed.items()})
-    return [Assignment(table=p.tables[t], option=p.costs[t][o][0], cost=p.costs[t][o][1], ranks=fixed_ranks[t])
-            for t, o in enumerate(choice)]
-
-
-def _improve(p, choice, placed, load, hbm, host, rounds: int = 10_000) -> None:
-    """Move a piece from the slowest rank to the least loaded one that has room, while that lowers the
-    slowest rank's load (each move strictly lowers the sum of squared loads, so this ends)."""
-    for _ in range(rounds):
-        worst = int(np.argmax(load))
-        best_move = None
-        for t, rs in placed.items():
-            if worst not in rs:
-                continue
-            c = p.costs[t][choice[t]][1]
-            for r in np.argsort(load, kind="stable"):
-                r = int(r)
-                if r in rs or hbm[r] + c.hbm_bytes > p.hbm_cap or host[r] + c.host_bytes > p.host_cap:
-                    continue
-                if load[r] + c.time_s < load[worst] - 1e-15:
-                    gain = load[worst] - max(load[r] + c.time_s, load[worst] - c.time_s)
-                    if best_move is None or gain > best_move[0]:
-                        best_move = (gain, t, r)
-                break
-        if best_move is None:
-            return
-        _, t, r = best_move
-        c = p.costs[t][choice[t]][1]
-        placed[t][placed[t].index(worst)] = r
-        for arr, v in ((load, c.time_s), (hbm, c.hbm_bytes), (host, c.host_bytes)):
-            arr[worst] -= v
-            arr[r] += v
-
-
-def _ranks_for(p: _Problem, opt: Option, c: PieceCost, load, hbm, host) -> list[int] | None:
-    """Where option `opt` goes on ranks loaded `load` (its table taken off): every rank (spread), the node
-    whose slowest rank is least loaded (table_row_wise), or its pieces on the least loaded ranks with room;
-    None where it finds no room."""
-    R = p.ctx.ranks
-    room = (hbm + c.hbm_bytes <= p.hbm_cap) & (host + c.host_bytes <= p.host_cap)
-    if opt.sharding in SPREAD:
-        return list(range(R)) if room.all() else None
-    if opt.sharding == "table_row_wise":
-        n_nodes, per_node = _nodes(p)
-        spans = [range(n * per_node, (n + 1) * per_node) for n in range(n_nodes)]
-        ok = [list(s) for s in spans if room[list(s)].all()]
-        return min(ok, key=lambda s: (load[s].max(), s[0])) if ok else None
-    fits = np.flatnonzero(room)
-    if len(fits) < opt.shards:
-        return None
-    return sorted(int(r) for r in fits[np.lexsort((fits, load[fits]))[:opt.shards]])
 
 
 def _rechoose(p: _Problem, assignments: list[Assignment], rounds: int | None = None) -> list[Assignment]:
@@ -600,54 +392,6 @@ def _rechoose(p: _Problem, assignments: list[Assignment], rounds: int | None = N
         used[new.option.sharding] = used.get(new.option.sharding, 0) + 1
         out[i] = new
     return out
-
-
-def _faster_where_room(p: _Problem, assignments: list[Assignment]) -> list[Assignment]:
-    """Each table on the fastest of its options with the same pieces (sharding and count) that still fits on
-    the ranks it holds -- a cache or host placement back into HBM where there is room. The step time only
-    minimises the slowest rank, so the solver leaves tables off the critical path on any placement that
-    fits; this pass runs them as fast as memory allows. Only their own ranks get faster: no rank's time grows."""
-    sol = _tally(p, assignments, "", "", 0.0)
-    hbm, host = sol.rank_hbm.copy(), sol.rank_host.copy()
-    out = list(assignments)
-    index = {t.name: i for i, t in enumerate(p.tables)}
-    order = sorted(range(len(out)), key=lambda i: -out[i].cost.time_s)
-    for i in order:
-        a = out[i]
-        idx = list(a.ranks)
-        for opt, c in sorted(p.costs[index[a.table.name]], key=lambda oc: oc[1].time_s):
-            if c.time_s >= a.cost.time_s:
-                break
-            if (opt.sharding, opt.shards) != (a.option.sharding, a.option.shards):
-                continue
-            if (max(hbm[idx]) - a.cost.hbm_bytes + c.hbm_bytes <= p.hbm_cap
-                    and max(host[idx]) - a.cost.host_bytes + c.host_bytes <= p.host_cap):
-                hbm[idx] += c.hbm_bytes - a.cost.hbm_bytes
-                host[idx] += c.host_bytes - a.cost.host_bytes
-                out[i] = Assignment(table=a.table, option=opt, cost=c, ranks=a.ranks)
-                break
-    return out
-
-
-def option_costs(tables: list[Table], accesses: dict[str, Access], ctx: SparseContext,
-                 fixed: dict[str, Fixed] | None = None) -> list[list[tuple[Option, PieceCost]]]:
-    """Per table, its options with their piece costs (the Pareto front of time and memory), priced by
-    partita's byte model or, with ctx.pricing "torchrec", by TorchRec's estimator (costmodel.sparse.torchrec_costs)."""
-    fixed = fixed or {}
-    options = [table_options(t, ctx, fixed.get(t.name)) for t in tables]
-    if ctx.pricing == "torchrec":
-        return [_pareto(priced) for priced in torchrec_costs(tables, accesses, ctx, options)]
-    return [_pareto([(o, piece_cost(t, accesses[t.name], o, ctx)) for o in opts]) for t, opts in zip(tables, options)]
-
-
-def floor_s(costs: list[list[tuple[Option, PieceCost]]], ctx: SparseContext) -> float:
-    """A lower bound on the tables' step under any memory: the relaxation's average-load row with every table at
-    its cheapest option, plus the latency of the cheapest sharding type (some type is used). A dense option whose
-    step plus this floor exceeds a plan already found cannot win (planner.sparse.rec_plan)."""
-    if not all(costs):
-        return 0.0  # a table without options: solve_tables names it
-    load = sum(min(c.time_s * pieces(o, ctx) / ctx.ranks for o, c in options) for options in costs)
-    return load + min(collective_latency(ctx, o.sharding) for options in costs for o, _ in options)
 
 
 def solve_tables(tables: list[Table], accesses: dict[str, Access], ctx: SparseContext, *, dense_s: float,

@@ -117,9 +117,6 @@ def plan_rec(spec: ModelSpec, tables: list[Table], cluster: Cluster, train, spar
              progress=None, dense_zero: tuple[int, ...] = DENSE_ZERO):
     """The Plan of a model with embedding tables (module docstring)."""
     from partita.costmodel.capture import capture
-    from partita.planner.estimate.build import build_plan
-    from partita.planner.search import search
-    from partita.planner.enumerate.space import SearchSpace
     t0 = time.perf_counter()
     fixed = parse_fixed(sparse.fixed, tables) if sparse.fixed else {}
     accesses, source = accesses_for(tables, spec, sparse)
@@ -135,15 +132,43 @@ def plan_rec(spec: ModelSpec, tables: list[Table], cluster: Cluster, train, spar
     ctx = SparseContext(cluster=cluster, global_batch=train.global_batch, optimizer=sparse.optimizer,
                         pricing=sparse.pricing)
     costs = option_costs(tables, accesses, ctx, fixed)
-    floor = floor_s(costs, ctx)
-    solves_s, options = 0.0, []
-    for zero in dense_zero if R > 1 else (0,):
+    options = _dense_options(graph, cluster, train, spec, fingerprint, progress, dense_zero if R > 1 else (0,), local)
+    best, tried, solves_s = _with_tables(options, tables, accesses, ctx, fixed, sparse, costs, floor_s(costs, ctx),
+                                         spec.name)
+    plan, sol, dense_s, dense_hbm = best
+    plan.embeddings = section(sol, tables, accesses, sparse.optimizer, source, dense_s)
+    plan.embeddings["pricing"] = sparse.pricing
+    plan.embeddings["dense"] = {"zero_stage": plan.zero_stage, "options": tried}
+    _merge_predictions(plan, sol, dense_s, dense_hbm)
+    _merge_solver(plan, sol, solves_s)
+    plan.model["parameters"] = plan.model.get("parameters", 0) + sum(t.params for t in tables)
+    plan.solver["total_s"] = time.perf_counter() - t0
+    return plan
+
+
+def _dense_options(graph, cluster: Cluster, train, spec: ModelSpec, fingerprint: str, progress,
+                   zeros: tuple[int, ...], local: int) -> list[tuple[int, object]]:
+    """(ZeRO stage, the dense part's Plan or None where it does not fit) for each stage: one stage of R
+    data-parallel ranks, one micro-batch of the whole local batch."""
+    from partita.planner.estimate.build import build_plan
+    from partita.planner.search import search
+    from partita.planner.enumerate.space import SearchSpace
+    R, options = cluster.num_devices, []
+    for zero in zeros:
         dense_space = SearchSpace(tp=(1,), pp=(1,), dp=(R,), cp=(1,), ep=(1,), zero=(zero,), offload=False,
                                   recompute=("none",), micro_batch=(local,))
         result = search(graph, cluster, train, progress=progress, space=dense_space, raise_infeasible=False)
         options.append((zero, build_plan(result, spec.name, fingerprint, spec.config) if result.best else None))
-    tried, best, refusal = [], None, None
-    # the fastest dense part first: a slower one is solved only where its step plus the tables' floor can win
+    return options
+
+
+def _with_tables(options, tables, accesses, ctx: SparseContext, fixed, sparse: SparseInputs, costs, floor: float,
+                 name: str) -> tuple[tuple, list[dict], float]:
+    """The tables' block solved beside each dense option, the fastest dense part first (a slower one only where
+    its step plus the tables' floor can win): ((dense plan, tables' solution, dense seconds, dense HBM) of the
+    fastest step, what each option gave, the tables' solve seconds); the refusal of the option with the least
+    dense memory where none fits."""
+    tried, best, refusal, solves_s = [], None, None, 0.0
     for zero, dense in sorted(options, key=lambda o: o[1].predicted["step_time_s"] if o[1] else float("inf")):
         if dense is None:
             tried.append({"zero_stage": zero, "refused": "the dense part does not fit"})
@@ -169,12 +194,12 @@ def plan_rec(spec: ModelSpec, tables: list[Table], cluster: Cluster, train, spar
     if best is None:
         if refusal is not None:
             raise refusal[1]
-        raise InfeasibleError(f"the dense part of {spec.name} fits on no rank, replicated or sharded over {R} ranks")
-    plan, sol, dense_s, dense_hbm = best
-    plan.embeddings = section(sol, tables, accesses, sparse.optimizer, source, dense_s)
-    plan.embeddings["pricing"] = sparse.pricing
-    plan.embeddings["dense"] = {"zero_stage": plan.zero_stage, "options": tried}
-    _merge_predictions(plan, sol, dense_s, dense_hbm)
+        raise InfeasibleError(f"the dense part of {name} fits on no rank, replicated or sharded over {ctx.ranks} ranks")
+    return best, tried, solves_s
+
+
+def _merge_solver(plan, sol, solves_s: float) -> None:
+    """The plan's solver section speaks for the whole program: the tables' block beside the dense part's."""
     plan.solver["embeddings"] = plan.embeddings["solver"]
     # the stable solver fields speak for the whole program: its gap is the embedding block's (of the whole step)
     plan.solver["mip_gap"] = max(plan.solver.get("mip_gap") or 0.0, sol.mip_gap)
@@ -182,9 +207,6 @@ def plan_rec(spec: ModelSpec, tables: list[Table], cluster: Cluster, train, spar
     if sol.status != "optimal":
         plan.solver["status"] = sol.status
     plan.solver.pop("pipeline", None)  # the dense space has one stage by construction
-    plan.model["parameters"] = plan.model.get("parameters", 0) + sum(t.params for t in tables)
-    plan.solver["total_s"] = time.perf_counter() - t0
-    return plan
 
 
 def section(sol, tables, accesses, optimizer: str, source: str, dense_s: float) -> dict:

@@ -46,6 +46,12 @@ class Stack:
     (apex's and Transformer Engine's fused LayerNorm, bias-GELU, dropout-add; flash-attn's fused MLP and
     dropout-add-LayerNorm). benchmarks.fit fits the rate of eager ones inside a training step
     (`Device.step_efficiency`); fused stacks keep the kernel rate (1), their fusion not modelled."""
+    sp_saves_shard: bool = False
+    """Under sequence parallelism a column-parallel layer saves the sequence shard of its input and all-gathers
+    it again in its backward (Korthikanti et al. 2022, section 4.2.2: the sharded input is stored and an extra
+    all-gather runs in the backward; Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication and
+    Transformer Engine's Linear / LayerNormLinear with sequence_parallel), rather than the all-gathered whole
+    tensor PyTorch's ColwiseParallel saves (planner.enumerate.strategies, memory)."""
     fused_saves: tuple[str, ...] = ()
     """Which eager pieces of a layer the stack runs as fused kernels that save only their inputs
     (costmodel.price.fusion.fused_kernel_saves): "norm", an RMSNorm (apex's FusedRMSNorm / MixedFusedRMSNorm,
@@ -65,7 +71,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in [
           description="current PyTorch (torch >= 2.5) eager, as partita's runtime runs it: SDPA dispatches "
                       "cuDNN flash attention on Hopper, FlashAttention-2 on Ampere (16-bit); async TP "
                       "(torch.compile + symmetric memory) overlaps TP collectives, priced but not run by partita"),
-    Stack(name="megatron-2021", fused_saves=("norm",), attention="flash2",
+    Stack(name="megatron-2021", sp_saves_shard=True, fused_saves=("norm",), attention="flash2",
           description="Megatron-LM / Megatron-DeepSpeed 2021-22 (PyTorch 1.x, apex fused kernels): attention "
                       "unfused, its scores materialised (the models say attention='math')"),
     Stack(name="flash-2023", eager_elementwise=True, attention="flash2",
@@ -76,11 +82,13 @@ STACKS: dict[str, Stack] = {s.name: s for s in [
                       "default of llm-foundry's benchmark scripts: FlashAttention written in Triton (flash-attn's "
                       "flash_attn_triton, or llm-foundry's copy of it), not the CUDA FlashAttention-2; GEMMs as "
                       "flash-2023 (PyTorch's cuBLAS)"),
-    Stack(name="te-2024", fused_saves=("norm", "gate"), attention="cudnn", tp_comm_overlap=True, p2p_overlap=True,
+    Stack(name="te-2024", sp_saves_shard=True, fused_saves=("norm", "gate"), attention="cudnn", tp_comm_overlap=True,
+          p2p_overlap=True,
           description="NVIDIA's Transformer Engine kernels (Megatron-Core, NeMo, NeMo AutoModel; 2024-25): "
                       "cuDNN fused attention, TP communication overlap (userbuffers), overlapped pipeline "
                       "sends, distributed optimizer"),
-    Stack(name="te-2024-flash2", fused_saves=("norm", "gate"), attention="flash2", tp_comm_overlap=True, p2p_overlap=True, gemm="te-2024",
+    Stack(name="te-2024-flash2", sp_saves_shard=True, fused_saves=("norm", "gate"), attention="flash2",
+          tp_comm_overlap=True, p2p_overlap=True, gemm="te-2024",
           description="te-2024 with cuDNN's fused attention turned off (NVTE_FUSED_ATTN=0), as NVIDIA's "
                       "dgxc-benchmarking GPT-3 175B and Nemotron-4 340B recipes run: Transformer Engine calls "
                       "the flash-attn package's FlashAttention-2; overlaps and distributed optimizer as te-2024"),

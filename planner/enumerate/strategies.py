@@ -50,7 +50,8 @@ Costs per sample of micro-batch, for one rank of the tensor-parallel group (t ra
              activations produced by sharded nodes divided by t, the rest whole. Under sequence
              parallelism the rest is divided by t too, except the input a column-parallel layer keeps:
              PyTorch's ColwiseParallel saves the all-gathered (whole) tensor, where Megatron-LM keeps
-             the shard and gathers again in the backward (Korthikanti's 34 s b h / t counts the shard).
+             the shard and gathers again in the backward (Korthikanti's 34 s b h / t counts the shard):
+             on a stack that does (costmodel.hardware.stacks.Stack.sp_saves_shard) it is 1/t too.
              Under autocast (costmodel.capture.trace) a Linear also saves a bf16 cast of its input: whole for a
              column-parallel layer (its input is replicated, or gathered), 1/t for a row-parallel one;
              and a bf16 cast of its weight, 1/t where the weight is split (`weight_saved`, per
@@ -64,6 +65,7 @@ from dataclasses import dataclass, field
 from partita.costmodel.price import comm
 from partita.costmodel.capture.graph import OpGraph
 from partita.costmodel.hardware import Cluster
+from partita.costmodel.hardware.stacks import get_stack
 from partita.costmodel.price.kernels import BACKWARD_LAUNCHES, NodeTime, node_time
 from partita.planner.enumerate.cp_ep import Experts, attention_kv_bytes, experts_of
 from partita.planner.enumerate.tp_split import _BATCHED_MATMUL, propagate_tp, sequence_split
@@ -262,6 +264,7 @@ def _split_costs(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequence
     bytes: a row-parallel layer's (or vocab embedding's) output reduced (or, `sequence`, reduce-scattered),
     a column-parallel one's input gathered, a vocab-parallel loss's three floats per token reduced."""
     g, c = graph.g, _SplitCosts()
+    keep_shard = get_stack(cluster.device.stack).sp_saves_shard  # a column-parallel input saved as its shard
     for n in graph.nodes_of(group):
         d = g.nodes[n]
         style = placements.get(d["module"]) if d["kind"] in ("linear", "embedding") else None
@@ -270,7 +273,7 @@ def _split_costs(graph: OpGraph, group: str, cluster: Cluster, tp: int, sequence
         c.fwd, c.bwd, c.fixed = c.fwd + t.fwd, c.bwd + t.bwd, c.fixed + t.fixed_fwd + t.fixed_bwd
         if d["kind"] == "linear" and style in ("colwise", "rowwise"):
             c.gemm = [a + b for a, b in zip(c.gemm, (t.fwd, t.bwd, t.fixed_fwd, t.fixed_bwd))]
-        c.saved += _saved_share(g, n, tp, sharded, seq, placements)
+        c.saved += _saved_share(g, n, tp, sharded, seq, placements, keep_shard)
         c.weights += d.get("weight_saved_bytes", 0) // (tp if style else 1)
         for pname, pn in d["params"].items():
             replicated_bias = style == "rowwise" and pname.endswith("bias")
@@ -303,24 +306,28 @@ def _dtensor_nodes(graph: OpGraph, group: str, sharded: set[str], seq: set[str],
     return on_dtensors
 
 
-def _saved_share(g, n: str, tp: int, sharded: set[str], seq: set[str], placements: dict[str, str]) -> int:
+def _saved_share(g, n: str, tp: int, sharded: set[str], seq: set[str], placements: dict[str, str],
+                 keep_shard: bool = False) -> int:
     """Bytes node n's output and its own saved tensors cost one rank (module docstring, memory); a placed
     Linear's cast of its input (autocast) is whole when column-parallel, 1/t when row-parallel."""
     d = g.nodes[n]
     cast = d.get("cast_saved_bytes", 0)
     style = placements.get(d["module"]) if d["kind"] == "linear" else None
     if cast and style is not None:
-        return _share(g, n, d["saved_bytes"] - cast, tp, sharded, seq, placements) + \
+        return _share(g, n, d["saved_bytes"] - cast, tp, sharded, seq, placements, keep_shard) + \
             (cast // tp if style == "rowwise" else cast)
-    return _share(g, n, d["saved_bytes"], tp, sharded, seq, placements)
+    return _share(g, n, d["saved_bytes"], tp, sharded, seq, placements, keep_shard)
 
 
-def _share(g, n: str, saved: int, tp: int, sharded: set[str], seq: set[str], placements: dict[str, str]) -> int:
+def _share(g, n: str, saved: int, tp: int, sharded: set[str], seq: set[str], placements: dict[str, str],
+           keep_shard: bool = False) -> int:
     d = g.nodes[n]
     if n in sharded:
         return saved // tp
     if n not in seq:
         return saved
+    if keep_shard:  # Megatron-LM / Transformer Engine: the shard, gathered again in the backward
+        return saved // tp
     # a column-parallel layer fed by n keeps the all-gathered, whole tensor
     feeds_col = any(g.nodes[s]["kind"] == "linear" and placements.get(g.nodes[s]["module"]) in ("colwise", "vocab")
                     for s in g.successors(n))

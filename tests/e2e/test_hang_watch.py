@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+import rank_pool
 from test_plans_match_single_process import ROOT, _env, make_plan
 
 pytestmark = pytest.mark.slow
@@ -38,6 +39,8 @@ def test_a_paused_rank_is_named_and_a_restart_resumes_it_exactly(tmp_path):
     assert restarted.returncode == 0, restarted.stderr
     result = json.loads(out.read_text())
     assert result["restarts"] == 1 and result["first_step"] == 2
-    reference = _run(tmp_path, plan, *flags, "--checkpoint-dir", str(tmp_path / "ckpt2"), "--losses-out", str(clean))
+    # the uninterrupted run needs no launcher: the session's long-lived gloo ranks (tests/rank_pool.py)
+    reference = rank_pool.shared().run(2, [str(plan), "--model", "tiny-gpt", *flags, "--checkpoint-dir",
+                                           str(tmp_path / "ckpt2"), "--losses-out", str(clean)], cwd=ROOT)
     assert reference.returncode == 0, reference.stderr
     assert result["losses"] == json.loads(clean.read_text())["losses"][2:]

@@ -4,6 +4,7 @@ Measured against this machine's allocator (runtime.loop.memory.AllocatorTrace; b
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -45,45 +46,59 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
     comes off their capacity (the candidate's) and each policy's is one more phase, gated on the stage
     holding such a layer, that bounds the cache and not the allocated peak.
 
-    forward/backward (main): model states, less the gradients while none exist yet (chi_s = 1 when the
-        stage's first backward comes before its micro-batches run out, m <= k_s: a step starts with
-        none; but never under DDP, whose gradient buckets live through the run), + k_s micro-batches of activations + the gradient arriving at the stage's output: on the
-        last stage the logits and their gradient (2 x the largest output: the fp32 gradient of the
-        log-probabilities and of the logits, both live in LogSoftmaxBackward; with the head split over
-        the vocabulary 3 x the rank's shard, as torch's loss_parallel computes the gradient in one
-        expression, (zeros_like(x) + exp(x)) * grad, holding three shards at once:
-        torch/distributed/tensor/parallel/loss.py `_nll_loss_and_log_softmax_backward`, measured on
-        the CPU allocator); elsewhere the gradient of the boundary activation (/ tp when
-        sequence-sharded); + once gradients exist, a second gradient of the stage's largest parameter
-        (computed whole, then accumulated into the one held) -- on the last stage not beside the loss's
-        gradients but after them, beside the logits' gradient (the larger of the two moments).
+    forward/backward (main): _main_phase; second backward: _second_backward; rebuild and forward end under
+        autocast: _recompute_phases.
     In a pipeline, torch.distributed.pipelining also holds, per micro-batch in flight, what a stage
         received (saved by its first operator, but charged by the capture to the stage that produced it)
         and on the last stage the stage's output, the logits, which the schedule keeps for the backward:
         counted with the activations of every phase.
-    second backward (stages whose first backward comes before their micro-batches run out, chi_s = 1,
-        with m >= 2 micro-batches): the first backward has made every gradient of the stage, and the next
-        one runs with them, one micro-batch fewer in flight, its arriving gradient and the transient
-        second gradient of the largest parameter -- above the main phase when a micro-batch's activations
-        are fewer bytes than the stage's gradients (measured: a 4-stage pipeline's first stage).
     forward/backward with ZeRO-3 gathers (binds only on stages holding a layer that reshards after its
         forward, ZeRO-3 not kept gathered): the main phase + two such layers' parameters gathered at a
         time (the one computing and the one prefetched).
-    rebuild (binds only on stages holding a recomputed layer): all model states + activations + the
-        boundary gradient + one layer's re-run activations (its "none" saved bytes less its policy's, and
-        the weight copies its re-run saves: autocast's casts).
-    forward end, under autocast (binds only on stages holding a recomputed layer): autocast caches one
-        bf16 cast of every weight for the whole forward of a micro-batch, so at its end the casts of the
-        recomputed layers are live beside the activations of the micro-batches in flight, which keep
-        their own layers' casts (strategies: `weight_saved`); no workspace yet (the loss comes after).
     optimizer step: all model states + 2 x the largest parameter's local shard (the step's fp32
         temporaries, a per-tensor step as the runtime's optimizers take on CPU; foreach steps on GPUs
         hold more).
     Measured on this machine's allocator (runtime.loop.memory.AllocatorTrace; benchmarks/fidelity.py).
     """
+    k = _graph_constants(bases)
+    logits = k["out"] * b
+    head_split = any(st == "vocab" for o in suf for st in o.placements.values() if o.name in SPLIT)
+    logits_per_rank = logits / (tp if head_split else 1)
+    boundary = k["boundary"] * b / (tp if sp else 1)
+    if pp > 1:  # what the pipeline holds per micro-batch in flight (docstring): counted as activations
+        e["act"] = e["act"].copy()
+        e["act"][1:] += boundary
+        e["act"][-1] += k["head"] * b / (tp if head_split else 1)
+    mp = _main_phase(k, opts, e, in_flight, grads_absent(m, in_flight, zero, dp, tp), sb.grad, pp, tp,
+                     boundary, logits_per_rank, head_split)
+    phases = []
+    if m >= 2 and mp.chi.any():
+        phases.append(_second_backward(mp, sb.grad, tp))
+    resharding = np.array([zero == 3 and o.zero in (None, 3) for o in opts] or [False])
+    if gathered and resharding.any():
+        phases.append(MemoryPhase("forward/backward with ZeRO-3 gathers",
+                                  mp.held + in_flight[:, None] * mp.act[None, :], mp.main + gathered, gate=resharding,
+                                  parts={**mp.parts, "workspace": mp.workspace + gathered}))
+    # (the largest parameters -- embeddings, head, layer weights -- are the ones tensor parallelism splits)
+    step_tmp = 2 * 4 * k["param"] / (dp if zero >= 2 else 1) / tp
+    phases.append(MemoryPhase("optimizer step", mp.states, e["state"] + step_tmp,
+                              parts={"model_states": e["state"], "activations": np.zeros(pp),
+                                     "workspace": np.full(pp, step_tmp)}))
+    cache = {"stages": allocator_transient(k, b, pp, tp, head_split), "recompute": {}}
+    phases += _allocator_cache_phases(mp, opts, b, device, cache["recompute"])
+    if any(o.recompute != "none" for o in opts):
+        phases += _recompute_phases(mp, opts, b, boundary + _largest_rebuild(opts, b) + gathered,
+                                    bases.graph.g.graph.get("run") == "autocast")
+    return mp.main, phases, mp.workspace, cache
+
+
+def _graph_constants(bases: _Bases) -> dict:
+    """memory_phases' per-graph constants, per sample, computed once per search (kept in bases._cache): the
+    widest output, the largest parameter (overall, in the first layer, the prefix, the suffix), the boundary
+    activation, the head's output and the widest output of the first layer's projections."""
     graph = bases.graph
     g = graph.g
-    if "memory" not in bases._cache:  # per-graph constants, computed once per search
+    if "memory" not in bases._cache:
         big = lambda groups: max([max(g.nodes[n]["params"].values(), default=0)
                                   for grp in groups for n in graph.nodes_of(grp)] or [0])
         bases._cache["memory"] = dict(
@@ -95,77 +110,130 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
                       for d in [g.nodes[n]] if d["kind"] == "linear"] or [0]),
             projection=max([d["out_bytes"] for grp in bases.layers[:1] for n in graph.nodes_of(grp)
                             for d in [g.nodes[n]] if d["kind"] == "linear"] or [0]))
-    k = bases._cache["memory"]
-    logits = k["out"] * b
-    head_split = any(st == "vocab" for o in suf for st in o.placements.values() if o.name in SPLIT)
-    logits_per_rank = logits / (tp if head_split else 1)
-    boundary = k["boundary"] * b / (tp if sp else 1)
-    if pp > 1:  # what the pipeline holds per micro-batch in flight (docstring): counted as activations
-        e["act"] = e["act"].copy()
-        e["act"][1:] += boundary
-        e["act"][-1] += k["head"] * b / (tp if head_split else 1)
+    return bases._cache["memory"]
+
+
+@dataclass
+class _MainPhase:
+    """The forward/backward phase's terms, which the other phases build on (arrays per stage unless said)."""
+    pp: int                      # the number of stages
+    e: dict                      # the stages' fixed bytes: "state", "grad", "act"
+    in_flight: np.ndarray        # k_s, micro-batches in flight
+    chi: np.ndarray              # 1 where the stage peaks before any gradient exists (grads_absent)
+    arriving: np.ndarray         # the gradient arriving at the stage's output (the loss's, on the last)
+    per_stage_param: np.ndarray  # the stage's largest parameter (its second, transient gradient)
+    workspace: np.ndarray        # arriving + the second gradient, the last stage's at its larger moment
+    main: np.ndarray             # the phase's constant
+    states: np.ndarray           # per option: its model states
+    act: np.ndarray              # per option: a micro-batch's activations
+    held: np.ndarray             # per stage x option: model states less the gradients while none exist
+    parts: dict                  # the phase's breakdown (stage_memory)
+
+
+def _main_phase(k: dict, opts: list[Variant], e: dict, in_flight: np.ndarray, chi: np.ndarray, grad_coeff: float,
+                pp: int, tp: int, boundary: float, logits_per_rank: float, head_split: bool) -> _MainPhase:
+    """The forward/backward phase; `grad_coeff`: a parameter's gradient bytes per parameter byte (sb.grad).
+
+    forward/backward (main): model states, less the gradients while none exist yet (chi_s = 1 when the
+        stage's first backward comes before its micro-batches run out, m <= k_s: a step starts with
+        none; but never under DDP, whose gradient buckets live through the run), + k_s micro-batches of
+        activations + the gradient arriving at the stage's output: on the last stage the logits and their
+        gradient (2 x the largest output: the fp32 gradient of the log-probabilities and of the logits, both
+        live in LogSoftmaxBackward; with the head split over
+        the vocabulary 3 x the rank's shard, as torch's loss_parallel computes the gradient in one
+        expression, (zeros_like(x) + exp(x)) * grad, holding three shards at once:
+        torch/distributed/tensor/parallel/loss.py `_nll_loss_and_log_softmax_backward`, measured on
+        the CPU allocator); elsewhere the gradient of the boundary activation (/ tp when
+        sequence-sharded); + once gradients exist, a second gradient of the stage's largest parameter
+        (computed whole, then accumulated into the one held) -- on the last stage not beside the loss's
+        gradients but after them, beside the logits' gradient (the larger of the two moments).
+    """
     arriving = np.full(pp, float(boundary))
     arriving[-1] = loss_gradient_bytes(logits_per_rank, head_split)
-    chi = grads_absent(m, in_flight, zero, dp, tp)
     # a weight's gradient is computed whole, then added to the one held: once gradients exist, the
     # stage's largest parameter has a second, transient gradient (first stage: the embedding; last: the
     # head; between: a layer's largest weight)
     per_stage_param = np.full(pp, float(k["layer"]))
     per_stage_param[0] = max(k["layer"], k["prefix"])
     per_stage_param[-1] = max(per_stage_param[-1], k["suffix"])
-    accumulate = (1 - chi) * sb.grad * per_stage_param / tp
+    accumulate = (1 - chi) * grad_coeff * per_stage_param / tp
     workspace = arriving + accumulate
     # on the last stage the loss's gradients and the head's second gradient are not live at once: the head's
     # backward runs after the loss's, holding the logits' gradient (at most the fp32 logits) beside it
     workspace[-1] = max(arriving[-1], logits_per_rank + accumulate[-1])
     main = e["state"] - chi * e["grad"] + in_flight * e["act"] + workspace
     states = np.array([o.state for o in opts] or [0.0])
-    act = np.array([o.act for o in opts] or [0.0])
     held = states[None, :] - chi[:, None] * np.array([o.grad for o in opts] or [0.0])[None, :]
-    main_parts = {"model_states": e["state"] - chi * e["grad"], "activations": in_flight * e["act"],
-                  "state_coeff": held}
+    parts = {"model_states": e["state"] - chi * e["grad"], "activations": in_flight * e["act"], "state_coeff": held}
+    return _MainPhase(pp, e, in_flight, chi, arriving, per_stage_param, workspace, main, states,
+                      np.array([o.act for o in opts] or [0.0]), held, parts)
+
+
+def _second_backward(mp: _MainPhase, grad_coeff: float, tp: int) -> MemoryPhase:
+    """The next backward after the first has made every gradient.
+
+    second backward (stages whose first backward comes before their micro-batches run out, chi_s = 1,
+        with m >= 2 micro-batches): the first backward has made every gradient of the stage, and the next
+        one runs with them, one micro-batch fewer in flight, its arriving gradient and the transient
+        second gradient of the largest parameter -- above the main phase when a micro-batch's activations
+        are fewer bytes than the stage's gradients (measured: a 4-stage pipeline's first stage).
+    """
+    e, fewer = mp.e, mp.in_flight - 1
+    again = mp.chi * (mp.arriving + grad_coeff * mp.per_stage_param / tp)
+    return MemoryPhase("second backward", mp.states[None, :] + fewer[:, None] * mp.act[None, :],
+                       e["state"] + fewer * e["act"] + again,
+                       parts={"model_states": e["state"], "activations": fewer * e["act"], "workspace": again})
+
+
+def _rebuilt(o: Variant, b: int) -> float:
+    """What re-running option o's layer holds: its "none" saved bytes less its policy's, and the weight copies
+    its re-run saves (autocast's casts)."""
+    return (o.base.saved_by_policy["none"] - o.base.saved_by_policy[o.recompute]) * b + o.base.weight_saved
+
+
+def _largest_rebuild(opts: list[Variant], b: int) -> float:
+    return max(_rebuilt(o, b) for o in opts if o.recompute != "none")
+
+
+def _allocator_cache_phases(mp: _MainPhase, opts: list[Variant], b: int, device, cache: dict) -> list[MemoryPhase]:
+    """One phase per recompute policy where `device` charges the allocator's cache: the re-run layer's blocks
+    stay cached too; fills `cache` with each policy's largest re-run layer."""
     phases = []
-    if m >= 2 and chi.any():
-        again = chi * (arriving + sb.grad * per_stage_param / tp)
-        phases.append(MemoryPhase("second backward", states[None, :] + (in_flight - 1)[:, None] * act[None, :],
-                                  e["state"] + (in_flight - 1) * e["act"] + again,
-                                  parts={"model_states": e["state"], "activations": (in_flight - 1) * e["act"],
-                                         "workspace": again}))
-    resharding = np.array([zero == 3 and o.zero in (None, 3) for o in opts] or [False])
-    if gathered and resharding.any():
-        phases.append(MemoryPhase("forward/backward with ZeRO-3 gathers", held + in_flight[:, None] * act[None, :],
-                                  main + gathered, gate=resharding,
-                                  parts={**main_parts, "workspace": workspace + gathered}))
-    largest = k["param"]
-    # (the largest parameters -- embeddings, head, layer weights -- are the ones tensor parallelism splits)
-    step_tmp = 2 * 4 * largest / (dp if zero >= 2 else 1) / tp
-    phases.append(MemoryPhase("optimizer step", states, e["state"] + step_tmp,
-                              parts={"model_states": e["state"], "activations": np.zeros(pp),
-                                     "workspace": np.full(pp, step_tmp)}))
-    rec = np.array([o.recompute != "none" for o in opts] or [False])
-    rebuilt = lambda o: (o.base.saved_by_policy["none"] - o.base.saved_by_policy[o.recompute]) * b + o.base.weight_saved
-    cache = {"stages": allocator_transient(k, b, pp, tp, head_split), "recompute": {}}
-    for policy in sorted({o.recompute for o in opts} - {"none"}):  # the re-run layer's blocks stay cached too
+    for policy in sorted({o.recompute for o in opts} - {"none"}):
         gate = np.array([o.recompute == policy for o in opts])
-        cache["recompute"][policy] = max(rebuilt(o) for o, g in zip(opts, gate) if g)
-        extra = device.allocator_cache_bytes(0.0, cache["recompute"][policy]) if device is not None else 0.0
+        cache[policy] = max(_rebuilt(o, b) for o, g in zip(opts, gate) if g)
+        extra = device.allocator_cache_bytes(0.0, cache[policy]) if device is not None else 0.0
         if extra and device.charges_allocator_cache:
             phases.append(MemoryPhase(f"allocator cache beside {policy} recompute",
-                                      held + in_flight[:, None] * act[None, :], main + extra,
-                                      gate=gate, parts={**main_parts, "workspace": workspace}, reserved_only=True))
-    if rec.any():
-        rebuild = max(rebuilt(o) for o in opts if o.recompute != "none")
-        ws = boundary + rebuild + gathered
-        phases.append(MemoryPhase("recompute", states + in_flight[:, None] * act[None, :],
-                                  e["state"] + in_flight * e["act"] + ws, gate=rec,
-                                  parts={"model_states": e["state"], "activations": in_flight * e["act"],
-                                         "workspace": np.full(pp, ws)}))
-        casts = np.array([o.base.weight_saved if o.recompute != "none" else 0.0 for o in opts])
-        if graph.g.graph.get("run") == "autocast" and casts.any():
-            phases.append(MemoryPhase("forward end (autocast's weight casts)",
-                                      held + in_flight[:, None] * act[None, :] + casts[None, :],
-                                      main - workspace, gate=rec, parts={**main_parts, "workspace": np.zeros(pp)}))
-    return main, phases, workspace, cache
+                                      mp.held + mp.in_flight[:, None] * mp.act[None, :], mp.main + extra,
+                                      gate=gate, parts={**mp.parts, "workspace": mp.workspace}, reserved_only=True))
+    return phases
+
+
+def _recompute_phases(mp: _MainPhase, opts: list[Variant], b: int, ws: float, autocast: bool) -> list[MemoryPhase]:
+    """The phases of recomputation; `ws`: the rebuild's workspace.
+
+    rebuild (binds only on stages holding a recomputed layer): all model states + activations + the
+        boundary gradient + one layer's re-run activations (its "none" saved bytes less its policy's, and
+        the weight copies its re-run saves: autocast's casts).
+    forward end, under autocast (binds only on stages holding a recomputed layer): autocast caches one
+        bf16 cast of every weight for the whole forward of a micro-batch, so at its end the casts of the
+        recomputed layers are live beside the activations of the micro-batches in flight, which keep
+        their own layers' casts (strategies: `weight_saved`); no workspace yet (the loss comes after).
+    """
+    e, in_flight, pp = mp.e, mp.in_flight, mp.pp
+    rec = np.array([o.recompute != "none" for o in opts] or [False])
+    phases = [MemoryPhase("recompute", mp.states + in_flight[:, None] * mp.act[None, :],
+                          e["state"] + in_flight * e["act"] + ws, gate=rec,
+                          parts={"model_states": e["state"], "activations": in_flight * e["act"],
+                                 "workspace": np.full(pp, ws)})]
+    casts = np.array([o.base.weight_saved if o.recompute != "none" else 0.0 for o in opts])
+    if autocast and casts.any():
+        phases.append(MemoryPhase("forward end (autocast's weight casts)",
+                                  mp.held + in_flight[:, None] * mp.act[None, :] + casts[None, :],
+                                  mp.main - mp.workspace, gate=rec, parts={**mp.parts, "workspace": np.zeros(pp)}))
+    return phases
+
 
 
 def widest_product(graph) -> float:

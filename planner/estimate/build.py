@@ -27,49 +27,13 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     kinds; `hidden_comm_s` (not part of the step) is communication that ran beside compute, costing
     only its contention.
     """
-    sol, prob, parts = c.solution, c.problem, c.parts
+    sol, prob = c.solution, c.problem
     train, cluster = result.train, result.cluster
-    counts = sol.counts
     m = c.num_microbatches
-    s_star = int(np.argmax(sol.stage_time))
-    stage_opts = parts.get("stage_options")  # heterogeneous clusters: each stage's own costs
-
-    def col(attr, s=None):
-        opts = stage_opts[s] if stage_opts is not None and s is not None else c.options
-        return np.array([getattr(v, attr) for v in opts] or [0.0])
-    n = counts[s_star]
-
-    def timing(kind: str) -> np.ndarray:  # per option: seconds of `kind` in its stream timing
-        opts = stage_opts[s_star] if stage_opts is not None else c.options
-        get = {"contention": lambda t: t.contention, "hidden": lambda t: t.hidden,
-               "zero": lambda t: t.exposed["zero"], "offload": lambda t: t.exposed["offload"]}[kind]
-        return np.array([get(v.timing) if v.timing is not None else 0.0 for v in opts] or [0.0])
-    compute = n @ col("compute", s_star) + parts["e_compute"][s_star]
-    tp_comm = n @ col("tp_comm", s_star) + parts["e_tp"][s_star]
-    cp_comm, ep_comm = n @ col("cp_comm", s_star), n @ col("ep_comm", s_star)
-    p2p = parts["e_p2p"][s_star]
-    # overlapped pipeline sends (costmodel.price.streams.overlapped_sends): their contention and hidden seconds
-    p2p_contention = parts.get("e_p2p_contention", np.zeros(c.pp))[s_star]
-    contention = n @ timing("contention") + p2p_contention
-    # the blocks outside the layers (embeddings, head) and each stage's first gathers / last
-    # reduce-scatter are in e_zero: exposed ZeRO traffic (and their small contention)
-    zero_exposed = n @ timing("zero") + parts["e_zero"][s_star]
-    exposed_offload = n @ timing("offload")
-    hidden = n @ timing("hidden") + parts.get("e_p2p_hidden", np.zeros(c.pp))[s_star]
+    paced = _paced_seconds(c, int(np.argmax(sol.stage_time)))
     # objective = m tau* + (sum tau - tau*) / v + flush: fill and drain shrink v-fold when interleaved
     bubble = SCHEDULES[c.schedule].bubble_s(sol.stage_time, c.virtual_stages)
-    f_star = int(np.argmax(sol.stage_flush))
-    fn = counts[f_star]
-    dp_comm = float(fn @ col("dp_exposed", f_star) + parts["e_dp"][f_star])
-    dp_contention = float(fn @ col("dp_contention", f_star))
-    dp_hidden = float(fn @ (col("dp_comm", f_star) - col("dp_exposed", f_star)))
-    # a pipelined stage's once-per-step ZeRO traffic (planner.enumerate.options): exposed, and its contention
-    zero_flush = float(fn @ col("zero_flush_exposed", f_star) + parts.get("e_zero_flush", np.zeros(c.pp))[f_star])
-    zero_flush_contention = float(fn @ col("zero_flush_contention", f_star))
-    zero_flush_hidden = float(fn @ col("zero_flush_hidden", f_star))
-    p2p_fill = float(parts.get("e_p2p_fill", np.zeros(c.pp))[f_star])  # overlapped sends' fill and flush
-    optimizer = float(sol.stage_flush[f_star] - dp_comm - dp_contention - zero_flush - zero_flush_contention
-                      - p2p_fill)
+    flush = _flush_seconds(c, int(np.argmax(sol.stage_flush)))
     step = sol.objective
     tokens = train.global_batch * (result.graph.seq_len or 1)
     # Model FLOPs (Korthikanti et al. 2022): forward + backward = 3x the forward FLOPs, recomputation
@@ -77,11 +41,7 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
     model_flops = 3 * result.graph.totals()["fwd_flops"] * train.global_batch
     tflops = model_flops / step / cluster.num_devices / 1e12
     memory = [stage_memory(c, s) for s in range(c.pp)]
-    breakdown = {"compute_s": m * compute, "contention_s": m * contention + dp_contention + zero_flush_contention,
-                 "tp_comm_s": m * tp_comm, "cp_comm_s": m * cp_comm, "ep_comm_s": m * ep_comm,
-                 "zero_comm_s": m * zero_exposed + zero_flush, "offload_s": m * exposed_offload,
-                 "p2p_s": m * p2p + p2p_fill, "bubble_s": bubble, "dp_comm_s": dp_comm, "optimizer_s": optimizer}
-    breakdown = {k: max(0.0, float(v)) if abs(v) > 1e-12 * step else 0.0 for k, v in breakdown.items()}
+    breakdown = _step_breakdown(m, step, paced, bubble, flush)
     exposed_comm = sum(breakdown[k] for k in ("tp_comm_s", "cp_comm_s", "ep_comm_s", "zero_comm_s", "offload_s",
                                               "p2p_s", "dp_comm_s"))
     return {
@@ -98,7 +58,7 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "memory_reserved_bytes": int(cluster.device.reserved_bytes),
         **allocator_share(c, cluster.device),
         "exposed_comm_s": exposed_comm,
-        "hidden_comm_s": max(0.0, float(m * hidden + dp_hidden + zero_flush_hidden)),
+        "hidden_comm_s": max(0.0, float(m * paced["hidden"] + flush["dp_hidden"] + flush["zero_flush_hidden"])),
         "assumptions": (assumptions(cluster, train.dtype, c.tp_overlap, c.p2p_overlap)
                         + kernel_assumptions(result.space.kernels)
                         + parallelism_assumptions(c)),
@@ -110,6 +70,73 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         **({"memory_capacity_per_stage": [int(x) for x in np.broadcast_to(prob.capacity, (c.pp,))]}
            if np.ndim(prob.capacity) else {}),
     }
+
+
+def _stage_column(c: Candidate, attr: str, s: int) -> np.ndarray:
+    """Per option: `attr` of stage s's variants (heterogeneous clusters: each stage has its own costs)."""
+    stage_opts = c.parts.get("stage_options")
+    opts = stage_opts[s] if stage_opts is not None else c.options
+    return np.array([getattr(v, attr) for v in opts] or [0.0])
+
+
+def _stage_timing(c: Candidate, kind: str, s: int) -> np.ndarray:
+    """Per option: seconds of `kind` in its stream timing (costmodel.price.streams), on stage s."""
+    stage_opts = c.parts.get("stage_options")
+    opts = stage_opts[s] if stage_opts is not None else c.options
+    get = {"contention": lambda t: t.contention, "hidden": lambda t: t.hidden,
+           "zero": lambda t: t.exposed["zero"], "offload": lambda t: t.exposed["offload"]}[kind]
+    return np.array([get(v.timing) if v.timing is not None else 0.0 for v in opts] or [0.0])
+
+
+def _paced_seconds(c: Candidate, s_star: int) -> dict:
+    """One micro-batch's seconds on the bottleneck stage s*, by kind (m of them pace the step)."""
+    parts, n = c.parts, c.solution.counts[s_star]
+    col = lambda attr: _stage_column(c, attr, s_star)
+    timing = lambda kind: _stage_timing(c, kind, s_star)
+    # overlapped pipeline sends (costmodel.price.streams.overlapped_sends): their contention and hidden seconds
+    p2p_contention = parts.get("e_p2p_contention", np.zeros(c.pp))[s_star]
+    return dict(
+        compute=n @ col("compute") + parts["e_compute"][s_star],
+        tp_comm=n @ col("tp_comm") + parts["e_tp"][s_star],
+        cp_comm=n @ col("cp_comm"), ep_comm=n @ col("ep_comm"),
+        p2p=parts["e_p2p"][s_star],
+        contention=n @ timing("contention") + p2p_contention,
+        # the blocks outside the layers (embeddings, head) and each stage's first gathers / last
+        # reduce-scatter are in e_zero: exposed ZeRO traffic (and their small contention)
+        zero_exposed=n @ timing("zero") + parts["e_zero"][s_star],
+        exposed_offload=n @ timing("offload"),
+        hidden=n @ timing("hidden") + parts.get("e_p2p_hidden", np.zeros(c.pp))[s_star])
+
+
+def _flush_seconds(c: Candidate, f_star: int) -> dict:
+    """The slowest flush's seconds (stage f*), by kind: what follows the last micro-batch."""
+    parts, fn = c.parts, c.solution.counts[f_star]
+    col = lambda attr: _stage_column(c, attr, f_star)
+    out = dict(
+        dp_comm=float(fn @ col("dp_exposed") + parts["e_dp"][f_star]),
+        dp_contention=float(fn @ col("dp_contention")),
+        dp_hidden=float(fn @ (col("dp_comm") - col("dp_exposed"))),
+        # a pipelined stage's once-per-step ZeRO traffic (planner.enumerate.options): exposed, and its contention
+        zero_flush=float(fn @ col("zero_flush_exposed") + parts.get("e_zero_flush", np.zeros(c.pp))[f_star]),
+        zero_flush_contention=float(fn @ col("zero_flush_contention")),
+        zero_flush_hidden=float(fn @ col("zero_flush_hidden")),
+        p2p_fill=float(parts.get("e_p2p_fill", np.zeros(c.pp))[f_star]))  # overlapped sends' fill and flush
+    out["optimizer"] = float(c.solution.stage_flush[f_star] - out["dp_comm"] - out["dp_contention"]
+                             - out["zero_flush"] - out["zero_flush_contention"] - out["p2p_fill"])
+    return out
+
+
+def _step_breakdown(m: int, step: float, paced: dict, bubble: float, flush: dict) -> dict:
+    """The step time by kind: m x the bottleneck's micro-batch, the bubble and the flush; adds up to `step`
+    (a term within 1e-12 of it reads 0)."""
+    p, f = paced, flush
+    breakdown = {"compute_s": m * p["compute"],
+                 "contention_s": m * p["contention"] + f["dp_contention"] + f["zero_flush_contention"],
+                 "tp_comm_s": m * p["tp_comm"], "cp_comm_s": m * p["cp_comm"], "ep_comm_s": m * p["ep_comm"],
+                 "zero_comm_s": m * p["zero_exposed"] + f["zero_flush"], "offload_s": m * p["exposed_offload"],
+                 "p2p_s": m * p["p2p"] + f["p2p_fill"], "bubble_s": bubble, "dp_comm_s": f["dp_comm"],
+                 "optimizer_s": f["optimizer"]}
+    return {k: max(0.0, float(v)) if abs(v) > 1e-12 * step else 0.0 for k, v in breakdown.items()}
 
 
 def allocator_share(c: Candidate, device) -> dict:

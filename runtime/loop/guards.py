@@ -81,7 +81,7 @@ class NonFiniteParameters(NonFiniteLoss):
 
 
 def reduce_loss_and_stop(executor, loss: torch.Tensor, topo, requested: int | None) -> tuple[float, int]:
-    """runtime.loop.session._reduce_loss and the stop request in one all-reduce: (the step's global mean loss, the signal that
+    """runtime.loop.stepping.reduce_loss and the stop request in one all-reduce: (the step's global mean loss, the signal that
     asked any rank to stop, or 0). Summed: [loss, ranks asked, sum of their signal numbers] (ranks asked by
     different signals stop as by SIGTERM)."""
     held = (loss if executor.holds_loss else torch.zeros_like(loss)).detach().reshape(())

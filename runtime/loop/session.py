@@ -6,7 +6,7 @@ checkpoint stops the run with one line before the first step. `execute` trains i
 group, in named steps: build and parallelize the model (`_build`), load the checkpoint (`_resume`), run the
 steps (`_train`: runtime.loop.trainer's loop with the run's hooks -- the plan's sync mode, the test faults,
 progress lines, checkpoints every `checkpoint_every` N > 0 steps and after the last), measure (`_measure`),
-and (--verify) compare with single-process training (`_check`), then report (`_report`).
+and (--verify) compare with single-process training (runtime.loop.checking.check_run), then report (`_report`).
 
 Each step (runtime.loop.trainer): forward and backward of this rank's data-parallel slice
 (runtime.parallel.apply), the loss averaged over dp (one all-reduce), a non-finite loss stops the run before
@@ -19,8 +19,9 @@ before --verify's checks.
 
 --verify (runtime.loop.verify): every rank trains, rank 0 also trains the unpartitioned reference, and the run's
 losses and final parameters are compared with it; a bf16 run also gets an fp32 verification pass of the
-same layout (`_verification_pass`), which is what is judged tightly. Every rank computes the same checks
-(the reference's losses are broadcast, parameter differences all-reduced), so all return the same code.
+same layout (runtime.loop.checking.verification_pass), which is what is judged tightly. Every rank computes
+the same checks (the reference's losses are broadcast, parameter differences all-reduced), so all return the
+same code.
 
 Resuming: with `resume`, or on a torchrun restart (TORCHELASTIC_RESTART_COUNT > 0) when a checkpoint
 directory is given, training continues from the latest complete checkpoint there (from step 0 if there
@@ -29,7 +30,6 @@ uninterrupted one would have, whatever the plan and world size.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import os
@@ -51,7 +51,6 @@ from partita.runtime.loop import memory
 from partita.runtime.parallel.apply import make_executor, make_plan_optimizer, settle_ddp_buckets
 from partita.runtime.launcher.checks import build_meta, optimizer_name, preflight
 from partita.runtime.loop.console import STDOUT
-from partita.runtime.parallel.cp import replica_mesh
 from partita.runtime.data import make_data
 from partita.runtime.checkpoint import ownership
 from partita.runtime.loop.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
@@ -63,65 +62,16 @@ from partita.runtime.launcher.sizes import check_sizes
 from partita.runtime.loop.stop import StopSignal
 from partita.runtime.loop.hang import hang_watch
 from partita.runtime.loop.evaluate import EvalHook, refusal as eval_refusal
-from partita.runtime.parallel.precision import train_dtype
-from partita.runtime.loop.progress import DEFAULT_EVERY, Progress, summary_writer
+from partita.runtime.loop.progress import Progress, summary_writer
 from partita.runtime.checkpoint.final import folder_refusal, loader, save_final
-from partita.runtime.loop.recipe import Recipe, build_model, make_schedule
+from partita.runtime.loop.recipe import Recipe
 from partita.runtime.loop.sync import make_hook as make_sync_hook
 from partita.runtime.loop.trainer import CheckpointHook, FaultHook, History, ProgressHook, RecipeHook, Trainer
 from partita.runtime.loop.report import RunResult, preamble, render
-from partita.runtime.loop.clip import clip_grad_norm
-from partita.runtime.loop.recipe import RecipeTrace
-from partita.runtime.loop.verify import (PARAM_TOLERANCE, TOLERANCE, VERIFY_DTYPE, Check, GradientRMS, compare, failures,
-                            grad_norm_check, loss_check, param_checks, param_stats, reference_run, shared_names)
-
-@dataclass
-class RunOptions:
-    steps: int = 10
-    seed: int = 0
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    lr_decay: str = "none"
-    min_lr_ratio: float = 0.1
-    clip_grad_norm: float | None = None
-    """The training recipe (runtime.loop.recipe.Recipe: the fields of the same names)."""
-    save_final: str | None = None
-    """Where rank 0 saves the trained weights: a file gets one plain state dict, a folder (ending in "/" or an
-    existing directory) an HF model's save_pretrained output (runtime.checkpoint.final)."""
-    verify: bool = False
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
-    resume: bool = False
-    max_restarts: int = 0
-    data: object = None
-    """A token file, a `package.module:factory` of a dataset, or a dataset itself (runtime.data)."""
-    data_dtype: str | None = None
-    losses_out: str | None = None
-    sync_batchnorm: bool = False
-    """BatchNorm normalises over the whole data-parallel batch (runtime.parallel.batchnorm)."""
-    log_every: int = DEFAULT_EVERY
-    """A progress line after every N-th step (runtime.loop.progress; 0: none)."""
-    tensorboard: str | None = None
-    """A directory rank 0 writes TensorBoard scalars into."""
-    keep: int = 0
-    """With checkpoint_every: keep only the newest `keep` checkpoints of this run (0: all)."""
-    eval_data: object = None
-    """Held-out data, as `data` (runtime.loop.evaluate); None: no evaluation."""
-    eval_every: int = 0
-    eval_batches: int = 1
-    hang_timeout: float | None = None
-    """Seconds without progress after which a rank is a failure (runtime.loop.hang); None: not watched."""
-    print_report: bool = True
-    memory_trace: bool = True
-    """On CPU, measure the peak memory of a training step with the allocator trace (`_measure_step`):
-    one extra step after the run, whose effects are undone. Off: the tracked figure (runtime/loop/memory.py)."""
-
-
-def recipe_of(opts: RunOptions) -> Recipe:
-    """The run's training recipe (runtime.loop.recipe), from its options."""
-    return Recipe(lr=opts.lr, steps=opts.steps, weight_decay=opts.weight_decay, warmup_steps=opts.warmup_steps,
-                  lr_decay=opts.lr_decay, min_lr_ratio=opts.min_lr_ratio, clip_grad_norm=opts.clip_grad_norm)
+from partita.runtime.loop.verify import Check, failures
+from partita.runtime.loop.options import RunOptions, recipe_of
+from partita.runtime.loop.stepping import allreduce, build, measure_step, pp_group
+from partita.runtime.loop.checking import check_run
 
 
 @dataclass
@@ -217,19 +167,30 @@ def _batchnorm_notes(plan: Plan, spec: ModelSpec, opts: RunOptions) -> list[str]
     return [line] if line else []
 
 
-def build(spec: ModelSpec, opts: RunOptions, topo: Topology):
-    """The model on this rank's device, initialised as on every rank, its BatchNorm synchronised on request."""
-    model = build_model(spec, seed=opts.seed).to(topo.device)
-    if opts.sync_batchnorm:
-        batchnorm.synchronise(model, replica_mesh(topo).get_group())
-    return model
-
-
 def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ranks: int | None = None,
             look_at_devices: bool = True) -> Prepared:
     """Every check that can fail before training (PartitaError, one line). No process group needed.
     `local_ranks`: the ranks on this host (default: torchrun's LOCAL_WORLD_SIZE, else `world`);
     `look_at_devices`: False in the launcher, which must not initialise CUDA (no `device_note`)."""
+    _check_options(spec, opts)
+    prep = Prepared(notes=preflight(plan, spec, world) + recipe_of(opts).notes(), attempt=attempt_number())
+    prep.notes += expert_parallel.check_run(plan, spec, opts.checkpoint_dir, opts.verify)
+    prep.device_note = device_note(plan, world) if look_at_devices else None
+    _make_data(plan, spec, opts, prep)
+    check_sizes(plan, spec, prep.data, local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    parse_faults(os.environ.get(FAULT_ENV))
+    prep.notes += _run_notes(plan, spec, opts)
+    continuing = opts.resume or (prep.attempt > 0 and bool(opts.checkpoint_dir))
+    if opts.checkpoint_dir and opts.checkpoint_every:  # a run that writes checkpoints (runtime.checkpoint.ownership)
+        ownership.refuse_foreign(opts.checkpoint_dir, continuing)
+        ownership.check_writable(opts.checkpoint_dir)
+    if continuing:
+        _find_resume(plan, spec, opts, prep)
+    return prep
+
+
+def _check_options(spec: ModelSpec, opts: RunOptions) -> None:
+    """The run's options and output paths, each refused with one line (PartitaError)."""
     data_file = opts.data if isinstance(opts.data, (str, os.PathLike)) else None
     errors = option_errors(lr=opts.lr, seed=opts.seed, **{name: getattr(opts, name) for name in RECIPE_FLAGS}) + \
         output_errors(losses_out=opts.losses_out, tensorboard=opts.tensorboard, save_final=opts.save_final,
@@ -246,9 +207,10 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ran
         raise PartitaError("--keep must be >= 0")
     if (opts.checkpoint_every or opts.resume) and not opts.checkpoint_dir:
         raise PartitaError(f"{'--resume' if opts.resume else '--checkpoint-every'} needs --checkpoint-dir")
-    prep = Prepared(notes=preflight(plan, spec, world) + recipe_of(opts).notes(), attempt=attempt_number())
-    prep.notes += expert_parallel.check_run(plan, spec, opts.checkpoint_dir, opts.verify)
-    prep.device_note = device_note(plan, world) if look_at_devices else None
+
+
+def _make_data(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> None:
+    """The training data and the held-out data into `prep`, and their notes."""
     # a token file's content digest (checkpoints record it, resumes and the nodes compare it): one rank per node
     prep.data = make_data(spec, plan.train["global_batch"], opts.seed, opts.data, opts.data_dtype,
                           hash_content=env_world()[1] == 0)
@@ -258,38 +220,40 @@ def prepare(plan: Plan, spec: ModelSpec, opts: RunOptions, world: int, local_ran
         prep.eval_data = make_data(spec, plan.train["global_batch"], opts.seed, opts.eval_data, opts.data_dtype,
                                    hash_content=False)
     prep.notes += [*prep.data.notes, *(prep.eval_data.notes if prep.eval_data is not None else ())]
-    check_sizes(plan, spec, prep.data, local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    parse_faults(os.environ.get(FAULT_ENV))
+
+
+def _run_notes(plan: Plan, spec: ModelSpec, opts: RunOptions) -> list[str]:
+    """What the run should know before it starts: dropout under --verify, BatchNorm, a coupled batch, restarts."""
+    notes = []
     if opts.verify and (p := dropout_probability(spec)):
-        prep.notes.append(f"note: the model has dropout (p={p:g}): a parallel layout draws its random masks in "
-                          "another order than one process, so --verify can fail on a correct plan; verify with "
-                          "dropout off")
-    prep.notes += _batchnorm_notes(plan, spec, opts)
+        notes.append(f"note: the model has dropout (p={p:g}): a parallel layout draws its random masks in "
+                     "another order than one process, so --verify can fail on a correct plan; verify with "
+                     "dropout off")
+    notes += _batchnorm_notes(plan, spec, opts)
     if (coupled := batch_coupling_warning(plan)) is not None:  # a contrastive loss split across ranks
-        prep.notes.append(coupled)
+        notes.append(coupled)
     if opts.tensorboard:
         summary_writer()  # one line now if tensorboard is missing, not after the first step
     if opts.max_restarts and not opts.checkpoint_dir:
-        prep.notes.append("note: --max-restarts without --checkpoint-dir: a restarted attempt trains from step 0")
+        notes.append("note: --max-restarts without --checkpoint-dir: a restarted attempt trains from step 0")
     elastic = os.environ.get("TORCHELASTIC_MAX_RESTARTS")
     if opts.max_restarts and elastic is not None and int(elastic) != opts.max_restarts:
-        prep.notes.append(f"note: --max-restarts {opts.max_restarts}, but torchrun allows {elastic} restarts")
-    continuing = opts.resume or (prep.attempt > 0 and bool(opts.checkpoint_dir))
-    if opts.checkpoint_dir and opts.checkpoint_every:  # a run that writes checkpoints (runtime.checkpoint.ownership)
-        ownership.refuse_foreign(opts.checkpoint_dir, continuing)
-        ownership.check_writable(opts.checkpoint_dir)
-    if continuing:
-        prep.candidates = candidates(plan, spec, opts.checkpoint_dir, opts.steps, prep.data.describe())
-        if not prep.candidates.found:
-            prep.notes.append(f"no checkpoint in {opts.checkpoint_dir} yet: training from step 0")
-        else:
-            newest = prep.candidates.found[0]
-            prep.resume, prep.metadata = newest.checkpoint, newest.metadata
-            prep.notes += newest.notes
-            if changed := recipe_of(opts).changes_since(newest.checkpoint.manifest.get("recipe")):
-                prep.notes.append(f"note: the training recipe differs from the one checkpoint {newest.checkpoint.path} "
-                                  f"trained with ({', '.join(changed)}): from its step on the run follows this one")
-    return prep
+        notes.append(f"note: --max-restarts {opts.max_restarts}, but torchrun allows {elastic} restarts")
+    return notes
+
+
+def _find_resume(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> None:
+    """A continuing run's checkpoints into `prep`: the candidates, and the newest as the one to resume from."""
+    prep.candidates = candidates(plan, spec, opts.checkpoint_dir, opts.steps, prep.data.describe())
+    if not prep.candidates.found:
+        prep.notes.append(f"no checkpoint in {opts.checkpoint_dir} yet: training from step 0")
+        return
+    newest = prep.candidates.found[0]
+    prep.resume, prep.metadata = newest.checkpoint, newest.metadata
+    prep.notes += newest.notes
+    if changed := recipe_of(opts).changes_since(newest.checkpoint.manifest.get("recipe")):
+        prep.notes.append(f"note: the training recipe differs from the one checkpoint {newest.checkpoint.path} "
+                          f"trained with ({', '.join(changed)}): from its step on the run follows this one")
 
 
 def dropout_probability(spec: ModelSpec) -> float:
@@ -305,90 +269,6 @@ def dropout_probability(spec: ModelSpec) -> float:
             found += [v for k, v in config.to_dict().items()
                       if "drop" in k and isinstance(v, float) and not isinstance(v, bool) and v < 1.0]
     return max(found)
-
-
-def _reduce_loss(executor, loss: torch.Tensor, topo: Topology) -> float:
-    """The step's global mean loss on every rank: one holder per (dp, cp) rank -- each cp rank's loss is the
-    mean over its equal share of the tokens (runtime.parallel.cp) --, the sum over them / (dp x cp)."""
-    held = loss if executor.holds_loss else torch.zeros_like(loss)
-    dist.all_reduce(held)
-    return held.item() / (topo.dp * topo.cp)
-
-
-def _allreduce(values: list[float], op, device) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=op)
-    return t.tolist()
-
-
-class _Snapshot:
-    """Parameters, buffers, gradients, optimizer state and the RNG state of this rank, put back by `restore`."""
-
-    def __init__(self, executor, opt: torch.optim.Optimizer):
-        with torch.no_grad():
-            tensors = [*executor.params, *(b for m in executor.modules for b in m.buffers())]
-            self.tensors = [(t, memory.local(t).detach().clone()) for t in tensors]
-            self.grads = [(p, p.grad) for p in executor.params]
-            self.state = {p: {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in st.items()}
-                          for p, st in opt.state.items()}
-        self.opt, self.rng = opt, torch.get_rng_state()
-
-    def restore(self) -> None:
-        with torch.no_grad():
-            for t, saved in self.tensors:
-                memory.local(t).copy_(saved)
-        for p, g in self.grads:
-            p.grad = g
-        for p in list(self.opt.state):
-            if p in self.state:
-                self.opt.state[p] = self.state[p]
-            else:
-                del self.opt.state[p]
-        torch.set_rng_state(self.rng)
-
-
-def _ddp_bucket_bytes(executor) -> int:
-    """Bytes of DDP's gradient buckets (allocated when DDP is built, so before any traced step)."""
-    ddp = getattr(executor, "ddp", None)
-    if ddp is None:
-        return 0
-    try:
-        info = ddp._get_ddp_logging_data()
-    except (AttributeError, RuntimeError):  # a private API: without it the buckets go uncounted
-        return 0
-    sizes = str(info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes") or "")
-    return sum(int(b) for b in sizes.replace(",", " ").split())
-
-
-def _measure_step(executor, opt: torch.optim.Optimizer, data, topo: Topology, k: int,
-                  warm: bool) -> memory.StepMemory:
-    """One more training step (forward, backward, loss reduce, optimizer) on the batch of step k + 1, after
-    the run, under the allocator trace (runtime.loop.memory.trace_training_step); every rank takes it. The
-    parameters, buffers, gradients, optimizer state and RNG state are put back afterwards, so the run's
-    results are those of its reported steps, and the timed steps never run under the profiler. `warm`:
-    fewer than two steps ran, so one untraced step goes first (DDP rebuilds its buckets in its second
-    step; pipeline stages allocate their buffers in the first)."""
-    snapshot = _Snapshot(executor, opt)
-
-    def one(trace=None):
-        phase = trace.phase if trace is not None else (lambda name: contextlib.nullcontext())
-        with phase("data"):
-            batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
-        with phase("step"):
-            loss = executor.step(batch)
-        with phase("loss"):
-            held = loss if executor.holds_loss else torch.zeros_like(loss)
-            dist.all_reduce(held)
-        with phase("optimizer"):
-            opt.step()
-
-    try:
-        if warm:
-            opt.zero_grad(set_to_none=True)
-            one()
-        return memory.trace_training_step(one, executor.params, opt, executor.modules, _ddp_bucket_bytes(executor))
-    finally:
-        snapshot.restore()
 
 
 def _manifest(plan: Plan, spec: ModelSpec, opts: RunOptions, data, fingerprint: str) -> dict:
@@ -482,11 +362,11 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
         STDOUT.line(preamble(_header(plan, spec, opts, topo, prep.data), [n for n in notes if n not in first], first))
     _train(plan, spec, opts, prep, topo, stop, run_id, built, history, faults)
     result = _measure(plan, spec, opts, prep, topo, run_id, notes, built, history)
-    if opts.save_final:  # before _check, which may release the model (a bf16 run's verification pass)
+    if opts.save_final:  # before check_run, which may release the model (a bf16 run's verification pass)
         written = save_final(opts.save_final, built.executor, topo, spec)  # (tensors, bytes) on rank 0, which reports
         result.saved_final = opts.save_final
         result.final_loader = loader(opts.save_final, spec) if written is not None else None
-    code = _check(result, plan, spec, opts, prep.data, topo, built)
+    code = check_run(result, plan, spec, opts, prep.data, topo, built)
     _report(result, plan, opts, topo)
     return result, code
 
@@ -524,7 +404,7 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
     watch = hang_watch(opts.hang_timeout, topo.rank)
     hooks = [*([watch] if watch else []),
              make_sync_hook(plan.sync, executor, topo),
-             RecipeHook(opt, recipe_of(opts), history.start, executor, _pp_group(topo), history),
+             RecipeHook(opt, recipe_of(opts), history.start, executor, pp_group(topo), history),
              FaultHook(faults, executor.params),
              *([watch.after_loss()] if watch else []),
              ProgressHook(progress, topo.device),
@@ -545,15 +425,10 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
             watch.close()
 
 
-def _pp_group(topo: Topology):
-    """The pipeline's group, over which the stages' gradient norms add up (runtime.loop.clip); None when pp = 1."""
-    return topo.group("pp") if topo.pp > 1 else None
-
-
 def _measure(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: Topology, run_id: str | None,
              notes: list[str], built: _Built, history: History) -> CheckedResult:
     """The run's result: step times and peak memory, the largest over the ranks (on CPU, the peak of one more
-    step under the allocator trace, `_measure_step`)."""
+    step under the allocator trace, runtime.loop.stepping.measure_step)."""
     executor, times = built.executor, history.times
     n, unit, per_step = len(times), *throughput_unit(plan, spec)
     # RSS before the extra step
@@ -562,12 +437,12 @@ def _measure(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
     if topo.device.type == "cuda":
         peak, method = torch.cuda.max_memory_allocated(topo.device), memory.GPU_METHOD
     elif opts.memory_trace and n:
-        step_memory = _measure_step(executor, built.opt, prep.data, topo, opts.steps - 1, warm=n < 2)
+        step_memory = measure_step(executor, built.opt, prep.data, topo, opts.steps - 1, warm=n < 2)
         step_memory.tracked_bytes = tracked
         peak, method = step_memory.peak_bytes, memory.ALLOCATOR_METHOD
     else:
         peak, method = tracked, memory.CPU_METHOD
-    maxed = _allreduce(times + [peak, rss, tracked, reserved], dist.ReduceOp.MAX, topo.device)
+    maxed = allreduce(times + [peak, rss, tracked, reserved], dist.ReduceOp.MAX, topo.device)
     result = CheckedResult(losses=history.losses, step_times=maxed[:n], peak_memory_bytes=int(maxed[n]),
                            memory_method=method, peak_rss_bytes=int(maxed[n + 1]), tokens_per_step=per_step,
                            unit=unit, peak_reserved_bytes=int(maxed[n + 3]) if topo.device.type == "cuda" else None,
@@ -585,21 +460,6 @@ def _measure(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
     return result
 
 
-def _check(result: CheckedResult, plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo: Topology,
-           built: _Built) -> int:
-    """--verify's checks (`_verify`, and for a run in another dtype `_verification_pass`); without --verify the
-    run's parameter checksum. Returns the exit code."""
-    if not opts.verify:
-        result.param_checksum = param_stats(built.executor.modules, _coords(topo), built.names, None, topo.device,
-                                            compare_params=False).checksum
-        return EXIT_OK
-    reference = _verify(result, plan, spec, opts, data, topo, built.executor, built.names)
-    if train_dtype(plan) != VERIFY_DTYPE:
-        built.release()  # the pass builds its own copy of the model
-        result.checks += _verification_pass(plan, spec, opts, data, topo, built.names, *reference)
-    return EXIT_OK if result.verified else EXIT_VERIFY
-
-
 def _report(result: CheckedResult, plan: Plan, opts: RunOptions, topo: Topology) -> None:
     """Rank 0 prints the report and writes --losses-out."""
     if topo.rank != 0:
@@ -611,84 +471,3 @@ def _report(result: CheckedResult, plan: Plan, opts: RunOptions, topo: Topology)
         with open(opts.losses_out, "w") as f:
             json.dump({**result.to_json(), "tracked_memory_bytes": result.tracked_memory_bytes,
                        "memory_detail": result.memory_detail}, f, indent=2)
-
-
-def _coords(topo: Topology) -> dict[str, int]:
-    return {"dp": topo.dp_rank, "cp": topo.cp_rank, "tp": topo.tp_rank}  # cp ranks hold replicas (runtime.parallel.cp)
-
-
-def _verify(result: CheckedResult, plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo: Topology,
-            executor, names: list) -> tuple:
-    """--verify's checks of the run itself, on every rank: rank 0 trains the reference; the run's losses
-    and final parameters are compared with it (judged when the run is in VERIFY_DTYPE; a run in another
-    dtype then gets `_verification_pass`, runtime.loop.verify's docstring says why). Fills `result.checks`;
-    returns (reference model, initial model, reference losses, rounding-level tensors, reference grad norms or
-    None) for the pass (the
-    models on rank 0 only)."""
-    dtype, start, device = train_dtype(plan), result.first_step, topo.device
-    reference = initial = None
-    clipped = opts.clip_grad_norm is not None
-    shared = torch.zeros(1 + opts.steps * (2 if clipped else 1), dtype=torch.float64, device=device)
-    gradients = GradientRMS() if topo.rank == 0 else None
-    if topo.rank == 0:
-        initial = build_model(spec, opts.seed).to(device)
-        trace = RecipeTrace()
-        ref_losses, reference = reference_run(spec, data, opts.steps, opts.seed, opts.lr, device,
-                                              optimizer_name(plan), gradients, recipe_of(opts), trace)
-        shared[0] = sum(p.detach().double().sum() for p in reference.parameters())
-        shared[1:] = torch.tensor(ref_losses + (trace.grad_norms if clipped else []), dtype=torch.float64)
-    dist.broadcast(shared, src=0)  # the reference's checksum, losses and grad norms on every rank
-    ref_losses = shared[1:1 + opts.steps].tolist()
-    ref_norms = shared[1 + opts.steps:].tolist() if clipped else None
-    noise = shared_names(gradients.at_rounding_level() if gradients else None, names, device)
-    result.reference_param_checksum = float(shared[0])
-    result.reference_losses = ref_losses[start:]
-    result.tolerance = TOLERANCE[dtype]
-    result.max_abs_diff, _ = compare(result.losses, result.reference_losses, result.tolerance)
-    stats = param_stats(executor.modules, _coords(topo), names, reference, device, compare_params=True,
-                        initial=initial)
-    result.param_checksum, result.param_max_abs_diff = stats.checksum, stats.max_abs_diff
-    judged = dtype == VERIFY_DTYPE
-    run = "" if judged else f"{_DTYPE_NAMES.get(dtype, str(dtype))} run, "
-    result.checks = [loss_check(f"{run}losses", result.losses, result.reference_losses, result.tolerance, start),
-                     *param_checks(f"{run}parameters after step {opts.steps}", stats, PARAM_TOLERANCE if judged else None,
-                                   optimizer_name(plan), noise, opts.lr, opts.steps)]
-    if clipped:
-        result.reference_grad_norms = ref_norms[start:]
-        norms = grad_norm_check(f"{run}grad norms before clipping", result.grad_norms, result.reference_grad_norms,
-                                start)
-        result.checks.append(norms if judged else dataclasses.replace(norms, tolerance=None))
-    return reference, initial, ref_losses, noise, ref_norms
-
-
-_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-
-
-def _verification_pass(plan: Plan, spec: ModelSpec, opts: RunOptions, data, topo: Topology, names: list,
-                       reference, initial, ref_losses: list[float], noise: list[str],
-                       ref_norms: list[float] | None) -> list[Check]:
-    """The plan's layout trained in VERIFY_DTYPE from the same init on the same batches (steps 1..steps, no
-    checkpoints, no faults), judged against the reference: losses and final parameters."""
-    verify_plan = dataclasses.replace(plan, train={**plan.train, "dtype": _DTYPE_NAMES[VERIFY_DTYPE]})
-    model = build(spec, opts, topo)
-    executor = make_executor(model, verify_plan, topo, spec)
-    del model
-    opt = make_plan_optimizer(executor, verify_plan, opts.lr, optimizer_name(plan), opts.weight_decay)
-    recipe = recipe_of(opts)
-    schedule = make_schedule(opt, recipe)
-    losses, norms = [], []
-    for k in range(opts.steps):
-        batch = tuple(t.to(topo.device) for t in data.shard(k, topo.dp_rank, topo.dp))
-        opt.zero_grad(set_to_none=True)
-        losses.append(_reduce_loss(executor, executor.step(batch), topo))
-        if recipe.clip_grad_norm is not None:
-            norms.append(clip_grad_norm(executor.params, recipe.clip_grad_norm, _pp_group(topo), executor.norm_params))
-        opt.step()
-        schedule.step()
-    stats = param_stats(executor.modules, _coords(topo), names, reference, topo.device, compare_params=True,
-                        initial=initial)
-    what = f"{_DTYPE_NAMES[VERIFY_DTYPE]} pass of the same layout"
-    return [loss_check(f"{what}, losses", losses, ref_losses, TOLERANCE[VERIFY_DTYPE]),
-            *param_checks(f"{what}, parameters after step {opts.steps}", stats, PARAM_TOLERANCE, optimizer_name(plan),
-                          noise, opts.lr, opts.steps),
-            *([grad_norm_check(f"{what}, grad norms before clipping", norms, ref_norms)] if ref_norms else [])]

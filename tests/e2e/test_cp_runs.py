@@ -127,7 +127,7 @@ def assert_verified(r: dict, steps: int = STEPS) -> None:
     assert r["verified"] is True, r["checks"]
     assert len(r["losses"]) == steps and r["max_abs_diff"] <= 1e-5, r
     assert all(c["passed"] for c in r["checks"]), r["checks"]
-    # every element counted once: cp ranks hold replicas (session._coords), FSDP shards over dp x cp
+    # every element counted once: cp ranks hold replicas (runtime.loop.checking.coords), FSDP shards over dp x cp
     assert abs(r["param_checksum"] - r["reference_param_checksum"]) < 1e-3 * abs(r["reference_param_checksum"]), r
 
 

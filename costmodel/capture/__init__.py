@@ -15,8 +15,9 @@ def capture(spec: "ModelSpec", dtype: str = "fp32", batch: int = 1, autocast: st
     A bf16 capture also records the model as partita's runtime runs a bf16 plan without FSDP, under
     autocast following `autocast`'s lists ("cuda" or "cpu"; None: no such record), kept on each node as
     `autocast` (module docstring; `OpGraph.as_run`)."""
-    from partita.costmodel.capture.trace import (DTYPES, CaptureFailed, _capture_fx, autocast_policy, capture_error,
-                                                 register_missing_formulas)
+    from partita.costmodel.capture.fake import DTYPES
+    from partita.costmodel.capture.failures import CaptureFailed, capture_error
+    from partita.costmodel.capture.trace import _capture_fx, autocast_policy, register_missing_formulas
     if dtype not in DTYPES:
         raise PartitaError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
     autocast = autocast_policy(dtype, autocast)

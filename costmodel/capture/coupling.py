@@ -63,7 +63,7 @@ def _run(spec, batch: int) -> list:
     """The ops of one fake forward (model and loss) at `batch` samples."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from partita.costmodel.capture.trace import build_fake, wrap_for_capture
+    from partita.costmodel.capture.fake import build_fake, wrap_for_capture
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     model, inputs = build_fake(spec, "fp32", mode, batch)
     if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):  # a torch.compile'd whole model: its own ops

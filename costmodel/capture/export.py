@@ -44,8 +44,9 @@ from torch.export.graph_signature import InputKind
 
 from partita.costmodel.capture.graph import OpGraph
 from partita.costmodel.models import ModelSpec
-from partita.costmodel.capture.trace import (CaptureFailed, Recorder, _dim_args, _storage_key, build_fake, is_dtype_check,
-                                     wrap_for_capture)
+from partita.costmodel.capture.fake import build_fake, wrap_for_capture
+from partita.costmodel.capture.failures import CaptureFailed
+from partita.costmodel.capture.trace import Recorder, _dim_args, _storage_key, is_dtype_check
 
 _LEAF_TYPES = (nn.Linear, nn.Embedding, nn.EmbeddingBag, nn.LayerNorm, nn.GroupNorm,
                nn.modules.batchnorm._NormBase, nn.modules.conv._ConvNd, *((nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()))
@@ -154,7 +155,7 @@ def _quiet_export_logs():
 
 
 def _hf_context(root: nn.Module):
-    from partita.costmodel.models.hf import export_context
+    from partita.costmodel.models.hf_export import export_context
     return export_context(root)
 
 
@@ -167,7 +168,7 @@ def _export_and_record(spec: ModelSpec, dtype: str, batch: int, autocast: str | 
     with mode:
         root, args, strip, _ = wrap_for_capture(spec, model, inputs)
     root.train()
-    from partita.costmodel.models.hf import contains_hf_model
+    from partita.costmodel.models.hf_export import contains_hf_model
     ep = _export(root, args, mode, strip, contains_hf_model(model))  # bare, or inside the user's wrapper
     gm = ep.graph_module
 

@@ -62,63 +62,10 @@ from partita.costmodel.capture.autocast import POLICIES, as_dtype, autocast_regi
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.price.flops import PRODUCT_OPERANDS, backward_flops, is_uncosted, register_missing_formulas
 from partita.costmodel.capture.graph import OpGraph
-from partita.costmodel.models.losses import cross_entropy
 from partita.costmodel.models import ModelSpec
 from partita.costmodel.capture.replicate import SHALLOW, pair_nodes
-
-fx.wrap("cross_entropy")  # the fused loss is one node, as its kernel is one launch
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-_WRAP = "model."
-_MAX_INPUTS = 6
-
-
-class _WithLoss(nn.Module):
-    """model + token cross-entropy, so the loss's saved tensors and FLOPs are captured too: PyTorch's on
-    fp32 logits, or the fused kernel's (costmodel.models.losses, one fx node named cross_entropy like PyTorch's,
-    so the planner shards it with a vocabulary-parallel head the same way)."""
-
-    def __init__(self, model: nn.Module, loss: str = "plain"):
-        super().__init__()
-        self.model = model
-        self.fused = loss == "fused"
-
-    def forward(self, tokens, targets):
-        logits = self.model(tokens)
-        if self.fused:
-            return cross_entropy(logits.flatten(0, 1), targets.flatten(0, 1))
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
-
-
-class _WithLossFn(nn.Module):
-    """model + `spec.loss_fn(model, *inputs)`. forward has fixed arity (fx cannot trace *args)."""
-
-    def __init__(self, model: nn.Module, loss_fn, n: int):
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn
-        self.n = n
-
-    def forward(self, x0, x1=None, x2=None, x3=None, x4=None, x5=None):
-        return self.loss_fn(self.model, *(x0, x1, x2, x3, x4, x5)[:self.n])
-
-
-def wrap_for_capture(spec: ModelSpec, model: nn.Module, inputs: tuple):
-    """(module to trace, its arguments, FQN prefix its wrapper adds, concrete_args for fx).
-
-    With a `loss_fn` the loss module wraps the model; with a vocabulary the token cross-entropy does
-    (targets are zeros: values do not change costs); otherwise the bare forward is traced.
-    """
-    if spec.loss_fn is not None:
-        if not 1 <= len(inputs) <= _MAX_INPUTS:
-            raise PartitaError(f"model {spec.name!r}: example inputs must be 1 to {_MAX_INPUTS} tensors, "
-                               f"got {len(inputs)}")
-        unused = {f"x{i}": None for i in range(len(inputs), _MAX_INPUTS)}
-        return _WithLossFn(model, spec.loss_fn, len(inputs)), inputs, _WRAP, unused
-    if spec.vocab:
-        targets = torch.zeros(inputs[0].shape, dtype=torch.long)
-        return _WithLoss(model, spec.config.get("loss", "plain")), (*inputs, targets), _WRAP, None
-    return model, inputs, "", None
+from partita.costmodel.capture.fake import build_fake, wrap_for_capture
+from partita.costmodel.capture.failures import CaptureFailed
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -322,52 +269,6 @@ class Recorder(fx.Interpreter):
                 for n, st in self.stats.items()}
 
 
-def build_fake(spec: ModelSpec, dtype: str, mode: FakeTensorMode, batch: int) -> tuple[nn.Module, tuple]:
-    """spec.build() and spec.example_inputs(batch) as fake tensors, in the training dtype (Module.to()
-    cannot swap fake params, and float inputs must match the parameters).
-
-    The module is built on the meta device and its parameters and buffers are then swapped for fake
-    tensors: building under FakeTensorMode runs every initialiser through fake dispatch, ~10x slower (2.2 s
-    against 0.2 s for gpt3-175b's 96 blocks). A model whose constructor needs tensor values (meta tensors
-    have none) is built under FakeTensorMode as before."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(DTYPES[dtype])
-    try:
-        try:
-            with torch.device("meta"):
-                model = spec.build()
-        except Exception:  # noqa: BLE001 -- the constructor read a value; fake tensors allow that
-            model = None
-        with mode:
-            model = _fakeify(model) if model is not None else spec.build()
-            inputs = spec.example_inputs(batch)
-    finally:
-        torch.set_default_dtype(previous)
-    return model, (inputs if isinstance(inputs, tuple) else (inputs,))
-
-
-def _fakeify(model: nn.Module) -> nn.Module:
-    """Swap a meta module's parameters and buffers for fake CPU tensors of the same shape, dtype and
-    strides (called inside the fake mode). A tensor held under two names (a tied weight) stays one."""
-    swapped: dict[int, torch.Tensor] = {}
-
-    def fake(t: torch.Tensor) -> torch.Tensor:
-        if id(t) not in swapped:
-            f = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
-            swapped[id(t)] = nn.Parameter(f, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else f
-        return swapped[id(t)]
-
-    for mod in model.modules():
-        for table in (mod._parameters, mod._buffers):
-            for name, t in table.items():
-                if t is not None:
-                    table[name] = fake(t)
-        for name, t in list(vars(mod).items()):  # a plain tensor attribute (`self.mask = torch.tril(...)`)
-            if isinstance(t, torch.Tensor) and t.device.type == "meta":
-                setattr(mod, name, fake(t))
-    return model
-
-
 def _owner(n: fx.Node, gm: fx.GraphModule) -> str:
     if n.op == "call_module":
         return str(n.target)
@@ -385,19 +286,6 @@ def _kind(n: fx.Node, gm: fx.GraphModule) -> str:
     if n.op in ("call_function", "call_method"):
         return getattr(n.target, "__name__", str(n.target))
     return n.op
-
-
-class CaptureFailed(Exception):
-    """A front end could not trace the model; `module` is the innermost module FQN being traced."""
-
-    def __init__(self, how: str, module: str | None, cls: str | None, error: BaseException):
-        super().__init__(f"{how}: {type(error).__name__}: {first_line(error)}")
-        self.how, self.module, self.cls, self.error = how, module, cls, error
-
-
-def first_line(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    return lines[0][:300] if lines else ""
 
 
 class _Tracer(fx.Tracer):
@@ -435,44 +323,6 @@ class _Tracer(fx.Tracer):
                 except NameError:
                     pass
             raise
-
-
-def capture_error(spec: ModelSpec, failures: list[CaptureFailed]) -> PartitaError:
-    """One actionable message: which module (innermost FQN being traced), why, and what to try."""
-    mod, cls = next(((f.module, f.cls) for f in reversed(failures) if f.module is not None), (None, None))
-    where = f"module {mod!r} ({cls})" if mod else f"the top-level forward{f' ({cls})' if cls else ''}"
-    detail = "; ".join(str(f) for f in failures)
-    exported = [f for f in failures if f.how == "torch.export"]
-    last = failures[-1].error
-    if any(s in f"{type(f.error).__name__} {f.error}" for f in exported
-           for s in ("data-dependent", "DataDependent")):
-        reason = "its Python control flow depends on tensor values"
-        hint = ("make the control flow static (decide branches from shapes or config, not from tensor values; "
-                "or use torch.where / torch.cond)")
-    elif not exported and "cannot be used as inputs to control flow" in detail:
-        reason = "its Python control flow depends on traced values (tensor values or shapes)"
-        hint = ("capture with torch.export (ModelSpec(capture='export') or 'auto'), which follows branches on "
-                "shapes; if a branch reads tensor values, make the control flow static (torch.where / torch.cond)")
-    elif isinstance(last, TypeError) and ("argument" in str(last) or "positional" in str(last)):
-        reason = "its example inputs do not match forward()"
-        hint = "pass example inputs that match the model's forward() signature"
-    else:
-        reason = "tracing failed"
-        hint = ("make control flow static, capture with torch.export (ModelSpec(capture='export')) if only "
-                "symbolic_trace was tried, and pass example inputs matching forward()")
-    if spec.config.get("family") == "hf":  # transformers' code, not the user's: nothing to make static
-        hint = _hf_hint(spec.config)
-    return PartitaError(f"cannot capture model {spec.name!r}: {where}: {reason} ({detail}). Try: {hint}")
-
-
-def _hf_hint(config: dict) -> str:
-    """What a user can do when transformers' own model class cannot be captured: another family, or their own
-    factory; a sequence-to-sequence model is not replaced by its decoder alone (whose cross-attention would get
-    no input and, under data parallelism, no gradient)."""
-    alone = (" (its decoder alone is not planned in its place: the encoder and cross-attention would go "
-             "untrained)") if config.get("task") == "seq2seq" else ""
-    return (f"{config.get('model')} is transformers' code{alone}: plan another hf: family, or give the model as a "
-            "package.module:factory whose forward has no such branch")
 
 
 def _trace_fx(spec: ModelSpec, dtype: str, batch: int):

@@ -78,8 +78,8 @@ def _is_hf(model: nn.Module) -> bool:
 @contextlib.contextmanager
 def _logits_forward(model: nn.Module):
     """While tracing: `model(input_ids)` returns the HF model's logits (no loss, no cache), traced as
-    eager training runs (costmodel.models.hf.export_context)."""
-    from partita.costmodel.models.hf import export_context
+    eager training runs (costmodel.models.hf_export.export_context)."""
+    from partita.costmodel.models.hf_export import export_context
     cls_forward = type(model).forward
 
     def logits(input_ids):

@@ -123,7 +123,7 @@ def test_config_errors_are_one_line_naming_the_key(spec, needles):
 
 def test_moe_eager_experts_are_captured_through_the_shape_static_path(graph_of):
     """transformers' "eager" experts loop over the experts a batch hits (data-dependent shapes); the
-    capture runs the grouped path instead (hf.export_context): same routed rows, same FLOPs."""
+    capture runs the grouped path instead (hf_export.export_context): same routed rows, same FLOPs."""
     spec = resolve_model(MIXTRAL)
 
     def build_eager():

@@ -47,30 +47,9 @@ def _between_jobs() -> None:
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
-    _forget_dtensor_caches()
     gc.collect()
     if "torch._dynamo" in sys.modules:
         sys.modules["torch._dynamo"].reset()
-
-
-def _forget_dtensor_caches() -> None:
-    """DTensor's caches (sharding strategies, redistribution plans, mesh topology) are keyed by specs that hold
-    DeviceMesh objects, which compare equal across jobs (same shape, ranks and names) though their process
-    groups were destroyed with the job's group: a later job's op could be handed a cached strategy whose mesh
-    names a group that no longer exists ("Could not resolve the process group registered under the name 26",
-    seen once in a full run). A torchrun worker starts with every cache empty; so does each job here."""
-    if "torch.distributed.tensor" not in sys.modules:
-        return
-    for cached in distributed_caches():
-        cached.cache_clear()
-
-
-def distributed_caches() -> list:
-    """Every functools cache of torch.distributed's modules in this process."""
-    import functools
-    import gc
-    return [o for o in gc.get_objects() if isinstance(o, functools._lru_cache_wrapper)
-            and (getattr(o, "__module__", None) or "").startswith("torch.distributed")]
 
 
 def serve(conn) -> None:

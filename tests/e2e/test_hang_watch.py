@@ -11,7 +11,6 @@ import sys
 
 import pytest
 
-import rank_pool
 from test_plans_match_single_process import ROOT, _env, make_plan
 
 pytestmark = pytest.mark.slow
@@ -39,8 +38,6 @@ def test_a_paused_rank_is_named_and_a_restart_resumes_it_exactly(tmp_path):
     assert restarted.returncode == 0, restarted.stderr
     result = json.loads(out.read_text())
     assert result["restarts"] == 1 and result["first_step"] == 2
-    # the uninterrupted run needs no launcher: the session's long-lived gloo ranks (tests/rank_pool.py)
-    reference = rank_pool.shared().run(2, [str(plan), "--model", "tiny-gpt", *flags, "--checkpoint-dir",
-                                           str(tmp_path / "ckpt2"), "--losses-out", str(clean)], cwd=ROOT)
+    reference = _run(tmp_path, plan, *flags, "--checkpoint-dir", str(tmp_path / "ckpt2"), "--losses-out", str(clean))
     assert reference.returncode == 0, reference.stderr
     assert result["losses"] == json.loads(clean.read_text())["losses"][2:]

@@ -1,12 +1,9 @@
 """Plans with embedding tables run through TorchRec's DistributedModelParallel on gloo ranks and train like
 one process (issue 28, item 5): `partita run --verify` compares the losses and every rank's table pieces with
 single-process training, for table-, row-, column-wise, data-parallel (2 ranks) and table-row-wise (2 nodes of
-2 ranks, through `partita run` itself) tables; the 2-rank runs go to the session's long-lived gloo ranks
-(tests/rank_pool.py) as torchrun's workers would run them. The export and the pre-flight refusals run in this
-process."""
+2 ranks) tables. The export and the pre-flight refusals run in this process."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,8 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import rank_pool
 
 from partita.costmodel.models import resolve_model
 from partita.planner.api import plan
@@ -37,26 +32,17 @@ def _plan_file(tmp_path, model, cluster, fixed, optimizer, **dense) -> str:
 
 
 def _run(plan_path: str, model: str, verify: bool = True, pythonpath: str = "") -> subprocess.CompletedProcess:
-    """`partita run` itself: the launcher, torchrun and the workers (for a plan over two nodes)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), pythonpath]))}
     return subprocess.run([sys.executable, "-m", "partita.cli", "run", plan_path, "--model", model,
                            "--steps", "3", "--lr", "0.05", *(["--verify"] if verify else [])], env=env,
                           capture_output=True, text=True, timeout=600)
 
 
-def _train(plan_path: str, model: str, verify: bool = True):
-    """The plan's ranks as torchrun's workers run them (runtime.train), on the session's long-lived gloo ranks
-    (tests/rank_pool.py; tests/ is on their path, for torchrec_factories)."""
-    ranks = json.loads(Path(plan_path).read_text())["cluster"]["num_devices"]
-    return rank_pool.shared().run(ranks, [plan_path, "--model", model, "--steps", "3", "--lr", "0.05",
-                                          *(["--verify"] if verify else [])], cwd=ROOT, timeout=600)
-
-
 @pytest.mark.slow
 def test_every_sharding_type_trains_like_one_process(tmp_path):
     fixed = ("embeddings.cat_0=table_wise,embeddings.cat_1=row_wise,embeddings.cat_2=column_wise:2,"
              "embeddings.cat_3=data_parallel")
-    out = _train(_plan_file(tmp_path, SMALL, "2xcpu", fixed, "rowwise_adagrad"), SMALL)
+    out = _run(_plan_file(tmp_path, SMALL, "2xcpu", fixed, "rowwise_adagrad"), SMALL)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "DistributedModelParallel (column_wise, data_parallel, row_wise, table_wise" in out.stdout
     assert "max |loss - reference|" in out.stdout and "tables after step 3" in out.stdout
@@ -76,7 +62,7 @@ def test_table_row_wise_over_two_nodes_trains_like_one_process(tmp_path):
 @pytest.mark.slow
 def test_without_verify_no_rank_builds_the_whole_tables(tmp_path):
     # the tables stay on the meta device (runtime.parallel.rec.build) and each rank holds its TorchRec pieces only
-    out = _train(_plan_file(tmp_path, SMALL, "2xcpu", "*=row_wise", "sgd"), SMALL, verify=False)
+    out = _run(_plan_file(tmp_path, SMALL, "2xcpu", "*=row_wise", "sgd"), SMALL, verify=False)
     assert out.returncode == 0, out.stdout + out.stderr
     losses = [float(line.split()[1]) for line in out.stdout.splitlines() if line[:4].strip().isdigit()]
     assert len(losses) == 3 and all(0 < x < 10 for x in losses)
@@ -88,7 +74,7 @@ def test_a_torchrec_model_trains_like_one_process_with_every_sharding_type(tmp_p
     model = "torchrec_factories:dlrm"
     fixed = "t_users=row_wise,t_items=column_wise:2,t_ads=table_wise,t_tags=data_parallel"
     path = _plan_file(tmp_path, model, "2xcpu", fixed, "rowwise_adagrad")
-    out = _train(path, model)
+    out = _run(path, model, pythonpath=str(ROOT / "tests"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "4 embedding tables through TorchRec DistributedModelParallel (column_wise, data_parallel, row_wise, " \
            "table_wise" in out.stdout
@@ -101,7 +87,7 @@ def test_a_torchrec_model_with_a_sharded_dense_part_trains_like_one_process(tmp_
     # averaged by hand (without that its gradients stay each rank's own and both checks fail)
     model = "torchrec_factories:tower"
     fixed = "t_users=row_wise,t_items=column_wise:2,t_ads=table_wise,t_tags=data_parallel"
-    out = _train(_plan_file(tmp_path, model, "2xcpu", fixed, "sgd", zero=3), model)
+    out = _run(_plan_file(tmp_path, model, "2xcpu", fixed, "sgd", zero=3), model, pythonpath=str(ROOT / "tests"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "dense part sharded (FSDP2)" in out.stdout and out.stdout.count(": OK") == 2
 

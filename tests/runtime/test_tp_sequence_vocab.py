@@ -1,14 +1,15 @@
 """The "sequence" (Megatron sequence parallelism) and "vocab" (vocabulary-parallel embedding, LM head and
 cross-entropy) placements: shardings, layout rule and communication on a fake process group (one process),
-pre-flight refusals, and real gloo runs that must train exactly like one process (fp32: 1e-5).
+pre-flight refusals, and real gloo runs under torchrun that must train exactly like one process (fp32: 1e-5).
 
-The gloo cases run several plans per job: this file is also the job, run as `python -m torch.distributed.run
---nproc-per-node N tests/runtime/test_tp_sequence_vocab.py OUT PLAN...` would run it, on the session's long-lived
-ranks (tests/rank_pool.py).
+The torchrun cases run several plans per launch (a launch costs 5-15 s on 2 cores): this file is also the
+job, `python -m torch.distributed.run --nproc-per-node N tests/runtime/test_tp_sequence_vocab.py OUT PLAN...`.
 """
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,9 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).parent))  # spawned.py, also where this file runs as a job's script
-import rank_pool  # noqa: E402
-from spawned import teardown  # noqa: E402
+from spawned import teardown
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -239,16 +238,18 @@ def test_plan_accepts_the_new_styles_only_with_tp():
         Plan.from_dict(plan_dict(placed={"ln_f": "seq"}))
 
 
-# ---- real gloo process groups (tests/rank_pool.py) ---------------------------------------------------
+# ---- real gloo process groups under torchrun ---------------------------------------------------
 def _launch(tmp_path: Path, ranks: int, plans: dict[str, dict]) -> dict:
-    """One job of this file's `main` running every plan with --verify on `ranks` gloo ranks; {case: summary}."""
+    """One torchrun launch of this file running every plan with --verify; {case: summary}."""
     files = []
     for case, plan in plans.items():
         files.append(tmp_path / f"{case}.json")
         files[-1].write_text(json.dumps(plan))
     out = tmp_path / "out.json"
-    # as `torchrun --nproc-per-node RANKS this_file OUT PLAN...` runs it, on the session's long-lived gloo ranks
-    proc = rank_pool.shared().run(ranks, [str(out), *map(str, files)], cwd=ROOT, timeout=600, script=__file__)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+           __file__, str(out), *map(str, files)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return {Path(k).stem: v for k, v in json.loads(out.read_text()).items()}
 

@@ -4,9 +4,8 @@ Mixtral, ep = dp = 2 (~13 s and ~6 s on 2 cores); ep = 2 of dp = 4 (slow: 4 rank
 
 Adam is invariant to a constant factor on a tensor's gradient, so the expert-gradient factor (runtime.parallel.ep: the
 replica group's sum / dp) is pinned by SGD runs, and a run with the wrong factor must fail --verify. Several
-plans share one job (this file is also its worker, run as `python -m torch.distributed.run ...
-tests/e2e/test_ep_runs.py OUT STEPS BUG=PLAN ...` would run it, on the session's long-lived gloo ranks,
-tests/rank_pool.py; a bug is undone when the job ends). Pieces of ep in one process group: tests/runtime/test_ep.py.
+plans share one launch (this file is also the torchrun worker: `python -m torch.distributed.run ...
+tests/e2e/test_ep_runs.py OUT STEPS BUG=PLAN ...`). Pieces of ep in one process group: tests/runtime/test_ep.py.
 """
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import rank_pool  # noqa: E402
 from test_plans_match_single_process import ROOT, STEPS, _direct, _env, _one_line, launch  # noqa: E402
 
 MIXTRAL = ("hf:mixtral:num_hidden_layers=2,hidden_size=64,intermediate_size=96,num_attention_heads=4,"
@@ -130,9 +128,9 @@ def _launch_worker(tmp_path: Path, ranks: int, plans: dict, runs: list[tuple[str
         paths[name] = tmp_path / f"{name}.json"
         paths[name].write_text(json.dumps(plan))
     out = tmp_path / "results.json"
-    # as `torchrun --nproc-per-node RANKS this_file ...` runs it, on the session's long-lived gloo ranks
-    proc = rank_pool.shared().run(ranks, [str(out), str(STEPS), *(f"{bug}={paths[name]}" for bug, name in runs)],
-                                  cwd=ROOT, timeout=600, script=__file__)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", __file__,
+           str(out), str(STEPS), *(f"{bug}={paths[name]}" for bug, name in runs)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(out.read_text())
 
@@ -163,23 +161,20 @@ def _worker(out: str, steps: int, runs: list[str]) -> None:
     init_default()
     from torch.distributed.fsdp import FSDPModule
     right, divide, results = ep.sync_expert_grads, FSDPModule.set_gradient_divide_factor, {}
-    try:
-        for item in runs:
-            bug, _, path = item.partition("=")
-            assert bug in BUGS, bug
-            ep.sync_expert_grads = _replica_mean(right) if bug == "replica-mean" else right
-            FSDPModule.set_gradient_divide_factor = ((lambda self, factor: None) if bug == "fsdp-replica-mean"
-                                                     else divide)
-            model = json.loads(Path(path).read_text())["model"]["name"]
-            try:
-                r = runtime.run(path, model, steps=steps, verify=True, print_report=False)
-            except runtime.VerifyFailed as e:  # raised on every rank; the run is attached
-                r = e.result
-            results[f"{bug}={Path(path).stem}"] = {
-                "verified": r.verified, "losses": r.losses, "reference_losses": r.reference_losses,
-                "max_abs_diff": r.max_abs_diff, "checks": [c.as_dict() for c in r.checks], "applied": r.applied}
-    finally:  # the ranks go on to other jobs (tests/rank_pool.py): the runtime as it was
-        ep.sync_expert_grads, FSDPModule.set_gradient_divide_factor = right, divide
+    for item in runs:
+        bug, _, path = item.partition("=")
+        assert bug in BUGS, bug
+        ep.sync_expert_grads = _replica_mean(right) if bug == "replica-mean" else right
+        FSDPModule.set_gradient_divide_factor = (lambda self, factor: None) if bug == "fsdp-replica-mean" else divide
+        model = json.loads(Path(path).read_text())["model"]["name"]
+        try:
+            r = runtime.run(path, model, steps=steps, verify=True, print_report=False)
+        except runtime.VerifyFailed as e:  # raised on every rank; the run is attached
+            r = e.result
+        results[f"{bug}={Path(path).stem}"] = {
+            "verified": r.verified, "losses": r.losses, "reference_losses": r.reference_losses,
+            "max_abs_diff": r.max_abs_diff, "checks": [c.as_dict() for c in r.checks], "applied": r.applied}
+    ep.sync_expert_grads, FSDPModule.set_gradient_divide_factor = right, divide
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(results, indent=2))
     teardown()  # every rank's collectives done before any tears down

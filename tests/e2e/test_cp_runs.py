@@ -1,9 +1,8 @@
 """Context-parallel plans (runtime/parallel/cp.py) run under torchrun on gloo and train like one process (fp32: losses
 1e-5, parameters runtime.loop.verify.PARAM_TOLERANCE over 3 steps), and --verify fails when a piece of cp is
 deliberately broken. Launches are few: `partita run` once (the CLI path), then several plans per process
-group through this file's own worker (run as `torchrun ... tests/e2e/test_cp_runs.py JOB.json` would run it, on
-the session's long-lived gloo ranks, tests/rank_pool.py: each plan trained in turn with
-partita.runtime.run(verify=True), a bug patched in for that plan only). The pre-flight
+group through this file's own worker (`torchrun ... tests/e2e/test_cp_runs.py JOB.json`: each plan trained
+in turn with partita.runtime.run(verify=True), a bug patched in for that plan only). The pre-flight
 refusals (tp/pp/ep with cp, other models, sequences 2 x cp does not divide) run in this process.
 """
 from __future__ import annotations
@@ -16,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-import rank_pool
 from partita.costmodel import resolve_model
 from partita.planner.plan import Plan, PlanError
 
@@ -110,15 +108,15 @@ def _worker(spec: str) -> None:
 
 
 def launch_runs(tmp_path: Path, ranks: int, runs: dict[str, tuple]) -> dict:
-    """One job of `ranks` gloo ranks training, in order, each {label: (bug, plan[, runtime.run keywords])} with verify;
+    """One torchrun job training, in order, each {label: (bug, plan[, runtime.run keywords])} with verify;
     returns {label: summary}."""
     job = {"out": str(tmp_path / "out.json"),
            "runs": [{"label": label, "bug": r[0], "plan": r[1], "kwargs": r[2] if len(r) > 2 else {}}
                     for label, r in runs.items()]}
     (tmp_path / "job.json").write_text(json.dumps(job))
-    # as `torchrun --nproc-per-node RANKS this_file JOB` runs it, on the session's long-lived ranks (every bug is
-    # undone by _bug when its run ends, so the ranks go on to other jobs as they were)
-    proc = rank_pool.shared().run(ranks, [str(tmp_path / "job.json")], cwd=ROOT, timeout=600, script=__file__)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", __file__,
+           str(tmp_path / "job.json")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads((tmp_path / "out.json").read_text())
 

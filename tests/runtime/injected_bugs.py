@@ -1,6 +1,5 @@
 """Deliberately wrong runtimes for the negative tests of --verify: a torchrun worker that patches one
-runtime function, runs the ordinary entry point, and puts the function back (so the tests run it on the
-session's long-lived ranks, tests/rank_pool.py, which go on to other jobs). Lives under tests/, so no user of the runtime can
+runtime function, then runs the ordinary entry point. Lives under tests/, so no user of the runtime can
 turn a gradient sync off by accident (an environment variable in runtime/parallel/apply.py used to).
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/runtime/injected_bugs.py \\
@@ -19,24 +18,14 @@ BUG is one of `BUGS` ("none" patches nothing):
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))  # spawned.py, also where this file runs without its folder on the path
-
 BUGS = ("none", "skip-dp-grad-sync", "drop-tp-input-grad-reduce")
 
 
-def _patch(saved: list, owner, name: str, value) -> None:
-    """owner.name = value, remembered in `saved` to be undone (a class's own attribute, or none: inherited)."""
-    own = owner.__dict__ if isinstance(owner, type) else vars(owner)
-    saved.append((owner, name, own.get(name), name in own))
-    setattr(owner, name, value)
-
-
-def skip_dp_grad_sync(saved: list) -> None:
+def skip_dp_grad_sync() -> None:
     import partita.runtime.parallel.apply as apply
 
     class NoSyncDDP(apply.DDP):
@@ -44,11 +33,11 @@ def skip_dp_grad_sync(saved: list) -> None:
             super().__init__(*args, **kwargs)
             self.require_backward_grad_sync = False  # what DDP.no_sync() sets, for the whole run
 
-    _patch(saved, apply, "DDP", NoSyncDDP)
-    _patch(saved, apply, "average_grads", lambda params, group, size: None)
+    apply.DDP = NoSyncDDP
+    apply.average_grads = lambda params, group, size: None
 
 
-def drop_tp_input_grad_reduce(saved: list) -> None:
+def drop_tp_input_grad_reduce() -> None:
     from torch.distributed.tensor import DTensor, Replicate
 
     from partita.runtime.parallel import tp
@@ -64,22 +53,14 @@ def drop_tp_input_grad_reduce(saved: list) -> None:
                                                          run_check=False) if g.placements[0].is_partial() else g)
         return x
 
-    _patch(saved, tp.Colwise, "_prepare_input_fn", staticmethod(prepare))
+    tp.Colwise._prepare_input_fn = staticmethod(prepare)
 
 
-@contextlib.contextmanager
-def injected(bug: str):
-    """The runtime with `bug` in it, for the duration of the block; then the runtime as it was."""
+def inject(bug: str) -> None:
     if bug not in BUGS:
         raise SystemExit(f"unknown bug {bug!r}; one of {BUGS}")
-    saved: list = []
-    try:
-        if bug != "none":
-            globals()[bug.replace("-", "_")](saved)
-        yield
-    finally:
-        for owner, name, value, had in reversed(saved):
-            setattr(owner, name, value) if had else delattr(owner, name)
+    if bug != "none":
+        globals()[bug.replace("-", "_")]()
 
 
 def run_plans(out: str, steps: int, plans: list[str]) -> None:
@@ -109,14 +90,14 @@ def run_plans(out: str, steps: int, plans: list[str]) -> None:
 
 def main(argv: list[str]) -> int:
     bug, mode, rest = argv[0], argv[1], argv[2:]
-    if mode not in ("train", "plans"):
-        raise SystemExit(f"mode {mode!r}: train or plans")
-    with injected(bug):
-        if mode == "train":
-            from partita.runtime.train import main as train_main
-            return train_main(rest)
+    inject(bug)
+    if mode == "train":
+        from partita.runtime.train import main as train_main
+        return train_main(rest)
+    if mode == "plans":
         run_plans(rest[0], int(rest[1]), rest[2:])
         return 0
+    raise SystemExit(f"mode {mode!r}: train or plans")
 
 
 if __name__ == "__main__":

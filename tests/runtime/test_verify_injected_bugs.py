@@ -1,7 +1,6 @@
 """--verify against deliberately wrong runtimes (tests/runtime/injected_bugs.py), in fp32 and bf16, on real
 gloo process groups (2 ranks, tiny-gpt, 3 steps): each bug must fail verification and name what diverged,
-and the correct runtime must pass. One 2-rank job per bug runs the fp32 and the bf16 plan (~10-20 s), on the
-session's long-lived ranks (tests/rank_pool.py): the worker puts the runtime back when it ends.
+and the correct runtime must pass. One torchrun launch per bug runs the fp32 and the bf16 plan (~10-20 s).
 
 What the bf16 case shows: the bf16 run's own loss check (1e-2 against the fp32 reference) does not see
 either bug -- the losses move by 3.5e-3 (dp sync skipped) and 6e-4 (tp input gradient not reduced) --
@@ -10,6 +9,7 @@ and the fp32 verification pass of the same layout does (runtime.loop.verify's do
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,8 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("injected_bugs.py")
 STEPS = 3
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-import rank_pool  # noqa: E402
-from test_plans_match_single_process import make_plan  # noqa: E402
+from test_plans_match_single_process import _env, make_plan  # noqa: E402
 
 FP32_LOSS_TOL, BF16_LOSS_TOL = TOLERANCE[torch.float32], TOLERANCE[torch.bfloat16]
 LAYOUTS = {"skip-dp-grad-sync": dict(dp=2), "drop-tp-input-grad-reduce": dict(tp=2)}
@@ -36,11 +35,10 @@ def plan(dtype: str, **mesh) -> dict:
     return p
 
 
-def torchrun(tmp_path: Path, bug: str, *args: str):
-    """tests/runtime/injected_bugs.py on 2 gloo ranks, as `torchrun --nproc-per-node 2` runs it, on the session's
-    long-lived ranks (tests/rank_pool.py; the worker puts the runtime back afterwards): returncode, stdout
-    (rank 0's), stderr."""
-    return rank_pool.shared().run(2, [bug, *args], cwd=ROOT, timeout=600, script=str(WORKER))
+def torchrun(tmp_path: Path, bug: str, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(WORKER),
+           bug, *args]
+    return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
 
 
 def run_plans(tmp_path: Path, bug: str, plans: dict[str, dict]) -> dict:

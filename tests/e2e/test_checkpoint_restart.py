@@ -1,8 +1,7 @@
 """DCP checkpoints across plans and world sizes, torchrun restarts after a killed rank or a crash mid-save,
 and a NaN loss -- each against the single-process reference (--verify: fp32 losses within 1e-5).
 
-The restarts go through torchrun itself; the runs that need no restart go to the session's long-lived gloo
-ranks (tests/rank_pool.py), real processes and collectives without a launch each. `slow`.
+Both tests launch torchrun more than once (or restart inside one launch): `slow`.
 """
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from pathlib import Path
 import pytest
 
 import partita.runtime as runtime
-import rank_pool
 from test_plan_elements import element_plan  # sibling test module
 from test_plans_match_single_process import ROOT, _env, make_plan
 
@@ -33,27 +31,16 @@ def torchrun(tmp_path: Path, name: str, plan: dict, ranks: int, *args: str, rest
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
 
-def pooled(tmp_path: Path, name: str, plan: dict, ranks: int, *args: str, env=None, model: str = "tiny-gpt"):
-    """runtime.train on `plan` as torchrun's workers run it, on the session's long-lived gloo ranks
-    (tests/rank_pool.py): for the runs that need no restart (issue 44: launches only for what only the launcher
-    does); returns (its end, --losses-out JSON or None)."""
-    plan_file, out = tmp_path / f"{name}.json", tmp_path / f"{name}.out.json"
-    plan_file.write_text(json.dumps(plan))
-    proc = rank_pool.shared().run(ranks, [str(plan_file), "--model", model, "--losses-out", str(out), *args],
-                                  cwd=ROOT, env=env)
-    return proc, (json.loads(out.read_text()) if out.exists() else None)
-
-
 def dirs(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.name.startswith(("step-", ".step-")))
 
 
 def test_resume_on_another_plan_and_world_size_then_stop_on_nan(tmp_path):
     """Steps 1-2 on 4 ranks (pp=2 x dp=2, ZeRO-3), checkpoint; steps 3-4 on 2 ranks (tp=2, no ZeRO), launched
-    by runtime.launch (torchrun); then steps 3-5 on one process, where a NaN at step 4 stops the run and keeps
-    step 3's checkpoint. Global batch 8 throughout."""
+    by runtime.launch; then steps 3-5 on one process, where a NaN at step 4 stops the run and keeps step 3's
+    checkpoint. Global batch 8 throughout."""
     ck = tmp_path / "ck"
-    proc, out = pooled(tmp_path, "a", element_plan(zero=3, pp=2, dp=2, micro=2), 4, "--steps", "2", "--verify",
+    proc, out = torchrun(tmp_path, "a", element_plan(zero=3, pp=2, dp=2, micro=2), 4, "--steps", "2", "--verify",
                          "--checkpoint-dir", str(ck), "--checkpoint-every", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert out["max_abs_diff"] <= 1e-5 and dirs(ck) == ["step-00000002"]
@@ -73,8 +60,10 @@ def test_resume_on_another_plan_and_world_size_then_stop_on_nan(tmp_path):
     print(f"4 ranks -> 2 ranks: max_abs_diff={out['max_abs_diff']:.2e} then {out_b['max_abs_diff']:.2e}, "
           f"param diff {out_b['param_max_abs_diff']:.2e}")
 
-    proc, _ = pooled(tmp_path, "c", make_plan(micro=2, mb=4), 1, "--steps", "5", "--checkpoint-dir", str(ck),
-                     "--checkpoint-every", "1", "--resume", env={"PARTITA_FAULT": "nan,step=4"})
+    (tmp_path / "c.json").write_text(json.dumps(make_plan(micro=2, mb=4)))
+    proc = subprocess.run([sys.executable, "-m", "partita.runtime.train", str(tmp_path / "c.json"), "--model", "tiny-gpt",
+                           "--steps", "5", "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--resume"],
+                          cwd=ROOT, env=_env(PARTITA_FAULT="nan,step=4"), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert proc.stderr.strip() == (f"partita: error: loss is nan at step 4: training stopped before that step's "
                                    f"optimizer update; the newest checkpoint, {ck / 'step-00000003'}, holds the weights "
@@ -107,19 +96,19 @@ def test_killed_rank_and_crash_mid_save_resume_from_the_last_checkpoint(tmp_path
 
 
 def test_dropout_resumes_bit_exactly_on_two_ranks(tmp_path):
-    """dp=2 (DDP), a dropout model: 4 steps straight vs 2 steps + checkpoint + resume for 2 more (each a run of
-    its own on the same 2 ranks): each rank's generator state travels with the checkpoint (rng.rank0/1), so
-    steps 3-4 draw the same masks and the losses are bit-identical."""
+    """dp=2 (DDP), a dropout model: 4 steps straight vs 2 steps + checkpoint + resume for 2 more under
+    torchrun: each rank's generator state travels with the checkpoint (rng.rank0/1), so steps 3-4 draw the
+    same masks and the losses are bit-identical."""
     model = "gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32,dropout=0.1"
     plan, ck = make_plan(model, dp=2), tmp_path / "ck"
-    proc, straight = pooled(tmp_path, "straight", plan, 2, "--steps", "4", model=model)
+    proc, straight = torchrun(tmp_path, "straight", plan, 2, "--steps", "4", model=model)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc, _ = pooled(tmp_path, "first", plan, 2, "--steps", "2", "--checkpoint-dir", str(ck),
+    proc, _ = torchrun(tmp_path, "first", plan, 2, "--steps", "2", "--checkpoint-dir", str(ck),
                        "--checkpoint-every", "2", model=model)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     keys = runtime.checkpoint.read_metadata(ck / "step-00000002").state_dict_metadata
     assert {"rng.rank0.cpu", "rng.rank1.cpu"} <= set(keys)
-    proc, resumed = pooled(tmp_path, "resumed", plan, 2, "--steps", "4", "--checkpoint-dir", str(ck), "--resume",
+    proc, resumed = torchrun(tmp_path, "resumed", plan, 2, "--steps", "4", "--checkpoint-dir", str(ck), "--resume",
                              model=model)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert resumed["first_step"] == 2 and resumed["losses"] == straight["losses"][2:], (resumed, straight)

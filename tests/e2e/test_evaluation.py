@@ -10,32 +10,19 @@ import sys
 import numpy as np
 import pytest
 
-import rank_pool
-
 from test_plans_match_single_process import ROOT, _env, make_plan
 
 pytestmark = pytest.mark.slow
 
 
 def _run(tmp_path, plan: dict, name: str, *flags):
-    """`plan` trained 4 steps on its ranks, as torchrun's workers run it, on the session's long-lived gloo ranks
-    (tests/rank_pool.py): the numbers are the launcher's business nowhere here (issue 44: launches only for what
-    only the launcher does)."""
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(plan))
     out = tmp_path / f"{name}-out.json"
-    ranks = plan["mesh"]["pp"] * plan["mesh"]["dp"] * plan["mesh"]["tp"]
-    done = rank_pool.shared().run(ranks, [str(path), "--model", "tiny-gpt", "--steps", "4", "--losses-out", str(out),
-                                          *flags], cwd=ROOT)
+    done = subprocess.run([sys.executable, "-m", "partita.cli", "run", str(path), "--model", "tiny-gpt", "--steps", "4",
+                           "--losses-out", str(out), *flags], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=_env())
     return done, (json.loads(out.read_text()) if out.exists() else None)
-
-
-def _launch(tmp_path, plan: dict, name: str, *flags) -> subprocess.CompletedProcess:
-    """`partita run` itself (the launcher's own refusals)."""
-    path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps(plan))
-    return subprocess.run([sys.executable, "-m", "partita.cli", "run", str(path), "--model", "tiny-gpt", "--steps", "4",
-                           *flags], capture_output=True, text=True, timeout=300, cwd=ROOT, env=_env())
 
 
 def test_held_out_losses_match_across_plans_and_leave_training_alone(tmp_path):
@@ -67,7 +54,7 @@ def test_held_out_losses_match_across_plans_and_leave_training_alone(tmp_path):
 
 
 def test_eval_flags_without_eval_data_are_one_line(tmp_path):
-    done = _launch(tmp_path, make_plan(dp=2), "p", "--eval-every", "2")
+    done, _ = _run(tmp_path, make_plan(dp=2), "p", "--eval-every", "2")
     assert done.returncode == 2, done.stderr
     said = [line for line in done.stderr.splitlines() if line.startswith("partita")]
     assert said == ["partita: error: --eval-every and --eval-batches need --eval-data"], done.stderr

@@ -92,7 +92,9 @@ def test_quick_calibration_writes_a_loadable_resource_list(calibrated):
     # one timing is a difference of two loops' wall times and may be ~0 under load: calibrate retries, and
     # what it records is a positive cost or None (too noisy), never an impossible negative figure
     timed = [r["in_step_s"] for kind in ("all_reduce", "p2p") for r in rows[kind]]
-    assert all(t is None or t > 0 for t in timed) and any(t is not None for t in timed)
+    assert all(t is None or t > 0 for t in timed)
+    # how many are too noisy depends on the machine's load (all of them at a load of 5, once): never silently
+    assert ("too noisy to measure" in printed) == (None in timed), printed
     assert d.sync_latency == pytest.approx(calibrate_fit.sync_latency(rows, m["fits"]))
     assert {"op_latency_s", "param_latency_s", "redistribute_latency_s", "redistribute"} <= set(m["dtensor"])
     assert m["wall_time_s"] > 0  # recorded; how long a quick calibration takes is benchmarks' to time (no

@@ -132,9 +132,14 @@ def compiled(graph: OpGraph) -> OpGraph:
     bytes for a member whose output never leaves its group (module docstring). The copy keeps every other
     attribute (parameters, shapes), so the planner uses it as it is; a node's `autocast` record is fused
     the same way (OpGraph.as_run of the copy is the compiled autocast graph)."""
-    out = _compiled(graph)
+    return _with_autocast(graph, _compiled)
+
+
+def _with_autocast(graph: OpGraph, price) -> OpGraph:
+    """`price(graph)`, with each node's `autocast` record priced the same way (from `price` of the autocast run)."""
+    out = price(graph)
     if graph.has_autocast():
-        mixed = _compiled(graph.as_run("autocast"))
+        mixed = price(graph.as_run("autocast"))
         for n, d in out.g.nodes(data=True):
             d["autocast"] = {k: mixed.g.nodes[n][k] for k in MEMORY_KEYS}
     return out
@@ -226,12 +231,7 @@ def fused_kernel_saves(graph: OpGraph, pieces: tuple[str, ...] = ("norm", "gate"
                     g.nodes[n].update(saved_bytes=0, cast_saved_bytes=0)
         out.g.graph["kernels"] = "fused-saves:" + ",".join(pieces)
         return out
-    out = saves(graph)
-    if graph.has_autocast():
-        mixed = saves(graph.as_run("autocast"))
-        for n, d in out.g.nodes(data=True):
-            d["autocast"] = {k: mixed.g.nodes[n][k] for k in MEMORY_KEYS}
-    return out
+    return _with_autocast(graph, saves)
 
 
 def with_kernels(graph: OpGraph, kernels: str, stack: str | None = None) -> OpGraph:

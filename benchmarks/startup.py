@@ -16,7 +16,10 @@ the load average it had (stated: other work on 2 cores doubles these):
     check      `python -m partita.runtime.train PLAN --check`          the pre-flight alone (inside `partita run`
                                                                        it runs in the launcher's process)
     run        `partita run PLAN --model tiny-gpt --steps 2`           launcher with its pre-flight, torchrun's
-                                                                       agent, 2 workers, 2 steps and the report
+                                                                       agent, 2 workers forked from it
+                                                                       (runtime.launcher.fork), 2 steps, report
+    run-spawn  the same with PARTITA_WORKER_START=spawn                the workers as new interpreters, as on a
+                                                                       GPU host (each imports torch and more)
 
     python -m benchmarks.startup        # writes benchmarks/results/startup.json
 """
@@ -45,7 +48,8 @@ WARMED = ("plan-warm",)
 def _env(work: Path, phase: str) -> dict:
     """The phase's environment: a capture cache of the run's own (never the user's), off for the cold plan."""
     cache = "off" if phase == "plan" else str(work / "cache")
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PARTITA_CACHE_DIR": cache}
+    start = {"PARTITA_WORKER_START": "spawn"} if phase == "run-spawn" else {}
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PARTITA_CACHE_DIR": cache, **start}
 
 
 def timed(cmd: list[str], cwd: Path, phase: str) -> float:
@@ -68,6 +72,7 @@ def phases(work: Path) -> dict[str, list[str]]:
         "plan-warm": [*cli, "plan", "--model", "tiny-gpt", "--cluster", "2xcpu", "--global-batch", "4", "--out", plan],
         "check": [py, "-m", "partita.runtime.train", plan, "--model", "tiny-gpt", "--check"],
         "run": [*cli, "run", plan, "--model", "tiny-gpt", "--steps", "2"],
+        "run-spawn": [*cli, "run", plan, "--model", "tiny-gpt", "--steps", "2"],
     }
 
 

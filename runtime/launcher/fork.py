@@ -1,0 +1,83 @@
+"""Workers forked from the launcher instead of started as new interpreters (torchrun's `start_method="fork"`
+with a function for an entry point), where that is safe: a torch built without CUDA.
+
+Why: a worker started as `python -m partita.runtime.train` spends about 3.5 CPU-seconds importing before it
+does anything (torch 1.5 s; torch._dynamo 1.7 s, which torch.optim imports on the first optimizer step; FSDP,
+DTensor, DCP and partita's loop). The launcher has already paid for torch and the plan's modules (its
+pre-flight check); it imports the rest once (`preload`), and every forked worker starts with them loaded.
+On this project's 2-core machine a 2-rank tiny `partita run` goes from about 13 to about 7 CPU-seconds; the
+tests launch hundreds of such runs.
+
+Why not on a GPU host: a process that has touched the CUDA driver cannot be forked safely, and the launcher
+asks torch about devices. There (and wherever `PARTITA_WORKER_START=spawn`), the workers start as new
+interpreters, as torchrun starts them.
+
+What a forked worker does differently from a spawned one, and why it does not matter:
+- it inherits the launcher's signal handlers; `worker` installs the workers' own (runtime.loop.stop) first;
+- it inherits the launcher's atexit handlers; they are dropped, and only the worker's own run at its end;
+- its stdout/stderr are the launcher's: written through, as torchrun's `python -u` workers write them.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+START_ENV = "PARTITA_WORKER_START"
+"""`fork` or `spawn`: how the launcher starts its workers (default: fork where `can_fork`)."""
+
+
+def can_fork() -> bool:
+    """Whether this launcher forks its workers: asked for by START_ENV, else a torch built without CUDA
+    (nothing here may initialise a GPU before the fork, so the build is what is looked at, not the devices)."""
+    asked = os.environ.get(START_ENV, "").strip().lower()
+    if asked in ("fork", "spawn"):
+        return asked == "fork"
+    import torch
+    return torch.version.cuda is None and getattr(torch.version, "hip", None) is None
+
+
+def preload() -> None:
+    """Import, once in the launcher, what every worker imports: the training session (FSDP, DTensor, DCP)
+    and torch._dynamo (torch.optim imports it at the first step)."""
+    import torch._dynamo  # noqa: F401
+
+    import partita.runtime.loop.session  # noqa: F401
+
+
+def worker(*argv: str) -> None:
+    """A forked worker's entry point (torchrun's `_wrap` has set this rank's environment): train as
+    `python -m partita.runtime.train ARGV` would, and end with its exit code."""
+    import atexit
+
+    from partita.runtime.loop.stop import StopSignal, die_with_parent, handled
+    from partita.runtime.train import AGENT_ENV, main
+    launcher = os.getppid()
+    atexit._clear()  # the launcher's handlers are not this worker's to run
+    for s in handled():  # nor its signal handlers (torchrun's raise in the agent): as a new process has them
+        signal.signal(s, signal.SIG_DFL if s != signal.SIGINT else signal.default_int_handler)
+    StopSignal.current = None
+    stop = StopSignal().install()
+    if os.environ.get(AGENT_ENV):
+        die_with_parent()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(write_through=True, line_buffering=True)
+        except (AttributeError, ValueError, OSError):
+            pass
+    code = main(list(argv))
+    import threading
+    shutdown = getattr(threading, "_shutdown", None)  # joins this worker's non-daemon threads, as an exit does
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    if code:
+        raise SystemExit(code)  # multiprocessing ends the process with this code
+    # A worker that returns waits for its launcher to collect the result (torchrun's `_wrap`). A launcher that
+    # dies from now on ends it (the SIGTERM of die_with_parent, no longer a stop request); one already gone
+    # never will collect it.
+    stop.restore()
+    if os.getppid() != launcher:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(0)

@@ -40,9 +40,9 @@ def can_fork() -> bool:
 def preload() -> None:
     """Import, once in the launcher, what every worker imports: the training session (FSDP, DTensor, DCP)
     and torch._dynamo (torch.optim imports it at the first step)."""
-    import torch._dynamo  # noqa: F401
-
-    import partita.runtime.loop.session  # noqa: F401
+    import importlib
+    for module in ("torch._dynamo", "partita.runtime.loop.session"):
+        importlib.import_module(module)
 
 
 def worker(*argv: str) -> None:

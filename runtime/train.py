@@ -196,11 +196,17 @@ def _check_before_launch(args: argparse.Namespace) -> int:
     --resume would load) in the launcher's own process, before torchrun starts a worker: a mismatch is one line
     and exit code 2, not a torchrun failure. It was `partita run`'s first process of its own, a second
     interpreter and torch import (2-3 s of every run). Silent when it passes: the workers print the notes.
-    The devices are not looked at here, so the launcher never initialises CUDA."""
+    The devices are not looked at here, so the launcher never initialises CUDA. Where the workers will be forked
+    (runtime.launcher.fork), the check runs in a forked child while this process imports what they need."""
     import contextlib
     import io
-    with contextlib.redirect_stdout(io.StringIO()):
-        return _worker(argparse.Namespace(**{**vars(args), "check": True}), look_at_devices=False)
+
+    from partita.runtime.launcher import fork
+
+    def check() -> int:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return _worker(argparse.Namespace(**{**vars(args), "check": True}), look_at_devices=False)
+    return fork.beside_preload(check) if fork.can_fork() else check()
 
 
 def _worker(args: argparse.Namespace, look_at_devices: bool = True) -> int:

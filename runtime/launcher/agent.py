@@ -29,7 +29,8 @@ PROGRESS_FILE = "steps-passed.json"
 """In the launcher's directory: the step boundaries local rank 0 passed (runtime.loop.stop.record_step)."""
 
 
-_TORCHRUN_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
+_TORCHRUN_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run",
+                     "torch.multiprocessing")  # the last: forked workers (runtime.launcher.fork)
 
 
 class _AgentLog(logging.Filter):

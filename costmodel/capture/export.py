@@ -39,7 +39,7 @@ import time
 import torch
 import torch.fx as fx
 import torch.nn as nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 from torch.export.graph_signature import InputKind
 
 from partita.costmodel.capture.graph import OpGraph
@@ -202,8 +202,23 @@ def _export_and_record(spec: ModelSpec, dtype: str, batch: int, autocast: str | 
         flat.append(t)
     param_storages = {_storage_key(t) for _, t, _ in state.values()}
     rec = Recorder(gm, param_storages)
-    rec.record(mode, *flat, autocast=autocast)
+    try:
+        rec.record(mode, *flat, autocast=autocast)
+    except (DynamicOutputShapeException, DataDependentOutputException) as e:
+        raise _data_dependent(gm, rec, root, strip, e) from e
     return root, model, strip, gm, state, rec
+
+
+def _data_dependent(gm: fx.GraphModule, rec: Recorder, root: nn.Module, strip: str, e: Exception) -> CaptureFailed:
+    """An op whose output's shape (or a value it returns) depends on tensor values, which fake tensors cannot
+    know (BART's classification head counts <eos> tokens with torch.unique_consecutive): the capture's failure
+    with the module it ran in, where capture_error words it in one line."""
+    node = next((n for n in gm.graph.nodes if n.name == rec._current), None)
+    path, mod = _owner_of(node, root, strip) if node is not None else ("", None)
+    op = str(getattr(node, "target", "")) if node is not None else type(e).__name__
+    return CaptureFailed("torch.export", path or None, type(mod).__name__ if mod is not None else None,
+                         RuntimeError(f"{op} is data-dependent: its output depends on tensor values, which a "
+                                      "capture on fake tensors cannot know"))
 
 
 def _autocast_record(spec: ModelSpec, batch: int, autocast: str, names: list[str]) -> dict | None:

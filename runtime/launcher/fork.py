@@ -5,8 +5,8 @@ Why: a worker started as `python -m partita.runtime.train` spends about 3.5 CPU-
 does anything (torch 1.5 s; torch._dynamo 1.7 s, which torch.optim imports on the first optimizer step; FSDP,
 DTensor, DCP and partita's loop). The launcher has already paid for torch and the plan's modules (its
 pre-flight check); it imports the rest once (`preload`), and every forked worker starts with them loaded.
-On this project's 2-core machine a 2-rank tiny `partita run` goes from about 13 to about 7 CPU-seconds; the
-tests launch hundreds of such runs.
+On this project's 2-core machine a 2-rank tiny `partita run` goes from about 13 to about 5.5 CPU-seconds
+(9.6 to 5.5 s of wall time); the tests launch hundreds of such runs.
 
 Why not on a GPU host: a process that has touched the CUDA driver cannot be forked safely, and the launcher
 asks torch about devices. There (and wherever `PARTITA_WORKER_START=spawn`), the workers start as new
@@ -47,7 +47,7 @@ def preload() -> None:
 
 def beside_preload(check) -> int:
     """`check()` (the launcher's pre-flight, an exit code) in a forked child while this process runs `preload`:
-    on two cores the two take the time of the longer, not the sum (about 1 s of a tiny run). A child that dies
+    on two cores the two take about the time of the longer, not the sum (about half a second of a tiny run). A child that dies
     by a signal counts as exit code 1."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

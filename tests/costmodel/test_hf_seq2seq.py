@@ -64,3 +64,16 @@ def test_a_seq2seq_model_that_cannot_be_captured_is_one_line_never_its_decoder_a
     message = str(e.value)
     assert "\n" not in message and "ProphetNetForConditionalGeneration" in message, message
     assert "its decoder alone is not planned in its place" in message and "ForCausalLM" not in message
+
+
+def test_an_op_whose_output_depends_on_tensor_values_is_one_line():
+    """BartForSequenceClassification counts each row's <eos> tokens with torch.unique_consecutive, whose output
+    size fake tensors cannot know: a one-line refusal naming the op and the class, not DynamicOutputShapeException
+    with its traceback."""
+    from partita.costmodel.capture import capture
+    spec = resolve_model("hf:bart-cls")
+    with pytest.raises(PartitaError) as e:
+        capture(spec)
+    message = str(e.value)
+    assert "\n" not in message and "unique_consecutive" in message and "data-dependent" in message, message
+    assert "BartForSequenceClassification" in message and "depends on tensor values" in message

@@ -70,8 +70,8 @@ from partita.runtime.loop.stop import StopSignal, die_with_parent
 
 if _QUIET_CPP:
     os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
-# runtime.loop.session (DCP, FSDP, DTensor: seconds of imports) loads in the workers only: the launcher process
-# (torchrun's agent, below) starts sooner without it
+# runtime.loop.session (DCP, FSDP, DTensor: seconds of imports) is not imported here: a spawned worker loads it,
+# and a launcher loads it only to fork its workers with it loaded (runtime.launcher.fork.preload)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,285 @@
+"""The `partita` command line's arguments: every command's flags, their types and help (partita.cli runs them)."""
+from __future__ import annotations
+
+import argparse
+
+from partita.costmodel.hardware import DEFAULT_ALLOCATOR_HEADROOM
+from partita.planner.plan import MASTER_WEIGHTS, RECOMPUTE
+from partita.planner.plan.schedules import AUTO, SCHEDULES
+from partita.runtime.launcher.flags import NODE_FLAGS, RUN_FLAGS, add_flags
+
+def _fraction(text: str) -> float:
+    """--memory-headroom's value: a fraction in [0, 1) (0.05 is 5%)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction in [0, 1) (e.g. 0.05 for 5%)")
+    return value
+
+
+def _node_range(text: str) -> tuple[int, int]:
+    """--nnodes' value: MIN:MAX node counts (a single N is N:N)."""
+    lo, _, hi = text.partition(":")
+    try:
+        return int(lo), int(hi or lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not MIN:MAX node counts (e.g. 3:4)") from None
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def _policies(text: str) -> tuple[str, ...]:
+    """--recompute's value: one policy, or a comma list of them."""
+    policies = tuple(dict.fromkeys(x.strip() for x in text.split(",")))
+    bad = [x for x in policies if x not in RECOMPUTE]
+    if bad or not policies:
+        raise argparse.ArgumentTypeError(f"{', '.join(bad) or repr(text)} is not a recompute policy; "
+                                         f"choose among {', '.join(RECOMPUTE)} (or a comma list of them)")
+    return policies
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    """--stage-layers' value: a comma list of whole numbers (SearchSpace.stage_layers says what else it must be)."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of layer counts (e.g. 10,11,11,10)") from None
+
+
+def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
+    w = p.add_argument_group("what-if (each flag fixes one decision; the others are still searched)")
+    w.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree (divides the devices per node)")
+    w.add_argument("--pp", type=int, metavar="N", help="pipeline stages")
+    w.add_argument("--stage-layers", type=_counts, metavar="N,N,...",
+                   help="pin the pipeline split: repeated layers per stage, first stage first (10,11,11,10), summing "
+                        "to the model's layers; fixes --pp to their number (Megatron-LM's "
+                        "--decoder-first-pipeline-num-layers, torchtitan's split points)")
+    w.add_argument("--dp", type=int, metavar="N",
+                   help="data-parallel degree (tp x pp x dp x cp = number of devices)")
+    w.add_argument("--cp", type=int, metavar="N",
+                   help="context-parallel degree: each sequence split over N ranks (long sequences)")
+    w.add_argument("--ep", type=int, metavar="N",
+                   help="expert-parallel degree: each MoE layer's experts sharded over N of the dp ranks")
+    w.add_argument("--zero", type=int, choices=[0, 1, 2, 3],
+                   help="ZeRO stage (1-3 need dp > 1): 1 shards optimizer state (torch's ZeroRedundancyOptimizer; "
+                        "exported as Megatron's --use-distributed-optimizer), 2 gradients too, 3 parameters too")
+    w.add_argument("--recompute", type=_policies, metavar="{" + ",".join(RECOMPUTE) + "}",
+                   help="activation recompute policy of every layer (op: torchtitan's per-op selective "
+                        "checkpointing, every other matmul output kept), or a comma list the search picks "
+                        "from per layer (none,full)")
+    w.add_argument("--full-recompute-layers", type=int, metavar="N",
+                   help="exactly N layers recompute in full, the rest take the other allowed policies "
+                        "(Megatron-LM's --recompute-num-layers; with --recompute none,full: N checkpointed "
+                        "blocks, the rest keep their activations)")
+    w.add_argument("--sequence-parallel", choices=["on", "off"],
+                   help="Megatron sequence parallelism in the tensor-parallel layers (on needs tp > 1)")
+    w.add_argument("--micro-batch", type=int, metavar="N", help="samples per micro-batch per data-parallel rank")
+    w.add_argument("--schedule", choices=[AUTO, *SCHEDULES], default=AUTO,
+                   help="pipeline schedule (default auto: the planner picks 1F1B or interleaved 1F1B)")
+    w.add_argument("--virtual-stages", type=int, metavar="N",
+                   help="model chunks per device: N > 1 is interleaved 1F1B with N chunks, 1 no interleaving")
+    w.add_argument("--offload", choices=["on", "off"],
+                   help="off: nothing offloaded to host memory; on: offload allowed and searched per layer "
+                        "(the default; forcing every layer to offload is rarely feasible)")
+    w.add_argument("--kernels", choices=["eager", "compiled"],
+                   help="how the layers run: eager (the default) or compiled (torch.compile per layer fuses "
+                        "elementwise ops and norms and saves fewer activations; prices a compiled run such as "
+                        "torchtitan's --compile, and `partita run` compiles each layer of such a plan)")
+    w.add_argument("--tp-comm-overlap", choices=["on", "off"],
+                   help="on: sequence parallelism's collectives pipelined with the GEMMs they feed (Megatron-Core "
+                        "--tp-comm-overlap, torch async TP; priced, not run by partita run). Default: as the stack "
+                        "allows, off for the pytorch stack partita runs")
+    w.add_argument("--p2p-overlap", choices=["on", "off"],
+                   help="on: an interleaved pipeline's sends overlapped with compute (Megatron-Core "
+                        "--overlap-p2p-communication; priced, not run by partita run). Default: as the stack allows")
+
+
+def _add_rec_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("recommendation models (models with nn.EmbeddingBag tables or a TorchRec "
+                             "EmbeddingBagCollection, e.g. dlrm-criteo-1tb)")
+    g.add_argument("--data", metavar="FILE", help="a sample of the sparse features: .npz with one array of IDs per "
+                   "table (named as its module, or a TorchRec table by its config name) and optionally NAME.lengths "
+                   "(IDs per sample)")
+    g.add_argument("--zipf", type=float, metavar="ALPHA", help="IDs Zipf-distributed with exponent ALPHA over each "
+                   "table's rows (default without --data: uniform)")
+    g.add_argument("--pooling", type=float, metavar="L", help="IDs per sample and feature with --zipf "
+                   "(default: the model's example batch)")
+    g.add_argument("--sparse-optimizer", choices=["rowwise_adagrad", "adam", "sgd"], default=None,
+                   help="the tables' fused optimizer (default rowwise_adagrad)")
+    g.add_argument("--embedding-sharding", metavar="TABLE=SHARDING[:K][@PLACEMENT],...",
+                   help="fix tables' sharding (data_parallel, table_wise, column_wise:K, row_wise, table_row_wise) "
+                        "and placement (hbm, cache, host); TABLE * for every table")
+    g.add_argument("--embedding-costs", choices=["partita", "torchrec"], default=None,
+                   help="who prices the tables: partita's byte model (default), or TorchRec's own estimator "
+                        "(EmbeddingPerfEstimator; the program then minimises what TorchRec's planner does)")
+
+
+def build_parser(handlers: dict) -> argparse.ArgumentParser:
+    """The parser of every command; `handlers`: command name -> the function that runs it (partita.cli)."""
+    ap = argparse.ArgumentParser(prog="partita", description="Plan and run parallel training for PyTorch models.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    for add in (_add_plan, _add_explain_compare, _add_run, _add_export, _add_calibrate_models):
+        add(sub, handlers)
+    return ap
+
+
+def _add_plan(sub, handlers: dict) -> None:
+    p = sub.add_parser("plan", help="find the fastest plan that fits", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  partita plan --model gpt3-175b --cluster 128x8xA100-80GB --global-batch 1536 --seq 2048\n"
+                              "  partita plan --model tiny-gpt --cluster 4xcpu --global-batch 8 --out plan.json\n"
+                              "  # what-if: price the configuration you run today beside partita's plan\n"
+                              "  partita plan --model gpt3-175b --cluster 128x8xA100-80GB --global-batch 1536 "
+                              "--tp 8 --pp 16 --dp 8 --recompute full --out mine.json\n"
+                              "  partita plan --model gpt3-175b --cluster 128x8xA100-80GB --global-batch 1536 "
+                              "--out best.json\n"
+                              "  partita compare mine.json best.json")
+    p.add_argument("--model", required=True, help="preset (see `partita models`), gpt:key=value,... or llama:... "
+                   "(keys layers, hidden, heads, vocab, seq, ffn, kv_heads, attention=sdpa|math, dropout), "
+                   "hf:..., resnet:..., or module:factory")
+    p.add_argument("--cluster", required=True, help="8xA100-80GB, 128x8xA100-80GB, 4xcpu ...")
+    p.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
+    p.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
+                   help="training precision (default: bf16 on GPUs, fp32 on cpu)")
+    p.add_argument("--master-weights", choices=list(MASTER_WEIGHTS), default="fp32",
+                   help="fp32 (default): a bf16 model's optimizer steps an fp32 master copy, 16 bytes of state per "
+                        "parameter with Adam; none: pure bf16, parameters, gradients and Adam moments in bf16, "
+                        "8 bytes (nanotron, torchtitan on a bf16 model); implies --dtype bf16")
+    p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
+    from partita.costmodel.hardware.stacks import DEFAULT_STACK, STACKS
+    p.add_argument("--stack", choices=list(STACKS), default=None,
+                   help=f"software stack the plan is priced for (default {DEFAULT_STACK}, partita's runtime); "
+                        "te-2024 (Megatron-Core + Transformer Engine) also searches its TP and pipeline-send "
+                        "overlaps and prices its distributed optimizer -- a plan partita prices but does not run")
+    p.add_argument("--memory-headroom", type=_fraction, default=None, metavar="FRACTION",
+                   help="a flat fraction of each device's memory, after the CUDA context and NCCL reserve, that "
+                        "plans leave free for the caching allocator (default on GPU presets: the allocator's cache "
+                        "predicted per stage, costmodel.hardware.ALLOCATOR_CACHE_FACTOR; on cpu "
+                        f"{DEFAULT_ALLOCATOR_HEADROOM:g})")
+    from partita.planner.plan.sync import SYNC_MODES, SYNCHRONOUS
+    p.add_argument("--sync", default=None, metavar="{auto," + ",".join(SYNC_MODES) + "}",
+                   help=f"how data-parallel replicas agree on the weights (planner.plan.sync): a mode, several "
+                        f"separated by commas, or auto (default: every mode, the fastest within its quality "
+                        f"envelope; {SYNCHRONOUS} on a cluster without islands)")
+    p.add_argument("--sync-every", type=int, default=None, metavar="H",
+                   help="DiLoCo's inner steps per outer step (default: the planner picks H)")
+    p.add_argument("--sync-bits", type=int, default=None, choices=(16, 32),
+                   help="bit width of DiLoCo's outer all-reduce (default 32)")
+    p.add_argument("--sync-allow-any-every", action="store_true",
+                   help="price an H above DiLoCo's published envelope (500)")
+    _add_what_if_flags(p)
+    _add_rec_flags(p)
+    _add_elastic_flags(p)
+    p.add_argument("--baselines", action="store_true",
+                   help="also plan DDP, FSDP, Megatron TP x PP and recompute-everything under the same cost model")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--out", help="also write the plan to this file (with --nnodes: to this directory)")
+    p.set_defaults(func=handlers["plan"])
+
+
+def _add_elastic_flags(p: argparse.ArgumentParser) -> None:
+    e = p.add_argument_group("elastic jobs and failures (planner.estimate.resilience)")
+    e.add_argument("--nnodes", type=_node_range, metavar="MIN:MAX",
+                   help="plan every size from MIN to MAX nodes (--cluster is the full allocation, MAX nodes) and show "
+                        "what losing nodes costs; --out DIR writes one plan per size (nodes-N.json) and plan-set.json")
+    e.add_argument("--mtbf", type=_positive, metavar="HOURS",
+                   help="the job's mean hours between interruptions at the cluster's size (Llama 3 on 16,384 GPUs: "
+                        "3.09): add the checkpoint interval (Young/Daly) and the expected time lost to failures")
+    e.add_argument("--checkpoint-bandwidth", type=_positive, metavar="GB/s",
+                   help="checkpoint storage bandwidth per node, writing and reading, in GB/s (default: 2, assumed)")
+    e.add_argument("--restart-seconds", type=float, metavar="S",
+                   help="seconds from a failure to the workers started again, before the checkpoint is read "
+                        "(default: 60, assumed)")
+
+
+def _add_explain_compare(sub, handlers: dict) -> None:
+    e = sub.add_parser("explain", help="print the report of a saved plan", epilog="example: partita explain plan.json")
+    e.add_argument("plan")
+    e.set_defaults(func=handlers["explain"])
+
+    cp = sub.add_parser("compare", help="what differs between two plans, and where the time goes in each",
+                        epilog="example: partita compare fsdp.json megatron.json")
+    cp.add_argument("a")
+    cp.add_argument("b")
+    cp.set_defaults(func=handlers["compare"])
+
+
+def _add_run(sub, handlers: dict) -> None:
+    r = sub.add_parser("run", help="train with a plan on local processes or several nodes (torchrun)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  partita run plan.json --model tiny-gpt --steps 3 --verify\n"
+                              "  partita run plan.json --model tiny-gpt --steps 100 --data tokens.bin "
+                              "--checkpoint-dir ckpt --checkpoint-every 10 --max-restarts 2\n"
+                              "  # on each of 2 nodes (node0 is one of them):\n"
+                              "  partita run plan.json --model tiny-gpt --steps 100 --nnodes 2 "
+                              "--rdzv-endpoint node0:29400 --rdzv-id job42")
+    r.add_argument("plan")
+    r.add_argument("--model", required=True, help="model preset or MODEL string, e.g. tiny-gpt")
+    add_flags(r, RUN_FLAGS, given_only=True)  # runtime.launcher.flags: the worker's defaults apply
+    n = r.add_argument_group("several nodes (run the same command on every node; processes per node = the "
+                             "plan's world size / N)")
+    add_flags(n, NODE_FLAGS, given_only=True)
+    n.add_argument("--node-rank", type=int, metavar="R", help="accepted for batch scripts; c10d rendezvous "
+                   "numbers the nodes as they join, so it does not change which ranks a node runs")
+    r.set_defaults(func=handlers["run"])
+
+
+def _add_export(sub, handlers: dict) -> None:
+    from partita.export import FORMATS
+    x = sub.add_parser("export", help="translate a plan into a SLURM batch script, Megatron-LM arguments or a "
+                       "torchtitan config", formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  partita export plan.json --to slurm --model tiny-gpt --steps 100 "
+                              "--partition gpu --time 02:00:00 --out train.sbatch && sbatch train.sbatch\n"
+                              "  partita export plan.json --to megatron\n"
+                              "  partita export plan.json --to torchtitan --out overrides.toml\n"
+                              "what has no equivalent in the target is said in a '# partita:' comment")
+    x.add_argument("plan")
+    x.add_argument("--to", required=True, choices=list(FORMATS))
+    x.add_argument("--out", metavar="FILE", help="write to FILE instead of standard output")
+    xs = x.add_argument_group("--to slurm (the script starts runtime.train's torchrun launcher on every node)")
+    xs.add_argument("--model", help="MODEL to train (required for slurm)")
+    xs.add_argument("--steps", type=int, metavar="N", help="training steps (default 10)")
+    xs.add_argument("--gpus-per-node", type=int, metavar="G",
+                    help="processes per node (default: the plan's devices per node)")
+    xs.add_argument("--partition", metavar="P")
+    xs.add_argument("--time", metavar="T", help="time limit, e.g. 04:00:00")
+    xs.add_argument("--account", metavar="A")
+    xs.add_argument("--job-name", metavar="NAME", help="default partita")
+    xs.add_argument("--port", type=int, help="rendezvous port on the first node (default 29500)")
+    xs.add_argument("--data", metavar="FILE", help="token file for runtime.train (as in `partita run`)")
+    xs.add_argument("--checkpoint-dir", metavar="DIR", help="DCP checkpoints (a path every node can write)")
+    xs.add_argument("--checkpoint-every", type=int, metavar="N", help="save a checkpoint after every N steps")
+    xs.add_argument("--max-restarts", type=int, metavar="K", help="torchrun restarts after a failure")
+    xs.add_argument("--python", metavar="PATH", help="the interpreter with partita installed on the compute nodes "
+                    "(default: python from the job's PATH; $PYTHON overrides either at submission)")
+    x.set_defaults(func=handlers["export"])
+
+
+def _add_calibrate_models(sub, handlers: dict) -> None:
+    c = sub.add_parser("calibrate", help="measure this machine's devices and links into a resource list",
+                       epilog="example: partita calibrate --out cluster.json && "
+                              "partita plan --model tiny-gpt --cluster cluster.json --global-batch 8")
+    c.add_argument("--out", required=True, help="resource list (JSON) to write")
+    c.add_argument("--ranks", type=int, default=None, help="local ranks for the collective measurements: on a CPU "
+                   "host >= 2; on a GPU host one per GPU, at most the GPUs (default: every GPU; one GPU: no collectives, "
+                   "its preset's links)")
+    c.add_argument("--quick", action="store_true", help="fewer matrix and message sizes and repetitions than a full "
+                   "calibration (the summary says how long it took)")
+    c.add_argument("--force", action="store_true", help="write the figures even when other work kept the machine "
+                   "busy before or during the calibration (refused by default: they would price plans for a slower "
+                   "machine)")
+    c.set_defaults(func=handlers["calibrate"])
+
+    m = sub.add_parser("models", help="list the built-in model presets")
+    m.set_defaults(func=handlers["models"])

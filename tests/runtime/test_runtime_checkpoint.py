@@ -224,7 +224,7 @@ def test_a_dropout_model_resumes_bit_exactly(tmp_path, monkeypatch):
     assert resumed.losses == straight.losses[2:], (resumed.losses, straight.losses)
     assert not any("generator" in n for n in resumed.notes)
 
-    monkeypatch.setattr(ckpt, "_set_rng_state", lambda state: None)  # the generators left as seeded
+    monkeypatch.setattr(ckpt.saving, "_set_rng_state", lambda state: None)  # the generators left as seeded
     unrestored = runtime.run(plan, DROPOUT, steps=4, checkpoint_dir=tmp_path, resume=True, print_report=False)
     assert unrestored.losses != straight.losses[2:]
     print(f"straight {straight.losses[2:]}, resumed {resumed.losses}, without the generators {unrestored.losses}")

@@ -365,6 +365,10 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     their workers only saw a connection reset (`_lost_instead`) or the store went with it (`_store_lost`); a
     node that ends any other way checks in to torchrun's exit barrier (`_watch_exit_barrier`), so its peers do
     not wait 300 s for it there."""
+    import importlib
+    # before _quiet_torchrun_logs: importing torchrun sets up the log handlers that its filter is attached to
+    # (imported later, the restart notice and the other records went past the filter)
+    importlib.import_module("torch.distributed.run")
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 

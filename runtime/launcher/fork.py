@@ -19,6 +19,7 @@ What a forked worker does differently from a spawned one, and why it does not ma
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -47,13 +48,18 @@ def preload() -> None:
 
 def beside_preload(check) -> int:
     """`check()` (the launcher's pre-flight, an exit code) in a forked child while this process runs `preload`:
-    on two cores the two take about the time of the longer, not the sum (about half a second of a tiny run). A child that dies
-    by a signal counts as exit code 1."""
+    on two cores the two take about the time of the longer, not the sum (about half a second of a tiny run).
+    What the check writes to stderr comes back through a pipe and is written here, so it reaches whatever this
+    process's sys.stderr is (a caller that captures it, too). A child that dies by a signal counts as exit
+    code 1."""
+    import io
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
+    read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: the check, then out without this process's teardown
-        code = 1
+        os.close(read)
+        code, sys.stderr = 1, io.StringIO()
         try:
             from partita.runtime.loop.stop import die_with_parent
             die_with_parent(signal.SIGKILL)
@@ -64,13 +70,20 @@ def beside_preload(check) -> int:
             import traceback
             traceback.print_exc()
         finally:
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
+            with contextlib.suppress(OSError):
+                with os.fdopen(write, "wb") as pipe:
+                    pipe.write(sys.stderr.getvalue().encode("utf-8", "replace"))
             os._exit(code if isinstance(code, int) and 0 <= code < 256 else 1)
+    os.close(write)
     try:
         preload()
     finally:
+        with os.fdopen(read, "rb") as pipe:  # until the child has written and ended
+            said = pipe.read().decode("utf-8", "replace")
         _, status = os.waitpid(pid, 0)
+    if said:
+        sys.stderr.write(said)
+        sys.stderr.flush()
     code = os.waitstatus_to_exitcode(status)
     return code if code >= 0 else 1
 

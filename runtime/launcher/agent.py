@@ -11,7 +11,6 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -372,7 +371,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from partita.runtime.launcher import rendezvous
+    from partita.runtime.launcher import fork, rendezvous
     try:
         argv = _torchrun_flags(nproc, nnodes, rdzv_endpoint, rdzv_id, max_restarts, rdzv_timeout)
     except PartitaError as e:
@@ -384,7 +383,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     with _quiet_torchrun_logs(log_dir, nnodes) as quiet:
         try:
             with _stop_signals(), watch_failures(quiet), _watch_exit_barrier(nnodes):
-                _run_torchrun(argv, worker_argv)
+                fork.run_torchrun(argv, worker_argv)
             return _after_attempts(log_dir, nnodes)
         except ChildFailedError as e:
             return _after_failed_children(e, log_dir, nnodes, losses_out, started)
@@ -396,32 +395,6 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
             if rendezvous.WATCH is not None:
                 rendezvous.WATCH.stop()
             shutil.rmtree(log_dir, ignore_errors=True)
-
-
-def _run_torchrun(argv: list[str], worker_argv: list[str]) -> None:
-    """torchrun's `run` on its command line `argv`, with the workers forked from this process where
-    runtime.launcher.fork says that is safe (the modules they need imported here first), else started as
-    `python -m partita.runtime.train WORKER_ARGV` as torchrun starts them."""
-    import uuid
-
-    from torch.distributed import run as torchrun
-    from torch.distributed.launcher.api import elastic_launch
-
-    from partita.runtime.launcher import fork
-    args = torchrun.parse_args(argv)
-    if not fork.can_fork():
-        torchrun.run(args)
-        return
-    fork.preload()
-    args.start_method = "fork"
-    if args.standalone:  # what torchrun.run does before its config_from_args
-        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
-    if args.master_port is None:
-        args.master_port = 29500
-    config, _, _ = torchrun.config_from_args(args)
-    for stream in (sys.stdout, sys.stderr):  # a forked worker must not write this process's buffered text again
-        stream.flush()
-    elastic_launch(config=config, entrypoint=fork.worker)(*worker_argv)
 
 
 def _log_dir() -> str:

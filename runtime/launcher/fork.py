@@ -124,3 +124,28 @@ def worker(*argv: str) -> None:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         os._exit(0)
+
+
+def run_torchrun(argv: list[str], worker_argv: list[str]) -> None:
+    """torchrun's `run` on its command line `argv`, with the workers forked from this process where
+    `can_fork` says that is safe (the modules they need imported here first), else started as
+    `python -m partita.runtime.train WORKER_ARGV` as torchrun starts them."""
+    import uuid
+
+    from torch.distributed import run as torchrun
+    from torch.distributed.launcher.api import elastic_launch
+
+    args = torchrun.parse_args(argv)
+    if not can_fork():
+        torchrun.run(args)
+        return
+    preload()
+    args.start_method = "fork"
+    if args.standalone:  # what torchrun.run does before its config_from_args
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+    config, _, _ = torchrun.config_from_args(args)
+    for stream in (sys.stdout, sys.stderr):  # a forked worker must not write this process's buffered text again
+        stream.flush()
+    elastic_launch(config=config, entrypoint=worker)(*worker_argv)

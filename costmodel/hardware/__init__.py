@@ -18,6 +18,8 @@ different groups.
 """
 from __future__ import annotations
 
+import os
+
 from partita.costmodel.hardware.device import (GB, GiB, DEFAULT_ALLOCATOR_HEADROOM, ALLOCATOR_CACHE_FACTOR,
                                                RECOMPUTE_CACHE_FACTOR, Device, GPU_OVERLAP_SLOWDOWN, KERNEL_FIELDS,
                                                FITTED_CONSTANTS, fitted_constants, kernel_constants, GPUS,
@@ -25,10 +27,28 @@ from partita.costmodel.hardware.device import (GB, GiB, DEFAULT_ALLOCATOR_HEADRO
 from partita.costmodel.hardware.cluster import (Cluster, device_on_stack, cluster_on_stack, FABRIC_FIELDS,
                                                 with_fabric, conservative_device, cluster_from_groups,
                                                 ISLANDS_FORMAT, get_device, GENERATION_PRESETS, gpu_preset,
-                                                generation_preset, parse_cluster, parse_islands)
+                                                generation_preset, parse_cluster_string, parse_islands)
 
 __all__ = ["GB", "GiB", "DEFAULT_ALLOCATOR_HEADROOM", "ALLOCATOR_CACHE_FACTOR", "RECOMPUTE_CACHE_FACTOR", "Device",
            "GPU_OVERLAP_SLOWDOWN", "KERNEL_FIELDS", "FITTED_CONSTANTS", "fitted_constants", "kernel_constants",
            "GPUS", "gpu_device", "DEVICES", "Cluster", "device_on_stack", "cluster_on_stack", "FABRIC_FIELDS",
            "with_fabric", "conservative_device", "cluster_from_groups", "ISLANDS_FORMAT", "get_device",
-           "GENERATION_PRESETS", "gpu_preset", "generation_preset", "parse_cluster", "parse_islands"]
+           "GENERATION_PRESETS", "gpu_preset", "generation_preset", "parse_cluster", "parse_cluster_string",
+           "parse_islands"]
+
+
+def parse_cluster(spec: str) -> Cluster:
+    """A CLUSTER string ('8xA100-80GB' -> 1 node of 8, '128x8xA100-80GB', '4xcpu', islands: cluster.py's
+    parse_cluster_string), or the path of a resource list (an existing file, or a name ending .json/.yaml/.yml:
+    `partita calibrate`'s, read by resources.load_resources) -> its Cluster. The choice lives here, in the
+    package, because resources.py builds on cluster.py."""
+    if _is_resource_file(spec):
+        from partita.costmodel.hardware.resources import load_resources
+        return load_resources(spec)
+    return parse_cluster_string(spec)
+
+
+def _is_resource_file(spec) -> bool:
+    if isinstance(spec, os.PathLike):
+        return True
+    return os.path.isfile(spec) or spec.strip().lower().endswith((".json", ".yaml", ".yml"))

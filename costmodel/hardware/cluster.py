@@ -3,7 +3,6 @@ that name one (partita.costmodel.hardware's docstring has their forms)."""
 from __future__ import annotations
 
 import math
-import os
 import re
 import dataclasses
 from dataclasses import dataclass, asdict, fields
@@ -201,18 +200,9 @@ def generation_preset(capability: tuple[int, int]) -> str:
     return GENERATION_PRESETS[min(max(major, min(GENERATION_PRESETS)), max(GENERATION_PRESETS))]
 
 
-def _is_resource_file(spec) -> bool:
-    if isinstance(spec, os.PathLike):
-        return True
-    return os.path.isfile(spec) or spec.strip().lower().endswith((".json", ".yaml", ".yml"))
-
-
-def parse_cluster(spec: str) -> Cluster:
-    """'8xA100-80GB' -> 1 node of 8; '128x8xA100-80GB' -> 128 nodes of 8; '4xcpu' -> 4 processes;
-    a path to a resource list (an existing file, or a name ending .json/.yaml/.yml) -> its Cluster."""
-    if _is_resource_file(spec):
-        from partita.costmodel.hardware.resources import load_resources  # resources imports this module
-        return load_resources(spec)
+def parse_cluster_string(spec: str) -> Cluster:
+    """'8xA100-80GB' -> 1 node of 8; '128x8xA100-80GB' -> 128 nodes of 8; '4xcpu' -> 4 processes; islands
+    (`parse_islands`). A resource list's path is the package's parse_cluster's to read (costmodel.hardware)."""
     if "@" in spec:
         return parse_islands(spec)
     m = _CLUSTER_RE.match(spec.strip())
@@ -239,7 +229,7 @@ def parse_islands(spec: str) -> Cluster:
     count, links = int(m.group(1)), int(m.group(3) or 1)
     if count < 2 or links < 1:
         raise PartitaError(f"island cluster {spec!r} needs 2 or more islands and 1 or more links; use {ISLANDS_FORMAT}")
-    one = parse_cluster(m.group(2))
+    one = parse_cluster_string(m.group(2))
     if one.groups or one.islands > 1:
         raise PartitaError(f"island cluster {spec!r}: one island must be a CLUSTER string such as 8x8xH100-80GB")
     bw = links * float(m.group(4)) * _BITS_PER_S[m.group(5)] / 8

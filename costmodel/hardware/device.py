@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from partita.costmodel.errors import PartitaError
+from partita.costmodel.hardware.stacks import get_stack
 
 GB = 1e9
 GiB = 2**30
@@ -222,7 +223,6 @@ _FITTED = None
 
 def kernel_constants(generation: str, stack: str) -> dict:
     """The Device kernel fields of `generation` under `stack` (fitted_constants.json)."""
-    from partita.costmodel.hardware.stacks import get_stack
     get_stack(stack)  # an unknown stack is one line naming the known ones
     groups = fitted_constants()["groups"]
     key = f"{generation}/{stack}"

@@ -53,8 +53,7 @@ def beside_preload(check) -> int:
     process's sys.stderr is (a caller that captures it, too). A child that dies by a signal counts as exit
     code 1."""
     import io
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+    _flush()
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: the check, then out without this process's teardown
@@ -121,8 +120,7 @@ def worker(*argv: str) -> None:
     # never will collect it.
     stop.restore()
     if os.getppid() != launcher:
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
+        _flush()
         os._exit(0)
 
 
@@ -146,6 +144,12 @@ def run_torchrun(argv: list[str], worker_argv: list[str]) -> None:
     if args.master_port is None:
         args.master_port = 29500
     config, _, _ = torchrun.config_from_args(args)
-    for stream in (sys.stdout, sys.stderr):  # a forked worker must not write this process's buffered text again
-        stream.flush()
+    _flush()  # a forked worker must not write this process's buffered text again
     elastic_launch(config=config, entrypoint=worker)(*worker_argv)
+
+
+def _flush() -> None:
+    """Both standard streams flushed: before a fork (a child would write the buffered text again) and before an
+    exit that skips the interpreter's own flush."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()

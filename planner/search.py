@@ -21,6 +21,7 @@ from partita.costmodel.hardware import Cluster, GiB
 from partita.planner.enumerate.candidates import Candidate, enumerate_candidates
 from partita.planner.plan.executable import COMPILED_OFFLOAD_RECOMPUTE, offload_refusal
 from partita.planner.solve.milp import TIME_LIMIT_NO_INCUMBENT, min_memory, phase_memory, polish, solve_stages
+from partita.planner.solve.bounds import stage_bound
 from partita.planner.solve.milp_blocks import solve_blocks, stage_p2p
 from partita.planner.estimate.phases import stage_memory
 from partita.planner.enumerate.space import SearchSpace, TrainConfig, no_candidates_reason, resolve_stack
@@ -86,7 +87,7 @@ def _fastest(cands: list[Candidate], step: _Progress) -> Candidate | None:
     best: Candidate | None = None
     for c in cands:
         step()
-        if best is not None and c.lower_bound >= best.step_time * (1 - 1e-9):
+        if best is not None and _no_better(c, best.step_time * (1 - 1e-9)):
             c.pruned = True
             continue
         cutoff = best.step_time if best is not None else None
@@ -99,6 +100,16 @@ def _fastest(cands: list[Candidate], step: _Progress) -> Candidate | None:
         if c.solution.feasible and (best is None or c.step_time < best.step_time * (1 - 1e-9)):
             best = c
     return best
+
+
+def _no_better(c: Candidate, incumbent: float) -> bool:
+    """Whether a bound proves `c` no faster than `incumbent`: its cheap bound (the order of the search), then,
+    for a stage program, the bound that keeps each stage's memory and whole layers (planner.solve.bounds). Both
+    are valid, so a candidate skipped here could not have replaced the incumbent: the plan is the one a search
+    without them finds, and so is every incumbent on the way (tests/planner/test_bounds.py)."""
+    if c.lower_bound >= incumbent:
+        return True
+    return c.formulation == "counts" and stage_bound(c.problem) >= incumbent
 
 
 def _shallowest_that_fits(cands: list[Candidate], step: _Progress) -> Candidate | None:

@@ -35,6 +35,7 @@ import numpy as np
 
 from partita.costmodel.hardware import Cluster, GiB, parse_cluster
 from partita.planner.estimate.build import build_plan, predicted
+from partita.planner.solve.bounds import stage_bound
 from partita.planner.solve.milp import solve_stages
 from partita.planner.solve.milp_blocks import solve_blocks, stage_p2p
 from partita.planner.plan import Plan
@@ -85,13 +86,18 @@ def candidate_points(result: SearchResult, *, solve_pruned: bool = True, time_li
         points += [_point(result, c, searched=True) for c in done]
         if done or not solve_pruned:
             continue
-        for c in sorted(cands, key=lambda c: c.lower_bound)[:tries]:
+        for c in [c for c in sorted(cands, key=lambda c: c.lower_bound) if _may_fit(c)][:tries]:
             solved = _solve_copy(c, time_limit_s, mip_rel_gap)
             if solved is not None:
                 points.append(_point(result, solved, searched=False))
                 break
     points.sort(key=lambda p: (p.step_time_s, p.peak_memory_bytes))
     return points
+
+
+def _may_fit(c: Candidate) -> bool:
+    """False where the stage bound (planner.solve.bounds) already proves the program infeasible: no solve."""
+    return c.formulation != "counts" or stage_bound(c.problem) < float("inf")
 
 
 def _solve_copy(c: Candidate, time_limit_s: float, mip_rel_gap: float) -> Candidate | None:

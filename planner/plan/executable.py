@@ -34,6 +34,10 @@ runtime (costmodel <- planner <- runtime), so this module lives here and the run
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import importlib.util
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from partita.costmodel.errors import PartitaError
@@ -210,19 +214,30 @@ checkpoint takes only its policy's (torch.compile refuses it)."""
 
 
 def _torch_version() -> str:
-    import torch
-    return torch.__version__
+    if "torch" in sys.modules:
+        return sys.modules["torch"].__version__
+    return importlib.metadata.version("torch")
 
 
 @functools.cache
 def checkpoint_policies_see_outputs() -> bool:
     """Whether this torch's selective-checkpoint policies are handed each op's output (SelectiveCheckpointContext
     .op_output): what runtime.parallel.offload needs to move the outputs a selective or op policy keeps to host memory.
-    torch 2.13 has it; 2.11 (a lent H200's) has not, and a plan offloading under those policies failed there."""
-    import inspect
+    torch 2.13 has it; 2.11 (a lent H200's) has not, and a plan offloading under those policies failed there.
 
-    from torch.utils.checkpoint import SelectiveCheckpointContext
-    return "op_output" in inspect.signature(SelectiveCheckpointContext).parameters
+    Where torch is not imported yet (a plan from a cached capture needs no torch: ~2 s of import) the answer is
+    read from the source of torch.utils.checkpoint: whether the context's __init__ takes op_output."""
+    if "torch" in sys.modules:
+        import inspect
+
+        from torch.utils.checkpoint import SelectiveCheckpointContext
+        return "op_output" in inspect.signature(SelectiveCheckpointContext).parameters
+    spec = importlib.util.find_spec("torch")
+    source = Path(spec.origin).parent / "utils" / "checkpoint.py"
+    text = source.read_text(encoding="utf-8")
+    start = text.find("class SelectiveCheckpointContext")
+    init = text.find("def __init__", start)
+    return start >= 0 and init >= 0 and "op_output" in text[init:text.find(")", init)]
 
 
 def offload_refusal(recompute: str, offload_activations: bool, kernels: str, fqn: str = "a layer") -> str | None:

@@ -77,10 +77,13 @@ def test_a_loaded_graph_equals_the_fresh_capture(model, dtype, cache_dir, graph_
     assert hit.graph.capture_seconds < fresh.capture_seconds  # this run's cost of the graph: the load
 
 
-def test_a_warm_cli_plan_imports_neither_dynamo_nor_torch(cache_dir, tmp_path):
+@pytest.mark.parametrize("cluster", ["2xcpu", "2x8xA100-80GB"])
+def test_a_warm_cli_plan_imports_neither_dynamo_nor_torch(cluster, cache_dir, tmp_path):
     """The regression this cache is for: torch's import ~3 s and torch._dynamo's (FakeTensorMode imports it) ~3 s
-    more, where the warm plan itself takes ~0.2 s."""
-    argv = ["plan", "--model", "tiny-gpt", "--cluster", "2xcpu", "--global-batch", "4",
+    more, where the warm plan itself takes ~0.2 s. On GPUs the search also weighs activation offload beside
+    selective recompute, which asks what this torch's checkpoint policies see (planner.plan.executable): read
+    from torch's source, not by importing it."""
+    argv = ["plan", "--model", "tiny-gpt", "--cluster", cluster, "--global-batch", "4",
             "--out", str(tmp_path / "p.json")]
     code = ("import sys; from partita.cli import main; code = main(sys.argv[1:]); "
             "sys.stderr.write(repr([m for m in ('torch._dynamo', 'torch') if m in sys.modules])); sys.exit(code)")
@@ -222,3 +225,15 @@ def _small_graph():
     graph.add_node("b", module="", shape=(2,), params={"w": 4})
     graph.add_edge("a", "b", nbytes=8)
     return graph
+
+
+def test_torchs_checkpoint_policies_are_read_from_its_source_as_torch_itself_answers():
+    """Without torch imported, whether selective-checkpoint policies see op outputs is read from torch's source;
+    with it imported, from the class itself: both answers agree on this torch (2.13 has op_output)."""
+    code = ("import sys; from partita.planner.plan import executable as e; read = e.checkpoint_policies_see_outputs(); "
+            "assert 'torch' not in sys.modules; e.checkpoint_policies_see_outputs.cache_clear(); import torch; "
+            "print(read, e.checkpoint_policies_see_outputs(), e._torch_version() == torch.__version__)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "True", "True"]

@@ -65,6 +65,7 @@ large gradient buckets use; it is exact above the crossover and an upper bound b
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -87,10 +88,14 @@ class Group:
 
 def group_for(cluster: Cluster, size: int, stride: int) -> Group:
     """The group of `size` ranks spaced `stride` apart in the rank order (node-major)."""
+    return _group(cluster.devices_per_node, size, stride)
+
+
+@functools.lru_cache(maxsize=4096)
+def _group(dpn: int, size: int, stride: int) -> Group:
     if size <= 1:
         return Group(1, 1)
     span = size * stride
-    dpn = cluster.devices_per_node
     if span <= dpn:
         return Group(size, size)
     per_node = max(1, dpn // stride) if stride < dpn else 1

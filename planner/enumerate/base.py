@@ -175,22 +175,30 @@ def zero1_state_excess(bases: _Bases, pp: int, dp: int, tp: int, anywhere: bool 
 
 
 def _add_extra_costs(e: dict, s: int, options, cluster: Cluster, sb, zero: int, dp: int, tp: int, b: int,
-                     ddp_overlap: bool = False, pipelined: bool = False, zero1_bcast: bool = True) -> None:
+                     ddp_overlap: bool = False, pipelined: bool = False, zero1_bcast: bool = True,
+                     memo: dict | None = None) -> None:
     """Charge the prefix or suffix blocks (embeddings, head) of stage s to the per-stage arrays `e`
     ("zero": what the stream model exposes of their ZeRO and offload traffic, and its contention;
-    "zero_flush": the same of the ZeRO traffic issued once per step)."""
-    for o in options:
-        var = cost_variant(Variant(o), cluster, sb, zero, dp, tp, b, ddp_overlap, pipelined=pipelined,
-                           zero1_broadcast=zero1_bcast)
-        e["compute"][s] += var.compute
-        e["tp"][s] += var.tp_comm
-        e["zero"][s] += max(0.0, var.time - var.tp_comm - var.compute)
-        e["state"][s] += var.state
-        e["grad"][s] += var.grad
-        e["act"][s] += var.act
-        e["flush"][s] += var.flush
-        e["zero_flush"][s] += var.zero_flush
-        e["dp"][s] += var.dp_comm
+    "zero_flush": the same of the ZeRO traffic issued once per step). `memo` (a search's cache): the same
+    blocks on the same rank shape cost the same at every pipeline depth and schedule, so they are costed once."""
+    key = ("extras", tuple(id(o) for o in options), id(cluster), sb, zero, dp, tp, b, ddp_overlap, pipelined,
+           zero1_bcast)
+    hit = memo.get(key) if memo is not None else None
+    if hit is None:
+        sums = dict.fromkeys(("compute", "tp", "zero", "state", "grad", "act", "flush", "zero_flush", "dp"), 0.0)
+        for o in options:
+            var = cost_variant(Variant(o), cluster, sb, zero, dp, tp, b, ddp_overlap, pipelined=pipelined,
+                               zero1_broadcast=zero1_bcast)
+            for k, x in (("compute", var.compute), ("tp", var.tp_comm),
+                         ("zero", max(0.0, var.time - var.tp_comm - var.compute)), ("state", var.state),
+                         ("grad", var.grad), ("act", var.act), ("flush", var.flush), ("zero_flush", var.zero_flush),
+                         ("dp", var.dp_comm)):
+                sums[k] += x
+        hit = (tuple(options), cluster, sums)  # the blocks and cluster kept alive: their ids stay theirs
+        if memo is not None:
+            memo[key] = hit
+    for k, x in hit[2].items():
+        e[k][s] += x
 
 
 def counted_full_recompute(opts, space: SearchSpace) -> tuple[np.ndarray, int] | None:

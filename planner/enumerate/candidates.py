@@ -135,7 +135,8 @@ def _stage_extras(bases: _Bases, space: SearchSpace, s: _Shape, opts: list[Varia
     e = {k: np.zeros(pp) for k in ("compute", "tp", "p2p", "p2p_contention", "p2p_hidden", "p2p_fill", "state",
                                    "grad", "act", "flush", "dp", "zero", "zero_flush")}
     for stage, group_opts in ((0, pre), (pp - 1, suf)):
-        _add_extra_costs(e, stage, group_opts, cluster, s.sb, s.zero, s.dp, s.tp, s.b, s.ddp, pp > 1, s.bcast)
+        _add_extra_costs(e, stage, group_opts, cluster, s.sb, s.zero, s.dp, s.tp, s.b, s.ddp, pp > 1, s.bcast,
+                         memo=bases._cache)
     if "tied" not in bases._cache:
         bases._cache["tied"] = tied_across_stages(bases.graph, bases.prefix, bases.suffix)
     tied = _charge_tied(e, bases._cache["tied"], bases.suffix, cluster, s.sb, s.zero, s.dp, s.tp, pp)

@@ -262,7 +262,7 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     kept = _kept_bytes(v, r, kv, cp)
     v.act = 0.0 if v.offload_activations else float(kept)
     v.host_act = float(kept) if v.offload_activations else 0.0
-    ag, rs, gather_fwd, gather_bwd, scatter = _zero_traffic(r)
+    ag, rs, gather_fwd, gather_bwd, scatter = _zero_traffic(r, zero1_broadcast)
     out, back, serial, nic_f, nic_b = _host_traffic(v, r, kept, gather_fwd, gather_bwd, scatter)
     v.zero_first, v.zero_scatter = None, 0.0
     if r.pipe_fsdp:  # once per step: the first forward's gathers, then one reduce-scatter after the last backward
@@ -316,14 +316,38 @@ def _kept_bytes(v: Variant, r: _Rank, kv: float, cp: int) -> float:
     return kept
 
 
-def _zero_traffic(r: _Rank) -> tuple[float, float, float, float, float]:
-    """(all-gather, reduce-scatter of the layer's parameters and gradients over their data-parallel groups,
-    and per micro-batch: the forward gather, the backward gather, the backward reduce-scatter)."""
-    sb, cluster = r.sb, r.cluster
+def _collectives(r: _Rank, zero1_broadcast: bool) -> tuple[float, float, float, float]:
+    """The layer's data-parallel collectives on this rank: (parameter all-gather, gradient reduce-scatter,
+    gradient all-reduce (ZeRO-0/1), ZeRO-1's parameter broadcast). The same for every variant of an option
+    (recompute, offload), so they are computed once per option, cluster and rank shape (BlockOption._comm_memo)."""
+    key = (id(r.cluster), id(r.sb), r.zero, r.dp, r.edp, r.tp, r.b, zero1_broadcast)  # dp and edp: the ep split
+    hit = r.o._comm_memo.get(key)
+    if hit is not None and hit[0] is r.cluster and hit[1] is r.sb:
+        return hit[2]
+    sb, cluster, o, zero, dp, edp = r.sb, r.cluster, r.o, r.zero, r.dp, r.edp
     ag = (comm.all_gather(cluster, r.dp_group, r.n_dense * sb.param) if r.dp > 1 else 0.0) \
         + (comm.all_gather(cluster, r.edp_group, r.n_expert * sb.param) if r.edp > 1 else 0.0)
     rs = (comm.reduce_scatter(cluster, r.dp_group, r.n_dense * sb.grad_comm) if r.dp > 1 else 0.0) \
         + (comm.reduce_scatter(cluster, r.edp_group, r.n_expert * sb.grad_comm) if r.edp > 1 else 0.0)
+    ar = 0.0
+    if zero <= 1 and dp > 1:
+        ar = r.n_dense * sb.grad_comm * comm.affine(comm.all_reduce, cluster, r.dp_group)[1]
+        if edp > 1:
+            ar += r.n_expert * sb.grad_comm * comm.affine(comm.all_reduce, cluster, r.edp_group)[1]
+    sync = 0.0
+    if zero == 1 and zero1_broadcast:  # each parameter tensor broadcast from the rank that stepped it
+        tensors = max(1, o.param_tensors)
+        sync = sum(tensors * comm.broadcast(cluster, group, n * sb.param / tensors)
+                   for n, group, size in ((r.n_dense, r.dp_group, dp), (r.n_expert, r.edp_group, edp))
+                   if n and size > 1)
+    r.o._comm_memo[key] = (cluster, sb, (ag, rs, ar, sync))  # both kept alive: their ids stay theirs
+    return ag, rs, ar, sync
+
+
+def _zero_traffic(r: _Rank, zero1_broadcast: bool) -> tuple[float, float, float, float, float]:
+    """(all-gather, reduce-scatter of the layer's parameters and gradients over their data-parallel groups,
+    and per micro-batch: the forward gather, the backward gather, the backward reduce-scatter)."""
+    ag, rs, _, _ = _collectives(r, zero1_broadcast)
     gather_fwd = ag if r.zero >= 2 and not r.pipe_fsdp else 0.0  # ZeRO-2 (reshard_after_forward off): once
     gather_bwd = ag if r.zero == 3 else 0.0          # ZeRO-3: again before the backward
     scatter = rs if r.zero >= 2 and not r.pipe_fsdp else 0.0
@@ -369,19 +393,9 @@ def _charge_state(v: Variant, r: _Rank) -> None:
 def _charge_flush(v: Variant, r: _Rank, bwd: float, ddp_overlap: bool, zero1_broadcast: bool) -> None:
     """The variant's after-flush seconds (module docstring's D): the data-parallel all-reduce (exposed, or
     bucketed beside the backward under DDP), ZeRO-1's parameter broadcast, the optimizer step."""
-    o, sb, zero, dp, edp, cluster, dev = r.o, r.sb, r.zero, r.dp, r.edp, r.cluster, r.dev
-    ar = 0.0
-    if zero <= 1 and dp > 1:
-        ar = r.n_dense * sb.grad_comm * comm.affine(comm.all_reduce, cluster, r.dp_group)[1]
-        if edp > 1:
-            ar += r.n_expert * sb.grad_comm * comm.affine(comm.all_reduce, cluster, r.edp_group)[1]
+    o, sb, zero, dp, dev = r.o, r.sb, r.zero, r.dp, r.dev
+    _, _, ar, v.zero1_sync = _collectives(r, zero1_broadcast)
     v.dp_comm = ar
-    v.zero1_sync = 0.0
-    if zero == 1 and zero1_broadcast:  # each parameter tensor broadcast from the rank that stepped it
-        tensors = max(1, o.param_tensors)
-        v.zero1_sync = sum(tensors * comm.broadcast(cluster, group, n * sb.param / tensors)
-                           for n, group, size in ((r.n_dense, r.dp_group, dp), (r.n_expert, r.edp_group, edp))
-                           if n and size > 1)
     v.dp_exposed, v.dp_contention = ar, 0.0
     if ddp_overlap and ar:
         # buckets overlap the last micro-batch's backward of this layer (costmodel.price.streams)

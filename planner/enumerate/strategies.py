@@ -104,6 +104,10 @@ class BlockOption:
     gemm_fixed_bwd: float = 0.0
     kv_bytes: int = 0              # keys and values entering fused attention, per sample per rank (planner.enumerate.cp_ep)
     experts: Experts | None = None  # a mixture-of-experts layer's experts (planner.enumerate.cp_ep), None when dense
+    _comm_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    """(forward, forward + backward) TP seconds by (cluster, micro-batch): every variant of this option (recompute,
+    offload, ZeRO ...) prices the same collectives, and the search costs thousands of them. Keyed by the
+    cluster's id with the cluster kept beside the figures (so the id is never reused for another)."""
 
     def _comm_s(self, cluster: Cluster, micro_batch: int, reduce: list, gather: list, scatter: list) -> float:
         """The collectives' seconds (costmodel.price.comm), each also a DTensor redistribution on the CPU:
@@ -116,9 +120,19 @@ class BlockOption:
                 + sum(comm.reduce_scatter(cluster, group, x * b) for x in scatter)
                 + calls * cluster.device.redistribute_latency)
 
+    def _tp_seconds(self, cluster: Cluster, micro_batch: int) -> tuple[float, float]:
+        """(forward, forward + backward) tensor-parallel seconds, computed once per cluster and micro-batch."""
+        hit = self._comm_memo.get((id(cluster), micro_batch))
+        if hit is None or hit[0] is not cluster:
+            fwd = self._comm_s(cluster, micro_batch, self.tp_comm_bytes_fwd, self.tp_gather_fwd, self.tp_scatter_fwd)
+            bwd = self.tp_comm_bytes_bwd if self.tp_reduce_each_bwd is None else self.tp_reduce_each_bwd
+            hit = (cluster, fwd, fwd + self._comm_s(cluster, micro_batch, bwd, self.tp_gather_bwd, self.tp_scatter_bwd))
+            self._comm_memo[(id(cluster), micro_batch)] = hit
+        return hit[1], hit[2]
+
     def tp_fwd_comm_s(self, cluster: Cluster, micro_batch: int) -> float:
         """Tensor-parallel communication of the forward alone (what a recompute re-run repeats)."""
-        return self._comm_s(cluster, micro_batch, self.tp_comm_bytes_fwd, self.tp_gather_fwd, self.tp_scatter_fwd)
+        return self._tp_seconds(cluster, micro_batch)[0]
 
     def tp_comm_s(self, cluster: Cluster, micro_batch: int) -> float:
         """Forward and backward tensor-parallel communication. The backward all-reduces are
@@ -126,9 +140,7 @@ class BlockOption:
         plain, replicated input) each all-reduce their own input gradient, so q, k and v reading one
         tensor issue three all-reduces of it where Megatron's f operator issues one
         (`tp_comm_bytes_bwd`, one per distinct input)."""
-        bwd = self.tp_comm_bytes_bwd if self.tp_reduce_each_bwd is None else self.tp_reduce_each_bwd
-        return self.tp_fwd_comm_s(cluster, micro_batch) + self._comm_s(
-            cluster, micro_batch, bwd, self.tp_gather_bwd, self.tp_scatter_bwd)
+        return self._tp_seconds(cluster, micro_batch)[1]
 
     def gemm_s(self, micro_batch: float) -> tuple[float, float]:
         """(forward, backward) seconds of the tensor-parallel GEMMs for one micro-batch: the window the

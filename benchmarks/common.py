@@ -77,5 +77,5 @@ def hardware_over_model(seq: int, hidden: int, layers: int, vocab: int) -> float
     """Megatron's full-recompute FLOPs over model FLOPs, 96 (1 + s/6h + V/16lh) / (72 (1 + s/6h + V/12lh))
     (Narayanan et al. SC'21; Korthikanti et al. 2022; REFERENCE.md): converts a published hardware TFLOP/s
     to the model TFLOP/s partita reports."""
-    s, h, l, v = seq, hidden, layers, vocab
-    return 96 * (1 + s / (6 * h) + v / (16 * l * h)) / (72 * (1 + s / (6 * h) + v / (12 * l * h)))
+    s, h, n, v = seq, hidden, layers, vocab
+    return 96 * (1 + s / (6 * h) + v / (16 * n * h)) / (72 * (1 + s / (6 * h) + v / (12 * n * h)))

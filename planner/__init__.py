@@ -5,11 +5,12 @@
                         train=planner.TrainConfig(global_batch=1536, seq_len=2048))
     print(plan.explain())
 """
-from partita.planner.plan import Plan, PlanError, SCHEMA
+from partita.planner.plan import SCHEMA, Plan, PlanError
 
 # The solver stack (cvxpy, HiGHS) loads on first use, so the runtime's ranks, which only read Plans,
 # do not pay for it.
 _LAZY = {"TrainConfig": "partita.planner.search", "SearchSpace": "partita.planner.search", "plan_search": "partita.planner.api"}
+__all__ = ["SCHEMA", "Plan", "PlanError", "plan", *_LAZY]
 
 
 def plan(*args, **kwargs):

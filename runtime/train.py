@@ -57,16 +57,16 @@ if _QUIET_CPP:
 import argparse  # noqa: E402
 import gc  # noqa: E402
 
-from partita.costmodel import PartitaError, resolve_model
-from partita.planner.plan import Plan
-from partita.runtime.launcher.flags import NODE_FLAGS, RECIPE_FLAGS, RUN_FLAGS, add_flags
-from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors
-from partita.runtime.loop.console import STDOUT, stderr_line
-from partita.runtime.loop.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK
-from partita.runtime.launcher.agreement import agree, run_fields
-from partita.runtime.launcher.mesh import agree_on_attempt, env_world, init_default, teardown
-from partita.runtime.loop.report import show_library_warnings_once, write_error_file
-from partita.runtime.loop.stop import StopSignal, die_with_parent
+from partita.costmodel import PartitaError, resolve_model  # noqa: E402
+from partita.planner.plan import Plan  # noqa: E402
+from partita.runtime.launcher.flags import NODE_FLAGS, RECIPE_FLAGS, RUN_FLAGS, add_flags  # noqa: E402
+from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors  # noqa: E402
+from partita.runtime.loop.console import STDOUT, stderr_line  # noqa: E402
+from partita.runtime.loop.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK  # noqa: E402
+from partita.runtime.launcher.agreement import agree, run_fields  # noqa: E402
+from partita.runtime.launcher.mesh import agree_on_attempt, env_world, init_default, teardown  # noqa: E402
+from partita.runtime.loop.report import show_library_warnings_once, write_error_file  # noqa: E402
+from partita.runtime.loop.stop import StopSignal, die_with_parent  # noqa: E402
 
 if _QUIET_CPP:
     os.environ.pop("TORCH_CPP_LOG_LEVEL", None)

@@ -1,9 +1,14 @@
 """Capture: a model as an operator graph on fake tensors (fx or torch.export), its layers found and replicated, its fingerprint."""
 import contextlib
 import math
+from typing import TYPE_CHECKING
 
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.lazy import submodules
+
+if TYPE_CHECKING:  # the capture machinery imports torch: loaded where used
+    from partita.costmodel.capture.graph import OpGraph
+    from partita.costmodel.models import ModelSpec
 
 
 __getattr__ = submodules(__name__)  # a submodule loads on first use, as an attribute too
@@ -17,7 +22,8 @@ def capture(spec: "ModelSpec", dtype: str = "fp32", batch: int = 1, autocast: st
     `autocast` (module docstring; `OpGraph.as_run`)."""
     from partita.costmodel.capture.fake import DTYPES
     from partita.costmodel.capture.failures import CaptureFailed, capture_error
-    from partita.costmodel.capture.trace import _capture_fx, autocast_policy, register_missing_formulas
+    from partita.costmodel.capture.trace import _capture_fx, autocast_policy
+    from partita.costmodel.price.flops import register_missing_formulas
     if dtype not in DTYPES:
         raise PartitaError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
     autocast = autocast_policy(dtype, autocast)

@@ -102,7 +102,7 @@ def _judge(small: list, large: list) -> str | None:
     per_sample: set[int] = set()      # ids (in the small run) of tensors that grow with B
     statistic: set[int] = set()       # ids of tensors derived from a statistic over the batch
     for (name, ins, outs, along), (_, _, outs_large, along_large) in zip(small, large):
-        degrees = [_degree(s, l[1]) for (_, s), l in zip(outs, outs_large)]
+        degrees = [_degree(s, big[1]) for (_, s), big in zip(outs, outs_large)]
         if any(d > 1.5 for d in degrees):
             return f"{name} makes a tensor that grows as the batch squared, a similarity of every pair of samples"
         if along is not None and along_large is not None and along_large > along:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import networkx as nx
 

@@ -60,7 +60,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from partita.costmodel.capture.autocast import POLICIES, as_dtype, autocast_region, saved_kind, state_in
 from partita.costmodel.errors import PartitaError
-from partita.costmodel.price.flops import PRODUCT_OPERANDS, backward_flops, is_uncosted, register_missing_formulas
+from partita.costmodel.price.flops import PRODUCT_OPERANDS, backward_flops, is_uncosted
 from partita.costmodel.capture.graph import OpGraph
 from partita.costmodel.models import ModelSpec
 from partita.costmodel.capture.replicate import SHALLOW, pair_nodes

@@ -107,8 +107,8 @@ PRESETS: dict[str, GPTConfig] = {
 # The megatron-* presets model Megatron-LM as it ran in 2021: attention scores, softmax and dropout
 # materialised (no fused attention), dropout 0.1 -- so predictions of the published runs, and the
 # activation bytes of Korthikanti et al.'s table, are of the same implementation.
-PRESETS.update({name: GPTConfig(layers=l, hidden=h, heads=a, vocab=51200, seq=2048, attention="math", dropout=0.1)
-                for name, (a, h, l) in _MEGATRON_TABLE1.items()})
+PRESETS.update({name: GPTConfig(layers=n, hidden=h, heads=a, vocab=51200, seq=2048, attention="math", dropout=0.1)
+                for name, (a, h, n) in _MEGATRON_TABLE1.items()})
 
 FAMILY_KEYS = {family: tuple(f.name for f in dataclasses.fields(GPTConfig) if f.name != "family")
                for family in ("gpt", "llama")}

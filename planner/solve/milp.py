@@ -71,12 +71,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from partita.planner.solve.highs import silence_banner
+from partita.planner.solve.stage_matrix import TIE_BREAK, mem_coeff, per_stage, solve_cvxpy, solve_highs, stage_matrix
 
 HIGHS, CBC = "HIGHS", "CBC"
 """Solver names as cvxpy spells them (cvxpy.HIGHS, cvxpy.CBC): the stage program goes to HiGHS directly, and
 cvxpy is imported only for another backend (planner.solve.stage_matrix.solve_cvxpy) -- a plan does not pay its ~1 s
 import."""
-from partita.planner.solve.stage_matrix import TIE_BREAK, mem_coeff, per_stage, solve_cvxpy, solve_highs, stage_matrix
 
 silence_banner()  # before any solve: the banner would land on `partita plan --json`'s stdout
 

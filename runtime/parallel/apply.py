@@ -50,6 +50,7 @@ from partita.runtime.launcher.mesh import Topology
 from partita.runtime.parallel.precision import autocast_forward, describe, is_pure, to_pure, train_dtype
 from partita.runtime.loop.recipe import LossFn, lm_loss, loss_for, make_optimizer
 from partita.runtime.loop.recipe import is_dtensor
+from partita.runtime.parallel.zero1 import make_zero1
 
 
 def _tp():
@@ -70,7 +71,6 @@ def plain(t: torch.Tensor) -> torch.Tensor:
 def settle_grads(params: list[torch.Tensor]) -> None:
     if any(is_dtensor(p) for p in params):  # (runtime.parallel.tp.settle_grads)
         _tp().settle_grads(params)
-from partita.runtime.parallel.zero1 import make_zero1
 
 
 @torch.no_grad()
@@ -286,7 +286,7 @@ class PipelineExecutor:
             average_grads(self.params, self.replicas, self.n_replicas)
         if not losses:
             return torch.zeros((), device=self.topo.device)
-        return torch.stack([l.detach() for l in losses]).mean()
+        return torch.stack([x.detach() for x in losses]).mean()
 
     def evaluate(self, batch: tuple) -> torch.Tensor:
         """The schedule forward only (torch's `eval`: no backward actions) on this rank's batch; its mean loss on
@@ -299,7 +299,7 @@ class PipelineExecutor:
             self.schedule.eval(*args, **kwargs)
         if not losses:
             return torch.zeros((), device=self.topo.device)
-        return torch.stack([l.detach() for l in losses]).mean()
+        return torch.stack([x.detach() for x in losses]).mean()
 
 
 Executor = LocalExecutor | PipelineExecutor

@@ -54,8 +54,8 @@ def test_forward_flops_match_megatron_formula(name, graph_of):
 def test_parameter_count_matches_megatron_formula(graph_of):
     """P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h)) counts one (tied) embedding; ours are untied: + V h."""
     c = PRESETS["megatron-1.7b"]
-    l, h, V, s = c.layers, c.hidden, c.vocab, c.seq
-    formula = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h)) + V * h
+    L, h, V, s = c.layers, c.hidden, c.vocab, c.seq
+    formula = 12 * L * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * L * h)) + V * h
     assert abs(graph_of("megatron-1.7b", "bf16").totals()["param_numel"] - formula) / formula < 0.001
 
 

@@ -4,7 +4,6 @@ The fake process group moves no data, so these tests check which collectives DTe
 order, over which group size and on which local tensor shapes, against costmodel.price.reshard; the numbers
 (times) are checked by hand-computed formulas.
 """
-import itertools
 
 import pytest
 import torch

@@ -75,4 +75,4 @@ def test_hf_llama_and_the_python_api_under_torchrun(tmp_path, hf_plans):
     assert "tensor-parallel layers" in applied["tp"] and "FSDP2" in applied["fsdp"] and applied["ddp"] == "no FSDP"
     planned = Plan.load(out + ".plan.json")  # rank 0's plan, as every rank received it
     assert planned.model["name"] == "hf:llama" and planned.mesh.world_size == 2
-    assert f"partita run: hf:llama on 2 rank(s)" in proc.stdout and proc.stdout.count("verify: max |loss") == 4
+    assert "partita run: hf:llama on 2 rank(s)" in proc.stdout and proc.stdout.count("verify: max |loss") == 4

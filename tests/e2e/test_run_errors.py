@@ -67,7 +67,7 @@ def test_steps_0_from_the_command_line_is_one_line_and_exit_code_2(plan4):
 
 
 def test_launch_refuses_steps_0_before_starting_processes(plan4, monkeypatch):
-    import partita.runtime.api
+    import partita.runtime.api  # noqa: F401  (loads the submodule read as runtime.api)
     from partita import runtime
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("torchrun was started"))
     with pytest.raises(PartitaError, match="--steps must be at least 1"):

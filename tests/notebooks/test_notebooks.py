@@ -5,7 +5,6 @@ globally), with the working directory notebooks/. A cell error fails the test wi
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest

@@ -1,7 +1,6 @@
 """The planner's choices on cases built to need them, and the plans' integrity."""
 import json
 
-import numpy as np
 import pytest
 
 import partita.planner as planner
@@ -134,7 +133,6 @@ def test_models_without_one_repeated_run_use_the_general_program():
 
 
 def test_general_program_splits_unlike_blocks_into_a_pipeline(two_tower):
-    from partita.costmodel.models import resolve_model
     from partita.costmodel.capture import capture
     from partita.planner.search import SearchSpace, search
     graph = capture(resolve_model(two_tower), dtype="bf16")
@@ -153,7 +151,6 @@ def test_an_encoder_decoder_pipeline_is_refused_with_the_runtimes_reason():
 
 
 def test_heterogeneous_resource_list_balances_stages_by_device_speed_and_memory(tmp_path):
-    import json
     spec = {"schema": "partita.cluster/1", "inter_group_bw": 12.5e9, "groups": [
         {"name": "fast", "nodes": 2, "devices_per_node": 8, "device": "A100-80GB"},
         {"name": "slow", "nodes": 2, "devices_per_node": 8, "device": "V100-32GB"}]}
@@ -189,6 +186,7 @@ def test_interleaved_plans_count_the_activations_the_schedule_keeps_in_flight(gr
     p, v, m = 4, 2, 16
     c = build_candidate(bases, planner.TrainConfig(global_batch=256), SearchSpace(), p, 16, 1, 0, 1,
                         "Interleaved1F1B", v)
+    assert c.num_microbatches == m  # 256 samples over dp=16, one per micro-batch
     expected = [(2 * (p - s - 1) + (v - 1) * p + 1) / v for s in range(p)]
     assert list(c.problem.in_flight) == pytest.approx(expected)
     assert c.problem.in_flight[0] == pytest.approx(p * (1 + (p - 1) / (p * v)))

@@ -1,6 +1,5 @@
 """Context and expert parallelism as planner choices (planner.enumerate.cp_ep): what they cost, when the search takes
 them, and one line when a model cannot run them."""
-import dataclasses
 
 import pytest
 

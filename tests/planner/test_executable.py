@@ -5,7 +5,6 @@ one gradient all-reduce per step). Single process: planning and pre-flight need 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest

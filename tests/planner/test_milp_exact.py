@@ -37,8 +37,12 @@ def random_problem(rng, p, L, n_opt):
     a = rng.uniform(0.1, 1.0, n_opt)
     m = int(rng.integers(p, 3 * p + 2))
     in_flight = np.array([min(p - s, m) for s in range(p)], dtype=float)
-    extra_t = np.zeros(p); extra_t[0] += rng.uniform(0, 1); extra_t[-1] += rng.uniform(0, 1.5)
-    extra_m = np.zeros(p); extra_m[0] += rng.uniform(0, 3); extra_m[-1] += rng.uniform(0, 3)
+    extra_t = np.zeros(p)
+    extra_t[0] += rng.uniform(0, 1)
+    extra_t[-1] += rng.uniform(0, 1.5)
+    extra_m = np.zeros(p)
+    extra_m[0] += rng.uniform(0, 3)
+    extra_m[-1] += rng.uniform(0, 3)
     cap = float(rng.uniform(0.6, 1.2) * (w.mean() + a.mean() * p) * L / p + 3)
     return StageProblem(num_stages=p, num_layers=L, num_microbatches=m, option_time=t, option_state=w,
                         option_act=a, option_flush=rng.uniform(0, 0.2, n_opt), extra_time=extra_t,

@@ -4,7 +4,6 @@ one line before anything runs, and every check of a plan happens before `partita
 All checks of the file itself are in planner.plan's loader (Plan.load / Plan.from_dict); the checks against the
 model are runtime.launcher.checks.preflight, which `partita run` runs in its pre-flight (`runtime.train --check`)."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import copy
 import dataclasses
 import itertools
 from pathlib import Path

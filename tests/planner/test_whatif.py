@@ -98,7 +98,7 @@ def test_the_report_names_what_the_user_fixed(capsys):
     (["--full-recompute-layers", "-1"], "full-recompute-layers must be a number of layers (0 or more), got -1"),
 ])
 def test_an_impossible_fixed_config_is_one_line_before_any_solving(capsys, monkeypatch, flags, needle):
-    import partita.planner.api
+    import partita.planner.api  # noqa: F401  (loads the submodule read as planner.api)
     from partita import planner
     monkeypatch.setattr(planner.api, "search", lambda *a, **k: pytest.fail("searched an impossible config"))
     assert main([*PLAN, *flags]) == 2

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import partita.runtime.parallel.offload
+import partita.runtime.parallel.offload  # noqa: F401  (loads the submodule read as runtime.parallel.offload)
 from partita import runtime
 from partita.costmodel import resolve_model
 from partita.costmodel.models.gpt import GPT as GPTModel, GPTConfig

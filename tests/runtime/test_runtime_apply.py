@@ -1,5 +1,4 @@
 """Plan application checked in one process: pre-flight errors, pipeline split, TP shard shapes on a fake PG."""
-import json
 
 import pytest
 import torch

@@ -114,7 +114,7 @@ def test_steps_1_checks_the_update_and_the_cli_exits_non_zero(tmp_path):
     assert c["fp32 pass of the same layout, losses"]["diff"] <= FP32_LOSS_TOL
     bad = c["fp32 pass of the same layout, parameters after step 1"]
     assert not bad["passed"], bad
-    line = [l for l in proc.stdout.splitlines() if l.startswith("verify FAILED")]  # the report's last line
+    line = [x for x in proc.stdout.splitlines() if x.startswith("verify FAILED")]  # the report's last line
     assert line == [f"verify FAILED: fp32 pass of the same layout, parameters after step 1, {bad['worst']} "
                     f"({bad['diff']:.2e} > {bad['tolerance']:.0e})"], proc.stdout[-3000:]
     print(line[0])

@@ -242,11 +242,16 @@ def _alive(pid: int) -> bool:
 
 
 def _lost_line(line: str, log_dir: str) -> str:
-    """A lost node's line, with the last step every rank of this node passed (runtime.loop.stop.record_step)."""
+    """A lost node's line, with the last step every rank of this node passed (runtime.loop.stop.record_step) and the
+    newest committed checkpoint to resume from: the one recorded, or a newer one in the recorded directory (a node
+    lost right after a save is committed leaves this node's ranks waiting for it before they record the save)."""
     passed = recorded_step(Path(log_dir) / PROGRESS_FILE)
     if passed is None:
         return f"{line}; this node stops (no training step had ended)"
-    where = f"; resume from {passed['checkpoint']} with --resume" if passed.get("checkpoint") else ""
+    from partita.runtime.checkpoint import layout  # on a failure only: the package loads DCP
+    newest = layout.latest(passed["root"]) if passed.get("root") else None
+    resume = str(newest) if newest is not None else passed.get("checkpoint")
+    where = f"; resume from {resume} with --resume" if resume else ""
     return f"{line}; this node stops after step {passed['step']} of {passed.get('steps', '?')}{where}"
 
 

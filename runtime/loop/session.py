@@ -413,7 +413,8 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
              CheckpointHook(history, opts.checkpoint_every, opts.steps, opts.checkpoint_dir, executor, opt, manifest,
                             topo, faults, opts.keep)]
     trainer = Trainer(executor=executor, opt=opt, data=prep.data, topo=topo, steps=opts.steps, stop=stop,
-                      saved=built.saved, hooks=hooks, checkpointing=bool(opts.checkpoint_every))
+                      saved=built.saved, hooks=hooks, checkpointing=bool(opts.checkpoint_every),
+                      checkpoint_root=opts.checkpoint_dir if opts.checkpoint_every else None)
     try:
         trainer.run(history)
     except Exception as e:

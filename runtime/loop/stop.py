@@ -101,17 +101,18 @@ def die_with_parent(signum: int = signal.SIGTERM) -> None:
         os.kill(os.getpid(), signum)
 
 
-def record_step(step: int, steps: int, checkpoint: str | None, checkpointing: bool) -> None:
+def record_step(step: int, steps: int, checkpoint: str | None, checkpointing: bool, root: str | None = None) -> None:
     """Local rank 0 under partita's launcher (PROGRESS_ENV): note that every rank passed step `step`'s
-    boundary, and the newest checkpoint the run stands on. Written whole (a renamed file); a failure to
-    write it is no reason to stop training."""
+    boundary, the newest checkpoint the run stands on, and the checkpoint directory (`root`). Written whole (a
+    renamed file); a failure to write it is no reason to stop training."""
     path = os.environ.get(PROGRESS_ENV)
     if not path or os.environ.get("LOCAL_RANK", "0") != "0":
         return
     part = f"{path}.part"
     try:
         with open(part, "w") as f:
-            json.dump({"step": step, "steps": steps, "checkpoint": checkpoint, "checkpointing": checkpointing}, f)
+            json.dump({"step": step, "steps": steps, "checkpoint": checkpoint, "checkpointing": checkpointing,
+                       "root": root}, f)
         os.replace(part, path)
     except OSError:
         pass

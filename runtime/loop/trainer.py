@@ -106,6 +106,9 @@ class Trainer:
     hooks: list[StepHook]
     checkpointing: bool = False
     """Whether the run saves checkpoints (what a stop line says about them)."""
+    checkpoint_root: str | None = None
+    """Where they go: recorded with each step (runtime.loop.stop.record_step) so that a launcher that outlives
+    its peers can name the newest committed one, even one this node had not yet recorded."""
 
     def run(self, history: History) -> None:
         for k in range(history.start, self.steps):
@@ -138,7 +141,7 @@ class Trainer:
         stopping = stopping if step < self.steps else 0  # asked during the last step: the run is done
         for hook in self.hooks:
             hook.checkpoint(step, stopping)
-        record_step(step, self.steps, history.newest, self.checkpointing)
+        record_step(step, self.steps, history.newest, self.checkpointing, self.checkpoint_root)
         if stopping:
             raise Stopped(stopping, step, self.steps, history.newest, self.checkpointing)
 

@@ -129,3 +129,21 @@ def test_a_worker_under_the_launcher_ends_a_nan_run_without_a_restart(tmp_path):
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     failure = report.read_failure(0, 0, str(error), 0)
     assert failure.exitcode == 3 and failure.message.startswith("loss is nan at step 2: training stopped")
+
+
+def test_a_lost_node_line_names_the_newest_committed_checkpoint_this_node_had_not_recorded(tmp_path, monkeypatch):
+    """A node lost right after a save is committed: this node's ranks wait for it in the save's last collective,
+    so what they recorded is the step before, without the checkpoint. The line still says where to resume: the
+    newest committed checkpoint of the recorded directory (the CI run of stop 53 caught the line without it)."""
+    from partita.runtime.launcher import agent
+    from partita.runtime.loop import stop
+    root = tmp_path / "ck"
+    (root / "step-00000002").mkdir(parents=True)
+    (root / "step-00000004.tmp-x").mkdir()  # a save not committed is no place to resume from
+    monkeypatch.setenv(stop.PROGRESS_ENV, str(tmp_path / agent.PROGRESS_FILE))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    stop.record_step(1, 100, None, True, str(root))
+    line = agent._lost_line("lost node n1", str(tmp_path))
+    assert line == f"lost node n1; this node stops after step 1 of 100; resume from {root}/step-00000002 with --resume"
+    stop.record_step(3, 100, None, False)  # no checkpoint directory: no resume hint
+    assert agent._lost_line("lost node n1", str(tmp_path)) == "lost node n1; this node stops after step 3 of 100"

@@ -101,7 +101,8 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset=None,
         sync_batchnorm: bool = False, log_every: int = DEFAULT_EVERY, tensorboard: str | os.PathLike | None = None,
         print_report: bool = True, example_inputs=None, loss_fn=None, vocab: int | None = None,
         weight_decay: float = 0.0, warmup_steps: int = 0, lr_decay: str = "none", min_lr_ratio: float = 0.1,
-        clip_grad_norm: float | None = None, save_final: str | os.PathLike | None = None) -> RunResult:
+        clip_grad_norm: float | None = None, save_final: str | os.PathLike | None = None,
+        return_model: bool = False) -> RunResult:
     """Train `steps` steps of the model `model_fn` builds under `plan`, on every rank of the job.
 
     `dataset`: None for the model's synthetic batches, a token file, a `package.module:factory` name of a
@@ -109,6 +110,8 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset=None,
     The other keywords are runtime.train's flags; progress lines (runtime.loop.progress) go out with the report
     (`print_report`). `save_final`: a file gets one state dict; a folder -- a str ending in "/", or a directory
     that exists (a pathlib.Path drops the trailing "/") -- a transformers model's save_pretrained output.
+    `return_model`: rank 0's RunResult.model is then the trained model in one process (the module `model_fn`
+    builds, on the CPU, every shard and stage gathered into it); it holds a second whole copy of the model.
     Raises PartitaError for a plan, data or checkpoint that does not fit (before any step), session.NonFiniteLoss
     for a NaN/inf loss, and VerifyFailed (on every rank, after the report) when `verify` finds the run differs
     from one process -- where the CLI exits 1."""
@@ -124,7 +127,7 @@ def run(plan: Plan | dict | str | os.PathLike, model_fn: ModelArg, dataset=None,
                       tensorboard=str(tensorboard) if tensorboard is not None else None, print_report=print_report,
                       weight_decay=weight_decay, warmup_steps=warmup_steps, lr_decay=lr_decay,
                       min_lr_ratio=min_lr_ratio, clip_grad_norm=clip_grad_norm,
-                      save_final=str(save_final) if save_final is not None else None)
+                      save_final=str(save_final) if save_final is not None else None, return_model=return_model)
     world = dist.get_world_size() if dist.is_initialized() else env_world()[2]
     show_library_warnings_once(dist.get_rank() if dist.is_initialized() else env_world()[0])
     own = not dist.is_initialized()

@@ -74,6 +74,18 @@ def consolidated_state(executor, topo) -> dict[str, torch.Tensor] | None:
     return state if topo.rank == 0 else None
 
 
+def trained_module(executor, topo, spec) -> torch.nn.Module | None:
+    """Collective: on rank 0, the model `spec` builds (one process, CPU) with the consolidated trained weights loaded
+    strictly; None on the other ranks. It holds a second whole copy of the model in rank 0's host memory."""
+    state = consolidated_state(executor, topo)
+    if state is None:
+        return None
+    with torch.random.fork_rng(devices=[]):  # its initial weights are overwritten: leave the run's RNG as it was
+        model = spec.build()
+    model.load_state_dict(state)
+    return model
+
+
 def save_final(path: str, executor, topo, spec=None) -> tuple[int, int] | None:
     """Collective: rank 0 writes the consolidated weights to `path` (module docstring; a folder needs `spec`, the
     run's ModelSpec); returns (tensors, bytes) on rank 0."""

@@ -22,6 +22,9 @@ class RunOptions:
     save_final: str | None = None
     """Where rank 0 saves the trained weights: a file gets one plain state dict, a folder (ending in "/" or an
     existing directory) an HF model's save_pretrained output (runtime.checkpoint.final)."""
+    return_model: bool = False
+    """Hand the trained model back in RunResult.model on rank 0: the module the model builder makes, in one
+    process, with the consolidated trained weights (runtime.api.run's `return_model`)."""
     verify: bool = False
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0

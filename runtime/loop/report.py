@@ -50,6 +50,10 @@ class RunResult:
     """With clipping, each step's global gradient norm before clipping; None without."""
     reference_grad_norms: list[float] | None = None
     """--verify with clipping: the single-process reference's norms of the same steps."""
+    model: object = field(default=None, repr=False, compare=False)
+    """With `return_model` (runtime.api.run), on rank 0: the model the builder makes, on the CPU, holding the
+    trained weights (every stage, shard and expert gathered); None on the other ranks and otherwise. Not part
+    of `to_dict`."""
     saved_final: str | None = None
     """Where --save-final wrote the trained weights."""
     final_loader: str | None = None

@@ -63,7 +63,7 @@ from partita.runtime.loop.stop import StopSignal
 from partita.runtime.loop.hang import hang_watch
 from partita.runtime.loop.evaluate import EvalHook, refusal as eval_refusal
 from partita.runtime.loop.progress import Progress, summary_writer
-from partita.runtime.checkpoint.final import folder_refusal, loader, save_final
+from partita.runtime.checkpoint.final import folder_refusal, loader, save_final, trained_module
 from partita.runtime.loop.recipe import Recipe
 from partita.runtime.loop.sync import make_hook as make_sync_hook
 from partita.runtime.loop.trainer import CheckpointHook, FaultHook, History, ProgressHook, RecipeHook, Trainer
@@ -366,6 +366,8 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
         written = save_final(opts.save_final, built.executor, topo, spec)  # (tensors, bytes) on rank 0, which reports
         result.saved_final = opts.save_final
         result.final_loader = loader(opts.save_final, spec) if written is not None else None
+    if opts.return_model:  # also before check_run; a collective, like save_final
+        result.model = trained_module(built.executor, topo, spec)
     code = check_run(result, plan, spec, opts, prep.data, topo, built)
     _report(result, plan, opts, topo)
     return result, code

@@ -33,7 +33,13 @@ def main(out: str, plans: list[str]) -> None:
     results["plan_and_run"] = summary(result)
     build = resolve_model("hf:llama").build  # the user's module: transformers' LlamaForCausalLM, unchanged
     for path in plans:
-        results[path] = summary(runtime.run(path, build, steps=3, verify=True))
+        result = runtime.run(path, build, steps=3, verify=True, return_model=True)
+        results[path] = summary(result)
+        model = result.model  # rank 0: the trained model in this process; None elsewhere
+        results[path]["model"] = None if model is None else {
+            "type": type(model).__name__,
+            "checksum": sum(p.detach().double().sum().item() for p in model.parameters()),  # each tied tensor once
+            "param_checksum": result.param_checksum}
     assert dist.is_initialized()  # still the script's group
     with open(f"{out}.rank{dist.get_rank()}.json", "w") as f:
         json.dump(results, f, indent=2)

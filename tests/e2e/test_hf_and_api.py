@@ -71,6 +71,10 @@ def test_hf_llama_and_the_python_api_under_torchrun(tmp_path, hf_plans):
         assert len(res["losses"]) == 3 and 6.0 < res["losses"][0] < 7.5  # ~ln(1024): random tokens
         assert ranks[1][key]["losses"] == res["losses"] and ranks[1][key]["verified"] is True
         print(f"{key.rsplit('/', 1)[-1]}: max_abs_diff={res['max_abs_diff']:.2e} ({res['applied']})")
+    for p in paths:  # return_model: rank 0 gets the trained model in one process, with every shard gathered
+        got = ranks[0][p]["model"]
+        assert got["type"] == "LlamaForCausalLM" and ranks[1][p]["model"] is None, (p, got)
+        assert got["checksum"] == pytest.approx(got["param_checksum"], rel=1e-9, abs=1e-6), (p, got)
     applied = {name: ranks[0][p]["applied"] for name, p in zip(hf_plans, paths)}
     assert "tensor-parallel layers" in applied["tp"] and "FSDP2" in applied["fsdp"] and applied["ddp"] == "no FSDP"
     planned = Plan.load(out + ".plan.json")  # rank 0's plan, as every rank received it

@@ -124,7 +124,9 @@ def generation(preset: str) -> str:
 
 
 def group_of(row: Row) -> str:
-    return f"{generation(row.hardware)}/{row.table.stack}"
+    """gen/stack of the constants `row` is priced with: a stack sharing another's constants (`Stack.constants`)
+    is fitted as that one."""
+    return f"{generation(row.hardware)}/{STACKS[row.table.stack].constants_family}"
 
 
 def step_row(row: Row, kgroups: dict) -> bool:
@@ -209,7 +211,7 @@ def published_params(rows: list[Row], kgroups: dict) -> list[tuple[str, str]]:
 # ------------------------------------------------------------------ published kernel timings (charts)
 
 def kernel_group(krow: KernelRow) -> str:
-    return f"{generation(krow.chart.hardware)}/{krow.chart.stack}"
+    return f"{generation(krow.chart.hardware)}/{STACKS[krow.chart.stack].constants_family}"
 
 
 def kernel_params(krows: list[KernelRow], kgroups: dict) -> list[tuple[str, str]]:
@@ -282,6 +284,8 @@ def derive(values: dict, kgroups: dict, timed: frozenset = frozenset()) -> dict[
     out = {}
     for gen in GENERATIONS:
         for stack in STACKS:
+            if STACKS[stack].constants:
+                continue  # priced with the constants of the stack it names (costmodel.hardware.kernel_constants)
             g = f"{gen}/{stack}"
             if g in kgroups:
                 step = values.get(("step", g))

@@ -572,7 +572,9 @@ FMS_ROWS = [
 # Hardware as published: Grand Teton H100 with 96 GB HBM2e at 2.4 TB/s, 500 W power limit, 400 Gb/s
 # RDMA per GPU.
 TORCHTITAN_2412 = Table(
-    stack="flash-2023",
+    stack="pytorch-fa2",
+    run=RunFacts(framework="torchtitan 9dec370, torch nightly 1963fc8 (2024-12-23, 2.6 pre-release)",
+                 elementwise="eager", attention="sdpa", torch="2.6"),
     source="torchtitan",
     citation="pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3, row 'FSDP', "
              "column TPS/GPU",

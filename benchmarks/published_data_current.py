@@ -22,6 +22,7 @@ from __future__ import annotations
 from benchmarks.published_data import (FULL, HARDWARE_TFLOPS, ITERATION, LLAMA31_8B, MODEL_TFLOPS, NONE, OP, ROWS,
                                        SELECTIVE, SKIPPED, TOKENS, UNSTATED_RECOMPUTE, Model, Row, Skipped, Table,
                                        _H100_96GB)
+from benchmarks.stack_rule import RunFacts
 
 DIST_OPT = ("distributed optimizer: optimizer states sharded over the data-parallel ranks, gradient "
             "reduce-scatter and parameter all-gather overlapped with compute (priced as ZeRO-1)")
@@ -253,7 +254,9 @@ FLASH1_ROWS = [
 # train_configs/llama3_{70b,8b}.toml at 820504e, which the file does not override. "tokens/sec" is per GPU
 # (torchtitan logs tokens per second per device; 597 tokens/s for a 70B model cannot be a cluster's).
 TORCHTITAN_ASYNC_TP = Table(
-    stack="pytorch", source="torchtitan",
+    stack="pytorch-fa2", source="torchtitan",
+    run=RunFacts(framework="torchtitan 820504e, torch nightly 38410cf9 (2025-06-14, 2.8 pre-release)",
+                 elementwise="eager", attention="sdpa", torch="2.8", tp_overlap="async-tp"),
     citation="pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md @ 2887250bb, rows "
              "'None (bfloat16)', columns 'Vanilla TP tokens/sec' and 'Async TP tokens/sec'; seq_len from "
              "torchtitan/models/llama3/train_configs/llama3_{70b,8b}.toml @ 820504e",

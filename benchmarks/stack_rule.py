@@ -24,17 +24,27 @@ says why), never priced on a stack picked by hand.
     fused        flash1                    any      none          flash1-2022
     fused        math, flash2              any      none          megatron-2021
     eager        flash_triton              any      none          triton-2023
-    eager        sdpa, flash2, math        >= 2.5   any           pytorch
+    eager        sdpa, math                >= 2.11  any           pytorch
     eager        sdpa, flash2, math        < 2.5    none          flash-2023
+    eager        sdpa, flash2, math        >= 2.5   any           pytorch-fa2
 
 Why these: the stack fixes which kernels run (its attention kernel, whether memory-bound operators are fused)
 and which overlaps exist (costmodel.hardware.stacks); megatron-2021's fused-attention kernel is FlashAttention-2, so a
-fused-kernel trainer that calls flash-attn 2 without Transformer Engine runs that stack's kernels; torch 2.5
-made cuDNN attention SDPA's first choice on Hopper, the line between flash-2023 and pytorch.
+fused-kernel trainer that calls flash-attn 2 without Transformer Engine runs that stack's kernels. SDPA's choice
+on Hopper is the line between the eager stacks: torch 2.5.0 put cuDNN attention first, 2.5.1 made it opt-in
+again (pytorch/pytorch#138522, 2024-10), and it is first again only with a bundled cuDNN >= 9.15, which torch
+first ships in 2.11. So an SDPA run on torch 2.5-2.10 runs FlashAttention-2, as the flash-attn 2 package does on
+any torch: pytorch-fa2 runs flash-2023's kernels (and is priced with its constants) and adds async TP, which
+torch 2.5 brought. "major.minor" cannot name 2.5.0 alone; a run on exactly 2.5.0 is placed with 2.5.
+
+History: until 2026-11-29 the table said "torch >= 2.5: pytorch" (cuDNN attention). It was mended after
+torchtitan's 2025-06 async-TP rows (torch nightly 2025-06-14, SDPA) were priced 31-70% too fast on cuDNN's
+rates; the sources above, not those errors, say which kernel ran. No first-contact row was on either rule.
 
 Constants per stack (costmodel/fitted_constants.json, benchmarks.fit): every (generation, stack) group has the
 same kernel fields; what a stack adds over the shared ones is its fitted GEMM level (shared by stacks of one
-GEMM family), its attention level, and for eager stacks the rate of memory-bound operators.
+GEMM family), its attention level, and for eager stacks the rate of memory-bound operators. pytorch-fa2 adds none: it is
+fitted and priced with flash-2023's (`Stack.constants`).
 """
 from __future__ import annotations
 
@@ -68,7 +78,7 @@ class Rule:
     elementwise: tuple[str, ...]
     attention: tuple[str, ...]
     torch: str
-    """"any", ">=2.5" or "<2.5"."""
+    """"any", or a comparison with a "major.minor" release: ">=2.11", "<2.5"."""
     tp_overlap: tuple[str, ...]
     stack: str
 
@@ -80,8 +90,9 @@ RULES: tuple[Rule, ...] = (
     Rule(("fused",), ("flash1",), "any", ("none",), "flash1-2022"),
     Rule(("fused",), ("math", "flash2"), "any", ("none",), "megatron-2021"),
     Rule(("eager",), ("flash_triton",), "any", ("none",), "triton-2023"),
-    Rule(("eager",), ("sdpa", "flash2", "math"), ">=2.5", ANY_OVERLAP, "pytorch"),
+    Rule(("eager",), ("sdpa", "math"), ">=2.11", ANY_OVERLAP, "pytorch"),
     Rule(("eager",), ("sdpa", "flash2", "math"), "<2.5", ("none",), "flash-2023"),
+    Rule(("eager",), ("sdpa", "flash2", "math"), ">=2.5", ANY_OVERLAP, "pytorch-fa2"),
 )
 
 
@@ -103,7 +114,8 @@ def _torch_holds(condition: str, version: str) -> bool:
     v = _torch(version)
     if v is None:
         return False  # a rule that needs the torch release does not match a run that does not state it
-    return v >= (2, 5) if condition == ">=2.5" else v < (2, 5)
+    op, bound = (">=", condition[2:]) if condition.startswith(">=") else ("<", condition[1:])
+    return v >= _torch(bound) if op == ">=" else v < _torch(bound)
 
 
 def rule_for(facts: RunFacts) -> tuple[int, Rule]:

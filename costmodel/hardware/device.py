@@ -222,10 +222,11 @@ _FITTED = None
 
 
 def kernel_constants(generation: str, stack: str) -> dict:
-    """The Device kernel fields of `generation` under `stack` (fitted_constants.json)."""
-    get_stack(stack)  # an unknown stack is one line naming the known ones
+    """The Device kernel fields of `generation` under `stack` (fitted_constants.json; a stack that shares another's
+    constants, `Stack.constants`, reads that one's group)."""
+    family = get_stack(stack).constants_family  # an unknown stack is one line naming the known ones
     groups = fitted_constants()["groups"]
-    key = f"{generation}/{stack}"
+    key = f"{generation}/{family}"
     if key not in groups:
         raise PartitaError(f"no kernel constants for {key} in {FITTED_CONSTANTS}; run `python -m benchmarks.fit`")
     return {k: v for k, v in groups[key]["constants"].items() if k in KERNEL_FIELDS}

@@ -1,7 +1,7 @@
 """Software stacks: how a framework runs a model's kernels and collectives on a GPU generation.
 
 The same GPU runs the same model at different speeds under different software: Megatron-LM 2021
-materialised the attention scores; PyTorch 2.0-2.4 ran FlashAttention-2; today's torch dispatches
+materialised the attention scores; PyTorch 2.0-2.4 ran FlashAttention-2; torch >= 2.11 dispatches
 cuDNN's flash kernels on Hopper (GPU-MEASUREMENTS.md: 2-3x FlashAttention-2's rate there); Megatron-Core
 with Transformer Engine overlaps tensor-parallel collectives with GEMMs (userbuffers). A published run's
 stack is part of its configuration, as its network is, and the kernel constants are fitted per GPU
@@ -31,7 +31,7 @@ class Stack:
     torch's SDPA dispatches for the device, dtype and shape: `sdpa_kernel`), "flash1" (FlashAttention, Dao et
     al. 2022: flash-attn < 2.0), "flash2" (FlashAttention-2), "flash_triton" (FlashAttention written in
     Triton: flash-attn's flash_attn_triton, as MPT's attn_impl 'triton' runs it), "cudnn" (cuDNN's fused
-    flash attention, as Transformer Engine and torch >= 2.5 on Hopper run it)."""
+    flash attention, as Transformer Engine and torch >= 2.11 on Hopper run it)."""
     tp_comm_overlap: bool = False
     """Tensor-parallel collectives can overlap the GEMMs around them (Megatron-Core `--tp-comm-overlap`
     with userbuffers; torch's async TP under torch.compile). A plan choice where the stack allows it."""
@@ -60,15 +60,23 @@ class Stack:
     gemm: str = ""
     """The stack whose GEMM constants this one shares ("": its own): stacks that differ only in their
     attention kernel call the same GEMMs (benchmarks.fit fits one GEMM efficiency for them)."""
+    constants: str = ""
+    """The stack whose fitted kernel constants (every field: GEMMs, attention, memory-bound operators) this one
+    uses ("": its own): a stack that runs the same kernels as another and differs only in what may overlap.
+    benchmarks.fit fits one constant set for both, from the rows of both."""
 
     @property
     def gemm_family(self) -> str:
         return self.gemm or self.name
 
+    @property
+    def constants_family(self) -> str:
+        return self.constants or self.name
+
 
 STACKS: dict[str, Stack] = {s.name: s for s in [
     Stack(name="pytorch", eager_elementwise=True, attention="torch", tp_comm_overlap=True, partita_runs=True,
-          description="current PyTorch (torch >= 2.5) eager, as partita's runtime runs it: SDPA dispatches "
+          description="current PyTorch (torch >= 2.11) eager, as partita's runtime runs it: SDPA dispatches "
                       "cuDNN flash attention on Hopper, FlashAttention-2 on Ampere (16-bit); async TP "
                       "(torch.compile + symmetric memory) overlaps TP collectives, priced but not run by partita"),
     Stack(name="megatron-2021", sp_saves_shard=True, fused_saves=("norm",), attention="flash2",
@@ -77,6 +85,12 @@ STACKS: dict[str, Stack] = {s.name: s for s in [
     Stack(name="flash-2023", eager_elementwise=True, attention="flash2",
           description="PyTorch 2.0-2.4 with FlashAttention-2 (the flash-attn package or SDPA's flash backend): "
                       "fms-fsdp, torchtitan 2024, Meta's Llama 3 training"),
+    Stack(name="pytorch-fa2", eager_elementwise=True, attention="flash2", tp_comm_overlap=True,
+          constants="flash-2023",
+          description="PyTorch 2.5-2.10 eager: SDPA runs FlashAttention-2 on every GPU (cuDNN attention was opt-in "
+                      "from 2.5.1, pytorch#138522, and SDPA's first choice again only with cuDNN >= 9.15, torch "
+                      ">= 2.11), or the flash-attn 2 package; async TP (torch.compile + symmetric memory) where the "
+                      "run used it: torchtitan 2025. The same kernels as flash-2023, and its fitted constants"),
     Stack(name="triton-2023", eager_elementwise=True, attention="flash_triton", gemm="flash-2023",
           description="MosaicML Composer + llm-foundry 2023 (torch 1.13-2.1), MPT with attn_impl 'triton', the "
                       "default of llm-foundry's benchmark scripts: FlashAttention written in Triton (flash-attn's "

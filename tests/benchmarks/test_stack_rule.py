@@ -25,7 +25,9 @@ def test_every_rule_names_a_stack_the_cost_model_has():
     (facts("eager", "flash2", "2.1"), "flash-2023"),            # llm-foundry with flash-attn 2.4
     (facts("eager", "sdpa", "2.2"), "flash-2023"),              # fms-fsdp
     (facts("eager", "sdpa", "2.11"), "pytorch"),                # partita's own runs
-    (facts("eager", "sdpa", "2.6", "async-tp"), "pytorch"),     # torchtitan's async TP
+    (facts("eager", "sdpa", "2.8", "async-tp"), "pytorch-fa2"),  # torchtitan's async TP: SDPA ran FlashAttention-2
+    (facts("eager", "sdpa", "2.10"), "pytorch-fa2"),            # cuDNN attention opt-in from 2.5.1 to 2.10
+    (facts("eager", "flash2", "2.11"), "pytorch-fa2"),          # the flash-attn 2 package is FA2 on any torch
 ])
 def test_the_table_assigns_the_stack_of_what_ran(run, stack):
     assert stack_for(run) == stack
@@ -40,6 +42,15 @@ def test_a_run_no_rule_describes_gets_no_stack():
         stack_for(facts("eager", "sdpa", "2.1", "userbuffers"))
     with pytest.raises(ValueError):
         facts("jit", "sdpa", "2.1")
+
+
+def test_a_stack_that_shares_constants_is_priced_with_them():
+    """pytorch-fa2 runs flash-2023's kernels: the same constants, and only what may overlap differs."""
+    from partita.costmodel.hardware.device import kernel_constants
+    assert STACKS["pytorch-fa2"].constants == "flash-2023"
+    assert kernel_constants("hopper", "pytorch-fa2") == kernel_constants("hopper", "flash-2023")
+    assert kernel_constants("hopper", "pytorch-fa2") != kernel_constants("hopper", "pytorch")
+    assert STACKS["pytorch-fa2"].tp_comm_overlap and not STACKS["flash-2023"].tp_comm_overlap
 
 
 def test_the_first_matching_rule_decides():

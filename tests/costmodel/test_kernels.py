@@ -104,7 +104,7 @@ def test_a_kernel_that_skips_masked_blocks_does_about_half_the_work_of_a_causal_
 
 def test_attention_is_priced_by_the_kernel_the_stack_dispatches():
     h100, a100 = gpu_device("H100-80GB"), gpu_device("A100-80GB")
-    assert sdpa_kernel(h100, "bf16", 128) == "cudnn"          # torch >= 2.5 on Hopper: cuDNN flash attention
+    assert sdpa_kernel(h100, "bf16", 128) == "cudnn"          # torch >= 2.11 on Hopper: cuDNN flash attention
     assert sdpa_kernel(h100, "bf16", 256) == "flash2"         # cuDNN's limit is 128 here
     assert sdpa_kernel(a100, "bf16", 128) == "flash2"
     assert sdpa_kernel(h100, "fp32", 128) == "efficient"      # flash kernels are 16-bit only

@@ -63,7 +63,7 @@ from partita.runtime.loop.stop import StopSignal
 from partita.runtime.loop.hang import hang_watch
 from partita.runtime.loop.evaluate import EvalHook, refusal as eval_refusal
 from partita.runtime.loop.progress import Progress, summary_writer
-from partita.runtime.checkpoint.final import folder_refusal, loader, save_final, trained_module
+from partita.runtime.checkpoint.final import consolidated_state, folder_refusal, loader, save_final, trained_module
 from partita.runtime.loop.recipe import Recipe
 from partita.runtime.loop.sync import make_hook as make_sync_hook
 from partita.runtime.loop.trainer import CheckpointHook, FaultHook, History, ProgressHook, RecipeHook, Trainer
@@ -362,12 +362,15 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
         STDOUT.line(preamble(_header(plan, spec, opts, topo, prep.data), [n for n in notes if n not in first], first))
     _train(plan, spec, opts, prep, topo, stop, run_id, built, history, faults)
     result = _measure(plan, spec, opts, prep, topo, run_id, notes, built, history)
-    if opts.save_final:  # before check_run, which may release the model (a bf16 run's verification pass)
-        written = save_final(opts.save_final, built.executor, topo, spec)  # (tensors, bytes) on rank 0, which reports
+    # before check_run, which may release the model (a bf16 run's verification pass): the weights are gathered once
+    # (a collective; whole on rank 0, {} elsewhere) for both the file and the returned module
+    state = (consolidated_state(built.executor, topo) or {}) if opts.save_final or opts.return_model else None
+    if opts.save_final:
+        written = save_final(opts.save_final, built.executor, topo, spec, state)  # (tensors, bytes) on rank 0
         result.saved_final = opts.save_final
         result.final_loader = loader(opts.save_final, spec) if written is not None else None
-    if opts.return_model:  # also before check_run; a collective, like save_final
-        result.model = trained_module(built.executor, topo, spec)
+    if opts.return_model:
+        result.model = trained_module(built.executor, topo, spec, state)
     code = check_run(result, plan, spec, opts, prep.data, topo, built)
     _report(result, plan, opts, topo)
     return result, code

@@ -10,6 +10,7 @@ what it got to OUT.rank<r>.json.
 import json
 import sys
 
+import torch
 import torch.distributed as dist
 
 import partita
@@ -25,6 +26,12 @@ def summary(result) -> dict:
             "applied": result.applied["summary"], "tokens_per_s": result.tokens_per_s}
 
 
+def file_is(path: str, model) -> bool:
+    """Whether the --save-final file holds exactly the returned module's state (names and values)."""
+    saved, own = torch.load(path), model.state_dict()
+    return saved.keys() == own.keys() and all(torch.equal(saved[k], v) for k, v in own.items())
+
+
 def main(out: str, plans: list[str]) -> None:
     init_default()
     results = {}
@@ -32,14 +39,17 @@ def main(out: str, plans: list[str]) -> None:
                                   plan_out=out + ".plan.json")
     results["plan_and_run"] = summary(result)
     build = resolve_model("hf:llama").build  # the user's module: transformers' LlamaForCausalLM, unchanged
-    for path in plans:
-        result = runtime.run(path, build, steps=3, verify=True, return_model=True)
+    for i, path in enumerate(plans):
+        # the weights are gathered once for both the file and the returned module (runtime.loop.session)
+        saved = f"{out}.final{i}.pt"
+        result = runtime.run(path, build, steps=3, verify=True, return_model=True, save_final=saved)
         results[path] = summary(result)
         model = result.model  # rank 0: the trained model in this process; None elsewhere
         results[path]["model"] = None if model is None else {
             "type": type(model).__name__,
             "checksum": sum(p.detach().double().sum().item() for p in model.parameters()),  # each tied tensor once
-            "param_checksum": result.param_checksum}
+            "param_checksum": result.param_checksum,
+            "file_is_the_model": file_is(saved, model)}
     assert dist.is_initialized()  # still the script's group
     with open(f"{out}.rank{dist.get_rank()}.json", "w") as f:
         json.dump(results, f, indent=2)

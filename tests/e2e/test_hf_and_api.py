@@ -75,6 +75,7 @@ def test_hf_llama_and_the_python_api_under_torchrun(tmp_path, hf_plans):
         got = ranks[0][p]["model"]
         assert got["type"] == "LlamaForCausalLM" and ranks[1][p]["model"] is None, (p, got)
         assert got["checksum"] == pytest.approx(got["param_checksum"], rel=1e-9, abs=1e-6), (p, got)
+        assert got["file_is_the_model"], (p, got)  # --save-final's file and the returned module: one gather
     applied = {name: ranks[0][p]["applied"] for name, p in zip(hf_plans, paths)}
     assert "tensor-parallel layers" in applied["tp"] and "FSDP2" in applied["fsdp"] and applied["ddp"] == "no FSDP"
     planned = Plan.load(out + ".plan.json")  # rank 0's plan, as every rank received it

@@ -62,7 +62,11 @@ the seconds of its TP collectives and G of its tensor-parallel GEMMs:
     hidden     = C - exposed
 
 so  TP = sum over the two directions of (exposed + contention)  replaces TP in T. A full recompute's
-re-run forward repeats its collectives beside its GEMMs in the backward direction.
+re-run forward repeats its collectives beside its GEMMs in the backward direction. Which collectives are
+decomposed is the stack's (costmodel.hardware.stacks, Stack.tp_overlap_backward): Transformer Engine overlaps
+the backward's too; torch's async TP fuses forward patterns only -- the forward and a full recompute's
+re-run -- and the backward's own collectives stay whole on the critical path (`tp_serial`). PyTorch's
+announcement measured what that leaves: forward passes up to 20-29% faster, about 8% end to end.
 
 Per stage and micro-batch, what no window covers (`edge_exposed`): the first layer's forward gather and
 the first backward gather (nothing runs before them) and the last reduce-scatter (nothing runs after
@@ -105,9 +109,15 @@ class LayerStreams:
     tp_chunks: int = 0
     """0: the TP collectives are on the critical path; k > 1: each is split into k chunks overlapped with
     the tensor-parallel GEMMs (`tp_overlap`)."""
+    tp_serial: float = 0.0
+    """Of the backward direction's `tp - tp_fwd`, what stays on the critical path even with tp_chunks: the
+    backward's own collectives where the stack decomposes only forward patterns (Stack.tp_overlap_backward
+    False: torch's async TP); a full recompute's re-run forward still overlaps."""
     gemm_fwd: float = 0.0
     """Seconds of the tensor-parallel GEMMs the forward's TP collectives feed or follow (with tp_chunks)."""
     gemm_bwd: float = 0.0
+    """Seconds of the GEMMs the backward direction's overlapped TP collectives (`tp - tp_fwd - tp_serial`) run
+    beside."""
     cp: float = 0.0
     """Context parallelism's K/V all-gathers and reduce-scatters (planner.enumerate.cp_ep): critical path, like tp."""
     ep: float = 0.0
@@ -196,8 +206,8 @@ def _tp(s: LayerStreams, slowdown: float) -> Overlap:
     if s.tp_chunks <= 1:
         return Overlap(s.tp, 0.0, 0.0)
     f = tp_overlap(s.tp_fwd, s.gemm_fwd, s.tp_chunks, slowdown)
-    b = tp_overlap(s.tp - s.tp_fwd, s.gemm_bwd, s.tp_chunks, slowdown)
-    return Overlap(f.exposed + b.exposed, f.contention + b.contention, f.hidden + b.hidden)
+    b = tp_overlap(s.tp - s.tp_fwd - s.tp_serial, s.gemm_bwd, s.tp_chunks, slowdown)
+    return Overlap(f.exposed + b.exposed + s.tp_serial, f.contention + b.contention, f.hidden + b.hidden)
 
 
 def layer_timing(s: LayerStreams, slowdown: float) -> LayerTiming:

@@ -71,6 +71,7 @@ import numpy as np
 
 from partita.costmodel.price import comm, streams
 from partita.costmodel.hardware import Cluster
+from partita.costmodel.hardware.stacks import get_stack
 from partita.costmodel.price.memory import StateBytes
 from partita.planner.enumerate.cp_ep import EP_IMBALANCE, cp_comm, ep_comm
 from partita.planner.plan.executable import offload_refusal
@@ -254,6 +255,11 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     fwd, bwd = _compute_seconds(v, r)
     tp_all, tp_fwd = o.tp_comm_s(cluster, b), o.tp_fwd_comm_s(cluster, b)
     gemm_fwd, gemm_bwd = o.gemm_s(b)
+    tp_serial = 0.0
+    if tp_overlap and not get_stack(cluster.device.stack).tp_overlap_backward:
+        # only forward patterns decompose: the backward's own collectives stay whole, and what the backward
+        # direction can still overlap is a full recompute's re-run forward, beside its own GEMMs
+        tp_serial, gemm_bwd = tp_all - tp_fwd, 0.0
     if v.recompute == "full":  # the re-run forward repeats its collectives (beside its GEMMs) in the backward
         tp_all, gemm_bwd = tp_all + tp_fwd, gemm_bwd + gemm_fwd
     kv = o.kv_bytes * b * cp  # the K and V of the rank's whole sequences
@@ -271,6 +277,7 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
         v.zero_scatter = rs + (r.shard * sb.grad / r.dev.host_bw if v.offload_states else 0.0)
     timing = streams.layer_timing(streams.LayerStreams(
         compute_fwd=fwd, compute_bwd=bwd, tp=tp_all, tp_fwd=tp_fwd, tp_chunks=tp if tp_overlap and tp > 1 else 0,
+        tp_serial=tp_serial,
         gemm_fwd=gemm_fwd, gemm_bwd=gemm_bwd, cp=v.cp_comm, ep=v.ep_comm, gather_fwd=gather_fwd,
         gather_bwd=gather_bwd, scatter_bwd=scatter, offload_out=out, offload_in=back, offload_serial=serial,
         nic_fwd=nic_f, nic_bwd=nic_b), r.dev.overlap_slowdown)

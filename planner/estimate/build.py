@@ -61,7 +61,7 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "hidden_comm_s": max(0.0, float(m * paced["hidden"] + flush["dp_hidden"] + flush["zero_flush_hidden"])),
         "assumptions": (assumptions(cluster, train.dtype, c.tp_overlap, c.p2p_overlap)
                         + kernel_assumptions(result.space.kernels)
-                        + parallelism_assumptions(c)),
+                        + parallelism_assumptions(c, cluster.device.stack)),
         # operators that compute but have no FLOP formula (costmodel.price.flops): priced by their bytes only
         "uncosted_ops": result.graph.uncosted_ops(),
         "breakdown": breakdown,
@@ -180,9 +180,11 @@ def kernel_assumptions(kernels: str) -> list[str]:
             "the embedding and head run eager"]
 
 
-def parallelism_assumptions(c: Candidate) -> list[str]:
+def parallelism_assumptions(c: Candidate, stack: str | None = None) -> list[str]:
     """What the plan's pipelined ZeRO, ZeRO-1, overlaps, context and expert parallelism are priced by
-    (planner.enumerate.options, costmodel.price.streams, planner.enumerate.cp_ep), in words."""
+    (planner.enumerate.options, costmodel.price.streams, planner.enumerate.cp_ep), in words; `stack`: the one the
+    plan is priced for (which TP collectives it overlaps)."""
+    from partita.costmodel.hardware.stacks import get_stack
     out = []
     if c.zero == 1 and c.dp * c.cp > 1:
         broadcast = c.options and any(v.zero1_sync for v in c.options)
@@ -190,10 +192,16 @@ def parallelism_assumptions(c: Candidate) -> list[str]:
                    + (" and broadcasts them after the step, exposed (torch's ZeroRedundancyOptimizer)" if broadcast
                       else " (Megatron's distributed optimizer: reduce-scatter and all-gather, the all-reduce's "
                            "bytes)"))
-    if c.tp_overlap:
+    if c.tp_overlap and get_stack(stack).tp_overlap_backward:
         out.append(f"tensor-parallel overlap: each all-gather / reduce-scatter of sequence parallelism in {c.tp} "
-                   "chunks pipelined with the GEMMs it feeds or follows (Megatron-Core --tp-comm-overlap, torch async "
-                   "TP; Wang et al. ASPLOS'23): one chunk exposed, the rest hidden as far as the GEMMs last")
+                   "chunks pipelined with the GEMMs it feeds or follows (Megatron-Core --tp-comm-overlap; Wang et al. "
+                   "ASPLOS'23), the backward's beside the gradient GEMMs: one chunk exposed, the rest hidden as far "
+                   "as the GEMMs last")
+    elif c.tp_overlap:
+        out.append(f"tensor-parallel overlap (torch async TP): the forward's all-gathers / reduce-scatters, and a "
+                   f"full recompute's re-run, in {c.tp} chunks pipelined with the GEMMs they feed or follow (Wang et "
+                   "al. ASPLOS'23): one chunk exposed, the rest hidden as far as the GEMMs last; the backward's own "
+                   "collectives exposed (torch's micro-pipeline TP fuses forward patterns only)")
     if c.p2p_overlap:
         out.append("pipeline sends overlapped with another chunk's compute in the steady 1F1B phase (Megatron-Core "
                    "--overlap-p2p-communication): exposed only where a send outlasts one layer's compute; the "

@@ -68,3 +68,18 @@ def test_every_current_configuration_multiplies_out(row):
     assert row.model.heads % row.tp == 0 and (row.model.kv_heads or row.model.heads) % row.tp == 0
     assert row.seq % (2 * row.cp) == 0
     assert row.zero == (0,) or row.dp > 1
+
+
+@pytest.mark.parametrize("model", ["llama3.1-8b", "llama3.1-70b"])
+def test_torch_async_tp_gains_what_torchtitan_measured(model):
+    """torchtitan's 2025-06 pairs (the same run with vanilla and async TP) measure what torch's async TP buys:
+    +9.9% (8B) and +9.2% (70B). Priced as decomposing every TP collective, it bought +25%; torch's micro-pipeline
+    TP fuses forward patterns only (Stack.tp_overlap_backward), and the priced gain is the measured one within
+    3 points, the row errors aside (fitted constants move both rows alike)."""
+    from benchmarks.published_data_current import TORCHTITAN_ASYNC_TP_ROWS
+    pair = {r.variant: r for r in TORCHTITAN_ASYNC_TP_ROWS if r.model.name == model}
+    vanilla, fused = (published.price(pair[v]) for v in ("vanilla-tp", "async-tp"))
+    measured = pair["async-tp"].value / pair["vanilla-tp"].value - 1
+    predicted = fused["predicted"]["value"] / vanilla["predicted"]["value"] - 1
+    assert abs(predicted - measured) < 0.03, (predicted, measured)
+    assert fused["breakdown"]["tp_comm_s"] > vanilla["breakdown"]["tp_comm_s"] / 3  # the backward's stay exposed

@@ -31,6 +31,10 @@ def test_a_chunked_collective_exposes_one_chunk_and_what_the_gemms_do_not_cover(
     assert serial.total == pytest.approx(3.6) and serial.exposed["tp"] == pytest.approx(0.6)
     assert piped.exposed["tp"] == pytest.approx(0.6 / 4) and piped.tp == piped.exposed["tp"]
     assert piped.total == pytest.approx(3.0 + 0.15 + K * 0.45) and piped.hidden == pytest.approx(0.45)
+    # torch's async TP decomposes forward patterns only: the backward's own 0.4 s stay whole on the critical path
+    forward_only = layer_timing(LayerStreams(**{**lanes, "gemm_bwd": 0.0}, tp_chunks=4, tp_serial=0.4), K)
+    assert forward_only.exposed["tp"] == pytest.approx(0.2 / 4 + 0.4) and forward_only.hidden == pytest.approx(0.15)
+    assert forward_only.total == pytest.approx(3.0 + 0.05 + 0.4 + K * 0.15)
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +46,21 @@ def tp8():
 
 def test_tp8_sequence_parallel_on_h100_exposes_less_tp_comm_with_overlap(tp8):
     off, on = tp8[False].predicted, tp8[True].predicted
-    # one chunk of 8 exposed, and whatever of the rest outlasts the GEMMs beside it (on H100 GEMMs now run at
-    # their timed rate inside a step: less compute to hide behind, so a little more exposed than 1/8)
-    assert on["breakdown"]["tp_comm_s"] < off["breakdown"]["tp_comm_s"] / 3
+    # partita's stack (pytorch) prices torch's async TP: the forward's collectives in 8 chunks, one exposed;
+    # the backward's (as many bytes under selective recompute) stay whole (Stack.tp_overlap_backward)
+    tp_off, tp_on = off["breakdown"]["tp_comm_s"], on["breakdown"]["tp_comm_s"]
+    assert tp_off / 2 < tp_on < 0.75 * tp_off
     assert on["breakdown"]["contention_s"] > off["breakdown"]["contention_s"]  # the GEMMs slow beside it
     assert on["step_time_s"] < off["step_time_s"] and on["hidden_comm_s"] > off["hidden_comm_s"]
     assert tp8[True].overlap == {"tp_comm": True, "p2p": False} and tp8[False].overlap["tp_comm"] is False
-    assert any("in 8 chunks" in a for a in on["assumptions"])
+    assert any("in 8 chunks" in a and "backward's own collectives exposed" in a for a in on["assumptions"])
+    # Megatron-Core's userbuffers overlap the backward's too: one chunk of 8 exposed in each direction, and
+    # whatever of the rest outlasts the GEMMs beside it
+    te = {on: plan(GPT, cluster="8xH100-80GB", train=TRAIN, space=SearchSpace(**TP8, tp_comm_overlap=on,
+                                                                              stack="te-2024")).predicted
+          for on in (False, True)}
+    assert te[True]["breakdown"]["tp_comm_s"] < te[False]["breakdown"]["tp_comm_s"] / 3
+    assert any("the backward's beside the gradient GEMMs" in a for a in te[True]["assumptions"])
     # priced, not run: a plan note, the runtime's one-line refusal, and Megatron-LM's flag on export
     assert "--tp-comm-overlap" in tp8[True].solver["not_executed"]
     with pytest.raises(PlanError, match="not run by partita's runtime") as e:

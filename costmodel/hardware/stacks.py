@@ -41,8 +41,10 @@ class Stack:
     and run the backward's as bulk overlaps beside the data- and weight-gradient GEMMs. False: torch's async TP
     (`micro_pipeline_tp`, an inductor pass matching all-gather -> matmul and matmul -> reduce-scatter) fuses
     the forward's patterns -- and a full recompute's re-run forward, the same patterns -- while the backward's
-    stay on the critical path (its data gradients are summed before their reduce-scatter, and the gathered
-    gradient feeds the weight-gradient matmul as its second operand). PyTorch's announcement ("[Distributed
+    are priced on the critical path. In torch 2.13's pass a reduce-scatter fuses only when one matmul produces
+    its input, and the backward's take the sum of several data gradients (q, k, v; gate and up); an all-gather
+    fuses with the matmuls that take it as their left operand, which in the backward is the data-gradient
+    matmul alone (the weight gradient takes it transposed). PyTorch's announcement ("[Distributed
     w/ TorchTitan] Introducing Async Tensor Parallelism in PyTorch", 2024) measured up to 29% (Llama 3 8B)
     and 20% (70B) forward-pass speed-ups for about 8% end to end: with a backward twice the forward and as
     much TP traffic, a backward overlapped as well would give about twice that. costmodel.price.streams."""

@@ -38,6 +38,7 @@ from partita.costmodel.hardware import Cluster, GiB, gpu_device, parse_cluster
 from partita.costmodel.models import resolve_model
 from partita.costmodel.capture import capture
 from partita.planner.estimate.build import predicted
+from partita.planner.estimate.terms import stage_terms
 from partita.planner.search import SearchResult, explain_infeasible, search
 from partita.planner.enumerate.space import SearchSpace, TrainConfig
 
@@ -238,9 +239,12 @@ def price(row: Row, graphs: dict[tuple, OpGraph] | None = None, kernels: dict | 
     out["breakdown"] = {"step_time_s": pred["step_time_s"], **pred["breakdown"], "mfu": pred["mfu"],
                         "peak_memory_gib": pred["peak_memory_bytes"] / GiB,
                         "memory_capacity_gib": pred["memory_capacity_bytes"] / GiB}
-    if row.memory_gib is not None:
-        out["measured_memory"]["predicted_peak_gib"] = pred["peak_memory_bytes"] / GiB
-        out["measured_memory"]["error"] = pred["peak_memory_bytes"] / GiB / row.memory_gib - 1
+    if row.memory_gib is not None:  # set against what the source read: allocated bytes, or reserved (with the cache)
+        if row.memory_kind not in ("allocated", "reserved"):
+            raise PartitaError(f"{row_key(row)}: memory_kind {row.memory_kind!r} is not 'allocated' or 'reserved'")
+        peak = stage_terms(result)["reserved"] if row.memory_kind == "reserved" else pred["peak_memory_bytes"]
+        out["measured_memory"] |= {"kind": row.memory_kind, "predicted_peak_gib": peak / GiB,
+                                   "error": peak / GiB / row.memory_gib - 1}
     out["price_s"] = time.perf_counter() - t0
     return out
 

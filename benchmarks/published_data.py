@@ -135,6 +135,10 @@ class Row:
     """Peak device memory the source publishes for the run, GiB (None: not published)."""
     memory_reading: str = ""
     """What that figure reads, e.g. the caching allocator's peak reserved bytes (allocated plus its cache)."""
+    memory_kind: str = "allocated"
+    """Which of partita's predictions that figure is set against: "allocated" (the peak of allocated bytes,
+    torch.cuda.max_memory_allocated) or "reserved" (allocated plus the caching allocator's predicted cache,
+    torch.cuda's peak reserved bytes: planner.estimate.terms.stage_terms)."""
     notes: str = ""
     variant: str = ""
     """Which of a table's configurations of the same run this row is, where it lists more than one (e.g.
@@ -598,16 +602,16 @@ _TT_MEMORY = "torch.cuda peak reserved bytes (allocated tensors plus the caching
 TORCHTITAN_ROWS = [
     Row(table=TORCHTITAN_2412, model=LLAMA31_8B, seq=8192, hardware="H100-80GB", device_overrides=_H100_96GB, gpus=8,
         dp=8, zero=(3,), sharding="FSDP2 fully_shard", micro_batch=2, global_batch=16, recompute=OP,
-        value=5762, memory_gib=82.4, memory_reading=_TT_MEMORY, notes="Table 1. " + OP_SAC),
+        value=5762, memory_gib=82.4, memory_reading=_TT_MEMORY, memory_kind="reserved", notes="Table 1. " + OP_SAC),
     Row(table=TORCHTITAN_2412, model=LLAMA31_8B, seq=8192, hardware="H100-80GB", device_overrides=_H100_96GB,
         gpus=128, dp=128, zero=(3,), sharding="FSDP2 fully_shard", micro_batch=2, global_batch=256,
-        recompute=OP, value=5605, memory_gib=67.0, memory_reading=_TT_MEMORY, notes="Table 3. " + OP_SAC),
+        recompute=OP, value=5605, memory_gib=67.0, memory_reading=_TT_MEMORY, memory_kind="reserved", notes="Table 3. " + OP_SAC),
     Row(table=TORCHTITAN_2412_COMPILED, model=LLAMA31_8B, seq=8192, hardware="H100-80GB", device_overrides=_H100_96GB,
         gpus=8, dp=8, zero=(3,), sharding="FSDP2 fully_shard", micro_batch=2, global_batch=16, recompute=OP,
-        value=6667, memory_gib=77.0, memory_reading=_TT_MEMORY, notes="Table 1. " + OP_SAC),
+        value=6667, memory_gib=77.0, memory_reading=_TT_MEMORY, memory_kind="reserved", notes="Table 1. " + OP_SAC),
     Row(table=TORCHTITAN_2412_COMPILED, model=LLAMA31_8B, seq=8192, hardware="H100-80GB", device_overrides=_H100_96GB,
         gpus=128, dp=128, zero=(3,), sharding="FSDP2 fully_shard", micro_batch=2, global_batch=256,
-        recompute=OP, value=6514, memory_gib=62.0, memory_reading=_TT_MEMORY, notes="Table 3. " + OP_SAC),
+        recompute=OP, value=6514, memory_gib=62.0, memory_reading=_TT_MEMORY, memory_kind="reserved", notes="Table 3. " + OP_SAC),
 ]
 
 # ---------------------------------------------------------------------------------------------------

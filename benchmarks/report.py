@@ -356,9 +356,12 @@ def published(results: dict) -> str:
     mem = [r for r in rows if (r.get("measured_memory") or {}).get("error") is not None]
     if mem:
         readings = sorted({r["measured_memory"]["reading"] for r in mem})
-        out.append(paragraph("Peak memory, where the source publishes it (partita predicts the allocator's peak of "
-                             "allocated bytes; the published figure reads " + "; ".join(readings) + "):"))
-        out.append("\n".join(f"- `{r['key']}`: measured {r['measured_memory']['gib']:.1f} GiB, predicted "
+        out.append(paragraph("Peak memory, where the source publishes it, set against what the source read (the "
+                             "published figure reads " + "; ".join(readings) + "): partita's peak of allocated "
+                             "bytes, or for a reserved reading that plus the caching allocator's predicted cache "
+                             "(planner.estimate.terms.stage_terms):"))
+        out.append("\n".join(f"- `{r['key']}`: measured {r['measured_memory']['gib']:.1f} GiB "
+                             f"{r['measured_memory'].get('kind', 'allocated')}, predicted "
                              f"{r['measured_memory']['predicted_peak_gib']:.1f} GiB "
                              f"({pct(r['measured_memory']['error'], sign=True)})" for r in mem))
     rejected = [r for r in rows if r.get("error") is None and (r.get("predicted_if_memory_unbounded") or {})

@@ -175,6 +175,20 @@ def test_partitas_own_gpu_runs_are_priced_under_the_autocast_they_ran_with():
     assert out["measured_memory"]["error"] == pytest.approx(0.0, abs=0.02)
 
 
+def test_a_reserved_reading_is_set_against_the_allocated_peak_plus_the_predicted_cache():
+    """torchtitan logs torch.cuda's peak reserved bytes (the allocator's cache included): set against partita's
+    peak of allocated bytes alone it read 16.5% low; the allocator's predicted cache belongs beside it."""
+    row = next(r for r in ROWS if r.table.source == "torchtitan" and r.memory_gib and r.gpus == 8
+               and r.table.kernels == "eager")
+    assert row.memory_kind == "reserved"
+    out = published.price(row)
+    mem, allocated = out["measured_memory"], out["breakdown"]["peak_memory_gib"]
+    assert mem["kind"] == "reserved" and mem["predicted_peak_gib"] > allocated + 1.0
+    assert mem["error"] == pytest.approx(mem["predicted_peak_gib"] / row.memory_gib - 1)
+    own = next(r for r in ROWS if r.table.source == "gpu-h200-2026" and r.memory_gib)  # read as allocated
+    assert own.memory_kind == "allocated"
+
+
 def test_llm_foundry_rows_run_the_attention_their_scripts_passed():
     """sweep.py made the large-scale H100 table (>= 128 GPUs) with --attn_impl flash for 1b, 3b, 7b and 70b and
     triton for 13b and 30b; the other tables' sweep.sh left submit_benchmarks.py's default, triton."""

@@ -119,11 +119,11 @@ def test_a_memory_miss_is_listed_with_the_time_model_error_when_memory_is_lifted
 
 def test_a_published_peak_memory_is_set_beside_the_predicted_one():
     d = _published(0.05)
-    d["rows"][0]["measured_memory"] = {"gib": 67.0, "reading": "peak reserved bytes", "predicted_peak_gib": 56.55,
-                                       "error": 56.55 / 67.0 - 1}
+    d["rows"][0]["measured_memory"] = {"gib": 67.0, "reading": "peak reserved bytes", "kind": "reserved",
+                                       "predicted_peak_gib": 56.55, "error": 56.55 / 67.0 - 1}
     text = report.render("published", {"published": d})
     assert "the published figure reads peak reserved bytes" in " ".join(text.split())
-    assert "`src-x/model-y`: measured 67.0 GiB, predicted 56.5 GiB (-15.6%)" in text
+    assert "`src-x/model-y`: measured 67.0 GiB reserved, predicted 56.5 GiB (-15.6%)" in text
     assert "Peak memory" not in report.render("published", {"published": _published(0.05)})
 
 

@@ -145,9 +145,9 @@ def _import_factory(spec: str) -> ModelSpec:
         raise PartitaError(f"model factory {spec!r} must return (nn.Module, example_inputs tuple) or (nn.Module, "
                            "example_inputs tuple, loss_fn), loss_fn(module, *example_inputs) -> scalar loss")
     inputs = probe[1] if isinstance(probe[1], tuple) else (probe[1],)
-    build, extra_config = (lambda: factory()[0]), {}
+    build, extra_config = (lambda: original_module(factory()[0])), {}
     if any(is_kjt(t) for t in inputs):  # a TorchRec model: each KeyedJaggedTensor becomes an ID tensor
-        build, sample, pooling = adapt(lambda: factory()[0], inputs, spec)
+        build, sample, pooling = adapt(build, inputs, spec)
         extra_config = {"kjt_pooling": pooling}
     elif not all(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] >= 1 for t in inputs):
         raise PartitaError(f"model factory {spec!r}: example inputs must be tensors with a leading batch dimension "
@@ -168,6 +168,18 @@ def _import_factory(spec: str) -> ModelSpec:
     if extra_config:
         extra["config"] = {**extra.get("config", {}), **extra_config}
     return ModelSpec(name=spec, build=build, example_inputs=example_inputs, loss_fn=loss_fn, **extra)
+
+
+def original_module(module: nn.Module) -> nn.Module:
+    """The module a torch.compile'd one wraps (OptimizedModule._orig_mod), else `module`. A factory may return
+    `torch.compile(model)`: partita plans and runs the model itself, under its own names (not `_orig_mod.*`),
+    and compiles each layer where the plan's kernels are "compiled" (`--kernels compiled`). torch._dynamo is
+    only looked at if the factory imported it: a compiled module cannot exist without it."""
+    import sys
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    if dynamo is not None and isinstance(module, dynamo.OptimizedModule):
+        return module._orig_mod
+    return module
 
 
 def _label_bound(module: nn.Module) -> int | None:

@@ -174,3 +174,16 @@ def test_a_factory_model_without_loss_or_vocabulary_is_told_the_contract(tmp_pat
     with pytest.raises(PartitaError, match=r"a model factory returns \(module, example_inputs, loss_fn\) to train "
                                            r"with its loss"):
         make_data(resolve_model(f"{name}:factory"), 8)
+
+
+def test_a_compiled_factory_model_is_planned_under_its_own_names(tmp_path, monkeypatch):
+    """Issue 46: a factory returning `torch.compile(model)` gave plans whose layers read `_orig_mod.layers.0-3`.
+    The model itself is planned and built (costmodel.models.registry.original_module), under its own names."""
+    name = _module(tmp_path, monkeypatch, "partita_compiled_factory", _LOSS_FACTORY.replace(
+        "return Net(), (torch.zeros(1, 12), torch.zeros(1, dtype=torch.long)), loss",
+        "return torch.compile(Net()), (torch.zeros(1, 12), torch.zeros(1, dtype=torch.long)), loss"))
+    spec = resolve_model(f"{name}:factory")
+    built = spec.build()
+    assert type(built).__name__ == "Net" and not any("_orig_mod" in n for n, _ in built.named_parameters())
+    p = plan(spec, cluster="2xcpu", train=TrainConfig(global_batch=4))
+    assert "_orig_mod" not in p.canonical_json()

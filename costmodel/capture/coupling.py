@@ -64,10 +64,10 @@ def _run(spec, batch: int) -> list:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from partita.costmodel.capture.fake import build_fake, wrap_for_capture
+    from partita.costmodel.models.registry import original_module
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     model, inputs = build_fake(spec, "fp32", mode, batch)
-    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):  # a torch.compile'd whole model: its own ops
-        model = model._orig_mod
+    model = original_module(model)  # a torch.compile'd whole model: its own ops
     with mode:
         root, args, _, _ = wrap_for_capture(spec, model, inputs)
         root.train()

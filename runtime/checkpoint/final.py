@@ -74,12 +74,11 @@ def consolidated_state(executor, topo) -> dict[str, torch.Tensor] | None:
     return state if topo.rank == 0 else None
 
 
-def trained_module(executor, topo, spec, state: dict | None = None) -> torch.nn.Module | None:
-    """Collective (unless `state`, an already consolidated state, is given): on rank 0, the model `spec` builds (one
-    process, CPU) with the consolidated trained weights loaded strictly; None on the other ranks. It holds a second
-    whole copy of the model in rank 0's host memory."""
-    state = consolidated_state(executor, topo) if state is None else state
-    if state is None or topo.rank != 0:
+def trained_module(state: dict[str, torch.Tensor] | None, spec) -> torch.nn.Module | None:
+    """Given `consolidated_state`'s result: on rank 0, the model `spec` builds (one process, CPU) with the trained
+    weights loaded strictly; None on the other ranks. It holds a second whole copy of the model in rank 0's host
+    memory."""
+    if state is None:
         return None
     with torch.random.fork_rng(devices=[]):  # its initial weights are overwritten: leave the run's RNG as it was
         model = spec.build()
@@ -87,11 +86,10 @@ def trained_module(executor, topo, spec, state: dict | None = None) -> torch.nn.
     return model
 
 
-def save_final(path: str, executor, topo, spec=None, state: dict | None = None) -> tuple[int, int] | None:
-    """Collective (unless `state`, an already consolidated state, is given): rank 0 writes the consolidated weights to
-    `path` (module docstring; a folder needs `spec`, the run's ModelSpec); returns (tensors, bytes) on rank 0."""
-    state = consolidated_state(executor, topo) if state is None else state
-    if state is None or topo.rank != 0:
+def save_final(path: str, state: dict[str, torch.Tensor] | None, spec=None) -> tuple[int, int] | None:
+    """Given `consolidated_state`'s result: rank 0 writes the weights to `path` (module docstring; a folder needs
+    `spec`, the run's ModelSpec); returns (tensors, bytes) on rank 0, None elsewhere."""
+    if state is None:
         return None
     state = dict(state)  # save_pretrained may drop tied names from the dict it is handed: the caller's stays whole
     size = len(state), sum(t.numel() * t.element_size() for t in state.values())

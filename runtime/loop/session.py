@@ -362,15 +362,14 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
         STDOUT.line(preamble(_header(plan, spec, opts, topo, prep.data), [n for n in notes if n not in first], first))
     _train(plan, spec, opts, prep, topo, stop, run_id, built, history, faults)
     result = _measure(plan, spec, opts, prep, topo, run_id, notes, built, history)
-    # before check_run, which may release the model (a bf16 run's verification pass): the weights are gathered once
-    # (a collective; whole on rank 0, {} elsewhere) for both the file and the returned module
-    state = (consolidated_state(built.executor, topo) or {}) if opts.save_final or opts.return_model else None
-    if opts.save_final:
-        written = save_final(opts.save_final, built.executor, topo, spec, state)  # (tensors, bytes) on rank 0
-        result.saved_final = opts.save_final
-        result.final_loader = loader(opts.save_final, spec) if written is not None else None
-    if opts.return_model:
-        result.model = trained_module(built.executor, topo, spec, state)
+    if opts.save_final or opts.return_model:  # before check_run, which may release the model (a bf16 run's verify)
+        state = consolidated_state(built.executor, topo)  # gathered once (a collective): whole on rank 0, else None
+        if opts.save_final:
+            written = save_final(opts.save_final, state, spec)  # (tensors, bytes) on rank 0
+            result.saved_final = opts.save_final
+            result.final_loader = loader(opts.save_final, spec) if written is not None else None
+        if opts.return_model:
+            result.model = trained_module(state, spec)
     code = check_run(result, plan, spec, opts, prep.data, topo, built)
     _report(result, plan, opts, topo)
     return result, code

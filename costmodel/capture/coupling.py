@@ -17,7 +17,8 @@ BatchNorm reduces over the batch by design and has its own remedy (--sync-batchn
 here. The final mean, and scalars combined with scalars afterwards (an auxiliary loss), are not coupling.
 
 Partita's own models (`hf:`, presets, `gpt:` / `llama:` families: a config naming its family; CNN presets:
-partita's classification loss) train per-token or per-image cross-entropy and are not run (for a user's model
+partita's classification loss) train per-token or per-image cross-entropy and are not run, except the `hf:` dual
+encoders (hf:clip, hf:siglip: costmodel.models.hf_dual), whose contrastive loss is judged as a user's is (for a user's model
 the two fake runs cost about what the capture does: 4.4 s for resnet50's shapes); a model that cannot run at
 B = 2 and B = 3 (a fixed batch size, tensor values read by Python) is not judged: `find` returns None.
 """
@@ -86,7 +87,9 @@ def _degree(small: tuple[int, ...], large: tuple[int, ...]) -> float:
 def find(spec) -> str | None:
     """Why `spec`'s loss couples the samples of a batch (one phrase naming the operator), or None: it does not,
     or the model could not be run at two batch sizes (module docstring)."""
-    if spec.config.get("family") or getattr(spec.loss_fn, "__module__", "").startswith("partita."):
+    contrastive = spec.config.get("task") == "contrastive"  # hf:clip, hf:siglip: judged like a user's model
+    if not contrastive and (spec.config.get("family")
+                            or getattr(spec.loss_fn, "__module__", "").startswith("partita.")):
         return None
     try:
         small, large = (_run(spec, b) for b in BATCHES)

@@ -5,6 +5,7 @@
     hf:bert  /  hf:t5                             BertForMaskedLM / T5ForConditionalGeneration
     hf:bert-cls[:num_labels=5]                    BertForSequenceClassification (2 labels unless overridden)
     hf:vit[:image_size=64,num_labels=100]         ViTForImageClassification (32 x 32 images, 10 labels); = hf:vit-cls
+    hf:clip  /  hf:siglip                         CLIPModel / SiglipModel on their contrastive loss (models.hf_dual)
     hf:mistral, hf:mixtral, hf:qwen2, hf:phi3 ... any transformers model type, at its config's defaults
     hf:roberta-cls, hf:deit-cls, hf:llama-cls:pad_token_id=0 ...   any model type's classification head
 
@@ -21,7 +22,7 @@ tests are fast: 2 layers, hidden 128, 4 heads, vocabulary 1024, 64 tokens (vit: 
 from `AutoConfig.for_model(FAMILY, **overrides)` at that config's own defaults (`hf:mixtral` is Mixtral-8x7B;
 planning captures on fake tensors, so its size costs no memory), with the first head transformers has for it:
 sequence-to-sequence LM (AutoModelForSeq2SeqLM, the whole encoder-decoder), else causal LM, else masked LM (a
-model type with none of them, e.g. CLIP, is one line naming its `-cls` head if it has one). A config that
+model type with none of them, e.g. DINOv2, is one line naming its `-cls` head if it has one). A config that
 rejects the overrides, an override the config does not have, or a special token id outside the vocabulary is
 one PartitaError line naming the key; a default special token id outside an overridden (smaller) vocabulary
 becomes its last id.
@@ -77,6 +78,9 @@ import torch
 import torch.nn as nn
 
 from partita.costmodel.errors import PartitaError, did_you_mean
+from partita.costmodel.models import hf_dual
+from partita.costmodel.models.hf_classify import ONE_LABEL as _ONE_LABEL
+from partita.costmodel.models.hf_classify import check_classifier, image_inputs
 from partita.costmodel.models.hf_seq2seq import SMALL_SEQ2SEQ
 
 
@@ -92,9 +96,6 @@ class _Arch:
 
 _BERT = dict(num_hidden_layers=2, hidden_size=128, intermediate_size=512, num_attention_heads=4, vocab_size=1024,
              max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-_ONE_LABEL = dict(problem_type="single_label_classification")
-"""A classifier's loss: cross-entropy of one class label per sample (HF's problem_type, set rather than inferred
-from the labels' dtype in forward)."""
 
 
 _ARCHS: dict[str, _Arch] = {
@@ -115,6 +116,9 @@ _ARCHS: dict[str, _Arch] = {
 _ARCHS.update({family: _Arch(config, model, "seq2seq", "max_position_embeddings", defaults)
                for family, (config, model, defaults) in SMALL_SEQ2SEQ.items()})
 """Text encoder-decoders, planned whole rather than as their decoder (costmodel.models.hf_seq2seq)."""
+_ARCHS.update({family: _Arch(config, model, "contrastive", None, defaults)
+               for family, (config, model, defaults) in hf_dual.SMALL_DUAL.items()})
+"""Dual encoders trained on their contrastive loss (costmodel.models.hf_dual)."""
 _ALIASES = {"vit-cls": "vit"}
 """Names of a family with small defaults given with the task it already has."""
 TASKS = {"cls": "a classification head: sequence classification (input_ids, one label per row), or image "
@@ -275,7 +279,9 @@ def _config(arch: str, overrides: dict[str, Any], spec: str):
     a = _arch(arch, spec)
     kw = {k: v for k, v in overrides.items() if k != "seq"}
     make = getattr(tf, a.config) if a.model_type is None else functools.partial(tf.AutoConfig.for_model, a.model_type)
-    probe = make()
+    probe = _quiet(make)
+    if a.task == "contrastive":  # a tower's attributes are dotted: text_config.hidden_size
+        kw, towers = hf_dual.nested(kw, probe, spec)
     unknown = sorted(k for k in kw if not hasattr(probe, k) and k not in _READ_IF_SET)
     if unknown:
         known = [k for k in (*a.defaults, *_SIZE_KEYS) if hasattr(probe, k)]
@@ -286,6 +292,8 @@ def _config(arch: str, overrides: dict[str, Any], spec: str):
     seq = overrides.get("seq", DEFAULT_SEQ)
     if not isinstance(seq, int) or isinstance(seq, bool) or seq <= 1:
         raise PartitaError(f"model {spec!r}: seq must be an integer > 1, got {seq!r}")
+    if a.task == "contrastive":
+        return _built(make, a, hf_dual.merged_config(a.defaults, kw, towers, seq, spec), kw, spec), seq
     merged = {**a.defaults, **kw, "use_cache": False}
     positions = a.positions if a.model_type is None or a.task == "image-cls" else next(
         (p for p in _POSITIONS if isinstance(getattr(probe, p, None), int) and not isinstance(getattr(probe, p), bool)),
@@ -307,13 +315,30 @@ def _config(arch: str, overrides: dict[str, Any], spec: str):
             default = merged.get(tok, getattr(probe, tok, None))
             if isinstance(default, int) and default >= vocab:
                 merged[tok] = vocab - 1  # GPT-2's 50256 or Phi-3's 32000 would fall outside a small vocabulary
+    return _built(make, a, merged, kw, spec), seq
+
+
+def _quiet(make):
+    """A config at its class defaults, whose validation warnings (SigLIP's token ids outside its default
+    vocabulary) are not the user's: the overrides and small defaults are checked when the real one is built."""
+    logging = _transformers().logging
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        return make()
+    finally:
+        logging.set_verbosity(level)
+
+
+def _built(make, a: _Arch, merged: dict[str, Any], kw: dict[str, Any], spec: str):
+    """The config from its keyword arguments, attention set as training runs it; one line when it is refused."""
     try:
         cfg = make(**merged)
     except Exception as e:  # noqa: BLE001 -- transformers' validators raise ValueError, TypeError, StrictDataclass*
         raise PartitaError(f"model {spec!r}: {a.config} rejects the configuration: {_reason(e)}"
                            f"{_culprits(e, kw)}") from None
-    cfg._attn_implementation = attention_implementation(getattr(tf, a.model))
-    return cfg, seq
+    cfg._attn_implementation = attention_implementation(getattr(_transformers(), a.model))
+    return cfg
 
 
 def attention_implementation(model_cls) -> str:
@@ -379,9 +404,10 @@ def _speech_inputs(spec: str, a: _Arch, cfg, seq: int):
     return example_inputs, ("input_features", "labels"), keys
 
 
-def hf_loss(names: tuple[str, ...], model: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
-    """The HF model's own loss for keyword inputs `names` (the ModelSpec's loss_fn)."""
-    return model(**dict(zip(names, inputs))).loss
+def hf_loss(names: tuple[str, ...], model: nn.Module, *inputs: torch.Tensor, **options) -> torch.Tensor:
+    """The HF model's own loss for keyword inputs `names` and fixed keyword `options` (return_loss=True for a dual
+    encoder): the ModelSpec's loss_fn."""
+    return model(**dict(zip(names, inputs)), **options).loss
 
 
 def hf_spec(spec: str, seq: int | None = None):
@@ -394,7 +420,7 @@ def hf_spec(spec: str, seq: int | None = None):
     cfg, seq = _config(arch, overrides, spec)
     a = _arch(arch, spec)
     model_cls = getattr(_transformers(), a.model)
-    loss_type = _LOSS_TYPE[a.task]
+    loss_type = _LOSS_TYPE.get(a.task)  # a dual encoder computes its contrastive loss itself
 
     def build() -> nn.Module:
         try:
@@ -403,15 +429,19 @@ def hf_spec(spec: str, seq: int | None = None):
             given = {k: v for k, v in overrides.items() if k != "seq"}
             raise PartitaError(f"model {spec!r}: {a.model} cannot be built from this configuration: "
                                f"{_reason(e)}{_culprits(e, given)}") from None
-        model.loss_type = loss_type
+        if loss_type is not None:
+            model.loss_type = loss_type
         return model
 
     if a.task in CLASSIFIERS:
-        _check_classifier(spec, a, cfg, overrides)
+        check_classifier(spec, a, cfg, overrides)
+    options = {"return_loss": True} if a.task == "contrastive" else {}
     if a.task == "speech-seq2seq":
         example_inputs, names, keys = _speech_inputs(spec, a, cfg, seq)
+    elif a.task == "contrastive":
+        example_inputs, names, keys = hf_dual.example_inputs_of(cfg, seq), hf_dual.INPUT_NAMES, ()
     elif a.task == "image-cls":
-        example_inputs, names, keys = _image_inputs(cfg)
+        example_inputs, names, keys = image_inputs(cfg)
         seq = None  # a fixed input shape: its sequence is the image's patches
     else:
         rows = (lambda batch: ()) if a.task == "seq-cls" else (lambda batch: (seq,))
@@ -424,54 +454,11 @@ def hf_spec(spec: str, seq: int | None = None):
                    *(("num_labels",) if a.task in CLASSIFIERS else ())})
     sizes = {k: getattr(cfg, k) for k in keys if isinstance(getattr(cfg, k, None), (int, float))
              and not isinstance(getattr(cfg, k), bool)}
-    sizes.update(_architecture(cfg))
+    sizes.update(_architecture(cfg) if a.task != "contrastive" else hf_dual.sizes(cfg))
     return ModelSpec(
         name=spec, build=build, example_inputs=example_inputs, seq_len=seq,
         config={"family": "hf", "arch": arch, "model": a.model, "task": a.task, "seq": seq,
                 "overrides": {k: v for k, v in overrides.items() if k != "seq"}, **sizes},
-        capture="export", loss_fn=functools.partial(hf_loss, names),
+        capture="export", loss_fn=functools.partial(hf_loss, names, **options),
         at_seq=None if seq is None else (lambda s: hf_spec(spec, seq=s)), input_names=names,
     )
-
-
-def _check_classifier(spec: str, a: _Arch, cfg, overrides: dict[str, Any]) -> None:
-    """One line for a classifier partita cannot train as asked: labels are one class id per sample (cross-entropy
-    over num_labels >= 2 classes); an image model has no `seq`; a head that finds each row's last token by
-    `pad_token_id` (decoder classifiers: GPT-2, Llama, ...) needs one."""
-    if not isinstance(cfg.num_labels, int) or cfg.num_labels < 2:
-        raise PartitaError(f"model {spec!r}: num_labels={cfg.num_labels} -- partita trains classifiers on one class "
-                           "label per sample (cross-entropy): give num_labels=2 or more")
-    if cfg.problem_type != _ONE_LABEL["problem_type"]:
-        raise PartitaError(f"model {spec!r}: problem_type={cfg.problem_type} -- partita trains classifiers on one "
-                           "class label per sample (cross-entropy): drop problem_type")
-    if a.task == "image-cls" and "seq" in overrides:
-        raise PartitaError(f"model {spec!r} is an image classifier, whose sequence is its image's patches: drop seq "
-                           "and set the image's size (e.g. image_size, patch_size)")
-    if a.task == "seq-cls" and _pools_last_token(a.model) and getattr(cfg, "pad_token_id", None) is None:
-        raise PartitaError(f"model {spec!r}: {a.model} classifies each row's last token that is not padding, found by "
-                           f"pad_token_id, which {a.config} leaves unset: add pad_token_id=ID (the id your data "
-                           "pads with; partita's batches are unpadded)")
-
-
-def _pools_last_token(model: str) -> bool:
-    """Whether the head finds each row's last token by `pad_token_id` (its forward reads it), as decoder
-    classifiers do, and refuses batches of more than one row without it."""
-    import inspect
-    try:
-        return "pad_token_id" in inspect.getsource(getattr(_transformers(), model).forward)
-    except (OSError, TypeError):
-        return False
-
-
-def _image_inputs(cfg):
-    """An image classifier's (pixel_values, labels): [batch, num_channels, height, width] floats (the config's
-    image_size, 224 when it has none) and one class label per image. Returns (example_inputs, names, config keys
-    worth recording)."""
-    size = getattr(cfg, "image_size", None) or 224
-    height, width = (size, size) if isinstance(size, int) else tuple(size)
-    channels = getattr(cfg, "num_channels", None) or 3
-
-    def example_inputs(batch: int):
-        return torch.zeros(batch, channels, height, width), torch.zeros(batch, dtype=torch.long)
-
-    return example_inputs, ("pixel_values", "labels"), ("image_size", "patch_size", "num_channels")

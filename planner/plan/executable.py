@@ -129,8 +129,8 @@ def model_kind(spec: ModelSpec) -> str:
         return "lm" if token_model_shape(spec) is not None else "no-batches"
     cfg = spec.config if isinstance(spec.config, dict) else {}
     if cfg.get("family") == "hf":
-        return {"causal": "hf-causal", "mlm": "hf-mlm", "seq-cls": "hf-classifier",
-                "image-cls": "hf-classifier"}.get(cfg.get("task"), "seq2seq")
+        return {"causal": "hf-causal", "mlm": "hf-mlm", "seq-cls": "hf-classifier", "image-cls": "hf-classifier",
+                "contrastive": "own-loss"}.get(cfg.get("task"), "seq2seq")
     from partita.costmodel.models.cnn import classification_loss
     return "classifier" if spec.loss_fn is classification_loss else "own-loss"
 

@@ -109,7 +109,7 @@ def test_mixtral_8x7b_at_its_defaults_plans_on_fake_tensors():
     ("hf:mistral:hidden=64", ["has no attribute 'hidden'", "hidden_size"]),
     ("hf:phi3:vocab_size=512,pad_token_id=600", ["pad_token_id=600 is outside the vocabulary", "below 512"]),
     ("hf:nosuchmodel", ["unknown HuggingFace model type 'nosuchmodel'", "hf:mistral"]),
-    ("hf:clip", ["no causal-LM, sequence-to-sequence LM or masked-LM head", "hf:clip-cls is its classifier"]),
+    ("hf:dinov2", ["no causal-LM, sequence-to-sequence LM or masked-LM head", "hf:dinov2-cls is its classifier"]),
     ("hf:mistral:num_hidden_layers", ["bad model parameter", "key=value"]),
 ])
 def test_config_errors_are_one_line_naming_the_key(spec, needles):

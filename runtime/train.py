@@ -219,10 +219,12 @@ def _worker(args: argparse.Namespace, look_at_devices: bool = True) -> int:
     try:
         plan, spec, world = _load(args, opts, world)
         if plan.embeddings is not None:  # tables: TorchRec (runtime.parallel.rec)
-            if given := [flag for flag, value in (("--eval-data", opts.eval_data), ("--hang-timeout", opts.hang_timeout))
-                         if value is not None]:
-                raise PartitaError(f"{' and '.join(given)} apply to dense plans; this plan has embedding tables "
-                                   "(TorchRec's loop does not evaluate or watch for hangs yet): leave them out")
+            from partita.runtime.parallel.rec import dense_only
+            if given := dense_only(opts):
+                named = " and ".join([", ".join(given[:-1]), given[-1]] if len(given) > 1 else given)
+                raise PartitaError(f"{named} apply to dense plans; this plan has embedding tables (TorchRec's loop "
+                                   "does not evaluate, watch for hangs, checkpoint, read --data, save weights or "
+                                   "apply the recipe's schedule, decay and clipping yet): leave them out")
             return _rec(plan, spec, opts, world, rank, args)
         prep = _prepare(args, plan, spec, opts, world, look_at_devices)
     except PartitaError as e:

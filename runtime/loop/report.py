@@ -135,6 +135,20 @@ def _shown_steps(losses: list[float], ref: list[float] | None) -> list[int | ran
     return shown
 
 
+def loss_table(losses: list[float], ref: list[float] | None, first_step: int = 0) -> list[str]:
+    """The report's loss table: each shown step's loss, beside the reference's under --verify (`_shown_steps`)."""
+    lines = ["step  loss" + ("          reference     |diff|" if ref else "")]
+    for i in _shown_steps(losses, ref):
+        if isinstance(i, range):
+            lines.append(f" ...  {len(i)} step(s) not shown (--losses-out keeps every step's loss)")
+            continue
+        row = f"{first_step + i + 1:>4}  {losses[i]:.8f}"
+        if ref:
+            row += f"    {ref[i]:.8f}    {abs(losses[i] - ref[i]):.1e}"
+        lines.append(row)
+    return lines
+
+
 def render(r: RunResult, header: str | None, predicted: dict) -> str:
     """The report after training; `header` None: the header and notes went out before training (`preamble`)."""
     lines = [header, *r.notes] if header is not None else []
@@ -144,16 +158,7 @@ def render(r: RunResult, header: str | None, predicted: dict) -> str:
     if r.resumed_from:
         lines.append(f"resumed from {r.resumed_from} (after step {r.first_step})"
                      + (f", torchrun attempt {r.attempt + 1}" if r.attempt else ""))
-    lines.append("step  loss" + ("          reference     |diff|" if ref else ""))
-    for i in _shown_steps(r.losses, ref):
-        if isinstance(i, range):
-            lines.append(f" ...  {len(i)} step(s) not shown (--losses-out keeps every step's loss)")
-            continue
-        loss = r.losses[i]
-        row = f"{r.first_step + i + 1:>4}  {loss:.8f}"
-        if ref:
-            row += f"    {ref[i]:.8f}    {abs(loss - ref[i]):.1e}"
-        lines.append(row)
+    lines += loss_table(r.losses, ref, r.first_step)
     first, n = r.first_step + 1, len(r.step_times)
     timed = f"mean of steps {first + 1}-{first + n - 1}" if n > 1 else f"step {first}, incl. warm-up"
     tps = r.tokens_per_step / r.step_time_s

@@ -58,6 +58,18 @@ PARAM_TOLERANCE = 1e-3
 """Of the reference's largest change to a table (elementwise, after the run): a piece never updated is off by 1."""
 
 
+_DENSE_ONLY = ("eval_data", "hang_timeout", "checkpoint_dir", "resume", "save_final", "data", "sync_batchnorm",
+               "weight_decay", "warmup_steps", "lr_decay", "min_lr_ratio", "clip_grad_norm")
+"""RunOptions that TorchRec's loop (`run`) does not apply: refused when given rather than ignored."""
+
+
+def dense_only(opts) -> list[str]:
+    """The flags of `_DENSE_ONLY` set away from their defaults, as `partita run` spells them."""
+    from dataclasses import fields
+    defaults = {f.name: f.default for f in fields(opts)}
+    return [f"--{name.replace('_', '-')}" for name in _DENSE_ONLY if getattr(opts, name) != defaults[name]]
+
+
 def check(plan: Plan, spec, world: int) -> list[str]:
     """The plan against the model and world size, before any process group; notes worth printing."""
     if world != plan.mesh.world_size:
@@ -207,7 +219,12 @@ def run(plan: Plan, spec, opts, world: int) -> int:
     by_hand = replicated_by_hand(rec)
     rows = min(t["rows"] for t in plan.embeddings["tables"])
     B, b = plan.train["global_batch"], plan.train["global_batch"] // world
+    from torch.distributed.fsdp import FSDPModule
+    dense_kind = "sharded (FSDP2)" if any(isinstance(m, FSDPModule) for m in rec.modules()) else "data-parallel"
+    if rank == 0 and opts.print_report:  # said before the progress lines, as a dense run does
+        STDOUT.line(_header(plan, spec, world, opts, dense_kind))
     losses, times = [], []
+    progress = _progress(opts, rank, B)
     for step in range(opts.steps):
         inputs = tuple(x[rank * b:(rank + 1) * b].to(device) for x in _batch(spec, rows, B, step, opts.seed))
         t0 = time.perf_counter()
@@ -222,6 +239,8 @@ def run(plan: Plan, spec, opts, world: int) -> int:
         dist.all_reduce(total)
         times.append(time.perf_counter() - t0)
         losses.append(float(total) / world)
+        progress.step(step + 1, losses[-1], times[-1], device)
+    progress.close()
     ref = _reference(plan, spec, reference, sharded_tables, rows, opts) if reference is not None else None
     gap, seen = _table_gap(rec, reference, initial) if reference is not None else (0.0, 0)
     t = torch.tensor([max(times[1:] or times), gap])
@@ -234,9 +253,26 @@ def run(plan: Plan, spec, opts, world: int) -> int:
     # pieces checked must cover exactly that, or some table went unchecked
     unchecked = sum(t["rows"] * t["dim"] * (world if t["sharding"] == "data_parallel" else 1)
                     for t in plan.embeddings["tables"]) - int(checked) if ref else 0
-    from torch.distributed.fsdp import FSDPModule
-    dense_kind = "sharded (FSDP2)" if any(isinstance(m, FSDPModule) for m in rec.modules()) else "data-parallel"
-    return _report(plan, spec, world, losses, ref, float(t[0]), opts, float(t[1]), unchecked, dense_kind)
+    if opts.losses_out:
+        _write_losses(opts.losses_out, losses, ref, float(t[0]))
+    return _report(plan, losses, ref, float(t[0]), float(t[1]), unchecked)
+
+
+def _write_losses(path: str, losses: list[float], ref: list[float] | None, step_s: float) -> None:
+    """--losses-out: every step's loss (and the reference's under --verify) and the step time, as JSON."""
+    import json
+    import os
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump({"losses": losses, "reference_losses": ref, "step_time_s": step_s}, f)
+    os.replace(tmp, path)
+
+
+def _progress(opts, rank: int, global_batch: int):
+    """The progress lines and TensorBoard scalars of a dense run (runtime.loop.progress), on rank 0."""
+    from partita.runtime.loop.progress import Progress
+    return Progress(opts.steps, 0, global_batch, "samples", console=rank == 0 and opts.print_report,
+                    every=opts.log_every, tensorboard=opts.tensorboard if rank == 0 else None)
 
 
 @torch.no_grad()
@@ -282,21 +318,20 @@ def _reference(plan, spec, model, sharded_tables: set[str], rows: int, opts) -> 
     return out
 
 
-def _report(plan, spec, world, losses, ref, step_s, opts, param_gap: float, unchecked: int = 0,
-            dense_kind: str = "data-parallel") -> int:
-    say = STDOUT.line
+def _header(plan, spec, world: int, opts, dense_kind: str) -> str:
     kinds = sorted({t["sharding"] for t in plan.embeddings["tables"]})
-    say(f"partita run: {spec.name} on {world} rank(s), {len(plan.embeddings['tables'])} embedding tables through "
-        f"TorchRec DistributedModelParallel ({', '.join(kinds)}; {plan.embeddings.get('optimizer')}), dense part "
-        f"{dense_kind}, global batch {plan.train['global_batch']}, {opts.steps} steps")
-    say("step  loss          reference     |diff|" if ref else "step  loss")
-    worst = 0.0
-    for i, loss in enumerate(losses):
-        if ref:
-            worst = max(worst, abs(loss - ref[i]))
-            say(f"{i + 1:>4}  {loss:.8f}    {ref[i]:.8f}    {abs(loss - ref[i]):.1e}")
-        else:
-            say(f"{i + 1:>4}  {loss:.8f}")
+    return (f"partita run: {spec.name} on {world} rank(s), {len(plan.embeddings['tables'])} embedding tables through "
+            f"TorchRec DistributedModelParallel ({', '.join(kinds)}; {plan.embeddings.get('optimizer')}), dense part "
+            f"{dense_kind}, global batch {plan.train['global_batch']}, {opts.steps} steps")
+
+
+def _report(plan, losses, ref, step_s, param_gap: float, unchecked: int = 0) -> int:
+    """The losses (beside the reference's under --verify), the step time and the verdict, on rank 0."""
+    from partita.runtime.loop.report import loss_table
+    say = STDOUT.line
+    worst = max((abs(a - b) for a, b in zip(losses, ref)), default=0.0) if ref else 0.0
+    for line in loss_table(losses, ref):
+        say(line)
     say(f"step time  measured {step_s:.4g} s, predicted {plan.predicted.get('step_time_s', float('nan')):.4g} s "
         "(slowest rank)")
     if not all(math.isfinite(x) for x in losses):

@@ -4,12 +4,14 @@ single-process training, for table-, row-, column-wise, data-parallel (2 ranks) 
 2 ranks) tables. The export and the pre-flight refusals run in this process."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import rank_pool
 import torch
 
 from partita.costmodel.models import resolve_model
@@ -31,29 +33,48 @@ def _plan_file(tmp_path, model, cluster, fixed, optimizer, **dense) -> str:
     return str(path)
 
 
-def _run(plan_path: str, model: str, verify: bool = True, pythonpath: str = "") -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), pythonpath]))}
-    return subprocess.run([sys.executable, "-m", "partita.cli", "run", plan_path, "--model", model,
-                           "--steps", "3", "--lr", "0.05", *(["--verify"] if verify else [])], env=env,
-                          capture_output=True, text=True, timeout=600)
+def _run(plan_path: str, model: str, verify: bool = True, *flags: str):
+    """The plan's ranks on the test session's long-lived gloo workers (tests/rank_pool.py), as `partita run`'s
+    workers: the same entry point, one node."""
+    return rank_pool.run_plan(plan_path, model, "--steps", "3", "--lr", "0.05", *(["--verify"] if verify else []),
+                              *flags, cwd=ROOT)
+
+
+def _launch(plan_path: str, model: str) -> subprocess.CompletedProcess:
+    """`partita run --verify` through the launcher: several nodes' groups (TorchRec's intra- and cross-node process
+    groups, which it keeps for the process's life) need fresh processes."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "partita.cli", "run", plan_path, "--model", model, "--steps", "3",
+                           "--lr", "0.05", "--verify"], env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow
 def test_every_sharding_type_trains_like_one_process(tmp_path):
     fixed = ("embeddings.cat_0=table_wise,embeddings.cat_1=row_wise,embeddings.cat_2=column_wise:2,"
              "embeddings.cat_3=data_parallel")
-    out = _run(_plan_file(tmp_path, SMALL, "2xcpu", fixed, "rowwise_adagrad"), SMALL)
+    losses = tmp_path / "losses.json"
+    out = _run(_plan_file(tmp_path, SMALL, "2xcpu", fixed, "rowwise_adagrad"), SMALL, True,
+               "--log-every", "2", "--losses-out", str(losses))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "DistributedModelParallel (column_wise, data_parallel, row_wise, table_wise" in out.stdout
     assert "max |loss - reference|" in out.stdout and "tables after step 3" in out.stdout
     assert out.stdout.count(": OK") == 2
+    # #46: the header, then a progress line after the first step, every 2nd and the last, then the report
+    lines = out.stdout.splitlines()
+    progress = [i for i, ln in enumerate(lines) if ln.startswith("step ") and "/3  loss " in ln]
+    assert lines[0].startswith("partita run: ") and [lines[i][:8] for i in progress] == ["step 1/3", "step 2/3",
+                                                                                         "step 3/3"]
+    assert progress[-1] < lines.index("step  loss          reference     |diff|")
+    written = json.loads(losses.read_text())
+    table = [float(ln.split()[1]) for ln in lines if ln[:4].strip().isdigit()]
+    assert written["losses"] == pytest.approx(table, abs=1e-8) and len(written["reference_losses"]) == 3
 
 
 @pytest.mark.slow
 def test_table_row_wise_over_two_nodes_trains_like_one_process(tmp_path):
     # and the dense part sharded by FSDP2 over the 4 ranks (--zero 3)
     fixed = "embeddings.cat_0=table_row_wise,embeddings.cat_1=table_wise,embeddings.cat_2=column_wise:4"
-    out = _run(_plan_file(tmp_path, WIDE, "2x2xcpu", fixed, "sgd", zero=3), WIDE)
+    out = _launch(_plan_file(tmp_path, WIDE, "2x2xcpu", fixed, "sgd", zero=3), WIDE)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "table_row_wise" in out.stdout and out.stdout.count(": OK") == 2
     assert "dense part sharded (FSDP2)" in out.stdout
@@ -74,7 +95,7 @@ def test_a_torchrec_model_trains_like_one_process_with_every_sharding_type(tmp_p
     model = "torchrec_factories:dlrm"
     fixed = "t_users=row_wise,t_items=column_wise:2,t_ads=table_wise,t_tags=data_parallel"
     path = _plan_file(tmp_path, model, "2xcpu", fixed, "rowwise_adagrad")
-    out = _run(path, model, pythonpath=str(ROOT / "tests"))
+    out = _run(path, model)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "4 embedding tables through TorchRec DistributedModelParallel (column_wise, data_parallel, row_wise, " \
            "table_wise" in out.stdout
@@ -87,7 +108,7 @@ def test_a_torchrec_model_with_a_sharded_dense_part_trains_like_one_process(tmp_
     # averaged by hand (without that its gradients stay each rank's own and both checks fail)
     model = "torchrec_factories:tower"
     fixed = "t_users=row_wise,t_items=column_wise:2,t_ads=table_wise,t_tags=data_parallel"
-    out = _run(_plan_file(tmp_path, model, "2xcpu", fixed, "sgd", zero=3), model, pythonpath=str(ROOT / "tests"))
+    out = _run(_plan_file(tmp_path, model, "2xcpu", fixed, "sgd", zero=3), model)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "dense part sharded (FSDP2)" in out.stdout and out.stdout.count(": OK") == 2
 
@@ -162,6 +183,12 @@ def test_run_refuses_evaluation_and_the_hang_watch_in_one_line(tmp_path, capfd):
     err = capfd.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "--eval-data and --hang-timeout apply to dense plans; this plan has embedding tables" in err
+    # nor checkpoints, weights out or the recipe's extras: refused, not silently ignored
+    code = main(["run", path, "--model", SMALL, "--steps", "1", "--checkpoint-dir", str(tmp_path / "ck"),
+                 "--save-final", str(tmp_path / "w.pt"), "--clip-grad-norm", "1"])
+    err = capfd.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "--checkpoint-dir, --save-final and --clip-grad-norm apply to dense plans" in err
 
 
 def test_without_torchrec_the_run_says_how_to_install_it(monkeypatch):

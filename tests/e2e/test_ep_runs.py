@@ -69,15 +69,14 @@ def test_tiny_moe_ep2_verifies_through_the_cli(tmp_path, plans):
 
 def test_partita_plan_ep2_then_run_verifies_a_tiny_mixtral(tmp_path):
     """The command lines of the issue: `partita plan --model MIXTRAL --ep 2` on 2 CPU processes, then
-    `partita run PLAN --model MIXTRAL --verify`."""
+    `partita run PLAN --model MIXTRAL --verify` -- the CLI in this process, the run's ranks on the test session's
+    gloo workers (tests/rank_pool.py: the workers' own entry point; the launcher is tested elsewhere)."""
+    import rank_pool  # not at the top: torchrun runs this file as a worker, without tests/ on its path
     plan_file, out = tmp_path / "ep2.json", tmp_path / "out.json"
-    cli = [sys.executable, "-c", "import sys; from partita.cli import main; sys.exit(main())"]
-    made = subprocess.run([*cli, "plan", "--model", MIXTRAL, "--cluster", "2xcpu", "--global-batch", "4",
-                           "--ep", "2", "--out", str(plan_file)], cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=300)
+    made = rank_pool.cli("plan", "--model", MIXTRAL, "--cluster", "2xcpu", "--global-batch", "4", "--ep", "2",
+                         "--out", str(plan_file), cwd=ROOT)
     assert made.returncode == 0 and json.loads(plan_file.read_text())["mesh"]["ep"] == 2, made.stdout + made.stderr
-    run = subprocess.run([*cli, "run", str(plan_file), "--model", MIXTRAL, "--steps", str(STEPS), "--verify",
-                          "--losses-out", str(out)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    run = rank_pool.run_plan(plan_file, MIXTRAL, "--steps", str(STEPS), "--verify", "--losses-out", str(out), cwd=ROOT)
     assert run.returncode == 0 and "verify: OK" in run.stdout, run.stdout + run.stderr
     r = json.loads(out.read_text())
     assert r["verified"] is True and r["max_abs_diff"] <= 1e-5 and len(r["losses"]) == STEPS, r

@@ -133,16 +133,15 @@ def assert_verified(r: dict, steps: int = STEPS) -> None:
 
 def test_partita_run_cp2_verifies(tmp_path):
     """The command lines of the issue: `partita plan --model tiny-llama --cp 2`, then `partita run PLAN --model
-    tiny-llama --verify` (2 ranks; sdpa, grouped-query attention, rotary positions)."""
+    tiny-llama --verify` (2 ranks; sdpa, grouped-query attention, rotary positions) -- the CLI in this process, the
+    run's ranks on the test session's gloo workers (tests/rank_pool.py; the launcher is tested elsewhere)."""
+    import rank_pool  # not at the top: torchrun runs this file as a worker, without tests/ on its path
     plan_file, out = tmp_path / "cp2.json", tmp_path / "out.json"
-    cli = [sys.executable, "-c", "import sys; from partita.cli import main; sys.exit(main())"]
-    made = subprocess.run([*cli, "plan", "--model", "tiny-llama", "--cluster", "2xcpu", "--global-batch", "2",
-                           "--cp", "2", "--out", str(plan_file)], cwd=ROOT, env=_env(), capture_output=True,
-                          text=True, timeout=300)
+    made = rank_pool.cli("plan", "--model", "tiny-llama", "--cluster", "2xcpu", "--global-batch", "2", "--cp", "2",
+                         "--out", str(plan_file), cwd=ROOT)
     assert made.returncode == 0 and json.loads(plan_file.read_text())["mesh"]["cp"] == 2, made.stdout + made.stderr
-    cmd = [*cli, "run", str(plan_file), "--model", "tiny-llama", "--steps", str(STEPS), "--verify", "--losses-out",
-           str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = rank_pool.run_plan(plan_file, "tiny-llama", "--steps", str(STEPS), "--verify", "--losses-out", str(out),
+                              cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "pp=1 dp=1 cp=2 tp=1" in proc.stdout and "verify: OK" in proc.stdout, proc.stdout
     r = json.loads(out.read_text())

@@ -13,13 +13,17 @@ a 20 ms link behind, and the MILP's bucket overlap prices the fabric inside. Per
 
     in-island     the breakdown's dp_comm_s, 0 when each island holds one replica (planner.estimate.sync.in_island)
     synchronous   cross = X(P * g)             g = bytes per gradient element (4: fp32 gradients, 2: pure bf16)
+    compressed    cross = X(P * 2)             the gradients all-reduced in bf16 (a DDP communication hook);
+                  in-island x 2 / g            the in-island exposed seconds scaled by the bytes (an
+                                               approximation: its latency part does not shrink)
     diloco        cross = X(P * bits / 8) / H  once every H steps the parameter change, amortised per step
                   memory + 8 P / (tp pp) / s   the fp32 anchor and outer momentum of the rank's parameters,
                                                s = dp / I under ZeRO (sharded like the optimizer state inside
                                                the island), 1 without
 
 with X(B) = 2 (I-1) alpha_I + 2 (I-1)/I * B / beta_I. On one island X = 0: synchronous keeps today's figures, and
-DiLoCo is refused (it has nothing to save there).
+DiLoCo is refused (it has nothing to save there); so is the compressed mode when the planner chooses ("auto"), since
+rounding the gradients buys nothing on the slow link there -- asked for by name, it is priced on one island too.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from typing import Callable
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.price import comm
-from partita.planner.plan.sync import DILOCO, DILOCO_MAX_EVERY, SYNC_MODES, SYNCHRONOUS, Sync, accepted
+from partita.planner.plan.sync import COMPRESSED, DILOCO, DILOCO_MAX_EVERY, SYNC_MODES, SYNCHRONOUS, Sync, accepted
 
 DILOCO_EVERY_LADDER = (10, 20, 50, 100, 200, DILOCO_MAX_EVERY)
 """The H the planner tries for DiLoCo when the user fixes none, smallest first."""
@@ -99,6 +103,16 @@ def synchronous(predicted: dict, setting: SyncSetting | None = None, sync: Sync 
                      cross_island_bytes=nbytes if cross else 0.0)
 
 
+def compressed(predicted: dict, setting: SyncSetting, sync: Sync | None = None) -> SyncPrice:
+    """Synchronous data parallelism on bf16 gradients (module docstring): every all-reduce moves 2 bytes per
+    element instead of `grad_bytes`; the in-island exposed seconds scale by the same ratio."""
+    ratio = min(1.0, 2 / setting.grad_bytes)
+    nbytes = setting.parameters * 2
+    cross = comm.cross_island_all_reduce(setting.cluster, setting.islands, nbytes)
+    return SyncPrice(exposed_s=in_island(predicted, setting) * ratio + cross, extra_memory_bytes=0,
+                     cross_island_s=cross, cross_island_bytes=nbytes if cross else 0.0)
+
+
 def diloco(predicted: dict, setting: SyncSetting, sync: Sync) -> SyncPrice:
     """DiLoCo (module docstring): synchronous inside each island, the outer all-reduce of the parameter change
     every H = `every` steps across them; the anchor and the outer momentum in fp32 on every rank."""
@@ -111,7 +125,7 @@ def diloco(predicted: dict, setting: SyncSetting, sync: Sync) -> SyncPrice:
                      cross_island_bytes=nbytes)
 
 
-PRICES: dict[str, Callable[..., SyncPrice]] = {SYNCHRONOUS: synchronous, DILOCO: diloco}
+PRICES: dict[str, Callable[..., SyncPrice]] = {SYNCHRONOUS: synchronous, COMPRESSED: compressed, DILOCO: diloco}
 """A price function per registered sync mode (the same names as planner.plan.sync.SYNC_MODES)."""
 
 
@@ -169,6 +183,8 @@ def choose(predicted: dict, setting: SyncSetting, allowed, every: int | None = N
     room = predicted.get("memory_capacity_bytes", float("inf")) - predicted.get("peak_memory_bytes", 0)
     best, priced = None, {}
     for mode in modes_of(allowed):
+        if mode == COMPRESSED and allowed == "auto" and setting.islands < 2:
+            continue  # nothing on a slow link to save (module docstring)
         for sync in _candidates(mode, predicted, setting, every, bits):
             if why := refusal(sync, setting, allow_any_every):
                 priced[mode] = why

@@ -73,14 +73,15 @@ def zero_refusal(zero: int, tp: int = 1, cp: int = 1, ep: int = 1) -> str | None
 
 def sync_refusal(mode: str, pp: int = 1, tp: int = 1, cp: int = 1, ep: int = 1, zero: int = 0) -> str | None:
     """None when the runtime runs sync mode `mode` (planner.plan.sync) on this plan; else one line saying why not.
-    DiLoCo's hook (runtime.loop.sync.DiLoCo) runs on DDP replicas today: its inner steps use DDP's no_sync."""
-    if mode != "diloco":
+    DiLoCo's hook (runtime.loop.sync.DiLoCo) runs on DDP replicas today: its inner steps use DDP's no_sync; the
+    compressed mode's (runtime.loop.sync.Compressed) is a DDP communication hook."""
+    if mode not in ("diloco", "compressed"):
         return None
     others = [f"{k}={v}" for k, v in (("pp", pp), ("tp", tp), ("cp", cp), ("ep", ep)) if v > 1]
     others += [f"zero={zero}"] if zero else []
     if others:
-        return (f"diloco with {' and '.join(others)} is not run by partita's runtime: it runs DiLoCo on DDP replicas "
-                "(zero 0, data parallelism only) today; plan with --zero 0 --tp 1 --pp 1 to run it")
+        return (f"{mode} with {' and '.join(others)} is not run by partita's runtime: it runs the {mode} sync mode on "
+                "DDP replicas (zero 0, data parallelism only) today; plan with --zero 0 --tp 1 --pp 1 to run it")
     return None
 
 

@@ -318,11 +318,14 @@ def sync_lines(plan) -> list[Text]:
         return []
     every = s.get("every", 1)
     mode = f"{s['mode']}" + (f", H = {every}" if s["mode"] == "diloco" else "")
-    what = "the parameter change" if s["mode"] == "diloco" else "the gradients"
-    out = [Text(f"sync: {mode} across {s['islands']} islands -- {what} ({human_bytes(s['cross_island_bytes'])} per "
-                f"island) all-reduced over the island link every {every} step(s): {s['cross_island_s']:.4g} s exposed "
-                f"per step" + (f"; +{human_bytes(s['extra_memory_bytes'])} per rank (anchor and outer momentum)"
-                               if s.get("extra_memory_bytes") else ""), style="bold")]
+    what = {"diloco": "the parameter change", "compressed": "the gradients in bf16"}.get(s["mode"], "the gradients")
+    if s["islands"] < 2:  # a mode asked for by name on one island: no slow link
+        out = [Text(f"sync: {mode} -- {what} all-reduced every step on one island", style="bold")]
+    else:
+        out = [Text(f"sync: {mode} across {s['islands']} islands -- {what} ({human_bytes(s['cross_island_bytes'])} "
+                    f"per island) all-reduced over the island link every {every} step(s): {s['cross_island_s']:.4g} s "
+                    "exposed per step" + (f"; +{human_bytes(s['extra_memory_bytes'])} per rank (anchor and outer "
+                                          "momentum)" if s.get("extra_memory_bytes") else ""), style="bold")]
     for other, v in s.get("priced", {}).items():
         out.append(Text(f"  {other}: " + (f"predicted step {v:.4g} s" if isinstance(v, (int, float)) else str(v))))
     return [Text(""), *out]

@@ -3,13 +3,14 @@ contract the runtime reads; stdlib only).
 
     sync         {"mode": "synchronous"}   absent: synchronous (plans written before the section load unchanged,
                  and a plan in the default mode is written without it, byte for byte as before)
+                 {"mode": "compressed"}    synchronous, the gradients all-reduced in bf16
                  {"mode": "diloco", "options": {"every": H, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 32,
                                                 "islands": I}}   every required; the rest default as shown (islands:
                                                                  one per data-parallel replica)
 
 A sync mode is one registry entry here (its name, what it means, the options it takes), one price function in
 the planner's estimate layer (planner.estimate.sync.PRICES) and one hook class in the runtime's trainer loop
-(runtime.loop.sync.HOOKS): synchronous data parallelism and DiLoCo today; local SGD and streaming DiLoCo are
+(runtime.loop.sync.HOOKS): synchronous data parallelism, the same with bf16-compressed gradients, and DiLoCo today; local SGD and streaming DiLoCo are
 modes around the optimizer step of the same loop (DESIGN.md, "Where new capabilities go").
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ class SyncMode:
 
 
 SYNCHRONOUS = "synchronous"
+COMPRESSED = "compressed"
 DILOCO = "diloco"
 DILOCO_MAX_EVERY = 500
 """The largest H (inner steps per outer step) inside DiLoCo's quality envelope: the paper's main setting, 8 workers
@@ -58,6 +60,11 @@ SYNC_MODES: dict[str, SyncMode] = {
     SYNCHRONOUS: SyncMode(name=SYNCHRONOUS,
                           summary="synchronous data parallelism: gradients averaged over dp in every step's backward "
                                   "(DDP's buckets, FSDP's reduce-scatter), before the optimizer step"),
+    COMPRESSED: SyncMode(
+        name=COMPRESSED,
+        summary="synchronous data parallelism with the gradients all-reduced in bf16 (as PyTorch's DDP "
+                "communication hook bf16_compress_hook and Megatron-LM's --grad-reduce-in-bf16 do): half the bytes of fp32 gradients on "
+                "every link, each averaged gradient rounded to bf16's 8 significant bits before the optimizer step"),
     DILOCO: SyncMode(
         name=DILOCO,
         summary="DiLoCo (Douillard et al. 2023, arXiv:2311.08105): synchronous inside each island; across islands "

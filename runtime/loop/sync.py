@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from partita.costmodel import PartitaError
-from partita.planner.plan.sync import DILOCO, SYNC_MODES, SYNCHRONOUS, Sync, accepted
+from partita.planner.plan.sync import COMPRESSED, DILOCO, SYNC_MODES, SYNCHRONOUS, Sync, accepted
 from partita.runtime.loop.trainer import StepHook
 
 
@@ -38,6 +38,39 @@ class Synchronous(SyncHook):
     its buckets during the backward, FSDP reduce-scatters them there, and an executor without either averages
     them at the end of its step (runtime.parallel.apply.LocalExecutor.step); pipeline stages do the same per
     stage. By the optimizer step every replica holds the same averaged gradients."""
+
+
+def bf16_all_reduce(group, bucket):
+    """A DDP communication hook: the bucket cast to bf16 and divided by the group's size, summed over the group,
+    and the mean cast back into the bucket -- what torch's own `bf16_compress_hook`
+    (torch.distributed.algorithms.ddp_comm_hooks.default_hooks) does, which DDP accepts on CUDA/NCCL and XPU only
+    (a TypeError on gloo), so the runtime registers this one everywhere."""
+    buffer = bucket.buffer()
+    wire = buffer.to(torch.bfloat16).div_(dist.get_world_size(group))
+    future = dist.all_reduce(wire, group=group, async_op=True).get_future()
+
+    def back(done):
+        buffer.copy_(done.value()[0])
+        return buffer
+
+    return future.then(back)
+
+
+class Compressed(SyncHook):
+    """Synchronous data parallelism with the gradients all-reduced in bf16 (`bf16_all_reduce`, a DDP communication
+    hook): each bucket is rounded to bf16, divided by the group's size, summed, and cast back, so every replica
+    steps on the same rounded mean. Runs on DDP plans (zero 0, data parallelism only:
+    planner.plan.executable.sync_refusal); one replica has nothing to all-reduce."""
+
+    def __init__(self, executor, topo, options: dict):
+        super().__init__(executor, topo, options)
+        n = executor.n_replicas if executor is not None else 1
+        if n <= 1:
+            return
+        if executor.ddp is None:
+            raise PartitaError("the compressed sync mode runs on data-parallel plans with DDP (zero 0, no tensor or "
+                               "pipeline parallelism) today; this plan shards or splits the model")
+        executor.ddp.register_comm_hook(executor.replicas, bf16_all_reduce)
 
 
 class DiLoCo(SyncHook):
@@ -120,7 +153,7 @@ class DiLoCo(SyncHook):
                 anchor.grad = None
 
 
-HOOKS: dict[str, type[SyncHook]] = {SYNCHRONOUS: Synchronous, DILOCO: DiLoCo}
+HOOKS: dict[str, type[SyncHook]] = {SYNCHRONOUS: Synchronous, COMPRESSED: Compressed, DILOCO: DiLoCo}
 """A hook class per registered sync mode (the same names as planner.plan.sync.SYNC_MODES)."""
 
 
@@ -133,6 +166,9 @@ def make_hook(sync: Sync, executor, topo) -> SyncHook:
 
 def run_refusal(sync: Sync, checkpoint_every: int = 0, steps: int = 0, verify: bool = False) -> str | None:
     """One line when the run cannot honour the plan's sync mode with these flags; None when it can."""
+    if sync.mode == COMPRESSED and verify:
+        return ("--verify compares with single-process fp32 training, and the compressed sync mode rounds every "
+                "averaged gradient to bf16 by design: run without --verify, or compare with a synchronous plan's run")
     if sync.mode != DILOCO:
         return None
     every = sync.option("every")

@@ -97,4 +97,4 @@ def test_every_mode_has_a_price_and_a_hook_and_an_unknown_one_neither():
     assert isinstance(make_hook(Sync(), executor=None, topo=None), Synchronous)
     with pytest.raises(PartitaError) as refused:
         make_hook(Sync(mode="streaming"), executor=None, topo=None)
-    assert str(refused.value) == "sync mode 'streaming' has no runtime hook; accepted: synchronous, diloco"
+    assert str(refused.value) == "sync mode 'streaming' has no runtime hook; accepted: synchronous, compressed, diloco"

@@ -231,6 +231,14 @@ def one_more_step(result: dict, kgroups: dict) -> tuple[float, str]:
     return fit.largest_move(values, fit.fit_published(list(ROWS), lin, kgroups, start=values, krows=KERNEL_ROWS))
 
 
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """{"a.b": leaf} of a nested dict."""
+    out = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
 def test_one_more_iteration_at_the_shipped_constants_moves_no_constant_more_than_1pct(kgroups):
     """results/fit.json is the fit of the constants in force, and one more step from them moves no fitted value by
     more than 1%. (From the constants of a fit stopped after 2 steps, as it was before, the same step moves
@@ -242,7 +250,16 @@ def test_one_more_iteration_at_the_shipped_constants_moves_no_constant_more_than
     assert result["digest"] == fitted_constants()["digest"], "rerun `python -m benchmarks.fit`"
     assert result["convergence"]["converged"] and result["convergence"]["largest_move"] <= fit.TOLERANCE
     values = {tuple(k.split(":", 1)): v for k, v in result["values"].items()}
-    assert fit.constants_digest(fit.derive(values, kgroups, fit.timed_groups(KERNEL_ROWS))) == result["digest"]
+    # derived again from the fitted values, each constant as shipped -- to the kernel-timing fits' precision (scipy's
+    # least squares on another machine's BLAS moves the 6th digit: 13502.85 against 13503.06), not bit for bit
+    derived, shipped = fit.derive(values, kgroups, fit.timed_groups(KERNEL_ROWS)), fitted_constants()["groups"]
+    assert set(derived) == set(shipped)
+    for group, c in derived.items():
+        want = _flat(shipped[group]["constants"])
+        got = {k: v for k, v in _flat(c["constants"]).items() if k in want}
+        floats = {k for k, v in want.items() if isinstance(v, float)}
+        assert {k: got[k] for k in want if k not in floats} == {k: want[k] for k in want if k not in floats}, group
+        assert {k: got[k] for k in floats} == pytest.approx({k: want[k] for k in floats}, rel=1e-4), group
     move, which = one_more_step(result, kgroups)
     assert move <= 0.01, f"{which} moved {100 * move:.2f}%"
 

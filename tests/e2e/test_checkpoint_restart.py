@@ -31,6 +31,16 @@ def torchrun(tmp_path: Path, name: str, plan: dict, ranks: int, *args: str, rest
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
 
+def pooled(tmp_path: Path, name: str, plan: dict, *args: str, model: str = "tiny-gpt"):
+    """As `torchrun`, on the test session's long-lived gloo workers (tests/rank_pool.py): the workers' own entry
+    point, for runs no launcher behaviour is part of."""
+    import rank_pool
+    plan_file, out = tmp_path / f"{name}.json", tmp_path / f"{name}.out.json"
+    plan_file.write_text(json.dumps(plan))
+    proc = rank_pool.run_plan(plan_file, model, "--losses-out", str(out), *args, cwd=ROOT)
+    return proc, (json.loads(out.read_text()) if out.exists() else None)
+
+
 def dirs(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.name.startswith(("step-", ".step-")))
 
@@ -96,20 +106,20 @@ def test_killed_rank_and_crash_mid_save_resume_from_the_last_checkpoint(tmp_path
 
 
 def test_dropout_resumes_bit_exactly_on_two_ranks(tmp_path):
-    """dp=2 (DDP), a dropout model: 4 steps straight vs 2 steps + checkpoint + resume for 2 more under
-    torchrun: each rank's generator state travels with the checkpoint (rng.rank0/1), so steps 3-4 draw the
+    """dp=2 (DDP), a dropout model: 4 steps straight vs 2 steps + checkpoint + resume for 2 more (on the rank pool:
+    each run a fresh process group on long-lived workers, whose global RNG the previous job left elsewhere): each rank's generator state travels with the checkpoint (rng.rank0/1), so steps 3-4 draw the
     same masks and the losses are bit-identical."""
     model = "gpt:layers=2,hidden=64,heads=4,vocab=128,seq=32,dropout=0.1"
     plan, ck = make_plan(model, dp=2), tmp_path / "ck"
-    proc, straight = torchrun(tmp_path, "straight", plan, 2, "--steps", "4", model=model)
+    proc, straight = pooled(tmp_path, "straight", plan, "--steps", "4", model=model)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc, _ = torchrun(tmp_path, "first", plan, 2, "--steps", "2", "--checkpoint-dir", str(ck),
-                       "--checkpoint-every", "2", model=model)
+    proc, _ = pooled(tmp_path, "first", plan, "--steps", "2", "--checkpoint-dir", str(ck), "--checkpoint-every", "2",
+                     model=model)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     keys = runtime.checkpoint.read_metadata(ck / "step-00000002").state_dict_metadata
     assert {"rng.rank0.cpu", "rng.rank1.cpu"} <= set(keys)
-    proc, resumed = torchrun(tmp_path, "resumed", plan, 2, "--steps", "4", "--checkpoint-dir", str(ck), "--resume",
-                             model=model)
+    proc, resumed = pooled(tmp_path, "resumed", plan, "--steps", "4", "--checkpoint-dir", str(ck), "--resume",
+                           model=model)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert resumed["first_step"] == 2 and resumed["losses"] == straight["losses"][2:], (resumed, straight)
     print(f"straight {straight['losses']}, resumed {resumed['losses']}")

@@ -1,4 +1,5 @@
-"""`partita run --eval-data D --eval-every N --eval-batches K` through the real launcher (runtime.loop.evaluate): the
+"""`partita run --eval-data D --eval-every N --eval-batches K` (runtime.loop.evaluate; the runs on the rank pool, the
+refusal through the real launcher): the
 held-out loss after every N-th step and the last, the same on 2 data-parallel ranks as on one, and evaluating does
 not change training (the training losses are bit-identical with and without it). Refusals are one line."""
 from __future__ import annotations
@@ -9,19 +10,25 @@ import sys
 
 import numpy as np
 import pytest
+import rank_pool
 
 from test_plans_match_single_process import ROOT, _env, make_plan
 
 pytestmark = pytest.mark.slow
 
 
-def _run(tmp_path, plan: dict, name: str, *flags):
+def _run(tmp_path, plan: dict, name: str, *flags, launcher: bool = False):
+    """The plan's ranks on the test session's gloo workers (tests/rank_pool.py: the workers' own entry point), or
+    with `launcher` through `partita run` itself (its pre-flight refusals)."""
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(plan))
     out = tmp_path / f"{name}-out.json"
-    done = subprocess.run([sys.executable, "-m", "partita.cli", "run", str(path), "--model", "tiny-gpt", "--steps", "4",
-                           "--losses-out", str(out), *flags], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env=_env())
+    flags = ("--steps", "4", "--losses-out", str(out), *flags)
+    if launcher:
+        done = subprocess.run([sys.executable, "-m", "partita.cli", "run", str(path), "--model", "tiny-gpt", *flags],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT, env=_env())
+    else:
+        done = rank_pool.run_plan(path, "tiny-gpt", *flags, cwd=ROOT)
     return done, (json.loads(out.read_text()) if out.exists() else None)
 
 
@@ -54,7 +61,7 @@ def test_held_out_losses_match_across_plans_and_leave_training_alone(tmp_path):
 
 
 def test_eval_flags_without_eval_data_are_one_line(tmp_path):
-    done, _ = _run(tmp_path, make_plan(dp=2), "p", "--eval-every", "2")
+    done, _ = _run(tmp_path, make_plan(dp=2), "p", "--eval-every", "2", launcher=True)
     assert done.returncode == 2, done.stderr
     said = [line for line in done.stderr.splitlines() if line.startswith("partita")]
     assert said == ["partita: error: --eval-every and --eval-batches need --eval-data"], done.stderr

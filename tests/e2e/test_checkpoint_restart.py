@@ -46,12 +46,12 @@ def dirs(root: Path) -> list[str]:
 
 
 def test_resume_on_another_plan_and_world_size_then_stop_on_nan(tmp_path):
-    """Steps 1-2 on 4 ranks (pp=2 x dp=2, ZeRO-3), checkpoint; steps 3-4 on 2 ranks (tp=2, no ZeRO), launched
-    by runtime.launch; then steps 3-5 on one process, where a NaN at step 4 stops the run and keeps step 3's
+    """Steps 1-2 on 4 ranks (pp=2 x dp=2, ZeRO-3; the rank pool), checkpoint; steps 3-4 on 2 ranks (tp=2, no ZeRO),
+    launched by runtime.launch; then steps 3-5 on one rank (the pool), where a NaN at step 4 stops the run and keeps step 3's
     checkpoint. Global batch 8 throughout."""
     ck = tmp_path / "ck"
-    proc, out = torchrun(tmp_path, "a", element_plan(zero=3, pp=2, dp=2, micro=2), 4, "--steps", "2", "--verify",
-                         "--checkpoint-dir", str(ck), "--checkpoint-every", "2")
+    proc, out = pooled(tmp_path, "a", element_plan(zero=3, pp=2, dp=2, micro=2), "--steps", "2", "--verify",
+                       "--checkpoint-dir", str(ck), "--checkpoint-every", "2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert out["max_abs_diff"] <= 1e-5 and dirs(ck) == ["step-00000002"]
     manifest = json.loads((ck / "step-00000002" / "partita.json").read_text())
@@ -70,10 +70,10 @@ def test_resume_on_another_plan_and_world_size_then_stop_on_nan(tmp_path):
     print(f"4 ranks -> 2 ranks: max_abs_diff={out['max_abs_diff']:.2e} then {out_b['max_abs_diff']:.2e}, "
           f"param diff {out_b['param_max_abs_diff']:.2e}")
 
+    import rank_pool
     (tmp_path / "c.json").write_text(json.dumps(make_plan(micro=2, mb=4)))
-    proc = subprocess.run([sys.executable, "-m", "partita.runtime.train", str(tmp_path / "c.json"), "--model", "tiny-gpt",
-                           "--steps", "5", "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--resume"],
-                          cwd=ROOT, env=_env(PARTITA_FAULT="nan,step=4"), capture_output=True, text=True, timeout=120)
+    proc = rank_pool.run_plan(tmp_path / "c.json", "tiny-gpt", "--steps", "5", "--checkpoint-dir", str(ck),
+                              "--checkpoint-every", "1", "--resume", cwd=ROOT, env={"PARTITA_FAULT": "nan,step=4"})
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert proc.stderr.strip() == (f"partita: error: loss is nan at step 4: training stopped before that step's "
                                    f"optimizer update; the newest checkpoint, {ck / 'step-00000003'}, holds the weights "

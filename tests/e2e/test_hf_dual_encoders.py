@@ -3,8 +3,9 @@ CLIP's contrastive loss then sees each rank's samples only; planned with tensor 
 whole batch) it trains on 2 ranks like one process (--verify) and its weights come out as a folder that
 `CLIPModel.from_pretrained` loads.
 
---lr 1e-4: at the default 1e-3 the loss rises at step 2 (2.20 -> 2.63) and fp32 rounding differences grow from
-5e-7 to 1.7e-5, past --verify's 1e-5; at 1e-4 they stay at 2-5e-7 (measured, tp=2, 3 steps).
+At the default lr (1e-3) Adam amplifies the rounding differences of the split matmuls from 5e-7 (step 1) to 1.7e-5
+(step 2), past --verify's fixed 1e-5; the reference nudged by one rounding drifts 2.7e-5 by then, so the loss check
+allows 10x that (runtime.loop.verify.rounding_drift) and the run verifies. The test asserts that it was raised.
 """
 from __future__ import annotations
 
@@ -43,11 +44,13 @@ def test_with_tensor_parallelism_it_trains_like_one_process_and_its_weights_load
     plan, path = _plan(tmp_path, "tp", "--tp", "2")
     assert plan.mesh.tp == 2 and plan.mesh.dp == 1
     losses, final = tmp_path / "losses.json", tmp_path / "final"
-    done = run_plan(path, MODEL, "--steps", "3", "--lr", "1e-4", "--verify", "--log-every", "0",
+    done = run_plan(path, MODEL, "--steps", "3", "--verify", "--log-every", "0",
                     "--losses-out", str(losses), "--save-final", f"{final}/", cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads(losses.read_text())
     assert record["verified"] is True and all(c["passed"] for c in record["checks"]), record["checks"]
+    losses_check = next(c for c in record["checks"] if c["what"] == "losses")
+    assert "nudged by fp32's unit roundoff" in losses_check["worst"] and losses_check["tolerance"] > 1e-5
     assert "warning: the loss couples" not in done.stdout  # one rank of data: the whole batch in one loss
     loaded = CLIPModel.from_pretrained(final)
     assert loaded.config.projection_dim == 64 and len(loaded.text_model.encoder.layers) == 2

@@ -93,7 +93,7 @@ def test_a_toy_local_sgd_trains_as_expected_beside_synchronous(runs):
 def test_every_mode_has_a_price_and_a_hook_and_an_unknown_one_neither():
     from partita.planner.estimate.sync import PRICES
     from partita.runtime.loop.sync import HOOKS, Synchronous, make_hook
-    assert set(SYNC_MODES) == set(PRICES) == set(HOOKS) == {"synchronous", "diloco"}
+    assert set(SYNC_MODES) == set(PRICES) == set(HOOKS) == {"synchronous", "compressed", "diloco"}
     assert isinstance(make_hook(Sync(), executor=None, topo=None), Synchronous)
     with pytest.raises(PartitaError) as refused:
         make_hook(Sync(mode="streaming"), executor=None, topo=None)

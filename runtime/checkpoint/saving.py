@@ -171,11 +171,12 @@ def _dcp(action, what: str):
 
 
 def save(root: str | os.PathLike, step: int, modules: list[nn.Module], optimizer: torch.optim.Optimizer,
-         manifest: dict, rank: int, faults=None, keep: int = 0) -> Path:
+         manifest: dict, rank: int, faults=None, keep: int = 0, extra: dict | None = None) -> Path:
     """Collective: every rank writes its share; returns the committed directory. A save that fails anywhere
     in the checkpoint directory (DCP's writes, the temporary directory, the hashes, the manifest, the rename,
     --keep's removals) raises CheckpointError on every rank, one line naming the newest checkpoint, which
-    the atomic save left intact."""
+    the atomic save left intact. `extra`: more tensors under their own keys (a sync mode's state,
+    runtime.loop.sync)."""
     import torch.distributed.checkpoint as dcp
     root = Path(root)
     tmp, final = tmp_dir(root, step), step_dir(root, step)
@@ -188,7 +189,7 @@ def save(root: str | os.PathLike, step: int, modules: list[nn.Module], optimizer
         tmp.mkdir()
 
     _rank0_step(rank, make_tmp, saving, root)
-    state = {**train_state(modules, optimizer), **rng_state(rank)}
+    state = {**train_state(modules, optimizer), **rng_state(rank), **(extra or {})}  # extra: a sync mode's own
     try:
         _dcp(lambda: dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp, sync_files=True)), what)
     except CheckpointError as e:

@@ -406,8 +406,11 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
                         every=opts.log_every, tensorboard=opts.tensorboard if topo.rank == 0 else None)
     manifest = {**_manifest(plan, spec, opts, prep.data, built.fingerprint), "run_id": run_id}
     watch = hang_watch(opts.hang_timeout, topo.rank)
+    sync = make_sync_hook(plan.sync, executor, topo, opt)
+    if prep.resume is not None:
+        sync.load_state(prep.resume.path)
     hooks = [*([watch] if watch else []),
-             make_sync_hook(plan.sync, executor, topo),
+             sync,
              RecipeHook(opt, recipe_of(opts), history.start, executor, pp_group(topo), history),
              FaultHook(faults, executor.params),
              *([watch.after_loss()] if watch else []),
@@ -415,7 +418,7 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
              *([EvalHook(executor, prep.eval_data, topo, opts.steps, opts.eval_every, opts.eval_batches,
                          history.evals, topo.rank == 0 and opts.print_report)] if prep.eval_data is not None else []),
              CheckpointHook(history, opts.checkpoint_every, opts.steps, opts.checkpoint_dir, executor, opt, manifest,
-                            topo, faults, opts.keep)]
+                            topo, faults, opts.keep, sync)]
     trainer = Trainer(executor=executor, opt=opt, data=prep.data, topo=topo, steps=opts.steps, stop=stop,
                       saved=built.saved, hooks=hooks, checkpointing=bool(opts.checkpoint_every),
                       checkpoint_root=opts.checkpoint_dir if opts.checkpoint_every else None)

@@ -26,11 +26,22 @@ class SyncHook(StepHook):
     """A sync mode's hook: built from the executor (its `params`, `ddp`, `replicas` group), the topology and the
     plan's options for the mode."""
 
-    def __init__(self, executor, topo, options: dict):
-        self.executor, self.topo, self.options = executor, topo, options
+    def __init__(self, executor, topo, options: dict, optimizer=None):
+        self.executor, self.topo, self.options, self.optimizer = executor, topo, options, optimizer
 
     def during_backward(self, step: int):
         return contextlib.nullcontext()
+
+    def save_refusal(self, step: int) -> str | None:
+        """Why no checkpoint may be written after `step` (None: it may)."""
+        return None
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """The mode's own tensors a checkpoint holds beside the model and optimizer state ({}: none)."""
+        return {}
+
+    def load_state(self, path) -> None:
+        """Collective: fill the mode's own state from the checkpoint at `path` (after the model and optimizer)."""
 
 
 class Synchronous(SyncHook):
@@ -62,8 +73,8 @@ class Compressed(SyncHook):
     steps on the same rounded mean. Runs on DDP plans (zero 0, data parallelism only:
     planner.plan.executable.sync_refusal); one replica has nothing to all-reduce."""
 
-    def __init__(self, executor, topo, options: dict):
-        super().__init__(executor, topo, options)
+    def __init__(self, executor, topo, options: dict, optimizer=None):
+        super().__init__(executor, topo, options, optimizer)
         n = executor.n_replicas if executor is not None else 1
         if n <= 1:
             return
@@ -85,11 +96,11 @@ class DiLoCo(SyncHook):
 
     With H = 1, outer lr 1 and no momentum under an SGD inner optimizer this is synchronous DP: the anchor
     becomes the mean of one local step from the same weights, the step on the mean gradient. Runs on plans with
-    DDP (zero 0, no tensor or pipeline parallelism) and on one replica; the anchor and the outer momentum are
-    not in checkpoints yet (`run_refusal`)."""
+    DDP (zero 0, no tensor or pipeline parallelism) and on one replica. Checkpoints: after outer steps only
+    (`save_refusal`), with each island's inner optimizer state and the outer momentum (`checkpoint_state`)."""
 
-    def __init__(self, executor, topo, options: dict):
-        super().__init__(executor, topo, options)
+    def __init__(self, executor, topo, options: dict, optimizer=None):
+        super().__init__(executor, topo, options, optimizer)
         sync = Sync(mode=DILOCO, options=options)
         self.every, self.bits = sync.option("every"), sync.option("bits")
         n = executor.n_replicas if executor is not None else 1
@@ -108,13 +119,16 @@ class DiLoCo(SyncHook):
                                          nesterov=momentum > 0)
 
     def _groups(self, n: int):
-        """(the island's own group or None, the group of this replica's peers in the other islands or None)."""
+        """(the island's own group or None, the group of this replica's peers in the other islands or None); sets
+        `island`, this rank's island's index."""
+        self.island = 0
         if n <= 1 or self.islands <= 1:
             return None, None
-        if self.islands == n:
-            return None, self.executor.replicas
         per, ranks = n // self.islands, dist.get_process_group_ranks(self.executor.replicas)
         mine = ranks.index(dist.get_rank())
+        self.island = mine // per
+        if self.islands == n:
+            return None, self.executor.replicas
         inner = outer = None
         for i in range(self.islands):  # every rank creates every group, in the same order (new_group's rule)
             g = dist.new_group(ranks[i * per:(i + 1) * per])
@@ -152,16 +166,58 @@ class DiLoCo(SyncHook):
                 p.copy_(anchor)
                 anchor.grad = None
 
+    # Checkpoints are written right after an outer step, where every replica's parameters equal the anchor (so the
+    # model state is the anchor, and one replica's copy is every replica's). What differs between islands is the
+    # inner optimizer's state (Adam's moments of each island's own gradients): each island's is kept under its own
+    # keys, and the outer momentum (the same on every rank) under the mode's.
+
+    def save_refusal(self, step: int) -> str | None:
+        if step % self.every:
+            return (f"diloco writes checkpoints after outer steps only (every H = {self.every} steps), where the "
+                    f"replicas agree; step {step} is inside a window")
+        return None
+
+    def _inner_keys(self) -> dict[str, torch.Tensor]:
+        from partita.runtime.checkpoint import train_state
+        if self.optimizer is None:
+            return {}
+        state = train_state(self.executor.modules, self.optimizer)
+        return {f"sync.diloco.island{self.island}.{k}": v for k, v in state.items() if k.startswith("optim.")}
+
+    def _outer_keys(self, create: bool = False) -> dict[str, torch.Tensor]:
+        out = {}
+        for i, anchor in enumerate(self.anchor):
+            state = self.outer_opt.state[anchor]
+            if create and self.outer_opt.defaults["momentum"] > 0 and "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(anchor)
+            out.update({f"sync.diloco.outer.{i}.{k}": v for k, v in state.items() if isinstance(v, torch.Tensor)})
+        return out
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        return {**self._outer_keys(), **self._inner_keys()}
+
+    def load_state(self, path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from partita.runtime.checkpoint import read_metadata
+        saved = read_metadata(path).state_dict_metadata
+        want = {**self._outer_keys(create=True), **self._inner_keys()}
+        missing = sorted(k for k in want if k not in saved)
+        if missing:
+            raise PartitaError(f"checkpoint {path} holds no diloco state ({missing[0]} ...): it was not written by a "
+                               "diloco run of this plan's islands; resume it with the plan that wrote it")
+        dcp.load(want, storage_reader=dcp.FileSystemReader(str(path)))
+
 
 HOOKS: dict[str, type[SyncHook]] = {SYNCHRONOUS: Synchronous, COMPRESSED: Compressed, DILOCO: DiLoCo}
 """A hook class per registered sync mode (the same names as planner.plan.sync.SYNC_MODES)."""
 
 
-def make_hook(sync: Sync, executor, topo) -> SyncHook:
-    """The hook of the plan's sync mode, for the trainer loop."""
+def make_hook(sync: Sync, executor, topo, optimizer=None) -> SyncHook:
+    """The hook of the plan's sync mode, for the trainer loop (`optimizer`: the inner optimizer, whose state a
+    mode may checkpoint)."""
     if sync.mode not in SYNC_MODES or sync.mode not in HOOKS:
         raise PartitaError(f"sync mode {sync.mode!r} has no runtime hook; accepted: {accepted()}")
-    return HOOKS[sync.mode](executor, topo, dict(sync.options))
+    return HOOKS[sync.mode](executor, topo, dict(sync.options), optimizer)
 
 
 def run_refusal(sync: Sync, checkpoint_every: int = 0, steps: int = 0, verify: bool = False) -> str | None:
@@ -172,9 +228,10 @@ def run_refusal(sync: Sync, checkpoint_every: int = 0, steps: int = 0, verify: b
     if sync.mode != DILOCO:
         return None
     every = sync.option("every")
-    if checkpoint_every:
-        return ("--checkpoint-every with the diloco sync mode is not supported yet: its anchor weights and outer "
-                "momentum are not in the checkpoint, so a resume would not be exact; run without checkpoints")
+    if checkpoint_every % every:
+        return (f"--checkpoint-every {checkpoint_every} is not a multiple of the plan's diloco H = {every}: diloco "
+                f"writes checkpoints after outer steps only, where the replicas agree; use --checkpoint-every "
+                f"{every * max(1, round(checkpoint_every / every))}")
     if steps % every:
         return (f"--steps {steps} is not a multiple of the plan's diloco H = {every}: the replicas would end the run "
                 f"apart, after {steps % every} inner step(s) with no outer step; run {steps - steps % every or every} "

@@ -30,6 +30,7 @@ import torch
 from partita.runtime import checkpoint as ckpt
 from partita.runtime.loop import memory
 from partita.runtime.loop.clip import clip_grad_norm
+from partita.runtime.loop.console import STDOUT
 from partita.runtime.loop.recipe import Recipe, current_lr, make_schedule
 from partita.runtime.loop.guards import NonFiniteLoss, NonFiniteParameters, Stopped, params_finite, reduce_loss_and_stop
 from partita.runtime.loop.stop import record_step
@@ -204,18 +205,25 @@ class CheckpointHook(StepHook):
     holding a non-finite weight (NonFiniteParameters). Appends to the history's `kept` and `saves`."""
 
     def __init__(self, history: History, every: int, steps: int, directory, executor, opt, manifest: dict, topo,
-                 faults, keep: int):
+                 faults, keep: int, sync=None):
         self.history, self.every, self.steps, self.directory = history, every, steps, directory
         self.executor, self.opt, self.manifest, self.topo, self.faults, self.keep = \
             executor, opt, manifest, topo, faults, keep
+        self.sync = sync
+        """The sync mode's hook (runtime.loop.sync): whether a step may be saved, and its own state to save."""
 
     def checkpoint(self, step, stopping):
         if not (self.every and (step % self.every == 0 or step == self.steps or stopping)):
             return
+        if self.sync is not None and (why := self.sync.save_refusal(step)):
+            if self.topo.rank == 0:  # a stop inside a window: the newest checkpoint stays the run's last
+                STDOUT.line(f"note: no checkpoint after step {step}: {why}")
+            return
         h, t1 = self.history, time.perf_counter()
         if not params_finite(self.executor, self.topo):
             raise NonFiniteParameters(step, h.kept)
+        extra = self.sync.checkpoint_state() if self.sync is not None else {}
         h.kept.append((step, str(ckpt.save(self.directory, step, self.executor.modules, self.opt, self.manifest,
-                                            self.topo.rank, self.faults, keep=self.keep))))
+                                            self.topo.rank, self.faults, keep=self.keep, extra=extra))))
         h.save_time += time.perf_counter() - t1
         h.saves.append(h.kept[-1][1])

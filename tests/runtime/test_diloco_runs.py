@@ -9,8 +9,10 @@ parameter checksum after every optimizer step). Seeds: the runs' default (--seed
   learnable token file (next token = this one + 1 mod 16).
 - 4 ranks in 2 islands of 2 (inner averaging on each island's group, outer all-reduce across): H = 1, outer lr 1,
   no momentum equals 4-rank synchronous DP within 1e-5.
-- DiLoCo with --checkpoint-every is refused in one line before anything trains; so are --steps that are not a
-  multiple of H (the replicas would end apart) and --verify outside the H = 1 identity.
+- DiLoCo checkpoints after outer steps: a resumed run equals the uninterrupted one (each island's inner Adam state
+  and the outer momentum are in the checkpoint); --checkpoint-every that is not a multiple of H is refused in one
+  line before anything trains; so are --steps that are not a multiple of H (the replicas would end apart) and
+  --verify outside the H = 1 identity.
 """
 from __future__ import annotations
 
@@ -77,12 +79,41 @@ def test_h4_replicas_drift_between_outer_steps_and_agree_after_each(runs):
     assert min(abs(a - b) for a, b in zip(losses[1:], runs["synchronous_learnable"]["losses"][1:])) > 1e-6
 
 
-def test_checkpoints_with_diloco_are_refused_in_one_line(tmp_path):
+def test_checkpoints_inside_a_window_are_refused_in_one_line(tmp_path):
     done = _run(tmp_path, "ckpt", {"mode": "diloco", "options": {"every": 2}},
-                ("--checkpoint-every", "2", "--checkpoint-dir", str(tmp_path / "ck")))
+                ("--checkpoint-every", "3", "--checkpoint-dir", str(tmp_path / "ck")))
     assert done["code"] != 0
-    line = "--checkpoint-every with the diloco sync mode is not supported yet"
+    line = "--checkpoint-every 3 is not a multiple of the plan's diloco H = 2"
     assert line in done["stderr"], done["stderr"][-2000:]
+
+
+def test_a_resumed_diloco_run_equals_the_uninterrupted_one(tmp_path):
+    """Adam inside each of 2 islands (one replica each: their moments differ), H = 2 with the published outer
+    Nesterov step: 8 steps straight, against 4 steps + a checkpoint + 4 more resumed. The checkpoint holds each
+    island's Adam state under its own keys and the outer momentum; the resumed losses are the same, bit for bit."""
+    from test_plans_match_single_process import make_plan
+    from partita.runtime.checkpoint import read_metadata
+    plan = make_plan(dp=2)
+    plan["train"]["optimizer"] = "adam"
+    plan["sync"] = {"mode": "diloco", "options": {"every": 2}}
+    path, ck = tmp_path / "diloco.json", tmp_path / "ck"
+    path.write_text(json.dumps(plan))
+
+    def run(name: str, steps: int, *extra: str) -> list[float]:
+        out = tmp_path / f"{name}.json"
+        done = rank_pool.shared().run(2, [str(path), "--model", "tiny-gpt", "--steps", str(steps), "--lr", "0.01",
+                                          "--log-every", "0", "--losses-out", str(out), *extra], cwd=ROOT, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(out.read_text())["losses"]
+
+    straight = run("straight", 8)
+    first = run("first", 4, "--checkpoint-dir", str(ck), "--checkpoint-every", "2")
+    keys = set(read_metadata(ck / "step-00000004").state_dict_metadata)
+    for island in (0, 1):
+        assert any(k.startswith(f"sync.diloco.island{island}.optim.") and k.endswith(".exp_avg") for k in keys)
+    assert any(k.startswith("sync.diloco.outer.") and k.endswith(".momentum_buffer") for k in keys)
+    resumed = run("resumed", 8, "--checkpoint-dir", str(ck), "--resume")
+    assert first == straight[:4] and resumed == straight[4:], (straight, first, resumed)
 
 
 def test_two_islands_of_two_replicas_h1_is_synchronous_dp(tmp_path):
@@ -114,6 +145,7 @@ def test_flags_diloco_cannot_honour_are_one_line_each():
     assert run_refusal(diloco, 0, 8) is None and run_refusal(Sync(), 2, 7, True) is None
     assert "not a multiple of the plan's diloco H = 4" in run_refusal(diloco, 0, 10)
     assert "run 8 steps" in run_refusal(diloco, 0, 10)
-    assert "--checkpoint-every with the diloco sync mode" in run_refusal(diloco, 2, 8)
+    assert "--checkpoint-every 2 is not a multiple of the plan's diloco H = 4" in run_refusal(diloco, 2, 8)
+    assert "use --checkpoint-every 4" in run_refusal(diloco, 2, 8) and run_refusal(diloco, 8, 8) is None
     assert "--verify compares with single-process training" in run_refusal(diloco, 0, 8, True)
     assert run_refusal(Sync(mode="diloco", options={"every": 1, "outer_lr": 1, "outer_momentum": 0}), 0, 3, True) is None

@@ -31,10 +31,13 @@ if TYPE_CHECKING:
 # (costmodel.capture.cache) runs without it
 
 
-def _spec_for(model, example_inputs) -> ModelSpec:
+def _spec_for(model, example_inputs, loss_fn=None) -> ModelSpec:
     import torch.nn as nn
 
     from partita.costmodel import ModelSpec, resolve_model
+    if loss_fn is not None and not isinstance(model, nn.Module):
+        raise PartitaError("loss_fn goes with an nn.Module and its example_inputs; a model factory returns its own "
+                           "as (module, example_inputs, loss_fn), and a MODEL string's model has its loss")
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):
@@ -43,14 +46,19 @@ def _spec_for(model, example_inputs) -> ModelSpec:
         if example_inputs is None:
             raise PartitaError("planning an nn.Module needs example_inputs (a tuple of tensors for forward)")
         inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-        return ModelSpec(name=type(model).__name__, build=lambda: model,
+        return ModelSpec(name=type(model).__name__, build=lambda: model, loss_fn=loss_fn,
                          example_inputs=lambda batch: tuple(t[:1].expand(batch, *t.shape[1:]) for t in inputs))
-    raise PartitaError(f"model must be a preset name, a ModelSpec or an nn.Module, got {type(model).__name__}")
+    if callable(model):  # a model factory, as `package.module:factory` names one: (module, inputs[, loss_fn])
+        from partita.costmodel.models.registry import factory_spec
+        return factory_spec(model, getattr(model, "__qualname__", "model"))
+    raise PartitaError(f"model must be a preset name, a ModelSpec, an nn.Module or a model factory returning "
+                       f"(module, example_inputs[, loss_fn]), got {type(model).__name__}")
 
 
 def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConfig,
                 progress=None, baselines: bool = False, space: SearchSpace | None = None,
-                sparse=None, memory_headroom: float | None = None, **fixed) -> tuple[SearchResult | None, Plan]:
+                sparse=None, memory_headroom: float | None = None, loss_fn=None,
+                **fixed) -> tuple[SearchResult | None, Plan]:
     """Capture, cost and search; returns the search (every candidate, for notebooks) and the chosen Plan.
 
     `space` and the keywords `fixed` (SearchSpace fields: tp, pp, dp, zero, recompute, offload,
@@ -62,10 +70,15 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
 
     A model with embedding tables (nn.EmbeddingBag) is planned by planner.sparse.rec_plan, its sparse part from
     `sparse` (a rec_plan.SparseInputs: data sample or Zipf skew, fixed table shardings); the search
-    result is then None."""
+    result is then None.
+
+    `model`: a MODEL string, a ModelSpec, an nn.Module with its `example_inputs` (and `loss_fn(module, *batch)`
+    when it computes its own loss), or a model factory returning (module, example_inputs[, loss_fn]) as a
+    `package.module:factory` does."""
     space = _space_for(space, fixed)
     # a MODEL string whose capture may be on disk is resolved only if it is not (the resolved spec imports torch)
-    spec = None if sparse is None and capture_cache.cacheable(model) else _resolved(model, example_inputs, train)
+    spec = None if sparse is None and capture_cache.cacheable(model) else _resolved(model, example_inputs, train,
+                                                                                    loss_fn)
     cl = parse_cluster(cluster) if isinstance(cluster, str) else cluster
     check_scale(cl)
     cl = with_allocator_headroom(cl, memory_headroom)
@@ -78,7 +91,7 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     if hit is not None:
         graph, name, config, fingerprint = hit.graph, hit.name, hit.config, hit.fingerprint
     else:
-        spec = spec or _resolved(model, example_inputs, train)
+        spec = spec or _resolved(model, example_inputs, train, loss_fn)
         fingerprint, tables = _fingerprint_and_tables(spec)
         if tables or sparse is not None:
             return None, _plan_tables(spec, tables, cl, train, space, sparse, fingerprint, progress, baselines)
@@ -109,10 +122,10 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     return result, p
 
 
-def _resolved(model, example_inputs, train: TrainConfig) -> ModelSpec:
+def _resolved(model, example_inputs, train: TrainConfig, loss_fn=None) -> ModelSpec:
     """`model` as a ModelSpec at the sequence length `train` asks for."""
     from partita.costmodel.models import with_seq
-    return with_seq(_spec_for(model, example_inputs), train.seq_len)
+    return with_seq(_spec_for(model, example_inputs, loss_fn), train.seq_len)
 
 
 def _fingerprint_and_tables(spec: ModelSpec) -> tuple[str, list]:
@@ -126,13 +139,13 @@ def _fingerprint_and_tables(spec: ModelSpec) -> tuple[str, list]:
 
 def plan(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConfig, progress=None,
          baselines: bool = False, space: SearchSpace | None = None, sparse=None,
-         memory_headroom: float | None = None, **fixed) -> Plan:
+         memory_headroom: float | None = None, loss_fn=None, **fixed) -> Plan:
     """Capture `model`, cost it for `cluster`, and return the fastest plan that fits (see DESIGN.md),
     within `space` and the fixed choices (plan_search): `plan(..., tp=8, pp=16, zero=0)`;
     `memory_headroom=0.1` leaves 10% of each device's memory to the allocator (plan_search)."""
     return plan_search(model, example_inputs, cluster=cluster, train=train, progress=progress,
                        baselines=baselines, space=space, sparse=sparse,
-                       memory_headroom=memory_headroom, **fixed)[1]
+                       memory_headroom=memory_headroom, loss_fn=loss_fn, **fixed)[1]
 
 
 def _plan_tables(spec, tables, cluster, train, space, sparse, fingerprint, progress, baselines) -> Plan:

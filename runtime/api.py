@@ -38,7 +38,9 @@ from partita.runtime.loop.progress import DEFAULT_EVERY
 from partita.runtime.loop.guards import EXIT_OK
 from partita.runtime.loop.stop import die_with_parent
 
-ModelArg = str | ModelSpec | Callable[[], nn.Module]
+ModelArg = str | ModelSpec | Callable[[], nn.Module] | Callable[[], tuple]
+"""A MODEL string, a ModelSpec, a function building the module, or a model factory returning (module,
+example_inputs[, loss_fn]) as `package.module:factory` does for the CLI."""
 
 
 class VerifyFailed(PartitaError):
@@ -56,6 +58,19 @@ def _plan(plan: Plan | dict | str | os.PathLike) -> Plan:
     if isinstance(plan, dict):
         return Plan.from_dict(plan)
     return Plan.load(plan)
+
+
+def _as_factory(model_fn, name: str | None) -> ModelSpec | None:
+    """The ModelSpec of a `model_fn` that is a model factory -- it returns (module, example_inputs[, loss_fn]),
+    as `package.module:factory` does for the CLI -- probed on the meta device; None for a function returning the
+    module alone (or one that cannot run without memory: it is then taken as that)."""
+    from partita.costmodel.models.registry import _probe_without_memory, factory_spec
+    label = name or getattr(model_fn, "__qualname__", "model")
+    try:
+        probe = _probe_without_memory(model_fn, label)
+    except PartitaError:
+        return None
+    return factory_spec(model_fn, label, probe) if isinstance(probe, tuple) else None
 
 
 def model_spec(model: ModelArg, name: str | None = None, *, example_inputs=None, loss_fn=None,
@@ -78,6 +93,8 @@ def model_spec(model: ModelArg, name: str | None = None, *, example_inputs=None,
         raise PartitaError("model_fn must build the module (a callable returning an nn.Module), or be a MODEL "
                            f"string or ModelSpec; got {type(model).__name__}")
     own = example_inputs is not None and (loss_fn is not None or vocab is not None)  # a token model needs no loss_fn
+    if not own and (factory := _as_factory(model, name)) is not None:
+        return factory
     base = None
     if name is not None and not own:
         try:

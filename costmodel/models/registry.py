@@ -139,7 +139,13 @@ def _import_factory(spec: str) -> ModelSpec:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as e:
         raise PartitaError(f"cannot import model factory {spec!r}: {e}") from None
-    probe = _probe_without_memory(factory, spec)
+    return factory_spec(factory, spec)
+
+
+def factory_spec(factory: Callable, spec: str, probe=None) -> ModelSpec:
+    """The ModelSpec of a model factory (`_import_factory`'s contract), named `spec`; `probe`: its result on the
+    meta device when the caller has it already. `partita.plan` and `partita.run` take such a factory as it is."""
+    probe = _probe_without_memory(factory, spec) if probe is None else probe
     if not (isinstance(probe, tuple) and len(probe) in (2, 3) and isinstance(probe[0], nn.Module)
             and (len(probe) == 2 or callable(probe[2]))):
         raise PartitaError(f"model factory {spec!r} must return (nn.Module, example_inputs tuple) or (nn.Module, "

@@ -8,7 +8,7 @@ and `launch(plan_path, model, steps, nproc=None, **flags)` to spawn one (`partit
 runtime, also plans on rank 0).
 
 Names load on first use (as in partita/__init__.py): a worker started as `-m partita.runtime.train` installs
-its signal handlers (runtime.loop.stop) before torch is imported.
+its signal handlers (runtime.failure.stop) before torch is imported.
 """
 import importlib
 

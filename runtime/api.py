@@ -35,8 +35,8 @@ from partita.runtime.loop.console import stderr_line
 from partita.runtime.launcher.mesh import agree_on_attempt, env_world, teardown
 from partita.runtime.loop.report import RunResult, show_library_warnings_once
 from partita.runtime.loop.progress import DEFAULT_EVERY
-from partita.runtime.loop.guards import EXIT_OK
-from partita.runtime.loop.stop import die_with_parent
+from partita.runtime.failure.guards import EXIT_OK
+from partita.runtime.failure.stop import die_with_parent
 
 ModelArg = str | ModelSpec | Callable[[], nn.Module] | Callable[[], tuple]
 """A MODEL string, a ModelSpec, a function building the module, or a model factory returning (module,

@@ -26,8 +26,8 @@ own run in DIR (runtime.checkpoint.ownership). Data (runtime.data): synthetic by
 --data FILE, or the samples of a dataset --data package.module:factory (runtime.data.datasets). Progress
 (runtime.loop.progress): rank 0 prints a line every --log-every steps, and writes TensorBoard scalars with
 --tensorboard DIR; a closed or full stdout turns those lines off, never the training (runtime.loop.console). Faults
-for tests: PARTITA_FAULT (runtime.loop.faults). SIGTERM, SIGINT, SIGHUP and SIGQUIT stop every rank after the same
-step (runtime.loop.stop).
+for tests: PARTITA_FAULT (runtime.failure.faults). SIGTERM, SIGINT, SIGHUP and SIGQUIT stop every rank after the same
+step (runtime.failure.stop).
 
 Exit codes: 0 success; 1 --verify found the losses differ beyond the dtype's tolerance; 2 the plan, data
 or checkpoint does not fit the model or world size, or the nodes were started with another plan, model,
@@ -42,8 +42,8 @@ import os
 import sys
 
 if __name__ == "__main__" and "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker: before torch loads,
-    from partita.runtime.loop.stop import StopSignal, die_with_parent    # so a signal never prints a traceback
-    StopSignal().install()                                          # per rank (runtime.loop.stop)
+    from partita.runtime.failure.stop import StopSignal, die_with_parent    # so a signal never prints a traceback
+    StopSignal().install()                                          # per rank (runtime.failure.stop)
     if os.environ.get("PARTITA_AGENT"):
         die_with_parent()
 # The launcher (torchrun's agent, several nodes): the rendezvous store's C++ warnings -- a page of C++ frames per
@@ -62,11 +62,11 @@ from partita.planner.plan import Plan  # noqa: E402
 from partita.runtime.launcher.flags import NODE_FLAGS, RECIPE_FLAGS, RUN_FLAGS, add_flags  # noqa: E402
 from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors  # noqa: E402
 from partita.runtime.loop.console import STDOUT, stderr_line  # noqa: E402
-from partita.runtime.loop.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK  # noqa: E402
+from partita.runtime.failure.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK  # noqa: E402
 from partita.runtime.launcher.agreement import agree, run_fields  # noqa: E402
 from partita.runtime.launcher.mesh import agree_on_attempt, env_world, init_default, teardown  # noqa: E402
 from partita.runtime.loop.report import show_library_warnings_once, write_error_file  # noqa: E402
-from partita.runtime.loop.stop import StopSignal, die_with_parent  # noqa: E402
+from partita.runtime.failure.stop import StopSignal, die_with_parent  # noqa: E402
 
 if _QUIET_CPP:
     os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
@@ -218,8 +218,8 @@ def _worker(args: argparse.Namespace, look_at_devices: bool = True) -> int:
     refusal, plan, spec, prep = None, None, None, None
     try:
         plan, spec, world = _load(args, opts, world)
-        if plan.embeddings is not None:  # tables: TorchRec (runtime.parallel.rec)
-            from partita.runtime.parallel.rec import dense_only
+        if plan.embeddings is not None:  # tables: TorchRec (runtime.rec.run)
+            from partita.runtime.rec.run import dense_only
             if given := dense_only(opts):
                 named = " and ".join([", ".join(given[:-1]), given[-1]] if len(given) > 1 else given)
                 raise PartitaError(f"{named} apply to dense plans; this plan has embedding tables (TorchRec's loop "
@@ -300,7 +300,7 @@ def _train(plan: Plan, spec, opts, prep, rank: int) -> int:
 
 
 def _rec(plan, spec, opts, world: int, rank: int, args) -> int:
-    from partita.runtime.parallel import rec
+    from partita.runtime.rec import run as rec
     notes = rec.check(plan, spec, world)
     if args.check:
         if rank == 0:

@@ -69,6 +69,6 @@ class TowerModel(torch.nn.Module):
 def tower(batch: int = 2):
     """The same tables and input under a model whose tower holds the collection beside a gain and a projection:
     under a sharded dense plan the projection is an FSDP unit, the gain (held by the module around the collection)
-    neither FSDP's nor TorchRec's (runtime.parallel.rec.replicated_by_hand)."""
+    neither FSDP's nor TorchRec's (runtime.rec.run.replicated_by_hand)."""
     model, inputs, loss = dlrm(batch)
     return TowerModel(model.sparse_arch.embedding_bag_collection), inputs, loss

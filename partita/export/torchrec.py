@@ -6,7 +6,7 @@ table_row_wise(host_index), data_parallel()) with the compute kernel of its plac
 fused_uvm_caching) and, for a cache, the cache load factor (the cached fraction of the table's rows,
 TorchRec's CacheParams.load_factor), and the fused optimizer of the plan. A TorchRec model's tables keep their
 EmbeddingBagConfig names and collection path; plain nn.EmbeddingBag tables are named by their module FQNs
-with "." as "__" (runtime.parallel.rec names them so): rename them to your EmbeddingBagCollection's tables. The
+with "." as "__" (runtime.rec.run names them so): rename them to your EmbeddingBagCollection's tables. The
 planner only writes text here: TorchRec is not imported.
 """
 from __future__ import annotations

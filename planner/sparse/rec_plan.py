@@ -13,7 +13,7 @@ dense part trades gathers and reduce-scatters each step for memory the tables ca
 large dense part crowds tables out of HBM; a DLRM's small MLPs stay replicated. Each option's outcome is in
 the section's "dense" entry.
 
-The Plan gains a versioned `embeddings` section (SECTION_SCHEMA), which runtime.parallel.rec turns into TorchRec's
+The Plan gains a versioned `embeddings` section (SECTION_SCHEMA), which runtime.rec.run turns into TorchRec's
 ParameterSharding plan:
 
     embeddings   {"schema": "partita.embeddings/1", "optimizer", "data",

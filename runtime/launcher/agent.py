@@ -20,12 +20,12 @@ from partita.costmodel import PartitaError
 from partita.runtime.launcher.child import LOG_DIR_ENV, LOG_DIR_PREFIX
 from partita.runtime.loop.allocator import configure_allocator
 from partita.runtime.loop.console import stderr_line
-from partita.runtime.loop.guards import stop_line
+from partita.runtime.failure.guards import stop_line
 from partita.runtime.loop.report import PEER_LOST, RankFailure, first_failure, read_failure
-from partita.runtime.loop.stop import PROGRESS_ENV, handled, recorded_step
+from partita.runtime.failure.stop import PROGRESS_ENV, handled, recorded_step
 
 PROGRESS_FILE = "steps-passed.json"
-"""In the launcher's directory: the step boundaries local rank 0 passed (runtime.loop.stop.record_step)."""
+"""In the launcher's directory: the step boundaries local rank 0 passed (runtime.failure.stop.record_step)."""
 
 
 _TORCHRUN_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run",
@@ -161,7 +161,7 @@ def _name_the_cause(losses_out: str | None, first, since: float) -> None:
 def _unreported_stop(signum: int, log_dir: str) -> int:
     """A signal stopped the job but no worker said where (none had started, or torchrun killed them before
     they reached a step boundary: a worker paused, or stuck in a collective): one line from the steps local
-    rank 0 recorded (runtime.loop.stop.record_step); returns 128 + the signal."""
+    rank 0 recorded (runtime.failure.stop.record_step); returns 128 + the signal."""
     passed = recorded_step(Path(log_dir) / PROGRESS_FILE)
     if passed is None:
         line = f"stopped by {signal.Signals(signum).name} before the first step ended"
@@ -182,7 +182,7 @@ def _stop_on_signal(signum, frame):
 
 @contextlib.contextmanager
 def _stop_signals():
-    """Handlers of the stop signals (runtime.loop.stop.handled; SIGINT stays KeyboardInterrupt) while the agent
+    """Handlers of the stop signals (runtime.failure.stop.handled; SIGINT stays KeyboardInterrupt) while the agent
     starts, and torchrun's own list of the signals it passes to the workers (the same, so a SIGHUP ignored
     under nohup stays ignored here too)."""
     signals = handled()
@@ -242,7 +242,7 @@ def _alive(pid: int) -> bool:
 
 
 def _lost_line(line: str, log_dir: str) -> str:
-    """A lost node's line, with the last step every rank of this node passed (runtime.loop.stop.record_step) and the
+    """A lost node's line, with the last step every rank of this node passed (runtime.failure.stop.record_step) and the
     newest committed checkpoint to resume from: the one recorded, or a newer one in the recorded directory (a node
     lost right after a save is committed leaves this node's ranks waiting for it before they record the save)."""
     passed = recorded_step(Path(log_dir) / PROGRESS_FILE)
@@ -270,7 +270,7 @@ def _watch_exit_barrier(nnodes: int):
     peers (runtime.launcher.peers.PeerWatch.mark_done), so that its end is not taken for a loss; and an agent that ends
     any other way (a signal, its workers failed for good) checks in to that barrier on its way out
     (`_check_in`). torchrun's agents leave that barrier only when every agent has arrived or after 300 s: the
-    node whose launcher was killed (its agent then stops on the SIGTERM runtime.loop.stop.die_with_parent sends) never
+    node whose launcher was killed (its agent then stops on the SIGTERM runtime.failure.stop.die_with_parent sends) never
     arrived, and its peers, whose workers had stopped with it, waited out the 300 s in silence."""
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 
@@ -359,7 +359,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     with the traceback of an unexpected exception below it; the directory is removed. A worker that ends the
     job on purpose exits 0 with its code in its error file (runtime.train.AGENT_ENV), so that torchrun does
     not restart it, and that code is returned. SIGTERM, SIGINT, SIGHUP and SIGQUIT reach the workers through
-    torchrun's agent, which passes them on; the workers stop at a step boundary (runtime.loop.stop) and their line
+    torchrun's agent, which passes them on; the workers stop at a step boundary (runtime.failure.stop) and their line
     is printed -- or, when torchrun had to kill them first, a line from the last step boundary they passed
     (`_unreported_stop`). The directory is the one runtime.launcher.child made (LOG_DIR_ENV) when it started this
     launcher, else a new one.

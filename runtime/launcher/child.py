@@ -3,10 +3,10 @@
 `partita run` (and runtime.api.launch) start `python -m partita.runtime.train ... --nproc-per-node W`, which
 is torchrun's agent for this node, in a session of its own: a Ctrl-C at the terminal reaches only this
 process, and a SIGTERM / SIGINT / SIGHUP / SIGQUIT sent here is passed to the launcher once -- it passes it
-to its workers, which stop at a step boundary and say where (runtime.loop.stop). A SIGHUP (a closed terminal,
+to its workers, which stop at a step boundary and say where (runtime.failure.stop). A SIGHUP (a closed terminal,
 a dropped ssh connection) is forwarded too, and one ignored from the start stays ignored (`nohup`). A second
 signal other than SIGHUP kills the launcher (SIGKILL); its workers then get SIGTERM from the kernel (they
-asked for it, runtime.loop.stop.die_with_parent) and stop the same way. A SIGHUP after the first signal is not a
+asked for it, runtime.failure.stop.die_with_parent) and stop the same way. A SIGHUP after the first signal is not a
 second request, and is not passed on: a closing terminal may send it twice (the shell passes its own on,
 and the kernel signals the foreground group when the shell exits). The launcher in turn asks for SIGTERM when this process dies, so killing
 `partita run` itself with SIGKILL leaves no training behind either. A launcher killed by a signal is one
@@ -26,7 +26,7 @@ import tempfile
 import threading
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-"""runtime.loop.stop.SIGNALS, the signals that stop a run (this layer cannot import runtime)."""
+"""runtime.failure.stop.SIGNALS, the signals that stop a run (this layer cannot import runtime)."""
 REPEATABLE = (signal.SIGHUP,)
 """Signals that may arrive twice for one event: forwarded once, never escalated to SIGKILL."""
 LOG_DIR_ENV = "PARTITA_LOG_DIR"

@@ -13,7 +13,7 @@ asks torch about devices. There (and wherever `PARTITA_WORKER_START=spawn`), the
 interpreters, as torchrun starts them.
 
 What a forked worker does differently from a spawned one, and why it does not matter:
-- it inherits the launcher's signal handlers; `worker` installs the workers' own (runtime.loop.stop) first;
+- it inherits the launcher's signal handlers; `worker` installs the workers' own (runtime.failure.stop) first;
 - it inherits the launcher's atexit handlers; they are dropped, and only the worker's own run at its end;
 - its stdout/stderr are the launcher's: written through, as torchrun's `python -u` workers write them.
 """
@@ -60,7 +60,7 @@ def beside_preload(check) -> int:
         os.close(read)
         code, sys.stderr = 1, io.StringIO()
         try:
-            from partita.runtime.loop.stop import die_with_parent
+            from partita.runtime.failure.stop import die_with_parent
             die_with_parent(signal.SIGKILL)
             code = check()
         except KeyboardInterrupt:
@@ -92,7 +92,7 @@ def worker(*argv: str) -> None:
     `python -m partita.runtime.train ARGV` would, and end with its exit code."""
     import atexit
 
-    from partita.runtime.loop.stop import StopSignal, die_with_parent, handled
+    from partita.runtime.failure.stop import StopSignal, die_with_parent, handled
     from partita.runtime.train import AGENT_ENV, main
     launcher = os.getppid()
     atexit._clear()  # the launcher's handlers are not this worker's to run

@@ -83,7 +83,7 @@ def agree_on_attempt() -> None:
 
     torchrun's agents count restarts per node: a node whose workers failed counts one, a node restarted
     only because another node re-joined the rendezvous does not. Whether an attempt resumes from a
-    checkpoint (runtime.loop.session) and whether an injected fault fires (runtime.loop.faults) follow this count,
+    checkpoint (runtime.loop.session) and whether an injected fault fires (runtime.failure.faults) follow this count,
     so every rank must read the same value. One all-reduce on the default group, which this initialises,
     on every rank of a multi-node job whatever its own --max-restarts says (a node started with other flags
     than its peers must still reach runtime.launcher.agreement's check, not a collective its peers never call). A

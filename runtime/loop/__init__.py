@@ -1,4 +1,5 @@
-"""The training loop and what runs around it: stops, faults, progress, memory, verification, the report."""
+"""The training loop and what runs around it: the step loop and its hooks, the recipe, progress, memory, evaluation
+and the report (stops and faults: runtime.failure; --verify: runtime.verify; TorchRec's loop: runtime.rec)."""
 from partita.costmodel.lazy import submodules
 
 

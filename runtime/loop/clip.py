@@ -16,7 +16,7 @@ norm is that of one replica, which may itself be spread over ranks:
 
 Then `torch.nn.utils.clip_grads_with_norm_` scales every gradient by min(1, max_norm / (norm + 1e-6)) -- the
 scaling `torch.nn.utils.clip_grad_norm_` applies, which is what the single-process reference calls
-(runtime.loop.verify), so the two clip alike.
+(runtime.verify.checks), so the two clip alike.
 """
 from __future__ import annotations
 

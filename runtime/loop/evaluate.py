@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from partita.runtime.loop.console import STDOUT
-from partita.runtime.loop.guards import reduce_loss_and_stop
-from partita.runtime.loop.hang import still_going
+from partita.runtime.failure.guards import reduce_loss_and_stop
+from partita.runtime.failure.hang import still_going
 from partita.runtime.loop.trainer import StepHook
 
 
@@ -57,7 +57,7 @@ def evaluate(executor, data, topo, batches: int) -> float:
             with torch.no_grad():
                 loss = executor.evaluate(batch)
             total += reduce_loss_and_stop(executor, loss, topo, None)[0]
-            still_going()  # --hang-timeout: a long evaluation is no hang (runtime.loop.hang)
+            still_going()  # --hang-timeout: a long evaluation is no hang (runtime.failure.hang)
         return total / batches
     finally:
         for m, training in modes:

@@ -47,7 +47,7 @@ class RunOptions:
     eval_every: int = 0
     eval_batches: int = 1
     hang_timeout: float | None = None
-    """Seconds without progress after which a rank is a failure (runtime.loop.hang); None: not watched."""
+    """Seconds without progress after which a rank is a failure (runtime.failure.hang); None: not watched."""
     print_report: bool = True
     memory_trace: bool = True
     """On CPU, measure the peak memory of a training step with the allocator trace (runtime.loop.stepping.measure_step):

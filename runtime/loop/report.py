@@ -298,7 +298,7 @@ def first_failure(failures: list[RankFailure]) -> RankFailure:
     peers' "Connection reset by peer" may well be timed before torchrun notices it died)."""
     said = {f.rank for f in failures if f.error_file is not None}
     # a rank's bare end (killed, no file) gives way to a file about that rank: its own, or the hang watch's of the
-    # peer that ended it (runtime.loop.hang)
+    # peer that ended it (runtime.failure.hang)
     failures = [f for f in failures if f.error_file is not None or f.rank not in said] or failures
     primary = ([f for f in failures if not f.secondary and not f.peer_lost]
                or [f for f in failures if not f.secondary] or failures)

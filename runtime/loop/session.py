@@ -6,7 +6,7 @@ checkpoint stops the run with one line before the first step. `execute` trains i
 group, in named steps: build and parallelize the model (`_build`), load the checkpoint (`_resume`), run the
 steps (`_train`: runtime.loop.trainer's loop with the run's hooks -- the plan's sync mode, the test faults,
 progress lines, checkpoints every `checkpoint_every` N > 0 steps and after the last), measure (`_measure`),
-and (--verify) compare with single-process training (runtime.loop.checking.check_run), then report (`_report`).
+and (--verify) compare with single-process training (runtime.verify.run.check_run), then report (`_report`).
 
 Each step (runtime.loop.trainer): forward and backward of this rank's data-parallel slice
 (runtime.parallel.apply), the loss averaged over dp (one all-reduce), a non-finite loss stops the run before
@@ -17,9 +17,9 @@ gradient norm, runtime.loop.clip) is a hook of the same loop (trainer.RecipeHook
 saved after the run as one plain state dict, or an HF model's save_pretrained folder (runtime.checkpoint.final),
 before --verify's checks.
 
---verify (runtime.loop.verify): every rank trains, rank 0 also trains the unpartitioned reference, and the run's
+--verify (runtime.verify.checks): every rank trains, rank 0 also trains the unpartitioned reference, and the run's
 losses and final parameters are compared with it; a bf16 run also gets an fp32 verification pass of the
-same layout (runtime.loop.checking.verification_pass), which is what is judged tightly. Every rank computes
+same layout (runtime.verify.run.verification_pass), which is what is judged tightly. Every rank computes
 the same checks (the reference's losses are broadcast, parameter differences all-reduced), so all return the
 same code.
 
@@ -53,14 +53,14 @@ from partita.runtime.launcher.checks import build_meta, optimizer_name, prefligh
 from partita.runtime.loop.console import STDOUT
 from partita.runtime.data import make_data
 from partita.runtime.checkpoint import ownership
-from partita.runtime.loop.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
+from partita.runtime.failure.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
 from partita.runtime.launcher.mesh import Topology, backend_for, env_world, init
-from partita.runtime.loop.guards import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, EXIT_VERIFY, NonFiniteLoss,  # noqa: F401
+from partita.runtime.failure.guards import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, EXIT_VERIFY, NonFiniteLoss,  # noqa: F401
                                     NonFiniteParameters, Stopped, keep_partial)
 from partita.runtime.checkpoint.resume import Candidates, candidates, start_checkpoints
 from partita.runtime.launcher.sizes import check_sizes
-from partita.runtime.loop.stop import StopSignal
-from partita.runtime.loop.hang import hang_watch
+from partita.runtime.failure.stop import StopSignal
+from partita.runtime.failure.hang import hang_watch
 from partita.runtime.loop.evaluate import EvalHook, refusal as eval_refusal
 from partita.runtime.loop.progress import Progress, summary_writer
 from partita.runtime.checkpoint.final import consolidated_state, folder_refusal, loader, save_final, trained_module
@@ -68,15 +68,15 @@ from partita.runtime.loop.recipe import Recipe
 from partita.runtime.loop.sync import make_hook as make_sync_hook
 from partita.runtime.loop.trainer import CheckpointHook, FaultHook, History, ProgressHook, RecipeHook, Trainer
 from partita.runtime.loop.report import RunResult, preamble, render
-from partita.runtime.loop.verify import Check, failures
+from partita.runtime.verify.checks import Check, failures
 from partita.runtime.loop.options import RunOptions, recipe_of
 from partita.runtime.loop.stepping import allreduce, build, measure_step, pp_group
-from partita.runtime.loop.checking import check_run
+from partita.runtime.verify.run import check_run
 
 
 @dataclass
 class CheckedResult(RunResult):
-    """A RunResult with --verify's checks (runtime.loop.verify.Check): `verified` is whether all of them passed."""
+    """A RunResult with --verify's checks (runtime.verify.checks.Check): `verified` is whether all of them passed."""
 
     checks: list[Check] = field(default_factory=list)
 
@@ -313,7 +313,7 @@ def execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) -> tu
     """Train under the plan on this rank (every rank calls it); returns (result, exit code: 0, or 1 when
     --verify found a difference). Raises NonFiniteLoss, Stopped (a signal asked to stop), or PartitaError
     raised alike on every rank. Holds the checkpoint directory's lock (rank 0) while it trains, and the stop
-    signals' handlers unless the entry point installed them (runtime.loop.stop)."""
+    signals' handlers unless the entry point installed them (runtime.failure.stop)."""
     topo = init(plan)
     stop, lock = StopSignal.current, None
     own_stop = stop is None

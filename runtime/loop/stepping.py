@@ -1,5 +1,5 @@
 """One rank's step primitives shared by a run's steps (runtime.loop.session) and --verify's pass
-(runtime.loop.checking): the model built as on every rank, the loss reduced over the ranks, and the extra step
+(runtime.verify.run): the model built as on every rank, the loss reduced over the ranks, and the extra step
 measured under the allocator trace (`measure_step`), whose effects a `Snapshot` undoes."""
 from __future__ import annotations
 

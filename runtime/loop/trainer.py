@@ -4,7 +4,7 @@ Each step k + 1 of first_step + 1 .. steps, in this order:
 
     batch                  this rank's data-parallel slice of step k's batch (depends on (seed, step) only)
     forward + backward     executor.step, under the saved-activation tracker and every hook's `during_backward`
-    after_backward         may replace the loss (faults inject here: runtime.loop.faults)
+    after_backward         may replace the loss (faults inject here: runtime.failure.faults)
     loss and stop          one all-reduce: the global mean loss and any rank's stop request
                            (guards.reduce_loss_and_stop); a non-finite loss stops before the optimizer (NonFiniteLoss)
     before_optimizer       the sync mode's hook (runtime.loop.sync), then the recipe's: the step's learning rate
@@ -13,7 +13,7 @@ Each step k + 1 of first_step + 1 .. steps, in this order:
     after_optimizer        the sync mode's hook, the recipe's schedule steps, then faults after the update
     after_step             the progress line (runtime.loop.progress); the step's time and loss are recorded
     checkpoint             every N-th step, the last, and a stopping one (runtime.checkpoint)
-    stop                   record the step for a signal handler (runtime.loop.stop); a requested stop raises Stopped
+    stop                   record the step for a signal handler (runtime.failure.stop); a requested stop raises Stopped
 
 After the last step the parameters are checked finite on every rank (NonFiniteParameters). Hooks run in the
 order they are given; a hook overrides only the points it needs (StepHook's are no-ops).
@@ -32,8 +32,8 @@ from partita.runtime.loop import memory
 from partita.runtime.loop.clip import clip_grad_norm
 from partita.runtime.loop.console import STDOUT
 from partita.runtime.loop.recipe import Recipe, current_lr, make_schedule
-from partita.runtime.loop.guards import NonFiniteLoss, NonFiniteParameters, Stopped, params_finite, reduce_loss_and_stop
-from partita.runtime.loop.stop import record_step
+from partita.runtime.failure.guards import NonFiniteLoss, NonFiniteParameters, Stopped, params_finite, reduce_loss_and_stop
+from partita.runtime.failure.stop import record_step
 
 
 class StepHook:
@@ -102,13 +102,13 @@ class Trainer:
     topo: object
     steps: int
     stop: object
-    """The run's StopSignal (runtime.loop.stop): its `requested` signal travels in the loss all-reduce."""
+    """The run's StopSignal (runtime.failure.stop): its `requested` signal travels in the loss all-reduce."""
     saved: memory.SavedActivations
     hooks: list[StepHook]
     checkpointing: bool = False
     """Whether the run saves checkpoints (what a stop line says about them)."""
     checkpoint_root: str | None = None
-    """Where they go: recorded with each step (runtime.loop.stop.record_step) so that a launcher that outlives
+    """Where they go: recorded with each step (runtime.failure.stop.record_step) so that a launcher that outlives
     its peers can name the newest committed one, even one this node had not yet recorded."""
 
     def run(self, history: History) -> None:
@@ -174,7 +174,7 @@ class RecipeHook(StepHook):
 
 
 class FaultHook(StepHook):
-    """The test faults of PARTITA_FAULTS (runtime.loop.faults): during the step (exit, raise, signal, a NaN loss)
+    """The test faults of PARTITA_FAULTS (runtime.failure.faults): during the step (exit, raise, signal, a NaN loss)
     and after the update (an infinite weight)."""
 
     def __init__(self, faults, params):

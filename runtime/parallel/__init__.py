@@ -1,4 +1,5 @@
-"""Applying a plan: one module per parallelism (tensor, FSDP/ZeRO, pipeline, context, expert), recompute, offload and precision around the layers, TorchRec for tables."""
+"""Applying a plan: one module per parallelism (tensor, FSDP/ZeRO, pipeline, context, expert), recompute, offload and
+precision around the layers (TorchRec for tables: runtime.rec)."""
 from partita.costmodel.lazy import submodules
 
 

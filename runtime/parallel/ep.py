@@ -46,7 +46,7 @@ Refused in pre-flight (`check_plan`, one line): ep with tp, pp or cp > 1 (a pipe
 graph, in which the experts module's forward no longer exists as a call), on a model without experts modules,
 or with E not divisible by ep; checkpoints of ep runs (`check_run`).
 
---verify (runtime.loop.verify) gathers the shards (`full_tensor`) to compare them with the reference and counts
+--verify (runtime.verify.checks) gathers the shards (`full_tensor`) to compare them with the reference and counts
 each expert once in the checksum (`checksum_coords`). A router load-balancing loss (transformers'
 output_router_logits) is computed over each rank's own tokens, with or without ep, so it is not the one-process
 loss: `check_run` notes it.
@@ -281,7 +281,7 @@ def full_tensor(p: torch.Tensor) -> torch.Tensor:
 
 
 def checksum_coords(p: torch.Tensor, coords: dict[str, int]) -> dict[str, int]:
-    """runtime.loop.verify's checksum coordinates for `p`: an expert shard is sharded within its ep group and
+    """runtime.verify.checks's checksum coordinates for `p`: an expert shard is sharded within its ep group and
     replicated across the groups, so it counts on group 0 (its "dp" coordinate is its group's number)."""
     g = getattr(p, EP_ATTR, None)
     return coords if g is None else {**coords, "dp": g.block}

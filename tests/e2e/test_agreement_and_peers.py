@@ -212,7 +212,7 @@ def test_a_node_killed_outright_is_named_by_the_other_which_stops(tmp_path):
 def test_a_killed_partita_run_stops_both_nodes_at_once(tmp_path):
     """The issue's case: SIGKILL one node's `partita run` -- the node that does not host the rendezvous store (had
     it hosted it, the store would go with it and wake the other node). Its launcher's workers stop the whole job
-    at a step boundary (runtime.loop.stop.die_with_parent); the other node used to wait out torchrun's 300 s exit
+    at a step boundary (runtime.failure.stop.die_with_parent); the other node used to wait out torchrun's 300 s exit
     barrier for that launcher, silent, and now stops as soon as its own workers have."""
     ck = tmp_path / "ck"
     procs, endpoint = start_nodes(tmp_path, ["--steps", "100000", "--checkpoint-dir", str(ck),

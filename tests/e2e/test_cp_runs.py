@@ -1,5 +1,5 @@
 """Context-parallel plans (runtime/parallel/cp.py) run under torchrun on gloo and train like one process (fp32: losses
-1e-5, parameters runtime.loop.verify.PARAM_TOLERANCE over 3 steps), and --verify fails when a piece of cp is
+1e-5, parameters runtime.verify.checks.PARAM_TOLERANCE over 3 steps), and --verify fails when a piece of cp is
 deliberately broken. Launches are few: `partita run` once (the CLI path), then several plans per process
 group through this file's own worker (`torchrun ... tests/e2e/test_cp_runs.py JOB.json`: each plan trained
 in turn with partita.runtime.run(verify=True), a bug patched in for that plan only). The pre-flight
@@ -125,7 +125,7 @@ def assert_verified(r: dict, steps: int = STEPS) -> None:
     assert r["verified"] is True, r["checks"]
     assert len(r["losses"]) == steps and r["max_abs_diff"] <= 1e-5, r
     assert all(c["passed"] for c in r["checks"]), r["checks"]
-    # every element counted once: cp ranks hold replicas (runtime.loop.checking.coords), FSDP shards over dp x cp
+    # every element counted once: cp ranks hold replicas (runtime.verify.run.coords), FSDP shards over dp x cp
     assert abs(r["param_checksum"] - r["reference_param_checksum"]) < 1e-3 * abs(r["reference_param_checksum"]), r
 
 

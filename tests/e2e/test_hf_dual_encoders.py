@@ -5,7 +5,7 @@ whole batch) it trains on 2 ranks like one process (--verify) and its weights co
 
 At the default lr (1e-3) Adam amplifies the rounding differences of the split matmuls from 5e-7 (step 1) to 1.7e-5
 (step 2), past --verify's fixed 1e-5; the reference nudged by one rounding drifts 2.7e-5 by then, so the loss check
-allows 10x that (runtime.loop.verify.rounding_drift) and the run verifies. The test asserts that it was raised.
+allows 10x that (runtime.verify.checks.rounding_drift) and the run verifies. The test asserts that it was raised.
 """
 from __future__ import annotations
 

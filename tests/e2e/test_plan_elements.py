@@ -13,17 +13,17 @@ import torch
 from partita.costmodel import resolve_model
 from partita.planner.plan import Plan
 from partita.runtime.launcher.checks import build_meta
-from partita.runtime.loop.verify import TOLERANCE
+from partita.runtime.verify.checks import TOLERANCE
 from test_plans_match_single_process import _direct, _one_line, launch, make_plan  # sibling test module
 
 BF16_TOL = TOLERANCE[torch.bfloat16]
-"""1e-2, runtime.loop.verify's bound on a bf16 run's losses against the fp32 single-process reference. bf16
+"""1e-2, runtime.verify.checks's bound on a bf16 run's losses against the fp32 single-process reference. bf16
 keeps 8 significant bits (unit roundoff 2^-8 ~ 4e-3 per rounding, compounded through forward and
 backward), so a bf16 run cannot promise much more. Measured after 3 steps: 2.5e-4 (FSDP2 mixed precision)
 and 1.5e-4 (autocast), against < 1e-6 for fp32. This bound checks that bf16 is applied and trains sanely,
 not the parallel code paths: a run that skips the dp gradient sync drifts only 3.5e-3 in 3 steps, inside
 it. So --verify on a bf16 plan also trains the same layout in fp32 and judges that pass at the fp32
-tolerances (losses 1e-5, parameters runtime.loop.verify.PARAM_TOLERANCE); the injected-bug tests in
+tolerances (losses 1e-5, parameters runtime.verify.checks.PARAM_TOLERANCE); the injected-bug tests in
 tests/runtime/test_verify_injected_bugs.py show that pass failing where the bf16 bound does not."""
 
 
@@ -91,7 +91,7 @@ def test_bf16_trains_in_bf16_within_tolerance_of_fp32(tmp_path, ranks, model, kw
     assert out["max_abs_diff"] > 1e-6, "losses equal fp32's: bf16 was not applied"
     assert "precision: bf16" in proc.stdout and "tolerance 1e-02" in proc.stdout
     judged = {c["what"]: c for c in out["checks"] if c["tolerance"] is not None}
-    noise = {w for w in judged if "with rounding-level gradients" in w}  # Adam's noise, judged apart (runtime.loop.verify)
+    noise = {w for w in judged if "with rounding-level gradients" in w}  # Adam's noise, judged apart (runtime.verify.checks)
     assert set(judged) - noise == {"bf16 run, losses", "fp32 pass of the same layout, losses",
                                    "fp32 pass of the same layout, parameters after step 3"}, out["checks"]
     assert all(judged[w]["worst"].endswith("k.bias'") for w in noise)

@@ -82,7 +82,7 @@ def test_table_row_wise_over_two_nodes_trains_like_one_process(tmp_path):
 
 @pytest.mark.slow
 def test_without_verify_no_rank_builds_the_whole_tables(tmp_path):
-    # the tables stay on the meta device (runtime.parallel.rec.build) and each rank holds its TorchRec pieces only
+    # the tables stay on the meta device (runtime.rec.run.build) and each rank holds its TorchRec pieces only
     out = _run(_plan_file(tmp_path, SMALL, "2xcpu", "*=row_wise", "sgd"), SMALL, verify=False)
     assert out.returncode == 0, out.stdout + out.stderr
     losses = [float(line.split()[1]) for line in out.stdout.splitlines() if line[:4].strip().isdigit()]
@@ -117,7 +117,7 @@ def test_a_torchrec_model_is_built_lean_with_its_constructors_buffers():
     # tables on the meta device, everything else as the factory builds it: TorchRec's InteractionArch computes
     # its triu_indices buffer in its constructor, which materialising a meta-built module would lose
     sys.path.insert(0, str(ROOT / "tests"))
-    from partita.runtime.parallel.rec import build
+    from partita.runtime.rec.run import build
     import torchrec_factories
     lean = build(resolve_model("torchrec_factories:dlrm"), torch.device("cpu"), tables=False)
     tables = lean.model.sparse_arch.embedding_bag_collection.embedding_bags
@@ -128,7 +128,7 @@ def test_a_torchrec_model_is_built_lean_with_its_constructors_buffers():
 
 
 def test_the_run_builds_tables_only_to_verify():
-    from partita.runtime.parallel.rec import build
+    from partita.runtime.rec.run import build
     spec = resolve_model(SMALL)
     lean, whole = build(spec, torch.device("cpu"), tables=False), build(spec, torch.device("cpu"), tables=True)
     assert lean.embeddings["cat_0"].weight.is_meta and not lean.bottom[0].weight.is_meta
@@ -136,7 +136,7 @@ def test_the_run_builds_tables_only_to_verify():
 
 
 def test_split_into_ids_and_dense_part_is_the_model():
-    from partita.runtime.parallel.rec import split
+    from partita.runtime.rec.run import split
     spec = resolve_model(SMALL)
     model = spec.build()
     ids, dense, names = split(model)
@@ -193,7 +193,7 @@ def test_run_refuses_evaluation_and_the_hang_watch_in_one_line(tmp_path, capfd):
 
 def test_without_torchrec_the_run_says_how_to_install_it(monkeypatch):
     from partita.costmodel.errors import PartitaError
-    from partita.runtime.parallel import rec
+    from partita.runtime.rec import run as rec
     monkeypatch.setitem(sys.modules, "torchrec", None)
     with pytest.raises(PartitaError, match=r"partita\[rec\].*--no-deps torchrec"):
         rec.require_torchrec()

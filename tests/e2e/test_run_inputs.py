@@ -32,7 +32,7 @@ from partita.runtime import train
 from partita.runtime.data import SyntheticTokens, derived_seed
 from partita.runtime.loop.session import RunOptions, at_seq_len, prepare
 from partita.runtime.launcher.sizes import MAX_MICROBATCHES
-from partita.runtime.loop.stop import StopSignal
+from partita.runtime.failure.stop import StopSignal
 from test_plans_match_single_process import ROOT, _env, make_plan
 
 LLAMA = "llama:layers=2,hidden=64,heads=4,kv_heads=4,ffn=128,vocab=256,seq=32"

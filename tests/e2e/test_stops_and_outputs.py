@@ -1,7 +1,7 @@
 """`partita run` under what a terminal, an operator and a filesystem do to it (issue 47, the runtime side), through
 the real launcher: torchrun's agent in its own process, 2 gloo workers, tiny-gpt. Each test is one launch (10-40 s
 on 2 shared cores), so each groups the checks that launch can make. Timing never decides an outcome: a fault
-(PARTITA_FAULT, runtime.loop.faults) pauses a worker with SIGSTOP, and the test changes the world while it waits.
+(PARTITA_FAULT, runtime.failure.faults) pauses a worker with SIGSTOP, and the test changes the world while it waits.
 
 - a terminal that closes (SIGHUP, then EIO on every write to it) stops the run at a step boundary with a
   checkpoint and --losses-out, like SIGTERM;
@@ -276,7 +276,7 @@ def test_a_killed_launcher_leaves_no_directory_and_its_workers_stop_with_the_his
     while alive(workers) and time.monotonic() < end:
         time.sleep(0.2)
     assert alive(workers) == [] and no_launcher_dirs(tmp_path)
-    saved = history(out)  # the workers stopped on the kernel's SIGTERM (runtime.loop.stop.die_with_parent)
+    saved = history(out)  # the workers stopped on the kernel's SIGTERM (runtime.failure.stop.die_with_parent)
     step = len(saved["losses"])
     assert saved["failure"] == resume_line("SIGTERM", step, 1000, ck) and ckpt.latest(ck).name == f"step-{step:08d}"
 

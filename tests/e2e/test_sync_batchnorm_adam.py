@@ -2,7 +2,7 @@
 default optimizer (Adam), dp = 2 with --sync-batchnorm, passes --verify over 8 steps. The synchronised BatchNorm's
 arithmetic differs from one process's by rounding, and Adam amplified that to 1.8e-5 at step 5, past the fixed 1e-5;
 the reference nudged by one rounding drifts 5.6e-6 by then, which the loss check allows 10x over
-(runtime.loop.verify.rounding_drift). Ranks on the test session's gloo workers (tests/rank_pool.py)."""
+(runtime.verify.checks.rounding_drift). Ranks on the test session's gloo workers (tests/rank_pool.py)."""
 from __future__ import annotations
 
 import json

@@ -234,6 +234,6 @@ def test_a_tied_head_on_another_stage_counts_once_and_saves_under_both_names(tmp
     model = resolve_model(gpt2).build().float()
     model.load_state_dict(state)
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))  # the tied one once
-    # the run's own checksum counts each stage's copy (runtime.loop.verify), one process's counts it once
+    # the run's own checksum counts each stage's copy (runtime.verify.checks), one process's counts it once
     print(f"loaded {checksum!r}, reference {r['reference_param_checksum']!r}, run {r['param_checksum']!r}")
     assert math.isclose(checksum, r["reference_param_checksum"], rel_tol=1e-6)

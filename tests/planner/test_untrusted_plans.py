@@ -392,7 +392,7 @@ def _drive(cases_file: str) -> None:
     (`runtime.train` with launcher flags, which runs the pre-flight checks first) called in-process as well."""
     from partita import cli
     from partita.runtime import api, train
-    from partita.runtime.loop.stop import StopSignal
+    from partita.runtime.failure.stop import StopSignal
 
     def launcher(cmd, env):  # cli._cmd_run's run_forwarding_signals([python, -m, runtime.train, ...])
         assert cmd[1:3] == ["-m", "partita.runtime.train"], cmd

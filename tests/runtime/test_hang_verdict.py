@@ -1,8 +1,8 @@
-"""The hang watch's verdict (runtime.loop.hang): the ranks furthest behind are the ones holding the others up."""
+"""The hang watch's verdict (runtime.failure.hang): the ranks furthest behind are the ones holding the others up."""
 import json
 import time
 
-from partita.runtime.loop import hang
+from partita.runtime.failure import hang
 
 
 def _mark(d, rank, step, phase, pid=1000):

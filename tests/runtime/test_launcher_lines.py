@@ -136,7 +136,7 @@ def test_a_lost_node_line_names_the_newest_committed_checkpoint_this_node_had_no
     so what they recorded is the step before, without the checkpoint. The line still says where to resume: the
     newest committed checkpoint of the recorded directory (the CI run of stop 53 caught the line without it)."""
     from partita.runtime.launcher import agent
-    from partita.runtime.loop import stop
+    from partita.runtime.failure import stop
     root = tmp_path / "ck"
     (root / "step-00000002").mkdir(parents=True)
     (root / "step-00000004.tmp-x").mkdir()  # a save not committed is no place to resume from

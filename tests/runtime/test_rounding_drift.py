@@ -1,9 +1,9 @@
-"""--verify's loss check against the reference's own rounding drift (runtime.loop.verify.rounding_drift,
+"""--verify's loss check against the reference's own rounding drift (runtime.verify.checks.rounding_drift,
 loss_check's `drift`): a loss may differ from the reference by max(1e-5, 10 x how far the reference itself moves
 when its initial weights move by one rounding), per step; beyond that it fails and names the step."""
 import pytest
 
-from partita.runtime.loop.verify import ROUNDING_MARGIN, loss_check, rounding_drift
+from partita.runtime.verify.checks import ROUNDING_MARGIN, loss_check, rounding_drift
 
 
 def test_the_drift_is_the_running_largest_difference():

@@ -19,7 +19,7 @@ import partita.runtime as runtime
 from partita.costmodel import PartitaError, resolve_model
 from partita.planner.plan import Plan
 from partita.runtime import checkpoint as ckpt
-from partita.runtime.loop.faults import Faults, parse
+from partita.runtime.failure.faults import Faults, parse
 from partita.runtime.loop.session import NonFiniteLoss, RunOptions, prepare
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ import torch
 
 from partita.costmodel import resolve_model
 from partita.runtime.data import SyntheticTokens
-from partita.runtime.loop.verify import TOLERANCE, compare, reference_losses
+from partita.runtime.verify.checks import TOLERANCE, compare, reference_losses
 
 TOL = TOLERANCE[torch.float32]
 
@@ -38,7 +38,7 @@ def test_reference_is_deterministic():
 
 
 def test_a_failed_check_names_the_step_or_the_parameter():
-    from partita.runtime.loop.verify import failures, loss_check, param_check
+    from partita.runtime.verify.checks import failures, loss_check, param_check
 
     ok = loss_check("losses", [5.5, 5.4], [5.5, 5.4 + 5e-6], TOL)
     bad = loss_check("losses", [5.5, 5.4, 5.3], [5.5, 5.4 + 3e-5, 5.3], TOL)
@@ -56,7 +56,7 @@ def test_a_failed_check_names_the_step_or_the_parameter():
 
 
 def test_parameter_differences_are_scaled_by_the_whole_models_update():
-    from partita.runtime.loop.verify import ParamStats
+    from partita.runtime.verify.checks import ParamStats
 
     # tensor "noise" was not updated by the reference (a zero gradient): its own update would divide
     # noise by noise; the whole model's update RMS (here 1e-3 per element) is the scale
@@ -83,7 +83,7 @@ def test_a_rounding_level_gradient_is_judged_by_adams_step_bound_and_a_real_one_
     under SGD nothing is set apart."""
     from partita.costmodel.models import resolve_model as resolve
     from partita.runtime.loop.recipe import build_model, loss_for
-    from partita.runtime.loop.verify import ADAM_STEP_BOUND, GradientRMS, ParamStats, param_checks
+    from partita.runtime.verify.checks import ADAM_STEP_BOUND, GradientRMS, ParamStats, param_checks
 
     spec = resolve("tiny-gpt")
     model = build_model(spec, 0)

@@ -259,7 +259,7 @@ def _assert_matches(results: dict, want: set[str]) -> None:
     for case, r in results.items():
         print(f"{case}: max |loss diff| = {r['max_abs_diff']:.2e} in {r['seconds']:.1f} s ({r['applied']})")
     for case, r in results.items():
-        tol = 1e-2 if case.endswith("bf16") else 1e-5  # runtime.loop.verify's tolerances
+        tol = 1e-2 if case.endswith("bf16") else 1e-5  # runtime.verify.checks's tolerances
         assert r["verified"] and len(r["losses"]) == STEPS, (case, r)
         assert r["max_abs_diff"] <= tol, (case, r)
         assert max(abs(a - b) for a, b in zip(r["losses"], r["reference_losses"])) <= tol, (case, r)

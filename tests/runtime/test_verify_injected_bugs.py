@@ -4,7 +4,7 @@ and the correct runtime must pass. One torchrun launch per bug runs the fp32 and
 
 What the bf16 case shows: the bf16 run's own loss check (1e-2 against the fp32 reference) does not see
 either bug -- the losses move by 3.5e-3 (dp sync skipped) and 6e-4 (tp input gradient not reduced) --
-and the fp32 verification pass of the same layout does (runtime.loop.verify's docstring).
+and the fp32 verification pass of the same layout does (runtime.verify.checks's docstring).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from partita.runtime.loop.verify import PARAM_TOLERANCE, TOLERANCE
+from partita.runtime.verify.checks import PARAM_TOLERANCE, TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("injected_bugs.py")
@@ -91,7 +91,7 @@ def test_correct_plans_pass_verify_in_fp32_and_bf16(tmp_path):
         judged = [c for c in r["checks"] if c["tolerance"] is not None]
         noise = [c for c in judged if "rounding-level gradients" in c["what"]]
         assert len(judged) - len(noise) == (3 if case.endswith("bf16") else 2)  # bf16: its losses, and the fp32 pass
-        # the attention key biases: softmax ignores them, so their true gradient is zero (runtime.loop.verify)
+        # the attention key biases: softmax ignores them, so their true gradient is zero (runtime.verify.checks)
         assert noise and all(c["worst"].endswith("k.bias'") for c in noise), (case, noise)
         for c in judged:  # margins: well inside, not at the edge
             assert c["diff"] <= c["tolerance"] / 5, (case, c)

@@ -48,7 +48,7 @@ from partita.planner.plan import Plan, PlanError
 from partita.runtime.parallel.apply import average_grads
 from partita.runtime.loop.console import STDOUT
 from partita.runtime.data import derived_seed
-from partita.runtime.parallel.rec_shard import (ADAGRAD_EPS, replicated_by_hand, require_torchrec, shard, split,
+from partita.runtime.rec.shard import (ADAGRAD_EPS, replicated_by_hand, require_torchrec, shard, split,
                                                table_key, table_of)
 
 __all__ = ["build", "check", "replicated_by_hand", "require_torchrec", "run", "split", "table_key"]

@@ -1,6 +1,6 @@
 """TorchRec's side of a plan with embedding tables: the model split by torch.fx into table inputs and a dense
 part, the tables as one EmbeddingBagCollection sharded by the plan, and FSDP2 or DDP for the rest
-(runtime.parallel.rec's docstring says how; rec.run trains with them)."""
+(runtime.rec.run's docstring says how; rec.run trains with them)."""
 from __future__ import annotations
 
 import copy

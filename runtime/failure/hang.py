@@ -6,7 +6,7 @@ gloo, 10 on NCCL) or forever. Under partita's launcher each rank marks where it 
 hook of runtime.loop.trainer):
 
     0  forward and backward        (the gradient collectives of DDP and FSDP run inside)
-    1  the loss all-reduce         (runtime.loop.guards.reduce_loss_and_stop)
+    1  the loss all-reduce         (runtime.failure.guards.reduce_loss_and_stop)
     2  the optimizer step          (gradient clipping's all-reduce, the sync mode's)
     3  the checkpoint save         (and the evaluation, which marks each batch it finishes, and the next batch)
 
@@ -60,7 +60,7 @@ class HangWatch(StepHook):
 
     def after_loss(self) -> StepHook:
         """The hook that marks the loss all-reduce: give it after the hooks that may still change the loss or stop
-        the rank (runtime.loop.faults), and this watch before every hook that runs a collective."""
+        the rank (runtime.failure.faults), and this watch before every hook that runs a collective."""
         watch = self
 
         class AfterLoss(StepHook):
@@ -126,9 +126,9 @@ def still_going() -> None:
 
 
 def hang_watch(timeout: float | None, rank: int) -> HangWatch | None:
-    """The run's watch under partita's launcher (its directory holds the marks: runtime.loop.stop.PROGRESS_ENV), or
+    """The run's watch under partita's launcher (its directory holds the marks: runtime.failure.stop.PROGRESS_ENV), or
     None: no timeout given, or no launcher (one process: no collective to wait in)."""
-    from partita.runtime.loop.stop import PROGRESS_ENV
+    from partita.runtime.failure.stop import PROGRESS_ENV
     progress = os.environ.get(PROGRESS_ENV)
     if timeout is None or not progress:
         return None

@@ -5,7 +5,7 @@
   save and at the end, so no checkpoint ever holds one. Their message says what the checkpoints hold: the
   newest one, when it was saved right before the failing step, holds the weights that step started from, and
   is not called good.
-- Stopped: a signal asked to stop (runtime.loop.stop); the request travels in the loss all-reduce
+- Stopped: a signal asked to stop (runtime.failure.stop); the request travels in the loss all-reduce
   (`reduce_loss_and_stop`), so every rank stops after the same step.
 - `keep_partial`: a run that fails after training began keeps its loss history: rank 0 prints the last
   losses and writes them all to --losses-out with the failure.
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from partita.costmodel import PartitaError
 from partita.runtime.loop import memory
 from partita.runtime.loop.console import STDOUT
-from partita.runtime.loop.stop import SIGNALS
+from partita.runtime.failure.stop import SIGNALS
 
 EXIT_OK, EXIT_VERIFY, EXIT_ERROR, EXIT_NONFINITE = 0, 1, 2, 3
 
@@ -59,7 +59,7 @@ def stop_line(signum: int, step: int, steps: int, checkpoint: str | None, checkp
 
 class Stopped(PartitaError):
     """Training stopped at a step boundary because a signal asked for it (raised alike on every rank;
-    runtime.loop.stop)."""
+    runtime.failure.stop)."""
 
     def __init__(self, signum: int, step: int, steps: int, checkpoint: str | None, checkpointing: bool):
         super().__init__(stop_line(signum, step, steps, checkpoint, checkpointing))

@@ -1,4 +1,4 @@
-"""--verify's checks of a finished run (runtime.loop.verify has the comparisons and their tolerances): rank 0
+"""--verify's checks of a finished run (runtime.verify.checks has the comparisons and their tolerances): rank 0
 trains the unpartitioned reference and every rank compares the run's losses and final parameters with it
 (`verify_run`); a run in another dtype than VERIFY_DTYPE also gets a `verification_pass` of the same layout in
 VERIFY_DTYPE, which is what is judged tightly. Without --verify, the run's parameter checksum (`check_run`)."""
@@ -13,11 +13,11 @@ import torch.distributed as dist
 from partita.runtime.launcher.checks import optimizer_name
 from partita.runtime.launcher.mesh import Topology
 from partita.runtime.loop.clip import clip_grad_norm
-from partita.runtime.loop.guards import EXIT_OK, EXIT_VERIFY
+from partita.runtime.failure.guards import EXIT_OK, EXIT_VERIFY
 from partita.runtime.loop.options import RunOptions, recipe_of
 from partita.runtime.loop.recipe import RecipeTrace, build_model, make_schedule
 from partita.runtime.loop.stepping import build, pp_group, reduce_loss
-from partita.runtime.loop.verify import (PARAM_TOLERANCE, ROUNDING_NUDGE, TOLERANCE, VERIFY_DTYPE, Check, GradientRMS,
+from partita.runtime.verify.checks import (PARAM_TOLERANCE, ROUNDING_NUDGE, TOLERANCE, VERIFY_DTYPE, Check, GradientRMS,
                                          allowances, compare, grad_norm_check, loss_check, param_checks, param_stats, reference_run,
                                          rounding_drift, shared_names)
 from partita.runtime.parallel.apply import make_executor, make_plan_optimizer
@@ -52,7 +52,7 @@ def verify_run(result: CheckedResult, plan: Plan, spec: ModelSpec, opts: RunOpti
             executor, names: list) -> tuple:
     """--verify's checks of the run itself, on every rank: rank 0 trains the reference; the run's losses
     and final parameters are compared with it (judged when the run is in VERIFY_DTYPE; a run in another
-    dtype then gets `verification_pass`, runtime.loop.verify's docstring says why). Fills `result.checks`;
+    dtype then gets `verification_pass`, runtime.verify.checks's docstring says why). Fills `result.checks`;
     returns (reference model, initial model, reference losses, rounding-level tensors, reference grad norms or
     None) for the pass (the
     models on rank 0 only)."""
@@ -105,7 +105,7 @@ _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "f
 def rounding_allowance(topo: Topology, needed: bool, nudged) -> list[float] | None:
     """Collective: when rank 0's loss check failed at the fixed tolerance (`needed` there), rank 0 trains the
     reference again from initial weights nudged by one rounding (`nudged()`: its losses) and every rank gets
-    those losses; None (no second reference, one broadcast of a flag) otherwise. runtime.loop.verify.rounding_drift
+    those losses; None (no second reference, one broadcast of a flag) otherwise. runtime.verify.checks.rounding_drift
     says why: a failure within the amplified rounding of the reference itself is no failure."""
     flag = torch.tensor([1.0 if needed and topo.rank == 0 else 0.0], dtype=torch.float64, device=topo.device)
     dist.broadcast(flag, src=0)
@@ -121,7 +121,7 @@ def rounding_allowance(topo: Topology, needed: bool, nudged) -> list[float] | No
 
 
 def _nudged_losses(plan: Plan, spec: ModelSpec, opts: RunOptions, data, device) -> list[float]:
-    """The reference's losses from initial weights nudged by fp32's unit roundoff (runtime.loop.verify)."""
+    """The reference's losses from initial weights nudged by fp32's unit roundoff (runtime.verify.checks)."""
     return reference_run(spec, data, opts.steps, opts.seed, opts.lr, device, optimizer_name(plan), recipe=recipe_of(opts),
                          nudge=ROUNDING_NUDGE)[0]
 

@@ -70,15 +70,12 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
 
     A model with embedding tables (nn.EmbeddingBag) is planned by planner.sparse.rec_plan, its sparse part from
     `sparse` (a rec_plan.SparseInputs: data sample or Zipf skew, fixed table shardings); the search
-    result is then None.
-
-    `model`: a MODEL string, a ModelSpec, an nn.Module with its `example_inputs` (and `loss_fn(module, *batch)`
-    when it computes its own loss), or a model factory returning (module, example_inputs[, loss_fn]) as a
-    `package.module:factory` does."""
+    result is then None. `model`: a MODEL string, a ModelSpec, an nn.Module with `example_inputs` (and `loss_fn`),
+    or a factory returning (module, example_inputs[, loss_fn]), as `package.module:factory` does."""
     space = _space_for(space, fixed)
     # a MODEL string whose capture may be on disk is resolved only if it is not (the resolved spec imports torch)
-    spec = None if sparse is None and capture_cache.cacheable(model) else _resolved(model, example_inputs, train,
-                                                                                    loss_fn)
+    cached = sparse is None and capture_cache.cacheable(model)
+    spec = None if cached else _resolved(model, example_inputs, train, loss_fn)
     cl = parse_cluster(cluster) if isinstance(cluster, str) else cluster
     check_scale(cl)
     cl = with_allocator_headroom(cl, memory_headroom)
@@ -110,7 +107,13 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
         if not space.fixed():
             raise
         raise InfeasibleError(f"with {describe_fixed(space)} fixed, {e}") from None
-    p = build_plan(result, name, fingerprint, config)
+    p = _annotated(build_plan(result, name, fingerprint, config), graph, cl, train, space, baselines)
+    p.solver["total_s"] = time.perf_counter() - t0
+    return result, p
+
+
+def _annotated(p: Plan, graph, cl, train: TrainConfig, space: SearchSpace, baselines: bool) -> Plan:
+    """The plan with what the search knows beside it: the batch coupling, the fixed choices, the baselines."""
     if graph.g.graph.get("batch_coupled"):  # said before training (planner.plan.explain.batch_coupling_warning)
         p.model["batch_coupled"] = graph.g.graph["batch_coupled"]
     if space.fixed():
@@ -118,8 +121,7 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     if baselines:
         from partita.planner.estimate.baselines import run_baselines
         p.baselines = run_baselines(graph, cl, train, space.kernels, space.stack)
-    p.solver["total_s"] = time.perf_counter() - t0
-    return result, p
+    return p
 
 
 def _resolved(model, example_inputs, train: TrainConfig, loss_fn=None) -> ModelSpec:

@@ -42,13 +42,16 @@ def _direct_worker(rank, world, init_file, sizes, result_path):
     for nbytes in sizes:
         x = torch.ones(nbytes // 4)
         dist.all_reduce(x)
-        times = []
-        for _ in range(8):
-            dist.barrier()  # both ranks start together: the time is the collective's, not the skew's
-            t0 = time.perf_counter()
-            dist.all_reduce(x)
-            times.append(time.perf_counter() - t0)
-        medians.append(statistics.median(times))
+        rounds = []
+        for _ in range(3):  # the least of 3 medians: a busy machine only ever adds time (one median each, in a CI
+            times = []      # run beside other work: 7.9 ms for 1 MiB and 4 MiB alike, the median ratio 0.32 < 1/3)
+            for _ in range(8):
+                dist.barrier()  # both ranks start together: the time is the collective's, not the skew's
+                t0 = time.perf_counter()
+                dist.all_reduce(x)
+                times.append(time.perf_counter() - t0)
+            rounds.append(statistics.median(times))
+        medians.append(min(rounds))
     t = torch.tensor(medians, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     if rank == 0:

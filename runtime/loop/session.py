@@ -301,7 +301,13 @@ def _header(plan: Plan, spec: ModelSpec, opts: RunOptions, topo: Topology, data)
     return (f"partita run: {spec.name} on {m.world_size} rank(s) (pp={m.pp} dp={m.dp}{f' ep={m.ep}' if m.ep > 1 else ''}{f' cp={m.cp}' if m.cp > 1 else ''} tp={m.tp}, "
             f"{sched}, zero_stage {plan.zero_stage}, "
             f"{plan.train.get('dtype') or 'fp32'}, {optimizer_name(plan)}), {dist.get_backend()}/{topo.device.type}, "
-            f"global batch {batch} ({where}), {opts.steps} steps" + _recipe_line(recipe_of(opts), optimizer_name(plan)))
+            f"global batch {batch} ({where}), {opts.steps} steps" + _recipe_line(recipe_of(opts), optimizer_name(plan))
+            + _COMPILING * (plan.kernels == "compiled"))
+
+
+_COMPILING = ("\ncompiling the plan's layers with torch.compile: the first step includes it (a minute or more on a CPU), "
+              "and the time left is estimated without it")
+"""Said under the header of a plan with compiled kernels: the first progress line comes only after compiling."""
 
 
 def _recipe_line(recipe: Recipe, optimizer: str) -> str:

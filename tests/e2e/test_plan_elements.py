@@ -141,3 +141,6 @@ def test_a_compiled_plan_compiles_its_layers_and_trains_like_one_process(tmp_pat
     layers = ["blocks.0"] if kw.get("pp") else ["blocks.0", "blocks.1"]  # rank 0 runs stage 0 of a pipeline
     check(proc, out, compiled=layers, **applied)
     assert "compiled: " + ", ".join(layers) in proc.stdout
+    # said before the first step, which is the one that compiles (issue 46: "print nothing for a minute")
+    said = proc.stdout.index("compiling the plan's layers with torch.compile: the first step includes it")
+    assert proc.stdout.startswith("partita run: ") and said < proc.stdout.index("step  loss")

@@ -31,13 +31,16 @@ if TYPE_CHECKING:
 # (costmodel.capture.cache) runs without it
 
 
+_LOSS_FN_ALONE = ("loss_fn goes with an nn.Module and its example_inputs; a model factory returns its own as "
+                  "(module, example_inputs, loss_fn), and a MODEL string's model has its loss")
+
+
 def _spec_for(model, example_inputs, loss_fn=None) -> ModelSpec:
     import torch.nn as nn
 
     from partita.costmodel import ModelSpec, resolve_model
     if loss_fn is not None and not isinstance(model, nn.Module):
-        raise PartitaError("loss_fn goes with an nn.Module and its example_inputs; a model factory returns its own "
-                           "as (module, example_inputs, loss_fn), and a MODEL string's model has its loss")
+        raise PartitaError(_LOSS_FN_ALONE)
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):
@@ -74,6 +77,8 @@ def plan_search(model, example_inputs=None, *, cluster: str | Cluster, train: Tr
     or a factory returning (module, example_inputs[, loss_fn]), as `package.module:factory` does."""
     space = _space_for(space, fixed)
     # a MODEL string whose capture may be on disk is resolved only if it is not (the resolved spec imports torch)
+    if loss_fn is not None and isinstance(model, str):  # before the capture cache, which never resolves the name
+        raise PartitaError(_LOSS_FN_ALONE)
     cached = sparse is None and capture_cache.cacheable(model)
     spec = None if cached else _resolved(model, example_inputs, train, loss_fn)
     cl = parse_cluster(cluster) if isinstance(cluster, str) else cluster

@@ -261,11 +261,10 @@ def run(plan: Plan, spec, opts, world: int) -> int:
 def _write_losses(path: str, losses: list[float], ref: list[float] | None, step_s: float) -> None:
     """--losses-out: every step's loss (and the reference's under --verify) and the step time, as JSON."""
     import json
-    import os
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump({"losses": losses, "reference_losses": ref, "step_time_s": step_s}, f)
-    os.replace(tmp, path)
+    from pathlib import Path
+
+    from partita.runtime.checkpoint import atomic_write
+    atomic_write(Path(path), json.dumps({"losses": losses, "reference_losses": ref, "step_time_s": step_s}))
 
 
 def _progress(opts, rank: int, global_batch: int):

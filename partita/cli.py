@@ -22,6 +22,7 @@ from partita import cli_args
 from partita.costmodel.errors import PartitaError
 from partita.runtime.launcher.child import run_forwarding_signals
 from partita.runtime.launcher.flags import NODE_FLAGS, RECIPE_FLAGS, RUN_FLAGS, to_argv
+from partita.runtime.launcher.elastic import is_elastic
 from partita.planner.plan import planset
 from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors
 
@@ -183,8 +184,24 @@ def _cmd_run(args) -> int:
             raise PartitaError(f"{name} must be more than 0 and at most 86400 seconds")
     if why := job_environment_error(os.environ):
         raise PartitaError(why)
+    if is_elastic(nnodes):
+        return _run_elastic(args, nnodes)
     if planset.is_plan_set(args.plan):
         args.plan = _plan_of_set(args.plan, nnodes)
+    elif args.rescale_every is not None:
+        raise PartitaError("--rescale-every is for elastic jobs (--nnodes MIN:MAX with a plan set)")
+    _run_given_checks(args)
+    plan = Plan.load(args.plan)  # validate before launching anything
+    world = plan.mesh.world_size
+    if world % nnodes:
+        fits = ", ".join(str(n) for n in range(1, world + 1) if world % n == 0)
+        raise PartitaError(f"the plan is for {world} ranks, which {nnodes} nodes cannot share equally "
+                           f"(processes per node = world size / nnodes): use --nnodes {fits}")
+    return _launch(args, world // nnodes, nnodes)
+
+
+def _run_given_checks(args) -> None:
+    """The values and outputs `partita run` refuses before the pre-flight (one line each)."""
     given = {"lr": 1e-3 if args.lr is None else args.lr, "seed": 0 if args.seed is None else args.seed}
     recipe = {name: getattr(args, name) for name in RECIPE_FLAGS}
     errors = option_errors(**given, **recipe) + output_errors(
@@ -192,13 +209,31 @@ def _cmd_run(args) -> int:
         inputs={"the plan": args.plan, "the --data file": args.data, "the --eval-data file": args.eval_data})
     if errors:  # before the pre-flight, before training: an output checked only at the end lost the run
         raise PartitaError(errors[0])
-    plan = Plan.load(args.plan)  # validate before launching anything
-    world = plan.mesh.world_size
-    if world % nnodes:
-        fits = ", ".join(str(n) for n in range(1, world + 1) if world % n == 0)
-        raise PartitaError(f"the plan is for {world} ranks, which {nnodes} nodes cannot share equally "
-                           f"(processes per node = world size / nnodes): use --nnodes {fits}")
-    nproc = world // nnodes
+
+
+def _run_elastic(args, nnodes) -> int:
+    """`partita run SET_DIR --nnodes MIN:MAX`: torchrun's elastic agent on this node, each round's workers on the
+    set's plan for the nodes up (runtime.launcher.elastic). Refused in one line: no plan set, a size without a plan,
+    no checkpoints to carry the run across sizes."""
+    from partita.runtime.launcher import elastic
+    if not planset.is_plan_set(args.plan):
+        raise PartitaError(f"--nnodes {nnodes} (an elastic job) runs a plan set, one plan per size: give the "
+                           f"directory `partita plan --nnodes {nnodes} --out DIR` wrote, not {args.plan!r}")
+    if why := elastic.refusal(args.plan, nnodes):
+        raise PartitaError(why)
+    if not (args.checkpoint_dir and args.checkpoint_every):
+        raise PartitaError(f"--nnodes {nnodes}: an elastic job carries its state across sizes in checkpoints: give "
+                           "--checkpoint-dir DIR and --checkpoint-every N (a size change resumes from the newest)")
+    _run_given_checks(args)
+    full = planset.load(args.plan)[int(nnodes)]
+    for note in elastic.slower_sizes(args.plan, nnodes):
+        print(f"partita: {note}", file=sys.stderr, flush=True)
+    if args.max_restarts is None:
+        args.max_restarts = elastic.DEFAULT_RESTARTS
+    return _launch(args, full.mesh.world_size // int(nnodes), nnodes)
+
+
+def _launch(args, nproc: int, nnodes) -> int:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     # torchrun's restarts on its shared rendezvous store would see the failed attempt's keys (pytorch#135712):

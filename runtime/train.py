@@ -203,9 +203,14 @@ def _check_before_launch(args: argparse.Namespace) -> int:
 
     from partita.runtime.launcher import fork
 
+    from partita.runtime.launcher.elastic import is_elastic
+
+    # a node that joins an elastic job continues the job's checkpoint directory, which the job holds
+    joining = {"resume": True} if is_elastic(args.nnodes) else {}
+
     def check() -> int:
         with contextlib.redirect_stdout(io.StringIO()):
-            return _worker(argparse.Namespace(**{**vars(args), "check": True}), look_at_devices=False)
+            return _worker(argparse.Namespace(**{**vars(args), "check": True, **joining}), look_at_devices=False)
     return fork.beside_preload(check) if fork.can_fork() else check()
 
 
@@ -217,7 +222,7 @@ def _worker(args: argparse.Namespace, look_at_devices: bool = True) -> int:
     opts = options(args)
     refusal, plan, spec, prep = None, None, None, None
     try:
-        plan, spec, world = _load(args, opts, world)
+        plan, spec, world, choice = _load(args, opts, world)
         if plan.embeddings is not None:  # tables: TorchRec (runtime.rec.run)
             from partita.runtime.rec.run import dense_only
             if given := dense_only(opts):
@@ -227,6 +232,7 @@ def _worker(args: argparse.Namespace, look_at_devices: bool = True) -> int:
                                    "apply the recipe's schedule, decay and clipping yet): leave them out")
             return _rec(plan, spec, opts, world, rank, args)
         prep = _prepare(args, plan, spec, opts, world, look_at_devices)
+        prep.elastic = choice
     except PartitaError as e:
         refusal = e
     if not args.check and world > 1:
@@ -252,31 +258,42 @@ def _worker(args: argparse.Namespace, look_at_devices: bool = True) -> int:
     return _train(plan, spec, opts, prep, rank)
 
 
-def _load(args: argparse.Namespace, opts, world: int) -> tuple[Plan, object, int]:
+def _load(args: argparse.Namespace, opts, world: int) -> tuple[Plan, object, int, object]:
     """(the plan, the model at the plan's sequence length, the world size: under --check outside torchrun the
-    launcher's if given, else the plan's); PartitaError where the plan's sync mode refuses the run."""
+    launcher's if given, else the plan's, and for a plan set the runtime.launcher.elastic.Choice of this round's
+    size, else None); PartitaError where the plan's sync mode refuses the run."""
+    from partita.planner.plan import planset
     from partita.runtime.loop.session import at_seq_len
     from partita.runtime.loop.sync import run_refusal as sync_run_refusal
     if not args.check:
         agree_on_attempt()  # several nodes: one all-reduce on every rank, whatever its plan and flags say
-    plan = Plan.load(args.plan)
+    choice = None
+    if planset.is_plan_set(args.plan):  # an elastic job (runtime.launcher.elastic): the plan of this round's size
+        from partita.runtime.launcher import elastic
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or args.nproc_per_node or 1)
+        now = world if "WORLD_SIZE" in os.environ else per_node * int(args.nnodes or 1)
+        choice = elastic.choose(args.plan, now, per_node)
+        plan = choice.plan
+    else:
+        plan = Plan.load(args.plan)
     if why := sync_run_refusal(plan.sync, opts.checkpoint_every, opts.steps, opts.verify):
         raise PartitaError(why)
     spec = at_seq_len(resolve_model(args.model), plan.train.get("seq_len"))
     if args.check and "WORLD_SIZE" not in os.environ:
         # checking a plan outside torchrun: the launcher's world size if given, else the plan's
-        world = (args.nproc_per_node * (args.nnodes or 1) if args.nproc_per_node else plan.mesh.world_size)
-    return plan, spec, world
+        world = (args.nproc_per_node * int(args.nnodes or 1) if args.nproc_per_node else plan.mesh.world_size)
+    return plan, spec, world, choice
 
 
 def _prepare(args: argparse.Namespace, plan: Plan, spec, opts, world: int, look_at_devices: bool):
     """The session's preparation (runtime.loop.session.prepare); under --check, PartitaError where another
     run holds --checkpoint-dir."""
     from partita.runtime.checkpoint import ownership
+    from partita.runtime.launcher.elastic import is_elastic
     from partita.runtime.loop.session import prepare
     prep = prepare(plan, spec, opts, world, args.nproc_per_node if args.check else None,
                    look_at_devices=look_at_devices)
-    if args.check and args.checkpoint_dir and args.checkpoint_every and \
+    if args.check and args.checkpoint_dir and args.checkpoint_every and not is_elastic(args.nnodes) and \
             (holder := ownership.is_locked(args.checkpoint_dir)):
         raise PartitaError(f"--checkpoint-dir {args.checkpoint_dir} is in use by another run ({holder}): wait "
                            "for it to end, or choose another directory")

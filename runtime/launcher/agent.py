@@ -18,6 +18,7 @@ from pathlib import Path
 
 from partita.costmodel import PartitaError
 from partita.runtime.launcher.child import LOG_DIR_ENV, LOG_DIR_PREFIX
+from partita.runtime.launcher.elastic import DEFAULT_RESCALE_EVERY, Rescale, is_elastic, release_stopped_workers
 from partita.runtime.loop.allocator import configure_allocator
 from partita.runtime.loop.console import stderr_line
 from partita.runtime.failure.guards import stop_line
@@ -348,7 +349,7 @@ def _store_lost(log_dir: str, watch) -> int:
 
 def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint: str | None = None,
           rdzv_id: str | None = None, max_restarts: int = 0, rdzv_timeout: float | None = None,
-          losses_out: str | None = None) -> int:
+          losses_out: str | None = None, rescale_every: float | None = None) -> int:
     """Run torchrun's elastic agent for this node in this process on `python -m partita.runtime.train WORKER_ARGV`
     and return the exit code: 0, or the first failing worker's (1 if it died by a signal).
 
@@ -378,7 +379,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
 
     from partita.runtime.launcher import fork, rendezvous
     try:
-        argv = _torchrun_flags(nproc, nnodes, rdzv_endpoint, rdzv_id, max_restarts, rdzv_timeout)
+        argv = _torchrun_flags(nproc, nnodes, rdzv_endpoint, rdzv_id, max_restarts, rdzv_timeout, rescale_every)
     except PartitaError as e:
         stderr_line(f"partita: error: {e}")
         return 2
@@ -387,7 +388,8 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     started = time.time()
     with _quiet_torchrun_logs(log_dir, nnodes) as quiet:
         try:
-            with _stop_signals(), watch_failures(quiet), _watch_exit_barrier(nnodes):
+            with _stop_signals(), watch_failures(quiet), _watch_exit_barrier(nnodes), \
+                    (release_stopped_workers() if is_elastic(nnodes) else contextlib.nullcontext()):
                 fork.run_torchrun(argv, worker_argv)
             return _after_attempts(log_dir, nnodes)
         except ChildFailedError as e:
@@ -434,7 +436,7 @@ def _after_agent_error(e: Exception, log_dir: str) -> int:
 
 
 def _torchrun_flags(nproc: int, nnodes: int, rdzv_endpoint: str | None, rdzv_id: str | None, max_restarts: int,
-                    rdzv_timeout: float | None) -> list[str]:
+                    rdzv_timeout: float | None, rescale_every: float | None = None) -> list[str]:
     """torchrun's flags for this node (one node: --standalone; several: c10d rendezvous registered with
     runtime.launcher.rendezvous), and the environment the workers inherit. PartitaError: an endpoint that
     cannot be used (one line)."""
@@ -451,7 +453,10 @@ def _torchrun_flags(nproc: int, nnodes: int, rdzv_endpoint: str | None, rdzv_id:
         return argv + ["--standalone"]
     rendezvous.check_endpoint(rdzv_endpoint)
     timeout = rdzv_timeout or rendezvous.DEFAULT_TIMEOUT
-    return argv + [*rendezvous.register(rdzv_endpoint, timeout), f"--rdzv-id={rdzv_id or 'partita'}"]
+    elastic = None
+    if is_elastic(nnodes):  # runtime.launcher.elastic: membership changes re-plan instead of ending the job
+        elastic = Rescale(DEFAULT_RESCALE_EVERY if rescale_every is None else rescale_every)
+    return argv + [*rendezvous.register(rdzv_endpoint, timeout, elastic), f"--rdzv-id={rdzv_id or 'partita'}"]
 
 
 @contextlib.contextmanager

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from partita.runtime.launcher.elastic import DEFAULT_RESCALE_EVERY, node_count
+
 DATA_DTYPES = ("uint16", "uint32")  # runtime.data.DTYPES' keys (tests/runtime/test_run_flags.py checks)
 DEFAULT_LOG_EVERY = 10              # runtime.loop.progress.DEFAULT_EVERY (checked alike)
 LR_DECAYS = ("none", "cosine", "linear")  # runtime.loop.recipe.Recipe.lr_factor's shapes
@@ -92,12 +94,17 @@ RECIPE_FLAGS = ("weight_decay", "warmup_steps", "lr_decay", "min_lr_ratio", "cli
 """The flags of the training recipe (runtime.loop.recipe.Recipe's fields but lr and steps)."""
 
 NODE_FLAGS = (
-    Flag("nnodes", "number of nodes, each running this same command (default 1)", int, None, "N"),
+    Flag("nnodes", "number of nodes, each running this same command (default 1); MIN:MAX with a plan set "
+         "(`partita plan --nnodes MIN:MAX --out DIR`): an elastic job that re-plans and goes on when nodes are lost "
+         "or join (runtime.launcher.elastic)", node_count, None, "N|MIN:MAX"),
     Flag("rdzv_endpoint", "c10d rendezvous endpoint: a free port on one of the nodes, the same on every node",
          str, None, "HOST:PORT"),
     Flag("rdzv_id", "job id, the same on every node (default: partita)", str, None, "ID"),
     Flag("rdzv_timeout", "seconds to wait for every node to join, printing progress meanwhile (default 300)",
          float, None, "S"),
+    Flag("rescale_every", "elastic jobs: a node that joins is taken in at most once per S seconds, so that a "
+         f"flapping node does not restart the job again and again (default {DEFAULT_RESCALE_EVERY:g})", float, None,
+         "S"),
 )
 
 

@@ -79,7 +79,8 @@ def _store(rank: int, world: int):
 
 
 def agree_on_attempt() -> None:
-    """Multi-node jobs: make TORCHELASTIC_RESTART_COUNT the same on every rank (the largest).
+    """Multi-node jobs: make TORCHELASTIC_RESTART_COUNT the same on every rank (the largest); an elastic job's
+    rendezvous round counts (runtime.launcher.elastic.attempt_from_round).
 
     torchrun's agents count restarts per node: a node whose workers failed counts one, a node restarted
     only because another node re-joined the rendezvous does not. Whether an attempt resumes from a
@@ -88,7 +89,12 @@ def agree_on_attempt() -> None:
     on every rank of a multi-node job whatever its own --max-restarts says (a node started with other flags
     than its peers must still reach runtime.launcher.agreement's check, not a collective its peers never call). A
     no-op on one node."""
+    from partita.runtime.launcher.elastic import attempt_from_round
     world = env_world()[2]
+    # an elastic job's later rounds continue too, also those torchrun does not count (runtime.launcher.elastic)
+    local = max(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0), attempt_from_round())
+    if "TORCHELASTIC_RESTART_COUNT" in os.environ or local:
+        os.environ["TORCHELASTIC_RESTART_COUNT"] = str(local)
     if int(os.environ.get("LOCAL_WORLD_SIZE", world)) == world:
         return
     device = init_default()

@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 
 from partita.costmodel.errors import PartitaError
+from partita.runtime.launcher.elastic import KEEP_ALIVE, LAST_CALL, ROUND_ENV
 from partita.runtime.loop.console import stderr_line
 
 BACKEND = "partita-c10d"
@@ -62,6 +63,8 @@ class Seen:
 SEEN = Seen()
 WATCH = None
 """This launcher's runtime.launcher.peers.PeerWatch, once its first rendezvous completed (several nodes only)."""
+ELASTIC = None
+"""An elastic job's runtime.launcher.elastic.Rescale (`register`), else None."""
 
 
 def _fatal(line: str) -> None:
@@ -193,8 +196,12 @@ class _Ticker:
                 SEEN.joined = joined
             if now < QUIET or (joined == last_count and now - last_line < EVERY):
                 continue
-            what = f"{joined} of {self.expected} nodes joined" if joined is not None else \
-                "waiting for the node that hosts the rendezvous store"
+            if joined is None:
+                what = "waiting for the node that hosts the rendezvous store"
+            elif joined > self.expected:  # an elastic job under way: its round-1 count holds its first nodes
+                what = "waiting for the running job to take this node in at its next round"
+            else:
+                what = f"{joined} of {self.expected} nodes joined"
             stderr_line(f"partita: rendezvous at {SEEN.endpoint}: {what} ({now:.0f} s of {SEEN.timeout:g} s)")
             last_line, last_count = now, joined
 
@@ -214,6 +221,10 @@ def _handler_type():
             self.store.add(key, 1)
             with _Ticker(lambda: self.store.add(key, 0), self.expected):
                 info = self.inner.next_rendezvous()
+            if ELASTIC is not None:  # the workers of this round continue the job (runtime.launcher.elastic)
+                os.environ[ROUND_ENV] = str(self.rounds)
+                ELASTIC.round_closed()
+                return info
             global WATCH
             if WATCH is None and self.expected > 1:
                 from partita.runtime.launcher.peers import PeerWatch
@@ -235,7 +246,8 @@ def _handler_type():
             return self.inner.set_closed()
 
         def num_nodes_waiting(self) -> int:
-            return self.inner.num_nodes_waiting()
+            count = self.inner.num_nodes_waiting()
+            return ELASTIC.waiting(count) if ELASTIC is not None else count
 
         def get_run_id(self) -> str:
             return self.inner.get_run_id()
@@ -257,19 +269,24 @@ def _create(params):
     return _handler_type()(create_handler(store, backend, params), store, params.run_id, params.max_nodes)
 
 
-def register(endpoint: str, timeout: float) -> list[str]:
-    """Register BACKEND with torch's rendezvous registry (once) and return torchrun's rendezvous arguments."""
+def register(endpoint: str, timeout: float, elastic=None) -> list[str]:
+    """Register BACKEND with torch's rendezvous registry (once) and return torchrun's rendezvous arguments.
+    `elastic`: an elastic job's runtime.launcher.elastic.Rescale (no PeerWatch: torchrun's own membership handles
+    a lost node; the rounds are numbered for the workers; a short last call)."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
-    global WATCH
+    global WATCH, ELASTIC
     SEEN.endpoint, SEEN.timeout, SEEN.joined = endpoint, timeout, 0
-    WATCH = None
+    WATCH, ELASTIC = None, elastic
     try:
         rendezvous_handler_registry.register(BACKEND, _create)
     except ValueError:  # registered before in this process
         pass
     seconds = max(1, round(timeout))
+    # elastic: a short last call, and a lost node's keep-alive given up after 3 x KEEP_ALIVE s, not torch's 15 s
+    # (the survivors' next round waits for that before it starts)
+    last_call = f",last_call_timeout={LAST_CALL:g},keep_alive_interval={KEEP_ALIVE}" if elastic is not None else ""
     return [f"--rdzv-backend={BACKEND}", f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-conf=join_timeout={seconds},read_timeout={seconds}"]
+            f"--rdzv-conf=join_timeout={seconds},read_timeout={seconds}{last_call}"]
 
 
 def failure_line(e: BaseException) -> str | None:

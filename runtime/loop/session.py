@@ -50,7 +50,7 @@ from partita.runtime.parallel import batchnorm
 from partita.runtime.loop import memory
 from partita.runtime.parallel.apply import make_executor, make_plan_optimizer, settle_ddp_buckets
 from partita.runtime.launcher.checks import build_meta, optimizer_name, preflight
-from partita.runtime.loop.console import STDOUT
+from partita.runtime.loop.console import STDOUT, stderr_line
 from partita.runtime.data import make_data
 from partita.runtime.checkpoint import ownership
 from partita.runtime.failure.faults import ENV as FAULT_ENV, Faults, parse as parse_faults
@@ -124,6 +124,8 @@ class Prepared:
     device_note: str | None = None
     """The plan was priced for another kind of device (`device_note`): printed by rank 0 before training,
     and kept in the report's notes."""
+    elastic: object = None
+    """runtime.launcher.elastic.Choice: the plan set's plan for this round's size (an elastic job), else None."""
 
 
 def attempt_number() -> int:
@@ -357,6 +359,11 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
     notes = list(prep.notes) + ([prep.device_note] if prep.device_note else []) + notes
     built = _build(plan, spec, opts, topo)
     history = _resume(built, prep, notes)
+    if prep.elastic is not None and prep.resume is not None and topo.rank == 0:
+        from partita.runtime.launcher.elastic import replanned_line
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or plan.mesh.world_size)
+        if line := replanned_line(prep.elastic, prep.resume.manifest.get("world_size"), prep.resume.step, per_node):
+            stderr_line(line)
     faults = Faults(topo.rank, opts.checkpoint_dir)
     if history.start:
         settle_ddp_buckets(built.executor, prep.data, topo, history.start)

@@ -116,3 +116,13 @@ def test_a_factory_name_is_imported_and_checked(cnn, tmp_path, monkeypatch):
         make_data(cnn, 8, path="not_a_dataset:factory")
     with pytest.raises(PartitaError, match="cannot import dataset factory 'no_such_module:factory'"):
         make_data(cnn, 8, path="no_such_module:factory")
+
+
+def test_an_elastic_run_reads_every_sample_once_per_epoch_across_a_shrink_and_a_growth(cnn):
+    """runtime.launcher.elastic keeps the global batch at every size: 3 ranks for 2 steps, then 2 (a node lost: a
+    fresh source, as the restarted process makes), then 3 again. Each epoch of the 24 samples is read exactly once."""
+    read = []
+    for steps, dp in ((range(0, 2), 3), (range(2, 6), 2), (range(6, 10), 3)):
+        data = make_data(cnn, 12, seed=5, path=Numbered(24))  # each size is a new attempt's source
+        read += [i for step in steps for r in range(dp) for i in ids(data.shard(step, r, dp))]
+    assert [sorted(read[e * 24:(e + 1) * 24]) for e in range(5)] == [list(range(24))] * 5

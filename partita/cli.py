@@ -100,6 +100,13 @@ def _plan_set(args, cluster, train, space, progress) -> int:
     print(s.table())
     if args.out:
         print(f"\nplans written to {args.out}/ (nodes-N.json, one per size; plan-set.json, this table)")
+        lo, hi = args.nnodes
+        if lo < hi:
+            from partita.runtime.launcher.elastic import NodeCount, refusal
+            why = refusal(args.out, NodeCount(lo, hi))
+            print(f"run it elastically on every node: partita run {args.out} --model {args.model} --nnodes {lo}:{hi} "
+                  "--rdzv-endpoint HOST:PORT --checkpoint-dir DIR --checkpoint-every N" if why is None else
+                  f"not runnable elastically as a whole: {why}")
     return 0
 
 

@@ -45,7 +45,9 @@ def test_each_size_is_planned_as_that_cluster_alone_with_the_same_global_batch(t
     assert main(["explain", str(out)]) == 0
     again = capsys.readouterr().out
     assert [line for line in again.splitlines()[1:] if line.strip()] == \
-        [line for line in report.splitlines()[1:] if line.strip() and not line.startswith("plans written")]
+        [line for line in report.splitlines()[1:] if line.strip() and not line.startswith(("plans written", "run it"))]
+    assert (f"run it elastically on every node: partita run {out} --model tiny-gpt --nnodes 1:3 --rdzv-endpoint "
+            "HOST:PORT --checkpoint-dir DIR --checkpoint-every N") in report
 
 
 def test_a_size_no_plan_fits_says_why_and_the_others_are_kept(tmp_path, capsys):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from partita.costmodel import PartitaError
 from partita.runtime.launcher.child import LOG_DIR_ENV, LOG_DIR_PREFIX
-from partita.runtime.launcher.elastic import DEFAULT_RESCALE_EVERY, Rescale, is_elastic, release_stopped_workers
+from partita.runtime.launcher.elastic import release_stopped_workers, rescale_for
 from partita.runtime.loop.allocator import configure_allocator
 from partita.runtime.loop.console import stderr_line
 from partita.runtime.failure.guards import stop_line
@@ -388,8 +388,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     started = time.time()
     with _quiet_torchrun_logs(log_dir, nnodes) as quiet:
         try:
-            with _stop_signals(), watch_failures(quiet), _watch_exit_barrier(nnodes), \
-                    (release_stopped_workers() if is_elastic(nnodes) else contextlib.nullcontext()):
+            with _stop_signals(), watch_failures(quiet), _watch_exit_barrier(nnodes), release_stopped_workers(nnodes):
                 fork.run_torchrun(argv, worker_argv)
             return _after_attempts(log_dir, nnodes)
         except ChildFailedError as e:
@@ -453,9 +452,7 @@ def _torchrun_flags(nproc: int, nnodes: int, rdzv_endpoint: str | None, rdzv_id:
         return argv + ["--standalone"]
     rendezvous.check_endpoint(rdzv_endpoint)
     timeout = rdzv_timeout or rendezvous.DEFAULT_TIMEOUT
-    elastic = None
-    if is_elastic(nnodes):  # runtime.launcher.elastic: membership changes re-plan instead of ending the job
-        elastic = Rescale(DEFAULT_RESCALE_EVERY if rescale_every is None else rescale_every)
+    elastic = rescale_for(nnodes, rescale_every)  # runtime.launcher.elastic: a membership change re-plans the job
     return argv + [*rendezvous.register(rdzv_endpoint, timeout, elastic), f"--rdzv-id={rdzv_id or 'partita'}"]
 
 

@@ -223,21 +223,14 @@ def _run_elastic(args, nnodes) -> int:
     set's plan for the nodes up (runtime.launcher.elastic). Refused in one line: no plan set, a size without a plan,
     no checkpoints to carry the run across sizes."""
     from partita.runtime.launcher import elastic
-    if not planset.is_plan_set(args.plan):
-        raise PartitaError(f"--nnodes {nnodes} (an elastic job) runs a plan set, one plan per size: give the "
-                           f"directory `partita plan --nnodes {nnodes} --out DIR` wrote, not {args.plan!r}")
-    if why := elastic.refusal(args.plan, nnodes):
+    if why := elastic.launch_refusal(args.plan, nnodes, args.checkpoint_dir, args.checkpoint_every):
         raise PartitaError(why)
-    if not (args.checkpoint_dir and args.checkpoint_every):
-        raise PartitaError(f"--nnodes {nnodes}: an elastic job carries its state across sizes in checkpoints: give "
-                           "--checkpoint-dir DIR and --checkpoint-every N (a size change resumes from the newest)")
     _run_given_checks(args)
-    full = planset.load(args.plan)[int(nnodes)]
     for note in elastic.slower_sizes(args.plan, nnodes):
         print(f"partita: {note}", file=sys.stderr, flush=True)
     if args.max_restarts is None:
         args.max_restarts = elastic.DEFAULT_RESTARTS
-    return _launch(args, full.mesh.world_size // int(nnodes), nnodes)
+    return _launch(args, elastic.procs_per_node(args.plan, nnodes), nnodes)
 
 
 def _launch(args, nproc: int, nnodes) -> int:

@@ -30,6 +30,8 @@ from partita.costmodel.models import ModelSpec
 from partita.runtime.launcher.agent import (PROGRESS_FILE, _AgentLog, agent,  # noqa: F401 (re-exported:
                                             watch_failures)  # torchrun's agent moved there)
 from partita.runtime.launcher.child import run_forwarding_signals
+from partita.runtime.launcher.elastic import (DEFAULT_RESTARTS, is_elastic, launch_refusal, node_count,
+                                             procs_per_node as elastic_procs_per_node)
 from partita.planner.plan import Plan
 from partita.runtime.loop.console import stderr_line
 from partita.runtime.launcher.mesh import agree_on_attempt, env_world, teardown
@@ -174,9 +176,9 @@ def procs_per_node(world: int, nnodes: int) -> int:
     return world // nnodes
 
 
-def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | None = None, *, nnodes: int = 1,
-           rdzv_endpoint: str | None = None, rdzv_id: str | None = None, rdzv_timeout: float | None = None,
-           max_restarts: int = 0,
+def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | None = None, *,
+           nnodes: int | str = 1, rdzv_endpoint: str | None = None, rdzv_id: str | None = None,
+           rdzv_timeout: float | None = None, max_restarts: int | None = None, rescale_every: float | None = None,
            env: dict | None = None, **flags) -> int:
     """Start torchrun on runtime.train for the plan at `plan_path` on this node and wait; returns its exit
     code (0; 1 --verify failed; 2 plan/data/checkpoint does not fit; 3 NaN loss; 128 + N a signal N stopped
@@ -189,13 +191,25 @@ def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | No
     torchrun and runtime.train; other keywords are runtime.train flags (verify=True, checkpoint_dir="ckpt",
     checkpoint_every=2, resume=True, data="tokens.bin", losses_out="out.json", seed=..., lr=...). Raises
     PartitaError for a value that cannot run (steps < 1, nnodes not dividing the world size) before any
-    process starts."""
+    process starts.
+
+    An elastic job (runtime.launcher.elastic): `plan_path` a plan set directory, `nnodes="MIN:MAX"`, a checkpoint
+    directory and interval in `flags`; `max_restarts` defaults to elastic.DEFAULT_RESTARTS, `rescale_every` to
+    elastic.DEFAULT_RESCALE_EVERY."""
     from partita.runtime.launcher.flags import RUN_FLAGS, names, to_argv
     from partita.runtime.train import argument_errors, build_parser
     known = names(RUN_FLAGS) - {"steps", "max_restarts"}
     unknown = sorted(k for k in flags if k not in known)
     if unknown:
         raise TypeError(f"launch() got flags runtime.train does not take: {', '.join(unknown)}")
+    nnodes = _node_count(nnodes)
+    if is_elastic(nnodes):
+        if why := launch_refusal(str(plan_path), nnodes, flags.get("checkpoint_dir"), flags.get("checkpoint_every")):
+            raise PartitaError(why)
+        nproc = nproc or elastic_procs_per_node(str(plan_path), nnodes)
+        max_restarts = DEFAULT_RESTARTS if max_restarts is None else max_restarts
+    elif rescale_every is not None:
+        raise PartitaError("rescale_every is for elastic jobs (nnodes='MIN:MAX' with a plan set)")
     nproc = nproc or procs_per_node(Plan.load(plan_path).mesh.world_size, nnodes)
     argv = [str(plan_path), "--model", model, "--steps", str(steps), "--nproc-per-node", str(nproc),
             "--nnodes", str(nnodes)]
@@ -204,6 +218,8 @@ def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | No
                  *(["--rdzv-timeout", str(rdzv_timeout)] if rdzv_timeout else [])]
     if max_restarts:
         argv += ["--max-restarts", str(max_restarts)]
+    if rescale_every is not None:
+        argv += ["--rescale-every", str(rescale_every)]
     argv += to_argv(flags, RUN_FLAGS)
     errors = argument_errors(build_parser().parse_args(argv))
     if errors:
@@ -214,13 +230,23 @@ def launch(plan_path: str | os.PathLike, model: str, steps: int, nproc: int | No
     return run_forwarding_signals([sys.executable, "-m", "partita.runtime.train", *argv], full_env)
 
 
+def _node_count(nnodes: int | str):
+    """launch()'s nnodes as runtime.train parses --nnodes: an int, or "MIN:MAX" (runtime.launcher.elastic)."""
+    import argparse
+    try:
+        return node_count(str(nnodes))
+    except argparse.ArgumentTypeError as e:
+        raise PartitaError(str(e)) from None
+
+
 def agent_main(args, argv: list[str]) -> int:
     """partita.runtime.train's launcher mode: torchrun's agent for this node on the same command minus the launcher
     flags (runtime.train.LAUNCHER_FLAGS)."""
     from partita.runtime.launcher.flags import RUN_FLAGS, to_argv
     try:
         nnodes = args.nnodes or 1
-        nproc = args.nproc_per_node or procs_per_node(Plan.load(args.plan).mesh.world_size, nnodes)
+        nproc = args.nproc_per_node or (elastic_procs_per_node(args.plan, nnodes) if is_elastic(nnodes) else
+                                        procs_per_node(Plan.load(args.plan).mesh.world_size, nnodes))
     except PartitaError as e:
         stderr_line(f"partita: error: {e}")
         return 2

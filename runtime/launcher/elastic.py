@@ -134,6 +134,26 @@ def refusal(directory: str, nnodes: NodeCount) -> str | None:
             f"{nnodes.least} to {int(nnodes)}: plan them with `partita plan --nnodes {nnodes} --out DIR`{hint}")
 
 
+def launch_refusal(plan: str, nnodes: NodeCount, checkpoint_dir: str | None, checkpoint_every: int | None) -> str | None:
+    """Why `plan` cannot run as an elastic job on `nnodes` (one line), before anything starts; None when it can."""
+    from partita.planner.plan import planset
+    if not planset.is_plan_set(plan):
+        return (f"--nnodes {nnodes} (an elastic job) runs a plan set, one plan per size: give the directory "
+                f"`partita plan --nnodes {nnodes} --out DIR` wrote, not {str(plan)!r}")
+    if why := refusal(str(plan), nnodes):
+        return why
+    if not (checkpoint_dir and checkpoint_every):
+        return (f"--nnodes {nnodes}: an elastic job carries its state across sizes in checkpoints: give "
+                "--checkpoint-dir DIR and --checkpoint-every N (a size change resumes from the newest)")
+    return None
+
+
+def procs_per_node(directory: str, nnodes: NodeCount) -> int:
+    """Processes per node of an elastic job: the full size's plan's world size over MAX."""
+    from partita.planner.plan import planset
+    return planset.load(directory)[int(nnodes)].mesh.world_size // int(nnodes)
+
+
 def slower_sizes(directory: str, nnodes: NodeCount) -> list[str]:
     """Notes for the sizes whose own plan is predicted slower than a smaller size's: the elastic run uses every
     node it has, idle spares are not built."""

@@ -204,3 +204,23 @@ def test_the_replan_line_names_the_change_the_mesh_and_the_predicted_throughput(
                                             "dp=2 tp=1, predicted 0.67x the 3-node throughput); resumed from step 5")
     with pytest.raises(Exception, match="has no plan for 1 node"):
         choose(str(sets), 1, 1)
+
+
+def test_the_python_api_launches_an_elastic_job_with_the_same_checks(tmp_path, capsys):
+    from partita.costmodel import PartitaError
+    from partita.runtime.api import launch
+    from partita.runtime.train import main
+    sets = plan_set(tmp_path / "set")
+    endpoint = {"rdzv_endpoint": "127.0.0.1:29999"}
+    for plan, kw, message in ((sets, {"nnodes": "2:3"}, "carries its state across sizes in checkpoints"),
+                              (sets / "nodes-2.json", {"nnodes": "2:3", "checkpoint_dir": str(tmp_path / "ck"),
+                                                       "checkpoint_every": 1}, "runs a plan set"),
+                              (sets, {"nnodes": "3:2"}, "MIN (3) is more than MAX (2)"),
+                              (sets / "nodes-2.json", {"nnodes": 2, "rescale_every": 5.0}, "for elastic jobs")):
+        with pytest.raises(PartitaError, match=re.escape(message)):
+            launch(plan, "tiny-gpt", 2, **endpoint, **kw)
+    # the launcher's pre-flight on a set: the full size's plan, checked without starting a process
+    assert main([str(sets), "--model", "tiny-gpt", "--steps", "2", "--check", "--nnodes", "2:3", "--nproc-per-node",
+                 "1", "--rdzv-endpoint", endpoint["rdzv_endpoint"], "--checkpoint-dir", str(tmp_path / "ck"),
+                 "--checkpoint-every", "1"]) == 0
+    assert f"plan {sets} fits --model tiny-gpt on 3 rank(s)" in capsys.readouterr().out

@@ -7,6 +7,7 @@ import shlex
 
 from partita.costmodel.errors import PartitaError
 from partita.planner.plan import BlockChoice, Plan, one_line
+from partita.planner.plan.sync import SYNC_MODES
 
 
 class ExportError(PartitaError):
@@ -114,7 +115,7 @@ def _names(fqns: list[str], most: int = 4) -> str:
 
 def _sync_note(tool: str, plan: Plan) -> str | None:
     """The note for a plan whose sync mode (planner.plan.sync) the tool's arguments do not carry; None: synchronous."""
-    if plan.sync.mode == "synchronous":
+    if SYNC_MODES[plan.sync.mode].as_synchronous:
         return None
     every = plan.sync.options.get("every")
     return _no_equivalent(tool, f"the {plan.sync.mode} sync mode (H = {every})",

@@ -131,9 +131,9 @@ PRICES: dict[str, Callable[..., SyncPrice]] = {SYNCHRONOUS: synchronous, COMPRES
 
 def sync_price(mode: str, predicted: dict, setting: SyncSetting | None = None, sync: Sync | None = None) -> SyncPrice:
     """The price of sync mode `mode` for a candidate whose step is priced as `predicted`."""
-    if mode not in SYNC_MODES or mode not in PRICES:
+    if mode not in SYNC_MODES or SYNC_MODES[mode].price not in PRICES:
         raise PartitaError(f"sync mode {mode!r} has no price; accepted: {accepted()}")
-    return PRICES[mode](predicted, setting, sync or Sync(mode=mode))
+    return PRICES[SYNC_MODES[mode].price](predicted, setting, sync or Sync(mode=mode))
 
 
 # ------------------------------------------------------------------------------------------- choice
@@ -169,7 +169,7 @@ def _candidates(mode: str, predicted: dict, setting: SyncSetting, every: int | N
 def modes_of(sync) -> tuple[str, ...]:
     """The modes a SearchSpace's `sync` allows: "auto" (every registered mode), one name, or a tuple of names."""
     if sync == "auto":
-        return tuple(m for m in SYNC_MODES if m in PRICES)
+        return tuple(m for m, entry in SYNC_MODES.items() if entry.price in PRICES)
     return (sync,) if isinstance(sync, str) else tuple(sync)
 
 
@@ -195,7 +195,7 @@ def choose(predicted: dict, setting: SyncSetting, allowed, every: int | None = N
                                 f"leaves free ({max(0, room) / 2**30:.2f} GiB)")
                 continue
             priced[mode] = step0 + price.exposed_s
-            handicap = 1.0 if mode == SYNCHRONOUS else 1.0 - DILOCO_SLACK
+            handicap = 1.0 if SYNC_MODES[mode].as_synchronous else 1.0 - DILOCO_SLACK
             if best is None or priced[mode] < handicap * priced[best[0].mode]:
                 best = (sync, price)
     if best is None:
@@ -207,7 +207,7 @@ def with_sync(predicted: dict, sync: Sync, price: SyncPrice, priced: dict, islan
     """`predicted` with the chosen mode's synchronisation in place of the estimator's `dp_comm_s` (in-island
     and cross-island seconds: step, throughput, breakdown, `exposed_comm_s`) and its memory added and a `sync` entry for explain; unchanged on one island in synchronous mode,
     so single-island predictions stay what they were."""
-    if islands < 2 and sync.mode == SYNCHRONOUS:
+    if islands < 2 and SYNC_MODES[sync.mode].as_synchronous:
         return predicted
     out = dict(predicted)
     dp_comm = _dp_exposed(predicted)

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 from partita.costmodel.errors import PartitaError
 from partita.planner.plan import schedules
+from partita.planner.plan.sync import SYNC_MODES
 if TYPE_CHECKING:  # torch loads where a function needs it: `partita explain` and listings start without it
     import torch.nn as nn
 
@@ -75,7 +76,7 @@ def sync_refusal(mode: str, pp: int = 1, tp: int = 1, cp: int = 1, ep: int = 1, 
     """None when the runtime runs sync mode `mode` (planner.plan.sync) on this plan; else one line saying why not.
     DiLoCo's hook (runtime.loop.sync.DiLoCo) runs on DDP replicas today: its inner steps use DDP's no_sync; the
     compressed mode's (runtime.loop.sync.Compressed) is a DDP communication hook."""
-    if mode not in ("diloco", "compressed"):
+    if mode not in SYNC_MODES or not SYNC_MODES[mode].ddp_replicas_only:
         return None
     others = [f"{k}={v}" for k, v in (("pp", pp), ("tp", tp), ("cp", cp), ("ep", ep)) if v > 1]
     others += [f"zero={zero}"] if zero else []

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from partita.planner.plan import RECOMPUTE, SPLIT, fixed_text, one_line
+from partita.planner.plan.sync import SYNC_MODES
 
 CATEGORY_STYLE = {"model_states": "cyan", "activations": "magenta", "workspace": "yellow", "embeddings": "green"}
 
@@ -317,8 +318,9 @@ def sync_lines(plan) -> list[Text]:
     if not isinstance(s, dict):
         return []
     every = s.get("every", 1)
-    mode = f"{s['mode']}" + (f", H = {every}" if s["mode"] == "diloco" else "")
-    what = {"diloco": "the parameter change", "compressed": "the gradients in bf16"}.get(s["mode"], "the gradients")
+    entry = SYNC_MODES.get(s["mode"])
+    mode = f"{s['mode']}" + (f", H = {every}" if entry is not None and "every" in entry.options else "")
+    what = entry.crosses if entry is not None else "the gradients"
     if s["islands"] < 2:  # a mode asked for by name on one island: no slow link
         out = [Text(f"sync: {mode} -- {what} all-reduced every step on one island", style="bold")]
     else:

@@ -8,9 +8,10 @@ contract the runtime reads; stdlib only).
                                                 "islands": I}}   every required; the rest default as shown (islands:
                                                                  one per data-parallel replica)
 
-A sync mode is one registry entry here (its name, what it means, the options it takes), one price function in
-the planner's estimate layer (planner.estimate.sync.PRICES) and one hook class in the runtime's trainer loop
-(runtime.loop.sync.HOOKS): synchronous data parallelism, the same with bf16-compressed gradients, and DiLoCo today; local SGD and streaming DiLoCo are
+A sync mode is one registry entry here (its name, what it means, the options it takes, what the planner, the
+report and the exporters need to know of it), one price function in the planner's estimate layer
+(planner.estimate.sync.PRICES) and one hook class in the runtime's trainer loop (runtime.loop.sync.HOOKS), each
+found by the entry (a mode may price or run as another): synchronous data parallelism, the same with bf16-compressed gradients, and DiLoCo today; local SGD and streaming DiLoCo are
 modes around the optimizer step of the same loop (DESIGN.md, "Where new capabilities go").
 """
 from __future__ import annotations
@@ -33,6 +34,25 @@ class SyncMode:
     """The value of each option a section leaves out."""
     check: Callable[[dict], str | None] | None = None
     """One line on what is wrong with options that fit their specs but not each other or the mode (None: fine)."""
+    priced_as: str | None = None
+    """The mode whose price function (planner.estimate.sync.PRICES) prices this one; None: its own, by name."""
+    runs_as: str | None = None
+    """The mode whose runtime hook (runtime.loop.sync.HOOKS) runs this one; None: its own, by name."""
+    as_synchronous: bool = False
+    """The update is synchronous data parallelism's, exactly: nothing to say beside a plan on one island, no
+    quality trade to weigh when choosing, and other tools' plain data-parallel arguments reproduce it."""
+    crosses: str = "the gradients"
+    """What the mode all-reduces over the island link, as the report says it."""
+    ddp_replicas_only: bool = False
+    """The runtime runs the mode on DDP replicas only (zero 0, no tp/pp/cp/ep; planner.plan.executable)."""
+
+    @property
+    def price(self) -> str:
+        return self.priced_as or self.name
+
+    @property
+    def hook(self) -> str:
+        return self.runs_as or self.name
 
 
 SYNCHRONOUS = "synchronous"
@@ -57,16 +77,16 @@ def _diloco_problem(options: dict) -> str | None:
 
 
 SYNC_MODES: dict[str, SyncMode] = {
-    SYNCHRONOUS: SyncMode(name=SYNCHRONOUS,
+    SYNCHRONOUS: SyncMode(name=SYNCHRONOUS, as_synchronous=True,
                           summary="synchronous data parallelism: gradients averaged over dp in every step's backward "
                                   "(DDP's buckets, FSDP's reduce-scatter), before the optimizer step"),
     COMPRESSED: SyncMode(
-        name=COMPRESSED,
+        name=COMPRESSED, crosses="the gradients in bf16", ddp_replicas_only=True,
         summary="synchronous data parallelism with the gradients all-reduced in bf16 (as PyTorch's DDP "
                 "communication hook bf16_compress_hook and Megatron-LM's --grad-reduce-in-bf16 do): half the bytes of fp32 gradients on "
                 "every link, each averaged gradient rounded to bf16's 8 significant bits before the optimizer step"),
     DILOCO: SyncMode(
-        name=DILOCO,
+        name=DILOCO, crosses="the parameter change", ddp_replicas_only=True,
         summary="DiLoCo (Douillard et al. 2023, arXiv:2311.08105): synchronous inside each island; across islands "
                 "every H steps the mean parameter change is applied to the anchor weights by an outer Nesterov SGD "
                 "step (lr 0.7, momentum 0.9 as published). Published quality: on C4, 8 workers at H = 500 performed "
@@ -76,7 +96,9 @@ SYNC_MODES: dict[str, SyncMode] = {
         defaults={"outer_lr": 0.7, "outer_momentum": 0.9, "bits": 32},
         check=_diloco_problem),
 }
-"""The accepted modes, by name. A new one is added here (with PRICES and HOOKS entries of the same name)."""
+"""The accepted modes, by name. A new one is added here, with a price function (planner.estimate.sync.PRICES)
+and a runtime hook (runtime.loop.sync.HOOKS) of its name -- or none, where it prices or runs as an existing
+mode (`priced_as`, `runs_as`)."""
 
 
 @dataclass(kw_only=True)

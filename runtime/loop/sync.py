@@ -215,9 +215,9 @@ HOOKS: dict[str, type[SyncHook]] = {SYNCHRONOUS: Synchronous, COMPRESSED: Compre
 def make_hook(sync: Sync, executor, topo, optimizer=None) -> SyncHook:
     """The hook of the plan's sync mode, for the trainer loop (`optimizer`: the inner optimizer, whose state a
     mode may checkpoint)."""
-    if sync.mode not in SYNC_MODES or sync.mode not in HOOKS:
+    if sync.mode not in SYNC_MODES or SYNC_MODES[sync.mode].hook not in HOOKS:
         raise PartitaError(f"sync mode {sync.mode!r} has no runtime hook; accepted: {accepted()}")
-    return HOOKS[sync.mode](executor, topo, dict(sync.options), optimizer)
+    return HOOKS[SYNC_MODES[sync.mode].hook](executor, topo, dict(sync.options), optimizer)
 
 
 def run_refusal(sync: Sync, checkpoint_every: int = 0, steps: int = 0, verify: bool = False) -> str | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from partita.costmodel import PartitaError
 from partita.runtime.launcher.child import LOG_DIR_ENV, LOG_DIR_PREFIX
-from partita.runtime.launcher.elastic import release_stopped_workers, rescale_for
+from partita.runtime.launcher.elastic import rescale_for
 from partita.runtime.loop.allocator import configure_allocator
 from partita.runtime.loop.console import stderr_line
 from partita.runtime.failure.guards import stop_line
@@ -388,7 +388,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     started = time.time()
     with _quiet_torchrun_logs(log_dir, nnodes) as quiet:
         try:
-            with _stop_signals(), watch_failures(quiet), _watch_exit_barrier(nnodes), release_stopped_workers(nnodes):
+            with _stop_signals(), watch_failures(quiet), _watch_exit_barrier(nnodes):
                 fork.run_torchrun(argv, worker_argv)
             return _after_attempts(log_dir, nnodes)
         except ChildFailedError as e:

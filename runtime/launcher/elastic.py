@@ -23,8 +23,6 @@ MIN:MAX`. What partita adds is the plan for each size and the resume into it:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import os
 import time
 from dataclasses import dataclass
@@ -217,32 +215,3 @@ class Rescale:
 def rescale_for(nnodes, every: float | None) -> Rescale | None:
     """An elastic job's Rescale (`every` seconds, default DEFAULT_RESCALE_EVERY); None for a fixed node count."""
     return Rescale(DEFAULT_RESCALE_EVERY if every is None else every) if is_elastic(nnodes) else None
-
-
-@contextlib.contextmanager
-def release_stopped_workers(nnodes):
-    """While torchrun's agent runs here for an elastic job: when it stops its workers for a new round (a node joined or was lost),
-    the workers that already returned are let go at once. torchrun's forked workers (runtime.launcher.fork) wait
-    after returning until the agent has read their result (its `_wrap`), and an agent stopping them for a
-    restart never reads it: each round change waited out torch's 30 s stop timeout and a SIGKILL (measured here:
-    the checkpoint of the stop step at 59.8 s, the next round at 89.6 s)."""
-    try:
-        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-    except ImportError:
-        LocalElasticAgent = None
-    if LocalElasticAgent is None or not is_elastic(nnodes):  # a fixed node count: as torchrun does it
-        yield
-        return
-    stop = LocalElasticAgent._stop_workers
-
-    @functools.wraps(stop)
-    def released(agent, *args, **kwargs):
-        finished = getattr(getattr(agent, "_pcontext", None), "_worker_finished_event", None)
-        if finished is not None:
-            finished.set()
-        return stop(agent, *args, **kwargs)
-    LocalElasticAgent._stop_workers = released
-    try:
-        yield
-    finally:
-        LocalElasticAgent._stop_workers = stop

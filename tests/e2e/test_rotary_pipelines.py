@@ -3,7 +3,7 @@
 Llama, Mistral, Qwen2, Gemma and Phi-3 compute their rotary cos/sin once and give them to every layer; a
 pipeline of more than two stages then had a skip connection from stage 0 to stage 2 that torch's schedules
 refuse ("Backward of skip connections not supported yet"), so `partita run --pp 2 --verify` crashed on the
-first step. runtime.parallel.pp_relay relays such values stage by stage. Each family is planned with pp=2 and two
+first step. runtime.parallel.pp.relay relays such values stage by stage. Each family is planned with pp=2 and two
 model chunks per rank (interleaved 1F1B: four stages, so stage 0's tables must reach stages 2 and 3) and
 trained 3 steps with --verify's checks in one torchrun launch (tests/e2e/pipeline_job.py). So are Gemma-2, BLOOM
 (its ALiBi biases relayed likewise) and Mamba, which item 6 made plannable.

@@ -16,7 +16,7 @@ labelled). `split` records that loss on the Pipe (`PIPE_LOSS`), and `build_sched
 
 Values a model computes once and gives to every layer (HF's rotary cos/sin, Falcon's causal mask) would
 flow from stage 0 to every later stage, a skip connection torch's schedules do not run: `split` traces
-with runtime.parallel.pp_relay's split_policy, which relays them through the stages in between.
+with runtime.parallel.pp.relay's split_policy, which relays them through the stages in between.
 
 Tied weights across stages (Megatron's embedding group): a parameter held under two names whose users land
 on different stages is replicated by `pipeline()` into each stage that uses it. `TiedSync` keeps the copies
@@ -40,7 +40,7 @@ from partita.planner.plan import schedules
 from partita.planner.plan import Plan, PlanError
 from partita.runtime.parallel.blocks import blocks_in
 from partita.runtime.loop.memory import local
-from partita.runtime.parallel.pp_relay import relay_skips, skip_edges, split_markers
+from partita.runtime.parallel.pp.relay import relay_skips, skip_edges, split_markers
 from partita.runtime.loop.recipe import hf_causal_loss, lm_loss
 
 SCHEDULES = {name: s.torch_class for name, s in schedules.SCHEDULES.items()}
@@ -119,7 +119,7 @@ def tied_names(model: nn.Module) -> list[tuple[str, ...]]:
 
 def split(model: nn.Module, plan: Plan, example_microbatch: torch.Tensor):
     """Trace and split `model` into the plan's stages; returns the Pipe. Values the model hands to every
-    layer (rotary tables, masks) are relayed stage by stage (runtime.parallel.pp_relay)."""
+    layer (rotary tables, masks) are relayed stage by stage (runtime.parallel.pp.relay)."""
     from torch.distributed import pipelining
     points = [s.split_at for s in plan.stages[1:]]
     loss = _hf_loss(model)

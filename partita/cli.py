@@ -264,10 +264,10 @@ def _plan_of_set(directory: str, nnodes: int) -> str:
 
 def _cmd_export(args) -> int:
     from partita.export import ExportError, SlurmOptions, export
+    from partita.export.slurm import slurm_flags as slurm_table
     from partita.planner.plan import Plan
     plan = Plan.load(args.plan)
-    slurm_flags = ("model", "steps", "gpus_per_node", "partition", "time", "account", "job_name", "port", "data",
-                   "checkpoint_dir", "checkpoint_every", "max_restarts", "python")
+    slurm_flags = [f.dest for f in slurm_table()]
     if args.to != "slurm":
         given = [name for name in slurm_flags if getattr(args, name) is not None]
         if given:

@@ -6,7 +6,7 @@ import argparse
 from partita.costmodel.hardware import DEFAULT_ALLOCATOR_HEADROOM
 from partita.planner.plan import MASTER_WEIGHTS, RECOMPUTE
 from partita.planner.plan.schedules import AUTO, SCHEDULES
-from partita.runtime.launcher.flags import NODE_FLAGS, RUN_FLAGS, add_flags
+from partita.runtime.launcher.flags import MODEL, NODE_FLAGS, RUN_FLAGS, add_flags
 
 def _fraction(text: str) -> float:
     """--memory-headroom's value: a fraction in [0, 1) (0.05 is 5%)."""
@@ -225,8 +225,7 @@ def _add_run(sub, handlers: dict) -> None:
                               "  partita run plan.json --model tiny-gpt --steps 100 --nnodes 2 "
                               "--rdzv-endpoint node0:29400 --rdzv-id job42")
     r.add_argument("plan")
-    r.add_argument("--model", required=True, help="model preset or MODEL string, e.g. tiny-gpt")
-    add_flags(r, RUN_FLAGS, given_only=True)  # runtime.launcher.flags: the worker's defaults apply
+    add_flags(r, (MODEL, *RUN_FLAGS), given_only=True)  # runtime.launcher.flags: the worker's defaults apply
     n = r.add_argument_group("several nodes (run the same command on every node; processes per node = the "
                              "plan's world size / N)")
     add_flags(n, NODE_FLAGS, given_only=True)
@@ -237,6 +236,7 @@ def _add_run(sub, handlers: dict) -> None:
 
 def _add_export(sub, handlers: dict) -> None:
     from partita.export import FORMATS
+    from partita.export.slurm import slurm_flags
     x = sub.add_parser("export", help="translate a plan into a SLURM batch script, Megatron-LM arguments or a "
                        "torchtitan config", formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="examples:\n  partita export plan.json --to slurm --model tiny-gpt --steps 100 "
@@ -248,21 +248,7 @@ def _add_export(sub, handlers: dict) -> None:
     x.add_argument("--to", required=True, choices=list(FORMATS))
     x.add_argument("--out", metavar="FILE", help="write to FILE instead of standard output")
     xs = x.add_argument_group("--to slurm (the script starts runtime.train's torchrun launcher on every node)")
-    xs.add_argument("--model", help="MODEL to train (required for slurm)")
-    xs.add_argument("--steps", type=int, metavar="N", help="training steps (default 10)")
-    xs.add_argument("--gpus-per-node", type=int, metavar="G",
-                    help="processes per node (default: the plan's devices per node)")
-    xs.add_argument("--partition", metavar="P")
-    xs.add_argument("--time", metavar="T", help="time limit, e.g. 04:00:00")
-    xs.add_argument("--account", metavar="A")
-    xs.add_argument("--job-name", metavar="NAME", help="default partita")
-    xs.add_argument("--port", type=int, help="rendezvous port on the first node (default 29500)")
-    xs.add_argument("--data", metavar="FILE", help="token file for runtime.train (as in `partita run`)")
-    xs.add_argument("--checkpoint-dir", metavar="DIR", help="DCP checkpoints (a path every node can write)")
-    xs.add_argument("--checkpoint-every", type=int, metavar="N", help="save a checkpoint after every N steps")
-    xs.add_argument("--max-restarts", type=int, metavar="K", help="torchrun restarts after a failure")
-    xs.add_argument("--python", metavar="PATH", help="the interpreter with partita installed on the compute nodes "
-                    "(default: python from the job's PATH; $PYTHON overrides either at submission)")
+    add_flags(xs, slurm_flags(), given_only=True)  # SlurmOptions' fields: the exporter's defaults apply
     x.set_defaults(func=handlers["export"])
 
 

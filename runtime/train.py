@@ -59,7 +59,7 @@ import gc  # noqa: E402
 
 from partita.costmodel import PartitaError, resolve_model  # noqa: E402
 from partita.planner.plan import Plan  # noqa: E402
-from partita.runtime.launcher.flags import NODE_FLAGS, RECIPE_FLAGS, RUN_FLAGS, add_flags  # noqa: E402
+from partita.runtime.launcher.flags import MODEL, NODE_FLAGS, RECIPE_FLAGS, RUN_FLAGS, add_flags  # noqa: E402
 from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors  # noqa: E402
 from partita.runtime.loop.console import STDOUT, stderr_line  # noqa: E402
 from partita.runtime.failure.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK  # noqa: E402
@@ -77,8 +77,7 @@ if _QUIET_CPP:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m partita.runtime.train", description=__doc__.split("\n")[0])
     p.add_argument("plan", help="plan JSON (partita.plan/1)")
-    p.add_argument("--model", required=True, help="model preset or MODEL string, e.g. tiny-gpt")
-    add_flags(p, RUN_FLAGS, given_only=False)  # runtime.launcher.flags: the same table as `partita run`'s
+    add_flags(p, (MODEL, *RUN_FLAGS), given_only=False)  # runtime.launcher.flags: the same table as `partita run`'s
     p.add_argument("--check", action="store_true",
                    help="only check the plan (and --data, and the checkpoint --resume would load) against the "
                         "model and WORLD_SIZE")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from partita.planner.plan import Plan, one_line
 from partita.export.common import ExportError, _mesh_line
@@ -11,28 +11,47 @@ from partita.export.common import ExportError, _mesh_line
 
 @dataclass(kw_only=True, slots=True)
 class SlurmOptions:
-    """What the batch script needs beyond the plan."""
+    """What the batch script needs beyond the plan. `partita export --to slurm`'s flags are generated from these
+    fields (`slurm_flags`): the run's own (model, steps, data, checkpoints, restarts) from `partita run`'s table,
+    the others from each field's metadata."""
 
     model: str
     """MODEL string runtime.train builds on every node (the model the plan was made for)."""
     steps: int = 10
     """Training steps (runtime.train --steps)."""
-    gpus_per_node: int | None = None
-    """Processes (devices) per node; None: the plan's cluster devices_per_node."""
-    partition: str | None = None
-    time: str | None = None
-    """SLURM time limit, e.g. 04:00:00."""
-    account: str | None = None
-    job_name: str = "partita"
-    port: int = 29500
-    """Rendezvous port on the job's first node."""
-    python: str = "python"
-    """The interpreter with partita installed, as seen from the compute nodes (overridable by $PYTHON at
-    submission); never the exporting machine's own interpreter, whose path need not exist there."""
+    gpus_per_node: int | None = field(default=None, metadata={
+        "help": "processes per node (default: the plan's devices per node)", "metavar": "G"})
+    partition: str | None = field(default=None, metadata={"help": "SLURM partition (#SBATCH --partition)",
+                                                          "metavar": "P"})
+    time: str | None = field(default=None, metadata={"help": "SLURM time limit, e.g. 04:00:00", "metavar": "T"})
+    account: str | None = field(default=None, metadata={"help": "SLURM account (#SBATCH --account)",
+                                                        "metavar": "A"})
+    job_name: str = field(default="partita", metadata={"help": "SLURM job name (default partita)",
+                                                       "metavar": "NAME"})
+    port: int = field(default=29500, metadata={"help": "rendezvous port on the job's first node (default 29500)",
+                                               "metavar": "PORT"})
+    python: str = field(default="python", metadata={
+        "help": "the interpreter with partita installed on the compute nodes (default: python from the job's "
+                "PATH; $PYTHON overrides either at submission)", "metavar": "PATH"})
+    """Never the exporting machine's own interpreter, whose path need not exist there."""
     data: str | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
     max_restarts: int = 0
+
+
+RUN_FIELDS = ("steps", "data", "checkpoint_dir", "checkpoint_every", "max_restarts")
+"""SlurmOptions' fields that are `partita run`'s flags too: the script passes them on to it."""
+
+
+def slurm_flags() -> tuple:
+    """`partita export --to slurm`'s flags: --model (not required: other targets take none) and RUN_FIELDS from
+    `partita run`'s table (runtime.launcher.flags), the rest generated from SlurmOptions' fields."""
+    from dataclasses import replace
+
+    from partita.runtime.launcher.flags import MODEL, RUN_FLAGS, dataclass_flags, select
+    return (replace(MODEL, required=False), *select(RUN_FLAGS, *RUN_FIELDS),
+            *dataclass_flags(SlurmOptions, skip=("model", *RUN_FIELDS)))
 
 
 def slurm_nodes(plan: Plan, gpus_per_node: int | None = None) -> tuple[int, int]:

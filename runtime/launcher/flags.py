@@ -32,11 +32,15 @@ class Flag:
             object.__setattr__(self, "default", False)
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
+    required: bool = False
 
     @property
     def option(self) -> str:
         return "--" + self.dest.replace("_", "-")
 
+
+MODEL = Flag("model", "model preset or MODEL string, e.g. tiny-gpt", str, None, "MODEL", required=True)
+"""The model a run trains: `partita run`, the worker entry point and `partita export --to slurm` take it."""
 
 RUN_FLAGS = (
     Flag("steps", "training steps (default 10)", int, 10),
@@ -117,7 +121,7 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flags: 
             parser.add_argument(f.option, action="store_true", help=f.help)
         else:
             parser.add_argument(f.option, type=f.type, default=None if given_only else f.default, metavar=f.metavar,
-                                choices=f.choices, help=f.help)
+                                choices=f.choices, help=f.help, **({"required": True} if f.required else {}))
 
 
 def to_argv(values, flags: tuple[Flag, ...]) -> list[str]:
@@ -136,3 +140,32 @@ def to_argv(values, flags: tuple[Flag, ...]) -> list[str]:
 
 def names(flags: tuple[Flag, ...]) -> set[str]:
     return {f.dest for f in flags}
+
+
+def select(flags: tuple[Flag, ...], *dests: str) -> tuple[Flag, ...]:
+    """The flags of `flags` named `dests`, in that order (a command that takes some of a table's flags)."""
+    by_dest = {f.dest: f for f in flags}
+    return tuple(by_dest[d] for d in dests)
+
+
+def dataclass_flags(cls, *, skip: tuple[str, ...] = ()) -> tuple[Flag, ...]:
+    """One flag per field of the dataclass `cls` (but `skip`), generated from the field: its type from the
+    annotation (int, float or str, optional or not; bool is a switch), its default, and its help and metavar
+    from the field's metadata ("help", "metavar"). A field without help is refused, so a new option cannot
+    reach the command line undocumented."""
+    import dataclasses
+    import typing
+    hints = typing.get_type_hints(cls)
+    flags = []
+    for field in dataclasses.fields(cls):
+        if field.name in skip:
+            continue
+        if "help" not in field.metadata:
+            raise TypeError(f"{cls.__name__}.{field.name} has no help in its metadata: say what the flag does")
+        kind = next((t for t in (bool, int, float, str) if hints[field.name] in (t, t | None)), None)
+        if kind is None:
+            raise TypeError(f"{cls.__name__}.{field.name}: a {hints[field.name]} field has no flag form")
+        default = None if field.default is dataclasses.MISSING else field.default
+        flags.append(Flag(field.name, field.metadata["help"], None if kind is bool else kind, default,
+                          field.metadata.get("metavar")))
+    return tuple(flags)

@@ -67,3 +67,43 @@ def test_the_api_refuses_a_flag_the_worker_does_not_take(tmp_path):
     from partita.runtime.api import launch
     with pytest.raises(TypeError, match="runtime.train does not take: colour"):
         launch(tmp_path / "p.json", "tiny-gpt", 1, colour="red")
+
+
+def test_export_to_slurm_takes_the_runs_flags_and_its_own_from_slurm_options():
+    """`partita export --to slurm` restates no flag: the run's (--model, --steps, --data, checkpoints, restarts)
+    come from the same table, with the same help, and the others are generated from SlurmOptions' fields."""
+    from partita.export.slurm import RUN_FIELDS, SlurmOptions
+    export = _options(cli.build_parser()._subparsers._group_actions[0].choices["export"])
+    run = _options(_run_parser())
+    for dest in ("model", *RUN_FIELDS):
+        assert export[dest].help == run[dest].help, dest
+    assert not export["model"].required and run["model"].required  # other export targets take no model
+    for field in dataclasses.fields(SlurmOptions):
+        if field.name not in ("model", *RUN_FIELDS):
+            assert export[field.name].help == field.metadata["help"] and export[field.name].default is None
+    assert {f.name for f in dataclasses.fields(SlurmOptions)} <= set(export)
+
+
+def test_a_generated_flag_needs_help_and_a_type_the_command_line_can_say():
+    from partita.runtime.launcher.flags import dataclass_flags
+
+    @dataclasses.dataclass
+    class Options:
+        nodes: int | None = dataclasses.field(default=None, metadata={"help": "nodes", "metavar": "N"})
+        fast: bool = dataclasses.field(default=False, metadata={"help": "go fast"})
+
+    nodes, fast = dataclass_flags(Options)
+    assert (nodes.option, nodes.type, nodes.default, nodes.metavar) == ("--nodes", int, None, "N")
+    assert fast.type is None and fast.default is False  # a switch
+
+    @dataclasses.dataclass
+    class Undocumented:
+        nodes: int = 1
+    with pytest.raises(TypeError, match="Undocumented.nodes has no help"):
+        dataclass_flags(Undocumented)
+
+    @dataclasses.dataclass
+    class Listed:
+        sizes: list = dataclasses.field(default_factory=list, metadata={"help": "sizes"})
+    with pytest.raises(TypeError, match="no flag form"):
+        dataclass_flags(Listed)

@@ -21,7 +21,7 @@ import sys
 from partita import cli_args
 from partita.costmodel.errors import PartitaError
 from partita.runtime.launcher.child import run_forwarding_signals
-from partita.runtime.launcher.flags import NODE_FLAGS, RECIPE_FLAGS, RUN_FLAGS, to_argv
+from partita.runtime.launcher.flags import NODE_FLAGS, RECIPE_FLAGS, RUN_FLAGS, given_fields, to_argv
 from partita.runtime.launcher.elastic import is_elastic
 from partita.planner.plan import planset
 from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors
@@ -34,9 +34,7 @@ def _cmd_plan(args) -> int:
 
     cluster = parse_cluster(args.cluster)
     # no --dtype: TrainConfig's default, which planner.api resolves by device kind (api.default_dtype)
-    train = TrainConfig(global_batch=args.global_batch, seq_len=args.seq, optimizer=args.optimizer,
-                        schedule=args.schedule, master_weights=args.master_weights,
-                        **({"dtype": args.dtype} if args.dtype else {}))
+    train = TrainConfig(**given_fields(TrainConfig, args))  # no --dtype: TrainConfig's default (see above)
     space = _space_from_args(args)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -123,36 +121,10 @@ def _sparse_from_args(args):
 
 
 def _space_from_args(args):
-    """The what-if flags as a SearchSpace: each given flag fixes its choice, the rest stay searched."""
+    """The what-if flags as a SearchSpace: each given flag fixes its choice, the rest stay searched (an unknown
+    --sync mode is SearchSpace's one line, not an argparse usage block)."""
     from partita.planner.enumerate.space import SearchSpace
-    fixed = {name: (getattr(args, name),) for name in ("tp", "pp", "dp", "cp", "ep", "zero", "micro_batch",
-                                                       "virtual_stages")
-             if getattr(args, name) is not None}
-    if args.recompute is not None:
-        fixed["recompute"] = args.recompute
-    if args.full_recompute_layers is not None:
-        fixed["full_recompute_layers"] = args.full_recompute_layers
-    if args.stage_layers is not None:
-        fixed["stage_layers"] = args.stage_layers
-    if args.sequence_parallel is not None:
-        fixed["sequence_parallel"] = (args.sequence_parallel == "on",)
-    if args.offload is not None:
-        fixed["offload"] = args.offload == "on"
-    if args.kernels is not None:
-        fixed["kernels"] = args.kernels
-    for name in ("tp_comm_overlap", "p2p_overlap"):
-        if getattr(args, name) is not None:
-            fixed[name] = (getattr(args, name) == "on",)
-    if args.stack is not None:
-        fixed["stack"] = args.stack
-    if args.sync is not None:  # an unknown mode: SearchSpace's one line (no argparse usage block)
-        fixed["sync"] = tuple(args.sync.split(",")) if "," in args.sync else args.sync
-    for name in ("sync_every", "sync_bits"):
-        if getattr(args, name) is not None:
-            fixed[name] = getattr(args, name)
-    if args.sync_allow_any_every:
-        fixed["sync_allow_any_every"] = True
-    return SearchSpace(**fixed)
+    return SearchSpace(**given_fields(SearchSpace, args))
 
 
 def _cmd_explain(args) -> int:

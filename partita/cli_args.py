@@ -4,9 +4,7 @@ from __future__ import annotations
 import argparse
 
 from partita.costmodel.hardware import DEFAULT_ALLOCATOR_HEADROOM
-from partita.planner.plan import MASTER_WEIGHTS, RECOMPUTE
-from partita.planner.plan.schedules import AUTO, SCHEDULES
-from partita.runtime.launcher.flags import MODEL, NODE_FLAGS, RUN_FLAGS, add_flags
+from partita.runtime.launcher.flags import MODEL, NODE_FLAGS, RUN_FLAGS, add_flags, dataclass_flags
 
 def _fraction(text: str) -> float:
     """--memory-headroom's value: a fraction in [0, 1) (0.05 is 5%)."""
@@ -38,70 +36,13 @@ def _positive(text: str) -> float:
     return value
 
 
-def _policies(text: str) -> tuple[str, ...]:
-    """--recompute's value: one policy, or a comma list of them."""
-    policies = tuple(dict.fromkeys(x.strip() for x in text.split(",")))
-    bad = [x for x in policies if x not in RECOMPUTE]
-    if bad or not policies:
-        raise argparse.ArgumentTypeError(f"{', '.join(bad) or repr(text)} is not a recompute policy; "
-                                         f"choose among {', '.join(RECOMPUTE)} (or a comma list of them)")
-    return policies
-
-
-def _counts(text: str) -> tuple[int, ...]:
-    """--stage-layers' value: a comma list of whole numbers (SearchSpace.stage_layers says what else it must be)."""
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of layer counts (e.g. 10,11,11,10)") from None
-
-
 def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that fix a choice the search would otherwise make, generated from SearchSpace's and
+    TrainConfig's fields in the WHAT_IF group (planner.enumerate.config)."""
+    from partita.planner.enumerate.config import WHAT_IF, SearchSpace, TrainConfig
     w = p.add_argument_group("what-if (each flag fixes one decision; the others are still searched)")
-    w.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree (divides the devices per node)")
-    w.add_argument("--pp", type=int, metavar="N", help="pipeline stages")
-    w.add_argument("--stage-layers", type=_counts, metavar="N,N,...",
-                   help="pin the pipeline split: repeated layers per stage, first stage first (10,11,11,10), summing "
-                        "to the model's layers; fixes --pp to their number (Megatron-LM's "
-                        "--decoder-first-pipeline-num-layers, torchtitan's split points)")
-    w.add_argument("--dp", type=int, metavar="N",
-                   help="data-parallel degree (tp x pp x dp x cp = number of devices)")
-    w.add_argument("--cp", type=int, metavar="N",
-                   help="context-parallel degree: each sequence split over N ranks (long sequences)")
-    w.add_argument("--ep", type=int, metavar="N",
-                   help="expert-parallel degree: each MoE layer's experts sharded over N of the dp ranks")
-    w.add_argument("--zero", type=int, choices=[0, 1, 2, 3],
-                   help="ZeRO stage (1-3 need dp > 1): 1 shards optimizer state (torch's ZeroRedundancyOptimizer; "
-                        "exported as Megatron's --use-distributed-optimizer), 2 gradients too, 3 parameters too")
-    w.add_argument("--recompute", type=_policies, metavar="{" + ",".join(RECOMPUTE) + "}",
-                   help="activation recompute policy of every layer (op: torchtitan's per-op selective "
-                        "checkpointing, every other matmul output kept), or a comma list the search picks "
-                        "from per layer (none,full)")
-    w.add_argument("--full-recompute-layers", type=int, metavar="N",
-                   help="exactly N layers recompute in full, the rest take the other allowed policies "
-                        "(Megatron-LM's --recompute-num-layers; with --recompute none,full: N checkpointed "
-                        "blocks, the rest keep their activations)")
-    w.add_argument("--sequence-parallel", choices=["on", "off"],
-                   help="Megatron sequence parallelism in the tensor-parallel layers (on needs tp > 1)")
-    w.add_argument("--micro-batch", type=int, metavar="N", help="samples per micro-batch per data-parallel rank")
-    w.add_argument("--schedule", choices=[AUTO, *SCHEDULES], default=AUTO,
-                   help="pipeline schedule (default auto: the planner picks 1F1B or interleaved 1F1B)")
-    w.add_argument("--virtual-stages", type=int, metavar="N",
-                   help="model chunks per device: N > 1 is interleaved 1F1B with N chunks, 1 no interleaving")
-    w.add_argument("--offload", choices=["on", "off"],
-                   help="off: nothing offloaded to host memory; on: offload allowed and searched per layer "
-                        "(the default; forcing every layer to offload is rarely feasible)")
-    w.add_argument("--kernels", choices=["eager", "compiled"],
-                   help="how the layers run: eager (the default) or compiled (torch.compile per layer fuses "
-                        "elementwise ops and norms and saves fewer activations; prices a compiled run such as "
-                        "torchtitan's --compile, and `partita run` compiles each layer of such a plan)")
-    w.add_argument("--tp-comm-overlap", choices=["on", "off"],
-                   help="on: sequence parallelism's collectives pipelined with the GEMMs they feed (Megatron-Core "
-                        "--tp-comm-overlap, torch async TP; priced, not run by partita run). Default: as the stack "
-                        "allows, off for the pytorch stack partita runs")
-    w.add_argument("--p2p-overlap", choices=["on", "off"],
-                   help="on: an interleaved pipeline's sends overlapped with compute (Megatron-Core "
-                        "--overlap-p2p-communication; priced, not run by partita run). Default: as the stack allows")
+    add_flags(w, dataclass_flags(SearchSpace, group=WHAT_IF) + dataclass_flags(TrainConfig, group=WHAT_IF),
+              given_only=True)
 
 
 def _add_rec_flags(p: argparse.ArgumentParser) -> None:
@@ -148,36 +89,14 @@ def _add_plan(sub, handlers: dict) -> None:
                    "(keys layers, hidden, heads, vocab, seq, ffn, kv_heads, attention=sdpa|math, dropout), "
                    "hf:..., resnet:..., or module:factory")
     p.add_argument("--cluster", required=True, help="8xA100-80GB, 128x8xA100-80GB, 4xcpu ...")
-    p.add_argument("--global-batch", type=int, required=True, help="samples per optimizer step")
-    p.add_argument("--seq", type=int, default=None, help="sequence length (default: the model's)")
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
-                   help="training precision (default: bf16 on GPUs, fp32 on cpu)")
-    p.add_argument("--master-weights", choices=list(MASTER_WEIGHTS), default="fp32",
-                   help="fp32 (default): a bf16 model's optimizer steps an fp32 master copy, 16 bytes of state per "
-                        "parameter with Adam; none: pure bf16, parameters, gradients and Adam moments in bf16, "
-                        "8 bytes (nanotron, torchtitan on a bf16 model); implies --dtype bf16")
-    p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
-    from partita.costmodel.hardware.stacks import DEFAULT_STACK, STACKS
-    p.add_argument("--stack", choices=list(STACKS), default=None,
-                   help=f"software stack the plan is priced for (default {DEFAULT_STACK}, partita's runtime); "
-                        "te-2024 (Megatron-Core + Transformer Engine) also searches its TP and pipeline-send "
-                        "overlaps and prices its distributed optimizer -- a plan partita prices but does not run")
+    from partita.planner.enumerate.config import SearchSpace, TrainConfig
+    # TrainConfig's and SearchSpace's own flags, generated from their fields (what was not given: their defaults)
+    add_flags(p, dataclass_flags(TrainConfig) + dataclass_flags(SearchSpace), given_only=True)
     p.add_argument("--memory-headroom", type=_fraction, default=None, metavar="FRACTION",
                    help="a flat fraction of each device's memory, after the CUDA context and NCCL reserve, that "
                         "plans leave free for the caching allocator (default on GPU presets: the allocator's cache "
                         "predicted per stage, costmodel.hardware.ALLOCATOR_CACHE_FACTOR; on cpu "
                         f"{DEFAULT_ALLOCATOR_HEADROOM:g})")
-    from partita.planner.plan.sync import SYNC_MODES, SYNCHRONOUS
-    p.add_argument("--sync", default=None, metavar="{auto," + ",".join(SYNC_MODES) + "}",
-                   help=f"how data-parallel replicas agree on the weights (planner.plan.sync): a mode, several "
-                        f"separated by commas, or auto (default: every mode, the fastest within its quality "
-                        f"envelope; {SYNCHRONOUS} on a cluster without islands)")
-    p.add_argument("--sync-every", type=int, default=None, metavar="H",
-                   help="DiLoCo's inner steps per outer step (default: the planner picks H)")
-    p.add_argument("--sync-bits", type=int, default=None, choices=(16, 32),
-                   help="bit width of DiLoCo's outer all-reduce (default 32)")
-    p.add_argument("--sync-allow-any-every", action="store_true",
-                   help="price an H above DiLoCo's published envelope (500)")
     _add_what_if_flags(p)
     _add_rec_flags(p)
     _add_elastic_flags(p)

@@ -33,10 +33,12 @@ class Flag:
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     required: bool = False
+    name: str | None = None
+    """The option's name when it is not the dest's (TrainConfig.seq_len is --seq)."""
 
     @property
     def option(self) -> str:
-        return "--" + self.dest.replace("_", "-")
+        return "--" + (self.name or self.dest).replace("_", "-")
 
 
 MODEL = Flag("model", "model preset or MODEL string, e.g. tiny-gpt", str, None, "MODEL", required=True)
@@ -118,10 +120,11 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, flags: 
     not forwarded and the worker's default applies."""
     for f in flags:
         if f.type is None:
-            parser.add_argument(f.option, action="store_true", help=f.help)
+            parser.add_argument(f.option, dest=f.dest, action="store_true", help=f.help)
         else:
-            parser.add_argument(f.option, type=f.type, default=None if given_only else f.default, metavar=f.metavar,
-                                choices=f.choices, help=f.help, **({"required": True} if f.required else {}))
+            parser.add_argument(f.option, dest=f.dest, type=f.type, default=None if given_only else f.default,
+                                metavar=f.metavar, choices=f.choices, help=f.help,
+                                **({"required": True} if f.required else {}))
 
 
 def to_argv(values, flags: tuple[Flag, ...]) -> list[str]:
@@ -148,24 +151,48 @@ def select(flags: tuple[Flag, ...], *dests: str) -> tuple[Flag, ...]:
     return tuple(by_dest[d] for d in dests)
 
 
-def dataclass_flags(cls, *, skip: tuple[str, ...] = ()) -> tuple[Flag, ...]:
-    """One flag per field of the dataclass `cls` (but `skip`), generated from the field: its type from the
-    annotation (int, float or str, optional or not; bool is a switch), its default, and its help and metavar
-    from the field's metadata ("help", "metavar"). A field without help is refused, so a new option cannot
-    reach the command line undocumented."""
+def dataclass_flags(cls, *, skip: tuple[str, ...] = (), group: str | None = None) -> tuple[Flag, ...]:
+    """One flag per field of the dataclass `cls` in `group` (its metadata's "group"; None: the fields without
+    one), but `skip` and fields marked as having none ("no_flag" in their metadata), generated from the field:
+    its default, and from its metadata its help, and where given its option name ("option"), parser ("type"),
+    metavar, choices and whether it is required. Without a parser the type is the choices' or the annotation's
+    (int, float or str, optional or not; a bool without choices is a switch). A field without help is refused,
+    so a new option cannot reach the command line undocumented, nor be left off it unsaid."""
     import dataclasses
     import typing
     hints = typing.get_type_hints(cls)
     flags = []
     for field in dataclasses.fields(cls):
-        if field.name in skip:
+        meta = field.metadata
+        if field.name in skip or "no_flag" in meta or meta.get("group") != group:
             continue
-        if "help" not in field.metadata:
-            raise TypeError(f"{cls.__name__}.{field.name} has no help in its metadata: say what the flag does")
-        kind = next((t for t in (bool, int, float, str) if hints[field.name] in (t, t | None)), None)
+        if "help" not in meta:
+            raise TypeError(f"{cls.__name__}.{field.name} has no help in its metadata: say what the flag does "
+                            "(or why there is none)")
+        kind = meta.get("type") or (type(meta["choices"][0]) if meta.get("choices") else None) or next(
+            (t for t in (bool, int, float, str) if hints[field.name] in (t, t | None)), None)
         if kind is None:
-            raise TypeError(f"{cls.__name__}.{field.name}: a {hints[field.name]} field has no flag form")
+            raise TypeError(f"{cls.__name__}.{field.name}: a {hints[field.name]} field has no flag form "
+                            "(give its metadata a type that parses the text)")
         default = None if field.default is dataclasses.MISSING else field.default
-        flags.append(Flag(field.name, field.metadata["help"], None if kind is bool else kind, default,
-                          field.metadata.get("metavar")))
+        flags.append(Flag(field.name, meta["help"], None if kind is bool else kind, default, meta.get("metavar"),
+                          tuple(meta["choices"]) if meta.get("choices") else None, bool(meta.get("required")),
+                          meta.get("option")))
     return tuple(flags)
+
+
+def given_fields(cls, values, *, group: str | None = ...) -> dict:
+    """The fields of `cls` whose flags (`dataclass_flags`) were given in `values` (a parsed namespace), each as
+    the field holds it (the metadata's "form" applied: a tuple of one, on/off as a bool): the keyword arguments
+    that build `cls` from a command line. `group`: only that group's fields (default: every group)."""
+    import dataclasses
+    found = {}
+    for field in dataclasses.fields(cls):
+        meta = field.metadata
+        if "help" not in meta or (group is not ... and meta.get("group") != group):
+            continue
+        value = getattr(values, field.name, None)
+        if value is None or value is False:
+            continue
+        found[field.name] = meta["form"](value) if "form" in meta else value
+    return found

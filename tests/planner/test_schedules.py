@@ -14,7 +14,7 @@ import torch.distributed.pipelining as pipelining
 from torch.distributed.pipelining.schedules import get_schedule_class
 
 from partita.cli import build_parser
-from partita.planner.enumerate.space import SCHEDULE_CHOICES, _schedules
+from partita.planner.enumerate.space import SCHEDULE_CHOICES, TrainConfig, _schedules
 from partita.planner.plan import Plan, PlanError
 from partita.planner.plan import executable
 from partita.planner.plan.schedules import AUTO, SCHEDULES, schedule
@@ -175,7 +175,8 @@ def test_cli_and_search_choices_are_the_registry():
     parser = build_parser()
     plan = next(a for a in parser._subparsers._group_actions if isinstance(a, argparse._SubParsersAction))
     action = next(a for a in plan.choices["plan"]._actions if "--schedule" in a.option_strings)
-    assert list(action.choices) == [AUTO, *SCHEDULES] and action.default == AUTO
+    assert list(action.choices) == [AUTO, *SCHEDULES] and action.default is None  # not given: TrainConfig's
+    assert TrainConfig(global_batch=1).schedule == AUTO
     assert SCHEDULE_CHOICES == (AUTO, *SCHEDULES)
     assert executable.SCHEDULES == tuple(SCHEDULES)
 

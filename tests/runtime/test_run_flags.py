@@ -107,3 +107,29 @@ def test_a_generated_flag_needs_help_and_a_type_the_command_line_can_say():
         sizes: list = dataclasses.field(default_factory=list, metadata={"help": "sizes"})
     with pytest.raises(TypeError, match="no flag form"):
         dataclass_flags(Listed)
+
+
+def test_partita_plans_flags_are_generated_from_train_config_and_search_space():
+    """Every TrainConfig and SearchSpace field is a `partita plan` flag with its metadata's help, or says why it is
+    not one; SearchSpace's flags are exactly the choices a user fixes (FIXABLE); and what the flags give builds
+    the same configuration a hand-written call does."""
+    from partita.planner.enumerate.config import FIXABLE, SearchSpace, TrainConfig
+    from partita.runtime.launcher.flags import given_fields
+    plan = _options(cli.build_parser()._subparsers._group_actions[0].choices["plan"])
+    for cls in (TrainConfig, SearchSpace):
+        for field in dataclasses.fields(cls):
+            assert ("help" in field.metadata) != ("no_flag" in field.metadata), f"{cls.__name__}.{field.name}"
+            if "help" in field.metadata:
+                assert plan[field.name].help == field.metadata["help"] and plan[field.name].default in (None, False)
+    assert {f.name for f in dataclasses.fields(SearchSpace) if "help" in f.metadata} == set(FIXABLE)
+
+    args = cli.build_parser().parse_args(
+        ["plan", "--model", "tiny-gpt", "--cluster", "4xcpu", "--global-batch", "8", "--seq", "16", "--tp", "2",
+         "--recompute", "none,full", "--offload", "off", "--sequence-parallel", "on", "--sync", "synchronous,diloco",
+         "--sync-allow-any-every", "--schedule", "GPipe", "--stage-layers", "1,1"])
+    assert TrainConfig(**given_fields(TrainConfig, args)) == TrainConfig(global_batch=8, seq_len=16, schedule="GPipe")
+    assert SearchSpace(**given_fields(SearchSpace, args)) == SearchSpace(
+        tp=2, recompute=("none", "full"), offload=False, sequence_parallel=True, sync=("synchronous", "diloco"),
+        sync_allow_any_every=True, stage_layers=(1, 1))
+    bare = cli.build_parser().parse_args(["plan", "--model", "m", "--cluster", "4xcpu", "--global-batch", "8"])
+    assert SearchSpace(**given_fields(SearchSpace, bare)) == SearchSpace()

@@ -109,15 +109,10 @@ def _plan_set(args, cluster, train, space, progress) -> int:
 
 
 def _sparse_from_args(args):
-    """The recommendation-model flags as a rec_plan.SparseInputs, or None when none is given."""
-    given = {k: getattr(args, k) for k in ("data", "zipf", "pooling", "sparse_optimizer", "embedding_sharding",
-                                           "embedding_costs") if getattr(args, k) is not None}
-    if not given:
-        return None
-    from partita.planner.sparse.rec_plan import SparseInputs
-    return SparseInputs(data=args.data, zipf=args.zipf, pooling=args.pooling,
-                        optimizer=args.sparse_optimizer or "rowwise_adagrad", fixed=args.embedding_sharding,
-                        pricing=args.embedding_costs or "partita")
+    """The recommendation-model flags as a SparseInputs, or None when none is given."""
+    from partita.planner.sparse.inputs import SparseInputs
+    given = given_fields(SparseInputs, args)
+    return SparseInputs(**given) if given else None
 
 
 def _space_from_args(args):
@@ -264,10 +259,8 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_calibrate(args) -> int:
-    from partita.costmodel.calibrate import main as calibrate_main
-    argv = (["--out", args.out] + (["--ranks", str(args.ranks)] if args.ranks else []) + (["--quick"] if args.quick else [])
-            + (["--force"] if args.force else []))
-    return calibrate_main(argv)
+    from partita.costmodel.calibrate import run
+    return run(args)
 
 
 def _cmd_models(args) -> int:

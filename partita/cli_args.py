@@ -46,23 +46,9 @@ def _add_what_if_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_rec_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("recommendation models (models with nn.EmbeddingBag tables or a TorchRec "
-                             "EmbeddingBagCollection, e.g. dlrm-criteo-1tb)")
-    g.add_argument("--data", metavar="FILE", help="a sample of the sparse features: .npz with one array of IDs per "
-                   "table (named as its module, or a TorchRec table by its config name) and optionally NAME.lengths "
-                   "(IDs per sample)")
-    g.add_argument("--zipf", type=float, metavar="ALPHA", help="IDs Zipf-distributed with exponent ALPHA over each "
-                   "table's rows (default without --data: uniform)")
-    g.add_argument("--pooling", type=float, metavar="L", help="IDs per sample and feature with --zipf "
-                   "(default: the model's example batch)")
-    g.add_argument("--sparse-optimizer", choices=["rowwise_adagrad", "adam", "sgd"], default=None,
-                   help="the tables' fused optimizer (default rowwise_adagrad)")
-    g.add_argument("--embedding-sharding", metavar="TABLE=SHARDING[:K][@PLACEMENT],...",
-                   help="fix tables' sharding (data_parallel, table_wise, column_wise:K, row_wise, table_row_wise) "
-                        "and placement (hbm, cache, host); TABLE * for every table")
-    g.add_argument("--embedding-costs", choices=["partita", "torchrec"], default=None,
-                   help="who prices the tables: partita's byte model (default), or TorchRec's own estimator "
-                        "(EmbeddingPerfEstimator; the program then minimises what TorchRec's planner does)")
+    """The embedding tables' flags, generated from SparseInputs' fields (planner.sparse.inputs)."""
+    from partita.planner.sparse.inputs import REC, SparseInputs
+    add_flags(p.add_argument_group(REC), dataclass_flags(SparseInputs, group=REC), given_only=True)
 
 
 def build_parser(handlers: dict) -> argparse.ArgumentParser:
@@ -175,15 +161,8 @@ def _add_calibrate_models(sub, handlers: dict) -> None:
     c = sub.add_parser("calibrate", help="measure this machine's devices and links into a resource list",
                        epilog="example: partita calibrate --out cluster.json && "
                               "partita plan --model tiny-gpt --cluster cluster.json --global-batch 8")
-    c.add_argument("--out", required=True, help="resource list (JSON) to write")
-    c.add_argument("--ranks", type=int, default=None, help="local ranks for the collective measurements: on a CPU "
-                   "host >= 2; on a GPU host one per GPU, at most the GPUs (default: every GPU; one GPU: no collectives, "
-                   "its preset's links)")
-    c.add_argument("--quick", action="store_true", help="fewer matrix and message sizes and repetitions than a full "
-                   "calibration (the summary says how long it took)")
-    c.add_argument("--force", action="store_true", help="write the figures even when other work kept the machine "
-                   "busy before or during the calibration (refused by default: they would price plans for a slower "
-                   "machine)")
+    from partita.costmodel.calibrate import add_arguments
+    add_arguments(c)  # defined once, beside the calibration (python -m partita.costmodel.calibrate takes them too)
     c.set_defaults(func=handlers["calibrate"])
 
     m = sub.add_parser("models", help="list the built-in model presets")

@@ -318,18 +318,23 @@ def summary(d: dict, out_path: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="partita calibrate",
-                                description="Measure this machine's devices and links; write a resource list.")
-    p.add_argument("--out", default="cluster.json", help="resource list to write (.json, .yaml or .yml)")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """calibrate's flags, defined once: `partita calibrate` (partita.cli_args) and `python -m
+    partita.costmodel.calibrate` (`main`) both take them from here; `run` runs either's parsed arguments."""
+    p.add_argument("--out", required=True, help="resource list to write (.json, .yaml or .yml)")
     p.add_argument("--ranks", type=int, default=None,
                    help=f"local ranks for the collectives: on a CPU host at least 2 (default min(4, cpu count): "
-                        f"{default_ranks()}); on a GPU host one per GPU, at most the GPUs (default: every GPU)")
+                        f"{default_ranks()}); on a GPU host one per GPU, at most the GPUs (default: every GPU; one "
+                        "GPU: no collectives, its preset's links)")
     p.add_argument("--quick", action="store_true", help="fewer matrix and message sizes and repetitions than a "
                    "full calibration (the summary says how long it took)")
-    p.add_argument("--force", action="store_true", help="write the figures even when the machine was busy before or "
-                   f"during the calibration (1-minute load above {BUSY_LOAD_PER_CPU:g} per CPU beyond its own ranks)")
-    args = p.parse_args(argv)
+    p.add_argument("--force", action="store_true", help="write the figures even when other work kept the machine "
+                   f"busy before or during the calibration (1-minute load above {BUSY_LOAD_PER_CPU:g} per CPU beyond "
+                   "its own ranks; refused by default: they would price plans for a slower machine)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Calibrate as the parsed arguments of `add_arguments` say; the exit code (2: refused, in one line)."""
     try:
         d = calibrate(args.out, ranks=args.ranks, quick=args.quick, force=args.force)
     except PartitaError as e:
@@ -337,6 +342,13 @@ def main(argv=None) -> int:
         return 2
     print(summary(d, args.out))
     return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="partita calibrate",
+                                description="Measure this machine's devices and links; write a resource list.")
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":

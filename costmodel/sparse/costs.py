@@ -69,13 +69,11 @@ from dataclasses import dataclass
 from partita.costmodel.price import comm
 from partita.costmodel.sparse.embeddings import Access, Table
 from partita.costmodel.errors import PartitaError
+from partita.costmodel.sparse.names import PLACEMENTS, SHARDINGS, SPARSE_OPTIMIZERS  # noqa: F401 (re-exported)
 from partita.costmodel.hardware import Cluster
 
-SHARDINGS = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")
-PLACEMENTS = ("hbm", "cache", "host")
 TORCHREC_KERNELS = {"hbm": "fused", "cache": "fused_uvm_caching", "host": "fused_uvm"}
 """TorchRec's compute kernel for each placement (data_parallel tables run TorchRec's "dense" kernel)."""
-SPARSE_OPTIMIZERS = ("rowwise_adagrad", "adam", "sgd")
 WEIGHT_BYTES = 4
 ID_BYTES = 8
 LENGTH_BYTES = 4

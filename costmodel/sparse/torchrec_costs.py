@@ -33,10 +33,8 @@ from partita.costmodel.sparse.embeddings import Access, Table
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.sparse.costs import TORCHREC_KERNELS, Option, PieceCost, SparseContext
+from partita.costmodel.sparse.names import PRICINGS  # noqa: F401 (re-exported)
 
-PRICINGS = ("partita", "torchrec")
-"""How the embedding program prices a table piece: partita's byte model (costmodel.sparse.costs) or TorchRec's
-estimator (this module)."""
 MS = 1e-3
 
 

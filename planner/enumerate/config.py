@@ -30,7 +30,8 @@ WHAT_IF = "what-if"
 def flag(help: str, **how) -> dict:
     """A field's `partita plan` flag, as field metadata: the front door (partita.cli_args) generates the flag
     from the field and this, and turns what was given back into the field's value (partita.cli).
-    `how`: option (default --the-field-name), type (parses the text), metavar, choices, required, group
+    `how`: option (default --the-field-name), dest (the parsed name, default the field's), type (parses the
+    text), metavar, choices, required, group
     (WHAT_IF, or none: the main group), form (turns the parsed value into the field's: a tuple of one,
     on/off into a bool)."""
     return {"help": help, **how}

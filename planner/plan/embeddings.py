@@ -11,8 +11,7 @@ DENSE_ZERO = (0, 3)
 
 def validate_section(data, world_size: int) -> dict | None:
     """Check a plan's `embeddings` section (hand-written or solved); None where a plan has none."""
-    from partita.costmodel.sparse.costs import PLACEMENTS, SHARDINGS, SPARSE_OPTIMIZERS  # below the planner
-    from partita.costmodel.sparse.torchrec_costs import PRICINGS
+    from partita.costmodel.sparse.names import PLACEMENTS, PRICINGS, SHARDINGS, SPARSE_OPTIMIZERS
     from partita.planner.plan import PlanError
     if data is None:
         return None

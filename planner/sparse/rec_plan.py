@@ -38,46 +38,19 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 
 from partita.costmodel import ModelSpec
 from partita.costmodel.sparse.embeddings import Table, dense_twin, load_sample, zipf_access
 from partita.costmodel.errors import InfeasibleError, PartitaError
 from partita.costmodel.hardware import Cluster
-from partita.costmodel.sparse.costs import SPARSE_OPTIMIZERS, SparseContext
-from partita.costmodel.sparse.torchrec_costs import PRICINGS
+from partita.costmodel.sparse.costs import SparseContext
 from partita.planner.sparse.embeddings import floor_s, option_costs, parse_fixed, solve_tables
+from partita.planner.sparse.inputs import SparseInputs  # noqa: F401 (re-exported: planner.api takes it)
 from partita.planner.plan.embeddings import DENSE_ZERO, SECTION_SCHEMA, validate_section  # noqa: F401 (re-exported)
 
 """The dense part's choices: replicated over every rank (DDP, as TorchRec's DistributedModelParallel runs it)
 or sharded over them (FSDP2, ZeRO-3: parameters, gradients and optimizer state split R ways, gathered per
 step)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class SparseInputs:
-    """The data and choices of the sparse part (`partita plan --data/--zipf/--pooling/...`)."""
-
-    data: str | None = None
-    """A sample of the sparse features (.npz, costmodel.sparse.embeddings.load_sample)."""
-    zipf: float | None = None
-    """IDs Zipf-distributed with this exponent over each table's rows; neither given: uniform (alpha 0)."""
-    pooling: float | None = None
-    """IDs per sample and feature under --zipf; default: the model's example batch's."""
-    optimizer: str = "rowwise_adagrad"
-    fixed: str | None = None
-    """`TABLE=SHARDING[:K][@PLACEMENT],...` (planner.sparse.embeddings.parse_fixed)."""
-    time_limit: float = 60.0
-    pricing: str = "partita"
-    """Who prices the table pieces: partita's byte model, or TorchRec's estimator (costmodel.sparse.torchrec_costs)."""
-
-    def __post_init__(self):
-        if self.pricing not in PRICINGS:
-            raise PartitaError(f"--embedding-costs {self.pricing!r}; accepted: {', '.join(PRICINGS)}")
-        if self.optimizer not in SPARSE_OPTIMIZERS:
-            raise PartitaError(f"sparse optimizer {self.optimizer!r}; accepted: {', '.join(SPARSE_OPTIMIZERS)}")
-        if self.data is not None and (self.zipf is not None or self.pooling is not None):
-            raise PartitaError("--data gives the ID distribution and pooling; drop --zipf / --pooling")
 
 
 def _example_pooling(spec: ModelSpec) -> float:

@@ -154,7 +154,8 @@ def select(flags: tuple[Flag, ...], *dests: str) -> tuple[Flag, ...]:
 def dataclass_flags(cls, *, skip: tuple[str, ...] = (), group: str | None = None) -> tuple[Flag, ...]:
     """One flag per field of the dataclass `cls` in `group` (its metadata's "group"; None: the fields without
     one), but `skip` and fields marked as having none ("no_flag" in their metadata), generated from the field:
-    its default, and from its metadata its help, and where given its option name ("option"), parser ("type"),
+    its default, and from its metadata its help, and where given its option name ("option"), the name it is
+    parsed into ("dest", where the field's name is another flag's: SparseInputs.optimizer), parser ("type"),
     metavar, choices and whether it is required. Without a parser the type is the choices' or the annotation's
     (int, float or str, optional or not; a bool without choices is a switch). A field without help is refused,
     so a new option cannot reach the command line undocumented, nor be left off it unsaid."""
@@ -175,9 +176,9 @@ def dataclass_flags(cls, *, skip: tuple[str, ...] = (), group: str | None = None
             raise TypeError(f"{cls.__name__}.{field.name}: a {hints[field.name]} field has no flag form "
                             "(give its metadata a type that parses the text)")
         default = None if field.default is dataclasses.MISSING else field.default
-        flags.append(Flag(field.name, meta["help"], None if kind is bool else kind, default, meta.get("metavar"),
-                          tuple(meta["choices"]) if meta.get("choices") else None, bool(meta.get("required")),
-                          meta.get("option")))
+        flags.append(Flag(meta.get("dest", field.name), meta["help"], None if kind is bool else kind, default,
+                          meta.get("metavar"), tuple(meta["choices"]) if meta.get("choices") else None,
+                          bool(meta.get("required")), meta.get("option")))
     return tuple(flags)
 
 
@@ -191,7 +192,7 @@ def given_fields(cls, values, *, group: str | None = ...) -> dict:
         meta = field.metadata
         if "help" not in meta or (group is not ... and meta.get("group") != group):
             continue
-        value = getattr(values, field.name, None)
+        value = getattr(values, meta.get("dest", field.name), None)
         if value is None or value is False:
             continue
         found[field.name] = meta["form"](value) if "form" in meta else value

@@ -114,13 +114,15 @@ def test_partita_plans_flags_are_generated_from_train_config_and_search_space():
     not one; SearchSpace's flags are exactly the choices a user fixes (FIXABLE); and what the flags give builds
     the same configuration a hand-written call does."""
     from partita.planner.enumerate.config import FIXABLE, SearchSpace, TrainConfig
+    from partita.planner.sparse.inputs import SparseInputs
     from partita.runtime.launcher.flags import given_fields
     plan = _options(cli.build_parser()._subparsers._group_actions[0].choices["plan"])
-    for cls in (TrainConfig, SearchSpace):
+    for cls in (TrainConfig, SearchSpace, SparseInputs):
         for field in dataclasses.fields(cls):
             assert ("help" in field.metadata) != ("no_flag" in field.metadata), f"{cls.__name__}.{field.name}"
             if "help" in field.metadata:
-                assert plan[field.name].help == field.metadata["help"] and plan[field.name].default in (None, False)
+                action = plan[field.metadata.get("dest", field.name)]
+                assert action.help == field.metadata["help"] and action.default in (None, False)
     assert {f.name for f in dataclasses.fields(SearchSpace) if "help" in f.metadata} == set(FIXABLE)
 
     args = cli.build_parser().parse_args(
@@ -132,4 +134,10 @@ def test_partita_plans_flags_are_generated_from_train_config_and_search_space():
         tp=2, recompute=("none", "full"), offload=False, sequence_parallel=True, sync=("synchronous", "diloco"),
         sync_allow_any_every=True, stage_layers=(1, 1))
     bare = cli.build_parser().parse_args(["plan", "--model", "m", "--cluster", "4xcpu", "--global-batch", "8"])
-    assert SearchSpace(**given_fields(SearchSpace, bare)) == SearchSpace()
+    assert SearchSpace(**given_fields(SearchSpace, bare)) == SearchSpace() and given_fields(SparseInputs, bare) == {}
+    rec = cli.build_parser().parse_args(["plan", "--model", "m", "--cluster", "4xcpu", "--global-batch", "8",
+                                         "--optimizer", "sgd", "--sparse-optimizer", "adam", "--zipf", "1.05",
+                                         "--embedding-costs", "torchrec", "--embedding-sharding", "*=table_wise"])
+    assert TrainConfig(**given_fields(TrainConfig, rec)).optimizer == "sgd"  # the dense part's, not the tables'
+    assert SparseInputs(**given_fields(SparseInputs, rec)) == SparseInputs(
+        optimizer="adam", zipf=1.05, pricing="torchrec", fixed="*=table_wise")

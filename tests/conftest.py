@@ -23,9 +23,13 @@ def graph_of():
 E2E = str(Path(__file__).resolve().parent / "e2e")
 
 
-LONGEST_FIRST = ("tests/notebooks/", "tests/e2e/", "tests/examples/", "tests/benchmarks/test_rec_bench.py")
+LONGEST_FIRST = ("tests/notebooks/", "tests/e2e/", "tests/examples/", "tests/benchmarks/test_rec_bench.py",
+                 "tests/runtime/", "tests/test_packaging.py", "tests/costmodel/test_hf_families.py",
+                 "tests/costmodel/test_calibrate.py", "tests/planner/test_same_plan_under_load.py",
+                 "tests/planner/test_bounds.py", "tests/planner/test_baselines_determinism.py")
 """Folders and files whose tests take longest (scripts/test.sh --durations=40): under pytest-xdist (scripts/test.sh
-runs two workers) they are handed out first, so that no long test starts last while the other worker idles."""
+runs two workers) they are handed out first, so that no long test starts last while the other worker idles. The
+multi-rank runtime tests were last (tests/runtime/ sorts after the rest), with the wheel build after them."""
 
 
 SESSION_CACHE_ENV = "PARTITA_TEST_CACHE_DIR"

@@ -135,15 +135,10 @@ class Terminal:
                 except OSError:
                     return
 
-    def hang_up(self, leader: subprocess.Popen | None = None) -> None:
-        """Close the terminal. `leader`: the session's process also gets the SIGHUP a shell sends its jobs when
-        its terminal closes -- the kernel's own is not sent while any other process holds the master side open
-        (a process forked from this one at that moment would), which once left a CI run training to its end."""
+    def hang_up(self) -> None:
         self._done.set()
         self._reader.join()
         os.close(self.master)
-        if leader is not None:
-            leader.send_signal(signal.SIGHUP)  # a second SIGHUP is not a second request (runtime.launcher.child)
 
 
 def test_closing_the_terminal_stops_at_a_step_boundary_with_a_checkpoint_and_the_history(tmp_path):
@@ -156,7 +151,7 @@ def test_closing_the_terminal_stops_at_a_step_boundary_with_a_checkpoint_and_the
     term.started()
     wait_for(ck / "step-00000002", proc)
     workers = [w for agent in children(proc.pid) for w in children(agent)]
-    term.hang_up(leader=proc)
+    term.hang_up()
     assert proc.wait(timeout=180) == 129, term.text.decode(errors="replace")
     saved = history(out)
     step = len(saved["losses"])

@@ -125,6 +125,10 @@ STACKS: dict[str, Stack] = {s.name: s for s in [
                       "FlashAttention-1, fused dense + GELU MLP, fused dropout-add-LayerNorm, fused cross-entropy; "
                       "PyTorch Lightning DDP or torch's ZeroRedundancyOptimizer"),
 ]}
+KERNELS = ("eager", "compiled")
+"""How the training program runs its operators: eager PyTorch (partita's runtime), or torch.compile'd
+(costmodel.price.fusion prices the fused kernels). Here, beside the stacks, so that what reads the names (the
+command line's flags) does not import the fusion pricing and its graph library."""
 DEFAULT_STACK = "pytorch"
 
 

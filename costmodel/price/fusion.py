@@ -43,11 +43,8 @@ each re-reading a shared input: the bytes above are a lower bound on what it mov
 from __future__ import annotations
 
 from partita.costmodel.capture.graph import MEMORY_KEYS, OpGraph
-from partita.costmodel.hardware.stacks import get_stack
+from partita.costmodel.hardware.stacks import KERNELS, get_stack  # noqa: F401 (KERNELS re-exported)
 from partita.costmodel.price.kernels import ATTENTION_KINDS, gemm_dims
-
-KERNELS = ("eager", "compiled")
-"""How the training program runs its operators: eager PyTorch (partita's runtime), or torch.compile'd."""
 
 
 def is_layer(fqn: str) -> bool:

@@ -8,8 +8,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from partita.costmodel.errors import PartitaError
-from partita.costmodel.hardware.stacks import DEFAULT_STACK, STACKS, get_stack
-from partita.costmodel.price.fusion import KERNELS
+from partita.costmodel.hardware.stacks import DEFAULT_STACK, KERNELS, STACKS, get_stack
 from partita.costmodel.price.memory import MASTER_WEIGHTS
 from partita.planner.plan import MAX_GLOBAL_BATCH, RECOMPUTE
 from partita.planner.plan.schedules import AUTO, SCHEDULES

@@ -50,7 +50,7 @@ def tied_across_stages(graph: OpGraph, first_stage: list[str], last_stage: list[
 
 def _tied_terms(t: TiedWeight, cluster: Cluster, sb, zero: int, dp: int, tp: int, pp: int) -> dict:
     """The second copy's model state and grad bytes and the per-step all-reduce of its gradient (summing the
-    two stages' gradients before the optimizer step, runtime/parallel/pp.py) between pipeline ranks 0 and pp - 1 of
+    two stages' gradients before the optimizer step, runtime/parallel/pp/) between pipeline ranks 0 and pp - 1 of
     the same (dp, tp) coordinate: pp - 1 pipeline ranks apart, each dp x tp ranks wide. Under ZeRO 2/3
     the gradient is each dp rank's shard. Tied weights are replicated over tp (runtime/launcher/checks.py)."""
     grad_bytes = t.numel * sb.grad_comm / (dp if zero >= 2 else 1)

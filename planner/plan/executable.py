@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # torch loads where a function needs it: `partita explain` an
     from partita.costmodel.models import ModelSpec
 
 SCHEDULES = tuple(schedules.SCHEDULES)
-"""Pipeline schedules the runtime runs: the registry's names (planner.plan.schedules; runtime/parallel/pp.py
+"""Pipeline schedules the runtime runs: the registry's names (planner.plan.schedules; runtime/parallel/pp/
 resolves each record's torch class)."""
 ZERO_STAGES = (0, 1, 2, 3)
 """ZeRO stages the runtime executes (runtime/parallel/zero1.py, runtime/parallel/fsdp.py), within `zero_refusal`."""

@@ -2,7 +2,7 @@
 
 A record (`PipelineSchedule`) holds what every layer reads of a schedule:
 - its plan-file name and torch.distributed.pipelining's class for it (a string: the runtime resolves it,
-  runtime/parallel/pp.py; torchtitan takes the same names, partita/export);
+  runtime/parallel/pp/; torchtitan takes the same names, partita/export);
 - whether it runs several model chunks per pipeline rank (`virtual`: the plan's virtual_stages > 1);
 - `in_flight(m, pp, v)`: per pipeline rank, the micro-batches whose activations it holds at its peak (the k_s
   of the MILP's memory constraint, planner/solve/milp.py), in whole micro-batches (a chunk is 1/v of one);
@@ -47,7 +47,7 @@ class PipelineSchedule:
     name: str
     """The name in a plan file, the CLI and torchtitan's --parallelism.pipeline_parallel_schedule."""
     torch_class: str
-    """torch.distributed.pipelining's class running it (resolved by runtime/parallel/pp.py)."""
+    """torch.distributed.pipelining's class running it (resolved by runtime/parallel/pp/)."""
     virtual: bool
     """Runs several model chunks per pipeline rank (virtual_stages > 1); False: exactly one."""
     searched_fn: Callable[[int, int], bool]

@@ -45,7 +45,7 @@ MODEL = Flag("model", "model preset or MODEL string, e.g. tiny-gpt", str, None, 
 """The model a run trains: `partita run`, the worker entry point and `partita export --to slurm` take it."""
 
 RUN_FLAGS = (
-    Flag("steps", "training steps (default 10)", int, 10),
+    Flag("steps", "training steps (default 10)", int, 10, "N"),
     Flag("verify", "also train in one process and compare the losses and final parameters"),
     Flag("data", "token file (.npy, or raw little-endian uint16/uint32 tokens), or package.module:factory "
          "returning a dataset (torch or HuggingFace, map-style or iterable) whose items are one row of a batch, "

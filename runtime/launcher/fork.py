@@ -165,9 +165,9 @@ def released_on_stop():
     SIGKILL. Measured on a 2-rank tiny run here: Ctrl-C after step 2 ended the job 30.3 s later; an elastic
     round change waited from the stop step's checkpoint at 59.8 s to the next round at 89.6 s.
 
-    torch warns that setting the event can deadlock if a worker died inside its `wait` (holding the event's
-    lock): it is set from a daemon thread that is given RELEASE_WAIT seconds, after which the stop goes on
-    as torch's own (30 s, then SIGKILL)."""
+    torch warns that setting the event can deadlock if a worker died inside its `wait` (the event's
+    `notify_all` then waits for that dead waiter's acknowledgement): it is set from a daemon thread that is
+    given RELEASE_WAIT seconds, after which the stop goes on as torch's own (30 s, then SIGKILL)."""
     import threading
 
     from torch.distributed.elastic.multiprocessing.api import MultiprocessContext

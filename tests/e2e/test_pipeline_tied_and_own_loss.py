@@ -4,7 +4,7 @@ The planner plans them with pp > 1 (what-if `pp=2`, or by itself at global batch
 runtime trains them like one process (fp32: 1e-5): a user's two-tower token model from a factory
 (tests/e2e/two_tower.py) whose head is tied to its token embedding, and tiny HuggingFace GPT-2 and Llama
 (their own shifted loss, computed by the last stage from the logits; GPT-2's wte tied to lm_head; Llama's
-rotary embedding traced without its no_grad, runtime/parallel/pp.py). With the tied gradients
+rotary embedding traced without its no_grad, runtime/parallel/pp/). With the tied gradients
 not summed between the two stages, the two-tower run diverges at step 2 (3e-3), so --verify fails.
 """
 from __future__ import annotations

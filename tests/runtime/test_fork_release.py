@@ -24,12 +24,14 @@ def returns_deaf():
 def exit_codes(release):
     context = start_processes("probe", returns_deaf, {0: (), 1: ()}, {0: {}, 1: {}},
                               DefaultLogsSpecs(log_dir=tempfile.mkdtemp()), start_method="fork")
+    deadline = time.monotonic() + 60
     while not all(not q.empty() for q in context._ret_vals.values()):  # both returned, waiting to be read
+        assert time.monotonic() < deadline and all(p.is_alive() for p in context._pc.processes), "never returned"
         time.sleep(0.05)
-    if release:
+    if release:  # a generous close timeout: the released workers end it as soon as they exit
         with released_on_stop():
-            context.close(signal.SIGTERM, timeout=2)
-    else:
+            context.close(signal.SIGTERM, timeout=30)
+    else:  # nothing ends these but the timeout's SIGKILL
         context.close(signal.SIGTERM, timeout=2)
     return sorted(p.exitcode for p in context._pc.processes)
 

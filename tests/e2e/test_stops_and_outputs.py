@@ -122,6 +122,11 @@ class Terminal:
     @staticmethod
     def _own():  # in the child, after setsid (start_new_session): the terminal becomes its controlling one
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        # As a shell on a new terminal starts its jobs: SIGHUP at its default. A suite run under nohup (or
+        # anything else that ignores SIGHUP) would otherwise pass the ignored SIGHUP on, and `partita run`
+        # rightly keeps training through a hang-up it was started ignoring (the nohup test below); that made
+        # this test fail only where the suite itself ran under nohup.
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
     def started(self) -> None:
         os.close(self.slave)

@@ -12,6 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.models import ModelSpec
 from partita.costmodel.models.losses import cross_entropy
+from partita.costmodel.models.meta import values_skipped_on_meta
 
 # the fused loss is one node, as its kernel is one launch (fx.wrap patches the name in this module, where
 # _WithLoss.forward looks it up)
@@ -82,7 +83,7 @@ def build_fake(spec: ModelSpec, dtype: str, mode: FakeTensorMode, batch: int) ->
     torch.set_default_dtype(DTYPES[dtype])
     try:
         try:
-            with torch.device("meta"):
+            with torch.device("meta"), values_skipped_on_meta():  # shapes only: initialisers on meta cost time
                 model = spec.build()
         except Exception:  # noqa: BLE001 -- the constructor read a value; fake tensors allow that
             model = None

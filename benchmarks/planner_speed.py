@@ -59,7 +59,7 @@ def worker(model: str, cluster: str, global_batch: int, seq: int | None) -> dict
     return {
         "capture_s": result.graph.capture_seconds, "search_s": result.wall_time_s,
         "milp_s": sum(c.solution.wall_time_s for c in solved), "plan_total_s": t2 - t1,
-        "candidates": len(result.candidates), "candidates_solved": len(solved),
+        "candidates": result.considered, "candidates_built": len(result.candidates), "candidates_solved": len(solved),
         "graph_nodes": len(result.graph), "layers": len(result.layers),
         "plan": {"pp": mesh.pp, "dp": mesh.dp, "tp": mesh.tp, "zero": plan.zero_stage,
                  "micro_batch": plan.schedule.micro_batch_size, "schedule": plan.schedule.name,

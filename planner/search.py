@@ -10,6 +10,7 @@ spaces with the same cost model and solver, so "the plan beats the baselines" is
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +20,7 @@ from partita.costmodel.price.fusion import with_kernels
 from partita.costmodel.capture.graph import OpGraph
 from partita.costmodel.hardware import Cluster, GiB
 from partita.planner.enumerate.candidates import Candidate, enumerate_candidates
+from partita.planner.enumerate.lazy import Lazy, lazy_candidates, order_key
 from partita.planner.plan.executable import COMPILED_OFFLOAD_RECOMPUTE, offload_refusal
 from partita.planner.solve.milp import TIME_LIMIT_NO_INCUMBENT, min_memory, phase_memory, polish, solve_stages
 from partita.planner.solve.bounds import stage_bound
@@ -39,6 +41,22 @@ class SearchResult:
     best: Candidate | None
     wall_time_s: float
     space: SearchSpace = field(default_factory=SearchSpace)
+    unbuilt: Lazy | None = None
+    """The choices the search proved no better without building them (planner.enumerate.lazy), if any."""
+
+    @property
+    def considered(self) -> int:
+        """Candidates the search considered: built, or proved no better before they were built."""
+        return len(self.candidates) + (len(self.unbuilt.pending) if self.unbuilt is not None else 0)
+
+    def every_candidate(self) -> list[Candidate]:
+        """`candidates` and the unbuilt ones, built now (once) and marked pruned: every mesh, for a picture.
+        `candidates` stays what the search built."""
+        if self.unbuilt is not None and self.unbuilt.pending:
+            self.unbuilt.build_rest()
+        if self.unbuilt is None or len(self.unbuilt.built) == len(self.candidates):
+            return self.candidates
+        return sorted(self.unbuilt.built, key=order_key)
 
 
 def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
@@ -47,23 +65,26 @@ def search(graph: OpGraph, cluster: Cluster, train: TrainConfig, progress=None,
     cluster, space = resolve_stack(cluster, space)  # the stack's kernel constants and overlaps
     # a compiled run prices fused kernels, an eager run on a fused stack their saves (costmodel.price.fusion)
     graph = with_kernels(graph, space.kernels, space.stack)
-    prefix, layers, suffix, cands = enumerate_candidates(graph, cluster, train, space)
+    lazy = None if space.min_pp else lazy_candidates(graph, cluster, train, space)
+    if lazy is not None:  # uniform layers: built in order of a cheap bound (planner.enumerate.lazy)
+        prefix, layers, suffix = lazy.bases.prefix, lazy.bases.layers, lazy.bases.suffix
+        step, found = _Progress(progress, lazy.total), _Incumbent()
+        best = _fastest(lazy.best_first(found.step_time, step), step, found)
+        cands = sorted(lazy.built, key=order_key)
+    else:
+        prefix, layers, suffix, cands = enumerate_candidates(graph, cluster, train, space)
+        cands.sort(key=order_key)  # deterministic order: bound first, then the simplest plan
     if not cands and raise_infeasible:
         kinds = {graph.g.nodes[n]["kind"] for group in layers for n in graph.nodes_of(group)}
         raise PartitaError(no_candidates_reason(cluster, train, space, kinds))
-    # deterministic order: bound first, then the simplest plan
-    cands.sort(key=lambda c: (c.lower_bound, c.pp, c.tp, c.zero, c.virtual_stages, -c.micro_batch,
-                              c.sequence_parallel))
-    step = _Progress(progress, len(cands))
-    if space.min_pp:
-        best = _shallowest_that_fits(cands, step)
-    else:
-        best = _fastest(cands, step)
+    if lazy is None:
+        step = _Progress(progress, len(cands))
+        best = _shallowest_that_fits(cands, step) if space.min_pp else _fastest(cands, step)
     if best is not None and best.formulation == "counts":
         best.solution = polish(best.problem, best.solution)
     result = SearchResult(graph=graph, cluster=cluster, train=train, layers=layers, prefix=prefix,
                           suffix=suffix, candidates=cands, best=best, wall_time_s=time.perf_counter() - t0,
-                          space=space)
+                          space=space, unbuilt=lazy)
     if best is None and raise_infeasible:
         raise InfeasibleError(_timed_out(result) + explain_infeasible(result))
     return result
@@ -81,9 +102,20 @@ class _Progress:
         self.done += 1
 
 
-def _fastest(cands: list[Candidate], step: _Progress) -> Candidate | None:
+class _Incumbent:
+    """The best candidate found so far, for a lazy enumeration to compare its bounds with."""
+
+    def __init__(self):
+        self.best: Candidate | None = None
+
+    def step_time(self) -> float | None:
+        return None if self.best is None else self.best.step_time
+
+
+def _fastest(cands: Iterable[Candidate], step: _Progress, found: _Incumbent | None = None) -> Candidate | None:
     """The fastest candidate that fits: solve in order of lower bound (cands is sorted), each with the best
-    step time so far as its cutoff, and skip (prune) every candidate whose bound is no better."""
+    step time so far as its cutoff, and skip (prune) every candidate whose bound is no better. `found`, when
+    given, holds the best so far as it changes."""
     best: Candidate | None = None
     for c in cands:
         step()
@@ -99,6 +131,8 @@ def _fastest(cands: list[Candidate], step: _Progress) -> Candidate | None:
             c.solution = solve_stages(c.problem, cutoff=cutoff)
         if c.solution.feasible and (best is None or c.step_time < best.step_time * (1 - 1e-9)):
             best = c
+            if found is not None:
+                found.best = c
     return best
 
 

@@ -78,7 +78,7 @@ def candidate_points(result: SearchResult, *, solve_pruned: bool = True, time_li
     (the ones solved here are copies).
     """
     groups: dict[tuple, list[Candidate]] = {}
-    for c in result.candidates:
+    for c in result.every_candidate():
         groups.setdefault((c.pp, c.dp, c.tp, c.zero, c.schedule, c.virtual_stages), []).append(c)
     points = []
     for cands in groups.values():

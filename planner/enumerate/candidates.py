@@ -322,6 +322,8 @@ def build_block_candidate(bases: _Bases, train: TrainConfig, space: SearchSpace,
 
 
 def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, space: SearchSpace):
+    """(prefix, layers, suffix, every candidate of the space), each built (`build_candidate`). The search
+    builds the uniform-layer ones lazily instead, in order of a cheap bound (planner.enumerate.lazy)."""
     space = executable_space(graph, space)
     prefix, layers, suffix = split_model(graph)
     bases = _Bases(graph, cluster, prefix, layers, suffix)
@@ -330,11 +332,18 @@ def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, s
         return [], [], [], _enumerate_blocks(bases, cluster, train, space)
     if cluster.groups and cluster.heterogeneous:
         return prefix, layers, suffix, _enumerate_hetero(bases, cluster, train, space)
-    out = []
+    built = (build_candidate(bases, train, space, *choice) for choice in candidate_choices(bases, train, space))
+    return prefix, layers, suffix, [c for c in built if c is not None]
+
+
+def candidate_choices(bases: _Bases, train: TrainConfig, space: SearchSpace):
+    """Every (pp, dp, tp, zero, b, schedule, v, sp, cp, ep, tp_overlap, p2p_overlap) of a uniform-layer model
+    that `build_candidate` is asked to build (it may still answer None)."""
+    graph, layers = bases.graph, bases.layers
     experts = experts_of(graph, layers[0]) if layers else None
     cps = space.cp or default_cp(graph.seq_len, cp_refusal(graph, layers, 2) is None and
                                  cp_refusal_for(graph.name) is None)
-    for pp, dp, tp, zero, b, m, cp in _meshes(cluster, train, space, max(1, len(layers)), cps):
+    for pp, dp, tp, zero, b, m, cp in _meshes(bases.cluster, train, space, max(1, len(layers)), cps):
         eps = [e for e in (space.ep or default_ep(experts, dp)) if ep_refusal(experts, dp, e) is None
                and (cp == 1 or e == 1)]  # cp with ep: expert groups would span dp x cp ranks (not priced)
         eps = [e for e in eps if _runs_or_fixed(space, pp, tp, cp, e)]
@@ -345,10 +354,7 @@ def enumerate_candidates(graph: OpGraph, cluster: Cluster, train: TrainConfig, s
             for sp, ep, tpo, p2po in itertools.product(sps, eps, tp_overlaps, p2p_overlaps):
                 if (tpo and not sp) or (p2po and v == 1):
                     continue  # TP overlap pipelines sequence parallelism's collectives; send overlap, chunks' sends
-                c = build_candidate(bases, train, space, pp, dp, tp, zero, b, schedule, v, sp, cp, ep, tpo, p2po)
-                if c is not None:
-                    out.append(c)
-    return prefix, layers, suffix, out
+                yield pp, dp, tp, zero, b, schedule, v, sp, cp, ep, tpo, p2po
 
 
 def _enumerate_blocks(bases: _Bases, cluster: Cluster, train: TrainConfig, space: SearchSpace) -> list[Candidate]:

@@ -294,7 +294,7 @@ def build_plan(result: SearchResult, model_name: str, fingerprint: str, config: 
         sync=sync,
         predicted=predicted_step,
         solver={"status": c.solution.status, "wall_time_s": result.wall_time_s, "mip_gap": c.solution.mip_gap,
-                "backend": "cvxpy+HiGHS", "formulation": c.formulation, "candidates": len(result.candidates),
+                "backend": "cvxpy+HiGHS", "formulation": c.formulation, "candidates": result.considered,
                 "candidates_solved": len(solved), "capture_s": result.graph.capture_seconds,
                 "graph_nodes": len(result.graph), **pipeline_note(result, c, sync.mode)},
     )

@@ -201,7 +201,8 @@ def _stage_problem(bases: _Bases, space: SearchSpace, s: _Shape, opts: list[Vari
     gathered = 2 * min(o.param_numel for o in layer_bases) * s.sb.param \
         if zero == 3 and layer_bases and not pipelined_fsdp(pp > 1, zero, dp) else 0.0
     main_mem, phases, workspace, cache = memory_phases(bases, opts, e, in_flight, m, s.b, pp, tp, zero, dp, s.sb,
-                                                       s.sp, suf, gathered, cluster.device)
+                                                       s.sp, suf, gathered, cluster.device,
+                                                       SCHEDULES[s.schedule].edge_in_flight(m, pp, s.v), s.v)
     column = lambda attr, empty=0.0: np.array([getattr(o, attr) for o in opts] or [empty])
     problem = StageProblem(
         num_stages=pp, num_layers=len(bases.layers), num_microbatches=m,

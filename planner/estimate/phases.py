@@ -37,7 +37,8 @@ def loss_gradient_bytes(logits: float, vocab_split: bool) -> float:
 
 def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.ndarray, m: int, b: int, pp: int,
                   tp: int, zero: int, dp: int, sb, sp: bool, suf: list[BlockOption],
-                  gathered: float, device=None) -> tuple[np.ndarray, list[MemoryPhase], np.ndarray, dict]:
+                  gathered: float, device=None, ends: tuple[float, float] | None = None,
+                  v: int = 1) -> tuple[np.ndarray, list[MemoryPhase], np.ndarray, dict]:
     """Each stage's memory at the moments it can peak (planner.solve.milp's phases); returns the main phase's
     constant per stage, the other phases, the main phase's transient workspace per stage, and what the
     caching allocator's predicted cache is made of (`device`'s allocator_cache_bytes, costmodel.hardware):
@@ -52,6 +53,13 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
         received (saved by its first operator, but charged by the capture to the stage that produced it)
         and on the last stage the stage's output, the logits, which the schedule keeps for the backward:
         counted with the activations of every phase.
+    With v chunks per rank (interleaved), each chunk in flight holds what it received: v x in_flight per
+        rank, less rank 0's first chunk, whose input is the batch.
+    `ends` (PipelineSchedule.edge_in_flight): the micro-batches in flight of the one chunk holding the
+        prefix (embeddings, on stage 0) and of the one holding the suffix (head, logits, loss, on the last
+        stage), where they differ from the stage's average over its chunks (`in_flight`): interleaved, the
+        last rank holds one micro-batch of the head, not (warm-up + 1) / v -- on Nemotron-4 340B's 8 x 12
+        chunks, 1 against 7.4, about 0.95 GB of logits and loss a micro-batch.
     forward/backward with ZeRO-3 gathers (binds only on stages holding a layer that reshards after its
         forward, ZeRO-3 not kept gathered): the main phase + two such layers' parameters gathered at a
         time (the one computing and the one prefetched).
@@ -67,8 +75,18 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
     boundary = k["boundary"] * b / (tp if sp else 1)
     if pp > 1:  # what the pipeline holds per micro-batch in flight (docstring): counted as activations
         e["act"] = e["act"].copy()
-        e["act"][1:] += boundary
+        own = e["act"][[0, -1]].copy()  # the prefix's and the suffix's own activations (planner.enumerate.base)
+        own[1] += k["head"] * b / (tp if head_split else 1)
         e["act"][-1] += k["head"] * b / (tp if head_split else 1)
+        first = in_flight[0] if ends is None else ends[0]
+        if ends is not None:  # the ends' chunks hold their own count: rescaled, in_flight x act comes out right
+            for stage, count, held in ((0, ends[0], own[0]), (pp - 1, ends[1], own[1])):
+                e["act"][stage] += held * (count / in_flight[stage] - 1)
+        # every chunk in flight holds what it received, v x in_flight of them, but rank 0's first chunk (it
+        # receives the batch, not an activation)
+        received = v * in_flight
+        received[0] -= first
+        e["act"] += boundary * received / in_flight
     mp = _main_phase(k, opts, e, in_flight, grads_absent(m, in_flight, zero, dp, tp), sb.grad, pp, tp,
                      boundary, logits_per_rank, head_split)
     phases = []

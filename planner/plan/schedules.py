@@ -29,6 +29,8 @@ and its backward crosses them again, so equal stages tau take (m + pp - 1) tau, 
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -61,6 +63,15 @@ class PipelineSchedule:
     def in_flight(self, m: int, pp: int, v: int = 1) -> np.ndarray:
         """Per pipeline rank, the micro-batches whose activations it holds at its peak (floats: a chunk is 1/v)."""
         return np.asarray(self.in_flight_fn(m, pp, v), dtype=float)
+
+    def edge_in_flight(self, m: int, pp: int, v: int = 1) -> tuple[float, float]:
+        """Micro-batches held, at its rank's peak, by the one chunk at each end of the pipeline: rank 0's first
+        chunk (the embeddings) and rank pp - 1's last (the head, its logits and the loss), read from the
+        order each rank runs (`_chunk_at_peak`). With one chunk per rank these are in_flight's first and last
+        entries. Interleaved, in_flight averages a rank's chunks, (warm-up + 1) / v, where the ends differ:
+        rank pp - 1 runs its last chunk's forward and backward back to back (one micro-batch of the head
+        held, not the average), and rank 0 has forwarded its first chunk the most."""
+        return _edge_in_flight(self.name, m, pp, v)
 
     def bubble_s(self, stage_times: Sequence[float], v: int = 1) -> float:
         """Fill and drain of one step given each stage's seconds per micro-batch (module docstring)."""
@@ -145,6 +156,28 @@ def _interleaved_in_flight(m: int, p: int, v: int) -> np.ndarray:
     many + 1 chunks, each 1/v of the stage's activations; on rank 0 this is p (1 + (p - 1) / (p v)),
     Korthikanti et al.'s factor (their m is the chunk count v)."""
     return np.array([min(m, (2 * (p - s - 1) + (v - 1) * p + 1) / v) for s in range(p)])
+
+
+@functools.lru_cache(maxsize=4096)
+def _edge_in_flight(name: str, m: int, pp: int, v: int) -> tuple[float, float]:
+    schedule = SCHEDULES[name]
+    return (_chunk_at_peak(schedule.order(pp, m, 0, v), 0),
+            _chunk_at_peak(schedule.order(pp, m, pp - 1, v), v - 1 if schedule.virtual else 0))
+
+
+def _chunk_at_peak(order: list[Pass], chunk: int) -> float:
+    """How many micro-batches of `chunk` have run forward and not yet backward when the rank holds the most
+    forwarded chunks (the first such moment) in `order`."""
+    held: dict[int, int] = {}
+    total = most = 0
+    at_peak = 0
+    for kind, _, c in order:
+        step = 1 if kind == "F" else -1
+        held[c] = held.get(c, 0) + step
+        total += step
+        if total > most:
+            most, at_peak = total, held.get(chunk, 0)
+    return float(at_peak)
 
 
 # ---- limits -----------------------------------------------------------------------------------------

@@ -53,13 +53,9 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
         received (saved by its first operator, but charged by the capture to the stage that produced it)
         and on the last stage the stage's output, the logits, which the schedule keeps for the backward:
         counted with the activations of every phase.
-    With v chunks per rank (interleaved), each chunk in flight holds what it received: v x in_flight per
-        rank, less rank 0's first chunk, whose input is the batch.
-    `ends` (PipelineSchedule.edge_in_flight): the micro-batches in flight of the one chunk holding the
-        prefix (embeddings, on stage 0) and of the one holding the suffix (head, logits, loss, on the last
-        stage), where they differ from the stage's average over its chunks (`in_flight`): interleaved, the
-        last rank holds one micro-batch of the head, not (warm-up + 1) / v -- on Nemotron-4 340B's 8 x 12
-        chunks, 1 against 7.4, about 0.95 GB of logits and loss a micro-batch.
+    With v chunks per rank each chunk in flight holds what it received; the prefix's and the suffix's chunks
+        hold their own counts (`ends`, PipelineSchedule.edge_in_flight), not the stage's average over its
+        chunks: interleaved, the last rank holds one micro-batch of the head (`_pipeline_activations`).
     forward/backward with ZeRO-3 gathers (binds only on stages holding a layer that reshards after its
         forward, ZeRO-3 not kept gathered): the main phase + two such layers' parameters gathered at a
         time (the one computing and the one prefetched).
@@ -74,19 +70,8 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
     logits_per_rank = logits / (tp if head_split else 1)
     boundary = k["boundary"] * b / (tp if sp else 1)
     if pp > 1:  # what the pipeline holds per micro-batch in flight (docstring): counted as activations
-        e["act"] = e["act"].copy()
-        own = e["act"][[0, -1]].copy()  # the prefix's and the suffix's own activations (planner.enumerate.base)
-        own[1] += k["head"] * b / (tp if head_split else 1)
-        e["act"][-1] += k["head"] * b / (tp if head_split else 1)
-        first = in_flight[0] if ends is None else ends[0]
-        if ends is not None:  # the ends' chunks hold their own count: rescaled, in_flight x act comes out right
-            for stage, count, held in ((0, ends[0], own[0]), (pp - 1, ends[1], own[1])):
-                e["act"][stage] += held * (count / in_flight[stage] - 1)
-        # every chunk in flight holds what it received, v x in_flight of them, but rank 0's first chunk (it
-        # receives the batch, not an activation)
-        received = v * in_flight
-        received[0] -= first
-        e["act"] += boundary * received / in_flight
+        e["act"] = _pipeline_activations(e["act"], k["head"] * b / (tp if head_split else 1), boundary, in_flight,
+                                         ends, v)
     mp = _main_phase(k, opts, e, in_flight, grads_absent(m, in_flight, zero, dp, tp), sb.grad, pp, tp,
                      boundary, logits_per_rank, head_split)
     phases = []
@@ -108,6 +93,27 @@ def memory_phases(bases: _Bases, opts: list[Variant], e: dict, in_flight: np.nda
         phases += _recompute_phases(mp, opts, b, boundary + _largest_rebuild(opts, b) + gathered,
                                     bases.graph.g.graph.get("run") == "autocast")
     return mp.main, phases, mp.workspace, cache
+
+
+def _pipeline_activations(act: np.ndarray, logits: float, boundary: float, in_flight: np.ndarray,
+                          ends: tuple[float, float] | None, v: int) -> np.ndarray:
+    """Each stage's activations per micro-batch in flight outside its layers (memory_phases' docstring), as the
+    stage's count `in_flight` multiplies them: `act`'s prefix and suffix (stages 0 and -1), the `logits` the
+    schedule keeps on the last stage, both rescaled to their chunk's own count (`ends`), and what each chunk in
+    flight received (`boundary`)."""
+    act = act.copy()
+    own = act[[0, -1]].copy()  # the prefix's and the suffix's own activations (planner.enumerate.base)
+    own[1] += logits
+    act[-1] += logits
+    first = in_flight[0] if ends is None else ends[0]
+    if ends is not None:  # the ends' chunks hold their own count: rescaled, in_flight x act comes out right
+        for stage, count, held in ((0, ends[0], own[0]), (len(act) - 1, ends[1], own[1])):
+            act[stage] += held * (count / in_flight[stage] - 1)
+    # every chunk in flight holds what it received, v x in_flight of them, but rank 0's first chunk (it receives
+    # the batch, not an activation)
+    received = v * in_flight
+    received[0] -= first
+    return act + boundary * received / in_flight
 
 
 def _graph_constants(bases: _Bases) -> dict:

@@ -132,14 +132,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def options(args: argparse.Namespace):
     from partita.runtime.loop.session import RunOptions
-    return RunOptions(steps=args.steps, seed=args.seed, lr=args.lr, verify=args.verify,
-                      checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                      resume=args.resume, max_restarts=args.max_restarts, data=args.data,
-                      data_dtype=args.data_dtype, losses_out=args.losses_out, sync_batchnorm=args.sync_batchnorm,
-                      log_every=args.log_every, tensorboard=args.tensorboard, keep=args.keep,
-                      save_final=args.save_final, hang_timeout=args.hang_timeout, eval_data=args.eval_data,
-                      eval_every=args.eval_every, eval_batches=args.eval_batches,
-                      **{name: getattr(args, name) for name in RECIPE_FLAGS})
+    return RunOptions(**{f.dest: getattr(args, f.dest) for f in RUN_FLAGS})  # every flag is a field of its name
 
 
 AGENT_ENV = "PARTITA_AGENT"

@@ -1,8 +1,9 @@
 """The flags of a run, defined once: `partita run` (partita/cli.py), the launcher and worker entry point
-`python -m partita.runtime.train`, and the Python API's `runtime.launch` all read this table.
+`python -m partita.runtime.train`, and the Python API's `runtime.launch` all read RUN_FLAGS, generated from
+RunOptions' fields (runtime.loop.options: each field's default, help, metavar and choices).
 
 `partita run` parses them with no defaults (None: not given), so it forwards only what the user gave, and
-the worker's defaults -- RunOptions' (runtime.loop.session) -- apply once, in one place. The launcher turns
+the worker's defaults -- RunOptions' -- apply once, in one place. The launcher turns
 parsed values back into a worker's argv with `to_argv`, from this table, never from argparse's internals.
 Torch-free: the CLI imports it to build its parser.
 """
@@ -13,9 +14,7 @@ from dataclasses import dataclass
 
 from partita.runtime.launcher.elastic import DEFAULT_RESCALE_EVERY, node_count
 
-DATA_DTYPES = ("uint16", "uint32")  # runtime.data.DTYPES' keys (tests/runtime/test_run_flags.py checks)
-DEFAULT_LOG_EVERY = 10              # runtime.loop.progress.DEFAULT_EVERY (checked alike)
-LR_DECAYS = ("none", "cosine", "linear")  # runtime.loop.recipe.Recipe.lr_factor's shapes
+from partita.runtime.loop.options import RunOptions
 
 
 @dataclass(frozen=True)
@@ -43,58 +42,6 @@ class Flag:
 
 MODEL = Flag("model", "model preset or MODEL string, e.g. tiny-gpt", str, None, "MODEL", required=True)
 """The model a run trains: `partita run`, the worker entry point and `partita export --to slurm` take it."""
-
-RUN_FLAGS = (
-    Flag("steps", "training steps (default 10)", int, 10, "N"),
-    Flag("verify", "also train in one process and compare the losses and final parameters"),
-    Flag("data", "token file (.npy, or raw little-endian uint16/uint32 tokens), or package.module:factory "
-         "returning a dataset (torch or HuggingFace, map-style or iterable) whose items are one row of a batch, "
-         "a tuple or a dict keyed by the model's input names; default: synthetic batches", str, None,
-         "FILE|MODULE:FACTORY"),
-    Flag("data_dtype", "token type of a raw --data file (default uint16)", str, None, choices=DATA_DTYPES),
-    Flag("checkpoint_dir", "where DCP checkpoints are written and resumed from", str, None, "DIR"),
-    Flag("checkpoint_every", "save a checkpoint after every N steps and after the last (default 0: never)", int, 0,
-         "N"),
-    Flag("resume", "continue from the newest intact checkpoint in DIR (under this plan, whatever plan wrote "
-         "it); a run without it refuses a DIR holding checkpoints"),
-    Flag("keep", "keep only the newest N checkpoints of this run (default 0: all)", int, 0, "N"),
-    Flag("max_restarts", "torchrun restarts the job up to K times after a failure; it resumes from the latest "
-         "checkpoint (default 0)", int, 0, "K"),
-    Flag("hang_timeout", "a rank that makes no progress for S seconds during training (paused, stuck, or waiting in "
-         "a collective a peer never joins) ends the attempt as a failure naming the rank and where it stopped; "
-         "--max-restarts restarts it from the newest checkpoint (default: not watched)", float, None, "S"),
-    Flag("seed", "seed of the model's initialisation and the synthetic batches (default 0)", int, 0),
-    Flag("lr", "learning rate (default 1e-3); the peak one with --warmup-steps or --lr-decay", float, 1e-3),
-    Flag("weight_decay", "AdamW's decoupled weight decay of the weight matrices; biases and norms are not decayed "
-         "(default 0.0)", float, 0.0, "W"),
-    Flag("warmup_steps", "raise the learning rate linearly from lr/(N+1) to lr over the first N steps (default 0)",
-         int, 0, "N"),
-    Flag("lr_decay", "after the warm-up, decay the learning rate to --min-lr-ratio x lr at the last step "
-         "(default none)", str, "none", choices=LR_DECAYS),
-    Flag("min_lr_ratio", "the learning rate at the last step under --lr-decay, as a fraction of lr (default 0.1)",
-         float, 0.1, "R"),
-    Flag("clip_grad_norm", "scale the gradients so that the whole model's L2 norm is at most X (default: no "
-         "clipping)", float, None, "X"),
-    Flag("eval_data", "held-out data (what --data takes): its loss, forward only, after the last step and every "
-         "--eval-every steps", str, None, "FILE|MODULE:FACTORY"),
-    Flag("eval_every", "evaluate on --eval-data after every N steps too (default 0: after the last only)", int, 0,
-         "N"),
-    Flag("eval_batches", "global batches of --eval-data per evaluation, the same ones each time (default 1)", int, 1,
-         "K"),
-    Flag("losses_out", "write losses, learning rates, grad norms, reference, step time and memory as JSON", str,
-         None, "FILE"),
-    Flag("save_final", "after the last step, rank 0 saves the trained weights: to a FILE as one state dict of the "
-         "model's own parameter names (torch.save; load it with model.load_state_dict); to a DIR/ (a path ending "
-         "in '/', or an existing directory) for a transformers model (hf:...) as its save_pretrained output "
-         "(config and safetensors weights; load it with AutoModelFor....from_pretrained(DIR))", str, None,
-         "FILE|DIR/"),
-    Flag("sync_batchnorm", "BatchNorm normalises over the whole data-parallel batch (SyncBatchNorm), as one "
-         "process does"),
-    Flag("log_every", "print a progress line (step, loss, step time, tokens or samples/s, memory, ETA) every N "
-         f"steps (default {DEFAULT_LOG_EVERY}; 0: none); on a terminal a progress bar", int, DEFAULT_LOG_EVERY, "N"),
-    Flag("tensorboard", "write the per-step scalars for TensorBoard into DIR (pip install "
-         "'partita[tensorboard]')", str, None, "DIR"),
-)
 
 RECIPE_FLAGS = ("weight_decay", "warmup_steps", "lr_decay", "min_lr_ratio", "clip_grad_norm")
 """The flags of the training recipe (runtime.loop.recipe.Recipe's fields but lr and steps)."""
@@ -197,3 +144,7 @@ def given_fields(cls, values, *, group: str | None = ...) -> dict:
             continue
         found[field.name] = meta["form"](value) if "form" in meta else value
     return found
+
+
+RUN_FLAGS = dataclass_flags(RunOptions)
+"""`partita run`'s and the worker's flags: one per RunOptions field but the Python API's own (no_flag)."""

@@ -1,60 +1,110 @@
-"""The options of one training run (`RunOptions`: the worker's flags, runtime.launcher.flags) and the training
-recipe they make (`recipe_of`); runtime.loop.session takes them."""
+"""The options of one training run (`RunOptions`), and with them the flags of `partita run`, the worker entry point
+`python -m partita.runtime.train` and the Python API: runtime.launcher.flags generates RUN_FLAGS from these fields
+and their metadata (help, metavar, choices), so an option and its flag are one definition. Torch-free: the CLI
+reads it to build its parser. runtime.loop.session takes the options; runtime.loop.recipe makes the training
+recipe of them (`recipe_of`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from partita.runtime.loop.progress import DEFAULT_EVERY
-from partita.runtime.loop.recipe import Recipe
+DEFAULT_LOG_EVERY = 10
+"""A progress line after every this many steps, by default (runtime.loop.progress)."""
+DATA_DTYPES = ("uint16", "uint32")
+"""Token types of a raw --data file (runtime.data.DTYPES' keys; tests/runtime/test_run_flags.py checks)."""
+LR_DECAYS = ("none", "cosine", "linear")
+"""The learning-rate shapes after the warm-up (runtime.loop.recipe.Recipe.lr_factor)."""
+FILE_OR_FACTORY = "FILE|MODULE:FACTORY"
+
+
+def flag(help: str, **meta) -> dict:
+    """A field's flag metadata (runtime.launcher.flags.dataclass_flags): its help, and where needed its metavar,
+    choices and parser ("type")."""
+    return {"help": help, **meta}
+
+
+def no_flag(why: str) -> dict:
+    """A field that is no flag, and why."""
+    return {"no_flag": why}
 
 
 @dataclass
 class RunOptions:
-    steps: int = 10
-    seed: int = 0
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    lr_decay: str = "none"
-    min_lr_ratio: float = 0.1
-    clip_grad_norm: float | None = None
-    """The training recipe (runtime.loop.recipe.Recipe: the fields of the same names)."""
-    save_final: str | None = None
+    steps: int = field(default=10, metadata=flag("training steps (default 10)", metavar="N"))
+    verify: bool = field(default=False, metadata=flag(
+        "also train in one process and compare the losses and final parameters"))
+    data: object = field(default=None, metadata=flag(
+        "token file (.npy, or raw little-endian uint16/uint32 tokens), or package.module:factory returning a dataset "
+        "(torch or HuggingFace, map-style or iterable) whose items are one row of a batch, a tuple or a dict keyed by "
+        "the model's input names; default: synthetic batches", type=str, metavar=FILE_OR_FACTORY))
+    """A token file, a `package.module:factory` of a dataset, or a dataset itself (runtime.data)."""
+    data_dtype: str | None = field(default=None, metadata=flag("token type of a raw --data file (default uint16)",
+                                                               choices=DATA_DTYPES))
+    checkpoint_dir: str | None = field(default=None, metadata=flag("where DCP checkpoints are written and resumed "
+                                                                   "from", metavar="DIR"))
+    checkpoint_every: int = field(default=0, metadata=flag(
+        "save a checkpoint after every N steps and after the last (default 0: never)", metavar="N"))
+    resume: bool = field(default=False, metadata=flag(
+        "continue from the newest intact checkpoint in DIR (under this plan, whatever plan wrote it); a run without it "
+        "refuses a DIR holding checkpoints"))
+    keep: int = field(default=0, metadata=flag("keep only the newest N checkpoints of this run (default 0: all)",
+                                               metavar="N"))
+    """With checkpoint_every: keep only the newest `keep` checkpoints of this run (0: all)."""
+    max_restarts: int = field(default=0, metadata=flag(
+        "torchrun restarts the job up to K times after a failure; it resumes from the latest checkpoint (default 0)",
+        metavar="K"))
+    hang_timeout: float | None = field(default=None, metadata=flag(
+        "a rank that makes no progress for S seconds during training (paused, stuck, or waiting in a collective a peer "
+        "never joins) ends the attempt as a failure naming the rank and where it stopped; --max-restarts restarts it "
+        "from the newest checkpoint (default: not watched)", metavar="S"))
+    """Seconds without progress after which a rank is a failure (runtime.failure.hang); None: not watched."""
+    seed: int = field(default=0, metadata=flag("seed of the model's initialisation and the synthetic batches "
+                                               "(default 0)"))
+    lr: float = field(default=1e-3, metadata=flag("learning rate (default 1e-3); the peak one with --warmup-steps or "
+                                                  "--lr-decay"))
+    weight_decay: float = field(default=0.0, metadata=flag(
+        "AdamW's decoupled weight decay of the weight matrices; biases and norms are not decayed (default 0.0)",
+        metavar="W"))
+    warmup_steps: int = field(default=0, metadata=flag(
+        "raise the learning rate linearly from lr/(N+1) to lr over the first N steps (default 0)", metavar="N"))
+    lr_decay: str = field(default="none", metadata=flag(
+        "after the warm-up, decay the learning rate to --min-lr-ratio x lr at the last step (default none)",
+        choices=LR_DECAYS))
+    min_lr_ratio: float = field(default=0.1, metadata=flag(
+        "the learning rate at the last step under --lr-decay, as a fraction of lr (default 0.1)", metavar="R"))
+    clip_grad_norm: float | None = field(default=None, metadata=flag(
+        "scale the gradients so that the whole model's L2 norm is at most X (default: no clipping)", metavar="X"))
+    """With lr .. clip_grad_norm: the training recipe (runtime.loop.recipe.Recipe: the fields of the same names)."""
+    eval_data: object = field(default=None, metadata=flag(
+        "held-out data (what --data takes): its loss, forward only, after the last step and every --eval-every steps",
+        type=str, metavar=FILE_OR_FACTORY))
+    """Held-out data, as `data` (runtime.loop.evaluate); None: no evaluation."""
+    eval_every: int = field(default=0, metadata=flag(
+        "evaluate on --eval-data after every N steps too (default 0: after the last only)", metavar="N"))
+    eval_batches: int = field(default=1, metadata=flag(
+        "global batches of --eval-data per evaluation, the same ones each time (default 1)", metavar="K"))
+    losses_out: str | None = field(default=None, metadata=flag(
+        "write losses, learning rates, grad norms, reference, step time and memory as JSON", metavar="FILE"))
+    save_final: str | None = field(default=None, metadata=flag(
+        "after the last step, rank 0 saves the trained weights: to a FILE as one state dict of the model's own "
+        "parameter names (torch.save; load it with model.load_state_dict); to a DIR/ (a path ending in '/', or an "
+        "existing directory) for a transformers model (hf:...) as its save_pretrained output (config and "
+        "safetensors weights; load it with AutoModelFor....from_pretrained(DIR))", metavar="FILE|DIR/"))
     """Where rank 0 saves the trained weights: a file gets one plain state dict, a folder (ending in "/" or an
     existing directory) an HF model's save_pretrained output (runtime.checkpoint.final)."""
-    return_model: bool = False
+    sync_batchnorm: bool = field(default=False, metadata=flag(
+        "BatchNorm normalises over the whole data-parallel batch (SyncBatchNorm), as one process does"))
+    """BatchNorm normalises over the whole data-parallel batch (runtime.parallel.batchnorm)."""
+    log_every: int = field(default=DEFAULT_LOG_EVERY, metadata=flag(
+        "print a progress line (step, loss, step time, tokens or samples/s, memory, ETA) every N steps (default "
+        f"{DEFAULT_LOG_EVERY}; 0: none); on a terminal a progress bar", metavar="N"))
+    """A progress line after every N-th step (runtime.loop.progress; 0: none)."""
+    tensorboard: str | None = field(default=None, metadata=flag(
+        "write the per-step scalars for TensorBoard into DIR (pip install 'partita[tensorboard]')", metavar="DIR"))
+    """A directory rank 0 writes TensorBoard scalars into."""
+    return_model: bool = field(default=False, metadata=no_flag("the Python API's: a module cannot be printed"))
     """Hand the trained model back in RunResult.model on rank 0: the module the model builder makes, in one
     process, with the consolidated trained weights (runtime.api.run's `return_model`)."""
-    verify: bool = False
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
-    resume: bool = False
-    max_restarts: int = 0
-    data: object = None
-    """A token file, a `package.module:factory` of a dataset, or a dataset itself (runtime.data)."""
-    data_dtype: str | None = None
-    losses_out: str | None = None
-    sync_batchnorm: bool = False
-    """BatchNorm normalises over the whole data-parallel batch (runtime.parallel.batchnorm)."""
-    log_every: int = DEFAULT_EVERY
-    """A progress line after every N-th step (runtime.loop.progress; 0: none)."""
-    tensorboard: str | None = None
-    """A directory rank 0 writes TensorBoard scalars into."""
-    keep: int = 0
-    """With checkpoint_every: keep only the newest `keep` checkpoints of this run (0: all)."""
-    eval_data: object = None
-    """Held-out data, as `data` (runtime.loop.evaluate); None: no evaluation."""
-    eval_every: int = 0
-    eval_batches: int = 1
-    hang_timeout: float | None = None
-    """Seconds without progress after which a rank is a failure (runtime.failure.hang); None: not watched."""
-    print_report: bool = True
-    memory_trace: bool = True
+    print_report: bool = field(default=True, metadata=no_flag("the Python API's: the CLI always reports"))
+    memory_trace: bool = field(default=True, metadata=no_flag("tests measure a step's memory either way"))
     """On CPU, measure the peak memory of a training step with the allocator trace (runtime.loop.stepping.measure_step):
     one extra step after the run, whose effects are undone. Off: the tracked figure (runtime/loop/memory.py)."""
-
-
-def recipe_of(opts: RunOptions) -> Recipe:
-    """The run's training recipe (runtime.loop.recipe), from its options."""
-    return Recipe(lr=opts.lr, steps=opts.steps, weight_decay=opts.weight_decay, warmup_steps=opts.warmup_steps,
-                  lr_decay=opts.lr_decay, min_lr_ratio=opts.min_lr_ratio, clip_grad_norm=opts.clip_grad_norm)

@@ -32,8 +32,8 @@ import torch
 from partita.costmodel.errors import PartitaError
 from partita.runtime.loop.console import STDOUT, Console
 from partita.runtime.loop.memory import peak_rss_bytes
+from partita.runtime.loop.options import DEFAULT_LOG_EVERY as DEFAULT_EVERY
 
-DEFAULT_EVERY = 10
 BAR = 20
 
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from partita.costmodel.models.losses import cross_entropy as fused_cross_entropy
 from partita.costmodel.models import ModelSpec
-from partita.runtime.launcher import flags
+from partita.runtime.loop import options
 
 
 def is_dtensor(t) -> bool:
@@ -108,7 +108,7 @@ def make_optimizer(params: Iterable[torch.Tensor], lr: float, name: str = "adam"
     return cls(param_groups(params, weight_decay), lr=lr, **kwargs)
 
 
-LR_DECAYS = flags.LR_DECAYS
+LR_DECAYS = options.LR_DECAYS
 """--lr-decay's values (module docstring)."""
 
 
@@ -205,3 +205,9 @@ class RecipeTrace:
 def current_lr(opt: torch.optim.Optimizer) -> float:
     """The learning rate the next optimizer step takes (every group has the same)."""
     return float(opt.param_groups[0]["lr"])
+
+
+def recipe_of(opts: "options.RunOptions") -> Recipe:
+    """The run's training recipe, from its options (runtime.loop.options)."""
+    return Recipe(lr=opts.lr, steps=opts.steps, weight_decay=opts.weight_decay, warmup_steps=opts.warmup_steps,
+                  lr_decay=opts.lr_decay, min_lr_ratio=opts.min_lr_ratio, clip_grad_norm=opts.clip_grad_norm)

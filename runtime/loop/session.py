@@ -69,7 +69,8 @@ from partita.runtime.loop.sync import make_hook as make_sync_hook
 from partita.runtime.loop.trainer import CheckpointHook, FaultHook, History, ProgressHook, RecipeHook, Trainer
 from partita.runtime.loop.report import RunResult, preamble, render
 from partita.runtime.verify.checks import Check, failures
-from partita.runtime.loop.options import RunOptions, recipe_of
+from partita.runtime.loop.options import RunOptions
+from partita.runtime.loop.recipe import recipe_of
 from partita.runtime.loop.stepping import allreduce, build, measure_step, pp_group
 from partita.runtime.verify.run import check_run
 

@@ -14,7 +14,8 @@ from partita.runtime.launcher.checks import optimizer_name
 from partita.runtime.launcher.mesh import Topology
 from partita.runtime.loop.clip import clip_grad_norm
 from partita.runtime.failure.guards import EXIT_OK, EXIT_VERIFY
-from partita.runtime.loop.options import RunOptions, recipe_of
+from partita.runtime.loop.options import RunOptions
+from partita.runtime.loop.recipe import recipe_of
 from partita.runtime.loop.recipe import RecipeTrace, build_model, make_schedule
 from partita.runtime.loop.stepping import build, pp_group, reduce_loss
 from partita.runtime.verify.checks import (PARAM_TOLERANCE, ROUNDING_NUDGE, TOLERANCE, VERIFY_DTYPE, Check, GradientRMS,

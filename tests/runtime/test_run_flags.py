@@ -12,7 +12,8 @@ import pytest
 from partita import cli
 from partita.runtime import train
 from partita.runtime.data import DTYPES
-from partita.runtime.launcher.flags import DATA_DTYPES, DEFAULT_LOG_EVERY, NODE_FLAGS, RUN_FLAGS, names, to_argv
+from partita.runtime.launcher.flags import NODE_FLAGS, RUN_FLAGS, names, to_argv
+from partita.runtime.loop.options import DATA_DTYPES, DEFAULT_LOG_EVERY
 from partita.runtime.loop.progress import DEFAULT_EVERY
 from partita.runtime.loop.session import RunOptions
 
@@ -25,11 +26,13 @@ def _run_parser() -> argparse.ArgumentParser:
     return cli.build_parser()._subparsers._group_actions[0].choices["run"]
 
 
-def test_the_table_mirrors_the_workers_options():
-    defaults = {f.name: f.default for f in dataclasses.fields(RunOptions)}
+def test_the_flags_are_the_workers_options():
+    """RUN_FLAGS is generated from RunOptions: a flag per field with its default and help, but the API's own."""
+    fields = {f.name: f for f in dataclasses.fields(RunOptions)}
+    assert [f.dest for f in RUN_FLAGS] == [n for n, f in fields.items() if "no_flag" not in f.metadata]
     for flag in RUN_FLAGS:
-        if flag.dest != "max_restarts" or "max_restarts" in defaults:
-            assert flag.default == defaults[flag.dest], flag.dest
+        assert (flag.default, flag.help) == (fields[flag.dest].default, fields[flag.dest].metadata["help"])
+    assert {n for n, f in fields.items() if "no_flag" in f.metadata} == {"return_model", "print_report", "memory_trace"}
     assert DATA_DTYPES == tuple(DTYPES) and DEFAULT_LOG_EVERY == DEFAULT_EVERY
 
 

@@ -2,7 +2,9 @@
 stage program in order of its lower bound.
 
 Candidates are solved in order of their lower bound (planner.enumerate.candidates), skipping every one whose
-bound is no better than the best plan found. The bound is valid, so pruning never loses the optimum.
+bound is no better than the best plan found. The bound is valid, so pruning never loses the optimum. A model of
+uniform layers has its candidates built lazily, in that same order (planner.enumerate.lazy): a choice whose
+cheaper bound already proves it no better is never priced.
 
 A `SearchSpace` restricts the choices; the baselines (planner.estimate.baselines) are searches over restricted
 spaces with the same cost model and solver, so "the plan beats the baselines" is like for like.

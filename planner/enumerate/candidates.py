@@ -165,17 +165,24 @@ def _stage_extras(bases: _Bases, space: SearchSpace, s: _Shape, opts: list[Varia
     return e, tied
 
 
+def send_seconds(bases: _Bases, space: SearchSpace, dp: int, tp: int, b: float, sp: bool) -> float:
+    """Seconds of one chunk's sends per micro-batch, its activation and its gradient (sequence-sharded
+    activations go as each rank's 1/t shard), on ranks of dp x tp (`_Shape`'s dp and b)."""
+    cluster = bases.cluster
+    across = dp * tp >= cluster.devices_per_node
+    if "boundary" not in bases._cache:
+        bases._cache["boundary"] = bases.graph.boundary_bytes(bases.layers[0])
+    sent = bases._cache["boundary"] * b / (tp if sp else 1)
+    if space.p2p_scatter_gather and tp > 1 and not sp:  # 1/t each, then an all-gather inside the tp group
+        return 2 * (comm.p2p(cluster, sent / tp, across) + comm.all_gather(cluster, comm.group_for(cluster, tp, 1), sent))
+    return 2 * comm.p2p(cluster, sent, across)
+
+
 def _charge_sends(e: dict, bases: _Bases, space: SearchSpace, s: _Shape, opts: list[Variant]) -> None:
     """Charge the pipeline's sends to `e`: each stage's activation and its gradient per micro-batch and chunk
     (sequence-sharded activations go as each rank's 1/t shard), exposed or beside another chunk's compute."""
-    cluster, pp, tp = bases.cluster, s.pp, s.tp
-    across = s.dp * tp >= cluster.devices_per_node
-    if "boundary" not in bases._cache:
-        bases._cache["boundary"] = bases.graph.boundary_bytes(bases.layers[0])
-    sent = bases._cache["boundary"] * s.b / (tp if s.sp else 1)
-    send = 2 * comm.p2p(cluster, sent, across)
-    if space.p2p_scatter_gather and tp > 1 and not s.sp:  # 1/t each, then an all-gather inside the tp group
-        send = 2 * (comm.p2p(cluster, sent / tp, across) + comm.all_gather(cluster, comm.group_for(cluster, tp, 1), sent))
+    cluster, pp = bases.cluster, s.pp
+    send = send_seconds(bases, space, s.dp, s.tp, s.b, s.sp)
     chunks = np.full(pp, float(s.v))  # each of a device's v chunks sends on (interleaved: the last wraps round)
     chunks[-1] = s.v - 1
     if s.p2p_overlap and opts:  # beside another chunk's compute, at least one layer's (costmodel.price.streams)

@@ -5,13 +5,14 @@ phases, about 2 ms; the search then solves a handful and proves the rest no bett
 megatron-530b on 2,520 A100s built 6,256 candidates (12 s) to solve 6. Before any is built, each choice has a
 bound on LB from the layers' sharding options alone:
 
-    PB = ((m - 1/v) / p + 1/v) * L * min_o [ (f_o + b_o) * b + k_o + x_o ]
+    PB = ((m - 1/v) / p + 1/v) * (L * min_o [ (f_o + b_o) * b + k_o + x_o ] + (p v - 1) s)
 
 with f_o, b_o the option's forward and backward seconds per sample, k_o its fixed and launch seconds per
-micro-batch, and x_o its tensor-parallel collectives (0 when TP overlap is chosen). Every variant of the
-option costs at least that: recompute, offload, the data-parallel lanes and the stage extras only add
-(costmodel.price.streams: a window lasts at least its compute), and the flush term of LB is >= 0. So
-PB <= LB for every candidate.
+micro-batch, x_o its tensor-parallel collectives (0 when TP overlap is chosen), and s a chunk's pipeline sends
+per micro-batch (candidates.send_seconds; 0 without a pipeline or with send overlap), which the stages' extras
+charge p v - 1 times. Every variant of the option costs at least that: recompute, offload, the data-parallel
+lanes and the other stage extras only add (costmodel.price.streams: a window lasts at least its compute), and
+the flush term of LB is >= 0. So PB <= LB for every candidate.
 
 `best_first` hands out the built candidates in the search's own order (LB, then the simplest plan), building the
 next choice by PB whenever it could come before the best one built: a built candidate is handed out only once
@@ -30,7 +31,7 @@ from partita.costmodel.capture.graph import OpGraph
 from partita.costmodel.hardware import Cluster
 from partita.planner.enumerate.base import Candidate, _Bases, split_model
 from partita.planner.enumerate.candidates import (build_candidate, candidate_choices, executable_space,
-                                                  use_block_program)
+                                                  send_seconds, use_block_program)
 from partita.planner.enumerate.space import SearchSpace, TrainConfig
 from partita.planner.plan.schedules import SCHEDULES
 
@@ -50,18 +51,20 @@ def order_key(c: Candidate) -> tuple:
     return (c.lower_bound, c.pp, c.tp, c.zero, c.virtual_stages, -c.micro_batch, c.sequence_parallel)
 
 
-def pre_bound(bases: _Bases, train: TrainConfig, choice: tuple) -> float:
+def pre_bound(bases: _Bases, train: TrainConfig, space: SearchSpace, choice: tuple) -> float:
     """PB of the module docstring for one choice of `candidate_choices`."""
-    pp, dp, tp, zero, b, schedule, v, sp, cp, ep, tpo, _ = choice
+    pp, dp, tp, zero, b, schedule, v, sp, cp, ep, tpo, p2po = choice
     layer_bases = bases.running(train, zero).get(tp, sp)[0]
     if not layer_bases or not bases.layers:
         return 0.0
     rank_b = b / cp if cp > 1 else b
     cluster = bases.cluster
-    seconds = min((o.fwd_s + o.bwd_s) * rank_b + o.fixed_s + o.launch_s
-                  + (0.0 if tpo else o.tp_comm_s(cluster, rank_b)) for o in layer_bases)
+    seconds = len(bases.layers) * min((o.fwd_s + o.bwd_s) * rank_b + o.fixed_s + o.launch_s
+                                      + (0.0 if tpo else o.tp_comm_s(cluster, rank_b)) for o in layer_bases)
+    if pp > 1 and not p2po:
+        seconds += (pp * v - 1) * send_seconds(bases, space, dp * cp, tp, rank_b, sp)
     m = train.global_batch // (dp * b)
-    return SCHEDULES[schedule].lower_bound_factor(m, pp, v) * len(bases.layers) * seconds
+    return SCHEDULES[schedule].lower_bound_factor(m, pp, v) * seconds
 
 
 @dataclass
@@ -78,7 +81,7 @@ class Lazy:
     @classmethod
     def of(cls, bases: _Bases, train: TrainConfig, space: SearchSpace) -> "Lazy":
         choices = candidate_choices(bases, train, space)
-        pending = sorted((pre_bound(bases, train, c), i, c) for i, c in enumerate(choices))
+        pending = sorted((pre_bound(bases, train, space, c), i, c) for i, c in enumerate(choices))
         return cls(bases, train, space, pending)
 
     @property

@@ -37,7 +37,7 @@ def test_the_cheap_bound_is_never_above_a_candidates_lower_bound(searched):
     for c in every:
         choice = (c.pp, c.dp, c.tp, c.zero, c.micro_batch, c.schedule, c.virtual_stages, c.sequence_parallel,
                   c.cp, c.ep, c.tp_overlap, c.p2p_overlap)
-        assert pre_bound(bases, r.train, choice) <= c.lower_bound * (1 + 1e-12), c.key
+        assert pre_bound(bases, r.train, r.space, choice) <= c.lower_bound * (1 + 1e-12), c.key
 
 
 def test_the_search_solves_the_same_candidates_and_finds_the_same_plan_in_fewer_builds(searched, monkeypatch):

@@ -5,6 +5,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from partita.costmodel.fields import flag
 from partita.planner.plan import Plan, one_line
 from partita.export.common import ExportError, _mesh_line
 
@@ -19,20 +20,17 @@ class SlurmOptions:
     """MODEL string runtime.train builds on every node (the model the plan was made for)."""
     steps: int = 10
     """Training steps (runtime.train --steps)."""
-    gpus_per_node: int | None = field(default=None, metadata={
-        "help": "processes per node (default: the plan's devices per node)", "metavar": "G"})
-    partition: str | None = field(default=None, metadata={"help": "SLURM partition (#SBATCH --partition)",
-                                                          "metavar": "P"})
-    time: str | None = field(default=None, metadata={"help": "SLURM time limit, e.g. 04:00:00", "metavar": "T"})
-    account: str | None = field(default=None, metadata={"help": "SLURM account (#SBATCH --account)",
-                                                        "metavar": "A"})
-    job_name: str = field(default="partita", metadata={"help": "SLURM job name (default partita)",
-                                                       "metavar": "NAME"})
-    port: int = field(default=29500, metadata={"help": "rendezvous port on the job's first node (default 29500)",
-                                               "metavar": "PORT"})
-    python: str = field(default="python", metadata={
-        "help": "the interpreter with partita installed on the compute nodes (default: python from the job's "
-                "PATH; $PYTHON overrides either at submission)", "metavar": "PATH"})
+    gpus_per_node: int | None = field(default=None, metadata=flag(
+        "processes per node (default: the plan's devices per node)", metavar="G"))
+    partition: str | None = field(default=None, metadata=flag("SLURM partition (#SBATCH --partition)", metavar="P"))
+    time: str | None = field(default=None, metadata=flag("SLURM time limit, e.g. 04:00:00", metavar="T"))
+    account: str | None = field(default=None, metadata=flag("SLURM account (#SBATCH --account)", metavar="A"))
+    job_name: str = field(default="partita", metadata=flag("SLURM job name (default partita)", metavar="NAME"))
+    port: int = field(default=29500, metadata=flag("rendezvous port on the job's first node (default 29500)",
+                                               metavar="PORT"))
+    python: str = field(default="python", metadata=flag(
+        "the interpreter with partita installed on the compute nodes (default: python from the job's PATH; "
+        "$PYTHON overrides either at submission)", metavar="PATH"))
     """Never the exporting machine's own interpreter, whose path need not exist there."""
     data: str | None = None
     checkpoint_dir: str | None = None

@@ -8,6 +8,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from partita.costmodel.errors import PartitaError
+from partita.costmodel.fields import flag, no_flag
 from partita.costmodel.hardware.stacks import DEFAULT_STACK, KERNELS, STACKS, get_stack
 from partita.costmodel.price.memory import MASTER_WEIGHTS
 from partita.planner.plan import MAX_GLOBAL_BATCH, RECOMPUTE
@@ -24,21 +25,6 @@ MAX_VIRTUAL_STAGES = 8
 
 WHAT_IF = "what-if"
 """The group of the flags that fix a choice the search would otherwise make (`partita plan --tp 8 ...`)."""
-
-
-def flag(help: str, **how) -> dict:
-    """A field's `partita plan` flag, as field metadata: the front door (partita.cli_args) generates the flag
-    from the field and this, and turns what was given back into the field's value (partita.cli).
-    `how`: option (default --the-field-name), dest (the parsed name, default the field's), type (parses the
-    text), metavar, choices, required, group
-    (WHAT_IF, or none: the main group), form (turns the parsed value into the field's: a tuple of one,
-    on/off into a bool)."""
-    return {"help": help, **how}
-
-
-def no_flag(why: str) -> dict:
-    """Field metadata of a field `partita plan` has no flag for, and why (Python API only)."""
-    return {"no_flag": why}
 
 
 def one(value) -> tuple:

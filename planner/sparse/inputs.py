@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.sparse.names import PLACEMENTS, PRICINGS, SHARDINGS, SPARSE_OPTIMIZERS
-from partita.planner.enumerate.config import flag, no_flag
+from partita.costmodel.fields import flag, no_flag
 
 REC = "recommendation models (models with nn.EmbeddingBag tables or a TorchRec EmbeddingBagCollection, e.g. " \
       "dlrm-criteo-1tb)"

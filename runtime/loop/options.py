@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from partita.costmodel.fields import flag, no_flag
+
 DEFAULT_LOG_EVERY = 10
 """A progress line after every this many steps, by default (runtime.loop.progress)."""
 DATA_DTYPES = ("uint16", "uint32")
@@ -14,17 +16,6 @@ DATA_DTYPES = ("uint16", "uint32")
 LR_DECAYS = ("none", "cosine", "linear")
 """The learning-rate shapes after the warm-up (runtime.loop.recipe.Recipe.lr_factor)."""
 FILE_OR_FACTORY = "FILE|MODULE:FACTORY"
-
-
-def flag(help: str, **meta) -> dict:
-    """A field's flag metadata (runtime.launcher.flags.dataclass_flags): its help, and where needed its metavar,
-    choices and parser ("type")."""
-    return {"help": help, **meta}
-
-
-def no_flag(why: str) -> dict:
-    """A field that is no flag, and why."""
-    return {"no_flag": why}
 
 
 @dataclass

@@ -1,11 +1,14 @@
-"""DiLoCo against synchronous data parallelism at equal tokens, on a tiny language model (issue 42, item 4).
+"""DiLoCo and streaming DiLoCo against synchronous data parallelism at equal tokens, on a tiny language model
+(issue 42, item 4).
 
 Two data-parallel replicas of tiny-gpt on gloo (each replica its own island), Adam inside (lr 3e-3), global batch
 16 x 64 tokens, trained on a token stream a model can learn only in part: the next token is (3 x this + 1) mod 64
 with probability 0.8, else uniform over 64 ids (so the best loss is about 1.31 nats, not 0). Each run is
 evaluated on the same held-out stream (16 batches) every 64 steps. Synchronous training, DiLoCo with H = 8 and
-H = 32 (the published outer step: Nesterov SGD, lr 0.7, momentum 0.9; Douillard et al. 2023), seed 0, the same
-batches in the same order (runtime.data: batches depend on the seed and the step only).
+H = 32 (the published outer step: Nesterov SGD, lr 0.7, momentum 0.9; Douillard et al. 2023), streaming DiLoCo
+at the same H (2 and 4 fragments, each all-reduce overlapped with one inner step, merged with alpha 0.5; Douillard
+et al. 2025), seed 0, the same batches in the same order (runtime.data: batches depend on the seed and the step
+only).
 
     python -m benchmarks.diloco_quality [--steps 320]   # writes benchmarks/results/diloco_quality.json (~1-2 min)
 
@@ -27,7 +30,9 @@ import numpy as np
 from benchmarks.common import write
 
 MODES = {"synchronous": None, "diloco H=8": {"mode": "diloco", "options": {"every": 8}},
-         "diloco H=32": {"mode": "diloco", "options": {"every": 32}}}
+         "diloco H=32": {"mode": "diloco", "options": {"every": 32}},
+         "streaming H=8": {"mode": "streaming", "options": {"every": 8, "fragments": 2, "delay": 1}},
+         "streaming H=32": {"mode": "streaming", "options": {"every": 32, "fragments": 4, "delay": 1}}}
 GLOBAL_BATCH, LR, VOCAB, EVAL_EVERY, EVAL_BATCHES = 16, 3e-3, 64, 64, 16
 
 
@@ -70,7 +75,7 @@ def measure(steps: int) -> dict:
             r = json.loads(losses.read_text())
             out[name] = {"eval_losses": r["eval_losses"], "final_eval_loss": r["eval_losses"][-1][1],
                          "wall_s": time.perf_counter() - t0}
-            print(f"{name:>12}: held-out loss {[round(v, 4) for _, v in r['eval_losses']]}", flush=True)
+            print(f"{name:>14}: held-out loss {[round(v, 4) for _, v in r['eval_losses']]}", flush=True)
     base = out["synchronous"]["final_eval_loss"]
     for r in out.values():
         r["vs_synchronous"] = r["final_eval_loss"] / base - 1
@@ -85,7 +90,7 @@ def main(argv=None) -> int:
     result = measure(args.steps)
     write("diloco_quality", result)
     for name, r in result["modes"].items():
-        print(f"{name:>12}: {r['final_eval_loss']:.4f} ({100 * r['vs_synchronous']:+.1f}% vs synchronous)")
+        print(f"{name:>14}: {r['final_eval_loss']:.4f} ({100 * r['vs_synchronous']:+.1f}% vs synchronous)")
     return 0
 
 

@@ -290,6 +290,12 @@ class SearchSpace:
     sync_allow_any_every: bool = field(default=False, metadata=flag(
         "price an H above DiLoCo's published envelope (500)"))
     """Price a DiLoCo H above the published envelope (planner.plan.sync.DILOCO_MAX_EVERY)."""
+    sync_fragments: int | None = field(default=None, metadata=flag(
+        "streaming DiLoCo's fragments, synchronised in turn (default 4)", metavar="F"))
+    """Streaming DiLoCo's fragments (planner.plan.sync, option `fragments`); None: the mode's default."""
+    sync_delay: int | None = field(default=None, metadata=flag(
+        "inner steps each streaming DiLoCo all-reduce overlaps (tau; 0 blocks; default 1)", metavar="TAU"))
+    """Streaming DiLoCo's overlap in inner steps (option `delay`); None: the mode's default."""
 
     def _check_sync(self):
         if isinstance(self.sync, list):
@@ -304,6 +310,10 @@ class SearchSpace:
         every = self.sync_every
         if every is not None and (not _is_int(every) or every < 1):
             raise PartitaError(f"sync-every is DiLoCo's H, the inner steps per outer step: 1 or more; got {every!r}")
+        for name, low in (("sync_fragments", 1), ("sync_delay", 0)):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < low):
+                raise PartitaError(f"{name.replace('_', '-')} must be a whole number from {low}; got {value!r}")
         if self.sync_bits is not None and self.sync_bits not in (16, 32):
             raise PartitaError(f"sync-bits is the bit width of DiLoCo's outer all-reduce, 16 or 32; got {self.sync_bits!r}")
 
@@ -378,7 +388,8 @@ class SearchSpace:
 ZERO_STAGES = (0, 1, 2, 3)
 FIXABLE = ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "full_recompute_layers", "offload", "kernels",
            "sequence_parallel", "micro_batch", "virtual_stages", "stack", "tp_comm_overlap", "p2p_overlap", "sync",
-           "stage_layers", "sync_every", "sync_bits", "sync_allow_any_every")
+           "stage_layers", "sync_every", "sync_bits", "sync_allow_any_every",
+           "sync_fragments", "sync_delay")
 """The SearchSpace fields a user fixes (planner.api.plan keywords, `partita plan` flags)."""
 
 

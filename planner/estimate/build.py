@@ -315,8 +315,9 @@ def choose_sync(result: SearchResult, c: Candidate):
     candidate's prediction with its cross-island time and memory."""
     space, base, setting = result.space, predicted(result, c), sync_setting(result, c)
     sync, price, priced = sync_price.choose(base, setting, space.sync, every=space.sync_every, bits=space.sync_bits,
-                                            allow_any_every=space.sync_allow_any_every)
-    if sync.mode == "diloco" and setting.islands != setting.dp:  # the runtime's islands: the dp ranks in each
+                                            allow_any_every=space.sync_allow_any_every,
+                                            fragments=space.sync_fragments, delay=space.sync_delay)
+    if sync.mode in sync_price.OUTER_STEP_MODES and setting.islands != setting.dp:  # the runtime's islands
         sync = type(sync)(mode=sync.mode, options={**sync.options, "islands": setting.islands})
     return sync, sync_price.with_sync(base, sync, price, priced, setting.islands)
 

@@ -20,6 +20,11 @@ a 20 ms link behind, and the MILP's bucket overlap prices the fabric inside. Per
                   memory + 8 P / (tp pp) / s   the fp32 anchor and outer momentum of the rank's parameters,
                                                s = dp / I under ZeRO (sharded like the optimizer state inside
                                                the island), 1 without
+    streaming     cross = F / H * max(0, X(P * bits / 8 / F) - tau * T)
+                                               F fragments, each all-reduced once every H steps while the next
+                                               tau inner steps compute (T: the step without its data-parallel
+                                               time); what outlasts them is exposed. Douillard et al. 2025
+                  memory as diloco, + P * bits / 8 / F / (tp pp)   the fragment in flight
 
 with X(B) = 2 (I-1) alpha_I + 2 (I-1)/I * B / beta_I. On one island X = 0: synchronous keeps today's figures, and
 DiLoCo is refused (it has nothing to save there); so is the compressed mode when the planner chooses ("auto"), since
@@ -33,7 +38,8 @@ from typing import Callable
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.price import comm
-from partita.planner.plan.sync import COMPRESSED, DILOCO, DILOCO_MAX_EVERY, SYNC_MODES, SYNCHRONOUS, Sync, accepted
+from partita.planner.plan.sync import (COMPRESSED, DILOCO, DILOCO_MAX_EVERY, STREAMING, SYNC_MODES, SYNCHRONOUS, Sync,
+                                       accepted)
 
 DILOCO_EVERY_LADDER = (10, 20, 50, 100, 200, DILOCO_MAX_EVERY)
 """The H the planner tries for DiLoCo when the user fixes none, smallest first."""
@@ -54,7 +60,10 @@ class SyncPrice:
     cross_island_s: float = 0.0
     """The part of exposed_s on the island link, per step (amortised over H for DiLoCo)."""
     cross_island_bytes: float = 0.0
-    """Bytes one island sends over its link per all-reduce (each H steps for DiLoCo)."""
+    """Bytes one island sends over its link per all-reduce (each H steps for DiLoCo; one fragment's, each H / F
+    steps, for streaming DiLoCo)."""
+    hidden_s: float = 0.0
+    """Seconds of each cross-island all-reduce that compute hides (streaming DiLoCo's overlap), not in exposed_s."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,13 +128,31 @@ def diloco(predicted: dict, setting: SyncSetting, sync: Sync) -> SyncPrice:
     every, bits = sync.option("every"), sync.option("bits")
     nbytes = setting.parameters * bits / 8
     cross = comm.cross_island_all_reduce(setting.cluster, setting.islands, nbytes) / every
+    return SyncPrice(exposed_s=in_island(predicted, setting) + cross, extra_memory_bytes=_outer_state_bytes(setting),
+                     cross_island_s=cross, cross_island_bytes=nbytes)
+
+
+def _outer_state_bytes(setting: SyncSetting) -> int:
+    """The fp32 anchor and outer momentum of this rank's parameters (sharded like the optimizer state under ZeRO)."""
     shards = max(1, setting.dp // setting.islands) if setting.zero >= 1 else 1
-    extra = 8 * setting.parameters // (setting.model_parallel * shards)
+    return 8 * setting.parameters // (setting.model_parallel * shards)
+
+
+def streaming(predicted: dict, setting: SyncSetting, sync: Sync) -> SyncPrice:
+    """Streaming DiLoCo (module docstring): F fragments take their outer steps in turn, each all-reduce overlapped
+    with the next `delay` inner steps; the anchor, the outer momentum and the fragment in flight in memory."""
+    every, bits, fragments = sync.option("every"), sync.option("bits"), sync.option("fragments")
+    nbytes = setting.parameters * bits / 8 / fragments
+    one = comm.cross_island_all_reduce(setting.cluster, setting.islands, nbytes)
+    hidden = min(one, sync.option("delay") * (predicted["step_time_s"] - _dp_exposed(predicted)))
+    cross = (one - hidden) * fragments / every
+    extra = _outer_state_bytes(setting) + int(nbytes) // setting.model_parallel
     return SyncPrice(exposed_s=in_island(predicted, setting) + cross, extra_memory_bytes=extra, cross_island_s=cross,
-                     cross_island_bytes=nbytes)
+                     cross_island_bytes=nbytes, hidden_s=hidden)
 
 
-PRICES: dict[str, Callable[..., SyncPrice]] = {SYNCHRONOUS: synchronous, COMPRESSED: compressed, DILOCO: diloco}
+PRICES: dict[str, Callable[..., SyncPrice]] = {SYNCHRONOUS: synchronous, COMPRESSED: compressed, DILOCO: diloco,
+                                               STREAMING: streaming}
 """A price function per registered sync mode (the same names as planner.plan.sync.SYNC_MODES)."""
 
 
@@ -140,30 +167,38 @@ def sync_price(mode: str, predicted: dict, setting: SyncSetting | None = None, s
 
 def refusal(sync: Sync, setting: SyncSetting, allow_any_every: bool = False) -> str | None:
     """Why `sync` cannot run, or is outside its quality envelope, for this candidate; None when it may."""
-    if sync.mode != DILOCO:
+    if sync.mode not in OUTER_STEP_MODES:
         return None
     if setting.islands < 2:
-        return ("diloco trains islands apart and this plan's data-parallel group spans one island; give a cluster "
-                "with islands, e.g. 2x8x8xH100-80GB@2x100Gbps,20ms")
+        return (f"{sync.mode} trains islands apart and this plan's data-parallel group spans one island; give a "
+                "cluster with islands, e.g. 2x8x8xH100-80GB@2x100Gbps,20ms")
     every = sync.option("every")
     if every > DILOCO_MAX_EVERY and not allow_any_every:
-        return (f"diloco with H = {every} is outside the published envelope (H <= {DILOCO_MAX_EVERY}: Douillard et al. "
-                "2023); allow it with sync_allow_any_every (--sync-allow-any-every)")
+        return (f"{sync.mode} with H = {every} is outside the published envelope (H <= {DILOCO_MAX_EVERY}: Douillard "
+                "et al. 2023); allow it with sync_allow_any_every (--sync-allow-any-every)")
     return None
 
 
-def _candidates(mode: str, predicted: dict, setting: SyncSetting, every: int | None, bits: int | None) -> list[Sync]:
-    if mode != DILOCO:
+def _candidates(mode: str, predicted: dict, setting: SyncSetting, every: int | None, bits: int | None,
+                fragments: int | None = None, delay: int | None = None) -> list[Sync]:
+    if mode not in OUTER_STEP_MODES:
         return [Sync(mode=mode)]
     opts = {"bits": bits} if bits else {}
+    if mode == STREAMING:
+        opts.update({k: v for k, v in (("fragments", fragments), ("delay", delay)) if v is not None})
     if every is not None:
-        return [Sync(mode=DILOCO, options={"every": every, **opts})]
+        return [Sync(mode=mode, options={"every": every, **opts})]
     base = predicted["step_time_s"]
-    ladder = [Sync(mode=DILOCO, options={"every": h, **opts}) for h in DILOCO_EVERY_LADDER]
+    ladder = [Sync(mode=mode, options={"every": h, **opts}) for h in DILOCO_EVERY_LADDER]
+    ladder = [s for s in ladder if SYNC_MODES[mode].check(s.options) is None] or ladder[-1:]
     for s in ladder:
-        if diloco(predicted, setting, s).cross_island_s <= DILOCO_SLACK * base:
+        if PRICES[mode](predicted, setting, s).cross_island_s <= DILOCO_SLACK * base:
             return [s]
     return ladder[-1:]
+
+
+OUTER_STEP_MODES = (DILOCO, STREAMING)
+"""The modes that train islands apart between outer steps every H steps (their H is chosen from the ladder)."""
 
 
 def modes_of(sync) -> tuple[str, ...]:
@@ -174,7 +209,8 @@ def modes_of(sync) -> tuple[str, ...]:
 
 
 def choose(predicted: dict, setting: SyncSetting, allowed, every: int | None = None, bits: int | None = None,
-           allow_any_every: bool = False) -> tuple[Sync, SyncPrice, dict]:
+           allow_any_every: bool = False, fragments: int | None = None,
+           delay: int | None = None) -> tuple[Sync, SyncPrice, dict]:
     """The fastest of the `allowed` modes (SearchSpace.sync) that may run inside its envelope and fits memory:
     (its Sync, its price, {mode: predicted step seconds, or why not}). A mode other than synchronous replaces an
     earlier one only when it is more than DILOCO_SLACK faster: it trades some quality for its time, and a few
@@ -185,8 +221,9 @@ def choose(predicted: dict, setting: SyncSetting, allowed, every: int | None = N
     for mode in modes_of(allowed):
         if mode == COMPRESSED and allowed == "auto" and setting.islands < 2:
             continue  # nothing on a slow link to save (module docstring)
-        for sync in _candidates(mode, predicted, setting, every, bits):
-            if why := refusal(sync, setting, allow_any_every):
+        for sync in _candidates(mode, predicted, setting, every, bits, fragments, delay):
+            if why := (SYNC_MODES[mode].check and SYNC_MODES[mode].check(sync.options)) \
+                    or refusal(sync, setting, allow_any_every):
                 priced[mode] = why
                 continue
             price = sync_price(mode, predicted, setting, sync)
@@ -220,7 +257,9 @@ def with_sync(predicted: dict, sync: Sync, price: SyncPrice, priced: dict, islan
                         "cross_island_s": price.cross_island_s}
     out["exposed_comm_s"] = predicted.get("exposed_comm_s", 0.0) - dp_comm + price.exposed_s
     out["peak_memory_bytes"] = predicted.get("peak_memory_bytes", 0) + price.extra_memory_bytes
-    out["sync"] = {"mode": sync.mode, **({"every": sync.option("every")} if sync.mode == DILOCO else {}),
+    shown = ("every", "fragments", "delay") if sync.mode == STREAMING else ("every",) if sync.mode == DILOCO else ()
+    out["sync"] = {"mode": sync.mode, **{k: sync.option(k) for k in shown},
+                   **({"hidden_s": price.hidden_s} if sync.mode == STREAMING else {}),
                    "islands": islands, "cross_island_s": price.cross_island_s,
                    "cross_island_bytes": price.cross_island_bytes, "extra_memory_bytes": price.extra_memory_bytes,
                    "priced": priced}

@@ -323,6 +323,13 @@ def sync_lines(plan) -> list[Text]:
     what = entry.crosses if entry is not None else "the gradients"
     if s["islands"] < 2:  # a mode asked for by name on one island: no slow link
         out = [Text(f"sync: {mode} -- {what} all-reduced every step on one island", style="bold")]
+    elif "fragments" in s:  # streaming: one fragment at a time, overlapped with the next inner steps
+        mode += f", {s['fragments']} fragments, delay {s['delay']}"
+        out = [Text(f"sync: {mode} across {s['islands']} islands -- {what} ({human_bytes(s['cross_island_bytes'])} "
+                    f"per island) all-reduced over the island link every {max(1, every // s['fragments'])} step(s), "
+                    f"overlapped with the next {s['delay']} step(s) ({s.get('hidden_s', 0.0):.4g} s of each hidden): "
+                    f"{s['cross_island_s']:.4g} s exposed per step; +{human_bytes(s['extra_memory_bytes'])} per rank "
+                    "(anchor, outer momentum and the fragment in flight)", style="bold")]
     else:
         out = [Text(f"sync: {mode} across {s['islands']} islands -- {what} ({human_bytes(s['cross_island_bytes'])} "
                     f"per island) all-reduced over the island link every {every} step(s): {s['cross_island_s']:.4g} s "

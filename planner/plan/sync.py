@@ -7,12 +7,18 @@ contract the runtime reads; stdlib only).
                  {"mode": "diloco", "options": {"every": H, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 32,
                                                 "islands": I}}   every required; the rest default as shown (islands:
                                                                  one per data-parallel replica)
+                 {"mode": "streaming", "options": {"every": H, "fragments": 4, "delay": 1, "alpha": 0.5, ...}}
+                                                    DiLoCo's options, and: the fragments synchronised in turn, the
+                                                    inner steps each fragment's all-reduce overlaps (tau), and the
+                                                    share of the local fragment kept at the merge
 
 A sync mode is one registry entry here (its name, what it means, the options it takes, what the planner, the
 report and the exporters need to know of it), one price function in the planner's estimate layer
 (planner.estimate.sync.PRICES) and one hook class in the runtime's trainer loop (runtime.loop.sync.HOOKS), each
-found by the entry (a mode may price or run as another): synchronous data parallelism, the same with bf16-compressed gradients, and DiLoCo today; local SGD and streaming DiLoCo are
-modes around the optimizer step of the same loop (DESIGN.md, "Where new capabilities go").
+found by the entry (a mode may price or run as another): synchronous data parallelism, the same with
+bf16-compressed gradients, DiLoCo, and streaming DiLoCo (the asynchronous mode: no replica ever waits for the slow
+link unless its all-reduce outlasts the overlap); local SGD would be one more mode around the optimizer step of
+the same loop (DESIGN.md, "Where new capabilities go").
 """
 from __future__ import annotations
 
@@ -58,6 +64,7 @@ class SyncMode:
 SYNCHRONOUS = "synchronous"
 COMPRESSED = "compressed"
 DILOCO = "diloco"
+STREAMING = "streaming"
 DILOCO_MAX_EVERY = 500
 """The largest H (inner steps per outer step) inside DiLoCo's quality envelope: the paper's main setting, 8 workers
 at H = 500 (Douillard et al. 2023, arXiv:2311.08105). A larger H is priced only when the user allows it."""
@@ -73,6 +80,24 @@ def _diloco_problem(options: dict) -> str | None:
         return f"sync.options.bits is the outer all-reduce's bit width, 16 or 32; got {options['bits']!r}"
     if not 0 <= options.get("outer_momentum", 0.9) < 1:
         return f"sync.options.outer_momentum must be in [0, 1); got {options['outer_momentum']!r}"
+    return None
+
+
+def _streaming_problem(options: dict) -> str | None:
+    """DiLoCo's checks, and: 1 <= fragments <= H, 0 <= delay < H // fragments (one fragment's all-reduce in
+    flight at a time: it lands before the next fragment's starts), alpha in [0, 1]."""
+    if why := _diloco_problem(options):
+        return why.replace("diloco", "streaming")
+    every, fragments = options["every"], options.get("fragments", 4)
+    if not 1 <= fragments <= every:
+        return (f"sync.options.fragments ({fragments}) must be from 1 to H = {every}: each fragment takes its outer "
+                "step once every H steps, one fragment at a time")
+    if options.get("delay", 1) >= every // fragments:
+        return (f"sync.options.delay ({options.get('delay', 1)}) must be less than H / fragments = "
+                f"{every // fragments}: a fragment's all-reduce must land before the next fragment's starts; "
+                "raise H, or use fewer fragments or a shorter delay")
+    if not 0 <= options.get("alpha", 0.5) <= 1:
+        return f"sync.options.alpha is the share of the local fragment kept at the merge, in [0, 1]; got {options['alpha']!r}"
     return None
 
 
@@ -95,6 +120,19 @@ SYNC_MODES: dict[str, SyncMode] = {
         options={"every": COUNT, "outer_lr": POSITIVE, "outer_momentum": NUMBER, "bits": COUNT, "islands": COUNT},
         defaults={"outer_lr": 0.7, "outer_momentum": 0.9, "bits": 32},
         check=_diloco_problem),
+    STREAMING: SyncMode(
+        name=STREAMING, crosses="the parameter change of one fragment", ddp_replicas_only=True,
+        summary="streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512), the asynchronous mode: DiLoCo with the "
+                "parameters split into fragments (strided by layer) that take their outer steps in turn, fragment p "
+                "at steps p H/P + k H; each fragment's all-reduce runs while the next `delay` inner steps compute "
+                "(tau; 0: it blocks), and the outer result is merged as alpha x local + (1 - alpha) x global. Peak "
+                "bandwidth falls by the number of fragments and the all-reduce hides behind compute; the paper reports "
+                f"a loss on par with DiLoCo's at the same H (and 4-bit outer all-reduces; partita sends 16 or 32); H above "
+                f"{DILOCO_MAX_EVERY} is outside the envelope",
+        options={"every": COUNT, "fragments": COUNT, "delay": COUNT, "alpha": NUMBER, "outer_lr": POSITIVE,
+                 "outer_momentum": NUMBER, "bits": COUNT, "islands": COUNT},
+        defaults={"fragments": 4, "delay": 1, "alpha": 0.5, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 32},
+        check=_streaming_problem),
 }
 """The accepted modes, by name. A new one is added here, with a price function (planner.estimate.sync.PRICES)
 and a runtime hook (runtime.loop.sync.HOOKS) of its name -- or none, where it prices or runs as an existing

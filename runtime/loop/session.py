@@ -438,7 +438,10 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
                       checkpoint_root=opts.checkpoint_dir if opts.checkpoint_every else None)
     try:
         trainer.run(history)
+        sync.close()  # its communication in flight done before the process groups go
     except Exception as e:
+        if isinstance(e, Stopped):  # every rank stopped at the same step boundary: the same collectives in flight
+            sync.close()
         keep_partial(opts, prep, topo, history.losses, history.start, history.saves, run_id, e)
         raise
     finally:

@@ -13,12 +13,14 @@ price function (planner.estimate.sync.PRICES).
 from __future__ import annotations
 
 import contextlib
+import re
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from partita.costmodel import PartitaError
-from partita.planner.plan.sync import COMPRESSED, DILOCO, SYNC_MODES, SYNCHRONOUS, Sync, accepted
+from partita.planner.plan.sync import COMPRESSED, DILOCO, STREAMING, SYNC_MODES, SYNCHRONOUS, Sync, accepted
 from partita.runtime.loop.trainer import StepHook
 
 
@@ -42,6 +44,10 @@ class SyncHook(StepHook):
 
     def load_state(self, path) -> None:
         """Collective: fill the mode's own state from the checkpoint at `path` (after the model and optimizer)."""
+
+    def close(self) -> None:
+        """Collective, at the end of a run that trained to its last step or stopped at a step boundary: finish the
+        mode's communication still in flight, before the process groups go."""
 
 
 class Synchronous(SyncHook):
@@ -99,13 +105,15 @@ class DiLoCo(SyncHook):
     DDP (zero 0, no tensor or pipeline parallelism) and on one replica. Checkpoints: after outer steps only
     (`save_refusal`), with each island's inner optimizer state and the outer momentum (`checkpoint_state`)."""
 
+    MODE = DILOCO
+
     def __init__(self, executor, topo, options: dict, optimizer=None):
         super().__init__(executor, topo, options, optimizer)
-        sync = Sync(mode=DILOCO, options=options)
+        sync = self.sync = Sync(mode=self.MODE, options=options)
         self.every, self.bits = sync.option("every"), sync.option("bits")
         n = executor.n_replicas if executor is not None else 1
         if n > 1 and executor.ddp is None:
-            raise PartitaError("diloco runs on data-parallel plans with DDP (zero 0, no tensor or pipeline "
+            raise PartitaError(f"{self.MODE} runs on data-parallel plans with DDP (zero 0, no tensor or pipeline "
                                "parallelism) today; this plan shards or splits the model")
         self.islands = sync.option("islands") or n
         if n % self.islands:
@@ -182,7 +190,7 @@ class DiLoCo(SyncHook):
         if self.optimizer is None:
             return {}
         state = train_state(self.executor.modules, self.optimizer)
-        return {f"sync.diloco.island{self.island}.{k}": v for k, v in state.items() if k.startswith("optim.")}
+        return {f"sync.{self.MODE}.island{self.island}.{k}": v for k, v in state.items() if k.startswith("optim.")}
 
     def _outer_keys(self, create: bool = False) -> dict[str, torch.Tensor]:
         out = {}
@@ -190,7 +198,7 @@ class DiLoCo(SyncHook):
             state = self.outer_opt.state[anchor]
             if create and self.outer_opt.defaults["momentum"] > 0 and "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(anchor)
-            out.update({f"sync.diloco.outer.{i}.{k}": v for k, v in state.items() if isinstance(v, torch.Tensor)})
+            out.update({f"sync.{self.MODE}.outer.{i}.{k}": v for k, v in state.items() if isinstance(v, torch.Tensor)})
         return out
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
@@ -203,12 +211,162 @@ class DiLoCo(SyncHook):
         want = {**self._outer_keys(create=True), **self._inner_keys()}
         missing = sorted(k for k in want if k not in saved)
         if missing:
-            raise PartitaError(f"checkpoint {path} holds no diloco state ({missing[0]} ...): it was not written by a "
-                               "diloco run of this plan's islands; resume it with the plan that wrote it")
+            raise PartitaError(f"checkpoint {path} holds no {self.MODE} state ({missing[0]} ...): it was not written "
+                               f"by a {self.MODE} run of this plan's islands; resume it with the plan that wrote it")
         dcp.load(want, storage_reader=dcp.FileSystemReader(str(path)))
 
 
-HOOKS: dict[str, type[SyncHook]] = {SYNCHRONOUS: Synchronous, COMPRESSED: Compressed, DILOCO: DiLoCo}
+def fragments_of(executor, count: int) -> list[list[int]]:
+    """The indices (into `executor.params`) of each of `count` fragments: a parameter of a numbered layer (the first
+    number in its name, `layers.7.mlp.w1`) goes to fragment layer mod count -- strided, which Douillard et al. 2025
+    found better than consecutive layers -- and the others (embeddings, norms, a head), largest first, each to the
+    fragment holding the fewest elements so far. The same on every rank: it reads only names and shapes."""
+    names = {id(p): name for m in executor.modules for name, p in m.named_parameters()}
+    out, sizes, rest = [[] for _ in range(count)], [0] * count, []
+    for i, p in enumerate(executor.params):
+        layer = re.search(r"(?:^|\.)(\d+)(?:\.|$)", names.get(id(p), ""))
+        if layer is None:
+            rest.append(i)
+            continue
+        f = int(layer.group(1)) % count
+        out[f].append(i)
+        sizes[f] += p.numel()
+    for i in sorted(rest, key=lambda i: -executor.params[i].numel()):
+        f = min(range(count), key=sizes.__getitem__)
+        out[f].append(i)
+        sizes[f] += executor.params[i].numel()
+    return [sorted(f) for f in out]
+
+
+@dataclass
+class InFlight:
+    """A fragment's outer all-reduce: started after step `sent`, merged after step `merge_at`."""
+
+    fragment: int
+    merge_at: int
+    wire: torch.Tensor
+    """The fragment's parameter change, flat (bf16 at 16 bits): this rank's until `works` complete, then the mean."""
+    works: list = field(default_factory=list)
+
+
+class StreamingDiLoCo(DiLoCo):
+    """Streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512), the asynchronous mode: DiLoCo (above) with the
+    parameters in F = `fragments` fragments (`fragments_of`), fragment p taking its outer step at the steps
+    p * (H // F) + k H. After such a step this rank's change of that fragment, anchor - params, flat in one buffer,
+    starts its all-reduce across the islands (async_op) and training goes on; after `delay` more steps (tau; 0:
+    at once) it is waited for, torch's SGD (Nesterov with momentum) steps that fragment's anchors with the mean as
+    their gradient, and each parameter becomes alpha x itself + (1 - alpha) x its anchor (the merge; alpha 0 takes
+    the global weights, as plain DiLoCo does).
+
+    With one fragment, delay 0 and alpha 0 this is DiLoCo exactly, in the same order of operations.
+
+    No window refuses a checkpoint. The replicas of different islands hold different weights whenever alpha > 0 or
+    a fragment is between its outer steps, so a checkpoint holds each island's parameters under its own keys, the
+    anchors, the outer momentum and, when a fragment is in flight, its received mean and the step it merges at
+    (the all-reduce is waited for first: that costs time, never a different number). A resumed run merges it
+    where the uninterrupted one would. The weights a run writes out are island 0's (rank 0's)."""
+
+    MODE = STREAMING
+
+    def __init__(self, executor, topo, options: dict, optimizer=None):
+        super().__init__(executor, topo, options, optimizer)
+        count = self.sync.option("fragments")
+        self.delay, self.alpha = self.sync.option("delay"), float(self.sync.option("alpha"))
+        self.fragments = fragments_of(executor, count)
+        self.offsets = [f * (self.every // count) for f in range(count)]
+        self.pending: InFlight | None = None
+
+    def save_refusal(self, step: int) -> str | None:
+        return None
+
+    def _sent_after(self, step: int) -> int | None:
+        """The fragment whose all-reduce starts after `step`, if any."""
+        return next((f for f, off in enumerate(self.offsets) if step >= off and (step - off) % self.every == 0
+                     and self.fragments[f]), None)
+
+    def after_optimizer(self, step: int) -> None:
+        if self.pending is not None and step == self.pending.merge_at:
+            self._merge()
+        fragment = self._sent_after(step)
+        if fragment is not None:
+            self._send(fragment, step)
+            if self.delay == 0:
+                self._merge()
+
+    def _send(self, fragment: int, step: int) -> None:
+        with torch.no_grad():
+            wire = torch.cat([(self.anchor[i] - self.executor.params[i].detach().float()).reshape(-1)
+                              for i in self.fragments[fragment]])
+        wire = wire.to(torch.bfloat16) if self.bits == 16 else wire
+        works = [dist.all_reduce(wire, op=dist.ReduceOp.AVG, group=self.outer, async_op=True)] if self.outer else []
+        self.pending = InFlight(fragment=fragment, merge_at=step + self.delay, wire=wire, works=works)
+
+    def _land(self) -> None:
+        """Wait for the all-reduce in flight (its wire then holds the mean)."""
+        if self.pending is not None:
+            for work in self.pending.works:
+                work.wait()
+            self.pending.works = []
+
+    def _merge(self) -> None:
+        self._land()
+        indices, at = self.fragments[self.pending.fragment], 0
+        mean = self.pending.wire.float()
+        for i in indices:
+            n = self.anchor[i].numel()
+            self.anchor[i].grad = mean[at:at + n].view_as(self.anchor[i])
+            at += n
+        self.outer_opt.step()  # SGD steps only the anchors that have a gradient: this fragment's
+        with torch.no_grad():
+            for i in indices:
+                p, anchor = self.executor.params[i], self.anchor[i]
+                if self.alpha == 0:
+                    p.copy_(anchor)
+                else:
+                    p.copy_(p.float().mul_(self.alpha).add_(anchor, alpha=1 - self.alpha))
+                anchor.grad = None
+        self.pending = None
+
+    def close(self) -> None:
+        self._land()
+
+    def _own_keys(self) -> dict[str, torch.Tensor]:
+        fragment, merge_at = (self.pending.fragment, self.pending.merge_at) if self.pending else (-1, -1)
+        return {**{f"sync.{self.MODE}.anchor.{i}": a for i, a in enumerate(self.anchor)},
+                **{f"sync.{self.MODE}.island{self.island}.param.{i}": p.detach()
+                   for i, p in enumerate(self.executor.params)},
+                f"sync.{self.MODE}.pending": torch.tensor([fragment, merge_at], dtype=torch.int64)}
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        self._land()
+        out = {**self._outer_keys(create=True), **self._inner_keys(), **self._own_keys()}
+        if self.pending is not None:
+            out[f"sync.{self.MODE}.pending.wire"] = self.pending.wire
+        return out
+
+    def load_state(self, path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from partita.runtime.checkpoint import read_metadata
+        saved = read_metadata(path).state_dict_metadata
+        want = {**self._outer_keys(create=True), **self._inner_keys(), **self._own_keys()}
+        missing = sorted(k for k in want if k not in saved)
+        if missing:
+            raise PartitaError(f"checkpoint {path} holds no {self.MODE} state ({missing[0]} ...): it was not written "
+                               f"by a {self.MODE} run of this plan's islands; resume it with the plan that wrote it")
+        reader = lambda: dcp.FileSystemReader(str(path))  # noqa: E731 -- one reader per load
+        dcp.load(want, storage_reader=reader())
+        fragment, merge_at = (int(x) for x in want[f"sync.{self.MODE}.pending"])
+        self.pending = None
+        if fragment >= 0:
+            numel = sum(self.anchor[i].numel() for i in self.fragments[fragment])
+            wire = {f"sync.{self.MODE}.pending.wire":
+                    torch.empty(numel, dtype=torch.bfloat16 if self.bits == 16 else torch.float32)}
+            dcp.load(wire, storage_reader=reader())
+            self.pending = InFlight(fragment=fragment, merge_at=merge_at, wire=next(iter(wire.values())))
+
+
+HOOKS: dict[str, type[SyncHook]] = {SYNCHRONOUS: Synchronous, COMPRESSED: Compressed, DILOCO: DiLoCo,
+                                     STREAMING: StreamingDiLoCo}
 """A hook class per registered sync mode (the same names as planner.plan.sync.SYNC_MODES)."""
 
 
@@ -225,6 +383,13 @@ def run_refusal(sync: Sync, checkpoint_every: int = 0, steps: int = 0, verify: b
     if sync.mode == COMPRESSED and verify:
         return ("--verify compares with single-process fp32 training, and the compressed sync mode rounds every "
                 "averaged gradient to bf16 by design: run without --verify, or compare with a synchronous plan's run")
+    if sync.mode == STREAMING:
+        same = (sync.option("every"), sync.option("fragments"), sync.option("delay"), sync.option("alpha"),
+                sync.option("outer_lr"), sync.option("outer_momentum")) == (1, 1, 0, 0, 1, 0)
+        if verify and not same:
+            return ("--verify compares with single-process training, which streaming DiLoCo reproduces only with H = 1, "
+                    "1 fragment, delay 0, alpha 0, outer_lr 1 and outer_momentum 0; run without --verify")
+        return None  # a checkpoint may fall anywhere, and the run may end anywhere (StreamingDiLoCo)
     if sync.mode != DILOCO:
         return None
     every = sync.option("every")

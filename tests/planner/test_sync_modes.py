@@ -57,7 +57,7 @@ def test_an_explicit_synchronous_section_loads_and_is_written_as_the_default(old
 
 
 @pytest.mark.parametrize("section, needle", [
-    ({"mode": "streaming"}, f"sync.mode is 'streaming'; accepted: {', '.join(SYNC_MODES)}"),
+    ({"mode": "local-sgd"}, f"sync.mode is 'local-sgd'; accepted: {', '.join(SYNC_MODES)}"),
     ({"mode": None}, "sync.mode is None; accepted: synchronous"),
     ({"mode": 3}, "sync.mode is 3; accepted: synchronous"),
     ({"mode": ["synchronous"]}, "sync.mode is ['synchronous']; accepted: synchronous"),
@@ -90,7 +90,7 @@ def test_a_bad_section_is_one_line_in_every_command(old_plan, tmp_path, capsys, 
         assert needle in one_line_error(argv, capsys)
 
 
-@pytest.mark.parametrize("mode", ["streaming", "", 5, None, ("synchronous", "x")])
+@pytest.mark.parametrize("mode", ["local-sgd", "", 5, None, ("synchronous", "x")])
 def test_search_space_accepts_only_registered_modes(mode):
     from partita.planner.enumerate.space import SearchSpace
     assert SearchSpace().sync == "auto" and SearchSpace(sync="synchronous").fixed() == {"sync": "synchronous"}
@@ -103,9 +103,9 @@ def test_search_space_accepts_only_registered_modes(mode):
 
 
 def test_the_cli_flag_refuses_an_unknown_mode_inone_line_error(tmp_path, capsys):
-    line = one_line_error(["plan", "--model", "tiny-gpt", "--cluster", "2xcpu", "--global-batch", "4", "--sync", "streaming",
+    line = one_line_error(["plan", "--model", "tiny-gpt", "--cluster", "2xcpu", "--global-batch", "4", "--sync", "local-sgd",
                       "--out", str(tmp_path / "p.json")], capsys)
-    assert line == f"partita: error: sync is 'streaming'; accepted: {', '.join(SYNC_MODES)}, auto"
+    assert line == f"partita: error: sync is 'local-sgd'; accepted: {', '.join(SYNC_MODES)}, auto"
     assert not (tmp_path / "p.json").exists()
 
 
@@ -127,8 +127,8 @@ def test_the_synchronous_price_is_the_estimators_dp_comm_and_no_memory(tmp_path,
     assert dp_comm > 0  # two ranks: the gradient all-reduce has a latency at least
     assert price == SyncPrice(exposed_s=dp_comm, extra_memory_bytes=0)
     assert {e.price for e in SYNC_MODES.values()} <= set(PRICES) <= set(SYNC_MODES)  # every mode is priced
-    with pytest.raises(PartitaError, match=re.escape(f"sync mode 'streaming' has no price; accepted: {', '.join(SYNC_MODES)}")):
-        sync_price("streaming", plain.predicted)
+    with pytest.raises(PartitaError, match=re.escape(f"sync mode 'local-sgd' has no price; accepted: {', '.join(SYNC_MODES)}")):
+        sync_price("local-sgd", plain.predicted)
     out = tmp_path / "cli.json"
     assert cli.main(["plan", "--model", "tiny-gpt", "--cluster", "2xcpu", "--global-batch", "4", "--dp", "2",
                      "--zero", "0", "--sync", "synchronous", "--json", "--out", str(out)]) == 0

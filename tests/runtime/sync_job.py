@@ -5,6 +5,8 @@ two toy sync modes for the length of one `partita.runtime.train.main(ARGV)` run 
   whether the parameters had changed by then (so it is known to sit around the optimizer step);
 - "diloco_probe": the DiLoCo hook (runtime.loop.sync.DiLoCo) with its options, recording each rank's parameter
   checksum after every optimizer step;
+- "streaming_probe": the streaming DiLoCo hook (runtime.loop.sync.StreamingDiLoCo) with its options, recording each
+  rank's parameter checksum per fragment after every optimizer step;
 - "local_sgd" (option `every` = H): no gradient averaging in the backward (DDP's no_sync), each replica steps on its
   own gradients, and the parameters are averaged across the data-parallel replicas after every H-th optimizer
   step -- local SGD, the simplest of the modes that DiLoCo generalises.
@@ -71,7 +73,22 @@ class DiLoCoProbe(runtime_sync.DiLoCo):
         RECORD.append(["params", step, _checksum(self.executor.params)])
 
 
-MODES = {"diloco_probe": (SyncMode(name="diloco_probe", summary="diloco, recording parameter checksums",
+class StreamingProbe(runtime_sync.StreamingDiLoCo):
+    """The streaming DiLoCo hook, recording after every optimizer step this rank's checksum of each fragment."""
+
+    def after_optimizer(self, step):
+        super().after_optimizer(step)
+        RECORD.append(["fragments", step, [_checksum([self.executor.params[i] for i in f]) for f in self.fragments]])
+
+
+def _like(mode: str, name: str, summary: str) -> SyncMode:
+    entry = SYNC_MODES[mode]
+    return SyncMode(name=name, summary=summary, options=entry.options, defaults=entry.defaults, check=entry.check)
+
+
+MODES = {"streaming_probe": (_like("streaming", "streaming_probe", "streaming diloco, recording fragment checksums"),
+                             StreamingProbe),
+         "diloco_probe": (SyncMode(name="diloco_probe", summary="diloco, recording parameter checksums",
                                    options=SYNC_MODES["diloco"].options, defaults=SYNC_MODES["diloco"].defaults,
                                    check=SYNC_MODES["diloco"].check), DiLoCoProbe),
          "counted": (SyncMode(name="counted", summary="records its calls"), Counted),

@@ -93,10 +93,10 @@ def test_a_toy_local_sgd_trains_as_expected_beside_synchronous(runs):
 def test_every_mode_has_a_price_and_a_hook_and_an_unknown_one_neither():
     from partita.planner.estimate.sync import PRICES
     from partita.runtime.loop.sync import HOOKS, Synchronous, make_hook
-    assert {"synchronous", "compressed", "diloco"} <= set(SYNC_MODES)
+    assert {"synchronous", "compressed", "diloco", "streaming"} <= set(SYNC_MODES)
     assert {e.price for e in SYNC_MODES.values()} <= set(PRICES) <= set(SYNC_MODES)  # each entry finds its own
     assert {e.hook for e in SYNC_MODES.values()} <= set(HOOKS) <= set(SYNC_MODES)
     assert isinstance(make_hook(Sync(), executor=None, topo=None), Synchronous)
     with pytest.raises(PartitaError) as refused:
-        make_hook(Sync(mode="streaming"), executor=None, topo=None)
-    assert str(refused.value) == f"sync mode 'streaming' has no runtime hook; accepted: {', '.join(SYNC_MODES)}"
+        make_hook(Sync(mode="local-sgd"), executor=None, topo=None)
+    assert str(refused.value) == f"sync mode 'local-sgd' has no runtime hook; accepted: {', '.join(SYNC_MODES)}"

@@ -117,8 +117,8 @@ def _sync_note(tool: str, plan: Plan) -> str | None:
     """The note for a plan whose sync mode (planner.plan.sync) the tool's arguments do not carry; None: synchronous."""
     if SYNC_MODES[plan.sync.mode].as_synchronous:
         return None
-    every = plan.sync.options.get("every")
-    return _no_equivalent(tool, f"the {plan.sync.mode} sync mode (H = {every})",
+    options = ", ".join(f"{'H' if k == 'every' else k} = {v}" for k, v in plan.sync.options.items())
+    return _no_equivalent(tool, f"the {plan.sync.mode} sync mode" + (f" ({options})" if options else ""),
                           "these arguments train synchronous data parallelism; the prediction assumed the plan's mode")
 
 

@@ -305,9 +305,10 @@ def sync_setting(result: SearchResult, c: Candidate) -> sync_price.SyncSetting:
     data-parallel group spans dp x cp x tp consecutive ranks."""
     train = result.train
     pure_half = train.master_weights == "none" and train.dtype in ("bf16", "fp16")
+    matrices, vectors = sync_price.gradient_shapes(result.graph)
     return sync_price.SyncSetting(cluster=result.cluster, parameters=int(result.graph.totals()["param_numel"]),
                                   dp=c.dp, model_parallel=c.tp * c.pp, dp_span=c.dp * c.cp * c.tp, zero=c.zero,
-                                  grad_bytes=2 if pure_half else 4)
+                                  grad_bytes=2 if pure_half else 4, matrices=matrices, vectors=vectors)
 
 
 def choose_sync(result: SearchResult, c: Candidate):

@@ -20,6 +20,13 @@ a 20 ms link behind, and the MILP's bucket overlap prices the fabric inside. Per
                   memory + 8 P / (tp pp) / s   the fp32 anchor and outer momentum of the rank's parameters,
                                                s = dp / I under ZeRO (sharded like the optimizer state inside
                                                the island), 1 without
+    powersgd      cross = X(4 (V + r sum m)) + X(4 r sum n)
+                                               two all-reduces per step, as torch's powerSGD_hook runs them: the
+                                               uncompressed tensors V (vectors, and m x n matrices that would not
+                                               shrink 2x: r (m + n) * 2 >= m n) with the P factors, then the Q
+                                               factors; in-island seconds scaled by the compressed bytes, as
+                                               compressed's. Steps before `start` run plain all-reduces (not
+                                               priced: the steady state is). Vogels et al. 2019
     streaming     cross = F / H * max(0, X(P * bits / 8 / F) - tau * T)
                                                F fragments, each all-reduced once every H steps while the next
                                                tau inner steps compute (T: the step without its data-parallel
@@ -27,8 +34,9 @@ a 20 ms link behind, and the MILP's bucket overlap prices the fabric inside. Per
                   memory as diloco, + P * bits / 8 / F / (tp pp)   the fragment in flight
 
 with X(B) = 2 (I-1) alpha_I + 2 (I-1)/I * B / beta_I. On one island X = 0: synchronous keeps today's figures, and
-DiLoCo is refused (it has nothing to save there); so is the compressed mode when the planner chooses ("auto"), since
-rounding the gradients buys nothing on the slow link there -- asked for by name, it is priced on one island too.
+DiLoCo is refused (it has nothing to save there); so are the compressed and powersgd modes when the planner chooses
+("auto"), since compressing the gradients buys nothing on a slow link there -- asked for by name, each is priced on
+one island too.
 """
 from __future__ import annotations
 
@@ -38,8 +46,8 @@ from typing import Callable
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.price import comm
-from partita.planner.plan.sync import (COMPRESSED, DILOCO, DILOCO_MAX_EVERY, STREAMING, SYNC_MODES, SYNCHRONOUS, Sync,
-                                       accepted)
+from partita.planner.plan.sync import (COMPRESSED, DILOCO, DILOCO_MAX_EVERY, POWERSGD, STREAMING, SYNC_MODES,
+                                       SYNCHRONOUS, Sync, accepted)
 
 DILOCO_EVERY_LADDER = (10, 20, 50, 100, 200, DILOCO_MAX_EVERY)
 """The H the planner tries for DiLoCo when the user fixes none, smallest first."""
@@ -80,6 +88,10 @@ class SyncSetting:
     """Consecutive ranks the data-parallel group spans (dp x the ranks between replicas)."""
     zero: int = 0
     grad_bytes: int = 4
+    matrices: tuple[tuple[int, int], ...] = ()
+    """The gradient matrices (m, n) of one replica's parameters (`gradient_shapes`), for PowerSGD's price."""
+    vectors: int = 0
+    """Elements of the other gradients (biases, norms)."""
 
     @property
     def islands(self) -> int:
@@ -132,6 +144,51 @@ def diloco(predicted: dict, setting: SyncSetting, sync: Sync) -> SyncPrice:
                      cross_island_s=cross, cross_island_bytes=nbytes)
 
 
+def gradient_shapes(graph) -> tuple[tuple[tuple[int, int], ...], int]:
+    """(the parameters' matrices (m, n), the elements of the others) from a captured OpGraph, each parameter once.
+    m is the output's channel dimension (the last one; the second for a convolution) and n the rest, as torch's
+    powerSGD_hook views a gradient (shape[0], -1): the same r (m + n) either way round. A bias or a parameter of
+    no more elements than m is a vector."""
+    seen: dict[str, tuple[int, str, tuple]] = {}
+    for _, d in graph.g.nodes(data=True):
+        for name, numel in (d.get("params") or {}).items():
+            seen.setdefault(name, (numel, d.get("kind", ""), tuple(d.get("shape") or ())))
+    matrices, vectors = [], 0
+    for name, (numel, kind, shape) in seen.items():
+        m = (shape[1] if kind.startswith("conv") and len(shape) > 2 else shape[-1]) if shape else 0
+        if name.endswith("bias") or m <= 0 or numel <= m or numel % m:
+            vectors += numel
+        else:
+            matrices.append((int(m), int(numel // m)))
+    return tuple(matrices), vectors
+
+
+def powersgd(predicted: dict, setting: SyncSetting, sync: Sync) -> SyncPrice:
+    """PowerSGD (module docstring): each step's gradients all-reduced as rank-r factors in two rounds."""
+    r = sync.option("rank")
+    uncompressed, p_factors, q_factors = setting.vectors, 0, 0
+    for m, n in setting.matrices:
+        if (m + n) * r * 2 < m * n:  # torch's _should_compress, min_compression_rate 2
+            p_factors, q_factors = p_factors + r * m, q_factors + r * n
+        else:
+            uncompressed += m * n
+    first, second = 4 * (uncompressed + p_factors), 4 * q_factors
+    cross = comm.cross_island_all_reduce(setting.cluster, setting.islands, first) + \
+        (comm.cross_island_all_reduce(setting.cluster, setting.islands, second) if second else 0.0)
+    total = 4 * (setting.vectors + sum(m * n for m, n in setting.matrices)) or 1
+    ratio = min(1.0, (first + second) / total)
+    extra = _powersgd_state_bytes(setting, p_factors, q_factors, uncompressed)
+    return SyncPrice(exposed_s=in_island(predicted, setting) * ratio + cross, extra_memory_bytes=extra,
+                     cross_island_s=cross, cross_island_bytes=first + second if cross else 0.0)
+
+
+def _powersgd_state_bytes(setting: SyncSetting, p_factors: int, q_factors: int, uncompressed: int) -> int:
+    """What torch's PowerSGDState keeps per rank: the error feedback of every compressed gradient (fp32, m n each)
+    and the P and Q factors (warm start)."""
+    compressed = sum(m * n for m, n in setting.matrices) + setting.vectors - uncompressed
+    return 4 * (compressed + p_factors + q_factors)
+
+
 def _outer_state_bytes(setting: SyncSetting) -> int:
     """The fp32 anchor and outer momentum of this rank's parameters (sharded like the optimizer state under ZeRO)."""
     shards = max(1, setting.dp // setting.islands) if setting.zero >= 1 else 1
@@ -152,7 +209,7 @@ def streaming(predicted: dict, setting: SyncSetting, sync: Sync) -> SyncPrice:
 
 
 PRICES: dict[str, Callable[..., SyncPrice]] = {SYNCHRONOUS: synchronous, COMPRESSED: compressed, DILOCO: diloco,
-                                               STREAMING: streaming}
+                                               STREAMING: streaming, POWERSGD: powersgd}
 """A price function per registered sync mode (the same names as planner.plan.sync.SYNC_MODES)."""
 
 
@@ -219,7 +276,7 @@ def choose(predicted: dict, setting: SyncSetting, allowed, every: int | None = N
     room = predicted.get("memory_capacity_bytes", float("inf")) - predicted.get("peak_memory_bytes", 0)
     best, priced = None, {}
     for mode in modes_of(allowed):
-        if mode == COMPRESSED and allowed == "auto" and setting.islands < 2:
+        if mode in (COMPRESSED, POWERSGD) and allowed == "auto" and setting.islands < 2:
             continue  # nothing on a slow link to save (module docstring)
         for sync in _candidates(mode, predicted, setting, every, bits, fragments, delay):
             if why := (SYNC_MODES[mode].check and SYNC_MODES[mode].check(sync.options)) \
@@ -257,7 +314,7 @@ def with_sync(predicted: dict, sync: Sync, price: SyncPrice, priced: dict, islan
                         "cross_island_s": price.cross_island_s}
     out["exposed_comm_s"] = predicted.get("exposed_comm_s", 0.0) - dp_comm + price.exposed_s
     out["peak_memory_bytes"] = predicted.get("peak_memory_bytes", 0) + price.extra_memory_bytes
-    shown = ("every", "fragments", "delay") if sync.mode == STREAMING else ("every",) if sync.mode == DILOCO else ()
+    shown = {STREAMING: ("every", "fragments", "delay"), DILOCO: ("every",), POWERSGD: ("rank", "start")}.get(sync.mode, ())
     out["sync"] = {"mode": sync.mode, **{k: sync.option(k) for k in shown},
                    **({"hidden_s": price.hidden_s} if sync.mode == STREAMING else {}),
                    "islands": islands, "cross_island_s": price.cross_island_s,

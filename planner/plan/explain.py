@@ -323,18 +323,19 @@ def sync_lines(plan) -> list[Text]:
     what = entry.crosses if entry is not None else "the gradients"
     if s["islands"] < 2:  # a mode asked for by name on one island: no slow link
         out = [Text(f"sync: {mode} -- {what} all-reduced every step on one island", style="bold")]
-    elif "fragments" in s:  # streaming: one fragment at a time, overlapped with the next inner steps
-        mode += f", {s['fragments']} fragments, delay {s['delay']}"
-        out = [Text(f"sync: {mode} across {s['islands']} islands -- {what} ({human_bytes(s['cross_island_bytes'])} "
-                    f"per island) all-reduced over the island link every {max(1, every // s['fragments'])} step(s), "
-                    f"overlapped with the next {s['delay']} step(s) ({s.get('hidden_s', 0.0):.4g} s of each hidden): "
-                    f"{s['cross_island_s']:.4g} s exposed per step; +{human_bytes(s['extra_memory_bytes'])} per rank "
-                    "(anchor, outer momentum and the fragment in flight)", style="bold")]
     else:
+        held = (f"; +{human_bytes(s['extra_memory_bytes'])} per rank ({entry.holds if entry else 'its state'})"
+                if s.get("extra_memory_bytes") else "")
+        how_often = f"every {every} step(s)"
+        if "fragments" in s:  # streaming: one fragment at a time, overlapped with the next inner steps
+            mode += f", {s['fragments']} fragments, delay {s['delay']}"
+            how_often = (f"every {max(1, every // s['fragments'])} step(s), overlapped with the next {s['delay']} "
+                         f"step(s) ({s.get('hidden_s', 0.0):.4g} s of each hidden)")
+        if "rank" in s:
+            mode += f", rank {s['rank']} from step {s['start']}"
         out = [Text(f"sync: {mode} across {s['islands']} islands -- {what} ({human_bytes(s['cross_island_bytes'])} "
-                    f"per island) all-reduced over the island link every {every} step(s): {s['cross_island_s']:.4g} s "
-                    "exposed per step" + (f"; +{human_bytes(s['extra_memory_bytes'])} per rank (anchor and outer "
-                                          "momentum)" if s.get("extra_memory_bytes") else ""), style="bold")]
+                    f"per island) all-reduced over the island link {how_often}: {s['cross_island_s']:.4g} s exposed "
+                    f"per step{held}", style="bold")]
     for other, v in s.get("priced", {}).items():
         out.append(Text(f"  {other}: " + (f"predicted step {v:.4g} s" if isinstance(v, (int, float)) else str(v))))
     return [Text(""), *out]

@@ -7,6 +7,8 @@ contract the runtime reads; stdlib only).
                  {"mode": "diloco", "options": {"every": H, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 32,
                                                 "islands": I}}   every required; the rest default as shown (islands:
                                                                  one per data-parallel replica)
+                 {"mode": "powersgd", "options": {"rank": 4, "start": 1000}}   gradients as rank-r factors from
+                                                                               step `start` on
                  {"mode": "streaming", "options": {"every": H, "fragments": 4, "delay": 1, "alpha": 0.5, ...}}
                                                     DiLoCo's options, and: the fragments synchronised in turn, the
                                                     inner steps each fragment's all-reduce overlaps (tau), and the
@@ -16,7 +18,7 @@ A sync mode is one registry entry here (its name, what it means, the options it 
 report and the exporters need to know of it), one price function in the planner's estimate layer
 (planner.estimate.sync.PRICES) and one hook class in the runtime's trainer loop (runtime.loop.sync.HOOKS), each
 found by the entry (a mode may price or run as another): synchronous data parallelism, the same with
-bf16-compressed gradients, DiLoCo, and streaming DiLoCo (the asynchronous mode: no replica ever waits for the slow
+bf16-compressed or PowerSGD's low-rank gradients, DiLoCo, and streaming DiLoCo (the asynchronous mode: no replica ever waits for the slow
 link unless its all-reduce outlasts the overlap); local SGD would be one more mode around the optimizer step of
 the same loop (DESIGN.md, "Where new capabilities go").
 """
@@ -49,6 +51,8 @@ class SyncMode:
     quality trade to weigh when choosing, and other tools' plain data-parallel arguments reproduce it."""
     crosses: str = "the gradients"
     """What the mode all-reduces over the island link, as the report says it."""
+    holds: str = ""
+    """What the memory it adds per rank is, as the report says it ("": none)."""
     ddp_replicas_only: bool = False
     """The runtime runs the mode on DDP replicas only (zero 0, no tp/pp/cp/ep; planner.plan.executable)."""
 
@@ -65,6 +69,7 @@ SYNCHRONOUS = "synchronous"
 COMPRESSED = "compressed"
 DILOCO = "diloco"
 STREAMING = "streaming"
+POWERSGD = "powersgd"
 DILOCO_MAX_EVERY = 500
 """The largest H (inner steps per outer step) inside DiLoCo's quality envelope: the paper's main setting, 8 workers
 at H = 500 (Douillard et al. 2023, arXiv:2311.08105). A larger H is priced only when the user allows it."""
@@ -101,6 +106,17 @@ def _streaming_problem(options: dict) -> str | None:
     return None
 
 
+def _powersgd_problem(options: dict) -> str | None:
+    """rank 1 or more; start 2 or more (torch's PowerSGDState: error feedback and warm start begin after DDP's first
+    two steps, which run a plain all-reduce)."""
+    if options.get("rank", 4) < 1:
+        return f"sync.options.rank is the rank of PowerSGD's gradient factors, 1 or more; got {options['rank']!r}"
+    if options.get("start", 1000) < 2:
+        return (f"sync.options.start is the step from which PowerSGD compresses, 2 or more (the steps before run a "
+                f"plain all-reduce); got {options['start']!r}")
+    return None
+
+
 SYNC_MODES: dict[str, SyncMode] = {
     SYNCHRONOUS: SyncMode(name=SYNCHRONOUS, as_synchronous=True,
                           summary="synchronous data parallelism: gradients averaged over dp in every step's backward "
@@ -111,7 +127,7 @@ SYNC_MODES: dict[str, SyncMode] = {
                 "communication hook bf16_compress_hook and Megatron-LM's --grad-reduce-in-bf16 do): half the bytes of fp32 gradients on "
                 "every link, each averaged gradient rounded to bf16's 8 significant bits before the optimizer step"),
     DILOCO: SyncMode(
-        name=DILOCO, crosses="the parameter change", ddp_replicas_only=True,
+        name=DILOCO, crosses="the parameter change", ddp_replicas_only=True, holds="anchor and outer momentum",
         summary="DiLoCo (Douillard et al. 2023, arXiv:2311.08105): synchronous inside each island; across islands "
                 "every H steps the mean parameter change is applied to the anchor weights by an outer Nesterov SGD "
                 "step (lr 0.7, momentum 0.9 as published). Published quality: on C4, 8 workers at H = 500 performed "
@@ -120,8 +136,19 @@ SYNC_MODES: dict[str, SyncMode] = {
         options={"every": COUNT, "outer_lr": POSITIVE, "outer_momentum": NUMBER, "bits": COUNT, "islands": COUNT},
         defaults={"outer_lr": 0.7, "outer_momentum": 0.9, "bits": 32},
         check=_diloco_problem),
+    POWERSGD: SyncMode(
+        name=POWERSGD, crosses="the gradients as rank-r factors", ddp_replicas_only=True,
+        holds="error feedback and the factors kept for warm start",
+        summary="synchronous data parallelism with PowerSGD's low-rank gradients (Vogels et al. 2019, "
+                "arXiv:1905.13727; PyTorch's powerSGD_hook): from step `start` on each gradient matrix of m x n is "
+                "all-reduced as two rank-r factors, r (m + n) elements, with error feedback (what the rounding "
+                "lost is added to the next step's gradient); vectors, and matrices that would not shrink 2x, as "
+                "they are. Steps before `start` run a plain all-reduce (torch's default 1000). The update is an "
+                "approximation of synchronous SGD's, corrected over steps by the error feedback",
+        options={"rank": COUNT, "start": COUNT}, defaults={"rank": 4, "start": 1000}, check=_powersgd_problem),
     STREAMING: SyncMode(
         name=STREAMING, crosses="the parameter change of one fragment", ddp_replicas_only=True,
+        holds="anchor, outer momentum and the fragment in flight",
         summary="streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512), the asynchronous mode: DiLoCo with the "
                 "parameters split into fragments (strided by layer) that take their outer steps in turn, fragment p "
                 "at steps p H/P + k H; each fragment's all-reduce runs while the next `delay` inner steps compute "

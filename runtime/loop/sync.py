@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from partita.costmodel import PartitaError
-from partita.planner.plan.sync import COMPRESSED, DILOCO, STREAMING, SYNC_MODES, SYNCHRONOUS, Sync, accepted
+from partita.planner.plan.sync import COMPRESSED, DILOCO, POWERSGD, STREAMING, SYNC_MODES, SYNCHRONOUS, Sync, accepted
 from partita.runtime.loop.trainer import StepHook
 
 
@@ -88,6 +88,38 @@ class Compressed(SyncHook):
             raise PartitaError("the compressed sync mode runs on data-parallel plans with DDP (zero 0, no tensor or "
                                "pipeline parallelism) today; this plan shards or splits the model")
         executor.ddp.register_comm_hook(executor.replicas, bf16_all_reduce)
+
+
+class PowerSGD(SyncHook):
+    """Synchronous data parallelism with PowerSGD's low-rank gradients (Vogels et al. 2019): torch's own DDP
+    communication hook (torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook) with its PowerSGDState over the
+    replicas' group, rank `rank`, compressing from step `start` (plain all-reduces before), error feedback and warm
+    start on (torch's defaults). Runs on DDP plans (zero 0, data parallelism only); one replica has nothing to
+    all-reduce. A resumed run starts the hook's state afresh: `start` more plain steps and no error carried over
+    (torch's state holds numpy's random generator and per-bucket tensors keyed by DDP's bucket order, which a new
+    process rebuilds), so it is not bit-exact with an uninterrupted run -- partita says so when it resumes."""
+
+    def __init__(self, executor, topo, options: dict, optimizer=None):
+        super().__init__(executor, topo, options, optimizer)
+        n = executor.n_replicas if executor is not None else 1
+        if n <= 1:
+            return
+        if executor.ddp is None:
+            raise PartitaError("the powersgd sync mode runs on data-parallel plans with DDP (zero 0, no tensor or "
+                               "pipeline parallelism) today; this plan shards or splits the model")
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+        sync = Sync(mode=POWERSGD, options=options)
+        self.state = psgd.PowerSGDState(process_group=executor.replicas,
+                                        matrix_approximation_rank=sync.option("rank"),
+                                        start_powerSGD_iter=sync.option("start"))
+        executor.ddp.register_comm_hook(self.state, psgd.powerSGD_hook)
+        self.start = sync.option("start")
+
+    def load_state(self, path) -> None:
+        if getattr(self, "state", None) is not None and self.topo.rank == 0:
+            from partita.runtime.loop.console import STDOUT
+            STDOUT.line(f"note: powersgd starts afresh after a resume: {self.start} plain all-reduce steps, then "
+                        "compression with no error feedback carried over (not bit-exact with an uninterrupted run)")
 
 
 class DiLoCo(SyncHook):
@@ -366,7 +398,7 @@ class StreamingDiLoCo(DiLoCo):
 
 
 HOOKS: dict[str, type[SyncHook]] = {SYNCHRONOUS: Synchronous, COMPRESSED: Compressed, DILOCO: DiLoCo,
-                                     STREAMING: StreamingDiLoCo}
+                                     STREAMING: StreamingDiLoCo, POWERSGD: PowerSGD}
 """A hook class per registered sync mode (the same names as planner.plan.sync.SYNC_MODES)."""
 
 
@@ -383,6 +415,10 @@ def run_refusal(sync: Sync, checkpoint_every: int = 0, steps: int = 0, verify: b
     if sync.mode == COMPRESSED and verify:
         return ("--verify compares with single-process fp32 training, and the compressed sync mode rounds every "
                 "averaged gradient to bf16 by design: run without --verify, or compare with a synchronous plan's run")
+    if sync.mode == POWERSGD and verify and steps >= sync.option("start"):
+        return (f"--verify compares with single-process training, and powersgd compresses the gradients from step "
+                f"{sync.option('start')} on (an approximation by design): run without --verify, or fewer than "
+                f"{sync.option('start')} steps")
     if sync.mode == STREAMING:
         same = (sync.option("every"), sync.option("fragments"), sync.option("delay"), sync.option("alpha"),
                 sync.option("outer_lr"), sync.option("outer_momentum")) == (1, 1, 0, 0, 1, 0)

@@ -7,6 +7,8 @@ two toy sync modes for the length of one `partita.runtime.train.main(ARGV)` run 
   checksum after every optimizer step;
 - "streaming_probe": the streaming DiLoCo hook (runtime.loop.sync.StreamingDiLoCo) with its options, recording each
   rank's parameter checksum per fragment after every optimizer step;
+- "powersgd_probe": the PowerSGD hook (runtime.loop.sync.PowerSGD), recording after every optimizer step torch's
+  PowerSGDState iteration count and how many buckets hold error feedback;
 - "local_sgd" (option `every` = H): no gradient averaging in the backward (DDP's no_sync), each replica steps on its
   own gradients, and the parameters are averaged across the data-parallel replicas after every H-th optimizer
   step -- local SGD, the simplest of the modes that DiLoCo generalises.
@@ -81,12 +83,18 @@ class StreamingProbe(runtime_sync.StreamingDiLoCo):
         RECORD.append(["fragments", step, [_checksum([self.executor.params[i] for i in f]) for f in self.fragments]])
 
 
+class PowerSGDProbe(runtime_sync.PowerSGD):
+    def after_optimizer(self, step):
+        RECORD.append(["powersgd", step, self.state.iter, len(self.state.error_dict)])
+
+
 def _like(mode: str, name: str, summary: str) -> SyncMode:
     entry = SYNC_MODES[mode]
     return SyncMode(name=name, summary=summary, options=entry.options, defaults=entry.defaults, check=entry.check)
 
 
-MODES = {"streaming_probe": (_like("streaming", "streaming_probe", "streaming diloco, recording fragment checksums"),
+MODES = {"powersgd_probe": (_like("powersgd", "powersgd_probe", "powersgd, recording its state"), PowerSGDProbe),
+         "streaming_probe": (_like("streaming", "streaming_probe", "streaming diloco, recording fragment checksums"),
                              StreamingProbe),
          "diloco_probe": (SyncMode(name="diloco_probe", summary="diloco, recording parameter checksums",
                                    options=SYNC_MODES["diloco"].options, defaults=SYNC_MODES["diloco"].defaults,

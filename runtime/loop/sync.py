@@ -122,6 +122,10 @@ class PowerSGD(SyncHook):
                         "compression with no error feedback carried over (not bit-exact with an uninterrupted run)")
 
 
+OUTER_BUCKET = 1 << 26
+"""Elements per outer all-reduce of DiLoCo and streaming DiLoCo (256 MiB in fp32): one collective per bucket."""
+
+
 class DiLoCo(SyncHook):
     """DiLoCo (Douillard et al. 2023, arXiv:2311.08105, Algorithm 1) over the data-parallel replicas, split into
     `islands` blocks of consecutive replicas (option `islands`; default: each replica its own island):
@@ -192,19 +196,53 @@ class DiLoCo(SyncHook):
     def after_optimizer(self, step: int) -> None:
         if step % self.every:
             return
-        with torch.no_grad():
-            for anchor, p in zip(self.anchor, self.executor.params):
-                delta = anchor - p.detach().float()
-                if self.outer is not None:
-                    wire = delta.to(torch.bfloat16) if self.bits == 16 else delta
-                    dist.all_reduce(wire, op=dist.ReduceOp.AVG, group=self.outer)
-                    delta = wire.float()
-                anchor.grad = delta
+        buckets = self._buckets(range(len(self.anchor)))
+        wires = [self._wire(b) for b in buckets]
+        for work in self._all_reduce(wires):
+            work.wait()
+        for bucket, wire in zip(buckets, wires):
+            self._set_grads(bucket, wire)
         self.outer_opt.step()
         with torch.no_grad():
             for anchor, p in zip(self.anchor, self.executor.params):
                 p.copy_(anchor)
                 anchor.grad = None
+
+    # The outer all-reduce goes in flat buckets of up to OUTER_BUCKET elements, one collective each: on a link of
+    # 20 ms, one all-reduce per tensor would pay the latency hundreds of times per outer step (the price counts one).
+
+    def _buckets(self, indices) -> list[list[int]]:
+        """`indices` (into the parameters) in consecutive buckets of at most OUTER_BUCKET elements (a larger
+        tensor alone)."""
+        out, size = [[]], 0
+        for i in indices:
+            n = self.anchor[i].numel()
+            if out[-1] and size + n > OUTER_BUCKET:
+                out.append([])
+                size = 0
+            out[-1].append(i)
+            size += n
+        return out if out[0] else []
+
+    def _wire(self, bucket: list[int]) -> torch.Tensor:
+        """The bucket's parameter change, anchor - params, flat (bf16 at 16 bits)."""
+        with torch.no_grad():
+            flat = torch.cat([(self.anchor[i] - self.executor.params[i].detach().float()).reshape(-1) for i in bucket])
+        return flat.to(torch.bfloat16) if self.bits == 16 else flat
+
+    def _all_reduce(self, wires: list[torch.Tensor]) -> list:
+        """Start each wire's mean across the islands (none on one island)."""
+        if self.outer is None:
+            return []
+        return [dist.all_reduce(w, op=dist.ReduceOp.AVG, group=self.outer, async_op=True) for w in wires]
+
+    def _set_grads(self, bucket: list[int], wire: torch.Tensor) -> None:
+        """The anchors' gradients: the bucket's mean change, cut back into the tensors."""
+        mean, at = wire.float(), 0
+        for i in bucket:
+            n = self.anchor[i].numel()
+            self.anchor[i].grad = mean[at:at + n].view_as(self.anchor[i])
+            at += n
 
     # Checkpoints are written right after an outer step, where every replica's parameters equal the anchor (so the
     # model state is the anchor, and one replica's copy is every replica's). What differs between islands is the
@@ -272,19 +310,20 @@ def fragments_of(executor, count: int) -> list[list[int]]:
 
 @dataclass
 class InFlight:
-    """A fragment's outer all-reduce: started after step `sent`, merged after step `merge_at`."""
+    """A fragment's outer all-reduce, merged after step `merge_at`."""
 
     fragment: int
     merge_at: int
-    wire: torch.Tensor
-    """The fragment's parameter change, flat (bf16 at 16 bits): this rank's until `works` complete, then the mean."""
+    buckets: list[list[int]]
+    wires: list[torch.Tensor]
+    """Each bucket's parameter change, flat (bf16 at 16 bits): this rank's until `works` complete, then the mean."""
     works: list = field(default_factory=list)
 
 
 class StreamingDiLoCo(DiLoCo):
     """Streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512), the asynchronous mode: DiLoCo (above) with the
     parameters in F = `fragments` fragments (`fragments_of`), fragment p taking its outer step at the steps
-    p * (H // F) + k H. After such a step this rank's change of that fragment, anchor - params, flat in one buffer,
+    p * (H // F) + k H. After such a step this rank's change of that fragment, anchor - params, in flat buckets,
     starts its all-reduce across the islands (async_op) and training goes on; after `delay` more steps (tau; 0:
     at once) it is waited for, torch's SGD (Nesterov with momentum) steps that fragment's anchors with the mean as
     their gradient, and each parameter becomes alpha x itself + (1 - alpha) x its anchor (the merge; alpha 0 takes
@@ -326,12 +365,10 @@ class StreamingDiLoCo(DiLoCo):
                 self._merge()
 
     def _send(self, fragment: int, step: int) -> None:
-        with torch.no_grad():
-            wire = torch.cat([(self.anchor[i] - self.executor.params[i].detach().float()).reshape(-1)
-                              for i in self.fragments[fragment]])
-        wire = wire.to(torch.bfloat16) if self.bits == 16 else wire
-        works = [dist.all_reduce(wire, op=dist.ReduceOp.AVG, group=self.outer, async_op=True)] if self.outer else []
-        self.pending = InFlight(fragment=fragment, merge_at=step + self.delay, wire=wire, works=works)
+        buckets = self._buckets(self.fragments[fragment])
+        wires = [self._wire(b) for b in buckets]
+        self.pending = InFlight(fragment=fragment, merge_at=step + self.delay, buckets=buckets, wires=wires,
+                                works=self._all_reduce(wires))
 
     def _land(self) -> None:
         """Wait for the all-reduce in flight (its wire then holds the mean)."""
@@ -342,12 +379,9 @@ class StreamingDiLoCo(DiLoCo):
 
     def _merge(self) -> None:
         self._land()
-        indices, at = self.fragments[self.pending.fragment], 0
-        mean = self.pending.wire.float()
-        for i in indices:
-            n = self.anchor[i].numel()
-            self.anchor[i].grad = mean[at:at + n].view_as(self.anchor[i])
-            at += n
+        indices = self.fragments[self.pending.fragment]
+        for bucket, wire in zip(self.pending.buckets, self.pending.wires):
+            self._set_grads(bucket, wire)
         self.outer_opt.step()  # SGD steps only the anchors that have a gradient: this fragment's
         with torch.no_grad():
             for i in indices:
@@ -373,7 +407,7 @@ class StreamingDiLoCo(DiLoCo):
         self._land()
         out = {**self._outer_keys(create=True), **self._inner_keys(), **self._own_keys()}
         if self.pending is not None:
-            out[f"sync.{self.MODE}.pending.wire"] = self.pending.wire
+            out.update({f"sync.{self.MODE}.pending.wire.{j}": w for j, w in enumerate(self.pending.wires)})
         return out
 
     def load_state(self, path) -> None:
@@ -390,11 +424,12 @@ class StreamingDiLoCo(DiLoCo):
         fragment, merge_at = (int(x) for x in want[f"sync.{self.MODE}.pending"])
         self.pending = None
         if fragment >= 0:
-            numel = sum(self.anchor[i].numel() for i in self.fragments[fragment])
-            wire = {f"sync.{self.MODE}.pending.wire":
-                    torch.empty(numel, dtype=torch.bfloat16 if self.bits == 16 else torch.float32)}
-            dcp.load(wire, storage_reader=reader())
-            self.pending = InFlight(fragment=fragment, merge_at=merge_at, wire=next(iter(wire.values())))
+            buckets = self._buckets(self.fragments[fragment])
+            dtype = torch.bfloat16 if self.bits == 16 else torch.float32
+            wires = {f"sync.{self.MODE}.pending.wire.{j}": torch.empty(sum(self.anchor[i].numel() for i in b), dtype=dtype)
+                     for j, b in enumerate(buckets)}
+            dcp.load(wires, storage_reader=reader())
+            self.pending = InFlight(fragment=fragment, merge_at=merge_at, buckets=buckets, wires=list(wires.values()))
 
 
 HOOKS: dict[str, type[SyncHook]] = {SYNCHRONOUS: Synchronous, COMPRESSED: Compressed, DILOCO: DiLoCo,

@@ -168,7 +168,7 @@ def test_a_missing_or_repeated_marker_is_reported(tmp_path):
     (tmp_path / "docs").mkdir()
     block = f"{report.START.format('run_all')}\nx\n{report.END.format('run_all')}\n"
     (tmp_path / "README.md").write_text("no markers\n")
-    for page in ("benchmarks.md", "plans.md", "clusters.md"):
+    for page in ("benchmarks.md", "plans.md", "clusters.md", "sync-modes.md"):
         (tmp_path / "docs" / page).write_text("no markers\n")
     (tmp_path / "benchmarks" / "README.md").write_text(block + block)
     found = report.problems(tmp_path, {})

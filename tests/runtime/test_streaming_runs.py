@@ -92,11 +92,11 @@ def test_a_run_resumed_from_a_checkpoint_with_an_all_reduce_in_flight_equals_the
     straight = run("straight", 8)
     first = run("first", 4, "--checkpoint-dir", str(ck), "--checkpoint-every", "3")
     keys = set(read_metadata(ck / "step-00000004").state_dict_metadata)
-    assert "sync.streaming.pending.wire" in keys and "sync.streaming.anchor.0" in keys
+    assert "sync.streaming.pending.wire.0" in keys and "sync.streaming.anchor.0" in keys
     for island in (0, 1):
         assert any(k.startswith(f"sync.streaming.island{island}.param.") for k in keys)
         assert any(k.startswith(f"sync.streaming.island{island}.optim.") and k.endswith(".exp_avg") for k in keys)
-    assert "sync.streaming.pending.wire" not in set(read_metadata(ck / "step-00000003").state_dict_metadata)
+    assert "sync.streaming.pending.wire.0" not in set(read_metadata(ck / "step-00000003").state_dict_metadata)
     resumed = run("resumed", 8, "--checkpoint-dir", str(ck), "--resume")
     assert first == straight[:4] and resumed == straight[4:], (straight, first, resumed)
 
@@ -110,3 +110,16 @@ def test_verify_outside_the_identity_is_one_line_and_checkpoints_anywhere_are_al
     identity = Sync(mode="streaming", options={"every": 1, "fragments": 1, "delay": 0, "alpha": 0, "outer_lr": 1,
                                                "outer_momentum": 0})
     assert run_refusal(identity, 0, 3, True) is None
+
+
+def test_the_outer_all_reduce_goes_in_buckets_cut_at_the_limit(monkeypatch):
+    """One collective per bucket of at most OUTER_BUCKET elements (a larger tensor alone), in parameter order."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from partita.runtime.loop import sync
+    monkeypatch.setattr(sync, "OUTER_BUCKET", 10)
+    me = SimpleNamespace(anchor=[torch.zeros(n) for n in (4, 4, 4, 12, 3)])
+    assert sync.DiLoCo._buckets(me, range(5)) == [[0, 1], [2], [3], [4]]
+    assert sync.DiLoCo._buckets(me, [4, 0]) == [[4, 0]] and sync.DiLoCo._buckets(me, []) == []

@@ -5,6 +5,7 @@ import numpy as np
 
 from partita.planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
 from partita.planner.plan.schedules import SCHEDULES
+from partita.planner.enumerate.base import model_state_bytes
 from partita.planner.enumerate.candidates import Candidate
 from partita.planner.enumerate.cp_ep import EP_IMBALANCE
 from partita.planner.plan.executable import (composition_refusal, cp_refusal_for, overlap_refusal, pipeline_refusal_for,
@@ -306,9 +307,15 @@ def sync_setting(result: SearchResult, c: Candidate) -> sync_price.SyncSetting:
     train = result.train
     pure_half = train.master_weights == "none" and train.dtype in ("bf16", "fp16")
     matrices, vectors = sync_price.gradient_shapes(result.graph)
-    return sync_price.SyncSetting(cluster=result.cluster, parameters=int(result.graph.totals()["param_numel"]),
+    parameters = int(result.graph.totals()["param_numel"])
+    sharded = 0.0
+    if c.zero >= 2:  # what ZeRO shards over dp: gradients, optimizer state, and at stage 3 the parameters
+        sb = model_state_bytes(train, c.zero)
+        sharded = (sb.grad + sb.optimizer + (sb.param if c.zero == 3 else 0)) * parameters / (c.tp * c.pp * c.dp)
+    return sync_price.SyncSetting(cluster=result.cluster, parameters=parameters,
                                   dp=c.dp, model_parallel=c.tp * c.pp, dp_span=c.dp * c.cp * c.tp, zero=c.zero,
-                                  grad_bytes=2 if pure_half else 4, matrices=matrices, vectors=vectors)
+                                  grad_bytes=2 if pure_half else 4, matrices=matrices, vectors=vectors,
+                                  sharded_state_bytes=sharded)
 
 
 def choose_sync(result: SearchResult, c: Candidate):

@@ -20,6 +20,8 @@ a 20 ms link behind, and the MILP's bucket overlap prices the fabric inside. Per
                   memory + 8 P / (tp pp) / s   the fp32 anchor and outer momentum of the rank's parameters,
                                                s = dp / I under ZeRO (sharded like the optimizer state inside
                                                the island), 1 without
+                         + (I - 1) Z           ZeRO 2/3 shards its states over the island's dp / I ranks, not
+                                               dp: Z, the sharded states per rank as priced, I times over
     powersgd      cross = X(4 (V + r sum m)) + X(4 r sum n)
                                                two all-reduces per step, as torch's powerSGD_hook runs them: the
                                                uncompressed tensors V (vectors, and m x n matrices that would not
@@ -92,6 +94,10 @@ class SyncSetting:
     """The gradient matrices (m, n) of one replica's parameters (`gradient_shapes`), for PowerSGD's price."""
     vectors: int = 0
     """Elements of the other gradients (biases, norms)."""
+    sharded_state_bytes: float = 0.0
+    """Per rank, the model states ZeRO 2/3 shards over the whole dp group (gradients, optimizer state, stage 3's
+    parameters). A mode that trains islands apart shards them over each island's dp / I ranks alone
+    (runtime.parallel.apply.fsdp_mesh): I times as many bytes per rank (`_island_states`)."""
 
     @property
     def islands(self) -> int:
@@ -190,9 +196,16 @@ def _powersgd_state_bytes(setting: SyncSetting, p_factors: int, q_factors: int, 
 
 
 def _outer_state_bytes(setting: SyncSetting) -> int:
-    """The fp32 anchor and outer momentum of this rank's parameters (sharded like the optimizer state under ZeRO)."""
+    """The fp32 anchor and outer momentum of this rank's parameters (sharded like the optimizer state under ZeRO),
+    and what sharding ZeRO 2/3's states over an island instead of every replica adds (`_island_states`)."""
     shards = max(1, setting.dp // setting.islands) if setting.zero >= 1 else 1
-    return 8 * setting.parameters // (setting.model_parallel * shards)
+    return 8 * setting.parameters // (setting.model_parallel * shards) + _island_states(setting)
+
+
+def _island_states(setting: SyncSetting) -> int:
+    """The ZeRO-sharded states' bytes beyond the estimator's (sharded over dp): FSDP over dp / I ranks holds I x
+    them (SyncSetting.sharded_state_bytes)."""
+    return int(setting.sharded_state_bytes * (setting.islands - 1)) if setting.islands > 1 else 0
 
 
 def streaming(predicted: dict, setting: SyncSetting, sync: Sync) -> SyncPrice:

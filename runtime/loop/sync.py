@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from partita.costmodel import PartitaError
 from partita.planner.plan.sync import COMPRESSED, DILOCO, POWERSGD, STREAMING, SYNC_MODES, SYNCHRONOUS, Sync, accepted
+from partita.runtime.loop.memory import local
 from partita.runtime.loop.trainer import StepHook
 
 
@@ -137,9 +138,12 @@ class DiLoCo(SyncHook):
       delta as its gradient (lr `outer_lr`, momentum `outer_momentum`), and the parameters become the anchor.
 
     With H = 1, outer lr 1 and no momentum under an SGD inner optimizer this is synchronous DP: the anchor
-    becomes the mean of one local step from the same weights, the step on the mean gradient. Runs on plans with
-    DDP (zero 0, no tensor or pipeline parallelism) and on one replica. Checkpoints: after outer steps only
-    (`save_refusal`), with each island's inner optimizer state and the outer momentum (`checkpoint_state`)."""
+    becomes the mean of one local step from the same weights, the step on the mean gradient. Runs on data-parallel
+    plans (no tensor or pipeline parallelism): with DDP (zero 0), or with FSDP (ZeRO 2/3) sharding each island's
+    replicas among themselves (runtime.parallel.apply.fsdp_mesh: the reduce-scatter stays in the island), where the
+    anchor, its momentum and the outer all-reduce are this rank's shard, exchanged with the ranks holding the same
+    shard in the other islands. Checkpoints: after outer steps only (`save_refusal`), with each island's inner
+    optimizer state and the outer momentum (`checkpoint_state`; under FSDP each shard's under its own keys)."""
 
     MODE = DILOCO
 
@@ -148,29 +152,30 @@ class DiLoCo(SyncHook):
         sync = self.sync = Sync(mode=self.MODE, options=options)
         self.every, self.bits = sync.option("every"), sync.option("bits")
         n = executor.n_replicas if executor is not None else 1
-        if n > 1 and executor.ddp is None:
-            raise PartitaError(f"{self.MODE} runs on data-parallel plans with DDP (zero 0, no tensor or pipeline "
-                               "parallelism) today; this plan shards or splits the model")
+        self.sharded = bool(executor is not None and executor.fsdp)
+        if n > 1 and executor.ddp is None and not self.sharded:
+            raise PartitaError(f"{self.MODE} runs on data-parallel plans with DDP or FSDP (no tensor or pipeline "
+                               "parallelism) today; this plan splits the model")
         self.islands = sync.option("islands") or n
         if n % self.islands:
             raise PartitaError(f"sync.options.islands = {self.islands} does not divide the plan's {n} data-parallel "
                                "replicas into equal islands")
         self.inner, self.outer = self._groups(n)
         with torch.no_grad():
-            self.anchor = [p.detach().clone().float() for p in executor.params]
+            self.anchor = [local(p).detach().clone().float() for p in executor.params]
         momentum = sync.option("outer_momentum")
         self.outer_opt = torch.optim.SGD(self.anchor, lr=sync.option("outer_lr"), momentum=momentum,
                                          nesterov=momentum > 0)
 
     def _groups(self, n: int):
         """(the island's own group or None, the group of this replica's peers in the other islands or None); sets
-        `island`, this rank's island's index."""
-        self.island = 0
+        `island`, this rank's island's index, and `shard`, its place in the island."""
+        self.island = self.shard = 0
         if n <= 1 or self.islands <= 1:
             return None, None
         per, ranks = n // self.islands, dist.get_process_group_ranks(self.executor.replicas)
         mine = ranks.index(dist.get_rank())
-        self.island = mine // per
+        self.island, self.shard = mine // per, mine % per
         if self.islands == n:
             return None, self.executor.replicas
         inner = outer = None
@@ -187,7 +192,7 @@ class DiLoCo(SyncHook):
         return ddp.no_sync() if ddp is not None and self.outer is not None else contextlib.nullcontext()
 
     def before_optimizer(self, step: int) -> None:
-        if self.inner is None:
+        if self.inner is None or self.sharded:  # FSDP has reduce-scattered them over the island already
             return
         for p in self.executor.params:
             if p.grad is not None:
@@ -205,7 +210,7 @@ class DiLoCo(SyncHook):
         self.outer_opt.step()
         with torch.no_grad():
             for anchor, p in zip(self.anchor, self.executor.params):
-                p.copy_(anchor)
+                local(p).copy_(anchor)
                 anchor.grad = None
 
     # The outer all-reduce goes in flat buckets of up to OUTER_BUCKET elements, one collective each: on a link of
@@ -227,7 +232,8 @@ class DiLoCo(SyncHook):
     def _wire(self, bucket: list[int]) -> torch.Tensor:
         """The bucket's parameter change, anchor - params, flat (bf16 at 16 bits)."""
         with torch.no_grad():
-            flat = torch.cat([(self.anchor[i] - self.executor.params[i].detach().float()).reshape(-1) for i in bucket])
+            flat = torch.cat([(self.anchor[i] - local(self.executor.params[i]).detach().float()).reshape(-1)
+                              for i in bucket])
         return flat.to(torch.bfloat16) if self.bits == 16 else flat
 
     def _all_reduce(self, wires: list[torch.Tensor]) -> list:
@@ -268,8 +274,14 @@ class DiLoCo(SyncHook):
             state = self.outer_opt.state[anchor]
             if create and self.outer_opt.defaults["momentum"] > 0 and "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(anchor)
-            out.update({f"sync.{self.MODE}.outer.{i}.{k}": v for k, v in state.items() if isinstance(v, torch.Tensor)})
+            out.update({f"sync.{self.MODE}.outer.{i}.{k}{self._shard_key}": v for k, v in state.items()
+                        if isinstance(v, torch.Tensor)})
         return out
+
+    @property
+    def _shard_key(self) -> str:
+        """The suffix of a key that holds this rank's shard (FSDP: each shard its own plain tensor), else ""."""
+        return f".shard{self.shard}" if self.sharded else ""
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         return {**self._outer_keys(), **self._inner_keys()}
@@ -385,7 +397,7 @@ class StreamingDiLoCo(DiLoCo):
         self.outer_opt.step()  # SGD steps only the anchors that have a gradient: this fragment's
         with torch.no_grad():
             for i in indices:
-                p, anchor = self.executor.params[i], self.anchor[i]
+                p, anchor = local(self.executor.params[i]), self.anchor[i]
                 if self.alpha == 0:
                     p.copy_(anchor)
                 else:
@@ -398,7 +410,7 @@ class StreamingDiLoCo(DiLoCo):
 
     def _own_keys(self) -> dict[str, torch.Tensor]:
         fragment, merge_at = (self.pending.fragment, self.pending.merge_at) if self.pending else (-1, -1)
-        return {**{f"sync.{self.MODE}.anchor.{i}": a for i, a in enumerate(self.anchor)},
+        return {**{f"sync.{self.MODE}.anchor.{i}{self._shard_key}": a for i, a in enumerate(self.anchor)},
                 **{f"sync.{self.MODE}.island{self.island}.param.{i}": p.detach()
                    for i, p in enumerate(self.executor.params)},
                 f"sync.{self.MODE}.pending": torch.tensor([fragment, merge_at], dtype=torch.int64)}
@@ -407,7 +419,7 @@ class StreamingDiLoCo(DiLoCo):
         self._land()
         out = {**self._outer_keys(create=True), **self._inner_keys(), **self._own_keys()}
         if self.pending is not None:
-            out.update({f"sync.{self.MODE}.pending.wire.{j}": w for j, w in enumerate(self.pending.wires)})
+            out.update({f"sync.{self.MODE}.pending.wire.{j}{self._shard_key}": w for j, w in enumerate(self.pending.wires)})
         return out
 
     def load_state(self, path) -> None:
@@ -426,7 +438,8 @@ class StreamingDiLoCo(DiLoCo):
         if fragment >= 0:
             buckets = self._buckets(self.fragments[fragment])
             dtype = torch.bfloat16 if self.bits == 16 else torch.float32
-            wires = {f"sync.{self.MODE}.pending.wire.{j}": torch.empty(sum(self.anchor[i].numel() for i in b), dtype=dtype)
+            wires = {f"sync.{self.MODE}.pending.wire.{j}{self._shard_key}":
+                     torch.empty(sum(self.anchor[i].numel() for i in b), dtype=dtype)
                      for j, b in enumerate(buckets)}
             dcp.load(wires, storage_reader=reader())
             self.pending = InFlight(fragment=fragment, merge_at=merge_at, buckets=buckets, wires=list(wires.values()))

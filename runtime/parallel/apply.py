@@ -40,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from partita.costmodel.models import ModelSpec
 from partita.planner.plan import Plan
+from partita.planner.plan.sync import SYNC_MODES
 from partita.runtime.parallel import cp as context_parallel
 from partita.runtime.parallel import ep as expert_parallel
 from partita.runtime.parallel.blocks import apply_block_choices, blocks_in
@@ -156,7 +157,7 @@ def parallelize(module: nn.Module, plan: Plan, topo: Topology, stage: int | None
         done.tp_layers = _tp().apply_tp(module, plan.placements, topo.mesh["tp"])
     dtype = train_dtype(plan)
     if sharded(plan):
-        done.fsdp_units = apply_fsdp(module, blocks, plan.zero_stage, context_parallel.replica_mesh(topo), dtype,
+        done.fsdp_units = apply_fsdp(module, blocks, plan.zero_stage, fsdp_mesh(plan, topo), dtype,
                                      stage_root=stage is not None, pure=pure)
         done.reshard_after_forward = plan.zero_stage == 3
         done.offload_states = [f for f, b in blocks.items() if b.offload_states]
@@ -165,6 +166,28 @@ def parallelize(module: nn.Module, plan: Plan, topo: Topology, stage: int | None
     done.precision = describe(dtype, done.fsdp_units > 0, pure)
     done.local_params = sum(local(p).numel() for p in module.parameters())
     return done
+
+
+def island_count(plan: Plan) -> int:
+    """Islands whose replicas FSDP shards among themselves alone: those of a sync mode that trains islands apart
+    between outer steps (planner.plan.sync, `shards_in_islands`: DiLoCo, streaming DiLoCo) in a ZeRO 2/3 plan; 1
+    otherwise (FSDP over every replica)."""
+    entry = SYNC_MODES.get(plan.sync.mode)
+    if entry is None or not entry.shards_in_islands or not sharded(plan):
+        return 1
+    return int(plan.sync.option("islands") or plan.mesh.dp)
+
+
+def fsdp_mesh(plan: Plan, topo: Topology):
+    """The mesh FSDP shards over: the data-parallel (x cp) replicas, or, with islands apart (`island_count`), this
+    island's replicas: a (island, shard) mesh over the data-parallel ranks (the runtime runs those modes on data
+    parallelism alone), consecutive ranks an island, as runtime.loop.sync.DiLoCo groups them."""
+    islands = island_count(plan)
+    if islands <= 1:
+        return context_parallel.replica_mesh(topo)
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh(topo.device.type, (islands, plan.mesh.dp // islands), mesh_dim_names=("island", "shard"))
+    return mesh["shard"]
 
 
 class LocalExecutor:

@@ -134,12 +134,26 @@ def test_a_diloco_plan_round_trips_and_bad_options_are_one_line(plans, tmp_path)
 
 
 def test_a_diloco_plan_the_runtime_does_not_run_says_so():
-    """The runtime runs DiLoCo on DDP replicas: a ZeRO-2 DiLoCo plan is priced and marked not executed."""
+    """The runtime runs DiLoCo on data-parallel replicas, with DDP or with FSDP inside each island: a ZeRO-1 DiLoCo
+    plan is priced and marked not executed, a ZeRO-2 one is executable."""
     from partita.planner.api import plan_search
     from partita.planner.enumerate.space import SearchSpace, TrainConfig
-    p = plan_search("tiny-gpt", cluster=SLOW, train=TrainConfig(global_batch=4),
-                    space=SearchSpace(dp=(2,), zero=(2,), sync="diloco"))[1]
-    assert p.sync.mode == "diloco" and "diloco with zero=2 is not run by partita's runtime" in p.solver["not_executed"]
+    from partita.planner.plan.executable import sync_refusal
+
+    def diloco(zero: int):
+        return plan_search("tiny-gpt", cluster=SLOW, train=TrainConfig(global_batch=4),
+                           space=SearchSpace(dp=(2,), zero=(zero,), sync="diloco"))[1]
+    one, two = diloco(1), diloco(2)
+    assert one.sync.mode == "diloco" and "diloco with zero=1 is not run by partita's runtime" in one.solver["not_executed"]
+    assert "FSDP with ZeRO 2 or 3 inside each island" in one.solver["not_executed"]
+    assert two.sync.mode == "diloco" and "not_executed" not in two.solver
+    # ZeRO-2 inside islands of one replica: FSDP shards nothing (dp / I = 1), so besides the anchor and momentum
+    # (8 bytes a parameter) each rank holds the other half of the gradients and Adam's moments the estimator
+    # sharded over dp = 2: (4 + 8) / 2 bytes a parameter more
+    params = two.model["parameters"]
+    assert two.predicted["sync"]["extra_memory_bytes"] == 8 * params + 12 * params // 2
+    assert "diloco with tp=2 is not run" in sync_refusal("diloco", tp=2, zero=3)
+    assert "compressed with zero=2 is not run" in sync_refusal("compressed", zero=2)
 
 
 def test_the_cross_island_term_counts_islands_spanned_and_the_ring_factors():

@@ -9,6 +9,10 @@ parameter checksum after every optimizer step). Seeds: the runs' default (--seed
   learnable token file (next token = this one + 1 mod 16).
 - 4 ranks in 2 islands of 2 (inner averaging on each island's group, outer all-reduce across): H = 1, outer lr 1,
   no momentum equals 4-rank synchronous DP within 1e-5.
+- 4 ranks in 2 islands under ZeRO-3: FSDP shards over each island's 2 ranks alone (half the parameters per rank,
+  not a quarter), and H = 1, outer lr 1, no momentum equals 4-rank synchronous ZeRO-3 within 1e-5; H = 2 does not.
+  Streaming DiLoCo on those islands resumes bit for bit from a checkpoint with a fragment in flight (each shard's
+  anchor and in-flight mean under its own keys, each island's sharded weights).
 - DiLoCo checkpoints after outer steps: a resumed run equals the uninterrupted one (each island's inner Adam state
   and the outer momentum are in the checkpoint); --checkpoint-every that is not a multiple of H is refused in one
   line before anything trains; so are --steps that are not a multiple of H (the replicas would end apart) and
@@ -149,3 +153,58 @@ def test_flags_diloco_cannot_honour_are_one_line_each():
     assert "use --checkpoint-every 4" in run_refusal(diloco, 2, 8) and run_refusal(diloco, 8, 8) is None
     assert "--verify compares with single-process training" in run_refusal(diloco, 0, 8, True)
     assert run_refusal(Sync(mode="diloco", options={"every": 1, "outer_lr": 1, "outer_momentum": 0}), 0, 3, True) is None
+
+
+def _fsdp_islands(tmp_path: Path, name: str, sync: dict | None, optimizer: str, steps: int, *extra: str,
+                  lr: str = "0.5") -> list[float]:
+    """4 ranks, ZeRO-3 (FSDP2): with `sync`, 2 islands of 2 replicas, FSDP sharding each island's pair alone. The
+    losses; the run's `applied` record goes to APPLIED[name]."""
+    from test_plans_match_single_process import make_plan
+    plan = make_plan(dp=4)
+    plan["train"]["optimizer"] = optimizer
+    plan["zero_stage"] = 3
+    if sync:
+        plan["sync"] = sync
+    path, out = tmp_path / f"{name}.json", tmp_path / f"{name}.losses.json"
+    path.write_text(json.dumps(plan))
+    done = rank_pool.shared().run(4, [str(path), "--model", "tiny-gpt", "--steps", str(steps), "--lr", lr,
+                                      "--log-every", "0", "--losses-out", str(out), *extra], cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    APPLIED[name] = report["applied"]
+    return report["losses"]
+
+
+APPLIED: dict[str, dict] = {}
+
+
+def test_fsdp_inside_two_islands_h1_is_synchronous_zero3(tmp_path):
+    """ZeRO-3 inside each of 2 islands (FSDP's reduce-scatter over the island's 2 ranks), the outer all-reduce of
+    each shard across the islands: H = 1, outer lr 1, no momentum is 4-rank synchronous ZeRO-3 within 1e-5."""
+    identity = {"mode": "diloco", "options": {"every": 1, "outer_lr": 1, "outer_momentum": 0, "islands": 2}}
+    sync = _fsdp_islands(tmp_path, "zero3", None, "sgd", 4)
+    islands = _fsdp_islands(tmp_path, "zero3_islands", identity, "sgd", 4)
+    assert max(abs(a - b) for a, b in zip(islands, sync)) < 1e-5, (islands, sync)
+    # FSDP shards over the island's 2 ranks, not all 4: each rank holds half the parameters, not a quarter
+    assert APPLIED["zero3_islands"]["local_params"] == 2 * APPLIED["zero3"]["local_params"], APPLIED
+    # the outer step matters: H = 2 with the published outer step is another run
+    h2 = _fsdp_islands(tmp_path, "zero3_h2", {"mode": "diloco", "options": {"every": 2, "islands": 2}}, "sgd", 4)
+    assert abs(h2[0] - sync[0]) < 1e-5 and min(abs(a - b) for a, b in zip(h2[2:], sync[2:])) > 1e-4, (h2, sync)
+
+
+def test_streaming_on_fsdp_islands_resumes_exactly_with_a_fragment_in_flight(tmp_path):
+    """Streaming DiLoCo (H = 4, 2 fragments, delay 1, alpha 0.5) on ZeRO-3 islands of 2 ranks, Adam: 8 steps straight
+    against 4 (the checkpoint after step 4 holds fragment 0's all-reduce in flight, every shard's anchor and each
+    island's sharded weights) and 4 more resumed -- the same losses, bit for bit."""
+    from partita.runtime.checkpoint import read_metadata
+    ck = tmp_path / "ck"
+    sync = {"mode": "streaming", "options": {"every": 4, "fragments": 2, "delay": 1, "alpha": 0.5, "islands": 2}}
+    straight = _fsdp_islands(tmp_path, "straight", sync, "adam", 8, lr="0.01")
+    first = _fsdp_islands(tmp_path, "first", sync, "adam", 4, "--checkpoint-dir", str(ck), "--checkpoint-every", "2",
+                          lr="0.01")
+    keys = set(read_metadata(ck / "step-00000004").state_dict_metadata)
+    assert {"sync.streaming.pending.wire.0.shard0", "sync.streaming.pending.wire.0.shard1",
+            "sync.streaming.anchor.0.shard1"} <= keys
+    assert any(k.startswith("sync.streaming.island1.param.") for k in keys)
+    resumed = _fsdp_islands(tmp_path, "resumed", sync, "adam", 8, "--checkpoint-dir", str(ck), "--resume", lr="0.01")
+    assert first == straight[:4] and resumed == straight[4:], (straight, first, resumed)

@@ -36,7 +36,9 @@ def capture(spec: "ModelSpec", dtype: str = "fp32", batch: int = 1, autocast: st
         try:
             with _one_sample_batch_norm():
                 if front == "fx":
-                    graph = _capture_fx(spec, dtype, batch, autocast)
+                    from partita.costmodel.capture.defer import deferred  # torch._dynamo left unimported
+                    with deferred():
+                        graph = _capture_fx(spec, dtype, batch, autocast)
                 else:
                     from partita.costmodel.capture.export import capture_export  # torch.export: HF models
                     graph = capture_export(spec, dtype, batch, autocast)

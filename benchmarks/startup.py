@@ -9,6 +9,8 @@ the load average it had (stated: other work on 2 cores doubles these):
     cli        `python -m partita.cli models`                  the CLI's own start (no torch)
     plan       `partita plan --model tiny-gpt --cluster 2xcpu ...`     capture + search + report of a small model,
                                                                        capture cache off (PARTITA_CACHE_DIR=off)
+    plan-dynamo  the cold plan with PARTITA_DEFER_DYNAMO=0             the capture imports torch._dynamo, as it did
+                                                                       before costmodel.capture.defer (side by side)
     plan-warm  the same plan with its capture cached                   search + report: the capture, name, config
                                                                        and fingerprint read from the capture cache
                                                                        (costmodel.capture.cache), warmed by one
@@ -47,9 +49,11 @@ WARMED = ("plan-warm",)
 
 def _env(work: Path, phase: str) -> dict:
     """The phase's environment: a capture cache of the run's own (never the user's), off for the cold plan."""
-    cache = "off" if phase == "plan" else str(work / "cache")
+    cache = "off" if phase in ("plan", "plan-dynamo") else str(work / "cache")
     start = {"PARTITA_WORKER_START": "spawn"} if phase == "run-spawn" else {}
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PARTITA_CACHE_DIR": cache, **start}
+    dynamo = {"PARTITA_DEFER_DYNAMO": "0"} if phase == "plan-dynamo" else {}
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PARTITA_CACHE_DIR": cache, **start,
+            **dynamo}
 
 
 def timed(cmd: list[str], cwd: Path, phase: str) -> float:
@@ -69,6 +73,7 @@ def phases(work: Path) -> dict[str, list[str]]:
         "torch": [py, "-c", "import torch"],
         "cli": [*cli, "models"],
         "plan": [*cli, "plan", "--model", "tiny-gpt", "--cluster", "2xcpu", "--global-batch", "4", "--out", plan],
+        "plan-dynamo": [*cli, "plan", "--model", "tiny-gpt", "--cluster", "2xcpu", "--global-batch", "4", "--out", plan],
         "plan-warm": [*cli, "plan", "--model", "tiny-gpt", "--cluster", "2xcpu", "--global-batch", "4", "--out", plan],
         "check": [py, "-m", "partita.runtime.train", plan, "--model", "tiny-gpt", "--check"],
         "run": [*cli, "run", plan, "--model", "tiny-gpt", "--steps", "2"],
@@ -88,7 +93,7 @@ def measure(repeats: int = REPEATS) -> dict:
             rows[name] = {"median_s": statistics.median(times), "times_s": times, "command": " ".join(cmd[1:])}
             if name.startswith("plan"):
                 rows[name]["capture_cache"] = "warm" if name in WARMED else "off"
-            print(f"{name:<9} {rows[name]['median_s']:6.2f} s  (median of {repeats}: "
+            print(f"{name:<11} {rows[name]['median_s']:6.2f} s  (median of {repeats}: "
                   f"{', '.join(f'{t:.2f}' for t in times)})", flush=True)
     targets = {k: {"target_s": v, "median_s": rows[k]["median_s"], "met": rows[k]["median_s"] <= v}
                for k, v in TARGETS.items()}

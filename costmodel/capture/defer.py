@@ -14,17 +14,21 @@ the next `import torch._dynamo` is torch's own, whole. The capture's graph is th
 the presets, tests/costmodel/test_defer_dynamo.py).
 
 Not deferred: a process that has imported torch._dynamo already (nothing to save), torch.export's capture (it is
-dynamo), and a torch whose torch._dynamo has no `config` submodule (the capture imports torch._dynamo as before).
+dynamo), a torch whose torch._dynamo has no `config` submodule (the capture imports torch._dynamo as before), and
+any capture while PARTITA_DEFER_DYNAMO=0 (a way out should a torch release need more of dynamo in a capture, and
+benchmarks.startup's side-by-side figure).
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
 import importlib.util
+import os
 import sys
 import types
 
 NAME = "torch._dynamo"
+ENV = "PARTITA_DEFER_DYNAMO"
 
 
 class StandIn(types.ModuleType):
@@ -56,7 +60,8 @@ def _disable_later(fn, recursive=True, *, reason=None, wrapping=True):
 def deferred():
     """torch._dynamo stood in for while the block runs (module docstring); yields whether it is."""
     import torch
-    spec = importlib.util.find_spec(NAME) if NAME not in sys.modules else None
+    off = os.environ.get(ENV, "").strip() == "0"
+    spec = importlib.util.find_spec(NAME) if NAME not in sys.modules and not off else None
     if spec is None or not spec.submodule_search_locations:
         yield False
         return

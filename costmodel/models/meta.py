@@ -2,7 +2,7 @@
 
 A meta tensor has a shape and a dtype and no values, so initialising one computes nothing -- but it still
 costs: `normal_` on a meta tensor dispatches to torch._refs, whose wrapper imports torch._dynamo (about
-1.5 s, more than building the model). The planner's fingerprint, the pre-flight check and the resume check
+1.5 s, more than building the model; `meta_build` also stands torch._dynamo in for the other factory ops). The planner's fingerprint, the pre-flight check and the resume check
 build models on meta only to read names, shapes and dtypes: `meta_build` skips the value fills of meta
 tensors (torch.nn.init's initialisers and the in-place random and constant fills of Tensor) while it runs.
 A tensor that is not on meta is filled as usual, so a factory that makes real buffers still gets them.
@@ -52,6 +52,9 @@ def values_skipped_on_meta() -> Iterator[None]:
 
 
 def meta_build(build: Callable[[], nn.Module]) -> nn.Module:
-    """`build()` on the meta device with its initialisers skipped: names, shapes and dtypes, no values."""
-    with torch.device("meta"), values_skipped_on_meta():
+    """`build()` on the meta device with its initialisers skipped: names, shapes and dtypes, no values. Other
+    factory ops on meta (a rotary table's `arange`) dispatch to torch._refs too, whose wrapper would import
+    torch._dynamo: it is stood in for meanwhile (costmodel.capture.defer)."""
+    from partita.costmodel.capture.defer import deferred
+    with torch.device("meta"), values_skipped_on_meta(), deferred():
         return build()

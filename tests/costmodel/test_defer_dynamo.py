@@ -1,7 +1,8 @@
 """costmodel.capture.defer: the fx capture runs without importing torch._dynamo, and changes nothing else.
 
 Each case is a fresh interpreter (the test process has torch._dynamo loaded long since):
-- a capture with the stand-in leaves torch._dynamo unimported and gives the graph a process that imported
+- a capture with the stand-in, and a build on the meta device (the plan's fingerprint), leave torch._dynamo
+  unimported, and the capture gives the graph a process that imported
   torch._dynamo first gives (every node, edge and field; the capture's own seconds and object addresses aside),
   for a small llama in bf16 (rotary embeddings, grouped-query attention, autocast records);
 - after it, `import torch._dynamo` is torch's own, whole: torch.compile compiles and runs a function, and a
@@ -27,7 +28,9 @@ if sys.argv[2] == "dynamo-first":
     import torch._dynamo
 from partita.costmodel.models import resolve_model
 from partita.costmodel.capture import capture, cache
+from partita.costmodel.models.meta import meta_build
 g = capture(resolve_model(sys.argv[1]), dtype="bf16")
+meta_build(resolve_model(sys.argv[1]).build)  # the plan's fingerprint: a rotary table's arange on meta
 print(json.dumps({"dynamo_loaded": "torch._dynamo" in sys.modules, "graph": cache.encode(cache._graph_data(g))}))
 """
 

@@ -82,13 +82,19 @@ class Compressed(SyncHook):
 
     def __init__(self, executor, topo, options: dict, optimizer=None):
         super().__init__(executor, topo, options, optimizer)
-        n = executor.n_replicas if executor is not None else 1
-        if n <= 1:
-            return
-        if executor.ddp is None:
-            raise PartitaError("the compressed sync mode runs on data-parallel plans with DDP (zero 0, no tensor or "
-                               "pipeline parallelism) today; this plan shards or splits the model")
-        executor.ddp.register_comm_hook(executor.replicas, bf16_all_reduce)
+        if (ddp := ddp_to_hook(executor, COMPRESSED)) is not None:
+            ddp.register_comm_hook(executor.replicas, bf16_all_reduce)
+
+
+def ddp_to_hook(executor, mode: str):
+    """The DDP module a communication-hook mode registers its hook on; None with one replica (nothing to
+    all-reduce). One line when the plan has no DDP (it shards or splits the model)."""
+    if executor is None or executor.n_replicas <= 1:
+        return None
+    if executor.ddp is None:
+        raise PartitaError(f"the {mode} sync mode runs on data-parallel plans with DDP (zero 0, no tensor or "
+                           "pipeline parallelism) today; this plan shards or splits the model")
+    return executor.ddp
 
 
 class PowerSGD(SyncHook):
@@ -102,18 +108,14 @@ class PowerSGD(SyncHook):
 
     def __init__(self, executor, topo, options: dict, optimizer=None):
         super().__init__(executor, topo, options, optimizer)
-        n = executor.n_replicas if executor is not None else 1
-        if n <= 1:
+        if (ddp := ddp_to_hook(executor, POWERSGD)) is None:
             return
-        if executor.ddp is None:
-            raise PartitaError("the powersgd sync mode runs on data-parallel plans with DDP (zero 0, no tensor or "
-                               "pipeline parallelism) today; this plan shards or splits the model")
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
         sync = Sync(mode=POWERSGD, options=options)
         self.state = psgd.PowerSGDState(process_group=executor.replicas,
                                         matrix_approximation_rank=sync.option("rank"),
                                         start_powerSGD_iter=sync.option("start"))
-        executor.ddp.register_comm_hook(self.state, psgd.powerSGD_hook)
+        ddp.register_comm_hook(self.state, psgd.powerSGD_hook)
         self.start = sync.option("start")
 
     def load_state(self, path) -> None:

@@ -91,16 +91,14 @@ def test_checkpoints_inside_a_window_are_refused_in_one_line(tmp_path):
     assert line in done["stderr"], done["stderr"][-2000:]
 
 
-def test_a_resumed_diloco_run_equals_the_uninterrupted_one(tmp_path):
-    """Adam inside each of 2 islands (one replica each: their moments differ), H = 2 with the published outer
-    Nesterov step: 8 steps straight, against 4 steps + a checkpoint + 4 more resumed. The checkpoint holds each
-    island's Adam state under its own keys and the outer momentum; the resumed losses are the same, bit for bit."""
+def adam_runs(tmp_path: Path, sync: dict):
+    """A 2-rank dp plan of tiny-gpt under Adam (lr 0.01) with `sync`, and a function that runs it for some steps
+    with extra flags in the rank pool and returns the losses."""
     from test_plans_match_single_process import make_plan
-    from partita.runtime.checkpoint import read_metadata
     plan = make_plan(dp=2)
     plan["train"]["optimizer"] = "adam"
-    plan["sync"] = {"mode": "diloco", "options": {"every": 2}}
-    path, ck = tmp_path / "diloco.json", tmp_path / "ck"
+    plan["sync"] = sync
+    path = tmp_path / f"{sync['mode']}.json"
     path.write_text(json.dumps(plan))
 
     def run(name: str, steps: int, *extra: str) -> list[float]:
@@ -109,7 +107,15 @@ def test_a_resumed_diloco_run_equals_the_uninterrupted_one(tmp_path):
                                           "--log-every", "0", "--losses-out", str(out), *extra], cwd=ROOT, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(out.read_text())["losses"]
+    return run
 
+
+def test_a_resumed_diloco_run_equals_the_uninterrupted_one(tmp_path):
+    """Adam inside each of 2 islands (one replica each: their moments differ), H = 2 with the published outer
+    Nesterov step: 8 steps straight, against 4 steps + a checkpoint + 4 more resumed. The checkpoint holds each
+    island's Adam state under its own keys and the outer momentum; the resumed losses are the same, bit for bit."""
+    from partita.runtime.checkpoint import read_metadata
+    run, ck = adam_runs(tmp_path, {"mode": "diloco", "options": {"every": 2}}), tmp_path / "ck"
     straight = run("straight", 8)
     first = run("first", 4, "--checkpoint-dir", str(ck), "--checkpoint-every", "2")
     keys = set(read_metadata(ck / "step-00000004").state_dict_metadata)

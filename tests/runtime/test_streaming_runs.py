@@ -16,7 +16,6 @@ runs' default (--seed 0), plain SGD at lr 0.5 unless a test says otherwise.
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
@@ -27,8 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "runtime"))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-import rank_pool  # noqa: E402
-from test_diloco_runs import STEPS, _learnable, _run  # noqa: E402
+from test_diloco_runs import STEPS, _learnable, _run, adam_runs  # noqa: E402
 
 PUBLISHED = {"every": 4}  # outer lr 0.7, momentum 0.9 by default
 
@@ -74,21 +72,9 @@ def test_a_run_resumed_from_a_checkpoint_with_an_all_reduce_in_flight_equals_the
     """Adam in each of 2 islands, H = 4, 2 fragments, delay 1, alpha 0.5: the checkpoint after step 4 is taken while
     fragment 0's all-reduce (sent after step 4) is in flight; it holds the received mean and merges it after step
     5 of the resumed run, as the straight run does."""
-    from test_plans_match_single_process import make_plan
     from partita.runtime.checkpoint import read_metadata
-    plan = make_plan(dp=2)
-    plan["train"]["optimizer"] = "adam"
-    plan["sync"] = {"mode": "streaming", "options": {"every": 4, "fragments": 2, "delay": 1, "alpha": 0.5}}
-    path, ck = tmp_path / "streaming.json", tmp_path / "ck"
-    path.write_text(json.dumps(plan))
-
-    def run(name: str, steps: int, *extra: str) -> list[float]:
-        out = tmp_path / f"{name}.json"
-        done = rank_pool.shared().run(2, [str(path), "--model", "tiny-gpt", "--steps", str(steps), "--lr", "0.01",
-                                          "--log-every", "0", "--losses-out", str(out), *extra], cwd=ROOT, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(out.read_text())["losses"]
-
+    sync = {"mode": "streaming", "options": {"every": 4, "fragments": 2, "delay": 1, "alpha": 0.5}}
+    run, ck = adam_runs(tmp_path, sync), tmp_path / "ck"
     straight = run("straight", 8)
     first = run("first", 4, "--checkpoint-dir", str(ck), "--checkpoint-every", "3")
     keys = set(read_metadata(ck / "step-00000004").state_dict_metadata)

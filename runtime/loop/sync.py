@@ -421,7 +421,8 @@ class StreamingDiLoCo(DiLoCo):
         self._land()
         out = {**self._outer_keys(create=True), **self._inner_keys(), **self._own_keys()}
         if self.pending is not None:
-            out.update({f"sync.{self.MODE}.pending.wire.{j}{self._shard_key}": w for j, w in enumerate(self.pending.wires)})
+            out.update({f"sync.{self.MODE}.pending.wire.{j}{self._shard_key}": w
+                        for j, w in enumerate(self.pending.wires)})
         return out
 
     def load_state(self, path) -> None:
@@ -441,7 +442,7 @@ class StreamingDiLoCo(DiLoCo):
             buckets = self._buckets(self.fragments[fragment])
             dtype = torch.bfloat16 if self.bits == 16 else torch.float32
             wires = {f"sync.{self.MODE}.pending.wire.{j}{self._shard_key}":
-                     torch.empty(sum(self.anchor[i].numel() for i in b), dtype=dtype)
+                     torch.empty(sum(self.anchor[i].numel() for i in b), dtype=dtype, device=self.anchor[b[0]].device)
                      for j, b in enumerate(buckets)}
             dcp.load(wires, storage_reader=reader())
             self.pending = InFlight(fragment=fragment, merge_at=merge_at, buckets=buckets, wires=list(wires.values()))

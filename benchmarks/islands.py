@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -108,8 +109,17 @@ class Link:
 
     def __exit__(self, *exc) -> None:
         for side in "ab":
+            self.kill_all(side)  # a namespace lives on while a process runs in it
             subprocess.run(["ip", "netns", "del", self.ns[side]], capture_output=True)  # takes its veth end along
             shutil.rmtree(Path("/etc/netns") / self.ns[side], ignore_errors=True)
+        subprocess.run(["ip", "link", "del", self.dev["a"]], capture_output=True)  # made, but never moved in
+
+    def kill_all(self, side: str) -> None:
+        """Every process in island `side` (the launchers start their workers in sessions of their own)."""
+        pids = subprocess.run(["ip", "netns", "pids", self.ns[side]], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
 
     def shape(self, rate_mbit: float | None) -> None:
         for side in "ab":
@@ -137,18 +147,20 @@ def two_nodes(link: Link, plan: Path, steps: int, port: int, tmp: Path, timeout:
         argv = [sys.executable, "-m", "partita.cli", "run", str(plan), "--model", "tiny-gpt", "--steps", str(steps),
                 "--nnodes", "2", "--rdzv-endpoint", f"{link.addr['a']}:{port}", "--rdzv-id", f"islands-{port}",
                 "--rdzv-timeout", "60", "--log-every", "0", "--losses-out", str(tmp / f"node{i}.json")]
-        procs.append(subprocess.Popen(link.command(side, *argv), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    outs = []
+        with open(tmp / f"node{i}.log", "w") as log:  # a file, not a pipe: nothing blocks on a full buffer
+            procs.append(subprocess.Popen(link.command(side, *argv), cwd=ROOT, env=env, stdout=log,
+                                          stderr=subprocess.STDOUT))
     try:
         for p in procs:
-            outs.append(p.communicate(timeout=timeout))
+            p.wait(timeout=timeout)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        if any(p.poll() is None for p in procs):
+            for side in "ab":
+                link.kill_all(side)
+            for p in procs:
+                p.wait()
     if any(p.returncode for p in procs):
-        raise RuntimeError("a node failed: " + " | ".join(err.strip()[-800:] for _, err in outs))
+        raise RuntimeError("a node failed: " + " | ".join((tmp / f"node{i}.log").read_text()[-800:] for i in range(2)))
     reports = [json.loads(f.read_text()) for f in sorted(tmp.glob("node*.json"))]
     for f in tmp.glob("node*.json"):
         f.unlink()

@@ -22,13 +22,15 @@ a 20 ms link behind, and the MILP's bucket overlap prices the fabric inside. Per
                                                the island), 1 without
                          + (I - 1) Z           ZeRO 2/3 shards its states over the island's dp / I ranks, not
                                                dp: Z, the sharded states per rank as priced, I times over
-    powersgd      cross = X(4 (V + r sum m)) + X(4 r sum n)
+    powersgd      cross = X(g (V + r sum m)) + X(g r sum n)
                                                two all-reduces per step, as torch's powerSGD_hook runs them: the
                                                uncompressed tensors V (vectors, and m x n matrices that would not
                                                shrink 2x: r (m + n) * 2 >= m n) with the P factors, then the Q
                                                factors; in-island seconds scaled by the compressed bytes, as
                                                compressed's. Steps before `start` run plain all-reduces (not
                                                priced: the steady state is). Vogels et al. 2019
+                  memory + g P + g r (sum m + sum n)   torch's state: the error feedback of whole buckets
+                                               and the factors kept for warm start
     streaming     cross = F / H * max(0, X(P * bits / 8 / F) - tau * T)
                                                F fragments, each all-reduced once every H steps while the next
                                                tau inner steps compute (T: the step without its data-parallel
@@ -178,21 +180,15 @@ def powersgd(predicted: dict, setting: SyncSetting, sync: Sync) -> SyncPrice:
             p_factors, q_factors = p_factors + r * m, q_factors + r * n
         else:
             uncompressed += m * n
-    first, second = 4 * (uncompressed + p_factors), 4 * q_factors
+    g = setting.grad_bytes  # the hook sends and keeps the buckets' own dtype
+    first, second = g * (uncompressed + p_factors), g * q_factors
     cross = comm.cross_island_all_reduce(setting.cluster, setting.islands, first) + \
         (comm.cross_island_all_reduce(setting.cluster, setting.islands, second) if second else 0.0)
-    total = 4 * (setting.vectors + sum(m * n for m, n in setting.matrices)) or 1
+    total = g * (setting.vectors + sum(m * n for m, n in setting.matrices)) or 1
     ratio = min(1.0, (first + second) / total)
-    extra = _powersgd_state_bytes(setting, p_factors, q_factors, uncompressed)
+    extra = total + g * (p_factors + q_factors)
     return SyncPrice(exposed_s=in_island(predicted, setting) * ratio + cross, extra_memory_bytes=extra,
                      cross_island_s=cross, cross_island_bytes=first + second if cross else 0.0)
-
-
-def _powersgd_state_bytes(setting: SyncSetting, p_factors: int, q_factors: int, uncompressed: int) -> int:
-    """What torch's PowerSGDState keeps per rank: the error feedback of every compressed gradient (fp32, m n each)
-    and the P and Q factors (warm start)."""
-    compressed = sum(m * n for m, n in setting.matrices) + setting.vectors - uncompressed
-    return 4 * (compressed + p_factors + q_factors)
 
 
 def _outer_state_bytes(setting: SyncSetting) -> int:

@@ -332,7 +332,7 @@ def sync_lines(plan) -> list[Text]:
             how_often = (f"every {max(1, every // s['fragments'])} step(s), overlapped with the next {s['delay']} "
                          f"step(s) ({s.get('hidden_s', 0.0):.4g} s of each hidden)")
         if "rank" in s:
-            mode += f", rank {s['rank']} from step {s['start']}"
+            mode += f", rank {s['rank']} after {s['start']} plain steps"
         out = [Text(f"sync: {mode} across {s['islands']} islands -- {what} ({human_bytes(s['cross_island_bytes'])} "
                     f"per island) all-reduced over the island link {how_often}: {s['cross_island_s']:.4g} s exposed "
                     f"per step{held}", style="bold")]

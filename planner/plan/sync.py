@@ -7,8 +7,8 @@ contract the runtime reads; stdlib only).
                  {"mode": "diloco", "options": {"every": H, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 32,
                                                 "islands": I}}   every required; the rest default as shown (islands:
                                                                  one per data-parallel replica)
-                 {"mode": "powersgd", "options": {"rank": 4, "start": 1000}}   gradients as rank-r factors from
-                                                                               step `start` on
+                 {"mode": "powersgd", "options": {"rank": 4, "start": 1000}}   gradients as rank-r factors after
+                                                                               `start` plain steps
                  {"mode": "streaming", "options": {"every": H, "fragments": 4, "delay": 1, "alpha": 0.5, ...}}
                                                     DiLoCo's options, and: the fragments synchronised in turn, the
                                                     inner steps each fragment's all-reduce overlaps (tau), and the
@@ -144,10 +144,10 @@ SYNC_MODES: dict[str, SyncMode] = {
         name=POWERSGD, crosses="the gradients as rank-r factors", ddp_replicas_only=True,
         holds="error feedback and the factors kept for warm start",
         summary="synchronous data parallelism with PowerSGD's low-rank gradients (Vogels et al. 2019, "
-                "arXiv:1905.13727; PyTorch's powerSGD_hook): from step `start` on each gradient matrix of m x n is "
-                "all-reduced as two rank-r factors, r (m + n) elements, with error feedback (what the rounding "
-                "lost is added to the next step's gradient); vectors, and matrices that would not shrink 2x, as "
-                "they are. Steps before `start` run a plain all-reduce (torch's default 1000). The update is an "
+                "arXiv:1905.13727; PyTorch's powerSGD_hook): after `start` plain all-reduce steps (torch's default "
+                "1000) each gradient matrix of m x n is all-reduced as two rank-r factors, r (m + n) elements, with "
+                "error feedback (what the compression lost is added to the next step's gradient); vectors, and "
+                "matrices that would not shrink 2x, go as they are. The update is an "
                 "approximation of synchronous SGD's, corrected over steps by the error feedback",
         options={"rank": COUNT, "start": COUNT}, defaults={"rank": 4, "start": 1000}, check=_powersgd_problem),
     STREAMING: SyncMode(

@@ -440,8 +440,8 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
         trainer.run(history)
         sync.close()  # its communication in flight done before the process groups go
     except Exception as e:
-        if isinstance(e, Stopped):  # every rank stopped at the same step boundary: the same collectives in flight
-            sync.close()
+        if isinstance(e, (Stopped, NonFiniteLoss, NonFiniteParameters)):  # raised on every rank at one point: the
+            sync.close()                                                   # same collectives in flight, landed
         keep_partial(opts, prep, topo, history.losses, history.start, history.saves, run_id, e)
         raise
     finally:

@@ -100,9 +100,9 @@ def ddp_to_hook(executor, mode: str):
 class PowerSGD(SyncHook):
     """Synchronous data parallelism with PowerSGD's low-rank gradients (Vogels et al. 2019): torch's own DDP
     communication hook (torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook) with its PowerSGDState over the
-    replicas' group, rank `rank`, compressing from step `start` (plain all-reduces before), error feedback and warm
-    start on (torch's defaults). Runs on DDP plans (zero 0, data parallelism only); one replica has nothing to
-    all-reduce. A resumed run starts the hook's state afresh: `start` more plain steps and no error carried over
+    replicas' group, rank `rank`, compressing after `start` plain all-reduce steps (from step start + 1), error
+    feedback and warm start on (torch's defaults). Runs on DDP plans (zero 0, data parallelism only); one replica
+    has nothing to all-reduce. A resumed run starts the hook's state afresh: `start` more plain steps and no error carried over
     (torch's state holds numpy's random generator and per-bucket tensors keyed by DDP's bucket order, which a new
     process rebuilds), so it is not bit-exact with an uninterrupted run -- partita says so when it resumes."""
 
@@ -173,7 +173,10 @@ class DiLoCo(SyncHook):
         """(the island's own group or None, the group of this replica's peers in the other islands or None); sets
         `island`, this rank's island's index, and `shard`, its place in the island."""
         self.island = self.shard = 0
-        if n <= 1 or self.islands <= 1:
+        if n <= 1:
+            return None, None
+        if self.islands <= 1:  # one island: under FSDP every rank holds its own shard of the anchor
+            self.shard = dist.get_process_group_ranks(self.executor.replicas).index(dist.get_rank())
             return None, None
         per, ranks = n // self.islands, dist.get_process_group_ranks(self.executor.replicas)
         mine = ranks.index(dist.get_rank())
@@ -207,8 +210,9 @@ class DiLoCo(SyncHook):
         wires = [self._wire(b) for b in buckets]
         for work in self._all_reduce(wires):
             work.wait()
-        for bucket, wire in zip(buckets, wires):
-            self._set_grads(bucket, wire)
+        for k, bucket in enumerate(buckets):
+            self._set_grads(bucket, wires[k])
+            wires[k] = None  # a 16-bit wire goes once its fp32 copy is the gradients
         self.outer_opt.step()
         with torch.no_grad():
             for anchor, p in zip(self.anchor, self.executor.params):
@@ -349,7 +353,9 @@ class StreamingDiLoCo(DiLoCo):
     a fragment is between its outer steps, so a checkpoint holds each island's parameters under its own keys, the
     anchors, the outer momentum and, when a fragment is in flight, its received mean and the step it merges at
     (the all-reduce is waited for first: that costs time, never a different number). A resumed run merges it
-    where the uninterrupted one would. The weights a run writes out are island 0's (rank 0's)."""
+    where the uninterrupted one would. The checkpoint's model keys hold one island's weights (torch's checkpoint
+    keeps one copy of a key every rank saves, from whichever rank it picks): resuming this plan restores each
+    island's own from its keys. The weights a run writes out (--save-weights) are rank 0's, island 0's."""
 
     MODE = STREAMING
 
@@ -466,10 +472,10 @@ def run_refusal(sync: Sync, checkpoint_every: int = 0, steps: int = 0, verify: b
     if sync.mode == COMPRESSED and verify:
         return ("--verify compares with single-process fp32 training, and the compressed sync mode rounds every "
                 "averaged gradient to bf16 by design: run without --verify, or compare with a synchronous plan's run")
-    if sync.mode == POWERSGD and verify and steps >= sync.option("start"):
+    if sync.mode == POWERSGD and verify and steps > sync.option("start"):
+        start = sync.option("start")
         return (f"--verify compares with single-process training, and powersgd compresses the gradients from step "
-                f"{sync.option('start')} on (an approximation by design): run without --verify, or fewer than "
-                f"{sync.option('start')} steps")
+                f"{start + 1} on (an approximation by design): run without --verify, or at most {start} steps")
     if sync.mode == STREAMING:
         same = (sync.option("every"), sync.option("fragments"), sync.option("delay"), sync.option("alpha"),
                 sync.option("outer_lr"), sync.option("outer_momentum")) == (1, 1, 0, 0, 1, 0)

@@ -39,6 +39,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from partita.costmodel.models import ModelSpec
+from partita.costmodel.errors import PartitaError
 from partita.planner.plan import Plan
 from partita.planner.plan.sync import SYNC_MODES
 from partita.runtime.parallel import cp as context_parallel
@@ -185,6 +186,9 @@ def fsdp_mesh(plan: Plan, topo: Topology):
     islands = island_count(plan)
     if islands <= 1:
         return context_parallel.replica_mesh(topo)
+    if plan.mesh.dp % islands:
+        raise PartitaError(f"sync.options.islands = {islands} does not divide the plan's {plan.mesh.dp} data-parallel "
+                           "replicas into equal islands")
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh(topo.device.type, (islands, plan.mesh.dp // islands), mesh_dim_names=("island", "shard"))
     return mesh["shard"]

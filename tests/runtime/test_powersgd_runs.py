@@ -59,8 +59,10 @@ def test_verify_with_compression_is_one_line_and_a_resume_says_the_hook_starts_a
     from partita.planner.plan.sync import Sync
     from partita.runtime.loop.sync import run_refusal
     from test_plans_match_single_process import make_plan
-    assert run_refusal(Sync(mode="powersgd", options={"start": 10}), 0, 9, True) is None
-    assert "powersgd compresses the gradients from step 10 on" in run_refusal(Sync(mode="powersgd", options={"start": 10}), 0, 10, True)
+    late = Sync(mode="powersgd", options={"start": 10})
+    assert run_refusal(late, 0, 10, True) is None  # ten plain steps: torch compresses from the eleventh
+    assert "powersgd compresses the gradients from step 11 on" in run_refusal(late, 0, 11, True)
+    assert "or at most 10 steps" in run_refusal(late, 0, 11, True)
     plan = make_plan(dp=2)
     plan["train"]["optimizer"] = "sgd"
     plan["sync"] = {"mode": "powersgd", "options": {"rank": 2, "start": 2}}

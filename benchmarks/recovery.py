@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
-    from partita.runtime.launcher.elastic import KEEP_ALIVE, LAST_CALL
+    from partita.runtime.launcher.elastic import KEEP_ALIVE, KEEP_ALIVE_MISSES, LAST_CALL
     with tempfile.TemporaryDirectory() as tmp:
         plan_set = Path(tmp) / "set"
         subprocess.run([sys.executable, "-m", "partita.cli", "plan", "--model", "tiny-gpt", "--cluster", "3x1xcpu",
@@ -166,7 +166,8 @@ def main(argv=None) -> int:
     median = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     phases = {k: v for k, v in median.items() if k != "total_s"}
     payload = {"scenario": "3 local nodes of 1 CPU process, tiny-gpt, plan set 2:3 nodes, one node SIGKILLed after "
-                           f"step {FIRST} is saved", "keep_alive_s": KEEP_ALIVE, "last_call_s": LAST_CALL,
+                           f"step {FIRST} is saved", "keep_alive_s": KEEP_ALIVE, "keep_alive_misses": KEEP_ALIVE_MISSES,
+               "last_call_s": LAST_CALL,
                "runs": runs, "median": median, "dominant": max(phases, key=phases.get)}
     path = write("recovery", payload)
     print(f"median: {', '.join(f'{k} {v:.2f} s' for k, v in median.items())}; dominant: {payload['dominant']}")

@@ -35,8 +35,14 @@ LAST_CALL = 15.0
 lost a node stands still this long (torch's default is 30 s). Shorter left out survivors still stopping their
 workers on a loaded machine (5 s did here), which then cost another round to take back in."""
 KEEP_ALIVE = 1
-"""Seconds between an elastic node's rendezvous keep-alives; after 3 missed, torch drops the node from the round
-(torch's default, 5 s, kept a shrinking job waiting 15 s for a node already dead)."""
+"""Seconds between an elastic node's rendezvous keep-alives (torch's default, 5 s, kept a shrinking job waiting
+15 s for a node already dead)."""
+KEEP_ALIVE_MISSES = 8
+"""Keep-alives an elastic node may miss before torch drops it from the round (torch's default is 3). With 3 x 1 s,
+a live agent starved of CPU for 3 s on a loaded machine was dropped from a round another node had just closed:
+that node then waited for it in torchrun's rank assignment and the dropped node waited for a next round that never
+came, both until the 300 s rendezvous timeout (tests/e2e/test_elastic.py, once under the suite at load 6). 8 s
+still drops a dead node well inside the round's LAST_CALL."""
 DEFAULT_RESCALE_EVERY = 60.0
 DEFAULT_RESTARTS = 10
 """--max-restarts of an elastic run when not given: failures a job survives (membership changes are free)."""

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 
 from partita.costmodel.errors import PartitaError
-from partita.runtime.launcher.elastic import KEEP_ALIVE, LAST_CALL, ROUND_ENV
+from partita.runtime.launcher.elastic import KEEP_ALIVE, KEEP_ALIVE_MISSES, LAST_CALL, ROUND_ENV
 from partita.runtime.loop.console import stderr_line
 
 BACKEND = "partita-c10d"
@@ -282,9 +282,10 @@ def register(endpoint: str, timeout: float, elastic=None) -> list[str]:
     except ValueError:  # registered before in this process
         pass
     seconds = max(1, round(timeout))
-    # elastic: a short last call, and a lost node's keep-alive given up after 3 x KEEP_ALIVE s, not torch's 15 s
-    # (the survivors' next round waits for that before it starts)
-    last_call = f",last_call_timeout={LAST_CALL:g},keep_alive_interval={KEEP_ALIVE}" if elastic is not None else ""
+    # elastic: a short last call, and a lost node's keep-alive given up after KEEP_ALIVE_MISSES x KEEP_ALIVE s, not
+    # torch's 15 s (the survivors' next round waits for that before it starts)
+    last_call = (f",last_call_timeout={LAST_CALL:g},keep_alive_interval={KEEP_ALIVE},"
+                 f"keep_alive_max_attempt={KEEP_ALIVE_MISSES}") if elastic is not None else ""
     return [f"--rdzv-backend={BACKEND}", f"--rdzv-endpoint={endpoint}",
             f"--rdzv-conf=join_timeout={seconds},read_timeout={seconds}{last_call}"]
 

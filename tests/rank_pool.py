@@ -94,10 +94,27 @@ def serve(conn) -> None:
         conn.send((code, out.getvalue(), err.getvalue()))
 
 
+PORTS = (20000, 32000)
+"""Where the tests take the ports their rendezvous stores listen on: below Linux's ephemeral range (32768-60999).
+A port the kernel handed out (bind to port 0) and that was closed again is free for the kernel to hand out once
+more -- as the local port of any outgoing connection, and a suite makes thousands (gloo's pairs, store clients) --
+before the rank meant to listen on it binds: that rank then failed, or a peer joined another job's store and waited
+out the job's 300 s."""
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port in PORTS that nothing listens on now, chosen at random (the suite's processes choose apart)."""
+    import random
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(*PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {PORTS}")
 
 
 class RankPool:

@@ -33,14 +33,9 @@ import numpy as np
 import pytest
 
 import rank_pool
+from rank_pool import free_port
 from test_plans_match_single_process import ROOT, _env, make_plan
 from test_signals_and_ownership import alive, children
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- the agreement check, on the pool's ranks --------------------------------------------------------------

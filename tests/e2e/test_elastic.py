@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from test_multinode import free_port
+from rank_pool import free_port
 from test_plans_match_single_process import ROOT, _env, make_plan
 
 STEPS = 10

@@ -9,7 +9,6 @@ On CUDA machines with 2 GPUs the same two-node run goes through NCCL (one GPU pe
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import uuid
@@ -18,14 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from rank_pool import free_port
 from test_plan_elements import element_plan  # sibling test modules
 from test_plans_match_single_process import ROOT, _env, make_plan
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def two_nodes(tmp_path: Path, plan: dict, *args: str, env: dict | None = None, node_env=({}, {}),

@@ -13,6 +13,7 @@ import sys
 import tomllib
 
 import pytest
+from rank_pool import free_port
 
 import partita.planner as planner
 from partita.costmodel.errors import PartitaError
@@ -363,13 +364,6 @@ def test_slurm_script_runs_under_fake_slurm(interleaved, tmp_path):
     assert not log.exists()
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def cpu_job(tmp_path_factory):
     """A 2-process CPU plan of tiny-gpt as a SLURM script on one node, with stand-ins for scontrol and srun that
@@ -385,7 +379,7 @@ def cpu_job(tmp_path_factory):
         f.chmod(0o755)
     script = tmp / "job.sbatch"
     script.write_text(to_slurm(Plan.load(plan), str(plan), SlurmOptions(model="tiny-gpt", steps=1,
-                                                                       python=sys.executable, port=_free_port())))
+                                                                       python=sys.executable, port=free_port())))
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "PYTHONPATH": root, "OMP_NUM_THREADS": "1",
            "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "77"}

@@ -285,8 +285,8 @@ class SearchSpace:
         "DiLoCo's inner steps per outer step (default: the planner picks H)", metavar="H"))
     """DiLoCo's H (inner steps per outer step); None: the planner picks it (planner.estimate.sync.DILOCO_EVERY_LADDER)."""
     sync_bits: int | None = field(default=None, metadata=flag(
-        "bit width of DiLoCo's outer all-reduce (default 32)", type=int, choices=(16, 32)))
-    """Bit width of DiLoCo's outer all-reduce, 16 or 32; None: 32 (the mode's default)."""
+        "bit width of DiLoCo's outer all-reduce (default 32; 4: blockwise 4-bit)", type=int, choices=(4, 16, 32)))
+    """Bit width of DiLoCo's outer all-reduce, 4, 16 or 32; None: 32 (the mode's default)."""
     sync_allow_any_every: bool = field(default=False, metadata=flag(
         "price an H above DiLoCo's published envelope (500)"))
     """Price a DiLoCo H above the published envelope (planner.plan.sync.DILOCO_MAX_EVERY)."""
@@ -314,8 +314,9 @@ class SearchSpace:
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < low):
                 raise PartitaError(f"{name.replace('_', '-')} must be a whole number from {low}; got {value!r}")
-        if self.sync_bits is not None and self.sync_bits not in (16, 32):
-            raise PartitaError(f"sync-bits is the bit width of DiLoCo's outer all-reduce, 16 or 32; got {self.sync_bits!r}")
+        if self.sync_bits is not None and self.sync_bits not in (4, 16, 32):
+            raise PartitaError(f"sync-bits is the bit width of DiLoCo's outer all-reduce, 4, 16 or 32; got "
+                               f"{self.sync_bits!r}")
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "sequence_parallel", "micro_batch",

@@ -16,7 +16,10 @@ a 20 ms link behind, and the MILP's bucket overlap prices the fabric inside. Per
     compressed    cross = X(P * 2)             the gradients all-reduced in bf16 (a DDP communication hook);
                   in-island x 2 / g            the in-island exposed seconds scaled by the bytes (an
                                                approximation: its latency part does not shrink)
-    diloco        cross = X(P * bits / 8) / H  once every H steps the parameter change, amortised per step
+    diloco        cross = X(P * w / 8) / H     once every H steps the parameter change, amortised per step;
+                                               w = bits, or 4.5 at 4 bits (its fp32 scale per 64 elements,
+                                               planner.plan.sync.wire_bits): the two phases of the 4-bit mean
+                                               (runtime.loop.four_bit) move what a ring all-reduce of w bits does
                   memory + 8 P / (tp pp) / s   the fp32 anchor and outer momentum of the rank's parameters,
                                                s = dp / I under ZeRO (sharded like the optimizer state inside
                                                the island), 1 without
@@ -31,11 +34,14 @@ a 20 ms link behind, and the MILP's bucket overlap prices the fabric inside. Per
                                                priced: the steady state is). Vogels et al. 2019
                   memory + g P + g r (sum m + sum n)   torch's state: the error feedback of whole buckets
                                                and the factors kept for warm start
-    streaming     cross = F / H * max(0, X(P * bits / 8 / F) - tau * T)
+    streaming     cross = F / H * (X - min(X', tau * T))   X = X(P * w / 8 / F)
                                                F fragments, each all-reduced once every H steps while the next
                                                tau inner steps compute (T: the step without its data-parallel
-                                               time); what outlasts them is exposed. Douillard et al. 2025
-                  memory as diloco, + P * bits / 8 / F / (tp pp)   the fragment in flight
+                                               time); what outlasts them is exposed. X' = X, or X / 2 at 4 bits:
+                                               only the first phase is in flight, the all-gather runs at the
+                                               merge. Douillard et al. 2025
+                  memory as diloco, + P * w / 8 / F / (tp pp)   the fragment in flight (at 4 bits its fp32
+                                               change and its codes: P * (32 + w) / 8 / F)
 
 with X(B) = 2 (I-1) alpha_I + 2 (I-1)/I * B / beta_I. On one island X = 0: synchronous keeps today's figures, and
 DiLoCo is refused (it has nothing to save there); so are the compressed and powersgd modes when the planner chooses
@@ -51,7 +57,7 @@ from partita.costmodel.errors import PartitaError
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.price import comm
 from partita.planner.plan.sync import (COMPRESSED, DILOCO, DILOCO_MAX_EVERY, POWERSGD, STREAMING, SYNC_MODES,
-                                       SYNCHRONOUS, Sync, accepted)
+                                       SYNCHRONOUS, Sync, accepted, wire_bits)
 
 DILOCO_EVERY_LADDER = (10, 20, 50, 100, 200, DILOCO_MAX_EVERY)
 """The H the planner tries for DiLoCo when the user fixes none, smallest first."""
@@ -146,7 +152,7 @@ def diloco(predicted: dict, setting: SyncSetting, sync: Sync) -> SyncPrice:
     """DiLoCo (module docstring): synchronous inside each island, the outer all-reduce of the parameter change
     every H = `every` steps across them; the anchor and the outer momentum in fp32 on every rank."""
     every, bits = sync.option("every"), sync.option("bits")
-    nbytes = setting.parameters * bits / 8
+    nbytes = setting.parameters * wire_bits(bits) / 8
     cross = comm.cross_island_all_reduce(setting.cluster, setting.islands, nbytes) / every
     return SyncPrice(exposed_s=in_island(predicted, setting) + cross, extra_memory_bytes=_outer_state_bytes(setting),
                      cross_island_s=cross, cross_island_bytes=nbytes)
@@ -208,11 +214,14 @@ def streaming(predicted: dict, setting: SyncSetting, sync: Sync) -> SyncPrice:
     """Streaming DiLoCo (module docstring): F fragments take their outer steps in turn, each all-reduce overlapped
     with the next `delay` inner steps; the anchor, the outer momentum and the fragment in flight in memory."""
     every, bits, fragments = sync.option("every"), sync.option("bits"), sync.option("fragments")
-    nbytes = setting.parameters * bits / 8 / fragments
+    nbytes = setting.parameters * wire_bits(bits) / 8 / fragments
     one = comm.cross_island_all_reduce(setting.cluster, setting.islands, nbytes)
-    hidden = min(one, sync.option("delay") * (predicted["step_time_s"] - _dp_exposed(predicted)))
+    # at 4 bits only the first phase (the reduce-scatter half) is in flight; the all-gather runs at the merge
+    overlapped = one / 2 if bits == 4 else one
+    hidden = min(overlapped, sync.option("delay") * (predicted["step_time_s"] - _dp_exposed(predicted)))
     cross = (one - hidden) * fragments / every
-    extra = _outer_state_bytes(setting) + int(nbytes) // setting.model_parallel
+    in_flight = setting.parameters * (32 + wire_bits(4)) / 8 / fragments if bits == 4 else nbytes
+    extra = _outer_state_bytes(setting) + int(in_flight) // setting.model_parallel
     return SyncPrice(exposed_s=in_island(predicted, setting) + cross, extra_memory_bytes=extra, cross_island_s=cross,
                      cross_island_bytes=nbytes, hidden_s=hidden)
 

@@ -333,6 +333,10 @@ def sync_lines(plan) -> list[Text]:
                          f"step(s) ({s.get('hidden_s', 0.0):.4g} s of each hidden)")
         if "rank" in s:
             mode += f", rank {s['rank']} after {s['start']} plain steps"
+        bits = (plan.sync.options or {}).get("bits") if plan.sync is not None else None
+        if bits in (4, 16):
+            mode += f", {bits}-bit" + (" (all-to-all, then all-gather at the merge)" if bits == 4 and "fragments" in s
+                                      else " (all-to-all, then all-gather)" if bits == 4 else "")
         out = [Text(f"sync: {mode} across {s['islands']} islands -- {what} ({human_bytes(s['cross_island_bytes'])} "
                     f"per island) all-reduced over the island link {how_often}: {s['cross_island_s']:.4g} s exposed "
                     f"per step{held}", style="bold")]

@@ -73,19 +73,33 @@ COMPRESSED = "compressed"
 DILOCO = "diloco"
 STREAMING = "streaming"
 POWERSGD = "powersgd"
+OUTER_BITS = (4, 16, 32)
+"""The bit widths of DiLoCo's and streaming DiLoCo's outer exchange: 32 (fp32), 16 (bf16), or 4 (blockwise 4-bit
+integers in two phases, runtime.loop.four_bit)."""
+FOUR_BIT_BLOCK = 64
+"""Elements per fp32 scale of the 4-bit outer exchange."""
+
+
+def wire_bits(bits: int) -> float:
+    """Bits per element the outer exchange moves at width `bits`: the 4-bit one adds its scales (32 bits per
+    FOUR_BIT_BLOCK elements)."""
+    return bits + 32 / FOUR_BIT_BLOCK if bits == 4 else float(bits)
+
+
 DILOCO_MAX_EVERY = 500
 """The largest H (inner steps per outer step) inside DiLoCo's quality envelope: the paper's main setting, 8 workers
 at H = 500 (Douillard et al. 2023, arXiv:2311.08105). A larger H is priced only when the user allows it."""
 
 
 def _diloco_problem(options: dict) -> str | None:
-    """What is wrong with DiLoCo options that fit their specs: H of 1 or more, bits 16 or 32, momentum in [0, 1)."""
+    """What is wrong with DiLoCo options that fit their specs: H of 1 or more, bits 4, 16 or 32, momentum in
+    [0, 1)."""
     if "every" not in options:
         return "sync.options.every (H, the inner steps per outer step) is required by the diloco mode"
     if options["every"] < 1:
         return f"sync.options.every is the inner steps per outer step (H), 1 or more; got {options['every']!r}"
-    if options.get("bits", 32) not in (16, 32):
-        return f"sync.options.bits is the outer all-reduce's bit width, 16 or 32; got {options['bits']!r}"
+    if options.get("bits", 32) not in OUTER_BITS:
+        return f"sync.options.bits is the outer all-reduce's bit width, 4, 16 or 32; got {options['bits']!r}"
     if not 0 <= options.get("outer_momentum", 0.9) < 1:
         return f"sync.options.outer_momentum must be in [0, 1); got {options['outer_momentum']!r}"
     return None
@@ -158,7 +172,7 @@ SYNC_MODES: dict[str, SyncMode] = {
                 "at steps p H/P + k H; each fragment's all-reduce runs while the next `delay` inner steps compute "
                 "(tau; 0: it blocks), and the outer result is merged as alpha x local + (1 - alpha) x global. Peak "
                 "bandwidth falls by the number of fragments and the all-reduce hides behind compute; the paper reports "
-                f"a loss on par with DiLoCo's at the same H (and 4-bit outer all-reduces; partita sends 16 or 32); H above "
+                f"a loss on par with DiLoCo's at the same H, also with 4-bit outer all-reduces (bits 4); H above "
                 f"{DILOCO_MAX_EVERY} is outside the envelope",
         options={"every": COUNT, "fragments": COUNT, "delay": COUNT, "alpha": NUMBER, "outer_lr": POSITIVE,
                  "outer_momentum": NUMBER, "bits": COUNT, "islands": COUNT},

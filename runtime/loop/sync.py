@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from partita.costmodel import PartitaError
 from partita.planner.plan.sync import COMPRESSED, DILOCO, POWERSGD, STREAMING, SYNC_MODES, SYNCHRONOUS, Sync, accepted
+from partita.runtime.loop.four_bit import FourBitMean
 from partita.runtime.loop.memory import local
 from partita.runtime.loop.trainer import StepHook
 
@@ -136,7 +137,7 @@ class DiLoCo(SyncHook):
     - inner steps: the plan's optimizer on gradients averaged inside the island only (DDP's `no_sync` keeps them
       local; an island of several replicas averages them over its own process group before the step);
     - every H = `every` steps, the outer step: delta = anchor - params (fp32), all-reduced to its mean across the
-      islands (in `bits` 16 as bf16, or 32), then torch's SGD (Nesterov when momentum > 0) steps the anchor with
+      islands (in `bits` 16 as bf16, 32, or 4: blockwise 4-bit integers, runtime.loop.four_bit), then torch's SGD (Nesterov when momentum > 0) steps the anchor with
       delta as its gradient (lr `outer_lr`, momentum `outer_momentum`), and the parameters become the anchor.
 
     With H = 1, outer lr 1 and no momentum under an SGD inner optimizer this is synchronous DP: the anchor
@@ -243,9 +244,12 @@ class DiLoCo(SyncHook):
         return flat.to(torch.bfloat16) if self.bits == 16 else flat
 
     def _all_reduce(self, wires: list[torch.Tensor]) -> list:
-        """Start each wire's mean across the islands (none on one island)."""
+        """Start each wire's mean across the islands (none on one island): an all-reduce, or at 4 bits the two
+        phases of runtime.loop.four_bit, whose second runs when it is waited for."""
         if self.outer is None:
             return []
+        if self.bits == 4:
+            return [FourBitMean(w, self.outer) for w in wires]
         return [dist.all_reduce(w, op=dist.ReduceOp.AVG, group=self.outer, async_op=True) for w in wires]
 
     def _set_grads(self, bucket: list[int], wire: torch.Tensor) -> None:
@@ -476,6 +480,9 @@ def run_refusal(sync: Sync, checkpoint_every: int = 0, steps: int = 0, verify: b
         start = sync.option("start")
         return (f"--verify compares with single-process training, and powersgd compresses the gradients from step "
                 f"{start + 1} on (an approximation by design): run without --verify, or at most {start} steps")
+    if sync.mode in (DILOCO, STREAMING) and verify and sync.option("bits") == 4:
+        return (f"--verify compares with single-process training, and {sync.mode} at bits 4 rounds every outer "
+                "change to 4 bits by design: run without --verify, or verify the plan at bits 16 or 32")
     if sync.mode == STREAMING:
         same = (sync.option("every"), sync.option("fragments"), sync.option("delay"), sync.option("alpha"),
                 sync.option("outer_lr"), sync.option("outer_momentum")) == (1, 1, 0, 0, 1, 0)

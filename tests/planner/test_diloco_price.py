@@ -124,7 +124,7 @@ def test_a_diloco_plan_round_trips_and_bad_options_are_one_line(plans, tmp_path)
     base = make_plan(dp=2)
     for options, needle in (({}, "sync.options.every (H, the inner steps per outer step) is required"),
                             ({"every": 0}, "sync.options.every is the inner steps per outer step (H), 1 or more"),
-                            ({"every": 4, "bits": 8}, "sync.options.bits is the outer all-reduce's bit width, 16 or 32"),
+                            ({"every": 4, "bits": 8}, "sync.options.bits is the outer all-reduce's bit width, 4, 16 or 32"),
                             ({"every": 4, "outer_momentum": 1.5}, "sync.options.outer_momentum must be in [0, 1)"),
                             ({"every": 4, "outer_lr": 0}, "sync.options.outer_lr must be a number more than 0"),
                             ({"every": 4, "inner": "adam"}, "sync.options.inner is not an option of the diloco mode")):

@@ -33,7 +33,9 @@ def _plan(**space):
 def plans():
     return {"f2": _plan(sync="streaming", sync_every=8, sync_fragments=2, sync_delay=1),
             "f2_blocking": _plan(sync="streaming", sync_every=8, sync_fragments=2, sync_delay=0),
-            "diloco": _plan(sync="diloco", sync_every=8)}
+            "diloco": _plan(sync="diloco", sync_every=8),
+            "f2_bits4": _plan(sync="streaming", sync_every=8, sync_fragments=2, sync_delay=1, sync_bits=4),
+            "diloco_bits4": _plan(sync="diloco", sync_every=8, sync_bits=4)}
 
 
 def test_each_fragments_all_reduce_hides_behind_tau_steps_and_the_rest_is_exposed(plans):
@@ -52,6 +54,31 @@ def test_each_fragments_all_reduce_hides_behind_tau_steps_and_the_rest_is_expose
     # DiLoCo at the same H sends the whole change at once: one latency, no overlap
     diloco = plans["diloco"].predicted["sync"]
     assert diloco["cross_island_s"] == pytest.approx((2 * ALPHA + params * 4 / BETA) / 8, rel=1e-9)
+
+
+def test_at_4_bits_the_wire_is_4_5_bits_per_element_and_only_its_first_phase_hides(plans):
+    """bits 4 (runtime.loop.four_bit): 4 bits and an fp32 scale per 64 elements, in two phases that move what a
+    ring all-reduce of as many bits does; streaming overlaps the first phase only (the all-gather runs at the
+    merge), and holds the fragment's fp32 change and its codes while it is in flight."""
+    params = plans["f2_bits4"].model["parameters"]
+    s, d = plans["f2_bits4"].predicted["sync"], plans["diloco_bits4"].predicted["sync"]
+    wire = params * 4.5 / 8
+    assert plans["f2_bits4"].sync.options == {"every": 8, "fragments": 2, "delay": 1, "bits": 4}
+    assert d["cross_island_bytes"] == pytest.approx(wire)
+    assert d["cross_island_s"] == pytest.approx((2 * ALPHA + wire / BETA) / 8, rel=1e-9)
+    one = 2 * ALPHA + wire / 2 / BETA
+    compute = plans["f2_bits4"].predicted["step_time_s"] - s["cross_island_s"]
+    assert s["cross_island_bytes"] == pytest.approx(wire / 2)
+    assert s["hidden_s"] == pytest.approx(min(one / 2, compute), rel=1e-9)
+    assert s["cross_island_s"] == pytest.approx((one - s["hidden_s"]) * 2 / 8, rel=1e-9)
+    assert s["extra_memory_bytes"] == 8 * params + int(params * (32 + 4.5) / 8 / 2)
+    from partita.planner.plan.explain import sync_lines
+    said = " ".join(t.plain for t in sync_lines(plans["f2_bits4"]))
+    assert "2 fragments, delay 1, 4-bit (all-to-all, then all-gather at the merge) across 2 islands" in said, said
+    assert "4-bit (all-to-all, then all-gather) across 2 islands" in " ".join(
+        t.plain for t in sync_lines(plans["diloco_bits4"]))
+    # 7x fewer bytes than fp32's change
+    assert plans["diloco"].predicted["sync"]["cross_island_bytes"] / d["cross_island_bytes"] == pytest.approx(32 / 4.5)
 
 
 def test_the_cli_writes_the_options_and_explains_the_overlap(tmp_path, capsys):

@@ -13,6 +13,8 @@ parameter checksum after every optimizer step). Seeds: the runs' default (--seed
   not a quarter), and H = 1, outer lr 1, no momentum equals 4-rank synchronous ZeRO-3 within 1e-5; H = 2 does not.
   Streaming DiLoCo on those islands resumes bit for bit from a checkpoint with a fragment in flight (each shard's
   anchor and in-flight mean under its own keys, each island's sharded weights).
+- At 4 bits (runtime.loop.four_bit) the replicas agree after each outer step, bit for bit, and the first loss
+  after the outer step is within 3% of the 32-bit run's.
 - DiLoCo checkpoints after outer steps: a resumed run equals the uninterrupted one (each island's inner Adam state
   and the outer momentum are in the checkpoint); --checkpoint-every that is not a multiple of H is refused in one
   line before anything trains; so are --steps that are not a multiple of H (the replicas would end apart) and
@@ -62,6 +64,7 @@ def runs(tmp_path_factory) -> dict:
     return {"synchronous": _run(tmp, "synchronous", None),
             "h1": _run(tmp, "h1", {"mode": probe, "options": {"every": 1, "outer_lr": 1, "outer_momentum": 0}}),
             "h4": _run(tmp, "h4", {"mode": probe, "options": {"every": 4}}, data),
+            "h4_bits4": _run(tmp, "h4_bits4", {"mode": probe, "options": {"every": 4, "bits": 4}}, data),
             "synchronous_learnable": _run(tmp, "synchronous_learnable", None, data)}
 
 
@@ -81,6 +84,23 @@ def test_h4_replicas_drift_between_outer_steps_and_agree_after_each(runs):
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
     # the outer step moved the weights off the plain local-SGD path: not synchronous DP
     assert min(abs(a - b) for a, b in zip(losses[1:], runs["synchronous_learnable"]["losses"][1:])) > 1e-6
+
+
+def test_a_4_bit_outer_exchange_leaves_the_replicas_equal_and_trains_like_the_32_bit_one(runs):
+    """bits 4 (runtime.loop.four_bit): the replicas are bit-identical right after each outer step and apart in
+    between, as at 32 bits; the weights after the first outer step differ from the 32-bit run's (the change went
+    in 4 bits), the losses up to it are that run's, the next one within 3% of it, and they fall. (Quality over
+    a longer run: benchmarks.diloco_quality's 4-bit rows.)"""
+    four, full = runs["h4_bits4"], runs["h4"]
+    assert four["code"] == 0, four.get("stderr")
+    sums = [{step: value for _, step, value in r["record"]} for r in four["ranks"]]
+    full_sums = {step: value for _, step, value in full["ranks"][0]["record"]}
+    for step in range(1, STEPS + 1):
+        assert (sums[0][step] == sums[1][step]) == (step % 4 == 0), (step, sums)
+    assert sums[0][4] != full_sums[4] and sums[0][3] == full_sums[3]
+    losses = four["losses"]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
+    assert losses[:4] == full["losses"][:4] and abs(losses[4] / full["losses"][4] - 1) < 0.03, (losses, full["losses"])
 
 
 def test_checkpoints_inside_a_window_are_refused_in_one_line(tmp_path):

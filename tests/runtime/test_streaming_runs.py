@@ -12,7 +12,8 @@ runs' default (--seed 0), plain SGD at lr 0.5 unless a test says otherwise.
   wrong offset or a merge at the wrong step fails.
 - Checkpoints fall anywhere: 8 steps with Adam, alpha 0.5, straight, against 4 steps (whose last checkpoint holds
   fragment 0's all-reduce in flight) and 4 more resumed: the same losses, bit for bit.
-- --verify outside the H = 1 identity is one line before training.
+- The same at 4 bits (runtime.loop.four_bit): the checkpoint lands the exchange's second phase first.
+- --verify outside the H = 1 identity, or at 4 bits, is one line before training.
 """
 from __future__ import annotations
 
@@ -68,12 +69,14 @@ def test_two_fragments_merge_in_turn_one_step_after_each_all_reduce_starts(runs)
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses
 
 
-def test_a_run_resumed_from_a_checkpoint_with_an_all_reduce_in_flight_equals_the_straight_one(tmp_path):
+@pytest.mark.parametrize("bits", [32, 4])
+def test_a_run_resumed_from_a_checkpoint_with_an_all_reduce_in_flight_equals_the_straight_one(tmp_path, bits):
     """Adam in each of 2 islands, H = 4, 2 fragments, delay 1, alpha 0.5: the checkpoint after step 4 is taken while
     fragment 0's all-reduce (sent after step 4) is in flight; it holds the received mean and merges it after step
-    5 of the resumed run, as the straight run does."""
+    5 of the resumed run, as the straight run does. At 4 bits the checkpoint finishes the exchange's second phase
+    first (runtime.loop.four_bit): the same mean the straight run merges."""
     from partita.runtime.checkpoint import read_metadata
-    sync = {"mode": "streaming", "options": {"every": 4, "fragments": 2, "delay": 1, "alpha": 0.5}}
+    sync = {"mode": "streaming", "options": {"every": 4, "fragments": 2, "delay": 1, "alpha": 0.5, "bits": bits}}
     run, ck = adam_runs(tmp_path, sync), tmp_path / "ck"
     straight = run("straight", 8)
     first = run("first", 4, "--checkpoint-dir", str(ck), "--checkpoint-every", "3")
@@ -96,6 +99,10 @@ def test_verify_outside_the_identity_is_one_line_and_checkpoints_anywhere_are_al
     identity = Sync(mode="streaming", options={"every": 1, "fragments": 1, "delay": 0, "alpha": 0, "outer_lr": 1,
                                                "outer_momentum": 0})
     assert run_refusal(identity, 0, 3, True) is None
+    four = Sync(mode="streaming", options={**identity.options, "bits": 4})
+    assert "rounds every outer change to 4 bits by design" in run_refusal(four, 0, 3, True)
+    assert "rounds every outer change to 4 bits" in run_refusal(Sync(mode="diloco", options={"every": 1, "bits": 4}),
+                                                                 0, 3, True)
 
 
 def test_the_outer_all_reduce_goes_in_buckets_cut_at_the_limit(monkeypatch):

@@ -44,6 +44,7 @@ steps 5..24 hold exactly 1/4 of DiLoCo's H = 4 outer steps and of streaming's H 
 MODES = {"synchronous": {}, "compressed": {},
          "powersgd": {"options": {"start": 2}},  # compressing from the third step (the steady state is priced)
          "diloco": {"sync_every": 4},
+         "diloco, 4 bits": {"mode": "diloco", "sync_every": 4, "sync_bits": 4},
          "streaming": {"sync_every": 8, "sync_fragments": 2, "sync_delay": 1}}
 GLOBAL_BATCH = 8
 
@@ -171,11 +172,13 @@ def two_nodes(link: Link, plan: Path, steps: int, port: int, tmp: Path, timeout:
 def plan_for(mode: str, rate_mbit: float, path: Path) -> dict:
     from partita.planner.api import plan
     from partita.planner.enumerate.space import TrainConfig
-    fixed = {k: v for k, v in MODES[mode].items() if k != "options"}
+    """The plan of MODES' entry `mode` (a row's name; its sync mode is `mode` unless the entry names one)."""
+    name = MODES[mode].get("mode", mode)
+    fixed = {k: v for k, v in MODES[mode].items() if k not in ("options", "mode")}
     p = plan("tiny-gpt", cluster=f"2x1xcpu@{rate_mbit:g}Mbps,0ms", train=TrainConfig(global_batch=GLOBAL_BATCH),
-             dp=2, tp=1, pp=1, zero=0, sync=mode, **fixed).to_dict()
+             dp=2, tp=1, pp=1, zero=0, sync=name, **fixed).to_dict()
     if "options" in MODES[mode]:
-        p.setdefault("sync", {"mode": mode}).setdefault("options", {}).update(MODES[mode]["options"])
+        p.setdefault("sync", {"mode": name}).setdefault("options", {}).update(MODES[mode]["options"])
     path.write_text(json.dumps(p))
     return p
 

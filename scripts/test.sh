@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Set up and run the whole test suite (pass extra pytest arguments, e.g. -m "not slow" for a quick run).
-# Two pytest-xdist workers by default (PARTITA_TEST_WORKERS=N for another count, 0 for one process): most tests
-# wait on launched ranks and rendezvous as much as they compute, so two of them share 2 cores well.
+# Three pytest-xdist workers by default (PARTITA_TEST_WORKERS=N for another count, 0 for one process): most tests
+# wait on launched ranks and rendezvous as much as they compute, so three of them keep 2 cores busy. On the 2-core
+# machine (2026-11-30, fresh clones of effaca7 and 583ebca): 2 workers kept 1.5 cores busy and took 28:12 (about 23
+# minutes without a test that hung for 5 of them), 3 workers 19:31.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-exec .venv/bin/python -m pytest -q -n "${PARTITA_TEST_WORKERS:-2}" "$@"
+exec .venv/bin/python -m pytest -q -n "${PARTITA_TEST_WORKERS:-3}" "$@"

@@ -14,9 +14,10 @@ import pytest
 from test_plans_match_single_process import ROOT, _env, make_plan
 
 pytestmark = pytest.mark.slow
-HANG = "8"
+HANG = "15"
 """Seconds: the paused rank is named after this long; every step and checkpoint save of a healthy rank must take
-less, also on a loaded 2-core machine (3 s was exceeded there by a checkpoint save, a false hang in CI)."""
+less, also on a loaded 2-core machine (3 s was exceeded there by a checkpoint save, a false hang in CI; 8 s held
+at two test workers, and the suite runs three since 2026-11-30, at load 9)."""
 
 
 def _run(tmp_path, plan, *flags, fault=None):

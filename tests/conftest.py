@@ -28,7 +28,7 @@ LONGEST_FIRST = ("tests/notebooks/", "tests/e2e/", "tests/examples/", "tests/ben
                  "tests/costmodel/test_calibrate.py", "tests/planner/test_same_plan_under_load.py",
                  "tests/planner/test_bounds.py", "tests/planner/test_baselines_determinism.py")
 """Folders and files whose tests take longest (scripts/test.sh --durations=40): under pytest-xdist (scripts/test.sh
-runs two workers) they are handed out first, so that no long test starts last while the other worker idles. The
+runs three workers) they are handed out first, so that no long test starts last while the others idle. The
 multi-rank runtime tests were last (tests/runtime/ sorts after the rest), with the wheel build after them."""
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from partita.runtime import checkpoint as ckpt
+from rank_pool import free_port
 from test_plans_match_single_process import ROOT, _env, make_plan
 
 pytestmark = pytest.mark.slow
@@ -184,9 +184,7 @@ def test_a_refusal_on_one_rank_ends_every_rank(tmp_path):
     only its checks refuse. Before the ranks agreed on the outcome, rank 0 went on alone and hung."""
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(make_plan(dp=2)))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in range(2):
         env = _env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
@@ -213,9 +211,7 @@ def test_a_refusal_on_one_rank_ends_every_rank(tmp_path):
 
 
 def test_a_missing_node_times_out_with_progress_and_one_line(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = start(tmp_path, "--steps", "2", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
                  "--rdzv-timeout", "6", plan=make_plan(dp=2, tp=2))
     out, err = proc.communicate(timeout=300)

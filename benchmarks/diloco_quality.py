@@ -7,7 +7,7 @@ with probability 0.8, else uniform over 64 ids (so the best loss is about 1.31 n
 evaluated on the same held-out stream (16 batches) every 64 steps. Synchronous training, DiLoCo with H = 8 and
 H = 32 (the published outer step: Nesterov SGD, lr 0.7, momentum 0.9; Douillard et al. 2023), streaming DiLoCo
 at the same H (2 and 4 fragments, each all-reduce overlapped with one inner step, merged with alpha 0.5; Douillard
-et al. 2025), both at H = 8 again with the outer change sent in 4 bits (runtime.loop.four_bit), seed 0, the same batches in the same order (runtime.data: batches depend on the seed and the step
+et al. 2025), both at H = 8 again with the outer change sent in 4 bits (runtime.loop.sync.four_bit), seed 0, the same batches in the same order (runtime.data: batches depend on the seed and the step
 only).
 
     python -m benchmarks.diloco_quality [--steps 320]   # writes benchmarks/results/diloco_quality.json (~1-2 min)

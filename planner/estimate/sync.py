@@ -19,7 +19,7 @@ a 20 ms link behind, and the MILP's bucket overlap prices the fabric inside. Per
     diloco        cross = X(P * w / 8) / H     once every H steps the parameter change, amortised per step;
                                                w = bits, or 4.5 at 4 bits (its fp32 scale per 64 elements,
                                                planner.plan.sync.wire_bits): the two phases of the 4-bit mean
-                                               (runtime.loop.four_bit) move what a ring all-reduce of w bits does
+                                               (runtime.loop.sync.four_bit) move what a ring all-reduce of w bits does
                   memory + 8 P / (tp pp) / s   the fp32 anchor and outer momentum of the rank's parameters,
                                                s = dp / I under ZeRO (sharded like the optimizer state inside
                                                the island), 1 without

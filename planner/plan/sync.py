@@ -75,7 +75,7 @@ STREAMING = "streaming"
 POWERSGD = "powersgd"
 OUTER_BITS = (4, 16, 32)
 """The bit widths of DiLoCo's and streaming DiLoCo's outer exchange: 32 (fp32), 16 (bf16), or 4 (blockwise 4-bit
-integers in two phases, runtime.loop.four_bit)."""
+integers in two phases, runtime.loop.sync.four_bit)."""
 FOUR_BIT_BLOCK = 64
 """Elements per fp32 scale of the 4-bit outer exchange."""
 

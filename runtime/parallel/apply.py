@@ -182,7 +182,7 @@ def island_count(plan: Plan) -> int:
 def fsdp_mesh(plan: Plan, topo: Topology):
     """The mesh FSDP shards over: the data-parallel (x cp) replicas, or, with islands apart (`island_count`), this
     island's replicas: a (island, shard) mesh over the data-parallel ranks (the runtime runs those modes on data
-    parallelism alone), consecutive ranks an island, as runtime.loop.sync.DiLoCo groups them."""
+    parallelism alone), consecutive ranks an island, as runtime.loop.sync.diloco.DiLoCo groups them."""
     islands = island_count(plan)
     if islands <= 1:
         return context_parallel.replica_mesh(topo)

@@ -2,7 +2,7 @@
 `partita run` node in each. What crosses the link per step, counted on the veth, is the planner's prediction plus
 the wire's own overhead (TCP/IP headers and the acknowledgements of the other direction: a few percent), for DiLoCo
 at H = 4: the whole parameter change in fp32 every 4th step, P bytes per step (two islands: each sends what a ring
-all-reduce sends, the whole buffer); and the same at 4 bits, 4.5 bits per element (runtime.loop.four_bit). Two
+all-reduce sends, the whole buffer); and the same at 4 bits, 4.5 bits per element (runtime.loop.sync.four_bit). Two
 modes, four launches (about 30 s); the benchmark runs all six and times them. No time is asserted. Skipped, with the reason in one line, where the machine does not allow namespaces or tc
 (not root, no tbf)."""
 from __future__ import annotations

@@ -57,7 +57,7 @@ def test_each_fragments_all_reduce_hides_behind_tau_steps_and_the_rest_is_expose
 
 
 def test_at_4_bits_the_wire_is_4_5_bits_per_element_and_only_its_first_phase_hides(plans):
-    """bits 4 (runtime.loop.four_bit): 4 bits and an fp32 scale per 64 elements, in two phases that move what a
+    """bits 4 (runtime.loop.sync.four_bit): 4 bits and an fp32 scale per 64 elements, in two phases that move what a
     ring all-reduce of as many bits does; streaming overlaps the first phase only (the all-gather runs at the
     merge), and holds the fragment's fp32 change and its codes while it is in flight."""
     params = plans["f2_bits4"].model["parameters"]

@@ -1,5 +1,5 @@
 """A rank of test_four_bit.py's exchange (tests/rank_pool.py runs it as __main__ on each rank): it joins the default
-gloo group, takes the mean of one vector per length across every rank with runtime.loop.four_bit.FourBitMean, and
+gloo group, takes the mean of one vector per length across every rank with runtime.loop.sync.four_bit.FourBitMean, and
 writes each mean (and its own vectors) to OUT.rank<r>.pt.
 
     four_bit_job.py OUT LENGTH [LENGTH ...]
@@ -9,7 +9,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from partita.runtime.loop.four_bit import FourBitMean
+from partita.runtime.loop.sync.four_bit import FourBitMean
 
 
 def vector(rank: int, n: int) -> torch.Tensor:

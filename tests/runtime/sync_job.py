@@ -3,9 +3,9 @@ two toy sync modes for the length of one `partita.runtime.train.main(ARGV)` run 
 
 - "counted": a hook that does nothing to training and records, per step, when each of its points ran and
   whether the parameters had changed by then (so it is known to sit around the optimizer step);
-- "diloco_probe": the DiLoCo hook (runtime.loop.sync.DiLoCo) with its options, recording each rank's parameter
+- "diloco_probe": the DiLoCo hook (runtime.loop.sync.diloco.DiLoCo) with its options, recording each rank's parameter
   checksum after every optimizer step;
-- "streaming_probe": the streaming DiLoCo hook (runtime.loop.sync.StreamingDiLoCo) with its options, recording each
+- "streaming_probe": the streaming DiLoCo hook (runtime.loop.sync.diloco.StreamingDiLoCo) with its options, recording each
   rank's parameter checksum per fragment after every optimizer step;
 - "powersgd_probe": the PowerSGD hook (runtime.loop.sync.PowerSGD), recording after every optimizer step torch's
   PowerSGDState iteration count and how many buckets hold error feedback;

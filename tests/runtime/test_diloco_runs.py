@@ -1,4 +1,4 @@
-"""DiLoCo's runtime hook (runtime.loop.sync.DiLoCo) on real 2-rank gloo runs, each rank its own island (the plan's
+"""DiLoCo's runtime hook (runtime.loop.sync.diloco.DiLoCo) on real 2-rank gloo runs, each rank its own island (the plan's
 dp = 2 replicas, tests/rank_pool.py; tests/runtime/sync_job.py registers a probe that records each rank's
 parameter checksum after every optimizer step). Seeds: the runs' default (--seed 0), plain SGD at lr 0.5.
 
@@ -13,7 +13,7 @@ parameter checksum after every optimizer step). Seeds: the runs' default (--seed
   not a quarter), and H = 1, outer lr 1, no momentum equals 4-rank synchronous ZeRO-3 within 1e-5; H = 2 does not.
   Streaming DiLoCo on those islands resumes bit for bit from a checkpoint with a fragment in flight (each shard's
   anchor and in-flight mean under its own keys, each island's sharded weights).
-- At 4 bits (runtime.loop.four_bit) the replicas agree after each outer step, bit for bit, and the first loss
+- At 4 bits (runtime.loop.sync.four_bit) the replicas agree after each outer step, bit for bit, and the first loss
   after the outer step is within 3% of the 32-bit run's.
 - DiLoCo checkpoints after outer steps: a resumed run equals the uninterrupted one (each island's inner Adam state
   and the outer momentum are in the checkpoint); --checkpoint-every that is not a multiple of H is refused in one
@@ -87,7 +87,7 @@ def test_h4_replicas_drift_between_outer_steps_and_agree_after_each(runs):
 
 
 def test_a_4_bit_outer_exchange_leaves_the_replicas_equal_and_trains_like_the_32_bit_one(runs):
-    """bits 4 (runtime.loop.four_bit): the replicas are bit-identical right after each outer step and apart in
+    """bits 4 (runtime.loop.sync.four_bit): the replicas are bit-identical right after each outer step and apart in
     between, as at 32 bits; the weights after the first outer step differ from the 32-bit run's (the change went
     in 4 bits), the losses up to it are that run's, the next one within 3% of it, and they fall. (Quality over
     a longer run: benchmarks.diloco_quality's 4-bit rows.)"""

@@ -1,4 +1,4 @@
-"""The 4-bit outer exchange of DiLoCo and streaming DiLoCo (runtime.loop.four_bit, sync option bits 4).
+"""The 4-bit outer exchange of DiLoCo and streaming DiLoCo (runtime.loop.sync.four_bit, sync option bits 4).
 
 - The code: every element comes back within half its block's step (absmax / 7), a block of zeros exactly, the
   largest magnitude of each block exactly, two codes per byte.
@@ -22,7 +22,7 @@ import rank_pool  # noqa: E402
 from four_bit_job import vector  # noqa: E402
 
 from partita.planner.plan.sync import FOUR_BIT_BLOCK, wire_bits  # noqa: E402
-from partita.runtime.loop.four_bit import LEVELS, dequantize, quantize  # noqa: E402
+from partita.runtime.loop.sync.four_bit import LEVELS, dequantize, quantize  # noqa: E402
 
 JOB = str(ROOT / "tests" / "runtime" / "four_bit_job.py")
 LENGTHS = (1, 3 * FOUR_BIT_BLOCK, 1000, 5000)

@@ -1,4 +1,4 @@
-"""Streaming DiLoCo's runtime hook (runtime.loop.sync.StreamingDiLoCo, issue 42's asynchronous mode) on real 2-rank
+"""Streaming DiLoCo's runtime hook (runtime.loop.sync.diloco.StreamingDiLoCo, issue 42's asynchronous mode) on real 2-rank
 gloo runs, each rank its own island (the plan's dp = 2 replicas, tests/rank_pool.py; tests/runtime/sync_job.py's
 probes record each rank's parameter checksum, whole and per fragment, after every optimizer step). Seeds: the
 runs' default (--seed 0), plain SGD at lr 0.5 unless a test says otherwise.
@@ -12,7 +12,7 @@ runs' default (--seed 0), plain SGD at lr 0.5 unless a test says otherwise.
   wrong offset or a merge at the wrong step fails.
 - Checkpoints fall anywhere: 8 steps with Adam, alpha 0.5, straight, against 4 steps (whose last checkpoint holds
   fragment 0's all-reduce in flight) and 4 more resumed: the same losses, bit for bit.
-- The same at 4 bits (runtime.loop.four_bit): the checkpoint lands the exchange's second phase first.
+- The same at 4 bits (runtime.loop.sync.four_bit): the checkpoint lands the exchange's second phase first.
 - --verify outside the H = 1 identity, or at 4 bits, is one line before training.
 """
 from __future__ import annotations
@@ -74,7 +74,7 @@ def test_a_run_resumed_from_a_checkpoint_with_an_all_reduce_in_flight_equals_the
     """Adam in each of 2 islands, H = 4, 2 fragments, delay 1, alpha 0.5: the checkpoint after step 4 is taken while
     fragment 0's all-reduce (sent after step 4) is in flight; it holds the received mean and merges it after step
     5 of the resumed run, as the straight run does. At 4 bits the checkpoint finishes the exchange's second phase
-    first (runtime.loop.four_bit): the same mean the straight run merges."""
+    first (runtime.loop.sync.four_bit): the same mean the straight run merges."""
     from partita.runtime.checkpoint import read_metadata
     sync = {"mode": "streaming", "options": {"every": 4, "fragments": 2, "delay": 1, "alpha": 0.5, "bits": bits}}
     run, ck = adam_runs(tmp_path, sync), tmp_path / "ck"
@@ -111,8 +111,8 @@ def test_the_outer_all_reduce_goes_in_buckets_cut_at_the_limit(monkeypatch):
 
     import torch
 
-    from partita.runtime.loop import sync
-    monkeypatch.setattr(sync, "OUTER_BUCKET", 10)
+    from partita.runtime.loop.sync import diloco
+    monkeypatch.setattr(diloco, "OUTER_BUCKET", 10)
     me = SimpleNamespace(anchor=[torch.zeros(n) for n in (4, 4, 4, 12, 3)])
-    assert sync.DiLoCo._buckets(me, range(5)) == [[0, 1], [2], [3], [4]]
-    assert sync.DiLoCo._buckets(me, [4, 0]) == [[4, 0]] and sync.DiLoCo._buckets(me, []) == []
+    assert diloco.DiLoCo._buckets(me, range(5)) == [[0, 1], [2], [3], [4]]
+    assert diloco.DiLoCo._buckets(me, [4, 0]) == [[4, 0]] and diloco.DiLoCo._buckets(me, []) == []

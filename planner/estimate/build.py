@@ -5,6 +5,7 @@ import numpy as np
 
 from partita.planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
 from partita.planner.plan.schedules import SCHEDULES
+from partita.planner.plan.sync import has_outer_step
 from partita.planner.enumerate.base import model_state_bytes
 from partita.planner.enumerate.candidates import Candidate
 from partita.planner.enumerate.cp_ep import EP_IMBALANCE
@@ -325,7 +326,7 @@ def choose_sync(result: SearchResult, c: Candidate):
     sync, price, priced = sync_price.choose(base, setting, space.sync, every=space.sync_every, bits=space.sync_bits,
                                             allow_any_every=space.sync_allow_any_every,
                                             fragments=space.sync_fragments, delay=space.sync_delay)
-    if sync.mode in sync_price.OUTER_STEP_MODES and setting.islands != setting.dp:  # the runtime's islands
+    if has_outer_step(sync.mode) and setting.islands != setting.dp:  # the runtime's islands
         sync = type(sync)(mode=sync.mode, options={**sync.options, "islands": setting.islands})
     return sync, sync_price.with_sync(base, sync, price, priced, setting.islands)
 

@@ -57,7 +57,7 @@ from partita.costmodel.errors import PartitaError
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.price import comm
 from partita.planner.plan.sync import (COMPRESSED, DILOCO, DILOCO_MAX_EVERY, POWERSGD, STREAMING, SYNC_MODES,
-                                       SYNCHRONOUS, Sync, accepted, wire_bits)
+                                       SYNCHRONOUS, Sync, accepted, has_outer_step, wire_bits)
 
 DILOCO_EVERY_LADDER = (10, 20, 50, 100, 200, DILOCO_MAX_EVERY)
 """The H the planner tries for DiLoCo when the user fixes none, smallest first."""
@@ -242,7 +242,7 @@ def sync_price(mode: str, predicted: dict, setting: SyncSetting | None = None, s
 
 def refusal(sync: Sync, setting: SyncSetting, allow_any_every: bool = False) -> str | None:
     """Why `sync` cannot run, or is outside its quality envelope, for this candidate; None when it may."""
-    if sync.mode not in OUTER_STEP_MODES:
+    if not has_outer_step(sync.mode):
         return None
     if setting.islands < 2:
         return (f"{sync.mode} trains islands apart and this plan's data-parallel group spans one island; give a "
@@ -256,7 +256,7 @@ def refusal(sync: Sync, setting: SyncSetting, allow_any_every: bool = False) -> 
 
 def _candidates(mode: str, predicted: dict, setting: SyncSetting, every: int | None, bits: int | None,
                 fragments: int | None = None, delay: int | None = None) -> list[Sync]:
-    if mode not in OUTER_STEP_MODES:
+    if not has_outer_step(mode):
         return [Sync(mode=mode)]
     opts = {"bits": bits} if bits else {}
     if mode == STREAMING:
@@ -270,10 +270,6 @@ def _candidates(mode: str, predicted: dict, setting: SyncSetting, every: int | N
         if PRICES[mode](predicted, setting, s).cross_island_s <= DILOCO_SLACK * base:
             return [s]
     return ladder[-1:]
-
-
-OUTER_STEP_MODES = (DILOCO, STREAMING)
-"""The modes that train islands apart between outer steps every H steps (their H is chosen from the ladder)."""
 
 
 def modes_of(sync) -> tuple[str, ...]:

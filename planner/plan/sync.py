@@ -55,6 +55,9 @@ class SyncMode:
     """What the memory it adds per rank is, as the report says it ("": none)."""
     ddp_replicas_only: bool = False
     """The runtime runs the mode on DDP replicas only (zero 0, no tp/pp/cp/ep; planner.plan.executable)."""
+    outer_step: bool = False
+    """The mode trains islands apart between outer steps, every H steps (option `every`, chosen from the planner's
+    ladder when not given: planner.estimate.sync); it needs islands to run, and a 4-bit wire (`bits`) is its."""
     shards_in_islands: bool = False
     """With ddp_replicas_only: ZeRO 2 and 3 run too, FSDP sharding each island's replicas among themselves (the
     islands apart between outer steps), still without tp/pp/cp/ep."""
@@ -145,7 +148,7 @@ SYNC_MODES: dict[str, SyncMode] = {
                 "every link, each averaged gradient rounded to bf16's 8 significant bits before the optimizer step"),
     DILOCO: SyncMode(
         name=DILOCO, crosses="the parameter change", ddp_replicas_only=True, holds="anchor and outer momentum",
-        shards_in_islands=True,
+        outer_step=True, shards_in_islands=True,
         summary="DiLoCo (Douillard et al. 2023, arXiv:2311.08105): synchronous inside each island; across islands "
                 "every H steps the mean parameter change is applied to the anchor weights by an outer Nesterov SGD "
                 "step (lr 0.7, momentum 0.9 as published). Published quality: on C4, 8 workers at H = 500 performed "
@@ -165,7 +168,8 @@ SYNC_MODES: dict[str, SyncMode] = {
                 "approximation of synchronous SGD's, corrected over steps by the error feedback",
         options={"rank": COUNT, "start": COUNT}, defaults={"rank": 4, "start": 1000}, check=_powersgd_problem),
     STREAMING: SyncMode(
-        name=STREAMING, crosses="the parameter change of one fragment", ddp_replicas_only=True, shards_in_islands=True,
+        name=STREAMING, crosses="the parameter change of one fragment", ddp_replicas_only=True, outer_step=True,
+        shards_in_islands=True,
         holds="anchor, outer momentum and the fragment in flight",
         summary="streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512), the asynchronous mode: DiLoCo with the "
                 "parameters split into fragments (strided by layer) that take their outer steps in turn, fragment p "
@@ -201,6 +205,12 @@ class Sync:
 
     def to_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, **({"options": dict(self.options)} if self.options else {})}
+
+
+def has_outer_step(mode: str) -> bool:
+    """Whether registered mode `mode` trains islands apart between outer steps (SyncMode.outer_step)."""
+    entry = SYNC_MODES.get(mode)
+    return entry is not None and entry.outer_step
 
 
 def accepted() -> str:

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from partita.costmodel import PartitaError
-from partita.planner.plan.sync import COMPRESSED, DILOCO, POWERSGD, STREAMING, SYNC_MODES, SYNCHRONOUS, Sync, accepted
+from partita.planner.plan.sync import (COMPRESSED, DILOCO, POWERSGD, STREAMING, SYNC_MODES, SYNCHRONOUS, Sync, accepted,
+                                       has_outer_step)
 from partita.runtime.loop.sync.diloco import DiLoCo, StreamingDiLoCo
 from partita.runtime.loop.sync.hook import SyncHook
 
@@ -117,7 +118,7 @@ def run_refusal(sync: Sync, checkpoint_every: int = 0, steps: int = 0, verify: b
         start = sync.option("start")
         return (f"--verify compares with single-process training, and powersgd compresses the gradients from step "
                 f"{start + 1} on (an approximation by design): run without --verify, or at most {start} steps")
-    if sync.mode in (DILOCO, STREAMING) and verify and sync.option("bits") == 4:
+    if has_outer_step(sync.mode) and verify and sync.option("bits") == 4:
         return (f"--verify compares with single-process training, and {sync.mode} at bits 4 rounds every outer "
                 "change to 4 bits by design: run without --verify, or verify the plan at bits 16 or 32")
     if sync.mode == STREAMING:

@@ -489,9 +489,15 @@ def _after_attempts(log_dir: str, nnodes: int) -> int:
 
 
 def _after_failed_children(e, log_dir: str, nnodes: int, losses_out: str | None, started: float) -> int:
-    """torchrun gave up on a failed worker (its restarts spent): the first failure, one line."""
-    first = first_failure([read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file) else None,
-                                        f.timestamp) for rank, f in e.failures.items()])
+    """torchrun gave up on a failed worker (its restarts spent): the first failure, one line. Besides the
+    workers torchrun saw fail, what the others of the attempt wrote: the hang watch records its verdict, ends the
+    paused rank and exits, and torchrun may poll between the end and the exit -- then it reports the paused rank
+    alone, killed without a word, and the verdict naming it was in a file of a rank still running."""
+    failures = [read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file) else None, f.timestamp)
+                for rank, f in e.failures.items()]
+    seen = {f.error_file for f in failures}
+    failures += [f for f in _attempt_failures(log_dir) if f.error_file not in seen]
+    first = first_failure(failures)
     if lost := _lost_instead(first, log_dir, nnodes):
         stderr_line(f"partita: error: {lost}")
         return 1

@@ -304,9 +304,8 @@ CHECK_IN_WAIT = 10.0
 
 
 def _check_in(torchrun_agent) -> None:
-    """Arrive at torchrun's exit barrier without waiting in it (what SimpleElasticAgent._exit_barrier does
-    before it waits), so the agents of the other nodes are not kept waiting for this one. Bounded: in a thread
-    given CHECK_IN_WAIT seconds; any failure (the store gone with its node) is ignored."""
+    """Arrive at torchrun's exit barrier without waiting in it (as SimpleElasticAgent._exit_barrier does first),
+    so no other node's agent waits for this one; in a thread given CHECK_IN_WAIT s, any failure ignored."""
     def arrive():
         from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
         from torch.distributed.elastic.utils.store import _barrier_nonblocking
@@ -334,9 +333,8 @@ def _lost_instead(first, log_dir: str, nnodes: int):
 
 
 def _store_lost(log_dir: str, watch) -> int:
-    """torchrun's agent failed after the rendezvous had completed: its store went away with the node that hosted
-    it (that node's launcher ended, or was killed). What this node's workers said, if they said anything (a stop
-    the other node's workers asked for on their way out), else the lost node; returns the exit code."""
+    """torchrun's agent failed after the rendezvous: its store went away with the node that hosted it (ended, or
+    killed). What this node's workers said (a stop the others asked for on their way out), else the lost node."""
     failures = _attempt_failures(log_dir)
     first = first_failure(failures) if failures else None
     if first is not None and not first.peer_lost:
@@ -489,15 +487,12 @@ def _after_attempts(log_dir: str, nnodes: int) -> int:
 
 
 def _after_failed_children(e, log_dir: str, nnodes: int, losses_out: str | None, started: float) -> int:
-    """torchrun gave up on a failed worker (its restarts spent): the first failure, one line. Besides the
-    workers torchrun saw fail, what the others of the attempt wrote: the hang watch records its verdict, ends the
-    paused rank and exits, and torchrun may poll between the end and the exit -- then it reports the paused rank
-    alone, killed without a word, and the verdict naming it was in a file of a rank still running."""
+    """torchrun gave up on a failed worker (its restarts spent): the first failure, one line, also among the
+    attempt's error files (the hang watch's verdict on a rank torchrun saw end before the watch's own exit)."""
     failures = [read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file) else None, f.timestamp)
                 for rank, f in e.failures.items()]
-    seen = {f.error_file for f in failures}
-    failures += [f for f in _attempt_failures(log_dir) if f.error_file not in seen]
-    first = first_failure(failures)
+    first = first_failure(failures + [f for f in _attempt_failures(log_dir) if f.error_file not in
+                                      {g.error_file for g in failures}])
     if lost := _lost_instead(first, log_dir, nnodes):
         stderr_line(f"partita: error: {lost}")
         return 1

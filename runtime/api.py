@@ -254,4 +254,4 @@ def agent_main(args, argv: list[str]) -> int:
     die_with_parent()  # a launcher whose own parent (partita run, a batch script) is killed stops its workers
     return agent(worker, nproc, nnodes=nnodes, rdzv_endpoint=args.rdzv_endpoint, rdzv_id=args.rdzv_id,
                  max_restarts=args.max_restarts, rdzv_timeout=args.rdzv_timeout, losses_out=args.losses_out,
-                 rescale_every=args.rescale_every)
+                 rescale_every=args.rescale_every, hang_timeout=args.hang_timeout)

@@ -32,11 +32,14 @@ import threading
 import time
 from pathlib import Path
 
-from partita.runtime.loop.report import write_error_file
+from partita.runtime.loop.report import ERROR_FILE_ENV, write_error_file
 from partita.runtime.loop.trainer import StepHook
 
 PHASES = ("forward and backward", "the loss all-reduce", "the optimizer step", "the checkpoint save")
 FILE = "hang-rank{}.json"
+HUNG_FILE = "hung.json"
+"""Beside the marks: the ranks of this node the watch named and ended, and its line (runtime.launcher.leave: such a
+node leaves an elastic job)."""
 EXIT = 1
 """A hang is a failure torchrun may restart (--max-restarts), not a refusal."""
 
@@ -93,7 +96,8 @@ class HangWatch(StepHook):
         path = self.dir / FILE.format(self.rank)
         part = path.with_name(path.name + ".part")
         try:
-            part.write_text(json.dumps({"rank": self.rank, "pid": os.getpid(), "step": step, "phase": phase}))
+            part.write_text(json.dumps({"rank": self.rank, "pid": os.getpid(), "step": step, "phase": phase,
+                                        "error_file": os.environ.get(ERROR_FILE_ENV)}))
             os.replace(part, path)
         except OSError:  # the launcher's directory went away: it is ending the run anyway
             pass
@@ -110,6 +114,9 @@ class HangWatch(StepHook):
         line, culprits = verdict(places, self.timeout)
         # recorded before the culprits end: the launcher reports the earliest failure, and theirs says nothing
         write_error_file(culprits[0] if culprits else self.rank, line, exitcode=EXIT)
+        if culprits:
+            with contextlib.suppress(OSError):
+                (self.dir / HUNG_FILE).write_text(json.dumps({"ranks": culprits, "line": line}))
         for r in culprits:
             pid = places[r].get("pid")
             if r != self.rank and isinstance(pid, int) and pid > 0:
@@ -136,16 +143,30 @@ def hang_watch(timeout: float | None, rank: int) -> HangWatch | None:
 
 
 def marks(directory: Path) -> dict[int, dict]:
-    """Every rank's last mark in `directory` (this node's ranks), by rank."""
+    """Every rank's last mark in `directory` (this node's ranks), by rank, with when it was made ("time")."""
     out = {}
     for path in directory.glob("hang-rank*.json"):
         try:
-            d = json.loads(path.read_text())
+            d, made = json.loads(path.read_text()), path.stat().st_mtime
         except (OSError, ValueError):
             continue
         if isinstance(d, dict) and all(isinstance(d.get(k), int) for k in ("rank", "step", "phase")) \
                 and 0 <= d["phase"] < len(PHASES):
-            out[d["rank"]] = d
+            out[d["rank"]] = {**d, "time": made}
+    return out
+
+
+def live_marks(directory: Path) -> dict[int, dict]:
+    """`marks` of the ranks whose process still runs (a rank killed in an earlier attempt leaves its mark)."""
+    out = {}
+    for rank, d in marks(directory).items():
+        pid = d.get("pid")
+        if isinstance(pid, int) and pid > 0:
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                continue
+            out[rank] = d
     return out
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from partita.costmodel import PartitaError
 from partita.runtime.launcher.child import LOG_DIR_ENV, LOG_DIR_PREFIX
 from partita.runtime.launcher.elastic import rescale_for
+from partita.runtime.launcher.leave import for_job, leaving
 from partita.runtime.loop.allocator import configure_allocator
 from partita.runtime.loop.console import stderr_line
 from partita.runtime.failure.guards import stop_line
@@ -27,7 +28,6 @@ from partita.runtime.failure.stop import PROGRESS_ENV, handled, recorded_step
 
 PROGRESS_FILE = "steps-passed.json"
 """In the launcher's directory: the step boundaries local rank 0 passed (runtime.failure.stop.record_step)."""
-
 
 _TORCHRUN_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run",
                      "torch.multiprocessing")  # the last: forked workers (runtime.launcher.fork)
@@ -64,7 +64,6 @@ class _AgentLog(logging.Filter):
             what = first_failure(failures).line() if failures else "a worker failed"
             stderr_line(f"partita: {what}; torchrun restarts the workers{which}")
         return False
-
 
     def _silent(self) -> list:
         """The workers of the latest attempt that wrote no error file (killed, or os._exit): with the exit code
@@ -347,7 +346,7 @@ def _store_lost(log_dir: str, watch) -> int:
 
 def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint: str | None = None,
           rdzv_id: str | None = None, max_restarts: int = 0, rdzv_timeout: float | None = None,
-          losses_out: str | None = None, rescale_every: float | None = None) -> int:
+          losses_out: str | None = None, rescale_every: float | None = None, hang_timeout: float | None = None) -> int:
     """Run torchrun's elastic agent for this node in this process on `python -m partita.runtime.train WORKER_ARGV`
     and return the exit code: 0, or the first failing worker's (1 if it died by a signal).
 
@@ -386,7 +385,8 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
     started = time.time()
     with _quiet_torchrun_logs(log_dir, nnodes) as quiet:
         try:
-            with _stop_signals(), watch_failures(quiet), _watch_exit_barrier(nnodes):
+            with _stop_signals(), watch_failures(quiet), _watch_exit_barrier(nnodes), \
+                    leaving(for_job(nnodes, hang_timeout, log_dir, rdzv_endpoint)):  # runtime.launcher.leave
                 fork.run_torchrun(argv, worker_argv)
             return _after_attempts(log_dir, nnodes)
         except ChildFailedError as e:

@@ -208,11 +208,17 @@ class Rescale:
 
     def __init__(self, every: float, clock=time.monotonic):
         self.every, self.clock, self.closed_at = every, clock, None
+        self.leave = None
+        """This node's runtime.launcher.leave.Leave: other nodes waiting for a node that hung, this one."""
 
-    def round_closed(self) -> None:
+    def round_closed(self, nodes: int | None = None) -> None:
         self.closed_at = self.clock()
+        if self.leave is not None:
+            self.leave.nodes = nodes
 
     def waiting(self, count: int) -> int:
+        if count and self.leave is not None and self.leave.others_wait():
+            return 0  # this node may have hung: it waits to know, then leaves rather than meet the others again
         if count and self.closed_at is not None and self.clock() - self.closed_at < self.every:
             return 0
         return count

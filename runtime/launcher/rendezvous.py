@@ -223,7 +223,7 @@ def _handler_type():
                 info = self.inner.next_rendezvous()
             if ELASTIC is not None:  # the workers of this round continue the job (runtime.launcher.elastic)
                 os.environ[ROUND_ENV] = str(self.rounds)
-                ELASTIC.round_closed()
+                ELASTIC.round_closed(getattr(info, "world_size", None))
                 return info
             global WATCH
             if WATCH is None and self.expected > 1:
@@ -253,6 +253,8 @@ def _handler_type():
             return self.inner.get_run_id()
 
         def shutdown(self) -> bool:
+            if ELASTIC is not None and ELASTIC.leave is not None and ELASTIC.leave.line:
+                return True  # a node leaving after a hang (runtime.launcher.leave): the others go on
             return self.inner.shutdown()
 
     return Watched

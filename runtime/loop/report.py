@@ -206,13 +206,15 @@ PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|Socket Ti
 """Messages of a worker that only noticed that a peer went away: a consequence, not the cause."""
 
 
-def write_error_file(rank: int, message: str, trace: str | None = None, exitcode: int = 1) -> None:
+def write_error_file(rank: int, message: str, trace: str | None = None, exitcode: int = 1,
+                     path: str | None = None) -> None:
     """Record this worker's failure where torchrun looks for it (no-op outside torchrun). `exitcode`: the
-    code the worker is about to exit with (torchrun may stop it with SIGTERM before it does)."""
+    code the worker is about to exit with (torchrun may stop it with SIGTERM before it does). `path`: another
+    worker's error file (its launcher writes the verdict on a rank it ends: runtime.launcher.leave)."""
     import json
     import os
     import time
-    path = os.environ.get(ERROR_FILE_ENV)
+    path = path or os.environ.get(ERROR_FILE_ENV)
     if not path:
         return
     now = time.time()

@@ -1,0 +1,163 @@
+"""A hang in an elastic run is handled as a lost node (issue 41, item 3; runtime.launcher.leave): three local
+"nodes" (`partita run` commands, one CPU process each) train tiny-gpt from a plan set of a 2-node and a 3-node plan
+under `--hang-timeout`. Rank 2 pauses itself in step 3 (PARTITA_FAULT sigstop: a process stuck without dying, alone
+on its node, so nobody on that node can name it). The other nodes' hang watches give up waiting and meet again; the
+hung node's launcher sees them wait while its own rank has not moved, names the rank, ends it and leaves the job
+with exit 1. The two left re-plan for 2 nodes and resume from step 2's checkpoint; the last round runs under
+--verify, so its losses are one uninterrupted process's (no sample skipped or read twice). `slow`: about a minute
+and a half on 2 shared cores.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from rank_pool import free_port
+from test_elastic import STEPS, _children, _listening, _logs, _stopped_under, _wait, plan_set
+from test_plans_match_single_process import ROOT, _env
+
+HANG = "15"
+"""Seconds (tests/e2e/test_hang_watch.py: a healthy step or save stays under it on a loaded machine)."""
+
+
+@pytest.mark.slow
+def test_a_hung_node_leaves_and_the_others_replan_and_resume_exactly(tmp_path):
+    sets, ck = plan_set(tmp_path / "set"), tmp_path / "ck"
+    port, job = free_port(), f"partita-test-{uuid.uuid4().hex[:8]}"
+    env = _env(PARTITA_FAULT="sigstop,rank=2,step=3")
+
+    def node(i: int) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "partita.cli", "run", str(sets), "--model", "tiny-gpt", "--steps", str(STEPS),
+               "--nnodes", "2:3", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", job, "--rescale-every", "0",
+               "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--verify", "--hang-timeout", HANG,
+               "--losses-out", str(tmp_path / f"node{i}.json")]
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(tmp_path / f"node{i}.out", "w"),
+                                stderr=open(tmp_path / f"node{i}.err", "w"))
+
+    nodes = [node(0)]  # node 0 hosts the rendezvous store: it is rank 0 and never the hung node
+    try:
+        _wait(lambda: _listening(port), procs=nodes)
+        nodes += [node(1), node(2)]  # MAX nodes: the first round closes with all three
+        hung = _wait(lambda: next((i for i in (1, 2) if _stopped_under(nodes[i].pid)), None), procs=nodes)
+        codes = {i: p.wait(timeout=300) for i, p in enumerate(nodes)}
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {_logs(tmp_path)}") from None
+    finally:
+        for p in nodes:
+            for pid in _children(p.pid) if p.poll() is None else []:
+                subprocess.run(["kill", "-9", str(pid)], check=False)
+            if p.poll() is None:
+                p.kill()
+    outputs = _logs(tmp_path)
+    kept = 3 - hung
+    assert codes == {0: 0, hung: 1, kept: 0}, outputs
+    mine = [line for line in outputs[f"node{hung}.err"].splitlines() if line.startswith("partita:")]
+    assert mine[-2:] == [
+        "partita: this node leaves the elastic job: its rank 2 hung; the other 2 nodes go on without it (start this "
+        "command again to bring it back)",
+        f"partita: error: rank 2: no progress for more than {HANG} s (--hang-timeout) in forward and backward of step "
+        "3, while the other nodes' ranks gave up waiting for it; ended by its node's launcher"], outputs
+    stderr = outputs["node0.err"] + outputs[f"node{kept}.err"]
+    assert ("partita: 1 node(s) lost before step 3: re-planned for 2 nodes (pp=1 dp=2 tp=1, predicted 0.67x the "
+            "3-node throughput); resumed from step 2") in stderr, outputs
+    reports = [json.loads((tmp_path / f"node{i}.json").read_text()) for i in (0, kept)
+               if (tmp_path / f"node{i}.json").exists()]
+    out = max(reports, key=lambda r: r["first_step"])
+    assert out["first_step"] == 2 and out["resumed_from"] == str(ck / "step-00000002"), out
+    assert len(out["losses"]) == STEPS - 2 and out["verified"] and out["max_abs_diff"] <= 1e-5, out
+
+
+# ---- the pieces, without a job ---------------------------------------------------------------------------------
+
+def _mark(directory, rank: int, pid: int, made: float, error_file=None, step=3, phase=0):
+    import os
+
+    from partita.runtime.failure.hang import FILE
+    path = directory / FILE.format(rank)
+    path.write_text(json.dumps({"rank": rank, "pid": pid, "step": step, "phase": phase, "error_file": error_file}))
+    os.utime(path, (made, made))
+
+
+def test_a_node_whose_ranks_stopped_moving_holds_back_then_ends_them_and_leaves(tmp_path, capsys):
+    import signal
+
+    from partita.runtime.launcher.elastic import Rescale
+    from partita.runtime.launcher.leave import Leave
+    from partita.runtime.loop.report import read_failure
+    now = [1000.0]
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        _mark(tmp_path, 4, sleeper.pid, 990.0, error_file=str(tmp_path / "error.json"))
+        _mark(tmp_path, 5, 999999999, 900.0)  # a rank of an earlier attempt, gone: not counted
+        leave = Leave(2, 15.0, str(tmp_path), clock=lambda: now[0])
+        rescale = Rescale(0.0)
+        rescale.leave = leave
+        rescale.round_closed(3)
+        assert rescale.waiting(1) == 1  # moved 10 s ago: the others' wait is for a new round, as usual
+        now[0] = 1010.0
+        assert rescale.waiting(1) == 0 and sleeper.poll() is None  # 20 s: held back, its own watch may yet fire
+        assert rescale.waiting(0) == 0 and leave.line is None
+        now[0] = 1040.0  # past 15 s + GRACE (15 s): it hung
+        assert rescale.waiting(1) == 0
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        sleeper.kill()
+    failure = read_failure(4, -9, str(tmp_path / "error.json"), now[0])
+    assert failure.line() == ("rank 4: no progress for more than 15 s (--hang-timeout) in forward and backward of step "
+                              "3, while the other nodes' ranks gave up waiting for it; ended by its node's launcher")
+    assert leave.after_failure()  # the failure that follows: no restart
+    assert capsys.readouterr().err.strip() == (
+        "partita: this node leaves the elastic job: its rank 4 hung; the other 2 nodes go on without it (start this "
+        "command again to bring it back)")
+
+
+def test_a_node_leaves_only_when_the_job_can_go_on_without_it(tmp_path):
+    import socket
+
+    from partita.runtime.failure.hang import HUNG_FILE
+    from partita.runtime.launcher.leave import Leave, hosts_store
+
+    def named(nodes, least, timeout=15.0, port=None):
+        (tmp_path / HUNG_FILE).write_text(json.dumps({"ranks": [3], "line": "..."}))
+        leave = Leave(least, timeout, str(tmp_path), port=port)
+        leave.nodes = nodes
+        return leave.after_failure(), (tmp_path / HUNG_FILE).exists()
+
+    assert named(3, 2) == (True, False)  # its hang watch named rank 3; the file is read once
+    assert named(2, 2) == (False, False)  # one node fewer than MIN: it restarts with the others
+    assert named(3, 2, timeout=None) == (False, False)  # no --hang-timeout: no hang is ever judged
+    with socket.socket() as s:  # the node that hosts the rendezvous store: its end would end the job
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert hosts_store(port) and not hosts_store(free_port())
+        assert named(3, 2, port=port) == (False, False)
+    fresh = Leave(2, 15.0, str(tmp_path))
+    fresh.nodes = 3
+    assert not fresh.after_failure()  # a failure the watch did not call a hang
+
+
+def test_a_leaving_node_does_not_close_the_rendezvous(monkeypatch):
+    from partita.runtime.launcher import rendezvous
+    from partita.runtime.launcher.elastic import Rescale
+    from partita.runtime.launcher.leave import Leave
+
+    class Inner:
+        closed = False
+
+        def shutdown(self):
+            Inner.closed = True
+            return True
+
+    rescale = Rescale(0.0)
+    rescale.leave = Leave(2, 15.0, "/nonexistent")
+    monkeypatch.setattr(rendezvous, "ELASTIC", rescale)
+    handler = rendezvous._handler_type()(Inner(), None, "job", 3)
+    rescale.leave.line = "partita: this node leaves the elastic job: ..."
+    assert handler.shutdown() and not Inner.closed  # the others' rendezvous goes on
+    rescale.leave.line = None
+    assert handler.shutdown() and Inner.closed  # a job that ends closes it, as torchrun does

@@ -125,6 +125,9 @@ class Row:
     source does not say, or every layer takes the one policy given)."""
     sequence_parallel: bool | None = False
     """None: the source does not say; the search chooses."""
+    master_weights: str = "fp32"
+    """Where the optimizer keeps the weights (TrainConfig.master_weights): an fp32 master copy beside 16-bit
+    parameters, or "none" (pure bf16: the model cast to bf16, its optimizer's states in bf16)."""
     schedule: str = "1F1B"
     tp_comm_overlap: bool | None = None
     """Whether the run overlapped tensor-parallel collectives with GEMMs (Megatron-Core --tp-comm-overlap,
@@ -731,7 +734,13 @@ QWEN3_30B_A3B = Model(name="qwen3-30b-a3b", family="hf", layers=48, hidden=2048,
 AUTOMODEL_ROWS = [
     Row(table=AUTOMODEL, model=QWEN3_30B_A3B, seq=4096, hardware="H100-80GB", gpus=8, tp=1, pp=1, dp=8, ep=8,
         zero=(2,), sharding="FSDP2, reshard_after_forward False; experts by EP", micro_batch=4, global_batch=512,
-        recompute=FULL, value=12040, notes="21.773 s per step, 277 model TFLOP/s per GPU"),
+        recompute=FULL, master_weights="none", value=12040,
+        notes="21.773 s per step, 277 model TFLOP/s per GPU; pure bf16: the model is cast to bf16 when its meta "
+              "weights are initialised (nemo_automodel/components/models/qwen3_moe/model.py @ 8d9bfb90e, "
+              "Qwen3MoeForCausalLM.initialize_weights: self.to(dtype), dtype bfloat16, called by "
+              "components/checkpoint/checkpointing.py), and torch.optim.Adam keeps its moments in the "
+              "parameters' dtype; the loss's bf16 logits (MaskedCrossEntropy fp32_upcast false) are priced as "
+              "transformers' fp32 ones"),
 ]
 
 ROWS: list[Row] = (MEGATRON_T1_ROWS + KORTHIKANTI_T5_ROWS + LLMF_ROWS + FMS_ROWS + TORCHTITAN_ROWS + LLAMA3_ROWS

@@ -300,3 +300,22 @@ def test_the_headline_weighs_each_source_once():
     a = fit.summary(result)["in_sample"]["all"]
     assert a["median_abs_error"] == pytest.approx(0.02)
     assert a["median_of_source_medians"] == pytest.approx(0.16)
+
+
+def test_rows_with_expert_parallelism_are_priced_but_fit_nothing(kgroups):
+    """An MoE row (Qwen3-30B-A3B on NeMo AutoModel, ep 8) is priced and reported like any row, but its grouped
+    expert GEMMs are priced on the dense curve: a level fitted to it would bend the dense constants (it took
+    hopper/te-2024's attention to the bound 1.0). Its measured value, however wild, moves no constant; a dense
+    row of the same group does."""
+    rows = rows_of("dgxc-benchmarking", "megatron-lm-h100", "nemo-automodel")
+    moe = [r for r in rows if r.ep > 1]
+    assert moe and not any(fit.fitted(r) for r in moe) and all(fit.fitted(r) for r in rows if r.ep == 1)
+    params = fit.published_params(rows, kgroups)
+    start = {p: fit.START[p[0]] for p in params}
+    lin, measured = synthetic(rows, {p: v * 1.1 for p, v in start.items()}, kgroups, start)
+    base = fit.fit_published(measured, lin, kgroups, start=start)
+    wild = [dataclasses.replace(r, value=r.value * 3) if r.ep > 1 else r for r in measured]
+    assert fit.fit_published(wild, lin, kgroups, start=start) == base
+    dense = next(r for r in measured if r.ep == 1 and fit.group_of(r) == fit.group_of(moe[0]))
+    moved = [dataclasses.replace(r, value=r.value * 3) if r is dense else r for r in measured]
+    assert fit.fit_published(moved, lin, kgroups, start=start) != base

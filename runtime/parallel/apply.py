@@ -217,6 +217,12 @@ class LocalExecutor:
         self.module = self.ddp if self.ddp is not None else model
         self.holds_loss = topo.tp_rank == 0
         self.loss_parallel = topo.tp > 1 and _tp().vocab_head(plan.placements, model)
+        self.average_within(self.replicas, self.n_replicas)
+
+    def average_within(self, group, size: int) -> None:
+        """The ranks whose gradients `step` averages where neither DDP nor FSDP does (tensor-parallel replicas): all
+        replicas, or, for a sync mode that trains islands apart, this rank's island (None, 1: nobody else)."""
+        self.grad_group, self.grad_ranks = group, size
 
     def step(self, batch: tuple) -> torch.Tensor:
         """Forward and backward of this rank's batch; returns its mean loss (detached)."""
@@ -232,8 +238,8 @@ class LocalExecutor:
                 loss.backward()
             total += loss.detach()
         settle_grads(self.params)
-        if self.n_replicas > 1 and self.ddp is None and not self.fsdp:
-            average_grads(self.params, self.replicas, self.n_replicas)
+        if self.grad_ranks > 1 and self.ddp is None and not self.fsdp:
+            average_grads(self.params, self.grad_group, self.grad_ranks)
         expert_parallel.sync_expert_grads(self.params)
         return total
 

@@ -134,8 +134,8 @@ def test_a_diloco_plan_round_trips_and_bad_options_are_one_line(plans, tmp_path)
 
 
 def test_a_diloco_plan_the_runtime_does_not_run_says_so():
-    """The runtime runs DiLoCo on data-parallel replicas, with DDP or with FSDP inside each island: a ZeRO-1 DiLoCo
-    plan is priced and marked not executed, a ZeRO-2 one is executable."""
+    """The runtime runs DiLoCo on data-parallel replicas, with DDP, tensor parallelism (zero 0) or FSDP inside each
+    island: a ZeRO-1 DiLoCo plan is priced and marked not executed, a ZeRO-2 one is executable."""
     from partita.planner.api import plan_search
     from partita.planner.enumerate.space import SearchSpace, TrainConfig
     from partita.planner.plan.executable import sync_refusal
@@ -154,6 +154,11 @@ def test_a_diloco_plan_the_runtime_does_not_run_says_so():
     assert two.predicted["sync"]["extra_memory_bytes"] == 8 * params + 12 * params // 2
     assert "diloco with tp=2 is not run" in sync_refusal("diloco", tp=2, zero=3)
     assert "compressed with zero=2 is not run" in sync_refusal("compressed", zero=2)
+    # tensor parallelism inside each replica runs at zero 0 (each tp rank's shard crosses to its peers), for the
+    # outer-step modes alone: the compressed and powersgd modes are DDP hooks
+    assert sync_refusal("diloco", tp=2) is None and sync_refusal("streaming", tp=4) is None
+    assert "compressed with tp=2 is not run" in sync_refusal("compressed", tp=2)
+    assert "streaming with pp=2 is not run" in sync_refusal("streaming", tp=2, pp=2)
 
 
 def test_the_cross_island_term_counts_islands_spanned_and_the_ring_factors():

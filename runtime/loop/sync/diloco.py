@@ -31,12 +31,13 @@ class DiLoCo(SyncHook):
       delta as its gradient (lr `outer_lr`, momentum `outer_momentum`), and the parameters become the anchor.
 
     With H = 1, outer lr 1 and no momentum under an SGD inner optimizer this is synchronous DP: the anchor
-    becomes the mean of one local step from the same weights, the step on the mean gradient. Runs on data-parallel
-    plans (no tensor or pipeline parallelism): with DDP (zero 0), or with FSDP (ZeRO 2/3) sharding each island's
-    replicas among themselves (runtime.parallel.apply.fsdp_mesh: the reduce-scatter stays in the island), where the
-    anchor, its momentum and the outer all-reduce are this rank's shard, exchanged with the ranks holding the same
-    shard in the other islands. Checkpoints: after outer steps only (`save_refusal`), with each island's inner
-    optimizer state and the outer momentum (`checkpoint_state`; under FSDP each shard's under its own keys)."""
+    becomes the mean of one local step from the same weights, the step on the mean gradient. Runs on plans of one
+    stage: with DDP (zero 0); with tensor parallelism inside each replica (zero 0, `_tensor_groups`); or with FSDP
+    (ZeRO 2/3) sharding each island's replicas among themselves (runtime.parallel.apply.fsdp_mesh: the
+    reduce-scatter stays in the island). Under FSDP or TP the anchor, its momentum and the outer all-reduce are this
+    rank's shard, exchanged with the ranks holding the same shard in the other islands. Checkpoints: after outer
+    steps only (`save_refusal`), with each island's inner optimizer state and the outer momentum
+    (`checkpoint_state`; under FSDP or TP each shard's under its own keys)."""
 
     MODE = DILOCO
 
@@ -46,9 +47,11 @@ class DiLoCo(SyncHook):
         self.every, self.bits = sync.option("every"), sync.option("bits")
         n = executor.n_replicas if executor is not None else 1
         self.sharded = bool(executor is not None and executor.fsdp)
-        if n > 1 and executor.ddp is None and not self.sharded:
-            raise PartitaError(f"{self.MODE} runs on data-parallel plans with DDP or FSDP (no tensor or pipeline "
-                               "parallelism) today; this plan splits the model")
+        self.tensor = bool(executor is not None and topo.tp > 1 and not self.sharded
+                           and hasattr(executor, "average_within"))  # tensor-parallel replicas, one stage
+        if n > 1 and executor.ddp is None and not self.sharded and not self.tensor:
+            raise PartitaError(f"{self.MODE} runs on data-parallel plans with DDP, FSDP or tensor parallelism (no "
+                               "pipeline parallelism) today; this plan splits the model into stages")
         self.islands = sync.option("islands") or n
         if n % self.islands:
             raise PartitaError(f"sync.options.islands = {self.islands} does not divide the plan's {n} data-parallel "
@@ -66,6 +69,8 @@ class DiLoCo(SyncHook):
         self.island = self.shard = 0
         if n <= 1:
             return None, None
+        if self.tensor:
+            return self._tensor_groups(n)
         if self.islands <= 1:  # one island: under FSDP every rank holds its own shard of the anchor
             self.shard = dist.get_process_group_ranks(self.executor.replicas).index(dist.get_rank())
             return None, None
@@ -83,13 +88,27 @@ class DiLoCo(SyncHook):
             outer = g if mine % per == j else outer
         return inner, outer
 
+    def _tensor_groups(self, n: int):
+        """Tensor-parallel replicas: a mesh (islands, replicas per island, tp) over the ranks, laid out as the plan's
+        (tp fastest, then dp; an island is consecutive replicas). The island's group holds its replicas of this
+        rank's tp shard, and the executor averages the inner gradients over it alone; the outer group holds the
+        same shard in the other islands."""
+        from torch.distributed.device_mesh import init_device_mesh
+        per = n // self.islands
+        mesh = init_device_mesh(self.topo.device.type, (self.islands, per, self.topo.tp),
+                                mesh_dim_names=("island", "replica", "tp"))
+        self.island, self.shard = mesh.get_local_rank("island"), self.topo.tp_rank
+        inner = mesh.get_group("replica") if per > 1 else None
+        self.executor.average_within(inner, per if inner is not None else 1)
+        return inner, (mesh.get_group("island") if self.islands > 1 else None)
+
     def during_backward(self, step: int):
         ddp = self.executor.ddp if self.executor is not None else None
         return ddp.no_sync() if ddp is not None and self.outer is not None else contextlib.nullcontext()
 
     def before_optimizer(self, step: int) -> None:
-        if self.inner is None or self.sharded:  # FSDP has reduce-scattered them over the island already
-            return
+        if self.inner is None or self.sharded or self.tensor:  # FSDP reduce-scattered them over the island already,
+            return  # and the tensor-parallel executor averaged them over it
         for p in self.executor.params:
             if p.grad is not None:
                 dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=self.inner)
@@ -180,8 +199,9 @@ class DiLoCo(SyncHook):
 
     @property
     def _shard_key(self) -> str:
-        """The suffix of a key that holds this rank's shard (FSDP: each shard its own plain tensor), else ""."""
-        return f".shard{self.shard}" if self.sharded else ""
+        """The suffix of a key that holds this rank's shard (FSDP, or a tp rank's: each shard its own plain tensor),
+        else ""."""
+        return f".shard{self.shard}" if self.sharded else f".tp{self.shard}" if self.tensor else ""
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         return {**self._outer_keys(), **self._inner_keys()}

@@ -47,7 +47,7 @@ class DiLoCo(SyncHook):
         self.every, self.bits = sync.option("every"), sync.option("bits")
         n = executor.n_replicas if executor is not None else 1
         self.sharded = bool(executor is not None and executor.fsdp)
-        self.tensor = bool(executor is not None and topo.tp > 1 and not self.sharded
+        self.tensor = bool(executor is not None and topo.tp > 1 and topo.cp == 1 and not self.sharded
                            and hasattr(executor, "average_within"))  # tensor-parallel replicas, one stage
         if n > 1 and executor.ddp is None and not self.sharded and not self.tensor:
             raise PartitaError(f"{self.MODE} runs on data-parallel plans with DDP, FSDP or tensor parallelism (no "

@@ -144,8 +144,17 @@ _G175 = dict(_DG, table=DGXC_GPT3, model=GPT3_175B_NEMO, seq=2048, tp=4, pp=8, v
              schedule="Interleaved1F1B", recompute=NONE, sequence_parallel=True, tp_comm_overlap=True)
 _N15 = dict(_DG, table=DGXC_NEMOTRON_15B, model=NEMOTRON4_15B, seq=4096, tp=4, micro_batch=4, recompute=NONE,
             sequence_parallel=True, tp_comm_overlap=True)
+# Nemotron-4 340B's optimizer keeps its states in bf16 and no master weights: the yaml's optim section sets
+# `dtype: bf16` (and grad_sync_dtype bf16), which NeMo 24.09 reads as the optimizer state's dtype; it equals the model's
+# (megatron_amp_O2, bf16), so `store_params` is False (nemo/collections/nlp/models/language_modeling/
+# megatron_base_model.py @ NeMo tag 24.09-alpha.rc0, setup_optimization). Pure bf16 in partita's terms
+# (master_weights "none"); the word embeddings' fp32 gradients (with_fp32_embedding_grads) are not priced.
 _N340 = dict(_DG, table=DGXC_NEMOTRON_340B, model=NEMOTRON4_340B, seq=4096, tp=8, pp=8, virtual_stages=12,
-             schedule="Interleaved1F1B", recompute=SELECTIVE, sequence_parallel=True, tp_comm_overlap=True)
+             schedule="Interleaved1F1B", recompute=SELECTIVE, sequence_parallel=True, tp_comm_overlap=True,
+             master_weights="none",
+             notes="optimizer states in bf16 and no fp32 master (optim dtype bf16 in the yaml: NeMo's "
+                   "distributed_fused_adam with store_params False), priced as pure bf16; the word embeddings' "
+                   "fp32 gradients (with_fp32_embedding_grads) are not priced")
 DGXC_ROWS = [
     Row(**_L8, gpus=8, dp=4, global_batch=128, value=12.91),
     Row(**_L8, gpus=16, dp=8, global_batch=256, value=13.00),

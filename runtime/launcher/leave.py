@@ -20,6 +20,9 @@ A node knows one of its ranks hung in one of two ways:
 A node leaves only when the job can go on without it: at least MIN nodes left, and this node does not host the
 rendezvous store (the store ends with its launcher, and every node with it). Otherwise it restarts with the others,
 as in a job of fixed size.
+
+The other way round, a node must not leave by mistake: workers stopped by the ranks' stop vote for another node's
+membership change look like a finished job to their agent (`leaving`, `stopped_by_vote`).
 """
 from __future__ import annotations
 
@@ -128,13 +131,41 @@ def hosts_store(port: int | None) -> bool:
     return not tables
 
 
+def stopped_by_vote(log_dir: Path) -> bool:
+    """Whether every worker of this node's latest attempt ended by a stop at a step boundary (an exit code past 128
+    in its error file: runtime.failure.stop) -- which, while this agent itself had no signal, another node asked for."""
+    from partita.runtime.loop.report import read_failure
+    attempts = sorted(Path(log_dir).glob("*/attempt_*"), key=lambda d: int(d.name.split("_")[-1]))
+    files = list(attempts[-1].glob("*/error.json")) if attempts else []
+    return bool(files) and all(read_failure(0, 0, str(f), 0.0).exitcode > 128 for f in files)
+
+
+def waiting_at(handler) -> bool:
+    """Whether a node waits at the rendezvous to be let in: torch's own count, not the rescale window's
+    (runtime.launcher.rendezvous wraps the handler, `inner`)."""
+    try:
+        return getattr(handler, "inner", handler).num_nodes_waiting() > 0
+    except Exception:  # the store went away with the node that hosted it: the job is ending anyway
+        return False
+
+
 @contextlib.contextmanager
 def leaving(leave: Leave | None):
-    """While torchrun's agent runs here: a failure after which `leave` decides to leave spends the agent's
-    restarts, so torchrun stops this node's workers and ends instead of meeting the others again."""
+    """While torchrun's agent runs here, in an elastic job:
+
+    - a failure after which `leave` decides to leave spends the agent's restarts, so torchrun stops this node's
+      workers and ends instead of meeting the others again;
+    - workers that all stopped at a step boundary though this agent had no signal (torchrun's agent raises on its
+      own signals before it monitors again), while a node waits at the rendezvous to be let in, stopped because
+      another node's agent saw that node and stopped its workers for the new round (every rank stops after the same
+      step): this node meets the others in that round, as if it had seen the node itself, rather than take the
+      stop for the job's end. A node whose agent polled late under load was left out of the grown job this way
+      (2026-11-30); the rescale window of an agent (`--rescale-every`) hides a waiting node from it alike. A stop
+      with nobody waiting (a signal to another node's launcher) still ends the job on every node."""
     if leave is None:
         yield
         return
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     monitor = LocalElasticAgent._monitor_workers
 
@@ -143,6 +174,10 @@ def leaving(leave: Leave | None):
         result = monitor(agent, worker_group)
         if getattr(result, "failures", None) and leave.after_failure():
             agent._remaining_restarts = 0
+        elif getattr(result, "state", None) == WorkerState.SUCCEEDED and stopped_by_vote(leave.dir) \
+                and waiting_at(worker_group.spec.rdzv_handler):
+            agent._restart_workers(worker_group)
+            return RunResult(state=WorkerState.HEALTHY)
         return result
     LocalElasticAgent._monitor_workers = monitored
     try:

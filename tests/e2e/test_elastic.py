@@ -95,8 +95,13 @@ def test_a_node_joining_then_one_lost_replan_and_the_losses_stay_one_process(tmp
     env = _env(PARTITA_FAULT="sigstop,rank=1,step=3;sigstop,rank=2,step=6")
 
     def node(i: int) -> subprocess.Popen:
+        # node 0 lets no joining node in for 600 s: only node 1's agent sees node 2 wait and stops its workers,
+        # and node 0's workers stop after the same step by the ranks' stop vote -- which its agent must take for the
+        # membership change it is, not the job's end (runtime.launcher.leave.leaving; agents that poll late under
+        # load did this by chance)
+        window = "600" if i == 0 else "0"
         cmd = [sys.executable, "-m", "partita.cli", "run", str(sets), "--model", "tiny-gpt", "--steps", str(STEPS),
-               "--nnodes", "2:3", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", job, "--rescale-every", "0",
+               "--nnodes", "2:3", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", job, "--rescale-every", window,
                "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--verify",
                "--losses-out", str(tmp_path / f"node{i}.json")]
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(tmp_path / f"node{i}.out", "w"),
@@ -110,11 +115,11 @@ def test_a_node_joining_then_one_lost_replan_and_the_losses_stay_one_process(tmp
         nodes.append(node(1))  # MIN nodes: the first round closes after the last call, with 2
         stopped = _wait(lambda: _stopped_under(nodes[1].pid), procs=nodes)  # rank 1 paused in step 3
         nodes.append(node(2))
-        # the two nodes' agents see node 2 waiting and stop their workers for a new round: SIGTERM, which the
-        # paused rank takes once it goes on -- every rank stops after the same step and checkpoints it: step 3, or
-        # step 4 when node 0's agent sees node 2 only after rank 0 passed step 3's stop vote (the agents poll
-        # apart). No failure has happened: torchrun counts no restart, and only the agents' round count makes the
-        # round continue
+        # node 1's agent sees node 2 waiting and stops its workers for a new round: SIGTERM, which the paused rank
+        # takes once it goes on -- every rank stops after the same step (the stop vote) and checkpoints it: step 3,
+        # or step 4 when the vote comes after rank 0 passed step 3's. No failure has happened: torchrun counts no
+        # restart, node 0's agent meets the others again though it saw nobody wait, and only the agents' round
+        # count makes the round continue
         _wait(lambda: True if _pending(stopped, signal.SIGTERM) else None, procs=nodes)
         os.kill(stopped, signal.SIGCONT)
         # on 3 nodes from step 3, rank 2 pauses in step 6: its node (1 or 2) dies -- launcher, agent, worker at once

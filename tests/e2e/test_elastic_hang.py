@@ -161,3 +161,25 @@ def test_a_leaving_node_does_not_close_the_rendezvous(monkeypatch):
     assert handler.shutdown() and not Inner.closed  # the others' rendezvous goes on
     rescale.leave.line = None
     assert handler.shutdown() and Inner.closed  # a job that ends closes it, as torchrun does
+
+
+def test_workers_that_all_stopped_by_vote_are_told_from_an_end_and_a_failure(tmp_path):
+    """runtime.launcher.leave.stopped_by_vote: every worker of the latest attempt stopped at a step boundary (exit
+    code past 128 in its error file) -- the stop another node's agent asked for by a membership change -- and
+    nothing else: not a run that finished (no error file), a failure, or a mix."""
+    from partita.runtime.launcher.leave import stopped_by_vote
+    from partita.runtime.loop.report import write_error_file
+
+    def attempt(k: int, codes: list[int]) -> None:
+        for local, code in enumerate(codes):
+            path = tmp_path / "run" / f"attempt_{k}" / str(local) / "error.json"
+            path.parent.mkdir(parents=True)
+            write_error_file(local, "stopped after step 3", exitcode=code, path=str(path))
+
+    assert not stopped_by_vote(tmp_path)  # no attempt yet
+    attempt(0, [1, 143])
+    assert not stopped_by_vote(tmp_path)  # a failure beside the stop
+    attempt(1, [143, 143])
+    assert stopped_by_vote(tmp_path)
+    (tmp_path / "run" / "attempt_2").mkdir()
+    assert not stopped_by_vote(tmp_path)  # the newest attempt's workers are running (no file yet)

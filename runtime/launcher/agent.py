@@ -19,7 +19,7 @@ from pathlib import Path
 from partita.costmodel import PartitaError
 from partita.runtime.launcher.child import LOG_DIR_ENV, LOG_DIR_PREFIX
 from partita.runtime.launcher.elastic import rescale_for
-from partita.runtime.launcher.leave import for_job, leaving
+from partita.runtime.launcher.leave import after_monitor, for_job, leaving
 from partita.runtime.loop.allocator import configure_allocator
 from partita.runtime.loop.console import stderr_line
 from partita.runtime.failure.guards import stop_line
@@ -83,33 +83,17 @@ class _AgentLog(logging.Filter):
         return out
 
 
-@contextlib.contextmanager
 def watch_failures(log: _AgentLog):
     """While torchrun's agent runs in this process: record every failed worker of each attempt into
     `log.failed` (LocalElasticAgent._monitor_workers' result, which holds them all with their exit codes).
     A torch without that method runs unwatched: the restart notice then falls back on torchrun's log line."""
-    try:
-        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-    except ImportError:
-        LocalElasticAgent = None
-    monitor = getattr(LocalElasticAgent, "_monitor_workers", None)
-    if monitor is None:
-        yield
-        return
-
-    @functools.wraps(monitor)
-    def monitored(agent, worker_group):
-        result = monitor(agent, worker_group)
+    def after(agent, worker_group, result):
         failures = getattr(result, "failures", None) or {}
         if failures:
             log.failed = {f.local_rank: (f.exitcode, f.timestamp) for f in failures.values()
                           if hasattr(f, "local_rank") and hasattr(f, "exitcode")}
         return result
-    LocalElasticAgent._monitor_workers = monitored
-    try:
-        yield
-    finally:
-        LocalElasticAgent._monitor_workers = monitor
+    return after_monitor(after)
 
 
 def _attempt_failures(log_dir: str) -> list:

@@ -166,12 +166,8 @@ def leaving(leave: Leave | None):
         yield
         return
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-    monitor = LocalElasticAgent._monitor_workers
 
-    @functools.wraps(monitor)
-    def monitored(agent, worker_group):
-        result = monitor(agent, worker_group)
+    def after(agent, worker_group, result):
         if getattr(result, "failures", None) and leave.after_failure():
             agent._remaining_restarts = 0
         elif getattr(result, "state", None) == WorkerState.SUCCEEDED and stopped_by_vote(leave.dir) \
@@ -179,6 +175,27 @@ def leaving(leave: Leave | None):
             agent._restart_workers(worker_group)
             return RunResult(state=WorkerState.HEALTHY)
         return result
+    with after_monitor(after):
+        yield
+
+
+@contextlib.contextmanager
+def after_monitor(after):
+    """While torchrun's agent runs here: each result of its LocalElasticAgent._monitor_workers passed through
+    `after(agent, worker_group, result)`, which returns the result torchrun acts on. A torch without that method
+    runs unwatched."""
+    try:
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    except ImportError:
+        LocalElasticAgent = None
+    monitor = getattr(LocalElasticAgent, "_monitor_workers", None)
+    if monitor is None:
+        yield
+        return
+
+    @functools.wraps(monitor)
+    def monitored(agent, worker_group):
+        return after(agent, worker_group, monitor(agent, worker_group))
     LocalElasticAgent._monitor_workers = monitored
     try:
         yield

@@ -185,10 +185,20 @@ def _fsdp_islands(tmp_path: Path, name: str, sync: dict | None, optimizer: str, 
                   lr: str = "0.5") -> list[float]:
     """4 ranks, ZeRO-3 (FSDP2): with `sync`, 2 islands of 2 replicas, FSDP sharding each island's pair alone. The
     losses; the run's `applied` record goes to APPLIED[name]."""
+    report = _four_ranks(tmp_path, name, sync, optimizer, steps, *extra, lr=lr, dp=4, zero=3)
+    APPLIED[name] = report["applied"]
+    return report["losses"]
+
+
+def _four_ranks(tmp_path: Path, name: str, sync: dict | None, optimizer: str, steps: int, *extra: str, lr: str,
+                dp: int, tp: int = 1, zero: int = 0) -> dict:
+    """A 4-rank run of tiny-gpt on dp x tp at `zero`, with the `sync` section (None: synchronous): its
+    --losses-out report."""
     from test_plans_match_single_process import make_plan
-    plan = make_plan(dp=4)
+    plan = make_plan(dp=dp, tp=tp)
     plan["train"]["optimizer"] = optimizer
-    plan["zero_stage"] = 3
+    if zero:
+        plan["zero_stage"] = zero
     if sync:
         plan["sync"] = sync
     path, out = tmp_path / f"{name}.json", tmp_path / f"{name}.losses.json"
@@ -196,9 +206,7 @@ def _fsdp_islands(tmp_path: Path, name: str, sync: dict | None, optimizer: str, 
     done = rank_pool.shared().run(4, [str(path), "--model", "tiny-gpt", "--steps", str(steps), "--lr", lr,
                                       "--log-every", "0", "--losses-out", str(out), *extra], cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(out.read_text())
-    APPLIED[name] = report["applied"]
-    return report["losses"]
+    return json.loads(out.read_text())
 
 
 APPLIED: dict[str, dict] = {}
@@ -240,17 +248,7 @@ def _tp_islands(tmp_path: Path, name: str, sync: dict | None, optimizer: str, st
                 lr: str = "0.5") -> list[float]:
     """4 ranks, tp = 2 inside each of dp = 2 replicas (zero 0: the executor averages the gradients); with `sync`,
     each replica its own island. The losses."""
-    from test_plans_match_single_process import make_plan
-    plan = make_plan(dp=2, tp=2)
-    plan["train"]["optimizer"] = optimizer
-    if sync:
-        plan["sync"] = sync
-    path, out = tmp_path / f"{name}.json", tmp_path / f"{name}.losses.json"
-    path.write_text(json.dumps(plan))
-    done = rank_pool.shared().run(4, [str(path), "--model", "tiny-gpt", "--steps", str(steps), "--lr", lr,
-                                      "--log-every", "0", "--losses-out", str(out), *extra], cwd=ROOT, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(out.read_text())["losses"]
+    return _four_ranks(tmp_path, name, sync, optimizer, steps, *extra, lr=lr, dp=2, tp=2)["losses"]
 
 
 def test_tensor_parallel_islands_h1_is_synchronous_tp_dp_and_h2_is_not(tmp_path):

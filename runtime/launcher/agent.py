@@ -23,7 +23,7 @@ from partita.runtime.launcher.leave import after_monitor, for_job, leaving
 from partita.runtime.loop.allocator import configure_allocator
 from partita.runtime.loop.console import stderr_line
 from partita.runtime.failure.guards import stop_line
-from partita.runtime.loop.report import PEER_LOST, RankFailure, first_failure, read_failure
+from partita.runtime.loop.report import PEER_LOST, RankFailure, attempt_failures, first_failure, read_failure
 from partita.runtime.failure.stop import PROGRESS_ENV, handled, recorded_step
 
 PROGRESS_FILE = "steps-passed.json"
@@ -60,7 +60,7 @@ class _AgentLog(logging.Filter):
             left, most = (record.args[2], record.args[3]) if isinstance(record.args, tuple) and \
                 len(record.args) == 4 else (None, None)
             which = f" (restart {most - left + 1} of {most})" if isinstance(left, int) and isinstance(most, int) else ""
-            failures = _attempt_failures(self.log_dir) + self._silent()
+            failures = attempt_failures(self.log_dir) + self._silent()
             what = first_failure(failures).line() if failures else "a worker failed"
             stderr_line(f"partita: {what}; torchrun restarts the workers{which}")
         return False
@@ -94,15 +94,6 @@ def watch_failures(log: _AgentLog):
                           if hasattr(f, "local_rank") and hasattr(f, "exitcode")}
         return result
     return after_monitor(after)
-
-
-def _attempt_failures(log_dir: str) -> list:
-    """The failures the workers of this node's latest attempt wrote (log_dir/<run>/attempt_<k>/<local>/error.json),
-    each with the exit code it recorded."""
-    attempts = sorted(Path(log_dir).glob("*/attempt_*"), key=lambda p: int(p.name.split("_")[-1]))
-    if not attempts:
-        return []
-    return [read_failure(int(f.parent.name), 0, str(f), f.stat().st_mtime) for f in attempts[-1].glob("*/error.json")]
 
 
 def _report(first) -> int:
@@ -318,7 +309,7 @@ def _lost_instead(first, log_dir: str, nnodes: int):
 def _store_lost(log_dir: str, watch) -> int:
     """torchrun's agent failed after the rendezvous: its store went away with the node that hosted it (ended, or
     killed). What this node's workers said (a stop the others asked for on their way out), else the lost node."""
-    failures = _attempt_failures(log_dir)
+    failures = attempt_failures(log_dir)
     first = first_failure(failures) if failures else None
     if first is not None and not first.peer_lost:
         return _report(first)
@@ -399,7 +390,7 @@ def _log_dir() -> str:
 def _after_signal(e, log_dir: str) -> int:
     """A signal stopped torchrun's agent: the workers' own line where they stopped at a step boundary and said
     where, else one from the last step boundary they passed."""
-    failures = _attempt_failures(log_dir)
+    failures = attempt_failures(log_dir)
     if failures:  # the workers stopped at a step boundary and said where
         return _report(first_failure(failures))
     return _unreported_stop(int(getattr(e, "sigval", signal.SIGINT)), log_dir)
@@ -460,7 +451,7 @@ def _quiet_torchrun_logs(log_dir: str, nnodes: int):
 def _after_attempts(log_dir: str, nnodes: int) -> int:
     """torchrun ended without a failed child: 0, or the code a worker that ended the job on purpose left in its
     error file (exit 0, code in the file)."""
-    failures = _attempt_failures(log_dir)
+    failures = attempt_failures(log_dir)
     if not failures:
         return 0
     first = first_failure(failures)
@@ -475,7 +466,7 @@ def _after_failed_children(e, log_dir: str, nnodes: int, losses_out: str | None,
     attempt's error files (the hang watch's verdict on a rank torchrun saw end before the watch's own exit)."""
     failures = [read_failure(rank, f.exitcode, f.error_file if os.path.isfile(f.error_file) else None, f.timestamp)
                 for rank, f in e.failures.items()]
-    first = first_failure(failures + [f for f in _attempt_failures(log_dir) if f.error_file not in
+    first = first_failure(failures + [f for f in attempt_failures(log_dir) if f.error_file not in
                                       {g.error_file for g in failures}])
     if lost := _lost_instead(first, log_dir, nnodes):
         stderr_line(f"partita: error: {lost}")

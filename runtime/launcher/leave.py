@@ -34,8 +34,9 @@ import signal
 import time
 from pathlib import Path
 
-from partita.runtime.failure.hang import HUNG_FILE
+from partita.runtime.failure.hang import HUNG_FILE, PHASES, live_marks
 from partita.runtime.loop.console import stderr_line
+from partita.runtime.loop.report import attempt_failures, write_error_file
 
 GRACE_MAX = 30.0
 """Seconds past --hang-timeout after which still marks mean this node hung (`GRACE`: at most this, at most S)."""
@@ -82,7 +83,6 @@ class Leave:
             return True
         if not self.may_leave():
             return False
-        from partita.runtime.failure.hang import PHASES, live_marks
         places = live_marks(self.dir)
         still = min((self.clock() - d["time"] for d in places.values()), default=0.0)
         if still <= self.timeout:
@@ -92,7 +92,6 @@ class Leave:
         first = min(places.values(), key=lambda d: (d["step"], d["phase"], d["rank"]))
         line = (f"no progress for more than {self.timeout:g} s (--hang-timeout) in {PHASES[first['phase']]} of step "
                 f"{first['step']}, while the other nodes' ranks gave up waiting for it; ended by its node's launcher")
-        from partita.runtime.loop.report import write_error_file
         write_error_file(first["rank"], line, path=first.get("error_file"))
         for d in places.values():
             with contextlib.suppress(OSError):
@@ -134,10 +133,8 @@ def hosts_store(port: int | None) -> bool:
 def stopped_by_vote(log_dir: Path) -> bool:
     """Whether every worker of this node's latest attempt ended by a stop at a step boundary (an exit code past 128
     in its error file: runtime.failure.stop) -- which, while this agent itself had no signal, another node asked for."""
-    from partita.runtime.loop.report import read_failure
-    attempts = sorted(Path(log_dir).glob("*/attempt_*"), key=lambda d: int(d.name.split("_")[-1]))
-    files = list(attempts[-1].glob("*/error.json")) if attempts else []
-    return bool(files) and all(read_failure(0, 0, str(f), 0.0).exitcode > 128 for f in files)
+    failures = attempt_failures(log_dir)
+    return bool(failures) and all(f.exitcode > 128 for f in failures)
 
 
 def waiting_at(handler) -> bool:

@@ -294,6 +294,16 @@ def read_failure(rank: int, exitcode: int, error_file: str | None, noticed: floa
     return RankFailure(rank=rank, exitcode=exitcode, message=how, time=noticed)
 
 
+def attempt_failures(log_dir) -> list[RankFailure]:
+    """The failures the workers of a launcher's latest attempt wrote (log_dir/<run>/attempt_<k>/<local>/error.json),
+    each with the exit code it recorded."""
+    from pathlib import Path
+    attempts = sorted(Path(log_dir).glob("*/attempt_*"), key=lambda p: int(p.name.split("_")[-1]))
+    if not attempts:
+        return []
+    return [read_failure(int(f.parent.name), 0, str(f), f.stat().st_mtime) for f in attempts[-1].glob("*/error.json")]
+
+
 def first_failure(failures: list[RankFailure]) -> RankFailure:
     """The failure that started it: the earliest, leaving out workers torchrun stopped because of it and
     workers that only noticed a peer go away (a worker the out-of-memory killer ended writes nothing, and its

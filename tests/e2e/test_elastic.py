@@ -84,6 +84,17 @@ def _wait(what, timeout: float = 120.0, procs=()):
     raise AssertionError("timed out")
 
 
+def start_node(tmp_path: Path, i: int, sets: Path, port: int, job: str, env: dict, *flags: str) -> subprocess.Popen:
+    """Local node `i` of an elastic job on plan set `sets` (a `partita run --nnodes 2:3` of STEPS steps, checkpoints
+    after every step, --verify), its output in node<i>.out/.err and its losses in node<i>.json."""
+    cmd = [sys.executable, "-m", "partita.cli", "run", str(sets), "--model", "tiny-gpt", "--steps", str(STEPS),
+           "--nnodes", "2:3", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", job,
+           "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "1", "--verify",
+           "--losses-out", str(tmp_path / f"node{i}.json"), *flags]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(tmp_path / f"node{i}.out", "w"),
+                            stderr=open(tmp_path / f"node{i}.err", "w"))
+
+
 def _logs(tmp_path: Path) -> dict:
     return {f.name: f.read_text() for f in sorted(tmp_path.iterdir()) if f.suffix in (".out", ".err")}
 
@@ -99,13 +110,7 @@ def test_a_node_joining_then_one_lost_replan_and_the_losses_stay_one_process(tmp
         # and node 0's workers stop after the same step by the ranks' stop vote -- which its agent must take for the
         # membership change it is, not the job's end (runtime.launcher.leave.leaving; agents that poll late under
         # load did this by chance)
-        window = "600" if i == 0 else "0"
-        cmd = [sys.executable, "-m", "partita.cli", "run", str(sets), "--model", "tiny-gpt", "--steps", str(STEPS),
-               "--nnodes", "2:3", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", job, "--rescale-every", window,
-               "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--verify",
-               "--losses-out", str(tmp_path / f"node{i}.json")]
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(tmp_path / f"node{i}.out", "w"),
-                                stderr=open(tmp_path / f"node{i}.err", "w"))
+        return start_node(tmp_path, i, sets, port, job, env, "--rescale-every", "600" if i == 0 else "0")
 
     # node 0 first: it hosts the rendezvous store (so it must not be the node lost) and, with the lowest agent
     # pid, is rank 0 (torch sorts the nodes by address and pid)

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import uuid
 
 import pytest
 
 from rank_pool import free_port
-from test_elastic import STEPS, _children, _listening, _logs, _stopped_under, _wait, plan_set
-from test_plans_match_single_process import ROOT, _env
+from test_elastic import STEPS, _children, _listening, _logs, _stopped_under, _wait, plan_set, start_node
+from test_plans_match_single_process import _env
 
 HANG = "15"
 """Seconds (tests/e2e/test_hang_watch.py: a healthy step or save stays under it on a loaded machine)."""
@@ -31,12 +30,7 @@ def test_a_hung_node_leaves_and_the_others_replan_and_resume_exactly(tmp_path):
     env = _env(PARTITA_FAULT="sigstop,rank=2,step=3")
 
     def node(i: int) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "partita.cli", "run", str(sets), "--model", "tiny-gpt", "--steps", str(STEPS),
-               "--nnodes", "2:3", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", job, "--rescale-every", "0",
-               "--checkpoint-dir", str(ck), "--checkpoint-every", "1", "--verify", "--hang-timeout", HANG,
-               "--losses-out", str(tmp_path / f"node{i}.json")]
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(tmp_path / f"node{i}.out", "w"),
-                                stderr=open(tmp_path / f"node{i}.err", "w"))
+        return start_node(tmp_path, i, sets, port, job, env, "--rescale-every", "0", "--hang-timeout", HANG)
 
     nodes = [node(0)]  # node 0 hosts the rendezvous store: it is rank 0 and never the hung node
     try:

@@ -65,6 +65,15 @@ class Stack:
     all-gather runs in the backward; Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication and
     Transformer Engine's Linear / LayerNormLinear with sequence_parallel), rather than the all-gathered whole
     tensor PyTorch's ColwiseParallel saves (planner.enumerate.strategies, memory)."""
+    sp_batch_first: bool = False
+    """Sequence parallelism shards dim 1 of batch-first [batch, seq, hidden] activations, as PyTorch's DTensor layers
+    do (SequenceParallel / PrepareModuleInput with Shard(1): torchtitan, partita's runtime). NCCL gathers and
+    scatters along dim 0 only, so with more than one sample per micro-batch each all-gather's output and each
+    reduce-scatter's input is re-laid by a copy of the whole tensor on the compute stream (torch 2.13
+    torch.distributed._functional_collectives: all_gather_single's chunk-and-cat when gather_dim != 0,
+    reduce_scatter_single's _chunk_or_narrow_cat when scatter_dim != 0; a single sample is a view). Megatron keeps
+    [seq, batch, hidden] and gathers dim 0 in place (Korthikanti et al. 2022). Priced by
+    planner.enumerate.strategies.BlockOption.layout_copy_s."""
     fused_saves: tuple[str, ...] = ()
     """Which eager pieces of a layer the stack runs as fused kernels that save only their inputs
     (costmodel.price.fusion.fused_kernel_saves): "norm", an RMSNorm (apex's FusedRMSNorm / MixedFusedRMSNorm,
@@ -88,24 +97,24 @@ class Stack:
 
 
 STACKS: dict[str, Stack] = {s.name: s for s in [
-    Stack(name="pytorch", eager_elementwise=True, attention="torch", tp_comm_overlap=True, tp_overlap_backward=False,
-          partita_runs=True,
+    Stack(name="pytorch", eager_elementwise=True, sp_batch_first=True, attention="torch", tp_comm_overlap=True,
+          tp_overlap_backward=False, partita_runs=True,
           description="current PyTorch (torch >= 2.11) eager, as partita's runtime runs it: SDPA dispatches "
                       "cuDNN flash attention on Hopper, FlashAttention-2 on Ampere (16-bit); async TP "
                       "(torch.compile + symmetric memory) overlaps TP collectives, priced but not run by partita"),
     Stack(name="megatron-2021", sp_saves_shard=True, fused_saves=("norm",), attention="flash2",
           description="Megatron-LM / Megatron-DeepSpeed 2021-22 (PyTorch 1.x, apex fused kernels): attention "
                       "unfused, its scores materialised (the models say attention='math')"),
-    Stack(name="flash-2023", eager_elementwise=True, attention="flash2",
+    Stack(name="flash-2023", eager_elementwise=True, sp_batch_first=True, attention="flash2",
           description="PyTorch 2.0-2.4 with FlashAttention-2 (the flash-attn package or SDPA's flash backend): "
                       "fms-fsdp, torchtitan 2024, Meta's Llama 3 training"),
-    Stack(name="pytorch-fa2", eager_elementwise=True, attention="flash2", tp_comm_overlap=True,
+    Stack(name="pytorch-fa2", eager_elementwise=True, sp_batch_first=True, attention="flash2", tp_comm_overlap=True,
           tp_overlap_backward=False, constants="flash-2023",
           description="PyTorch 2.5-2.10 eager: SDPA runs FlashAttention-2 on every GPU (cuDNN attention was opt-in "
                       "from 2.5.1, pytorch#138522, and SDPA's first choice again only with cuDNN >= 9.15, torch "
                       ">= 2.11), or the flash-attn 2 package; async TP (torch.compile + symmetric memory) where the "
                       "run used it: torchtitan 2025. The same kernels as flash-2023, and its fitted constants"),
-    Stack(name="triton-2023", eager_elementwise=True, attention="flash_triton", gemm="flash-2023",
+    Stack(name="triton-2023", eager_elementwise=True, sp_batch_first=True, attention="flash_triton", gemm="flash-2023",
           description="MosaicML Composer + llm-foundry 2023 (torch 1.13-2.1), MPT with attn_impl 'triton', the "
                       "default of llm-foundry's benchmark scripts: FlashAttention written in Triton (flash-attn's "
                       "flash_attn_triton, or llm-foundry's copy of it), not the CUDA FlashAttention-2; GEMMs as "

@@ -252,7 +252,7 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     r = _Rank(o=o, cluster=cluster, sb=sb, zero=zero, dp=dp, tp=tp, b=b, n_dense=n_dense, n_expert=n_expert,
               edp=edp, dp_group=comm.group_for(cluster, dp, tp), edp_group=comm.group_for(cluster, edp, ep * tp),
               pipe_fsdp=pipelined_fsdp(pipelined, zero, dp))
-    fwd, bwd = _compute_seconds(v, r)
+    fwd, bwd = _compute_seconds(v, r, o.layout_copy_s(cluster, b, b * cp))
     tp_all, tp_fwd = o.tp_comm_s(cluster, b), o.tp_fwd_comm_s(cluster, b)
     gemm_fwd, gemm_bwd = o.gemm_s(b)
     tp_serial = 0.0
@@ -291,10 +291,12 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     return v
 
 
-def _compute_seconds(v: Variant, r: _Rank) -> tuple[float, float]:
+def _compute_seconds(v: Variant, r: _Rank, copies: tuple[float, float]) -> tuple[float, float]:
     """(forward, backward) compute seconds per micro-batch: b x per-sample seconds + the per-micro-batch
     GEMM and launch seconds split like them, the recompute re-run in the backward, the busiest expert rank's
-    imbalance, and (pipelined FSDP) the gradient accumulation kernel; sets v.accumulate and v.compute."""
+    imbalance, (pipelined FSDP) the gradient accumulation kernel, and `copies` (forward, backward: the
+    re-layouts around batch-first sequence-parallel collectives, repeated by a full recompute's re-run, as its
+    collectives are); sets v.accumulate and v.compute."""
     o, b, dev = r.o, r.b, r.dev
     flops = o.fwd_s + o.bwd_s
     per_mb = o.fixed_s + o.launch_s  # per micro-batch seconds, split like the per-sample ones
@@ -304,6 +306,7 @@ def _compute_seconds(v: Variant, r: _Rank) -> tuple[float, float]:
     bwd = o.bwd_s * b + per_mb - (fwd - o.fwd_s * b) + rerun
     if r.n_expert and o.experts.flops_share:  # the busiest rank's experts pace the all-to-all
         fwd, bwd = (x * (1 + (EP_IMBALANCE - 1) * o.experts.flops_share) for x in (fwd, bwd))
+    fwd, bwd = fwd + copies[0], bwd + copies[1] + (copies[0] if v.recompute == "full" else 0.0)
     v.accumulate = 0.0
     if r.pipe_fsdp:  # each micro-batch's gradients are added into the fp32 accumulators: a memory-bound kernel
         v.accumulate = (r.n_dense + r.n_expert) * (r.sb.grad + 2 * r.sb.grad_comm) \

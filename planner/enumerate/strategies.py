@@ -142,6 +142,19 @@ class BlockOption:
         (`tp_comm_bytes_bwd`, one per distinct input)."""
         return self._tp_seconds(cluster, micro_batch)[1]
 
+    def layout_copy_s(self, cluster: Cluster, micro_batch: float, samples: float) -> tuple[float, float]:
+        """(forward, backward) seconds of the copies that re-lay batch-first activations around each
+        sequence-parallel collective (costmodel.hardware.stacks.Stack.sp_batch_first): each all-gather's whole
+        output and each reduce-scatter's whole input read and written once, on the compute stream. None with one
+        sample per micro-batch (`samples`: the rank's micro-batch before a context-parallel split; `micro_batch`
+        sizes the tensors, as in the collectives) or where the stack gathers in place."""
+        if self.tp <= 1 or samples <= 1 or not get_stack(cluster.device.stack).sp_batch_first:
+            return 0.0, 0.0
+        dev = cluster.device
+        per_byte = 2 * micro_batch / (dev.mem_bandwidth * dev.mem_efficiency)
+        return (per_byte * (sum(self.tp_gather_fwd) + sum(self.tp_scatter_fwd)),
+                per_byte * (sum(self.tp_gather_bwd) + sum(self.tp_scatter_bwd)))
+
     def gemm_s(self, micro_batch: float) -> tuple[float, float]:
         """(forward, backward) seconds of the tensor-parallel GEMMs for one micro-batch: the window the
         block's TP collectives overlap under tp_comm_overlap (costmodel.price.streams.tp_overlap)."""

@@ -3,7 +3,9 @@
 # Three pytest-xdist workers by default (PARTITA_TEST_WORKERS=N for another count, 0 for one process): most tests
 # wait on launched ranks and rendezvous as much as they compute, so three of them keep 2 cores busy. On the 2-core
 # machine (2026-11-30, fresh clones of effaca7 and 583ebca): 2 workers kept 1.5 cores busy and took 28:12 (about 23
-# minutes without a test that hung for 5 of them), 3 workers 19:31.
+# minutes without a test that hung for 5 of them), 3 workers 19:31. Four workers are slower: a fresh clone of 8e6a187
+# took 25:40 of tests with 4 against 21-22 with 3 (user + sys 46 CPU-minutes against 39: the suite is CPU-bound, and
+# more ranks at once only add contention).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

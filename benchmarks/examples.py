@@ -27,7 +27,8 @@ TINY_RUN = "partita run {dir}/tiny.json --model tiny-gpt --steps 3 --verify"
 def run(command: str) -> dict:
     argv = command.split()
     assert argv[0] == "partita"
-    env = {**os.environ, "COLUMNS": "120", "OMP_NUM_THREADS": "1"}
+    # no capture cache: the printed capture and search seconds are what a model's first plan costs (as planner_speed)
+    env = {**os.environ, "COLUMNS": "120", "OMP_NUM_THREADS": "1", "PARTITA_CACHE_DIR": "off"}
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "partita.cli", *argv[1:]], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=1800)

@@ -140,12 +140,15 @@ def _fastest(cands: Iterable[Candidate], step: _Progress, found: _Incumbent | No
 
 def _no_better(c: Candidate, incumbent: float) -> bool:
     """Whether a bound proves `c` no faster than `incumbent`: its cheap bound (the order of the search), then,
-    for a stage program, the bound that keeps each stage's memory and whole layers (planner.solve.bounds). Both
-    are valid, so a candidate skipped here could not have replaced the incumbent: the plan is the one a search
-    without them finds, and so is every incumbent on the way (tests/planner/test_bounds.py)."""
+    for a stage program, the bound that keeps each stage's memory and whole layers (planner.solve.bounds), and
+    where that does not prune, the same with each few-layer stage's layers taking whole options. All are valid,
+    so a candidate skipped here could not have replaced the incumbent: the plan is the one a search without them
+    finds, and so is every incumbent on the way (tests/planner/test_bounds.py)."""
     if c.lower_bound >= incumbent:
         return True
-    return c.formulation == "counts" and stage_bound(c.problem) >= incumbent
+    if c.formulation != "counts":
+        return False
+    return stage_bound(c.problem) >= incumbent or stage_bound(c.problem, whole=True) >= incumbent
 
 
 def _shallowest_that_fits(cands: list[Candidate], step: _Progress) -> Candidate | None:

@@ -260,14 +260,20 @@ STATUS = {"kOptimal": "optimal", "kInfeasible": "infeasible", "kUnboundedOrInfea
           "kTimeLimit": "user_limit", "kIterationLimit": "user_limit", "kSolutionLimit": "user_limit"}
 """HiGHS's model status in cvxpy's words (cvxpy's HiGHS interface maps them the same way), so that
 milp.no_solution_status reads both backends."""
+GOOD_ENOUGH = "good_enough"
+"""solve_highs stopped at an incumbent no worse than its `good_enough`."""
 
 
 def solve_highs(m: StageMatrix, time_limit: float, mip_rel_gap: float | None,
-                objective_bound: float | None = None, node_limit: int | None = None) -> MatrixResult:
+                objective_bound: float | None = None, node_limit: int | None = None,
+                good_enough: float | None = None) -> MatrixResult:
     """Solve with HiGHS directly (`mip_rel_gap` None: HiGHS's default). `objective_bound` is HiGHS's own
     (without the offset). `node_limit` bounds the branch-and-bound work (HiGHS's mip_max_nodes): a limit by
     work gives the same answer on any machine at any load, where the wall-clock `time_limit` only guards
-    against a stuck solve."""
+    against a stuck solve. `good_enough` (HiGHS's units, as `objective_bound`): the solve stops, with status
+    GOOD_ENOUGH, at the first incumbent at or below it -- the caller has proven from its own bound that such an
+    incumbent is within the gap (milp.solve_stages). HiGHS checks it at fixed points of its search, so the stop is
+    as deterministic as the node limit."""
     import highspy
     from partita.planner.solve.highs import silence_banner
     silence_banner()
@@ -289,8 +295,17 @@ def solve_highs(m: StageMatrix, time_limit: float, mip_rel_gap: float | None,
     if objective_bound is not None:
         solver.setOptionValue("objective_bound", float(objective_bound))
     solver.passModel(lp)
+    met, found = [], []
+    if good_enough is not None:  # (mip_primal_bound is not an incumbent: with objective_bound it starts there)
+        solver.cbMipImprovingSolution.subscribe(lambda event: found.append(event.data_out.objective_function_value))
+
+        def stop_when_good_enough(event) -> None:
+            if found and min(found) <= good_enough:
+                met.append(True)
+                event.data_in.user_interrupt = True
+        solver.cbMipInterrupt.subscribe(stop_when_good_enough)
     solver.run()
-    status = STATUS.get(solver.getModelStatus().name, "solver_error")
+    status = GOOD_ENOUGH if met else STATUS.get(solver.getModelStatus().name, "solver_error")
     info = solver.getInfo()
     if int(info.primal_solution_status) != 2:  # 2: a feasible primal solution
         return MatrixResult(status, None, None, None)

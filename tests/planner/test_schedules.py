@@ -230,3 +230,21 @@ def test_no_product_module_lists_schedule_names_itself():
                 if len(listed) >= 2:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno} {sorted(listed)}")
     assert not found, found
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_the_edges_from_a_shortened_order_equal_the_whole_orders(name):
+    """edge_in_flight replays the order of the fewest micro-batches with the same peak (schedules.
+    _same_peak_microbatches); here against the whole order of m micro-batches, m up to 8 times that."""
+    from partita.planner.plan.schedules import _chunk_at_peak, _same_peak_microbatches
+    record = SCHEDULES[name]
+    for p in range(2, 7):
+        for v in ((1, 2, 3, 4) if record.virtual else (1,)):
+            for m in range(1, 8 * (2 * p + v * p) + 1):
+                if record.refusal(m, p, v) is not None:
+                    continue
+                whole = (_chunk_at_peak(record.order(p, m, 0, v), 0),
+                         _chunk_at_peak(record.order(p, m, p - 1, v), v - 1 if record.virtual else 0))
+                assert record.edge_in_flight(m, p, v) == whole, (m, p, v)
+                if name != "GPipe":
+                    assert _same_peak_microbatches(name, m, p, v) <= 2 * p + v * p

@@ -1,7 +1,8 @@
 """How long planning takes: capture + costs + search, against model size and against cluster size.
 
 Every configuration is planned in a fresh Python process with the capture cache off (PARTITA_CACHE_DIR=off:
-nothing, graph capture included, is cached between them) through `partita.planner.api.plan_search`, the call behind `partita plan`; the process
+nothing, graph capture included, is cached between them), and then once more with a warm capture cache (the plan
+after a model's first) through `partita.planner.api.plan_search`, the call behind `partita plan`; the process
 reports its own split (imports, capture, search, MILP time summed over the candidates solved, how many
 candidates there were and how many were solved rather than pruned by the lower bound), and the parent
 times the whole process from launch to exit.
@@ -24,11 +25,11 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.common import pyplot, save_figure, try_plot, write
-from benchmarks.table1 import ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
 REPEATS = 3
@@ -40,9 +41,10 @@ GPT3_GPUS = (64, 128, 256, 512, 1024, 2048, 4096)
 LLAMA_GPUS = (1024, 2048, 4096, 8192, 16384)
 
 
-def _env() -> dict:
+def _env(cache: str = "off") -> dict:
+    """`cache` "off": every plan captures (what a model's first plan costs); a directory: the capture cache there."""
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-            "PARTITA_CACHE_DIR": "off"}  # every plan captures: what a model's first plan costs
+            "PARTITA_CACHE_DIR": cache}
 
 
 # ------------------------------------------------------------------------------- in the fresh process
@@ -70,18 +72,29 @@ def worker(model: str, cluster: str, global_batch: int, seq: int | None) -> dict
 # ------------------------------------------------------------------------------------- in the parent
 
 def measure(model: str, cluster: str, global_batch: int, seq: int | None = None, timeout: float = 600) -> dict:
-    """Plan `model` on `cluster` in a fresh process; its own split plus the process wall time."""
+    """Plan `model` on `cluster` in a fresh process; its own split plus the process wall time. Then again with a warm
+    capture cache (a plan that stored the capture in a fresh cache directory first, untimed): `warm_process_wall_s`
+    and `warm_search_s`, what every later plan of the model costs."""
+    row, wall = _worker(model, cluster, global_batch, seq, "off", timeout)
+    with tempfile.TemporaryDirectory(prefix="partita-speed-cache-") as cache:
+        _worker(model, cluster, global_batch, seq, cache, timeout)
+        warm, warm_wall = _worker(model, cluster, global_batch, seq, cache, timeout)
+    return {"model": model, "cluster": cluster, "global_batch": global_batch, "seq": seq,
+            "devices": _devices(cluster), "process_wall_s": wall, **row,
+            "startup_s": wall - row["plan_total_s"],  # interpreter start, imports, exit
+            "warm_process_wall_s": warm_wall, "warm_search_s": warm["search_s"], "warm_capture_s": warm["capture_s"]}
+
+
+def _worker(model: str, cluster: str, global_batch: int, seq: int | None, cache: str,
+            timeout: float) -> tuple[dict, float]:
     cmd = [sys.executable, "-m", "benchmarks.planner_speed", "--worker", model, cluster, str(global_batch),
            str(seq or 0)]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(cache), capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"planning {model} on {cluster} failed:\n{proc.stderr[-2000:]}")
-    row = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"model": model, "cluster": cluster, "global_batch": global_batch, "seq": seq,
-            "devices": _devices(cluster), "process_wall_s": wall, **row,
-            "startup_s": wall - row["plan_total_s"]}  # interpreter start, imports, exit
+    return json.loads(proc.stdout.strip().splitlines()[-1]), wall
 
 
 def headline(name: str, model: str, cluster: str, global_batch: int, seq: int | None, target: float,
@@ -117,7 +130,8 @@ def _devices(cluster: str) -> int:
 def _line(r: dict) -> str:
     return (f"{r['model']:<14} {r['devices']:>6} devices  layers {r['layers']:>3}  capture {r['capture_s']:5.2f} s  "
             f"search {r['search_s']:5.2f} s (MILP {r['milp_s']:5.2f} s, {r['candidates_solved']}/{r['candidates']} "
-            f"solved)  process {r['process_wall_s']:5.1f} s  -> pp={r['plan']['pp']} dp={r['plan']['dp']} "
+            f"solved)  process {r['process_wall_s']:5.1f} s (warm cache {r['warm_process_wall_s']:4.1f} s)  "
+            f"-> pp={r['plan']['pp']} dp={r['plan']['dp']} "
             f"tp={r['plan']['tp']}")
 
 
@@ -141,6 +155,7 @@ def run(model_rows, gpt3_gpus, llama_gpus, headlines, repeats: int = REPEATS) ->
     rows = by_model + by_cluster["gpt3-175b"] + by_cluster["llama3-405b"]
     summary = {"max_search_s": max(r["search_s"] for r in rows), "max_process_wall_s": max(r["process_wall_s"] for r in rows),
                "max_capture_s": max(r["capture_s"] for r in rows),
+               "max_warm_process_wall_s": max(r["warm_process_wall_s"] for r in rows),
                "headlines_passed": all(h["passed"] for h in heads)}
     return {"by_model": by_model, "by_cluster": by_cluster, "headlines": heads, "summary": summary}
 
@@ -154,6 +169,7 @@ def main(argv=None) -> int:
         print(json.dumps(worker(model, cluster, int(batch), int(seq) or None)))
         return 0
     t0 = time.perf_counter()
+    from benchmarks.table1 import ROWS  # here, not at the top: it imports torch, which a warm plan does not
     payload = run(ROWS, GPT3_GPUS, LLAMA_GPUS, HEADLINES)
     payload["benchmark_wall_s"] = time.perf_counter() - t0
     path = write("planner_speed", payload)

@@ -45,6 +45,7 @@ def test_planner_speed_one_small_model(results):
     from benchmarks import planner_speed
     row = planner_speed.measure("tiny-gpt", "8xA100-80GB", 8)
     assert row["candidates"] >= row["candidates_solved"] >= 1 and row["process_wall_s"] > row["search_s"] > 0
+    assert row["warm_capture_s"] < row["capture_s"] and row["warm_process_wall_s"] > row["warm_search_s"] > 0
     head = planner_speed.headline("tiny", "tiny-gpt", "8xA100-80GB", 8, None, 60.0, repeats=1)
     assert head["passed"] and head["solver"]["candidates"] >= 1
     planner_speed._plot({"by_model": [row], "by_cluster": {"tiny-gpt": [row]}, "headlines": [head]})

@@ -230,6 +230,9 @@ def _hull(size: np.ndarray, time: np.ndarray, beta: np.ndarray) -> np.ndarray:
     """Per stage s and budget beta[s, j]: the least mean time of a mix of options (size[s, o], time[s, o]) whose
     mean size is at most beta[s, j] (inf where no option is that small): one option that fits, or one that
     fits mixed with a larger, faster one up to the budget."""
+    keep = ~_dominated_everywhere(size, time)  # an option another beats on every stage joins no least mix
+    if not keep.all():
+        size, time = size[:, keep], time[:, keep]
     a, t, b = size[:, :, None], time[:, :, None], beta[:, None, :]
     fits = a <= b                                                       # (p, O, n)
     single = np.where(fits, t, np.inf).min(axis=1)
@@ -242,15 +245,23 @@ def _hull(size: np.ndarray, time: np.ndarray, beta: np.ndarray) -> np.ndarray:
     return np.minimum(single, mixed)
 
 
+def _dominated_everywhere(size: np.ndarray, time: np.ndarray) -> np.ndarray:
+    """Per option: whether on every stage some other option has no more bytes and no more time, and less of one. A mix
+    using it does no better than the same mix using that other one, so the hull is the same without it."""
+    a, t = size[:, :, None], time[:, :, None]
+    other_a, other_t = size[:, None, :], time[:, None, :]
+    beaten = (other_a <= a) & (other_t <= t) & ((other_a < a) | (other_t < t))   # (p, o, other)
+    return beaten.any(axis=2).all(axis=0)
+
+
 def _least_bottleneck(g: np.ndarray, extra: int) -> float:
     """T*: the least t such that every stage holds its v layers within t and, beyond them, the stages can take
     `extra` more layers each within t (g is nondecreasing along each row)."""
     values = np.unique(g[np.isfinite(g)])
     values = values[values >= g[:, 0].max()]
 
-    def enough(t: float) -> bool:
-        more = sum(int(np.searchsorted(row, t, side="right")) - 1 for row in g)
-        return more >= extra
+    def enough(t: float) -> bool:  # each row's count of n with g_s(n) <= t, less its first (rows are nondecreasing)
+        return int(np.count_nonzero(g <= t)) - g.shape[0] >= extra
 
     if not values.size or not enough(values[-1]):
         return float("inf")

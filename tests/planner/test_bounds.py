@@ -133,3 +133,26 @@ def test_a_candidate_that_could_gain_less_than_the_search_tolerance_is_not_solve
     assert solves[0] < solves[1], solves
     assert tolerant.best.step_time <= exact.best.step_time * (1 + search_module.SEARCH_RTOL)
     assert tolerant.best.key == exact.best.key
+
+
+def test_options_beaten_on_every_stage_are_left_out_of_the_hull_without_changing_it():
+    """bounds._hull drops an option that another beats (no more bytes, no more time) on every stage: the hull over the
+    rest is the same at every budget, including budgets only the dropped option's sizes straddle."""
+    from partita.planner.solve.bounds import _dominated_everywhere, _hull
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        p, options = int(rng.integers(1, 5)), int(rng.integers(2, 7))
+        size, time = rng.uniform(1, 5, (p, options)), rng.uniform(1, 5, (p, options))
+        size[:, -1], time[:, -1] = size[:, 0] + 0.5, time[:, 0] + 0.5   # the last is beaten by the first everywhere
+        beta = rng.uniform(0.5, 6, (p, 7))
+        dropped = _dominated_everywhere(size, time)
+        assert dropped[-1]
+        a, t, b = size[:, :, None], time[:, :, None], beta[:, None, :]   # the hull over every option, by hand
+        fits = a <= b
+        single = np.where(fits, t, np.inf).min(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            mixed = t[:, :, None] + (t[:, None, :] - t[:, :, None]) * (b[:, :, None] - a[:, :, None]) \
+                / (a[:, None, :] - a[:, :, None])
+        usable = fits[:, :, None] & ~fits[:, None, :] & (t[:, None, :] < t[:, :, None])
+        every = np.minimum(single, np.where(usable, mixed, np.inf).min(axis=(1, 2)))
+        assert np.allclose(_hull(size, time, beta), every, rtol=1e-12, atol=0, equal_nan=True)

@@ -5,7 +5,8 @@ on its node, so nobody on that node can name it). The other nodes' hang watches 
 hung node's launcher sees them wait while its own rank has not moved, names the rank, ends it and leaves the job
 with exit 1. The two left re-plan for 2 nodes and resume from step 2's checkpoint; the last round runs under
 --verify, so its losses are one uninterrupted process's (no sample skipped or read twice). `slow`: about a minute
-and a half on 2 shared cores.
+and a half on 2 shared cores. The same with two ranks a node: the hung rank's peer on its node waits on it in a
+collective, and that peer's own hang watch names it (hung.json), which makes its node leave (50 s).
 """
 from __future__ import annotations
 
@@ -57,6 +58,62 @@ def test_a_hung_node_leaves_and_the_others_replan_and_resume_exactly(tmp_path):
         "3, while the other nodes' ranks gave up waiting for it; ended by its node's launcher"], outputs
     stderr = outputs["node0.err"] + outputs[f"node{kept}.err"]
     assert ("partita: 1 node(s) lost before step 3: re-planned for 2 nodes (pp=1 dp=2 tp=1, predicted 0.67x the "
+            "3-node throughput); resumed from step 2") in stderr, outputs
+    reports = [json.loads((tmp_path / f"node{i}.json").read_text()) for i in (0, kept)
+               if (tmp_path / f"node{i}.json").exists()]
+    out = max(reports, key=lambda r: r["first_step"])
+    assert out["first_step"] == 2 and out["resumed_from"] == str(ck / "step-00000002"), out
+    assert len(out["losses"]) == STEPS - 2 and out["verified"] and out["max_abs_diff"] <= 1e-5, out
+
+
+def _pair_plan_set(directory):
+    """Two ranks a node: nodes-2.json (dp=4, 3 micro-batches of 2) and nodes-3.json (dp=6, 2 of 2), global batch 24."""
+    from test_plans_match_single_process import make_plan
+    directory.mkdir()
+    for nodes, micro, step_time in ((2, 3, 0.015), (3, 2, 0.010)):
+        plan = make_plan(dp=2 * nodes, micro=micro)
+        plan["cluster"] = {"spec": f"{nodes}x2cpu", "num_devices": 2 * nodes, "devices_per_node": 2}
+        plan["predicted"]["step_time_s"] = step_time
+        (directory / f"nodes-{nodes}.json").write_text(json.dumps(plan))
+    return directory
+
+
+@pytest.mark.slow
+def test_a_node_whose_own_watch_names_its_hung_rank_leaves_and_the_others_resume_exactly(tmp_path):
+    """Three nodes of two ranks each (each plan's world over its nodes). Rank 3 pauses in step 3; its node's other rank waits on it in a collective, and
+    that rank's hang watch names rank 3 (hung.json): its node spends its restarts, leaves, and the other two re-plan
+    for 2 nodes (4 ranks) from step 2's checkpoint; the last round is one uninterrupted process's (--verify)."""
+    sets, ck = _pair_plan_set(tmp_path / "set"), tmp_path / "ck"
+    port, job = free_port(), f"partita-test-{uuid.uuid4().hex[:8]}"
+    env = _env(PARTITA_FAULT="sigstop,rank=3,step=3")
+
+    def node(i: int) -> subprocess.Popen:
+        return start_node(tmp_path, i, sets, port, job, env, "--rescale-every", "0", "--hang-timeout", HANG)
+
+    nodes = [node(0)]  # node 0 hosts the rendezvous store, and ranks 0 and 1: never the hung node
+    try:
+        _wait(lambda: _listening(port), procs=nodes)
+        nodes += [node(1), node(2)]
+        hung = _wait(lambda: next((i for i in (1, 2) if _stopped_under(nodes[i].pid)), None), procs=nodes)
+        codes = {i: p.wait(timeout=300) for i, p in enumerate(nodes)}
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {_logs(tmp_path)}") from None
+    finally:
+        for p in nodes:
+            for pid in _children(p.pid) if p.poll() is None else []:
+                subprocess.run(["kill", "-9", str(pid)], check=False)
+            if p.poll() is None:
+                p.kill()
+    outputs = _logs(tmp_path)
+    kept = 3 - hung
+    assert codes == {0: 0, hung: 1, kept: 0}, outputs
+    mine = [line for line in outputs[f"node{hung}.err"].splitlines() if line.startswith("partita:")]
+    assert mine[-2] == ("partita: this node leaves the elastic job: its rank 3 hung; the other 2 nodes go on without "
+                        "it (start this command again to bring it back)"), outputs
+    assert mine[-1] == ("partita: error: rank 3: no progress for more than 15 s (--hang-timeout) in forward and "
+                        "backward of step 3, while rank 2 waited in the loss all-reduce; ended by the hang watch"), outputs
+    stderr = outputs["node0.err"] + outputs[f"node{kept}.err"]
+    assert ("partita: 1 node(s) lost before step 3: re-planned for 2 nodes (pp=1 dp=4 tp=1, predicted 0.67x the "
             "3-node throughput); resumed from step 2") in stderr, outputs
     reports = [json.loads((tmp_path / f"node{i}.json").read_text()) for i in (0, kept)
                if (tmp_path / f"node{i}.json").exists()]

@@ -24,16 +24,16 @@ HANG = "15"
 """Seconds (tests/e2e/test_hang_watch.py: a healthy step or save stays under it on a loaded machine)."""
 
 
-@pytest.mark.slow
-def test_a_hung_node_leaves_and_the_others_replan_and_resume_exactly(tmp_path):
-    sets, ck = plan_set(tmp_path / "set"), tmp_path / "ck"
+def _three_nodes_one_hung(tmp_path, sets, fault: str) -> tuple[dict, int, dict]:
+    """Three local nodes of an elastic job on plan set `sets` under --hang-timeout, with PARTITA_FAULT `fault` pausing
+    a rank: (each node's exit code, the node whose rank was paused, the nodes' outputs)."""
     port, job = free_port(), f"partita-test-{uuid.uuid4().hex[:8]}"
-    env = _env(PARTITA_FAULT="sigstop,rank=2,step=3")
+    env = _env(PARTITA_FAULT=fault)
 
     def node(i: int) -> subprocess.Popen:
         return start_node(tmp_path, i, sets, port, job, env, "--rescale-every", "0", "--hang-timeout", HANG)
 
-    nodes = [node(0)]  # node 0 hosts the rendezvous store: it is rank 0 and never the hung node
+    nodes = [node(0)]  # node 0 hosts the rendezvous store: it holds rank 0 and is never the hung node
     try:
         _wait(lambda: _listening(port), procs=nodes)
         nodes += [node(1), node(2)]  # MAX nodes: the first round closes with all three
@@ -47,7 +47,12 @@ def test_a_hung_node_leaves_and_the_others_replan_and_resume_exactly(tmp_path):
                 subprocess.run(["kill", "-9", str(pid)], check=False)
             if p.poll() is None:
                 p.kill()
-    outputs = _logs(tmp_path)
+    return codes, hung, _logs(tmp_path)
+
+
+@pytest.mark.slow
+def test_a_hung_node_leaves_and_the_others_replan_and_resume_exactly(tmp_path):
+    codes, hung, outputs = _three_nodes_one_hung(tmp_path, plan_set(tmp_path / "set"), "sigstop,rank=2,step=3")
     kept = 3 - hung
     assert codes == {0: 0, hung: 1, kept: 0}, outputs
     mine = [line for line in outputs[f"node{hung}.err"].splitlines() if line.startswith("partita:")]
@@ -56,14 +61,7 @@ def test_a_hung_node_leaves_and_the_others_replan_and_resume_exactly(tmp_path):
         "command again to bring it back)",
         f"partita: error: rank 2: no progress for more than {HANG} s (--hang-timeout) in forward and backward of step "
         "3, while the other nodes' ranks gave up waiting for it; ended by its node's launcher"], outputs
-    stderr = outputs["node0.err"] + outputs[f"node{kept}.err"]
-    assert ("partita: 1 node(s) lost before step 3: re-planned for 2 nodes (pp=1 dp=2 tp=1, predicted 0.67x the "
-            "3-node throughput); resumed from step 2") in stderr, outputs
-    reports = [json.loads((tmp_path / f"node{i}.json").read_text()) for i in (0, kept)
-               if (tmp_path / f"node{i}.json").exists()]
-    out = max(reports, key=lambda r: r["first_step"])
-    assert out["first_step"] == 2 and out["resumed_from"] == str(ck / "step-00000002"), out
-    assert len(out["losses"]) == STEPS - 2 and out["verified"] and out["max_abs_diff"] <= 1e-5, out
+    _the_others_resumed_exactly(tmp_path, outputs, kept, dp=2)
 
 
 def _pair_plan_set(directory):
@@ -80,31 +78,11 @@ def _pair_plan_set(directory):
 
 @pytest.mark.slow
 def test_a_node_whose_own_watch_names_its_hung_rank_leaves_and_the_others_resume_exactly(tmp_path):
-    """Three nodes of two ranks each (each plan's world over its nodes). Rank 3 pauses in step 3; its node's other rank waits on it in a collective, and
-    that rank's hang watch names rank 3 (hung.json): its node spends its restarts, leaves, and the other two re-plan
-    for 2 nodes (4 ranks) from step 2's checkpoint; the last round is one uninterrupted process's (--verify)."""
-    sets, ck = _pair_plan_set(tmp_path / "set"), tmp_path / "ck"
-    port, job = free_port(), f"partita-test-{uuid.uuid4().hex[:8]}"
-    env = _env(PARTITA_FAULT="sigstop,rank=3,step=3")
-
-    def node(i: int) -> subprocess.Popen:
-        return start_node(tmp_path, i, sets, port, job, env, "--rescale-every", "0", "--hang-timeout", HANG)
-
-    nodes = [node(0)]  # node 0 hosts the rendezvous store, and ranks 0 and 1: never the hung node
-    try:
-        _wait(lambda: _listening(port), procs=nodes)
-        nodes += [node(1), node(2)]
-        hung = _wait(lambda: next((i for i in (1, 2) if _stopped_under(nodes[i].pid)), None), procs=nodes)
-        codes = {i: p.wait(timeout=300) for i, p in enumerate(nodes)}
-    except AssertionError as e:
-        raise AssertionError(f"{e}: {_logs(tmp_path)}") from None
-    finally:
-        for p in nodes:
-            for pid in _children(p.pid) if p.poll() is None else []:
-                subprocess.run(["kill", "-9", str(pid)], check=False)
-            if p.poll() is None:
-                p.kill()
-    outputs = _logs(tmp_path)
+    """Three nodes of two ranks each (each plan's world over its nodes). Rank 3 pauses in step 3; its node's other rank
+    waits on it in a collective, and that rank's hang watch names rank 3 (hung.json): its node spends its restarts,
+    leaves, and the other two re-plan for 2 nodes (4 ranks) from step 2's checkpoint; the last round is one
+    uninterrupted process's (--verify)."""
+    codes, hung, outputs = _three_nodes_one_hung(tmp_path, _pair_plan_set(tmp_path / "set"), "sigstop,rank=3,step=3")
     kept = 3 - hung
     assert codes == {0: 0, hung: 1, kept: 0}, outputs
     mine = [line for line in outputs[f"node{hung}.err"].splitlines() if line.startswith("partita:")]
@@ -112,13 +90,19 @@ def test_a_node_whose_own_watch_names_its_hung_rank_leaves_and_the_others_resume
                         "it (start this command again to bring it back)"), outputs
     assert mine[-1] == ("partita: error: rank 3: no progress for more than 15 s (--hang-timeout) in forward and "
                         "backward of step 3, while rank 2 waited in the loss all-reduce; ended by the hang watch"), outputs
+    _the_others_resumed_exactly(tmp_path, outputs, kept, dp=4)
+
+
+def _the_others_resumed_exactly(tmp_path, outputs: dict, kept: int, dp: int) -> None:
+    """Nodes 0 and `kept` re-planned for 2 nodes (data parallelism `dp`), resumed from step 2's checkpoint, and ran the
+    last round with losses equal to one uninterrupted process's (--verify)."""
     stderr = outputs["node0.err"] + outputs[f"node{kept}.err"]
-    assert ("partita: 1 node(s) lost before step 3: re-planned for 2 nodes (pp=1 dp=4 tp=1, predicted 0.67x the "
+    assert (f"partita: 1 node(s) lost before step 3: re-planned for 2 nodes (pp=1 dp={dp} tp=1, predicted 0.67x the "
             "3-node throughput); resumed from step 2") in stderr, outputs
     reports = [json.loads((tmp_path / f"node{i}.json").read_text()) for i in (0, kept)
                if (tmp_path / f"node{i}.json").exists()]
     out = max(reports, key=lambda r: r["first_step"])
-    assert out["first_step"] == 2 and out["resumed_from"] == str(ck / "step-00000002"), out
+    assert out["first_step"] == 2 and out["resumed_from"] == str(tmp_path / "ck" / "step-00000002"), out
     assert len(out["losses"]) == STEPS - 2 and out["verified"] and out["max_abs_diff"] <= 1e-5, out
 
 

@@ -59,6 +59,9 @@ class PipelineSchedule:
     in_flight_fn: Callable[[int, int, int], np.ndarray]
     refusal_fn: Callable[[int, int, int], str | None]
     order_fn: Callable[[int, int, int, int], list[Pass]]
+    warmup_fn: Callable[[int, int, int], int] | None
+    """(pp, rank, v) -> the forwards rank runs before its first backward while micro-batches last (the order's
+    warm-up, `_steady`); None: every micro-batch is forwarded first (GPipe)."""
 
     def in_flight(self, m: int, pp: int, v: int = 1) -> np.ndarray:
         """Per pipeline rank, the micro-batches whose activations it holds at its peak (floats: a chunk is 1/v)."""
@@ -124,8 +127,16 @@ def _gpipe_order(p: int, m: int, rank: int, v: int) -> list[Pass]:
     return [("F", i, 0) for i in range(m)] + [("B", i, 0) for i in range(m)]
 
 
+def _1f1b_warmup(p: int, rank: int, v: int) -> int:
+    return p - rank - 1
+
+
 def _1f1b_order(p: int, m: int, rank: int, v: int) -> list[Pass]:
-    return _steady([(i, 0) for i in range(m)], [(i, 0) for i in range(m)], min(p - rank - 1, m))
+    return _steady([(i, 0) for i in range(m)], [(i, 0) for i in range(m)], min(_1f1b_warmup(p, rank, v), m))
+
+
+def _interleaved_warmup(p: int, rank: int, v: int) -> int:
+    return (p - rank - 1) * 2 + (v - 1) * p
 
 
 def _interleaved_order(p: int, m: int, rank: int, v: int) -> list[Pass]:
@@ -136,7 +147,7 @@ def _interleaved_order(p: int, m: int, rank: int, v: int) -> list[Pass]:
     mb = lambda k: (k // (p * v)) * p + k % p
     fwd = [(mb(k), (k // p) % v) for k in range(m * v)]
     bwd = [(mb(k), v - 1 - (k // p) % v) for k in range(m * v)]
-    return _steady(fwd, bwd, min((p - rank - 1) * 2 + (v - 1) * p, m * v))
+    return _steady(fwd, bwd, min(_interleaved_warmup(p, rank, v), m * v))
 
 
 # ---- memory -----------------------------------------------------------------------------------------
@@ -161,23 +172,22 @@ def _interleaved_in_flight(m: int, p: int, v: int) -> np.ndarray:
 @functools.lru_cache(maxsize=4096)
 def _edge_in_flight(name: str, m: int, pp: int, v: int) -> tuple[float, float]:
     schedule = SCHEDULES[name]
-    m = _same_peak_microbatches(name, m, pp, v)
+    m = _same_peak_microbatches(schedule, m, pp, v)
     return (_chunk_at_peak(schedule.order(pp, m, 0, v), 0),
             _chunk_at_peak(schedule.order(pp, m, pp - 1, v), v - 1 if schedule.virtual else 0))
 
 
-def _same_peak_microbatches(name: str, m: int, pp: int, v: int) -> int:
+def _same_peak_microbatches(schedule: PipelineSchedule, m: int, pp: int, v: int) -> int:
     """The fewest micro-batches whose order on ranks 0 and pp - 1 is m's up to each rank's peak. 1F1B and interleaved
     1F1B run w warm-up forwards, then a forward and a backward at a time (`_steady`): a rank holds the most after
     forward w + 1, and which chunks those w + 1 are does not depend on m once m v > w. The search asks for every m
     of every mesh (gpt3-175b on 64 GPUs: 228 of them, up to 1,536 micro-batches), and the whole order of each cost
     half a second in all; the shortened one is the same for the peak (tests/planner/test_schedules.py replays
-    both). GPipe forwards every micro-batch first, so its peak depends on m."""
-    if name == "GPipe":
+    both). GPipe forwards every micro-batch first (no `warmup_fn`), so its peak depends on m."""
+    if schedule.warmup_fn is None:
         return m
-    warmup = 2 * (pp - 1) + (v - 1) * pp if SCHEDULES[name].virtual else pp - 1  # rank 0's, the most
-    fewest = warmup // v + 1  # m v > warmup
-    if SCHEDULES[name].virtual:
+    fewest = schedule.warmup_fn(pp, 0, v) // v + 1  # m v > rank 0's warm-up, the longest
+    if schedule.virtual:
         fewest = -(-fewest // pp) * pp  # interleaving needs m a multiple of pp
     return min(m, fewest)
 
@@ -249,14 +259,15 @@ def _only_where_1f1b_cannot(m: int, pp: int) -> bool:
 SCHEDULES: dict[str, PipelineSchedule] = {s.name: s for s in (
     PipelineSchedule(name="1F1B", torch_class="Schedule1F1B", virtual=False, searched_fn=_always,
                      megatron_gap=None, in_flight_fn=_1f1b_in_flight, refusal_fn=_1f1b_refusal,
-                     order_fn=_1f1b_order),
+                     order_fn=_1f1b_order, warmup_fn=_1f1b_warmup),
     PipelineSchedule(name="GPipe", torch_class="ScheduleGPipe", virtual=False, searched_fn=_only_where_1f1b_cannot,
                      megatron_gap="Megatron-LM runs 1F1B (same bubble, fewer activations in flight); the plan's "
                                   "memory prediction is for GPipe",
-                     in_flight_fn=_all_in_flight, refusal_fn=_gpipe_refusal, order_fn=_gpipe_order),
+                     in_flight_fn=_all_in_flight, refusal_fn=_gpipe_refusal, order_fn=_gpipe_order,
+                     warmup_fn=None),
     PipelineSchedule(name="Interleaved1F1B", torch_class="ScheduleInterleaved1F1B", virtual=True, searched_fn=_always,
                      megatron_gap=None, in_flight_fn=_interleaved_in_flight, refusal_fn=_interleaved_refusal,
-                     order_fn=_interleaved_order),
+                     order_fn=_interleaved_order, warmup_fn=_interleaved_warmup),
 )}
 """Every schedule partita plans and runs, by plan-file name, in the order listings show them."""
 AUTO = "auto"

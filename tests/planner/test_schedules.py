@@ -247,4 +247,4 @@ def test_the_edges_from_a_shortened_order_equal_the_whole_orders(name):
                          _chunk_at_peak(record.order(p, m, p - 1, v), v - 1 if record.virtual else 0))
                 assert record.edge_in_flight(m, p, v) == whole, (m, p, v)
                 if name != "GPipe":
-                    assert _same_peak_microbatches(name, m, p, v) <= 2 * p + v * p
+                    assert _same_peak_microbatches(record, m, p, v) <= 2 * p + v * p

@@ -151,8 +151,7 @@ def _memory_rows(prob) -> list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]
     cap = np.broadcast_to(np.asarray(prob.capacity, dtype=float), (p,)) * (1 + BUDGET_RTOL)
     rows = [(mem_coeff(prob), cap - np.broadcast_to(np.asarray(prob.extra_mem, dtype=float), (p,)), None)]
     for q in prob.phases:
-        gate = q.gate if q.gate is not None else None
-        rows.append((per_stage(prob, q.coeff), cap - np.broadcast_to(np.asarray(q.const, dtype=float), (p,)), gate))
+        rows.append((per_stage(prob, q.coeff), cap - np.broadcast_to(np.asarray(q.const, dtype=float), (p,)), q.gate))
     if prob.option_host_state is not None and np.all(np.isfinite(prob.host_capacity)):
         host = per_stage(prob, prob.option_host_state) + np.asarray(prob.in_flight, dtype=float)[:, None] \
             * per_stage(prob, prob.option_host_act)

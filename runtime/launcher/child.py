@@ -14,16 +14,21 @@ line, not a silent exit code 247.
 
 The launcher's working directory (torchrun's log directory, where the workers leave their error files and
 the steps they passed) is made here, named in LOG_DIR_ENV, and removed here when the launcher has ended:
-this process outlives a launcher killed by SIGKILL, which cannot clean up after itself.
+this process outlives a launcher killed by SIGKILL, which cannot clean up after itself. Such a launcher's
+workers outlive it too, for as long as they take to reach their step boundary, writing into the directory
+meanwhile: this process waits for them (`left_behind`), passing signals on to them as it did to the launcher,
+and only then removes it (removing it beside them raced their writes and could leave it behind).
 """
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 """runtime.failure.stop.SIGNALS, the signals that stop a run (this layer cannot import runtime)."""
@@ -32,6 +37,8 @@ REPEATABLE = (signal.SIGHUP,)
 LOG_DIR_ENV = "PARTITA_LOG_DIR"
 """The launcher's working directory, made and removed by `run_forwarding_signals` (runtime.api.agent)."""
 LOG_DIR_PREFIX = "partita-torchrun-"
+POLL_S = 0.2
+"""How often a killed launcher's workers are looked for while they stop."""
 
 
 def _forwarded() -> list[signal.Signals]:
@@ -41,38 +48,76 @@ def _forwarded() -> list[signal.Signals]:
 
 def run_forwarding_signals(cmd: list[str], env: dict) -> int:
     """Run `cmd` to its end with the signals of the module docstring passed on; returns its exit code
-    (128 + N when a signal N ended it). The launcher's working directory is removed after it, however it
-    ended."""
+    (128 + N when a signal N ended it). The launcher's working directory is removed after it and its workers
+    ended, however they ended."""
     log_dir = tempfile.mkdtemp(prefix=LOG_DIR_PREFIX)
     try:
-        return _run(cmd, {**env, LOG_DIR_ENV: log_dir})
+        return _run(cmd, {**env, LOG_DIR_ENV: log_dir}, log_dir)
     finally:
-        shutil.rmtree(log_dir, ignore_errors=True)
+        _remove(log_dir)
 
 
-def _run(cmd: list[str], env: dict) -> int:
+def _run(cmd: list[str], env: dict, log_dir: str) -> int:
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     received: list[int] = []
 
     def forward(signum, frame):
-        if proc.poll() is None and (not received or signum not in REPEATABLE):
-            proc.send_signal(signal.SIGKILL if received else signum)
+        if not received or signum not in REPEATABLE:
+            for pid in [proc.pid] if proc.poll() is None else left_behind(log_dir):
+                _kill(pid, signal.SIGKILL if received else signum)
         received.append(signum)
 
     main = threading.current_thread() is threading.main_thread()  # only the main thread may set handlers
     previous = {s: signal.signal(s, forward) for s in _forwarded()} if main else {}
     try:
         code = proc.wait()
+        if code < 0:
+            escalated = code == -signal.SIGKILL and any(s not in REPEATABLE for s in received[1:])
+            why = " after a second signal" if escalated else ""
+            _stderr_line(f"partita: error: the launcher (pid {proc.pid}) was killed by {signal.Signals(-code).name}"
+                         f"{why}; its workers stop at their next step boundary")
+        while left_behind(log_dir):  # a killed launcher's workers: signals still reach them (`forward`)
+            time.sleep(POLL_S)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    if code >= 0:
-        return code
-    escalated = code == -signal.SIGKILL and any(s not in REPEATABLE for s in received[1:])
-    why = " after a second signal" if escalated else ""
-    _stderr_line(f"partita: error: the launcher (pid {proc.pid}) was killed by {signal.Signals(-code).name}{why}; "
-                 "its workers stop at their next step boundary")
-    return 128 - code
+    return code if code >= 0 else 128 - code
+
+
+def left_behind(log_dir: str) -> list[int]:
+    """The live processes started under the launcher of `log_dir` (their environment names it in LOG_DIR_ENV):
+    once the launcher has ended, the workers of a launcher that was killed, stopping at their step boundary
+    and still writing into `log_dir`. Read from /proc (Linux); elsewhere none are known."""
+    mark = f"{LOG_DIR_ENV}={log_dir}".encode()
+    found = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()) if os.path.isdir("/proc") else ():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if mark not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":  # a zombie has ended
+                    found.append(pid)
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:  # it ended meanwhile
+        pass
+
+
+def _remove(log_dir: str, tries: int = 50) -> None:
+    """Remove `log_dir`, again while a process the /proc scan cannot see still adds to it (a removal that
+    races a new file leaves the directory)."""
+    for _ in range(tries):
+        shutil.rmtree(log_dir, ignore_errors=True)
+        if not os.path.exists(log_dir):
+            return
+        time.sleep(POLL_S)
 
 
 def _stderr_line(text: str) -> None:

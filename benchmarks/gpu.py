@@ -155,12 +155,13 @@ def measured_as(row: dict, planned: Planned) -> dict:
 def with_earlier_rows(rows: list[dict], earlier: dict | None, preset: str, order: list[str]) -> list[dict]:
     """`rows` of a run of some cases (`--only`) beside an `earlier` gpu.json's rows of the other cases, when
     that file is of the same GPU preset, in the set's `order`: rerunning one case keeps the others'
-    measurements. A kept row says which run it came from ("earlier_run")."""
+    measurements. A kept row says which run it came from ("earlier_run") and how many steps it ran ("steps")."""
     if not earlier or earlier.get("gpu", {}).get("preset") != preset:
         return rows
     ran = {r["name"] for r in rows}
     when = {"commit": earlier.get("commit"), "date": (earlier.get("machine") or {}).get("date")}
-    kept = {r["name"]: {"earlier_run": when, **r} for r in earlier.get("rows", []) if r["name"] not in ran}
+    kept = {r["name"]: {"earlier_run": when, "steps": earlier.get("steps"), **r}
+            for r in earlier.get("rows", []) if r["name"] not in ran}
     mine = {r["name"]: r for r in rows}
     return [mine.get(n) or kept[n] for n in order if n in mine or n in kept]
 

@@ -563,13 +563,22 @@ def gpu(results: dict) -> str:
     if d is None:
         return missing("gpu")
     g, rows = d["gpu"], d["rows"]
+    steps = {r["name"]: r.get("steps") or d["steps"] for r in rows if r.get("measured") or r.get("error")}
+    usual = max(set(steps.values()), key=list(steps.values()).count, default=d["steps"])
+    other = ", ".join(f"`{n}` {s}" for n, s in steps.items() if s != usual)
     text = (f"One {g['name']} (preset {g['preset']}, torch {d['torch']}; {provenance(d)}), plans "
             f"{d['plans']['source']} at commit {d['plans'].get('commit') or '?'}, each run with `partita run` for "
-            f"{d['steps']} steps.")
+            f"{usual} steps{f' ({other})' if other else ''}.")
+    earlier = {}
+    for r in rows:
+        if r.get("earlier_run"):
+            earlier.setdefault((r["earlier_run"]["commit"], r["earlier_run"]["date"]), []).append(f"`{r['name']}`")
+    for (commit, date), names in earlier.items():
+        text += f" The rows of {', '.join(names)} are kept from the run of {date} (commit {commit})."
     if "source" in d:
         text += (f" From {d['source']['document']} (transcribed in {d['source']['transcribed']}), until "
                  f"{d['source']['until']}.")
-    text += (f" Measured step: the mean of steps 2-{d['steps']}; measured peak: torch.cuda.max_memory_allocated (what "
+    text += (" Measured step: the mean of steps 2 to the last; measured peak: torch.cuda.max_memory_allocated (what "
              "the prediction counts), peak reserved: max_memory_reserved; errors: (predicted - measured) / measured.")
     from benchmarks.published_data_gpu import FITTED_CASES
     fitted = [r["name"] for r in rows if r["name"] in FITTED_CASES]

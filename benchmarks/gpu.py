@@ -49,6 +49,7 @@ from benchmarks.gpu_plans import PRESETS, Planned, plan_set, read_plans, solver_
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 6
 TIMEOUT_S = 300
+FAILED_TAIL_CHARS = 3000
 OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory", re.I)
 
 
@@ -102,8 +103,8 @@ def result_row(planned: Planned, returncode: int | None, output: str, measured: 
     ok = returncode == 0 and measured is not None
     row["oom"] = not ok and bool(OOM.search(output))
     row["error"] = None if ok else error_line(output)
-    if not ok:
-        row["measured"] = None
+    if not ok:  # the end of what it printed: how far a run that timed out got
+        row["measured"], row["output_tail"] = None, output[-FAILED_TAIL_CHARS:]
         return row
     row["measured"] = {"step_time_s": measured["step_time_s"], "step_times_s": measured["step_times_s"],
                        "peak_allocated_bytes": measured["peak_memory_bytes"],

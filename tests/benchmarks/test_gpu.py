@@ -137,6 +137,7 @@ def test_an_out_of_memory_run_is_an_oom_row(tmp_path):
     row = gpu.result_row(planned, proc.returncode, proc.stdout + proc.stderr, None)
     assert row["oom"] is True and row["measured"] is None, proc.stderr
     assert row["error"].startswith("partita: error: rank 0:") and "can't allocate memory" in row["error"]
+    assert row["error"] in row["output_tail"]  # the run's last words are kept (a run that timed out: how far it got)
     assert row["predicted"]["peak_memory_bytes"] == planned.plan.predicted["peak_memory_bytes"]
 
 

@@ -20,7 +20,8 @@ The set (CASES, then `largest_case`), bf16 with Adam, each planned for one GPU (
   up to LARGEST_MAX_LAYERS): the plan that fills memory.
 
 Every plan is made for the lent machine's torch (LENT_TORCH): where its checkpoint policies do not see op
-outputs (torch 2.11), no layer offloads what a selective or op recompute keeps (planner.plan.executable).
+outputs (torch 2.11), no layer offloads what a selective or op recompute keeps (planner.plan.executable). And for
+its host memory (LENT_HOST_MEMORY): a plan offloads no more than that machine holds.
 
 Planning needs the solver (cvxpy, HiGHS). The lent GPU machines have neither and reach no package index
 (TORCH-NOTES.md), so the set is planned beforehand on a CPU machine and shipped in benchmarks/gpu_plans/PRESET/
@@ -82,6 +83,15 @@ UNSEEN = (
 )
 """Cases whose model shapes no row of the fit has (benchmarks.published_data_gpu holds M1 only)."""
 
+LENT_HOST_MEMORY = {"H200-141GB": 128 * 2**30}
+"""The host memory of the lent machine of each preset (the device tool's KINDS.md: the H200 machine has 128 GiB
+for its one GPU), where it is less than the preset's datacentre share (256 GB per H200): plans offload no more than
+the machine holds, less LENT_HOST_RESERVE. The 'largest' plan made for 256 GB offloaded 135 GiB there and did not
+finish 4 steps in 250 s (gpu.json, 2026-11-30)."""
+LENT_HOST_RESERVE = 16 * 2**30
+"""Host memory the plans leave to the rest of the machine: the operating system, the run's own process (torch, the
+CUDA context's host side) and the pinned allocator's rounding of each buffer up to a power of two. Stated, not
+measured."""
 LENT_TORCH = {"version": "2.11.0+cu130", "policies_see_outputs": False}
 """The torch of the lent GPU machines (gpu.json's "torch"), which the plans must run on: its selective-checkpoint
 policies are not handed op outputs (planner.plan.executable.checkpoint_policies_see_outputs)."""
@@ -117,8 +127,20 @@ def plan_case(case: Case, preset: str):
     from partita.planner.api import plan
     from partita.planner.search import TrainConfig
     with for_lent_torch():
-        return plan(case.model, cluster=f"1x{preset}",
+        return plan(case.model, cluster=lent_cluster(preset),
                     train=TrainConfig(global_batch=case.global_batch, seq_len=case.seq), **case.fixed)
+
+
+def lent_cluster(preset: str):
+    """One `preset` GPU with the lent machine's host memory (LENT_HOST_MEMORY), less LENT_HOST_RESERVE."""
+    from dataclasses import replace
+
+    from partita.costmodel.hardware import parse_cluster
+    cluster = parse_cluster(f"1x{preset}")
+    if preset not in LENT_HOST_MEMORY:
+        return cluster
+    room = min(cluster.device.host_memory_bytes, LENT_HOST_MEMORY[preset] - LENT_HOST_RESERVE)
+    return replace(cluster, device=replace(cluster.device, host_memory_bytes=float(room)))
 
 
 def largest_case(preset: str) -> Case | None:

@@ -13,7 +13,7 @@ from partita.planner.plan.executable import (composition_refusal, cp_refusal_for
                                        sync_refusal, zero_refusal)
 from partita.planner.enumerate.options import pipelined_fsdp
 from partita.planner.search import SearchResult
-from partita.planner.estimate.phases import stage_memory
+from partita.planner.estimate.phases import stage_host_memory, stage_memory
 from partita.planner.plan import SPLIT
 from partita.planner.estimate import sync as sync_price
 
@@ -68,6 +68,7 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "uncosted_ops": result.graph.uncosted_ops(),
         "breakdown": breakdown,
         "memory_per_stage": memory,
+        **({"host_memory_per_stage": host} if any(host := [stage_host_memory(c, s) for s in range(c.pp)]) else {}),
         **tied_charges(c),
         **({"memory_capacity_per_stage": [int(x) for x in np.broadcast_to(prob.capacity, (c.pp,))]}
            if np.ndim(prob.capacity) else {}),

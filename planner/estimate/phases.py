@@ -310,3 +310,19 @@ def stage_memory(c: Candidate, s: int, counts: np.ndarray | None = None) -> dict
     row["total"] = sum(row.values())
     row["phase"] = "forward/backward" if q == 0 else prob.phases[q - 1].name
     return row
+
+
+def stage_host_memory(c: Candidate, s: int) -> int:
+    """Bytes of host memory one rank of stage s holds for the candidate's solution: the model states its
+    offloaded layers keep there (FSDP2's CPUOffloadPolicy) and the activations its offloaded layers move
+    there, per micro-batch in flight -- the constraint the solver kept within Device.host_memory_bytes
+    (planner.solve.milp.fits), and what runtime.launcher.sizes checks against the host a run starts on."""
+    prob, counts = c.problem, c.solution.counts
+    if c.formulation == "blocks":
+        if prob.host_state is None:
+            return 0
+        return int(round(float(counts[s] @ (prob.host_state + prob.in_flight[s] * prob.host_act))))
+    if prob.option_host_state is None:
+        return 0
+    state, act = per_stage(prob, prob.option_host_state)[s], per_stage(prob, prob.option_host_act)[s]
+    return int(round(float(counts[s] @ (state + prob.in_flight[s] * act))))

@@ -219,6 +219,8 @@ def _memory(pred: dict) -> Table:
         cats = ", ".join(f"{k.replace('_', ' ')} {human_bytes(row[k])}" for k in CATEGORY_STYLE if row.get(k, 0) > 0)
         if row.get("phase") and row["phase"] != "forward/backward":
             cats += f" (peak at the {row['phase']})"
+        if host := (pred.get("host_memory_per_stage") or [])[i:i + 1]:
+            cats += f"; {human_bytes(host[0])} offloaded to host memory"
         table.add_row(str(i), _bar(row, caps[i] if i < len(caps) else cap), human_bytes(row["total"]), Text(cats))
     return table
 

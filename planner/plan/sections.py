@@ -128,6 +128,7 @@ PREDICTED = {
     "breakdown": {"*": NUMBER},
     "memory_per_stage": [{"total!": NUMBER, "phase": TEXT, "*": NUMBER}],
     "memory_capacity_per_stage": [NUMBER],
+    "host_memory_per_stage": [NUMBER],
     "memory_allocator_cache_per_stage": [NUMBER],
     "assumptions": [TEXT],
     "uncosted_ops": {"*": COUNT},

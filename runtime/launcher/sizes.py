@@ -13,6 +13,11 @@ that never ends.
   a step needs (activations and model states come on top), so a plan that passes may still run out of memory,
   but none that fails could run.
 - Micro-batches per step: at most MAX_MICROBATCHES.
+- Host memory: what the plan offloads to host memory per rank (`predicted.host_memory_per_stage`, the solver's
+  bound against its device's host_memory_bytes) times the ranks of this host must fit in this host's memory. A
+  preset's host memory is a datacentre node's share (256 GB per H200); a smaller machine pins what it can and
+  then pages: the H200 plan that offloaded 135 GiB of activations on a 128 GiB host ran 4 steps of a predicted
+  13 s each in more than 250 s (benchmarks/results/gpu.json, 'largest').
 """
 from __future__ import annotations
 
@@ -85,6 +90,12 @@ def check_sizes(plan: Plan, spec: ModelSpec, data, local_ranks: int) -> None:
                         f"a step's {_gib(drawn)} of samples (runtime.data) and {local_ranks} rank(s) share this host's "
                         f"{_gib(host_memory())}: " + (f"a global batch of at most {fits:,} fits" if fits else
                                                       "not one sample fits; lower seq_len"))
+    host = max(plan.predicted.get("host_memory_per_stage") or [0])
+    if host * local_ranks > host_memory():
+        raise PlanError(f"predicted.host_memory_per_stage: a rank keeps up to {_gib(host)} in host memory (its "
+                        f"offloaded activations and model states) and {local_ranks} rank(s) share this host's "
+                        f"{_gib(host_memory())}: re-plan for this machine (`partita calibrate` writes a resource list "
+                        "with its host memory) or with less offload")
     memory, where = device_memory(local_ranks)
     inputs = s.micro_batch_size * per_sample
     logits = logit_bytes(plan, spec)

@@ -171,6 +171,23 @@ def test_absurd_sizes_are_one_line_from_the_preflight(edit, model, fields):
     assert "\n" not in str(e.value)
 
 
+def test_a_plan_offloading_more_than_this_host_holds_is_one_line(monkeypatch):
+    """A plan made for a preset's host memory (256 GB per H200) on a machine with less: refused before launch,
+    where the H200 run paged for minutes. The bound is the ranks of this host times the largest stage's bytes."""
+    from partita.runtime.launcher import sizes
+    def plan_on(ranks: int) -> Plan:
+        d = make_plan(dp=ranks)
+        d["predicted"].update(host_memory_per_stage=[100 * 2**30])
+        return Plan.from_dict(d)
+    spec = at_seq_len(resolve_model("tiny-gpt"), plan_on(1).train.get("seq_len"))
+    monkeypatch.setattr(sizes, "host_memory", lambda: 128 * 2**30)
+    prepare(plan_on(1), spec, RunOptions(steps=1), 1)  # 100 GiB on a 128 GiB host runs
+    plan = plan_on(2)
+    with pytest.raises(PlanError, match=r"^predicted.host_memory_per_stage: a rank keeps up to 100.0 GiB in host "
+                                        r"memory .* and 2 rank\(s\) share this host's 128.0 GiB: re-plan"):
+        prepare(plan, spec, RunOptions(steps=1), 2)
+
+
 def test_the_microbatch_bound_is_the_one_said(tmp_path, monkeypatch):
     plan, spec = _absurd(lambda d: _batch(d, MAX_MICROBATCHES + 1, 1))
     with pytest.raises(PlanError, match=rf"^schedule.num_microbatches is {MAX_MICROBATCHES + 1:,}, more than the "

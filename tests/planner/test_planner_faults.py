@@ -201,6 +201,21 @@ def test_llama3_8b_fits_one_h200_by_offloading():
     assert any(b.offload_activations and b.recompute == "none" for b in p.blocks)
 
 
+def test_what_a_plan_keeps_in_host_memory_is_stated_and_bounded():
+    """The llama3-8b shape at 35 layers fills an H200 with its model states, so its activations go to host memory
+    (135 GiB). The plan states it (runtime.launcher.sizes checks it against the host a run starts on), and it is
+    the quantity the solver bounds: on a host with 80% of that room the plan keeps at most that there."""
+    wide = "llama:layers=35,hidden=4096,heads=32,kv_heads=8,ffn=14336,vocab=128256,seq=4096"
+    train = TrainConfig(global_batch=4, seq_len=4096, dtype="bf16")
+    cl = parse_cluster("1xH200-141GB")
+    (host,) = plan(wide, cluster=cl, train=train).predicted["host_memory_per_stage"]
+    assert 100 * 2**30 < host <= cl.device.host_memory_bytes
+    smaller = replace(cl, device=replace(cl.device, host_memory_bytes=0.8 * host))
+    (less,) = plan(wide, cluster=smaller, train=train).predicted["host_memory_per_stage"]
+    assert 0 < less <= 0.8 * host
+    assert "host_memory_per_stage" not in plan(wide.replace("35", "4"), cluster=cl, train=train).predicted
+
+
 def test_the_memory_bound_refuses_only_programs_with_no_assignment(monkeypatch):
     """milp.cannot_fit skips HiGHS for programs whose memory rows no assignment meets: it must never refuse
     one HiGHS solves, and it should catch most that HiGHS finds infeasible (capacities cut to make some)."""

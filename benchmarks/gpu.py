@@ -16,6 +16,9 @@ layers; llama3-8b as the planner chooses it; the largest llama3-8b-shaped model 
 and writes, per plan, predicted beside measured to benchmarks/results/gpu.json:
 
 - step time: the plan's `predicted.step_time_s` against the run's mean of steps 2..N (runtime/loop/report.py);
+  the run takes one step more, N + 1, under the profiler (`partita run --profile-out`, runtime.loop.profile), left
+  out of the mean: its operators' device times, largest first, are the row's "profile" -- which operators a
+  mispriced step spent its time in;
 - peak memory: the plan's `predicted.peak_memory_bytes` against torch.cuda.max_memory_allocated (what the
   prediction counts), and torch.cuda.max_memory_reserved beside it (allocated + the caching allocator's cache,
   what an out-of-memory is decided against);
@@ -50,6 +53,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = 6
 TIMEOUT_S = 300
 FAILED_TAIL_CHARS = 3000
+PROFILE_TOP = 40
+"""Operators of each run's profiled step kept in gpu.json (largest self time first)."""
 OOM = re.compile(r"out of memory|OutOfMemoryError|can't allocate memory", re.I)
 
 
@@ -121,10 +126,12 @@ def run_case(planned: Planned, steps: int, workdir: Path, timeout_s: float = TIM
         return result_row(planned, None, "", None)
     name = planned.case.name
     plan_file, out_file = workdir / f"{name}.plan.json", workdir / f"{name}.out.json"
+    profile_file = workdir / f"{name}.profile.json"
     planned.plan.save(plan_file)
-    out_file.unlink(missing_ok=True)
+    for f in (out_file, profile_file):
+        f.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "partita.cli", "run", str(plan_file), "--model", planned.case.model,
-           "--steps", str(steps), "--losses-out", str(out_file)]
+           "--steps", str(steps + 1), "--profile-out", str(profile_file), "--losses-out", str(out_file)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     t0 = time.perf_counter()
     try:
@@ -133,8 +140,27 @@ def run_case(planned: Planned, steps: int, workdir: Path, timeout_s: float = TIM
     except subprocess.TimeoutExpired as e:  # its captured output may be bytes, whatever `text` said
         parts = [x.decode(errors="replace") if isinstance(x, bytes) else x for x in (e.stdout, e.stderr) if x]
         code, output = None, "".join(parts) + f"\npartita: error: timed out after {timeout_s:g} s"
-    measured = json.loads(out_file.read_text()) if out_file.exists() else None
-    return {**result_row(planned, code, output, measured, time.perf_counter() - t0), "steps": steps}
+    measured = without_profiled_step(json.loads(out_file.read_text())) if out_file.exists() else None
+    row = {**result_row(planned, code, output, measured, time.perf_counter() - t0), "steps": steps}
+    if profile_file.exists():
+        row["profile"] = profile_summary(json.loads(profile_file.read_text()))
+    return row
+
+
+def without_profiled_step(measured: dict) -> dict:
+    """A run's --losses-out of N + 1 steps whose last ran under the profiler (--profile-out): the mean step time
+    of steps 2..N, the profiled step (slower by the profiler's host overhead) left out as step 1 is."""
+    times = measured["step_times_s"][:-1]
+    return {**measured, "step_times_s": times, "step_time_s": sum(times[1:]) / max(1, len(times) - 1),
+            "profiled_step_s": measured["step_times_s"][-1]}
+
+
+def profile_summary(profile: dict, top: int = PROFILE_TOP) -> dict:
+    """What gpu.json keeps of a run's --profile-out (runtime.loop.profile): its totals and the `top` operators by
+    the time it measures (the device's on a GPU), each with its calls and self time."""
+    key = "self_device_s" if profile["time"] == "device" else "self_cpu_s"
+    return {"time": profile["time"], "total_s": profile["total_s"], "step_time_s": profile["step_time_s"],
+            "ops": [{"name": o["name"], "calls": o["calls"], "self_s": o[key]} for o in profile["ops"][:top]]}
 
 
 def same_run(a, b) -> bool:

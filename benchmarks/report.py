@@ -578,6 +578,9 @@ def gpu(results: dict) -> str:
     if "source" in d:
         text += (f" From {d['source']['document']} (transcribed in {d['source']['transcribed']}), until "
                  f"{d['source']['until']}.")
+    if any(r.get("profile") for r in rows):
+        text += (" Each run took one step more under the profiler (`partita run --profile-out`), left out of the mean; "
+                 "its operators' device times are each row's `profile` in gpu.json.")
     text += (" Measured step: the mean of steps 2 to the last; measured peak: torch.cuda.max_memory_allocated (what "
              "the prediction counts), peak reserved: max_memory_reserved; errors: (predicted - measured) / measured.")
     from benchmarks.published_data_gpu import FITTED_CASES

@@ -24,7 +24,7 @@ from partita.runtime.launcher.child import run_forwarding_signals
 from partita.runtime.launcher.flags import NODE_FLAGS, RECIPE_FLAGS, RUN_FLAGS, given_fields, to_argv
 from partita.runtime.launcher.elastic import is_elastic
 from partita.planner.plan import planset
-from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors
+from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors, outputs_of
 
 
 def _cmd_plan(args) -> int:
@@ -179,8 +179,7 @@ def _run_given_checks(args) -> None:
     given = {"lr": 1e-3 if args.lr is None else args.lr, "seed": 0 if args.seed is None else args.seed}
     recipe = {name: getattr(args, name) for name in RECIPE_FLAGS}
     errors = option_errors(**given, **recipe) + output_errors(
-        losses_out=args.losses_out, tensorboard=args.tensorboard, save_final=args.save_final,
-        inputs={"the plan": args.plan, "the --data file": args.data, "the --eval-data file": args.eval_data})
+        **outputs_of(args), inputs={"the plan": args.plan, "the --data file": args.data, "the --eval-data file": args.eval_data})
     if errors:  # before the pre-flight, before training: an output checked only at the end lost the run
         raise PartitaError(errors[0])
 

@@ -60,7 +60,7 @@ import gc  # noqa: E402
 from partita.costmodel import PartitaError, resolve_model  # noqa: E402
 from partita.planner.plan import Plan  # noqa: E402
 from partita.runtime.launcher.flags import MODEL, NODE_FLAGS, RECIPE_FLAGS, RUN_FLAGS, add_flags  # noqa: E402
-from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors  # noqa: E402
+from partita.runtime.launcher.inputs import job_environment_error, option_errors, output_errors, outputs_of  # noqa: E402
 from partita.runtime.loop.console import STDOUT, stderr_line  # noqa: E402
 from partita.runtime.failure.guards import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK  # noqa: E402
 from partita.runtime.launcher.agreement import agree, run_fields  # noqa: E402
@@ -115,8 +115,7 @@ def argument_errors(args: argparse.Namespace) -> list[str]:
     if (args.nnodes or 1) > 1 and not args.rdzv_endpoint and not args.check:
         errors.append(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node)")
     errors += option_errors(lr=args.lr, seed=args.seed, **{name: getattr(args, name) for name in RECIPE_FLAGS})
-    errors += output_errors(losses_out=args.losses_out, tensorboard=args.tensorboard, save_final=args.save_final,
-                            inputs={"the plan": args.plan, "the --data file": args.data,
+    errors += output_errors(**outputs_of(args), inputs={"the plan": args.plan, "the --data file": args.data,
                                     "the --eval-data file": args.eval_data})
     return errors
 

@@ -69,9 +69,18 @@ def option_errors(*, lr, seed, **recipe) -> list[str]:
 
 # ---- outputs -----------------------------------------------------------------------------------------------
 
+OUTPUTS = ("losses_out", "tensorboard", "save_final", "profile_out")
+"""The run's output options (RunOptions' fields, the flags' dests), which `output_errors` checks."""
+
+
+def outputs_of(options) -> dict:
+    """The OUTPUTS of a RunOptions or of parsed flags, as output_errors' keywords."""
+    return {name: getattr(options, name, None) for name in OUTPUTS}
+
+
 def output_errors(*, losses_out: str | None = None, tensorboard: str | None = None, save_final: str | None = None,
-                  inputs: dict[str, str | None] | None = None) -> list[str]:
-    """What is wrong with the run's output paths, checked before training: --losses-out and a --save-final file
+                  profile_out: str | None = None, inputs: dict[str, str | None] | None = None) -> list[str]:
+    """What is wrong with the run's output paths, checked before training: --losses-out, --profile-out and a --save-final file
     are files in a writable directory (not the same one), --tensorboard and a --save-final folder
     (`names_folder`) directories that are or can be made writable, and none is one of the run's own inputs
     (`inputs`: {how the line names it: path}, e.g. {"the plan": PLAN, "--data": FILE})."""
@@ -79,6 +88,10 @@ def output_errors(*, losses_out: str | None = None, tensorboard: str | None = No
     own = {name: path for name, path in (inputs or {}).items() if path and os.path.exists(path)}
     if losses_out:
         errors += _same_as_input("--losses-out", losses_out, own) or _file_errors("--losses-out", losses_out)
+    if profile_out:
+        errors += _same_as_input("--profile-out", profile_out, own) or _file_errors("--profile-out", profile_out)
+    if profile_out and losses_out and os.path.abspath(profile_out) == os.path.abspath(losses_out):
+        errors.append(f"--losses-out and --profile-out name the same file {_path(losses_out)}: give each its own")
     if save_final:
         where = _directory_errors if names_folder(save_final) else _file_errors
         errors += _same_as_input("--save-final", save_final, own) or where("--save-final", save_final)

@@ -75,6 +75,10 @@ class RunOptions:
         "global batches of --eval-data per evaluation, the same ones each time (default 1)", metavar="K"))
     losses_out: str | None = field(default=None, metadata=flag(
         "write losses, learning rates, grad norms, reference, step time and memory as JSON", metavar="FILE"))
+    profile_out: str | None = field(default=None, metadata=flag(
+        "time the last step's operators with torch.profiler and write rank 0's table as JSON (self time per "
+        "operator, the device's on a GPU); that step runs slower by the profiler's overhead", metavar="FILE"))
+    """Where rank 0 writes the last step's operator times (runtime.loop.profile)."""
     save_final: str | None = field(default=None, metadata=flag(
         "after the last step, rank 0 saves the trained weights: to a FILE as one state dict of the model's own "
         "parameter names (torch.save; load it with model.load_state_dict); to a DIR/ (a path ending in '/', or an "

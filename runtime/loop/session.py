@@ -43,7 +43,7 @@ from partita.costmodel.models import ModelSpec, with_seq
 from partita.planner.plan import Plan
 from partita.planner.plan.explain import batch_coupling_warning
 from partita.runtime.launcher.flags import RECIPE_FLAGS
-from partita.runtime.launcher.inputs import option_errors, output_errors
+from partita.runtime.launcher.inputs import option_errors, output_errors, outputs_of
 from partita.runtime import checkpoint as ckpt
 from partita.runtime.parallel import ep as expert_parallel
 from partita.runtime.parallel import batchnorm
@@ -64,13 +64,13 @@ from partita.runtime.failure.hang import hang_watch
 from partita.runtime.loop.evaluate import EvalHook, refusal as eval_refusal
 from partita.runtime.loop.progress import Progress, summary_writer
 from partita.runtime.checkpoint.final import consolidated_state, folder_refusal, loader, save_final, trained_module
-from partita.runtime.loop.recipe import Recipe
+from partita.runtime.loop.recipe import Recipe, recipe_of
 from partita.runtime.loop.sync import make_hook as make_sync_hook
 from partita.runtime.loop.trainer import CheckpointHook, FaultHook, History, ProgressHook, RecipeHook, Trainer
 from partita.runtime.loop.report import RunResult, preamble, render
 from partita.runtime.verify.checks import Check, failures
 from partita.runtime.loop.options import RunOptions
-from partita.runtime.loop.recipe import recipe_of
+from partita.runtime.loop.profile import profile_hooks
 from partita.runtime.loop.stepping import allreduce, build, measure_step, pp_group
 from partita.runtime.verify.run import check_run
 
@@ -196,8 +196,7 @@ def _check_options(spec: ModelSpec, opts: RunOptions) -> None:
     """The run's options and output paths, each refused with one line (PartitaError)."""
     data_file = opts.data if isinstance(opts.data, (str, os.PathLike)) else None
     errors = option_errors(lr=opts.lr, seed=opts.seed, **{name: getattr(opts, name) for name in RECIPE_FLAGS}) + \
-        output_errors(losses_out=opts.losses_out, tensorboard=opts.tensorboard, save_final=opts.save_final,
-                      inputs={"the --data file": data_file})
+        output_errors(**outputs_of(opts), inputs={"the --data file": data_file})
     if errors:
         raise PartitaError(errors[0])
     if opts.save_final and (why := folder_refusal(opts.save_final, spec)):
@@ -428,7 +427,7 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
              RecipeHook(opt, recipe_of(opts), history.start, executor, pp_group(topo), history),
              FaultHook(faults, executor.params),
              *([watch.after_loss()] if watch else []),
-             ProgressHook(progress, topo.device),
+             ProgressHook(progress, topo.device), *profile_hooks(opts.profile_out, opts.steps, topo),
              *([EvalHook(executor, prep.eval_data, topo, opts.steps, opts.eval_every, opts.eval_batches,
                          history.evals, topo.rank == 0 and opts.print_report)] if prep.eval_data is not None else []),
              CheckpointHook(history, opts.checkpoint_every, opts.steps, opts.checkpoint_dir, executor, opt, manifest,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from partita.costmodel.models import resolve_model
 from partita.runtime.loop.recipe import loss_for
 from rank_pool import cli, run_plan
@@ -26,7 +28,20 @@ def test_the_runtime_trains_with_the_fused_loss(tmp_path, monkeypatch):
     made = cli("plan", "--model", MODEL, "--cluster", "2xcpu", "--global-batch", "4", "--dp", "2", "--out", str(plan),
                cwd=ROOT)
     assert made.returncode == 0, made.stderr
-    proc = run_plan(plan, MODEL, "--steps", "2", "--verify", "--losses-out", str(out), cwd=ROOT)
+    profile = tmp_path / "profile.json"
+    proc = run_plan(plan, MODEL, "--steps", "2", "--verify", "--losses-out", str(out), "--profile-out", str(profile),
+                    cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = json.loads(out.read_text())
     assert len(res["losses"]) == 2 and res["max_abs_diff"] <= 1e-5, res
+
+    # --profile-out (runtime.loop.profile): the last step's operators on rank 0, largest self time first; every
+    # Linear runs once forward and twice backward (dX, dW), as matrix products
+    prof = json.loads(profile.read_text())
+    assert (prof["step"], prof["rank"], prof["device"], prof["time"]) == (2, 0, "cpu", "cpu"), prof
+    assert 0 < prof["step_time_s"] <= res["step_times_s"][-1]  # rank 0's time of the step; the report's is the slowest rank's
+    times = [o["self_cpu_s"] for o in prof["ops"]]
+    assert times == sorted(times, reverse=True) and prof["total_s"] == pytest.approx(sum(times))
+    calls = {o["name"]: o["calls"] for o in prof["ops"]}
+    linears = sum(isinstance(m, torch.nn.Linear) for m in spec.build().modules())
+    assert calls.get("aten::mm", 0) + calls.get("aten::addmm", 0) >= 3 * linears, calls

@@ -78,6 +78,8 @@ def run_args(plan: Path, *more: str) -> list[str]:
     (lambda d: ["--tensorboard", str(d / "plan.json" / "tb")], "cannot be created: '{d}/plan.json' is a file"),
     (lambda d: ["--tensorboard", str(d / "notes.txt")], "is a file, not a directory"),
     (lambda d: ["--losses-out", str(d / "x"), "--tensorboard", str(d / "x")], "name the same path"),
+    (lambda d: ["--profile-out", str(d / "plan.json")], "--profile-out '{d}/plan.json' is the plan this run reads"),
+    (lambda d: ["--losses-out", str(d / "x"), "--profile-out", str(d / "x")], "--profile-out name the same file"),
 ])
 def test_outputs_are_checked_before_anything_runs(plan_file, no_launch, capsys, flags, needle):
     d = plan_file.parent

@@ -160,7 +160,8 @@ def profile_summary(profile: dict, top: int = PROFILE_TOP) -> dict:
     the time it measures (the device's on a GPU), each with its calls and self time."""
     key = "self_device_s" if profile["time"] == "device" else "self_cpu_s"
     return {"time": profile["time"], "total_s": profile["total_s"], "step_time_s": profile["step_time_s"],
-            "ops": [{"name": o["name"], "calls": o["calls"], "self_s": o[key]} for o in profile["ops"][:top]]}
+            "ops": [{"name": o["name"], "shapes": o.get("shapes", []), "calls": o["calls"], "self_s": o[key]}
+                    for o in profile["ops"][:top]]}
 
 
 def same_run(a, b) -> bool:

@@ -2,7 +2,8 @@
 
     python -m benchmarks.gpu_kernels [--data benchmarks/data/kernels_h200_torch2.11.json] [--reps-s 0.05]
 
-The kernel rows in benchmarks/data/ came from two sessions on the same H200 (GPU-MEASUREMENTS.md: the
+Then the PROBES: shapes no session has timed (the GPT cases' unaligned LM heads). The kernel rows in
+benchmarks/data/ came from two sessions on the same H200 (GPU-MEASUREMENTS.md: the
 'Kernels' table and the sweep), and the two disagree by 20-25% on GEMMs of the same class (16384 x 4096 x
 4096 at 782 TFLOP/s in the sweep, 8192 x 4096 x 4096 at 629 in the Kernels table). This times every row's
 shape again in one process, with one method, so a disagreement between sessions can be told from a curve
@@ -35,6 +36,13 @@ from benchmarks import common
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data" / "kernels_h200_torch2.11.json"
 BATCHES = 5
+PROBES = [{"kind": "gemm", "m": m, "k": k, "n": n, "table": "probe"}
+          for m, k in ((65536, 1024), (32768, 2048)) for n in (50257, 50304)]
+"""Shapes no session has timed, measured beside the data file's rows (no source time to compare): the LM heads of
+benchmarks.gpu_plans' GPT cases, whose vocabulary (50,257) is no multiple of 8 -- a bf16 row 16-byte aligned
+needs one, and cuBLAS runs other kernels without it -- beside the same products padded to 50,304 (nanoGPT's
+padding). Those cases ran 22-28% slower than predicted on the H200 (gpu.json, 2026-11-30); the cost model's GEMM
+curve has no alignment term, so these say whether one is missing."""
 
 
 def time_batches(fn, device, min_s: float, batches: int = BATCHES) -> float:
@@ -146,7 +154,7 @@ def main(argv=None) -> int:
         return 2
     device = torch.device("cuda", 0)
     rows, compared = [], []
-    for src in data["rows"]:
+    for src in data["rows"] + PROBES:
         got = measure_row(src, device, data.get("dtype", "bf16"), args.reps_s)
         rows.append(got)
         compared.append({"row": _label(src), "table": src.get("table"), "error_line": got.get("error"),

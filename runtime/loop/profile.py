@@ -9,7 +9,8 @@ charged to the operator that launched it). Rank 0 writes FILE as JSON:
     {"step": N, "rank": 0, "device": "cuda" | "cpu", "step_time_s": the profiled step's wall time,
      "time": "device" | "cpu",            # which time `ops` are sorted by and summed in total_s
      "total_s": the sum of every operator's self time of that kind,
-     "ops": [{"name": "aten::mm", "calls": 96, "self_device_s": ..., "self_cpu_s": ...}, ...]}   # largest first
+     "ops": [{"name": "aten::mm", "shapes": [[65536, 1024], [1024, 4096]], "calls": 48,
+              "self_device_s": ..., "self_cpu_s": ...}, ...]}   # one row per operator and input shapes, largest first
 
 Self times do not double count: an operator's self time leaves out the operators it calls. On a GPU the device
 times are the kernels' own (CUPTI); the profiled step's wall time carries the profiler's per-operator overhead on
@@ -24,8 +25,9 @@ import torch
 
 from partita.runtime.loop.trainer import StepHook
 
-TOP_OPS = 200
-"""Operators kept in the file, largest self time first (a transformer step has 40-80 distinct ones)."""
+TOP_OPS = 400
+"""Operators kept in the file, largest self time first, each with the shapes of its inputs (a transformer step has
+40-80 distinct operators, 100-300 with their shapes: its LM head's products apart from its layers')."""
 
 
 class ProfileHook(StepHook):
@@ -39,7 +41,8 @@ class ProfileHook(StepHook):
         if step == self.step and self._prof is None:
             from torch.profiler import ProfilerActivity, profile
             cuda = self.device.type == "cuda"
-            self._prof = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])])
+            self._prof = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])],
+                                 record_shapes=True)
             self._prof.__enter__()
         return super().during_backward(step)
 
@@ -48,7 +51,7 @@ class ProfileHook(StepHook):
             return
         self._prof.__exit__(None, None, None)
         if self.rank == 0:
-            table = operator_table(self._prof.key_averages(), self.device.type == "cuda")
+            table = operator_table(self._prof.key_averages(group_by_input_shape=True), self.device.type == "cuda")
             with open(self.path, "w") as f:
                 json.dump({"step": step, "rank": self.rank, "device": self.device.type, "step_time_s": seconds,
                            **table}, f, indent=1)
@@ -64,8 +67,8 @@ def operator_table(averages, on_device: bool) -> dict:
         device = getattr(e, "self_device_time_total", None)
         if device is None:
             device = getattr(e, "self_cuda_time_total", 0.0)  # (the name before torch 2.4)
-        ops.append({"name": e.key, "calls": int(e.count), "self_device_s": device / 1e6,
-                    "self_cpu_s": e.self_cpu_time_total / 1e6})
+        ops.append({"name": e.key, "shapes": [list(x) for x in getattr(e, "input_shapes", None) or []],
+                    "calls": int(e.count), "self_device_s": device / 1e6, "self_cpu_s": e.self_cpu_time_total / 1e6})
     key = "self_device_s" if on_device else "self_cpu_s"
     ops = [o for o in ops if o[key] > 0]
     ops.sort(key=lambda o: -o[key])

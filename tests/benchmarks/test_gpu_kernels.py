@@ -47,3 +47,13 @@ def test_without_cuda_it_says_so_in_one_line(capsys, monkeypatch):
     assert gpu_kernels.main([]) == 0
     out = capsys.readouterr()
     assert out.out.startswith("benchmarks.gpu_kernels: no CUDA device here") and out.out.count("\n") == 1
+
+
+def test_a_probe_has_no_source_time_and_is_priced():
+    """A PROBES row (a shape no session timed) measured like any row: nothing to compare with, a price beside it."""
+    probe = {**gpu_kernels.PROBES[0], "m": 64, "k": 32, "n": 57}  # its kind and keys, at a CPU's size: n unaligned
+    got = gpu_kernels.measure_row(probe, torch.device("cpu"), "bf16", min_s=0.002)
+    compared = gpu_kernels.compare(probe, got, DEVICES["H200-141GB"])
+    assert [c["key"] for c in compared] == ["fwd_s", "bwd_s", "fwd_bwd_s"]
+    assert all(c["source_s"] is None and c["sessions_differ"] is None and c["predicted_s"] > 0 for c in compared)
+    assert {p["n"] for p in gpu_kernels.PROBES} == {50257, 50304}

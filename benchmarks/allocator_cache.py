@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from benchmarks import common
@@ -46,21 +47,51 @@ def planned_headroom(row: dict) -> float | None:
     return predicted["memory_headroom"] if "memory_headroom" in predicted else SHIPPED_HEADROOM
 
 
+FACTORS_AT = {"886bca9": (1.06, 0.47)}
+"""(ALLOCATOR_CACHE_FACTOR, RECOMPUTE_CACHE_FACTOR) shipped at the commits whose plans gpu.json's rows ran, for rows
+made before plans recorded theirs (`predicted.memory_allocator_cache_factors`)."""
+
+
+def planned_factors(row: dict, plans_commit: str | None) -> tuple[float, float] | None:
+    """The allocator-cache factors `row`'s plan was made under: its record, else those shipped at the commit its
+    plans were made at (FACTORS_AT); None for a plan made under a flat headroom."""
+    predicted = row.get("predicted") or {}
+    if planned_headroom(row) is not None:
+        return None
+    if predicted.get("allocator_cache_factors"):
+        return tuple(predicted["allocator_cache_factors"])
+    return FACTORS_AT[(row.get("earlier_run") or {}).get("plans_commit") or plans_commit]
+
+
+@contextmanager
+def shipped_factors(factors: tuple[float, float] | None):
+    """Plan under `factors` (costmodel.hardware.device's two constants) while inside; None: as they are."""
+    from partita.costmodel.hardware import device
+    saved = device.ALLOCATOR_CACHE_FACTOR, device.RECOMPUTE_CACHE_FACTOR
+    if factors is not None:
+        device.ALLOCATOR_CACHE_FACTOR, device.RECOMPUTE_CACHE_FACTOR = factors
+    try:
+        yield
+    finally:
+        device.ALLOCATOR_CACHE_FACTOR, device.RECOMPUTE_CACHE_FACTOR = saved
+
+
 def measured_rows(gpu: dict) -> list[dict]:
     """The rows of a gpu.json that ran and measured both peaks."""
     return [r for r in gpu["rows"] if (r.get("measured") or {}).get("peak_reserved_bytes") and not r.get("oom")]
 
 
-def case_cache(row: dict, preset: str) -> dict:
-    """The row's case planned again under the headroom it ran with: whether the plan is the one that ran,
-    its predicted allocated peak and its stage's predicted transient (the cache over the factor)."""
+def case_cache(row: dict, preset: str, factors: tuple[float, float] | None = None) -> dict:
+    """The row's case planned again under the headroom it ran with (a flat one, or the allocator's cache under
+    the `factors` of its time: `planned_factors`): whether the plan is the one that ran, its predicted allocated
+    peak and its stage's predicted transient (the cache over the factor)."""
     from benchmarks.gpu import _plan_summary
     from benchmarks.gpu_plans import Case, for_lent_torch
     from partita.planner.api import plan_search
     from partita.planner.estimate.build import cache_terms
     from partita.planner.search import TrainConfig
     case = Case(row["name"], row["what"], row["model"], row["global_batch"], row.get("seq"), row["plan"]["fixed"])
-    with for_lent_torch():
+    with for_lent_torch(), shipped_factors(factors):
         result, plan = plan_search(case.model, cluster=f"1x{preset}", memory_headroom=planned_headroom(row),
                                    train=TrainConfig(global_batch=case.global_batch, seq_len=case.seq), **case.fixed)
     summary = _plan_summary(json.loads(plan.to_json()))
@@ -96,7 +127,7 @@ def main(argv=None) -> int:
     rows, left_out = [], []
     for r in measured_rows(gpu):
         m = r["measured"]
-        got = case_cache(r, preset)
+        got = case_cache(r, preset, planned_factors(r, gpu["plans"].get("commit")))
         if not got["same_plan"]:
             left_out.append(r["name"])
             continue

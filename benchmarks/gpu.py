@@ -103,7 +103,8 @@ def result_row(planned: Planned, returncode: int | None, output: str, measured: 
                                                     # the headroom it was planned under: a flat fraction, or
                                                     # null for the allocator's predicted cache
                                                     "memory_headroom": pred.get("memory_headroom"),
-                                                    "allocator_cache_bytes": pred.get("memory_allocator_cache_per_stage")},
+                                                    "allocator_cache_bytes": pred.get("memory_allocator_cache_per_stage"),
+                                                    "allocator_cache_factors": pred.get("memory_allocator_cache_factors")},
                returncode=returncode, wall_s=wall_s, alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
     ok = returncode == 0 and measured is not None
     row["oom"] = not ok and bool(OOM.search(output))
@@ -187,7 +188,8 @@ def with_earlier_rows(rows: list[dict], earlier: dict | None, preset: str, order
     if not earlier or earlier.get("gpu", {}).get("preset") != preset:
         return rows
     ran = {r["name"] for r in rows}
-    when = {"commit": earlier.get("commit"), "date": (earlier.get("machine") or {}).get("date")}
+    when = {"commit": earlier.get("commit"), "date": (earlier.get("machine") or {}).get("date"),
+            "plans_commit": (earlier.get("plans") or {}).get("commit")}
     kept = {r["name"]: {"earlier_run": when, "steps": earlier.get("steps"), **r}
             for r in earlier.get("rows", []) if r["name"] not in ran}
     mine = {r["name"]: r for r in rows}

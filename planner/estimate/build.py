@@ -146,7 +146,9 @@ def allocator_share(c: Candidate, device) -> dict:
     """The memory a plan leaves to the caching allocator: a flat headroom (`memory_headroom`, its fraction),
     or the cache predicted per stage (`memory_allocator_cache_per_stage`: ALLOCATOR_CACHE_FACTOR x the stage's
     largest transient, and on a stage holding a recomputed layer the re-run layer's too; planner.estimate.
-    phases.memory_phases); `memory_headroom_bytes` is the largest of either."""
+    phases.memory_phases) with the two factors it was predicted with (`memory_allocator_cache_factors`: a later
+    fit moves them, and benchmarks.allocator_cache re-plans a measured case under its own); `memory_headroom_bytes`
+    is the largest of either."""
     cache = c.parts.get("allocator_cache")
     if not device.charges_allocator_cache:
         return {"memory_headroom": device.allocator_headroom, "memory_headroom_bytes": int(device.headroom_bytes())}
@@ -154,7 +156,9 @@ def allocator_share(c: Candidate, device) -> dict:
         cache = np.broadcast_to(device.usable_memory() - c.problem.capacity, (c.pp,))
     else:
         cache = predicted_cache(c, cache, device)
-    return {"memory_headroom_bytes": int(np.max(cache)), "memory_allocator_cache_per_stage": [int(x) for x in cache]}
+    from partita.costmodel.hardware import device as factors  # (read when planning: benchmarks re-plan under old ones)
+    return {"memory_headroom_bytes": int(np.max(cache)), "memory_allocator_cache_per_stage": [int(x) for x in cache],
+            "memory_allocator_cache_factors": [factors.ALLOCATOR_CACHE_FACTOR, factors.RECOMPUTE_CACHE_FACTOR]}
 
 
 def cache_terms(c: Candidate) -> tuple[np.ndarray, np.ndarray]:

@@ -130,6 +130,7 @@ PREDICTED = {
     "memory_capacity_per_stage": [NUMBER],
     "host_memory_per_stage": [NUMBER],
     "memory_allocator_cache_per_stage": [NUMBER],
+    "memory_allocator_cache_factors": [NUMBER, 2],
     "assumptions": [TEXT],
     "uncosted_ops": {"*": COUNT},
     "tied_weights": [{"params!": [TEXT, 2], "pp_ranks!": [COUNT, 2], "numel": COUNT,

@@ -168,7 +168,8 @@ def test_rerunning_some_cases_keeps_the_other_cases_rows_of_the_same_gpu():
     new = [{"name": "b", "step_time_error": 0.05}]
     got = gpu.with_earlier_rows(new, earlier, "H200-141GB", ["a", "b", "c"])
     assert [r["name"] for r in got] == ["a", "b"] and got[1] is new[0] and "earlier_run" not in got[1]
-    assert got[0]["earlier_run"] == {"commit": "abc1234", "date": "2026-11-26"} and got[0]["step_time_error"] == 0.1
+    assert got[0]["earlier_run"] == {"commit": "abc1234", "date": "2026-11-26", "plans_commit": None}
+    assert got[0]["step_time_error"] == 0.1
     assert got[0]["steps"] == 6  # the earlier run's, whatever this run's --steps
     assert gpu.with_earlier_rows(new, earlier, "H100-80GB", ["a", "b"]) == new  # another GPU's rows are not kept
     assert gpu.with_earlier_rows(new, None, "H200-141GB", ["a", "b"]) == new

@@ -1,7 +1,8 @@
 """A GPU check: the planner's plans for the local GPU, run, with predicted beside measured.
 
     python -m benchmarks.gpu [--steps N] [--only CASE ...] [--timeout S]   # on a CUDA machine: results/gpu.json
-                                                                            #   (--only keeps the other cases' rows)
+                             [--budget-s S]                             #   (--only, --budget-s keep the other
+                                                                        #   cases' rows; --budget-s prints the rest)
     python -m benchmarks.gpu --plan-only [--device PRESET ...]             # with the solver: benchmarks/gpu_plans/
     python -m benchmarks.gpu --reprice                                      # with the solver: gpu.json's cases
                                                                             #   predicted again at this commit
@@ -305,11 +306,41 @@ def reprice_results(path: Path | None = None) -> int:
     return 0
 
 
+def run_set(planned: list[Planned], args, earlier: dict | None, gpu: dict, plans: dict) -> Path:
+    """Run the cases `args` selects (--only), writing gpu.json after each; with --budget-s, a case starts only
+    while the time spent and the longest case so far fit in the budget, and the line to run the rest is printed."""
+    rows, ran, left, order = [], [], [], [p.case.name for p in planned]
+    start, longest = time.perf_counter(), 0.0
+    path = common.RESULTS / "gpu.json"
+    with tempfile.TemporaryDirectory(prefix="partita-gpu-") as tmp:
+        for p in planned:
+            if args.only and p.case.name not in args.only:
+                continue
+            twin = next((r for q, r in ran if same_run(q.plan, p.plan)), None)
+            if not twin and args.budget_s and time.perf_counter() - start + longest > args.budget_s:
+                left.append(p.case.name)
+                continue
+            t0 = time.perf_counter()
+            rows.append(measured_as(twin, p) if twin else run_case(p, args.steps, Path(tmp), args.timeout))
+            longest = max(longest, time.perf_counter() - t0)
+            ran.append((p, rows[-1]))
+            print(_line(rows[-1]), flush=True)
+            # after every case: a check stopped part way (its machine's time is short) keeps what it measured
+            path = write_results(with_earlier_rows(rows, earlier, gpu["preset"], order), gpu, plans, args.steps)
+    if left:
+        print(f"benchmarks.gpu: --budget-s {args.budget_s:g} left {len(left)} case(s) to run; they are run, beside "
+              f"these results, by: python -m benchmarks.gpu {' '.join(f'--only {n}' for n in left)}", flush=True)
+    return path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=STEPS, help=f"training steps per plan (default {STEPS})")
     ap.add_argument("--only", action="append", metavar="CASE", help="run only these cases (benchmarks.gpu_plans)")
     ap.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per run before it counts as failed")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no case once the time spent and the longest case so far exceed this; print the "
+                         "command that runs the rest (a lent GPU's call is limited)")
     ap.add_argument("--plan-only", action="store_true", help="plan the set and ship it in benchmarks/gpu_plans/")
     ap.add_argument("--device", action="append", choices=PRESETS, help="with --plan-only: presets (default all)")
     ap.add_argument("--reprice", action="store_true",
@@ -344,20 +375,9 @@ def main(argv=None) -> int:
         return 2
     print(f"benchmarks.gpu: {name} ({preset}), {len(planned)} plans {plans['source']} "
           f"(commit {plans.get('commit') or '?'}), {args.steps} steps each", flush=True)
-    rows, ran, order = [], [], [p.case.name for p in planned]
     previous = common.RESULTS / "gpu.json"
-    earlier = json.loads(previous.read_text()) if args.only and previous.exists() else None
-    with tempfile.TemporaryDirectory(prefix="partita-gpu-") as tmp:
-        for p in planned:
-            if args.only and p.case.name not in args.only:
-                continue
-            twin = next((r for q, r in ran if same_run(q.plan, p.plan)), None)
-            rows.append(measured_as(twin, p) if twin else run_case(p, args.steps, Path(tmp), args.timeout))
-            ran.append((p, rows[-1]))
-            print(_line(rows[-1]), flush=True)
-            # after every case: a check stopped part way (its machine's time is short) keeps what it measured
-            path = write_results(with_earlier_rows(rows, earlier, preset, order),
-                                 {"name": name, "memory_bytes": memory, "preset": preset}, plans, args.steps)
+    earlier = json.loads(previous.read_text()) if (args.only or args.budget_s) and previous.exists() else None
+    path = run_set(planned, args, earlier, {"name": name, "memory_bytes": memory, "preset": preset}, plans)
     print(f"wrote {path}")
     return 0
 

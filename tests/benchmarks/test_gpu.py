@@ -188,3 +188,23 @@ def test_a_plan_that_runs_alike_an_earlier_case_is_measured_once():
     assert row["name"] == "m1-no-recompute" and row["measured_with"] == "m1-auto"
     assert row["measured"] == {"step_time_s": 0.7} and row["step_time_error"] == 0.01
     assert gpu._line(row).endswith("the same plan as m1-auto: measured once")
+
+
+def test_a_budget_starts_no_case_the_time_left_cannot_hold(tmp_path, monkeypatch, capsys):
+    """--budget-s: cases of 100 s each (a stood-in run and clock) under 250 s: two run, the third is left and named
+    in the line that runs it; the file holds the two rows that ran."""
+    by = {p.case.name: p for p in read_plans("H200-141GB")[0]}
+    planned = [by[n] for n in ("m1-auto", "m1-full-recompute", "m1-micro-batch-2")]
+    clock = [0.0]
+    monkeypatch.setattr(gpu.time, "perf_counter", lambda: clock[0])
+
+    def run_case(p, steps, workdir, timeout):
+        clock[0] += 100.0
+        return {**gpu.result_row(p, 1, "partita: error: stood in", None), "steps": steps}
+    monkeypatch.setattr(gpu, "run_case", run_case)
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    args = SimpleNamespace(only=None, budget_s=250.0, steps=6, timeout=300.0)
+    path = gpu.run_set(planned, args, None, {"name": "H200", "memory_bytes": 1.0, "preset": "H200-141GB"},
+                       {"source": "test"})
+    assert [r["name"] for r in json.loads(path.read_text())["rows"]] == ["m1-auto", "m1-full-recompute"]
+    assert capsys.readouterr().out.strip().endswith("python -m benchmarks.gpu --only m1-micro-batch-2")

@@ -471,9 +471,10 @@ def fitted(row: Row) -> bool:
 
 
 def fit_published(rows: list[Row], lin: Linearisation, kgroups: dict, start: dict | None = None,
-                  krows: list[KernelRow] = ()) -> dict:
+                  krows: list[KernelRow] = (), levels: dict | None = None) -> dict:
     """Fitted values {(kind, key): value} of the published parameters, on the surrogate around `lin` for the
-    training rows and exactly for the published kernel timings `krows`."""
+    training rows and exactly for the published kernel timings `krows`; with `levels` (kernel_levels), each
+    efficiency a kernel timing measures kept within BAND of it (`physical_bounds`)."""
     from scipy.optimize import least_squares
     from benchmarks.published import row_key
     priced = [r for r in rows if lin.priced[row_key(r)].get("predicted") is not None and fitted(r)]
@@ -494,8 +495,9 @@ def fit_published(rows: list[Row], lin: Linearisation, kgroups: dict, start: dic
         groups = groups_of(x)
         return ([w[row_key(r)] * surrogate_log_error(r, lin, groups) for r in priced]
                 + [a * e for a, e in zip(wk, kernel_log_errors(krows, groups))])
-    lower = [math.log(0.05 if k != "h_seq" else 1.0) for k, _ in params]
-    upper = [math.log({"h_seq": 1e5}.get(k, 1.0)) for k, _ in params]  # no efficiency above peak
+    box = [physical_bounds(p, levels) for p in params]
+    lower, upper = [math.log(lo) for lo, _ in box], [math.log(hi) for _, hi in box]
+    x0 = [min(max(v, lo + 1e-9), hi - 1e-9) for v, lo, hi in zip(x0, lower, upper)]
     x = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac").x
     return {p: math.exp(v) for p, v in zip(params, x)}
 
@@ -508,7 +510,19 @@ lowest to the highest measurement where several exist). A kernel does not run fa
 timed alone (1.2: the curve a fit puts through the timings' shapes against the training runs'); at less than half
 of its timed rate the constant is taking up time the rest of the model misses."""
 LS_BOUNDS = {"e_gemm": (0.05, 1.0), "e_attn": (0.05, 1.0), "step": (0.05, 1.0), "h_seq": (1.0, 1e5)}
-"""The least-squares bounds of each kind of published parameter (fit_published)."""
+"""The least-squares bounds of each kind of published parameter (fit_published): no efficiency above peak."""
+
+
+def physical_bounds(param: tuple[str, str], levels: dict | None) -> tuple[float, float]:
+    """The least-squares box of `param`: LS_BOUNDS, narrowed for an efficiency that kernel timings measure to BAND
+    of what they measured (issue 45: no efficiency outside its kernel-measured bounds; one the fit presses
+    against such a bound is a model defect, reported by `defects`, not a constant taking up other misses)."""
+    lo, hi = LS_BOUNDS[param[0]]
+    kernel = measured_kernel(param) if levels else None
+    measured = levels.get(kernel) if kernel else None
+    if measured:
+        lo, hi = max(lo, BAND[0] * measured[0][0]), min(hi, BAND[1] * measured[-1][0])
+    return lo, hi
 
 
 def kernel_levels(kgroups: dict, krows: list[KernelRow]) -> dict[str, list[tuple[float, str]]]:
@@ -575,7 +589,11 @@ def defects(values: dict, levels: dict, rows: list[Row], kgroups: dict, krows: l
             unbounded.append({"param": name, "value": v, "kernel": kernel, "fitted_by": sources})
             continue
         lo, hi = BAND[0] * measured[0][0], BAND[1] * measured[-1][0]
-        if not lo <= v <= hi:
+        if min(abs(v / lo - 1), abs(v / hi - 1)) < 1e-6:
+            out.append({"param": name, "value": v, "kind": "at what kernel timings allow", "kernel": kernel,
+                        "measured": [{"level": m, "measured_by": w} for m, w in measured], "allowed": [lo, hi],
+                        "fitted_by": sources})
+        elif not lo <= v <= hi:
             out.append({"param": name, "value": v, "kind": "outside what kernel timings allow", "kernel": kernel,
                         "measured": [{"level": m, "measured_by": w} for m, w in measured], "allowed": [lo, hi],
                         "fitted_by": sources})
@@ -603,11 +621,12 @@ def fit(rows: list[Row] | None = None, tolerance: float = TOLERANCE, max_iterati
     kgroups = kernel_groups()
     values = {p: START[p[0]] for p in dict.fromkeys(published_params(rows, kgroups) + kernel_params(krows, kgroups))}
     groups = derive(values, kgroups, timed_groups(krows))
+    levels = kernel_levels(kgroups, krows)
     history, converged = [], False
     for it in range(max_iterations):
         print(f"iteration {it + 1}: linearising {len(rows)} rows", flush=True)
         lin = linearise(rows, groups, graphs, kgroups)
-        before, values = values, fit_published(rows, lin, kgroups, start=values, krows=krows)
+        before, values = values, fit_published(rows, lin, kgroups, start=values, krows=krows, levels=levels)
         groups = derive(values, kgroups, timed_groups(krows))
         move, moved = largest_move(before, values)
         history.append({"iteration": it + 1, "values": _named(values), "largest_move": move, "moved": moved})
@@ -619,7 +638,6 @@ def fit(rows: list[Row] | None = None, tolerance: float = TOLERANCE, max_iterati
         print(f"WARNING: the fit did not converge in {max_iterations} iterations (last move {100 * move:.2f}% of "
               f"{moved}, tolerance {100 * tolerance:.2f}%)", flush=True)
     final = price_rows(rows, groups, graphs, label="in-sample")
-    levels = kernel_levels(kgroups, krows)
     out = {"groups": groups, "values": _named(values), "history": history, "kernel_groups": kgroups,
            "convergence": {"converged": converged, "iterations": len(history), "tolerance": tolerance,
                            "largest_move": move, "moved": moved},
@@ -631,12 +649,12 @@ def fit(rows: list[Row] | None = None, tolerance: float = TOLERANCE, max_iterati
     if loso:
         # the surrogate re-based on the exact in-sample pricing at the fitted constants
         lin = Linearisation(groups, final, lin.eps_gemm, lin.eps_attn, lin.eps_step)
-        out["loso"], out["kernels_loso"] = leave_one_source_out(rows, lin, kgroups, values, graphs, krows)
+        out["loso"], out["kernels_loso"] = leave_one_source_out(rows, lin, kgroups, values, graphs, krows, levels)
     return out
 
 
 def leave_one_source_out(rows: list[Row], lin: Linearisation, kgroups: dict, values: dict, graphs: dict,
-                         krows: list[KernelRow] = ()) -> tuple[dict, dict]:
+                         krows: list[KernelRow] = (), levels: dict | None = None) -> tuple[dict, dict]:
     """({row key: held-out error}, {kernel row key: held-out error}): each source, training runs or kernel
     timings, priced with the constants fitted without it."""
     from benchmarks.published import row_key
@@ -644,8 +662,11 @@ def leave_one_source_out(rows: list[Row], lin: Linearisation, kgroups: dict, val
     for source in dict.fromkeys([r.table.source for r in rows] + [kr.source for kr in krows]):
         held = [r for r in rows if r.table.source == source]
         kheld = [kr for kr in krows if kr.source == source]
+        fold_krows = [kr for kr in krows if kr.source != source]
+        # the kernel bounds as the fold's own timings draw them (a held-out chart bounds nothing)
+        fold_levels = levels if not kheld else kernel_levels(kgroups, fold_krows)
         fold = fit_published([r for r in rows if r.table.source != source], lin, kgroups, start=values,
-                             krows=[kr for kr in krows if kr.source != source])
+                             krows=fold_krows, levels=fold_levels)
         groups = derive(fold, kgroups, timed_groups([kr for kr in krows if kr.source != source]))
         priced = price_rows(held, groups, graphs)
         # what the source's own rows fit in-sample that no other source measures: derived in the fold

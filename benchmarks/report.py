@@ -465,8 +465,9 @@ def _fit_health(d: dict) -> list[str]:
     if df.get("defects"):
         band = df.get("band") or [None, None]
         out.append(paragraph(
-            f"Model defects, reported and not clamped: a fitted efficiency outside {band[0]}-{band[1]}x of what kernel "
-            "timings of that GPU measured for that kernel, or a value at the fit's bounds:"))
+            f"Model defects: the fit keeps an efficiency within {band[0]}-{band[1]}x of what kernel timings of that GPU "
+            "measured for that kernel, so one the training rows press against that bound, or a value at the fit's "
+            "own bounds, is a constant taking up time the model misses elsewhere:"))
         items = []
         for x in df["defects"]:
             why = (f"allowed {x['allowed'][0]:.3f}-{x['allowed'][1]:.3f} ({x['kernel']} measured "

@@ -50,8 +50,10 @@ def test_a_killed_launchers_workers_are_waited_for_and_the_directory_goes(tmp_pa
 def test_left_behind_finds_only_the_processes_of_that_directory(tmp_path):
     import subprocess
     mine, other = str(tmp_path / "a"), str(tmp_path / "b")
-    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                              env={**os.environ, child.LOG_DIR_ENV: d}) for d in (mine, other)]
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+                              env={**os.environ, child.LOG_DIR_ENV: d}, stdout=subprocess.PIPE) for d in (mine, other)]
+    for p in procs:  # started: until its exec, a forked child's /proc environ is still its parent's
+        assert p.stdout.readline() == b"up\n"
     try:
         assert child.left_behind(mine) == [procs[0].pid] and child.left_behind(other) == [procs[1].pid]
     finally:

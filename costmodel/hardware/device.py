@@ -181,6 +181,12 @@ class Device:
         return ALLOCATOR_CACHE_FACTOR * transient + RECOMPUTE_CACHE_FACTOR * rebuilt
 
     @property
+    def allocator_cache_factors(self) -> tuple[float, float]:
+        """(ALLOCATOR_CACHE_FACTOR, RECOMPUTE_CACHE_FACTOR) as `allocator_cache_bytes` reads them now (a plan records
+        them: benchmarks.allocator_cache re-plans a measured case under those of its time)."""
+        return ALLOCATOR_CACHE_FACTOR, RECOMPUTE_CACHE_FACTOR
+
+    @property
     def charges_allocator_cache(self) -> bool:
         """True where the headroom a plan leaves is the allocator's predicted cache (no flat headroom set)."""
         return self.allocator_headroom is None

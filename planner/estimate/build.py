@@ -156,9 +156,8 @@ def allocator_share(c: Candidate, device) -> dict:
         cache = np.broadcast_to(device.usable_memory() - c.problem.capacity, (c.pp,))
     else:
         cache = predicted_cache(c, cache, device)
-    from partita.costmodel.hardware import device as factors  # (read when planning: benchmarks re-plan under old ones)
     return {"memory_headroom_bytes": int(np.max(cache)), "memory_allocator_cache_per_stage": [int(x) for x in cache],
-            "memory_allocator_cache_factors": [factors.ALLOCATOR_CACHE_FACTOR, factors.RECOMPUTE_CACHE_FACTOR]}
+            "memory_allocator_cache_factors": list(device.allocator_cache_factors)}
 
 
 def cache_terms(c: Candidate) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from partita.planner.solve.milp import MemoryPhase, per_stage, phase_memory
+from partita.planner.solve.milp import MemoryPhase, host_bytes, per_stage, phase_memory
+from partita.planner.solve.milp_blocks import host_bytes_blocks
 from partita.planner.plan import SPLIT
 from partita.planner.enumerate.strategies import BlockOption
 
@@ -317,12 +318,5 @@ def stage_host_memory(c: Candidate, s: int) -> int:
     offloaded layers keep there (FSDP2's CPUOffloadPolicy) and the activations its offloaded layers move
     there, per micro-batch in flight -- the constraint the solver kept within Device.host_memory_bytes
     (planner.solve.milp.fits), and what runtime.launcher.sizes checks against the host a run starts on."""
-    prob, counts = c.problem, c.solution.counts
-    if c.formulation == "blocks":
-        if prob.host_state is None:
-            return 0
-        return int(round(float(counts[s] @ (prob.host_state + prob.in_flight[s] * prob.host_act))))
-    if prob.option_host_state is None:
-        return 0
-    state, act = per_stage(prob, prob.option_host_state)[s], per_stage(prob, prob.option_host_act)[s]
-    return int(round(float(counts[s] @ (state + prob.in_flight[s] * act))))
+    host = host_bytes_blocks if c.formulation == "blocks" else host_bytes
+    return int(round(float(host(c.problem, c.solution.counts)[s])))

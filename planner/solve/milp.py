@@ -417,14 +417,20 @@ def evaluate(prob: StageProblem, counts: np.ndarray) -> float:
     return float((prob.num_microbatches - 1 / v) * tau.max() + tau.sum() / v + flush.max())
 
 
+def host_bytes(prob: StageProblem, counts: np.ndarray) -> np.ndarray:
+    """Per stage, the host memory of `counts`: sum_o h[s,o] (V_o + k_s U_o) (zeros without host options)."""
+    if prob.option_host_state is None:
+        return np.zeros(len(counts))
+    return (counts * (per_stage(prob, prob.option_host_state)
+                      + prob.in_flight[:, None] * per_stage(prob, prob.option_host_act))).sum(1)
+
+
 def fits(prob: StageProblem, counts: np.ndarray, rtol: float = 1e-9) -> bool:
     """Every memory phase and the host memory within capacity (to a relative `rtol`), and a
     tensor-parallel option used where one must be."""
     _, mem, _ = stage_figures(prob, counts)
     if prob.option_host_state is not None and np.all(np.isfinite(prob.host_capacity)):
-        host = (counts * (per_stage(prob, prob.option_host_state)
-                          + prob.in_flight[:, None] * per_stage(prob, prob.option_host_act))).sum(1)
-        if (host > prob.host_capacity * (1 + rtol)).any():
+        if (host_bytes(prob, counts) > prob.host_capacity * (1 + rtol)).any():
             return False
     used = prob.must_use is None or not prob.must_use.any() or counts[:, prob.must_use].sum() >= 1
     return bool((mem <= prob.capacity * (1 + rtol)).all() and used)

@@ -184,12 +184,18 @@ def evaluate_blocks(prob: BlockProblem, counts: np.ndarray) -> float:
     return float((prob.num_microbatches - 1) * tau.max() + tau.sum() + flush.max())
 
 
+def host_bytes_blocks(prob: BlockProblem, counts: np.ndarray) -> np.ndarray:
+    """Per stage, the host memory of `counts`: sum_j z[j,s] (V_j + k_s U_j) (zeros without host options)."""
+    if prob.host_state is None:
+        return np.zeros(len(counts))
+    return (counts * (prob.host_state[None, :] + prob.in_flight[:, None] * prob.host_act[None, :])).sum(1)
+
+
 def fits_blocks(prob: BlockProblem, counts: np.ndarray, rtol: float = 1e-9) -> bool:
     if (stage_memory(prob, counts) > prob.capacity * (1 + rtol)).any():
         return False
     if prob.host_state is not None and np.isfinite(prob.host_capacity):
-        host = (counts * (prob.host_state[None, :] + prob.in_flight[:, None] * prob.host_act[None, :])).sum(1)
-        if (host > prob.host_capacity * (1 + rtol)).any():
+        if (host_bytes_blocks(prob, counts) > prob.host_capacity * (1 + rtol)).any():
             return False
     if prob.must_use is not None and prob.must_use.any() and counts[:, prob.must_use].sum() < 1:
         return False

@@ -257,6 +257,8 @@ def derive(values: dict, kgroups: dict, timed: frozenset = frozenset()) -> dict[
     Returns {group: {"constants", "source"}}."""
     shape_group = next(k for k in kgroups if k.startswith(SHAPE_FROM + "/"))
     shape = kgroups[shape_group]["constants"]
+    unaligned = {k: shape.get(k, 1.0) for k in ("gemm_unaligned_read_efficiency",  # cuBLAS's fallback kernels:
+                                                "gemm_unaligned_write_efficiency")}  # a generation's own
     curves = shape.get("other_attention") or {}
     e_gemm = {g: v for (k, g), v in values.items() if k == "e_gemm"}
     e_attn = {g: v for (k, g), v in values.items() if k == "e_attn"}
@@ -326,6 +328,7 @@ def derive(values: dict, kgroups: dict, timed: frozenset = frozenset()) -> dict[
             constants = {
                 "matmul_efficiency": gemm, "gemm_half_mn": shape["gemm_half_mn"] * SMS[gen] / SMS[SHAPE_FROM],
                 "gemm_split_k": shape["gemm_split_k"], "gemm_half_dim": 0.0, "op_latency": shape["op_latency"],
+                **{k: v if gen == SHAPE_FROM else 1.0 for k, v in unaligned.items()},
                 "mem_efficiency": shape["mem_efficiency"],
                 "attention_efficiency": attn, "attention_bwd_efficiency": attn * curve["bwd_efficiency"] / curve["efficiency"],
                 "attention_half_seq": hs, "attention_half_dim": curve["half_dim"],
@@ -334,7 +337,9 @@ def derive(values: dict, kgroups: dict, timed: frozenset = frozenset()) -> dict[
                    f"h_seq fitted to published sequence sweeps ({gen}/{kernel})" if f"{gen}/{kernel}" in h_seq
                    else f"h_seq borrowed ({'ampere' if f'ampere/{kernel}' in h_seq else SHAPE_FROM}/{kernel})",
                    f"GEMM and {kernel} curve shapes, launch latency and HBM fraction from {shape_group}'s kernel "
-                   f"timings (h_mn x {SMS[gen]}/{SMS[SHAPE_FROM]} SMs)"]
+                   f"timings (h_mn x {SMS[gen]}/{SMS[SHAPE_FROM]} SMs)",
+                   f"unaligned GEMMs from {shape_group}'s kernel timings" if gen == SHAPE_FROM and set(unaligned.values())
+                   != {1.0} else f"unaligned GEMMs priced as aligned (not timed on {gen})"]
             out[g] = {"constants": constants, "source": "; ".join(how)}
     return out
 

@@ -2,7 +2,7 @@
 
     python -m benchmarks.gpu_kernels [--data benchmarks/data/kernels_h200_torch2.11.json] [--reps-s 0.05]
 
-Then the PROBES: shapes no session has timed (the GPT cases' unaligned LM heads). The kernel rows in
+Then the PROBES: shapes no session has timed (unaligned GEMMs the data file does not hold). The kernel rows in
 benchmarks/data/ came from two sessions on the same H200 (GPU-MEASUREMENTS.md: the
 'Kernels' table and the sweep), and the two disagree by 20-25% on GEMMs of the same class (16384 x 4096 x
 4096 at 782 TFLOP/s in the sweep, 8192 x 4096 x 4096 at 629 in the Kernels table). This times every row's
@@ -36,13 +36,13 @@ from benchmarks import common
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data" / "kernels_h200_torch2.11.json"
 BATCHES = 5
-PROBES = [{"kind": "gemm", "m": m, "k": k, "n": n, "table": "probe"}
-          for m, k in ((65536, 1024), (32768, 2048)) for n in (50257, 50304)]
-"""Shapes no session has timed, measured beside the data file's rows (no source time to compare): the LM heads of
-benchmarks.gpu_plans' GPT cases, whose vocabulary (50,257) is no multiple of 8 -- a bf16 row 16-byte aligned
-needs one, and cuBLAS runs other kernels without it -- beside the same products padded to 50,304 (nanoGPT's
-padding). Those cases ran 22-28% slower than predicted on the H200 (gpu.json, 2026-11-30); the cost model's GEMM
-curve has no alignment term, so these say whether one is missing."""
+PROBES = [{"kind": "gemm", "m": 8192, "k": 4096, "n": n, "table": "probe"} for n in (32000, 32001)] + [
+    {"kind": "gemm", "m": 8192, "k": 4100, "n": 4096, "table": "probe"}]
+"""Shapes no session has timed, measured beside the data file's rows (no source time to compare) and left out
+where the data file already holds them. The GPT-2 LM heads (N = 50,257 beside 50,304), timed here on
+2026-11-30, showed cuBLAS's unaligned kernels 4.6-6.1x slower (costmodel.price.kernels, Alignment) and are
+data rows now; these test that term elsewhere: a Llama 2 head with one added token (32,001, as tokenizers
+that add a pad token make it) beside 32,000, and an unaligned inner K."""
 
 
 def time_batches(fn, device, min_s: float, batches: int = BATCHES) -> float:
@@ -154,7 +154,8 @@ def main(argv=None) -> int:
         return 2
     device = torch.device("cuda", 0)
     rows, compared = [], []
-    for src in data["rows"] + PROBES:
+    held = {_label(r) for r in data["rows"]}
+    for src in data["rows"] + [p for p in PROBES if _label(p) not in held]:
         got = measure_row(src, device, data.get("dtype", "bf16"), args.reps_s)
         rows.append(got)
         compared.append({"row": _label(src), "table": src.get("table"), "error_line": got.get("error"),

@@ -32,15 +32,16 @@ flat 5% headroom it replaces (6.9 GiB) was below it. The factor is the upper env
 to 0.01: `python -m benchmarks.allocator_cache` fits it from gpu.json (results/allocator_cache.json), and
 tests/planner/test_allocator_cache.py fails when it is below a measured ratio. Not measured yet: stages
 without the head (pipelines), tensor-parallel heads, other GPUs."""
-RECOMPUTE_CACHE_FACTOR = 0.86
+RECOMPUTE_CACHE_FACTOR = 1.0
 """What a stage that recomputes caches beyond ALLOCATOR_CACHE_FACTOR's share, as a multiple of one re-run
 layer's activations (what its recompute policy dropped, planner.estimate.phases). Measured on the same H200
-(four plans): 5 selectively recomputed layers of a 3B Llama added 1.0 GiB beside a 1.16 GiB re-run layer
-(0.86 x); full recompute of every layer of the 1.5B added 1.4 GiB beside 3.80 GiB (0.38 x); a selective and an
-op-level layer at 32k tokens nothing beside 2.89 GiB. The envelope, rounded up (`python -m
-benchmarks.allocator_cache`): one term per re-run layer does not describe all four -- it covers them, and
-over-predicts the cache of the 32k plan by 2.7 GiB (32%). A model defect, stated in results/allocator_cache.json
-and kept to the plans that recompute."""
+(four plans): 5 selectively recomputed layers of a 3B Llama added 1.15 GiB beside a 1.16 GiB re-run layer
+(0.99 x, 2026-11-30 at e51c587; 1.0 GiB, 0.86 x, the run before it: the same plan's cache moves that much
+between runs); full recompute of every layer of the 1.5B added 1.4 GiB beside 3.80 GiB (0.38 x); llama3-8b
+0.54 GiB beside 1.27 (0.43 x); a selective and an op-level layer at 32k tokens nothing beside 2.89 GiB. The
+envelope, rounded up (`python -m benchmarks.allocator_cache`): one term per re-run layer does not describe all
+four -- it covers them, and over-predicts the cache of the 32k plan by 2.7 GiB (31%) and of llama3-8b by 0.7 GiB
+(45%). A model defect, stated in results/allocator_cache.json and kept to the plans that recompute."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +70,11 @@ class Device:
     gemm_split_k: float = 0.0
     """Inner-dimension slice of a split-K GEMM: a product with a deep K counts M N max(1, K / k_split)
     units of parallel work (costmodel.price.kernels); 0: no split."""
+    gemm_unaligned_read_efficiency: float = 1.0
+    """Fraction of its rate a Linear's GEMM product keeps when it reads rows that are no multiple of 16 bytes
+    (cuBLAS runs other kernels: costmodel.price.kernels, Alignment); 1: not measured, priced as aligned."""
+    gemm_unaligned_write_efficiency: float = 1.0
+    """The same for a product that writes such rows (the forward of an LM head at vocabulary 50,257)."""
     gemm_half_dim: float = 0.0
     """Older per-dimension form s(M, x) s(N, x) s(K, x) (resource lists written before 2026-11-26); 0: none."""
     attention_efficiency: float = 0.0
@@ -208,7 +214,8 @@ _GPU_LINKS = dict(intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap
 # model and configuration, written by the fitting program (`python -m benchmarks.fit`) into
 # fitted_constants.json beside this file, each group with the measurements it was fitted to (or the rule
 # it was derived by, where no measurement exists). Nothing here is set by hand.
-KERNEL_FIELDS = ("matmul_efficiency", "gemm_half_mn", "gemm_split_k", "gemm_half_dim", "attention_efficiency",
+KERNEL_FIELDS = ("matmul_efficiency", "gemm_half_mn", "gemm_split_k", "gemm_unaligned_read_efficiency",
+                 "gemm_unaligned_write_efficiency", "gemm_half_dim", "attention_efficiency",
                  "attention_bwd_efficiency", "attention_half_seq", "attention_half_dim", "attention_causal_block",
                  "mem_efficiency", "other_attention", "op_latency", "step_efficiency")
 FITTED_CONSTANTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fitted_constants.json")

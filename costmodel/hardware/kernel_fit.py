@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from partita.costmodel.price.kernels import (BACKWARD_LAUNCHES, FORWARD_LAUNCHES, SDPA_BWD_OVER_FWD, attention_seconds,
-                                       gemm_seconds, sdpa_kernel)
+from partita.costmodel.price.kernels import (BACKWARD_LAUNCHES, FORWARD_LAUNCHES, SDPA_BWD_OVER_FWD, aligned,
+                                             attention_seconds, gemm_seconds, sdpa_kernel)
 
 BACKENDS = {"CUDNN_ATTENTION": "cudnn", "FLASH_ATTENTION": "flash2", "EFFICIENT_ATTENTION": "efficient",
             "MATH": "math"}
@@ -111,21 +111,40 @@ def _log_fit(rows, device_of, x0, lower, upper, dtype):
 
 def fit_gemm(rows, device, dtype: str = "bf16") -> dict:
     """matmul_efficiency, gemm_half_mn, gemm_split_k and op_latency (the seconds each kernel costs beyond
-    its FLOPs: launch, prologue and tail, charged per launch as the planner does) from GEMM rows. The
-    split-K slice makes the sum of squares bumpy (split or not is a threshold): the best of a few starts
-    is kept, so the result does not depend on one starting guess."""
+    its FLOPs: launch, prologue and tail, charged per launch as the planner does) from the aligned GEMM rows,
+    then the unaligned factors from the others (`fit_unaligned`). The split-K slice makes the sum of
+    squares bumpy (split or not is a threshold): the best of a few starts is kept, so the result does not
+    depend on one starting guess."""
     rows = [r for r in rows if r["kind"] == "gemm"]
+    curve_rows = [r for r in rows if aligned(dtype, r["n"], r["k"])]
+    out = {}
+    if curve_rows:
+        def device_of(x):
+            return dataclasses.replace(device, matmul_efficiency=x[0], gemm_half_mn=x[1], gemm_split_k=x[2],
+                                       gemm_half_dim=0.0, op_latency=x[3])
+
+        def cost(x):
+            return sum(math.log(e["predicted"] / e["measured"]) ** 2 for e in errors(curve_rows, device_of(x), dtype))
+        starts = [[0.7, 2e5, k, 5e-6] for k in (1024.0, 4096.0, 16384.0)]
+        x = min((_log_fit(curve_rows, device_of, x0, [0.01, 0.0, 16.0, 0.0], [1.0, 1e9, 1e6, 1e-3], dtype)
+                 for x0 in starts), key=cost)
+        out = {"matmul_efficiency": float(x[0]), "gemm_half_mn": float(x[1]), "gemm_split_k": float(x[2]),
+               "gemm_half_dim": 0.0, "op_latency": float(x[3])}
+    unaligned = [r for r in rows if not aligned(dtype, r["n"], r["k"])]
+    return {**out, **fit_unaligned(unaligned, dataclasses.replace(device, **out), dtype)}
+
+
+def fit_unaligned(rows, device, dtype: str = "bf16") -> dict:
+    """gemm_unaligned_read_efficiency and gemm_unaligned_write_efficiency: the factors that price GEMM rows
+    whose K or N is unaligned (costmodel.price.kernels, Alignment) best against `device`'s aligned curve; {}
+    without such rows. A row timed forward and backward apart sets both (N unaligned: the forward writes
+    unaligned rows, the backward reads them; K: the other way round)."""
     if not rows:
         return {}
-
-    def device_of(x):
-        return dataclasses.replace(device, matmul_efficiency=x[0], gemm_half_mn=x[1], gemm_split_k=x[2],
-                                   gemm_half_dim=0.0, op_latency=x[3])
-    starts = [[0.7, 2e5, k, 5e-6] for k in (1024.0, 4096.0, 16384.0)]
-    x = min((_log_fit(rows, device_of, x0, [0.01, 0.0, 16.0, 0.0], [1.0, 1e9, 1e6, 1e-3], dtype) for x0 in starts),
-            key=lambda x: sum(math.log(e["predicted"] / e["measured"]) ** 2 for e in errors(rows, device_of(x), dtype)))
-    return {"matmul_efficiency": float(x[0]), "gemm_half_mn": float(x[1]), "gemm_split_k": float(x[2]),
-            "gemm_half_dim": 0.0, "op_latency": float(x[3])}
+    x = _log_fit(rows, lambda x: dataclasses.replace(device, gemm_unaligned_read_efficiency=x[0],
+                                                     gemm_unaligned_write_efficiency=x[1]),
+                 [0.5, 0.5], [0.01, 0.01], [1.0, 1.0], dtype)
+    return {"gemm_unaligned_read_efficiency": float(x[0]), "gemm_unaligned_write_efficiency": float(x[1])}
 
 
 def fit_attention(rows, device, kernel: str, dtype: str = "bf16") -> dict:

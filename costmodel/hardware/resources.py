@@ -21,6 +21,8 @@ Schema `partita.cluster/1` (units: bytes, bytes/s, FLOP/s, seconds):
            "intra_node_latency": 5e-4, "inter_node_latency": 1e-3,
            "matmul_efficiency": 0.5,              fraction of peak large matmuls reach, in (0, 1]
            "gemm_half_dim": 96,                   GEMM size halving that (costmodel.price.kernels); 0: none
+           "gemm_unaligned_read_efficiency": 0.2, a Linear GEMM's rate kept reading rows of no multiple of
+           "gemm_unaligned_write_efficiency": 0.15, 16 bytes / writing them, in (0, 1]; 1: priced as aligned
            "attention_efficiency": 0.5,           fused attention's fraction of peak; 0: matmul's
            "attention_half_seq": 1536,            sequence length halving that (costmodel.price.kernels); 0: none
            "mem_efficiency": 0.8,                 achieved fraction of mem_bandwidth, in (0, 1]
@@ -159,7 +161,8 @@ def _device(where: str, spec) -> Device:
             continue
         if k in kw:
             kw[k] = _number(f"{where}.{k}", kw[k], positive=k not in _NONNEGATIVE)
-    for k in ("matmul_efficiency", "mem_efficiency", "intra_link_efficiency", "inter_link_efficiency", "step_efficiency"):
+    for k in ("matmul_efficiency", "mem_efficiency", "intra_link_efficiency", "inter_link_efficiency", "step_efficiency",
+              "gemm_unaligned_read_efficiency", "gemm_unaligned_write_efficiency"):
         if not kw.get(k, 0.5) <= 1:
             _fail(f"{where}.{k}", f"must be in (0, 1], got {kw[k]!r}")
     for k in ("attention_efficiency", "attention_bwd_efficiency"):

@@ -24,6 +24,18 @@ s(M, x) s(N, x) s(K, x), still applied (0 in the presets).
 A GEMM's backward is two products with the same three sizes in other roles (dX: M x N @ N x K; dW:
 N x M @ M x K), each priced by the same curve.
 
+Alignment. cuBLAS's fast tensor-core kernels read and write rows that start on 16-byte boundaries: in
+16-bit precision every leading dimension a multiple of 8 elements (NVIDIA Deep Learning Performance Guide,
+"Matrix Multiplication Background", Tensor Core requirements). A Linear's operands are row-major, so its
+leading dimensions are K and N, never the token count M: the forward reads x and W along K and writes its
+output along N; both backward products read dY along N and W or x along K, and write along K. A product that
+writes unaligned rows runs at `Device.gemm_unaligned_write_efficiency` of the rate above, one that only reads
+them at `Device.gemm_unaligned_read_efficiency` (ALIGN_BYTES / element size; fitted to kernel timings of
+the same products at both sizes; 1 where none were measured: priced as aligned). On the H200 a GPT-2 LM
+head (N = 50,257) ran 6.1x slower forward (an unaligned write) and 4.6x slower backward (unaligned reads)
+than at 50,304 (benchmarks/data/kernels_h200_torch2.11.json, the probe rows). Measured on Linear layers
+only: a batched matmul is priced as aligned.
+
 For a Linear the token dimension M grows with the micro-batch b, M = b M_1, and W with it: 1 / s(W, h) =
 1 + h / W makes the forward F + 2 h K / max(1, K / k_split) -- affine in b: a per-sample term and a
 per-micro-batch term (`NodeTime.fixed_*`), which the planner charges once per micro-batch like a kernel launch. The node's time at b = 1 and b = 2
@@ -62,6 +74,9 @@ import math
 from dataclasses import dataclass
 
 GEMM_KINDS = {"linear", "grouped_mm"}
+ALIGN_BYTES = 16
+"""Row alignment cuBLAS's tensor-core kernels need (module docstring: Alignment)."""
+ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 BATCHED_GEMM_KINDS = {"matmul", "bmm", "baddbmm"}
 ATTENTION_KINDS = {"scaled_dot_product_attention"}
 SDPA_BWD_OVER_FWD = 2.5
@@ -123,14 +138,44 @@ def gemm_efficiency(device, m: float, n: float, k: float, count: float = 1.0) ->
             * saturation(m, legacy) * saturation(n, legacy) * saturation(k, legacy))
 
 
-def gemm_seconds(device, dtype: str, m: float, n: float, k: float, batch: float = 1.0) -> tuple[float, float]:
+def aligned(dtype: str, *dims: float) -> bool:
+    """Whether leading dimensions `dims` are whole multiples of ALIGN_BYTES (module docstring: Alignment)."""
+    step = ALIGN_BYTES / ELEMENT_BYTES.get(dtype, 2)
+    return all(abs(x / step - round(x / step)) < 1e-9 for x in dims)
+
+
+def alignment_factors(device, dtype: str, n: float, k: float) -> tuple[float, float]:
+    """The fraction of its rate a Linear's forward and each backward product keep (module docstring:
+    Alignment): the forward writes along N and reads along K, the backward's two write along K and read N."""
+    read, write = device.gemm_unaligned_read_efficiency, device.gemm_unaligned_write_efficiency
+    n_ok, k_ok = aligned(dtype, n), aligned(dtype, k)
+    fwd = min(1.0 if n_ok else write, 1.0 if k_ok else read)
+    bwd = min(1.0 if k_ok else write, 1.0 if n_ok else read)
+    return fwd, bwd
+
+
+def unaligned_linears(graph, dtype: str) -> list[tuple[str, int, int]]:
+    """(module, K, N) of each Linear node of `graph` (costmodel.capture.graph.OpGraph) whose K or N is unaligned
+    in `dtype` (module docstring: Alignment), in graph order."""
+    out = []
+    for _, d in graph.g.nodes(data=True):
+        dims = gemm_dims(d) if d.get("kind") == "linear" else None
+        if dims is not None and not aligned(dtype, dims[2], dims[3]):
+            out.append((d.get("module") or "", round(dims[3]), round(dims[2])))
+    return out
+
+
+def gemm_seconds(device, dtype: str, m: float, n: float, k: float, batch: float = 1.0,
+                 linear: bool = True) -> tuple[float, float]:
     """(forward, backward) seconds of one launch of `batch` (m x k) @ (k x n) products: the forward, and the
-    backward's dX (m x n @ n x k) and dW (n x m @ m x k), each at its own shape's efficiency."""
+    backward's dX (m x n @ n x k) and dW (n x m @ m x k), each at its own shape's efficiency; a `linear`'s
+    (row-major operands) at its `alignment_factors` of that."""
     peak = device.peak(dtype)
     f = 2 * batch * m * n * k
-    fwd = f / (peak * gemm_efficiency(device, m, n, k, batch))
-    bwd = (f / (peak * gemm_efficiency(device, m, k, n, batch))
-           + f / (peak * gemm_efficiency(device, n, k, m, batch)))
+    keep_fwd, keep_bwd = alignment_factors(device, dtype, n, k) if linear else (1.0, 1.0)
+    fwd = f / (peak * keep_fwd * gemm_efficiency(device, m, n, k, batch))
+    bwd = (f / (peak * keep_bwd * gemm_efficiency(device, m, k, n, batch))
+           + f / (peak * keep_bwd * gemm_efficiency(device, n, k, m, batch)))
     return fwd, bwd
 
 
@@ -226,8 +271,8 @@ def isolated_node_time(d: dict, device, dtype: str, *, share: float = 1.0,
         # same b = 1 / b = 2 split; a memory roofline on the bytes it moves (tiny matrices, such as a
         # DLRM's 27 x 27 feature interaction, are memory-bound)
         count = batch * share
-        f1, b1 = gemm_seconds(device, dtype, m, n, k, count)
-        f2, b2 = gemm_seconds(device, dtype, m, n, k, 2 * count)
+        f1, b1 = gemm_seconds(device, dtype, m, n, k, count, linear=False)
+        f2, b2 = gemm_seconds(device, dtype, m, n, k, 2 * count, linear=False)
         scale = d["bwd_flops"] / (2 * d["fwd_flops"])
         mem = d["mem_bytes"] * share / (device.mem_bandwidth * device.mem_efficiency)
         fwd, fixed_fwd = (f2 - f1, 2 * f1 - f2) if f2 - f1 >= mem else (mem, 0.0)

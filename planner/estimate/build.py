@@ -1,7 +1,11 @@
 """Turn a solved search candidate into a Plan: stages, per-block choices, placements, predictions."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+
+from partita.costmodel.price.kernels import ALIGN_BYTES, ELEMENT_BYTES, node_time, unaligned_linears
 
 from partita.planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
 from partita.planner.plan.schedules import SCHEDULES
@@ -63,6 +67,7 @@ def predicted(result: SearchResult, c: Candidate) -> dict:
         "hidden_comm_s": max(0.0, float(m * paced["hidden"] + flush["dp_hidden"] + flush["zero_flush_hidden"])),
         "assumptions": (assumptions(cluster, train.dtype, c.tp_overlap, c.p2p_overlap)
                         + kernel_assumptions(result.space.kernels)
+                        + alignment_assumptions(result.graph, cluster.device, train.dtype)
                         + parallelism_assumptions(c, cluster.device.stack)),
         # operators that compute but have no FLOP formula (costmodel.price.flops): priced by their bytes only
         "uncosted_ops": result.graph.uncosted_ops(),
@@ -184,6 +189,36 @@ def kernel_assumptions(kernels: str) -> list[str]:
             "is one kernel moving only the bytes it reads and writes outside the run, and saves for backward no "
             "tensor that stays inside the run (AOTAutograd recomputes it); partita's runtime compiles each layer, "
             "the embedding and head run eager"]
+
+
+def alignment_assumptions(graph, device, dtype: str) -> list[str]:
+    """The model's Linears cuBLAS runs unaligned (costmodel.price.kernels, Alignment), what they are priced at on
+    `device`, their share of its compute, and the padding that removes them; [] when there are none."""
+    found = unaligned_linears(graph, dtype)
+    if not found:
+        return []
+    step = ALIGN_BYTES // ELEMENT_BYTES.get(dtype, 2)
+    names = ", ".join(f"{m or 'the model'} (K x N = {k} x {n})" for m, k, n in found[:3])
+    names += f" and {len(found) - 3} more" if len(found) > 3 else ""
+    has = "has" if len(found) == 1 else "have"
+    odd = next(x for x in found[0][1:] if x % step)
+    pad = f"padding {odd} to {-(-odd // 64) * 64} (a multiple of 64, as nanoGPT pads GPT-2's vocabulary) removes it"
+    read, write = device.gemm_unaligned_read_efficiency, device.gemm_unaligned_write_efficiency
+    if read == write == 1.0:
+        return [f"unaligned GEMMs: {names} {has} a dimension no multiple of {step}; priced as aligned, since no "
+                f"kernel timing of {device.name} measures cuBLAS's unaligned kernels (on an H200 they ran 4.6-6.1x "
+                f"slower): expect the step slower than predicted; {pad}"]
+
+    def seconds(dev) -> float:
+        times = [node_time(d, dev, dtype) for _, d in graph.g.nodes(data=True)]
+        return sum(t.fwd + t.bwd + t.fixed_fwd + t.fixed_bwd for t in times)
+    priced = seconds(device)
+    extra = priced - seconds(dataclasses.replace(device, gemm_unaligned_read_efficiency=1.0,
+                                                 gemm_unaligned_write_efficiency=1.0))
+    return [f"unaligned GEMMs: {names} {has} a dimension no multiple of {step}, so cuBLAS runs slower kernels: "
+            f"priced at {write:.2f} of the aligned rate where they write such rows and {read:.2f} where they read "
+            f"them (kernel timings of {device.name}'s generation), {100 * extra / priced:.0f}% of the model's "
+            f"compute; {pad}"]
 
 
 def parallelism_assumptions(c: Candidate, stack: str | None = None) -> list[str]:

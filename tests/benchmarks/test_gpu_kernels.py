@@ -3,10 +3,12 @@ row's keys (tiny shapes; the times are real), compared with the preset's price, 
 benchmark says so in one line."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
+
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,4 +58,9 @@ def test_a_probe_has_no_source_time_and_is_priced():
     compared = gpu_kernels.compare(probe, got, DEVICES["H200-141GB"])
     assert [c["key"] for c in compared] == ["fwd_s", "bwd_s", "fwd_bwd_s"]
     assert all(c["source_s"] is None and c["sessions_differ"] is None and c["predicted_s"] > 0 for c in compared)
-    assert {p["n"] for p in gpu_kernels.PROBES} == {50257, 50304}
+    # the next questions: an unaligned N and an unaligned K beside an aligned twin, none a data row already
+    from partita.costmodel.price.kernels import aligned
+    assert {aligned("bf16", p["n"]) for p in gpu_kernels.PROBES} == {True, False}
+    assert {aligned("bf16", p["k"]) for p in gpu_kernels.PROBES} == {True, False}
+    held = {gpu_kernels._label(r) for r in json.loads(gpu_kernels.DATA.read_text())["rows"]}
+    assert not held & {gpu_kernels._label(p) for p in gpu_kernels.PROBES}

@@ -65,3 +65,17 @@ def test_a_host_bound_gemm_backward_is_left_out_of_fits_and_named_when_judged():
     assert host_bound(compute_bound) == set() and measured_keys(compute_bound) == ["fwd_s", "bwd_s"]
     assert host_bound(waited) == {"fwd_bwd_s"} and measured_keys(waited) == ["fwd_s"]
     assert measured_keys(waited, anomalies=True) == ["fwd_s", "fwd_bwd_s"]
+
+
+def test_unaligned_gemm_factors_come_from_unaligned_rows_only():
+    """cuBLAS runs other kernels on rows of no multiple of 16 bytes (costmodel.price.kernels, Alignment): an LM
+    head at vocabulary 50,257 and a Linear with K = 4,100 give back the read and write factors they were timed
+    with; rows that are all aligned leave both out (the device keeps 'priced as aligned')."""
+    slow = dataclasses.replace(TRUE, gemm_unaligned_read_efficiency=0.25, gemm_unaligned_write_efficiency=0.12)
+    odd = [{"kind": "gemm", "mkn": list(s)} for s in ((65536, 1024, 50257), (8192, 4100, 4096))]
+    rows = timed(slow) + [{**r, **{k: v for k, v in predict(r, slow).items() if k != "bwd_s"}} for r in odd]
+    fitted = fit_kernel_constants(rows, DEVICES["H200-141GB"])
+    assert fitted["gemm_unaligned_read_efficiency"] == pytest.approx(0.25, rel=0.03)
+    assert fitted["gemm_unaligned_write_efficiency"] == pytest.approx(0.12, rel=0.03)
+    assert fitted["matmul_efficiency"] == pytest.approx(TRUE.matmul_efficiency, rel=0.03)  # the curve: aligned rows
+    assert "gemm_unaligned_read_efficiency" not in fit_kernel_constants(timed(slow), DEVICES["H200-141GB"])

@@ -37,12 +37,16 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data" / "kernels_h200_torch2.11.json"
 BATCHES = 5
 PROBES = [{"kind": "gemm", "m": 8192, "k": 4096, "n": n, "table": "probe"} for n in (32000, 32001)] + [
-    {"kind": "gemm", "m": 8192, "k": 4100, "n": 4096, "table": "probe"}]
+    {"kind": "gemm", "m": 8192, "k": 4100, "n": 4096, "table": "probe"}] + [
+    {"kind": "host_copy", "bytes": 2**30, "direction": d, "table": "probe"} for d in ("d2h", "h2d")]
 """Shapes no session has timed, measured beside the data file's rows (no source time to compare) and left out
 where the data file already holds them. The GPT-2 LM heads (N = 50,257 beside 50,304), timed here on
 2026-11-30, showed cuBLAS's unaligned kernels 4.6-6.1x slower (costmodel.price.kernels, Alignment) and are
 data rows now; these test that term elsewhere: a Llama 2 head with one added token (32,001, as tokenizers
-that add a pad token make it) beside 32,000, and an unaligned inner K."""
+that add a pad token make it) beside 32,000, and an unaligned inner K. And the host link, which no session has
+timed (the presets say 25 GB/s each way): a GiB copied to pinned host memory and back, as activation offload
+moves it. The llama3-8b-auto profile of 2026-11-30 suggests about 56 GB/s (its offloaded [1, 4096, 14336]
+tensors took 2.1 ms each), which would make the planner's offload seconds twice too long."""
 
 
 def time_batches(fn, device, min_s: float, batches: int = BATCHES) -> float:
@@ -93,6 +97,15 @@ def _copy(row: dict, device, min_s: float) -> dict:
     return {"seconds": time_batches(lambda: dst.copy_(src), device, min_s)}
 
 
+def _host_copy(row: dict, device, min_s: float) -> dict:
+    """A copy of the row's bytes between the device and pinned host memory, in its direction ("d2h", "h2d")."""
+    import torch
+    gpu = torch.empty(row["bytes"], dtype=torch.uint8, device=device)
+    host = torch.empty(row["bytes"], dtype=torch.uint8, pin_memory=True)
+    src, dst = (gpu, host) if row["direction"] == "d2h" else (host, gpu)
+    return {"seconds": time_batches(lambda: dst.copy_(src, non_blocking=True), device, min_s)}
+
+
 def measure_row(row: dict, device, dtype_name: str = "bf16", min_s: float = 0.05) -> dict:
     """`row` (a data file's row) with its times measured here under the same keys; "error" if it cannot run."""
     import torch
@@ -105,6 +118,8 @@ def measure_row(row: dict, device, dtype_name: str = "bf16", min_s: float = 0.05
             times = _gemm(row, device, dtype, min_s)
         elif row["kind"] == "sdpa":
             times = _sdpa(row, device, dtype, min_s)
+        elif row["kind"] == "host_copy":
+            times = _host_copy(row, device, min_s)
         else:
             times = _copy(row, device, min_s)
     except RuntimeError as e:  # out of memory, no kernel for this shape or backend
@@ -131,6 +146,8 @@ def _label(row: dict) -> str:
         return f"gemm {row['m']}x{row['k']}x{row['n']}"
     if row["kind"] == "sdpa":
         return f"sdpa {row['backend']} {tuple(row['shape'])} {'causal' if row['causal'] else 'full'}"
+    if row["kind"] == "host_copy":
+        return f"host copy {row['direction']} {row['bytes'] / 2**30:.0f} GiB"
     return f"copy {row['bytes'] / 2**30:.0f} GiB"
 
 

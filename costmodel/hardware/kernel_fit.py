@@ -8,6 +8,8 @@ what a lent GPU measured):
                                                              alone ("mkn": [m, k, n] is read as well)
     {"kind": "sdpa", "backend", "shape": [b, h, s, d], "causal", "fwd_s"[, "bwd_s" | "fwd_bwd_s"]}
     {"kind": "copy", "bytes", "seconds"}                     bytes read + written by a device copy
+    {"kind": "host_copy", "bytes", "direction", "seconds"}   bytes to ("d2h") or from ("h2d") pinned host
+                                                             memory (priced at Device.host_bw; fits nothing yet)
 
 `backend` is torch's SDPBackend name (CUDNN_ATTENTION, FLASH_ATTENTION, EFFICIENT_ATTENTION) or
 "default" (what torch dispatched by itself: `costmodel.price.kernels.sdpa_kernel` says which).
@@ -60,6 +62,8 @@ def predict(row: dict, device, dtype: str = "bf16") -> dict:
                                      kernel=row_kernel(row, device, dtype))
     elif row["kind"] == "copy":
         return {"seconds": row["bytes"] / (device.mem_bandwidth * device.mem_efficiency)}
+    elif row["kind"] == "host_copy":  # to or from pinned host memory (offload), at the device's host link
+        return {"seconds": row["bytes"] / device.host_bw}
     else:
         raise ValueError(f"unknown kernel row kind {row['kind']!r}")
     # timed on their own: no step_efficiency (costmodel.price.kernels.node_time); each launch costs op_latency

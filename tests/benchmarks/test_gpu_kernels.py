@@ -60,7 +60,20 @@ def test_a_probe_has_no_source_time_and_is_priced():
     assert all(c["source_s"] is None and c["sessions_differ"] is None and c["predicted_s"] > 0 for c in compared)
     # the next questions: an unaligned N and an unaligned K beside an aligned twin, none a data row already
     from partita.costmodel.price.kernels import aligned
-    assert {aligned("bf16", p["n"]) for p in gpu_kernels.PROBES} == {True, False}
-    assert {aligned("bf16", p["k"]) for p in gpu_kernels.PROBES} == {True, False}
+    gemms = [p for p in gpu_kernels.PROBES if p["kind"] == "gemm"]
+    assert {aligned("bf16", p["n"]) for p in gemms} == {True, False}
+    assert {aligned("bf16", p["k"]) for p in gemms} == {True, False}
     held = {gpu_kernels._label(r) for r in json.loads(gpu_kernels.DATA.read_text())["rows"]}
     assert not held & {gpu_kernels._label(p) for p in gpu_kernels.PROBES}
+
+
+def test_the_host_link_probes_are_priced_at_the_presets_host_bandwidth():
+    """Offload's link, timed by no session yet: each direction's probe is priced as the planner prices an
+    offload copy (bytes / Device.host_bw), so the next GPU session's run says how far the preset is off."""
+    from partita.costmodel.hardware.kernel_fit import predict
+    h200 = DEVICES["H200-141GB"]
+    probes = [p for p in gpu_kernels.PROBES if p["kind"] == "host_copy"]
+    assert {p["direction"] for p in probes} == {"d2h", "h2d"}
+    for p in probes:
+        assert predict(p, h200)["seconds"] == p["bytes"] / h200.host_bw
+        assert gpu_kernels._label(p).startswith(f"host copy {p['direction']}")

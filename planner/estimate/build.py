@@ -201,9 +201,11 @@ def alignment_assumptions(graph, device, dtype: str) -> list[str]:
     names = ", ".join(f"{m or 'the model'} (K x N = {k} x {n})" for m, k, n in found[:3])
     names += f" and {len(found) - 3} more" if len(found) > 3 else ""
     has = "has" if len(found) == 1 else "have"
-    odd = next(x for x in found[0][1:] if x % step)
+    odd = next((x for x in found[0][1:] if x % step), found[0][2])
     pad = f"padding {odd} to {-(-odd // 64) * 64} (a multiple of 64, as nanoGPT pads GPT-2's vocabulary) removes it"
     read, write = device.gemm_unaligned_read_efficiency, device.gemm_unaligned_write_efficiency
+    if read == write == 1.0 and not device.generation:
+        return []  # a CPU or a measured device without the term: no cuBLAS to speak of
     if read == write == 1.0:
         return [f"unaligned GEMMs: {names} {has} a dimension no multiple of {step}; priced as aligned, since no "
                 f"kernel timing of {device.name} measures cuBLAS's unaligned kernels (on an H200 they ran 4.6-6.1x "

@@ -28,3 +28,7 @@ def test_an_untimed_gpu_prices_it_as_aligned_and_says_so():
     assert odd.predicted["step_time_s"] <= padded.predicted["step_time_s"]
     (line,) = _said(odd)
     assert "priced as aligned" in line and "A100-80GB" in line and "slower than predicted" in line
+
+
+def test_a_cpu_plan_says_nothing_of_cublas():
+    assert not _said(_plan(50257, "2xcpu"))

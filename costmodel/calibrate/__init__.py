@@ -62,9 +62,11 @@ from dataclasses import asdict, dataclass, field
 from partita.costmodel.errors import PartitaError
 
 GEMM_SHAPES = tuple((m, k, n) for m in (256, 1024, 4096, 16384)
-                    for k, n in ((4096, 4096), (4096, 14336), (8192, 1024), (1024, 8192)))
+                    for k, n in ((4096, 4096), (4096, 14336), (8192, 1024), (1024, 8192))) + ((16384, 4096, 32001),)
 """(M, K, N) of the GPU GEMM sweep (calibrate_kernels): GPU-MEASUREMENTS.md's sweep (kernels2.py) -- token
-counts from a small micro-batch to 16k, Llama-3-8B's square, FFN and narrow (tensor-parallel shard) products."""
+counts from a small micro-batch to 16k, Llama-3-8B's square, FFN and narrow (tensor-parallel shard) products --
+and one head whose N is no multiple of 8 (a 32,000-token vocabulary plus a pad token), from which
+costmodel.hardware.kernel_fit fits the device's unaligned-GEMM factors (costmodel.price.kernels, Alignment)."""
 ATTENTION_SHAPES = tuple((16384 // s, 32, s, 128) for s in (512, 1024, 2048, 4096, 8192, 16384)) + ((8, 16, 1024, 64),)
 """(batch, heads, seq, head_dim) of the GPU attention sweep: 16k tokens at every sequence length from 512 to
 16384 (the attention curve in the sequence length, costmodel.price.kernels), and one head_dim-64 shape."""

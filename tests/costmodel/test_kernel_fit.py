@@ -79,3 +79,12 @@ def test_unaligned_gemm_factors_come_from_unaligned_rows_only():
     assert fitted["gemm_unaligned_write_efficiency"] == pytest.approx(0.12, rel=0.03)
     assert fitted["matmul_efficiency"] == pytest.approx(TRUE.matmul_efficiency, rel=0.03)  # the curve: aligned rows
     assert "gemm_unaligned_read_efficiency" not in fit_kernel_constants(timed(slow), DEVICES["H200-141GB"])
+
+
+def test_every_gpu_calibration_times_an_unaligned_gemm_beside_aligned_ones():
+    """So `partita calibrate` on a GPU fits that GPU's unaligned factors, not only the curve."""
+    from partita.costmodel.calibrate import SETTINGS
+    from partita.costmodel.price.kernels import aligned
+    for name, s in SETTINGS.items():
+        kinds = {aligned("bf16", n, k) for _, k, n in s.gemm_shapes}
+        assert kinds == {True, False}, name

@@ -5,6 +5,7 @@ import dataclasses
 
 import numpy as np
 
+from partita.costmodel.hardware import kernel_constants
 from partita.costmodel.price.kernels import ALIGN_BYTES, ELEMENT_BYTES, node_time, unaligned_linears
 
 from partita.planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
@@ -207,9 +208,12 @@ def alignment_assumptions(graph, device, dtype: str) -> list[str]:
     if read == write == 1.0 and not device.generation:
         return []  # a CPU or a measured device without the term: no cuBLAS to speak of
     if read == write == 1.0:
+        timed = kernel_constants("hopper", "pytorch")  # the generation whose kernel timings measure the term
+        slower = f"{1 / timed.get('gemm_unaligned_read_efficiency', 1.0):.1f}-" \
+                 f"{1 / timed.get('gemm_unaligned_write_efficiency', 1.0):.1f}x"
         return [f"unaligned GEMMs: {names} {has} a dimension no multiple of {step}; priced as aligned, since no "
-                f"kernel timing of {device.name} measures cuBLAS's unaligned kernels (on an H200 they ran 4.6-6.1x "
-                f"slower): expect the step slower than predicted; {pad}"]
+                f"kernel timing of {device.name} measures cuBLAS's unaligned kernels (Hopper's, fitted to an H200's "
+                f"timings, run {slower} slower): expect the step slower than predicted; {pad}"]
 
     def seconds(dev) -> float:
         times = [node_time(d, dev, dtype) for _, d in graph.g.nodes(data=True)]

@@ -14,9 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from partita.costmodel import resolve_model
 from partita.planner.plan import Plan, PlanError
+from partita.runtime.verify.checks import TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -176,8 +178,11 @@ def test_cp2_learned_positions_fsdp_accumulation_checkpoint_and_broken_pieces(tm
     resumed = r["dp2_resumes"]
     assert resumed["resumed_from"].endswith("step-00000002") and len(resumed["losses"]) == 1, resumed
     assert resumed["verified"] is True and resumed["max_abs_diff"] <= 1e-5, resumed
+    # each broken piece fails --verify by several times its fp32 loss tolerance (how many depends on the init's
+    # draw: local positions came out 7.9x with the once-drawn init of costmodel.models.gpt, above 10x before)
+    fp32 = TOLERANCE[torch.float32]
     for label in ("keys_in_rank_order", "local_positions"):
-        assert r[label]["verified"] is False and r[label]["max_abs_diff"] > 1e-4, (label, r[label])
+        assert r[label]["verified"] is False and r[label]["max_abs_diff"] > 5 * fp32, (label, r[label])
     # the losses of the unsynchronised run are right at step 1; its parameters diverge between cp ranks
     bad = r["no_cp_grad_sync"]
     assert bad["verified"] is False, bad

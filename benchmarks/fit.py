@@ -87,7 +87,7 @@ from types import SimpleNamespace
 from benchmarks.common import commit, p95, write
 from benchmarks.published_data import ITERATION, ROWS, Row
 from benchmarks.published_kernels import KERNEL_ROWS, KernelRow
-from partita.costmodel.hardware import FITTED_CONSTANTS, GPUS, KERNEL_FIELDS, gpu_device
+from partita.costmodel.hardware import FITTED_CONSTANTS, GPUS, KERNEL_FIELDS, UNALIGNED_FIELDS, gpu_device
 from partita.costmodel.hardware.kernel_fit import errors as kernel_errors, fit_kernel_constants
 from partita.costmodel.price.kernels import saturation, sdpa_kernel
 from partita.costmodel.hardware.stacks import STACKS
@@ -257,8 +257,7 @@ def derive(values: dict, kgroups: dict, timed: frozenset = frozenset()) -> dict[
     Returns {group: {"constants", "source"}}."""
     shape_group = next(k for k in kgroups if k.startswith(SHAPE_FROM + "/"))
     shape = kgroups[shape_group]["constants"]
-    unaligned = {k: shape.get(k, 1.0) for k in ("gemm_unaligned_read_efficiency",  # cuBLAS's fallback kernels:
-                                                "gemm_unaligned_write_efficiency")}  # a generation's own
+    unaligned = {k: shape.get(k, 1.0) for k in UNALIGNED_FIELDS}  # cuBLAS's fallback kernels: a generation's own
     curves = shape.get("other_attention") or {}
     e_gemm = {g: v for (k, g), v in values.items() if k == "e_gemm"}
     e_attn = {g: v for (k, g), v in values.items() if k == "e_attn"}

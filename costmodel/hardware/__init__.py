@@ -22,6 +22,7 @@ import os
 
 from partita.costmodel.hardware.device import (GB, GiB, DEFAULT_ALLOCATOR_HEADROOM, ALLOCATOR_CACHE_FACTOR,
                                                RECOMPUTE_CACHE_FACTOR, Device, GPU_OVERLAP_SLOWDOWN, KERNEL_FIELDS,
+                                               UNALIGNED_FIELDS,
                                                FITTED_CONSTANTS, fitted_constants, kernel_constants, GPUS,
                                                gpu_device, DEVICES)
 from partita.costmodel.hardware.cluster import (Cluster, device_on_stack, cluster_on_stack, FABRIC_FIELDS,
@@ -30,7 +31,7 @@ from partita.costmodel.hardware.cluster import (Cluster, device_on_stack, cluste
                                                 generation_preset, parse_cluster_string, parse_islands)
 
 __all__ = ["GB", "GiB", "DEFAULT_ALLOCATOR_HEADROOM", "ALLOCATOR_CACHE_FACTOR", "RECOMPUTE_CACHE_FACTOR", "Device",
-           "GPU_OVERLAP_SLOWDOWN", "KERNEL_FIELDS", "FITTED_CONSTANTS", "fitted_constants", "kernel_constants",
+           "GPU_OVERLAP_SLOWDOWN", "KERNEL_FIELDS", "UNALIGNED_FIELDS", "FITTED_CONSTANTS", "fitted_constants", "kernel_constants",
            "GPUS", "gpu_device", "DEVICES", "Cluster", "device_on_stack", "cluster_on_stack", "FABRIC_FIELDS",
            "with_fabric", "conservative_device", "cluster_from_groups", "ISLANDS_FORMAT", "get_device",
            "GENERATION_PRESETS", "gpu_preset", "generation_preset", "parse_cluster", "parse_cluster_string",

@@ -214,8 +214,10 @@ _GPU_LINKS = dict(intra_link_efficiency=0.8, inter_link_efficiency=0.85, overlap
 # model and configuration, written by the fitting program (`python -m benchmarks.fit`) into
 # fitted_constants.json beside this file, each group with the measurements it was fitted to (or the rule
 # it was derived by, where no measurement exists). Nothing here is set by hand.
-KERNEL_FIELDS = ("matmul_efficiency", "gemm_half_mn", "gemm_split_k", "gemm_unaligned_read_efficiency",
-                 "gemm_unaligned_write_efficiency", "gemm_half_dim", "attention_efficiency",
+UNALIGNED_FIELDS = ("gemm_unaligned_read_efficiency", "gemm_unaligned_write_efficiency")
+"""The Device fields of an unaligned GEMM's rate (costmodel.price.kernels, Alignment): reading, writing; 1 each where
+nothing measured them."""
+KERNEL_FIELDS = ("matmul_efficiency", "gemm_half_mn", "gemm_split_k", *UNALIGNED_FIELDS, "gemm_half_dim", "attention_efficiency",
                  "attention_bwd_efficiency", "attention_half_seq", "attention_half_dim", "attention_causal_block",
                  "mem_efficiency", "other_attention", "op_latency", "step_efficiency")
 FITTED_CONSTANTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fitted_constants.json")

@@ -23,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from partita.costmodel.hardware.device import UNALIGNED_FIELDS
+
 from partita.costmodel.price.kernels import (BACKWARD_LAUNCHES, FORWARD_LAUNCHES, SDPA_BWD_OVER_FWD, aligned,
                                              attention_seconds, gemm_seconds, sdpa_kernel)
 
@@ -145,10 +147,9 @@ def fit_unaligned(rows, device, dtype: str = "bf16") -> dict:
     unaligned rows, the backward reads them; K: the other way round)."""
     if not rows:
         return {}
-    x = _log_fit(rows, lambda x: dataclasses.replace(device, gemm_unaligned_read_efficiency=x[0],
-                                                     gemm_unaligned_write_efficiency=x[1]),
+    x = _log_fit(rows, lambda x: dataclasses.replace(device, **dict(zip(UNALIGNED_FIELDS, x))),
                  [0.5, 0.5], [0.01, 0.01], [1.0, 1.0], dtype)
-    return {"gemm_unaligned_read_efficiency": float(x[0]), "gemm_unaligned_write_efficiency": float(x[1])}
+    return {k: float(v) for k, v in zip(UNALIGNED_FIELDS, x)}
 
 
 def fit_attention(rows, device, kernel: str, dtype: str = "bf16") -> dict:

@@ -72,7 +72,7 @@ import re
 from dataclasses import asdict, fields, replace
 
 from partita.costmodel.errors import PartitaError
-from partita.costmodel.hardware import DEVICES, Cluster, Device, cluster_from_groups, with_fabric
+from partita.costmodel.hardware import DEVICES, UNALIGNED_FIELDS, Cluster, Device, cluster_from_groups, with_fabric
 
 SCHEMA = "partita.cluster/1"
 _TOP_KEYS = {"schema", "name", "groups", "inter_group_bw", "inter_group_latency", "nodes_per_pod",
@@ -162,7 +162,7 @@ def _device(where: str, spec) -> Device:
         if k in kw:
             kw[k] = _number(f"{where}.{k}", kw[k], positive=k not in _NONNEGATIVE)
     for k in ("matmul_efficiency", "mem_efficiency", "intra_link_efficiency", "inter_link_efficiency", "step_efficiency",
-              "gemm_unaligned_read_efficiency", "gemm_unaligned_write_efficiency"):
+              *UNALIGNED_FIELDS):
         if not kw.get(k, 0.5) <= 1:
             _fail(f"{where}.{k}", f"must be in (0, 1], got {kw[k]!r}")
     for k in ("attention_efficiency", "attention_bwd_efficiency"):

@@ -5,7 +5,7 @@ import dataclasses
 
 import numpy as np
 
-from partita.costmodel.hardware import kernel_constants
+from partita.costmodel.hardware import UNALIGNED_FIELDS, kernel_constants
 from partita.costmodel.price.kernels import ALIGN_BYTES, ELEMENT_BYTES, node_time, unaligned_linears
 
 from partita.planner.plan import BlockChoice, Mesh, Plan, Schedule, Stage
@@ -209,8 +209,7 @@ def alignment_assumptions(graph, device, dtype: str) -> list[str]:
         return []  # a CPU or a measured device without the term: no cuBLAS to speak of
     if read == write == 1.0:
         timed = kernel_constants("hopper", "pytorch")  # the generation whose kernel timings measure the term
-        slower = f"{1 / timed.get('gemm_unaligned_read_efficiency', 1.0):.1f}-" \
-                 f"{1 / timed.get('gemm_unaligned_write_efficiency', 1.0):.1f}x"
+        slower = "-".join(f"{1 / timed.get(k, 1.0):.1f}" for k in UNALIGNED_FIELDS) + "x"
         return [f"unaligned GEMMs: {names} {has} a dimension no multiple of {step}; priced as aligned, since no "
                 f"kernel timing of {device.name} measures cuBLAS's unaligned kernels (Hopper's, fitted to an H200's "
                 f"timings, run {slower} slower): expect the step slower than predicted; {pad}"]
@@ -219,8 +218,7 @@ def alignment_assumptions(graph, device, dtype: str) -> list[str]:
         times = [node_time(d, dev, dtype) for _, d in graph.g.nodes(data=True)]
         return sum(t.fwd + t.bwd + t.fixed_fwd + t.fixed_bwd for t in times)
     priced = seconds(device)
-    extra = priced - seconds(dataclasses.replace(device, gemm_unaligned_read_efficiency=1.0,
-                                                 gemm_unaligned_write_efficiency=1.0))
+    extra = priced - seconds(dataclasses.replace(device, **dict.fromkeys(UNALIGNED_FIELDS, 1.0)))
     return [f"unaligned GEMMs: {names} {has} a dimension no multiple of {step}, so cuBLAS runs slower kernels: "
             f"priced at {write:.2f} of the aligned rate where they write such rows and {read:.2f} where they read "
             f"them (kernel timings of {device.name}'s generation), {100 * extra / priced:.0f}% of the model's "

@@ -96,6 +96,7 @@ def published_space(row: Row) -> SearchSpace:
         offload=False, sequence_parallel=(True, False) if row.sequence_parallel is None else (row.sequence_parallel,),
         micro_batch=None if row.micro_batch is None else (row.micro_batch,),
         virtual_stages=None if row.virtual_stages is None else (row.virtual_stages,),
+        stage_layers=row.stage_layers,
         # every published ZeRO-3 run (FULL_SHARD, HSDP, fully_shard) reshards each layer after its forward
         keep_gathered=False,
         # Megatron-LM's pipeline sends use its scatter/gather (SC'21 §4.1), as Megatron-Core's (te-2024 stacks)
@@ -147,7 +148,9 @@ def _config(row: Row) -> dict:
             "recompute": list(row.recompute),
             **({"full_recompute_layers": row.full_recompute_layers} if row.full_recompute_layers is not None else {}),
             "sequence_parallel": row.sequence_parallel, "schedule": row.schedule,
-            "virtual_stages": row.virtual_stages, "precision": row.table.precision, "framework": row.table.framework,
+            "virtual_stages": row.virtual_stages,
+            **({"stage_layers": list(row.stage_layers)} if row.stage_layers is not None else {}),
+            "precision": row.table.precision, "framework": row.table.framework,
             "kernels": row.table.kernels,
             **({"device_overrides": dict(row.device_overrides)} if row.device_overrides else {})}
 

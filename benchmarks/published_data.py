@@ -129,6 +129,9 @@ class Row:
     """Where the optimizer keeps the weights (TrainConfig.master_weights): an fp32 master copy beside 16-bit
     parameters, or "none" (pure bf16: the model cast to bf16, its optimizer's states in bf16)."""
     schedule: str = "1F1B"
+    stage_layers: tuple[int, ...] | None = None
+    """The repeated layers each pipeline stage held, first stage first, where the source fixes the split
+    (SearchSpace.stage_layers); None: the search splits the layers."""
     tp_comm_overlap: bool | None = None
     """Whether the run overlapped tensor-parallel collectives with GEMMs (Megatron-Core --tp-comm-overlap,
     torch async TP); None: not stated (the search chooses where the stack allows it)."""

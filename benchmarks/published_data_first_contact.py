@@ -151,7 +151,71 @@ TINYLLAMA_ROWS = [
         sharding="FSDP FULL_SHARD (Fabric's default)", micro_batch=8, global_batch=1024, recompute=NONE, value=24000),
 ]
 
-FIRST_CONTACT_ROWS: list[Row] = INTERNLM_ROWS + NEMO_ROWS + TINYLLAMA_ROWS
+# ---------------------------------------------------------------------------------------------------
+# Zero Bubble Pipeline Parallelism (Qi, Wan, Huang, Lin; arXiv:2401.10241v1, 2023-11-30; ICLR 2024), its 1F1B
+# baselines, "implementation from Megatron-LM", in samples per GPU per second at sequence 1024 on "up to 32 NVIDIA A100
+# SXM 80G GPUs distributed across 4 nodes interconnected by a RoCE RDMA network" (bandwidth not stated): pipeline
+# parallelism alone (Table 3: GPUs = pipeline stages; the script's TP_SIZE=1, so dp 1), no recomputation. Table 3's
+# models: 1.5B (22 layers, hidden 2304, 24 heads), 6.2B (30, 4096, 32), 14.6B (46, 5120, 40), 28.3B (62, 6144, 48).
+# The paper's script (sail-sg/zero-bubble-pipeline-parallelism examples/pretrain_zero_bubble.sh @ f68d3879, branch
+# 'arxiv', a Megatron-LM fork of 9290c730, megatron-core 0.4.0rc0): legacy GPTModel (--transformer-impl local, no
+# Transformer Engine), Megatron's fused kernels on by default (masked softmax, bias-GELU, bias-dropout-add, apex
+# LayerNorm, gradient-accumulation fusion), no --use-flash-attn (unfused attention; the flag enters the script on
+# 2024-08-19), dropout 0.1 (Megatron's default), --fp16, Adam, --allow-padding-num-layers: layers = k x stages - 2,
+# padded to k per stage, "both the initial and final pipeline stages possess one fewer transformer layer"
+# (megatron/model/transformer.py get_offset). The vocabulary is not stated (a SentencePiece tokenizer.model shipped
+# with the sample data): Megatron's tied-embedding GPT has L (12h^2 + 13h) + (V + 2048) h + 2h parameters, and the
+# four stated sizes, each read as +-0.05B, bound V to 24,464-32,440 together (50,304 would make 14.6B 14.7B); the
+# LLaMA SentencePiece vocabulary, 32,000 (a multiple of Megatron's 128 padding), is taken. torch's release is not
+# stated. Table 6's 16- and 24-GPU runs are the same models (the repository's efficiency.py lists their padded layer
+# counts 32 / 48 / 64, i.e. 30 / 46 / 62 layers).
+ZB_RUN = RunFacts(framework="Zero Bubble PP @ f68d3879 (Megatron-LM fork of 9290c730, legacy GPTModel, apex fused "
+                            "kernels, unfused attention)", elementwise="fused", attention="math")
+ZERO_BUBBLE = ruled_table(
+    ZB_RUN, source="zero-bubble-pp",
+    citation="Qi et al., Zero Bubble Pipeline Parallelism, arXiv:2401.10241v1, Tables 3, 4, 6, 7, 11 and 12 (column "
+             "1F1B); script examples/pretrain_zero_bubble.sh and megatron/model/transformer.py @ f68d3879 of "
+             "sail-sg/zero-bubble-pipeline-parallelism",
+    metric=TOKENS, precision="fp16 (priced as bf16)", framework="Megatron-LM fork (Zero Bubble PP), 1F1B baseline",
+    notes="value = the printed samples per GPU per second x 1024 tokens; the vocabulary (32,000) is derived from the "
+          "stated parameter counts, not printed; the inter-node RoCE bandwidth is the preset's")
+_ZB_SHAPES = {"1.5B": (22, 2304, 24), "6.2B": (30, 4096, 32), "14.6B": (46, 5120, 40), "28.3B": (62, 6144, 48)}
+
+
+def _zb_model(size: str) -> Model:
+    layers, hidden, heads = _ZB_SHAPES[size]
+    return Model(name=f"zb-{size.lower()}", family="gpt", layers=layers, hidden=hidden, heads=heads, vocab=32000,
+                 attention="math", dropout=0.1, notes="vocabulary derived from the stated sizes (32,000)")
+
+
+def _zb(table: str, size: str, stages: int, b: int, m: int, samples: float) -> Row:
+    """One 1F1B measurement: `stages` GPUs, one stage each, micro-batch `b`, `m` micro-batches per step."""
+    layers = _ZB_SHAPES[size][0]
+    k = (layers + 2) // stages  # per stage with the padding; the first and the last stage hold one fewer
+    return Row(table=ZERO_BUBBLE, model=_zb_model(size), seq=1024, hardware="A100-80GB", gpus=stages, pp=stages, dp=1,
+               zero=(0,), sharding="none (one pipeline)", micro_batch=b, global_batch=b * m, recompute=NONE,
+               stage_layers=(k - 1,) + (k,) * (stages - 2) + (k - 1,), value=samples * 1024, variant=f"b{b}-m{m}",
+               notes=f"Table {table}: {samples} samples per GPU per second")
+
+
+ZERO_BUBBLE_ROWS = (
+    [_zb("4", "1.5B", 8, 6, m, v) for m, v in ((24, 11.8), (32, 12.5), (64, 13.6))]
+    + [_zb("4", "6.2B", 8, 3, m, v) for m, v in ((24, 3.50), (32, 3.70), (64, 4.03))]
+    + [_zb("4", "14.6B", 16, 1, m, v) for m, v in ((48, 1.40), (64, 1.49), (128, 1.64))]
+    + [_zb("4", "28.3B", 32, 1, m, v) for m, v in ((96, 0.76), (128, 0.80), (256, 0.88))]
+    + [_zb("11", "1.5B", 8, 12, m, v) for m, v in ((24, 12.0), (32, 12.6), (64, 13.8))]
+    + [_zb("11", "6.2B", 8, 6, m, v) for m, v in ((24, 3.56), (32, 3.76), (64, 4.09))]
+    + [_zb("11", "14.6B", 16, 2, m, v) for m, v in ((48, 1.53), (128, 1.78))]
+    + [_zb("12", "1.5B", 8, 6, m, v) for m, v in ((2, 3.56), (4, 5.74), (8, 8.26))]
+    + [_zb("12", "6.2B", 8, 3, m, v) for m, v in ((2, 1.04), (4, 1.69), (8, 2.45))]
+    + [_zb("12", "14.6B", 16, 1, m, v) for m, v in ((4, 0.39), (8, 0.65), (16, 0.95))]
+    + [_zb("6", "6.2B", 16, 6, m, v) for m, v in ((48, 3.38), (64, 3.57), (128, 3.91))]
+    + [_zb("6", "14.6B", 24, 2, m, v) for m, v in ((72, 1.52), (96, 1.61), (192, 1.76))]
+    + [_zb("6", "28.3B", 32, 2, m, v) for m, v in ((96, 0.82), (128, 0.87), (256, 0.95))]
+    + [_zb("7", "6.2B", 16, 3, 64, 3.48), _zb("7", "14.6B", 24, 1, 96, 1.47)]
+)
+
+FIRST_CONTACT_ROWS: list[Row] = INTERNLM_ROWS + NEMO_ROWS + TINYLLAMA_ROWS + ZERO_BUBBLE_ROWS
 """Every row entered through the ledger, admitted to the fit or not."""
 
 ADMITTED: tuple[str, ...] = ("internlm", "nemo-megatron-launcher", "tinyllama")
@@ -163,6 +227,17 @@ FIRST_CONTACT_SKIPPED = [
             reason="measured with pack_sample_into_one=False: attention runs over each packed sample's own length, "
                    "which the data decides and the table does not state; the FLOPS tables (pack_sample_into_one "
                    "True) are priced"),
+    Skipped(source="zero-bubble-pp", what="the ZB-1p, ZB-2p, ZB-V and interleaved 1F1B columns of Tables 4, 6, 7, 11 "
+                                          "and 12, and Table 10",
+            reason="zero-bubble schedules (the weight gradient split from the input gradient) are not among "
+                   "planner.plan.schedules; the interleaved runs put one layer in each chunk with the padding's "
+                   "two empty chunks, which --stage-layers (one chunk per stage) cannot pin"),
+    Skipped(source="zero-bubble-pp", what="Table 11's 1F1B rows at 28.3B (b 2) and its two rows printed with m '32'",
+            reason="m '32' is a misprint (their ZB-2p values are Table 4's at m 64 and 128); the 28.3B b 2 runs are "
+                   "Table 6's configurations, taken from Table 6 (one row per configuration); Table 7's 28.3B b 1 m 128 "
+                   "is Table 4's"),
+    Skipped(source="zero-bubble-pp", what="the peak-memory columns (GB) of Tables 4, 6, 11 and 12",
+            reason="which stage, and whether allocated or reserved bytes (or GB or GiB), is not stated"),
     Skipped(source="nemo-megatron-launcher", what="T5, mT5 and BERT training-performance tables",
             reason="encoder-decoder and encoder models: not expressible by partita's decoder families"),
 ]

@@ -59,7 +59,9 @@ def test_every_row_is_a_consistent_published_configuration(row):
     assert row.global_batch % row.dp == 0
     local = row.global_batch // row.dp
     if row.micro_batch is not None:
-        assert local % row.micro_batch == 0 and (row.pp == 1 or local // row.micro_batch >= row.pp)
+        assert local % row.micro_batch == 0  # fewer micro-batches than stages is legal (the bubble is priced)
+    if row.stage_layers is not None:  # a pinned split: one count per stage, every layer placed once
+        assert len(row.stage_layers) == row.pp and sum(row.stage_layers) == row.model.layers and min(row.stage_layers) > 0
     assert row.table.metric in METRICS and row.value > 0 and row.table.citation
     assert row.hardware in DEVICES and (row.gpus % 8 == 0 or row.gpus < 8)  # whole 8-GPU nodes, or one node
     assert row.zero and set(row.zero) <= {0, 1, 2, 3} and (row.dp > 1 or row.zero == (0,))

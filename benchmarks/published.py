@@ -107,11 +107,21 @@ def published_space(row: Row) -> SearchSpace:
         tp_comm_overlap=None if row.tp_comm_overlap is None else (row.tp_comm_overlap,))
 
 
+def schedule_for(row: Row) -> str:
+    """The row's schedule as partita names it. A published 1F1B run with fewer micro-batches than stages ran
+    (Megatron-LM's 1F1B takes min(pp - rank - 1, m) warm-up forwards, so every rank but the last runs all its
+    forwards first) with GPipe's critical path, (m + pp - 1) x (forward + backward) for equal stages; torch's
+    Schedule1F1B refuses m < pp (planner.plan.schedules), so such a row is priced as GPipe."""
+    if row.schedule == "1F1B" and row.micro_batch and row.global_batch // (row.dp * row.micro_batch) < row.pp:
+        return "GPipe"
+    return row.schedule
+
+
 def train_for(row: Row) -> TrainConfig:
     # the other frameworks' runs did not compute under partita's autocast: Megatron-LM trains a bf16 model with
     # fp32 main parameters, the FSDP runs on their mixed-precision policy's bf16 parameters; partita's own runs
     # (Table.autocast) did (TrainConfig.autocast)
-    return TrainConfig(global_batch=row.global_batch, seq_len=row.seq, dtype="bf16", schedule=row.schedule,
+    return TrainConfig(global_batch=row.global_batch, seq_len=row.seq, dtype="bf16", schedule=schedule_for(row),
                        autocast=row.table.autocast, master_weights=row.master_weights)
 
 

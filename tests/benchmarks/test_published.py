@@ -15,8 +15,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import published  # noqa: E402
-from benchmarks.published_data import (HARDWARE_TFLOPS, METRICS, ROWS, SKIPPED, TOKENS, Model, Row,  # noqa: E402
-                                       Table)
+from benchmarks.published_data import (HARDWARE_TFLOPS, METRICS, NONE, ROWS, SKIPPED, TOKENS, Model,  # noqa: E402
+                                       Row, Table)
 from benchmarks.published_data_first_contact import FIRST_CONTACT_ROWS  # noqa: E402
 from partita.costmodel.hardware import gpu_device, DEVICES  # noqa: E402
 from partita.planner.enumerate.options import RECOMPUTE  # noqa: E402
@@ -136,6 +136,28 @@ def test_pricing_a_pipelined_tensor_parallel_row_on_a_tiny_model():
     _assert_priced_as_published(row, out)
     assert out["plan"]["schedule"] == "Interleaved1F1B"
     assert out["plan"]["recompute_layers"] == {"full": 4}
+
+
+def test_a_1f1b_run_with_fewer_micro_batches_than_stages_is_priced_with_its_pinned_split_and_bubble():
+    """Megatron's 1F1B ran m < pp (Zero Bubble PP's Table 12); torch's Schedule1F1B refuses it, so such a row is
+    priced as GPipe, the same critical path: at equal stages a step of (m + pp - 1) forward-backward slots."""
+    tiny = Model(name="tiny", family="gpt", layers=6, hidden=64, heads=4, vocab=256, attention="math", dropout=0.1)
+    table = Table(source="test", citation="synthetic", metric=TOKENS, stack="megatron-2021")
+
+    def row(m: int, split=(1, 2, 2, 1)) -> Row:
+        return Row(table=table, model=tiny, seq=32, hardware="A100-80GB", gpus=4, pp=4, dp=1, zero=(0,),
+                   micro_batch=2, global_batch=2 * m, recompute=NONE, stage_layers=split, value=100.0)
+
+    few, many = row(2), row(8)
+    assert published.schedule_for(few) == "GPipe" and published.schedule_for(many) == "1F1B"
+    out = {m: published.price(r) for m, r in ((2, few), (8, many))}
+    assert out[2]["plan"]["schedule"] == "GPipe" and out[8]["plan"]["schedule"] == "1F1B"
+    step = {m: o["breakdown"]["step_time_s"] for m, o in out.items()}
+    # 2 micro-batches fill 2 of 5 slots, 8 fill 8 of 11: the step grows by 11/5, not by 8/2
+    assert 1.6 < step[8] / step[2] < 2.9, step
+    # the split is the published one, not the search's: 3 layers on the first stage make it the slowest
+    lopsided = published.price(row(8, split=(3, 1, 1, 1)))["breakdown"]["step_time_s"]
+    assert lopsided > 1.2 * step[8], (lopsided, step)
 
 
 def test_device_overrides_change_only_the_published_fields():

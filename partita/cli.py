@@ -7,6 +7,7 @@
     partita run plan.json --model tiny-gpt --steps 3 --verify
     partita export plan.json --to slurm --model tiny-gpt --partition gpu --time 01:00:00 --out train.sbatch
     partita models
+    partita rendezvous --port 29400
 
 A user error (unknown model, malformed cluster, a model that cannot fit, a bad plan file) prints one line
 `partita: error: ...` and exits with code 2. `run` launches torchrun on `partita.runtime.train` in a subprocess:
@@ -285,8 +286,13 @@ def _cmd_models(args) -> int:
     return 0
 
 
+def _cmd_rendezvous(args) -> int:
+    from partita.runtime.launcher.store import serve
+    return serve(args.port)
+
+
 HANDLERS = {"plan": _cmd_plan, "explain": _cmd_explain, "compare": _cmd_compare, "run": _cmd_run,
-            "export": _cmd_export, "calibrate": _cmd_calibrate, "models": _cmd_models}
+            "export": _cmd_export, "calibrate": _cmd_calibrate, "models": _cmd_models, "rendezvous": _cmd_rendezvous}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -167,3 +167,10 @@ def _add_calibrate_models(sub, handlers: dict) -> None:
 
     m = sub.add_parser("models", help="list the built-in model presets")
     m.set_defaults(func=handlers["models"])
+
+    s = sub.add_parser("rendezvous", help="serve the rendezvous store of multi-node runs in a process of its own, so "
+                                          "that a job survives the loss of any training node",
+                       epilog="example: partita rendezvous --port 29400   (then on every node: partita run ... "
+                              "--nnodes 2:4 --rdzv-endpoint HOST:29400)")
+    s.add_argument("--port", type=int, required=True, help="the TCP port to serve on (every interface)")
+    s.set_defaults(func=handlers["rendezvous"])

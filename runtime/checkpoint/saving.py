@@ -161,10 +161,14 @@ def dcp_failure(e: BaseException) -> str:
 
 
 def _dcp(action, what: str):
-    """Run a DCP save or load; its CheckpointException (not an Exception) becomes one CheckpointError line."""
+    """Run a DCP save or load; its CheckpointException (not an Exception) becomes one CheckpointError line. A
+    collective of DCP's that failed under it (a RuntimeError: a rank lost mid-save, gloo's "Connection closed by
+    peer") is no checkpoint problem but a failure like any other collective's: raised as it is, so that torchrun
+    restarts the workers (or an elastic job re-plans) from the newest checkpoint, which the atomic save left
+    intact, instead of ending the job on a CheckpointError."""
     try:
         return action()
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit, RuntimeError, ConnectionError):
         raise
     except BaseException as e:  # noqa: BLE001 -- CheckpointException derives from BaseException
         raise CheckpointError(f"{what} failed ({dcp_failure(e)})") from None

@@ -309,12 +309,14 @@ def _lost_instead(first, log_dir: str, nnodes: int):
 def _store_lost(log_dir: str, watch) -> int:
     """torchrun's agent failed after the rendezvous: its store went away with the node that hosted it (ended, or
     killed). What this node's workers said (a stop the others asked for on their way out), else the lost node."""
+    from partita.runtime.launcher.store import APART
     failures = attempt_failures(log_dir)
     first = first_failure(failures) if failures else None
     if first is not None and not first.peer_lost:
         return _report(first)
     line = watch.verdict(0) or (  # the store is gone: the watch can learn nothing more from it
-        f"lost the rendezvous store at {watch.host}:{watch.port}: the node that hosts it ended or was killed")
+        f"lost the rendezvous store at {watch.host}:{watch.port}: the node that hosts it ended or was killed; "
+        + APART.format(port=watch.port))
     stderr_line(f"partita: error: {_lost_line(line, log_dir)}")
     return 1
 

@@ -31,6 +31,8 @@ import threading
 import time
 from typing import Callable
 
+from partita.runtime.launcher.store import APART
+
 BEAT = 1.0
 """Seconds between heartbeats."""
 LOST = 12.0
@@ -102,7 +104,8 @@ class PeerWatch:
                 ending = self.done or self._all_done()
                 line = None if ending or now - self._failing_since < self.lost_after else (
                     f"lost the rendezvous store at {self.host}:{self.port}: the node that hosts it was killed, or "
-                    f"its machine or network went down ({now - self._failing_since:.0f} s without an answer)")
+                    f"its machine or network went down ({now - self._failing_since:.0f} s without an answer); "
+                    + APART.format(port=self.port))
             if line:
                 self._found(line)
                 return

@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 
 from partita.costmodel.errors import PartitaError
+from partita.runtime.launcher.store import APART
 from partita.runtime.launcher.elastic import KEEP_ALIVE, KEEP_ALIVE_MISSES, LAST_CALL, ROUND_ENV
 from partita.runtime.loop.console import stderr_line
 
@@ -301,6 +302,9 @@ def failure_line(e: BaseException) -> str | None:
         return (f"{where} timed out after {SEEN.timeout:g} s with {SEEN.joined} of {SEEN.expected} nodes joined: "
                 "start the same command on every node, or give them longer with --rdzv-timeout")
     if isinstance(e, RendezvousConnectionError):
+        if ELASTIC is not None and ELASTIC.closed_at is not None:  # it answered before: it went with its node
+            port = SEEN.endpoint.rpartition(":")[2]
+            return f"{where}: the rendezvous store went away with the node that served it; {APART.format(port=port)}"
         return (f"{where}: no rendezvous store answered within {SEEN.timeout:g} s: start the node that hosts "
                 "HOST first (or together), and check that HOST:PORT is reachable from here")
     if isinstance(e, RendezvousClosedError):

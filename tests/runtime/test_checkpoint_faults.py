@@ -258,3 +258,24 @@ def test_the_python_api_raises_stopped_and_puts_the_callers_handlers_back(tmp_pa
         assert e.value.exit_code == 130 and signal.getsignal(signal.SIGINT) is mine
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_collective_lost_under_dcp_is_a_restartable_failure_and_dcps_own_failure_is_one_line():
+    """A rank lost mid-save fails DCP's collectives with gloo's RuntimeError: raised as it is (torchrun restarts
+    the workers, an elastic job re-plans) rather than a CheckpointError that ends the job; DCP's own
+    CheckpointException (a write that failed on some rank) stays one CheckpointError line."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from partita.runtime.checkpoint.saving import _dcp
+
+    def lost():
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:24490")
+
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        _dcp(lost, "saving the checkpoint of step 4")
+
+    def full():
+        raise CheckpointException("write", {1: (OSError(27, "File too large"), None)})
+
+    with pytest.raises(CheckpointError, match=r"^saving the checkpoint of step 4 failed \(rank 1: OSError: .*File too large"):
+        _dcp(full, "saving the checkpoint of step 4")

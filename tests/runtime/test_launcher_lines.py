@@ -54,6 +54,16 @@ def test_rendezvous_failures_are_one_line_with_what_was_seen():
     assert "no rendezvous store answered within 7 s" in rendezvous.failure_line(RendezvousConnectionError("x"))
     assert rendezvous.failure_line(ValueError("x")) is None
     assert "--rdzv-conf=join_timeout=7,read_timeout=7" in rendezvous.register("node0:29400", 7)
+    # an elastic job whose store answered in an earlier round: it went away with the node that served it
+    from partita.runtime.launcher.elastic import Rescale
+    elastic = Rescale(60.0)
+    rendezvous.register("node0:29400", 7, elastic)
+    assert "no rendezvous store answered" in rendezvous.failure_line(RendezvousConnectionError("x"))  # first round
+    elastic.round_closed(3)
+    assert rendezvous.failure_line(RendezvousConnectionError("x")) == (
+        "rendezvous at node0:29400: the rendezvous store went away with the node that served it; serve the store "
+        "apart from the training nodes (`partita rendezvous --port 29400`) so that no node's loss ends the job")
+    rendezvous.register("node0:29400", 7)
 
 
 def torchrun_record(name: str, level: int, msg: str, args: tuple) -> logging.LogRecord:

@@ -402,6 +402,9 @@ def _after_agent_error(e: Exception, log_dir: str) -> int:
     """torchrun's agent itself failed (rendezvous timeout, unreachable endpoint; after the rendezvous: the store
     went away with the node hosting it): one line, exit 1."""
     from partita.runtime.launcher import rendezvous
+    if isinstance(e, rendezvous.SpareNotNeeded):  # nothing failed: the job ended while this node waited
+        stderr_line(str(e))
+        return 0
     if rendezvous.WATCH is not None:  # after the rendezvous: the store went away with the node hosting it
         return _store_lost(log_dir, rendezvous.WATCH)
     line = rendezvous.failure_line(e) or f"torchrun: {type(e).__name__}: {e}".strip().splitlines()[0]

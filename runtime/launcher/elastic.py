@@ -160,7 +160,8 @@ def procs_per_node(directory: str, nnodes: NodeCount) -> int:
 
 def slower_sizes(directory: str, nnodes: NodeCount) -> list[str]:
     """Notes for the sizes whose own plan is predicted slower than a smaller size's: the elastic run uses every
-    node it has, idle spares are not built."""
+    node it has, unless started at most at the faster size, the other nodes waiting as spares (the note says how;
+    runtime.launcher.rendezvous.is_spare)."""
     from partita.planner.plan import planset
     s = planset.from_directory(directory)
     out = []
@@ -170,7 +171,9 @@ def slower_sizes(directory: str, nnodes: NodeCount) -> list[str]:
                 and used is not size:
             out.append(f"note: plan set {directory}: on {size.nodes} nodes the {used.nodes}-node plan is predicted "
                        f"faster ({used.plan.predicted['step_time_s']:.4g} s against "
-                       f"{size.plan.predicted['step_time_s']:.4g} s a step); an elastic run uses all {size.nodes}")
+                       f"{size.plan.predicted['step_time_s']:.4g} s a step); an elastic run uses all {size.nodes} "
+                       f"(to keep the faster plan, start it with --nnodes {min(nnodes.least, used.nodes)}:{used.nodes} and the other "
+                       "nodes as spares: they wait and take the place of a lost node)")
     return out
 
 

@@ -59,9 +59,45 @@ class Seen:
     expected: int = 0
     endpoint: str = ""
     timeout: float = DEFAULT_TIMEOUT
+    spare: bool = False
+    """This node waits as a spare (`is_spare`)."""
 
 
 SEEN = Seen()
+
+
+class SpareNotNeeded(Exception):
+    """The job closed its rendezvous while this node waited as a spare: nothing failed (exit 0)."""
+
+
+def _state(handler):
+    """torch's DynamicRendezvousHandler's last synced state (private: None where a torch release lacks it)."""
+    return getattr(getattr(handler, "_state_holder", None), "state", None)
+
+
+def full_round(handler) -> bool:
+    """Whether the running round already holds the job's largest size (--nnodes MAX): a waiting node cannot be taken
+    in, so a restart for it would only run the same round again (and again: the node stays waiting)."""
+    state, settings = _state(handler), getattr(handler, "_settings", None)
+    return state is not None and settings is not None and bool(getattr(state, "complete", False)) \
+        and len(getattr(state, "participants", ())) >= settings.max_nodes
+
+
+def is_spare(handler) -> bool:
+    """Whether this node (torch's DynamicRendezvousHandler `handler`) waits while a round runs at the job's largest
+    size: an idle spare, which takes the place of the first node lost at the next round. torch keeps such a node in
+    its redundancy list (no re-rendezvous for it); a spare that went back to the wait list when a node was lost,
+    and found the round full again, waits there (`full_round`: no restart for it either)."""
+    state, node = _state(handler), getattr(handler, "_this_node", None)
+    if state is None or node is None:
+        return False
+    return node in getattr(state, "redundancy_list", ()) or (node in getattr(state, "wait_list", ())
+                                                             and full_round(handler))
+
+
+def spare_line(expected: int) -> str:
+    return (f"partita: this node waits as a spare at {SEEN.endpoint}: the job runs on its largest size, {expected} "
+            "nodes; it takes the place of the first node lost")
 WATCH = None
 """This launcher's runtime.launcher.peers.PeerWatch, once its first rendezvous completed (several nodes only)."""
 ELASTIC = None
@@ -167,8 +203,8 @@ def check_endpoint(endpoint: str, wait: float = 5.0) -> None:
 class _Ticker:
     """A thread printing the rendezvous' progress (module docstring) until stopped."""
 
-    def __init__(self, count, expected: int, deadline: float | None = None):
-        self.count, self.expected, self.deadline = count, expected, deadline
+    def __init__(self, count, expected: int, deadline: float | None = None, spare=lambda: False):
+        self.count, self.expected, self.deadline, self.spare = count, expected, deadline, spare
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -195,6 +231,11 @@ class _Ticker:
                 return
             if joined is not None:
                 SEEN.joined = joined
+            if SEEN.spare or self.spare():  # said once: a spare may wait for days, without a deadline
+                if not SEEN.spare:
+                    SEEN.spare = True
+                    stderr_line(spare_line(self.expected))
+                continue
             if now < QUIET or (joined == last_count and now - last_line < EVERY):
                 continue
             if joined is None:
@@ -208,7 +249,8 @@ class _Ticker:
 
 
 def _handler_type():
-    from torch.distributed.elastic.rendezvous import RendezvousHandler
+    from torch.distributed.elastic.rendezvous import (RendezvousClosedError, RendezvousGracefulExitError,
+                                                      RendezvousHandler)
 
     class Watched(RendezvousHandler):
         """torch's c10d DynamicRendezvousHandler, each `next_rendezvous` counted and watched."""
@@ -220,8 +262,20 @@ def _handler_type():
             self.rounds += 1
             key = KEY.format(run_id=self.run_id, round=self.rounds)
             self.store.add(key, 1)
-            with _Ticker(lambda: self.store.add(key, 0), self.expected):
-                info = self.inner.next_rendezvous()
+            with _Ticker(lambda: self.store.add(key, 0), self.expected, spare=lambda: is_spare(self.inner)):
+                try:
+                    info = self.inner.next_rendezvous()
+                except (RendezvousGracefulExitError, RendezvousClosedError) as e:
+                    # the job closed its rendezvous while this node waited as a spare (torch raises the first in
+                    # its redundancy list, the second in its wait list)
+                    if isinstance(e, RendezvousClosedError) and not (SEEN.spare or is_spare(self.inner)):
+                        raise
+                    raise SpareNotNeeded(f"partita: the job at {SEEN.endpoint} ended without needing this spare "
+                                         "node") from None
+            if SEEN.spare:
+                SEEN.spare = False
+                stderr_line(f"partita: this spare node takes a lost node's place: the job goes on on "
+                            f"{getattr(info, 'world_size', self.expected)} nodes")
             if ELASTIC is not None:  # the workers of this round continue the job (runtime.launcher.elastic)
                 os.environ[ROUND_ENV] = str(self.rounds)
                 ELASTIC.round_closed(getattr(info, "world_size", None))
@@ -247,7 +301,9 @@ def _handler_type():
             return self.inner.set_closed()
 
         def num_nodes_waiting(self) -> int:
-            count = self.inner.num_nodes_waiting()
+            count = self.inner.num_nodes_waiting()  # syncs the state full_round reads
+            if count and full_round(self.inner):  # spares: no new round could take them in
+                return 0
             return ELASTIC.waiting(count) if ELASTIC is not None else count
 
         def get_run_id(self) -> str:
@@ -302,6 +358,10 @@ def failure_line(e: BaseException) -> str | None:
         return (f"{where} timed out after {SEEN.timeout:g} s with {SEEN.joined} of {SEEN.expected} nodes joined: "
                 "start the same command on every node, or give them longer with --rdzv-timeout")
     if isinstance(e, RendezvousConnectionError):
+        if SEEN.spare:  # the store served by a training node: gone at the job's end, or with that node
+            port = SEEN.endpoint.rpartition(":")[2]
+            return (f"{where}: the rendezvous store went away while this node waited as a spare: the job ended, or "
+                    f"lost the node that served the store; {APART.format(port=port)}")
         if ELASTIC is not None and ELASTIC.closed_at is not None:  # it answered before: it went with its node
             port = SEEN.endpoint.rpartition(":")[2]
             return f"{where}: the rendezvous store went away with the node that served it; {APART.format(port=port)}"

@@ -157,3 +157,24 @@ def test_a_lost_node_line_names_the_newest_committed_checkpoint_this_node_had_no
     assert line == f"lost node n1; this node stops after step 1 of 100; resume from {root}/step-00000002 with --resume"
     stop.record_step(3, 100, None, False)  # no checkpoint directory: no resume hint
     assert agent._lost_line("lost node n1", str(tmp_path)) == "lost node n1; this node stops after step 3 of 100"
+
+
+def test_a_node_waiting_while_the_round_runs_at_its_largest_size_is_a_spare_and_triggers_no_restart():
+    """torch's rendezvous state, as DynamicRendezvousHandler keeps it: a node in the redundancy list, or in the
+    wait list while a complete round holds MAX nodes, is a spare; a waiting node restarts the workers (is counted)
+    only where a new round could take it in."""
+    from types import SimpleNamespace as NS
+
+    from partita.runtime.launcher.rendezvous import full_round, is_spare
+    me = "node-d"
+
+    def handler(participants: int, complete=True, wait=(), redundant=()):
+        state = NS(participants={f"n{i}": i for i in range(participants)}, complete=complete,
+                   wait_list=set(wait), redundancy_list=set(redundant))
+        return NS(_state_holder=NS(state=state), _settings=NS(max_nodes=3), _this_node=me)
+
+    assert is_spare(handler(3, redundant=[me])) and full_round(handler(3, redundant=[me]))
+    assert is_spare(handler(3, wait=[me]))  # back in the wait list after a loss, the round full again
+    assert not is_spare(handler(2, wait=[me])) and not full_round(handler(2, wait=[me]))  # a growth: taken in
+    assert not is_spare(handler(3, complete=False, wait=[me]))  # the round still forming
+    assert not is_spare(handler(3)) and not is_spare(NS()) and not full_round(NS())  # not waiting; no state

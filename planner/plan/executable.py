@@ -75,20 +75,21 @@ def zero_refusal(zero: int, tp: int = 1, cp: int = 1, ep: int = 1) -> str | None
 def sync_refusal(mode: str, pp: int = 1, tp: int = 1, cp: int = 1, ep: int = 1, zero: int = 0) -> str | None:
     """None when the runtime runs sync mode `mode` (planner.plan.sync) on this plan; else one line saying why not.
     DiLoCo's and streaming DiLoCo's hooks (runtime.loop.sync) run on DDP replicas (their inner steps use DDP's
-    no_sync), on tensor-parallel replicas at zero 0 (each tp rank's shard exchanged with its peers in the other
-    islands), or with FSDP (ZeRO 2/3) over each island's replicas alone; the compressed and powersgd modes are DDP
+    no_sync), on tensor- and pipeline-parallel replicas at zero 0 (each tp rank's shard, each stage's parameters,
+    exchanged with their peers in the other islands), or with FSDP (ZeRO 2/3) over each island's replicas alone; the compressed and powersgd modes are DDP
     communication hooks."""
     if mode not in SYNC_MODES or not SYNC_MODES[mode].ddp_replicas_only:
         return None
     entry = SYNC_MODES[mode]
-    tp_runs = entry.tensor_parallel and not zero
-    others = [f"{k}={v}" for k, v in (("pp", pp), ("tp", 1 if tp_runs else tp), ("cp", cp), ("ep", ep)) if v > 1]
+    tp_runs, pp_runs = entry.tensor_parallel and not zero, entry.pipeline and not zero
+    others = [f"{k}={v}" for k, v in (("pp", 1 if pp_runs else pp), ("tp", 1 if tp_runs else tp), ("cp", cp),
+                                      ("ep", ep)) if v > 1]
     others += [f"zero={zero}"] if zero and not (entry.shards_in_islands and zero in (2, 3)) else []
     if others:
-        runs = ("data-parallel replicas (DDP, tensor-parallel replicas at zero 0, or FSDP with ZeRO 2 or 3 inside "
-                "each island without tensor parallelism; no pipeline, context or expert parallelism)"
+        runs = ("data-parallel replicas (DDP, tensor- and pipeline-parallel replicas at zero 0, or FSDP with ZeRO 2 "
+                "or 3 inside each island without tensor or pipeline parallelism; no context or expert parallelism)"
                 if entry.shards_in_islands else "DDP replicas (zero 0, data parallelism only)")
-        fix = "--zero 0 (with --tp), or 2 or 3 with --tp 1; --pp 1" if entry.shards_in_islands else \
+        fix = "--zero 0 (with --tp, --pp), or 2 or 3 with --tp 1 --pp 1" if entry.shards_in_islands else \
             "--zero 0 --tp 1 --pp 1"
         return (f"{mode} with {' and '.join(others)} is not run by partita's runtime: it runs the {mode} sync mode on "
                 f"{runs} today; plan with {fix} to run it")

@@ -64,6 +64,9 @@ class SyncMode:
     tensor_parallel: bool = False
     """With ddp_replicas_only: tensor parallelism inside each replica runs too (zero 0): each tp rank's outer
     exchange is its own shard, with the ranks holding the same shard in the other islands."""
+    pipeline: bool = False
+    """With ddp_replicas_only: pipeline parallelism inside each replica runs too (zero 0, with or without tensor
+    parallelism): each stage's outer exchange is its own parameters, with the same stage in the other islands."""
 
     @property
     def price(self) -> str:
@@ -151,7 +154,7 @@ SYNC_MODES: dict[str, SyncMode] = {
                 "every link, each averaged gradient rounded to bf16's 8 significant bits before the optimizer step"),
     DILOCO: SyncMode(
         name=DILOCO, crosses="the parameter change", ddp_replicas_only=True, holds="anchor and outer momentum",
-        outer_step=True, shards_in_islands=True, tensor_parallel=True,
+        outer_step=True, shards_in_islands=True, tensor_parallel=True, pipeline=True,
         summary="DiLoCo (Douillard et al. 2023, arXiv:2311.08105): synchronous inside each island; across islands "
                 "every H steps the mean parameter change is applied to the anchor weights by an outer Nesterov SGD "
                 "step (lr 0.7, momentum 0.9 as published). Published quality: on C4, 8 workers at H = 500 performed "
@@ -172,7 +175,7 @@ SYNC_MODES: dict[str, SyncMode] = {
         options={"rank": COUNT, "start": COUNT}, defaults={"rank": 4, "start": 1000}, check=_powersgd_problem),
     STREAMING: SyncMode(
         name=STREAMING, crosses="the parameter change of one fragment", ddp_replicas_only=True, outer_step=True,
-        shards_in_islands=True, tensor_parallel=True,
+        shards_in_islands=True, tensor_parallel=True, pipeline=True,
         holds="anchor, outer momentum and the fragment in flight",
         summary="streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512), the asynchronous mode: DiLoCo with the "
                 "parameters split into fragments (strided by layer) that take their outer steps in turn, fragment p "

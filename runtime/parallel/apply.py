@@ -305,6 +305,12 @@ class PipelineExecutor:
         self.first, self.last = 0 in self.stage_indices, len(plan.stages) - 1 in self.stage_indices
         self.holds_loss = self.last and topo.tp_rank == 0
         self.loss_parallel = topo.tp > 1 and any(_tp().vocab_head(plan.placements, m) for m in self.modules)
+        self.average_within(self.replicas, self.n_replicas)
+
+    def average_within(self, group, size: int) -> None:
+        """The ranks of this stage whose gradients `step` averages (where FSDP does not): all replicas, or, for a
+        sync mode that trains islands apart, this rank's island (None, 1: nobody else)."""
+        self.grad_group, self.grad_ranks = group, size
 
     def step(self, batch: tuple) -> torch.Tensor:
         """Run the schedule on this rank's batch; returns its mean loss on the last stage, else 0."""
@@ -315,8 +321,8 @@ class PipelineExecutor:
         with loss_context(self.loss_parallel):
             self.schedule.step(*args, **kwargs)
         settle_grads(self.params)
-        if self.n_replicas > 1 and not self.fsdp:
-            average_grads(self.params, self.replicas, self.n_replicas)
+        if self.grad_ranks > 1 and not self.fsdp:
+            average_grads(self.params, self.grad_group, self.grad_ranks)
         if not losses:
             return torch.zeros((), device=self.topo.device)
         return torch.stack([x.detach() for x in losses]).mean()

@@ -158,7 +158,11 @@ def test_a_diloco_plan_the_runtime_does_not_run_says_so():
     # outer-step modes alone: the compressed and powersgd modes are DDP hooks
     assert sync_refusal("diloco", tp=2) is None and sync_refusal("streaming", tp=4) is None
     assert "compressed with tp=2 is not run" in sync_refusal("compressed", tp=2)
-    assert "streaming with pp=2 is not run" in sync_refusal("streaming", tp=2, pp=2)
+    # and pipeline parallelism (zero 0): each stage's parameters cross to the same stage in the other islands
+    assert sync_refusal("streaming", tp=2, pp=2) is None and sync_refusal("diloco", pp=4) is None
+    assert "diloco with pp=2 is not run" in sync_refusal("diloco", pp=2, zero=3)
+    assert "streaming with cp=2 is not run" in sync_refusal("streaming", pp=2, cp=2)
+    assert "compressed with pp=2 is not run" in sync_refusal("compressed", pp=2)
 
 
 def test_the_cross_island_term_counts_islands_spanned_and_the_ring_factors():

@@ -47,11 +47,12 @@ class DiLoCo(SyncHook):
         self.every, self.bits = sync.option("every"), sync.option("bits")
         n = executor.n_replicas if executor is not None else 1
         self.sharded = bool(executor is not None and executor.fsdp)
-        self.tensor = bool(executor is not None and topo.tp > 1 and topo.cp == 1 and not self.sharded
-                           and hasattr(executor, "average_within"))  # tensor-parallel replicas, one stage
-        if n > 1 and executor.ddp is None and not self.sharded and not self.tensor:
-            raise PartitaError(f"{self.MODE} runs on data-parallel plans with DDP, FSDP or tensor parallelism (no "
-                               "pipeline parallelism) today; this plan splits the model into stages")
+        # tensor- and/or pipeline-parallel replicas at zero 0: the executor averages the gradients itself
+        self.tensor = bool(executor is not None and (topo.tp > 1 or topo.pp > 1) and topo.cp == 1
+                           and not self.sharded and hasattr(executor, "average_within"))
+        if n > 1 and getattr(executor, "ddp", None) is None and not self.sharded and not self.tensor:
+            raise PartitaError(f"{self.MODE} runs on data-parallel plans with DDP, FSDP, or tensor or pipeline "
+                               "parallelism at zero 0 today; this plan is none of these")
         self.islands = sync.option("islands") or n
         if n % self.islands:
             raise PartitaError(f"sync.options.islands = {self.islands} does not divide the plan's {n} data-parallel "
@@ -89,21 +90,21 @@ class DiLoCo(SyncHook):
         return inner, outer
 
     def _tensor_groups(self, n: int):
-        """Tensor-parallel replicas: a mesh (islands, replicas per island, tp) over the ranks, laid out as the plan's
-        (tp fastest, then dp; an island is consecutive replicas). The island's group holds its replicas of this
-        rank's tp shard, and the executor averages the inner gradients over it alone; the outer group holds the
-        same shard in the other islands."""
+        """Tensor- and/or pipeline-parallel replicas: a mesh (pp, islands, replicas per island, tp) over the ranks,
+        laid out as the plan's (tp fastest, then dp, then pp; an island is consecutive replicas). The island's
+        group holds its replicas of this rank's stage and tp shard, and the executor averages the inner gradients
+        over it alone; the outer group holds the same stage and shard in the other islands."""
         from torch.distributed.device_mesh import init_device_mesh
-        per = n // self.islands
-        mesh = init_device_mesh(self.topo.device.type, (self.islands, per, self.topo.tp),
-                                mesh_dim_names=("island", "replica", "tp"))
-        self.island, self.shard = mesh.get_local_rank("island"), self.topo.tp_rank
+        per, topo = n // self.islands, self.topo
+        mesh = init_device_mesh(topo.device.type, (topo.pp, self.islands, per, topo.tp),
+                                mesh_dim_names=("pp", "island", "replica", "tp"))
+        self.island, self.shard = mesh.get_local_rank("island"), topo.tp_rank
         inner = mesh.get_group("replica") if per > 1 else None
         self.executor.average_within(inner, per if inner is not None else 1)
         return inner, (mesh.get_group("island") if self.islands > 1 else None)
 
     def during_backward(self, step: int):
-        ddp = self.executor.ddp if self.executor is not None else None
+        ddp = getattr(self.executor, "ddp", None)
         return ddp.no_sync() if ddp is not None and self.outer is not None else contextlib.nullcontext()
 
     def before_optimizer(self, step: int) -> None:
@@ -201,7 +202,12 @@ class DiLoCo(SyncHook):
     def _shard_key(self) -> str:
         """The suffix of a key that holds this rank's shard (FSDP, or a tp rank's: each shard its own plain tensor),
         else ""."""
-        return f".shard{self.shard}" if self.sharded else f".tp{self.shard}" if self.tensor else ""
+        if self.sharded:
+            return f".shard{self.shard}"
+        if not self.tensor:
+            return ""
+        topo = self.topo  # one stage: the keys tensor-parallel plans had before pipelines ran in islands
+        return (f".pp{topo.pp_rank}" if topo.pp > 1 else "") + (f".tp{topo.tp_rank}" if topo.tp > 1 else "")
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         return {**self._outer_keys(), **self._inner_keys()}
@@ -330,12 +336,17 @@ class StreamingDiLoCo(DiLoCo):
     def close(self) -> None:
         self._land()
 
+    @property
+    def _stage(self) -> str:
+        """The suffix of a key of this stage's own (its parameters, its fragment in flight); "" with one stage."""
+        return f".pp{self.topo.pp_rank}" if self.topo.pp > 1 else ""
+
     def _own_keys(self) -> dict[str, torch.Tensor]:
         fragment, merge_at = (self.pending.fragment, self.pending.merge_at) if self.pending else (-1, -1)
         return {**{f"sync.{self.MODE}.anchor.{i}{self._shard_key}": a for i, a in enumerate(self.anchor)},
-                **{f"sync.{self.MODE}.island{self.island}.param.{i}": p.detach()
+                **{f"sync.{self.MODE}.island{self.island}.param.{i}{self._stage}": p.detach()
                    for i, p in enumerate(self.executor.params)},
-                f"sync.{self.MODE}.pending": torch.tensor([fragment, merge_at], dtype=torch.int64)}
+                f"sync.{self.MODE}.pending{self._stage}": torch.tensor([fragment, merge_at], dtype=torch.int64)}
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
         self._land()
@@ -356,7 +367,7 @@ class StreamingDiLoCo(DiLoCo):
                                f"by a {self.MODE} run of this plan's islands; resume it with the plan that wrote it")
         reader = lambda: dcp.FileSystemReader(str(path))  # noqa: E731 -- one reader per load
         dcp.load(want, storage_reader=reader())
-        fragment, merge_at = (int(x) for x in want[f"sync.{self.MODE}.pending"])
+        fragment, merge_at = (int(x) for x in want[f"sync.{self.MODE}.pending{self._stage}"])
         self.pending = None
         if fragment >= 0:
             buckets = self._buckets(self.fragments[fragment])

@@ -238,6 +238,13 @@ FIRST_CONTACT_SKIPPED = [
                    "is Table 4's"),
     Skipped(source="zero-bubble-pp", what="the peak-memory columns (GB) of Tables 4, 6, 11 and 12",
             reason="which stage, and whether allocated or reserved bytes (or GB or GiB), is not stated"),
+    Skipped(source="yafsdp", what="yandex/YaFSDP README.md 'Benchmarks' @ a61a4a6e: YaFSDP and PyTorch FSDP iteration "
+                                  "times, Llama 2 7B-70B and Llama 3 8B/70B on 64-256 A100 80GB (16 rows each)",
+            reason="the README states the model, GPU count, sequence, checkpointed layers and 'per-device batch size "
+                   "1', but not the trainer (the repository's example uses transformers + accelerate, which the "
+                   "benchmark is not said to have run), the precision, the network between hosts, gradient "
+                   "accumulation, or the shape of its 'Llama 2 34B' (never released): the stack rule has no facts "
+                   "to apply, and the FSDP rows are communication-bound on a network that is not published"),
     Skipped(source="nemo-megatron-launcher", what="T5, mT5 and BERT training-performance tables",
             reason="encoder-decoder and encoder models: not expressible by partita's decoder families"),
 ]

@@ -244,69 +244,47 @@ def test_streaming_on_fsdp_islands_resumes_exactly_with_a_fragment_in_flight(tmp
     assert first == straight[:4] and resumed == straight[4:], (straight, first, resumed)
 
 
-def _tp_islands(tmp_path: Path, name: str, sync: dict | None, optimizer: str, steps: int, *extra: str,
-                lr: str = "0.5") -> list[float]:
-    """4 ranks, tp = 2 inside each of dp = 2 replicas (zero 0: the executor averages the gradients); with `sync`,
-    each replica its own island. The losses."""
-    return _four_ranks(tmp_path, name, sync, optimizer, steps, *extra, lr=lr, dp=2, tp=2)["losses"]
+LAYOUTS = {"tp": {"tp": 2}, "pp": {"pp": 2}}
+"""4 ranks, 2 data-parallel replicas of tp = 2 or pp = 2 (zero 0: the executor averages the gradients)."""
 
 
-def test_tensor_parallel_islands_h1_is_synchronous_tp_dp_and_h2_is_not(tmp_path):
-    """DiLoCo composes with tensor parallelism (zero 0): 2 islands of one tp = 2 replica each, every tp rank's outer
-    all-reduce over the rank holding the same shard in the other island. H = 1, outer lr 1, no momentum under SGD
-    is synchronous tp = 2 x dp = 2 training within 1e-5; H = 2 with the published outer step is another run."""
-    sync = _tp_islands(tmp_path, "tp_sync", None, "sgd", 4)
+def _model_parallel_islands(tmp_path: Path, name: str, layout: str, sync: dict | None, optimizer: str, steps: int,
+                            *extra: str, lr: str = "0.5") -> list[float]:
+    """4 ranks, `layout` (LAYOUTS) inside each of dp = 2 replicas; with `sync`, each replica its own island. The
+    losses."""
+    return _four_ranks(tmp_path, name, sync, optimizer, steps, *extra, lr=lr, dp=2, **LAYOUTS[layout])["losses"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_model_parallel_islands_h1_is_synchronous_and_h2_is_not(tmp_path, layout):
+    """DiLoCo composes with tensor and with pipeline parallelism (zero 0): 2 islands of one tp = 2 (pp = 2) replica
+    each, every rank's outer all-reduce over the rank holding the same shard (stage) in the other island. H = 1,
+    outer lr 1, no momentum under SGD is synchronous training of the same plan within 1e-5; H = 2 with the
+    published outer step is another run."""
+    sync = _model_parallel_islands(tmp_path, "sync", layout, None, "sgd", 4)
     identity = {"mode": "diloco", "options": {"every": 1, "outer_lr": 1, "outer_momentum": 0}}
-    islands = _tp_islands(tmp_path, "tp_islands", identity, "sgd", 4)
-    assert max(abs(a - b) for a, b in zip(islands, sync)) < 1e-5, (islands, sync)
-    h2 = _tp_islands(tmp_path, "tp_h2", {"mode": "diloco", "options": {"every": 2}}, "sgd", 4)
-    assert abs(h2[0] - sync[0]) < 1e-5 and min(abs(a - b) for a, b in zip(h2[2:], sync[2:])) > 1e-4, (h2, sync)
-
-
-def test_streaming_on_tensor_parallel_islands_resumes_exactly(tmp_path):
-    """Streaming DiLoCo (H = 4, 2 fragments, delay 1) on 2 islands of a tp = 2 replica, Adam: each tp rank's anchor
-    and in-flight mean under its own keys; 8 steps straight equal 4 and 4 more resumed, bit for bit."""
-    from partita.runtime.checkpoint import read_metadata
-    ck = tmp_path / "ck"
-    sync = {"mode": "streaming", "options": {"every": 4, "fragments": 2, "delay": 1, "alpha": 0.5}}
-    straight = _tp_islands(tmp_path, "straight", sync, "adam", 8, lr="0.01")
-    first = _tp_islands(tmp_path, "first", sync, "adam", 4, "--checkpoint-dir", str(ck), "--checkpoint-every", "2",
-                        lr="0.01")
-    keys = set(read_metadata(ck / "step-00000004").state_dict_metadata)
-    assert {"sync.streaming.anchor.0.tp0", "sync.streaming.anchor.0.tp1", "sync.streaming.pending.wire.0.tp1"} <= keys
-    resumed = _tp_islands(tmp_path, "resumed", sync, "adam", 8, "--checkpoint-dir", str(ck), "--resume", lr="0.01")
-    assert first == straight[:4] and resumed == straight[4:], (straight, first, resumed)
-
-
-def _pp_islands(tmp_path: Path, name: str, sync: dict | None, optimizer: str, steps: int, *extra: str,
-                lr: str = "0.5") -> list[float]:
-    """4 ranks, pp = 2 inside each of dp = 2 replicas (zero 0: the pipeline executor averages each stage's
-    gradients); with `sync`, each replica its own island. The losses."""
-    return _four_ranks(tmp_path, name, sync, optimizer, steps, *extra, lr=lr, dp=2, pp=2)["losses"]
-
-
-def test_pipeline_islands_h1_is_synchronous_pp_dp_and_h2_is_not(tmp_path):
-    """DiLoCo composes with pipeline parallelism (zero 0): 2 islands of one pp = 2 replica each, every stage's outer
-    all-reduce over the rank holding the same stage in the other island. H = 1, outer lr 1, no momentum under SGD
-    is synchronous pp = 2 x dp = 2 training within 1e-5; H = 2 with the published outer step is another run."""
-    sync = _pp_islands(tmp_path, "pp_sync", None, "sgd", 4)
-    identity = {"mode": "diloco", "options": {"every": 1, "outer_lr": 1, "outer_momentum": 0}}
-    islands = _pp_islands(tmp_path, "pp_islands", identity, "sgd", 4)
+    islands = _model_parallel_islands(tmp_path, "islands", layout, identity, "sgd", 4)
     assert len(sync) == 4 and max(abs(a - b) for a, b in zip(islands, sync)) < 1e-5, (islands, sync)
-    h2 = _pp_islands(tmp_path, "pp_h2", {"mode": "diloco", "options": {"every": 2}}, "sgd", 4)
+    h2 = _model_parallel_islands(tmp_path, "h2", layout, {"mode": "diloco", "options": {"every": 2}}, "sgd", 4)
     assert abs(h2[0] - sync[0]) < 1e-5 and min(abs(a - b) for a, b in zip(h2[2:], sync[2:])) > 1e-4, (h2, sync)
 
 
-def test_streaming_on_pipeline_islands_resumes_exactly(tmp_path):
-    """Streaming DiLoCo (H = 4, 2 fragments, delay 1) on 2 islands of a pp = 2 replica, Adam: each stage's anchor and
-    in-flight mean under its own keys; 8 steps straight equal 4 and 4 more resumed, bit for bit."""
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_streaming_on_model_parallel_islands_resumes_exactly(tmp_path, layout):
+    """Streaming DiLoCo (H = 4, 2 fragments, delay 1) on 2 islands of a tp = 2 (pp = 2) replica, Adam: each tp rank's
+    (stage's) anchor and in-flight mean under its own keys; 8 steps straight equal 4 and 4 more resumed, bit for
+    bit."""
     from partita.runtime.checkpoint import read_metadata
     ck = tmp_path / "ck"
     sync = {"mode": "streaming", "options": {"every": 4, "fragments": 2, "delay": 1, "alpha": 0.5}}
-    straight = _pp_islands(tmp_path, "straight", sync, "adam", 8, lr="0.01")
-    first = _pp_islands(tmp_path, "first", sync, "adam", 4, "--checkpoint-dir", str(ck), "--checkpoint-every", "2",
-                        lr="0.01")
+
+    def run(name: str, steps: int, *extra: str) -> list[float]:
+        return _model_parallel_islands(tmp_path, name, layout, sync, "adam", steps, *extra, lr="0.01")
+
+    straight = run("straight", 8)
+    first = run("first", 4, "--checkpoint-dir", str(ck), "--checkpoint-every", "2")
     keys = set(read_metadata(ck / "step-00000004").state_dict_metadata)
-    assert {"sync.streaming.anchor.0.pp0", "sync.streaming.anchor.0.pp1"} <= keys, sorted(keys)[:20]
-    resumed = _pp_islands(tmp_path, "resumed", sync, "adam", 8, "--checkpoint-dir", str(ck), "--resume", lr="0.01")
+    assert {f"sync.streaming.anchor.0.{layout}0", f"sync.streaming.anchor.0.{layout}1",
+            f"sync.streaming.pending.wire.0.{layout}1"} <= keys, sorted(keys)
+    resumed = run("resumed", 8, "--checkpoint-dir", str(ck), "--resume")
     assert first == straight[:4] and resumed == straight[4:], (straight, first, resumed)

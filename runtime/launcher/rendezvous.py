@@ -98,6 +98,8 @@ def is_spare(handler) -> bool:
 def spare_line(expected: int) -> str:
     return (f"partita: this node waits as a spare at {SEEN.endpoint}: the job runs on its largest size, {expected} "
             "nodes; it takes the place of the first node lost")
+
+
 WATCH = None
 """This launcher's runtime.launcher.peers.PeerWatch, once its first rendezvous completed (several nodes only)."""
 ELASTIC = None
@@ -358,13 +360,12 @@ def failure_line(e: BaseException) -> str | None:
         return (f"{where} timed out after {SEEN.timeout:g} s with {SEEN.joined} of {SEEN.expected} nodes joined: "
                 "start the same command on every node, or give them longer with --rdzv-timeout")
     if isinstance(e, RendezvousConnectionError):
+        apart = APART.format(port=SEEN.endpoint.rpartition(":")[2])
         if SEEN.spare:  # the store served by a training node: gone at the job's end, or with that node
-            port = SEEN.endpoint.rpartition(":")[2]
             return (f"{where}: the rendezvous store went away while this node waited as a spare: the job ended, or "
-                    f"lost the node that served the store; {APART.format(port=port)}")
+                    f"lost the node that served the store; {apart}")
         if ELASTIC is not None and ELASTIC.closed_at is not None:  # it answered before: it went with its node
-            port = SEEN.endpoint.rpartition(":")[2]
-            return f"{where}: the rendezvous store went away with the node that served it; {APART.format(port=port)}"
+            return f"{where}: the rendezvous store went away with the node that served it; {apart}"
         return (f"{where}: no rendezvous store answered within {SEEN.timeout:g} s: start the node that hosts "
                 "HOST first (or together), and check that HOST:PORT is reachable from here")
     if isinstance(e, RendezvousClosedError):

@@ -62,6 +62,13 @@ def _stopped_under(pid: int) -> int | None:
     return None
 
 
+def kill_node(node: subprocess.Popen) -> None:
+    """A node lost outright: its launcher, agent and workers SIGKILLed at once."""
+    for p in [*_children(node.pid), node.pid]:
+        os.kill(p, signal.SIGKILL)
+    node.wait()
+
+
 def _listening(port: int) -> bool | None:
     with socket.socket() as s:
         return True if s.connect_ex(("127.0.0.1", port)) == 0 else None
@@ -129,9 +136,7 @@ def test_a_node_joining_then_one_lost_replan_and_the_losses_stay_one_process(tmp
         os.kill(stopped, signal.SIGCONT)
         # on 3 nodes from step 3, rank 2 pauses in step 6: its node (1 or 2) dies -- launcher, agent, worker at once
         lost = _wait(lambda: next((i for i in (1, 2) if _stopped_under(nodes[i].pid)), None), procs=nodes)
-        for p in [*_children(nodes[lost].pid), nodes[lost].pid]:
-            os.kill(p, signal.SIGKILL)
-        nodes[lost].wait()
+        kill_node(nodes[lost])
         kept = [nodes[0], nodes[3 - lost]]
         codes = [p.wait(timeout=300) for p in kept]
     except AssertionError as e:

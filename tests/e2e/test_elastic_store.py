@@ -24,7 +24,7 @@ import uuid
 import pytest
 
 from rank_pool import free_port
-from test_elastic import STEPS, _children, _listening, _logs, _stopped_under, _wait, plan_set, start_node
+from test_elastic import STEPS, _listening, _logs, _stopped_under, _wait, kill_node, plan_set, start_node
 from test_plans_match_single_process import ROOT, _env
 
 SPARE = "waits as a spare at 127.0.0.1:{port}: the job runs on its largest size, 3 nodes; it takes the place of the " \
@@ -56,9 +56,7 @@ def test_an_elastic_job_outlives_the_node_that_would_serve_its_store_and_a_spare
         nodes += [start_node(tmp_path, i, sets, port, job, env, "--rescale-every", "0") for i in (3, 4)]
         _wait(lambda: _said(tmp_path, 3, SPARE.format(port=port)) and _said(tmp_path, 4, SPARE.format(port=port)),
               procs=nodes)
-        for p in [*_children(nodes[0].pid), nodes[0].pid]:
-            os.kill(p, signal.SIGKILL)
-        nodes[0].wait()
+        kill_node(nodes[0])
         if paused_on != 0:
             os.kill(paused, signal.SIGCONT)
         codes = [p.wait(timeout=300) for p in nodes[1:]]

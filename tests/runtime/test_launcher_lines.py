@@ -63,6 +63,14 @@ def test_rendezvous_failures_are_one_line_with_what_was_seen():
     assert rendezvous.failure_line(RendezvousConnectionError("x")) == (
         "rendezvous at node0:29400: the rendezvous store went away with the node that served it; serve the store "
         "apart from the training nodes (`partita rendezvous --port 29400`) so that no node's loss ends the job")
+    rendezvous.SEEN.spare = True  # a spare sees only the store's end: the job's, or that of the node serving it
+    try:
+        assert rendezvous.failure_line(RendezvousConnectionError("x")) == (
+            "rendezvous at node0:29400: the rendezvous store went away while this node waited as a spare: the job "
+            "ended, or lost the node that served the store; serve the store apart from the training nodes (`partita "
+            "rendezvous --port 29400`) so that no node's loss ends the job")
+    finally:
+        rendezvous.SEEN.spare = False
     rendezvous.register("node0:29400", 7)
 
 

@@ -250,9 +250,27 @@ class _Ticker:
             last_line, last_count = now, joined
 
 
+def _joined(inner, count, expected: int):
+    """torch's `inner.next_rendezvous()`, watched by a _Ticker (`count`: the nodes joined so far); a spare's wait said
+    once, its end -- the job closed the rendezvous -- SpareNotNeeded, and its taking a lost node's place said."""
+    from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousGracefulExitError
+    with _Ticker(count, expected, spare=lambda: is_spare(inner)):
+        try:
+            info = inner.next_rendezvous()
+        except (RendezvousGracefulExitError, RendezvousClosedError) as e:
+            # torch raises the first for a node in its redundancy list, the second for one in its wait list
+            if isinstance(e, RendezvousClosedError) and not (SEEN.spare or is_spare(inner)):
+                raise
+            raise SpareNotNeeded(f"partita: the job at {SEEN.endpoint} ended without needing this spare node") from None
+    if SEEN.spare:
+        SEEN.spare = False
+        stderr_line(f"partita: this spare node takes a lost node's place: the job goes on on "
+                    f"{getattr(info, 'world_size', expected)} nodes")
+    return info
+
+
 def _handler_type():
-    from torch.distributed.elastic.rendezvous import (RendezvousClosedError, RendezvousGracefulExitError,
-                                                      RendezvousHandler)
+    from torch.distributed.elastic.rendezvous import RendezvousHandler
 
     class Watched(RendezvousHandler):
         """torch's c10d DynamicRendezvousHandler, each `next_rendezvous` counted and watched."""
@@ -264,20 +282,7 @@ def _handler_type():
             self.rounds += 1
             key = KEY.format(run_id=self.run_id, round=self.rounds)
             self.store.add(key, 1)
-            with _Ticker(lambda: self.store.add(key, 0), self.expected, spare=lambda: is_spare(self.inner)):
-                try:
-                    info = self.inner.next_rendezvous()
-                except (RendezvousGracefulExitError, RendezvousClosedError) as e:
-                    # the job closed its rendezvous while this node waited as a spare (torch raises the first in
-                    # its redundancy list, the second in its wait list)
-                    if isinstance(e, RendezvousClosedError) and not (SEEN.spare or is_spare(self.inner)):
-                        raise
-                    raise SpareNotNeeded(f"partita: the job at {SEEN.endpoint} ended without needing this spare "
-                                         "node") from None
-            if SEEN.spare:
-                SEEN.spare = False
-                stderr_line(f"partita: this spare node takes a lost node's place: the job goes on on "
-                            f"{getattr(info, 'world_size', self.expected)} nodes")
+            info = _joined(self.inner, lambda: self.store.add(key, 0), self.expected)
             if ELASTIC is not None:  # the workers of this round continue the job (runtime.launcher.elastic)
                 os.environ[ROUND_ENV] = str(self.rounds)
                 ELASTIC.round_closed(getattr(info, "world_size", None))

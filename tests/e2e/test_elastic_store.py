@@ -6,9 +6,10 @@ store, and a spare takes the lost node's place without a re-plan.
 set) join at 127.0.0.1:P, and rank 1 pauses in step 4. Two more nodes then start: the job runs at its largest size,
 so they wait as spares (torch's redundancy list) and each says so. Node 0 -- the first started, the one whose
 agent serves the store when nobody else does (it is the endpoint's host and the first to take the port) -- is
-SIGKILLed (launcher, agent and worker). One spare takes its place: the job goes on on 3 nodes under the same plan
-from step 3's checkpoint, its losses one uninterrupted process's within 1e-5 (--verify); the other spare is told,
-at the job's end, that it was not needed. Every node left exits 0, and the store stops on SIGTERM with exit 0.
+SIGKILLed (launcher, agent and worker). A spare takes its place: the job goes on on 3 nodes under the same plan
+from step 3's checkpoint, its losses one uninterrupted process's within 1e-5 (--verify); the node left over (the
+other spare, or a survivor that came back after both spares filled the round) is told, at the job's end, that it
+was not needed. Every node left exits 0, and the store stops on SIGTERM with exit 0.
 Served by node 0 instead, its loss would have ended the job (checked by hand: the survivors exit 1 within
 seconds). `slow`: about 40 s on 2 shared cores.
 """
@@ -70,11 +71,13 @@ def test_an_elastic_job_outlives_the_node_that_would_serve_its_store_and_a_spare
         stopped = store.wait(timeout=30)
     outputs = _logs(tmp_path)
     assert codes == [0, 0, 0, 0], outputs
+    # the round after the loss takes the first 3 nodes that come: a spare or both (then a survivor whose workers
+    # restarted late finds the round full and waits as a spare itself); the one left over is released at the end
     took = [i for i in (3, 4) if "this spare node takes a lost node's place: the job goes on on 3 nodes" in
             outputs[f"node{i}.err"]]
-    idle = [i for i in (3, 4) if f"the job at 127.0.0.1:{port} ended without needing this spare node" in
-            outputs[f"node{i}.err"]]
-    assert len(took) == 1 and idle == [7 - took[0]], outputs
+    released = [i for i in range(1, 5) if f"the job at 127.0.0.1:{port} ended without needing this spare node" in
+                outputs[f"node{i}.err"]]
+    assert took and len(released) == 1 and released[0] not in took, outputs
     assert "re-planned" not in "".join(outputs.values()), outputs  # the same size: the same plan goes on
     reports = [json.loads(f.read_text()) for f in tmp_path.glob("node*.json")]
     last = max(reports, key=lambda r: r["first_step"])

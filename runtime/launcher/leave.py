@@ -139,9 +139,12 @@ def stopped_by_vote(log_dir: Path) -> bool:
 
 def waiting_at(handler) -> bool:
     """Whether a node waits at the rendezvous to be let in: torch's own count, not the rescale window's
-    (runtime.launcher.rendezvous wraps the handler, `inner`)."""
+    (runtime.launcher.rendezvous wraps the handler, `inner`) -- but not a spare, whom a full round cannot let in
+    (a stop is never for it)."""
+    from partita.runtime.launcher.rendezvous import full_round
+    inner = getattr(handler, "inner", handler)
     try:
-        return getattr(handler, "inner", handler).num_nodes_waiting() > 0
+        return inner.num_nodes_waiting() > 0 and not full_round(inner)
     except Exception:  # the store went away with the node that hosted it: the job is ending anyway
         return False
 

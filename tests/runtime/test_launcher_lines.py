@@ -186,3 +186,12 @@ def test_a_node_waiting_while_the_round_runs_at_its_largest_size_is_a_spare_and_
     assert not is_spare(handler(2, wait=[me])) and not full_round(handler(2, wait=[me]))  # a growth: taken in
     assert not is_spare(handler(3, complete=False, wait=[me]))  # the round still forming
     assert not is_spare(handler(3)) and not is_spare(NS()) and not full_round(NS())  # not waiting; no state
+    # a stop by the ranks' vote is for a waiting node only where a new round can let it in (leave.waiting_at)
+    from partita.runtime.launcher.leave import waiting_at
+
+    def counting(h):
+        h.num_nodes_waiting = lambda: len(h._state_holder.state.wait_list)
+        return h
+
+    assert waiting_at(counting(handler(2, wait=["other"]))) and not waiting_at(counting(handler(3, wait=["other"])))
+    assert not waiting_at(counting(handler(2)))

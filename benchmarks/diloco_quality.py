@@ -2,13 +2,14 @@
 (issue 42, item 4).
 
 Two data-parallel replicas of tiny-gpt on gloo (each replica its own island), Adam inside (lr 3e-3), global batch
-16 x 64 tokens, trained on a token stream a model can learn only in part: the next token is (3 x this + 1) mod 64
-with probability 0.8, else uniform over 64 ids (so the best loss is about 1.31 nats, not 0). Each run is
+16 x 32 tokens (tiny-gpt's sequence), trained on a token stream a model can learn only in part: the next token is
+(3 x this + 1) mod 64 with probability 0.8, else uniform over 64 ids (so the best loss is about 1.31 nats, not 0). Each run is
 evaluated on the same held-out stream (16 batches) every 64 steps. Synchronous training, DiLoCo with H = 8 and
 H = 32 (the published outer step: Nesterov SGD, lr 0.7, momentum 0.9; Douillard et al. 2023), streaming DiLoCo
 at the same H (2 and 4 fragments, each all-reduce overlapped with one inner step, merged with alpha 0.5; Douillard
-et al. 2025), both at H = 8 again with the outer change sent in 4 bits (runtime.loop.sync.four_bit), seed 0, the same batches in the same order (runtime.data: batches depend on the seed and the step
-only).
+et al. 2025), both at H = 8 again with the outer change sent in 4 bits (runtime.loop.sync.four_bit), and local SGD
+at H = 8 and 32 (DiLoCo's outer step with lr 1 and no momentum: the replicas' mean, as model averaging and FedAvg
+take it), seed 0, the same batches in the same order (runtime.data: batches depend on the seed and the step only).
 
     python -m benchmarks.diloco_quality [--steps 320]   # writes benchmarks/results/diloco_quality.json (~1-2 min)
 
@@ -34,7 +35,9 @@ MODES = {"synchronous": None, "diloco H=8": {"mode": "diloco", "options": {"ever
          "streaming H=8": {"mode": "streaming", "options": {"every": 8, "fragments": 2, "delay": 1}},
          "streaming H=32": {"mode": "streaming", "options": {"every": 32, "fragments": 4, "delay": 1}},
          "diloco H=8, 4 bits": {"mode": "diloco", "options": {"every": 8, "bits": 4}},
-         "streaming H=8, 4 bits": {"mode": "streaming", "options": {"every": 8, "fragments": 2, "delay": 1, "bits": 4}}}
+         "streaming H=8, 4 bits": {"mode": "streaming", "options": {"every": 8, "fragments": 2, "delay": 1, "bits": 4}},
+         "local SGD H=8": {"mode": "diloco", "options": {"every": 8, "outer_lr": 1, "outer_momentum": 0}},
+         "local SGD H=32": {"mode": "diloco", "options": {"every": 32, "outer_lr": 1, "outer_momentum": 0}}}
 GLOBAL_BATCH, LR, VOCAB, EVAL_EVERY, EVAL_BATCHES = 16, 3e-3, 64, 64, 16
 
 

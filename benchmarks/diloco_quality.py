@@ -8,8 +8,8 @@ evaluated on the same held-out stream (16 batches) every 64 steps. Synchronous t
 H = 32 (the published outer step: Nesterov SGD, lr 0.7, momentum 0.9; Douillard et al. 2023), streaming DiLoCo
 at the same H (2 and 4 fragments, each all-reduce overlapped with one inner step, merged with alpha 0.5; Douillard
 et al. 2025), both at H = 8 again with the outer change sent in 4 bits (runtime.loop.sync.four_bit), and local SGD
-at H = 8 and 32 (DiLoCo's outer step with lr 1 and no momentum: the replicas' mean, as model averaging and FedAvg
-take it), seed 0, the same batches in the same order (runtime.data: batches depend on the seed and the step only).
+at H = 8 and 32 (`localsgd`: DiLoCo's outer step with lr 1 and no momentum, the replicas' mean, as model averaging
+and FedAvg take it), seed 0, the same batches in the same order (runtime.data: batches depend on the seed and the step only).
 
     python -m benchmarks.diloco_quality [--steps 320]   # writes benchmarks/results/diloco_quality.json (~1-2 min)
 
@@ -36,8 +36,8 @@ MODES = {"synchronous": None, "diloco H=8": {"mode": "diloco", "options": {"ever
          "streaming H=32": {"mode": "streaming", "options": {"every": 32, "fragments": 4, "delay": 1}},
          "diloco H=8, 4 bits": {"mode": "diloco", "options": {"every": 8, "bits": 4}},
          "streaming H=8, 4 bits": {"mode": "streaming", "options": {"every": 8, "fragments": 2, "delay": 1, "bits": 4}},
-         "local SGD H=8": {"mode": "diloco", "options": {"every": 8, "outer_lr": 1, "outer_momentum": 0}},
-         "local SGD H=32": {"mode": "diloco", "options": {"every": 32, "outer_lr": 1, "outer_momentum": 0}}}
+         "local SGD H=8": {"mode": "localsgd", "options": {"every": 8}},
+         "local SGD H=32": {"mode": "localsgd", "options": {"every": 32}}}
 GLOBAL_BATCH, LR, VOCAB, EVAL_EVERY, EVAL_BATCHES = 16, 3e-3, 64, 64, 16
 
 

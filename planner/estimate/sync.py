@@ -56,7 +56,7 @@ from typing import Callable
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.hardware import Cluster
 from partita.costmodel.price import comm
-from partita.planner.plan.sync import (COMPRESSED, DILOCO, DILOCO_MAX_EVERY, POWERSGD, STREAMING, SYNC_MODES,
+from partita.planner.plan.sync import (COMPRESSED, DILOCO, DILOCO_MAX_EVERY, LOCALSGD, POWERSGD, STREAMING, SYNC_MODES,
                                        SYNCHRONOUS, Sync, accepted, has_outer_step, wire_bits)
 
 DILOCO_EVERY_LADDER = (10, 20, 50, 100, 200, DILOCO_MAX_EVERY)
@@ -150,11 +150,13 @@ def compressed(predicted: dict, setting: SyncSetting, sync: Sync | None = None) 
 
 def diloco(predicted: dict, setting: SyncSetting, sync: Sync) -> SyncPrice:
     """DiLoCo (module docstring): synchronous inside each island, the outer all-reduce of the parameter change
-    every H = `every` steps across them; the anchor and the outer momentum in fp32 on every rank."""
+    every H = `every` steps across them; the anchor and, with momentum, the outer momentum in fp32 on every rank
+    (local SGD, DiLoCo's step at lr 1 without momentum, holds the anchor alone)."""
     every, bits = sync.option("every"), sync.option("bits")
     nbytes = setting.parameters * wire_bits(bits) / 8
     cross = comm.cross_island_all_reduce(setting.cluster, setting.islands, nbytes) / every
-    return SyncPrice(exposed_s=in_island(predicted, setting) + cross, extra_memory_bytes=_outer_state_bytes(setting),
+    memory = _outer_state_bytes(setting, momentum=sync.option("outer_momentum") > 0)
+    return SyncPrice(exposed_s=in_island(predicted, setting) + cross, extra_memory_bytes=memory,
                      cross_island_s=cross, cross_island_bytes=nbytes)
 
 
@@ -197,11 +199,13 @@ def powersgd(predicted: dict, setting: SyncSetting, sync: Sync) -> SyncPrice:
                      cross_island_s=cross, cross_island_bytes=first + second if cross else 0.0)
 
 
-def _outer_state_bytes(setting: SyncSetting) -> int:
-    """The fp32 anchor and outer momentum of this rank's parameters (sharded like the optimizer state under ZeRO),
-    and what sharding ZeRO 2/3's states over an island instead of every replica adds (`_island_states`)."""
+def _outer_state_bytes(setting: SyncSetting, momentum: bool = True) -> int:
+    """The fp32 anchor and (with `momentum`) the outer momentum of this rank's parameters (sharded like the
+    optimizer state under ZeRO), and what sharding ZeRO 2/3's states over an island instead of every replica adds
+    (`_island_states`)."""
     shards = max(1, setting.dp // setting.islands) if setting.zero >= 1 else 1
-    return 8 * setting.parameters // (setting.model_parallel * shards) + _island_states(setting)
+    per_parameter = 8 if momentum else 4
+    return per_parameter * setting.parameters // (setting.model_parallel * shards) + _island_states(setting)
 
 
 def _island_states(setting: SyncSetting) -> int:
@@ -227,7 +231,7 @@ def streaming(predicted: dict, setting: SyncSetting, sync: Sync) -> SyncPrice:
 
 
 PRICES: dict[str, Callable[..., SyncPrice]] = {SYNCHRONOUS: synchronous, COMPRESSED: compressed, DILOCO: diloco,
-                                               STREAMING: streaming, POWERSGD: powersgd}
+                                               STREAMING: streaming, POWERSGD: powersgd, LOCALSGD: diloco}
 """A price function per registered sync mode (the same names as planner.plan.sync.SYNC_MODES)."""
 
 
@@ -248,7 +252,7 @@ def refusal(sync: Sync, setting: SyncSetting, allow_any_every: bool = False) -> 
         return (f"{sync.mode} trains islands apart and this plan's data-parallel group spans one island; give a "
                 "cluster with islands, e.g. 2x8x8xH100-80GB@2x100Gbps,20ms")
     every = sync.option("every")
-    if every > DILOCO_MAX_EVERY and not allow_any_every:
+    if every > DILOCO_MAX_EVERY and not allow_any_every and sync.mode != LOCALSGD:  # asked for by name: H is the user's
         return (f"{sync.mode} with H = {every} is outside the published envelope (H <= {DILOCO_MAX_EVERY}: Douillard "
                 "et al. 2023); allow it with sync_allow_any_every (--sync-allow-any-every)")
     return None
@@ -275,7 +279,7 @@ def _candidates(mode: str, predicted: dict, setting: SyncSetting, every: int | N
 def modes_of(sync) -> tuple[str, ...]:
     """The modes a SearchSpace's `sync` allows: "auto" (every registered mode), one name, or a tuple of names."""
     if sync == "auto":
-        return tuple(m for m, entry in SYNC_MODES.items() if entry.price in PRICES)
+        return tuple(m for m, entry in SYNC_MODES.items() if entry.price in PRICES and entry.in_auto)
     return (sync,) if isinstance(sync, str) else tuple(sync)
 
 
@@ -328,7 +332,8 @@ def with_sync(predicted: dict, sync: Sync, price: SyncPrice, priced: dict, islan
                         "cross_island_s": price.cross_island_s}
     out["exposed_comm_s"] = predicted.get("exposed_comm_s", 0.0) - dp_comm + price.exposed_s
     out["peak_memory_bytes"] = predicted.get("peak_memory_bytes", 0) + price.extra_memory_bytes
-    shown = {STREAMING: ("every", "fragments", "delay"), DILOCO: ("every",), POWERSGD: ("rank", "start")}.get(sync.mode, ())
+    shown = {STREAMING: ("every", "fragments", "delay"), DILOCO: ("every",), LOCALSGD: ("every",),
+             POWERSGD: ("rank", "start")}.get(sync.mode, ())
     out["sync"] = {"mode": sync.mode, **{k: sync.option(k) for k in shown},
                    **({"hidden_s": price.hidden_s} if sync.mode == STREAMING else {}),
                    "islands": islands, "cross_island_s": price.cross_island_s,

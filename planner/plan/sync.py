@@ -9,6 +9,8 @@ contract the runtime reads; stdlib only).
                                                                  one per data-parallel replica)
                  {"mode": "powersgd", "options": {"rank": 4, "start": 1000}}   gradients as rank-r factors after
                                                                                `start` plain steps
+                 {"mode": "localsgd", "options": {"every": H, "bits": 32, "islands": I}}   every H steps the
+                                                                               replicas' mean
                  {"mode": "streaming", "options": {"every": H, "fragments": 4, "delay": 1, "alpha": 0.5, ...}}
                                                     DiLoCo's options, and: the fragments synchronised in turn, the
                                                     inner steps each fragment's all-reduce overlaps (tau), and the
@@ -18,9 +20,9 @@ A sync mode is one registry entry here (its name, what it means, the options it 
 report and the exporters need to know of it), one price function in the planner's estimate layer
 (planner.estimate.sync.PRICES) and one hook class in the runtime's trainer loop (runtime.loop.sync.HOOKS), each
 found by the entry (a mode may price or run as another): synchronous data parallelism, the same with
-bf16-compressed or PowerSGD's low-rank gradients, DiLoCo, and streaming DiLoCo (the asynchronous mode: no replica ever waits for the slow
-link unless its all-reduce outlasts the overlap); local SGD would be one more mode around the optimizer step of
-the same loop (DESIGN.md, "Where new capabilities go").
+bf16-compressed or PowerSGD's low-rank gradients, DiLoCo, streaming DiLoCo (the asynchronous mode: no replica ever
+waits for the slow link unless its all-reduce outlasts the overlap), and local SGD (DiLoCo's outer step at lr 1
+without momentum: the replicas' mean).
 """
 from __future__ import annotations
 
@@ -64,6 +66,9 @@ class SyncMode:
     tensor_parallel: bool = False
     """With ddp_replicas_only: tensor parallelism inside each replica runs too (zero 0): each tp rank's outer
     exchange is its own shard, with the ranks holding the same shard in the other islands."""
+    in_auto: bool = True
+    """`--sync auto` may choose it: False for a mode with no published quality envelope cited here (asked for by
+    name only)."""
     pipeline: bool = False
     """With ddp_replicas_only: pipeline parallelism inside each replica runs too (zero 0, with or without tensor
     parallelism): each stage's outer exchange is its own parameters, with the same stage in the other islands."""
@@ -82,6 +87,7 @@ COMPRESSED = "compressed"
 DILOCO = "diloco"
 STREAMING = "streaming"
 POWERSGD = "powersgd"
+LOCALSGD = "localsgd"
 OUTER_BITS = (4, 16, 32)
 """The bit widths of DiLoCo's and streaming DiLoCo's outer exchange: 32 (fp32), 16 (bf16), or 4 (blockwise 4-bit
 integers in two phases, runtime.loop.sync.four_bit)."""
@@ -111,6 +117,13 @@ def _diloco_problem(options: dict) -> str | None:
         return f"sync.options.bits is the outer all-reduce's bit width, 4, 16 or 32; got {options['bits']!r}"
     if not 0 <= options.get("outer_momentum", 0.9) < 1:
         return f"sync.options.outer_momentum must be in [0, 1); got {options['outer_momentum']!r}"
+    return None
+
+
+def _localsgd_problem(options: dict) -> str | None:
+    """DiLoCo's checks of H and bits (local SGD has no outer optimizer to set)."""
+    if why := _diloco_problem(options):
+        return why.replace("diloco", "localsgd")
     return None
 
 
@@ -188,6 +201,17 @@ SYNC_MODES: dict[str, SyncMode] = {
                  "outer_momentum": NUMBER, "bits": COUNT, "islands": COUNT},
         defaults={"fragments": 4, "delay": 1, "alpha": 0.5, "outer_lr": 0.7, "outer_momentum": 0.9, "bits": 32},
         check=_streaming_problem),
+    LOCALSGD: SyncMode(
+        name=LOCALSGD, crosses="the parameter change", ddp_replicas_only=True, holds="the replicas' last mean",
+        outer_step=True, shards_in_islands=True, tensor_parallel=True, pipeline=True, in_auto=False,
+        summary="local SGD (periodic model averaging: Stich 2018, arXiv:1805.09767; Lin et al. 2020, "
+                "arXiv:1808.07217): synchronous inside each island; across islands every H steps the replicas' "
+                "parameters become their mean -- DiLoCo's outer step at lr 1 without momentum, so it costs DiLoCo's "
+                "all-reduce and holds no outer momentum. No published envelope for language-model training is cited "
+                "here, so `--sync auto` does not choose it; on partita's small-scale check "
+                "(benchmarks.diloco_quality) H = 8 and 32 were within 0.2% of synchronous training",
+        options={"every": COUNT, "bits": COUNT, "islands": COUNT},
+        defaults={"outer_lr": 1, "outer_momentum": 0, "bits": 32}, check=_localsgd_problem),
 }
 """The accepted modes, by name. A new one is added here, with a price function (planner.estimate.sync.PRICES)
 and a runtime hook (runtime.loop.sync.HOOKS) of its name -- or none, where it prices or runs as an existing

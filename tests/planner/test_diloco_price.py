@@ -180,3 +180,18 @@ def test_an_export_of_a_diloco_plan_says_the_mode_has_no_equivalent(plans):
         text = export(plans["slow"], fmt)
         assert f"the diloco sync mode (H = {plans['slow'].sync.options['every']}) has no {tool} equivalent" in text
         assert "sync mode" not in export(plans["one"], fmt)
+
+
+def test_local_sgd_is_asked_for_by_name_and_holds_the_anchor_alone(plans):
+    """localsgd: DiLoCo's all-reduce every H steps at its price, holding the fp32 anchor without an outer momentum
+    (4 bytes a parameter, not 8); `--sync auto` does not choose it (no envelope cited), an H beyond DiLoCo's is the
+    user's, and the outer optimizer is not an option of it."""
+    slow = plans["slow"]
+    local = _plan(SLOW, sync="localsgd", sync_every=slow.sync.options["every"])
+    s, d = local.predicted["sync"], slow.predicted["sync"]
+    assert local.sync.mode == "localsgd" and s["cross_island_s"] == pytest.approx(d["cross_island_s"], rel=1e-12)
+    assert s["extra_memory_bytes"] == 4 * slow.model["parameters"] == d["extra_memory_bytes"] // 2
+    assert slow.sync.mode == "diloco" and "localsgd" not in d["priced"]  # auto priced the others only
+    assert _plan(SLOW, sync="localsgd", sync_every=1000).sync.options["every"] == 1000
+    with pytest.raises(PlanError, match="sync.options.outer_lr is not an option of the localsgd mode"):
+        Plan.from_dict({**make_plan(dp=2), "sync": {"mode": "localsgd", "options": {"every": 4, "outer_lr": 0.7}}})

@@ -288,3 +288,18 @@ def test_streaming_on_model_parallel_islands_resumes_exactly(tmp_path, layout):
             f"sync.streaming.pending.wire.0.{layout}1"} <= keys, sorted(keys)
     resumed = run("resumed", 8, "--checkpoint-dir", str(ck), "--resume")
     assert first == straight[:4] and resumed == straight[4:], (straight, first, resumed)
+
+
+def test_localsgd_is_the_replicas_mean_every_h_steps(tmp_path):
+    """--sync localsgd (DiLoCo's outer step at lr 1 without momentum): every H = 4 steps the replicas' parameters
+    become their mean, as tests/runtime/sync_job.py's toy local SGD makes them by a plain all-reduce of the
+    parameters -- the same losses within 1e-5 -- and not DiLoCo's with the published outer step."""
+    data = ("--data", str(_learnable(tmp_path / "tokens.bin")))
+    real = _run(tmp_path, "localsgd", {"mode": "localsgd", "options": {"every": 4}}, data)
+    toy = _run(tmp_path, "toy", {"mode": "local_sgd", "options": {"every": 4}}, data)
+    published = _run(tmp_path, "diloco", {"mode": "diloco", "options": {"every": 4}}, data)
+    assert real["code"] == toy["code"] == published["code"] == 0, (real, toy, published)
+    assert len(real["losses"]) == STEPS and max(abs(a - b) for a, b in zip(real["losses"], toy["losses"])) < 1e-5
+    # the same until the first outer step (after step 4) moves the weights, apart from then on
+    assert real["losses"][:4] == published["losses"][:4]
+    assert min(abs(a - b) for a, b in zip(real["losses"][4:], published["losses"][4:])) > 1e-6, (real, published)

@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 from partita.costmodel import PartitaError
-from partita.planner.plan.sync import (COMPRESSED, DILOCO, POWERSGD, STREAMING, SYNC_MODES, SYNCHRONOUS, Sync, accepted,
-                                       has_outer_step)
-from partita.runtime.loop.sync.diloco import DiLoCo, StreamingDiLoCo
+from partita.planner.plan.sync import (COMPRESSED, DILOCO, LOCALSGD, POWERSGD, STREAMING, SYNC_MODES, SYNCHRONOUS, Sync,
+                                       accepted, has_outer_step)
+from partita.runtime.loop.sync.diloco import DiLoCo, LocalSGD, StreamingDiLoCo
 from partita.runtime.loop.sync.hook import SyncHook
 
 
@@ -97,7 +97,7 @@ class PowerSGD(SyncHook):
 
 
 HOOKS: dict[str, type[SyncHook]] = {SYNCHRONOUS: Synchronous, COMPRESSED: Compressed, DILOCO: DiLoCo,
-                                     STREAMING: StreamingDiLoCo, POWERSGD: PowerSGD}
+                                     STREAMING: StreamingDiLoCo, POWERSGD: PowerSGD, LOCALSGD: LocalSGD}
 """A hook class per registered sync mode (the same names as planner.plan.sync.SYNC_MODES)."""
 
 
@@ -128,18 +128,18 @@ def run_refusal(sync: Sync, checkpoint_every: int = 0, steps: int = 0, verify: b
             return ("--verify compares with single-process training, which streaming DiLoCo reproduces only with H = 1, "
                     "1 fragment, delay 0, alpha 0, outer_lr 1 and outer_momentum 0; run without --verify")
         return None  # a checkpoint may fall anywhere, and the run may end anywhere (StreamingDiLoCo)
-    if sync.mode != DILOCO:
+    if sync.mode not in (DILOCO, LOCALSGD):
         return None
-    every = sync.option("every")
+    every, mode = sync.option("every"), sync.mode
     if checkpoint_every % every:
-        return (f"--checkpoint-every {checkpoint_every} is not a multiple of the plan's diloco H = {every}: diloco "
+        return (f"--checkpoint-every {checkpoint_every} is not a multiple of the plan's {mode} H = {every}: {mode} "
                 f"writes checkpoints after outer steps only, where the replicas agree; use --checkpoint-every "
                 f"{every * max(1, round(checkpoint_every / every))}")
     if steps % every:
-        return (f"--steps {steps} is not a multiple of the plan's diloco H = {every}: the replicas would end the run "
+        return (f"--steps {steps} is not a multiple of the plan's {mode} H = {every}: the replicas would end the run "
                 f"apart, after {steps % every} inner step(s) with no outer step; run {steps - steps % every or every} "
                 "steps or re-plan with --sync-every")
     if verify and (every, sync.option("outer_lr"), sync.option("outer_momentum")) != (1, 1, 0):
-        return ("--verify compares with single-process training, which diloco reproduces only with H = 1, outer_lr 1 "
-                "and outer_momentum 0; run without --verify")
+        return (f"--verify compares with single-process training, which {mode} reproduces only with H = 1"
+                + (", outer_lr 1 and outer_momentum 0" if mode == DILOCO else "") + "; run without --verify")
     return None

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from partita.costmodel import PartitaError
-from partita.planner.plan.sync import DILOCO, STREAMING, Sync
+from partita.planner.plan.sync import DILOCO, LOCALSGD, STREAMING, Sync
 from partita.runtime.loop.sync.four_bit import FourBitMean
 from partita.runtime.loop.memory import local
 from partita.runtime.loop.sync.hook import SyncHook
@@ -177,7 +177,7 @@ class DiLoCo(SyncHook):
 
     def save_refusal(self, step: int) -> str | None:
         if step % self.every:
-            return (f"diloco writes checkpoints after outer steps only (every H = {self.every} steps), where the "
+            return (f"{self.MODE} writes checkpoints after outer steps only (every H = {self.every} steps), where the "
                     f"replicas agree; step {step} is inside a window")
         return None
 
@@ -222,6 +222,14 @@ class DiLoCo(SyncHook):
             raise PartitaError(f"checkpoint {path} holds no {self.MODE} state ({missing[0]} ...): it was not written "
                                f"by a {self.MODE} run of this plan's islands; resume it with the plan that wrote it")
         dcp.load(want, storage_reader=dcp.FileSystemReader(str(path)))
+
+
+class LocalSGD(DiLoCo):
+    """Local SGD (periodic model averaging): DiLoCo above with its outer step at lr 1 without momentum (the mode's
+    fixed defaults, planner.plan.sync), so every H steps each replica's parameters become the replicas' mean; its
+    checkpoint keys under its own name."""
+
+    MODE = LOCALSGD
 
 
 def fragments_of(executor, count: int) -> list[list[int]]:

@@ -251,9 +251,9 @@ def refusal(sync: Sync, setting: SyncSetting, allow_any_every: bool = False) -> 
     if setting.islands < 2:
         return (f"{sync.mode} trains islands apart and this plan's data-parallel group spans one island; give a "
                 "cluster with islands, e.g. 2x8x8xH100-80GB@2x100Gbps,20ms")
-    every = sync.option("every")
-    if every > DILOCO_MAX_EVERY and not allow_any_every and sync.mode != LOCALSGD:  # asked for by name: H is the user's
-        return (f"{sync.mode} with H = {every} is outside the published envelope (H <= {DILOCO_MAX_EVERY}: Douillard "
+    every, most = sync.option("every"), SYNC_MODES[sync.mode].envelope_every
+    if most is not None and every > most and not allow_any_every:
+        return (f"{sync.mode} with H = {every} is outside the published envelope (H <= {most}: Douillard "
                 "et al. 2023); allow it with sync_allow_any_every (--sync-allow-any-every)")
     return None
 

@@ -66,6 +66,9 @@ class SyncMode:
     tensor_parallel: bool = False
     """With ddp_replicas_only: tensor parallelism inside each replica runs too (zero 0): each tp rank's outer
     exchange is its own shard, with the ranks holding the same shard in the other islands."""
+    envelope_every: int | None = None
+    """With outer_step: the largest H inside the mode's published quality envelope (planner.estimate.sync refuses a
+    larger one unless the user allows it); None: no envelope cited, H is the user's."""
     in_auto: bool = True
     """`--sync auto` may choose it: False for a mode with no published quality envelope cited here (asked for by
     name only)."""
@@ -167,7 +170,7 @@ SYNC_MODES: dict[str, SyncMode] = {
                 "every link, each averaged gradient rounded to bf16's 8 significant bits before the optimizer step"),
     DILOCO: SyncMode(
         name=DILOCO, crosses="the parameter change", ddp_replicas_only=True, holds="anchor and outer momentum",
-        outer_step=True, shards_in_islands=True, tensor_parallel=True, pipeline=True,
+        outer_step=True, shards_in_islands=True, tensor_parallel=True, pipeline=True, envelope_every=DILOCO_MAX_EVERY,
         summary="DiLoCo (Douillard et al. 2023, arXiv:2311.08105): synchronous inside each island; across islands "
                 "every H steps the mean parameter change is applied to the anchor weights by an outer Nesterov SGD "
                 "step (lr 0.7, momentum 0.9 as published). Published quality: on C4, 8 workers at H = 500 performed "
@@ -188,7 +191,7 @@ SYNC_MODES: dict[str, SyncMode] = {
         options={"rank": COUNT, "start": COUNT}, defaults={"rank": 4, "start": 1000}, check=_powersgd_problem),
     STREAMING: SyncMode(
         name=STREAMING, crosses="the parameter change of one fragment", ddp_replicas_only=True, outer_step=True,
-        shards_in_islands=True, tensor_parallel=True, pipeline=True,
+        shards_in_islands=True, tensor_parallel=True, pipeline=True, envelope_every=DILOCO_MAX_EVERY,
         holds="anchor, outer momentum and the fragment in flight",
         summary="streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512), the asynchronous mode: DiLoCo with the "
                 "parameters split into fragments (strided by layer) that take their outer steps in turn, fragment p "

@@ -8,6 +8,7 @@ was skipped or read twice across the growth and the shrink. `slow`: about a minu
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import os
@@ -65,7 +66,8 @@ def _stopped_under(pid: int) -> int | None:
 def kill_node(node: subprocess.Popen) -> None:
     """A node lost outright: its launcher, agent and workers SIGKILLed at once."""
     for p in [*_children(node.pid), node.pid]:
-        os.kill(p, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # ended meanwhile
+            os.kill(p, signal.SIGKILL)
     node.wait()
 
 
@@ -102,6 +104,21 @@ def start_node(tmp_path: Path, i: int, sets: Path, port: int, job: str, env: dic
                             stderr=open(tmp_path / f"node{i}.err", "w"))
 
 
+@contextlib.contextmanager
+def running_nodes(tmp_path: Path):
+    """Yields the list the test puts its nodes in: an AssertionError inside carries every node's output, and the
+    nodes still running are killed on the way out, with their agents and workers (`kill_node`)."""
+    nodes: list[subprocess.Popen] = []
+    try:
+        yield nodes
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {_logs(tmp_path)}") from None
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                kill_node(p)
+
+
 def _logs(tmp_path: Path) -> dict:
     return {f.name: f.read_text() for f in sorted(tmp_path.iterdir()) if f.suffix in (".out", ".err")}
 
@@ -121,8 +138,8 @@ def test_a_node_joining_then_one_lost_replan_and_the_losses_stay_one_process(tmp
 
     # node 0 first: it hosts the rendezvous store (so it must not be the node lost) and, with the lowest agent
     # pid, is rank 0 (torch sorts the nodes by address and pid)
-    nodes = [node(0)]
-    try:
+    with running_nodes(tmp_path) as nodes:
+        nodes.append(node(0))
         _wait(lambda: _listening(port), procs=nodes)
         nodes.append(node(1))  # MIN nodes: the first round closes after the last call, with 2
         stopped = _wait(lambda: _stopped_under(nodes[1].pid), procs=nodes)  # rank 1 paused in step 3
@@ -139,12 +156,6 @@ def test_a_node_joining_then_one_lost_replan_and_the_losses_stay_one_process(tmp
         kill_node(nodes[lost])
         kept = [nodes[0], nodes[3 - lost]]
         codes = [p.wait(timeout=300) for p in kept]
-    except AssertionError as e:
-        raise AssertionError(f"{e}: {_logs(tmp_path)}") from None
-    finally:
-        for p in nodes:
-            if p.poll() is None:
-                p.kill()
     outputs = _logs(tmp_path)
     assert codes == [0, 0], outputs
     stderr = "".join(v for k, v in outputs.items() if k.endswith(".err"))

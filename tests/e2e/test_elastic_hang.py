@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from rank_pool import free_port
-from test_elastic import STEPS, _children, _listening, _logs, _stopped_under, _wait, plan_set, start_node
+from test_elastic import STEPS, _listening, _logs, _stopped_under, _wait, plan_set, running_nodes, start_node
 from test_plans_match_single_process import _env
 
 HANG = "15"
@@ -33,20 +33,12 @@ def _three_nodes_one_hung(tmp_path, sets, fault: str) -> tuple[dict, int, dict]:
     def node(i: int) -> subprocess.Popen:
         return start_node(tmp_path, i, sets, port, job, env, "--rescale-every", "0", "--hang-timeout", HANG)
 
-    nodes = [node(0)]  # node 0 hosts the rendezvous store: it holds rank 0 and is never the hung node
-    try:
+    with running_nodes(tmp_path) as nodes:
+        nodes.append(node(0))  # node 0 hosts the rendezvous store: it holds rank 0 and is never the hung node
         _wait(lambda: _listening(port), procs=nodes)
-        nodes += [node(1), node(2)]  # MAX nodes: the first round closes with all three
+        nodes.extend([node(1), node(2)])  # MAX nodes: the first round closes with all three
         hung = _wait(lambda: next((i for i in (1, 2) if _stopped_under(nodes[i].pid)), None), procs=nodes)
         codes = {i: p.wait(timeout=300) for i, p in enumerate(nodes)}
-    except AssertionError as e:
-        raise AssertionError(f"{e}: {_logs(tmp_path)}") from None
-    finally:
-        for p in nodes:
-            for pid in _children(p.pid) if p.poll() is None else []:
-                subprocess.run(["kill", "-9", str(pid)], check=False)
-            if p.poll() is None:
-                p.kill()
     return codes, hung, _logs(tmp_path)
 
 

@@ -25,7 +25,8 @@ import uuid
 import pytest
 
 from rank_pool import free_port
-from test_elastic import STEPS, _listening, _logs, _stopped_under, _wait, kill_node, plan_set, start_node
+from test_elastic import (STEPS, _listening, _logs, _stopped_under, _wait, kill_node, plan_set, running_nodes,
+                          start_node)
 from test_plans_match_single_process import ROOT, _env
 
 SPARE = "waits as a spare at 127.0.0.1:{port}: the job runs on its largest size, 3 nodes; it takes the place of the " \
@@ -47,26 +48,21 @@ def test_an_elastic_job_outlives_the_node_that_would_serve_its_store_and_a_spare
     sets = plan_set(tmp_path / "set")
     port, job = free_port(), f"partita-test-{uuid.uuid4().hex[:8]}"
     store = _store(port, open(tmp_path / "store.log", "w"))
-    nodes = []
     try:
-        _wait(lambda: _listening(port), procs=[store])
-        env = _env(PARTITA_FAULT="sigstop,rank=1,step=4")
-        nodes = [start_node(tmp_path, i, sets, port, job, env, "--rescale-every", "0") for i in range(3)]
-        paused_on = _wait(lambda: next((i for i in range(3) if _stopped_under(nodes[i].pid)), None), procs=nodes)
-        paused = _stopped_under(nodes[paused_on].pid)
-        nodes += [start_node(tmp_path, i, sets, port, job, env, "--rescale-every", "0") for i in (3, 4)]
-        _wait(lambda: _said(tmp_path, 3, SPARE.format(port=port)) and _said(tmp_path, 4, SPARE.format(port=port)),
-              procs=nodes)
-        kill_node(nodes[0])
-        if paused_on != 0:
-            os.kill(paused, signal.SIGCONT)
-        codes = [p.wait(timeout=300) for p in nodes[1:]]
-    except AssertionError as e:
-        raise AssertionError(f"{e}: {_logs(tmp_path)}") from None
+        with running_nodes(tmp_path) as nodes:
+            _wait(lambda: _listening(port), procs=[store])
+            env = _env(PARTITA_FAULT="sigstop,rank=1,step=4")
+            nodes.extend(start_node(tmp_path, i, sets, port, job, env, "--rescale-every", "0") for i in range(3))
+            paused_on = _wait(lambda: next((i for i in range(3) if _stopped_under(nodes[i].pid)), None), procs=nodes)
+            paused = _stopped_under(nodes[paused_on].pid)
+            nodes.extend(start_node(tmp_path, i, sets, port, job, env, "--rescale-every", "0") for i in (3, 4))
+            _wait(lambda: _said(tmp_path, 3, SPARE.format(port=port)) and _said(tmp_path, 4, SPARE.format(port=port)),
+                  procs=nodes)
+            kill_node(nodes[0])
+            if paused_on != 0:
+                os.kill(paused, signal.SIGCONT)
+            codes = [p.wait(timeout=300) for p in nodes[1:]]
     finally:
-        for p in nodes:
-            if p.poll() is None:
-                p.kill()
         store.send_signal(signal.SIGTERM)
         stopped = store.wait(timeout=30)
     outputs = _logs(tmp_path)

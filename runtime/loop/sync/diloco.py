@@ -32,7 +32,7 @@ class DiLoCo(SyncHook):
 
     With H = 1, outer lr 1 and no momentum under an SGD inner optimizer this is synchronous DP: the anchor
     becomes the mean of one local step from the same weights, the step on the mean gradient. Runs on plans of one
-    stage: with DDP (zero 0); with tensor parallelism inside each replica (zero 0, `_tensor_groups`); or with FSDP
+    stage: with DDP (zero 0); with tensor or pipeline parallelism inside each replica (zero 0, `_split_groups`); or with FSDP
     (ZeRO 2/3) sharding each island's replicas among themselves (runtime.parallel.apply.fsdp_mesh: the
     reduce-scatter stays in the island). Under FSDP or TP the anchor, its momentum and the outer all-reduce are this
     rank's shard, exchanged with the ranks holding the same shard in the other islands. Checkpoints: after outer
@@ -47,10 +47,10 @@ class DiLoCo(SyncHook):
         self.every, self.bits = sync.option("every"), sync.option("bits")
         n = executor.n_replicas if executor is not None else 1
         self.sharded = bool(executor is not None and executor.fsdp)
-        # tensor- and/or pipeline-parallel replicas at zero 0: the executor averages the gradients itself
-        self.tensor = bool(executor is not None and (topo.tp > 1 or topo.pp > 1) and topo.cp == 1
+        # replicas split by tensor and/or pipeline parallelism at zero 0: the executor averages the gradients itself
+        self.split = bool(executor is not None and (topo.tp > 1 or topo.pp > 1) and topo.cp == 1
                            and not self.sharded and hasattr(executor, "average_within"))
-        if n > 1 and getattr(executor, "ddp", None) is None and not self.sharded and not self.tensor:
+        if n > 1 and getattr(executor, "ddp", None) is None and not self.sharded and not self.split:
             raise PartitaError(f"{self.MODE} runs on data-parallel plans with DDP, FSDP, or tensor or pipeline "
                                "parallelism at zero 0 today; this plan is none of these")
         self.islands = sync.option("islands") or n
@@ -70,8 +70,8 @@ class DiLoCo(SyncHook):
         self.island = self.shard = 0
         if n <= 1:
             return None, None
-        if self.tensor:
-            return self._tensor_groups(n)
+        if self.split:
+            return self._split_groups(n)
         if self.islands <= 1:  # one island: under FSDP every rank holds its own shard of the anchor
             self.shard = dist.get_process_group_ranks(self.executor.replicas).index(dist.get_rank())
             return None, None
@@ -89,7 +89,7 @@ class DiLoCo(SyncHook):
             outer = g if mine % per == j else outer
         return inner, outer
 
-    def _tensor_groups(self, n: int):
+    def _split_groups(self, n: int):
         """Tensor- and/or pipeline-parallel replicas: a mesh (pp, islands, replicas per island, tp) over the ranks,
         laid out as the plan's (tp fastest, then dp, then pp; an island is consecutive replicas). The island's
         group holds its replicas of this rank's stage and tp shard, and the executor averages the inner gradients
@@ -108,7 +108,7 @@ class DiLoCo(SyncHook):
         return ddp.no_sync() if ddp is not None and self.outer is not None else contextlib.nullcontext()
 
     def before_optimizer(self, step: int) -> None:
-        if self.inner is None or self.sharded or self.tensor:  # FSDP reduce-scattered them over the island already,
+        if self.inner is None or self.sharded or self.split:  # FSDP reduce-scattered them over the island already,
             return  # and the tensor-parallel executor averaged them over it
         for p in self.executor.params:
             if p.grad is not None:
@@ -204,7 +204,7 @@ class DiLoCo(SyncHook):
         else ""."""
         if self.sharded:
             return f".shard{self.shard}"
-        if not self.tensor:
+        if not self.split:
             return ""
         topo = self.topo  # one stage: the keys tensor-parallel plans had before pipelines ran in islands
         return (f".pp{topo.pp_rank}" if topo.pp > 1 else "") + (f".tp{topo.tp_rank}" if topo.tp > 1 else "")

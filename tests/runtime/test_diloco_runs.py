@@ -260,13 +260,17 @@ def test_model_parallel_islands_h1_is_synchronous_and_h2_is_not(tmp_path, layout
     """DiLoCo composes with tensor and with pipeline parallelism (zero 0): 2 islands of one tp = 2 (pp = 2) replica
     each, every rank's outer all-reduce over the rank holding the same shard (stage) in the other island. H = 1,
     outer lr 1, no momentum under SGD is synchronous training of the same plan within 1e-5; H = 2 with the
-    published outer step is another run."""
+    published outer step is another run, and so is local SGD at H = 2 (the islands' gradients are kept apart)."""
     sync = _model_parallel_islands(tmp_path, "sync", layout, None, "sgd", 4)
     identity = {"mode": "diloco", "options": {"every": 1, "outer_lr": 1, "outer_momentum": 0}}
     islands = _model_parallel_islands(tmp_path, "islands", layout, identity, "sgd", 4)
     assert len(sync) == 4 and max(abs(a - b) for a, b in zip(islands, sync)) < 1e-5, (islands, sync)
     h2 = _model_parallel_islands(tmp_path, "h2", layout, {"mode": "diloco", "options": {"every": 2}}, "sgd", 4)
     assert abs(h2[0] - sync[0]) < 1e-5 and min(abs(a - b) for a, b in zip(h2[2:], sync[2:])) > 1e-4, (h2, sync)
+    # the islands train apart between outer steps: the replicas' mean every 2 steps is not synchronous training
+    # (it would be, step for step, were the gradients averaged over both islands)
+    apart = _model_parallel_islands(tmp_path, "apart", layout, {"mode": "localsgd", "options": {"every": 2}}, "sgd", 4)
+    assert abs(apart[0] - sync[0]) < 1e-5 and min(abs(a - b) for a, b in zip(apart[2:], sync[2:])) > 1e-6, (apart, sync)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

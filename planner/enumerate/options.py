@@ -386,18 +386,40 @@ def _host_traffic(v: Variant, r: _Rank, kept: float, gather_fwd: float, gather_b
 
 
 def _charge_state(v: Variant, r: _Rank) -> None:
-    """The variant's model-state bytes on the device (v.state, of them v.grad) and on the host (module
-    docstring's per-stage formulas; pipelined FSDP: parameters gathered and fp32 accumulators, whole)."""
-    sb, zero, n_dense, n_expert = r.sb, r.zero, r.n_dense, r.n_expert
-    full = zero_state_bytes(n_dense, sb, zero, r.dp) + zero_state_bytes(n_expert, sb, zero, r.edp)
-    v.state = 0.0 if v.offload_states else full
-    v.grad = 0.0 if v.offload_states else sb.grad * (n_dense / (r.dp if zero >= 2 else 1)
-                                                    + n_expert / (r.edp if zero >= 2 else 1))
-    v.host_state = full if v.offload_states else 0.0
-    if r.pipe_fsdp:  # parameters gathered and fp32 gradient accumulators, whole, beside the sharded optimizer
-        v.grad = sb.grad_comm * (n_dense + n_expert)
-        v.state = sb.param * (n_dense + n_expert) + v.grad \
-            + (0.0 if v.offload_states else (sb.optimizer + sb.shard_copy) * r.shard)
+    """The variant's model-state bytes on the device (v.state, of them v.grad) and on the host."""
+    v.state, v.grad, v.host_state = _state_bytes(r.sb, r.zero, r.n_dense, r.n_expert, r.dp, r.edp, r.pipe_fsdp,
+                                                 v.offload_states)
+
+
+def _state_bytes(sb: StateBytes, zero: int, n_dense: float, n_expert: float, dp: int, edp: int, pipe_fsdp: bool,
+                 offload_states: bool) -> tuple[float, float, float]:
+    """(device state, of it the gradients, host state) of one layer on one rank (module docstring's per-stage
+    formulas; pipelined FSDP: parameters gathered and fp32 accumulators, whole)."""
+    full = zero_state_bytes(n_dense, sb, zero, dp) + zero_state_bytes(n_expert, sb, zero, edp)
+    state = 0.0 if offload_states else full
+    grad = 0.0 if offload_states else sb.grad * (n_dense / (dp if zero >= 2 else 1)
+                                                 + n_expert / (edp if zero >= 2 else 1))
+    host = full if offload_states else 0.0
+    if pipe_fsdp:  # parameters gathered and fp32 gradient accumulators, whole, beside the sharded optimizer
+        shard = n_dense / dp + n_expert / edp
+        grad = sb.grad_comm * (n_dense + n_expert)
+        state = sb.param * (n_dense + n_expert) + grad + (0.0 if offload_states else (sb.optimizer + sb.shard_copy) * shard)
+    return state, grad, host
+
+
+def least_state(bases: list[BlockOption], sb: StateBytes, zero: int, dp: int, ep: int, pipelined: bool,
+                allow_offload: bool) -> float:
+    """The fewest device bytes of model state any variant of these options holds per layer (`variants`' own
+    formulas: a variant kept gathered holds more, recompute and offloaded activations change no state), 0 where
+    state offload is offered (ZeRO-3 on a device with host memory). No variant priced on (dp, ep) holds less."""
+    if not bases or (allow_offload and zero == 3):
+        return 0.0
+    pipe = pipelined_fsdp(pipelined, zero, dp)
+    least = float("inf")
+    for o in bases:
+        n_dense, n_expert, edp = _expert_split(o, dp, ep)
+        least = min(least, _state_bytes(sb, zero, n_dense, n_expert, dp, edp, pipe, False)[0])
+    return least
 
 
 def _charge_flush(v: Variant, r: _Rank, bwd: float, ddp_overlap: bool, zero1_broadcast: bool) -> None:

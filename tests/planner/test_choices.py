@@ -9,6 +9,7 @@ from partita.costmodel.price.memory import state_bytes
 from partita.costmodel.models import resolve_model
 from partita.planner.plan import Plan
 from partita.planner.search import SearchSpace, search
+from partita.planner.solve.bounds import stage_bound
 from partita.costmodel.errors import InfeasibleError, PartitaError
 
 
@@ -24,8 +25,9 @@ def test_tensor_and_pipeline_parallel_when_data_parallel_cannot_fit(graph_of):
     train = planner.TrainConfig(global_batch=256)
     plain = SearchSpace(zero=(0,), recompute=("none",), offload=False)
     result = search(graph_of("gpt3-175b", "bf16"), cluster, train, space=plain)
-    dp_only = [c for c in result.candidates if c.pp == 1 and c.tp == 1]
-    assert dp_only and all(c.solution is None or not c.solution.feasible for c in dp_only if not c.pruned)
+    dp_only = [c for c in result.every_candidate() if c.pp == 1 and c.tp == 1]
+    assert dp_only and all(c.solution is None or not c.solution.feasible for c in dp_only)
+    assert all(stage_bound(c.problem) == float("inf") for c in dp_only if c.solution is None)  # never solved: no fit
     best = result.best
     assert best.pp * best.tp > 1
     assert best.solution.stage_mem.max() <= cluster.device.usable_memory()

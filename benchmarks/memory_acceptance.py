@@ -30,7 +30,7 @@ from pathlib import Path
 
 from benchmarks.common import write
 from benchmarks.published import (UNBOUNDED_MEMORY, _config_text, _plan, cluster_for, model_spec, model_string,
-                                  published_space, row_key, train_for)
+                                  predicted_memory, published_space, row_key, train_for)
 from benchmarks.published_data import ROWS, Row
 from partita.costmodel.capture import capture
 from partita.costmodel.hardware import GiB
@@ -73,11 +73,6 @@ def select(rows: list[Row], keys: list[str] | None, everything: bool) -> list[Ro
     return [r for r in rows if r.memory_gib is not None or row_key(r) in refused]
 
 
-def reads_reserved(reading: str) -> bool:
-    """Whether a stated peak is the caching allocator's reserved bytes (else: allocated tensors)."""
-    return "reserved" in reading.lower()
-
-
 def _gib(terms: dict) -> dict:
     return {k: (v / GiB if k in TERMS else v) for k, v in terms.items()}
 
@@ -107,10 +102,9 @@ def check(row: Row, graphs: dict) -> dict:
     out["plan"] = _plan(result)
     out["terms_gib"] = _gib(stage_terms(result))
     if row.memory_gib is not None:
-        reserved = reads_reserved(row.memory_reading)
-        predicted = out["terms_gib"]["reserved" if reserved else "allocated"]
+        predicted = predicted_memory(row, result, stage_terms(result)["allocated"]) / GiB
         out["stated"] = {"gib": row.memory_gib, "reading": row.memory_reading,
-                         "compared": "reserved" if reserved else "allocated", "predicted_gib": predicted,
+                         "compared": row.memory_kind, "predicted_gib": predicted,
                          "error": predicted / row.memory_gib - 1}
     return out
 

@@ -213,6 +213,27 @@ def _no_candidate(row: Row, graph: OpGraph) -> str:
     return "no candidate: the published mesh, batch and schedule admit no configuration"
 
 
+MEMORY_KINDS = {
+    "allocated": "the peak of allocated bytes (torch.cuda.max_memory_allocated)",
+    "reserved": "allocated plus the caching allocator's predicted cache (torch.cuda's peak reserved bytes; "
+                "planner.estimate.terms.stage_terms)",
+    "device": "the reserved peak plus the device's reserve for the CUDA context and NCCL (Device.reserved_bytes): "
+              "what nvidia-smi shows as used",
+}
+"""What a published peak memory figure is set against, by Row.memory_kind."""
+
+
+def predicted_memory(row: Row, result: SearchResult, allocated: float) -> float:
+    """partita's prediction of what `row`'s published memory figure reads (MEMORY_KINDS), bytes; `allocated`: the
+    chosen plan's peak of allocated bytes."""
+    if row.memory_kind not in MEMORY_KINDS:
+        raise PartitaError(f"{row_key(row)}: memory_kind {row.memory_kind!r} is not one of {', '.join(MEMORY_KINDS)}")
+    if row.memory_kind == "allocated":
+        return allocated
+    reserved = stage_terms(result)["reserved"]
+    return reserved + (result.cluster.device.reserved_bytes if row.memory_kind == "device" else 0.0)
+
+
 def price(row: Row, graphs: dict[tuple, OpGraph] | None = None, kernels: dict | None = None) -> dict:
     """Price one published row; `graphs` caches captures per (model string, autocast) across rows; `kernels` replaces
     the stack's fitted kernel constants (benchmarks.fit)."""
@@ -252,10 +273,8 @@ def price(row: Row, graphs: dict[tuple, OpGraph] | None = None, kernels: dict | 
     out["breakdown"] = {"step_time_s": pred["step_time_s"], **pred["breakdown"], "mfu": pred["mfu"],
                         "peak_memory_gib": pred["peak_memory_bytes"] / GiB,
                         "memory_capacity_gib": pred["memory_capacity_bytes"] / GiB}
-    if row.memory_gib is not None:  # set against what the source read: allocated bytes, or reserved (with the cache)
-        if row.memory_kind not in ("allocated", "reserved"):
-            raise PartitaError(f"{row_key(row)}: memory_kind {row.memory_kind!r} is not 'allocated' or 'reserved'")
-        peak = stage_terms(result)["reserved"] if row.memory_kind == "reserved" else pred["peak_memory_bytes"]
+    if row.memory_gib is not None:  # set against what the source read (MEMORY_KINDS)
+        peak = predicted_memory(row, result, pred["peak_memory_bytes"])
         out["measured_memory"] |= {"kind": row.memory_kind, "predicted_peak_gib": peak / GiB,
                                    "error": peak / GiB / row.memory_gib - 1}
     out["price_s"] = time.perf_counter() - t0

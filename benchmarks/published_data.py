@@ -142,9 +142,10 @@ class Row:
     memory_reading: str = ""
     """What that figure reads, e.g. the caching allocator's peak reserved bytes (allocated plus its cache)."""
     memory_kind: str = "allocated"
-    """Which of partita's predictions that figure is set against: "allocated" (the peak of allocated bytes,
-    torch.cuda.max_memory_allocated) or "reserved" (allocated plus the caching allocator's predicted cache,
-    torch.cuda's peak reserved bytes: planner.estimate.terms.stage_terms)."""
+    """Which of partita's predictions that figure is set against (benchmarks.published.MEMORY_KINDS): "allocated" (the
+    peak of allocated bytes, torch.cuda.max_memory_allocated), "reserved" (allocated plus the caching allocator's
+    predicted cache, torch.cuda's peak reserved bytes: planner.estimate.terms.stage_terms) or "device" (reserved plus
+    the device's reserve for the CUDA context and NCCL: nvidia-smi's used memory)."""
     notes: str = ""
     variant: str = ""
     """Which of a table's configurations of the same run this row is, where it lists more than one (e.g.

@@ -215,7 +215,71 @@ ZERO_BUBBLE_ROWS = (
     + [_zb("7", "6.2B", 16, 3, 64, 3.48), _zb("7", "14.6B", 24, 1, 96, 1.47)]
 )
 
-FIRST_CONTACT_ROWS: list[Row] = INTERNLM_ROWS + NEMO_ROWS + TINYLLAMA_ROWS + ZERO_BUBBLE_ROWS
+# ---------------------------------------------------------------------------------------------------
+# FlagPerf (BAAI's vendor benchmark suite), FlagOpen/FlagPerf @ 1b5a0303 (2025-11-11): the NVIDIA Megatron-Core
+# Llama 3 cases. training/nvidia/llama3_8B-megatron/README.md (93730d18, 2024-05-15) and llama3_70B-megatron/README.md
+# (ddd8f62a, 2024-06-14), tables "性能指标" (token/p/s, mem) and "A100单机8卡 消融实验". What ran:
+# training/benchmarks/llama3_{8B,70B}/megatron/pretrain_llama3.sh -- Megatron-LM core_v0.6.0 pretrain_gpt.py with
+# --use-mcore-models --transformer-impl transformer_engine --use-flash-attn --use-distributed-optimizer
+# --sequence-parallel --bf16, --micro-batch-size 1 (config_*.py localbs), --global-batch-size 512, --seq-length 8192,
+# --num-layers 32 / 80, --hidden-size 4096 / 8192, --ffn-hidden-size 14336 / 28672, --num-attention-heads 32 / 64,
+# --num-query-groups 8, --swiglu, --normalization RMSNorm; no recompute flag (the vendor adapter training_adapter.sh is
+# empty; the README's "recompute-activations" bullet is not in what the script passes), no --tp-comm-overlap, no
+# virtual stages (1F1B); the docker image training/nvidia/docker_image/megatron_core060/Dockerfile is
+# nvcr.io/nvidia/pytorch:24.02-py3 (torch 2.3 pre-release, Transformer Engine). Megatron's defaults the script leaves
+# in place, where the model differs from Llama 3: learned absolute positions (no --position-embedding-type rope),
+# biases on the linear layers (no --disable-bias-linear), input and output embeddings tied (no
+# --untie-embeddings-and-output-weights). The vocabulary: the patched Llama3Tokenizer (tokenizer.patch) reports
+# 128000 + 256, padded by Megatron to a multiple of 128 x TP (128256; 128512 at TP 4; 129024 at TP 8).
+# run_pretraining.py: token/p/s = 512 x 8192 / the last logged "elapsed time per iteration" of 300 / GPUs. "mem" is
+# FlagPerf's monitor (training/nvidia/nvidia_monitor.py: nvidia-smi's used memory, in GiB per the README). The 8B
+# "A100" rows ran on the README's hardware, "NVIDIA_A800-SXM4-80GB" (DGX A800, InfiniBand 200 Gb/s): an A100 whose
+# NVLink carries 400 GB/s (200 each way) instead of 600; the H100 rows' environment is the 70B README's
+# ("NVIDIA_H100-SXM4-80GB", "InfiniBand，400Gb/s", read as each GPU's NIC, the preset's).
+FLAGPERF_RUN = RunFacts(framework="Megatron-LM core_v0.6.0 (mcore GPT, Transformer Engine, flash-attn 2; NGC PyTorch "
+                                  "24.02)", elementwise="te", attention="flash2", torch="2.3")
+FLAGPERF = ruled_table(
+    FLAGPERF_RUN, source="flagperf",
+    citation="FlagOpen/FlagPerf @ 1b5a0303: training/nvidia/llama3_8B-megatron/README.md (93730d18) and "
+             "llama3_70B-megatron/README.md (ddd8f62a), column token/p/s; training/benchmarks/llama3_{8B,70B}/megatron/"
+             "pretrain_llama3.sh and run_pretraining.py, config/config_*.py, docker_image/megatron_core060/Dockerfile",
+    metric=TOKENS, framework="Megatron-LM core_v0.6.0 (distributed optimizer, sequence parallelism, 1F1B)",
+    notes="token/p/s = 512 x 8192 / the last step's time / GPUs (run_pretraining.py); the model is Megatron's GPT with "
+          "Llama 3's shape: learned positions, biased linears and tied embeddings (Megatron's defaults the script "
+          "keeps), priced as partita's llama (rotary, no biases, untied: the head's FLOPs are the same)")
+_FP_MEMORY = ("FlagPerf's monitor: nvidia-smi's used memory (CUDA context and NCCL included), the README's 'mem' in "
+              "GiB; which GPU of the run is not stated (set against the largest rank)")
+
+
+def _flagperf_llama(size: str, tp: int) -> Model:
+    """Megatron's Llama 3 shape at `size` ("8b", "70b"), its vocabulary padded to 128 x tp."""
+    layers, hidden, heads, ffn = {"8b": (32, 4096, 32, 14336), "70b": (80, 8192, 64, 28672)}[size]
+    vocab = -(-128256 // (128 * tp)) * 128 * tp
+    return Model(name=f"llama3-{size}-megatron", family="llama", layers=layers, hidden=hidden, heads=heads, kv_heads=8,
+                 ffn=ffn, vocab=vocab, notes=f"Llama 3 tokenizer (128256) padded to {vocab} (128 x TP {tp})")
+
+
+def _flagperf(size: str, hardware: str, nodes: int, pp: int, dp: int, tp: int, tokens: float, mem: float) -> Row:
+    a800 = hardware == "A800"
+    return Row(table=FLAGPERF, model=_flagperf_llama(size, tp), seq=8192, hardware="A100-80GB" if a800 else hardware,
+               device_overrides=(("intra_node_bw", 200e9),) if a800 else (), gpus=8 * nodes, tp=tp, pp=pp, dp=dp,
+               zero=(1,), sharding="Megatron distributed optimizer (priced as ZeRO-1)", micro_batch=1, global_batch=512,
+               recompute=NONE, sequence_parallel=tp > 1, tp_comm_overlap=False, value=tokens, memory_gib=mem,
+               memory_reading=_FP_MEMORY, memory_kind="device", variant=f"pp{pp}-dp{dp}-tp{tp}",
+               notes=f"PP{pp}DP{dp}TP{tp} on {nodes}x8 {'A800-SXM4-80GB' if a800 else hardware}, mem {mem:g}/80"
+                     + ("; A800: NVLink 400 GB/s (200 each way), the A100 preset's other figures" if a800 else ""))
+
+
+FLAGPERF_ROWS = [
+    _flagperf("8b", "A800", 1, 2, 4, 1, 3698.7, 76), _flagperf("8b", "A800", 1, 4, 2, 1, 3306.5, 59),
+    _flagperf("8b", "A800", 1, 2, 2, 2, 3409.2, 51), _flagperf("8b", "A800", 1, 2, 1, 4, 3006.1, 35),
+    _flagperf("8b", "A800", 1, 8, 1, 1, 2690.3, 55), _flagperf("8b", "A800", 1, 1, 1, 8, 2451.2, 30),
+    _flagperf("8b", "A800", 1, 4, 1, 2, 3042.7, 45),
+    _flagperf("8b", "H100-80GB", 1, 1, 4, 2, 8103, 71), _flagperf("8b", "H100-80GB", 2, 1, 8, 2, 7914, 62),
+    _flagperf("70b", "H100-80GB", 8, 4, 2, 8, 851, 55),
+]
+
+FIRST_CONTACT_ROWS: list[Row] = INTERNLM_ROWS + NEMO_ROWS + TINYLLAMA_ROWS + ZERO_BUBBLE_ROWS + FLAGPERF_ROWS
 """Every row entered through the ledger, admitted to the fit or not."""
 
 ADMITTED: tuple[str, ...] = ("internlm", "nemo-megatron-launcher", "tinyllama", "zero-bubble-pp")
@@ -245,6 +309,19 @@ FIRST_CONTACT_SKIPPED = [
                    "benchmark is not said to have run), the precision, the network between hosts, gradient "
                    "accumulation, or the shape of its 'Llama 2 34B' (never released): the stack rule has no facts "
                    "to apply, and the FSDP rows are communication-bound on a network that is not published"),
+    Skipped(source="flagperf", what="llama3_8B-megatron: the H100 55x8 row (PP1DP220TP2, 'gbs=1760*', 7047), the "
+                                    "row of '*单机8卡' (2260) and the A800 PP1DP8TP1 row ('OOM')",
+            reason="run_pretraining.py computes token/p/s with the global batch fixed at 512 while the 55-node row ran "
+                   "1760, and which of the two its 7047 used is not stated; the '*' row names no hardware; the OOM row "
+                   "did not run (no measurement)"),
+    Skipped(source="flagperf", what="the bf16+fp8 rows of llama3_8B-megatron and llama3_70B-megatron",
+            reason="FP8 (priced only in 16-bit precision)"),
+    Skipped(source="flagperf", what="llama2_70B-megatron (FlagScale @ 26cd664 on 4 x 8 H800)",
+            reason="the README's rows state their global batch only in the fourth (GAS 1024); the case's config "
+                   "(TP 8, PP 4, GAS 44) is none of them; and whether FlagScale at that commit ran Transformer "
+                   "Engine or apex kernels is not stated, so the stack rule has no facts to apply"),
+    Skipped(source="flagperf", what="llama1_7B/13B-paddle and gpt3_6.7B/13B-paddle (20 rows)",
+            reason="PaddlePaddle 2.5.1 with PaddleNLP: not a PyTorch stack benchmarks.stack_rule describes"),
     Skipped(source="nemo-megatron-launcher", what="T5, mT5 and BERT training-performance tables",
             reason="encoder-decoder and encoder models: not expressible by partita's decoder families"),
 ]

@@ -91,7 +91,7 @@ def published_space(row: Row) -> SearchSpace:
         raise PartitaError(f"benchmarks.published needs SearchSpace fields {', '.join(missing)} (planner/enumerate/space.py) "
                            "to fix the published configuration; without them the rows cannot be priced as published")
     return SearchSpace(
-        name="published", tp=(row.tp,), pp=(row.pp,), dp=(row.dp,), cp=(row.cp,), ep=(row.ep,), zero=row.zero,
+        name="published", tp=(row.tp,), pp=(row.pp,), dp=(row.dp,), cp=(row.cp,), ep=(row.ep,), zero=zero_for(row),
         recompute=row.recompute, full_recompute_layers=row.full_recompute_layers,
         offload=False, sequence_parallel=(True, False) if row.sequence_parallel is None else (row.sequence_parallel,),
         micro_batch=None if row.micro_batch is None else (row.micro_batch,),
@@ -105,6 +105,16 @@ def published_space(row: Row) -> SearchSpace:
         kernels=row.table.kernels,  # a torch.compile'd run is priced with fused kernels (costmodel.price.fusion)
         stack=row.table.stack,  # its overlaps and distributed optimizer as that stack runs them
         tp_comm_overlap=None if row.tp_comm_overlap is None else (row.tp_comm_overlap,))
+
+
+def zero_for(row: Row) -> tuple[int, ...]:
+    """The row's ZeRO stages as partita's space takes them. A distributed optimizer (ZeRO-1) over one data-parallel
+    rank shards nothing: every rank keeps its optimizer states whole, as ZeRO-0 does (Megatron-LM runs
+    --use-distributed-optimizer at dp = 1 with one shard, the whole buffer), while the planner refuses ZeRO-1 at dp = 1 as
+    meaningless; such a row is priced as ZeRO-0."""
+    if row.dp * row.cp == 1:
+        return tuple(sorted({0 if z == 1 else z for z in row.zero}))
+    return row.zero
 
 
 def schedule_for(row: Row) -> str:

@@ -160,6 +160,21 @@ def test_a_1f1b_run_with_fewer_micro_batches_than_stages_is_priced_with_its_pinn
     assert lopsided > 1.2 * step[8], (lopsided, step)
 
 
+def test_a_distributed_optimizer_over_one_data_parallel_rank_is_priced_as_zero_0():
+    """FlagPerf's Megatron runs at dp = 1 pass --use-distributed-optimizer: one shard, the whole buffer. The planner
+    refuses ZeRO-1 at dp = 1, so such a row is priced as ZeRO-0 -- and priced at all; at dp > 1 it stays ZeRO-1."""
+    tiny = Model(name="tiny", family="gpt", layers=4, hidden=64, heads=4, vocab=256)
+    table = Table(source="test", citation="synthetic", metric=TOKENS, stack="megatron-2021")
+
+    def row(pp: int, dp: int) -> Row:
+        return Row(table=table, model=tiny, seq=32, hardware="A100-80GB", gpus=pp * dp, pp=pp, dp=dp, zero=(1,),
+                   micro_batch=1, global_batch=8, recompute=NONE, value=100.0)
+
+    alone, shared = row(2, 1), row(1, 2)
+    assert published.zero_for(alone) == (0,) and published.zero_for(shared) == (1,)
+    assert published.price(alone)["plan"]["zero"] == 0 and published.price(shared)["plan"]["zero"] == 1
+
+
 def test_device_overrides_change_only_the_published_fields():
     row = next(r for r in ROWS if r.device_overrides)
     cluster = published.cluster_for(row)

@@ -282,7 +282,7 @@ FLAGPERF_ROWS = [
 FIRST_CONTACT_ROWS: list[Row] = INTERNLM_ROWS + NEMO_ROWS + TINYLLAMA_ROWS + ZERO_BUBBLE_ROWS + FLAGPERF_ROWS
 """Every row entered through the ledger, admitted to the fit or not."""
 
-ADMITTED: tuple[str, ...] = ("internlm", "nemo-megatron-launcher", "tinyllama", "zero-bubble-pp")
+ADMITTED: tuple[str, ...] = ("internlm", "nemo-megatron-launcher", "tinyllama", "zero-bubble-pp", "flagperf")
 """Sources whose first-contact pricing is committed to the ledger and that the fit's data (ROWS) now holds."""
 
 FIRST_CONTACT_SKIPPED = [

@@ -90,7 +90,8 @@ def identity(row) -> dict:
     from benchmarks.published import _config, model_string, row_key
     return {"key": row_key(row), "model_string": model_string(row.model, row.seq), "hardware": row.hardware,
             "gpus": row.gpus, "config": _config(row), "device_overrides": [list(p) for p in row.device_overrides],
-            "autocast": row.table.autocast, "measured": {"metric": row.table.metric, "value": row.value}}
+            "autocast": row.table.autocast, "fp32_grads": row.table.fp32_grads,
+            "measured": {"metric": row.table.metric, "value": row.value}}
 
 
 def identity_changes(entry: dict, row) -> list[str]:

@@ -132,7 +132,7 @@ def train_for(row: Row) -> TrainConfig:
     # fp32 main parameters, the FSDP runs on their mixed-precision policy's bf16 parameters; partita's own runs
     # (Table.autocast) did (TrainConfig.autocast)
     return TrainConfig(global_batch=row.global_batch, seq_len=row.seq, dtype="bf16", schedule=schedule_for(row),
-                       autocast=row.table.autocast, master_weights=row.master_weights)
+                       autocast=row.table.autocast, master_weights=row.master_weights, fp32_grads=row.table.fp32_grads)
 
 
 def hardware_over_model(model: Model, seq: int) -> float:

@@ -86,6 +86,9 @@ class Table:
     autocast: bool = False
     """The run computed bf16 under torch.autocast over fp32 parameters, as partita's runtime does (its own
     runs); False: a bf16 model (Megatron-LM) or an FSDP policy's bf16 parameters."""
+    fp32_grads: bool = False
+    """The run kept its bf16 model's gradients in an fp32 buffer (Megatron-LM's default in bf16, costmodel.price.memory):
+    priced with TrainConfig.fp32_grads; False: in the parameters' dtype, or not stated."""
     notes: str = ""
     run: RunFacts | None = None
     """What the run used (benchmarks.stack_rule): where given, `stack` is the one the written rule assigns to

@@ -36,13 +36,14 @@ DIST_OPT = ("distributed optimizer: optimizer states sharded over the data-paral
 # arguments.py @ core_r0.8.0), pipeline sends (on by default). "Per-GPU teraFLOP/s" is Megatron's
 # num_floating_point_operations (megatron/training/training.py @ core_r0.8.0): model FLOPs, no recompute,
 # the full s x s attention and the logit layer counted, as partita counts its graph. BF16: MFU = TFLOP/s /
-# 989 (408.8 / 989 = 41%, as printed).
+# 989 (408.8 / 989 = 41%, as printed). In bf16 Megatron-LM accumulates and reduces gradients in fp32 main_grad
+# buffers (megatron/training/arguments.py: accumulate_allreduce_grads_in_fp32 set for bf16).
 MEGATRON_H100 = Table(
     stack="te-2024", source="megatron-lm-h100",
     citation="NVIDIA/Megatron-LM README.md and images/model_table.png @ f2e5db402c (2024-07-15), column "
              "'Per-GPU teraFLOP/s'",
     metric=MODEL_TFLOPS, precision="bf16 (MFU printed against the 989 TFLOP/s BF16 peak)",
-    framework="Megatron-LM (Megatron-Core r0.8.0, Transformer Engine)",
+    framework="Megatron-LM (Megatron-Core r0.8.0, Transformer Engine)", fp32_grads=True,
     notes="micro-batch, activation recompute and virtual pipeline stages not published: chosen by the search; "
           + DIST_OPT + "; TP communication overlapped (--tp-comm-overlap, userbuffers) with sequence parallelism")
 _MEG_MODEL_NOTES = ("only heads, hidden size, layers, vocab and sequence are published: priced as Megatron's GPT "

@@ -244,6 +244,7 @@ FLAGPERF = ruled_table(
              "llama3_70B-megatron/README.md (ddd8f62a), column token/p/s; training/benchmarks/llama3_{8B,70B}/megatron/"
              "pretrain_llama3.sh and run_pretraining.py, config/config_*.py, docker_image/megatron_core060/Dockerfile",
     metric=TOKENS, framework="Megatron-LM core_v0.6.0 (distributed optimizer, sequence parallelism, 1F1B)",
+    fp32_grads=True,  # bf16: Megatron's fp32 main_grad buffers (megatron/training/arguments.py @ core_v0.6.0)
     notes="token/p/s = 512 x 8192 / the last step's time / GPUs (run_pretraining.py); the model is Megatron's GPT with "
           "Llama 3's shape: learned positions, biased linears and tied embeddings (Megatron's defaults the script "
           "keeps), priced as partita's llama (rotary, no biases, untied: the head's FLOPs are the same)")

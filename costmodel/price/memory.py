@@ -24,6 +24,13 @@ and fp32 Adam moments -- the fp32 layout, 4 + 4 + 8 bytes; what bf16 adds is a b
 that autograd saves for the backward (2 bytes per matmul parameter while its layer's activations live),
 priced as saved tensors (costmodel.capture.trace `weight_saved_bytes`), not as model state.
 
+An fp32 gradient buffer beside 16-bit parameters (`fp32_grads`): Megatron-LM in bf16 accumulates and reduces the
+gradients in fp32 main_grad buffers unless told --grad-reduce-in-bf16 (megatron/training/arguments.py, "bfloat16
+requires gradient accumulation and all-reduce to be done in fp32"; the weight-gradient GEMMs add into them):
+2 + 4 + 12 = 18 bytes per parameter with Adam, the step reading 4 bytes of gradient. NeMo's distributed fused Adam
+keeps bf16 gradient buckets instead; partita's runtime does not run this layout (TrainConfig.fp32_grads prices a
+published run as it ran).
+
 Pure bf16 (`master_weights="none"`: TrainConfig.master_weights): bf16 parameters, bf16 gradients and bf16
 optimizer state, no fp32 master copy -- torchtitan with `mixed_precision_param = "bfloat16"` on a bf16 model,
 nanotron and Megatron-LM configurations that keep bf16 weights. In ZeRO's notation (Rajbhandari et al. SC'20,
@@ -66,9 +73,10 @@ MASTER_WEIGHTS = ("fp32", "none")
 
 
 def state_bytes(dtype: str, optimizer: str = "adam", autocast: bool = False,
-                master_weights: str = "fp32") -> StateBytes:
+                master_weights: str = "fp32", fp32_grads: bool = False) -> StateBytes:
     """Model-state bytes per parameter (module docstring); `autocast`: a bf16 model run under autocast;
-    `master_weights` "none": pure bf16, every state in bf16 (8 bytes per parameter with Adam)."""
+    `master_weights` "none": pure bf16, every state in bf16 (8 bytes per parameter with Adam); `fp32_grads`: a 16-bit
+    model's gradients accumulate in an fp32 buffer (Megatron-LM's bf16, module docstring)."""
     if optimizer not in ("adam", "sgd"):
         raise PartitaError(f"unknown optimizer {optimizer!r}; accepted: adam, sgd")
     if master_weights not in MASTER_WEIGHTS:
@@ -87,4 +95,5 @@ def state_bytes(dtype: str, optimizer: str = "adam", autocast: bool = False,
     else:
         opt = 4 if half else 0    # fp32 master weights only
         traffic = 2 * p + (8 if half else 0)
-    return StateBytes(param=p, grad=p, optimizer=opt, step_traffic=traffic, shard_copy=0 if half else p)
+    grad = 4 if half and fp32_grads else p
+    return StateBytes(param=p, grad=grad, optimizer=opt, step_traffic=traffic + grad - p, shard_copy=0 if half else p)

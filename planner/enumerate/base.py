@@ -220,7 +220,7 @@ def pinned_layers(space: SearchSpace, pp: int) -> np.ndarray | None:
 def model_state_bytes(train: TrainConfig, zero: int):
     """Model-state bytes per parameter (costmodel.price.memory) as the runtime holds them at this ZeRO stage."""
     return state_bytes(train.dtype, train.optimizer, runs_autocast(train.dtype, zero, train.autocast, train.master_weights),
-                       train.master_weights)
+                       train.master_weights, fp32_grads=train.fp32_grads)
 
 
 def _prune(space: SearchSpace) -> bool:

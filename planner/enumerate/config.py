@@ -123,6 +123,11 @@ class TrainConfig:
     Megatron-LM's bf16, for pricing a published run as it ran). FSDP plans (ZeRO-2/3) compute on FSDP2's
     bf16 gathered parameters either way."""
 
+    fp32_grads: bool = field(default=False, metadata=no_flag("pricing a published run as it ran (benchmarks)"))
+    """A bf16 model with fp32 master weights keeps its gradients in an fp32 buffer (Megatron-LM's bf16 default:
+    costmodel.price.memory), 4 bytes per parameter rather than 2; False: in the parameters' dtype, as FSDP2's
+    gathered bf16 parameters and NeMo's distributed optimizer keep them. For pricing a published run as it ran."""
+
     def __post_init__(self):
         if not isinstance(self.global_batch, int) or self.global_batch < 1:
             raise PartitaError(f"global batch must be a positive integer, got {self.global_batch!r}")

@@ -96,7 +96,7 @@ def published_space(row: Row) -> SearchSpace:
         offload=False, sequence_parallel=(True, False) if row.sequence_parallel is None else (row.sequence_parallel,),
         micro_batch=None if row.micro_batch is None else (row.micro_batch,),
         virtual_stages=None if row.virtual_stages is None else (row.virtual_stages,),
-        stage_layers=row.stage_layers,
+        stage_layers=stage_layers_for(row),
         # every published ZeRO-3 run (FULL_SHARD, HSDP, fully_shard) reshards each layer after its forward
         keep_gathered=False,
         # Megatron-LM's pipeline sends use its scatter/gather (SC'21 §4.1), as Megatron-Core's (te-2024 stacks)
@@ -105,6 +105,19 @@ def published_space(row: Row) -> SearchSpace:
         kernels=row.table.kernels,  # a torch.compile'd run is priced with fused kernels (costmodel.price.fusion)
         stack=row.table.stack,  # its overlaps and distributed optimizer as that stack runs them
         tp_comm_overlap=None if row.tp_comm_overlap is None else (row.tp_comm_overlap,))
+
+
+def stage_layers_for(row: Row) -> tuple[int, ...] | None:
+    """The row's pinned split of the repeated layers over its pipeline stages: the published one, or, for a Megatron-LM
+    run with one model chunk per stage and no split stated, Megatron's own -- num_layers / pp on every stage
+    (megatron/core/transformer/transformer_block.py get_num_layers divides evenly, the embedding and the head
+    beside the first and last stages' layers); None: the search splits them."""
+    if row.stage_layers is not None:
+        return row.stage_layers
+    if (row.table.framework.startswith("Megatron-LM") and row.pp > 1 and row.virtual_stages == 1
+            and row.schedule in ("1F1B", "GPipe") and row.model.layers % row.pp == 0):
+        return (row.model.layers // row.pp,) * row.pp
+    return None
 
 
 def zero_for(row: Row) -> tuple[int, ...]:

@@ -175,6 +175,17 @@ def test_a_distributed_optimizer_over_one_data_parallel_rank_is_priced_as_zero_0
     assert published.price(alone)["plan"]["zero"] == 0 and published.price(shared)["plan"]["zero"] == 1
 
 
+def test_a_megatron_pipeline_without_a_stated_split_is_priced_on_megatrons_even_split():
+    """Megatron-LM puts num_layers / pp layers on every stage (one chunk each); the search alone would move layers off
+    the stage that holds the head (FlagPerf's pp 8 row: 5/5/5/4/4/3/3/3, 35% more memory on stage 0 than ran)."""
+    row = next(r for r in ROWS if r.table.source == "flagperf" and r.pp == 8)
+    assert published.stage_layers_for(row) == (4,) * 8
+    assert published.published_space(row).stage_layers == (4,) * 8
+    assert published.stage_layers_for(dataclasses.replace(row, virtual_stages=None)) is None  # interleaving searched
+    other = next(r for r in ROWS if r.pp > 1 and not r.table.framework.startswith("Megatron-LM") and r.stage_layers is None)
+    assert published.stage_layers_for(other) is None
+
+
 def test_device_overrides_change_only_the_published_fields():
     row = next(r for r in ROWS if r.device_overrides)
     cluster = published.cluster_for(row)

@@ -64,7 +64,8 @@ def test_every_row_is_a_consistent_published_configuration(row):
         assert len(row.stage_layers) == row.pp and sum(row.stage_layers) == row.model.layers and min(row.stage_layers) > 0
     assert row.table.metric in METRICS and row.value > 0 and row.table.citation
     assert row.hardware in DEVICES and (row.gpus % 8 == 0 or row.gpus < 8)  # whole 8-GPU nodes, or one node
-    assert row.zero and set(row.zero) <= {0, 1, 2, 3} and (row.dp > 1 or row.zero == (0,))
+    # at dp = 1 nothing shards: ZeRO-0, or a distributed optimizer over one rank, priced as ZeRO-0 (zero_for)
+    assert row.zero and set(row.zero) <= {0, 1, 2, 3} and (row.dp * row.cp > 1 or published.zero_for(row) == (0,))
     assert row.recompute and set(row.recompute) <= set(RECOMPUTE)
     assert row.schedule in ("1F1B", "Interleaved1F1B", "auto")
     assert row.pp > 1 or row.virtual_stages == 1

@@ -286,7 +286,7 @@ def cost_variant(v: Variant, cluster: Cluster, sb: StateBytes, zero: int, dp: in
     v.tp_comm = timing.tp
     v.zero_comm = gather_fwd + gather_bwd + scatter
     v.offload_traffic = out + back + serial
-    _charge_state(v, r)
+    v.state, v.grad, v.host_state = _state_bytes(r.sb, zero, n_dense, n_expert, dp, edp, r.pipe_fsdp, v.offload_states)
     _charge_flush(v, r, bwd, ddp_overlap, zero1_broadcast)
     return v
 
@@ -383,12 +383,6 @@ def _host_traffic(v: Variant, r: _Rank, kept: float, gather_fwd: float, gather_b
         nic_f = off(sb.param) if gather_fwd else 0.0
         nic_b = off(sb.param) * (gather_bwd > 0) + off(sb.grad_comm) * (scatter > 0)
     return out, back, serial, nic_f, nic_b
-
-
-def _charge_state(v: Variant, r: _Rank) -> None:
-    """The variant's model-state bytes on the device (v.state, of them v.grad) and on the host."""
-    v.state, v.grad, v.host_state = _state_bytes(r.sb, r.zero, r.n_dense, r.n_expert, r.dp, r.edp, r.pipe_fsdp,
-                                                 v.offload_states)
 
 
 def _state_bytes(sb: StateBytes, zero: int, n_dense: float, n_expert: float, dp: int, edp: int, pipe_fsdp: bool,

@@ -284,13 +284,15 @@ def test_an_efficiency_kernel_timings_do_not_allow_is_a_defect_and_the_fit_holds
     assert fit.physical_bounds(("step", "hopper/pytorch"), levels) == fit.LS_BOUNDS["step"]  # no kernel measures it
     rows = [r for r in ROWS if fit.group_of(r) == "hopper/te-2024-flash2"]
     [at] = fit.defects({("e_attn", "hopper/te-2024-flash2"): lo}, levels, rows, kgroups)["defects"]
-    assert at["kind"] == "at what kernel timings allow" and at["fitted_by"] == ["dgxc-benchmarking"]
+    fitted_by = sorted({r.table.source for r in rows})  # the sources whose rows price this group
+    assert "dgxc-benchmarking" in fitted_by
+    assert at["kind"] == "at what kernel timings allow" and at["fitted_by"] == fitted_by
     assert [w for _, w in levels["hopper/flash2"]] and len(levels["hopper/flash2"]) == 2
     low = fit.defects({("e_attn", "hopper/te-2024-flash2"): 0.11}, levels, rows, kgroups)
     [d] = low["defects"]
     assert d["param"] == "e_attn:hopper/te-2024-flash2" and d["kernel"] == "hopper/flash2"
     assert d["allowed"][0] == pytest.approx(fit.BAND[0] * levels["hopper/flash2"][0][0])
-    assert d["fitted_by"] == ["dgxc-benchmarking"]
+    assert d["fitted_by"] == fitted_by
     assert fit.defects({("e_attn", "hopper/te-2024-flash2"): 0.35}, levels, rows, kgroups)["defects"] == []
     pinned = fit.defects({("h_seq", "hopper/flash_triton"): 1.0}, levels, rows, kgroups)["defects"]
     assert pinned[0]["kind"] == "at the fit's bound"

@@ -100,9 +100,10 @@ def check(row: Row, graphs: dict) -> dict:
             out["no_candidate"] = True
             return out
     out["plan"] = _plan(result)
-    out["terms_gib"] = _gib(stage_terms(result))
+    terms = stage_terms(result)
+    out["terms_gib"] = _gib(terms)
     if row.memory_gib is not None:
-        predicted = predicted_memory(row, result, stage_terms(result)["allocated"]) / GiB
+        predicted = predicted_memory(row, result, terms["allocated"]) / GiB
         out["stated"] = {"gib": row.memory_gib, "reading": row.memory_reading,
                          "compared": row.memory_kind, "predicted_gib": predicted,
                          "error": predicted / row.memory_gib - 1}

@@ -6,7 +6,9 @@ tensors; cached per model string), and search a SearchSpace restricted to the pu
 pp, dp, ZeRO stage, micro-batch, virtual stages, recompute policy, sequence parallelism, no offload --
 on f"{nodes}x8x{GPU}" with the costmodel.hardware preset (plus any hardware fact the source publishes
 for its GPU, `Row.device_overrides`). Where the source leaves a choice out, the search picks it (the
-row's notes say which). The prediction is converted to the published metric:
+row's notes say which), unless the framework fixes it: `stage_layers_for` (Megatron's even pipeline split),
+`zero_for` (a distributed optimizer over one rank is ZeRO-0), `schedule_for` (Megatron's 1F1B with fewer
+micro-batches than stages is GPipe's critical path). The prediction is converted to the published metric:
 
     tokens_per_s_per_gpu     global batch x seq / predicted step time / GPUs
     model_tflops_per_gpu     planner.estimate.build.predicted's tflops_per_device (model FLOPs of the graph)

@@ -94,7 +94,8 @@ def test_quick_calibration_writes_a_loadable_resource_list(calibrated):
     assert {r["ranks"] for r in rows["all_reduce"]} == {2} and len(rows["p2p"]) == 1
     # one timing is a difference of two loops' wall times and may be ~0 under load: calibrate retries, and
     # what it records is a positive cost or None (too noisy), never an impossible negative figure
-    timed = [r["in_step_s"] for kind in ("all_reduce", "p2p") for r in rows[kind]]
+    timed = [r["in_step_s"] for kind_rows in rows.values() if isinstance(kind_rows, list) for r in kind_rows]
+    assert len(timed) > len(rows["all_reduce"]) + len(rows["p2p"])  # the warning counts every kind's rows
     assert all(t is None or t > 0 for t in timed)
     # how many are too noisy depends on the machine's load (all of them at a load of 5, once): never silently
     assert ("too noisy to measure" in printed) == (None in timed), printed

@@ -194,4 +194,25 @@ def test_a_node_waiting_while_the_round_runs_at_its_largest_size_is_a_spare_and_
         return h
 
     assert waiting_at(counting(handler(2, wait=["other"]))) and not waiting_at(counting(handler(3, wait=["other"])))
-    assert not waiting_at(counting(handler(2)))
+    assert not waiting_at(counting(handler(2)), sleep=lambda s: None)
+
+
+def test_a_stop_seen_before_the_cached_rendezvous_state_expires_asks_the_store_again():
+    """torch's num_nodes_waiting answers from the state it read up to its cache duration ago: a node that joined
+    since shows only in the next read, which `waiting_at` waits for before it takes a vote's stop for the end."""
+    from types import SimpleNamespace as NS
+
+    from partita.runtime.launcher.leave import waiting_at
+    state = NS(participants={"n0": 0, "n1": 1}, complete=True, wait_list=set(), redundancy_list=set())
+    store = {"wait_list": {"n2"}}  # the store's state: node 2 joined after this agent's last read
+    handler = NS(_state_holder=NS(state=state, _cache_duration=1), _settings=NS(max_nodes=3), _this_node="n0")
+    slept = []
+
+    def read(seconds):
+        slept.append(seconds)
+        state.wait_list = store["wait_list"]  # the cache expired: the next call reads the store
+
+    handler.num_nodes_waiting = lambda: len(state.wait_list)
+    assert waiting_at(handler, sleep=read) and slept == [1.2]
+    store["wait_list"], state.wait_list, slept[:] = set(), set(), []
+    assert not waiting_at(handler, sleep=read) and slept == [1.2]  # nobody: a stop for the job's end

@@ -375,6 +375,7 @@ def agent(worker_argv: list[str], nproc: int, *, nnodes: int = 1, rdzv_endpoint:
         finally:
             if rendezvous.WATCH is not None:
                 rendezvous.WATCH.stop()
+            rendezvous.stop_heartbeats()
             shutil.rmtree(log_dir, ignore_errors=True)
 
 

@@ -104,6 +104,8 @@ WATCH = None
 """This launcher's runtime.launcher.peers.PeerWatch, once its first rendezvous completed (several nodes only)."""
 ELASTIC = None
 """An elastic job's runtime.launcher.elastic.Rescale (`register`), else None."""
+HANDLER = None
+"""This launcher's rendezvous handler (`_create`), for `stop_heartbeats`."""
 
 
 def _fatal(line: str) -> None:
@@ -332,7 +334,21 @@ def _create(params):
     with _Ticker(lambda: None, params.max_nodes, deadline=SEEN.timeout + GRACE):  # a node that does not host
         # the store waits for it here
         backend, store = create_backend(params)
-    return _handler_type()(create_handler(store, backend, params), store, params.run_id, params.max_nodes)
+    global HANDLER
+    HANDLER = _handler_type()(create_handler(store, backend, params), store, params.run_id, params.max_nodes)
+    return HANDLER
+
+
+def stop_heartbeats() -> None:
+    """Stop this launcher's rendezvous keep-alive thread, leaving the rendezvous open. torch's agent does not shut
+    the rendezvous down when a signal stops it (the job may still scale), so that thread outlived the agent; where
+    the handler was then freed inside it, torch's finalizer joined the thread from itself and printed "cannot join
+    current thread" after the stop's own line (fresh-clone CI at aec5ab0, a SIGQUIT stop). Once stopped, or after a
+    shutdown, this does nothing."""
+    inner = getattr(HANDLER, "inner", None)
+    stop = getattr(inner, "_stop_heartbeats", None)  # torch's DynamicRendezvousHandler (pyproject: private APIs)
+    if stop is not None:
+        stop()
 
 
 def register(endpoint: str, timeout: float, elastic=None) -> list[str]:
@@ -340,9 +356,9 @@ def register(endpoint: str, timeout: float, elastic=None) -> list[str]:
     `elastic`: an elastic job's runtime.launcher.elastic.Rescale (no PeerWatch: torchrun's own membership handles
     a lost node; the rounds are numbered for the workers; a short last call)."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
-    global WATCH, ELASTIC
+    global WATCH, ELASTIC, HANDLER
     SEEN.endpoint, SEEN.timeout, SEEN.joined = endpoint, timeout, 0
-    WATCH, ELASTIC = None, elastic
+    WATCH, ELASTIC, HANDLER = None, elastic, None
     try:
         rendezvous_handler_registry.register(BACKEND, _create)
     except ValueError:  # registered before in this process

@@ -53,3 +53,31 @@ def test_nothing_listening_yet_is_no_error():
         free = s.getsockname()[1]
     rendezvous.check_endpoint(f"localhost:{free}")
     rendezvous.check_endpoint(f"0.0.0.0:{free}")
+
+
+def test_a_stopped_launcher_stops_its_keep_alive_thread_and_leaves_the_rendezvous_open(monkeypatch):
+    """torch's agent leaves the rendezvous open when a signal stops it, and with it the handler's keep-alive thread;
+    `stop_heartbeats` ends that thread (a real one-node c10d rendezvous on this machine), and the rendezvous stays
+    open for the job's other nodes."""
+    import threading
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    from rank_pool import free_port
+    monkeypatch.setattr(rendezvous, "HANDLER", None)
+    port = free_port()
+    rendezvous.SEEN.endpoint, rendezvous.SEEN.timeout = f"127.0.0.1:{port}", 30
+    params = RendezvousParameters(backend=rendezvous.BACKEND, endpoint=f"127.0.0.1:{port}", run_id="heartbeats",
+                                  min_nodes=1, max_nodes=1, is_host=True, join_timeout=30)
+    handler = rendezvous._create(params)
+    handler.next_rendezvous()
+
+    def keep_alive():
+        return [t for t in threading.enumerate() if t.name.startswith("RendezvousKeepAliveTimer")]
+    assert keep_alive()
+    rendezvous.stop_heartbeats()
+    assert not keep_alive()
+    assert not handler.inner.is_closed()
+    rendezvous.stop_heartbeats()  # again, or after a shutdown: nothing
+    handler.shutdown()
+    assert handler.inner.is_closed()

@@ -23,13 +23,17 @@ def graph_of():
 E2E = str(Path(__file__).resolve().parent / "e2e")
 
 
-LONGEST_FIRST = ("tests/notebooks/", "tests/e2e/", "tests/examples/", "tests/benchmarks/test_rec_bench.py",
-                 "tests/runtime/", "tests/test_packaging.py", "tests/costmodel/test_hf_families.py",
-                 "tests/costmodel/test_calibrate.py", "tests/planner/test_same_plan_under_load.py",
+LONGEST_FIRST = ("tests/notebooks/", "tests/e2e/", "tests/examples/", "tests/benchmarks/test_islands.py",
+                 "tests/benchmarks/test_rec_bench.py", "tests/runtime/", "tests/test_packaging.py",
+                 "tests/planner/test_untrusted_plans.py", "tests/costmodel/test_fusion.py",
+                 "tests/costmodel/test_hf_families.py", "tests/costmodel/test_calibrate.py",
+                 "tests/planner/test_same_plan_under_load.py",
                  "tests/planner/test_bounds.py", "tests/planner/test_baselines_determinism.py")
 """Folders and files whose tests take longest (scripts/test.sh --durations=40): under pytest-xdist (scripts/test.sh
-runs three workers) they are handed out first, so that no long test starts last while the others idle. The
-multi-rank runtime tests were last (tests/runtime/ sorts after the rest), with the wheel build after them."""
+runs three workers, stealing work) they are queued first, so that no long test starts last while the others idle. The
+multi-rank runtime tests were last (tests/runtime/ sorts after the rest), with the wheel build after them. Added from
+the durations at 7051f15 (2026-12-01): the islands benchmark's test (77 s), the untrusted-plans fuzz (41 s) and the
+compiled-block test (31 s)."""
 
 
 SESSION_CACHE_ENV = "PARTITA_TEST_CACHE_DIR"

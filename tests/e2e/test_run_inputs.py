@@ -254,8 +254,9 @@ def test_the_gpu_bound_sets_the_allocator_before_cuda_starts(monkeypatch):
 
     from partita.runtime.launcher import sizes
     seen = {}
-    for name in allocator.NAMES:
-        monkeypatch.delenv(name, raising=False)
+    for name in allocator.NAMES:  # set, then removed: monkeypatch then also removes what the test's run sets
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setenv("LOCAL_RANK", "3")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)

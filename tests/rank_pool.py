@@ -11,10 +11,21 @@ one-line errors) is still tested through `partita run` itself.
 
 Between jobs a worker destroys its process group, collects garbage (FSDP's reference cycles), resets
 torch.compile's caches and restores its environment and working directory. A job that does not finish in
-its time limit, or a worker that dies, restarts the whole pool and fails that test.
+its time limit, or a worker that dies, restarts the whole pool and fails that test; the failure names how the
+worker ended, and a worker that dies of a signal (a native crash: glibc's abort on a corrupted heap) first
+writes every thread's Python stack to the test's standard error (faulthandler).
+
+The one native crash seen (CI at ae4691f, 2026-12-01: a worker died of glibc's "double free or corruption" in
+the expert-parallel clipping test) is not explained: that test passed 560 runs in a row alone in one pool, so what
+broke it was left by an earlier job of that worker. Ending the workers of every failed job (so that no job inherits
+what a failed one left) was tried and taken back: with fresh workers beside reused ones, a 4-rank FSDP job
+(tests/e2e/test_pipeline_tied_and_own_loss.py, --verify) hung in two CI runs of two, two ranks waiting for a job
+while the other two waited for them in verify's collectives; the pool as it was has run the suite in CI for many
+stops with that one crash. A job past its time limit says what its finished ranks printed, beside every rank's stack.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import multiprocessing
 import os
@@ -37,6 +48,36 @@ class Finished:
     stderr: str
 
 
+def _ended(proc, job: list) -> str:
+    """How pool worker `proc`, which gave no result, ended, for the test's failure. Where it still runs, every
+    worker of its job still running first writes its threads' stacks to the test's standard error (faulthandler,
+    on SIGUSR1): where each rank waited."""
+    import signal
+    proc.join(timeout=1)
+    if proc.exitcode is None:
+        for other in job:
+            if other.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(other.pid, signal.SIGUSR1)
+        time.sleep(2)
+        return "did not finish in its time limit (the ranks' stacks above, from faulthandler)"
+    if proc.exitcode < 0:
+        return f"lost its worker to {signal.Signals(-proc.exitcode).name} (stacks above, from faulthandler)"
+    return f"lost its worker, which exited with code {proc.exitcode}"
+
+
+def _finished_others(workers: list, stuck: int) -> str:
+    """What the ranks of a job that did finish returned, while rank `stuck` did not: their exit codes and the end
+    of their standard error (a rank that failed alone leaves its peers waiting in a collective)."""
+    said = []
+    for r, (_, conn) in enumerate(workers):
+        with contextlib.suppress(EOFError, OSError):
+            if r != stuck and conn.poll(0):
+                code, _, err = conn.recv()
+                said.append(f"\n--- rank {r} finished with exit code {code}; its stderr ends:\n{err[-2000:]}")
+    return "".join(said)
+
+
 def _exit_code(e: SystemExit) -> int:
     return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
 
@@ -54,6 +95,10 @@ def _between_jobs() -> None:
 
 def serve(conn) -> None:
     """A pool worker: run (env, argv, cwd) jobs until it receives None."""
+    import faulthandler
+    import signal
+    faulthandler.enable(all_threads=True)  # a native crash shows where every thread was (module docstring)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # and a job past its time limit (`_ended`)
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     torch.set_num_threads(1)
@@ -178,9 +223,10 @@ class RankPool:
             except (EOFError, OSError):
                 results.append(None)
             if results[-1] is None:
+                how = _ended(self.workers[r][0], [proc for proc, _ in self.workers[:ranks]])
+                said = _finished_others(self.workers[:ranks], r)
                 self._restart()
-                raise RuntimeError(f"rank {r} of a {ranks}-rank job did not finish within {timeout:g} s (or its "
-                                   f"worker died): pool restarted; argv {argv}")
+                raise RuntimeError(f"rank {r} of a {ranks}-rank job {how}: pool restarted; argv {argv}{said}")
         codes = [code for code, _, _ in results]
         return Finished(returncode=next((c for c in codes if c), 0), stdout=results[0][1],
                         stderr="".join(err for _, _, err in results))

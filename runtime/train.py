@@ -104,6 +104,8 @@ def argument_errors(args: argparse.Namespace) -> list[str]:
         errors.append("--log-every must be >= 0")
     if args.keep < 0:
         errors.append("--keep must be >= 0")
+    if args.snapshot_every < 0:
+        errors.append("--snapshot-every must be >= 0")
     if args.hang_timeout is not None and not 0 < args.hang_timeout <= 86400:
         errors.append("--hang-timeout must be more than 0 and at most 86400 seconds")
     if args.rdzv_timeout is not None and not 0 < args.rdzv_timeout <= 86400:

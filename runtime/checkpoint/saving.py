@@ -241,7 +241,16 @@ def _run_id(path: Path) -> str | None:
 def load(ckpt: Checkpoint, md: Metadata, modules: list[nn.Module], params: list[torch.Tensor],
          optimizer: torch.optim.Optimizer) -> str | None:
     """Collective: fill this rank's model shards and optimizer state from the checkpoint, in place, and
-    restore this rank's generators (module docstring). Returns a note when the generators were not restored.
+    restore this rank's generators (module docstring). Returns a note when the generators were not restored."""
+    import torch.distributed.checkpoint as dcp
+    return load_from(md, dcp.FileSystemReader(ckpt.path), ckpt.manifest.get("world_size"), str(ckpt.path), modules,
+                     params, optimizer, f"loading checkpoint {ckpt.path}")
+
+
+def load_from(md: Metadata, reader, world_then: int | None, source: str, modules: list[nn.Module],
+              params: list[torch.Tensor], optimizer: torch.optim.Optimizer, what: str) -> str | None:
+    """`load` from any DCP StorageReader (a checkpoint's files, or the nodes' snapshots:
+    runtime.checkpoint.recovery) whose state `world_then` ranks wrote; `source` names it in the note.
 
     Optimizer state is created for each local parameter the checkpoint holds state of, with the
     parameter's placement (DTensor or plain), and DCP reads into it the chunks this rank needs."""
@@ -267,16 +276,15 @@ def load(ckpt: Checkpoint, md: Metadata, modules: list[nn.Module], params: list[
             state[f"optim.{fqn}.{k}"] = target
     rank, world = dist.get_rank(), dist.get_world_size()
     rng, note = {}, None
-    if ckpt.manifest.get("world_size") != world:
-        note = (f"note: {ckpt.path} was written by {ckpt.manifest.get('world_size')} ranks, this run has {world}: "
+    if world_then != world:
+        note = (f"note: {source} was written by {world_then} ranks, this run has {world}: "
                 "random number generators restart from the seed (dropout masks differ from an uninterrupted run)")
     else:
         for key, value in rng_state(rank).items():
             if key in md.state_dict_metadata:
                 rng[key] = torch.empty_like(value)
         if f"rng.rank{rank}.cpu" not in rng:
-            note = f"note: {ckpt.path} holds no generator state: dropout masks differ from an uninterrupted run"
-    _dcp(lambda: dcp.load({**state, **rng}, storage_reader=dcp.FileSystemReader(ckpt.path)),
-         f"loading checkpoint {ckpt.path}")
+            note = f"note: {source} holds no generator state: dropout masks differ from an uninterrupted run"
+    _dcp(lambda: dcp.load({**state, **rng}, storage_reader=reader), what)
     _set_rng_state(rng)
     return note

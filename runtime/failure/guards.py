@@ -111,12 +111,12 @@ PARTIAL_ROWS = 20
 """Loss rows a failed run prints (the last ones); --losses-out keeps them all."""
 
 
-def keep_partial(opts, prep, topo, losses: list[float], start: int,
-                  checkpoints: list[str], run_id: str | None, error: BaseException) -> None:
+def keep_partial(opts, prep, topo, history, run_id: str | None, error: BaseException) -> None:
     """A run that fails after training began: rank 0 prints the losses of the steps done and writes them
-    to --losses-out with the failure, so the history survives the failure."""
+    to --losses-out with the failure, so the history survives the failure. `history`: runtime.loop.trainer's."""
     if topo.rank != 0:
         return
+    losses, start, checkpoints = history.losses, history.start, history.saves
     if opts.print_report and losses:
         shown = losses[-PARTIAL_ROWS:]
         first = start + len(losses) - len(shown)
@@ -131,4 +131,4 @@ def keep_partial(opts, prep, topo, losses: list[float], start: int,
             json.dump({"losses": losses, "first_step": start, "failure": str(error).splitlines()[0] if str(error)
                        else type(error).__name__, "exit_code": code, "checkpoints": checkpoints, "run_id": run_id,
                        "attempt": prep.attempt + 1, "restarts": prep.attempt,
-                       "resumed_from": str(prep.resume.path) if prep.resume else None}, f, indent=2)
+                       "resumed_from": history.resumed_from}, f, indent=2)

@@ -213,3 +213,18 @@ def check_blocks(plan: Plan, modules: dict[str, nn.Module], model: str) -> None:
         kernels = plan.kernels if is_layer(b.fqn) else "eager"  # only the layers run compiled (runtime.parallel.blocks)
         if why := executable.offload_refusal(b.recompute, b.offload_activations, kernels, b.fqn):
             raise PlanError(why)
+
+
+def dropout_probability(spec: ModelSpec) -> float:
+    """The largest dropout probability the model trains with: a `dropout` in its config (gpt:/llama:
+    families), an nn.Dropout module (user modules), or a *drop* probability of a HuggingFace config
+    (dropout, attention_dropout, resid_pdrop ...); 0 when none."""
+    found = [float(spec.config.get("dropout") or 0.0)]
+    for m in build_meta(spec).modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            found.append(m.p)
+        config = getattr(m, "config", None)
+        if config is not None and hasattr(config, "to_dict"):
+            found += [v for k, v in config.to_dict().items()
+                      if "drop" in k and isinstance(v, float) and not isinstance(v, bool) and v < 1.0]
+    return max(found)

@@ -37,6 +37,11 @@ REPEATABLE = (signal.SIGHUP,)
 LOG_DIR_ENV = "PARTITA_LOG_DIR"
 """The launcher's working directory, made and removed by `run_forwarding_signals` (runtime.api.agent)."""
 LOG_DIR_PREFIX = "partita-torchrun-"
+SNAPSHOT_DIR_ENV = "PARTITA_SNAPSHOT_DIR"
+"""The node's directory for snapshots of the training state in memory (runtime.checkpoint.snapshot): made and
+removed here beside the launcher's, on the node's tmpfs, so that it outlives every restart of the workers."""
+SNAPSHOT_ROOT_ENV = "PARTITA_SNAPSHOT_ROOT"
+"""Where the snapshot directory is made: /dev/shm (memory) by default, the temporary directory where there is none."""
 POLL_S = 0.2
 """How often a killed launcher's workers are looked for while they stop."""
 
@@ -51,10 +56,52 @@ def run_forwarding_signals(cmd: list[str], env: dict) -> int:
     (128 + N when a signal N ended it). The launcher's working directory is removed after it and its workers
     ended, however they ended."""
     log_dir = tempfile.mkdtemp(prefix=LOG_DIR_PREFIX)
+    root = _snapshot_root(env)
+    _remove_stale_snapshots(root)
+    snapshots = tempfile.mkdtemp(prefix=f"{_snapshot_prefix()}{os.getpid()}-", dir=root)
     try:
-        return _run(cmd, {**env, LOG_DIR_ENV: log_dir}, log_dir)
+        return _run(cmd, {**env, LOG_DIR_ENV: log_dir, SNAPSHOT_DIR_ENV: snapshots}, log_dir)
     finally:
         _remove(log_dir)
+        shutil.rmtree(snapshots, ignore_errors=True)
+
+
+def _snapshot_prefix() -> str:
+    """partita-snapshots-<pid namespace>-: a directory's maker is known by its pid only within its pid namespace
+    (another container sharing /dev/shm has its own)."""
+    try:
+        space = os.readlink("/proc/self/ns/pid").split("[")[-1].rstrip("]")
+    except OSError:
+        space = "0"
+    return f"partita-snapshots-{space}-"
+
+
+def _remove_stale_snapshots(root: str | None) -> None:
+    """Remove the snapshot directories of `partita run` processes of this pid namespace that are gone without
+    removing them (SIGKILL, the out-of-memory killer): their tmpfs memory would stay taken until the machine
+    restarts. A directory whose maker lives, or of another namespace or user, is left alone."""
+    root, prefix = root or tempfile.gettempdir(), _snapshot_prefix()
+    try:
+        names = [n for n in os.listdir(root) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        pid, path = name[len(prefix):].split("-", 1)[0], os.path.join(root, name)
+        try:
+            if not pid.isdigit() or os.stat(path).st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # alive under another user (EPERM), or gone already
+            continue
+
+
+def _snapshot_root(env: dict) -> str | None:
+    root = env.get(SNAPSHOT_ROOT_ENV) or os.environ.get(SNAPSHOT_ROOT_ENV)
+    if root:
+        return root
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 def _run(cmd: list[str], env: dict, log_dir: str) -> int:

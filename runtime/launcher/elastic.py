@@ -177,9 +177,10 @@ def slower_sizes(directory: str, nnodes: NodeCount) -> list[str]:
     return out
 
 
-def replanned_line(choice: Choice, before_world: int | None, step: int, per_node: int) -> str | None:
-    """The one line rank 0 prints when an attempt resumes at another size than the checkpoint was written at;
-    None when the size is unchanged."""
+def replanned_line(choice: Choice, before_world: int | None, step: int, per_node: int,
+                   memory: bool = False) -> str | None:
+    """The one line rank 0 prints when an attempt resumes at another size than the checkpoint (or, `memory`, the
+    snapshot in the nodes' memory: runtime.checkpoint.recovery) was written at; None when the size is unchanged."""
     from partita.planner.plan import planset
     if not before_world or before_world == choice.nodes * per_node:
         return None
@@ -193,7 +194,7 @@ def replanned_line(choice: Choice, before_world: int | None, step: int, per_node
     went = "lost" if choice.nodes < before else "joined"
     return (f"partita: {abs(before - choice.nodes)} node(s) {went} before step {step + 1}: re-planned for "
             f"{choice.nodes} node{'s' * (choice.nodes != 1)} (pp={m.pp} dp={m.dp} tp={m.tp}{ratio}); "
-            f"resumed from step {step}")
+            f"resumed from step {step}" + (" from the nodes' memory" if memory else ""))
 
 
 def attempt_from_round() -> int:

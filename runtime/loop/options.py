@@ -40,6 +40,11 @@ class RunOptions:
     keep: int = field(default=0, metadata=flag("keep only the newest N checkpoints of this run (default 0: all)",
                                                metavar="N"))
     """With checkpoint_every: keep only the newest `keep` checkpoints of this run (0: all)."""
+    snapshot_every: int = field(default=0, metadata=flag(
+        "after every N steps keep a copy of the training state in the nodes' memory (each byte once, and again on "
+        "the next node), so that a failure resumes from it when it is newer than the checkpoint on disk (default 0: "
+        "none)", metavar="N"))
+    """Snapshots in memory (runtime.checkpoint.snapshot) after every N-th step; 0: none."""
     max_restarts: int = field(default=0, metadata=flag(
         "torchrun restarts the job up to K times after a failure; it resumes from the latest checkpoint (default 0)",
         metavar="K"))

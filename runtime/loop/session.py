@@ -49,7 +49,7 @@ from partita.runtime.parallel import ep as expert_parallel
 from partita.runtime.parallel import batchnorm
 from partita.runtime.loop import memory
 from partita.runtime.parallel.apply import make_executor, make_plan_optimizer, settle_ddp_buckets
-from partita.runtime.launcher.checks import build_meta, optimizer_name, preflight
+from partita.runtime.launcher.checks import build_meta, dropout_probability, optimizer_name, preflight  # noqa: F401
 from partita.runtime.loop.console import STDOUT, stderr_line
 from partita.runtime.data import make_data
 from partita.runtime.checkpoint import ownership
@@ -58,6 +58,8 @@ from partita.runtime.launcher.mesh import Topology, backend_for, env_world, init
 from partita.runtime.failure.guards import (EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, EXIT_VERIFY, NonFiniteLoss,  # noqa: F401
                                     NonFiniteParameters, Stopped, keep_partial)
 from partita.runtime.checkpoint.resume import Candidates, candidates, start_checkpoints
+from partita.runtime.checkpoint.recovery import identity, recover, snapshots_off, snapshots_on
+from partita.runtime.checkpoint.snapshot import node_dir
 from partita.runtime.launcher.sizes import check_sizes
 from partita.runtime.failure.stop import StopSignal
 from partita.runtime.failure.hang import hang_watch
@@ -66,7 +68,8 @@ from partita.runtime.loop.progress import Progress, summary_writer
 from partita.runtime.checkpoint.final import consolidated_state, folder_refusal, loader, save_final, trained_module
 from partita.runtime.loop.recipe import Recipe, recipe_of
 from partita.runtime.loop.sync import make_hook as make_sync_hook
-from partita.runtime.loop.trainer import CheckpointHook, FaultHook, History, ProgressHook, RecipeHook, Trainer
+from partita.runtime.loop.trainer import (CheckpointHook, FaultHook, History, ProgressHook, RecipeHook, SnapshotHook,
+                                         Trainer)
 from partita.runtime.loop.report import RunResult, preamble, render
 from partita.runtime.verify.checks import Check, failures
 from partita.runtime.loop.options import RunOptions
@@ -258,21 +261,6 @@ def _find_resume(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared) 
                           f"trained with ({', '.join(changed)}): from its step on the run follows this one")
 
 
-def dropout_probability(spec: ModelSpec) -> float:
-    """The largest dropout probability the model trains with: a `dropout` in its config (gpt:/llama:
-    families), an nn.Dropout module (user modules), or a *drop* probability of a HuggingFace config
-    (dropout, attention_dropout, resid_pdrop ...); 0 when none."""
-    found = [float(spec.config.get("dropout") or 0.0)]
-    for m in build_meta(spec).modules():
-        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
-            found.append(m.p)
-        config = getattr(m, "config", None)
-        if config is not None and hasattr(config, "to_dict"):
-            found += [v for k, v in config.to_dict().items()
-                      if "drop" in k and isinstance(v, float) and not isinstance(v, bool) and v < 1.0]
-    return max(found)
-
-
 def _manifest(plan: Plan, spec: ModelSpec, opts: RunOptions, data, fingerprint: str) -> dict:
     return {"model": {"name": spec.name, "fingerprint": fingerprint},
             "train": {"global_batch": plan.train["global_batch"], "seq_len": spec.seq_len,
@@ -358,11 +346,14 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
     """The run's named steps: build, resume, train (the step loop), measure, verify, report."""
     notes = list(prep.notes) + ([prep.device_note] if prep.device_note else []) + notes
     built = _build(plan, spec, opts, topo)
-    history = _resume(built, prep, notes)
-    if prep.elastic is not None and prep.resume is not None and topo.rank == 0:
+    manifest = {**_manifest(plan, spec, opts, prep.data, built.fingerprint), "run_id": run_id}
+    notes += [f"note: --snapshot-every is off: {why}"] if (why := snapshots_off(plan, opts)) else []
+    history, before = _resume(plan, opts, built, prep, notes, manifest, topo)
+    if prep.elastic is not None and before is not None and topo.rank == 0:
         from partita.runtime.launcher.elastic import replanned_line
-        per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or plan.mesh.world_size)
-        if line := replanned_line(prep.elastic, prep.resume.manifest.get("world_size"), prep.resume.step, per_node):
+        per_node, in_memory = int(os.environ.get("LOCAL_WORLD_SIZE") or plan.mesh.world_size), \
+            prep.resume is None or history.start != prep.resume.step
+        if line := replanned_line(prep.elastic, before, history.start, per_node, in_memory):
             stderr_line(line)
     faults = Faults(topo.rank, opts.checkpoint_dir)
     if history.start:
@@ -373,7 +364,7 @@ def _execute(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
     if topo.rank == 0 and opts.print_report:  # before training: the progress lines and the report come after
         first = [prep.device_note] if prep.device_note else []  # first of all, as the run's own preamble
         STDOUT.line(preamble(_header(plan, spec, opts, topo, prep.data), [n for n in notes if n not in first], first))
-    _train(plan, spec, opts, prep, topo, stop, run_id, built, history, faults)
+    _train(plan, spec, opts, prep, topo, stop, manifest, built, history, faults)
     result = _measure(plan, spec, opts, prep, topo, run_id, notes, built, history)
     if opts.save_final or opts.return_model:  # before check_run, which may release the model (a bf16 run's verify)
         state = consolidated_state(built.executor, topo)  # gathered once (a collective): whole on rank 0, else None
@@ -399,25 +390,35 @@ def _build(plan: Plan, spec: ModelSpec, opts: RunOptions, topo: Topology) -> _Bu
     return _Built(executor=executor, opt=opt, names=names, fingerprint=fingerprint)
 
 
-def _resume(built: _Built, prep: Prepared, notes: list[str]) -> History:
-    """Load the checkpoint the run continues from, if any (a note is appended to `notes`); the loop's history
-    starts at its step, standing on it."""
-    if prep.resume is None:
-        return History()
-    if note := ckpt.load(prep.resume, prep.metadata, built.executor.modules, built.executor.params, built.opt):
+def _resume(plan: Plan, opts: RunOptions, built: _Built, prep: Prepared, notes: list[str], manifest: dict,
+            topo: Topology) -> tuple[History, int | None]:
+    """Load the state the run continues from, if any: the nodes' snapshots in memory where they are newer than the
+    checkpoint on disk (runtime.checkpoint.recovery), else the checkpoint. The loop's history starts at its step,
+    standing on the checkpoint. Returns it and the size of the world that wrote the state (None: a fresh start)."""
+    disk = prep.resume
+    history = History(start=disk.step, kept=[(disk.step, str(disk.path))], resumed_from=str(disk.path)) if disk \
+        else History()
+    if (opts.resume or prep.attempt > 0) and snapshots_on(plan, opts):
+        got, why = recover(built.executor.modules, built.executor.params, built.opt, history.start, manifest,
+                           topo.device)
+        notes += [n for n in (why, got and got.note) if n]
+        if got is not None:
+            history.start, history.resumed_from = got.step, f"the snapshot of step {got.step} in the nodes' memory"
+            return history, got.world_size
+    if disk is not None and (note := ckpt.load(disk, prep.metadata, built.executor.modules, built.executor.params,
+                                                built.opt)):
         notes.append(note)
-    return History(start=prep.resume.step, kept=[(prep.resume.step, str(prep.resume.path))])
+    return history, disk.manifest.get("world_size") if disk is not None else None
 
 
 def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: Topology, stop: StopSignal,
-           run_id: str | None, built: _Built, history: History, faults: Faults) -> None:
+           manifest: dict, built: _Built, history: History, faults: Faults) -> None:
     """The step loop (runtime.loop.trainer) with the run's hooks: the plan's sync mode, the test faults, the
     progress lines, the checkpoints. A run that fails after training began keeps its losses (keep_partial)."""
     executor, opt = built.executor, built.opt
     unit, per_step = throughput_unit(plan, spec)
     progress = Progress(opts.steps, history.start, per_step, unit, console=topo.rank == 0 and opts.print_report,
                         every=opts.log_every, tensorboard=opts.tensorboard if topo.rank == 0 else None)
-    manifest = {**_manifest(plan, spec, opts, prep.data, built.fingerprint), "run_id": run_id}
     watch = hang_watch(opts.hang_timeout, topo.rank)
     sync = make_sync_hook(plan.sync, executor, topo, opt)
     if prep.resume is not None:
@@ -431,7 +432,9 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
              *([EvalHook(executor, prep.eval_data, topo, opts.steps, opts.eval_every, opts.eval_batches,
                          history.evals, topo.rank == 0 and opts.print_report)] if prep.eval_data is not None else []),
              CheckpointHook(history, opts.checkpoint_every, opts.steps, opts.checkpoint_dir, executor, opt, manifest,
-                            topo, faults, opts.keep, sync)]
+                            topo, faults, opts.keep, sync),
+             *([SnapshotHook(opts.snapshot_every, opts.steps, node_dir(), executor, opt, {**identity(manifest),
+                 "world_size": plan.mesh.world_size}, topo)] if snapshots_on(plan, opts) else [])]
     trainer = Trainer(executor=executor, opt=opt, data=prep.data, topo=topo, steps=opts.steps, stop=stop,
                       saved=built.saved, hooks=hooks, checkpointing=bool(opts.checkpoint_every),
                       checkpoint_root=opts.checkpoint_dir if opts.checkpoint_every else None)
@@ -441,7 +444,7 @@ def _train(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo: 
     except Exception as e:
         if isinstance(e, (Stopped, NonFiniteLoss, NonFiniteParameters)):  # raised on every rank at one point: the
             sync.close()                                                   # same collectives in flight, landed
-        keep_partial(opts, prep, topo, history.losses, history.start, history.saves, run_id, e)
+        keep_partial(opts, prep, topo, history, manifest["run_id"], e)
         raise
     finally:
         progress.close()
@@ -472,7 +475,7 @@ def _measure(plan: Plan, spec: ModelSpec, opts: RunOptions, prep: Prepared, topo
                            unit=unit, peak_reserved_bytes=int(maxed[n + 3]) if topo.device.type == "cuda" else None,
                            applied={**asdict(executor.applied), "summary": executor.applied.summary()},
                            notes=notes, first_step=history.start,
-                           resumed_from=str(prep.resume.path) if prep.resume else None, attempt=prep.attempt,
+                           resumed_from=history.resumed_from, attempt=prep.attempt,
                            checkpoints=history.saves, checkpoint_time_s=history.save_time, run_id=run_id,
                            recipe=recipe_of(opts).describe(optimizer_name(plan)),
                            learning_rates=history.learning_rates, eval_losses=history.evals,

@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 import torch
 
 from partita.runtime import checkpoint as ckpt
+from partita.runtime.checkpoint import snapshot
 from partita.runtime.loop import memory
 from partita.runtime.loop.clip import clip_grad_norm
-from partita.runtime.loop.console import STDOUT
+from partita.runtime.loop.console import STDOUT, stderr_line
 from partita.runtime.loop.recipe import Recipe, current_lr, make_schedule
 from partita.runtime.failure.guards import NonFiniteLoss, NonFiniteParameters, Stopped, params_finite, reduce_loss_and_stop
 from partita.runtime.failure.stop import record_step
@@ -79,6 +80,8 @@ class History:
     saves: list[str] = field(default_factory=list)
     """The checkpoints this run saved."""
     save_time: float = 0.0
+    resumed_from: str | None = None
+    """The checkpoint this run resumed from, or the snapshot in memory (runtime.checkpoint.recovery)."""
     state_bytes: int = 0
     """The largest model-state bytes (parameters, gradients, optimizer state) seen after a step."""
 
@@ -227,3 +230,29 @@ class CheckpointHook(StepHook):
                                             self.topo.rank, self.faults, keep=self.keep, extra=extra))))
         h.save_time += time.perf_counter() - t1
         h.saves.append(h.kept[-1][1])
+
+
+class SnapshotHook(StepHook):
+    """A copy of the training state in the node's memory after every `every`-th step (runtime.checkpoint.snapshot),
+    agreed on by every rank at the first, written in a thread overlapped with the next step's forward and backward
+    and joined before its optimizer step (and at the last step or a stop); says once when the node's tmpfs refused
+    one."""
+
+    def __init__(self, every: int, steps: int, root, executor, opt, info: dict, topo):
+        self.every, self.steps, self.root, self.executor, self.opt, self.info = every, steps, root, executor, opt, info
+        self.topo, self.writer, self.said = topo, None, False
+
+    def checkpoint(self, step, stopping):
+        if step % self.every == 0:
+            rank = self.topo.rank
+            state = {**ckpt.train_state(self.executor.modules, self.opt), **ckpt.rng_state(rank)}
+            if self.writer is None:
+                self.writer = snapshot.Writer(self.root, snapshot.agree(state, self.root, rank), rank)
+            self.writer.start(step, state, {**self.info, "time": time.time()})
+        if step == self.steps or stopping:
+            self.before_optimizer(step)
+
+    def before_optimizer(self, step):
+        if self.writer is not None and (note := self.writer.wait()) and not self.said:
+            self.said = True
+            stderr_line(f"partita: rank {self.topo.rank}: {note}")

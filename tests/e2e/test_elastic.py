@@ -1,8 +1,11 @@
 """Elastic runs (`partita run SET_DIR --nnodes MIN:MAX`, runtime.launcher.elastic): local "nodes" (`partita run`
 commands, one CPU process each) train tiny-gpt from a plan set of a 2-node and a 3-node plan with the same global
-batch. The job starts on 2 nodes; a third joins in step 3 and the job grows to 3 nodes from the checkpoint of the
-step it stopped at -- before any failure, so torchrun has counted no restart. In step 6 one node is killed outright
-(SIGKILL to its launcher, agent and worker at once); the two left re-plan and go on from the step-5 checkpoint.
+batch, checkpointing to disk after every 4th step and into the nodes' memory after every step (`--snapshot-every 1`,
+runtime.checkpoint.snapshot). The job starts on 2 nodes; a third joins in step 3 and the job grows to 3 nodes from
+the checkpoint of the step it stopped at -- before any failure, so torchrun has counted no restart. In step 7 one
+node is killed outright (SIGKILL to its launcher, agent and worker at once); the two left re-plan and go on from the
+snapshot of step 5 or 6 in the survivors' memory (the killed rank's copy of step 6 may not have reached the next
+node), which no checkpoint on disk holds (step 4 is the newest there).
 The last round runs under --verify: its losses are one uninterrupted process's (fp32: within 1e-5), so no sample
 was skipped or read twice across the growth and the shrink. `slow`: about a minute on 2 shared cores.
 """
@@ -93,12 +96,13 @@ def _wait(what, timeout: float = 120.0, procs=()):
     raise AssertionError("timed out")
 
 
-def start_node(tmp_path: Path, i: int, sets: Path, port: int, job: str, env: dict, *flags: str) -> subprocess.Popen:
+def start_node(tmp_path: Path, i: int, sets: Path, port: int, job: str, env: dict, *flags: str,
+               checkpoint_every: int = 1) -> subprocess.Popen:
     """Local node `i` of an elastic job on plan set `sets` (a `partita run --nnodes 2:3` of STEPS steps, checkpoints
-    after every step, --verify), its output in node<i>.out/.err and its losses in node<i>.json."""
+    after every `checkpoint_every` steps, --verify), its output in node<i>.out/.err and its losses in node<i>.json."""
     cmd = [sys.executable, "-m", "partita.cli", "run", str(sets), "--model", "tiny-gpt", "--steps", str(STEPS),
            "--nnodes", "2:3", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", job,
-           "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "1", "--verify",
+           "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", str(checkpoint_every), "--verify",
            "--losses-out", str(tmp_path / f"node{i}.json"), *flags]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(tmp_path / f"node{i}.out", "w"),
                             stderr=open(tmp_path / f"node{i}.err", "w"))
@@ -127,14 +131,15 @@ def _logs(tmp_path: Path) -> dict:
 def test_a_node_joining_then_one_lost_replan_and_the_losses_stay_one_process(tmp_path):
     sets, ck = plan_set(tmp_path / "set"), tmp_path / "ck"
     port, job = free_port(), f"partita-test-{uuid.uuid4().hex[:8]}"
-    env = _env(PARTITA_FAULT="sigstop,rank=1,step=3;sigstop,rank=2,step=6")
+    env = _env(PARTITA_FAULT="sigstop,rank=1,step=3;sigstop,rank=2,step=7", PARTITA_SNAPSHOT_ROOT=str(tmp_path))
 
     def node(i: int) -> subprocess.Popen:
         # node 0 lets no joining node in for 600 s: only node 1's agent sees node 2 wait and stops its workers,
         # and node 0's workers stop after the same step by the ranks' stop vote -- which its agent must take for the
         # membership change it is, not the job's end (runtime.launcher.leave.leaving; agents that poll late under
         # load did this by chance)
-        return start_node(tmp_path, i, sets, port, job, env, "--rescale-every", "600" if i == 0 else "0")
+        return start_node(tmp_path, i, sets, port, job, env, "--rescale-every", "600" if i == 0 else "0",
+                          "--snapshot-every", "1", checkpoint_every=4)
 
     # node 0 first: it hosts the rendezvous store (so it must not be the node lost) and, with the lowest agent
     # pid, is rank 0 (torch sorts the nodes by address and pid)
@@ -151,7 +156,9 @@ def test_a_node_joining_then_one_lost_replan_and_the_losses_stay_one_process(tmp
         # count makes the round continue
         _wait(lambda: True if _pending(stopped, signal.SIGTERM) else None, procs=nodes)
         os.kill(stopped, signal.SIGCONT)
-        # on 3 nodes from step 3, rank 2 pauses in step 6: its node (1 or 2) dies -- launcher, agent, worker at once
+        # on 3 nodes from step 3, rank 2 pauses in step 7 after its backward: every rank has passed step 6's
+        # optimizer step, which waited for its copy of step 5 (sent and received); its node (1 or 2) dies --
+        # launcher, agent, worker at once
         lost = _wait(lambda: next((i for i in (1, 2) if _stopped_under(nodes[i].pid)), None), procs=nodes)
         kill_node(nodes[lost])
         kept = [nodes[0], nodes[3 - lost]]
@@ -165,13 +172,17 @@ def test_a_node_joining_then_one_lost_replan_and_the_losses_stay_one_process(tmp
     node0 = outputs["node0.err"]  # its rank 0 says it; before that line no failure (the growth is none)
     assert "joined before step" in node0 and "torchrun restarts" not in node0[:node0.find("joined before step")]
     assert "4 of 3" not in outputs["node2.err"], outputs  # the node that joined waited to be let in
-    assert ("partita: 1 node(s) lost before step 6: re-planned for 2 nodes (pp=1 dp=2 tp=1, predicted 0.67x the "
-            "3-node throughput); resumed from step 5") in stderr, outputs
+    lost_line = re.search(r"partita: 1 node\(s\) lost before step (\d+): re-planned for 2 nodes \(pp=1 dp=2 tp=1, "
+                          r"predicted 0\.67x the 3-node throughput\); resumed from step (\d+) from the nodes' memory\n",
+                          stderr)
+    assert lost_line and lost_line[2] in ("5", "6") and int(lost_line[1]) == int(lost_line[2]) + 1, outputs
+    resumed = int(lost_line[2])
     # rank 0 of each round writes --losses-out on its node: the last round's is the one that starts latest
     reports = {f: json.loads(f.read_text()) for f in tmp_path.glob("node*.json")}
     last, out = max(reports.items(), key=lambda kv: kv[1]["first_step"])
-    assert out["first_step"] == 5 and out["resumed_from"] == str(ck / "step-00000005"), out
-    assert len(out["losses"]) == STEPS - 5 and out["verified"] and out["max_abs_diff"] <= 1e-5, out
+    assert out["first_step"] == resumed and out["resumed_from"] == f"the snapshot of step {resumed} in the nodes' memory"
+    assert not (ck / f"step-{resumed:08d}").exists() and (ck / "step-00000004").exists()  # from memory, not disk
+    assert len(out["losses"]) == STEPS - resumed and out["verified"] and out["max_abs_diff"] <= 1e-5, out
     assert "tiny-gpt on 2 rank(s) (pp=1 dp=2 tp=1" in outputs[last.stem + ".out"], outputs
 
 

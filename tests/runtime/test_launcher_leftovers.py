@@ -36,7 +36,7 @@ LAUNCHER = textwrap.dedent("""
 def test_a_killed_launchers_workers_are_waited_for_and_the_directory_goes(tmp_path, monkeypatch):
     made = []
     real = child.tempfile.mkdtemp
-    monkeypatch.setattr(child.tempfile, "mkdtemp", lambda **kw: made.append(real(dir=tmp_path, **kw)) or made[-1])
+    monkeypatch.setattr(child.tempfile, "mkdtemp", lambda **kw: made.append(real(**{**kw, "dir": tmp_path})) or made[-1])
     pid_file, stopped = tmp_path / "worker.pid", tmp_path / "stopped"
     worker = WORKER.format(env=child.LOG_DIR_ENV)
     code = child.run_forwarding_signals([sys.executable, "-c", LAUNCHER, worker, str(pid_file), str(stopped)],
@@ -44,6 +44,7 @@ def test_a_killed_launchers_workers_are_waited_for_and_the_directory_goes(tmp_pa
     assert code == 128 + signal.SIGKILL
     assert stopped.read_text() == "stopped", "returned before the killed launcher's worker had stopped"
     assert not Path(made[0]).exists() and list(tmp_path.glob(f"{child.LOG_DIR_PREFIX}*")) == []
+    assert len(made) == 2 and not Path(made[1]).exists()  # the node's snapshot directory goes too
     assert child.left_behind(made[0]) == []
 
 

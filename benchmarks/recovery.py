@@ -12,7 +12,11 @@ once), and the phases are timed from outside, polling /proc and the checkpoint d
 - resume to step: -> the first step after the resume is saved (the workers start and import, take the set's plan
   for 2 nodes, load the checkpoint resharded to it, train one step and save it).
 
-    python -m benchmarks.recovery [--repeats 3]   # writes benchmarks/results/recovery.json (~2 min)
+Twice: from disk (a checkpoint after every step), and from the nodes' memory (`--snapshot-every 1`, a checkpoint
+on disk only every 1000 steps: the state comes from the survivors' snapshots, runtime.checkpoint.recovery; the
+step saved is then a snapshot). Both resume from the step before the one the kill landed in.
+
+    python -m benchmarks.recovery [--repeats 3]   # writes benchmarks/results/recovery.json (~4 min)
 
 On this machine's two shared cores with a model of a few MB, not on a cluster: what it shows is which phase
 dominates, not a cluster's figures.
@@ -103,34 +107,55 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _steps(ck: Path) -> list[Path]:
-    return sorted(ck.glob("step-*")) if ck.exists() else []
+def _steps(where: list[Path]) -> list[Path]:
+    """The saved steps (checkpoints on disk, or the nodes' snapshots), oldest first."""
+    found = [p for d in where if d.exists() for p in d.glob("step-*")]
+    return sorted(found, key=lambda p: (int(p.name.split("-")[1]), p.stat().st_mtime if p.exists() else 0))
 
 
-def once(plan_set: Path, work: Path) -> dict:
-    """One death and recovery; the phases in seconds."""
+def _newest(where: list[Path]) -> int:
+    found = _steps(where)
+    return int(found[-1].name.split("-")[1]) if found else 0
+
+
+def _since(where: list[Path], when: float) -> bool:
+    """A step saved after `when` (wall clock): by the round after the death."""
+    for p in _steps(where):
+        try:
+            if p.stat().st_mtime > when:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def once(plan_set: Path, work: Path, memory: bool = False) -> dict:
+    """One death and recovery, from disk or (`memory`) from the survivors' snapshots; the phases in seconds."""
     ck, port, job = work / "ck", _free_port(), f"recovery-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PARTITA_SNAPSHOT_ROOT": str(work)}
     cmd = [sys.executable, "-m", "partita.cli", "run", str(plan_set), "--model", "tiny-gpt", "--steps", "100000",
            "--nnodes", "2:3", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", job, "--checkpoint-dir", str(ck),
-           "--checkpoint-every", "1", "--keep", "3", "--log-every", "0"]
+           "--checkpoint-every", "1000" if memory else "1", "--keep", "3", "--log-every", "0",
+           *(["--snapshot-every", "1"] if memory else [])]
+
+    def where() -> list[Path]:
+        return sorted(work.glob("partita-snapshots-*")) if memory else [ck]
     logs = [open(work / f"node{i}.log", "w") for i in range(3)]
     nodes = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logs[0], stderr=subprocess.STDOUT)]
     try:
         _until(lambda: _listening(port))  # node 0 hosts the rendezvous store: it must live
         nodes += [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=logs[i], stderr=subprocess.STDOUT) for i in (1, 2)]
-        _until(lambda: len(_steps(ck)) and int(_steps(ck)[-1].name.split("-")[1]) >= FIRST)
+        _until(lambda: _newest(where()) >= FIRST)
         old = _workers(nodes[0]) | _workers(nodes[1])
         doomed = [*_descendants(nodes[2].pid), nodes[2].pid]
         killed = time.monotonic()
         for pid in doomed:
             os.kill(pid, signal.SIGKILL)
-        saved = {p.name for p in _steps(ck)}
         _until(lambda: not any(Path(f"/proc/{p}").exists() for p in old))
         detected = time.monotonic()
         _until(lambda: (_workers(nodes[0]) | _workers(nodes[1])) - old)
-        rejoined = time.monotonic()
-        _until(lambda: {p.name for p in _steps(ck)} - saved)
+        rejoined, started = time.monotonic(), time.time()
+        _until(lambda: _since(where(), started))
         stepped = time.monotonic()
     finally:
         for node in nodes[:2]:
@@ -143,6 +168,9 @@ def once(plan_set: Path, work: Path) -> dict:
                 node.kill()
         for log in logs:
             log.close()
+    said = "".join((work / f"node{i}.log").read_text() for i in range(2))
+    if "lost before step" not in said or (memory and "from the nodes' memory" not in said):
+        raise RuntimeError(f"the survivors did not say they resumed{' from memory' if memory else ''}: {said[-2000:]}")
     return {"detection_s": detected - killed, "rendezvous_s": rejoined - detected, "resume_to_step_s": stepped - rejoined,
             "total_s": stepped - killed}
 
@@ -157,21 +185,23 @@ def main(argv=None) -> int:
         subprocess.run([sys.executable, "-m", "partita.cli", "plan", "--model", "tiny-gpt", "--cluster", "3x1xcpu",
                         "--global-batch", "12", "--nnodes", "2:3", "--out", str(plan_set)], cwd=ROOT, check=True,
                        stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        runs = []
+        runs = {"disk": [], "memory": []}
         for i in range(args.repeats):
-            work = Path(tmp) / f"run{i}"
-            work.mkdir()
-            runs.append(once(plan_set, work))
-            print(", ".join(f"{k} {v:.2f}" for k, v in runs[-1].items()), flush=True)
-    median = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    phases = {k: v for k, v in median.items() if k != "total_s"}
+            for kind in runs:
+                work = Path(tmp) / f"{kind}{i}"
+                work.mkdir()
+                runs[kind].append(once(plan_set, work, memory=kind == "memory"))
+                print(kind, ", ".join(f"{k} {v:.2f}" for k, v in runs[kind][-1].items()), flush=True)
+    median = {kind: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for kind, rs in runs.items()}
+    phases = {k: v for k, v in median["disk"].items() if k != "total_s"}
     payload = {"scenario": "3 local nodes of 1 CPU process, tiny-gpt, plan set 2:3 nodes, one node SIGKILLed after "
                            f"step {FIRST} is saved", "keep_alive_s": KEEP_ALIVE, "keep_alive_misses": KEEP_ALIVE_MISSES,
-               "last_call_s": LAST_CALL,
-               "runs": runs, "median": median, "dominant": max(phases, key=phases.get)}
+               "last_call_s": LAST_CALL, "runs": runs["disk"], "median": median["disk"],
+               "dominant": max(phases, key=phases.get), "memory_runs": runs["memory"], "memory_median": median["memory"]}
     path = write("recovery", payload)
-    print(f"median: {', '.join(f'{k} {v:.2f} s' for k, v in median.items())}; dominant: {payload['dominant']}")
-    print(f"wrote {path}")
+    for kind in runs:
+        print(f"{kind} median: {', '.join(f'{k} {v:.2f} s' for k, v in median[kind].items())}")
+    print(f"dominant: {payload['dominant']}; wrote {path}")
     return 0
 
 

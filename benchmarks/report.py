@@ -643,6 +643,13 @@ def resilience(results: dict) -> str:
             f"({d['source']}) it should checkpoint every {r['every_steps']} steps "
             f"({r['interval_s'] / 60:.3g} min; a save takes {r['save_s']:.2g} s), and failures are expected to cost "
             f"{pct(r['lost_fraction'])} of the job's time")
+    if (snap := r.get("snapshots")) is not None:
+        every = snap["every_steps"]
+        text += (f"; with snapshots in the nodes' memory every {'step' if every == 1 else f'{every} steps'} "
+                 f"(`--snapshot-every {every}`: each copied in {snap['copy_s']:.2g} s"
+                 f"{' and sent to a second node' if snap['ring'] else ''} beside the next step, stalling it "
+                 f"{snap['snapshot_s']:.2g} s; recovery from a peer {snap['recover_s']:.3g} s) "
+                 f"{pct(snap['lost_fraction'])}, for every failure that leaves a copy of each shard on a node still up")
     if lost is not None and lost.get("runs"):
         used = rows[lost["runs"]]
         um = used["mesh"]

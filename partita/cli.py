@@ -54,7 +54,7 @@ def _cmd_plan(args) -> int:
         p = make_plan(args.model, cluster=cluster, train=train, progress=progress, baselines=args.baselines,
                       space=space, sparse=_sparse_from_args(args), memory_headroom=args.memory_headroom)
     if args.mtbf:
-        p.predicted["resilience"] = _resilience(args, p, cluster.nodes).to_dict()
+        p.predicted["resilience"] = _resilience(args, p, cluster).to_dict()
     if args.out:
         p.save(args.out)
     if args.json:
@@ -63,21 +63,36 @@ def _cmd_plan(args) -> int:
         from partita.planner.plan.explain import print_plan
         print_plan(p)
         if args.mtbf:
-            r = _resilience(args, p, cluster.nodes)
+            r = _resilience(args, p, cluster)
             print("\n" + r.line() + "".join(f"\n  assumed: {a}" for a in r.assumptions))
         if args.out:
             print(f"\nplan written to {args.out}")
     return 0
 
 
-def _resilience(args, p, nodes: int):
+def _resilience(args, p, cluster):
     from partita.planner.estimate import resilience
-    return resilience.price_plan(p, nodes=nodes, mtbf_s=args.mtbf * resilience.HOUR, storage_bw=_bandwidth(args),
-                                 restart_s=args.restart_seconds)
+    return resilience.price_plan(p, nodes=cluster.nodes, mtbf_s=args.mtbf * resilience.HOUR,
+                                 storage_bw=_bandwidth(args), restart_s=args.restart_seconds, cluster=cluster,
+                                 snapshot_bw=_gbs(args.snapshot_bandwidth))
 
 
 def _bandwidth(args) -> float | None:
-    return None if args.checkpoint_bandwidth is None else args.checkpoint_bandwidth * 1e9
+    return _gbs(args.checkpoint_bandwidth)
+
+
+def _intervals(r) -> str:
+    """The run's checkpoint flags: the full size's Young/Daly intervals with --mtbf (snapshots in memory where they
+    lose less time than checkpoints alone), else a placeholder."""
+    if r is None:
+        return "--checkpoint-every N"
+    snaps = r.snapshots
+    return f"--checkpoint-every {r.every_steps}" + (
+        f" --snapshot-every {snaps.every_steps}" if snaps is not None and snaps.lost_fraction < r.lost_fraction else "")
+
+
+def _gbs(value: float | None) -> float | None:
+    return None if value is None else value * 1e9
 
 
 def _plan_set(args, cluster, train, space, progress) -> int:
@@ -88,7 +103,7 @@ def _plan_set(args, cluster, train, space, progress) -> int:
         raise PartitaError("--nnodes plans a dense model's sizes; leave out --baselines and the embedding flags")
     s = plan_set(args.model, cluster=cluster, train=train, nnodes=args.nnodes, progress=progress, space=space,
                  memory_headroom=args.memory_headroom, mtbf_h=args.mtbf, storage_bw=_bandwidth(args),
-                 restart_s=args.restart_seconds)
+                 restart_s=args.restart_seconds, snapshot_bw=_gbs(args.snapshot_bandwidth))
     if args.out:
         s.save(args.out)
     if args.json:
@@ -104,8 +119,8 @@ def _plan_set(args, cluster, train, space, progress) -> int:
             from partita.runtime.launcher.elastic import NodeCount, refusal
             why = refusal(args.out, NodeCount(lo, hi))
             print(f"run it elastically on every node: partita run {args.out} --model {args.model} --nnodes {lo}:{hi} "
-                  "--rdzv-endpoint HOST:PORT --checkpoint-dir DIR --checkpoint-every N" if why is None else
-                  f"not runnable elastically as a whole: {why}")
+                  f"--rdzv-endpoint HOST:PORT --checkpoint-dir DIR {_intervals(s.full.resilience)}" if why is None
+                  else f"not runnable elastically as a whole: {why}")
     return 0
 
 

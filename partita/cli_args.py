@@ -103,6 +103,9 @@ def _add_elastic_flags(p: argparse.ArgumentParser) -> None:
                         "3.09): add the checkpoint interval (Young/Daly) and the expected time lost to failures")
     e.add_argument("--checkpoint-bandwidth", type=_positive, metavar="GB/s",
                    help="checkpoint storage bandwidth per node, writing and reading, in GB/s (default: 2, assumed)")
+    e.add_argument("--snapshot-bandwidth", type=_positive, metavar="GB/s",
+                   help="bytes a rank copies into its node's memory per second for a snapshot (--snapshot-every), "
+                        "in GB/s, capped by the device's host link (default: 5, assumed)")
     e.add_argument("--restart-seconds", type=float, metavar="S",
                    help="seconds from a failure to the workers started again, before the checkpoint is read "
                         "(default: 60, assumed)")

@@ -201,7 +201,7 @@ def _fingerprint(spec: ModelSpec) -> str:
 def plan_set(model, example_inputs=None, *, cluster: str | Cluster, train: TrainConfig, nnodes: tuple[int, int],
              progress=None, space: SearchSpace | None = None, memory_headroom: float | None = None,
              mtbf_h: float | None = None, storage_bw: float | None = None, restart_s: float | None = None,
-             **fixed) -> PlanSet:
+             snapshot_bw: float | None = None, **fixed) -> PlanSet:
     """One plan per node count from nnodes = (MIN, MAX), for an elastic job: `cluster` is the full allocation (MAX
     nodes); each smaller size keeps its node shape and the global batch (more accumulation on fewer ranks). The
     model is captured once and searched per size. A size no plan fits is kept with the reason; `mtbf_h`, the job's
@@ -222,7 +222,7 @@ def plan_set(model, example_inputs=None, *, cluster: str | Cluster, train: Train
             if s.plan is not None:
                 mtbf_s = mtbf_h * resilience.HOUR * hi / s.nodes
                 s.resilience = resilience.price_plan(s.plan, nodes=s.nodes, mtbf_s=mtbf_s, storage_bw=storage_bw,
-                                                     restart_s=restart_s)
+                                                     restart_s=restart_s, cluster=cl, snapshot_bw=snapshot_bw)
                 s.plan.predicted["resilience"] = s.resilience.to_dict()
     return PlanSet(sizes)
 

@@ -21,6 +21,22 @@ whose first term alone is Young's first-order optimum sqrt(2 d M) ("A first orde
 checkpoint interval", CACM 17, 1974). tests/planner/test_resilience.py checks t* against the numerical minimum of
 T_w and the lost fraction against a simulation of Poisson failures.
 
+Snapshots in the nodes' memory (`partita run --snapshot-every`, runtime.checkpoint.snapshot) are a second level
+priced with the same model. A snapshot holds each byte of the state once (replicas cut into pieces among their
+holders), so a rank copies B_w = the checkpoint's bytes / world size, once, from the device straight into the pages
+of its file in the node's tmpfs, at b_s = min(host_bw, snapshot_bw): its host link, or what a process writes into
+fresh tmpfs pages (`--snapshot-bandwidth`; an assumption, said with the figures, which `python -m
+benchmarks.snapshots` measures on the machine it runs on). On several nodes each node's B_w x devices_per_node bytes
+also go to the next node (the ring). A snapshot's copy takes d_m = B_w / b_s + B_w x devices_per_node /
+node_bw. Recovery is R_m = the same fixed restart + B_r x devices_per_node / node_bw (every rank's whole shard of
+the new plan, B_r, gathered from the nodes that hold its pieces) + B_r / host_bw (back to the device). The copy runs
+in a thread beside the next step's forward and backward, which waits for it only before its optimizer step: the
+stall is what the copy takes beyond a step, max(0, d_m - step time) (the step's own optimizer update taken as part
+of the window, and the copy's share of the host's memory bandwidth left out: both favour the snapshot slightly). Daly's optimum over d_m gives the
+snapshot interval, and his T_w the time lost -- for the failures that leave a copy of every shard on a node still
+up (one node lost, or a worker on a node that lives); a failure of a node and the one keeping its copy together
+resumes from disk, whose interval is priced above.
+
 The save and the read-back are priced from the checkpoint's bytes -- every parameter's weights and optimizer state
 once (DCP writes each shard once, replicas deduplicated), all nodes writing in parallel -- over a storage bandwidth
 per node the user states (`--checkpoint-bandwidth`; the default is an assumption, and said so).
@@ -28,10 +44,11 @@ per node the user states (`--checkpoint-bandwidth`; the default is an assumption
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from partita.costmodel.errors import PartitaError
 from partita.costmodel.price.memory import state_bytes
-from partita.planner.plan.resilience import HOUR, Resilience
+from partita.planner.plan.resilience import HOUR, Resilience, Snapshots
 
 DEFAULT_STORAGE_BW = 2e9
 """Bytes/s one node writes (and reads) a checkpoint at, when the user states none: an assumption (a shared
@@ -39,6 +56,10 @@ file system's share per node), printed with every figure it produces."""
 DEFAULT_RESTART_S = 60.0
 """Seconds from a failure to the workers rendezvoused again, before the checkpoint is read: an assumption
 (detection, the agents' restart, process start and imports), printed with every figure it produces."""
+DEFAULT_SNAPSHOT_BW = 5e9
+"""Bytes/s one rank writes a snapshot into fresh pages of its node's tmpfs, when the user states none: an assumption
+(a server's memory, shared by the node's ranks, and the page faults of new pages), printed with every figure it
+produces; `python -m benchmarks.snapshots` measures it on the machine it runs on."""
 LLAMA3_INTERRUPTIONS = (419, 54 * 24 * HOUR, 16384)
 """Llama 3's pre-training: 419 unexpected interruptions in 54 days on 16,384 H100s (Dubey et al. 2024,
 "The Llama 3 Herd of Models", section 3.3.4): a job MTBF of 3.09 hours at that size."""
@@ -110,9 +131,48 @@ def _check_positive(**values: float) -> None:
 
 
 def price_plan(plan, *, nodes: int, mtbf_s: float, storage_bw: float | None = None,
-               restart_s: float | None = None) -> Resilience:
-    """`price` for a plan (planner.plan.Plan) on `nodes` nodes: its parameters, training states and predicted step."""
+               restart_s: float | None = None, cluster=None, snapshot_bw: float | None = None) -> Resilience:
+    """`price` for a plan (planner.plan.Plan) on `nodes` nodes: its parameters, training states and predicted step;
+    with its `cluster` (costmodel.hardware.Cluster), the snapshots in memory too (`price_snapshots`)."""
     t = plan.train
-    return price(parameters=plan.model["parameters"], dtype=t["dtype"], optimizer=t["optimizer"],
-                 master_weights=t.get("master_weights", "fp32"), nodes=nodes, step_s=plan.predicted["step_time_s"],
-                 mtbf_s=mtbf_s, storage_bw=storage_bw, restart_s=restart_s)
+    out = price(parameters=plan.model["parameters"], dtype=t["dtype"], optimizer=t["optimizer"],
+                master_weights=t.get("master_weights", "fp32"), nodes=nodes, step_s=plan.predicted["step_time_s"],
+                mtbf_s=mtbf_s, storage_bw=storage_bw, restart_s=restart_s)
+    if cluster is None:
+        return out
+    d = cluster.device
+    snaps = price_snapshots(written=out.checkpoint_bytes / plan.mesh.world_size, shard=rank_state_bytes(plan),
+                            devices_per_node=cluster.devices_per_node, ring=nodes > 1, host_bw=d.host_bw,
+                            snapshot_bw=DEFAULT_SNAPSHOT_BW if snapshot_bw is None else snapshot_bw,
+                            node_bw=d.inter_node_bw * d.inter_link_efficiency * cluster.devices_per_node,
+                            step_s=plan.predicted["step_time_s"], mtbf_s=mtbf_s,
+                            restart_s=DEFAULT_RESTART_S if restart_s is None else restart_s)
+    assumed = () if snapshot_bw is not None else (
+        f"snapshots written into the node's memory at {DEFAULT_SNAPSHOT_BW / 1e9:g} GB/s per rank (assumed; "
+        "--snapshot-bandwidth)",)
+    return replace(out, snapshots=snaps, assumptions=out.assumptions + assumed)
+
+
+def rank_state_bytes(plan) -> float:
+    """Weights and optimizer state one rank of a dense plan holds: the weights split over pp x tp (and dp under
+    ZeRO-3), the optimizer state over pp x tp (and dp under ZeRO-1 and up)."""
+    t, m = plan.train, plan.mesh
+    s = state_bytes(t["dtype"], t["optimizer"], master_weights=t.get("master_weights", "fp32"))
+    n, split = float(plan.model["parameters"]), m.pp * m.tp
+    return n * s.param / (split * (m.dp if plan.zero_stage >= 3 else 1)) + \
+        n * s.optimizer / (split * (m.dp if plan.zero_stage >= 1 else 1))
+
+
+def price_snapshots(*, written: float, shard: float, devices_per_node: int, ring: bool, host_bw: float,
+                    snapshot_bw: float, node_bw: float, step_s: float, mtbf_s: float, restart_s: float) -> Snapshots:
+    """The snapshot interval and the time lost with snapshots in memory (module docstring): a rank writes `written`
+    bytes a snapshot and loads its `shard` bytes back in a recovery."""
+    _check_positive(host_bw=host_bw, snapshot_bw=snapshot_bw, node_bw=node_bw, step_s=step_s, mtbf_s=mtbf_s)
+    copy = written / min(host_bw, snapshot_bw) + (written * devices_per_node / node_bw if ring else 0.0)
+    stall = max(0.0, copy - step_s)  # beside the next step, which waits for it only before its optimizer step
+    recover = restart_s + shard * devices_per_node / node_bw + shard / host_bw
+    interval = daly_interval(stall, mtbf_s) if stall > 0 else step_s
+    every = max(1, round(interval / step_s))
+    return Snapshots(rank_bytes=written, ring=ring, copy_s=copy, snapshot_s=stall, recover_s=recover,
+                     interval_s=interval, every_steps=every,
+                     lost_fraction=lost_fraction(every * step_s, stall, recover, mtbf_s))

@@ -25,6 +25,8 @@ class Resilience:
     lost_fraction: float
     """Expected fraction of wall time lost to saves, restarts and redone work at that interval."""
     assumptions: tuple[str, ...]
+    snapshots: "Snapshots | None" = None
+    """The same with snapshots in the nodes' memory (`partita run --snapshot-every`), where the cluster is known."""
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -32,17 +34,47 @@ class Resilience:
         return d
 
     def line(self) -> str:
-        return (f"checkpoint every {self.every_steps} steps ({_duration(self.interval_s)}; a save takes "
-                f"{self.save_s:.3g} s, a restart {self.restart_s:.3g} s): expected time lost to failures "
-                f"{self.lost_fraction:.1%} at one interruption every {_duration(self.mtbf_s)}")
+        out = (f"checkpoint every {self.every_steps} steps ({_duration(self.interval_s)}; a save takes "
+               f"{self.save_s:.3g} s, a restart {self.restart_s:.3g} s): expected time lost to failures "
+               f"{self.lost_fraction:.1%} at one interruption every {_duration(self.mtbf_s)}")
+        return out + (f"; {self.snapshots.line()}" if self.snapshots is not None else "")
 
     @classmethod
     def from_dict(cls, d: dict) -> "Resilience | None":
         """A plan file's `predicted.resilience` back, or None when it is not the shape to_dict writes."""
         try:
-            return cls(**{**d, "assumptions": tuple(str(a) for a in d.get("assumptions", ()))})
+            snaps = d.get("snapshots")
+            return cls(**{**d, "assumptions": tuple(str(a) for a in d.get("assumptions", ())),
+                          "snapshots": Snapshots(**snaps) if snaps is not None else None})
         except (TypeError, AttributeError):
             return None
+
+
+@dataclass(frozen=True)
+class Snapshots:
+    """What failures cost with snapshots in the nodes' memory (runtime.checkpoint.snapshot), for every failure that
+    leaves a copy of each shard on a node still up (planner.estimate.resilience.price_snapshots)."""
+
+    rank_bytes: float
+    """What one rank copies a snapshot: the weights and optimizer state over the world's size (each byte once)."""
+    ring: bool
+    """Whether each node's snapshot also goes to the next node (a world of several nodes)."""
+    copy_s: float
+    """How long one snapshot's copy takes: into the node's memory, and the ring's send when there is one."""
+    snapshot_s: float
+    """How long it stalls training: the copy runs beside the next step, and only what it takes beyond it stalls."""
+    recover_s: float
+    """From a failure to training again: the restart, the lost node's state from its peer, the copy back."""
+    interval_s: float
+    every_steps: int
+    """`partita run --snapshot-every`."""
+    lost_fraction: float
+
+    def line(self) -> str:
+        return (f"with snapshots in memory every {self.every_steps} step{'s' * (self.every_steps != 1)} "
+                f"(--snapshot-every {self.every_steps}; a snapshot's copy takes {self.copy_s:.3g} s beside the next "
+                f"step, stalling it {self.snapshot_s:.3g} s; recovery from a peer takes {self.recover_s:.3g} s): "
+                f"{self.lost_fraction:.1%}")
 
 
 

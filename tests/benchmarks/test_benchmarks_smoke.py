@@ -16,7 +16,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 MODULES = ["common", "table1", "planner_speed", "solver", "fidelity", "runtime_overhead", "published", "examples",
-           "run_all", "report", "handwritten.loop", "gpu", "gpu_plans", "rec", "resilience", "recovery"]
+           "run_all", "report", "handwritten.loop", "gpu", "gpu_plans", "rec", "resilience", "recovery",
+           "snapshots"]
 
 
 @pytest.fixture

@@ -46,8 +46,12 @@ def test_each_size_is_planned_as_that_cluster_alone_with_the_same_global_batch(t
     again = capsys.readouterr().out
     assert [line for line in again.splitlines()[1:] if line.strip()] == \
         [line for line in report.splitlines()[1:] if line.strip() and not line.startswith(("plans written", "run it"))]
+    # the command to run it carries the full size's intervals, snapshots where they lose less than checkpoints alone
+    full = rows[3]["resilience"]
+    snaps = (f" --snapshot-every {full['snapshots']['every_steps']}"
+             if full["snapshots"]["lost_fraction"] < full["lost_fraction"] else "")
     assert (f"run it elastically on every node: partita run {out} --model tiny-gpt --nnodes 1:3 --rdzv-endpoint "
-            "HOST:PORT --checkpoint-dir DIR --checkpoint-every N") in report
+            f"HOST:PORT --checkpoint-dir DIR --checkpoint-every {full['every_steps']}{snaps}\n") in report
 
 
 def test_a_size_no_plan_fits_says_why_and_the_others_are_kept(tmp_path, capsys):
@@ -133,3 +137,19 @@ def test_partita_run_of_a_set_takes_the_plan_for_its_node_count(tmp_path):
     refused = run(three, "--nnodes", "3", "--rdzv-endpoint", "127.0.0.1:29999")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "with 3 node(s) its fastest plan is the one for 2 (nodes-2.json); start 2 nodes" in refused.stderr
+
+
+def test_the_run_command_takes_snapshots_only_where_they_lose_less_than_checkpoints_alone():
+    from partita.cli import _intervals
+    from partita.planner.estimate import resilience as r
+    from partita.costmodel.hardware import parse_cluster
+    from types import SimpleNamespace as NS
+    plan = NS(train={"dtype": "bf16", "optimizer": "adam", "master_weights": "fp32"}, zero_stage=1,
+              mesh=NS(pp=1, dp=32, tp=1, world_size=32), model={"parameters": 8_000_000_000},
+              predicted={"step_time_s": 3.5})
+    gpus = r.price_plan(plan, nodes=4, mtbf_s=10 * 3600, cluster=parse_cluster("4x8xH100-80GB"))
+    assert gpus.snapshots.lost_fraction < gpus.lost_fraction
+    assert _intervals(gpus) == f"--checkpoint-every {gpus.every_steps} --snapshot-every {gpus.snapshots.every_steps}"
+    slow = r.price_plan(plan, nodes=4, mtbf_s=10 * 3600, cluster=parse_cluster("4x8xH100-80GB"), snapshot_bw=1e6)
+    assert slow.snapshots.lost_fraction > slow.lost_fraction and _intervals(slow) == f"--checkpoint-every {slow.every_steps}"
+    assert _intervals(None) == "--checkpoint-every N"

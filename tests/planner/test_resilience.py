@@ -86,3 +86,53 @@ def test_bad_figures_are_one_line(kwargs, needle):
                 mtbf_s=HOUR)
     with pytest.raises(PartitaError, match=needle):
         r.price(**{**args, **kwargs})
+
+
+def test_snapshots_in_memory_are_priced_by_the_same_model_over_the_host_link_and_the_ring():
+    kw = dict(written=10e9, shard=20e9, devices_per_node=8, host_bw=25e9, snapshot_bw=50e9, node_bw=400e9,
+              step_s=5.0, mtbf_s=3 * HOUR, restart_s=60.0)
+    ring, alone = r.price_snapshots(ring=True, **kw), r.price_snapshots(ring=False, **kw)
+    # the rank's bytes over its host link, plus the node's 80 GB to the next node, beside a step of 5 s: no stall
+    assert ring.copy_s == pytest.approx(10e9 / 25e9 + 80e9 / 400e9) and alone.copy_s == pytest.approx(0.4)
+    assert ring.snapshot_s == 0 and ring.every_steps == 1
+    # or at what the node's memory takes, when that is the slower; beyond the step's 5 s it stalls
+    slow = r.price_snapshots(ring=True, **{**kw, "snapshot_bw": 1e9})
+    assert slow.copy_s == pytest.approx(10.2) and slow.snapshot_s == pytest.approx(5.2)
+    ring = slow
+    # recovery: the restart, every rank's whole shard gathered over the node's links, and onto the device
+    assert ring.recover_s == pytest.approx(60 + 160e9 / 400e9 + 20e9 / 25e9)
+    assert ring.interval_s == pytest.approx(r.daly_interval(ring.snapshot_s, 3 * HOUR)) and ring.every_steps > 1
+    assert ring.lost_fraction == pytest.approx(r.lost_fraction(ring.every_steps * 5.0, ring.snapshot_s,
+                                                               ring.recover_s, 3 * HOUR))
+    assert alone.lost_fraction < ring.lost_fraction
+    disk = r.price(parameters=8_000_000_000, dtype="bf16", optimizer="adam", master_weights="fp32", nodes=4,
+                   step_s=5.0, mtbf_s=3 * HOUR)
+    assert ring.lost_fraction < disk.lost_fraction  # the same restart, a cheaper save and read-back
+
+
+def test_a_plans_snapshot_is_its_share_of_the_state_and_recovery_its_whole_shard():
+    from types import SimpleNamespace as NS
+    from partita.costmodel.hardware import parse_cluster
+
+    def plan(pp=1, dp=16, tp=1, zero=0):
+        return NS(train={"dtype": "bf16", "optimizer": "adam", "master_weights": "fp32"}, zero_stage=zero,
+                  mesh=NS(pp=pp, dp=dp, tp=tp, world_size=pp * dp * tp), model={"parameters": 1_000_000},
+                  predicted={"step_time_s": 1.0})
+    # bf16 weights (2 B), an fp32 master and m, v (12 B): a rank's shard, divided by what shards them
+    assert r.rank_state_bytes(plan()) == pytest.approx(14e6)
+    assert r.rank_state_bytes(plan(zero=1, dp=8)) == pytest.approx(2e6 + 12e6 / 8)
+    assert r.rank_state_bytes(plan(zero=3, pp=2, tp=2, dp=2)) == pytest.approx(14e6 / 8)
+    cluster = parse_cluster("2x8xH100-80GB")
+    priced = r.price_plan(plan(), nodes=2, mtbf_s=HOUR, cluster=cluster)
+    snaps = priced.snapshots
+    assert snaps.rank_bytes == pytest.approx(14e6 / 16) and snaps.ring  # the state once, over 16 ranks
+    assert snaps.copy_s == pytest.approx(14e6 / 16 / r.DEFAULT_SNAPSHOT_BW + 14e6 / 16 * 8 / (
+        cluster.device.inter_node_bw * cluster.device.inter_link_efficiency * 8))
+    assert snaps.snapshot_s == 0  # hidden behind the next step's second
+    assert not r.price_plan(plan(dp=8), nodes=1, mtbf_s=HOUR, cluster=parse_cluster("1x8xH100-80GB")).snapshots.ring
+    assert "with snapshots in memory every" in priced.line() and any("--snapshot-bandwidth" in a
+                                                                    for a in priced.assumptions)
+    assert r.Resilience.from_dict(priced.to_dict()) == priced
+    stated = r.price_plan(plan(), nodes=2, mtbf_s=HOUR, cluster=cluster, snapshot_bw=1e9)
+    assert stated.snapshots.copy_s > snaps.copy_s  # 1 GB/s: slower than the assumed 5
+    assert not any("--snapshot-bandwidth" in a for a in stated.assumptions)

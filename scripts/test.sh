@@ -7,7 +7,7 @@
 # took 25:40 of tests with 4 against 21-22 with 3 (user + sys 46 CPU-minutes against 39: the suite is CPU-bound, and
 # more ranks at once only add contention). Work stealing (--dist worksteal): with pytest-xdist's default "load"
 # scheduling, the first worker's first chunk (a quarter of its share, about 207 tests) was tests/conftest.py's
-# LONGEST_FIRST tests and it never went back for more: at 1b64ca5 (2026-12-01) it ran 19:00 of tests while the other
+# LONGEST_FIRST tests and it never went back for more: in session 70 (2026-12-01) it ran 19:00 of tests while the other
 # two idled after 12:40. Stealing hands an idle worker half of the busiest one's queue, from its end.
 set -euo pipefail
 cd "$(dirname "$0")/.."

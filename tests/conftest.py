@@ -32,7 +32,7 @@ LONGEST_FIRST = ("tests/notebooks/", "tests/e2e/", "tests/examples/", "tests/ben
 """Folders and files whose tests take longest (scripts/test.sh --durations=40): under pytest-xdist (scripts/test.sh
 runs three workers, stealing work) they are queued first, so that no long test starts last while the others idle. The
 multi-rank runtime tests were last (tests/runtime/ sorts after the rest), with the wheel build after them. Added from
-the durations at 7051f15 (2026-12-01): the islands benchmark's test (77 s), the untrusted-plans fuzz (41 s) and the
+the durations of session 70 (2026-12-01): the islands benchmark's test (77 s), the untrusted-plans fuzz (41 s) and the
 compiled-block test (31 s)."""
 
 

@@ -15,7 +15,7 @@ its time limit, or a worker that dies, restarts the whole pool and fails that te
 worker ended, and a worker that dies of a signal (a native crash: glibc's abort on a corrupted heap) first
 writes every thread's Python stack to the test's standard error (faulthandler).
 
-The one native crash seen (CI at ae4691f, 2026-12-01: a worker died of glibc's "double free or corruption" in
+The one native crash seen (stop 67's CI, 2026-12-01: a worker died of glibc's "double free or corruption" in
 the expert-parallel clipping test) is not explained: that test passed 560 runs in a row alone in one pool, so what
 broke it was left by an earlier job of that worker. Ending the workers of every failed job (so that no job inherits
 what a failed one left) was tried and taken back: with fresh workers beside reused ones, a 4-rank FSDP job

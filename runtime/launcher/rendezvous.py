@@ -343,7 +343,7 @@ def stop_heartbeats() -> None:
     """Stop this launcher's rendezvous keep-alive thread, leaving the rendezvous open. torch's agent does not shut
     the rendezvous down when a signal stops it (the job may still scale), so that thread outlived the agent; where
     the handler was then freed inside it, torch's finalizer joined the thread from itself and printed "cannot join
-    current thread" after the stop's own line (fresh-clone CI at aec5ab0, a SIGQUIT stop). Once stopped, or after a
+    current thread" after the stop's own line (a fresh-clone CI in session 70, a SIGQUIT stop). Once stopped, or after a
     shutdown, this does nothing."""
     inner = getattr(HANDLER, "inner", None)
     stop = getattr(inner, "_stop_heartbeats", None)  # torch's DynamicRendezvousHandler (pyproject: private APIs)

@@ -368,8 +368,8 @@ def test_slurm_script_runs_under_fake_slurm(interleaved, tmp_path):
 def cpu_job(tmp_path_factory):
     """A 2-process CPU plan of tiny-gpt as a SLURM script on one node, with stand-ins for scontrol and srun that
     run the node's command here (the real python, the real launcher, gloo). One a test, each on a port of its own:
-    shared by the module, the second test's launcher found the first one's port still held (fresh-clone CI at
-    99c29ab: "the port is held by another program, not a rendezvous store")."""
+    shared by the module, the second test's launcher found the first one's port still held (a fresh-clone CI in
+    session 70: "the port is held by another program, not a rendezvous store")."""
     tmp = tmp_path_factory.mktemp("slurm")
     plan = tmp / "plan.json"
     planner.plan("tiny-gpt", cluster="2xcpu", train=planner.TrainConfig(global_batch=4)).save(plan)

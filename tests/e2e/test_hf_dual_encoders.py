@@ -3,9 +3,12 @@ CLIP's contrastive loss then sees each rank's samples only; planned with tensor 
 whole batch) it trains on 2 ranks like one process (--verify) and its weights come out as a folder that
 `CLIPModel.from_pretrained` loads.
 
-At the default lr (1e-3) Adam amplifies the rounding differences of the split matmuls from 5e-7 (step 1) to 1.7e-5
-(step 2), past --verify's fixed 1e-5; the reference nudged by one rounding drifts 2.7e-5 by then, so the loss check
-allows 10x that (runtime.verify.checks.rounding_drift) and the run verifies. The test asserts that it was raised.
+At the default lr (1e-3) Adam amplifies the rounding differences of the split matmuls: on one host from 5e-7 (step 1)
+to 1.7e-5 (step 2), past --verify's fixed 1e-5, where the reference nudged by one rounding drifts 2.7e-5 by then, so
+the loss check allowed 10x that (runtime.verify.checks.rounding_drift) and the run verified; on another (fc-v1045,
+2026-12-01) to 6.9e-6, inside the fixed tolerance. Which it is depends on the CPU's kernels, so the test asserts that
+the run verifies and stays at rounding's scale, not which allowance it took (tests/runtime/test_rounding_drift.py
+checks the allowance; the assertion that it was raised failed a fresh-clone CI on the second host).
 """
 from __future__ import annotations
 
@@ -49,8 +52,7 @@ def test_with_tensor_parallelism_it_trains_like_one_process_and_its_weights_load
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     record = json.loads(losses.read_text())
     assert record["verified"] is True and all(c["passed"] for c in record["checks"]), record["checks"]
-    losses_check = next(c for c in record["checks"] if c["what"] == "losses")
-    assert "nudged by fp32's unit roundoff" in losses_check["worst"] and losses_check["tolerance"] > 1e-5
+    assert record["max_abs_diff"] < 1e-4  # rounding, amplified; a wrong step is 1e-3 and more
     assert "warning: the loss couples" not in done.stdout  # one rank of data: the whole batch in one loss
     loaded = CLIPModel.from_pretrained(final)
     assert loaded.config.projection_dim == 64 and len(loaded.text_model.encoder.layers) == 2

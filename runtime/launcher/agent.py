@@ -23,7 +23,8 @@ from partita.runtime.launcher.leave import after_monitor, for_job, leaving
 from partita.runtime.loop.allocator import configure_allocator
 from partita.runtime.loop.console import stderr_line
 from partita.runtime.failure.guards import stop_line
-from partita.runtime.loop.report import PEER_LOST, RankFailure, attempt_failures, first_failure, read_failure
+from partita.runtime.loop.report import (KILLED_BY_AGENT, PEER_LOST, RankFailure, attempt_failures, first_failure,
+                                         read_failure)
 from partita.runtime.failure.stop import PROGRESS_ENV, handled, recorded_step
 
 PROGRESS_FILE = "steps-passed.json"
@@ -84,16 +85,34 @@ class _AgentLog(logging.Filter):
 
 
 def watch_failures(log: _AgentLog):
-    """While torchrun's agent runs in this process: record every failed worker of each attempt into
-    `log.failed` (LocalElasticAgent._monitor_workers' result, which holds them all with their exit codes).
-    A torch without that method runs unwatched: the restart notice then falls back on torchrun's log line."""
+    """While torchrun's agent runs here: every failed worker of each attempt into `log.failed` (the result of
+    LocalElasticAgent._monitor_workers, `_add_silent_deaths`). A torch without that method runs unwatched."""
     def after(agent, worker_group, result):
         failures = getattr(result, "failures", None) or {}
         if failures:
+            _add_silent_deaths(agent, failures)
             log.failed = {f.local_rank: (f.exitcode, f.timestamp) for f in failures.values()
                           if hasattr(f, "local_rank") and hasattr(f, "exitcode")}
         return result
     return after_monitor(after)
+
+
+def _add_silent_deaths(agent, failures: dict) -> None:
+    """Forked workers (torch's MultiprocessContext) fail one at a time: torch's poll reports the first process its
+    join finds ended and stops the rest. A killed worker (SIGKILL, writing nothing) whose peer exited on
+    "connection closed by peer" before the next poll went unnamed when the join found the peer first (session 74's
+    CI). Each worker that had already ended by a signal other than torch's SIGTERM is added with its exit code,
+    as torch's SubprocessContext reports them all; runtime.loop.report.first_failure picks the cause."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    context = getattr(agent, "_pcontext", None)
+    processes = getattr(getattr(context, "_pc", None), "processes", None)
+    error_files = getattr(context, "error_files", None) or {}
+    for local, proc in enumerate(processes or []):
+        code = getattr(proc, "exitcode", None)
+        if local in failures or code is None or code >= 0 or -code in KILLED_BY_AGENT or local not in error_files:
+            continue
+        failures[local] = ProcessFailure(local_rank=local, pid=proc.pid, exitcode=code, error_file=error_files[local])
 
 
 def _report(first) -> int:

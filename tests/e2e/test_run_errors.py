@@ -132,6 +132,47 @@ def test_a_rank_killed_by_sigkill_is_the_cause_not_its_peers_connection_error(tm
     assert not failures[1].secondary and failures[2].secondary and failures[0].peer_lost
 
 
+def _ended(how: str):
+    """A real process ended `how`: "kill" (SIGKILL, as the out-of-memory killer), "term" (torch's SIGTERM of the
+    rest) or "exit" (exit code 1, as a rank that wrote its error file)."""
+    import multiprocessing
+    import os
+    import signal
+    import time
+    target, arg = (sys.exit, 1) if how == "exit" else (time.sleep, 60)
+    proc = multiprocessing.get_context("fork").Process(target=target, args=(arg,))
+    proc.start()
+    if how != "exit":
+        os.kill(proc.pid, signal.SIGKILL if how == "kill" else signal.SIGTERM)
+    proc.join(30)
+    return proc
+
+
+def test_a_killed_forked_worker_is_named_though_torch_reported_its_peer_first(tmp_path, monkeypatch):
+    """torch's MultiprocessContext (forked workers) reports only the first ended process its join finds. Rank 0,
+    which only saw its peer go, was found; rank 1, SIGKILLed before it and silent, must still be named, and rank
+    2, stopped by torch's SIGTERM, is not a cause (runtime.launcher.agent._add_silent_deaths)."""
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from partita.runtime.launcher.agent import _add_silent_deaths
+    files = {r: str(tmp_path / f"{r}.json") for r in range(3)}
+    monkeypatch.setenv(report.ERROR_FILE_ENV, files[0])
+    report.write_error_file(0, "RuntimeError: Connection closed by peer [127.0.0.1]:17595", trace="Traceback ...")
+    procs = [_ended("exit"), _ended("kill"), _ended("term")]
+    agent = SimpleNamespace(_pcontext=SimpleNamespace(_pc=SimpleNamespace(processes=procs), error_files=files))
+    failures = {0: ProcessFailure(local_rank=0, pid=procs[0].pid, exitcode=1, error_file=files[0])}
+    _add_silent_deaths(agent, failures)
+    assert sorted(failures) == [0, 1] and failures[1].exitcode == -9, failures
+    read = [report.read_failure(r, f.exitcode, f.error_file if r == 0 else None, f.timestamp)
+            for r, f in failures.items()]
+    assert report.first_failure(read).line() == "rank 1: killed by SIGKILL (out of memory?)"
+    alone = {0: failures[0]}
+    _add_silent_deaths(SimpleNamespace(_pcontext=None), alone)  # spawned workers: torch reported them all
+    assert list(alone) == [0]
+
+
 def test_an_error_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     """torchrun reads a worker's error file as soon as the worker ends, and its reader raises on half a JSON
     document (that took the agent down in CI when torchrun's SIGTERM met a rank mid-write). A write cut off

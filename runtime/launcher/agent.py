@@ -90,29 +90,29 @@ def watch_failures(log: _AgentLog):
     def after(agent, worker_group, result):
         failures = getattr(result, "failures", None) or {}
         if failures:
-            _add_silent_deaths(agent, failures)
+            _add_silent_deaths(agent, worker_group, failures)
             log.failed = {f.local_rank: (f.exitcode, f.timestamp) for f in failures.values()
                           if hasattr(f, "local_rank") and hasattr(f, "exitcode")}
         return result
     return after_monitor(after)
 
 
-def _add_silent_deaths(agent, failures: dict) -> None:
+def _add_silent_deaths(agent, worker_group, failures: dict) -> None:
     """Forked workers (torch's MultiprocessContext) fail one at a time: torch's poll reports the first process its
     join finds ended and stops the rest. A killed worker (SIGKILL, writing nothing) whose peer exited on
     "connection closed by peer" before the next poll went unnamed when the join found the peer first (session 74's
-    CI). Each worker that had already ended by a signal other than torch's SIGTERM is added with its exit code,
-    as torch's SubprocessContext reports them all; runtime.loop.report.first_failure picks the cause."""
+    CI). Each worker that had already ended by a signal other than torch's SIGTERM is added with its exit code
+    under its global rank (the result's keys), as SubprocessContext reports them all; first_failure picks the cause."""
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
     context = getattr(agent, "_pcontext", None)
     processes = getattr(getattr(context, "_pc", None), "processes", None)
-    error_files = getattr(context, "error_files", None) or {}
+    error_files, workers = getattr(context, "error_files", None) or {}, getattr(worker_group, "workers", None) or []
     for local, proc in enumerate(processes or []):
-        code = getattr(proc, "exitcode", None)
-        if local in failures or code is None or code >= 0 or -code in KILLED_BY_AGENT or local not in error_files:
+        code, rank = getattr(proc, "exitcode", None), workers[local].global_rank if local < len(workers) else local
+        if rank in failures or code is None or code >= 0 or -code in KILLED_BY_AGENT or local not in error_files:
             continue
-        failures[local] = ProcessFailure(local_rank=local, pid=proc.pid, exitcode=code, error_file=error_files[local])
+        failures[rank] = ProcessFailure(local_rank=local, pid=proc.pid, exitcode=code, error_file=error_files[local])
 
 
 def _report(first) -> int:

@@ -162,14 +162,20 @@ def test_a_killed_forked_worker_is_named_though_torch_reported_its_peer_first(tm
     report.write_error_file(0, "RuntimeError: Connection closed by peer [127.0.0.1]:17595", trace="Traceback ...")
     procs = [_ended("exit"), _ended("kill"), _ended("term")]
     agent = SimpleNamespace(_pcontext=SimpleNamespace(_pc=SimpleNamespace(processes=procs), error_files=files))
+    group = SimpleNamespace(workers=[SimpleNamespace(global_rank=r) for r in range(3)])
     failures = {0: ProcessFailure(local_rank=0, pid=procs[0].pid, exitcode=1, error_file=files[0])}
-    _add_silent_deaths(agent, failures)
+    _add_silent_deaths(agent, group, failures)
     assert sorted(failures) == [0, 1] and failures[1].exitcode == -9, failures
     read = [report.read_failure(r, f.exitcode, f.error_file if r == 0 else None, f.timestamp)
             for r, f in failures.items()]
     assert report.first_failure(read).line() == "rank 1: killed by SIGKILL (out of memory?)"
-    alone = {0: failures[0]}
-    _add_silent_deaths(SimpleNamespace(_pcontext=None), alone)  # spawned workers: torch reported them all
+    # a second node's workers (global ranks 3, 4, 5; torch keys the result by global rank): rank 4 is the killed one
+    second = SimpleNamespace(workers=[SimpleNamespace(global_rank=r) for r in (3, 4, 5)])
+    failures = {3: ProcessFailure(local_rank=0, pid=procs[0].pid, exitcode=1, error_file=files[0])}
+    _add_silent_deaths(agent, second, failures)
+    assert sorted(failures) == [3, 4] and failures[4].local_rank == 1, failures
+    alone = {0: failures[3]}
+    _add_silent_deaths(SimpleNamespace(_pcontext=None), group, alone)  # spawned workers: torch reported them all
     assert list(alone) == [0]
 
 

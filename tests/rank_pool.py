@@ -11,7 +11,7 @@ one-line errors) is still tested through `partita run` itself.
 
 Between jobs a worker destroys its process group, collects garbage (FSDP's reference cycles), resets
 torch.compile's caches and restores its environment and working directory. What is alive then is frozen
-(`gc.freeze`), as runtime.launcher.fork.preload freezes a launcher's imports: each full collection walked the
+(`gc.freeze`), as after the worker's own imports: each full collection walked the
 300,000 objects of torch and the loaded modules, 0.2 CPU-seconds, at least twice a rank per job (train.main's end,
 and here) -- measured in session 74 (2026-12-02): a 2-rank tiny-gpt job went from 0.8 to 0.3 s, and nine
 --verify jobs from 23.3 to 14.4 CPU-seconds of the pool's workers. A job that does not finish in
@@ -110,7 +110,7 @@ def serve(conn) -> None:
     from partita.runtime.loop import session  # noqa: F401 -- imported once, for every job
     from partita.runtime import train
     import gc
-    gc.freeze()  # as runtime.launcher.fork.preload does: collections skip the imports' objects
+    gc.freeze()  # collections skip the imports' objects (module docstring)
     home = os.getcwd()
     while True:
         job = conn.recv()

@@ -101,7 +101,7 @@ def _add_silent_deaths(agent, worker_group, failures: dict) -> None:
     """Forked workers (torch's MultiprocessContext) fail one at a time: torch's poll reports the first process its
     join finds ended and stops the rest. A killed worker (SIGKILL, writing nothing) whose peer exited on
     "connection closed by peer" before the next poll went unnamed when the join found the peer first (session 74's
-    CI). Each worker that had already ended by a signal other than torch's SIGTERM is added with its exit code
+    CI). Each worker that had already failed (not by torch's SIGTERM) is added with its exit code
     under its global rank (the result's keys), as SubprocessContext reports them all; first_failure picks the cause."""
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
@@ -110,7 +110,7 @@ def _add_silent_deaths(agent, worker_group, failures: dict) -> None:
     error_files, workers = getattr(context, "error_files", None) or {}, getattr(worker_group, "workers", None) or []
     for local, proc in enumerate(processes or []):
         code, rank = getattr(proc, "exitcode", None), workers[local].global_rank if local < len(workers) else local
-        if rank in failures or code is None or code >= 0 or -code in KILLED_BY_AGENT or local not in error_files:
+        if rank in failures or not code or -code in KILLED_BY_AGENT or local not in error_files:
             continue
         failures[rank] = ProcessFailure(local_rank=local, pid=proc.pid, exitcode=code, error_file=error_files[local])
 

@@ -41,19 +41,10 @@ def can_fork() -> bool:
 
 def preload() -> None:
     """Import, once in the launcher, what every worker imports: the training session (FSDP, DTensor, DCP)
-    and torch._dynamo (torch.optim imports it at the first step). Then freeze what is alive (`gc.freeze`).
-
-    Why freeze: the imports leave about 300,000 objects that live as long as the process. Every full garbage
-    collection walks them all: a forked worker's collection at its end, which frees FSDP's reference cycles
-    (runtime.train), took about 0.2 CPU-seconds here, and the automatic ones during training take as long. Frozen,
-    they are left out of every collection in this process and in the workers forked from it (what the workers
-    make is still collected); and the pages that hold them are not copied into each worker by the collector's
-    writes (Python's documentation of `gc.freeze` recommends it before a fork for that)."""
-    import gc
+    and torch._dynamo (torch.optim imports it at the first step)."""
     import importlib
     for module in ("torch._dynamo", "partita.runtime.loop.session"):
         importlib.import_module(module)
-    gc.freeze()
 
 
 def beside_preload(check) -> int:

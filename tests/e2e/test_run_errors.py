@@ -174,7 +174,11 @@ def test_a_killed_forked_worker_is_named_though_torch_reported_its_peer_first(tm
     failures = {3: ProcessFailure(local_rank=0, pid=procs[0].pid, exitcode=1, error_file=files[0])}
     _add_silent_deaths(agent, second, failures)
     assert sorted(failures) == [3, 4] and failures[4].local_rank == 1, failures
-    alone = {0: failures[3]}
+    # torch found the killed rank 1 first: rank 0, which exited with code 1 (as os._exit, or its error file), is added
+    failures = {1: ProcessFailure(local_rank=1, pid=procs[1].pid, exitcode=-9, error_file=files[1])}
+    _add_silent_deaths(agent, group, failures)
+    assert sorted(failures) == [0, 1] and failures[0].exitcode == 1, failures
+    alone = {0: failures[0]}
     _add_silent_deaths(SimpleNamespace(_pcontext=None), group, alone)  # spawned workers: torch reported them all
     assert list(alone) == [0]
 

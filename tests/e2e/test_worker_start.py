@@ -61,15 +61,3 @@ def test_the_start_method_follows_the_environment(monkeypatch):
     monkeypatch.setenv(START_ENV, "fork")
     assert can_fork()
 
-
-def test_the_launcher_freezes_what_its_imports_left_for_the_workers_it_forks():
-    """runtime.launcher.fork.preload ends with gc.freeze(): the objects of torch and the session's modules (about
-    300,000) are out of every later collection, in the launcher and in each worker forked from it -- a worker's
-    collection at its end then walks what the run made, not the imports (0.2 CPU-seconds each, measured)."""
-    probe = ("import gc; from partita.runtime.launcher.fork import preload; before = gc.get_freeze_count(); "
-             "preload(); print(before, gc.get_freeze_count(), len(gc.get_objects()))")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr
-    before, frozen, left = map(int, done.stdout.split())
-    assert before == 0 and frozen > 100_000 and left < 1_000, (before, frozen, left)

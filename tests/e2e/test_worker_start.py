@@ -60,4 +60,3 @@ def test_the_start_method_follows_the_environment(monkeypatch):
     assert not can_fork()
     monkeypatch.setenv(START_ENV, "fork")
     assert can_fork()
-
